@@ -1,0 +1,79 @@
+"""Analysis passes over a validated Variant: what each hook reads, the mask class, scale folding.
+
+The result, :class:`VariantAnalysis`, is what schedules and templates consult: a
+hook that never reads ``kv_head`` need not be given one, a causal mask lets a
+template skip tiles above the diagonal, and ``sm_scale`` (times log2 e when no
+logits transform sits in between) is folded into the query once per row instead
+of once per score.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm.tirx as tir
+
+from . import tir_utils as tu
+from .hook_spec import HOOKS
+from .mask_class import MaskInfo, classify_mask
+
+
+@dataclass(frozen=True)
+class HookReads:
+    indices: tuple[str, ...]  # standard arguments the hook reads (e.g. qo_pos, kv_head)
+    params: tuple[str, ...]  # extra parameters the hook reads
+
+
+@dataclass(frozen=True)
+class ScaleFold:
+    """Where sm_scale and log2(e) are applied.
+
+    q_scale_log2e: the query row is multiplied by sm_scale * log2(e) at load and scores
+    are already in base 2 (softmax variants without a logits transform). Otherwise the
+    query row is multiplied by sm_scale and the (transformed) score by log2(e) if the
+    state is a softmax.
+    """
+
+    q_scale_log2e: bool
+    logits_log2e: bool
+
+    def describe(self) -> str:
+        if self.q_scale_log2e:
+            return "q *= sm_scale*log2(e) at load; scores are base-2 logits"
+        return "q *= sm_scale at load" + ("; score *= log2(e) after the logits transform"
+                                          if self.logits_log2e else "; scores used as weights")
+
+
+@dataclass(frozen=True)
+class VariantAnalysis:
+    reads: dict[str, HookReads]
+    mask: MaskInfo
+    scale: ScaleFold
+
+    def describe(self) -> str:
+        lines = [f"mask: {self.mask.describe()}", f"scale: {self.scale.describe()}"]
+        for hook, r in self.reads.items():
+            lines.append(f"{hook}: reads indices {list(r.indices)} params {list(r.params)}")
+        return "\n".join(lines)
+
+
+def hook_reads(func: tir.PrimFunc, hook: str, extra_names: set[str]) -> HookReads:
+    spec = HOOKS[hook]
+    used_vars = tu.used_vars(func.body)
+    used = {v.name for v in used_vars}
+    names = tuple(n for n, _ in spec.scalars if n in used)
+    if spec.row and any(v.same_as(func.params[0]) for v in used_vars):
+        names = ("in_row",) + names
+    return HookReads(names, tuple(sorted(used & extra_names)))
+
+
+def analyze_variant(v) -> VariantAnalysis:
+    from .variant import StateAlgebra
+
+    extra = {p.name for p in v.params}
+    reads = {h: hook_reads(f, h, extra) for h, f in v.hooks.items()}
+    int_scalars = {p.name for p in v.scalar_params if "int" in p.dtype}
+    mask = classify_mask(v.hooks.get("logits_mask"), int_scalars)
+    softmax = v.state == StateAlgebra.SOFTMAX
+    has_logits = "logits_transform" in v.hooks
+    scale = ScaleFold(q_scale_log2e=softmax and not has_logits, logits_log2e=softmax and has_logits)
+    return VariantAnalysis(reads, mask, scale)

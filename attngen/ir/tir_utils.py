@@ -1,0 +1,107 @@
+"""Small structural helpers over TVM TIR (walk, substitute, specialise, inline).
+
+TVM 0.27 exposes generic structural walking and mapping through tvm_ffi; these
+wrappers give the few operations attngen needs a name. Objects are matched by
+identity (their FFI handle), never by ``==``, which builds TIR expressions.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import tvm
+import tvm.tirx as tir
+import tvm_ffi
+
+
+def handle(obj) -> int:
+    return obj.__chandle__()
+
+
+def collect(node, cls) -> list:
+    """All sub-objects of ``node`` that are instances of ``cls`` (post-order)."""
+    found: list = []
+    tvm_ffi.structural_walk(node, (cls, lambda x: found.append(x)))
+    return found
+
+
+def used_vars(node) -> list[tvm.ir.Var]:
+    """Vars read (not defined) anywhere in ``node``, in first-use order, deduplicated."""
+    seen: dict[int, tvm.ir.Var] = {}
+
+    def on_var(v, kind):
+        if kind == tvm_ffi.DefRegionKind.NONE and handle(v) not in seen:
+            seen[handle(v)] = v
+
+    tvm_ffi.structural_walk(node, with_def_region_kind=(tvm.ir.Var, on_var))
+    return list(seen.values())
+
+
+def substitute(node, mapping: dict[int, object]):
+    """Replace Vars (keyed by :func:`handle`) with the mapped expressions or vars."""
+    if not mapping:
+        return node
+    return tvm_ffi.structural_map(node, (tvm.ir.Var, lambda v: mapping.get(handle(v), v)))
+
+
+def map_nodes(node, cls, fn: Callable):
+    """Post-order rewrite of every ``cls`` node with ``fn`` (returns the node or a replacement)."""
+    return tvm_ffi.structural_map(node, (cls, fn))
+
+
+def source_line(node) -> str | None:
+    """``file:line`` of the earliest statement in ``node`` that carries a span, if any."""
+    stmts = ([node] if isinstance(node, tir.Stmt) else []) + collect(node, tir.Stmt)
+    spans = [s.span for s in stmts if getattr(s, "span", None) is not None and s.span.line]
+    if not spans:
+        return None
+    first = min(spans, key=lambda sp: sp.line)
+    return f"{first.source_name.name}:{first.line}"
+
+
+def buffer_params(func: tir.PrimFunc) -> list:
+    return [p for p in func.params if tir.is_buffer_var(p)]
+
+
+def scalar_params(func: tir.PrimFunc) -> list:
+    return [p for p in func.params if not tir.is_buffer_var(p)]
+
+
+def param_dtype(p) -> str:
+    return str(p.dtype) if tir.is_buffer_var(p) else str(p.ty)
+
+
+def specialize_shape_vars(func: tir.PrimFunc, values: dict[int, int]) -> tir.PrimFunc:
+    """Bind symbolic shape vars (keyed by handle) to integer constants everywhere."""
+    mapping = {h: tir.IntImm("int32", v) for h, v in values.items()}
+    return substitute(func, mapping)
+
+
+def strip_binds(body) -> tuple[list, object]:
+    """Split a straight-line scalar hook body into its Bind statements and returned value."""
+    stmts = list(body.seq) if isinstance(body, tir.SeqStmt) else [body]
+    binds = [s for s in stmts[:-1] if isinstance(s, tir.Bind)]
+    last = stmts[-1]
+    if len(binds) != len(stmts) - 1 or not isinstance(last, tir.Return):
+        raise ValueError("not a straight-line body")
+    return binds, last.value
+
+
+def inline_scalar(func: tir.PrimFunc, args: Iterable) -> tvm.ir.PrimExpr:
+    """The value a scalar hook returns for ``args``, as one expression (its lets kept as Let)."""
+    binds, value = strip_binds(func.body)
+    for b in reversed(binds):
+        value = tir.Let(b.var, b.value, value)
+    mapping = {handle(p): a for p, a in zip(func.params, args)}
+    return substitute(value, mapping)
+
+
+def inline_row(func: tir.PrimFunc, args: Iterable):
+    """The body of a row hook with its params replaced by ``args`` (buffers for buffer params)."""
+    mapping = {handle(p): a for p, a in zip(func.params, args)}
+    return substitute(func.body, mapping)
+
+
+def simplify(expr):
+    import tvm.sym
+
+    return tvm.sym.Analyzer().simplify(expr)

@@ -1,0 +1,172 @@
+"""Checks that a Variant is well formed: identifiers, hook signatures, dtypes, purity.
+
+Each check raises :class:`VariantError` naming the variant, the hook, the source
+line and the fix. Nothing here looks at targets or templates.
+"""
+from __future__ import annotations
+
+import keyword
+import re
+
+import tvm
+import tvm.tirx as tir
+
+from . import tir_utils as tu
+from .errors import VariantError
+from .hook_spec import HOOKS, HookSpec
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_C_KEYWORDS = frozenset(
+    """auto break case char const continue default do double else enum extern float for goto if
+    inline int long register restrict return short signed sizeof static struct switch typedef union
+    unsigned void volatile while bool class namespace template typename this new delete operator
+    private protected public virtual friend true false nullptr using constexpr static_assert
+    decltype noexcept thread_local alignas alignof char16_t char32_t explicit mutable export
+    try catch throw""".split()
+)
+_RESERVED = frozenset({"sm_scale", "batch", "qo_pos", "kv_pos", "qo_head", "kv_head", "s", "lse"})
+_PARAM_DTYPES = frozenset({"float32", "int32", "int64", "uint8", "float16", "bfloat16"})
+
+
+def check_identifier(kind: str, value: str, variant: str) -> None:
+    """Reject names that are not safe C identifiers before they reach generated code."""
+    if not isinstance(value, str) or not _IDENT.match(value) or value.startswith("__") \
+            or value in _C_KEYWORDS or keyword.iskeyword(value):
+        raise VariantError(
+            variant if isinstance(variant, str) and _IDENT.match(variant) else f"<invalid name {variant!r}>",
+            None,
+            f"{kind} {value!r} is not a valid C identifier",
+            "use letters, digits and '_' only, start with a letter, avoid C/C++/Python keywords "
+            "and a leading '__'",
+        )
+
+
+def validate_variant(v) -> None:
+    from .variant import ScalarParam, StateAlgebra, TensorParam
+
+    check_identifier("variant name", v.name, v.name)
+    try:
+        StateAlgebra(v.state)
+    except ValueError:
+        raise VariantError(v.name, None, f"unknown state algebra {v.state!r}",
+                           "use state='softmax' or state='sum'") from None
+    seen = set()
+    for p in v.params:
+        if not isinstance(p, (ScalarParam, TensorParam)):
+            raise VariantError(v.name, None, f"parameter {p!r} is not a ScalarParam or TensorParam",
+                               "declare extra parameters as ScalarParam(name, dtype) or TensorParam(name, dtype)")
+        check_identifier("parameter name", p.name, v.name)
+        if p.name in _RESERVED or p.name in seen:
+            raise VariantError(v.name, None, f"parameter name {p.name!r} is reserved or declared twice",
+                               f"rename it; reserved names are {sorted(_RESERVED)}")
+        if p.dtype not in _PARAM_DTYPES:
+            raise VariantError(v.name, None, f"parameter {p.name!r} has unsupported dtype {p.dtype!r}",
+                               f"use one of {sorted(_PARAM_DTYPES)}")
+        seen.add(p.name)
+    if v.state == StateAlgebra.SUM and "output_transform" in v.hooks:
+        lse_used = any(p.name == "lse" for p in tu.used_vars(v.hooks["output_transform"].body))
+        if lse_used:
+            raise VariantError(v.name, "output_transform", "a sum-state variant has no lse to read",
+                               "drop the use of 'lse' or use state='softmax'")
+    for name, func in v.hooks.items():
+        _check_hook(v, HOOKS[name], func)
+
+
+def _err(v, hook, problem, fix, node=None):
+    where = tu.source_line(node) if node is not None else None
+    return VariantError(v.name, hook, problem, fix, where)
+
+
+def _check_hook(v, spec: HookSpec, func) -> None:
+    if not isinstance(func, tir.PrimFunc):
+        raise _err(v, spec.name, f"got {type(func).__name__}, not a TIR function",
+                   "decorate the hook with @T.prim_func (from tvm.script import tirx as T)")
+    params = list(func.params)
+    n_rows = 2 if spec.row else 0
+    n_std = n_rows + len(spec.scalars)
+    sig_fix = f"declare it as {spec.signature()}"
+    if len(params) < n_std:
+        raise _err(v, spec.name, f"takes {len(params)} parameters, the contract needs at least {n_std}",
+                   sig_fix, func.body)
+    for i in range(n_rows):
+        p = params[i]
+        if not tir.is_buffer_var(p):
+            raise _err(v, spec.name, f"parameter {i} ({p.name}) must be a row buffer", sig_fix, func.body)
+        if len(p.shape) != 1 or str(p.dtype) != "float32":
+            raise _err(v, spec.name,
+                       f"row buffer {p.name} is {str(p.dtype)}{list(p.shape)}, expected float32[d]",
+                       "declare rows as 1-D float32 buffers of head_dim elements "
+                       "(d = T.int32(); T.match_buffer(h, (d,), 'float32'))", func.body)
+    for (want, dtype), p in zip(spec.scalars, params[n_rows:n_std]):
+        if tir.is_buffer_var(p) or p.name != want or str(p.ty) != dtype:
+            got = f"{p.name}: {tu.param_dtype(p)}" + (" buffer" if tir.is_buffer_var(p) else "")
+            raise _err(v, spec.name, f"parameter {params.index(p)} is '{got}', expected '{want}: T.{dtype}'",
+                       sig_fix, func.body)
+    _check_return(v, spec, func, sig_fix)
+    for p in params[n_std:]:
+        _check_extra_param(v, spec, func, p)
+    _check_purity(v, spec, func, params[:n_rows])
+
+
+def _check_return(v, spec, func, sig_fix):
+    ret = func.ret_type
+    ret_s = None if ret is None or isinstance(ret, tvm.ir.TupleType) or str(ret) == "void" else str(ret)
+    if spec.returns is None:
+        if ret_s is not None:
+            raise _err(v, spec.name, f"returns {ret_s}; a row hook writes its output row instead",
+                       "drop the return annotation and store into the second row buffer", func.body)
+        return
+    if ret_s != spec.returns:
+        raise _err(v, spec.name, f"returns {ret_s or 'nothing'}, the contract needs {spec.returns}",
+                   sig_fix if spec.returns != "bool" else
+                   "annotate '-> T.bool' and return a comparison such as 'kv_pos <= qo_pos'", func.body)
+    try:
+        _, value = tu.strip_binds(func.body)
+    except ValueError:
+        raise _err(v, spec.name, "body is not a straight line of 'x: T.let = ...' bindings ending in 'return'",
+                   "write branches as T.if_then_else(...) or T.Select(...) inside one return expression",
+                   func.body) from None
+    if str(value.ty) != spec.returns:
+        raise _err(v, spec.name, f"returned expression has dtype {value.ty}, expected {spec.returns}",
+                   "cast the result or return a comparison", func.body)
+
+
+def _check_extra_param(v, spec, func, p) -> None:
+    from .variant import TensorParam
+
+    decl = v.param(p.name)
+    if decl is None:
+        declared = [q.name for q in v.params] or "none"
+        raise _err(v, spec.name, f"parameter '{p.name}' is neither a standard argument nor a declared "
+                   f"parameter (declared: {declared})",
+                   f"add ScalarParam('{p.name}', ...) or TensorParam('{p.name}', ...) to the Variant's params, "
+                   "or rename it to a declared one", func.body)
+    is_buf = tir.is_buffer_var(p)
+    if is_buf != isinstance(decl, TensorParam) or tu.param_dtype(p) != decl.dtype:
+        kind = "tensor" if isinstance(decl, TensorParam) else "scalar"
+        raise _err(v, spec.name, f"parameter '{p.name}' is {tu.param_dtype(p)}{' buffer' if is_buf else ''} "
+                   f"but is declared as a {decl.dtype} {kind}",
+                   "make the hook's parameter and the Variant's declaration agree", func.body)
+    if is_buf and len(p.shape) != len(decl.shape):
+        raise _err(v, spec.name, f"tensor parameter '{p.name}' has {len(p.shape)} dims, declared {len(decl.shape)}",
+                   "make the hook's buffer rank match TensorParam.shape", func.body)
+
+
+def _check_purity(v, spec, func, rows) -> None:
+    out_row = rows[1] if rows else None
+    for store in tu.collect(func.body, tir.BufferStore):
+        if out_row is None or not store.buffer.same_as(out_row):
+            target = store.buffer.name
+            fix = ("a scalar hook must only return a value; use 'x: T.let = ...' for locals"
+                   if out_row is None else f"store only into the output row '{out_row.name}'")
+            raise _err(v, spec.name, f"stores into '{target}'", fix, store)
+    for alloc in tu.collect(func.body, tir.AllocBuffer):
+        raise _err(v, spec.name, f"allocates buffer '{alloc.buffer.name}'",
+                   "use 'x: T.let = ...' for scalar locals; hooks may not allocate memory", alloc)
+    for call in tu.collect(func.body, tvm.ir.Call):
+        op = getattr(call, "op", None)
+        if isinstance(op, tvm.ir.GlobalVar) or (hasattr(op, "name") and op.name in (
+                "tirx.call_extern", "tirx.call_packed", "tirx.call_intrin")):
+            raise _err(v, spec.name, f"calls {getattr(op, 'name', op)}, which may have side effects",
+                       "use TIR math (T.exp, T.tanh, ...) and T.call_pure_extern for pure device functions",
+                       func.body)

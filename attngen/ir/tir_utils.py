@@ -73,7 +73,27 @@ def param_dtype(p) -> str:
 def specialize_shape_vars(func: tir.PrimFunc, values: dict[int, int]) -> tir.PrimFunc:
     """Bind symbolic shape vars (keyed by handle) to integer constants everywhere."""
     mapping = {h: tir.IntImm("int32", v) for h, v in values.items()}
-    return substitute(func, mapping)
+    return fold_constant_casts(substitute(func, mapping))
+
+
+def fold_constant_casts(node):
+    """Fold casts of integer constants (left behind by substitution) into float/int immediates.
+
+    TVM's integer-set analysis mis-handles ``Cast(float32, IntImm)`` in let bindings, and
+    the parser would have folded them had the constant been there from the start.
+    """
+
+    def fold(c):
+        if not isinstance(c.value, tir.IntImm):
+            return c
+        dtype = str(c.ty)
+        if "float" in dtype:
+            return tir.FloatImm(dtype, float(c.value.value))
+        if "int" in dtype:
+            return tir.IntImm(dtype, int(c.value.value))
+        return c
+
+    return tvm_ffi.structural_map(node, (tir.Cast, fold))
 
 
 def strip_binds(body) -> tuple[list, object]:
@@ -86,19 +106,39 @@ def strip_binds(body) -> tuple[list, object]:
     return binds, last.value
 
 
+def expand_binds(node):
+    """Replace every ``x: T.let = v`` binding in ``node`` by ``v`` at its uses.
+
+    Hooks are pure, so this changes no result; it keeps float-valued lets out of
+    TVM's integer-set analysis, which mis-handles casts of bounded loop indices.
+    """
+    mapping: dict[int, object] = {}
+    for b in collect(node, tir.Bind):
+        mapping[handle(b.var)] = substitute(b.value, mapping)
+    if not mapping:
+        return node
+
+    def drop_binds(seq):
+        kept = [x for x in seq.seq if not isinstance(x, tir.Bind)]
+        return kept[0] if len(kept) == 1 else tir.SeqStmt(kept)
+
+    return substitute(map_nodes(node, tir.SeqStmt, drop_binds), mapping)
+
+
 def inline_scalar(func: tir.PrimFunc, args: Iterable) -> tvm.ir.PrimExpr:
-    """The value a scalar hook returns for ``args``, as one expression (its lets kept as Let)."""
+    """The value a scalar hook returns for ``args``, as one expression."""
     binds, value = strip_binds(func.body)
-    for b in reversed(binds):
-        value = tir.Let(b.var, b.value, value)
-    mapping = {handle(p): a for p, a in zip(func.params, args)}
-    return substitute(value, mapping)
+    mapping: dict[int, object] = {}
+    for b in binds:
+        mapping[handle(b.var)] = substitute(b.value, mapping)
+    value = substitute(value, mapping)
+    return substitute(value, {handle(p): a for p, a in zip(func.params, args)})
 
 
 def inline_row(func: tir.PrimFunc, args: Iterable):
     """The body of a row hook with its params replaced by ``args`` (buffers for buffer params)."""
     mapping = {handle(p): a for p, a in zip(func.params, args)}
-    return substitute(func.body, mapping)
+    return substitute(expand_binds(func.body), mapping)
 
 
 def simplify(expr):

@@ -1,0 +1,97 @@
+"""Float64 NumPy reference attention that applies a variant's hooks through the TIR interpreter.
+
+Used by tests and examples as the oracle for every backend. Queries are ragged
+(``qo_indptr``), keys are given per request as dense ``[kv_len, H_kv, D]`` arrays
+(the callers gather pages themselves, so page-table handling is tested, not
+assumed). Query row i of a request sits at position ``kv_len - qo_len + i``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from attngen.ir import StateAlgebra
+from attngen.ir.tir_eval import eval_row_hook, eval_scalar_hook
+
+
+def reference_attention(variant, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
+                        qo_indptr: np.ndarray, sm_scale: float, params: dict | None = None):
+    """Attention of ``variant`` in float64.
+
+    q: [total_q, Hq, D]; keys[b], values[b]: [kv_len_b, Hkv, D]; qo_indptr: [B+1].
+    Returns (o [total_q, Hq, D] float64, lse [total_q, Hq] float64, base 2).
+    """
+    params = params or {}
+    hooks = variant.hooks
+    total_q, n_qo, d = q.shape
+    o = np.zeros((total_q, n_qo, d))
+    lse = np.zeros((total_q, n_qo))
+    for b in range(len(qo_indptr) - 1):
+        q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        k = keys[b].astype(np.float64)
+        v = values[b].astype(np.float64)
+        kv_len, n_kv, _ = k.shape
+        qo_len = q1 - q0
+        if qo_len == 0:
+            continue
+        group = n_qo // n_kv
+        qo_pos = np.arange(qo_len) + kv_len - qo_len  # [qo_len]
+        kv_pos = np.arange(kv_len)
+        heads = np.arange(n_qo)
+        kv_heads = np.arange(n_kv)
+        qb = q[q0:q1].astype(np.float64)  # [qo_len, Hq, D]
+        if "query_transform" in hooks:
+            qb = eval_row_hook(hooks["query_transform"], qb, [qo_pos[:, None], heads[None, :]], params)
+        if "key_transform" in hooks and kv_len:
+            k = eval_row_hook(hooks["key_transform"], k, [kv_pos[:, None], kv_heads[None, :]], params)
+        kx = np.repeat(k, group, axis=1)  # [kv_len, Hq, D]
+        vx = np.repeat(v, group, axis=1)
+        s = np.einsum("ihd,jhd->hij", qb, kx) * sm_scale  # [Hq, qo_len, kv_len]
+        H = heads[:, None, None]
+        I = qo_pos[None, :, None]
+        J = kv_pos[None, None, :]
+        if "logits_transform" in hooks:
+            s = eval_scalar_hook(hooks["logits_transform"], [s, b, I, J, H, H // group], params)
+            s = np.broadcast_to(s, (n_qo, qo_len, kv_len)).astype(np.float64)
+        visible = np.ones_like(s, dtype=bool)
+        if "logits_mask" in hooks:
+            visible = np.broadcast_to(eval_scalar_hook(hooks["logits_mask"], [b, I, J, H, H // group], params),
+                                      s.shape)
+        if variant.state == StateAlgebra.SUM:
+            w = np.where(visible, s, 0.0)
+            ob = np.einsum("hij,jhd->ihd", w, vx)
+            lb = np.zeros((qo_len, n_qo))
+        else:
+            masked = np.where(visible, s, -np.inf)
+            m = masked.max(axis=-1, initial=-np.inf, keepdims=True)
+            safe_m = np.where(np.isfinite(m), m, 0.0)
+            p = np.where(visible, np.exp(masked - safe_m), 0.0)
+            denom = p.sum(axis=-1, keepdims=True)
+            ob = np.einsum("hij,jhd->ihd", p / np.where(denom > 0, denom, 1.0), vx)
+            with np.errstate(divide="ignore"):
+                lb = ((np.log(denom) + safe_m)[..., 0] / np.log(2.0)).T  # [qo_len, Hq]
+            lb = np.where(denom[..., 0].T > 0, lb, -np.inf)
+        if "output_transform" in hooks:
+            ob = eval_row_hook(hooks["output_transform"], ob,
+                               [b, qo_pos[:, None], heads[None, :], lb], params)
+        o[q0:q1] = ob
+        lse[q0:q1] = lb
+    return o, lse
+
+
+def gather_pages(pages: np.ndarray, indptr, indices, last_page_len, layout: str = "NHD"):
+    """Per-request dense (keys, values) from a paged cache; pages [P, 2, S, Hkv, D] (NHD) or [P, 2, Hkv, S, D]."""
+    keys, values = [], []
+    for b in range(len(indptr) - 1):
+        ids = indices[indptr[b]:indptr[b + 1]]
+        if len(ids) == 0:
+            shape = (0, pages.shape[3] if layout == "NHD" else pages.shape[2], pages.shape[-1])
+            keys.append(np.zeros(shape, pages.dtype))
+            values.append(np.zeros(shape, pages.dtype))
+            continue
+        chunk = pages[ids]
+        if layout == "HND":
+            chunk = chunk.transpose(0, 1, 3, 2, 4)
+        n = (len(ids) - 1) * chunk.shape[2] + int(last_page_len[b])
+        keys.append(chunk[:, 0].reshape(-1, *chunk.shape[3:])[:n])
+        values.append(chunk[:, 1].reshape(-1, *chunk.shape[3:])[:n])
+    return keys, values

@@ -30,7 +30,9 @@ _ARITH = {
     tir.Add: np.add, tir.Sub: np.subtract, tir.Mul: np.multiply, tir.Min: np.minimum, tir.Max: np.maximum,
     tir.EQ: np.equal, tir.NE: np.not_equal, tir.LT: np.less, tir.LE: np.less_equal, tir.GT: np.greater,
     tir.GE: np.greater_equal, tir.And: np.logical_and, tir.Or: np.logical_or,
-    tir.FloorDiv: np.floor_divide, tir.FloorMod: np.mod,
+    tir.FloorDiv: np.floor_divide, tir.FloorMod: np.mod, tir.BitwiseAnd: np.bitwise_and,
+    tir.BitwiseOr: np.bitwise_or, tir.BitwiseXor: np.bitwise_xor, tir.LShift: np.left_shift,
+    tir.RShift: np.right_shift,
 }
 
 
@@ -50,6 +52,17 @@ class TIREvaluator:
 
     def __init__(self, env: dict[int, object]):
         self.env = dict(env)
+        self.clip_loads = 0  # >0 while evaluating both sides of a vector select
+
+    def _select(self, cond, then, other):
+        c = self.expr(cond)
+        if np.ndim(c) == 0:  # TIR selects lazily; a scalar condition lets us do the same
+            return self.expr(then) if bool(c) else self.expr(other)
+        self.clip_loads += 1
+        try:
+            return np.where(c, self.expr(then), self.expr(other))
+        finally:
+            self.clip_loads -= 1
 
     def expr(self, e):
         if isinstance(e, (tir.IntImm,)):
@@ -66,33 +79,39 @@ class TIREvaluator:
                 return a / b if isinstance(e, tir.Div) else np.fmod(a, b)
             q = np.trunc(np.divide(a, b)).astype(np.int64)
             return q if isinstance(e, tir.Div) else a - q * b
+        if isinstance(e, tir.BitwiseNot):
+            return np.invert(self.expr(e.a))
         if isinstance(e, tir.Not):
             return np.logical_not(self.expr(e.a))
         if isinstance(e, tir.Cast):
             return np.asarray(self.expr(e.value)).astype(_np_dtype(e.ty))
         if isinstance(e, tir.Select):
-            return np.where(self.expr(e.condition), self.expr(e.true_value), self.expr(e.false_value))
+            return self._select(e.condition, e.true_value, e.false_value)
         if isinstance(e, tir.Let):
             self.env[tu.handle(e.var)] = self.expr(e.value)
             return self.expr(e.body)
-        if isinstance(e, tir.BufferLoad):
+        if isinstance(e, tvm.ir.TensorLoad):
             return self._load(e)
         if isinstance(e, tvm.ir.Call):
             return self._call(e)
         raise NotImplementedError(f"reference evaluator: unsupported TIR node {type(e).__name__}: {e}")
 
     def _load(self, e):
-        arr = self.env[tu.handle(e.buffer)]
+        arr = self.env[tu.handle(e.source)]
         idx = tuple(np.asarray(self.expr(i)).astype(np.int64) for i in e.indices)
+        data = arr.data if getattr(arr, "_row", False) else np.asarray(arr)
+        if self.clip_loads:  # the lane that reads out of range is discarded by the select
+            shape = data.shape[-1:] if getattr(arr, "_row", False) else data.shape
+            idx = tuple(np.clip(i, 0, max(n - 1, 0)) for i, n in zip(idx, shape))
         if getattr(arr, "_row", False):
-            return arr.data[..., idx[0]]
-        return np.asarray(arr)[idx]
+            return data[..., idx[0]]
+        return data[idx]
 
     def _call(self, e):
         name = e.op.name.split(".")[-1]
         args = e.args
         if name == "if_then_else":
-            return np.where(self.expr(args[0]), self.expr(args[1]), self.expr(args[2]))
+            return self._select(args[0], args[1], args[2])
         if name in ("call_pure_extern",):
             name = args[0].value.rstrip("f")
             args = args[1:]

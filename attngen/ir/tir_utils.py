@@ -40,7 +40,8 @@ def substitute(node, mapping: dict[int, object]):
     """Replace Vars (keyed by :func:`handle`) with the mapped expressions or vars."""
     if not mapping:
         return node
-    return tvm_ffi.structural_map(node, (tvm.ir.Var, lambda v: mapping.get(handle(v), v)))
+    # Pre-order, so a buffer Var is matched before its type (shape) is rewritten into a new Var.
+    return tvm_ffi.structural_map(node, (tvm.ir.Var, lambda v: mapping.get(handle(v), v)), order="pre")
 
 
 def map_nodes(node, cls, fn: Callable):

@@ -1,0 +1,57 @@
+"""CPU backend build: one IRModule of attention functions with the hooks inlined, built by LLVM."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import tvm
+from tvm.target import Target
+
+from attngen.ir import StateAlgebra
+from attngen.schedules.build_config import BuildConfig, symbol
+
+from .attention_tir import CPUKernelSpec, attention_program
+from .inline_hooks import inline_hooks
+
+CPU_TARGET = {"kind": "llvm"}
+
+
+def cpu_kernel_specs(variant, cfg: BuildConfig) -> dict[str, CPUKernelSpec]:
+    """Exported symbol -> kernel spec, for every (kind, layout, dtype, head_dim) the config asks for."""
+    hooks = variant.hooks
+    common = dict(
+        has_query_transform="query_transform" in hooks,
+        has_key_transform="key_transform" in hooks,
+        has_logits_transform="logits_transform" in hooks,
+        has_mask="logits_mask" in hooks,
+        has_output_transform="output_transform" in hooks,
+        softmax=variant.state == StateAlgebra.SOFTMAX,
+        q_scale_log2e=variant.analysis.scale.q_scale_log2e,
+    )
+    specs = {}
+    for dtype in cfg.dtypes:
+        for d in cfg.head_dims:
+            kinds = [CPUKernelSpec("ragged", False, d, dtype, **common)]
+            for layout in cfg.layouts:
+                kinds.append(CPUKernelSpec("paged", False, d, dtype, layout, **common))
+                kinds.append(CPUKernelSpec("paged", True, d, dtype, layout, **common))
+            for k in kinds:
+                specs[symbol(k.func_name, dtype, d)] = k
+    return specs
+
+
+def lower_cpu_module(variant, specs: dict[str, CPUKernelSpec]) -> tvm.IRModule:
+    funcs = {}
+    for sym, spec in specs.items():
+        f = inline_hooks(attention_program(spec), variant, spec.head_dim)
+        funcs[tvm.ir.GlobalVar(sym)] = f.with_attr("global_symbol", sym)
+    return tvm.IRModule(funcs)
+
+
+def build_cpu_library(mod: tvm.IRModule, out: Path) -> Path:
+    target = Target(CPU_TARGET)
+    # TVM's common-subexpression pass binds float subexpressions (e.g. a cast position) to
+    # lets that its integer-set analysis then mis-handles; LLVM performs CSE itself.
+    with target, tvm.transform.PassContext(config={"tirx.disable_cse_tir": True}):
+        rt = tvm.tirx.build(mod, target=target)
+    rt.export_library(str(out))
+    return out

@@ -1,0 +1,98 @@
+"""Argument checks run before any kernel launch: each error names the argument and the fix."""
+from __future__ import annotations
+
+import numpy as np
+
+from .views import PagedKV, RaggedKV
+
+
+class AttentionArgumentError(ValueError):
+    pass
+
+
+def as_numpy(x, name: str) -> np.ndarray:
+    """Read-only NumPy view of an index array (numpy or CPU torch), for host-side checks."""
+    if hasattr(x, "detach"):
+        if x.device.type != "cpu":
+            x = x.cpu()
+        x = x.detach().numpy()
+    if not isinstance(x, np.ndarray):
+        raise AttentionArgumentError(f"{name}: expected a numpy array or torch tensor, got {type(x).__name__}")
+    return x
+
+
+def dtype_name(x) -> str:
+    return str(x.dtype).replace("torch.", "")
+
+
+def check_tensor(x, name: str, ndim: int, dtype: str | None = None) -> None:
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise AttentionArgumentError(f"{name}: expected a tensor, got {type(x).__name__}")
+    if len(x.shape) != ndim:
+        raise AttentionArgumentError(f"{name}: expected {ndim} dims, got shape {tuple(x.shape)}")
+    if dtype is not None and dtype_name(x) != dtype:
+        raise AttentionArgumentError(f"{name}: expected dtype {dtype}, got {dtype_name(x)}")
+    contiguous = x.is_contiguous() if hasattr(x, "is_contiguous") else x.flags["C_CONTIGUOUS"]
+    if not contiguous:
+        raise AttentionArgumentError(f"{name}: must be contiguous (call .contiguous() / np.ascontiguousarray)")
+
+
+def check_indptr(x, name: str, total: int | None, batch: int | None = None) -> np.ndarray:
+    check_tensor(x, name, 1, "int32")
+    a = as_numpy(x, name)
+    if len(a) < 1:
+        raise AttentionArgumentError(f"{name}: needs at least one entry ([B+1] with B >= 0)")
+    if batch is not None and len(a) != batch + 1:
+        raise AttentionArgumentError(f"{name}: has {len(a)} entries, expected batch_size + 1 = {batch + 1}")
+    if a[0] != 0 or np.any(np.diff(a) < 0):
+        raise AttentionArgumentError(f"{name}: must start at 0 and be non-decreasing")
+    if total is not None and a[-1] != total:
+        raise AttentionArgumentError(f"{name}: last entry is {a[-1]} but the data holds {total} rows")
+    return a
+
+
+def check_qkv_heads(q, num_kv_heads: int, head_dim: int) -> None:
+    n_qo = int(q.shape[1])
+    if q.shape[2] != head_dim:
+        raise AttentionArgumentError(f"q: head_dim is {q.shape[2]}, this module was built for {head_dim}")
+    if num_kv_heads == 0 or n_qo % num_kv_heads:
+        raise AttentionArgumentError(
+            f"q has {n_qo} heads and the KV cache {num_kv_heads}: num_qo_heads must be a multiple of "
+            "num_kv_heads (GQA)")
+
+
+def check_paged(kv: PagedKV, head_dim: int, dtype: str, batch: int | None) -> int:
+    if kv.layout not in ("NHD", "HND"):
+        raise AttentionArgumentError(f"kv.layout: {kv.layout!r} is not 'NHD' or 'HND'")
+    check_tensor(kv.pages, "kv.pages", 5, dtype)
+    if kv.pages.shape[1] != 2 or kv.pages.shape[4] != head_dim:
+        raise AttentionArgumentError(
+            f"kv.pages: shape {tuple(kv.pages.shape)} is not [num_pages, 2, ..., {head_dim}] ({kv.layout})")
+    check_tensor(kv.indices, "kv.indices", 1, "int32")
+    indptr = check_indptr(kv.indptr, "kv.indptr", int(kv.indices.shape[0]), batch)
+    b = len(indptr) - 1
+    check_tensor(kv.last_page_len, "kv.last_page_len", 1, "int32")
+    if kv.last_page_len.shape[0] != b:
+        raise AttentionArgumentError(f"kv.last_page_len: has {kv.last_page_len.shape[0]} entries, expected {b}")
+    idx = as_numpy(kv.indices, "kv.indices")
+    n_pages = int(kv.pages.shape[0])
+    if len(idx) and (idx.min() < 0 or idx.max() >= n_pages):
+        raise AttentionArgumentError(
+            f"kv.indices: page id {int(idx.max()) if idx.max() >= n_pages else int(idx.min())} is outside "
+            f"the cache's {n_pages} pages")
+    last = as_numpy(kv.last_page_len, "kv.last_page_len")
+    has_pages = np.diff(indptr) > 0
+    if np.any(has_pages & ((last < 1) | (last > kv.page_size))):
+        raise AttentionArgumentError(f"kv.last_page_len: must be in [1, page_size={kv.page_size}] for "
+                                     "every request that has pages")
+    return b
+
+
+def check_ragged(kv: RaggedKV, head_dim: int, dtype: str, batch: int | None) -> int:
+    check_tensor(kv.k, "kv.k", 3, dtype)
+    check_tensor(kv.v, "kv.v", 3, dtype)
+    if tuple(kv.k.shape) != tuple(kv.v.shape) or kv.k.shape[2] != head_dim:
+        raise AttentionArgumentError(f"kv.k/kv.v: shapes {tuple(kv.k.shape)} / {tuple(kv.v.shape)} must match "
+                                     f"and end in head_dim={head_dim}")
+    indptr = check_indptr(kv.indptr, "kv.indptr", int(kv.k.shape[0]), batch)
+    return len(indptr) - 1

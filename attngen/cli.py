@@ -1,0 +1,142 @@
+"""The ``attngen`` command line: build a variant, inspect what attngen made of it, list built-ins."""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+attngen compiles attention variants written as TVM TensorIR hooks.
+
+  attngen build examples/logits_softcap.py --target cpu --head-dim 64
+  attngen build causal --target cuda --arch sm_80,sm_90a --head-dim 128 --dtype float16
+  attngen inspect examples/logits_softcap.py
+  attngen list
+"""
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _add_source(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="a Python file defining a Variant, or a built-in variant name (see 'attngen list')")
+    p.add_argument("--variant", help="which variant, when the file defines several")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="attngen", description=DESCRIPTION,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="compile a variant into a library (cpu) or device objects (cuda)",
+                       description="Run the pipeline validate -> analyze -> schedule -> lower_hooks -> "
+                                   "instantiate -> compile, reusing the build cache when nothing changed.")
+    _add_source(b)
+    b.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: a shared library of TVM-FFI attention functions built by LLVM; "
+                        "cuda: the hooks lowered to CUDA and compiled with nvcc per arch (default: cpu)")
+    b.add_argument("--arch", type=_csv, default=(),
+                   help="cuda only: comma-separated archs among sm_75, sm_80, sm_86, sm_89, sm_90a")
+    b.add_argument("--head-dim", type=lambda s: tuple(int(x) for x in _csv(s)), default=(128,),
+                   help="comma-separated head dims to instantiate (default: 128)")
+    b.add_argument("--dtype", type=_csv, default=None,
+                   help="comma-separated q/k/v dtypes (cpu default float32; cuda default float16)")
+    b.add_argument("--layout", type=_csv, default=("NHD", "HND"),
+                   help="paged-KV layouts to instantiate: NHD, HND (default: both)")
+    b.add_argument("--fast-math", action="store_true",
+                   help="cuda: let nvcc approximate transcendental functions (--use_fast_math); off by default")
+    b.add_argument("--out", type=Path, help="also copy the artifacts into this directory")
+    b.add_argument("--cache-dir", type=Path, help="build cache location (default: $ATTNGEN_CACHE_DIR or ~/.cache/attngen)")
+    b.add_argument("--dump", type=Path, help="write every stage's artifact under this directory (same as ATTNGEN_DUMP)")
+
+    i = sub.add_parser("inspect", help="show a variant's hooks, analysis results and generated CUDA device code")
+    _add_source(i)
+    i.add_argument("--head-dim", type=int, default=128, help="head dim to specialise row hooks for (default: 128)")
+    i.add_argument("--arch", default="sm_80", help="arch to generate CUDA for (default: sm_80)")
+
+    sub.add_parser("list", help="list the built-in variants")
+    return ap
+
+
+def cmd_build(args) -> int:
+    from attngen.codegen.cache import BuildCache
+    from attngen.codegen.pipeline import run_pipeline
+    from attngen.loader import pick_variant
+    from attngen.schedules import BuildConfig
+
+    variant = pick_variant(args.source, args.variant)
+    dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
+    cfg = BuildConfig(args.target, args.head_dim, dtypes, args.arch, args.layout, args.fast_math)
+    what = f"variant '{variant.name}' for {cfg.target}"
+    if cfg.target == "cuda":
+        what += f" ({', '.join(cfg.archs)})"
+    print(f"attngen: building {what}: head_dim {list(cfg.head_dims)}, dtype {list(cfg.dtypes)}, "
+          f"layouts {list(cfg.layouts)}")
+    res = run_pipeline(variant, cfg, cache=BuildCache(args.cache_dir) if args.cache_dir else None,
+                       dump=args.dump, log=print)
+    print(f"attngen: {'cache hit' if res.cache_hit else 'compiled'} in {res.seconds:.2f}s -> {res.directory}")
+    for f in res.manifest.get("functions", []):
+        print(f"  function {f}")
+    for o in res.objects:
+        print(f"  object {o.name}")
+    if res.library:
+        print(f"attngen: library {res.library}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for f in res.directory.iterdir():
+            shutil.copy2(f, args.out / f.name)
+        print(f"attngen: artifacts copied to {args.out}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from attngen.codegen.hooks_cuda import lower_hooks_cuda
+    from attngen.ir import HOOKS
+    from attngen.loader import pick_variant
+
+    v = pick_variant(args.source, args.variant)
+    print(f"# variant {v.name}  (state: {v.state.value}; defined at {v.defined_at})")
+    if v.doc:
+        print(f"# {v.doc}")
+    print("\n## parameters")
+    print("  sm_scale: float32 (always; default 1/sqrt(head_dim))")
+    for p in v.params:
+        print(f"  {p}")
+    print("\n## hooks")
+    if not v.hooks:
+        print("  (none: vanilla softmax attention)")
+    for name, func in v.hooks.items():
+        print(f"### {name} — applied {HOOKS[name].applied}")
+        print(func.script())
+    print("## analysis")
+    print(v.analysis.describe())
+    print(f"\n## generated CUDA device code (head_dim {args.head_dim}, {args.arch})")
+    print(lower_hooks_cuda(v, args.head_dim, args.arch).code)
+    return 0
+
+
+def cmd_list(args) -> int:
+    from attngen.variants import BUILTINS, builtin
+
+    for name in BUILTINS:
+        v = builtin(name)
+        print(f"{name:24s} {v.analysis.mask.kind.value:15s} {v.doc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from attngen.codegen.nvcc import NvccError
+    from attngen.ir import ConfigError, VariantError
+
+    args = parser().parse_args(argv)
+    try:
+        return {"build": cmd_build, "inspect": cmd_inspect, "list": cmd_list}[args.command](args)
+    except (VariantError, ConfigError, NvccError, FileNotFoundError, ValueError) as e:
+        print(f"attngen: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

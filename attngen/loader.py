@@ -1,0 +1,52 @@
+"""Find the Variant(s) a user file (or a built-in name) defines, for the CLI and scripts."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from attngen.ir import Variant
+
+
+def load_variants(source: str) -> list[Variant]:
+    """Variants from a built-in name, or from a Python file's module-level Variant objects
+    (a ``VARIANTS`` list wins; a ``make()`` factory is called when the file has no Variant)."""
+    from attngen.variants import BUILTINS, builtin
+
+    path = Path(source)
+    if path.suffix != ".py":
+        if source in BUILTINS:
+            return [builtin(source)]
+        raise FileNotFoundError(f"{source!r} is neither a .py file nor a built-in variant "
+                                f"(built-ins: {sorted(BUILTINS)})")
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {source}")
+    name = "attngen_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    if isinstance(getattr(module, "VARIANTS", None), (list, tuple)):
+        found = list(module.VARIANTS)
+    else:
+        found = [v for v in vars(module).values() if isinstance(v, Variant)]
+    if not found and callable(getattr(module, "make", None)):
+        found = [module.make()]
+    if not found:
+        raise ValueError(f"{source} defines no Variant: create one at module level, e.g. "
+                         "variant = Variant('my_variant', logits_transform=...)")
+    return found
+
+
+def pick_variant(source: str, name: str | None = None) -> Variant:
+    variants = load_variants(source)
+    if name is not None:
+        for v in variants:
+            if v.name == name:
+                return v
+        raise ValueError(f"{source} has no variant named {name!r}; it has {[v.name for v in variants]}")
+    if len(variants) > 1:
+        raise ValueError(f"{source} defines several variants {[v.name for v in variants]}; "
+                         "choose one with --variant NAME")
+    return variants[0]

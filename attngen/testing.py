@@ -1,0 +1,162 @@
+"""Random attention problems and reference comparisons shared by tests and examples.
+
+A problem is a ragged batch (some requests may be empty) with its KV both as a
+ragged pair and as a paged cache with randomly permuted pages plus unused ones.
+Tolerances follow "k x (error of the same computation in the input dtype) + floor":
+the same-dtype error is measured on the problem itself with PyTorch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attngen.ir import ScalarParam, TensorParam
+from attngen.runtime.custom_mask import pack_custom_mask
+from attngen.runtime.reference import gather_pages, reference_attention
+from attngen.runtime.views import PagedKV, RaggedKV
+
+
+@dataclass
+class Problem:
+    q: np.ndarray  # [total_q, Hq, D]
+    qo_indptr: np.ndarray  # [B+1]
+    ragged: RaggedKV
+    paged: PagedKV
+    keys: list  # per request [kv_len, Hkv, D] for the reference
+    values: list
+    qo_lens: list
+    kv_lens: list
+
+
+def random_problem(rng, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, *, page_size=4,
+                   dtype="float32", layout="NHD", spare_pages=3) -> Problem:
+    qo_lens, kv_lens = list(qo_lens), list(kv_lens)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    kv_indptr = np.concatenate([[0], np.cumsum(kv_lens)]).astype(np.int32)
+    q = rng.standard_normal((int(qo_indptr[-1]), num_qo_heads, head_dim)).astype(dtype)
+    k = rng.standard_normal((int(kv_indptr[-1]), num_kv_heads, head_dim)).astype(dtype)
+    v = rng.standard_normal((int(kv_indptr[-1]), num_kv_heads, head_dim)).astype(dtype)
+    n_pages = [(n + page_size - 1) // page_size for n in kv_lens]
+    total = sum(n_pages) + spare_pages
+    ids = rng.permutation(total)[: sum(n_pages)].astype(np.int32)
+    pages = rng.standard_normal((total, 2, page_size, num_kv_heads, head_dim)).astype(dtype)
+    page_indptr = np.concatenate([[0], np.cumsum(n_pages)]).astype(np.int32)
+    last = np.array([n - (p - 1) * page_size if p else 0 for n, p in zip(kv_lens, n_pages)], np.int32)
+    for b in range(len(kv_lens)):  # write the ragged K/V into the request's pages
+        for j in range(kv_lens[b]):
+            page = ids[page_indptr[b] + j // page_size]
+            pages[page, 0, j % page_size] = k[kv_indptr[b] + j]
+            pages[page, 1, j % page_size] = v[kv_indptr[b] + j]
+    if layout == "HND":
+        pages = np.ascontiguousarray(pages.transpose(0, 1, 3, 2, 4))
+    paged = PagedKV(pages, page_indptr, ids, last, layout)
+    keys, values = gather_pages(pages, page_indptr, ids, last, layout)
+    return Problem(q, qo_indptr, RaggedKV(k, v, kv_indptr), paged, keys, values, qo_lens, kv_lens)
+
+
+def random_params(variant, rng, problem: Problem) -> dict:
+    """Plausible random values for a variant's extra parameters (built-ins and simple user ones)."""
+    n_qo = problem.q.shape[1]
+    out = {}
+    for p in variant.params:
+        if p.name in ("mask_bits", "mask_offset", "mask_stride"):
+            if "mask_bits" not in out:
+                masks = [rng.random((a, b)) < 0.6 for a, b in zip(problem.qo_lens, problem.kv_lens)]
+                out.update(pack_custom_mask(masks, problem.kv_lens))
+            continue
+        if isinstance(p, TensorParam):
+            shape = tuple(n_qo if d == "num_qo_heads" else len(problem.qo_lens) if d == "batch_size" else 8
+                          for d in p.shape)
+            out[p.name] = (rng.standard_normal(shape) * 0.5).astype(p.dtype) if "float" in p.dtype \
+                else rng.integers(0, 4, shape).astype(p.dtype)
+        elif isinstance(p, ScalarParam):
+            if p.name == "window_left":
+                out[p.name] = int(rng.integers(0, 6))
+            elif p.default is not None:
+                out[p.name] = p.default
+            else:
+                out[p.name] = 1 if "int" in p.dtype else float(rng.uniform(0.5, 2.0))
+    return out
+
+
+def same_dtype_error(problem: Problem, dtype: str, sm_scale: float) -> float:
+    """Max error of plain softmax attention computed by PyTorch in ``dtype`` vs float64, on this batch."""
+    import torch
+
+    worst = 0.0
+    for b, (keys, vals) in enumerate(zip(problem.keys, problem.values)):
+        q0, q1 = problem.qo_indptr[b], problem.qo_indptr[b + 1]
+        if q1 == q0 or len(keys) == 0:
+            continue
+        group = problem.q.shape[1] // keys.shape[1]
+        qs = torch.from_numpy(problem.q[q0:q1].astype(np.float64)).transpose(0, 1)
+        ks = torch.from_numpy(np.repeat(keys, group, 1).astype(np.float64)).transpose(0, 1)
+        vs = torch.from_numpy(np.repeat(vals, group, 1).astype(np.float64)).transpose(0, 1)
+        exact = torch.softmax(qs @ ks.transpose(1, 2) * sm_scale, -1) @ vs
+        t = getattr(torch, dtype)
+        low = (torch.softmax((qs.to(t) @ ks.to(t).transpose(1, 2)).float() * sm_scale, -1).to(t) @ vs.to(t))
+        worst = max(worst, float((low.double() - exact).abs().max()))
+    return worst
+
+
+FLOORS = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def compare(out, lse, ref_out, ref_lse, *, tol: float, lse_tol: float, what: str) -> dict:
+    """Assert closeness to the reference; empty rows must be exactly O = 0, lse = -inf (no NaN)."""
+    out = np.asarray(out, dtype=np.float64)
+    lse = np.asarray(lse, dtype=np.float64)
+    if np.isnan(out).any() or np.isnan(lse).any():
+        raise AssertionError(f"{what}: NaN in the output ({int(np.isnan(out).sum())} values) or lse")
+    err = float(np.abs(out - ref_out).max()) if out.size else 0.0
+    empty = np.isneginf(ref_lse)
+    if not np.array_equal(np.isneginf(lse), empty):
+        raise AssertionError(f"{what}: rows with no visible key differ from the reference "
+                             f"({int(np.isneginf(lse).sum())} vs {int(empty.sum())})")
+    with np.errstate(invalid="ignore"):  # -inf - -inf on empty rows, masked out below
+        lse_err = float(np.abs(np.where(empty, 0, lse - ref_lse)).max()) if lse.size else 0.0
+    if err > tol or lse_err > lse_tol:
+        raise AssertionError(f"{what}: max |O - ref| = {err:.3g} (tol {tol:.3g}), "
+                             f"max |lse - ref| = {lse_err:.3g} (tol {lse_tol:.3g})")
+    return {"out_err": err, "lse_err": lse_err}
+
+
+def check_cpu_variant(att, variant, rng, *, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim,
+                      dtype="float32", layouts=("NHD", "HND"), page_size=4, k=8.0) -> dict:
+    """Run prefill (ragged, paged per layout) and decode (paged per layout) on fresh random
+    inputs with NaN-poisoned outputs, compare each with the float64 reference; return errors."""
+    results = {}
+    sm_scale = 1.0 / np.sqrt(head_dim)
+    for layout in layouts:
+        prob = random_problem(rng, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim,
+                              page_size=page_size, dtype=dtype, layout=layout)
+        params = random_params(variant, rng, prob)
+        tol = k * same_dtype_error(prob, dtype, sm_scale) + FLOORS[dtype]
+        lse_tol = 1e-4 if dtype == "float32" else 2e-2
+        ref_o, ref_l = reference_attention(variant, prob.q, prob.keys, prob.values, prob.qo_indptr,
+                                           sm_scale, params)
+        runs = {f"prefill_paged_{layout}": prob.paged}
+        if layout == layouts[0]:
+            runs["prefill_ragged"] = prob.ragged
+        for name, kv in runs.items():
+            out = np.full(prob.q.shape, np.nan, dtype=dtype)
+            lse = np.full(prob.q.shape[:2], np.nan, dtype=np.float32)
+            att.prefill(prob.q, kv, prob.qo_indptr, sm_scale=sm_scale, params=params, out=out, lse=lse)
+            results[name] = compare(out, lse, ref_o, ref_l, tol=tol, lse_tol=lse_tol,
+                                    what=f"{variant.name} {name} {dtype}")
+        # decode: one query per request at the end of its sequence
+        batch = len(kv_lens)
+        dec = Problem(rng.standard_normal((batch, num_qo_heads, head_dim)).astype(dtype),
+                      np.arange(batch + 1, dtype=np.int32), prob.ragged, prob.paged, prob.keys,
+                      prob.values, [1] * batch, list(kv_lens))
+        params = random_params(variant, rng, dec)
+        ref_o, ref_l = reference_attention(variant, dec.q, dec.keys, dec.values, dec.qo_indptr,
+                                           sm_scale, params)
+        out = np.full(dec.q.shape, np.nan, dtype=dtype)
+        lse = np.full(dec.q.shape[:2], np.nan, dtype=np.float32)
+        att.decode(dec.q, prob.paged, sm_scale=sm_scale, params=params, out=out, lse=lse)
+        tol = k * same_dtype_error(dec, dtype, sm_scale) + FLOORS[dtype]
+        results[f"decode_paged_{layout}"] = compare(out, lse, ref_o, ref_l, tol=tol, lse_tol=lse_tol,
+                                                    what=f"{variant.name} decode {layout} {dtype}")
+    return results

@@ -1,0 +1,42 @@
+"""Shared fixtures: one build cache per test session, seeded RNGs, the gpu marker's skip rule."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from attngen.codegen.cache import BuildCache
+
+
+def _has_gpu() -> tuple[bool, str]:
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed"
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU on this machine (run `pytest -m gpu` on a GPU machine)"
+    return True, ""
+
+
+def pytest_collection_modifyitems(config, items):
+    ok, why = _has_gpu()
+    if ok:
+        return
+    skip = pytest.mark.skip(reason=why)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory) -> BuildCache:
+    return BuildCache(tmp_path_factory.mktemp("attngen-cache"))
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+
+
+requires_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

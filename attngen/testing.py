@@ -160,3 +160,19 @@ def check_cpu_variant(att, variant, rng, *, qo_lens, kv_lens, num_qo_heads, num_
         results[f"decode_paged_{layout}"] = compare(out, lse, ref_o, ref_l, tol=tol, lse_tol=lse_tol,
                                                     what=f"{variant.name} decode {layout} {dtype}")
     return results
+
+
+def run_cpu_example(variant, *, head_dim=64, num_qo_heads=8, num_kv_heads=2, qo_lens=(5, 0, 9, 1),
+                    kv_lens=(12, 3, 9, 20), seed=0, cache=None) -> dict:
+    """Build ``variant`` for the CPU, check every kernel kind against the float64 reference, print a summary."""
+    from attngen.runtime.cpu import CPUAttention
+
+    kwargs = {"cache": cache} if cache is not None else {}
+    att = CPUAttention.build(variant, head_dims=(head_dim,), dtypes=("float32",), **kwargs)
+    results = check_cpu_variant(att, variant, np.random.default_rng(seed), qo_lens=list(qo_lens),
+                                kv_lens=list(kv_lens), num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                                head_dim=head_dim)
+    print(f"{variant.name}: built {att.library.name}; mask {variant.analysis.mask.describe()}")
+    for kind, r in results.items():
+        print(f"  {kind:20s} max|O-ref| {r['out_err']:.2e}  max|lse-ref| {r['lse_err']:.2e}")
+    return results

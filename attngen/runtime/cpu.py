@@ -37,6 +37,15 @@ def _int32_like(ref, values):
     return np.asarray(values, dtype=np.int32)
 
 
+def _nonempty(x):
+    """A 1-row stand-in for a zero-row tensor: DLPack gives zero-size arrays strides that TVM's
+    argument checks reject, and the kernels never touch rows of an empty batch."""
+    if int(np.prod(x.shape)) != 0:
+        return x
+    shape = (1,) + tuple(int(n) for n in x.shape[1:])
+    return _empty_like(x, shape, dtype_name(x))
+
+
 class CPUAttention:
     """Attention of one variant on the CPU, from a library built by ``attngen.build``."""
 
@@ -104,7 +113,7 @@ class CPUAttention:
         out, lse = self._outputs(q, int(q.shape[0]), out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
         scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-        fn(q, a, b, indptr, last, qo_indptr, out, lse, scale, *extras)
+        fn(*map(_nonempty, (q, a, b)), indptr, last, qo_indptr, *map(_nonempty, (out, lse)), scale, *extras)
         return out, lse
 
     def decode(self, q, kv: PagedKV, *, sm_scale: float | None = None, params: dict | None = None,
@@ -120,5 +129,6 @@ class CPUAttention:
         out, lse = self._outputs(q, batch, out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
         scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-        fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, kv.indptr, out, lse, scale, *extras)
+        fn(*map(_nonempty, (q, kv.pages, kv.indices)), kv.indptr, kv.last_page_len, kv.indptr,
+           *map(_nonempty, (out, lse)), scale, *extras)
         return out, lse

@@ -1,0 +1,83 @@
+"""The attngen command line: build (cpu and cuda), inspect, list, errors, --dump."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attngen.cli import main
+
+from .conftest import requires_nvcc
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_build_example_for_cpu_and_load_it(tmp_path, capsys):
+    rc = main(["build", str(ROOT / "examples/logits_softcap.py"), "--head-dim", "32", "--layout", "NHD",
+               "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "out"), "--dump", str(tmp_path / "d")])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "building variant 'softcap_causal' for cpu" in text and "compiled in" in text
+    assert "function batch_prefill_ragged_f32_d32" in text
+    lib = tmp_path / "out" / "libsoftcap_causal_cpu.so"
+    assert lib.is_file()
+    dumped = sorted(p.name for p in (tmp_path / "d" / "softcap_causal").iterdir())
+    assert dumped == ["00_validate.txt", "01_analyze.txt", "02_schedule.txt", "03_lower_hooks.txt",
+                      "04_instantiate.txt", "05_compile.txt"]
+    # loadable with tvm_ffi alone, and it computes attention
+    from attngen.loader import pick_variant
+    from attngen.runtime import CPUAttention, RaggedKV
+
+    att = CPUAttention(pick_variant(str(ROOT / "examples/logits_softcap.py")), lib)
+    q = np.ones((2, 2, 32), np.float32)
+    out, lse = att.prefill(q, RaggedKV(q.copy(), q.copy(), np.array([0, 2], np.int32)), np.array([0, 2], np.int32))
+    assert np.allclose(out, 1.0)
+    # second build: cache hit
+    assert main(["build", str(ROOT / "examples/logits_softcap.py"), "--head-dim", "32", "--layout", "NHD",
+                 "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "cache hit" in capsys.readouterr().out
+
+
+@requires_nvcc
+def test_build_cuda_objects(tmp_path, capsys):
+    rc = main(["build", "rope", "--target", "cuda", "--arch", "sm_80,sm_90a", "--head-dim", "128",
+               "--cache-dir", str(tmp_path)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "object hooks_sm_80.o" in text and "object hooks_sm_90a.o" in text
+
+
+def test_inspect_shows_hooks_analysis_and_cuda(capsys):
+    assert main(["inspect", str(ROOT / "examples/rope_sliding_window.py"), "--head-dim", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "### query_transform" in text and "### logits_mask" in text
+    assert "mask: causal_window" in text and "qo_pos - kv_pos <= window_left" in text
+    assert "ATTNGEN_HOOK void attngen_rope_sliding_window_d64_query_transform(" in text
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    for name in ["vanilla", "causal", "sliding_window", "logits_softcap", "alibi", "custom_mask", "rope",
+                 "attention_sink", "sigmoid"]:
+        assert name in text
+
+
+def test_errors_are_reported_not_raised(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from tvm.script import tirx as T\nfrom attngen import Variant\n"
+                   "@T.prim_func\ndef m(batch: T.int32, qo_pos: T.int32) -> T.bool:\n    return qo_pos >= 0\n"
+                   "variant = Variant('bad', logits_mask=m)\n")
+    assert main(["inspect", str(bad)]) == 2
+    assert "variant 'bad', hook 'logits_mask'" in capsys.readouterr().err
+    assert main(["build", "causal", "--target", "cuda", "--arch", "sm_75", "--dtype", "bfloat16"]) == 2
+    assert "not supported on sm_75" in capsys.readouterr().err
+    assert main(["build", "no_such_variant"]) == 2
+    assert "neither a .py file nor a built-in" in capsys.readouterr().err
+
+
+def test_help_explains_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["build", "--help"])
+    text = capsys.readouterr().out
+    for opt in ["--target", "--arch", "--head-dim", "--dtype", "--layout", "--fast-math", "--out",
+                "--cache-dir", "--dump"]:
+        assert opt in text

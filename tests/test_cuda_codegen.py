@@ -1,0 +1,86 @@
+"""Hook lowering to CUDA: the generated device code compiles with nvcc for every target arch."""
+import subprocess
+
+import pytest
+from tvm.script import tirx as T
+
+from attngen import Variant
+
+from attngen.codegen.hooks_cuda import hook_symbol, lower_hooks_cuda
+from attngen.codegen.pipeline import run_pipeline
+from attngen.ir import ConfigError
+from attngen.schedules import ARCHS, BuildConfig
+from attngen.variants import BUILTINS, builtin
+
+from .conftest import requires_nvcc
+
+ALL_ARCHS = tuple(ARCHS)  # sm_75, sm_80, sm_86, sm_89, sm_90a
+
+
+def test_hooks_become_device_functions_with_tvm_math():
+    hs = lower_hooks_cuda(builtin("logits_softcap"), 128, "sm_80")
+    sym = hook_symbol("logits_softcap", 128, "logits_transform")
+    assert f"ATTNGEN_HOOK float {sym}(float s, int batch, int qo_pos, int kv_pos, int qo_head, int kv_head, " \
+           "float soft_cap)" in hs.code
+    assert "tanhf(" in hs.code  # precise tanh unless the build asks for fast math
+    assert "#define ATTNGEN_HOOK static __device__ __forceinline__" in hs.code
+
+
+def test_row_hooks_are_specialised_to_the_head_dim():
+    hs = lower_hooks_cuda(builtin("rope"), 64, "sm_90a")
+    assert "for (int i = 0; i < 64; ++i)" in hs.code
+    assert "float* " in hs.code and set(hs.functions) == {"query_transform", "key_transform"}
+
+
+def test_fixed_row_length_mismatch_is_refused_at_build_time():
+    @T.prim_func
+    def q(x: T.Buffer((64,), "float32"), y: T.Buffer((64,), "float32"), qo_pos: T.int32, qo_head: T.int32):
+        for i in range(64):
+            y[i] = x[i]
+
+    v = Variant("fixed64", query_transform=q)
+    with pytest.raises(ConfigError, match=r"rows are fixed to 64 elements but head_dim=128"):
+        lower_hooks_cuda(v, 128, "sm_80")
+
+
+@requires_nvcc
+def test_every_builtin_compiles_for_every_arch(build_cache):
+    for name in BUILTINS:
+        v = builtin(name)
+        res = run_pipeline(v, BuildConfig("cuda", (64, 128), ("float16",), ALL_ARCHS), cache=build_cache)
+        assert [o.name for o in res.objects] == [f"hooks_{a}.o" for a in ALL_ARCHS]
+        for obj in res.objects:
+            data = obj.read_bytes()
+            for hook in v.hooks:
+                for d in (64, 128):
+                    assert hook_symbol(v.name, d, hook).encode() in data, (name, obj.name, hook)
+
+
+@requires_nvcc
+def test_generated_header_inlines_into_a_kernel(tmp_path):
+    """The header form (forceinline) compiles inside a kernel for every arch, with real SASS."""
+    hs = lower_hooks_cuda(builtin("custom_mask"), 128, "sm_80")
+    (tmp_path / "hooks.cuh").write_text(hs.code)
+    sym = hs.symbol("logits_mask")
+    (tmp_path / "k.cu").write_text(f'''#include "hooks.cuh"
+extern "C" __global__ void probe(const unsigned char* bits, const int* off, const int* stride, int* out) {{
+  out[threadIdx.x] = {sym}(0, 3, threadIdx.x, 0, 0, (unsigned char*)bits, (int*)off, (int*)stride);
+}}
+''')
+    for arch in ALL_ARCHS:
+        sm = arch[3:]
+        p = subprocess.run(["nvcc", "-cubin", f"-gencode=arch=compute_{sm},code=sm_{sm}", "-o",
+                            str(tmp_path / f"k_{arch}.cubin"), str(tmp_path / "k.cu")], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+
+
+def test_cuda_config_rejections():
+    with pytest.raises(ConfigError, match=r"dtype bfloat16 is not supported on sm_75.*Turing"):
+        BuildConfig("cuda", (128,), ("bfloat16",), ("sm_75",))
+    with pytest.raises(ConfigError, match=r"head_dim 96 is not supported by the CUDA templates"):
+        BuildConfig("cuda", (96,), ("float16",), ("sm_80",))
+    with pytest.raises(ConfigError, match=r"unknown arch 'sm_70'"):
+        BuildConfig("cuda", (128,), ("float16",), ("sm_70",))
+    with pytest.raises(ConfigError, match=r"needs at least one arch"):
+        BuildConfig("cuda", (128,), ("float16",))
+    assert BuildConfig("cuda", (128,), ("float16",), ("sm_90",)).archs == ("sm_90a",)

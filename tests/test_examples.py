@@ -1,0 +1,18 @@
+"""Every example runs (small sizes) and checks itself against the reference."""
+import runpy
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
+
+
+def test_examples_exist():
+    assert len(EXAMPLES) >= 5
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_runs(path, build_cache):
+    module = runpy.run_path(str(path))  # not as __main__: main() is called below with small sizes
+    results = module["main"](head_dim=32, cache=build_cache)
+    assert results and all(r["out_err"] < 1e-4 for r in results.values())

@@ -33,8 +33,9 @@ def test_build_example_for_cpu_and_load_it(tmp_path, capsys):
     assert np.allclose(out, 1.0)
     # second build: cache hit
     assert main(["build", str(ROOT / "examples/logits_softcap.py"), "--head-dim", "32", "--layout", "NHD",
-                 "--cache-dir", str(tmp_path / "c")]) == 0
+                 "--cache-dir", str(tmp_path / "c"), "--dump", str(tmp_path / "d2")]) == 0
     assert "cache hit" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "d2" / "softcap_causal").iterdir()) == dumped
 
 
 @requires_nvcc

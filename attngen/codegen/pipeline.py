@@ -150,15 +150,21 @@ def run_pipeline(variant: Variant, cfg: BuildConfig, *, cache: BuildCache | None
     t0 = time.perf_counter()
     key = cache_key(variant, cfg)
 
-    def build(out_dir: Path) -> None:
+    def run_stages(out_dir: Path | None, names) -> BuildContext:
         ctx = BuildContext(variant, cfg, out_dir)
-        for i, (name, stage) in enumerate(STAGES.items()):
+        for i, name in enumerate(STAGES):
+            if name not in names:
+                continue
             log(f"  [{i + 1}/{len(STAGES)}] {name}")
-            ctx.artifacts[name] = stage(ctx)
+            ctx.artifacts[name] = STAGES[name](ctx)
             if dump:
                 d = Path(dump) / variant.name
                 d.mkdir(parents=True, exist_ok=True)
                 (d / f"{i:02d}_{name}.txt").write_text(_dump_text(ctx.artifacts[name]))
+        return ctx
+
+    def build(out_dir: Path) -> None:
+        ctx = run_stages(out_dir, STAGES)
         manifest = {
             "variant": variant.name,
             "state": variant.state.value,
@@ -171,6 +177,10 @@ def run_pipeline(variant: Variant, cfg: BuildConfig, *, cache: BuildCache | None
 
     directory, hit = cache.get_or_build(key, build)
     manifest = json.loads((directory / "manifest.json").read_text())
+    if hit and dump:  # the stages' artifacts were asked for: rerun all but compile, which is cached
+        run_stages(None, [n for n in STAGES if n != "compile"])
+        compile_idx = list(STAGES).index("compile")
+        (Path(dump) / variant.name / f"{compile_idx:02d}_compile.txt").write_text(json.dumps(manifest, indent=2))
     lib = directory / manifest["library"] if "library" in manifest else None
     objs = tuple(directory / o for o in manifest.get("objects", ()))
     return BuildResult(variant.name, cfg, directory, lib, objs, manifest, hit, time.perf_counter() - t0)

@@ -20,8 +20,8 @@ ALL_ARCHS = tuple(ARCHS)  # sm_75, sm_80, sm_86, sm_89, sm_90a
 def test_hooks_become_device_functions_with_tvm_math():
     hs = lower_hooks_cuda(builtin("logits_softcap"), 128, "sm_80")
     sym = hook_symbol("logits_softcap", 128, "logits_transform")
-    assert f"ATTNGEN_HOOK float {sym}(float s, int batch, int qo_pos, int kv_pos, int qo_head, int kv_head, " \
-           "float soft_cap)" in hs.code
+    assert f"ATTNGEN_HOOK void {sym}(float s, int batch, int qo_pos, int kv_pos, int qo_head, int kv_head, " \
+           "float soft_cap, float* ret_ptr)" in hs.code
     assert "tanhf(" in hs.code  # precise tanh unless the build asks for fast math
     assert "#define ATTNGEN_HOOK static __device__ __forceinline__" in hs.code
 
@@ -30,6 +30,18 @@ def test_row_hooks_are_specialised_to_the_head_dim():
     hs = lower_hooks_cuda(builtin("rope"), 64, "sm_90a")
     assert "for (int i = 0; i < 64; ++i)" in hs.code
     assert "float* " in hs.code and set(hs.functions) == {"query_transform", "key_transform"}
+    # each element depends only on its index: a per-element form exists for both transforms
+    assert set(hs.elementwise) == {"query_transform", "key_transform"}
+    assert f"{hs.elementwise['key_transform']}(float* x_ptr, int i, int kv_pos, int kv_head, float rope_scale, " \
+           "float rope_theta, float* ret_ptr)" in hs.code
+
+
+def test_mask_bounds_are_lowered_for_tile_skipping():
+    hs = lower_hooks_cuda(builtin("sliding_window_causal"), 128, "sm_80")
+    assert set(hs.bounds) == {"lower", "upper"}
+    sym, names = hs.bounds["upper"]
+    assert names == ["window_left"] and f"{sym}(int window_left, int* ret_ptr)" in hs.code
+    assert lower_hooks_cuda(builtin("custom_mask"), 128, "sm_80").bounds == {}
 
 
 def test_fixed_row_length_mismatch_is_refused_at_build_time():
@@ -64,7 +76,9 @@ def test_generated_header_inlines_into_a_kernel(tmp_path):
     sym = hs.symbol("logits_mask")
     (tmp_path / "k.cu").write_text(f'''#include "hooks.cuh"
 extern "C" __global__ void probe(const unsigned char* bits, const int* off, const int* stride, int* out) {{
-  out[threadIdx.x] = {sym}(0, 3, threadIdx.x, 0, 0, (unsigned char*)bits, (int*)off, (int*)stride);
+  bool visible;
+  {sym}(0, 3, threadIdx.x, 0, 0, (unsigned char*)bits, (int*)off, (int*)stride, &visible);
+  out[threadIdx.x] = visible;
 }}
 ''')
     for arch in ALL_ARCHS:

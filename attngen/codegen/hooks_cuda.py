@@ -1,8 +1,11 @@
 """Lower a variant's hooks to CUDA device functions through TVM's CUDA code generator.
 
-Each hook becomes ``ATTNGEN_HOOK <ret> attngen_<variant>_d<D>_<hook>(...)``: row
+Each hook becomes ``ATTNGEN_HOOK void attngen_<variant>_d<D>_<hook>(...)``: row
 buffers turn into ``float*`` parameters, extra scalars into scalars, extra tensors
-into pointers, in the hook's own parameter order. ``ATTNGEN_HOOK`` defaults to
+into pointers, in the hook's own parameter order; a scalar hook's value comes back
+through a trailing ``ret`` pointer. Row hooks that compute each element on its own
+also get an ``_elem`` form ``(row, i, ..., float* ret)`` so a thread can compute
+just its elements, and a classified mask gets its bounds on ``qo_pos - kv_pos``. ``ATTNGEN_HOOK`` defaults to
 ``static __device__ __forceinline__`` (templates include the header); a separately
 compiled hook object defines it as ``extern "C" __device__`` for link-time inlining.
 
@@ -42,9 +45,59 @@ class HookSource:
     arch: str
     functions: dict  # hook name -> C symbol
     code: str  # the header text
+    elementwise: dict = None  # row hook name -> symbol of its per-element form (when it has one)
+    bounds: dict = None  # "lower"/"upper" -> (symbol, [param names]) of the mask's bounds on qo_pos - kv_pos
+    params: dict = None  # C symbol -> names of the extra params it takes, in order
 
     def symbol(self, hook: str) -> str:
         return self.functions[hook]
+
+
+def elementwise_form(func: tir.PrimFunc) -> tir.PrimFunc | None:
+    """``out[i] = f(in, i, ...)`` as a scalar function ``(in_row, i, <scalars...>) -> float``.
+
+    A row hook qualifies when its body is one loop over the row whose body binds lets and
+    stores only ``out[loop_var]``: then every element can be computed by its own thread.
+    """
+    body = func.body
+    if not isinstance(body, tir.For):
+        return None
+    stmts = list(body.body.seq) if isinstance(body.body, tir.SeqStmt) else [body.body]
+    *binds, store = stmts
+    if not all(isinstance(b, tir.Bind) for b in binds) or not isinstance(store, tir.BufferStore):
+        return None
+    if not store.buffer.same_as(func.params[1]) or len(store.indices) != 1 \
+            or not store.indices[0].same_as(body.loop_var):
+        return None
+    params = [func.params[0], body.loop_var] + list(func.params[2:])
+    elem = tir.SeqStmt(list(binds) + [tir.Return(store.value)]) if binds else tir.Return(store.value)
+    return tir.PrimFunc(params, elem, tvm.ir.PrimType("float32"))
+
+
+def returns_through_pointer(func: tir.PrimFunc) -> tir.PrimFunc:
+    """``... return v`` -> ``void f(..., T* ret) { ...; ret[0] = v; }``.
+
+    TVM's C printer cannot return a branching ``if_then_else`` (it prints its statement
+    form after ``return``); a store prints correctly, and inlining removes the pointer.
+    """
+    if func.ret_type is None or isinstance(func.ret_type, tvm.ir.TupleType):
+        return func
+    binds, value = tu.strip_binds(func.body)
+    ret = tir.decl_buffer((1,), str(func.ret_type), name="ret")
+    store = tir.BufferStore(ret, value, [tir.IntImm("int32", 0)])
+    body = tir.SeqStmt(list(binds) + [store]) if binds else store
+    return tir.PrimFunc(list(func.params) + [ret], body, None, func.attrs)
+
+
+def _bound_func(info, mask: tir.PrimFunc, which: str):
+    expr = getattr(info, which)
+    if expr is None:
+        return None, []
+    names = list(info.params)
+    by_name = {p.name: p for p in mask.params}
+    params = [by_name[n] for n in names]
+    return tir.PrimFunc(params, tir.Return(tir.Cast("int32", expr) if str(expr.ty) != "int32" else expr),
+                        tvm.ir.PrimType("int32")), names
 
 
 def hook_symbol(variant: str, head_dim: int, hook: str) -> str:
@@ -68,15 +121,32 @@ def _device_func(func: tir.PrimFunc, symbol: str, target: Target) -> tir.PrimFun
 
 def lower_hooks_cuda(variant, head_dim: int, arch: str) -> HookSource:
     target = Target({"kind": "cuda", "arch": arch}, host="llvm")
-    funcs, symbols = {}, {}
+    funcs, symbols, elementwise, bounds, params = {}, {}, {}, {}, {}
+
+    def add(sym, func, n_std):
+        params[sym] = [p.name for p in func.params[n_std:]]
+        funcs[tvm.ir.GlobalVar(sym)] = _device_func(returns_through_pointer(func), sym, target)
+
     for name, func in variant.hooks.items():
-        if HOOKS[name].row:
+        spec = HOOKS[name]
+        n_std = (2 if spec.row else 0) + len(spec.scalars)
+        if spec.row:
             func = specialize_rows(func, name, head_dim, variant.name)
-        sym = hook_symbol(variant.name, head_dim, name)
-        symbols[name] = sym
-        funcs[tvm.ir.GlobalVar(sym)] = _device_func(func, sym, target)
+            elem = elementwise_form(func)
+            if elem is not None:
+                elementwise[name] = hook_symbol(variant.name, head_dim, name) + "_elem"
+                add(elementwise[name], elem, n_std)
+        symbols[name] = hook_symbol(variant.name, head_dim, name)
+        add(symbols[name], func, n_std)
+    if "logits_mask" in variant.hooks:
+        for which in ("lower", "upper"):
+            bf, names = _bound_func(variant.analysis.mask, variant.hooks["logits_mask"], which)
+            if bf is not None:
+                sym = hook_symbol(variant.name, head_dim, f"mask_{which}")
+                bounds[which] = (sym, names)
+                add(sym, bf, 0)
     if not funcs:
-        return HookSource(variant.name, head_dim, arch, {}, HEADER_PRELUDE)
+        return HookSource(variant.name, head_dim, arch, {}, HEADER_PRELUDE, {}, {}, {})
     mod = tvm.IRModule(funcs)
     with target:
         mod = tvm.ir.transform.Sequential([
@@ -84,7 +154,8 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str) -> HookSource:
             tir.transform.LowerIntrin(),
         ])(mod)
     src = tvm.get_global_func("target.build.cuda")(mod, target).inspect_source()
-    return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + _extract_functions(src))
+    return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + _extract_functions(src),
+                      elementwise, bounds, params)
 
 
 def _extract_functions(src: str) -> str:

@@ -89,3 +89,15 @@ def test_sm_scale_and_params_are_honoured(build_cache, rng):
         assert np.abs(o - ro).max() < 1e-5
         outs.append(o)
     assert np.abs(outs[0] - outs[1]).max() > 1e-3 and np.abs(outs[0] - outs[2]).max() > 1e-3
+
+
+def test_whole_row_hooks(build_cache, rng):
+    from attngen.codegen.hooks_cuda import lower_hooks_cuda
+
+    from .row_hook_variants import make
+
+    v = make()
+    assert lower_hooks_cuda(v, 32, "sm_80").elementwise == {}  # none of these is per-element
+    att = CPUAttention.build(v, head_dims=(HEAD_DIM,), cache=build_cache)
+    check_cpu_variant(att, v, rng, qo_lens=[3, 0, 4], kv_lens=[6, 2, 9], num_qo_heads=4, num_kv_heads=2,
+                      head_dim=HEAD_DIM)

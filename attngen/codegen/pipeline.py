@@ -19,11 +19,13 @@ import tvm
 import attngen
 from attngen.ir import Variant
 from attngen.schedules.arch import arch_spec
-from attngen.schedules.build_config import BuildConfig
+from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
 
 from . import nvcc
 from .cache import BuildCache, content_key, hash_files
 from .cpu.build import build_cpu_library, cpu_kernel_specs, lower_cpu_module
+from .cuda_library import compile_library, translation_unit
+from .cuda_variant import traits_source
 from .hooks_cuda import lower_hooks_cuda
 
 PACKAGE = Path(attngen.__file__).parent
@@ -79,6 +81,15 @@ def stage_instantiate(ctx: BuildContext) -> dict[str, str]:
         return {"module.tir.py": lowered.script()}
     files = {}
     name = ctx.variant.name
+    cfg = ctx.config
+    if cfg.kernels:  # template instances: traits per head_dim, one TU per (head_dim, dtype)
+        first = cfg.archs[0]
+        for d in cfg.head_dims:
+            hs = lowered[(first, d)]
+            files[f"variant_d{d}.cuh"] = (f'#pragma once\n#include "hooks_{name}_d{d}_{first}.cuh"\n'
+                                          + traits_source(ctx.variant, hs, d))
+            for dt in cfg.dtypes:
+                files[f"attention_d{d}_{DTYPE_SHORT[dt]}.cu"] = translation_unit(ctx.variant, cfg, d, dt)
     for a in ctx.config.archs:
         includes = []
         for d in ctx.config.head_dims:
@@ -103,8 +114,16 @@ def stage_compile(ctx: BuildContext) -> dict:
     jobs = [nvcc.NvccJob(out / f"hooks_{a}.cu", out / f"hooks_{a}.o", arch_spec(a).gencode, flags)
             for a in ctx.config.archs]
     nvcc.run_jobs(jobs)
-    return {"objects": [j.output.name for j in jobs],
-            "headers": sorted(f for f in ctx.artifacts["instantiate"] if f.endswith(".cuh"))}
+    result = {"objects": [j.output.name for j in jobs],
+              "headers": sorted(f for f in ctx.artifacts["instantiate"] if f.endswith(".cuh"))}
+    if ctx.config.kernels:
+        tus = sorted(f for f in ctx.artifacts["instantiate"] if f.startswith("attention_"))
+        lib = compile_library(out, tus, ctx.config, name)
+        result["library"] = lib.name
+        result["functions"] = sorted(
+            symbol(f"batch_decode_paged_{lay.lower()}", dt, d)
+            for d in ctx.config.head_dims for dt in ctx.config.dtypes for lay in ctx.config.layouts)
+    return result
 
 
 STAGES: dict[str, Callable[[BuildContext], object]] = {

@@ -1,9 +1,10 @@
 """attngen.runtime: calling built kernels (CPU backend here), KV views, references, mask packing."""
 from .checks import AttentionArgumentError
 from .cpu import CPUAttention
+from .cuda import CUDAAttention, DecodePlan
 from .custom_mask import pack_custom_mask
 from .reference import gather_pages, reference_attention
 from .views import PagedKV, RaggedKV
 
-__all__ = ["AttentionArgumentError", "CPUAttention", "PagedKV", "RaggedKV", "gather_pages",
+__all__ = ["AttentionArgumentError", "CPUAttention", "CUDAAttention", "DecodePlan", "PagedKV", "RaggedKV", "gather_pages",
            "pack_custom_mask", "reference_attention"]

@@ -12,6 +12,8 @@ CPU_DTYPES = ("float32", "float16")
 HEAD_DIMS_CUDA = (64, 128, 256)
 HEAD_DIMS_CPU = (32, 64, 80, 96, 128, 256)
 LAYOUTS = ("NHD", "HND")
+CUDA_KERNELS = ("decode",)
+GROUP_SIZES = (1, 2, 4, 8)
 DTYPE_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
@@ -23,6 +25,8 @@ class BuildConfig:
     archs: tuple[str, ...] = ()  # cuda only, e.g. ("sm_80", "sm_90a")
     layouts: tuple[str, ...] = LAYOUTS
     fast_math: bool = False  # cuda: nvcc --use_fast_math (approximate tanh/exp/div)
+    kernels: tuple[str, ...] = ("decode",)  # cuda: templates to instantiate; () = hook objects only
+    max_group_size: int = 8  # cuda decode: largest num_qo_heads / num_kv_heads served
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -30,6 +34,7 @@ class BuildConfig:
         object.__setattr__(self, "dtypes", tuple(self.dtypes))
         object.__setattr__(self, "archs", tuple(arch_spec(a).name for a in self.archs))
         object.__setattr__(self, "layouts", tuple(x.upper() for x in self.layouts))
+        object.__setattr__(self, "kernels", tuple(self.kernels))
         if self.target not in ("cpu", "cuda"):
             raise ConfigError(f"target {self.target!r} is not supported; use 'cpu' or 'cuda'")
         if not self.head_dims or not self.dtypes:
@@ -44,6 +49,8 @@ class BuildConfig:
             if not self.archs:
                 raise ConfigError("a cuda build needs at least one arch, e.g. archs=('sm_80',)")
             self._check(self.head_dims, HEAD_DIMS_CUDA, "head_dim", "the CUDA templates")
+            self._check(self.kernels, CUDA_KERNELS, "kernel", "the CUDA templates")
+            self._check((self.max_group_size,), GROUP_SIZES, "max_group_size", "the decode template")
             for a in self.archs:
                 spec = arch_spec(a)
                 bad = [d for d in self.dtypes if d not in spec.dtypes]

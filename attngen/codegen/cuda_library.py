@@ -1,0 +1,119 @@
+"""Instantiate the CUDA templates for a variant and link one shared library exporting TVM-FFI functions.
+
+Per (head_dim, dtype) one translation unit holds the traits struct, the template
+instances and host wrappers ``batch_decode_paged_<layout>_<dtype>_d<D>``. Each TU is
+compiled by nvcc for all requested archs (one fatbin per arch inside the object),
+TUs in parallel; the link uses the static CUDA runtime, so the library needs only
+libcuda (the driver) and libtvm_ffi, and loads with ``tvm_ffi.load_module``.
+
+Decode calling convention (all tensors on one CUDA device, the current stream is used):
+``(q[B,Hq,D], pages, indices[nnz], indptr[B+1], last_page_len[B], o[B,Hq,D], lse[B,Hq],
+part_o[B,C,Hq,D] f32, part_lse[B,C,Hq] f32, sm_scale, num_chunks, <extra params...>)``.
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import attngen
+from attngen.ir import TensorParam
+from attngen.schedules.arch import arch_spec
+from attngen.schedules.build_config import BuildConfig, symbol
+
+from . import nvcc
+from .cuda_variant import C_TYPES
+
+CSRC = Path(attngen.__file__).parent / "csrc"
+
+
+def _ffi_paths():
+    import tvm_ffi.libinfo as li
+
+    return Path(li.find_include_path()), Path(li.find_dlpack_include_path()), Path(li.find_libtvm_ffi())
+
+
+def _extra_args(variant) -> tuple[str, str]:
+    """(C++ parameter list, Params-filling statements) for the variant's extra parameters."""
+    decl, fill = [], []
+    for p in variant.params:
+        if isinstance(p, TensorParam):
+            decl.append(f"tvm::ffi::TensorView {p.name}")
+            fill.append(f"  hp.{p.name} = static_cast<{C_TYPES[p.dtype]}*>(attngen::data_of({p.name}));")
+        elif "int" in p.dtype:
+            decl.append(f"int64_t {p.name}")
+            fill.append(f"  hp.{p.name} = static_cast<{C_TYPES[p.dtype]}>({p.name});")
+        else:
+            decl.append(f"double {p.name}")
+            fill.append(f"  hp.{p.name} = static_cast<float>({p.name});")
+    return "".join(", " + d for d in decl), "\n".join(fill)
+
+
+def decode_wrapper(variant, head_dim: int, dtype: str, layout: str, max_group: int) -> str:
+    name = symbol(f"batch_decode_paged_{layout.lower()}", dtype, head_dim)
+    decl, fill = _extra_args(variant)
+    nhd = layout == "NHD"
+    return f"""
+static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi::TensorView indices,
+    tvm::ffi::TensorView indptr, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView o,
+    tvm::ffi::TensorView lse, tvm::ffi::TensorView part_o, tvm::ffi::TensorView part_lse, double sm_scale,
+    int64_t num_chunks{decl}) {{
+  using V = attngen_gen::Hooks_d{head_dim};
+  using T = {C_TYPES[dtype]};
+  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
+  attngen::check_tensor(pages, "pages", 5, {{kDLFloat, 16, 1}});
+  V::Params hp{{}};
+{fill}
+  attngen::DecodeProblem P{{}};
+  P.q = attngen::data_of(q);
+  P.o = attngen::data_of(o);
+  P.lse = static_cast<float*>(attngen::data_of(lse));
+  P.part_o = static_cast<float*>(attngen::data_of(part_o));
+  P.part_lse = static_cast<float*>(attngen::data_of(part_lse));
+  P.batch = static_cast<int>(q.size(0));
+  P.num_qo_heads = static_cast<int>(q.size(1));
+  P.num_kv_heads = static_cast<int>(pages.size({3 if nhd else 2}));
+  P.group = P.num_qo_heads / P.num_kv_heads;
+  P.num_chunks = static_cast<int>(num_chunks);
+  P.sm_scale = static_cast<float>(sm_scale);
+  if (P.group > {max_group} || P.group * P.num_kv_heads != P.num_qo_heads)
+    TVM_FFI_THROW(ValueError) << "{name}: group size " << P.num_qo_heads << "/" << P.num_kv_heads
+        << " is not served; this library was built with max_group_size={max_group}";
+  if (P.batch == 0) return;
+  P.kv.pages = attngen::data_of(pages);
+  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(indptr));
+  P.kv.indices = static_cast<const int32_t*>(attngen::data_of(indices));
+  P.kv.last_page_len = static_cast<const int32_t*>(attngen::data_of(last_page_len));
+  P.kv.stride_page = pages.stride(0);
+  P.kv.stride_kv = pages.stride(1);
+  P.kv.stride_slot = pages.stride({2 if nhd else 3});
+  P.kv.stride_head = pages.stride({3 if nhd else 2});
+  P.kv.page_size = static_cast<int>(pages.size({2 if nhd else 3}));
+  attngen::launch_decode<V, T, {head_dim}, {max_group}>(P, hp, attngen::stream_of(q));
+  attngen::check_launch("{name}");
+}}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
+"""
+
+
+def translation_unit(variant, cfg: BuildConfig, head_dim: int, dtype: str) -> str:
+    parts = [f'#include "variant_d{head_dim}.cuh"', '#include "ffi_glue.h"', '#include "merge.cuh"']
+    for layout in cfg.layouts:
+        parts.append(decode_wrapper(variant, head_dim, dtype, layout, cfg.max_group_size))
+    return "\n".join(parts) + "\n"
+
+
+def compile_library(out_dir: Path, tus: list[str], cfg: BuildConfig, name: str) -> Path:
+    """nvcc every TU (all archs in each) in parallel, then link ``lib<name>_cuda.so``."""
+    ffi_inc, dlpack_inc, ffi_lib = _ffi_paths()
+    gencodes = " ".join(arch_spec(a).gencode for a in cfg.archs).split()
+    flags = ("-Xcompiler", "-fPIC", f"-I{CSRC}", f"-I{out_dir}", f"-I{ffi_inc}", f"-I{dlpack_inc}",
+             *gencodes[1:], "--expt-relaxed-constexpr") + (("--use_fast_math",) if cfg.fast_math else ())
+    jobs = [nvcc.NvccJob(out_dir / tu, out_dir / (Path(tu).stem + ".o"), gencodes[0], flags) for tu in tus]
+    nvcc.run_jobs(jobs)
+    lib = out_dir / f"lib{name}_cuda.so"
+    cmd = [nvcc.require_nvcc(), "-shared", "-cudart", "static", *gencodes, "-o", str(lib),
+           *[str(j.output) for j in jobs], f"-L{ffi_lib.parent}", "-ltvm_ffi", f"-Xlinker=-rpath={ffi_lib.parent}"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise nvcc.NvccError(f"link failed:\n$ {' '.join(cmd)}\n{p.stderr}")
+    return lib

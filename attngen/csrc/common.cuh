@@ -1,0 +1,71 @@
+// Shared device helpers for attngen's CUDA templates: 16-byte vector loads and
+// conversions, base-2 math, warp reductions, and the attention-state merge rule.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <cmath>
+
+namespace attngen {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -INFINITY;
+
+// 8 elements of 16-bit type T (16 bytes) <-> float[8]
+template <class T>
+__device__ __forceinline__ void load8(const T* ptr, float (&out)[8]) {
+  uint4 raw = __ldg(reinterpret_cast<const uint4*>(ptr));
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, half>) {
+      float2 f = __half22float2(*reinterpret_cast<const half2*>(&w[i]));
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    } else {
+      float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store8(T* ptr, const float (&in)[8]) {
+  uint4 raw;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, half>) {
+      half2 h = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
+      w[i] = *reinterpret_cast<uint32_t*>(&h);
+    } else {
+      __nv_bfloat162 h = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+      w[i] = *reinterpret_cast<uint32_t*>(&h);
+    }
+  }
+  *reinterpret_cast<uint4*>(ptr) = raw;
+}
+
+// Sum over the `Width` lanes of a lane group (Width a power of two <= 32).
+template <int Width>
+__device__ __forceinline__ float group_sum(float x) {
+#pragma unroll
+  for (int off = Width / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off, 32);
+  return x;
+}
+
+// An online-softmax state for one row: running max m (base 2), denominator d.
+// Merging never produces NaN: an empty side (m = -inf) contributes nothing.
+struct MergeScales {
+  float m, a, b;  // new max, scale of side a, scale of side b
+};
+
+__device__ __forceinline__ MergeScales merge_scales(float ma, float mb) {
+  float m = fmaxf(ma, mb);
+  if (m == kNegInf) return {kNegInf, 0.f, 0.f};
+  return {m, exp2f(ma - m), exp2f(mb - m)};
+}
+
+}  // namespace attngen

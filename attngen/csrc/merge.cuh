@@ -1,0 +1,64 @@
+// Merge the partial states of split-KV chunks: softmax states by their base-2 lse,
+// sum states by addition; an empty chunk (lse = -inf) contributes nothing and two
+// empty states stay empty (O = 0, lse = -inf), never NaN. The output transform runs
+// here, once, on the merged row.
+#pragma once
+#include "common.cuh"
+#include "decode.cuh"
+#include "epilogue.cuh"
+
+namespace attngen {
+
+// grid (num_qo_heads, B), block D/8 threads; part_o [B, C, Hq, D], part_lse [B, C, Hq]
+template <class V, class T, int D>
+__global__ void merge_decode_kernel(DecodeProblem P, typename V::Params hp) {
+  constexpr int L = D / 8;
+  __shared__ float rows[2 * D];
+  __shared__ float lse_s[1];
+  const int h = blockIdx.x, b = blockIdx.y, l = threadIdx.x;
+  float m = kNegInf, den = 0.f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int c = 0; c < P.num_chunks; ++c) {
+    const int64_t r = (int64_t(b) * P.num_chunks + c) * P.num_qo_heads + h;
+    const float lc = P.part_lse[r];
+    const float4* src = reinterpret_cast<const float4*>(P.part_o + r * D + l * 8);
+    float4 x = src[0], y = src[1];
+    float oc[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+    if constexpr (V::kSoftmax) {
+      MergeScales ms = merge_scales(m, lc);
+      den = den * ms.a + ms.b;  // a partial row is normalised: its own denominator is 1 at scale 2^lc
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = acc[e] * ms.a + oc[e] * ms.b;
+      m = ms.m;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] += oc[e];
+    }
+  }
+  float lse = 0.f;
+  if constexpr (V::kSoftmax) {
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= inv;
+    lse = den > 0.f ? m + log2f(den) : kNegInf;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) rows[l * 8 + e] = acc[e];
+  if (l == 0) lse_s[0] = lse;
+  __syncthreads();
+  const int qo_pos = P.kv.length(b) - 1;
+  finish_rows<V, T, D>(rows, rows + D, lse_s, 1, b, qo_pos, h, P.num_qo_heads, static_cast<T*>(P.o), P.lse, hp);
+}
+
+template <class V, class T, int D, int G>
+void launch_decode(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+  using Tile = DecodeTile<D>;
+  const size_t smem = decode_smem_floats<V, D, G>() * sizeof(float);
+  auto kernel = decode_kernel<V, T, D, G>;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  kernel<<<dim3(P.num_chunks, P.num_kv_heads, P.batch), Tile::kThreads, smem, stream>>>(P, hp);
+  if (P.num_chunks > 1) {
+    merge_decode_kernel<V, T, D><<<dim3(P.num_qo_heads, P.batch), D / 8, 0, stream>>>(P, hp);
+  }
+}
+
+}  // namespace attngen

@@ -1,0 +1,113 @@
+"""PyTorch API over a CUDA library: decode with a plan/run split.
+
+``plan_decode`` runs once per batch step on the host: it checks the page table
+(indices inside the cache, lengths in range) on host copies, chooses how many KV
+chunks each CTA column splits into (an even split that fills the GPU; the
+load-balanced planner replaces it later) and allocates the partial-state
+workspace. ``decode`` runs per layer: it checks shapes, dtypes and devices only,
+never synchronises, and launches on the current CUDA stream.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from attngen.schedules.build_config import BuildConfig
+
+from .checks import AttentionArgumentError, as_numpy, check_paged, check_qkv_heads, check_tensor, dtype_name
+from .module import BuiltModule
+from .params import resolve_params
+from .views import PagedKV
+
+
+def current_arch() -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}" + ("a" if major == 9 else "")
+
+
+@dataclass
+class DecodePlan:
+    batch_size: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_chunks: int
+    part_o: object  # [B, C, Hq, D] float32 workspace
+    part_lse: object  # [B, C, Hq] float32 workspace
+
+
+def choose_num_chunks(batch: int, num_kv_heads: int, max_kv_len: int, num_sms: int,
+                      min_chunk: int = 256) -> int:
+    """Even split: enough CTAs to fill the GPU about twice, never chunks shorter than ``min_chunk``."""
+    ctas = max(batch * num_kv_heads, 1)
+    if ctas >= 2 * num_sms or max_kv_len <= min_chunk:
+        return 1
+    return max(1, min(math.ceil(2 * num_sms / ctas), math.ceil(max_kv_len / min_chunk)))
+
+
+class CUDAAttention(BuiltModule):
+    """Attention of one variant on a CUDA GPU, from a library built by ``attngen.build``."""
+
+    @classmethod
+    def build(cls, variant, head_dims=(128,), dtypes=("float16",), archs=None, layouts=("NHD", "HND"),
+              max_group_size: int = 8, **kwargs):
+        from attngen.codegen.pipeline import run_pipeline
+
+        cfg = BuildConfig("cuda", tuple(head_dims), tuple(dtypes), tuple(archs or (current_arch(),)),
+                          tuple(layouts), max_group_size=max_group_size)
+        res = run_pipeline(variant, cfg, **kwargs)
+        return cls(variant, res.library, res.manifest)
+
+    def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None):
+        import torch
+
+        dtype = dtype_name(kv.pages)
+        batch = check_paged(kv, head_dim, dtype, None)
+        if num_qo_heads % kv.num_kv_heads:
+            raise AttentionArgumentError(f"num_qo_heads={num_qo_heads} is not a multiple of the cache's "
+                                         f"{kv.num_kv_heads} KV heads")
+        indptr = as_numpy(kv.indptr, "kv.indptr")
+        last = as_numpy(kv.last_page_len, "kv.last_page_len")
+        n_pages = np.diff(indptr)
+        lens = np.where(n_pages > 0, (n_pages - 1) * kv.page_size + last, 0)
+        if num_chunks is None:
+            sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
+            num_chunks = choose_num_chunks(batch, kv.num_kv_heads, int(lens.max(initial=0)), sms)
+        dev = kv.pages.device
+        part_o = torch.empty((batch, num_chunks, num_qo_heads, head_dim) if num_chunks > 1 else (1, 1, 1, head_dim),
+                             dtype=torch.float32, device=dev)
+        part_lse = torch.empty((batch, num_chunks, num_qo_heads) if num_chunks > 1 else (1, 1, 1),
+                               dtype=torch.float32, device=dev)
+        return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, num_chunks, part_o, part_lse)
+
+    def decode(self, q, kv: PagedKV, *, plan: DecodePlan | None = None, sm_scale: float | None = None,
+               params: dict | None = None, out=None, lse=None):
+        """q: [B, Hq, D] on the GPU, one query per request. Returns (out [B, Hq, D], lse [B, Hq])."""
+        check_tensor(q, "q", 3)
+        dt, d, batch = dtype_name(q), int(q.shape[2]), int(q.shape[0])
+        if plan is None:
+            plan = self.plan_decode(kv, int(q.shape[1]), d)
+        if (plan.batch_size, plan.num_qo_heads, plan.head_dim) != (batch, int(q.shape[1]), d):
+            raise AttentionArgumentError(
+                f"plan: made for batch {plan.batch_size}, {plan.num_qo_heads} heads, head_dim {plan.head_dim}; "
+                f"q is {tuple(q.shape)}: plan again for this batch")
+        check_tensor(kv.pages, "kv.pages", 5, dt)
+        check_qkv_heads(q, kv.num_kv_heads, d)
+        for name, t in (("q", q), ("kv.pages", kv.pages), ("kv.indices", kv.indices), ("kv.indptr", kv.indptr),
+                        ("kv.last_page_len", kv.last_page_len)):
+            if not hasattr(t, "device") or t.device.type != "cuda":
+                raise AttentionArgumentError(f"{name}: must be a CUDA tensor")
+        fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d)
+        out, lse = self.outputs(q, batch, out, lse)
+        extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
+        for p, v in zip(self.variant.params, extras):
+            if hasattr(v, "device") and v.device.type != "cuda":
+                raise AttentionArgumentError(f"params['{p.name}']: must be a CUDA tensor")
+        scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+        fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, out, lse, plan.part_o, plan.part_lse, scale,
+           plan.num_chunks, *extras)
+        return out, lse

@@ -1,0 +1,70 @@
+"""What every built attention library shares on the Python side: loading, function lookup, outputs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import tvm_ffi
+
+from attngen.schedules.build_config import symbol
+
+from .checks import AttentionArgumentError, check_tensor, dtype_name
+
+
+def empty_like(ref, shape, dtype: str):
+    """Uninitialised array of ``shape`` in ``ref``'s library (torch or numpy) and device."""
+    if hasattr(ref, "detach"):
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.device)
+    return np.empty(shape, dtype=dtype)
+
+
+def int32_like(ref, values):
+    if hasattr(ref, "detach"):
+        import torch
+
+        return torch.as_tensor(np.asarray(values, dtype=np.int32), device=ref.device)
+    return np.asarray(values, dtype=np.int32)
+
+
+class BuiltModule:
+    """A library from ``attngen.build`` plus its manifest, for one variant."""
+
+    def __init__(self, variant, library: str | Path, manifest: dict | None = None):
+        self.variant = variant
+        self.library = Path(library)
+        if manifest is None:
+            manifest = json.loads((self.library.parent / "manifest.json").read_text())
+        if manifest.get("variant") != variant.name:
+            raise ValueError(f"{self.library} was built for variant {manifest.get('variant')!r}, "
+                             f"not {variant.name!r}")
+        self.manifest = manifest
+        self.functions = set(manifest["functions"])
+        self._mod = tvm_ffi.load_module(str(self.library))
+
+    def function(self, kind: str, dtype: str, head_dim: int):
+        name = symbol(kind, dtype, head_dim)
+        if name not in self.functions:
+            raise AttentionArgumentError(
+                f"{self.library.name} has no {name}: it was built for {sorted(self.functions)}; rebuild with "
+                f"head_dims including {head_dim}, dtypes including {dtype} and the needed layout")
+        return self._mod[name]
+
+    @staticmethod
+    def outputs(q, n_rows: int, out, lse):
+        """(out [n_rows, Hq, D] like q, lse [n_rows, Hq] float32), allocated or checked."""
+        n_qo, d = int(q.shape[1]), int(q.shape[2])
+        dt = dtype_name(q)
+        if out is None:
+            out = empty_like(q, (n_rows, n_qo, d), dt)
+        check_tensor(out, "out", 3, dt)
+        if tuple(out.shape) != (n_rows, n_qo, d):
+            raise AttentionArgumentError(f"out: shape {tuple(out.shape)}, expected {(n_rows, n_qo, d)}")
+        if lse is None:
+            lse = empty_like(q, (n_rows, n_qo), "float32")
+        check_tensor(lse, "lse", 2, "float32")
+        if tuple(lse.shape) != (n_rows, n_qo):
+            raise AttentionArgumentError(f"lse: shape {tuple(lse.shape)}, expected {(n_rows, n_qo)}")
+        return out, lse

@@ -1,0 +1,159 @@
+"""Paged decode benchmark on the GPU: attngen vs FlashInfer (CUDA-core and tensor-core decode) vs SDPA.
+
+Device events, warm-up, medians of repeated launches; the copy bandwidth of the same
+GPU is measured in the same run as the ceiling. Writes JSON and a Markdown table.
+
+    python benchmarks/bench_decode.py --out benchmarks/results
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CASES = [  # (name, batch, kv_len, num_qo_heads, num_kv_heads)
+    ("gqa B64 L1k", 64, 1024, 32, 8),
+    ("gqa B64 L4k", 64, 4096, 32, 8),
+    ("gqa B16 L16k", 16, 16384, 32, 8),
+    ("gqa B1 L64k", 1, 65536, 32, 8),
+    ("mha B32 L4k", 32, 4096, 32, 32),
+]
+HEAD_DIM, PAGE = 128, 16
+
+
+def bench(fn, reps=50, warmup=10) -> float:
+    """Median milliseconds of ``fn`` over ``reps`` launches timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x), reps=20)
+    return 2 * x.numel() * 2 / (ms * 1e-3) / 1e9
+
+
+def make_case(batch, kv_len, hq, hkv, dtype=torch.bfloat16):
+    pages_per = (kv_len + PAGE - 1) // PAGE
+    n_pages = batch * pages_per
+    pages = torch.randn(n_pages, 2, PAGE, hkv, HEAD_DIM, dtype=dtype, device="cuda")
+    indices = torch.randperm(n_pages, device="cuda", dtype=torch.int32)
+    indptr = torch.arange(0, n_pages + 1, pages_per, dtype=torch.int32, device="cuda")
+    last = torch.full((batch,), kv_len - (pages_per - 1) * PAGE, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, hq, HEAD_DIM, dtype=dtype, device="cuda")
+    return q, pages, indptr, indices, last
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--commit", default="unknown")
+    args = ap.parse_args()
+    from attngen.runtime import CUDAAttention, PagedKV
+    from attngen.codegen.cache import BuildCache
+    from attngen.variants import builtin
+
+    gpu = torch.cuda.get_device_name()
+    results = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": args.commit,
+               "torch": torch.__version__, "cases": []}
+    results["copy_GBps"] = copy_bandwidth()
+    t0 = time.perf_counter()
+    cold = tempfile.mkdtemp()
+    att = CUDAAttention.build(builtin("vanilla"), head_dims=(HEAD_DIM,), dtypes=("bfloat16",), layouts=("NHD",),
+                              cache=BuildCache(cold))
+    results["attngen_cold_build_s"] = time.perf_counter() - t0
+    shutil.rmtree(cold, ignore_errors=True)
+    try:
+        import flashinfer
+        results["flashinfer"] = flashinfer.__version__
+    except Exception as e:  # noqa: BLE001
+        flashinfer = None
+        results["flashinfer"] = f"unavailable: {e}"
+    fi_jit_s = None
+    for name, batch, kv_len, hq, hkv in CASES:
+        q, pages, indptr, indices, last = make_case(batch, kv_len, hq, hkv)
+        kv = PagedKV(pages, indptr, indices, last, "NHD")
+        nbytes = batch * kv_len * hkv * HEAD_DIM * 2 * 2 + 2 * q.numel() * 2
+        row = {"case": name, "bytes": nbytes}
+        plan = att.plan_decode(kv, hq, HEAD_DIM)
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:2], device="cuda")
+        row["attngen_chunks"] = plan.num_chunks
+        row["attngen_ms"] = bench(lambda: att.decode(q, kv, plan=plan, out=out, lse=lse))
+        if flashinfer is not None:
+            ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+            for tc in (False, True):
+                key = "flashinfer_tc_ms" if tc else "flashinfer_cuda_core_ms"
+                try:
+                    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
+                    t1 = time.perf_counter()
+                    w.plan(indptr, indices, last, hq, hkv, HEAD_DIM, PAGE, q_data_type=torch.bfloat16,
+                           kv_data_type=torch.bfloat16)
+                    w.run(q, pages)
+                    torch.cuda.synchronize()
+                    if fi_jit_s is None:
+                        fi_jit_s = time.perf_counter() - t1
+                    row[key] = bench(lambda: w.run(q, pages))
+                    ref = w.run(q, pages)
+                    row[key.replace("_ms", "_maxdiff")] = float((ref.float() - out.float()).abs().max())
+                except Exception as e:  # noqa: BLE001
+                    row[key] = None
+                    row[key.replace("_ms", "_error")] = str(e)[:300]
+        try:
+            kd = pages[indices.long()][:, 0].reshape(batch, -1, hkv, HEAD_DIM)[:, :kv_len].transpose(1, 2).contiguous()
+            vd = pages[indices.long()][:, 1].reshape(batch, -1, hkv, HEAD_DIM)[:, :kv_len].transpose(1, 2).contiguous()
+            qd = q.unsqueeze(2)
+            row["sdpa_ms"] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                qd, kd, vd, enable_gqa=hq != hkv), reps=20)
+            del kd, vd
+        except Exception as e:  # noqa: BLE001
+            row["sdpa_ms"] = None
+            row["sdpa_error"] = str(e)[:300]
+        for k in [k for k in list(row) if k.endswith("_ms") and row[k]]:
+            row[k.replace("_ms", "_GBps")] = nbytes / (row[k] * 1e-3) / 1e9
+        row["attngen_pct_of_copy"] = 100 * row["attngen_GBps"] / results["copy_GBps"]
+        results["cases"].append(row)
+        print(json.dumps(row), flush=True)
+        del q, pages, kv
+        torch.cuda.empty_cache()
+    results["flashinfer_first_call_s"] = fi_jit_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"decode_{results['date']}"
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    lines = [f"# Paged decode, bf16, page {PAGE}, D {HEAD_DIM} — {gpu}, {results['date']}, commit {args.commit}", "",
+             f"Copy bandwidth measured in the same run: {results['copy_GBps']:.0f} GB/s. "
+             f"attngen cold build (vanilla decode, 1 head dim, 1 arch): {results['attngen_cold_build_s']:.1f} s; "
+             f"FlashInfer first plan+run (JIT or cached): {fi_jit_s if fi_jit_s is None else round(fi_jit_s, 1)} s.", "",
+             "| case | attngen GB/s (% copy) | FI cuda-core GB/s | FI tensor-core GB/s | SDPA GB/s | attngen / best FI |",
+             "|---|---|---|---|---|---|"]
+    for r in results["cases"]:
+        fi = [r.get("flashinfer_cuda_core_GBps"), r.get("flashinfer_tc_GBps")]
+        best = max([x for x in fi if x] or [float("nan")])
+        lines.append(f"| {r['case']} | {r['attngen_GBps']:.0f} ({r['attngen_pct_of_copy']:.0f}%) | "
+                     f"{fi[0] or float('nan'):.0f} | {fi[1] or float('nan'):.0f} | {r.get('sdpa_GBps') or float('nan'):.0f} | "
+                     f"{r['attngen_GBps'] / best:.2f} |")
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -45,6 +45,12 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated q/k/v dtypes (cpu default float32; cuda default float16)")
     b.add_argument("--layout", type=_csv, default=("NHD", "HND"),
                    help="paged-KV layouts to instantiate: NHD, HND (default: both)")
+    b.add_argument("--kernels", type=lambda s: () if s == "none" else _csv(s), default=("decode",),
+                   help="cuda: templates to instantiate into the library (decode), or 'none' for the "
+                        "hook objects only (default: decode)")
+    b.add_argument("--max-group-size", type=int, default=8,
+                   help="cuda: largest GQA group (num_qo_heads / num_kv_heads) the decode template serves: "
+                        "1, 2, 4 or 8 (default: 8)")
     b.add_argument("--fast-math", action="store_true",
                    help="cuda: let nvcc approximate transcendental functions (--use_fast_math); off by default")
     b.add_argument("--out", type=Path, help="also copy the artifacts into this directory")
@@ -68,7 +74,8 @@ def cmd_build(args) -> int:
 
     variant = pick_variant(args.source, args.variant)
     dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
-    cfg = BuildConfig(args.target, args.head_dim, dtypes, args.arch, args.layout, args.fast_math)
+    cfg = BuildConfig(args.target, args.head_dim, dtypes, args.arch, args.layout, args.fast_math,
+                      args.kernels, args.max_group_size)
     what = f"variant '{variant.name}' for {cfg.target}"
     if cfg.target == "cuda":
         what += f" ({', '.join(cfg.archs)})"

@@ -41,9 +41,13 @@ def test_build_example_for_cpu_and_load_it(tmp_path, capsys):
 @requires_nvcc
 def test_build_cuda_objects(tmp_path, capsys):
     rc = main(["build", "rope", "--target", "cuda", "--arch", "sm_80,sm_90a", "--head-dim", "128",
-               "--cache-dir", str(tmp_path)])
+               "--kernels", "none", "--cache-dir", str(tmp_path)])
     text = capsys.readouterr().out
     assert rc == 0 and "object hooks_sm_80.o" in text and "object hooks_sm_90a.o" in text
+    assert main(["build", "causal", "--target", "cuda", "--arch", "sm_90a", "--head-dim", "64", "--dtype",
+                 "bfloat16", "--layout", "HND", "--max-group-size", "4", "--cache-dir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "function batch_decode_paged_hnd_bf16_d64" in text and "libcausal_cuda.so" in text
 
 
 def test_inspect_shows_hooks_analysis_and_cuda(capsys):
@@ -80,5 +84,5 @@ def test_help_explains_options(capsys):
         main(["build", "--help"])
     text = capsys.readouterr().out
     for opt in ["--target", "--arch", "--head-dim", "--dtype", "--layout", "--fast-math", "--out",
-                "--cache-dir", "--dump"]:
+                "--cache-dir", "--dump", "--kernels", "--max-group-size"]:
         assert opt in text

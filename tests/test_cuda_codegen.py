@@ -59,7 +59,7 @@ def test_fixed_row_length_mismatch_is_refused_at_build_time():
 def test_every_builtin_compiles_for_every_arch(build_cache):
     for name in BUILTINS:
         v = builtin(name)
-        res = run_pipeline(v, BuildConfig("cuda", (64, 128), ("float16",), ALL_ARCHS), cache=build_cache)
+        res = run_pipeline(v, BuildConfig("cuda", (64, 128), ("float16",), ALL_ARCHS, kernels=()), cache=build_cache)
         assert [o.name for o in res.objects] == [f"hooks_{a}.o" for a in ALL_ARCHS]
         for obj in res.objects:
             data = obj.read_bytes()
@@ -86,6 +86,21 @@ extern "C" __global__ void probe(const unsigned char* bits, const int* off, cons
         p = subprocess.run(["nvcc", "-cubin", f"-gencode=arch=compute_{sm},code=sm_{sm}", "-o",
                             str(tmp_path / f"k_{arch}.cubin"), str(tmp_path / "k.cu")], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
+
+
+@requires_nvcc
+def test_decode_library_compiles_for_every_arch(build_cache, tmp_path):
+    """The decode template set the GPU tests use, for one variant with every hook kind, on all archs."""
+    from .row_hook_variants import make
+
+    for v, dtypes, archs in [(builtin("rope"), ("float16",), ALL_ARCHS),
+                             (make(), ("bfloat16",), ("sm_80", "sm_90a"))]:
+        res = run_pipeline(v, BuildConfig("cuda", (128,), dtypes, archs, layouts=("NHD",)), cache=build_cache)
+        assert res.library.is_file()
+        dt = "f16" if dtypes == ("float16",) else "bf16"
+        assert res.manifest["functions"] == [f"batch_decode_paged_nhd_{dt}_d128"]
+        ldd = subprocess.run(["ldd", str(res.library)], capture_output=True, text=True).stdout
+        assert "libcudart" not in ldd  # static CUDA runtime; only the driver is needed at run time
 
 
 def test_cuda_config_rejections():

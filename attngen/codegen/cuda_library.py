@@ -96,7 +96,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
 
 
 def translation_unit(variant, cfg: BuildConfig, head_dim: int, dtype: str) -> str:
-    parts = [f'#include "variant_d{head_dim}.cuh"', '#include "ffi_glue.h"', '#include "merge.cuh"']
+    parts = [f'#include "variant_d{head_dim}.cuh"', '#include "ffi_glue.h"', '#include "decode_launch.cuh"']
     for layout in cfg.layouts:
         parts.append(decode_wrapper(variant, head_dim, dtype, layout, cfg.max_group_size))
     return "\n".join(parts) + "\n"

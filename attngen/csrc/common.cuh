@@ -31,6 +31,25 @@ __device__ __forceinline__ void load8(const T* ptr, float (&out)[8]) {
   }
 }
 
+// The same from shared memory.
+template <class T>
+__device__ __forceinline__ void load8_shared(const T* ptr, float (&out)[8]) {
+  uint4 raw = *reinterpret_cast<const uint4*>(ptr);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, half>) {
+      float2 f = __half22float2(*reinterpret_cast<const half2*>(&w[i]));
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    } else {
+      float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+}
+
 template <class T>
 __device__ __forceinline__ void store8(T* ptr, const float (&in)[8]) {
   uint4 raw;

@@ -1,14 +1,16 @@
 // Batch decode over a paged KV cache on CUDA cores.
 //
-// One CTA = (KV chunk, KV head, request). All query heads of the KV head's group
-// live in the CTA, so each K/V row is read once for the whole group. A row of D
-// elements is spread over L = D/8 lanes (16-byte vector loads); a warp holds
-// 32/L lane groups, each working through U tokens per step so several loads are
-// in flight. Online softmax in fp32, base 2. The mask's bounds (causal, sliding
-// window) shrink the visited KV range before any page is touched. With more than
-// one chunk the CTA writes a partial state (o, lse) for merge.cuh.
+// One CTA = (KV chunk, KV head, request). Threads are (lane x, head y, token lane z):
+// a K/V row of D elements is spread over L = D/8 lanes (16-byte vectors), the y
+// dimension holds the query heads of the KV head's group (GQA), z splits a tile's
+// tokens. K/V tiles of T tokens are gathered from their pages into shared memory
+// with cp.async (zero-filled past the end), S stages deep, each element read from
+// memory once for the whole group. Online softmax in fp32, base 2. The mask's
+// bounds (causal, sliding window) shrink the visited KV range before any page is
+// touched. With several chunks the CTA writes a partial state for merge.cuh.
 #pragma once
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "epilogue.cuh"
 
 namespace attngen {
@@ -38,37 +40,45 @@ struct DecodeProblem {
   PagedKV kv;
 };
 
-template <int D>
+// Tile configuration (FA3's tile_size.h style): G = query heads per CTA (power of two >= the
+// group), Z token lanes so that a CTA has about 128 threads, T tokens per stage, S stages.
+template <int D, int G>
 struct DecodeTile {
   static_assert(D == 64 || D == 128 || D == 256, "decode supports head_dim 64, 128, 256");
-  static constexpr int kVec = 8;
-  static constexpr int kLanes = D / kVec;
-  static constexpr int kWarps = 4;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kGroupsPerWarp = 32 / kLanes;
-  static constexpr int kTokenGroups = kWarps * kGroupsPerWarp;
-  static constexpr int kUnroll = D <= 128 ? 4 : 2;  // tokens per lane group per step
+  static_assert(G == 1 || G == 2 || G == 4 || G == 8, "decode group tiles are 1, 2, 4, 8 heads");
+  static constexpr int kLanes = D / 8;
+  static constexpr int kZ = (kLanes * G >= 128) ? 1 : 128 / (kLanes * G);
+  static constexpr int kThreads = kLanes * G * kZ;
+  static constexpr int kTokens = D == 256 ? 16 : 32;  // tokens per stage
+  static constexpr int kStages = 3;
+  static constexpr int kTileElems = kTokens * D;      // one of K or V, one stage
+  static_assert(kTokens % kZ == 0, "token lanes must divide the tile");
 };
 
-template <class V, int D, int G>
-constexpr size_t decode_smem_floats() {
-  using Tile = DecodeTile<D>;
-  size_t rows = 2 * size_t(G) * D;                                          // q staging (in + out)
-  size_t merge = size_t(Tile::kWarps) * G * (D + 2) + 2 * size_t(G) * D + G;  // state merge + output rows
-  size_t keys = V::kHasKeyTransform ? 2 * size_t(Tile::kTokenGroups) * Tile::kUnroll * D : 0;
-  size_t m = rows > merge ? rows : merge;
-  return m > keys ? m : keys;
+template <class V, class T, int D, int G>
+constexpr size_t decode_smem_bytes() {
+  using Tile = DecodeTile<D, G>;
+  size_t tiles = size_t(Tile::kStages) * 2 * Tile::kTileElems * sizeof(T);
+  size_t keys = V::kHasKeyTransform ? 2 * size_t(Tile::kTokens) * D * sizeof(float) : 0;
+  size_t merge = (size_t(Tile::kZ) * G * (D + 2) + 2 * size_t(G) * D + G) * sizeof(float);
+  size_t qrows = 2 * size_t(G) * D * sizeof(float);
+  size_t body = tiles + keys;
+  size_t m = merge > qrows ? merge : qrows;
+  return body > m ? body : m;
 }
 
 template <class V, class T, int D, int G>
-__global__ void __launch_bounds__(DecodeTile<D>::kThreads)
+__global__ void __launch_bounds__(DecodeTile<D, G>::kThreads)
 decode_kernel(DecodeProblem P, typename V::Params hp) {
-  using Tile = DecodeTile<D>;
-  constexpr int L = Tile::kLanes, U = Tile::kUnroll, GPW = Tile::kGroupsPerWarp;
-  extern __shared__ float smem[];
+  using Tile = DecodeTile<D, G>;
+  constexpr int L = Tile::kLanes, Z = Tile::kZ, NT = Tile::kThreads, TOK = Tile::kTokens, S = Tile::kStages;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* smem = reinterpret_cast<float*>(smem_raw);
   const int chunk = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % L, gi = (tid % 32) / L;
-  const int group = P.group, qh0 = hk * group;
+  const int lane = threadIdx.x, gy = threadIdx.y, tz = threadIdx.z;
+  const int tid = lane + L * (gy + G * tz);
+  const int group = P.group, qh0 = hk * group, qh = qh0 + gy;
+  const bool head_active = gy < group;
 
   const int kv_len = P.kv.length(b);
   const int qo_pos = kv_len - 1;
@@ -79,20 +89,20 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
   const int per = (span + P.num_chunks - 1) / P.num_chunks;
   const int start = lo + chunk * per, end = min(hi, start + per);
 
-  // ---- query rows: load, transform, scale -------------------------------------------
-  float q[G][8];
-  const T* qbase = static_cast<const T*>(P.q) + (int64_t(b) * P.num_qo_heads + qh0) * D;
+  // ---- this thread's 8 query elements: load, transform, scale ------------------------
+  float q[8];
+  const T* qrow = static_cast<const T*>(P.q) + (int64_t(b) * P.num_qo_heads + qh) * D;
   if constexpr (V::kHasQueryTransform) {
-    for (int idx = tid; idx < group * L; idx += blockDim.x) {
+    for (int idx = tid; idx < group * L; idx += NT) {
       float v[8];
-      load8(qbase + (idx / L) * D + (idx % L) * 8, v);
+      load8(static_cast<const T*>(P.q) + (int64_t(b) * P.num_qo_heads + qh0 + idx / L) * D + (idx % L) * 8, v);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) smem[(idx / L) * D + (idx % L) * 8 + e] = v[e];
+      for (int e = 0; e < 8; ++e) smem[idx * 8 + e] = v[e];
     }
     __syncthreads();
     float* out = smem + G * D;
-    for (int idx = tid; idx < group * L; idx += blockDim.x) {
-      int r = idx / L, l = idx % L;
+    for (int idx = tid; idx < group * L; idx += NT) {
+      const int r = idx / L, l = idx % L;
       if constexpr (V::kQueryElementwise) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) out[r * D + l * 8 + e] = V::query_elem(hp, smem + r * D, l * 8 + e, qo_pos, qh0 + r);
@@ -102,167 +112,142 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
     }
     __syncthreads();
 #pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) q[g][e] = g < group ? out[g * D + lane * 8 + e] : 0.f;
+    for (int e = 0; e < 8; ++e) q[e] = head_active ? out[gy * D + lane * 8 + e] : 0.f;
     __syncthreads();
+  } else if (head_active) {
+    load8(qrow + lane * 8, q);
   } else {
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (g < group) load8(qbase + g * D + lane * 8, q[g]);
-    }
+    for (int e = 0; e < 8; ++e) q[e] = 0.f;
   }
   const float qscale = P.sm_scale * (V::kQScaleLog2e ? kLog2e : 1.f);
 #pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) q[g][e] *= qscale;
+  for (int e = 0; e < 8; ++e) q[e] *= qscale;
 
-  // ---- main loop over this chunk's keys ------------------------------------------------
-  float m[G], den[G], acc[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = kNegInf;
-    den[g] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
-  }
+  // ---- pipelined K/V tiles ------------------------------------------------------------
+  T* tiles = reinterpret_cast<T*>(smem_raw);  // [S][2][TOK][D]
+  float* kf = reinterpret_cast<float*>(smem_raw + size_t(S) * 2 * Tile::kTileElems * sizeof(T));  // [2][TOK][D]
   const T* pages = static_cast<const T*>(P.kv.pages);
   const int32_t* page_ids = P.kv.indices + P.kv.indptr[b];
-  const int64_t head_off = int64_t(hk) * P.kv.stride_head + lane * 8;
-  float* krow = smem + (size_t(warp) * GPW + gi) * U * D * 2;  // this lane group's key rows (in, out)
+  const int64_t head_off = int64_t(hk) * P.kv.stride_head;
+  const int num_tiles = (end - start + TOK - 1) / TOK;
 
-  for (int base = start + warp * GPW * U; base < end; base += Tile::kWarps * GPW * U) {
-    const int j0 = base + gi * U;
-    float k[U][8], v[U][8];
-    int64_t off[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      int j = j0 + u;
-      if (j < end) {
-        int page = page_ids[j / P.kv.page_size];
-        off[u] = int64_t(page) * P.kv.stride_page + int64_t(j % P.kv.page_size) * P.kv.stride_slot + head_off;
-        load8(pages + off[u], k[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) k[u][e] = 0.f;
+  auto load_tile = [&](int tile, int stage) {
+    const int t0 = start + tile * TOK;
+    for (int c = tid; c < 2 * TOK * L; c += NT) {
+      const int kv = c / (TOK * L), r = (c / L) % TOK, l = c % L;
+      const int j = t0 + r;
+      const bool ok = j < end;
+      const T* src = pages;
+      if (ok) {
+        const int page = page_ids[j / P.kv.page_size];
+        src = pages + int64_t(page) * P.kv.stride_page + int64_t(j % P.kv.page_size) * P.kv.stride_slot +
+              head_off + kv * P.kv.stride_kv + l * 8;
       }
+      copy16_async(tiles + ((stage * 2 + kv) * TOK + r) * D + l * 8, src, ok);
     }
+  };
+
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (j0 + u < end) {
-        load8(pages + off[u] + P.kv.stride_kv, v[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[u][e] = 0.f;
-      }
-    }
-    if constexpr (V::kHasKeyTransform) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) krow[u * D + lane * 8 + e] = k[u][e];
-      __syncwarp();
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        int j = j0 + u;
-        if (j < end) {
-          if constexpr (V::kKeyElementwise) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) k[u][e] = V::key_elem(hp, krow + u * D, lane * 8 + e, j, hk);
-          } else if (lane == 0) {
-            V::key_row(hp, krow + u * D, krow + (U + u) * D, j, hk);
-          }
-        }
-      }
-      if constexpr (!V::kKeyElementwise) {
-        __syncwarp();
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) k[u][e] = krow[(U + u) * D + lane * 8 + e];
-      }
-      __syncwarp();
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = j0 + u;
-      const bool valid = j < end;
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        if (g >= group) continue;
-        float s = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) s = fmaf(q[g][e], k[u][e], s);
-        s = group_sum<L>(s);
-        if (!valid) continue;
-        const int qh = qh0 + g;
-        if constexpr (V::kHasLogits) {
-          s = V::logits(hp, s, b, qo_pos, j, qh, hk);
-          if constexpr (V::kLogitsLog2e) s *= kLog2e;
-        }
-        if constexpr (V::kHasMask) {
-          if (!V::mask(hp, b, qo_pos, j, qh, hk)) continue;
-        }
-        if constexpr (V::kSoftmax) {
-          float mn = fmaxf(m[g], s);
-          if (mn == kNegInf) continue;
-          float sc = exp2f(m[g] - mn), w = exp2f(s - mn);
-          den[g] = den[g] * sc + w;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(w, v[u][e], acc[g][e] * sc);
-          m[g] = mn;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(s, v[u][e], acc[g][e]);
-        }
-      }
-    }
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < num_tiles) load_tile(s, s);
+    copy_commit();
   }
 
-  // ---- merge the lane groups of a warp, then the warps ---------------------------------
+  float m = kNegInf, den = 0.f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    if (tile + S - 1 < num_tiles) load_tile(tile + S - 1, (tile + S - 1) % S);
+    copy_commit();
+    copy_wait<S - 1>();
+    __syncthreads();
+    const int stage = tile % S;
+    const T* ktile = tiles + (stage * 2 + 0) * TOK * D;
+    const T* vtile = tiles + (stage * 2 + 1) * TOK * D;
+    const int t0 = start + tile * TOK;
+    if constexpr (V::kHasKeyTransform) {  // K rows to fp32, transformed once per token for the group
+      for (int idx = tid; idx < TOK * L; idx += NT) {
+        float v[8];
+        load8_shared(ktile + idx * 8, v);
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-#pragma unroll
-    for (int off = L; off < 32; off <<= 1) {
-      float mo = __shfl_xor_sync(0xffffffffu, m[g], off);
-      float dn = __shfl_xor_sync(0xffffffffu, den[g], off);
-      MergeScales ms = V::kSoftmax ? merge_scales(m[g], mo) : MergeScales{0.f, 1.f, 1.f};
-      den[g] = den[g] * ms.a + dn * ms.b;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        float ao = __shfl_xor_sync(0xffffffffu, acc[g][e], off);
-        acc[g][e] = acc[g][e] * ms.a + ao * ms.b;
+        for (int e = 0; e < 8; ++e) kf[idx * 8 + e] = v[e];
       }
-      m[g] = ms.m;
-    }
-  }
-  __syncthreads();  // smem is free again (query / key staging done)
-  float* wstate = smem;                                     // [warps][G][2]
-  float* wacc = smem + Tile::kWarps * G * 2;                // [warps][G][D]
-  if (tid % 32 < L) {
+      __syncthreads();
+      float* kout = kf + TOK * D;
+      for (int idx = tid; idx < TOK * L; idx += NT) {
+        const int r = idx / L, l = idx % L, j = t0 + r;
+        if (j >= end) continue;
+        if constexpr (V::kKeyElementwise) {
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (lane == 0) {
-        wstate[(warp * G + g) * 2] = m[g];
-        wstate[(warp * G + g) * 2 + 1] = den[g];
+          for (int e = 0; e < 8; ++e) kout[r * D + l * 8 + e] = V::key_elem(hp, kf + r * D, l * 8 + e, j, hk);
+        } else if (l == 0) {
+          V::key_row(hp, kf + r * D, kout + r * D, j, hk);
+        }
       }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) wacc[(warp * G + g) * D + lane * 8 + e] = acc[g][e];
+      __syncthreads();
     }
+#pragma unroll 2
+    for (int r = tz; r < TOK; r += Z) {
+      const int j = t0 + r;
+      float k[8];
+      if constexpr (V::kHasKeyTransform) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) k[e] = kf[TOK * D + r * D + lane * 8 + e];
+      } else {
+        load8_shared(ktile + r * D + lane * 8, k);
+      }
+      float s = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s = fmaf(q[e], k[e], s);
+      s = group_sum<L>(s);
+      if (j >= end || !head_active) continue;
+      if constexpr (V::kHasLogits) {
+        s = V::logits(hp, s, b, qo_pos, j, qh, hk);
+        if constexpr (V::kLogitsLog2e) s *= kLog2e;
+      }
+      if constexpr (V::kHasMask) {
+        if (!V::mask(hp, b, qo_pos, j, qh, hk)) continue;
+      }
+      float v[8];
+      load8_shared(vtile + r * D + lane * 8, v);
+      if constexpr (V::kSoftmax) {
+        const float mn = fmaxf(m, s);
+        if (mn == kNegInf) continue;
+        const float sc = exp2f(m - mn), w = exp2f(s - mn);
+        den = den * sc + w;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = fmaf(w, v[e], acc[e] * sc);
+        m = mn;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = fmaf(s, v[e], acc[e]);
+      }
+    }
+    __syncthreads();  // this stage is refilled next iteration
   }
+  copy_wait<0>();
   __syncthreads();
-  float* rows = wacc + Tile::kWarps * G * D;  // [G][D] final rows (normalised), then [G][D] scratch
-  float* row_lse = rows + 2 * G * D;          // [G]
-  for (int idx = tid; idx < group * L; idx += blockDim.x) {
+
+  // ---- merge the token lanes, normalise -------------------------------------------------
+  float* zstate = smem;                      // [Z][G][2]
+  float* zacc = smem + Z * G * 2;            // [Z][G][D]
+  float* rows = zacc + Z * G * D;            // [G][D] final rows, then [G][D] scratch
+  float* row_lse = rows + 2 * G * D;         // [G]
+  if (lane == 0) {
+    zstate[(tz * G + gy) * 2] = m;
+    zstate[(tz * G + gy) * 2 + 1] = den;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) zacc[(tz * G + gy) * D + lane * 8 + e] = acc[e];
+  __syncthreads();
+  for (int idx = tid; idx < group * L; idx += NT) {
     const int g = idx / L, l = idx % L;
     float fm = kNegInf, fd = 0.f, fa[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int w = 0; w < Tile::kWarps; ++w) {
-      float mw = wstate[(w * G + g) * 2], dw = wstate[(w * G + g) * 2 + 1];
-      MergeScales ms = V::kSoftmax ? merge_scales(fm, mw) : MergeScales{0.f, 1.f, 1.f};
-      fd = fd * ms.a + dw * ms.b;
+    for (int z = 0; z < Z; ++z) {
+      const float mz = zstate[(z * G + g) * 2], dz = zstate[(z * G + g) * 2 + 1];
+      MergeScales ms = V::kSoftmax ? merge_scales(fm, mz) : MergeScales{0.f, 1.f, 1.f};
+      fd = fd * ms.a + dz * ms.b;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) fa[e] = fa[e] * ms.a + wacc[(w * G + g) * D + l * 8 + e] * ms.b;
+      for (int e = 0; e < 8; ++e) fa[e] = fa[e] * ms.a + zacc[(z * G + g) * D + l * 8 + e] * ms.b;
       fm = ms.m;
     }
     float lse_v = 0.f;
@@ -279,18 +264,19 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
   __syncthreads();
 
   if (P.num_chunks > 1) {  // partial state for merge.cuh; the output transform runs after the merge
-    for (int idx = tid; idx < group * L; idx += blockDim.x) {
+    for (int idx = tid; idx < group * L; idx += NT) {
       const int g = idx / L, l = idx % L;
       const int64_t r = (int64_t(b) * P.num_chunks + chunk) * P.num_qo_heads + qh0 + g;
       float4* dst = reinterpret_cast<float4*>(P.part_o + r * D + l * 8);
-      dst[0] = make_float4(rows[g * D + l * 8], rows[g * D + l * 8 + 1], rows[g * D + l * 8 + 2], rows[g * D + l * 8 + 3]);
-      dst[1] = make_float4(rows[g * D + l * 8 + 4], rows[g * D + l * 8 + 5], rows[g * D + l * 8 + 6], rows[g * D + l * 8 + 7]);
+      const float* src = rows + g * D + l * 8;
+      dst[0] = make_float4(src[0], src[1], src[2], src[3]);
+      dst[1] = make_float4(src[4], src[5], src[6], src[7]);
       if (l == 0) P.part_lse[r] = row_lse[g];
     }
     return;
   }
   finish_rows<V, T, D>(rows, rows + G * D, row_lse, group, b, qo_pos, qh0, P.num_qo_heads,
-                       static_cast<T*>(P.o), P.lse, hp);
+                       static_cast<T*>(P.o), P.lse, hp, tid, NT);
 }
 
 }  // namespace attngen

@@ -6,15 +6,15 @@
 namespace attngen {
 
 // rows: [n][D] final (normalised) outputs of query heads qh0 .. qh0+n-1 of request b,
-// scratch: [n][D], lse: [n]. Called by every thread of the block.
+// scratch: [n][D], lse: [n]. Called by every thread of the block (flat index tid of nthreads).
 template <class V, class T, int D>
 __device__ __forceinline__ void finish_rows(float* rows, float* scratch, const float* lse, int n, int b,
                                             int qo_pos, int qh0, int num_qo_heads, T* o, float* o_lse,
-                                            const typename V::Params& hp) {
+                                            const typename V::Params& hp, int tid, int nthreads) {
   constexpr int L = D / 8;
   const float* src = rows;
   if constexpr (V::kHasOutputTransform) {
-    for (int idx = threadIdx.x; idx < n * L; idx += blockDim.x) {
+    for (int idx = tid; idx < n * L; idx += nthreads) {
       const int r = idx / L, l = idx % L;
       if constexpr (V::kOutputElementwise) {
 #pragma unroll
@@ -27,7 +27,7 @@ __device__ __forceinline__ void finish_rows(float* rows, float* scratch, const f
     __syncthreads();
     src = scratch;
   }
-  for (int idx = threadIdx.x; idx < n * L; idx += blockDim.x) {
+  for (int idx = tid; idx < n * L; idx += nthreads) {
     const int r = idx / L, l = idx % L;
     float v[8];
 #pragma unroll

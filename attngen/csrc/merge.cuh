@@ -46,19 +46,8 @@ __global__ void merge_decode_kernel(DecodeProblem P, typename V::Params hp) {
   if (l == 0) lse_s[0] = lse;
   __syncthreads();
   const int qo_pos = P.kv.length(b) - 1;
-  finish_rows<V, T, D>(rows, rows + D, lse_s, 1, b, qo_pos, h, P.num_qo_heads, static_cast<T*>(P.o), P.lse, hp);
-}
-
-template <class V, class T, int D, int G>
-void launch_decode(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
-  using Tile = DecodeTile<D>;
-  const size_t smem = decode_smem_floats<V, D, G>() * sizeof(float);
-  auto kernel = decode_kernel<V, T, D, G>;
-  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  kernel<<<dim3(P.num_chunks, P.num_kv_heads, P.batch), Tile::kThreads, smem, stream>>>(P, hp);
-  if (P.num_chunks > 1) {
-    merge_decode_kernel<V, T, D><<<dim3(P.num_qo_heads, P.batch), D / 8, 0, stream>>>(P, hp);
-  }
+  finish_rows<V, T, D>(rows, rows + D, lse_s, 1, b, qo_pos, h, P.num_qo_heads, static_cast<T*>(P.o), P.lse, hp,
+                       threadIdx.x, blockDim.x);
 }
 
 }  // namespace attngen

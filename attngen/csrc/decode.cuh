@@ -185,9 +185,12 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
       }
       __syncthreads();
     }
-#pragma unroll 2
-    for (int r = tz; r < TOK; r += Z) {
-      const int j = t0 + r;
+    // scores of this thread's R tokens first (independent shuffles), then one rescale per tile
+    constexpr int R = TOK / Z;
+    float s[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int r = tz + i * Z;
       float k[8];
       if constexpr (V::kHasKeyTransform) {
 #pragma unroll
@@ -195,31 +198,50 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
       } else {
         load8_shared(ktile + r * D + lane * 8, k);
       }
-      float s = 0.f;
+      float dot = 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s = fmaf(q[e], k[e], s);
-      s = group_sum<L>(s);
-      if (j >= end || !head_active) continue;
+      for (int e = 0; e < 8; ++e) dot = fmaf(q[e], k[e], dot);
+      s[i] = group_sum<L>(dot);
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int j = t0 + tz + i * Z;
+      bool visible = j < end && head_active;
       if constexpr (V::kHasLogits) {
-        s = V::logits(hp, s, b, qo_pos, j, qh, hk);
-        if constexpr (V::kLogitsLog2e) s *= kLog2e;
+        if (visible) s[i] = V::logits(hp, s[i], b, qo_pos, j, qh, hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
       }
       if constexpr (V::kHasMask) {
-        if (!V::mask(hp, b, qo_pos, j, qh, hk)) continue;
+        if (visible) visible = V::mask(hp, b, qo_pos, j, qh, hk);
       }
-      float v[8];
-      load8_shared(vtile + r * D + lane * 8, v);
-      if constexpr (V::kSoftmax) {
-        const float mn = fmaxf(m, s);
-        if (mn == kNegInf) continue;
-        const float sc = exp2f(m - mn), w = exp2f(s - mn);
-        den = den * sc + w;
+      if (!visible) s[i] = V::kSoftmax ? kNegInf : 0.f;
+    }
+    if constexpr (V::kSoftmax) {
+      float mt = m;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = fmaf(w, v[e], acc[e] * sc);
-        m = mn;
-      } else {
+      for (int i = 0; i < R; ++i) mt = fmaxf(mt, s[i]);
+      if (mt != kNegInf) {
+        const float sc = exp2f(m - mt);
+        den *= sc;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = fmaf(s, v[e], acc[e]);
+        for (int e = 0; e < 8; ++e) acc[e] *= sc;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          const float w = exp2f(s[i] - mt);
+          float v[8];
+          load8_shared(vtile + (tz + i * Z) * D + lane * 8, v);
+          den += w;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = fmaf(w, v[e], acc[e]);
+        }
+        m = mt;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        float v[8];
+        load8_shared(vtile + (tz + i * Z) * D + lane * 8, v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = fmaf(s[i], v[e], acc[e]);
       }
     }
     __syncthreads();  // this stage is refilled next iteration

@@ -45,9 +45,9 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated q/k/v dtypes (cpu default float32; cuda default float16)")
     b.add_argument("--layout", type=_csv, default=("NHD", "HND"),
                    help="paged-KV layouts to instantiate: NHD, HND (default: both)")
-    b.add_argument("--kernels", type=lambda s: () if s == "none" else _csv(s), default=("decode",),
-                   help="cuda: templates to instantiate into the library (decode), or 'none' for the "
-                        "hook objects only (default: decode)")
+    b.add_argument("--kernels", type=lambda s: () if s == "none" else _csv(s), default=("decode", "prefill"),
+                   help="cuda: templates to instantiate into the library (decode, prefill), or 'none' for the "
+                        "hook objects only (default: decode,prefill)")
     b.add_argument("--max-group-size", type=int, default=8,
                    help="cuda: largest GQA group (num_qo_heads / num_kv_heads) the decode template serves: "
                         "1, 2, 4 or 8 (default: 8)")

@@ -48,6 +48,7 @@ def test_build_cuda_objects(tmp_path, capsys):
                  "bfloat16", "--layout", "HND", "--max-group-size", "4", "--cache-dir", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "function batch_decode_paged_hnd_bf16_d64" in text and "libcausal_cuda.so" in text
+    assert "function batch_prefill_ragged_bf16_d64" in text
 
 
 def test_inspect_shows_hooks_analysis_and_cuda(capsys):

@@ -89,8 +89,8 @@ extern "C" __global__ void probe(const unsigned char* bits, const int* off, cons
 
 
 @requires_nvcc
-def test_decode_library_compiles_for_every_arch(build_cache, tmp_path):
-    """The decode template set the GPU tests use, for one variant with every hook kind, on all archs."""
+def test_cuda_library_compiles_for_every_arch(build_cache, tmp_path):
+    """The decode and prefill templates, for variants covering every hook kind, on all archs."""
     from .row_hook_variants import make
 
     for v, dtypes, archs in [(builtin("rope"), ("float16",), ALL_ARCHS),
@@ -98,7 +98,8 @@ def test_decode_library_compiles_for_every_arch(build_cache, tmp_path):
         res = run_pipeline(v, BuildConfig("cuda", (128,), dtypes, archs, layouts=("NHD",)), cache=build_cache)
         assert res.library.is_file()
         dt = "f16" if dtypes == ("float16",) else "bf16"
-        assert res.manifest["functions"] == [f"batch_decode_paged_nhd_{dt}_d128"]
+        assert res.manifest["functions"] == [f"batch_decode_paged_nhd_{dt}_d128", f"batch_prefill_paged_nhd_{dt}_d128",
+                                             f"batch_prefill_ragged_{dt}_d128"]
         ldd = subprocess.run(["ldd", str(res.library)], capture_output=True, text=True).stdout
         assert "libcudart" not in ldd  # static CUDA runtime; only the driver is needed at run time
 

@@ -95,10 +95,86 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
 """
 
 
+def prefill_wrapper(variant, head_dim: int, dtype: str, layout: str | None) -> str:
+    """``layout`` None: ragged K/V; else paged with that layout."""
+    kind = "batch_prefill_ragged" if layout is None else f"batch_prefill_paged_{layout.lower()}"
+    name = symbol(kind, dtype, head_dim)
+    decl, fill = _extra_args(variant)
+    if layout is None:
+        kv_args = "tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView kv_indptr"
+        kv_fill = """  attngen::check_tensor(k, "k", 3, {kDLFloat, 16, 1});
+  P.num_kv_heads = static_cast<int>(k.size(1));
+  P.kv.base = attngen::data_of(k);
+  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(kv_indptr));
+  P.kv.stride_kv = (static_cast<const char*>(attngen::data_of(v)) - static_cast<const char*>(attngen::data_of(k))) /
+                   int64_t(sizeof(T));
+  P.kv.stride_slot = k.stride(0);
+  P.kv.stride_head = k.stride(1);
+  P.kv.page_size = 0;"""
+    else:
+        nhd = layout == "NHD"
+        kv_args = ("tvm::ffi::TensorView pages, tvm::ffi::TensorView indices, tvm::ffi::TensorView indptr, "
+                   "tvm::ffi::TensorView last_page_len")
+        kv_fill = f"""  attngen::check_tensor(pages, "pages", 5, {{kDLFloat, 16, 1}});
+  P.num_kv_heads = static_cast<int>(pages.size({3 if nhd else 2}));
+  P.kv.base = attngen::data_of(pages);
+  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(indptr));
+  P.kv.indices = static_cast<const int32_t*>(attngen::data_of(indices));
+  P.kv.last_page_len = static_cast<const int32_t*>(attngen::data_of(last_page_len));
+  P.kv.stride_page = pages.stride(0);
+  P.kv.stride_kv = pages.stride(1);
+  P.kv.stride_slot = pages.stride({2 if nhd else 3});
+  P.kv.stride_head = pages.stride({3 if nhd else 2});
+  P.kv.page_size = static_cast<int>(pages.size({2 if nhd else 3}));"""
+    return f"""
+static void {name}(tvm::ffi::TensorView q, {kv_args}, tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView o,
+    tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len{decl}) {{
+  using V = attngen_gen::Hooks_d{head_dim};
+  using T = {C_TYPES[dtype]};
+  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
+  V::Params hp{{}};
+{fill}
+  attngen::PrefillProblem P{{}};
+  P.q = attngen::data_of(q);
+  P.o = attngen::data_of(o);
+  P.lse = static_cast<float*>(attngen::data_of(lse));
+  P.qo_indptr = static_cast<const int32_t*>(attngen::data_of(qo_indptr));
+  P.batch = static_cast<int>(qo_indptr.size(0)) - 1;
+  P.num_qo_heads = static_cast<int>(q.size(1));
+  P.sm_scale = static_cast<float>(sm_scale);
+{kv_fill}
+  P.group = P.num_qo_heads / P.num_kv_heads;
+  if (P.group * P.num_kv_heads != P.num_qo_heads)
+    TVM_FFI_THROW(ValueError) << "{name}: num_qo_heads " << P.num_qo_heads << " is not a multiple of num_kv_heads "
+                              << P.num_kv_heads;
+  attngen::launch_prefill<V, T, {head_dim}>(P, static_cast<int>(max_qo_len), hp, attngen::stream_of(q));
+  attngen::check_launch("{name}");
+}}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
+"""
+
+
+def exported_functions(cfg: BuildConfig) -> list[str]:
+    names = []
+    for d in cfg.head_dims:
+        for dt in cfg.dtypes:
+            if "decode" in cfg.kernels:
+                names += [symbol(f"batch_decode_paged_{lay.lower()}", dt, d) for lay in cfg.layouts]
+            if "prefill" in cfg.kernels:
+                names.append(symbol("batch_prefill_ragged", dt, d))
+                names += [symbol(f"batch_prefill_paged_{lay.lower()}", dt, d) for lay in cfg.layouts]
+    return sorted(names)
+
+
 def translation_unit(variant, cfg: BuildConfig, head_dim: int, dtype: str) -> str:
-    parts = [f'#include "variant_d{head_dim}.cuh"', '#include "ffi_glue.h"', '#include "decode_launch.cuh"']
-    for layout in cfg.layouts:
-        parts.append(decode_wrapper(variant, head_dim, dtype, layout, cfg.max_group_size))
+    parts = [f'#include "variant_d{head_dim}.cuh"', '#include "ffi_glue.h"']
+    if "decode" in cfg.kernels:
+        parts.append('#include "decode_launch.cuh"')
+        parts += [decode_wrapper(variant, head_dim, dtype, lay, cfg.max_group_size) for lay in cfg.layouts]
+    if "prefill" in cfg.kernels:
+        parts.append('#include "prefill.cuh"')
+        parts.append(prefill_wrapper(variant, head_dim, dtype, None))
+        parts += [prefill_wrapper(variant, head_dim, dtype, lay) for lay in cfg.layouts]
     return "\n".join(parts) + "\n"
 
 

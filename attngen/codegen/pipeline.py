@@ -19,12 +19,12 @@ import tvm
 import attngen
 from attngen.ir import Variant
 from attngen.schedules.arch import arch_spec
-from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
+from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig
 
 from . import nvcc
 from .cache import BuildCache, content_key, hash_files
 from .cpu.build import build_cpu_library, cpu_kernel_specs, lower_cpu_module
-from .cuda_library import compile_library, translation_unit
+from .cuda_library import compile_library, exported_functions, translation_unit
 from .cuda_variant import traits_source
 from .hooks_cuda import lower_hooks_cuda
 
@@ -120,9 +120,7 @@ def stage_compile(ctx: BuildContext) -> dict:
         tus = sorted(f for f in ctx.artifacts["instantiate"] if f.startswith("attention_"))
         lib = compile_library(out, tus, ctx.config, name)
         result["library"] = lib.name
-        result["functions"] = sorted(
-            symbol(f"batch_decode_paged_{lay.lower()}", dt, d)
-            for d in ctx.config.head_dims for dt in ctx.config.dtypes for lay in ctx.config.layouts)
+        result["functions"] = exported_functions(ctx.config)
     return result
 
 

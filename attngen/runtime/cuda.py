@@ -1,4 +1,4 @@
-"""PyTorch API over a CUDA library: decode with a plan/run split.
+"""PyTorch API over a CUDA library: decode and prefill / append with a plan/run split.
 
 ``plan_decode`` runs once per batch step on the host: it checks the page table
 (indices inside the cache, lengths in range) on host copies, chooses how many KV
@@ -16,10 +16,11 @@ import numpy as np
 
 from attngen.schedules.build_config import BuildConfig
 
-from .checks import AttentionArgumentError, as_numpy, check_paged, check_qkv_heads, check_tensor, dtype_name
+from .checks import (AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads, check_ragged,
+                     check_tensor, dtype_name)
 from .module import BuiltModule
 from .params import resolve_params
-from .views import PagedKV
+from .views import PagedKV, RaggedKV
 
 
 def current_arch() -> str:
@@ -40,6 +41,13 @@ class DecodePlan:
     part_lse: object  # [B, C, Hq] float32 workspace
 
 
+@dataclass
+class PrefillPlan:
+    batch_size: int
+    total_q: int
+    max_qo_len: int  # sizes the grid: query tiles per request
+
+
 def choose_num_chunks(batch: int, num_kv_heads: int, max_kv_len: int, num_sms: int,
                       min_chunk: int = 256) -> int:
     """Even split: enough CTAs to fill the GPU about twice, never chunks shorter than ``min_chunk``."""
@@ -54,11 +62,11 @@ class CUDAAttention(BuiltModule):
 
     @classmethod
     def build(cls, variant, head_dims=(128,), dtypes=("float16",), archs=None, layouts=("NHD", "HND"),
-              max_group_size: int = 8, **kwargs):
+              max_group_size: int = 8, kernels=("decode", "prefill"), **kwargs):
         from attngen.codegen.pipeline import run_pipeline
 
         cfg = BuildConfig("cuda", tuple(head_dims), tuple(dtypes), tuple(archs or (current_arch(),)),
-                          tuple(layouts), max_group_size=max_group_size)
+                          tuple(layouts), kernels=tuple(kernels), max_group_size=max_group_size)
         res = run_pipeline(variant, cfg, **kwargs)
         return cls(variant, res.library, res.manifest)
 
@@ -110,4 +118,46 @@ class CUDAAttention(BuiltModule):
         scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
         fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, out, lse, plan.part_o, plan.part_lse, scale,
            plan.num_chunks, *extras)
+        return out, lse
+
+    def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int) -> PrefillPlan:
+        """Host-side checks of the batch's index arrays (host copies) and the grid size."""
+        dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
+        qo = check_indptr(qo_indptr, "qo_indptr", None)
+        batch = len(qo) - 1
+        if isinstance(kv, PagedKV):
+            check_paged(kv, head_dim, dtype, batch)
+        elif isinstance(kv, RaggedKV):
+            check_ragged(kv, head_dim, dtype, batch)
+        else:
+            raise AttentionArgumentError(f"kv: expected PagedKV or RaggedKV, got {type(kv).__name__}")
+        return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)))
+
+    def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, plan: PrefillPlan | None = None,
+                sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):
+        """Prefill / append: q [total_q, Hq, D] ragged by qo_indptr [B+1]; query row i of a request sits at
+        position kv_len - qo_len + i. Returns (out [total_q, Hq, D], lse [total_q, Hq])."""
+        check_tensor(q, "q", 3)
+        dt, d = dtype_name(q), int(q.shape[2])
+        if plan is None:
+            plan = self.plan_prefill(qo_indptr, kv, d)
+        if plan.total_q != int(q.shape[0]):
+            raise AttentionArgumentError(f"plan: made for {plan.total_q} query rows, q has {q.shape[0]}: plan again")
+        check_qkv_heads(q, kv.num_kv_heads, d)
+        tensors = [("q", q), ("qo_indptr", qo_indptr)]
+        if isinstance(kv, PagedKV):
+            fn = self.function(f"batch_prefill_paged_{kv.layout.lower()}", dt, d)
+            kv_args = (kv.pages, kv.indices, kv.indptr, kv.last_page_len)
+            tensors += [("kv.pages", kv.pages), ("kv.indices", kv.indices), ("kv.indptr", kv.indptr)]
+        else:
+            fn = self.function("batch_prefill_ragged", dt, d)
+            kv_args = (kv.k, kv.v, kv.indptr)
+            tensors += [("kv.k", kv.k), ("kv.v", kv.v), ("kv.indptr", kv.indptr)]
+        for name, t in tensors:
+            if not hasattr(t, "device") or t.device.type != "cuda":
+                raise AttentionArgumentError(f"{name}: must be a CUDA tensor")
+        out, lse = self.outputs(q, int(q.shape[0]), out, lse)
+        extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size)
+        scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+        fn(q, *kv_args, qo_indptr, out, lse, scale, plan.max_qo_len, *extras)
         return out, lse

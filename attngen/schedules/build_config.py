@@ -12,7 +12,7 @@ CPU_DTYPES = ("float32", "float16")
 HEAD_DIMS_CUDA = (64, 128, 256)
 HEAD_DIMS_CPU = (32, 64, 80, 96, 128, 256)
 LAYOUTS = ("NHD", "HND")
-CUDA_KERNELS = ("decode",)
+CUDA_KERNELS = ("decode", "prefill")
 GROUP_SIZES = (1, 2, 4, 8)
 DTYPE_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -25,7 +25,7 @@ class BuildConfig:
     archs: tuple[str, ...] = ()  # cuda only, e.g. ("sm_80", "sm_90a")
     layouts: tuple[str, ...] = LAYOUTS
     fast_math: bool = False  # cuda: nvcc --use_fast_math (approximate tanh/exp/div)
-    kernels: tuple[str, ...] = ("decode",)  # cuda: templates to instantiate; () = hook objects only
+    kernels: tuple[str, ...] = ("decode", "prefill")  # cuda: templates to instantiate; () = hooks only
     max_group_size: int = 8  # cuda decode: largest num_qo_heads / num_kv_heads served
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 

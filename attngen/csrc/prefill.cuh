@@ -1,0 +1,358 @@
+// FA2-class batch prefill / append on tensor cores (mma.sync), ragged or paged KV.
+//
+// One CTA = (query tile, KV head, request). GQA head-group fusion: the CTA's rows are
+// the (token, head) pairs of one KV head's group, packed row = token * group + head, so
+// a K/V tile is read once for the whole group and a decode step (one token, group
+// heads) fills tensor-core rows too. Four warps x 16 rows. K/V tiles are gathered from
+// pages (or ragged rows) into shared memory with cp.async, double-buffered where shared
+// memory allows; S = Q K^T and O += P V with m16n8k16 (two m16n8k8 on sm_75); online
+// softmax in fp32, base 2; P reuses the S accumulators as the A operand. The mask's
+// bounds restrict the KV range of each query tile (causal / sliding-window tile
+// skipping); the mask hook decides every remaining score. Row hooks run per warp on
+// one row at a time through a float scratch row.
+#pragma once
+#include "common.cuh"
+#include "cp_async.cuh"
+#include "decode.cuh"
+#include "mma.cuh"
+
+namespace attngen {
+
+// Where row j of request b's keys (kv = 0) or values (kv = 1) lives.
+struct KVRows {
+  const void* base;
+  const int32_t* indptr;         // paged: into indices; ragged: into rows
+  const int32_t* indices;        // paged: page ids; ragged: nullptr
+  const int32_t* last_page_len;  // paged only
+  int64_t stride_page, stride_kv, stride_slot, stride_head;  // ragged: stride_slot = row stride
+  int page_size;                                             // 0: ragged
+  __device__ __forceinline__ int length(int b) const {
+    if (page_size == 0) return indptr[b + 1] - indptr[b];
+    int n = indptr[b + 1] - indptr[b];
+    return n > 0 ? (n - 1) * page_size + last_page_len[b] : 0;
+  }
+  __device__ __forceinline__ int64_t offset(int b, int j, int kv) const {
+    if (page_size == 0) return int64_t(indptr[b] + j) * stride_slot + kv * stride_kv;
+    int page = indices[indptr[b] + j / page_size];
+    return int64_t(page) * stride_page + int64_t(j % page_size) * stride_slot + kv * stride_kv;
+  }
+};
+
+struct PrefillProblem {
+  const void* q;             // [total_q, Hq, D]
+  void* o;                   // [total_q, Hq, D]
+  float* lse;                // [total_q, Hq]
+  const int32_t* qo_indptr;  // [B+1]
+  int batch, num_qo_heads, num_kv_heads, group;
+  float sm_scale;
+  KVRows kv;
+};
+
+// Tile configurations: Q rows per CTA, keys per tile, stages (1 = no double buffer).
+template <int D, bool Small>
+struct PrefillTile {
+  static_assert(D == 64 || D == 128 || D == 256, "prefill supports head_dim 64, 128, 256");
+  static constexpr int kWarps = 4;
+  static constexpr int kRows = 16 * kWarps;
+  static constexpr int kKeys = D == 256 ? (Small ? 16 : 32) : 64;
+  static constexpr int kStages = (Small && D != 64) ? 1 : 2;
+  static constexpr int kPad = 8;  // elements of padding per smem row: conflict-free ldmatrix
+  static constexpr int kStride = D + kPad;
+  static constexpr int kThreads = 32 * kWarps;
+};
+
+template <class V, class T, int D, bool Small>
+constexpr size_t prefill_smem_bytes() {
+  using Tile = PrefillTile<D, Small>;
+  size_t qk = (size_t(Tile::kRows) + 2 * Tile::kStages * Tile::kKeys) * Tile::kStride * sizeof(T);
+  size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
+  size_t out = size_t(Tile::kRows) * D * sizeof(float) + Tile::kRows * sizeof(float);
+  return (qk > out ? qk : out) + scratch;
+}
+
+// Apply row hook `op(in_row, out_row)` to one row with a warp: elementwise forms per lane.
+template <int D, bool Elementwise, class Elem, class Row>
+__device__ __forceinline__ void warp_row_hook(float* scratch, float* out, Elem elem, Row row, int lane) {
+  if constexpr (Elementwise) {
+    for (int i = lane; i < D; i += 32) out[i] = elem(scratch, i);
+  } else if (lane == 0) {
+    row(scratch, out);
+  }
+  __syncwarp();
+}
+
+template <class V, class T, int D, bool Small>
+__global__ void __launch_bounds__(PrefillTile<D, Small>::kThreads)
+prefill_kernel(PrefillProblem P, typename V::Params hp) {
+  using Tile = PrefillTile<D, Small>;
+  constexpr int RQ = Tile::kRows, TK = Tile::kKeys, ST = Tile::kStride, NS = Tile::kStages;
+  constexpr int NT = Tile::kThreads;
+  constexpr int NKT = TK / 8;   // n-tiles of S per warp
+  constexpr int NDT = D / 8;    // n-tiles of O per warp
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sq = reinterpret_cast<T*>(smem_raw);   // [RQ][ST]
+  T* skv = sq + RQ * ST;                    // [NS][2][TK][ST]
+  float* scratch_all = reinterpret_cast<float*>(
+      smem_raw + (prefill_smem_bytes<V, T, D, Small>() - size_t(Tile::kWarps) * 2 * D * sizeof(float)));
+
+  const int tile = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  float* scratch = scratch_all + warp * 2 * D;
+  const int group = P.group;
+  const int q0 = P.qo_indptr[b], qo_len = P.qo_indptr[b + 1] - q0;
+  const int rows_total = qo_len * group;
+  const int row0 = tile * RQ;
+  if (row0 >= rows_total) return;
+  const int kv_len = P.kv.length(b);
+  const int pos_base = kv_len - qo_len;  // qo_pos of token i = pos_base + i
+
+  // ---- Q tile: load (zero rows past the end), query transform, into smem --------------
+  for (int c = tid; c < RQ * (D / 8); c += NT) {
+    const int r = c / (D / 8), l = c % (D / 8), pr = row0 + r;
+    const bool ok = pr < rows_total;
+    const T* src = static_cast<const T*>(P.q);
+    if (ok) src += (int64_t(q0 + pr / group) * P.num_qo_heads + hk * group + pr % group) * D + l * 8;
+    copy16_async(sq + r * ST + l * 8, src, ok);
+  }
+  copy_commit();
+  copy_wait<0>();
+  __syncthreads();
+  if constexpr (V::kHasQueryTransform) {
+    for (int r = warp; r < RQ; r += Tile::kWarps) {
+      const int pr = row0 + r;
+      if (pr >= rows_total) continue;
+      const int qo_pos = pos_base + pr / group, qh = hk * group + pr % group;
+      for (int i = lane; i < D; i += 32) scratch[i] = to_float(sq[r * ST + i]);
+      __syncwarp();
+      warp_row_hook<D, V::kQueryElementwise>(
+          scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh); },
+          [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh); }, lane);
+      for (int i = lane; i < D; i += 32) sq[r * ST + i] = from_float<T>(scratch[D + i]);
+      __syncwarp();
+    }
+    __syncthreads();
+  }
+
+  // ---- KV range of this tile from the mask's bounds ------------------------------------
+  const int first_pos = pos_base + row0 / group;
+  const int last_pos = pos_base + (min(row0 + RQ, rows_total) - 1) / group;
+  int lo = 0, hi = kv_len;
+  if constexpr (V::kHasUpper) lo = max(lo, first_pos - V::mask_upper(hp));
+  if constexpr (V::kHasLower) hi = min(hi, last_pos - V::mask_lower(hp) + 1);
+  const int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
+
+  const T* kvbase = static_cast<const T*>(P.kv.base);
+  const int64_t head_off = int64_t(hk) * P.kv.stride_head;
+  auto load_kv = [&](int kt, int stage) {
+    const int j0 = lo + kt * TK;
+    for (int c = tid; c < 2 * TK * (D / 8); c += NT) {
+      const int kv = c / (TK * (D / 8)), r = (c / (D / 8)) % TK, l = c % (D / 8);
+      const int j = j0 + r;
+      const bool ok = j < hi;
+      const T* src = kvbase;
+      if (ok) src = kvbase + P.kv.offset(b, j, kv) + head_off + l * 8;
+      copy16_async(skv + ((stage * 2 + kv) * TK + r) * ST + l * 8, src, ok);
+    }
+  };
+
+  // ---- per-thread state: rows g and g+8 of this warp's 16 ------------------------------
+  const int g = lane / 4, t4 = lane % 4;
+  const int wrow = warp * 16;
+  float o_acc[NDT][4];
+#pragma unroll
+  for (int n = 0; n < NDT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o_acc[n][e] = 0.f;
+  float m_row[2] = {kNegInf, kNegInf}, d_row[2] = {0.f, 0.f};
+  int rpos[2], rhead[2];
+  bool rvalid[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pr = row0 + wrow + g + 8 * h;
+    rvalid[h] = pr < rows_total;
+    rpos[h] = pos_base + pr / group;
+    rhead[h] = hk * group + pr % group;
+  }
+  const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
+
+  if (num_kt > 0) load_kv(0, 0);
+  copy_commit();
+  for (int kt = 0; kt < num_kt; ++kt) {
+    const int stage = NS == 1 ? 0 : kt % 2;
+    if (NS == 1 && kt > 0) load_kv(kt, 0);  // single buffer: refill after the last iteration's barrier
+    if (NS == 2 && kt + 1 < num_kt) load_kv(kt + 1, (kt + 1) % 2);
+    copy_commit();
+    if constexpr (NS == 2) copy_wait<1>(); else copy_wait<0>();
+    __syncthreads();
+    T* sk = skv + (stage * 2 + 0) * TK * ST;
+    T* sv = skv + (stage * 2 + 1) * TK * ST;
+    const int j0 = lo + kt * TK;
+    if constexpr (V::kHasKeyTransform) {
+      for (int r = warp; r < TK; r += Tile::kWarps) {
+        const int j = j0 + r;
+        if (j >= hi) continue;
+        for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[r * ST + i]);
+        __syncwarp();
+        warp_row_hook<D, V::kKeyElementwise>(
+            scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
+            [&](float* in, float* out) { V::key_row(hp, in, out, j, hk); }, lane);
+        for (int i = lane; i < D; i += 32) sk[r * ST + i] = from_float<T>(scratch[D + i]);
+        __syncwarp();
+      }
+      __syncthreads();
+    }
+    // S = Q K^T for this warp's 16 rows x TK keys
+    float s[NKT][4];
+#pragma unroll
+    for (int n = 0; n < NKT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      uint32_t a[4];
+      ldmatrix_x4(a, sq + (wrow + (lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+#pragma unroll
+      for (int n = 0; n < NKT; n += 2) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, sk + (n * 8 + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
+        mma16816<T>(s[n], a, bk[0], bk[1]);
+        mma16816<T>(s[n + 1], a, bk[2], bk[3]);
+      }
+    }
+    // hooks, mask, online softmax (rows g and g+8; a row's values live in one quad)
+    float mt[2] = {m_row[0], m_row[1]};
+#pragma unroll
+    for (int n = 0; n < NKT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
+        float x = s[n][e] * scale;
+        bool visible = rvalid[h] && j < hi;
+        if constexpr (V::kHasLogits) {
+          if (visible) x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
+        }
+        if constexpr (V::kHasMask) {
+          if (visible) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
+        }
+        s[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
+        if constexpr (V::kSoftmax) mt[h] = fmaxf(mt[h], s[n][e]);
+      }
+    }
+    float rescale[2] = {1.f, 1.f};
+    if constexpr (V::kSoftmax) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+        rescale[h] = mt[h] == kNegInf ? 1.f : exp2f(m_row[h] - mt[h]);
+        d_row[h] *= rescale[h];
+        m_row[h] = mt[h];
+      }
+#pragma unroll
+      for (int n = 0; n < NKT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const float p = m_row[h] == kNegInf ? 0.f : exp2f(s[n][e] - m_row[h]);
+          s[n][e] = p;
+          d_row[h] += p;
+        }
+#pragma unroll
+      for (int n = 0; n < NDT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[n][e] *= rescale[e / 2];
+    }
+    // O += P V: P from the S accumulators (16 keys = two n-tiles per k-step)
+#pragma unroll
+    for (int kk = 0; kk < TK / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int n = 0; n < NDT; n += 2) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, sv + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * ST + n * 8 + (lane / 16) * 8);
+        mma16816<T>(o_acc[n], a, bv[0], bv[1]);
+        mma16816<T>(o_acc[n + 1], a, bv[2], bv[3]);
+      }
+    }
+    __syncthreads();  // the stage is refilled by the next iteration's prefetch
+  }
+  copy_wait<0>();
+
+  // ---- epilogue: normalise, lse, output transform, store -------------------------------
+  float lse_row[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float dsum = d_row[h];
+    dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
+    dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
+    const float inv = (V::kSoftmax && dsum > 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+#pragma unroll
+    for (int n = 0; n < NDT; ++n) {
+      o_acc[n][2 * h] *= inv;
+      o_acc[n][2 * h + 1] *= inv;
+    }
+    lse_row[h] = V::kSoftmax ? (dsum > 0.f ? m_row[h] + log2f(dsum) : kNegInf) : 0.f;
+  }
+  __syncthreads();
+  float* sout = reinterpret_cast<float*>(smem_raw);  // [RQ][D] fp32 rows, then [RQ] lse
+  float* slse = sout + RQ * D;
+#pragma unroll
+  for (int n = 0; n < NDT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sout[(wrow + g + 8 * (e / 2)) * D + n * 8 + t4 * 2 + (e % 2)] = o_acc[n][e];
+  if (t4 == 0) {
+    slse[wrow + g] = lse_row[0];
+    slse[wrow + g + 8] = lse_row[1];
+  }
+  __syncthreads();
+  for (int r = warp; r < RQ; r += Tile::kWarps) {
+    const int pr = row0 + r;
+    if (pr >= rows_total) continue;
+    const int tok = q0 + pr / group, qh = hk * group + pr % group;
+    const float* src = sout + r * D;
+    if constexpr (V::kHasOutputTransform) {
+      const int qo_pos = pos_base + pr / group;
+      const float l = slse[r];
+      for (int i = lane; i < D; i += 32) scratch[i] = src[i];
+      __syncwarp();
+      warp_row_hook<D, V::kOutputElementwise>(
+          scratch, scratch + D, [&](float* row, int i) { return V::output_elem(hp, row, i, b, qo_pos, qh, l); },
+          [&](float* in, float* out) { V::output_row(hp, in, out, b, qo_pos, qh, l); }, lane);
+      src = scratch + D;
+    }
+    T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
+    for (int i = lane; i < D; i += 32) dst[i] = from_float<T>(src[i]);
+    if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = slse[r];
+    __syncwarp();
+  }
+}
+
+template <class V, class T, int D, bool Small>
+void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
+  using Tile = PrefillTile<D, Small>;
+  const size_t smem = prefill_smem_bytes<V, T, D, Small>();
+  auto kernel = prefill_kernel<V, T, D, Small>;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
+  if (tiles == 0 || P.batch == 0) return;
+  kernel<<<dim3(tiles, P.num_kv_heads, P.batch), Tile::kThreads, smem, stream>>>(P, hp);
+}
+
+// The big configuration where the device's opt-in shared memory holds it, else the small one.
+template <class V, class T, int D>
+void launch_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
+  int dev = 0, optin = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (size_t(optin) >= prefill_smem_bytes<V, T, D, false>()) {
+    launch_prefill_tile<V, T, D, false>(P, max_qo_len, hp, stream);
+  } else {
+    launch_prefill_tile<V, T, D, true>(P, max_qo_len, hp, stream);
+  }
+}
+
+}  // namespace attngen

@@ -48,6 +48,19 @@ def _extra_args(variant) -> tuple[str, str]:
     return "".join(", " + d for d in decl), "\n".join(fill)
 
 
+def _paged_fill(layout: str, into: str) -> str:
+    """Statements filling ``<into>`` (a KV view struct) from a ``pages`` tensor of ``layout``."""
+    nhd = layout == "NHD"
+    return f"""  {into}.indptr = static_cast<const int32_t*>(attngen::data_of(indptr));
+  {into}.indices = static_cast<const int32_t*>(attngen::data_of(indices));
+  {into}.last_page_len = static_cast<const int32_t*>(attngen::data_of(last_page_len));
+  {into}.stride_page = pages.stride(0);
+  {into}.stride_kv = pages.stride(1);
+  {into}.stride_slot = pages.stride({2 if nhd else 3});
+  {into}.stride_head = pages.stride({3 if nhd else 2});
+  {into}.page_size = static_cast<int>(pages.size({2 if nhd else 3}));"""
+
+
 def decode_wrapper(variant, head_dim: int, dtype: str, layout: str, max_group: int) -> str:
     name = symbol(f"batch_decode_paged_{layout.lower()}", dtype, head_dim)
     decl, fill = _extra_args(variant)
@@ -80,14 +93,7 @@ static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi:
         << " is not served; this library was built with max_group_size={max_group}";
   if (P.batch == 0) return;
   P.kv.pages = attngen::data_of(pages);
-  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(indptr));
-  P.kv.indices = static_cast<const int32_t*>(attngen::data_of(indices));
-  P.kv.last_page_len = static_cast<const int32_t*>(attngen::data_of(last_page_len));
-  P.kv.stride_page = pages.stride(0);
-  P.kv.stride_kv = pages.stride(1);
-  P.kv.stride_slot = pages.stride({2 if nhd else 3});
-  P.kv.stride_head = pages.stride({3 if nhd else 2});
-  P.kv.page_size = static_cast<int>(pages.size({2 if nhd else 3}));
+{_paged_fill(layout, "P.kv")}
   attngen::launch_decode<V, T, {head_dim}, {max_group}>(P, hp, attngen::stream_of(q));
   attngen::check_launch("{name}");
 }}
@@ -118,14 +124,7 @@ def prefill_wrapper(variant, head_dim: int, dtype: str, layout: str | None) -> s
         kv_fill = f"""  attngen::check_tensor(pages, "pages", 5, {{kDLFloat, 16, 1}});
   P.num_kv_heads = static_cast<int>(pages.size({3 if nhd else 2}));
   P.kv.base = attngen::data_of(pages);
-  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(indptr));
-  P.kv.indices = static_cast<const int32_t*>(attngen::data_of(indices));
-  P.kv.last_page_len = static_cast<const int32_t*>(attngen::data_of(last_page_len));
-  P.kv.stride_page = pages.stride(0);
-  P.kv.stride_kv = pages.stride(1);
-  P.kv.stride_slot = pages.stride({2 if nhd else 3});
-  P.kv.stride_head = pages.stride({3 if nhd else 2});
-  P.kv.page_size = static_cast<int>(pages.size({2 if nhd else 3}));"""
+{_paged_fill(layout, "P.kv")}"""
     return f"""
 static void {name}(tvm::ffi::TensorView q, {kv_args}, tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView o,
     tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len{decl}) {{

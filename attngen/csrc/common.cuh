@@ -14,40 +14,29 @@ constexpr float kNegInf = -INFINITY;
 
 // 8 elements of 16-bit type T (16 bytes) <-> float[8]
 template <class T>
-__device__ __forceinline__ void load8(const T* ptr, float (&out)[8]) {
-  uint4 raw = __ldg(reinterpret_cast<const uint4*>(ptr));
+__device__ __forceinline__ void convert8(const uint4& raw, float (&out)[8]) {
   const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
+    float2 f;
     if constexpr (std::is_same_v<T, half>) {
-      float2 f = __half22float2(*reinterpret_cast<const half2*>(&w[i]));
-      out[2 * i] = f.x;
-      out[2 * i + 1] = f.y;
+      f = __half22float2(*reinterpret_cast<const half2*>(&w[i]));
     } else {
-      float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-      out[2 * i] = f.x;
-      out[2 * i + 1] = f.y;
+      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
     }
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
   }
 }
 
-// The same from shared memory.
+template <class T>
+__device__ __forceinline__ void load8(const T* ptr, float (&out)[8]) {  // global, read-only path
+  convert8<T>(__ldg(reinterpret_cast<const uint4*>(ptr)), out);
+}
+
 template <class T>
 __device__ __forceinline__ void load8_shared(const T* ptr, float (&out)[8]) {
-  uint4 raw = *reinterpret_cast<const uint4*>(ptr);
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<T, half>) {
-      float2 f = __half22float2(*reinterpret_cast<const half2*>(&w[i]));
-      out[2 * i] = f.x;
-      out[2 * i + 1] = f.y;
-    } else {
-      float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-      out[2 * i] = f.x;
-      out[2 * i + 1] = f.y;
-    }
-  }
+  convert8<T>(*reinterpret_cast<const uint4*>(ptr), out);
 }
 
 template <class T>

@@ -16,8 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
+
+from common import bench, copy_bandwidth
 
 CASES = [  # (name, batch, kv_len, num_qo_heads, num_kv_heads)
     ("gqa B64 L1k", 64, 1024, 32, 8),
@@ -27,29 +28,6 @@ CASES = [  # (name, batch, kv_len, num_qo_heads, num_kv_heads)
     ("mha B32 L4k", 32, 4096, 32, 32),
 ]
 HEAD_DIM, PAGE = 128, 16
-
-
-def bench(fn, reps=50, warmup=10) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` launches timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(2 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda")
-    y = torch.empty_like(x)
-    ms = bench(lambda: y.copy_(x), reps=20)
-    return 2 * x.numel() * 2 / (ms * 1e-3) / 1e9
 
 
 def make_case(batch, kv_len, hq, hkv, dtype=torch.bfloat16):
@@ -79,7 +57,7 @@ def main():
     t0 = time.perf_counter()
     cold = tempfile.mkdtemp()
     att = CUDAAttention.build(builtin("vanilla"), head_dims=(HEAD_DIM,), dtypes=("bfloat16",), layouts=("NHD",),
-                              cache=BuildCache(cold))
+                              cache=BuildCache(cold))  # decode + prefill templates, one head dim, one arch
     results["attngen_cold_build_s"] = time.perf_counter() - t0
     shutil.rmtree(cold, ignore_errors=True)
     try:
@@ -141,7 +119,7 @@ def main():
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2))
     lines = [f"# Paged decode, bf16, page {PAGE}, D {HEAD_DIM} — {gpu}, {results['date']}, commit {args.commit}", "",
              f"Copy bandwidth measured in the same run: {results['copy_GBps']:.0f} GB/s. "
-             f"attngen cold build (vanilla decode, 1 head dim, 1 arch): {results['attngen_cold_build_s']:.1f} s; "
+             f"attngen cold build (vanilla, decode + prefill, 1 head dim, 1 arch): {results['attngen_cold_build_s']:.1f} s; "
              f"FlashInfer first plan+run (JIT or cached): {fi_jit_s if fi_jit_s is None else round(fi_jit_s, 1)} s.", "",
              "| case | attngen GB/s (% copy) | FI cuda-core GB/s | FI tensor-core GB/s | SDPA GB/s | attngen / best FI |",
              "|---|---|---|---|---|---|"]

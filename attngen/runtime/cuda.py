@@ -74,6 +74,7 @@ class CUDAAttention(BuiltModule):
         import torch
 
         dtype = dtype_name(kv.pages)
+        self.function(f"batch_decode_paged_{kv.layout.lower()}", dtype, head_dim)  # built for this case?
         batch = check_paged(kv, head_dim, dtype, None)
         if num_qo_heads % kv.num_kv_heads:
             raise AttentionArgumentError(f"num_qo_heads={num_qo_heads} is not a multiple of the cache's "
@@ -105,11 +106,16 @@ class CUDAAttention(BuiltModule):
                 f"q is {tuple(q.shape)}: plan again for this batch")
         check_tensor(kv.pages, "kv.pages", 5, dt)
         check_qkv_heads(q, kv.num_kv_heads, d)
+        fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d)
+        max_group = self.manifest["config"]["max_group_size"]
+        if int(q.shape[1]) // kv.num_kv_heads > max_group:
+            raise AttentionArgumentError(
+                f"q: group size {int(q.shape[1]) // kv.num_kv_heads} (num_qo_heads / num_kv_heads) is above this "
+                f"library's max_group_size={max_group}; rebuild with a larger max_group_size")
         for name, t in (("q", q), ("kv.pages", kv.pages), ("kv.indices", kv.indices), ("kv.indptr", kv.indptr),
                         ("kv.last_page_len", kv.last_page_len)):
             if not hasattr(t, "device") or t.device.type != "cuda":
                 raise AttentionArgumentError(f"{name}: must be a CUDA tensor")
-        fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d)
         out, lse = self.outputs(q, batch, out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
         for p, v in zip(self.variant.params, extras):
@@ -123,6 +129,8 @@ class CUDAAttention(BuiltModule):
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int) -> PrefillPlan:
         """Host-side checks of the batch's index arrays (host copies) and the grid size."""
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
+        kind = f"batch_prefill_paged_{kv.layout.lower()}" if isinstance(kv, PagedKV) else "batch_prefill_ragged"
+        self.function(kind, dtype, head_dim)  # built for this case?
         qo = check_indptr(qo_indptr, "qo_indptr", None)
         batch = len(qo) - 1
         if isinstance(kv, PagedKV):

@@ -1,0 +1,86 @@
+"""The CUDA API's argument checks, on a machine without a GPU: the library loads (static CUDA
+runtime, no driver call until a launch) and every check runs before any launch."""
+import pytest
+import torch
+
+from attngen.runtime import AttentionArgumentError, CUDAAttention, PagedKV, RaggedKV
+from attngen.testing import random_problem
+from attngen.variants import builtin
+
+from .conftest import requires_nvcc
+
+D = 64
+
+
+@pytest.fixture(scope="module")
+def att(tmp_path_factory):
+    if requires_nvcc.args[0]:
+        pytest.skip("nvcc is not on PATH")
+    from attngen.codegen.cache import BuildCache
+
+    return CUDAAttention.build(builtin("alibi"), head_dims=(D,), dtypes=("float16",), archs=("sm_80",),
+                               layouts=("NHD",), cache=BuildCache(tmp_path_factory.mktemp("cache")))
+
+
+def _paged(prob, **over):
+    parts = dict(pages=torch.from_numpy(prob.paged.pages).half(), indptr=torch.from_numpy(prob.paged.indptr),
+                 indices=torch.from_numpy(prob.paged.indices), last_page_len=torch.from_numpy(prob.paged.last_page_len))
+    parts.update(over)
+    return PagedKV(parts["pages"], parts["indptr"], parts["indices"], parts["last_page_len"])
+
+
+def test_library_exports_decode_and_prefill(att):
+    assert att.functions == {"batch_decode_paged_nhd_f16_d64", "batch_prefill_paged_nhd_f16_d64",
+                             "batch_prefill_ragged_f16_d64"}
+
+
+def test_plan_checks_the_page_table(att, rng):
+    prob = random_problem(rng, [1, 1], [20, 7], 8, 2, D, page_size=16)
+    bad = prob.paged.indices.copy()
+    bad[0] = 999
+    with pytest.raises(AttentionArgumentError, match=r"kv.indices: page id 999 is outside the cache's"):
+        att.plan_decode(_paged(prob, indices=torch.from_numpy(bad)), 8, D, num_chunks=1)
+    with pytest.raises(AttentionArgumentError, match=r"num_qo_heads=7 is not a multiple"):
+        att.plan_decode(_paged(prob), 7, D, num_chunks=1)
+    with pytest.raises(AttentionArgumentError, match=r"has no batch_decode_paged_nhd_f32_d64.*rebuild"):
+        att.plan_decode(_paged(prob, pages=torch.from_numpy(prob.paged.pages)), 8, D, num_chunks=1)
+
+
+def test_run_refuses_host_tensors_and_mismatched_plans(att, rng):
+    prob = random_problem(rng, [1, 1], [20, 7], 8, 2, D, page_size=16)
+    kv = _paged(prob)
+    plan = att.plan_decode(kv, 8, D, num_chunks=1)
+    q = torch.from_numpy(prob.q).half()
+    params = {"alibi_slopes": torch.ones(8)}
+    with pytest.raises(AttentionArgumentError, match=r"q: must be a CUDA tensor"):
+        att.decode(q, kv, plan=plan, params=params)
+    with pytest.raises(AttentionArgumentError, match=r"plan: made for batch 2, 8 heads, head_dim 64"):
+        att.decode(q[:1], kv, plan=plan, params=params)
+    with pytest.raises(AttentionArgumentError, match=r"has no batch_decode_paged_nhd_bf16_d64"):
+        att.decode(q.bfloat16(), PagedKV(kv.pages.bfloat16(), kv.indptr, kv.indices, kv.last_page_len), plan=plan,
+                   params=params)
+
+
+def test_prefill_checks(att, rng):
+    prob = random_problem(rng, [3, 2], [5, 6], 8, 2, D)
+    ragged = RaggedKV(torch.from_numpy(prob.ragged.k).half(), torch.from_numpy(prob.ragged.v).half(),
+                      torch.from_numpy(prob.ragged.indptr))
+    qo = torch.from_numpy(prob.qo_indptr)
+    q = torch.from_numpy(prob.q).half()
+    with pytest.raises(AttentionArgumentError, match=r"kv.indptr: has 3 entries, expected batch_size \+ 1 = 2"):
+        att.plan_prefill(torch.tensor([0, 5], dtype=torch.int32), ragged, D)
+    plan = att.plan_prefill(qo, ragged, D)
+    assert (plan.batch_size, plan.total_q, plan.max_qo_len) == (2, 5, 3)
+    with pytest.raises(AttentionArgumentError, match=r"q: must be a CUDA tensor"):
+        att.prefill(q, ragged, qo, plan=plan, params={"alibi_slopes": torch.ones(8)})
+    with pytest.raises(AttentionArgumentError, match=r"plan: made for 5 query rows, q has 4"):
+        att.prefill(q[:4], ragged, qo, plan=plan, params={"alibi_slopes": torch.ones(8)})
+
+
+def test_group_above_the_build_bound_is_named(att, rng):
+    prob = random_problem(rng, [1], [5], 16, 1, D, page_size=16)
+    kv = _paged(prob)
+    plan = att.plan_decode(kv, 16, D, num_chunks=1)
+    assert plan.num_chunks == 1 and tuple(plan.part_o.shape) == (1, 1, 1, D)  # no split: no partial states
+    with pytest.raises(AttentionArgumentError, match=r"group size 16 .* above this library's max_group_size=8"):
+        att.decode(torch.from_numpy(prob.q).half(), kv, plan=plan, params={"alibi_slopes": torch.ones(16)})

@@ -1,0 +1,160 @@
+// Split-KV planner (the paper's Algorithm 2), host C++ with no dependencies.
+//
+// Work W = sum over query tiles of their visible KV length; chunk limit L = ceil(W / C)
+// (or a fixed chunk for batch-invariant results); every query tile's visible KV range
+// is cut into chunks <= L; chunks sorted longest first (ties by id, so the plan is
+// deterministic), each given to the least-loaded CTA of a min-heap keyed by
+// (cost, CTA id) under cost = alpha * rows + beta * kv. A tile cut into one chunk
+// writes its output directly; a tile cut into several gets one partial state per
+// chunk and an ordered entry in the merge map.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <queue>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace attngen {
+
+struct PlanInput {
+  const int32_t* qo_len;  // [B]
+  const int32_t* kv_len;  // [B]
+  int batch;
+  int group;             // query heads per KV head (rows per token in a fused tile)
+  int tile_rows;         // Tq
+  int num_ctas;          // C
+  double alpha, beta;    // cost model
+  int64_t fixed_chunk;   // > 0: fixed chunk length (batch-invariant mode); 0: ceil(W / C)
+  bool has_lower, has_upper;
+  int32_t mask_lower, mask_upper;  // bounds on qo_pos - kv_pos of visible keys
+};
+
+struct PlanCapacity {  // the declared upper bounds the workspace was sized for
+  int64_t max_work_items, max_partials, max_merge_tiles;
+};
+
+struct Plan {
+  // work items, grouped by CTA (cta_indptr), in execution order
+  std::vector<int32_t> cta_indptr, work_request, work_qtile, work_kv_start, work_kv_end, work_partial;
+  // merge map: for each split tile, the ordered partial states to merge into it
+  std::vector<int32_t> merge_request, merge_qtile, merge_indptr, merge_partials;
+  std::vector<double> cta_cost;
+  int64_t chunk_limit = 0;
+};
+
+inline void visible_range(const PlanInput& in, int b, int tile, int32_t* lo, int32_t* hi) {
+  const int64_t rows = int64_t(in.qo_len[b]) * in.group;
+  const int64_t r0 = int64_t(tile) * in.tile_rows, r1 = std::min(rows, r0 + in.tile_rows);
+  const int64_t base = int64_t(in.kv_len[b]) - in.qo_len[b];
+  const int64_t first_pos = base + r0 / in.group, last_pos = base + (r1 - 1) / in.group;
+  int64_t l = 0, h = in.kv_len[b];
+  if (in.has_upper) l = std::max<int64_t>(l, first_pos - in.mask_upper);
+  if (in.has_lower) h = std::min<int64_t>(h, last_pos - in.mask_lower + 1);
+  *lo = int32_t(l);
+  *hi = int32_t(std::max(l, h));
+}
+
+inline Plan plan_split_kv(const PlanInput& in, const PlanCapacity& cap) {
+  if (in.num_ctas <= 0 || in.tile_rows <= 0 || in.group <= 0)
+    throw std::invalid_argument("num_ctas, tile_rows and group must be positive");
+  struct Chunk {
+    int32_t b, tile, lo, hi, rows, id;
+  };
+  struct Tile {
+    int32_t b, tile, lo, hi, rows;
+  };
+  std::vector<Tile> tiles;
+  int64_t work = 0;
+  for (int b = 0; b < in.batch; ++b) {
+    if (in.qo_len[b] < 0 || in.kv_len[b] < 0) throw std::invalid_argument("negative length in request " + std::to_string(b));
+    const int64_t rows = int64_t(in.qo_len[b]) * in.group;
+    const int n_tiles = int((rows + in.tile_rows - 1) / in.tile_rows);
+    for (int t = 0; t < n_tiles; ++t) {
+      Tile x{b, t, 0, 0, int32_t(std::min<int64_t>(in.tile_rows, rows - int64_t(t) * in.tile_rows))};
+      visible_range(in, b, t, &x.lo, &x.hi);
+      work += x.hi - x.lo;
+      tiles.push_back(x);
+    }
+  }
+  Plan p;
+  p.chunk_limit = in.fixed_chunk > 0 ? in.fixed_chunk : std::max<int64_t>(1, (work + in.num_ctas - 1) / in.num_ctas);
+  std::vector<Chunk> chunks;
+  std::vector<int32_t> tile_chunks(tiles.size(), 0), tile_first_partial(tiles.size(), -1);
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const Tile& t = tiles[i];
+    int64_t lo = t.lo;
+    do {  // a tile with no visible key still gets one (empty) chunk: its output must be written
+      const int64_t hi = std::min<int64_t>(t.hi, lo + p.chunk_limit);
+      chunks.push_back({t.b, t.tile, int32_t(lo), int32_t(hi), t.rows, int32_t(i)});
+      ++tile_chunks[i];
+      lo = hi;
+    } while (lo < t.hi);
+  }
+  if (int64_t(chunks.size()) > cap.max_work_items)
+    throw std::length_error("max_work_items: the plan needs " + std::to_string(chunks.size()) +
+                            " work items, the workspace was sized for " + std::to_string(cap.max_work_items));
+  // partial-state slots in tile order (so merges read contiguous slots)
+  int32_t partials = 0, merges = 0;
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    if (tile_chunks[i] > 1) {
+      tile_first_partial[i] = partials;
+      partials += tile_chunks[i];
+      ++merges;
+    }
+  }
+  if (partials > cap.max_partials)
+    throw std::length_error("max_partials: the plan needs " + std::to_string(partials) +
+                            " partial states, the workspace was sized for " + std::to_string(cap.max_partials));
+  if (merges > cap.max_merge_tiles)
+    throw std::length_error("max_merge_tiles: the plan needs " + std::to_string(merges) +
+                            " merges, the workspace was sized for " + std::to_string(cap.max_merge_tiles));
+  std::vector<int32_t> chunk_partial(chunks.size(), -1);
+  {
+    std::vector<int32_t> seen(tiles.size(), 0);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const int32_t t = chunks[c].id;
+      if (tile_first_partial[t] >= 0) chunk_partial[c] = tile_first_partial[t] + seen[t]++;
+    }
+  }
+  std::vector<int32_t> order(chunks.size());
+  for (size_t c = 0; c < order.size(); ++c) order[c] = int32_t(c);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return chunks[a].hi - chunks[a].lo > chunks[b].hi - chunks[b].lo;
+  });
+  using Slot = std::pair<double, int32_t>;  // (cost, cta): ties go to the lower CTA id
+  std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> heap;
+  for (int32_t c = 0; c < in.num_ctas; ++c) heap.push({0.0, c});
+  std::vector<std::vector<int32_t>> per_cta(in.num_ctas);
+  p.cta_cost.assign(in.num_ctas, 0.0);
+  for (int32_t c : order) {
+    Slot s = heap.top();
+    heap.pop();
+    per_cta[s.second].push_back(c);
+    s.first += in.alpha * chunks[c].rows + in.beta * (chunks[c].hi - chunks[c].lo);
+    p.cta_cost[s.second] = s.first;
+    heap.push(s);
+  }
+  p.cta_indptr.push_back(0);
+  for (int32_t cta = 0; cta < in.num_ctas; ++cta) {
+    for (int32_t c : per_cta[cta]) {
+      p.work_request.push_back(chunks[c].b);
+      p.work_qtile.push_back(chunks[c].tile);
+      p.work_kv_start.push_back(chunks[c].lo);
+      p.work_kv_end.push_back(chunks[c].hi);
+      p.work_partial.push_back(chunk_partial[c]);
+    }
+    p.cta_indptr.push_back(int32_t(p.work_request.size()));
+  }
+  p.merge_indptr.push_back(0);
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    if (tile_first_partial[i] < 0) continue;
+    p.merge_request.push_back(tiles[i].b);
+    p.merge_qtile.push_back(tiles[i].tile);
+    for (int k = 0; k < tile_chunks[i]; ++k) p.merge_partials.push_back(tile_first_partial[i] + k);
+    p.merge_indptr.push_back(int32_t(p.merge_partials.size()));
+  }
+  return p;
+}
+
+}  // namespace attngen

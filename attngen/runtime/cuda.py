@@ -23,6 +23,10 @@ from .params import resolve_params
 from .views import PagedKV, RaggedKV
 
 
+def is_cuda(t) -> bool:
+    return hasattr(t, "detach") and t.device.type == "cuda"
+
+
 def current_arch() -> str:
     import torch
 
@@ -114,12 +118,12 @@ class CUDAAttention(BuiltModule):
                 f"library's max_group_size={max_group}; rebuild with a larger max_group_size")
         for name, t in (("q", q), ("kv.pages", kv.pages), ("kv.indices", kv.indices), ("kv.indptr", kv.indptr),
                         ("kv.last_page_len", kv.last_page_len)):
-            if not hasattr(t, "device") or t.device.type != "cuda":
+            if not is_cuda(t):
                 raise AttentionArgumentError(f"{name}: must be a CUDA tensor")
         out, lse = self.outputs(q, batch, out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
         for p, v in zip(self.variant.params, extras):
-            if hasattr(v, "device") and v.device.type != "cuda":
+            if hasattr(v, "shape") and not is_cuda(v):
                 raise AttentionArgumentError(f"params['{p.name}']: must be a CUDA tensor")
         scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
         fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, out, lse, plan.part_o, plan.part_lse, scale,
@@ -162,7 +166,7 @@ class CUDAAttention(BuiltModule):
             kv_args = (kv.k, kv.v, kv.indptr)
             tensors += [("kv.k", kv.k), ("kv.v", kv.v), ("kv.indptr", kv.indptr)]
         for name, t in tensors:
-            if not hasattr(t, "device") or t.device.type != "cuda":
+            if not is_cuda(t):
                 raise AttentionArgumentError(f"{name}: must be a CUDA tensor")
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size)

@@ -1,0 +1,78 @@
+"""Composing attention states: merge_state (in place), merge_states (K per row), the sum merge.
+
+A state is (v, s): v [n, H, D] the normalised output over some keys, s [n, H] its base-2
+log-sum-exp. Merging is exact up to rounding, associative and commutative; an empty
+state (s = -inf) passes the other through and two empty states stay empty (0, -inf).
+Runs on the CPU backend (TIR built by LLVM) for NumPy arrays and CPU torch tensors.
+"""
+from __future__ import annotations
+
+import functools
+
+import tvm_ffi
+
+from .checks import AttentionArgumentError, check_tensor, dtype_name
+from .module import empty_like
+
+_SHORT = {"float32": "f32", "float16": "f16"}
+
+
+@functools.lru_cache(maxsize=None)
+def _library(cache_root: str | None):
+    from attngen.codegen.cache import BuildCache
+    from attngen.codegen.cpu.merge_tir import build_merge_library
+
+    return tvm_ffi.load_module(str(build_merge_library(BuildCache(cache_root) if cache_root else None)))
+
+
+def _fn(kind: str, v):
+    dt = dtype_name(v)
+    if dt not in _SHORT:
+        raise AttentionArgumentError(f"v: dtype {dt} is not supported by state merging; use float32 or float16")
+    if hasattr(v, "detach") and v.device.type != "cpu":
+        raise AttentionArgumentError("v: state merging runs on the CPU backend; GPU states are merged inside "
+                                     "the attention kernels' split-KV path")
+    return _library(None)[f"{kind}_{_SHORT[dt]}"]
+
+
+def merge_state(v, s, v_other, s_other):
+    """In place: (v, s) <- merge((v, s), (v_other, s_other)). v: [n, H, D]; s: [n, H] float32."""
+    check_tensor(v, "v", 3)
+    check_tensor(v_other, "v_other", 3, dtype_name(v))
+    check_tensor(s, "s", 2, "float32")
+    check_tensor(s_other, "s_other", 2, "float32")
+    if tuple(v.shape) != tuple(v_other.shape) or tuple(s.shape) != tuple(v.shape[:2]) or \
+            tuple(s_other.shape) != tuple(s.shape):
+        raise AttentionArgumentError(f"v, s, v_other, s_other: shapes {tuple(v.shape)}, {tuple(s.shape)}, "
+                                     f"{tuple(v_other.shape)}, {tuple(s_other.shape)} do not describe two "
+                                     "[n, H, D] / [n, H] states")
+    if int(v.shape[0]) * int(v.shape[1]):
+        _fn("merge_state_inplace", v)(v, s, v_other, s_other)
+    return v, s
+
+
+def merge_states(v, s, out=None, out_lse=None):
+    """v: [n, K, H, D], s: [n, K, H] float32 -> (v_merged [n, H, D], s_merged [n, H])."""
+    check_tensor(v, "v", 4)
+    check_tensor(s, "s", 3, "float32")
+    n, k, h, d = (int(x) for x in v.shape)
+    if tuple(s.shape) != (n, k, h):
+        raise AttentionArgumentError(f"s: shape {tuple(s.shape)}, expected {(n, k, h)}")
+    out = empty_like(v, (n, h, d), dtype_name(v)) if out is None else out
+    out_lse = empty_like(v, (n, h), "float32") if out_lse is None else out_lse
+    check_tensor(out, "out", 3, dtype_name(v))
+    check_tensor(out_lse, "out_lse", 2, "float32")
+    if n * h:
+        _fn("merge_states", v)(v, s, out, out_lse)
+    return out, out_lse
+
+
+def merge_states_sum(v, out=None):
+    """Unnormalised (sum-state) partial outputs add: v [n, K, H, D] -> [n, H, D]."""
+    check_tensor(v, "v", 4)
+    n, _, h, d = (int(x) for x in v.shape)
+    out = empty_like(v, (n, h, d), dtype_name(v)) if out is None else out
+    check_tensor(out, "out", 3, dtype_name(v))
+    if n * h:
+        _fn("merge_states_sum", v)(v, out)
+    return out

@@ -101,3 +101,17 @@ def test_whole_row_hooks(build_cache, rng):
     att = CPUAttention.build(v, head_dims=(HEAD_DIM,), cache=build_cache)
     check_cpu_variant(att, v, rng, qo_lens=[3, 0, 4], kv_lens=[6, 2, 9], num_qo_heads=4, num_kv_heads=2,
                       head_dim=HEAD_DIM)
+
+
+def test_empty_batch(build_cache):
+    from attngen.runtime import PagedKV, RaggedKV
+
+    v, att = cpu_module("causal", build_cache)
+    q = np.zeros((0, 4, HEAD_DIM), np.float32)
+    k = np.zeros((0, 2, HEAD_DIM), np.float32)
+    out, lse = att.prefill(q, RaggedKV(k, k.copy(), np.array([0], np.int32)), np.array([0], np.int32))
+    assert out.shape == (0, 4, HEAD_DIM) and lse.shape == (0, 4)
+    pages = np.zeros((2, 2, 4, 2, HEAD_DIM), np.float32)
+    kv = PagedKV(pages, np.array([0], np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32))
+    out, lse = att.decode(q, kv)
+    assert out.shape == (0, 4, HEAD_DIM)

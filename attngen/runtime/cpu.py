@@ -60,6 +60,8 @@ class CPUAttention(BuiltModule):
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
         scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+        if batch == 0:  # nothing to attend; zero-size index arrays cannot cross the FFI boundary
+            return out, lse
         fn(*map(_nonempty, (q, a, b)), indptr, last, qo_indptr, *map(_nonempty, (out, lse)), scale, *extras)
         return out, lse
 
@@ -76,6 +78,8 @@ class CPUAttention(BuiltModule):
         out, lse = self.outputs(q, batch, out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
         scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+        if batch == 0:
+            return out, lse
         fn(*map(_nonempty, (q, kv.pages, kv.indices)), kv.indptr, kv.last_page_len, kv.indptr,
            *map(_nonempty, (out, lse)), scale, *extras)
         return out, lse

@@ -114,3 +114,18 @@ def test_cuda_config_rejections():
     with pytest.raises(ConfigError, match=r"needs at least one arch"):
         BuildConfig("cuda", (128,), ("float16",))
     assert BuildConfig("cuda", (128,), ("float16",), ("sm_90",)).archs == ("sm_90a",)
+
+
+@requires_nvcc
+def test_merge_and_planner_libraries_build(build_cache):
+    import tvm_ffi
+
+    from attngen.codegen.host_library import build_merge_cuda_library, build_planner_library
+
+    lib = build_merge_cuda_library(ALL_ARCHS, build_cache)
+    data = lib.read_bytes()
+    for kind in ("merge_states", "merge_states_sum", "merge_state_inplace"):
+        for dt in ("f32", "f16", "bf16"):
+            assert f"__tvm_ffi_{kind}_{dt}".encode() in data
+    assert "plan_split_kv" in dir(tvm_ffi.load_module(str(build_planner_library(build_cache)))) or \
+        tvm_ffi.load_module(str(build_planner_library(build_cache)))["plan_split_kv"] is not None

@@ -1,4 +1,5 @@
-"""Build host-only C++ libraries exporting TVM-FFI functions (the split-KV planner) with the system C++ compiler."""
+"""Variant-independent libraries exporting TVM-FFI functions: the split-KV planner (host C++,
+built with the system C++ compiler) and the CUDA state-merge kernels (built with nvcc)."""
 from __future__ import annotations
 
 import functools
@@ -44,3 +45,30 @@ def build_planner_library(cache: BuildCache | None = None) -> Path:
 
     directory, _ = cache.get_or_build(key, build)
     return directory / "libattngen_planner.so"
+
+
+def build_merge_cuda_library(archs: tuple[str, ...], cache: BuildCache | None = None) -> Path:
+    """``libattngen_merge_cuda.so``: merge_state_inplace / merge_states / merge_states_sum for the archs."""
+    import tvm_ffi.libinfo as li
+
+    from attngen.schedules.arch import arch_spec
+
+    from . import nvcc
+
+    cache = cache or BuildCache()
+    gencodes = [arch_spec(a).gencode for a in archs]
+    key = content_key({"merge_cuda": hash_files([CSRC / "merge_states.cu", CSRC / "ffi_glue.h"]),
+                       "nvcc": nvcc.nvcc_version(), "archs": gencodes, "attngen": attngen.__version__})
+    ffi_lib = Path(li.find_libtvm_ffi())
+
+    def build(out: Path) -> None:
+        cmd = [nvcc.require_nvcc(), "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC", "-cudart", "static",
+               *gencodes, f"-I{CSRC}", f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}",
+               str(CSRC / "merge_states.cu"), "-o", str(out / "libattngen_merge_cuda.so"), f"-L{ffi_lib.parent}",
+               "-ltvm_ffi", f"-Xlinker=-rpath={ffi_lib.parent}"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise nvcc.NvccError(f"merge kernels failed to build:\n$ {' '.join(cmd)}\n{p.stderr}")
+
+    directory, _ = cache.get_or_build(key, build)
+    return directory / "libattngen_merge_cuda.so"

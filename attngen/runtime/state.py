@@ -3,7 +3,8 @@
 A state is (v, s): v [n, H, D] the normalised output over some keys, s [n, H] its base-2
 log-sum-exp. Merging is exact up to rounding, associative and commutative; an empty
 state (s = -inf) passes the other through and two empty states stay empty (0, -inf).
-Runs on the CPU backend (TIR built by LLVM) for NumPy arrays and CPU torch tensors.
+Runs on the CPU backend (TIR built by LLVM) for NumPy arrays and CPU torch tensors, and on
+CUDA kernels (``csrc/merge_states.cu``) for CUDA tensors, on the current stream.
 """
 from __future__ import annotations
 
@@ -14,25 +15,34 @@ import tvm_ffi
 from .checks import AttentionArgumentError, check_tensor, dtype_name
 from .module import empty_like
 
-_SHORT = {"float32": "f32", "float16": "f16"}
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
 @functools.lru_cache(maxsize=None)
-def _library(cache_root: str | None):
-    from attngen.codegen.cache import BuildCache
+def _cpu_library():
     from attngen.codegen.cpu.merge_tir import build_merge_library
 
-    return tvm_ffi.load_module(str(build_merge_library(BuildCache(cache_root) if cache_root else None)))
+    return tvm_ffi.load_module(str(build_merge_library()))
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_library(arch: str):
+    from attngen.codegen.host_library import build_merge_cuda_library
+
+    return tvm_ffi.load_module(str(build_merge_cuda_library((arch,))))
 
 
 def _fn(kind: str, v):
     dt = dtype_name(v)
-    if dt not in _SHORT:
-        raise AttentionArgumentError(f"v: dtype {dt} is not supported by state merging; use float32 or float16")
-    if hasattr(v, "detach") and v.device.type != "cpu":
-        raise AttentionArgumentError("v: state merging runs on the CPU backend; GPU states are merged inside "
-                                     "the attention kernels' split-KV path")
-    return _library(None)[f"{kind}_{_SHORT[dt]}"]
+    on_gpu = hasattr(v, "detach") and v.device.type == "cuda"
+    allowed = ("float32", "float16", "bfloat16") if on_gpu else ("float32", "float16")
+    if dt not in allowed:
+        raise AttentionArgumentError(f"v: dtype {dt} is not supported by state merging here; use one of {allowed}")
+    if on_gpu:
+        from .cuda import current_arch
+
+        return _cuda_library(current_arch())[f"{kind}_{_SHORT[dt]}"]
+    return _cpu_library()[f"{kind}_{_SHORT[dt]}"]
 
 
 def merge_state(v, s, v_other, s_other):

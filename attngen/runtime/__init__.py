@@ -1,4 +1,5 @@
 """attngen.runtime: calling built kernels (CPU backend here), KV views, references, mask packing."""
+from .cascade import CascadeAttention, CascadeLevel
 from .checks import AttentionArgumentError
 from .cpu import CPUAttention
 from .cuda import CUDAAttention, DecodePlan
@@ -7,5 +8,5 @@ from .reference import gather_pages, reference_attention
 from .state import merge_state, merge_states, merge_states_sum
 from .views import PagedKV, RaggedKV
 
-__all__ = ["AttentionArgumentError", "CPUAttention", "CUDAAttention", "DecodePlan", "PagedKV", "RaggedKV", "gather_pages", "merge_state", "merge_states", "merge_states_sum",
+__all__ = ["AttentionArgumentError", "CascadeAttention", "CascadeLevel", "CPUAttention", "CUDAAttention", "DecodePlan", "PagedKV", "RaggedKV", "gather_pages", "merge_state", "merge_states", "merge_states_sum",
            "pack_custom_mask", "reference_attention"]

@@ -1,0 +1,93 @@
+"""Cascade attention on the CPU backend: shared-prefix + per-request suffix levels equal flat attention."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attngen.runtime import AttentionArgumentError, CPUAttention, PagedKV, reference_attention
+from attngen.runtime.cascade import CascadeAttention, CascadeLevel
+from attngen.runtime.reference import gather_pages
+from attngen.variants import builtin
+
+D, S = 32, 4  # head dim, page size
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    from attngen.codegen.cache import BuildCache
+
+    cache = BuildCache(tmp_path_factory.mktemp("c"))
+    return {n: CPUAttention.build(builtin(n), head_dims=(D,), layouts=("NHD",), cache=cache)
+            for n in ("vanilla", "logits_softcap", "sigmoid")}
+
+
+def build_case(rng, groups, n_kv=2, group=2):
+    """groups: [(prefix_pages, [(qo_len, suffix_len) per request])]. Returns q, levels, flat view."""
+    n_pages = sum(p + sum((sl + S - 1) // S for _, sl in reqs) for p, reqs in groups) + 2
+    pages = rng.standard_normal((n_pages, 2, S, n_kv, D)).astype(np.float32)
+    ids = iter(rng.permutation(n_pages).astype(np.int32))
+    lvl0_q, lvl0_pages, lvl1_q, lvl1_pages, lvl1_last, flat_pages, flat_last = [0], [], [0], [], [], [], []
+    rows = 0
+    for prefix, reqs in groups:
+        pre = [next(ids) for _ in range(prefix)]
+        lvl0_pages.append(pre)
+        for qo, sl in reqs:
+            suf = [next(ids) for _ in range((sl + S - 1) // S)]
+            lvl1_pages.append(suf)
+            lvl1_last.append(sl - (len(suf) - 1) * S if suf else 0)
+            flat_pages.append(pre + suf)
+            flat_last.append(lvl1_last[-1] if suf else (S if pre else 0))
+            rows += qo
+            lvl1_q.append(rows)
+        lvl0_q.append(rows)
+
+    def view(page_lists, last):
+        indptr = np.concatenate([[0], np.cumsum([len(p) for p in page_lists])]).astype(np.int32)
+        idx = np.array([i for p in page_lists for i in p], np.int32)
+        return PagedKV(pages, indptr, idx, np.array(last, np.int32))
+
+    q = rng.standard_normal((rows, n_kv * group, D)).astype(np.float32)
+    lvl0 = CascadeLevel(np.array(lvl0_q, np.int32), view(lvl0_pages, [S if p else 0 for p in lvl0_pages]))
+    lvl1 = CascadeLevel(np.array(lvl1_q, np.int32), view(lvl1_pages, lvl1_last))
+    return q, [lvl0, lvl1], view(flat_pages, flat_last), np.array(lvl1_q, np.int32)
+
+
+cases = st.lists(st.tuples(st.integers(0, 3), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)),
+                                                        min_size=1, max_size=3)), min_size=1, max_size=3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1), cases, st.sampled_from(["vanilla", "logits_softcap", "sigmoid"]))
+def test_cascade_equals_flat_attention(modules, seed, groups, name):
+    rng = np.random.default_rng(seed)
+    att = modules[name]
+    q, levels, flat, qo_indptr = build_case(rng, groups)
+    params = {p.name: p.default for p in att.variant.params}  # the scalar parameters' defaults
+    out, lse = CascadeAttention(att).run(q, levels, sm_scale=0.25, params=params)
+    f_out, f_lse = att.prefill(q, flat, qo_indptr, sm_scale=0.25, params=params)
+    assert not np.isnan(out).any() and not np.isnan(lse).any()
+    if out.size == 0:
+        return
+    assert np.abs(out - f_out).max() < 1e-5
+    if name != "sigmoid":
+        assert np.array_equal(np.isneginf(lse), np.isneginf(f_lse))
+        live = np.isfinite(f_lse)
+        assert np.abs(lse[live] - f_lse[live]).max(initial=0) < 1e-5
+    keys, vals = gather_pages(flat.pages, flat.indptr, flat.indices, flat.last_page_len)
+    ref, _ = reference_attention(att.variant, q, keys, vals, qo_indptr, 0.25, params)
+    assert np.abs(out - ref).max() < 1e-4
+
+
+def test_position_dependent_variants_are_refused(tmp_path):
+    from attngen.codegen.cache import BuildCache
+
+    att = CPUAttention.build(builtin("causal"), head_dims=(D,), layouts=("NHD",), cache=BuildCache(tmp_path))
+    with pytest.raises(AttentionArgumentError, match=r"logits_mask reads qo_pos.*flat view"):
+        CascadeAttention(att)
+
+
+def test_levels_must_cover_all_rows(modules, rng):
+    q, levels, _, _ = build_case(rng, [(1, [(2, 3)])])
+    bad = CascadeLevel(np.array([0, 1], np.int32), levels[0].kv)
+    with pytest.raises(AttentionArgumentError, match=r"levels\[0\].qo_indptr: must cover all 2 query rows"):
+        CascadeAttention(modules["vanilla"]).run(q, [bad])

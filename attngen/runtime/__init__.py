@@ -6,7 +6,7 @@ from .cuda import CUDAAttention, DecodePlan
 from .custom_mask import pack_custom_mask
 from .reference import gather_pages, reference_attention
 from .state import merge_state, merge_states, merge_states_sum
-from .views import PagedKV, RaggedKV
+from .views import BlockSparseView, PagedKV, RaggedKV
 
-__all__ = ["AttentionArgumentError", "CascadeAttention", "CascadeLevel", "CPUAttention", "CUDAAttention", "DecodePlan", "PagedKV", "RaggedKV", "gather_pages", "merge_state", "merge_states", "merge_states_sum",
+__all__ = ["AttentionArgumentError", "BlockSparseView", "CascadeAttention", "CascadeLevel", "CPUAttention", "CUDAAttention", "DecodePlan", "PagedKV", "RaggedKV", "gather_pages", "merge_state", "merge_states", "merge_states_sum",
            "pack_custom_mask", "reference_attention"]

@@ -19,9 +19,7 @@ from attngen.ir import StateAlgebra
 
 from .checks import AttentionArgumentError, as_numpy
 from .state import merge_state, merge_states_sum
-from .views import PagedKV
-
-POSITIONS = ("qo_pos", "kv_pos")
+from .views import PagedKV, require_position_free
 
 
 @dataclass(frozen=True)
@@ -32,15 +30,9 @@ class CascadeLevel:
 
 class CascadeAttention:
     def __init__(self, backend):
-        v = backend.variant
-        readers = [f"{hook} reads {idx}" for hook, r in v.analysis.reads.items() for idx in r.indices
-                   if idx in POSITIONS]
-        if readers:
-            raise AttentionArgumentError(
-                f"variant '{v.name}': {', '.join(readers)}; cascade levels give each level its own positions, so "
-                "position-dependent variants must use the flat view")
+        require_position_free(backend.variant, "cascade levels")
         self.backend = backend
-        self.variant = v
+        self.variant = backend.variant
 
     def run(self, q, levels: list[CascadeLevel], *, sm_scale: float | None = None, params: dict | None = None):
         """q: [total_q, Hq, D]. Returns (out [total_q, Hq, D], lse [total_q, Hq]) over all levels' keys."""

@@ -1,0 +1,60 @@
+"""GPU: block-sparse and cascade views through the CUDA prefill template and the CUDA merge kernels."""
+import numpy as np
+import pytest
+
+from .test_block_sparse import dense_reference
+from .test_cascade import build_case
+
+pytestmark = pytest.mark.gpu
+D = 32
+
+
+@pytest.fixture(scope="module")
+def cuda_vanilla(tmp_path_factory):
+    from attngen.codegen.cache import BuildCache
+    from attngen.runtime import CUDAAttention
+    from attngen.variants import builtin
+
+    return CUDAAttention.build(builtin("vanilla"), head_dims=(64,), dtypes=("float16",), layouts=("NHD",),
+                               cache=BuildCache(tmp_path_factory.mktemp("c")))
+
+
+def test_bsr_on_gpu(cuda_vanilla, rng):
+    import torch
+
+    from attngen.runtime import BlockSparseView
+
+    r, c, m, n = 16, 16, 100, 300
+    mb, nb = -(-m // r), -(-n // c)
+    blocks = rng.random((mb, nb)) < 0.3
+    indptr = np.concatenate([[0], np.cumsum(blocks.sum(1))]).astype(np.int32)
+    indices = np.concatenate([np.nonzero(row)[0] for row in blocks]).astype(np.int32)
+    q = torch.randn(m, 4, 64, dtype=torch.float16, device="cuda")
+    pages = torch.randn(nb, 2, c, 2, 64, dtype=torch.float16, device="cuda")
+    qo_indptr, kv = BlockSparseView(indptr, indices, r, m, n).as_paged(pages)
+    out, lse = cuda_vanilla.prefill(q, kv, qo_indptr, sm_scale=0.125)
+    k = pages[:, 0].reshape(nb * c, 2, 64)[:n].float().cpu().numpy()
+    v = pages[:, 1].reshape(nb * c, 2, 64)[:n].float().cpu().numpy()
+    ref, _ = dense_reference(q.float().cpu().numpy(), k, v, np.kron(blocks, np.ones((r, c), bool))[:m, :n], 0.125)
+    assert np.abs(out.float().cpu().numpy() - ref).max() < 4e-3
+
+
+def test_cascade_on_gpu(cuda_vanilla, rng):
+    import torch
+
+    from attngen.runtime import CascadeAttention, CascadeLevel, PagedKV
+
+    q, levels, flat, qo_indptr = build_case(rng, [(3, [(2, 9), (1, 5)]), (1, [(4, 7)])])
+    dev = lambda a: torch.as_tensor(a).cuda()  # noqa: E731
+    pages = torch.as_tensor(levels[0].kv.pages).half().cuda().contiguous()
+    pages = torch.nn.functional.pad(pages, (0, 64 - pages.shape[-1])).contiguous()  # head_dim 64 build
+
+    def to_dev(kv):
+        return PagedKV(pages, dev(kv.indptr), dev(kv.indices), dev(kv.last_page_len))
+
+    qd = torch.nn.functional.pad(torch.as_tensor(q).half(), (0, 64 - q.shape[-1])).cuda().contiguous()
+    out, lse = CascadeAttention(cuda_vanilla).run(qd, [CascadeLevel(dev(lv.qo_indptr), to_dev(lv.kv)) for lv in levels],
+                                                  sm_scale=0.25)
+    f_out, f_lse = cuda_vanilla.prefill(qd, to_dev(flat), dev(qo_indptr), sm_scale=0.25)
+    assert torch.allclose(out.float(), f_out.float(), atol=2e-3)
+    assert torch.allclose(lse[torch.isfinite(f_lse)], f_lse[torch.isfinite(f_lse)], atol=1e-3)

@@ -84,3 +84,14 @@ def test_group_above_the_build_bound_is_named(att, rng):
     assert plan.num_chunks == 1 and tuple(plan.part_o.shape) == (1, 1, 1, D)  # no split: no partial states
     with pytest.raises(AttentionArgumentError, match=r"group size 16 .* above this library's max_group_size=8"):
         att.decode(torch.from_numpy(prob.q).half(), kv, plan=plan, params={"alibi_slopes": torch.ones(16)})
+
+
+def test_prefill_plan_is_tied_to_its_qo_indptr(att, rng):
+    prob = random_problem(rng, [3, 2], [5, 6], 8, 2, D)
+    ragged = RaggedKV(torch.from_numpy(prob.ragged.k).half(), torch.from_numpy(prob.ragged.v).half(),
+                      torch.from_numpy(prob.ragged.indptr))
+    qo = torch.from_numpy(prob.qo_indptr)
+    plan = att.plan_prefill(qo, ragged, D)
+    other = torch.tensor([0, 1, 5], dtype=torch.int32)  # same total, a longer request
+    with pytest.raises(AttentionArgumentError, match=r"plan: made from another qo_indptr"):
+        att.prefill(torch.from_numpy(prob.q).half(), ragged, other, plan=plan, params={"alibi_slopes": torch.ones(8)})

@@ -93,15 +93,51 @@ def test_cuda_library_compiles_for_every_arch(build_cache, tmp_path):
     """The decode and prefill templates, for variants covering every hook kind, on all archs."""
     from .row_hook_variants import make
 
-    for v, dtypes, archs in [(builtin("rope"), ("float16",), ALL_ARCHS),
-                             (make(), ("bfloat16",), ("sm_80", "sm_90a"))]:
-        res = run_pipeline(v, BuildConfig("cuda", (128,), dtypes, archs, layouts=("NHD",)), cache=build_cache)
+    for v, d, dtypes, archs in [(builtin("rope"), 64, ("float16",), ALL_ARCHS),
+                                (make(), 128, ("bfloat16",), ("sm_80", "sm_90a"))]:
+        res = run_pipeline(v, BuildConfig("cuda", (d,), dtypes, archs, layouts=("NHD",)), cache=build_cache)
         assert res.library.is_file()
         dt = "f16" if dtypes == ("float16",) else "bf16"
-        assert res.manifest["functions"] == [f"batch_decode_paged_nhd_{dt}_d128", f"batch_prefill_paged_nhd_{dt}_d128",
-                                             f"batch_prefill_ragged_{dt}_d128"]
+        assert res.manifest["functions"] == [f"batch_decode_paged_nhd_{dt}_d{d}", f"batch_prefill_paged_nhd_{dt}_d{d}",
+                                             f"batch_prefill_ragged_{dt}_d{d}"]
         ldd = subprocess.run(["ldd", str(res.library)], capture_output=True, text=True).stdout
         assert "libcudart" not in ldd  # static CUDA runtime; only the driver is needed at run time
+
+
+def test_shared_memory_overflow_is_refused_at_build_time(build_cache):
+    with pytest.raises(ConfigError, match=r"decode head_dim 128 \(group tile 1, key transform\) needs 81920 B .* sm_75 "
+                                          r"has 65536 B"):
+        run_pipeline(builtin("rope"), BuildConfig("cuda", (128,), ("float16",), ("sm_75",)), cache=build_cache)
+    with pytest.raises(ConfigError, match=r"prefill head_dim 256 needs 73984 B of shared memory, sm_75 has 65536 B"):
+        run_pipeline(builtin("vanilla"), BuildConfig("cuda", (256,), ("float16",), ("sm_75",)), cache=build_cache)
+
+
+@requires_nvcc
+def test_shared_memory_table_matches_the_templates(tmp_path):
+    """The Python mirror of the templates' shared-memory sizes agrees with the C++ functions."""
+    from attngen.codegen.cuda_library import CSRC
+    from attngen.schedules.tiles import decode_smem_bytes, prefill_smem_bytes
+
+    src = tmp_path / "smem.cu"
+    src.write_text("""#include <cstdio>
+#include "prefill.cuh"
+template <bool K> struct Fake { static constexpr bool kHasKeyTransform = K; };
+template <int D> void row() {
+  printf("%d %zu %zu %zu %zu %zu %zu\\n", D, attngen::decode_smem_bytes<Fake<false>, half, D, 1>(),
+         attngen::decode_smem_bytes<Fake<false>, half, D, 8>(), attngen::decode_smem_bytes<Fake<true>, half, D, 4>(),
+         attngen::prefill_smem_bytes<Fake<false>, half, D, false>(), attngen::prefill_smem_bytes<Fake<false>, half, D, true>(),
+         attngen::decode_smem_bytes<Fake<true>, half, D, 8>());
+}
+int main() { row<64>(); row<128>(); row<256>(); }
+""")
+    exe = tmp_path / "smem"
+    subprocess.run(["nvcc", "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], check=True, capture_output=True)
+    for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n"):
+        if not line.strip():
+            continue
+        d, *got = (int(x) for x in line.split())
+        assert got == [decode_smem_bytes(d, 1, False), decode_smem_bytes(d, 8, False), decode_smem_bytes(d, 4, True),
+                       prefill_smem_bytes(d, False), prefill_smem_bytes(d, True), decode_smem_bytes(d, 8, True)]
 
 
 def test_cuda_config_rejections():

@@ -115,3 +115,11 @@ def test_shape_errors():
                     np.zeros((2, 3, D), np.float32), np.zeros((2, 3), np.float32))
     with pytest.raises(AttentionArgumentError, match=r"s: shape \(2, 3, 2\), expected \(2, 2, 2\)"):
         merge_states(np.zeros((2, 2, 2, D), np.float32), np.zeros((2, 3, 2), np.float32))
+
+
+def test_preallocated_outputs_are_checked():
+    from attngen.runtime import AttentionArgumentError
+
+    with pytest.raises(AttentionArgumentError, match=r"out, out_lse: shapes"):
+        merge_states(np.zeros((2, 2, 2, D), np.float32), np.zeros((2, 2, 2), np.float32),
+                     out=np.zeros((1, 2, D), np.float32), out_lse=np.zeros((2, 2), np.float32))

@@ -92,6 +92,10 @@ static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi:
     TVM_FFI_THROW(ValueError) << "{name}: group size " << P.num_qo_heads << "/" << P.num_kv_heads
         << " is not served; this library was built with max_group_size={max_group}";
   if (P.batch == 0) return;
+  if (P.num_chunks < 1) TVM_FFI_THROW(ValueError) << "{name}: num_chunks must be at least 1";
+  if (P.num_chunks > 1 && (part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * {head_dim} ||
+                           part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
+    TVM_FFI_THROW(ValueError) << "{name}: part_o / part_lse are smaller than batch x num_chunks x heads";
   P.kv.pages = attngen::data_of(pages);
 {_paged_fill(layout, "P.kv")}
   attngen::launch_decode<V, T, {head_dim}, {max_group}>(P, hp, attngen::stream_of(q));

@@ -17,8 +17,9 @@ from typing import Callable
 import tvm
 
 import attngen
-from attngen.ir import Variant
+from attngen.ir import ConfigError, Variant
 from attngen.schedules.arch import arch_spec
+from attngen.schedules.tiles import check_fits
 from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig
 
 from . import nvcc
@@ -63,6 +64,12 @@ def stage_schedule(ctx: BuildContext) -> dict:
     cfg = ctx.config
     if cfg.target == "cpu":
         return {"cpu": {sym: spec.__dict__ for sym, spec in cpu_kernel_specs(ctx.variant, cfg).items()}}
+    group_tiles = [g for g in (1, 2, 4, 8) if g <= cfg.max_group_size]
+    problems = [p for a in cfg.archs for p in check_fits(arch_spec(a), cfg.kernels, cfg.head_dims, group_tiles,
+                                                         "key_transform" in ctx.variant.hooks)]
+    if problems:
+        raise ConfigError(f"variant '{ctx.variant.name}': " + "; ".join(problems) +
+                          ". Build those head dims for a newer arch, or drop them from this build")
     return {"cuda": [{"arch": a, "gencode": arch_spec(a).gencode, "head_dim": d}
                      for a in cfg.archs for d in cfg.head_dims]}
 

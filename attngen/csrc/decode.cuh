@@ -82,9 +82,11 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
 
   const int kv_len = P.kv.length(b);
   const int qo_pos = kv_len - 1;
-  int lo = 0, hi = kv_len;
-  if constexpr (V::kHasUpper) lo = max(lo, qo_pos - V::mask_upper(hp));
-  if constexpr (V::kHasLower) hi = min(hi, qo_pos - V::mask_lower(hp) + 1);
+  // visible keys satisfy lower <= qo_pos - kv_pos <= upper; 64-bit so huge windows cannot wrap
+  long long lo64 = 0, hi64 = kv_len;
+  if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)qo_pos - V::mask_upper(hp));
+  if constexpr (V::kHasLower) hi64 = min(hi64, (long long)qo_pos - V::mask_lower(hp) + 1);
+  const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
   const int span = max(hi - lo, 0);
   const int per = (span + P.num_chunks - 1) / P.num_chunks;
   const int start = lo + chunk * per, end = min(hi, start + per);

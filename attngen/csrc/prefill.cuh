@@ -9,7 +9,9 @@
 // softmax in fp32, base 2; P reuses the S accumulators as the A operand. The mask's
 // bounds restrict the KV range of each query tile (causal / sliding-window tile
 // skipping); the mask hook decides every remaining score. Row hooks run per warp on
-// one row at a time through a float scratch row.
+// one row at a time through a float scratch row. P enters the P.V product in the input
+// dtype (as in FA2): softmax weights lie in [0, 1]; sum-state weights (e.g. sigmoid) too,
+// but a sum-state variant whose weights exceed the dtype's range would overflow here.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
@@ -136,9 +138,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   // ---- KV range of this tile from the mask's bounds ------------------------------------
   const int first_pos = pos_base + row0 / group;
   const int last_pos = pos_base + (min(row0 + RQ, rows_total) - 1) / group;
-  int lo = 0, hi = kv_len;
-  if constexpr (V::kHasUpper) lo = max(lo, first_pos - V::mask_upper(hp));
-  if constexpr (V::kHasLower) hi = min(hi, last_pos - V::mask_lower(hp) + 1);
+  long long lo64 = 0, hi64 = kv_len;  // 64-bit so huge windows cannot wrap
+  if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
+  if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
+  const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
   const int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
 
   const T* kvbase = static_cast<const T*>(P.kv.base);

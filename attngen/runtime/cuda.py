@@ -45,11 +45,25 @@ class DecodePlan:
     part_lse: object  # [B, C, Hq] float32 workspace
 
 
+MAX_GRID_BATCH = 65535  # the request index is a grid dimension
+
+
 @dataclass
 class PrefillPlan:
     batch_size: int
     total_q: int
     max_qo_len: int  # sizes the grid: query tiles per request
+    qo_indptr_key: tuple  # which qo_indptr (object and version) the plan was made from
+
+
+def _tensor_key(t) -> tuple:
+    return (id(t), getattr(t, "_version", None))
+
+
+def _check_aligned(name: str, t) -> None:
+    if hasattr(t, "data_ptr") and t.data_ptr() % 16:
+        raise AttentionArgumentError(f"{name}: data must be 16-byte aligned (the kernels use 16-byte vector "
+                                     "accesses); pass a tensor that starts on an aligned address")
 
 
 def choose_num_chunks(batch: int, num_kv_heads: int, max_kv_len: int, num_sms: int,
@@ -80,6 +94,8 @@ class CUDAAttention(BuiltModule):
         dtype = dtype_name(kv.pages)
         self.function(f"batch_decode_paged_{kv.layout.lower()}", dtype, head_dim)  # built for this case?
         batch = check_paged(kv, head_dim, dtype, None)
+        if batch > MAX_GRID_BATCH:
+            raise AttentionArgumentError(f"kv.indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         if num_qo_heads % kv.num_kv_heads:
             raise AttentionArgumentError(f"num_qo_heads={num_qo_heads} is not a multiple of the cache's "
                                          f"{kv.num_kv_heads} KV heads")
@@ -90,6 +106,8 @@ class CUDAAttention(BuiltModule):
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
             num_chunks = choose_num_chunks(batch, kv.num_kv_heads, int(lens.max(initial=0)), sms)
+        if num_chunks < 1:
+            raise AttentionArgumentError(f"num_chunks: must be at least 1, got {num_chunks}")
         dev = kv.pages.device
         part_o = torch.empty((batch, num_chunks, num_qo_heads, head_dim) if num_chunks > 1 else (1, 1, 1, head_dim),
                              dtype=torch.float32, device=dev)
@@ -121,6 +139,8 @@ class CUDAAttention(BuiltModule):
             if not is_cuda(t):
                 raise AttentionArgumentError(f"{name}: must be a CUDA tensor")
         out, lse = self.outputs(q, batch, out, lse)
+        for name, t in (("q", q), ("out", out), ("kv.pages", kv.pages)):
+            _check_aligned(name, t)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
         for p, v in zip(self.variant.params, extras):
             if hasattr(v, "shape") and not is_cuda(v):
@@ -143,7 +163,9 @@ class CUDAAttention(BuiltModule):
             check_ragged(kv, head_dim, dtype, batch)
         else:
             raise AttentionArgumentError(f"kv: expected PagedKV or RaggedKV, got {type(kv).__name__}")
-        return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)))
+        if batch > MAX_GRID_BATCH:
+            raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
+        return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)), _tensor_key(qo_indptr))
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, plan: PrefillPlan | None = None,
                 sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):
@@ -155,20 +177,26 @@ class CUDAAttention(BuiltModule):
             plan = self.plan_prefill(qo_indptr, kv, d)
         if plan.total_q != int(q.shape[0]):
             raise AttentionArgumentError(f"plan: made for {plan.total_q} query rows, q has {q.shape[0]}: plan again")
+        if plan.qo_indptr_key != _tensor_key(qo_indptr):
+            raise AttentionArgumentError("plan: made from another qo_indptr (or one changed since): plan again with "
+                                         "this batch's qo_indptr")
         check_qkv_heads(q, kv.num_kv_heads, d)
-        tensors = [("q", q), ("qo_indptr", qo_indptr)]
         if isinstance(kv, PagedKV):
             fn = self.function(f"batch_prefill_paged_{kv.layout.lower()}", dt, d)
             kv_args = (kv.pages, kv.indices, kv.indptr, kv.last_page_len)
-            tensors += [("kv.pages", kv.pages), ("kv.indices", kv.indices), ("kv.indptr", kv.indptr)]
+            data = [("kv.pages", kv.pages)]
+            index = [("kv.indices", kv.indices), ("kv.indptr", kv.indptr), ("kv.last_page_len", kv.last_page_len)]
         else:
             fn = self.function("batch_prefill_ragged", dt, d)
             kv_args = (kv.k, kv.v, kv.indptr)
-            tensors += [("kv.k", kv.k), ("kv.v", kv.v), ("kv.indptr", kv.indptr)]
-        for name, t in tensors:
+            data = [("kv.k", kv.k), ("kv.v", kv.v)]
+            index = [("kv.indptr", kv.indptr)]
+        for name, t in [("q", q), ("qo_indptr", qo_indptr)] + data + index:
             if not is_cuda(t):
                 raise AttentionArgumentError(f"{name}: must be a CUDA tensor")
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
+        for name, t in [("q", q), ("out", out)] + data:
+            _check_aligned(name, t)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size)
         scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
         fn(q, *kv_args, qo_indptr, out, lse, scale, plan.max_qo_len, *extras)

@@ -72,6 +72,9 @@ def merge_states(v, s, out=None, out_lse=None):
     out_lse = empty_like(v, (n, h), "float32") if out_lse is None else out_lse
     check_tensor(out, "out", 3, dtype_name(v))
     check_tensor(out_lse, "out_lse", 2, "float32")
+    if tuple(out.shape) != (n, h, d) or tuple(out_lse.shape) != (n, h):
+        raise AttentionArgumentError(f"out, out_lse: shapes {tuple(out.shape)}, {tuple(out_lse.shape)}, expected "
+                                     f"{(n, h, d)}, {(n, h)}")
     if n * h:
         _fn("merge_states", v)(v, s, out, out_lse)
     return out, out_lse
@@ -83,6 +86,8 @@ def merge_states_sum(v, out=None):
     n, _, h, d = (int(x) for x in v.shape)
     out = empty_like(v, (n, h, d), dtype_name(v)) if out is None else out
     check_tensor(out, "out", 3, dtype_name(v))
+    if tuple(out.shape) != (n, h, d):
+        raise AttentionArgumentError(f"out: shape {tuple(out.shape)}, expected {(n, h, d)}")
     if n * h:
         _fn("merge_states_sum", v)(v, out)
     return out

@@ -36,6 +36,10 @@ _ARITH = {
 }
 
 
+class UnsupportedByReference(ValueError):
+    """A hook uses a TIR construct the reference interpreter does not evaluate."""
+
+
 def _is_float(dtype) -> bool:
     return "float" in str(dtype)
 
@@ -94,7 +98,7 @@ class TIREvaluator:
             return self._load(e)
         if isinstance(e, tvm.ir.Call):
             return self._call(e)
-        raise NotImplementedError(f"reference evaluator: unsupported TIR node {type(e).__name__}: {e}")
+        raise UnsupportedByReference(f"reference evaluator: unsupported TIR node {type(e).__name__}: {e}")
 
     def _load(self, e):
         arr = self.env[tu.handle(e.source)]
@@ -125,7 +129,7 @@ class TIREvaluator:
             return _BINARY[name](*vals)
         if name in ("likely", "assume"):
             return vals[0]
-        raise NotImplementedError(f"reference evaluator: unsupported call {e.op.name}")
+        raise UnsupportedByReference(f"reference evaluator: unsupported call {e.op.name}")
 
     def stmt(self, s):
         if isinstance(s, tir.SeqStmt):
@@ -145,7 +149,7 @@ class TIREvaluator:
         elif isinstance(s, tir.IfThenElse):
             cond = np.asarray(self.expr(s.condition))
             if cond.ndim:
-                raise NotImplementedError("reference evaluator: data-dependent 'if' in a row hook; "
+                raise UnsupportedByReference("reference evaluator: data-dependent 'if' in a row hook; "
                                           "use T.if_then_else in the stored expression")
             if cond:
                 self.stmt(s.then_case)
@@ -154,7 +158,7 @@ class TIREvaluator:
         elif isinstance(s, (tir.Evaluate, tir.DeclBuffer)):
             pass
         else:
-            raise NotImplementedError(f"reference evaluator: unsupported statement {type(s).__name__}")
+            raise UnsupportedByReference(f"reference evaluator: unsupported statement {type(s).__name__}")
 
 
 class RowArray:

@@ -164,3 +164,13 @@ def test_merge_and_planner_libraries_build(build_cache):
         for dt in ("f32", "f16", "bf16"):
             assert f"__tvm_ffi_{kind}_{dt}".encode() in data
     assert callable(tvm_ffi.load_module(str(build_planner_library(build_cache)))["plan_split_kv"])
+
+
+@requires_nvcc
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_gpu_test_instantiations_compile(name, build_cache):
+    """Exactly the libraries the GPU tests build (every built-in, head dims 64/128/256, fp16 and bf16,
+    both layouts, decode and prefill) compile for sm_90a, the GPU the tests run on."""
+    res = run_pipeline(builtin(name), BuildConfig("cuda", (64, 128, 256), ("float16", "bfloat16"), ("sm_90a",)),
+                       cache=build_cache)
+    assert len(res.manifest["functions"]) == 3 * 2 * 5  # head dims x dtypes x (2 decode + 3 prefill)

@@ -59,14 +59,6 @@ def source_line(node) -> str | None:
     return f"{first.source_name.name}:{first.line}"
 
 
-def buffer_params(func: tir.PrimFunc) -> list:
-    return [p for p in func.params if tir.is_buffer_var(p)]
-
-
-def scalar_params(func: tir.PrimFunc) -> list:
-    return [p for p in func.params if not tir.is_buffer_var(p)]
-
-
 def param_dtype(p) -> str:
     return str(p.dtype) if tir.is_buffer_var(p) else str(p.ty)
 

@@ -6,7 +6,6 @@ Outputs: O like q, and the base-2 LSE per (token, head), float32.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -14,7 +13,7 @@ from attngen.schedules.build_config import BuildConfig
 
 from .checks import (AttentionArgumentError, check_indptr, check_paged, check_qkv_heads, check_ragged,
                      check_tensor, dtype_name)
-from .module import BuiltModule, empty_like, int32_like
+from .module import BuiltModule, empty_like, int32_like, resolve_sm_scale
 from .params import resolve_params
 from .views import PagedKV, RaggedKV
 
@@ -59,7 +58,7 @@ class CPUAttention(BuiltModule):
         check_qkv_heads(q, kv.num_kv_heads, d)
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
-        scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+        scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:  # nothing to attend; zero-size index arrays cannot cross the FFI boundary
             return out, lse
         fn(*map(_nonempty, (q, a, b)), indptr, last, qo_indptr, *map(_nonempty, (out, lse)), scale, *extras)
@@ -77,7 +76,7 @@ class CPUAttention(BuiltModule):
         fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d)
         out, lse = self.outputs(q, batch, out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
-        scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+        scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:
             return out, lse
         fn(*map(_nonempty, (q, kv.pages, kv.indices)), kv.indptr, kv.last_page_len, kv.indptr,

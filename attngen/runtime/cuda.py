@@ -18,7 +18,7 @@ from attngen.schedules.build_config import BuildConfig
 
 from .checks import (AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads, check_ragged,
                      check_tensor, dtype_name)
-from .module import BuiltModule
+from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
 from .views import PagedKV, RaggedKV
 
@@ -145,7 +145,7 @@ class CUDAAttention(BuiltModule):
         for p, v in zip(self.variant.params, extras):
             if hasattr(v, "shape") and not is_cuda(v):
                 raise AttentionArgumentError(f"params['{p.name}']: must be a CUDA tensor")
-        scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+        scale = resolve_sm_scale(sm_scale, d)
         fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, out, lse, plan.part_o, plan.part_lse, scale,
            plan.num_chunks, *extras)
         return out, lse
@@ -198,6 +198,6 @@ class CUDAAttention(BuiltModule):
         for name, t in [("q", q), ("out", out)] + data:
             _check_aligned(name, t)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size)
-        scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+        scale = resolve_sm_scale(sm_scale, d)
         fn(q, *kv_args, qo_indptr, out, lse, scale, plan.max_qo_len, *extras)
         return out, lse

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,11 @@ def empty_like(ref, shape, dtype: str):
 
         return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.device)
     return np.empty(shape, dtype=dtype)
+
+
+def resolve_sm_scale(sm_scale: float | None, head_dim: int) -> float:
+    """The scale applied to q.k: 1/sqrt(head_dim) unless given."""
+    return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
 
 
 def int32_like(ref, values):

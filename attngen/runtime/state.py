@@ -12,10 +12,11 @@ import functools
 
 import tvm_ffi
 
+from attngen.schedules.build_config import DTYPE_SHORT
+
 from .checks import AttentionArgumentError, check_tensor, dtype_name
 from .module import empty_like
 
-_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,8 +42,8 @@ def _fn(kind: str, v):
     if on_gpu:
         from .cuda import current_arch
 
-        return _cuda_library(current_arch())[f"{kind}_{_SHORT[dt]}"]
-    return _cpu_library()[f"{kind}_{_SHORT[dt]}"]
+        return _cuda_library(current_arch())[f"{kind}_{DTYPE_SHORT[dt]}"]
+    return _cpu_library()[f"{kind}_{DTYPE_SHORT[dt]}"]
 
 
 def merge_state(v, s, v_other, s_other):

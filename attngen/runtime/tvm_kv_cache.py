@@ -6,13 +6,15 @@ convention and also accepts TVM's -5e4 "no key" lse as well as -inf.
 """
 from __future__ import annotations
 
-_SHORT = {"float32": "f32", "float16": "f16"}
+CPU_MERGE_DTYPES = ("float32", "float16")
 
 
 def merge_slot_function(dtype: str = "float32"):
     """The function to pass in the create call's merge tuple, e.g. ``[merge_slot_function("float32")]``."""
+    from attngen.schedules.build_config import DTYPE_SHORT
+
     from .state import _cpu_library
 
-    if dtype not in _SHORT:
-        raise ValueError(f"dtype {dtype!r}: the CPU merge slot serves {sorted(_SHORT)}")
-    return _cpu_library()[f"merge_state_inplace_{_SHORT[dtype]}"]
+    if dtype not in CPU_MERGE_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: the CPU merge slot serves {list(CPU_MERGE_DTYPES)}")
+    return _cpu_library()[f"merge_state_inplace_{DTYPE_SHORT[dtype]}"]

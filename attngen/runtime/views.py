@@ -90,13 +90,8 @@ class BlockSparseView:
         if any(j == n_blocks - 1 for j in not_last):
             raise AttentionArgumentError("indices: the partial last key block must come last in its block row")
         qo = np.minimum(np.arange(mb + 1) * self.block_rows, self.num_q_rows).astype(np.int32)
-        like = (lambda a: _to_like(pages, a))
-        return like(qo), PagedKV(pages, like(indptr), like(indices), like(last), layout)
+        from .module import int32_like
 
+        return int32_like(pages, qo), PagedKV(pages, int32_like(pages, indptr), int32_like(pages, indices),
+                                              int32_like(pages, last), layout)
 
-def _to_like(ref, a):
-    if hasattr(ref, "detach"):
-        import torch
-
-        return torch.as_tensor(a, device=ref.device)
-    return a

@@ -348,9 +348,12 @@ void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename
 // The big configuration where the device's opt-in shared memory holds it, else the small one.
 template <class V, class T, int D>
 void launch_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
-  int dev = 0, optin = 0;
+  // the choice depends only on the device: query it once per device, not per launch (per layer)
+  static int optin_by_device[64] = {0};
+  int dev = 0;
   cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  int& optin = optin_by_device[dev & 63];
+  if (optin == 0) cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (size_t(optin) >= prefill_smem_bytes<V, T, D, false>()) {
     launch_prefill_tile<V, T, D, false>(P, max_qo_len, hp, stream);
   } else {

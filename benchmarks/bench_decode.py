@@ -20,23 +20,26 @@ import torch
 
 from common import bench, copy_bandwidth
 
-CASES = [  # (name, batch, kv_len, num_qo_heads, num_kv_heads)
-    ("gqa B64 L1k", 64, 1024, 32, 8),
-    ("gqa B64 L4k", 64, 4096, 32, 8),
-    ("gqa B16 L16k", 16, 16384, 32, 8),
-    ("gqa B1 L64k", 1, 65536, 32, 8),
-    ("mha B32 L4k", 32, 4096, 32, 32),
+CASES = [  # (name, kv lengths, num_qo_heads, num_kv_heads)
+    ("gqa B64 L1k", [1024] * 64, 32, 8),
+    ("gqa B64 L4k", [4096] * 64, 32, 8),
+    ("gqa B16 L16k", [16384] * 16, 32, 8),
+    ("gqa B1 L64k", [65536], 32, 8),
+    ("mha B32 L4k", [4096] * 32, 32, 32),
+    ("skewed 1x32k + 63x512", [32768] + [512] * 63, 32, 8),
 ]
 HEAD_DIM, PAGE = 128, 16
 
 
-def make_case(batch, kv_len, hq, hkv, dtype=torch.bfloat16):
-    pages_per = (kv_len + PAGE - 1) // PAGE
-    n_pages = batch * pages_per
+def make_case(kv_lens, hq, hkv, dtype=torch.bfloat16):
+    """Random pages in a random order; request b holds kv_lens[b] keys."""
+    batch = len(kv_lens)
+    pages_per = [(n + PAGE - 1) // PAGE for n in kv_lens]
+    n_pages = sum(pages_per)
     pages = torch.randn(n_pages, 2, PAGE, hkv, HEAD_DIM, dtype=dtype, device="cuda")
     indices = torch.randperm(n_pages, device="cuda", dtype=torch.int32)
-    indptr = torch.arange(0, n_pages + 1, pages_per, dtype=torch.int32, device="cuda")
-    last = torch.full((batch,), kv_len - (pages_per - 1) * PAGE, dtype=torch.int32, device="cuda")
+    indptr = torch.tensor([0] + list(__import__("itertools").accumulate(pages_per)), dtype=torch.int32, device="cuda")
+    last = torch.tensor([n - (p - 1) * PAGE for n, p in zip(kv_lens, pages_per)], dtype=torch.int32, device="cuda")
     q = torch.randn(batch, hq, HEAD_DIM, dtype=dtype, device="cuda")
     return q, pages, indptr, indices, last
 
@@ -45,6 +48,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--tag", default="", help="suffix of the result file names")
     args = ap.parse_args()
     from attngen.runtime import CUDAAttention, PagedKV
     from attngen.codegen.cache import BuildCache
@@ -67,16 +71,18 @@ def main():
         flashinfer = None
         results["flashinfer"] = f"unavailable: {e}"
     fi_jit_s = None
-    for name, batch, kv_len, hq, hkv in CASES:
-        q, pages, indptr, indices, last = make_case(batch, kv_len, hq, hkv)
+    for name, kv_lens, hq, hkv in CASES:
+        batch = len(kv_lens)
+        q, pages, indptr, indices, last = make_case(kv_lens, hq, hkv)
         kv = PagedKV(pages, indptr, indices, last, "NHD")
-        nbytes = batch * kv_len * hkv * HEAD_DIM * 2 * 2 + 2 * q.numel() * 2
+        nbytes = sum(kv_lens) * hkv * HEAD_DIM * 2 * 2 + 2 * q.numel() * 2
         row = {"case": name, "bytes": nbytes}
-        plan = att.plan_decode(kv, hq, HEAD_DIM)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], device="cuda")
-        row["attngen_chunks"] = plan.num_chunks
-        row["attngen_ms"] = bench(lambda: att.decode(q, kv, plan=plan, out=out, lse=lse))
+        for key, tc in (("attngen_cuda_core", False), ("attngen_tc", True), ("attngen", None)):  # auto last
+            plan = att.plan_decode(kv, hq, HEAD_DIM, tensor_cores=tc)
+            row[f"{key}_chunks"] = plan.num_chunks
+            row[f"{key}_ms"] = bench(lambda: att.decode(q, kv, plan=plan, out=out, lse=lse))
         if flashinfer is not None:
             ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
             for tc in (False, True):
@@ -97,6 +103,9 @@ def main():
                     row[key] = None
                     row[key.replace("_ms", "_error")] = str(e)[:300]
         try:
+            if len(set(kv_lens)) != 1:
+                raise ValueError("dense SDPA needs equal lengths")
+            kv_len = kv_lens[0]
             kd = pages[indices.long()][:, 0].reshape(batch, -1, hkv, HEAD_DIM)[:, :kv_len].transpose(1, 2).contiguous()
             vd = pages[indices.long()][:, 1].reshape(batch, -1, hkv, HEAD_DIM)[:, :kv_len].transpose(1, 2).contiguous()
             qd = q.unsqueeze(2)
@@ -115,18 +124,21 @@ def main():
         torch.cuda.empty_cache()
     results["flashinfer_first_call_s"] = fi_jit_s
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"decode_{results['date']}"
+    stem = f"decode_{results['date']}{args.tag}"
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2))
     lines = [f"# Paged decode, bf16, page {PAGE}, D {HEAD_DIM} — {gpu}, {results['date']}, commit {args.commit}", "",
              f"Copy bandwidth measured in the same run: {results['copy_GBps']:.0f} GB/s. "
              f"attngen cold build (vanilla, decode + prefill, 1 head dim, 1 arch): {results['attngen_cold_build_s']:.1f} s; "
              f"FlashInfer first plan+run (JIT or cached): {fi_jit_s if fi_jit_s is None else round(fi_jit_s, 1)} s.", "",
-             "| case | attngen GB/s (% copy) | FI cuda-core GB/s | FI tensor-core GB/s | SDPA GB/s | attngen / best FI |",
-             "|---|---|---|---|---|---|"]
+             "attngen columns: automatic choice (% of copy), CUDA-core template, tensor-core template.", "",
+             "| case | attngen GB/s (% copy) | attngen CUDA-core | attngen TC | FI cuda-core GB/s | FI tensor-core GB/s "
+             "| SDPA GB/s | attngen / best FI |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results["cases"]:
         fi = [r.get("flashinfer_cuda_core_GBps"), r.get("flashinfer_tc_GBps")]
         best = max([x for x in fi if x] or [float("nan")])
         lines.append(f"| {r['case']} | {r['attngen_GBps']:.0f} ({r['attngen_pct_of_copy']:.0f}%) | "
+                     f"{r['attngen_cuda_core_GBps']:.0f} | {r['attngen_tc_GBps']:.0f} | "
                      f"{fi[0] or float('nan'):.0f} | {fi[1] or float('nan'):.0f} | {r.get('sdpa_GBps') or float('nan'):.0f} | "
                      f"{r['attngen_GBps'] / best:.2f} |")
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")

@@ -1,10 +1,16 @@
-"""One decode configuration per code path, run under compute-sanitizer by test_gpu_sanitizer.py."""
+"""Configurations run under compute-sanitizer by test_gpu_sanitizer.py: each decode template (CUDA cores,
+tensor cores) whole and split (the merge path), and prefill over ragged and paged KV."""
 import numpy as np
 import torch
 
-from attngen.runtime import CUDAAttention, PagedKV
+from attngen.runtime import CUDAAttention, PagedKV, RaggedKV
 from attngen.testing import random_params, random_problem
 from attngen.variants import builtin
+
+
+def cuda(x, half=False):
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    return (t.half() if half else t).cuda()
 
 
 def main():
@@ -13,15 +19,24 @@ def main():
         v = builtin(name)
         att = CUDAAttention.build(v, head_dims=(128,), dtypes=("float16",), layouts=("NHD",))
         prob = random_problem(rng, [1, 1, 1], [700, 0, 33], 8, 2, 128, page_size=16)
-        kv = PagedKV(torch.from_numpy(prob.paged.pages).half().cuda(), torch.from_numpy(prob.paged.indptr).cuda(),
-                     torch.from_numpy(prob.paged.indices).cuda(), torch.from_numpy(prob.paged.last_page_len).cuda())
-        params = {k: torch.from_numpy(x).cuda() if isinstance(x, np.ndarray) else x
-                  for k, x in random_params(v, rng, prob).items()}
-        q = torch.from_numpy(prob.q).half().cuda()
-        for chunks in (1, 4):
-            att.decode(q, kv, plan=att.plan_decode(kv, 8, 128, num_chunks=chunks), params=params)
+        kv = PagedKV(cuda(prob.paged.pages, True), cuda(prob.paged.indptr), cuda(prob.paged.indices),
+                     cuda(prob.paged.last_page_len))
+        params = {k: cuda(x) if isinstance(x, np.ndarray) else x for k, x in random_params(v, rng, prob).items()}
+        q = cuda(prob.q, True)
+        for tensor_cores in (False, True):
+            for chunks in (1, 4):
+                att.decode(q, kv, plan=att.plan_decode(kv, 8, 128, num_chunks=chunks, tensor_cores=tensor_cores),
+                           params=params)
+        prob = random_problem(rng, [40, 0, 70], [40, 9, 150], 8, 2, 128, page_size=16)
+        params = {k: cuda(x) if isinstance(x, np.ndarray) else x for k, x in random_params(v, rng, prob).items()}
+        q, qo_indptr = cuda(prob.q, True), cuda(prob.qo_indptr)
+        paged = PagedKV(cuda(prob.paged.pages, True), cuda(prob.paged.indptr), cuda(prob.paged.indices),
+                        cuda(prob.paged.last_page_len))
+        ragged = RaggedKV(cuda(prob.ragged.k, True), cuda(prob.ragged.v, True), cuda(prob.ragged.indptr))
+        for kv in (paged, ragged):
+            att.prefill(q, kv, qo_indptr, params=params)
     torch.cuda.synchronize()
-    print("memcheck case done")
+    print("sanitizer case done")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 fp16 and bf16, head dims 64/128/256, GQA ratios 1, 4, 8 and 5, NHD and HND pages with
 random permutations and spare pages, a request with no keys, split-KV forced and
-automatic, outputs poisoned with NaN before each run.
+automatic, outputs poisoned with NaN before each run; every case runs on both decode templates
+(CUDA cores and tensor cores).
 """
 import numpy as np
 import pytest
@@ -62,14 +63,18 @@ def run_case(att, variant, rng, *, group, head_dim, dtype, layout, kv_lens, num_
     kv = PagedKV(pages, to_torch(prob.paged.indptr), to_torch(prob.paged.indices),
                  to_torch(prob.paged.last_page_len), layout)
     dev_params = {k: (to_torch(v) if isinstance(v, np.ndarray) else v) for k, v in params.items()}
-    plan = att.plan_decode(kv, q.shape[1], head_dim, num_chunks=num_chunks)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
-    att.decode(q, kv, plan=plan, sm_scale=sm_scale, params=dev_params, out=out, lse=lse)
-    torch.cuda.synchronize()
     tol = tolerance(ref_prob, ref_o, dtype, sm_scale)
-    return compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=tol, lse_tol=2e-2,
-                   what=f"{variant.name} decode {layout} {dtype} d{head_dim} g{group} chunks={plan.num_chunks}")
+    results = []
+    for tensor_cores in (False, True):  # both decode templates on the same inputs
+        plan = att.plan_decode(kv, q.shape[1], head_dim, num_chunks=num_chunks, tensor_cores=tensor_cores)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+        att.decode(q, kv, plan=plan, sm_scale=sm_scale, params=dev_params, out=out, lse=lse)
+        torch.cuda.synchronize()
+        results.append(compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=tol, lse_tol=2e-2,
+                               what=f"{variant.name} decode {layout} {dtype} d{head_dim} g{group} "
+                                    f"chunks={plan.num_chunks} tensor_cores={tensor_cores}"))
+    return results
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

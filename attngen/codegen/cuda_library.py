@@ -8,7 +8,9 @@ libcuda (the driver) and libtvm_ffi, and loads with ``tvm_ffi.load_module``.
 
 Decode calling convention (all tensors on one CUDA device, the current stream is used):
 ``(q[B,Hq,D], pages, indices[nnz], indptr[B+1], last_page_len[B], o[B,Hq,D], lse[B,Hq],
-part_o[B,C,Hq,D] f32, part_lse[B,C,Hq] f32, sm_scale, num_chunks, <extra params...>)``.
+part_o[B,C,Hq,D] f32, part_lse[B,C,Hq] f32, sm_scale, num_chunks, backend, <extra params...>)``;
+``backend`` 0 lets the launcher choose, 1 forces the CUDA-core template, 2 the tensor-core one (which
+falls back to CUDA cores where the device's shared memory cannot hold its smallest tile).
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ def decode_wrapper(variant, head_dim: int, dtype: str, layout: str, max_group: i
 static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi::TensorView indices,
     tvm::ffi::TensorView indptr, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView o,
     tvm::ffi::TensorView lse, tvm::ffi::TensorView part_o, tvm::ffi::TensorView part_lse, double sm_scale,
-    int64_t num_chunks{decl}) {{
+    int64_t num_chunks, int64_t backend{decl}) {{
   using V = attngen_gen::Hooks_d{head_dim};
   using T = {C_TYPES[dtype]};
   attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
@@ -87,12 +89,15 @@ static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi:
   P.num_kv_heads = static_cast<int>(pages.size({3 if nhd else 2}));
   P.group = P.num_qo_heads / P.num_kv_heads;
   P.num_chunks = static_cast<int>(num_chunks);
+  P.backend = static_cast<int>(backend);
   P.sm_scale = static_cast<float>(sm_scale);
   if (P.group > {max_group} || P.group * P.num_kv_heads != P.num_qo_heads)
     TVM_FFI_THROW(ValueError) << "{name}: group size " << P.num_qo_heads << "/" << P.num_kv_heads
         << " is not served; this library was built with max_group_size={max_group}";
   if (P.batch == 0) return;
   if (P.num_chunks < 1) TVM_FFI_THROW(ValueError) << "{name}: num_chunks must be at least 1";
+  if (P.backend < 0 || P.backend > 2)
+    TVM_FFI_THROW(ValueError) << "{name}: backend must be 0 (automatic), 1 (CUDA cores) or 2 (tensor cores)";
   if (P.num_chunks > 1 && (part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * {head_dim} ||
                            part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
     TVM_FFI_THROW(ValueError) << "{name}: part_o / part_lse are smaller than batch x num_chunks x heads";

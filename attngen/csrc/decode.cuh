@@ -36,6 +36,7 @@ struct DecodeProblem {
   float* part_o;    // [B, C, Hq, D] partial outputs when num_chunks > 1
   float* part_lse;  // [B, C, Hq]
   int batch, num_qo_heads, num_kv_heads, group, num_chunks;
+  int backend;  // 0 automatic, 1 CUDA cores, 2 tensor cores (decode_launch.cuh)
   float sm_scale;
   PagedKV kv;
 };

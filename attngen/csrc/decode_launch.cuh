@@ -1,11 +1,22 @@
-// Host launcher for decode: picks the head tile G from the group size, then merges split chunks.
+// Host launcher for decode: picks the template (CUDA cores or tensor cores) and its tile,
+// then merges split chunks.
 #pragma once
 #include <cuda_runtime.h>
 
 #include "decode.cuh"
+#include "device_info.cuh"
+#include "decode_tc.cuh"
 #include "merge.cuh"
 
 namespace attngen {
+
+// DecodeProblem::backend
+constexpr int kDecodeAuto = 0, kDecodeCudaCores = 1, kDecodeTensorCores = 2;
+
+template <class V, class T, int D>
+void launch_decode_merge(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+  if (P.num_chunks > 1) merge_decode_kernel<V, T, D><<<dim3(P.num_qo_heads, P.batch), D / 8, 0, stream>>>(P, hp);
+}
 
 template <class V, class T, int D, int G>
 void launch_decode_tile(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
@@ -14,14 +25,43 @@ void launch_decode_tile(const DecodeProblem& P, const typename V::Params& hp, cu
   auto kernel = decode_kernel<V, T, D, G>;
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   kernel<<<dim3(P.num_chunks, P.num_kv_heads, P.batch), dim3(Tile::kLanes, G, Tile::kZ), smem, stream>>>(P, hp);
-  if (P.num_chunks > 1) {
-    merge_decode_kernel<V, T, D><<<dim3(P.num_qo_heads, P.batch), D / 8, 0, stream>>>(P, hp);
+  launch_decode_merge<V, T, D>(P, hp, stream);
+}
+
+template <class V, class T, int D, int S>
+void launch_decode_tc_tile(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+  const size_t smem = decode_tc_smem_bytes<D, S>();
+  auto kernel = decode_tc_kernel<V, T, D, S>;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  kernel<<<dim3(P.num_chunks, P.num_kv_heads, P.batch), DecodeTCTile<D, S>::kThreads, smem, stream>>>(P, hp);
+  launch_decode_merge<V, T, D>(P, hp, stream);
+}
+
+// Tensor cores with the deepest pipeline the device's shared memory holds; false when none fits
+// (then the CUDA-core template serves the call).
+template <class V, class T, int D>
+bool try_launch_decode_tc(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+  constexpr int S = decode_tc_stages<D>();
+  const size_t optin = size_t(device_smem_optin());
+  if (optin >= decode_tc_smem_bytes<D, S>()) return launch_decode_tc_tile<V, T, D, S>(P, hp, stream), true;
+  if constexpr (S > 2) {
+    if (optin >= decode_tc_smem_bytes<D, 2>()) return launch_decode_tc_tile<V, T, D, 2>(P, hp, stream), true;
   }
+  if (optin >= decode_tc_smem_bytes<D, 1>()) return launch_decode_tc_tile<V, T, D, 1>(P, hp, stream), true;
+  return false;
+}
+
+// Automatic choice: grouped heads fill tensor-core rows; a lone head (MHA) stays on CUDA cores.
+inline bool decode_wants_tensor_cores(const DecodeProblem& P) {
+  if (P.backend == kDecodeTensorCores) return true;
+  if (P.backend == kDecodeCudaCores) return false;
+  return P.group >= 2;
 }
 
 // MaxG: the build's max_group_size; groups above it were refused before the launch.
 template <class V, class T, int D, int MaxG>
 void launch_decode(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+  if (decode_wants_tensor_cores(P) && try_launch_decode_tc<V, T, D>(P, hp, stream)) return;
   if (P.group <= 1) return launch_decode_tile<V, T, D, 1>(P, hp, stream);
   if constexpr (MaxG >= 2) if (P.group <= 2) return launch_decode_tile<V, T, D, 2>(P, hp, stream);
   if constexpr (MaxG >= 4) if (P.group <= 4) return launch_decode_tile<V, T, D, 4>(P, hp, stream);

@@ -16,7 +16,9 @@
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "decode.cuh"
+#include "device_info.cuh"
 #include "mma.cuh"
+#include "row_hook.cuh"
 
 namespace attngen {
 
@@ -70,17 +72,6 @@ constexpr size_t prefill_smem_bytes() {
   size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
   size_t out = size_t(Tile::kRows) * D * sizeof(float) + Tile::kRows * sizeof(float);
   return (qk > out ? qk : out) + scratch;
-}
-
-// Apply row hook `op(in_row, out_row)` to one row with a warp: elementwise forms per lane.
-template <int D, bool Elementwise, class Elem, class Row>
-__device__ __forceinline__ void warp_row_hook(float* scratch, float* out, Elem elem, Row row, int lane) {
-  if constexpr (Elementwise) {
-    for (int i = lane; i < D; i += 32) out[i] = elem(scratch, i);
-  } else if (lane == 0) {
-    row(scratch, out);
-  }
-  __syncwarp();
 }
 
 template <class V, class T, int D, bool Small>
@@ -348,12 +339,7 @@ void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename
 // The big configuration where the device's opt-in shared memory holds it, else the small one.
 template <class V, class T, int D>
 void launch_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
-  // the choice depends only on the device: query it once per device, not per launch (per layer)
-  static int optin_by_device[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  int& optin = optin_by_device[dev & 63];
-  if (optin == 0) cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  const int optin = device_smem_optin();
   if (size_t(optin) >= prefill_smem_bytes<V, T, D, false>()) {
     launch_prefill_tile<V, T, D, false>(P, max_qo_len, hp, stream);
   } else {

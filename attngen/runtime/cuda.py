@@ -41,6 +41,7 @@ class DecodePlan:
     num_kv_heads: int
     head_dim: int
     num_chunks: int
+    backend: int  # 0 automatic, 1 CUDA cores, 2 tensor cores (decode_launch.cuh)
     part_o: object  # [B, C, Hq, D] float32 workspace
     part_lse: object  # [B, C, Hq] float32 workspace
 
@@ -88,7 +89,10 @@ class CUDAAttention(BuiltModule):
         res = run_pipeline(variant, cfg, **kwargs)
         return cls(variant, res.library, res.manifest)
 
-    def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None):
+    def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None,
+                    tensor_cores: bool | None = None):
+        """``tensor_cores``: None lets the library choose (tensor cores for grouped heads), True / False
+        force the tensor-core or the CUDA-core decode template."""
         import torch
 
         dtype = dtype_name(kv.pages)
@@ -113,7 +117,8 @@ class CUDAAttention(BuiltModule):
                              dtype=torch.float32, device=dev)
         part_lse = torch.empty((batch, num_chunks, num_qo_heads) if num_chunks > 1 else (1, 1, 1),
                                dtype=torch.float32, device=dev)
-        return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, num_chunks, part_o, part_lse)
+        backend = 0 if tensor_cores is None else (2 if tensor_cores else 1)
+        return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, num_chunks, backend, part_o, part_lse)
 
     def decode(self, q, kv: PagedKV, *, plan: DecodePlan | None = None, sm_scale: float | None = None,
                params: dict | None = None, out=None, lse=None):
@@ -147,7 +152,7 @@ class CUDAAttention(BuiltModule):
                 raise AttentionArgumentError(f"params['{p.name}']: must be a CUDA tensor")
         scale = resolve_sm_scale(sm_scale, d)
         fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, out, lse, plan.part_o, plan.part_lse, scale,
-           plan.num_chunks, *extras)
+           plan.num_chunks, plan.backend, *extras)
         return out, lse
 
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int) -> PrefillPlan:

@@ -116,23 +116,35 @@ def test_shared_memory_overflow_is_refused_at_build_time(build_cache):
 def test_shared_memory_table_matches_the_templates(tmp_path):
     """The Python mirror of the templates' shared-memory sizes agrees with the C++ functions."""
     from attngen.codegen.cuda_library import CSRC
-    from attngen.schedules.tiles import decode_smem_bytes, prefill_smem_bytes
+    from attngen.schedules.tiles import decode_smem_bytes, decode_tc_smem_bytes, prefill_smem_bytes
 
     src = tmp_path / "smem.cu"
     src.write_text("""#include <cstdio>
 #include "prefill.cuh"
+#include "decode_tc.cuh"
 template <bool K> struct Fake { static constexpr bool kHasKeyTransform = K; };
 template <int D> void row() {
   printf("%d %zu %zu %zu %zu %zu %zu\\n", D, attngen::decode_smem_bytes<Fake<false>, half, D, 1>(),
          attngen::decode_smem_bytes<Fake<false>, half, D, 8>(), attngen::decode_smem_bytes<Fake<true>, half, D, 4>(),
          attngen::prefill_smem_bytes<Fake<false>, half, D, false>(), attngen::prefill_smem_bytes<Fake<false>, half, D, true>(),
          attngen::decode_smem_bytes<Fake<true>, half, D, 8>());
+  printf("tc %d %zu %zu %zu\\n", D, attngen::decode_tc_smem_bytes<D, 1>(), attngen::decode_tc_smem_bytes<D, 2>(),
+         attngen::decode_tc_smem_bytes<D, attngen::decode_tc_stages<D>()>());
 }
 int main() { row<64>(); row<128>(); row<256>(); }
 """)
     exe = tmp_path / "smem"
     subprocess.run(["nvcc", "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], check=True, capture_output=True)
-    for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n"):
+    from attngen.runtime.decode_plan import decode_tc_stages
+
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert sum(line.startswith("tc ") for line in lines) == 3
+    for line in lines:
+        if line.startswith("tc "):
+            d, *got = (int(x) for x in line.split()[1:])
+            assert got == [decode_tc_smem_bytes(d, 1), decode_tc_smem_bytes(d, 2),
+                           decode_tc_smem_bytes(d, decode_tc_stages(d))]
+            continue
         if not line.strip():
             continue
         d, *got = (int(x) for x in line.split())

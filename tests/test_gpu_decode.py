@@ -121,3 +121,108 @@ def test_decode_refuses_group_above_build_bound(build_cache, rng):
     with pytest.raises(Exception, match=r"group size 16 .* above this library's max_group_size=8"):
         att.decode(to_torch(prob.q, "float16"), kv)
     torch.cuda.synchronize()
+
+
+def _static_batch(rng, batch, num_pages, hq, hkv, d):
+    """Fixed-address q / page-table buffers and a function refilling them with a random batch."""
+    import torch
+
+    from attngen.runtime import PagedKV
+
+    pages = torch.randn(num_pages, 2, 16, hkv, d, dtype=torch.float16, device="cuda")
+    q = torch.empty(batch, hq, d, dtype=torch.float16, device="cuda")
+    indptr = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
+    indices = torch.zeros(num_pages, dtype=torch.int32, device="cuda")
+    last = torch.ones(batch, dtype=torch.int32, device="cuda")
+    kv = PagedKV(pages, indptr, indices, last)
+
+    def refill(lens):
+        n = [(x + 15) // 16 for x in lens]
+        ptr = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+        indptr.copy_(torch.from_numpy(ptr))
+        indices.copy_(torch.from_numpy(rng.permutation(num_pages).astype(np.int32)))
+        last.copy_(torch.from_numpy(np.array([x - 16 * (k - 1) if k else 1 for x, k in zip(lens, n)], np.int32)))
+        q.copy_(torch.randn(batch, hq, d, dtype=torch.float16))
+    return q, kv, refill
+
+
+def test_decode_balanced_plan_skewed_and_superseded(build_cache, rng):
+    """The load-balanced plan splits a long request among many CTAs (and matches an even split);
+    a plan superseded by a later one of the same shape is refused."""
+    import torch
+
+    from attngen.runtime import AttentionArgumentError
+
+    att = cuda_module("vanilla", build_cache)
+    lens = [9000] + list(rng.integers(0, 300, size=15))
+    q, kv, refill = _static_batch(rng, 16, 1024, 16, 2, 128)
+    refill(lens)
+    plan = att.plan_decode(kv, 16, 128)
+    assert plan.work is not None and plan.num_merges >= 1
+    assert (plan.split.work[:, 0] == 0).sum() > 4  # the long request is cut into many chunks
+    out, lse = att.decode(q, kv, plan=plan)
+    ref_o, ref_l = att.decode(q, kv, plan=att.plan_decode(kv, 16, 128, num_chunks=1, tensor_cores=False))
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), ref_o.float(), atol=2e-3, rtol=0)
+    assert torch.allclose(lse, ref_l, atol=1e-3, rtol=0)
+    att.plan_decode(kv, 16, 128)
+    with pytest.raises(AttentionArgumentError, match="superseded"):
+        att.decode(q, kv, plan=plan)
+
+
+def test_decode_fixed_chunk_is_batch_invariant(build_cache, rng):
+    """With fixed_chunk, a request's output is bit-identical whatever else is in the batch."""
+    import torch
+
+    att = cuda_module("vanilla", build_cache)
+    q, kv, refill = _static_batch(rng, 6, 1024, 8, 2, 64)
+    refill([3000, 10, 500, 0, 2000, 64])
+    plan = att.plan_decode(kv, 8, 64, fixed_chunk=512)
+    first = att.decode(q, kv, plan=plan)[0][0].clone()
+    # same request 0 (same pages and q row), the rest of the batch changed
+    q0, ind0 = q[0].clone(), kv.indices[:188].clone()
+    refill([3000, 1500, 7, 4000, 1, 900])
+    q[0].copy_(q0)
+    kv.indices[:188].copy_(ind0)
+    kv.indices[188:].copy_(torch.from_numpy(rng.permutation(np.arange(188, 1024)).astype(np.int32)))
+    plan = att.plan_decode(kv, 8, 64, fixed_chunk=512)
+    second = att.decode(q, kv, plan=plan)[0][0]
+    torch.cuda.synchronize()
+    assert torch.equal(first, second)
+
+
+def test_decode_cuda_graph_replays_100_random_batches(build_cache, rng):
+    """Capture decode once with a graph-safe plan, then replay it for 100 random batches (lengths, page
+    tables, split decisions) planned into the same workspace: bit-identical to eager runs."""
+    import torch
+
+    att = cuda_module("vanilla", build_cache)
+    batch, hq, hkv, d = 8, 16, 2, 128
+    q, kv, refill = _static_batch(rng, batch, 2048, hq, hkv, d)
+    refill([100] * batch)
+    plan = att.plan_decode(kv, hq, d, graph_safe=True)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, hq, device="cuda")
+    att.decode(q, kv, plan=plan, out=out, lse=lse)  # warm-up outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        att.decode(q, kv, plan=plan, out=out, lse=lse)
+    torch.cuda.current_stream().wait_stream(stream)
+    splits = set()
+    for _ in range(100):
+        long = int(rng.integers(0, 20000)) if rng.random() < 0.5 else 0
+        lens = list(rng.integers(0, 1500, size=batch))
+        lens[int(rng.integers(0, batch))] = long
+        if sum((x + 15) // 16 for x in lens) > 2048:
+            continue
+        refill(lens)
+        plan = att.plan_decode(kv, hq, d, graph_safe=True)
+        splits.add(int((plan.split.merge_indptr[1:] - plan.split.merge_indptr[:-1]).sum()))
+        out.fill_(float("nan"))
+        graph.replay()
+        eager_o, eager_l = att.decode(q, kv, plan=plan)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager_o) and torch.equal(lse, eager_l)
+    assert len(splits) > 3  # the split decisions really changed between replays

@@ -130,3 +130,11 @@ def test_bounds_are_named(planner):
         small.plan([1], [1000], num_ctas=8)
     with pytest.raises(AttentionArgumentError, match=r"num_ctas: 0 is outside"):
         small.plan([1], [10], num_ctas=0)
+
+
+def test_min_chunk_floors_the_chunk_limit(planner):
+    kv = np.array([5000] + [10] * 20, np.int32)
+    p = planner.plan(np.ones(21, np.int32), kv, num_ctas=132, group=4, min_chunk=256)
+    assert p.chunk_limit == 256
+    assert ((p.work[:, 3] - p.work[:, 2]) <= 256).all()
+    assert (p.work[:, 0] == 0).sum() == -(-5000 // 256)

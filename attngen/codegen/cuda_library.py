@@ -8,7 +8,10 @@ libcuda (the driver) and libtvm_ffi, and loads with ``tvm_ffi.load_module``.
 
 Decode calling convention (all tensors on one CUDA device, the current stream is used):
 ``(q[B,Hq,D], pages, indices[nnz], indptr[B+1], last_page_len[B], o[B,Hq,D], lse[B,Hq],
-part_o[B,C,Hq,D] f32, part_lse[B,C,Hq] f32, sm_scale, num_chunks, backend, <extra params...>)``;
+part_o[B,C,Hq,D] f32, part_lse[B,C,Hq] f32, sm_scale, num_chunks, backend, plan, plan_ctas, plan_merges,
+<extra params...>)``; with ``plan_ctas`` > 0, ``plan`` is the device copy of a split-KV plan
+(runtime/decode_plan.py), the grid is (plan_ctas, Hkv), part_o / part_lse are [slots, Hq, (D)] and
+``num_chunks`` is ignored;
 ``backend`` 0 lets the launcher choose, 1 forces the CUDA-core template, 2 the tensor-core one (which
 falls back to CUDA cores where the device's shared memory cannot hold its smallest tile).
 """
@@ -71,7 +74,8 @@ def decode_wrapper(variant, head_dim: int, dtype: str, layout: str, max_group: i
 static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi::TensorView indices,
     tvm::ffi::TensorView indptr, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView o,
     tvm::ffi::TensorView lse, tvm::ffi::TensorView part_o, tvm::ffi::TensorView part_lse, double sm_scale,
-    int64_t num_chunks, int64_t backend{decl}) {{
+    int64_t num_chunks, int64_t backend, tvm::ffi::TensorView plan, int64_t plan_ctas,
+    int64_t plan_merges{decl}) {{
   using V = attngen_gen::Hooks_d{head_dim};
   using T = {C_TYPES[dtype]};
   attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
@@ -90,6 +94,9 @@ static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi:
   P.group = P.num_qo_heads / P.num_kv_heads;
   P.num_chunks = static_cast<int>(num_chunks);
   P.backend = static_cast<int>(backend);
+  P.plan = plan_ctas > 0 ? static_cast<const int32_t*>(attngen::data_of(plan)) : nullptr;
+  P.plan_ctas = static_cast<int>(plan_ctas);
+  P.plan_max_merges = static_cast<int>(plan_merges);
   P.sm_scale = static_cast<float>(sm_scale);
   if (P.group > {max_group} || P.group * P.num_kv_heads != P.num_qo_heads)
     TVM_FFI_THROW(ValueError) << "{name}: group size " << P.num_qo_heads << "/" << P.num_kv_heads
@@ -98,12 +105,14 @@ static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi:
   if (P.num_chunks < 1) TVM_FFI_THROW(ValueError) << "{name}: num_chunks must be at least 1";
   if (P.backend < 0 || P.backend > 2)
     TVM_FFI_THROW(ValueError) << "{name}: backend must be 0 (automatic), 1 (CUDA cores) or 2 (tensor cores)";
-  if (P.num_chunks > 1 && (part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * {head_dim} ||
+  if (!P.plan && P.num_chunks > 1 && (part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * {head_dim} ||
                            part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
     TVM_FFI_THROW(ValueError) << "{name}: part_o / part_lse are smaller than batch x num_chunks x heads";
   P.kv.pages = attngen::data_of(pages);
 {_paged_fill(layout, "P.kv")}
-  attngen::launch_decode<V, T, {head_dim}, {max_group}>(P, hp, attngen::stream_of(q));
+  if (!attngen::launch_decode<V, T, {head_dim}, {max_group}>(P, hp, attngen::stream_of(q)))
+    TVM_FFI_THROW(ValueError) << "{name}: no tensor-core decode tile fits this device's shared memory, and a "
+                                 "split-KV plan needs one; plan with tensor_cores=False";
   attngen::check_launch("{name}");
 }}
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});

@@ -29,6 +29,17 @@ struct PagedKV {
   }
 };
 
+// The split-KV plan on the device: one int32 buffer whose header gives the offsets of its arrays
+// (written by attngen/runtime/decode_plan.py): [0] merges, [1] CTAs, [2..6] offsets of cta_indptr,
+// work items (5 ints each), merge tiles (request, query tile), merge_indptr, merge_partials.
+struct DecodePlanView {
+  const int32_t *cta_indptr, *work, *merge_tiles, *merge_indptr, *merge_partials;
+  int num_merges;
+  __device__ __forceinline__ explicit DecodePlanView(const int32_t* buf)
+      : cta_indptr(buf + buf[2]), work(buf + buf[3]), merge_tiles(buf + buf[4]), merge_indptr(buf + buf[5]),
+        merge_partials(buf + buf[6]), num_merges(buf[0]) {}
+};
+
 struct DecodeProblem {
   const void* q;    // [B, Hq, D]
   void* o;          // [B, Hq, D]
@@ -37,9 +48,26 @@ struct DecodeProblem {
   float* part_lse;  // [B, C, Hq]
   int batch, num_qo_heads, num_kv_heads, group, num_chunks;
   int backend;  // 0 automatic, 1 CUDA cores, 2 tensor cores (decode_launch.cuh)
+  const int32_t* plan;  // DecodePlanView buffer (tensor-core template), nullptr: even split by num_chunks
+  int plan_ctas, plan_max_merges;  // grid of the plan-mode decode and merge kernels
   float sm_scale;
   PagedKV kv;
 };
+
+struct KeyRange {
+  int lo, hi;
+};
+
+// Keys a decode query (position kv_len - 1) may see, from the mask's bounds on qo_pos - kv_pos
+// (causal, sliding window); 64-bit arithmetic so huge windows cannot wrap.
+template <class V>
+__device__ __forceinline__ KeyRange visible_keys(int kv_len, const typename V::Params& hp) {
+  const long long qo_pos = kv_len - 1;
+  long long lo64 = 0, hi64 = kv_len;
+  if constexpr (V::kHasUpper) lo64 = max(lo64, qo_pos - V::mask_upper(hp));
+  if constexpr (V::kHasLower) hi64 = min(hi64, qo_pos - V::mask_lower(hp) + 1);
+  return {int(min(lo64, (long long)kv_len)), int(max(hi64, 0LL))};
+}
 
 // Tile configuration (FA3's tile_size.h style): G = query heads per CTA (power of two >= the
 // group), Z token lanes so that a CTA has about 128 threads, T tokens per stage, S stages.

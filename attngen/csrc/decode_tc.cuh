@@ -47,36 +47,30 @@ constexpr size_t decode_tc_smem_bytes() {
   return q + scratch + (tiles > merge ? tiles : merge);
 }
 
+// One work item: request b, KV head hk, keys [start, end). part_row0 < 0: write the final
+// output (after the output transform); else write the normalised partial state to rows
+// part_row0 + head of part_o / part_lse for a merge kernel. Called by all threads of the CTA.
 template <class V, class T, int D, int S>
-__global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
-decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
+__device__ __forceinline__ void decode_tc_item(const DecodeProblem& P, const typename V::Params& hp,
+                                               unsigned char* smem_raw, int b, int hk, int start, int end,
+                                               int64_t part_row0) {
   using Tile = DecodeTCTile<D, S>;
   constexpr int TK = Tile::kKeys, ST = Tile::kStride, NT = Tile::kThreads, NW = Tile::kWarps;
   constexpr int NDT = D / 8;   // n-tiles of O per warp
   constexpr int CPR = D / 8;   // 16-byte chunks per row
   static_assert(NT % CPR == 0, "a thread's chunk column must stay fixed across passes");
   constexpr int RPP = NT / CPR;  // rows per load pass
-  extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sq = reinterpret_cast<T*>(smem_raw);                                   // [16][ST]
   float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(16) * ST * 2);  // [NW][2D]
   unsigned char* body = smem_raw + size_t(16) * ST * 2 + size_t(NW) * 2 * D * sizeof(float);
   T* tiles = reinterpret_cast<T*>(body);                                    // [S][2][TK][ST]
 
-  const int chunk = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* scratch = scratch_all + warp * 2 * D;
   const int group = P.group, qh0 = hk * group;
-
-  const int kv_len = P.kv.length(b);
-  const int qo_pos = kv_len - 1;
-  long long lo64 = 0, hi64 = kv_len;  // visible keys: lower <= qo_pos - kv_pos <= upper
-  if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)qo_pos - V::mask_upper(hp));
-  if constexpr (V::kHasLower) hi64 = min(hi64, (long long)qo_pos - V::mask_lower(hp) + 1);
-  const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
-  const int span = max(hi - lo, 0);
-  const int per = (span + P.num_chunks - 1) / P.num_chunks;
-  const int start = lo + chunk * per, end = min(hi, start + per);
+  const int qo_pos = P.kv.length(b) - 1;
   const int num_tiles = end > start ? (end - start + TK - 1) / TK : 0;
+  __syncthreads();  // the previous item's epilogue may still read shared memory
 
   // ---- K/V gather: thread keeps one 16-byte column, one page lookup per row pass --------
   const T* pages = static_cast<const T*>(P.kv.pages);
@@ -279,10 +273,10 @@ decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
   }
   __syncthreads();
 
-  if (P.num_chunks > 1) {  // partial state for merge.cuh; the output transform runs after the merge
+  if (part_row0 >= 0) {  // partial state for merge.cuh; the output transform runs after the merge
     for (int idx = tid; idx < group * CPR; idx += NT) {
       const int r = idx / CPR, l = idx % CPR;
-      const int64_t row = (int64_t(b) * P.num_chunks + chunk) * P.num_qo_heads + qh0 + r;
+      const int64_t row = part_row0 + qh0 + r;
       float4* dst = reinterpret_cast<float4*>(P.part_o + row * D + l * 8);
       const float* src = rows + r * D + l * 8;
       dst[0] = make_float4(src[0], src[1], src[2], src[3]);
@@ -293,6 +287,34 @@ decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
   }
   finish_rows<V, T, D>(rows, rows + G8 * D, row_lse, group, b, qo_pos, qh0, P.num_qo_heads,
                        static_cast<T*>(P.o), P.lse, hp, tid, NT);
+}
+
+// Grid mode (no plan): grid (num_chunks, Hkv, B), an even split of each request's visible keys.
+// Plan mode (P.plan set): grid (num_ctas, Hkv); CTA x runs its work items of the plan in order.
+template <class V, class T, int D, int S>
+__global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
+decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int hk = blockIdx.y;
+  if (P.plan != nullptr) {
+    const DecodePlanView plan(P.plan);
+    for (int w = plan.cta_indptr[blockIdx.x]; w < plan.cta_indptr[blockIdx.x + 1]; ++w) {
+      const int32_t* item = plan.work + 5 * w;  // request, query tile, kv start, kv end, partial slot
+      const int b = item[0];
+      const KeyRange vis = visible_keys<V>(P.kv.length(b), hp);
+      const int start = max(item[2], vis.lo), end = min(item[3], vis.hi);
+      decode_tc_item<V, T, D, S>(P, hp, smem_raw, b, hk, start, end,
+                                 item[4] < 0 ? -1 : int64_t(item[4]) * P.num_qo_heads);
+    }
+    return;
+  }
+  const int chunk = blockIdx.x, b = blockIdx.z;
+  const KeyRange vis = visible_keys<V>(P.kv.length(b), hp);
+  const int span = max(vis.hi - vis.lo, 0);
+  const int per = (span + P.num_chunks - 1) / P.num_chunks;
+  const int start = vis.lo + chunk * per, end = min(vis.hi, start + per);
+  decode_tc_item<V, T, D, S>(P, hp, smem_raw, b, hk, start, end,
+                             P.num_chunks > 1 ? (int64_t(b) * P.num_chunks + chunk) * P.num_qo_heads : -1);
 }
 
 }  // namespace attngen

@@ -9,16 +9,27 @@
 
 namespace attngen {
 
-// grid (num_qo_heads, B), block D/8 threads; part_o [B, C, Hq, D], part_lse [B, C, Hq]
+// grid (num_qo_heads, B), block D/8 threads; part_o [B, C, Hq, D], part_lse [B, C, Hq]; in plan mode
+// grid (num_qo_heads, max merges) and part_o [slots, Hq, D], part_lse [slots, Hq]
 template <class V, class T, int D>
 __global__ void merge_decode_kernel(DecodeProblem P, typename V::Params hp) {
   constexpr int L = D / 8;
   __shared__ float rows[2 * D];
   __shared__ float lse_s[1];
-  const int h = blockIdx.x, b = blockIdx.y, l = threadIdx.x;
+  const int h = blockIdx.x, l = threadIdx.x;
+  // plan mode: block y is a merge tile of the plan (blocks past the plan's count exit); else request y
+  int b = blockIdx.y, count = P.num_chunks;
+  const int32_t* slots = nullptr;
+  if (P.plan != nullptr) {
+    const DecodePlanView plan(P.plan);
+    if (int(blockIdx.y) >= plan.num_merges) return;
+    b = plan.merge_tiles[2 * blockIdx.y];
+    slots = plan.merge_partials + plan.merge_indptr[blockIdx.y];
+    count = plan.merge_indptr[blockIdx.y + 1] - plan.merge_indptr[blockIdx.y];
+  }
   float m = kNegInf, den = 0.f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int c = 0; c < P.num_chunks; ++c) {
-    const int64_t r = (int64_t(b) * P.num_chunks + c) * P.num_qo_heads + h;
+  for (int c = 0; c < count; ++c) {
+    const int64_t r = (slots ? int64_t(slots[c]) : int64_t(b) * P.num_chunks + c) * P.num_qo_heads + h;
     const float lc = P.part_lse[r];
     const float4* src = reinterpret_cast<const float4*>(P.part_o + r * D + l * 8);
     float4 x = src[0], y = src[1];

@@ -25,9 +25,10 @@ struct PlanInput {
   int tile_rows;         // Tq
   int num_ctas;          // C
   double alpha, beta;    // cost model
-  int64_t fixed_chunk;   // > 0: fixed chunk length (batch-invariant mode); 0: ceil(W / C)
+  int64_t fixed_chunk;   // > 0: fixed chunk length (batch-invariant mode); 0: max(ceil(W / C), min_chunk)
   bool has_lower, has_upper;
   int32_t mask_lower, mask_upper;  // bounds on qo_pos - kv_pos of visible keys
+  int64_t min_chunk = 1;           // shortest chunk worth a work item of its own
 };
 
 struct PlanCapacity {  // the declared upper bounds the workspace was sized for
@@ -78,7 +79,9 @@ inline Plan plan_split_kv(const PlanInput& in, const PlanCapacity& cap) {
     }
   }
   Plan p;
-  p.chunk_limit = in.fixed_chunk > 0 ? in.fixed_chunk : std::max<int64_t>(1, (work + in.num_ctas - 1) / in.num_ctas);
+  p.chunk_limit = in.fixed_chunk > 0 ? in.fixed_chunk
+                                     : std::max<int64_t>(std::max<int64_t>(1, in.min_chunk),
+                                                         (work + in.num_ctas - 1) / in.num_ctas);
   std::vector<Chunk> chunks;
   std::vector<int32_t> tile_chunks(tiles.size(), 0), tile_first_partial(tiles.size(), -1);
   for (size_t i = 0; i < tiles.size(); ++i) {

@@ -24,13 +24,14 @@ tvm::ffi::Array<int64_t> plan_split_kv(tvm::ffi::TensorView qo_len, tvm::ffi::Te
                                        int64_t mask_upper, int64_t max_work_items, int64_t max_partials,
                                        int64_t max_merge_tiles, tvm::ffi::TensorView cta_indptr,
                                        tvm::ffi::TensorView work, tvm::ffi::TensorView merge_tiles,
-                                       tvm::ffi::TensorView merge_indptr, tvm::ffi::TensorView merge_partials) {
+                                       tvm::ffi::TensorView merge_indptr, tvm::ffi::TensorView merge_partials,
+                                       int64_t min_chunk) {
   auto t0 = std::chrono::steady_clock::now();
   if (qo_len.ndim() != 1 || kv_len.ndim() != 1 || qo_len.size(0) != kv_len.size(0))
     TVM_FFI_THROW(ValueError) << "qo_len, kv_len: expected two int32 vectors of batch_size entries";
   attngen::PlanInput in{static_cast<const int32_t*>(qo_len.data_ptr()), static_cast<const int32_t*>(kv_len.data_ptr()),
                         int(qo_len.size(0)), int(group), int(tile_rows), int(num_ctas), alpha, beta, fixed_chunk,
-                        has_lower, has_upper, int32_t(mask_lower), int32_t(mask_upper)};
+                        has_lower, has_upper, int32_t(mask_lower), int32_t(mask_upper), min_chunk};
   attngen::Plan p;
   try {
     p = attngen::plan_split_kv(in, {max_work_items, max_partials, max_merge_tiles});

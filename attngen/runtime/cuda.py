@@ -42,8 +42,12 @@ class DecodePlan:
     head_dim: int
     num_chunks: int
     backend: int  # 0 automatic, 1 CUDA cores, 2 tensor cores (decode_launch.cuh)
-    part_o: object  # [B, C, Hq, D] float32 workspace
-    part_lse: object  # [B, C, Hq] float32 workspace
+    part_o: object  # [B, C, Hq, D] float32 workspace (plan mode: [slots, Hq, D])
+    part_lse: object  # [B, C, Hq] float32 workspace (plan mode: [slots, Hq])
+    work: object = None  # plan mode: the DecodeWorkspace holding the device work list
+    generation: int = 0  # plan mode: which fill of the workspace this plan is
+    num_merges: int = 0  # plan mode: merge blocks launched (the split requests, or the bound if graph-safe)
+    split: object = None  # plan mode: the host SplitKVPlan (for inspection)
 
 
 MAX_GRID_BATCH = 65535  # the request index is a grid dimension
@@ -89,10 +93,34 @@ class CUDAAttention(BuiltModule):
         res = run_pipeline(variant, cfg, **kwargs)
         return cls(variant, res.library, res.manifest)
 
+    def _decode_workspace(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int, device):
+        """The load-balanced decode workspace of this shape, grown when a batch exceeds its bounds."""
+        import torch
+
+        from .decode_plan import DecodeBounds, DecodeWorkspace, decode_tc_ctas_per_sm
+
+        key = (str(device), num_qo_heads, num_kv_heads, head_dim)
+        spaces = self.__dict__.setdefault("_decode_spaces", {})
+        ws = spaces.get(key)
+        if ws is None or batch > ws.bounds.max_batch:
+            props = torch.cuda.get_device_properties(device)
+            per_sm = decode_tc_ctas_per_sm(head_dim, props.shared_memory_per_multiprocessor,
+                                           props.shared_memory_per_block_optin)
+            ctas = max(1, per_sm * props.multi_processor_count // num_kv_heads)
+            max_batch = max(64, 1 << max(batch - 1, 0).bit_length())
+            ws = spaces[key] = DecodeWorkspace(DecodeBounds(max_batch, ctas), num_qo_heads, head_dim, device)
+        return ws
+
     def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None,
-                    tensor_cores: bool | None = None):
-        """``tensor_cores``: None lets the library choose (tensor cores for grouped heads), True / False
-        force the tensor-core or the CUDA-core decode template."""
+                    tensor_cores: bool | None = None, fixed_chunk: int = 0, graph_safe: bool = False):
+        """Plan one decode step (reused by every layer). Without ``num_chunks`` the split is load-balanced
+        (the host planner's work list, tensor-core template); a plan is valid until the next load-balanced
+        ``plan_decode`` of the same shape. ``num_chunks`` forces an even split of every request into that
+        many chunks. ``tensor_cores``: None lets the library choose, True / False force the tensor-core or
+        the CUDA-core template (the CUDA-core one splits evenly). ``fixed_chunk`` > 0: chunk boundaries
+        independent of the rest of the batch (batch-invariant results). ``graph_safe``: launch grids that depend
+        only on the workspace's bounds, so a CUDA graph captured with this plan replays any later plan of
+        the same shape (same q / page-table buffers, batch size and bounds)."""
         import torch
 
         dtype = dtype_name(kv.pages)
@@ -107,6 +135,16 @@ class CUDAAttention(BuiltModule):
         last = as_numpy(kv.last_page_len, "kv.last_page_len")
         n_pages = np.diff(indptr)
         lens = np.where(n_pages > 0, (n_pages - 1) * kv.page_size + last, 0)
+        from .decode_plan import decode_tc_fits
+
+        if num_chunks is None and tensor_cores is not False and decode_tc_fits(
+                head_dim, torch.cuda.get_device_properties(kv.pages.device).shared_memory_per_block_optin):
+            ws = self._decode_workspace(num_qo_heads, kv.num_kv_heads, head_dim, batch, kv.pages.device)
+            n_merge, split = ws.fill(lens.astype(np.int32), num_qo_heads // kv.num_kv_heads, fixed_chunk=fixed_chunk)
+            ws.generation += 1
+            merges = ws.bounds.max_merges if graph_safe else n_merge
+            return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, 0, 2, ws.part_o, ws.part_lse, ws,
+                              ws.generation, merges, split)
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
             num_chunks = choose_num_chunks(batch, kv.num_kv_heads, int(lens.max(initial=0)), sms)
@@ -151,8 +189,15 @@ class CUDAAttention(BuiltModule):
             if hasattr(v, "shape") and not is_cuda(v):
                 raise AttentionArgumentError(f"params['{p.name}']: must be a CUDA tensor")
         scale = resolve_sm_scale(sm_scale, d)
+        if plan.work is not None:
+            if plan.generation != plan.work.generation:
+                raise AttentionArgumentError("plan: superseded by a later plan_decode of the same shape (they share "
+                                             "one workspace); plan again for this batch")
+            work = (plan.work.device_plan, plan.work.bounds.num_ctas, plan.num_merges)
+        else:
+            work = (plan.part_lse, 0, 0)
         fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, out, lse, plan.part_o, plan.part_lse, scale,
-           plan.num_chunks, plan.backend, *extras)
+           plan.num_chunks, plan.backend, *work, *extras)
         return out, lse
 
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int) -> PrefillPlan:

@@ -51,9 +51,11 @@ class SplitKVPlanner:
         self._merge_partials = np.zeros(max(c.max_partials, 1), np.int32)
 
     def plan(self, qo_len, kv_len, *, num_ctas: int, group: int = 1, tile_rows: int = 16,
-             fixed_chunk: int = 0, mask_lower: int | None = None, mask_upper: int | None = None) -> SplitKVPlan:
+             fixed_chunk: int = 0, mask_lower: int | None = None, mask_upper: int | None = None,
+             min_chunk: int = 1) -> SplitKVPlan:
         """qo_len, kv_len: [B] per-request lengths. ``fixed_chunk`` > 0 makes chunk boundaries
-        independent of the rest of the batch (batch-invariant results)."""
+        independent of the rest of the batch (batch-invariant results). ``min_chunk``: the chunk limit
+        never drops below it (a work item has a fixed cost; tiny chunks do not pay for it)."""
         qo = np.ascontiguousarray(qo_len, dtype=np.int32)
         kv = np.ascontiguousarray(kv_len, dtype=np.int32)
         if qo.shape != kv.shape or qo.ndim != 1:
@@ -69,7 +71,7 @@ class SplitKVPlanner:
                 qo, kv, group, tile_rows, num_ctas, self.alpha, self.beta, fixed_chunk, mask_lower is not None,
                 mask_lower or 0, mask_upper is not None, mask_upper or 0, c.max_work_items, c.max_partials,
                 c.max_merge_tiles, self._cta_indptr, self._work, self._merge_tiles, self._merge_indptr,
-                self._merge_partials)
+                self._merge_partials, min_chunk)
         except ValueError as e:
             raise AttentionArgumentError(str(e)) from None
         return SplitKVPlan(self._cta_indptr[:num_ctas + 1].copy(), self._work[:n_work * 5].reshape(-1, 5).copy(),

@@ -5,6 +5,9 @@ shared memory cannot hold a configuration instead of failing at launch.
 decode (decode.cuh, DecodeTile): threads = (D/8 lanes) x G heads x Z token lanes (~128),
   tiles of 32 tokens (16 at D=256), 3 cp.async stages of K and V, plus fp32 key rows when
   the variant transforms keys.
+decode on tensor cores (decode_tc.cuh, DecodeTCTile): 4 warps x 16 keys per stage, a 16-row
+  query tile, S stages (4 / 3 / 2 at D = 64 / 128 / 256; fewer where shared memory is short, and
+  the CUDA-core template where even one stage does not fit), rows padded by 8 elements.
 prefill (prefill.cuh, PrefillTile): 64 query rows (4 warps x 16), 64 keys per tile (32 at
   D=256; 16 in the small config), 2 stages (1 in the small config except D=64), rows padded by
   8 elements for conflict-free ldmatrix; the epilogue stages 64 fp32 output rows.
@@ -23,6 +26,15 @@ def decode_smem_bytes(d: int, g: int, key_transform: bool) -> int:
     merge = (z * g * (d + 2) + 2 * g * d + g) * 4
     qrows = 2 * g * d * 4
     return max(tiles + keys, merge, qrows)
+
+
+def decode_tc_smem_bytes(d: int, stages: int) -> int:
+    warps, keys, max_group, stride = 4, 64, 8, d + 8
+    q = 16 * stride * ELEM
+    scratch = warps * 2 * d * 4
+    tiles = stages * 2 * keys * stride * ELEM
+    merge = (warps * max_group * (d + 2) + 2 * max_group * d + max_group) * 4
+    return q + scratch + max(tiles, merge)
 
 
 def prefill_smem_bytes(d: int, small: bool) -> int:

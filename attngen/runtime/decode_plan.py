@@ -1,0 +1,127 @@
+"""Load-balanced split-KV decode: the planner's work list in a fixed device workspace.
+
+``DecodeWorkspace`` is sized once from declared bounds (batch, CTAs) and holds the device
+buffer the tensor-core decode template reads its work list from, the partial-state buffers
+of split requests, and a pinned host staging buffer. ``fill`` runs the host planner
+(Algorithm 2: chunks no longer than total work / CTAs, longest first onto the least-loaded
+CTA), packs its arrays into the staging buffer and issues one asynchronous host-to-device
+copy on the current stream; it never synchronises the device except to wait for the
+previous copy out of the same staging buffer. Buffer layout (int32), shared with
+``DecodePlanView`` in csrc/decode.cuh::
+
+    [0] merges  [1] ctas  [2..6] offsets of: cta_indptr [C+1], work [W, 5], merge tiles [M, 2],
+    merge_indptr [M+1], merge_partials [P]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .checks import AttentionArgumentError
+from .planner import PlannerCapacity, SplitKVPlanner
+
+HEADER = 8
+MIN_CHUNK = 256  # keys: four stages of the tensor-core template; shorter chunks cost more than they balance
+
+
+@dataclass(frozen=True)
+class DecodeBounds:
+    """Declared upper bounds a decode workspace is sized for; exceeding one is an error naming it."""
+
+    max_batch: int
+    num_ctas: int  # plan columns (CTAs per KV head)
+
+    @property
+    def max_work_items(self) -> int:
+        # chunks <= ceil(len / limit) per request and sum(len) / limit <= C, so items <= B + C
+        return self.max_batch + self.num_ctas
+
+    @property
+    def max_partials(self) -> int:
+        return self.max_work_items
+
+    @property
+    def max_merges(self) -> int:
+        return self.max_batch
+
+
+def _offsets(b: DecodeBounds) -> list[int]:
+    sizes = [b.num_ctas + 1, 5 * b.max_work_items, 2 * b.max_merges, b.max_merges + 1, b.max_partials]
+    offs, at = [], HEADER
+    for n in sizes:
+        offs.append(at)
+        at += n
+    return offs + [at]
+
+
+class DecodeWorkspace:
+    """Device and pinned buffers of one decode shape (heads, head_dim) under declared bounds."""
+
+    def __init__(self, bounds: DecodeBounds, num_qo_heads: int, head_dim: int, device, *, cache=None):
+        import torch
+
+        self.bounds, self.num_qo_heads, self.head_dim = bounds, num_qo_heads, head_dim
+        self.planner = SplitKVPlanner(PlannerCapacity(bounds.max_batch, bounds.max_work_items, bounds.max_partials,
+                                                      bounds.max_merges, max_ctas=bounds.num_ctas),
+                                      template="decode", cache=cache)
+        offs = _offsets(bounds)
+        self._offs, total = offs[:-1], offs[-1]
+        self.device_plan = torch.zeros(total, dtype=torch.int32, device=device)
+        self._host = torch.zeros(total, dtype=torch.int32, pin_memory=True)
+        self._host_np = self._host.numpy()
+        self._copied = None  # event after the last copy out of the staging buffer
+        self.generation = 0  # fills so far: a plan remembers its own and is refused once superseded
+        self.part_o = torch.empty((bounds.max_partials, num_qo_heads, head_dim), dtype=torch.float32, device=device)
+        self.part_lse = torch.empty((bounds.max_partials, num_qo_heads), dtype=torch.float32, device=device)
+
+    def fill(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0):
+        """Plan one batch step (kv_lens [B] keys per request) and copy it to the device; returns
+        (number of merges, the host plan)."""
+        import torch
+
+        b = self.bounds
+        if len(kv_lens) > b.max_batch:
+            raise AttentionArgumentError(f"max_batch: the batch has {len(kv_lens)} requests, the decode workspace "
+                                         f"was sized for {b.max_batch}")
+        plan = self.planner.plan(np.ones(len(kv_lens), np.int32), kv_lens, num_ctas=b.num_ctas, group=group,
+                                 tile_rows=16, fixed_chunk=fixed_chunk, min_chunk=MIN_CHUNK)
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copy must have left the staging buffer
+        h = self._host_np
+        n_merge = len(plan.merge_tiles)
+        h[0], h[1] = n_merge, b.num_ctas
+        h[2:7] = self._offs
+        o = self._offs
+        h[o[0]:o[0] + b.num_ctas + 1] = plan.cta_indptr
+        h[o[1]:o[1] + plan.work.size] = plan.work.reshape(-1)
+        h[o[2]:o[2] + plan.merge_tiles.size] = plan.merge_tiles.reshape(-1)
+        h[o[3]:o[3] + len(plan.merge_indptr)] = plan.merge_indptr
+        h[o[4]:o[4] + len(plan.merge_partials)] = plan.merge_partials
+        self.device_plan.copy_(self._host, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return n_merge, plan
+
+
+def decode_tc_fits(head_dim: int, smem_optin: int) -> bool:
+    """Whether the tensor-core decode template's smallest tile fits a block's shared memory."""
+    from attngen.schedules.tiles import decode_tc_smem_bytes
+
+    return decode_tc_smem_bytes(head_dim, 1) <= smem_optin
+
+
+def decode_tc_ctas_per_sm(head_dim: int, smem_per_sm: int, smem_optin: int) -> int:
+    """Resident CTAs per SM of the tensor-core decode template (shared memory bound), mirroring the
+    launcher's stage choice in csrc/decode_launch.cuh."""
+    from attngen.schedules.tiles import decode_tc_smem_bytes
+
+    for stages in dict.fromkeys((decode_tc_stages(head_dim), 2, 1)):
+        need = decode_tc_smem_bytes(head_dim, stages)
+        if need <= smem_optin:
+            return max(1, smem_per_sm // (need + 1024))  # 1 KiB per block reserved by the driver
+    return 1
+
+
+def decode_tc_stages(head_dim: int) -> int:
+    return {64: 4, 128: 3, 256: 2}[head_dim]

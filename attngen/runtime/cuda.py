@@ -143,7 +143,7 @@ class CUDAAttention(BuiltModule):
             n_merge, split = ws.fill(lens.astype(np.int32), num_qo_heads // kv.num_kv_heads, fixed_chunk=fixed_chunk)
             ws.generation += 1
             merges = ws.bounds.max_merges if graph_safe else n_merge
-            return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, 0, 2, ws.part_o, ws.part_lse, ws,
+            return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, 1, 2, ws.part_o, ws.part_lse, ws,
                               ws.generation, merges, split)
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count

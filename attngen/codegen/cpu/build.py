@@ -15,10 +15,10 @@ from .inline_hooks import inline_hooks
 CPU_TARGET = {"kind": "llvm"}
 
 
-def cpu_kernel_specs(variant, cfg: BuildConfig) -> dict[str, CPUKernelSpec]:
-    """Exported symbol -> kernel spec, for every (kind, layout, dtype, head_dim) the config asks for."""
+def hook_flags(variant) -> dict:
+    """Which hooks a variant has and how its scale folds: the variant-dependent kernel-spec fields."""
     hooks = variant.hooks
-    common = dict(
+    return dict(
         has_query_transform="query_transform" in hooks,
         has_key_transform="key_transform" in hooks,
         has_logits_transform="logits_transform" in hooks,
@@ -27,6 +27,11 @@ def cpu_kernel_specs(variant, cfg: BuildConfig) -> dict[str, CPUKernelSpec]:
         softmax=variant.state == StateAlgebra.SOFTMAX,
         q_scale_log2e=variant.analysis.scale.q_scale_log2e,
     )
+
+
+def cpu_kernel_specs(variant, cfg: BuildConfig) -> dict[str, CPUKernelSpec]:
+    """Exported symbol -> kernel spec, for every (kind, layout, dtype, head_dim) the config asks for."""
+    common = hook_flags(variant)
     specs = {}
     for dtype in cfg.dtypes:
         for d in cfg.head_dims:

@@ -51,6 +51,7 @@ def main():
     ap.add_argument("--tag", default="", help="suffix of the result file names")
     args = ap.parse_args()
     from attngen.runtime import CUDAAttention, PagedKV
+    from attngen.runtime.cuda import choose_num_chunks
     from attngen.codegen.cache import BuildCache
     from attngen.variants import builtin
 
@@ -79,8 +80,11 @@ def main():
         row = {"case": name, "bytes": nbytes}
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], device="cuda")
-        for key, tc in (("attngen_cuda_core", False), ("attngen_tc", True), ("attngen", None)):  # auto last
-            plan = att.plan_decode(kv, hq, HEAD_DIM, tensor_cores=tc)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        even = choose_num_chunks(batch, hkv, max(kv_lens), sms)
+        for key, tc, chunks in (("attngen_cuda_core", False, None), ("attngen_tc_even", True, even),
+                                ("attngen", None, None)):  # automatic (load-balanced plan) last
+            plan = att.plan_decode(kv, hq, HEAD_DIM, tensor_cores=tc, num_chunks=chunks)
             row[f"{key}_chunks"] = plan.num_chunks
             row[f"{key}_ms"] = bench(lambda: att.decode(q, kv, plan=plan, out=out, lse=lse))
         if flashinfer is not None:
@@ -130,15 +134,16 @@ def main():
              f"Copy bandwidth measured in the same run: {results['copy_GBps']:.0f} GB/s. "
              f"attngen cold build (vanilla, decode + prefill, 1 head dim, 1 arch): {results['attngen_cold_build_s']:.1f} s; "
              f"FlashInfer first plan+run (JIT or cached): {fi_jit_s if fi_jit_s is None else round(fi_jit_s, 1)} s.", "",
-             "attngen columns: automatic choice (% of copy), CUDA-core template, tensor-core template.", "",
-             "| case | attngen GB/s (% copy) | attngen CUDA-core | attngen TC | FI cuda-core GB/s | FI tensor-core GB/s "
+             "attngen columns: automatic choice = tensor cores with the load-balanced plan (% of copy); CUDA-core "
+             "template, even split; tensor-core template, even split.", "",
+             "| case | attngen GB/s (% copy) | attngen CUDA-core | attngen TC even | FI cuda-core GB/s | FI tensor-core GB/s "
              "| SDPA GB/s | attngen / best FI |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results["cases"]:
         fi = [r.get("flashinfer_cuda_core_GBps"), r.get("flashinfer_tc_GBps")]
         best = max([x for x in fi if x] or [float("nan")])
         lines.append(f"| {r['case']} | {r['attngen_GBps']:.0f} ({r['attngen_pct_of_copy']:.0f}%) | "
-                     f"{r['attngen_cuda_core_GBps']:.0f} | {r['attngen_tc_GBps']:.0f} | "
+                     f"{r['attngen_cuda_core_GBps']:.0f} | {r['attngen_tc_even_GBps']:.0f} | "
                      f"{fi[0] or float('nan'):.0f} | {fi[1] or float('nan'):.0f} | {r.get('sdpa_GBps') or float('nan'):.0f} | "
                      f"{r['attngen_GBps'] / best:.2f} |")
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")

@@ -89,3 +89,17 @@ def test_non_contiguous_input(att, prob):
     q = np.asfortranarray(prob.q)
     with pytest.raises(AttentionArgumentError, match=r"q: must be contiguous"):
         att.prefill(q, prob.ragged, prob.qo_indptr, params=_params())
+
+
+def test_page_table_may_have_spare_capacity():
+    """kv.indices may be longer than kv.indptr[-1] (a fixed-size, graph-captured page table); only the used
+    entries are range-checked, and indptr may not run past the buffer."""
+    from attngen.runtime.checks import check_paged
+
+    pages = np.zeros((4, 2, 16, 1, 64), np.float32)
+    spare = np.array([0, 3, 99, -5], np.int32)  # the last two are unused garbage
+    kv = PagedKV(pages, np.array([0, 1, 2], np.int32), spare, np.array([16, 3], np.int32))
+    assert check_paged(kv, 64, "float32", 2) == 2
+    kv = PagedKV(pages, np.array([0, 1, 5], np.int32), spare, np.array([16, 3], np.int32))
+    with pytest.raises(AttentionArgumentError, match=r"kv.indptr: last entry is 5 but the indexed buffer holds only 4"):
+        check_paged(kv, 64, "float32", 2)

@@ -37,7 +37,9 @@ def check_tensor(x, name: str, ndim: int, dtype: str | None = None) -> None:
         raise AttentionArgumentError(f"{name}: must be contiguous (call .contiguous() / np.ascontiguousarray)")
 
 
-def check_indptr(x, name: str, total: int | None, batch: int | None = None) -> np.ndarray:
+def check_indptr(x, name: str, total: int | None, batch: int | None = None, *, capacity: bool = False) -> np.ndarray:
+    """``capacity``: ``total`` is the size of a buffer the entries index into, which may hold unused
+    spare entries past the last one (as a CUDA-graph-captured page table does)."""
     check_tensor(x, name, 1, "int32")
     a = as_numpy(x, name)
     if len(a) < 1:
@@ -46,7 +48,10 @@ def check_indptr(x, name: str, total: int | None, batch: int | None = None) -> n
         raise AttentionArgumentError(f"{name}: has {len(a)} entries, expected batch_size + 1 = {batch + 1}")
     if a[0] != 0 or np.any(np.diff(a) < 0):
         raise AttentionArgumentError(f"{name}: must start at 0 and be non-decreasing")
-    if total is not None and a[-1] != total:
+    if capacity and total is not None and a[-1] > total:
+        raise AttentionArgumentError(f"{name}: last entry is {a[-1]} but the indexed buffer holds only {total} "
+                                     "entries")
+    if not capacity and total is not None and a[-1] != total:
         raise AttentionArgumentError(f"{name}: last entry is {a[-1]} but the data holds {total} rows")
     return a
 
@@ -69,12 +74,12 @@ def check_paged(kv: PagedKV, head_dim: int, dtype: str, batch: int | None) -> in
         raise AttentionArgumentError(
             f"kv.pages: shape {tuple(kv.pages.shape)} is not [num_pages, 2, ..., {head_dim}] ({kv.layout})")
     check_tensor(kv.indices, "kv.indices", 1, "int32")
-    indptr = check_indptr(kv.indptr, "kv.indptr", int(kv.indices.shape[0]), batch)
+    indptr = check_indptr(kv.indptr, "kv.indptr", int(kv.indices.shape[0]), batch, capacity=True)
     b = len(indptr) - 1
     check_tensor(kv.last_page_len, "kv.last_page_len", 1, "int32")
     if kv.last_page_len.shape[0] != b:
         raise AttentionArgumentError(f"kv.last_page_len: has {kv.last_page_len.shape[0]} entries, expected {b}")
-    idx = as_numpy(kv.indices, "kv.indices")
+    idx = as_numpy(kv.indices, "kv.indices")[:int(indptr[-1])]  # entries past the last are spare capacity
     n_pages = int(kv.pages.shape[0])
     if len(idx) and (idx.min() < 0 or idx.max() >= n_pages):
         raise AttentionArgumentError(

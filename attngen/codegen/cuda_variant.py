@@ -8,6 +8,7 @@ functions lowered by :mod:`.hooks_cuda`. Absent hooks are identities.
 from __future__ import annotations
 
 from attngen.ir import HOOKS, StateAlgebra, TensorParam
+from attngen.ir.mask_class import MaskKind
 
 C_TYPES = {"float32": "float", "int32": "int", "int64": "int64_t", "uint8": "unsigned char",
            "float16": "half", "bfloat16": "__nv_bfloat16"}
@@ -50,6 +51,8 @@ def traits_source(variant, hs, head_dim: int) -> str:
         "kOutputElementwise": _b("output_transform" in hs.elementwise),
         "kHasLower": _b("lower" in hs.bounds),
         "kHasUpper": _b("upper" in hs.bounds),
+        # the mask is exactly its bounds (causal, sliding window): a tile inside them skips the mask hook
+        "kMaskExact": _b("logits_mask" not in hooks or a.mask.kind != MaskKind.ARBITRARY),
     }
     for k, v in flags.items():
         lines.append(f"  static constexpr {'int' if k == 'kHeadDim' else 'bool'} {k} = {v};")

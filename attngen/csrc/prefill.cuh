@@ -168,6 +168,21 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     rhead[h] = hk * group + pr % group;
   }
   const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
+  // this warp's rows: all present, and the positions they span (for the interior-tile test)
+  const int wr0 = row0 + wrow, wr1 = min(wr0 + 16, rows_total) - 1;
+  const bool warp_rows_full = wr0 + 16 <= rows_total;
+  const int warp_first_pos = pos_base + wr0 / group, warp_last_pos = pos_base + max(wr1, wr0) / group;
+  long long mask_lo = 0, mask_hi = 0;
+  if constexpr (V::kHasLower) mask_lo = V::mask_lower(hp);
+  if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);
+  // Q fragments stay in registers for the whole KV loop where they fit (D <= 128)
+  constexpr bool kQInRegs = D <= 128;
+  uint32_t qfrag[kQInRegs ? D / 16 : 1][4];
+  if constexpr (kQInRegs) {
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 16)
+      ldmatrix_x4(qfrag[k0 / 16], sq + (wrow + (lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+  }
 
   if (num_kt > 0) load_kv(0, 0);
   copy_commit();
@@ -204,7 +219,12 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
       uint32_t a[4];
-      ldmatrix_x4(a, sq + (wrow + (lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+      if constexpr (kQInRegs) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = qfrag[k0 / 16][i];
+      } else {
+        ldmatrix_x4(a, sq + (wrow + (lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+      }
 #pragma unroll
       for (int n = 0; n < NKT; n += 2) {
         uint32_t bk[4];
@@ -213,23 +233,46 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
         mma16816<T>(s[n + 1], a, bk[2], bk[3]);
       }
     }
-    // hooks, mask, online softmax (rows g and g+8; a row's values live in one quad)
+    // hooks, mask, online softmax (rows g and g+8; a row's values live in one quad). A tile whose
+    // rows all exist, whose keys all lie in [lo, hi) and, for a mask that is exactly its bounds,
+    // whose every (row, key) pair lies inside them, takes the interior path: no mask hook, no checks.
+    const int j_last = j0 + TK - 1;
+    bool interior = warp_rows_full && j_last < hi && V::kMaskExact;
+    if constexpr (V::kHasLower) interior = interior && (long long)warp_first_pos - j_last >= mask_lo;
+    if constexpr (V::kHasUpper) interior = interior && (long long)warp_last_pos - j0 <= mask_hi;
     float mt[2] = {m_row[0], m_row[1]};
+    if (interior) {
 #pragma unroll
-    for (int n = 0; n < NKT; ++n) {
+      for (int n = 0; n < NKT; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
-        float x = s[n][e] * scale;
-        bool visible = rvalid[h] && j < hi;
-        if constexpr (V::kHasLogits) {
-          if (visible) x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          float x = s[n][e] * scale;
+          if constexpr (V::kHasLogits) {
+            const int j = j0 + n * 8 + t4 * 2 + (e % 2);
+            x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
+          }
+          s[n][e] = x;
+          if constexpr (V::kSoftmax) mt[h] = fmaxf(mt[h], x);
         }
-        if constexpr (V::kHasMask) {
-          if (visible) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < NKT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
+          float x = s[n][e] * scale;
+          bool visible = rvalid[h] && j < hi;
+          if constexpr (V::kHasLogits) {
+            if (visible) x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
+          }
+          if constexpr (V::kHasMask) {
+            if (visible) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
+          }
+          s[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
+          if constexpr (V::kSoftmax) mt[h] = fmaxf(mt[h], s[n][e]);
         }
-        s[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
-        if constexpr (V::kSoftmax) mt[h] = fmaxf(mt[h], s[n][e]);
       }
     }
     float rescale[2] = {1.f, 1.f};
@@ -242,14 +285,15 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
         d_row[h] *= rescale[h];
         m_row[h] = mt[h];
       }
+      // a row whose max is -inf has only -inf scores: exp2(-inf - 0) = 0 without a per-score test
+      const float msub[2] = {m_row[0] == kNegInf ? 0.f : m_row[0], m_row[1] == kNegInf ? 0.f : m_row[1]};
 #pragma unroll
       for (int n = 0; n < NKT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          const float p = m_row[h] == kNegInf ? 0.f : exp2f(s[n][e] - m_row[h]);
+          const float p = exp2f(s[n][e] - msub[e / 2]);
           s[n][e] = p;
-          d_row[h] += p;
+          d_row[e / 2] += p;
         }
 #pragma unroll
       for (int n = 0; n < NDT; ++n)

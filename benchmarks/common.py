@@ -1,12 +1,22 @@
-"""Timing helpers shared by the benchmark scripts: CUDA-event medians and the copy-bandwidth ceiling."""
+"""Helpers shared by the benchmark scripts: CUDA-event medians, the copy-bandwidth ceiling, and the result
+plumbing (the common options, run heading, peers measured under a guard, JSON + Markdown files).
+
+torch is imported inside the functions that need it, so a script's ``--help`` runs without it.
+"""
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
+from pathlib import Path
+
 import numpy as np
-import torch
 
 
 def bench(fn, reps=50, warmup=10) -> float:
     """Median milliseconds of ``fn`` over ``reps`` launches timed with CUDA events, after warm-up."""
+    import torch
+
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -23,7 +33,67 @@ def bench(fn, reps=50, warmup=10) -> float:
 
 def copy_bandwidth() -> float:
     """GB/s of a 2 GiB device-to-device copy on this GPU (read + write bytes)."""
+    import torch
+
     x = torch.empty(2 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda")
     y = torch.empty_like(x)
     ms = bench(lambda: y.copy_(x), reps=20)
     return 2 * x.numel() * 2 / (ms * 1e-3) / 1e9
+
+
+def result_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes (run_all.sh passes both): --out, --commit; ``doc`` (the module
+    docstring) is the help text."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder of the result files")
+    ap.add_argument("--commit", default="unknown", help="commit recorded in the results")
+    return ap
+
+
+def run_info(commit: str) -> dict:
+    """The heading of every result file: GPU, date, commit and library versions."""
+    import torch
+
+    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA GPU",
+            "date": datetime.date.today().isoformat(), "commit": commit, "torch": torch.__version__,
+            "flashinfer": load_flashinfer()[1]}
+
+
+def load_flashinfer():
+    """(the flashinfer module or None, its version or why it is missing): a missing peer is recorded, not fatal."""
+    try:
+        import flashinfer
+    except Exception as e:  # noqa: BLE001
+        return None, f"unavailable: {type(e).__name__}: {e}"[:300]
+    return flashinfer, getattr(flashinfer, "__version__", "unknown")
+
+
+def guarded(row: dict, key: str, fn):
+    """Run one peer's measurement; a failure is recorded as ``row[key + "_error"]`` and returns None, so one
+    broken peer never stops the others."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
+        return None
+
+
+def cell(x, spec: str = ".0f") -> str:
+    """A Markdown table cell: the formatted number, or an em dash where the measurement is missing."""
+    return "—" if x is None else format(x, spec)
+
+
+def error_lines(rows: list[dict], label) -> list[str]:
+    """A Markdown "Errors" section listing every ``*_error`` entry of ``rows`` (``label(row)`` names the row)."""
+    errors = [f"- {label(r)}, {k[:-len('_error')]}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")]
+    return ["", "Errors:", ""] + errors if errors else []
+
+
+def write_results(out_dir, stem: str, results: dict, md_lines: list[str]) -> None:
+    """``<out_dir>/<stem>.json`` (everything measured) and ``<stem>.md`` (the summary tables), and the
+    summary on stdout."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    (out_dir / f"{stem}.md").write_text("\n".join(md_lines) + "\n")
+    print("\n".join(md_lines))

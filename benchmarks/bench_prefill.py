@@ -47,6 +47,10 @@ def main():
         flops = 2 * 2 * L * L / 2 * D * HQ
         row = {"case": name, "attngen_ms": bench(lambda: att.prefill(q, kv, indptr, plan=plan, out=out, lse=lse),
                                                  reps=20)}
+        wide = att.plan_prefill(indptr, kv, D, wide_tiles=True)
+        out_wide = torch.empty_like(q)
+        row["attngen_wide_ms"] = bench(lambda: att.prefill(q, kv, indptr, plan=wide, out=out_wide, lse=lse), reps=20)
+        row["attngen_wide_maxdiff"] = float((out_wide.float() - out.float()).abs().max())
         if flashinfer is not None:
             try:
                 fi = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True, backend="fa2")

@@ -1,5 +1,6 @@
 """Configurations run under compute-sanitizer by test_gpu_sanitizer.py: each decode template (CUDA cores,
-tensor cores) whole and split (the merge path), and prefill over ragged and paged KV."""
+tensor cores) whole and split (the merge path), and prefill over ragged and paged KV with both query
+tiles."""
 import numpy as np
 import torch
 
@@ -34,7 +35,9 @@ def main():
                         cuda(prob.paged.last_page_len))
         ragged = RaggedKV(cuda(prob.ragged.k, True), cuda(prob.ragged.v, True), cuda(prob.ragged.indptr))
         for kv in (paged, ragged):
-            att.prefill(q, kv, qo_indptr, params=params)
+            for wide in (False, True):
+                att.prefill(q, kv, qo_indptr, plan=att.plan_prefill(qo_indptr, kv, 128, wide_tiles=wide),
+                            params=params)
     torch.cuda.synchronize()
     print("sanitizer case done")
 

@@ -2,7 +2,8 @@
 
 Ragged and paged (NHD, HND) KV with random page permutations, append (qo_len < kv_len),
 a zero-length request and a request without keys, GQA ratios 1, 4, 8, 5, fp16 and bf16,
-head dims 64/128/256, outputs poisoned with NaN.
+head dims 64/128/256, outputs poisoned with NaN; each case on both query tiles (64 rows, and the
+8-warp 128-row tile that long requests may ask for).
 """
 import numpy as np
 import pytest
@@ -46,13 +47,17 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
     ref_o, ref_l = reference_attention(v, q_r, keys, values, prob.qo_indptr, sm_scale, params)
     dev_params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in params.items()}
     qo_indptr = to_torch(prob.qo_indptr)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
-    att.prefill(q, kv, qo_indptr, sm_scale=sm_scale, params=dev_params, out=out, lse=lse)
-    torch.cuda.synchronize()
-    return compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l,
-                   tol=tolerance(ref_prob, ref_o, dtype, sm_scale), lse_tol=2e-2,
-                   what=f"{v.name} prefill {kv_mode} {dtype} d{head_dim} g{group}")
+    tol = tolerance(ref_prob, ref_o, dtype, sm_scale)
+    results = []
+    for wide in (False, True):  # the 64-row and the 128-row (8-warp) tiles on the same inputs
+        plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+        att.prefill(q, kv, qo_indptr, plan=plan, sm_scale=sm_scale, params=dev_params, out=out, lse=lse)
+        torch.cuda.synchronize()
+        results.append(compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=tol, lse_tol=2e-2,
+                               what=f"{v.name} prefill {kv_mode} {dtype} d{head_dim} g{group} wide={wide}"))
+    return results
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -64,6 +69,9 @@ def test_prefill_matches_reference(name, head_dim, dtype, build_cache, rng):
     for group, kv_mode in [(1, "ragged"), (4, "NHD"), (8, "HND"), (5, "NHD")]:
         run_prefill(att, v, rng, group=group, head_dim=head_dim, dtype=dtype, kv_mode=kv_mode,
                     qo_lens=[37, 0, 100, 3, 1], kv_lens=[37, 5, 180, 0, 70])
+    # long enough for the 128-row tile (at least 256 rows of tokens x group heads)
+    run_prefill(att, v, rng, group=4, head_dim=head_dim, dtype=dtype, kv_mode="NHD",
+                qo_lens=[90, 0, 7], kv_lens=[300, 4, 7])
 
 
 def test_long_causal_prefill(build_cache, rng):

@@ -145,7 +145,7 @@ def prefill_wrapper(variant, head_dim: int, dtype: str, layout: str | None) -> s
 {_paged_fill(layout, "P.kv")}"""
     return f"""
 static void {name}(tvm::ffi::TensorView q, {kv_args}, tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView o,
-    tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len{decl}) {{
+    tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len, int64_t tile_warps{decl}) {{
   using V = attngen_gen::Hooks_d{head_dim};
   using T = {C_TYPES[dtype]};
   attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
@@ -159,6 +159,9 @@ static void {name}(tvm::ffi::TensorView q, {kv_args}, tvm::ffi::TensorView qo_in
   P.batch = static_cast<int>(qo_indptr.size(0)) - 1;
   P.num_qo_heads = static_cast<int>(q.size(1));
   P.sm_scale = static_cast<float>(sm_scale);
+  P.tile_warps = static_cast<int>(tile_warps);
+  if (P.tile_warps != 0 && P.tile_warps != 4 && P.tile_warps != 8)
+    TVM_FFI_THROW(ValueError) << "{name}: tile_warps must be 0 (default), 4 or 8";
 {kv_fill}
   P.group = P.num_qo_heads / P.num_kv_heads;
   if (P.group * P.num_kv_heads != P.num_qo_heads)

@@ -48,15 +48,18 @@ struct PrefillProblem {
   float* lse;                // [total_q, Hq]
   const int32_t* qo_indptr;  // [B+1]
   int batch, num_qo_heads, num_kv_heads, group;
+  int tile_warps;  // 8: the 128-row tile for long requests (D <= 128); 0 or 4: the 64-row tiles
   float sm_scale;
   KVRows kv;
 };
 
-// Tile configurations: Q rows per CTA, keys per tile, stages (1 = no double buffer).
-template <int D, bool Small>
+// Tile configurations: Q rows per CTA (16 per warp), keys per tile, stages (1 = no double buffer).
+// Eight warps (128 rows) halve the K/V traffic per FLOP of long prefills; four serve short ones.
+template <int D, bool Small, int Warps = 4>
 struct PrefillTile {
   static_assert(D == 64 || D == 128 || D == 256, "prefill supports head_dim 64, 128, 256");
-  static constexpr int kWarps = 4;
+  static_assert(Warps == 4 || Warps == 8, "prefill tiles have 4 or 8 warps");
+  static constexpr int kWarps = Warps;
   static constexpr int kRows = 16 * kWarps;
   static constexpr int kKeys = D == 256 ? (Small ? 16 : 32) : 64;
   static constexpr int kStages = (Small && D != 64) ? 1 : 2;
@@ -65,19 +68,19 @@ struct PrefillTile {
   static constexpr int kThreads = 32 * kWarps;
 };
 
-template <class V, class T, int D, bool Small>
+template <class V, class T, int D, bool Small, int Warps = 4>
 constexpr size_t prefill_smem_bytes() {
-  using Tile = PrefillTile<D, Small>;
+  using Tile = PrefillTile<D, Small, Warps>;
   size_t qk = (size_t(Tile::kRows) + 2 * Tile::kStages * Tile::kKeys) * Tile::kStride * sizeof(T);
   size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
   size_t out = size_t(Tile::kRows) * D * sizeof(float) + Tile::kRows * sizeof(float);
   return (qk > out ? qk : out) + scratch;
 }
 
-template <class V, class T, int D, bool Small>
-__global__ void __launch_bounds__(PrefillTile<D, Small>::kThreads)
+template <class V, class T, int D, bool Small, int Warps>
+__global__ void __launch_bounds__(PrefillTile<D, Small, Warps>::kThreads)
 prefill_kernel(PrefillProblem P, typename V::Params hp) {
-  using Tile = PrefillTile<D, Small>;
+  using Tile = PrefillTile<D, Small, Warps>;
   constexpr int RQ = Tile::kRows, TK = Tile::kKeys, ST = Tile::kStride, NS = Tile::kStages;
   constexpr int NT = Tile::kThreads;
   constexpr int NKT = TK / 8;   // n-tiles of S per warp
@@ -86,7 +89,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   T* sq = reinterpret_cast<T*>(smem_raw);   // [RQ][ST]
   T* skv = sq + RQ * ST;                    // [NS][2][TK][ST]
   float* scratch_all = reinterpret_cast<float*>(
-      smem_raw + (prefill_smem_bytes<V, T, D, Small>() - size_t(Tile::kWarps) * 2 * D * sizeof(float)));
+      smem_raw + (prefill_smem_bytes<V, T, D, Small, Warps>() - size_t(Tile::kWarps) * 2 * D * sizeof(float)));
 
   const int tile = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -369,25 +372,35 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   }
 }
 
-template <class V, class T, int D, bool Small>
+template <class V, class T, int D, bool Small, int Warps>
 void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
-  using Tile = PrefillTile<D, Small>;
-  const size_t smem = prefill_smem_bytes<V, T, D, Small>();
-  auto kernel = prefill_kernel<V, T, D, Small>;
+  using Tile = PrefillTile<D, Small, Warps>;
+  const size_t smem = prefill_smem_bytes<V, T, D, Small, Warps>();
+  auto kernel = prefill_kernel<V, T, D, Small, Warps>;
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;
   kernel<<<dim3(tiles, P.num_kv_heads, P.batch), Tile::kThreads, smem, stream>>>(P, hp);
 }
 
-// The big configuration where the device's opt-in shared memory holds it, else the small one.
+// Rows (tokens x group heads) of the longest request from which an 8-warp request is honoured.
+constexpr int kPrefillWideRows = 256;
+
+// The 8-warp tile when asked for (P.tile_warps == 8), the requests are long enough and D <= 128,
+// else the big 4-warp configuration where the device's opt-in shared memory holds it, else the
+// small one.
 template <class V, class T, int D>
 void launch_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
-  const int optin = device_smem_optin();
-  if (size_t(optin) >= prefill_smem_bytes<V, T, D, false>()) {
-    launch_prefill_tile<V, T, D, false>(P, max_qo_len, hp, stream);
+  const size_t optin = size_t(device_smem_optin());
+  if constexpr (D <= 128) {
+    if (P.tile_warps == 8 && int64_t(max_qo_len) * P.group >= kPrefillWideRows &&
+        optin >= prefill_smem_bytes<V, T, D, false, 8>())
+      return launch_prefill_tile<V, T, D, false, 8>(P, max_qo_len, hp, stream);
+  }
+  if (optin >= prefill_smem_bytes<V, T, D, false>()) {
+    launch_prefill_tile<V, T, D, false, 4>(P, max_qo_len, hp, stream);
   } else {
-    launch_prefill_tile<V, T, D, true>(P, max_qo_len, hp, stream);
+    launch_prefill_tile<V, T, D, true, 4>(P, max_qo_len, hp, stream);
   }
 }
 

@@ -8,6 +8,10 @@ decodes on; every layer's attention is checked against a float64 reference that 
 copy of each sequence's keys and values. RoPE is TVM's "normal" mode: applied to q and k
 before the cache stores them.
 
+The loop runs twice: once with the kernels built at run time, once ahead of time — the
+same kernels compiled into a TVM model library (``paged_kv_cache_module`` +
+``export_model_library``) whose Relax function ``create_kv_cache()`` creates the cache.
+
     python examples/tvm_paged_kv_cache.py
 """
 import numpy as np
@@ -74,19 +78,42 @@ class Model:
 
 def main(head_dim: int = 64, num_layers: int = 3, num_qo_heads: int = 8, num_kv_heads: int = 2,
          decode_steps: int = 4, soft_cap: float = 20.0, seed: int = 0, cache=None):
+    import tempfile
+    from pathlib import Path
+
+    import tvm
+    from tvm import relax
+
+    from attngen.runtime.tvm_kv_cache import create_paged_kv_cache
+    from attngen.runtime.tvm_kv_cache_aot import export_model_library, paged_kv_cache_module
+
+    shape = dict(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                 dtype="float32", max_batch=4, max_total_tokens=512, prefill_chunk=128, rope_mode="normal",
+                 rope_theta=1e4, params={"soft_cap": soft_cap})
+    results = {}
+    kv = create_paged_kv_cache(variant, cache=cache, **shape)
+    results["runtime-built kernels"] = decode_loop(kv, seed, decode_steps, **shape)
+    with tempfile.TemporaryDirectory() as tmp:
+        library = export_model_library(paged_kv_cache_module(variant, **shape), Path(tmp) / "model.so")
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
+        results["model library (AOT)"] = decode_loop(vm["create_kv_cache"](), seed, decode_steps, **shape)
+    for how, errors in results.items():
+        print(f"{how}:")
+        for phase, err in errors.items():
+            print(f"  {phase:18s} max|O-ref| {err['out_err']:.2e}")
+    return results["model library (AOT)"]
+
+
+def decode_loop(kv, seed, decode_steps, *, num_layers, num_qo_heads, num_kv_heads, head_dim, rope_theta, params,
+                **_):
+    """Add sequences, prefill, decode, fork, pop-n and append through ``kv``, checking every layer."""
     import tvm
     from tvm.runtime import ShapeTuple
 
-    from attngen.runtime.tvm_kv_cache import create_paged_kv_cache
-
     G = tvm.get_global_func
     rng = np.random.default_rng(seed)
-    theta = 1e4
-    model = Model(rng, num_layers, num_qo_heads, num_kv_heads, head_dim, soft_cap, theta)
-    kv = create_paged_kv_cache(variant, num_layers=num_layers, num_qo_heads=num_qo_heads,
-                               num_kv_heads=num_kv_heads, head_dim=head_dim, dtype="float32", max_batch=4,
-                               max_total_tokens=512, prefill_chunk=128, rope_mode="normal", rope_theta=theta,
-                               params=model.params, cache=cache)
+    theta = rope_theta
+    model = Model(rng, num_layers, num_qo_heads, num_kv_heads, head_dim, params["soft_cap"], theta)
     errors: dict[str, float] = {}
 
     def forward(phase, seq_ids, lens):
@@ -123,8 +150,6 @@ def main(head_dim: int = 64, num_layers: int = 3, num_qo_heads: int = 8, num_kv_
 
     print(f"{variant.name} in TVM's PagedKVCache: {num_layers} layers, {num_qo_heads}/{num_kv_heads} heads, "
           f"head_dim {head_dim}, sequence lengths {lengths}")
-    for phase, err in errors.items():
-        print(f"  {phase:18s} max|O-ref| {err:.2e}")
     assert all(err < 1e-4 for err in errors.values()), errors
     return {phase: {"out_err": err} for phase, err in errors.items()}
 

@@ -132,6 +132,25 @@ def attention_slot_functions(variant=None, *, num_qo_heads: int, head_dim: int, 
     return out
 
 
+def _check_cache_args(*, num_layers, num_qo_heads, num_kv_heads, page_size, max_batch, max_total_tokens,
+                      prefill_chunk, attn_kinds, support_sliding_window) -> list[str]:
+    """Validate a cache's shape arguments; returns the per-layer attention kinds."""
+    for name, value in (("num_layers", num_layers), ("num_qo_heads", num_qo_heads),
+                        ("num_kv_heads", num_kv_heads), ("page_size", page_size), ("max_batch", max_batch),
+                        ("max_total_tokens", max_total_tokens), ("prefill_chunk", prefill_chunk)):
+        if int(value) <= 0:
+            raise ValueError(f"{name} {value}: must be positive")
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads {num_qo_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    kinds = list(attn_kinds) if attn_kinds is not None else ["mha"] * num_layers
+    if len(kinds) != num_layers or any(k not in ATTN_KINDS for k in kinds):
+        raise ValueError(f"attn_kinds {kinds!r}: give one of {list(ATTN_KINDS)} per layer ({num_layers} layers)")
+    if "mha_sliding" in kinds and support_sliding_window:
+        raise ValueError("support_sliding_window=True and 'mha_sliding' layers: TVM's cache silently drops "
+                         "per-sequence windows when a layer has its own window; choose one")
+    return kinds
+
+
 def create_paged_kv_cache(variant=None, *, num_layers: int, num_qo_heads: int, num_kv_heads: int,
                           head_dim: int, dtype: str = "float32", page_size: int = 16, max_batch: int,
                           max_total_tokens: int, prefill_chunk: int, rope_mode="none",
@@ -155,20 +174,11 @@ def create_paged_kv_cache(variant=None, *, num_layers: int, num_qo_heads: int, n
     from attngen.codegen.cpu.tvm_cache_kernels import SYMBOLS, build_tvm_cache_kernels
 
     _check_target(target)
-    for name, value in (("num_layers", num_layers), ("num_qo_heads", num_qo_heads),
-                        ("num_kv_heads", num_kv_heads), ("page_size", page_size), ("max_batch", max_batch),
-                        ("max_total_tokens", max_total_tokens), ("prefill_chunk", prefill_chunk)):
-        if int(value) <= 0:
-            raise ValueError(f"{name} {value}: must be positive")
-    if num_qo_heads % num_kv_heads:
-        raise ValueError(f"num_qo_heads {num_qo_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    kinds = list(attn_kinds) if attn_kinds is not None else ["mha"] * num_layers
-    if len(kinds) != num_layers or any(k not in ATTN_KINDS for k in kinds):
-        raise ValueError(f"attn_kinds {kinds!r}: give one of {list(ATTN_KINDS)} per layer ({num_layers} layers)")
+    kinds = _check_cache_args(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                              page_size=page_size, max_batch=max_batch, max_total_tokens=max_total_tokens,
+                              prefill_chunk=prefill_chunk, attn_kinds=attn_kinds,
+                              support_sliding_window=support_sliding_window)
     layer_windows = "mha_sliding" in kinds
-    if layer_windows and support_sliding_window:
-        raise ValueError("support_sliding_window=True and 'mha_sliding' layers: TVM's cache silently drops "
-                         "per-sequence windows when a layer has its own window; choose one")
     slots = attention_slot_functions(
         variant, num_qo_heads=num_qo_heads, head_dim=head_dim, dtype=dtype, rope_mode=rope_mode,
         support_sliding_window=support_sliding_window, sliding_window=sliding_window if layer_windows else None,

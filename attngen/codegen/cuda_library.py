@@ -108,7 +108,7 @@ static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi:
   if (!P.plan && P.num_chunks > 1 && (part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * {head_dim} ||
                            part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
     TVM_FFI_THROW(ValueError) << "{name}: part_o / part_lse are smaller than batch x num_chunks x heads";
-  P.kv.pages = attngen::data_of(pages);
+  P.kv.base = attngen::data_of(pages);
 {_paged_fill(layout, "P.kv")}
   if (!attngen::launch_decode<V, T, {head_dim}, {max_group}>(P, hp, attngen::stream_of(q)))
     TVM_FFI_THROW(ValueError) << "{name}: no tensor-core decode tile fits this device's shared memory, and a "

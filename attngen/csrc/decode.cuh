@@ -12,22 +12,9 @@
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "epilogue.cuh"
+#include "kv_rows.cuh"
 
 namespace attngen {
-
-struct PagedKV {
-  const void* pages;
-  const int32_t* indptr;         // [B+1] into indices
-  const int32_t* indices;        // [nnz] page ids
-  const int32_t* last_page_len;  // [B]
-  int64_t stride_page, stride_kv, stride_slot, stride_head;  // elements
-  int page_size;
-
-  __device__ __forceinline__ int length(int b) const {
-    int n = indptr[b + 1] - indptr[b];
-    return n > 0 ? (n - 1) * page_size + last_page_len[b] : 0;
-  }
-};
 
 // The split-KV plan on the device: one int32 buffer whose header gives the offsets of its arrays
 // (written by attngen/runtime/decode_plan.py): [0] merges, [1] CTAs, [2..6] offsets of cta_indptr,
@@ -51,7 +38,7 @@ struct DecodeProblem {
   const int32_t* plan;  // DecodePlanView buffer (tensor-core template), nullptr: even split by num_chunks
   int plan_ctas, plan_max_merges;  // grid of the plan-mode decode and merge kernels
   float sm_scale;
-  PagedKV kv;
+  KVRows kv;  // paged (page_size > 0)
 };
 
 struct KeyRange {
@@ -158,7 +145,7 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
   // ---- pipelined K/V tiles ------------------------------------------------------------
   T* tiles = reinterpret_cast<T*>(smem_raw);  // [S][2][TOK][D]
   float* kf = reinterpret_cast<float*>(smem_raw + size_t(S) * 2 * Tile::kTileElems * sizeof(T));  // [2][TOK][D]
-  const T* pages = static_cast<const T*>(P.kv.pages);
+  const T* pages = static_cast<const T*>(P.kv.base);
   const int32_t* page_ids = P.kv.indices + P.kv.indptr[b];
   const int64_t head_off = int64_t(hk) * P.kv.stride_head;
   const int num_tiles = (end - start + TOK - 1) / TOK;

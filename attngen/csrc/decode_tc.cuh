@@ -73,7 +73,7 @@ __device__ __forceinline__ void decode_tc_item(const DecodeProblem& P, const typ
   __syncthreads();  // the previous item's epilogue may still read shared memory
 
   // ---- K/V gather: thread keeps one 16-byte column, one page lookup per row pass --------
-  const T* pages = static_cast<const T*>(P.kv.pages);
+  const T* pages = static_cast<const T*>(P.kv.base);
   const int32_t* page_ids = P.kv.indices + P.kv.indptr[b];
   const int64_t head_off = int64_t(hk) * P.kv.stride_head + (tid % CPR) * 8;
   const int ps = P.kv.page_size;

@@ -1,8 +1,9 @@
-"""GPU: block-sparse and cascade views through the CUDA prefill template and the CUDA merge kernels."""
+"""GPU: block-sparse (shared and per-KV-head) and cascade views through the CUDA prefill template and the
+CUDA merge kernels."""
 import numpy as np
 import pytest
 
-from .test_block_sparse import dense_reference
+from .test_block_sparse import bsr_of, dense_head_mask, dense_reference, random_head_masks, random_sizes
 from .test_cascade import build_case
 
 pytestmark = pytest.mark.gpu
@@ -37,6 +38,36 @@ def test_bsr_on_gpu(cuda_vanilla, rng):
     v = pages[:, 1].reshape(nb * c, 2, 64)[:n].float().cpu().numpy()
     ref, _ = dense_reference(q.float().cpu().numpy(), k, v, np.kron(blocks, np.ones((r, c), bool))[:m, :n], 0.125)
     assert np.abs(out.float().cpu().numpy() - ref).max() < 4e-3
+
+
+@pytest.mark.parametrize("block_sizes", ["uniform", "variable"])
+def test_headwise_bsr_on_gpu(cuda_vanilla, rng, block_sizes):
+    """A layout per KV head (one head empty, one empty block row), odd M and N; uniform: 16 x 16 blocks, one key
+    block per page; variable: sizes per block and head, keys as one dense page (repacked per head)."""
+    import torch
+
+    from attngen.runtime import BlockSparseAttention, HeadwiseBlockSparseView
+
+    n_kv, group, r, c, m, n = 2, 3, 16, 16, 101, 301
+    if block_sizes == "uniform":
+        blocks = random_head_masks(rng, n_kv, -(-m // r), -(-n // c))
+        view = HeadwiseBlockSparseView.uniform(*bsr_of(blocks), r, c, m, n)
+        pages = torch.randn(-(-n // c), 2, c, n_kv, 64, dtype=torch.float16, device="cuda")
+    else:
+        blocks = random_head_masks(rng, n_kv, 6, 9)
+        row_sz = np.stack([random_sizes(rng, m, 6) for _ in range(n_kv)])
+        col_sz = np.stack([random_sizes(rng, n, 9) for _ in range(n_kv)])
+        view = HeadwiseBlockSparseView.from_block_mask(blocks, row_sz, col_sz)
+        pages = torch.randn(1, 2, n, n_kv, 64, dtype=torch.float16, device="cuda")
+    q = torch.randn(m, n_kv * group, 64, dtype=torch.float16, device="cuda")
+    out, lse = BlockSparseAttention(cuda_vanilla).run(q, pages, view, sm_scale=0.125)
+    k, v = (pages[:, i].reshape(-1, n_kv, 64)[:n].float().cpu().numpy() for i in (0, 1))
+    ref_o, ref_l = dense_reference(q.float().cpu().numpy(), k, v, dense_head_mask(view, blocks, group), 0.125)
+    out, lse = out.float().cpu().numpy(), lse.cpu().numpy()
+    live = np.isfinite(ref_l)
+    assert np.abs(out - ref_o).max() < 4e-3
+    assert np.array_equal(np.isneginf(lse), ~live) and np.all(out[~live] == 0)
+    assert np.abs(lse[live] - ref_l[live]).max() < 2e-3
 
 
 def test_cascade_on_gpu(cuda_vanilla, rng):

@@ -1,4 +1,5 @@
 """attngen.runtime: calling built kernels (CPU backend here), KV views, references, mask packing."""
+from .block_sparse import BlockSparseAttention, HeadwiseBlockSparseView
 from .cascade import CascadeAttention, CascadeLevel
 from .checks import AttentionArgumentError
 from .cpu import CPUAttention
@@ -8,5 +9,7 @@ from .reference import gather_pages, reference_attention
 from .state import merge_state, merge_states, merge_states_sum
 from .views import BlockSparseView, PagedKV, RaggedKV
 
-__all__ = ["AttentionArgumentError", "BlockSparseView", "CascadeAttention", "CascadeLevel", "CPUAttention", "CUDAAttention", "DecodePlan", "PagedKV", "RaggedKV", "gather_pages", "merge_state", "merge_states", "merge_states_sum",
-           "pack_custom_mask", "reference_attention"]
+__all__ = ["AttentionArgumentError", "BlockSparseAttention", "BlockSparseView", "CascadeAttention", "CascadeLevel",
+           "CPUAttention", "CUDAAttention", "DecodePlan", "HeadwiseBlockSparseView", "PagedKV", "RaggedKV",
+           "gather_pages", "merge_state", "merge_states", "merge_states_sum", "pack_custom_mask",
+           "reference_attention"]

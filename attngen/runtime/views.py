@@ -41,29 +41,87 @@ class RaggedKV:
         return int(self.k.shape[1])
 
 
+def hook_readers(variant, indices: tuple[str, ...]) -> list[str]:
+    """``"<hook> reads <index>"`` for every hook of ``variant`` that reads one of the standard ``indices``."""
+    return [f"{hook} reads {idx}" for hook, r in variant.analysis.reads.items() for idx in r.indices
+            if idx in indices]
+
+
 def require_position_free(variant, view: str) -> None:
     """Views that renumber keys (cascade levels, block-sparse rows) serve only variants whose hooks
     never read a position."""
     from .checks import AttentionArgumentError
 
-    readers = [f"{hook} reads {idx}" for hook, r in variant.analysis.reads.items() for idx in r.indices
-               if idx in ("qo_pos", "kv_pos")]
+    readers = hook_readers(variant, ("qo_pos", "kv_pos"))
     if readers:
         raise AttentionArgumentError(
             f"variant '{variant.name}': {', '.join(readers)}; {view} number keys from 0 in every view, so "
             "position-dependent variants must use the flat view")
 
 
+def check_bsr(indptr, indices, num_key_blocks: int, where: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Host int32 copies of one BSR layout, checked. ``where`` names the head (``"[2]"``) in errors.
+
+    indptr: [MB+1], from 0, non-decreasing, ending at nnz; indices: [nnz] key-block ids in
+    [0, num_key_blocks), strictly ascending within each block row (a repeated block would count twice).
+    """
+    from .checks import AttentionArgumentError, as_numpy
+
+    ip = np.asarray(as_numpy(indptr, f"indptr{where}")).astype(np.int64).reshape(-1)
+    ix = np.asarray(as_numpy(indices, f"indices{where}")).astype(np.int64).reshape(-1)
+    if len(ip) < 1 or ip[0] != 0 or np.any(np.diff(ip) < 0) or ip[-1] != len(ix):
+        raise AttentionArgumentError(f"indptr{where}: must start at 0, be non-decreasing and end at "
+                                     f"len(indices{where}) = {len(ix)}; got {np.array2string(ip, threshold=8)}")
+    if len(ix) and (ix.min() < 0 or ix.max() >= num_key_blocks):
+        bad = int(ix.max()) if ix.max() >= num_key_blocks else int(ix.min())
+        raise AttentionArgumentError(f"indices{where}: key block ids must be in [0, {num_key_blocks}), "
+                                     f"got {bad}")
+    crosses_row = np.zeros(max(len(ix) - 1, 0), bool)
+    row_starts = ip[1:-1][(ip[1:-1] > 0) & (ip[1:-1] < len(ix))]
+    crosses_row[row_starts - 1] = True
+    bad = np.nonzero((np.diff(ix) <= 0) & ~crosses_row)[0]
+    if len(bad):
+        row = int(np.searchsorted(ip, bad[0] + 1, side="right") - 1)
+        raise AttentionArgumentError(f"indices{where}: block row {row} lists key blocks out of order or twice "
+                                     f"({ix[ip[row]:ip[row + 1]].tolist()}); sort each row's ids ascending "
+                                     "without repeats")
+    return ip.astype(np.int32), ix.astype(np.int32)
+
+
+def bsr_page_table(indptr: np.ndarray, indices: np.ndarray, block_col_sz: np.ndarray,
+                   page_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The paged-KV page table of a checked BSR layout: block row i becomes request i.
+
+    indptr: [MB+1]; indices: [nnz] ascending per row; block_col_sz: [NB] key rows of each block, stored
+    back to back from key 0 in pages of ``page_size`` rows. Every block but the last must fill whole
+    pages; the last may end partway, which ascending ids put last in any row listing it.
+    Returns (kv_indptr [MB+1], kv_indices [pages read], last_page_len [MB], 0 for empty rows), int32.
+    """
+    sz = np.asarray(block_col_sz, np.int64)
+    first_page = np.concatenate([[0], np.cumsum(sz)[:-1]]) // page_size
+    n_pages = -(-sz // page_size)
+    per_entry = n_pages[indices]
+    ends = np.concatenate([[0], np.cumsum(per_entry)])
+    kv_indices = (np.arange(ends[-1]) - np.repeat(ends[:-1], per_entry)
+                  + np.repeat(first_page[indices], per_entry))
+    last = np.zeros(len(indptr) - 1, np.int64)
+    rows = np.nonzero(np.diff(indptr) > 0)[0]
+    last_block = indices[indptr[rows + 1] - 1]
+    last[rows] = sz[last_block] - (n_pages[last_block] - 1) * page_size
+    return ends[indptr].astype(np.int32), kv_indices.astype(np.int32), last.astype(np.int32)
+
+
 @dataclass(frozen=True)
 class BlockSparseView:
-    """Block-sparse attention (BSR): query rows in blocks of R, keys in blocks of C.
+    """Block-sparse attention (BSR): query rows in blocks of R, keys in blocks of C, one layout for all heads.
 
     The keys live in a paged cache whose pages hold C rows each (page j = key block j), so the
     view is only a page table: block row i reads the key blocks ``indices[indptr[i]:indptr[i+1]]``.
+    ``HeadwiseBlockSparseView`` (block_sparse.py) gives each KV head its own layout.
     """
 
     indptr: Any  # [MB+1] int32, MB = ceil(num_q_rows / R)
-    indices: Any  # [nnz] int32 key-block ids, ascending within a block row
+    indices: Any  # [nnz] int32 key-block ids, strictly ascending within a block row
     block_rows: int  # R
     num_q_rows: int  # M
     num_kv_rows: int  # N: the last key block may hold fewer than C rows
@@ -71,27 +129,19 @@ class BlockSparseView:
     def as_paged(self, pages, layout: str = "NHD") -> tuple[Any, PagedKV]:
         """(qo_indptr [MB+1], PagedKV) running the view through the paged prefill kernels."""
         from .checks import AttentionArgumentError, as_numpy
+        from .module import int32_like
 
         c = int(pages.shape[2] if layout == "NHD" else pages.shape[3])
         n_blocks = -(-self.num_kv_rows // c)
-        indptr = as_numpy(self.indptr, "indptr").astype(np.int32)
-        indices = as_numpy(self.indices, "indices").astype(np.int32)
         mb = -(-self.num_q_rows // self.block_rows)
-        if len(indptr) != mb + 1:
-            raise AttentionArgumentError(f"indptr: has {len(indptr)} entries, expected ceil(M/R) + 1 = {mb + 1}")
-        if len(indices) and (indices.min() < 0 or indices.max() >= n_blocks):
-            raise AttentionArgumentError(f"indices: key block ids must be in [0, {n_blocks})")
+        n_indptr = len(as_numpy(self.indptr, "indptr"))
+        if n_indptr != mb + 1:
+            raise AttentionArgumentError(f"indptr: has {n_indptr} entries, expected ceil(M/R) + 1 = {mb + 1}")
+        indptr, indices = check_bsr(self.indptr, self.indices, n_blocks)
         if int(pages.shape[0]) < n_blocks:
             raise AttentionArgumentError(f"pages: holds {pages.shape[0]} blocks of {c} rows, the view needs {n_blocks}")
-        last_rows = self.num_kv_rows - (n_blocks - 1) * c
-        last = np.array([(last_rows if indices[e - 1] == n_blocks - 1 else c) if e > s else 0
-                         for s, e in zip(indptr[:-1], indptr[1:])], np.int32)
-        not_last = [j for s, e in zip(indptr[:-1], indptr[1:]) if e > s for j in indices[s:e - 1]]
-        if any(j == n_blocks - 1 for j in not_last):
-            raise AttentionArgumentError("indices: the partial last key block must come last in its block row")
+        col_sz = np.minimum(c, self.num_kv_rows - np.arange(n_blocks) * c)
+        kv_indptr, kv_indices, last = bsr_page_table(indptr, indices, col_sz, c)
         qo = np.minimum(np.arange(mb + 1) * self.block_rows, self.num_q_rows).astype(np.int32)
-        from .module import int32_like
-
-        return int32_like(pages, qo), PagedKV(pages, int32_like(pages, indptr), int32_like(pages, indices),
+        return int32_like(pages, qo), PagedKV(pages, int32_like(pages, kv_indptr), int32_like(pages, kv_indices),
                                               int32_like(pages, last), layout)
-

@@ -65,8 +65,7 @@ class DecodeWorkspace:
         self.planner = SplitKVPlanner(PlannerCapacity(bounds.max_batch, bounds.max_work_items, bounds.max_partials,
                                                       bounds.max_merges, max_ctas=bounds.num_ctas),
                                       template="decode", cache=cache)
-        offs = _offsets(bounds)
-        self._offs, total = offs[:-1], offs[-1]
+        total = workspace_ints(bounds)
         self.device_plan = torch.zeros(total, dtype=torch.int32, device=device)
         self._host = torch.zeros(total, dtype=torch.int32, pin_memory=True)
         self._host_np = self._host.numpy()
@@ -88,20 +87,31 @@ class DecodeWorkspace:
                                  tile_rows=16, fixed_chunk=fixed_chunk, min_chunk=MIN_CHUNK)
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy must have left the staging buffer
-        h = self._host_np
-        n_merge = len(plan.merge_tiles)
-        h[0], h[1] = n_merge, b.num_ctas
-        h[2:7] = self._offs
-        o = self._offs
-        h[o[0]:o[0] + b.num_ctas + 1] = plan.cta_indptr
-        h[o[1]:o[1] + plan.work.size] = plan.work.reshape(-1)
-        h[o[2]:o[2] + plan.merge_tiles.size] = plan.merge_tiles.reshape(-1)
-        h[o[3]:o[3] + len(plan.merge_indptr)] = plan.merge_indptr
-        h[o[4]:o[4] + len(plan.merge_partials)] = plan.merge_partials
+        n_merge = pack_plan(self._host_np, self.bounds, plan)
         self.device_plan.copy_(self._host, non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
         return n_merge, plan
+
+
+def pack_plan(buf: np.ndarray, bounds: DecodeBounds, plan) -> int:
+    """Write ``plan`` (a SplitKVPlan) into ``buf`` (int32, the workspace layout above, sized for
+    ``bounds``); returns the number of merges."""
+    offs = _offsets(bounds)[:-1]
+    n_merge = len(plan.merge_tiles)
+    buf[0], buf[1] = n_merge, bounds.num_ctas
+    buf[2:7] = offs
+    buf[offs[0]:offs[0] + bounds.num_ctas + 1] = plan.cta_indptr
+    buf[offs[1]:offs[1] + plan.work.size] = plan.work.reshape(-1)
+    buf[offs[2]:offs[2] + plan.merge_tiles.size] = plan.merge_tiles.reshape(-1)
+    buf[offs[3]:offs[3] + len(plan.merge_indptr)] = plan.merge_indptr
+    buf[offs[4]:offs[4] + len(plan.merge_partials)] = plan.merge_partials
+    return n_merge
+
+
+def workspace_ints(bounds: DecodeBounds) -> int:
+    """Size (int32 entries) of the device plan buffer for ``bounds``."""
+    return _offsets(bounds)[-1]
 
 
 def decode_tc_fits(head_dim: int, smem_optin: int) -> bool:

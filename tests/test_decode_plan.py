@@ -1,0 +1,69 @@
+"""The decode workspace's plan buffer (CPU): the declared bounds always hold the planner's output, and
+the packed buffer, read the way the CUDA template reads it (DecodePlanView), covers every request's
+keys exactly once, writes unsplit requests directly and lists each split request's partial states in
+key order for the merge."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attngen.codegen.cache import BuildCache
+from attngen.runtime.decode_plan import MIN_CHUNK, DecodeBounds, pack_plan, workspace_ints
+from attngen.runtime.planner import PlannerCapacity, SplitKVPlanner
+
+BOUNDS = [DecodeBounds(max_batch=64, num_ctas=33), DecodeBounds(max_batch=16, num_ctas=132)]
+
+
+@pytest.fixture(scope="module")
+def planners(tmp_path_factory):
+    cache = BuildCache(tmp_path_factory.mktemp("planner"))
+    return [SplitKVPlanner(PlannerCapacity(b.max_batch, b.max_work_items, b.max_partials, b.max_merges,
+                                           max_ctas=b.num_ctas), template="decode", cache=cache) for b in BOUNDS]
+
+
+def unpack(buf):
+    """The device view of the buffer: per CTA its work items, and the merge map."""
+    n_merge, ctas = int(buf[0]), int(buf[1])
+    o_cta, o_work, o_tiles, o_mptr, o_parts = (int(x) for x in buf[2:7])
+    cta_indptr = buf[o_cta:o_cta + ctas + 1]
+    items = [buf[o_work + 5 * w:o_work + 5 * w + 5] for c in range(ctas)
+             for w in range(cta_indptr[c], cta_indptr[c + 1])]
+    merges = []
+    for m in range(n_merge):
+        lo, hi = buf[o_mptr + m], buf[o_mptr + m + 1]
+        merges.append((int(buf[o_tiles + 2 * m]), [int(x) for x in buf[o_parts + lo:o_parts + hi]]))
+    return items, merges
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_packed_plan_covers_every_key_once(planners, data):
+    which = data.draw(st.integers(0, len(BOUNDS) - 1))
+    bounds, planner = BOUNDS[which], planners[which]
+    batch = data.draw(st.integers(0, bounds.max_batch))
+    lens = np.array(data.draw(st.lists(st.one_of(st.integers(0, 600), st.integers(0, 40000)), min_size=batch,
+                                       max_size=batch)), np.int32)
+    group = data.draw(st.sampled_from([1, 4, 8]))
+    fixed = data.draw(st.sampled_from([0, 0, 512]))
+    plan = planner.plan(np.ones(batch, np.int32), lens, num_ctas=bounds.num_ctas, group=group, tile_rows=16,
+                        fixed_chunk=fixed, min_chunk=MIN_CHUNK)  # never over the declared bounds
+    buf = np.full(workspace_ints(bounds), -7, np.int32)
+    n_merge = pack_plan(buf, bounds, plan)
+    items, merges = unpack(buf)
+    assert n_merge == len(merges)
+    covered = {b: [] for b in range(batch)}
+    slots = {}
+    for request, tile, start, end, slot in items:
+        assert tile == 0 and 0 <= start <= end <= lens[request]
+        covered[int(request)].append((int(start), int(end)))
+        if slot >= 0:
+            slots.setdefault(int(request), []).append((int(start), int(slot)))
+    for b in range(batch):
+        spans = sorted(covered[b])
+        assert spans[0][0] == 0 and spans[-1][1] == lens[b]
+        assert all(a[1] == c[0] for a, c in zip(spans, spans[1:]))  # contiguous, no overlap
+        limit = fixed or max(MIN_CHUNK, plan.chunk_limit)
+        assert all(e - s <= limit for s, e in spans)
+        split = len(spans) > 1
+        assert (b in slots) == split  # a split request writes partial states only; others write directly
+    assert {b: [s for _, s in sorted(v)] for b, v in slots.items()} == dict(merges)  # merge in key order

@@ -5,11 +5,12 @@ bf16, Hq 32 / Hkv 8, D 128, page 16; every request holds one shared prefix (whol
 
 - attngen flat: the load-balanced decode over each request's full page table (the prefix pages
   repeated in every table), the reference of the "max |diff|" column;
-- attngen cascade (API): ``CascadeAttention.run`` with two levels (prefix shared by all rows,
-  suffix per request). It has no plan argument, so each call also runs each level's host checks
-  (device-to-host copies of the page tables): the cost a caller of that API pays;
-- attngen cascade (planned): the same two prefill levels with plans made once, then the merge:
-  the kernels alone;
+- attngen cascade (API): ``CascadeAttention.run(q, levels)`` with two levels (prefix shared by
+  all rows, suffix per request), planning on every call (host checks with device-to-host copies
+  of the page tables);
+- attngen cascade (planned): ``CascadeAttention.plan`` once, ``run(q, plan=plan)`` timed: the
+  shared prefix split into chunks run by one launch, their states merged;
+- attngen cascade (unsplit): the same with ``max_chunks=1`` (the prefix not split);
 - attngen prefix prefill + suffix decode: level 0 as above, level 1 by the load-balanced decode;
 - FlashInfer ``MultiLevelCascadeAttentionWrapper`` (2 levels) and flat
   ``BatchDecodeWithPagedKVCacheWrapper`` (tensor cores).
@@ -36,6 +37,7 @@ METHODS = [  # (result key, Markdown column)
     ("attngen_flat", "attngen flat decode"),
     ("attngen_cascade_api", "attngen cascade (API)"),
     ("attngen_cascade_planned", "attngen cascade (planned)"),
+    ("attngen_cascade_unsplit", "attngen cascade (planned, prefix unsplit)"),
     ("attngen_prefill_decode", "attngen prefix prefill + suffix decode"),
     ("flashinfer_cascade", "FI cascade (2 levels)"),
     ("flashinfer_flat_tc", "FI flat decode (TC)"),
@@ -98,18 +100,19 @@ def attngen_runners(att, c: SharedPrefixCase) -> dict:
         out, lse = torch.empty_like(c.q), torch.empty(c.q.shape[:2], device="cuda")
         return lambda: att.decode(c.q, c.flat, plan=plan, out=out, lse=lse)[0]
 
-    def cascade_api():
+    def cascade_api():  # levels given to every call: host checks and plans each time
         cascade = CascadeAttention(att)
         return lambda: cascade.run(c.q, levels)[0]
 
-    def cascade_planned():  # CascadeAttention.run without its per-call planning
-        plans = [att.plan_prefill(lv.qo_indptr, lv.kv, D) for lv in levels]
+    def cascade_planned():  # planned once (the shared prefix split into chunks), run per layer
+        cascade = CascadeAttention(att)
+        plan = cascade.plan(levels, int(c.q.shape[0]), D)
+        return lambda: cascade.run(c.q, plan=plan)[0]
 
-        def run():
-            out, lse = att.prefill(c.q, c.shared, c.shared_qo, plan=plans[0])
-            o1, s1 = att.prefill(c.q, c.suffix, c.suffix_qo, plan=plans[1])
-            return merge_state(out, lse, o1, s1)[0]
-        return run
+    def cascade_unsplit():  # planned once, the shared prefix not split (one CTA column per query tile)
+        cascade = CascadeAttention(att)
+        plan = cascade.plan(levels, int(c.q.shape[0]), D, max_chunks=1)
+        return lambda: cascade.run(c.q, plan=plan)[0]
 
     def prefill_decode():
         p0 = att.plan_prefill(c.shared_qo, c.shared, D)
@@ -122,7 +125,7 @@ def attngen_runners(att, c: SharedPrefixCase) -> dict:
         return run
 
     return {"attngen_flat": flat, "attngen_cascade_api": cascade_api, "attngen_cascade_planned": cascade_planned,
-            "attngen_prefill_decode": prefill_decode}
+            "attngen_cascade_unsplit": cascade_unsplit, "attngen_prefill_decode": prefill_decode}
 
 
 def flashinfer_runners(flashinfer, c: SharedPrefixCase) -> dict:
@@ -172,7 +175,7 @@ def markdown(res: dict) -> list[str]:
              f"{res['gpu']}, {res['date']}, commit {res['commit']}", "",
              f"FlashInfer {res['flashinfer']}; copy bandwidth in the same run: {cell(res.get('copy_GBps'))} GB/s. "
              "Cells: ms (GB/s of unique bytes: the prefix and each suffix once). \"API\" includes the per-call host "
-             "checks of CascadeAttention.run; \"planned\" is its kernels with plans made once.", "",
+             "checks of CascadeAttention.run; \"planned\" is plan once, run per layer.", "",
              f"| case | unique MB | {head} |", "|---|---|" + "---|" * len(METHODS)]
     for r in res["cases"]:
         cells = [f"{cell(r.get(f'{k}_ms'), '.3f')} ({cell(r.get(f'{k}_GBps'))})" for k, _ in METHODS]

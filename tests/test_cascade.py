@@ -91,3 +91,39 @@ def test_levels_must_cover_all_rows(modules, rng):
     bad = CascadeLevel(np.array([0, 1], np.int32), levels[0].kv)
     with pytest.raises(AttentionArgumentError, match=r"levels\[0\].qo_indptr: must cover all 2 query rows"):
         CascadeAttention(modules["vanilla"]).run(q, [bad])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 9), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)),
+                                                               min_size=1, max_size=4),
+       st.integers(1, 12), st.integers(1, 6), st.sampled_from(["vanilla", "logits_softcap", "sigmoid"]))
+def test_split_shared_prefix_equals_flat_attention(modules, seed, prefix_pages, reqs, chunk_keys, max_chunks, name):
+    """A prompt shared by the whole batch is split along its pages into chunks whose states are merged: the
+    result is flat attention, for any chunk size, including chunks of one page and a partial last page."""
+    rng = np.random.default_rng(seed)
+    att = modules[name]
+    q, levels, flat, qo_indptr = build_case(rng, [(prefix_pages, reqs)])
+    params = {p.name: p.default for p in att.variant.params}
+    cascade = CascadeAttention(att)
+    plan = cascade.plan(levels, q.shape[0], D, max_chunks=max_chunks, chunk_keys=chunk_keys)
+    expect = min(max_chunks, prefix_pages, -(-prefix_pages * S // chunk_keys)) if q.shape[0] else 1
+    assert plan.levels[0].chunks == max(expect, 1)
+    for _ in range(2):  # the plan serves every call (layer)
+        out, lse = cascade.run(q, plan=plan, sm_scale=0.25, params=params)
+        f_out, f_lse = att.prefill(q, flat, qo_indptr, sm_scale=0.25, params=params)
+        assert not np.isnan(out).any() and not np.isnan(lse).any()
+        assert np.abs(out - f_out).max(initial=0) < 1e-5
+        if name != "sigmoid":
+            live = np.isfinite(f_lse)
+            assert np.array_equal(live, np.isfinite(lse))
+            assert np.abs(lse[live] - f_lse[live]).max(initial=0) < 1e-5
+
+
+def test_plan_is_tied_to_its_row_count(modules, rng):
+    q, levels, _, _ = build_case(rng, [(2, [(2, 3), (1, 1)])])
+    cascade = CascadeAttention(modules["vanilla"])
+    plan = cascade.plan(levels, q.shape[0], D)
+    with pytest.raises(AttentionArgumentError, match=r"plan: made for 3 query rows, q has 2"):
+        cascade.run(q[:2], plan=plan)
+    with pytest.raises(AttentionArgumentError, match=r"run: pass the levels or a plan"):
+        cascade.run(q)

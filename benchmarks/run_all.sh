@@ -2,7 +2,7 @@
 # GPU tests and benchmarks in one go on a CUDA machine; logs and results under $1 (default benchmarks/results).
 #   bash benchmarks/run_all.sh <out-dir> <commit> [tests-expr] [benches]
 set -u
-out=${1:-benchmarks/results}; commit=${2:-unknown}; tests=${3:-}; benches=${4:-decode,prefill,cascade,planner,cost_model}
+out=${1:-benchmarks/results}; commit=${2:-unknown}; tests=${3:-}; benches=${4:-decode,prefill,cascade,planner,cost_model,tvm_kv_cache}
 mkdir -p "$out"
 export ATTNGEN_CACHE_DIR=${ATTNGEN_CACHE_DIR:-/tmp/agcache}
 if [ -n "$tests" ]; then

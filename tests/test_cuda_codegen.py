@@ -192,3 +192,24 @@ def test_gpu_test_instantiations_compile(name, build_cache):
     res = run_pipeline(builtin(name), BuildConfig("cuda", (64, 128, 256), ("float16", "bfloat16"), ("sm_90a",)),
                        cache=build_cache)
     assert len(res.manifest["functions"]) == 3 * 2 * 5  # head dims x dtypes x (2 decode + 3 prefill)
+
+
+@requires_nvcc
+def test_tvm_slot_library_builds_and_refuses(build_cache):
+    """kernels=("tvm",): the three TVM-convention functions per (head_dim, dtype), scalar parameters compiled
+    in; variants TVM's cache would get silently wrong are refused at build time."""
+    cfg = BuildConfig("cuda", (128,), ("float16",), ("sm_90a",), ("HND",), kernels=("tvm",),
+                      tvm_constants=(("soft_cap", 30.0),))
+    res = run_pipeline(builtin("logits_softcap"), cfg, cache=build_cache)
+    assert res.manifest["functions"] == ["tvm_decode_f16_d128", "tvm_prefill_paged_f16_d128",
+                                         "tvm_prefill_ragged_f16_d128"]
+    src = (res.library.parent / "attention_d128_f16.cu").read_text()
+    assert "hp.soft_cap = static_cast<float>(30.0);" in src
+    for name, why in [("sigmoid", "unnormalised sum"), ("alibi", r"reads \['kv_pos', 'qo_pos'\]"),
+                      ("attention_sink", "output_transform"), ("rope", r"reads \['qo_pos'\]")]:
+        with pytest.raises(ConfigError, match=why):
+            run_pipeline(builtin(name), BuildConfig("cuda", (128,), ("float16",), ("sm_90a",), kernels=("tvm",)),
+                         cache=build_cache)
+    with pytest.raises(ConfigError, match=r"tvm_constants: \['bogus'\] are not parameters"):
+        run_pipeline(builtin("vanilla"), BuildConfig("cuda", (128,), ("float16",), ("sm_90a",), kernels=("tvm",),
+                                                     tvm_constants=(("bogus", 1),)), cache=build_cache)

@@ -390,10 +390,19 @@ def test_variants_tvm_cannot_merge_are_refused(variant, why):
         attention_slot_functions(builtin(variant), num_qo_heads=HQ, head_dim=D)
 
 
-def test_cuda_target_names_what_is_missing():
-    with pytest.raises(NotImplementedError, match="tirx"):
-        create_paged_kv_cache(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, max_batch=8,
-                              max_total_tokens=1024, prefill_chunk=256, target="cuda")
+def test_cuda_targets_are_routed_or_refused_clearly():
+    from attngen.runtime.tvm_kv_cache import attention_slot_functions
+
+    with pytest.raises(NotImplementedError, match=r"create_paged_kv_cache\(\.\.\., target='cuda'\)"):
+        attention_slot_functions(num_qo_heads=HQ, head_dim=D, target="cuda")
+    with pytest.raises(ValueError, match="rope_mode 'inline'.*CUDA slots"):
+        create_paged_kv_cache(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype="float16",
+                              max_batch=8, max_total_tokens=1024, prefill_chunk=256, target="cuda",
+                              rope_mode="inline")
+    with pytest.raises(ValueError, match="support_sliding_window=True.*CUDA slots"):
+        create_paged_kv_cache(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype="float16",
+                              max_batch=8, max_total_tokens=1024, prefill_chunk=256, target="cuda",
+                              support_sliding_window=True)
 
 
 # ---------------------------------------------------------------------------------------------

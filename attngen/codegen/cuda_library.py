@@ -175,7 +175,9 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
 
 
 def exported_functions(cfg: BuildConfig) -> list[str]:
-    names = []
+    from .cuda_tvm_slots import tvm_slot_functions
+
+    names = tvm_slot_functions(cfg.head_dims, cfg.dtypes) if "tvm" in cfg.kernels else []
     for d in cfg.head_dims:
         for dt in cfg.dtypes:
             if "decode" in cfg.kernels:
@@ -195,6 +197,11 @@ def translation_unit(variant, cfg: BuildConfig, head_dim: int, dtype: str) -> st
         parts.append('#include "prefill.cuh"')
         parts.append(prefill_wrapper(variant, head_dim, dtype, None))
         parts += [prefill_wrapper(variant, head_dim, dtype, lay) for lay in cfg.layouts]
+    if "tvm" in cfg.kernels:
+        from .cuda_tvm_slots import tvm_slot_wrappers
+
+        parts += ['#include "decode_launch.cuh"', '#include "prefill.cuh"']
+        parts.append(tvm_slot_wrappers(variant, head_dim, dtype, dict(cfg.tvm_constants)))
     return "\n".join(parts) + "\n"
 
 

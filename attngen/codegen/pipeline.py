@@ -26,6 +26,7 @@ from . import nvcc
 from .cache import BuildCache, content_key, hash_files
 from .cpu.build import build_cpu_library, cpu_kernel_specs, lower_cpu_module
 from .cuda_library import compile_library, exported_functions, translation_unit
+from .cuda_tvm_slots import check_tvm_slot_variant
 from .cuda_variant import traits_source
 from .hooks_cuda import lower_hooks_cuda
 
@@ -65,7 +66,10 @@ def stage_schedule(ctx: BuildContext) -> dict:
     if cfg.target == "cpu":
         return {"cpu": {sym: spec.__dict__ for sym, spec in cpu_kernel_specs(ctx.variant, cfg).items()}}
     group_tiles = [g for g in (1, 2, 4, 8) if g <= cfg.max_group_size]
-    problems = [p for a in cfg.archs for p in check_fits(arch_spec(a), cfg.kernels, cfg.head_dims, group_tiles,
+    templates = set(cfg.kernels) | ({"decode", "prefill"} if "tvm" in cfg.kernels else set())
+    if "tvm" in cfg.kernels:
+        check_tvm_slot_variant(ctx.variant, dict(cfg.tvm_constants))
+    problems = [p for a in cfg.archs for p in check_fits(arch_spec(a), templates, cfg.head_dims, group_tiles,
                                                          "key_transform" in ctx.variant.hooks)]
     if problems:
         raise ConfigError(f"variant '{ctx.variant.name}': " + "; ".join(problems) +

@@ -11,6 +11,7 @@ namespace attngen {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
+constexpr float kTvmEmptyLse = -5e4f;  // TVM PagedKVCache's lse of a row with no visible key
 
 // 8 elements of 16-bit type T (16 bytes) <-> float[8]
 template <class T>

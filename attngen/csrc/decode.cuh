@@ -37,6 +37,8 @@ struct DecodeProblem {
   int backend;  // 0 automatic, 1 CUDA cores, 2 tensor cores (decode_launch.cuh)
   const int32_t* plan;  // DecodePlanView buffer (tensor-core template), nullptr: even split by num_chunks
   int plan_ctas, plan_max_merges;  // grid of the plan-mode decode and merge kernels
+  int tvm_conventions;  // 1: rows with no key store lse = -5e4 (TVM PagedKVCache); 0: -inf
+  __host__ __device__ float empty_lse() const { return tvm_conventions ? kTvmEmptyLse : kNegInf; }
   float sm_scale;
   KVRows kv;  // paged (page_size > 0)
 };
@@ -316,7 +318,7 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
     return;
   }
   finish_rows<V, T, D>(rows, rows + G * D, row_lse, group, b, qo_pos, qh0, P.num_qo_heads,
-                       static_cast<T*>(P.o), P.lse, hp, tid, NT);
+                       static_cast<T*>(P.o), P.lse, hp, tid, NT, P.empty_lse());
 }
 
 }  // namespace attngen

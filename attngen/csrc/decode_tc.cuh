@@ -286,7 +286,7 @@ __device__ __forceinline__ void decode_tc_item(const DecodeProblem& P, const typ
     return;
   }
   finish_rows<V, T, D>(rows, rows + G8 * D, row_lse, group, b, qo_pos, qh0, P.num_qo_heads,
-                       static_cast<T*>(P.o), P.lse, hp, tid, NT);
+                       static_cast<T*>(P.o), P.lse, hp, tid, NT, P.empty_lse());
 }
 
 // Grid mode (no plan): grid (num_chunks, Hkv, B), an even split of each request's visible keys.

@@ -15,4 +15,40 @@ inline int device_smem_optin() {
   return optin;
 }
 
+// Streaming multiprocessors of the current device, queried once per device.
+inline int device_sm_count() {
+  static int sms_by_device[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int& sms = sms_by_device[dev & 63];
+  if (sms == 0) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
+// A float scratch buffer of at least `floats` elements on the current device, kept for later
+// calls; growing it frees the old one (cudaFree waits for the device), so it stops growing once
+// the largest batch has been seen. For callers with no workspace argument (TVM's slot calls).
+inline float* device_scratch(size_t floats) {
+  static float* buf_by_device[64] = {nullptr};
+  static size_t size_by_device[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (size_by_device[dev & 63] < floats) {
+    if (buf_by_device[dev & 63]) cudaFree(buf_by_device[dev & 63]);
+    buf_by_device[dev & 63] = nullptr;
+    size_by_device[dev & 63] = 0;
+    if (cudaMalloc(&buf_by_device[dev & 63], floats * sizeof(float)) == cudaSuccess) size_by_device[dev & 63] = floats;
+  }
+  return buf_by_device[dev & 63];
+}
+
+// Even split-KV chunks when the key lengths are not known on the host: enough CTAs to fill the
+// device about twice from the batch and KV heads alone, at most 16 chunks.
+inline int even_decode_chunks(int batch, int num_kv_heads) {
+  const int ctas = batch * num_kv_heads, target = 2 * device_sm_count();
+  if (ctas >= target) return 1;
+  const int chunks = (target + ctas - 1) / ctas;
+  return chunks < 16 ? chunks : 16;
+}
+
 }  // namespace attngen

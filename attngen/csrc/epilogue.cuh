@@ -7,10 +7,12 @@ namespace attngen {
 
 // rows: [n][D] final (normalised) outputs of query heads qh0 .. qh0+n-1 of request b,
 // scratch: [n][D], lse: [n]. Called by every thread of the block (flat index tid of nthreads).
+// empty_lse: the lse stored for a row that saw no key (-inf; TVM's PagedKVCache expects -5e4).
 template <class V, class T, int D>
 __device__ __forceinline__ void finish_rows(float* rows, float* scratch, const float* lse, int n, int b,
                                             int qo_pos, int qh0, int num_qo_heads, T* o, float* o_lse,
-                                            const typename V::Params& hp, int tid, int nthreads) {
+                                            const typename V::Params& hp, int tid, int nthreads,
+                                            float empty_lse = kNegInf) {
   constexpr int L = D / 8;
   const float* src = rows;
   if constexpr (V::kHasOutputTransform) {
@@ -34,7 +36,7 @@ __device__ __forceinline__ void finish_rows(float* rows, float* scratch, const f
     for (int e = 0; e < 8; ++e) v[e] = src[r * D + l * 8 + e];
     const int64_t row = int64_t(b) * num_qo_heads + qh0 + r;
     store8(o + row * D + l * 8, v);
-    if (l == 0) o_lse[row] = lse[r];
+    if (l == 0) o_lse[row] = lse[r] == kNegInf ? empty_lse : lse[r];
   }
 }
 

@@ -58,7 +58,7 @@ __global__ void merge_decode_kernel(DecodeProblem P, typename V::Params hp) {
   __syncthreads();
   const int qo_pos = P.kv.length(b) - 1;
   finish_rows<V, T, D>(rows, rows + D, lse_s, 1, b, qo_pos, h, P.num_qo_heads, static_cast<T*>(P.o), P.lse, hp,
-                       threadIdx.x, blockDim.x);
+                       threadIdx.x, blockDim.x, P.empty_lse());
 }
 
 }  // namespace attngen

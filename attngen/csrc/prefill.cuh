@@ -30,6 +30,8 @@ struct PrefillProblem {
   const int32_t* qo_indptr;  // [B+1]
   int batch, num_qo_heads, num_kv_heads, group;
   int tile_warps;  // 8: the 128-row tile for long requests (D <= 128); 0 or 4: the 64-row tiles
+  int causal;      // 1: also hide keys after the query's position (TVM's run-time causal flag)
+  int tvm_conventions;  // 1: rows with no key store lse = -5e4 (TVM PagedKVCache); 0: -inf
   float sm_scale;
   KVRows kv;
 };
@@ -116,6 +118,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   long long lo64 = 0, hi64 = kv_len;  // 64-bit so huge windows cannot wrap
   if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
   if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
+  if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
   const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
   const int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
 
@@ -221,7 +224,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     // rows all exist, whose keys all lie in [lo, hi) and, for a mask that is exactly its bounds,
     // whose every (row, key) pair lies inside them, takes the interior path: no mask hook, no checks.
     const int j_last = j0 + TK - 1;
-    bool interior = warp_rows_full && j_last < hi && V::kMaskExact;
+    bool interior = warp_rows_full && j_last < hi && V::kMaskExact && (!P.causal || warp_first_pos >= j_last);
     if constexpr (V::kHasLower) interior = interior && (long long)warp_first_pos - j_last >= mask_lo;
     if constexpr (V::kHasUpper) interior = interior && (long long)warp_last_pos - j0 <= mask_hi;
     float mt[2] = {m_row[0], m_row[1]};
@@ -247,7 +250,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
         for (int e = 0; e < 4; ++e) {
           const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
           float x = s[n][e] * scale;
-          bool visible = rvalid[h] && j < hi;
+          bool visible = rvalid[h] && j < hi && (!P.causal || j <= rpos[h]);
           if constexpr (V::kHasLogits) {
             if (visible) x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
           }
@@ -348,7 +351,8 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     }
     T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
     for (int i = lane; i < D; i += 32) dst[i] = from_float<T>(src[i]);
-    if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = slse[r];
+    if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] =
+        slse[r] == kNegInf && P.tvm_conventions ? kTvmEmptyLse : slse[r];
     __syncwarp();
   }
 }

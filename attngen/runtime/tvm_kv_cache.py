@@ -47,16 +47,13 @@ def _rope_mode(rope_mode) -> int:
     return int(rope_mode)
 
 
-def _check_target(target: str) -> None:
-    if target == "cuda":
+def _check_target(target: str, *, cuda_ok: bool = False) -> None:
+    if target == "cuda" and not cuda_ok:
         raise NotImplementedError(
-            "target='cuda': attngen's CUDA library does not export TVM PagedKVCache attention slots yet. "
-            "Missing: ('tirx', fn) functions with TVM's argument lists (ragged prefill, paged prefill, decode "
-            "and their sliding-window forms with length_info[3, B]), inline RoPE, index arrays with byte "
-            "offsets and the -5e4 lse of rows with no key, plus a CUDA build of TVM's append/copy/compact "
-            "kernels. Use target='cpu', or TVM's own TIRPagedKVCache / FlashInferPagedKVCache on CUDA")
-    if target != "cpu":
-        raise ValueError(f"target {target!r}: attngen fills TVM PagedKVCache slots for target='cpu'")
+            "target='cuda': attention_slot_functions builds the CPU slots; for a CUDA cache call "
+            "create_paged_kv_cache(..., target='cuda') (attngen.runtime.tvm_kv_cache_cuda)")
+    if target not in ("cpu", "cuda"):
+        raise ValueError(f"target {target!r}: attngen fills TVM PagedKVCache slots for target='cpu' or 'cuda'")
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,12 +170,25 @@ def create_paged_kv_cache(variant=None, *, num_layers: int, num_qo_heads: int, n
 
     from attngen.codegen.cpu.tvm_cache_kernels import SYMBOLS, build_tvm_cache_kernels
 
-    _check_target(target)
+    _check_target(target, cuda_ok=True)
     kinds = _check_cache_args(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                               page_size=page_size, max_batch=max_batch, max_total_tokens=max_total_tokens,
                               prefill_chunk=prefill_chunk, attn_kinds=attn_kinds,
                               support_sliding_window=support_sliding_window)
     layer_windows = "mha_sliding" in kinds
+    if target == "cuda":
+        from attngen.variants import builtin
+
+        from .tvm_kv_cache_cuda import create_paged_kv_cache_cuda
+
+        if support_sliding_window:
+            raise ValueError("support_sliding_window=True: attngen's CUDA slots do not serve per-sequence windows yet")
+        return create_paged_kv_cache_cuda(
+            variant if variant is not None else builtin("vanilla"), num_layers=num_layers,
+            num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+            page_size=page_size, max_batch=max_batch, max_total_tokens=max_total_tokens, prefill_chunk=prefill_chunk,
+            rope_mode=_rope_mode(rope_mode), rope_scale=rope_scale, rope_theta=rope_theta, kinds=kinds, params=params,
+            cache=cache)
     slots = attention_slot_functions(
         variant, num_qo_heads=num_qo_heads, head_dim=head_dim, dtype=dtype, rope_mode=rope_mode,
         support_sliding_window=support_sliding_window, sliding_window=sliding_window if layer_windows else None,

@@ -12,7 +12,7 @@ CPU_DTYPES = ("float32", "float16")
 HEAD_DIMS_CUDA = (64, 128, 256)
 HEAD_DIMS_CPU = (32, 64, 80, 96, 128, 256)
 LAYOUTS = ("NHD", "HND")
-CUDA_KERNELS = ("decode", "prefill")
+CUDA_KERNELS = ("decode", "prefill", "tvm")  # "tvm": TVM PagedKVCache ("tirx", fn) attention slots
 GROUP_SIZES = (1, 2, 4, 8)
 DTYPE_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -27,6 +27,7 @@ class BuildConfig:
     fast_math: bool = False  # cuda: nvcc --use_fast_math (approximate tanh/exp/div)
     kernels: tuple[str, ...] = ("decode", "prefill")  # cuda: templates to instantiate; () = hooks only
     max_group_size: int = 8  # cuda decode: largest num_qo_heads / num_kv_heads served
+    tvm_constants: tuple = ()  # cuda "tvm" slots: ((param name, value), ...) compiled in (TVM passes no params)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -35,6 +36,7 @@ class BuildConfig:
         object.__setattr__(self, "archs", tuple(arch_spec(a).name for a in self.archs))
         object.__setattr__(self, "layouts", tuple(x.upper() for x in self.layouts))
         object.__setattr__(self, "kernels", tuple(self.kernels))
+        object.__setattr__(self, "tvm_constants", tuple(tuple(x) for x in self.tvm_constants))
         if self.target not in ("cpu", "cuda"):
             raise ConfigError(f"target {self.target!r} is not supported; use 'cpu' or 'cuda'")
         if not self.head_dims or not self.dtypes:

@@ -1,0 +1,201 @@
+"""CUDA functions with TVM PagedKVCache's ("tirx", fn) attention-slot calling conventions.
+
+The CUDA library built with ``kernels=("tvm", ...)`` exports, per (head_dim, dtype),
+``tvm_prefill_paged_<dt>_d<D>``, ``tvm_prefill_ragged_<dt>_d<D>`` and ``tvm_decode_<dt>_d<D>``
+with exactly the argument lists TVM 0.27's runtime passes to those slots
+(src/runtime/vm/attn_backend.h, TIRPagedPrefillFunc / TIRRaggedPrefillFunc / TIRDecodeFunc):
+
+* paged prefill: (q [n, Hq, D], qo_indptr [B+1], pages [P, 2, Hkv, S, D], page_indptr [B+1],
+  page_indices [nnz], length_info [B] (last page lengths), k_rope_pos_offset [B],
+  q_rope_position [n], o [n, Hq, D], lse [n, Hq], causal, rotary_mode, rope_scale, rope_theta,
+  sm_scale)
+* ragged prefill: (q, qo_indptr, k [m, Hkv, D], v, kv_indptr [B+1], q_rope_position,
+  k_rope_pos_offset, o, lse, causal, rotary_mode, rope_scale, rope_theta, sm_scale)
+* decode: (q [B, Hq, D], pages, page_indptr, page_indices, length_info, k_rope_pos_offset,
+  q_rope_position, o, lse, rotary_mode, rope_scale, rope_theta, sm_scale)
+
+They run attngen's prefill and tensor-core decode templates with the variant's hooks; TVM's
+``causal`` flag applies on top of the variant's mask (in-call positions, as TVM's own kernels
+use); rows that see no key store lse = -5e4 as TVM expects. TVM passes no variant parameters,
+so scalar parameters are compiled in (``BuildConfig.tvm_constants`` or their defaults) and
+tensor parameters are refused. Refused too, at build time: sum-state variants and output
+transforms (TVM merges a row's parts by lse), and hooks that read positions or the batch
+index (TVM calls a slot per prefix depth, where neither means what the variant expects).
+At run time: inline RoPE (rotary_mode 1) and sliding-window length_info [3, B] raise.
+The grid of the prefill functions is sized from the query rows (TVM gives no host copy of
+qo_indptr); decode splits keys evenly by a batch-size heuristic into a per-device workspace.
+"""
+from __future__ import annotations
+
+from attngen.ir import ConfigError, ScalarParam, StateAlgebra, TensorParam
+from attngen.schedules.build_config import symbol
+
+from .cuda_variant import C_TYPES
+
+SLOT_KINDS = ("tvm_prefill_paged", "tvm_prefill_ragged", "tvm_decode")
+
+
+def check_tvm_slot_variant(variant, constants: dict) -> None:
+    """Refuse, at build time, variants whose results inside TVM's cache would be silently wrong."""
+    name = variant.name
+    if variant.state != StateAlgebra.SOFTMAX:
+        raise ConfigError(f"variant '{name}': TVM's PagedKVCache merges the parts of a row by lse, and this "
+                          "variant's state is an unnormalised sum; use a softmax variant for kernels=('tvm',)")
+    if "output_transform" in variant.hooks:
+        raise ConfigError(f"variant '{name}', hook 'output_transform': TVM's PagedKVCache merges per-part "
+                          "outputs, and a per-part output transform does not compose; apply it in the model")
+    for hook, reads in variant.analysis.reads.items():
+        bad = sorted(set(reads.indices) & {"batch", "qo_pos", "kv_pos"})
+        if bad:
+            raise ConfigError(f"variant '{name}', hook '{hook}': reads {bad}; TVM calls an attention slot per "
+                              "prefix depth, where the batch index and in-call positions are not the sequence's, "
+                              "so the CUDA slots serve position-free variants (use the CPU slots for others)")
+    for p in variant.params:
+        if isinstance(p, TensorParam):
+            raise ConfigError(f"variant '{name}': tensor parameter '{p.name}' cannot be passed through TVM's "
+                              "slot calls; the CUDA slots serve variants with scalar parameters only")
+        if p.name not in constants and p.default is None:
+            raise ConfigError(f"variant '{name}': scalar parameter '{p.name}' has no default; give its value "
+                              "in tvm_constants")
+    unknown = sorted(set(constants) - {p.name for p in variant.params})
+    if unknown:
+        raise ConfigError(f"tvm_constants: {unknown} are not parameters of variant '{name}'")
+
+
+def _constants(variant, constants: dict) -> str:
+    lines = []
+    for p in variant.params:
+        if isinstance(p, ScalarParam):
+            value = constants.get(p.name, p.default)
+            lines.append(f"  hp.{p.name} = static_cast<{C_TYPES[p.dtype]}>({value!r});")
+    return "\n".join(lines)
+
+
+_COMMON_CHECKS = """  if (rotary_mode != 0)
+    TVM_FFI_THROW(ValueError) << "{name}: rotary_mode " << rotary_mode << " (inline RoPE) is not served by "
+        "attngen's CUDA slots; create the cache with RoPE applied before attention (RopeMode NORMAL or NONE)";"""
+
+
+def tvm_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict) -> str:
+    """C++ source of the three slot functions for one (head_dim, dtype); needs prefill.cuh and
+    decode_launch.cuh."""
+    t = C_TYPES[dtype]
+    fill = _constants(variant, constants)
+    out = []
+    for kind in SLOT_KINDS:
+        name = symbol(kind, dtype, head_dim)
+        checks = _COMMON_CHECKS.format(name=name)
+        if kind == "tvm_decode":
+            out.append(f"""
+static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi::TensorView indptr,
+    tvm::ffi::TensorView indices, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView k_rope_pos_offset,
+    tvm::ffi::TensorView q_rope_position, tvm::ffi::TensorView o, tvm::ffi::TensorView lse, int64_t rotary_mode,
+    double rope_scale, double rope_theta, double sm_scale) {{
+  using V = attngen_gen::Hooks_d{head_dim};
+  using T = {t};
+{checks}
+  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
+  attngen::check_tensor(pages, "pages", 5, {{kDLFloat, 16, 1}});
+  if (last_page_len.ndim() != 1)
+    TVM_FFI_THROW(ValueError) << "{name}: length_info must be [batch] (sliding-window length_info is not served)";
+  V::Params hp{{}};
+{fill}
+  attngen::DecodeProblem P{{}};
+  P.q = attngen::data_of(q);
+  P.o = attngen::data_of(o);
+  P.lse = static_cast<float*>(attngen::data_of(lse));
+  P.batch = static_cast<int>(q.size(0));
+  P.num_qo_heads = static_cast<int>(q.size(1));
+  P.num_kv_heads = static_cast<int>(pages.size(2));
+  P.group = P.num_qo_heads / P.num_kv_heads;
+  if (P.group * P.num_kv_heads != P.num_qo_heads || P.group > 8)
+    TVM_FFI_THROW(ValueError) << "{name}: " << P.num_qo_heads << " query heads over " << P.num_kv_heads
+                              << " KV heads; groups of 1 to 8 are served";
+  if (P.batch == 0) return;
+  P.sm_scale = static_cast<float>(sm_scale);
+  P.backend = attngen::kDecodeTensorCores;
+  P.tvm_conventions = 1;
+  P.num_chunks = attngen::even_decode_chunks(P.batch, P.num_kv_heads);
+  if (P.num_chunks > 1) {{
+    float* ws = attngen::device_scratch(size_t(P.batch) * P.num_chunks * P.num_qo_heads * ({head_dim} + 1));
+    P.part_o = ws;
+    P.part_lse = ws + size_t(P.batch) * P.num_chunks * P.num_qo_heads * {head_dim};
+  }}
+  P.kv.base = attngen::data_of(pages);
+{_paged_fill_hnd("P.kv")}
+  if (!attngen::launch_decode<V, T, {head_dim}, 8>(P, hp, attngen::stream_of(q)))
+    TVM_FFI_THROW(ValueError) << "{name}: no decode tile fits this device's shared memory";
+  attngen::check_launch("{name}");
+}}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
+""")
+            continue
+        if kind == "tvm_prefill_paged":
+            kv_args = ("tvm::ffi::TensorView pages, tvm::ffi::TensorView indptr, tvm::ffi::TensorView indices, "
+                       "tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView k_rope_pos_offset, "
+                       "tvm::ffi::TensorView q_rope_position")
+            kv_fill = f"""  attngen::check_tensor(pages, "pages", 5, {{kDLFloat, 16, 1}});
+  if (last_page_len.ndim() != 1)
+    TVM_FFI_THROW(ValueError) << "{name}: length_info must be [batch] (sliding-window length_info is not served)";
+  P.num_kv_heads = static_cast<int>(pages.size(2));
+  P.kv.base = attngen::data_of(pages);
+{_paged_fill_hnd("P.kv")}"""
+        else:
+            kv_args = ("tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView kv_indptr, "
+                       "tvm::ffi::TensorView q_rope_position, tvm::ffi::TensorView k_rope_pos_offset")
+            kv_fill = """  attngen::check_tensor(k, "k", 3, {kDLFloat, 16, 1});
+  attngen::check_tensor(v, "v", 3, {kDLFloat, 16, 1});
+  if (k.stride(0) != v.stride(0) || k.stride(1) != v.stride(1))
+    TVM_FFI_THROW(ValueError) << "k, v: must have the same strides";
+  P.num_kv_heads = static_cast<int>(k.size(1));
+  P.kv.base = attngen::data_of(k);
+  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(kv_indptr));
+  P.kv.stride_kv = (static_cast<const char*>(attngen::data_of(v)) - static_cast<const char*>(attngen::data_of(k))) /
+                   int64_t(sizeof(T));
+  P.kv.stride_slot = k.stride(0);
+  P.kv.stride_head = k.stride(1);
+  P.kv.page_size = 0;"""
+        out.append(f"""
+static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView qo_indptr, {kv_args}, tvm::ffi::TensorView o,
+    tvm::ffi::TensorView lse, int64_t causal, int64_t rotary_mode, double rope_scale, double rope_theta,
+    double sm_scale) {{
+  using V = attngen_gen::Hooks_d{head_dim};
+  using T = {t};
+{checks}
+  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
+  V::Params hp{{}};
+{fill}
+  attngen::PrefillProblem P{{}};
+  P.q = attngen::data_of(q);
+  P.o = attngen::data_of(o);
+  P.lse = static_cast<float*>(attngen::data_of(lse));
+  P.qo_indptr = static_cast<const int32_t*>(attngen::data_of(qo_indptr));
+  P.batch = static_cast<int>(qo_indptr.size(0)) - 1;
+  P.num_qo_heads = static_cast<int>(q.size(1));
+  P.sm_scale = static_cast<float>(sm_scale);
+  P.causal = causal != 0;
+  P.tvm_conventions = 1;
+{kv_fill}
+  P.group = P.num_qo_heads / P.num_kv_heads;
+  if (P.group * P.num_kv_heads != P.num_qo_heads)
+    TVM_FFI_THROW(ValueError) << "{name}: num_qo_heads " << P.num_qo_heads << " is not a multiple of num_kv_heads "
+                              << P.num_kv_heads;
+  // TVM gives no host copy of qo_indptr: size the grid for the longest possible request (all rows);
+  // query tiles past a request's rows exit at once
+  attngen::launch_prefill<V, T, {head_dim}>(P, static_cast<int>(q.size(0)), hp, attngen::stream_of(q));
+  attngen::check_launch("{name}");
+}}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
+""")
+    return "\n".join(out)
+
+
+def _paged_fill_hnd(into: str) -> str:
+    """TVM's pages [P, 2, Hkv, S, D] are attngen's HND layout."""
+    from .cuda_library import _paged_fill
+
+    return _paged_fill("HND", into)
+
+
+def tvm_slot_functions(head_dims, dtypes) -> list[str]:
+    return [symbol(kind, dt, d) for d in head_dims for dt in dtypes for kind in SLOT_KINDS]

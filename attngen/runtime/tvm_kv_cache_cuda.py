@@ -1,0 +1,140 @@
+"""TVM PagedKVCache on a CUDA GPU with attngen's attention: the ("tirx", fn) slots from the CUDA library.
+
+``cuda_slot_functions`` builds (cached) the variant's CUDA library with ``kernels=("tvm",)``
+(codegen/cuda_tvm_slots.py says what the functions compute and what they refuse) and
+returns the slot functions; ``tvm_cuda_kernels`` builds TVM's own data-moving kernels
+(append, page copy, compaction, debug read, split + RoPE) for the GPU the way TVM's
+``TIRPagedKVCache`` schedules them; ``create_paged_kv_cache_cuda`` assembles a cache whose
+attention slots and merge slot are attngen's. Created through
+``tvm_kv_cache.create_paged_kv_cache(..., target="cuda")``.
+"""
+from __future__ import annotations
+
+from attngen.schedules.build_config import DTYPE_SHORT, symbol
+
+CUDA_DTYPES = ("float16", "bfloat16")
+
+
+def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | None = None, arch: str | None = None,
+                        cache=None) -> dict:
+    """Role -> function for the slots TVM calls: "prefill_ragged", "prefill", "decode"."""
+    import tvm_ffi
+
+    from attngen.codegen.pipeline import run_pipeline
+    from attngen.ir import ScalarParam
+    from attngen.schedules.build_config import BuildConfig
+
+    from .cuda import current_arch
+
+    if dtype not in CUDA_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: the CUDA slots serve {list(CUDA_DTYPES)}")
+    names = {p.name for p in variant.params if isinstance(p, ScalarParam)}
+    constants = tuple(sorted((k, v) for k, v in (params or {}).items() if k in names))
+    unknown = sorted(set(params or {}) - names)
+    if unknown:
+        raise ValueError(f"params: {unknown} are not scalar parameters of variant '{variant.name}'")
+    cfg = BuildConfig("cuda", (head_dim,), (dtype,), (arch or current_arch(),), ("HND",), kernels=("tvm",),
+                      tvm_constants=constants)
+    lib = tvm_ffi.load_module(str(run_pipeline(variant, cfg, **({"cache": cache} if cache else {})).library))
+    return {"prefill_ragged": lib[symbol("tvm_prefill_ragged", dtype, head_dim)],
+            "prefill": lib[symbol("tvm_prefill_paged", dtype, head_dim)],
+            "decode": lib[symbol("tvm_decode", dtype, head_dim)]}
+
+
+def tvm_cuda_kernels(*, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
+                     page_size: int, rope_scale: float, rope_theta: float, arch: str) -> dict:
+    """TVM's own PagedKVCache helper kernels for the GPU, built by TVM: role -> function."""
+    import tvm
+    from tvm.relax.frontend.nn.llm import kv_cache as kvc
+    from tvm.s_tir import dlight as dl
+    from tvm.target import Target
+
+    target = Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
+    programs = {
+        "transpose_append": kvc._kv_cache_transpose_append(num_kv_heads, head_dim, dtype, page_size),
+        "debug_get_kv": kvc._kv_cache_debug_get_kv(num_layers, num_kv_heads, head_dim, dtype),
+        "split_rotary": kvc.llama_rope_with_position_map(rope_theta, rope_scale, head_dim, num_qo_heads,
+                                                         num_kv_heads, dtype, {}),
+        "copy_single_page": kvc._copy_single_page(num_kv_heads, page_size, head_dim, dtype, target),
+        "compact_copy": kvc._compact_kv_copy(num_kv_heads, head_dim, dtype, target, page_size),
+    }
+    mod = tvm.IRModule({tvm.ir.GlobalVar(f"tvm_{r}"): f.with_attr("global_symbol", f"tvm_{r}")
+                        for r, f in programs.items()})
+    with target:
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
+        lib = tvm.tirx.build(mod, target=target)
+    return {r: lib[f"tvm_{r}"] for r in programs}
+
+
+def create_paged_kv_cache_cuda(variant, *, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                               dtype: str, page_size: int, max_batch: int, max_total_tokens: int,
+                               prefill_chunk: int, rope_mode: int, rope_scale: float, rope_theta: float,
+                               kinds: list, params: dict | None, cache=None, device_id: int = 0):
+    import tvm
+    from tvm.runtime import ShapeTuple
+
+    from .cuda import current_arch
+    from .state import _cuda_library
+    from .tvm_kv_cache import ATTN_KINDS, ROPE_MODES
+
+    if rope_mode == ROPE_MODES["inline"]:
+        raise ValueError("rope_mode 'inline': attngen's CUDA slots do not apply RoPE inside attention; use "
+                         "rope_mode='normal' (TVM's split + RoPE kernel before the cache) or 'none'")
+    if "mha_sliding" in kinds:
+        raise ValueError("attn_kinds 'mha_sliding': attngen's CUDA slots do not serve sliding-window layers yet")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("target='cuda': this machine has no CUDA GPU (or torch has no CUDA); use target='cpu'")
+    arch = current_arch()
+    slots = cuda_slot_functions(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch, cache=cache)
+    k = tvm_cuda_kernels(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                         head_dim=head_dim, dtype=dtype, page_size=page_size, rope_scale=float(rope_scale),
+                         rope_theta=float(rope_theta), arch=arch)
+    merge = _cuda_library(arch)[f"merge_state_inplace_{DTYPE_SHORT[dtype]}"]
+    # the sliding-window slots are never called: sliding layers and per-sequence windows are refused
+    return tvm.get_global_func("vm.builtin.paged_attention_kv_cache_create")(
+        ShapeTuple([max_batch, max_total_tokens, prefill_chunk, page_size, 0, 0]),
+        ShapeTuple([0, num_layers]), num_qo_heads, num_kv_heads, head_dim, head_dim,
+        ShapeTuple([ATTN_KINDS[x] for x in kinds]), False, rope_mode, float(rope_scale), float(rope_theta), None,
+        tvm.runtime.empty((), dtype, device=tvm.cuda(device_id)), k["transpose_append"], None,
+        ["tirx", slots["prefill_ragged"]], ["tirx", slots["prefill"]], ["tirx", slots["decode"]],
+        ["tirx", slots["prefill"]], ["tirx", slots["decode"]],
+        [], [], [],  # token-tree attention (paged, ragged) and MLA: not served
+        [merge], k["split_rotary"], k["copy_single_page"], k["debug_get_kv"], k["compact_copy"])
+
+
+def create_tvm_tir_cache_cuda(*, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
+                              page_size: int, max_batch: int, max_total_tokens: int, prefill_chunk: int,
+                              device_id: int = 0):
+    """The baseline: the same cache with TVM's own TIR CUDA attention and merge kernels in every slot
+    (what TVM's ``TIRPagedKVCache`` builds), for tests and benchmarks of attngen's slots against it."""
+    import tvm
+    from tvm.relax.frontend.nn.llm import kv_cache as kvc
+    from tvm.runtime import ShapeTuple
+    from tvm.target import Target
+
+    from .cuda import current_arch
+
+    arch = current_arch()
+    target = Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
+    programs = {"ragged": kvc._attention_prefill_ragged(num_kv_heads, num_qo_heads, head_dim, head_dim, dtype, {},
+                                                        target),
+                "prefill": kvc._attention_prefill(num_kv_heads, num_qo_heads, head_dim, dtype, False, {}, target),
+                "decode": kvc._attention_decode(num_kv_heads, num_qo_heads, head_dim, dtype, False, {}, target),
+                "merge": kvc._merge_state_inplace(num_qo_heads, head_dim, dtype, target)}
+    mod = tvm.IRModule({tvm.ir.GlobalVar(f"tvm_{r}"): f.with_attr("global_symbol", f"tvm_{r}")
+                        for r, f in programs.items()})
+    with target:
+        lib = tvm.tirx.build(mod, target=target)
+    f = {r: lib[f"tvm_{r}"] for r in programs}
+    k = tvm_cuda_kernels(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                         head_dim=head_dim, dtype=dtype, page_size=page_size, rope_scale=1.0, rope_theta=1e4,
+                         arch=arch)
+    return tvm.get_global_func("vm.builtin.paged_attention_kv_cache_create")(
+        ShapeTuple([max_batch, max_total_tokens, prefill_chunk, page_size, 0, 0]), ShapeTuple([0, num_layers]),
+        num_qo_heads, num_kv_heads, head_dim, head_dim, ShapeTuple([0] * num_layers), False, 0, 1.0, 1e4, None,
+        tvm.runtime.empty((), dtype, device=tvm.cuda(device_id)), k["transpose_append"], None,
+        ["tirx", f["ragged"]], ["tirx", f["prefill"]], ["tirx", f["decode"]], ["tirx", f["prefill"]],
+        ["tirx", f["decode"]], [], [], [], [f["merge"]],
+        k["split_rotary"], k["copy_single_page"], k["debug_get_kv"], k["compact_copy"])

@@ -1,0 +1,185 @@
+"""GPU: TVM's PagedKVCache on CUDA with attngen's CUDA slots.
+
+- the three TVM-convention functions called directly (paged / ragged prefill with TVM's causal
+  flag on and off, decode) against a float64 reference: random ragged batches, an empty request,
+  random page order, outputs poisoned with NaN, rows with no key giving lse -5e4;
+- whole caches through add / prefill / append / decode / fork / pop-n: attngen's slots against a
+  cache built from TVM's own CUDA kernels and against a float64 model of the cache.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+L, HQ, HKV, D, PS, DTYPE = 2, 8, 2, 64, 16, "float16"
+SM = D ** -0.5
+
+
+def attend(q, k, v, causal: bool):
+    """float64 softmax attention of q [n, Hq, D] over k/v [m, Hkv, D]; query i at position m - n + i.
+    Returns (o [n, Hq, D], lse base 2 [n, Hq], rows with no key: 0 and -5e4)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    n, m = len(q), len(k)
+    g = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, g, 1), np.repeat(v, g, 1)
+    s = np.einsum("ihd,jhd->hij", q, k) * SM
+    vis = np.ones((n, m), bool)
+    if causal:
+        vis = np.arange(m)[None, :] <= (m - n + np.arange(n))[:, None]
+    s = np.where(vis[None], s, -np.inf)
+    mx = s.max(-1, keepdims=True, initial=-np.inf)
+    mx = np.where(np.isfinite(mx), mx, 0)
+    p = np.where(vis[None], np.exp(s - mx), 0)
+    den = p.sum(-1, keepdims=True)
+    o = np.einsum("hij,jhd->ihd", p / np.where(den > 0, den, 1), v)
+    with np.errstate(divide="ignore"):
+        lse = np.where(den > 0, (np.log(den) + mx) / np.log(2), -5e4)[..., 0].T
+    return o, lse
+
+
+@pytest.fixture(scope="module")
+def slots(build_cache):
+    from attngen.runtime.tvm_kv_cache_cuda import cuda_slot_functions
+    from attngen.variants import builtin
+
+    return cuda_slot_functions(builtin("vanilla"), head_dim=D, dtype=DTYPE, cache=build_cache)
+
+
+def _paged(rng, lens):
+    """TVM-layout pages [P, 2, Hkv, PS, D] in random order; per request k/v [len, Hkv, D] as float64."""
+    n_pages = [(x + PS - 1) // PS for x in lens]
+    total = sum(n_pages) + 3
+    pages = rng.standard_normal((total, 2, HKV, PS, D)).astype(np.float16)
+    order = rng.permutation(total).astype(np.int32)
+    indptr = np.concatenate([[0], np.cumsum(n_pages)]).astype(np.int32)
+    last = np.array([x - PS * (p - 1) if p else 0 for x, p in zip(lens, n_pages)], np.int32)
+    ks, vs = [], []
+    for b, x in enumerate(lens):
+        ids = order[indptr[b]:indptr[b + 1]]
+        kv = pages[ids].astype(np.float64).transpose(0, 3, 1, 2, 4).reshape(-1, 2, HKV, D)[:x]
+        ks.append(kv[:, 0])
+        vs.append(kv[:, 1])
+    return pages, order, indptr, last, ks, vs
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_prefill_slots_match_reference(slots, rng, causal):
+    import torch
+
+    cuda = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
+    qo_lens, kv_lens = [5, 0, 37, 1, 70], [9, 4, 37, 0, 200]
+    pages, order, indptr, last, ks, vs = _paged(rng, kv_lens)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    q = rng.standard_normal((qo_indptr[-1], HQ, D)).astype(np.float16)
+    zeros_b, zeros_n = np.zeros(len(qo_lens), np.int32), np.zeros(qo_indptr[-1], np.int32)
+    ref = [attend(q[qo_indptr[b]:qo_indptr[b + 1]], ks[b], vs[b], bool(causal)) for b in range(len(qo_lens))]
+    ref_o = np.concatenate([r[0] for r in ref])
+    ref_l = np.concatenate([r[1] for r in ref])
+    for kind in ("paged", "ragged"):
+        o = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
+        lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+        if kind == "paged":
+            slots["prefill"](cuda(q), cuda(qo_indptr), cuda(pages), cuda(indptr), cuda(order), cuda(last),
+                             cuda(zeros_b), cuda(zeros_n), o, lse, causal, 0, 1.0, 1e4, SM)
+        else:
+            k = np.concatenate(ks).astype(np.float16)
+            v = np.concatenate(vs).astype(np.float16)
+            kv_indptr = np.concatenate([[0], np.cumsum(kv_lens)]).astype(np.int32)
+            slots["prefill_ragged"](cuda(q), cuda(qo_indptr), cuda(k), cuda(v), cuda(kv_indptr), cuda(zeros_n),
+                                    cuda(zeros_b), o, lse, causal, 0, 1.0, 1e4, SM)
+        torch.cuda.synchronize()
+        got_o, got_l = o.float().cpu().numpy(), lse.cpu().numpy()
+        assert np.isfinite(got_o).all() and np.isfinite(got_l).all()
+        assert np.abs(got_o - ref_o).max() < 2e-2, kind
+        assert np.abs(got_l - ref_l).max() < 2e-2, kind
+
+
+def test_decode_slot_matches_reference(slots, rng):
+    import torch
+
+    cuda = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
+    kv_lens = [1, 0, 300, 4000, 17]
+    pages, order, indptr, last, ks, vs = _paged(rng, kv_lens)
+    q = rng.standard_normal((len(kv_lens), HQ, D)).astype(np.float16)
+    ref = [attend(q[b:b + 1], ks[b], vs[b], False) for b in range(len(kv_lens))]
+    o = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    zeros = np.zeros(len(kv_lens), np.int32)
+    slots["decode"](cuda(q), cuda(pages), cuda(indptr), cuda(order), cuda(last), cuda(zeros), cuda(zeros), o, lse,
+                    0, 1.0, 1e4, SM)
+    torch.cuda.synchronize()
+    assert np.abs(o.float().cpu().numpy() - np.concatenate([r[0] for r in ref])).max() < 2e-2
+    assert np.abs(lse.cpu().numpy() - np.concatenate([r[1] for r in ref])).max() < 2e-2
+    with pytest.raises(Exception, match="rotary_mode 1"):
+        slots["decode"](cuda(q), cuda(pages), cuda(indptr), cuda(order), cuda(last), cuda(zeros), cuda(zeros), o,
+                        lse, 1, 1.0, 1e4, SM)
+
+
+def _tvm_cache(build_cache, which):
+    """A CUDA PagedKVCache with attngen's slots ("attngen") or TVM's own CUDA kernels ("tvm")."""
+    from attngen.runtime.tvm_kv_cache import create_paged_kv_cache
+    from attngen.runtime.tvm_kv_cache_cuda import create_tvm_tir_cache_cuda
+
+    shape = dict(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, page_size=PS,
+                 max_batch=8, max_total_tokens=2048, prefill_chunk=512)
+    if which == "attngen":
+        return create_paged_kv_cache(target="cuda", cache=build_cache, **shape)
+    return create_tvm_tir_cache_cuda(**shape)
+
+
+SCRIPT = [("add", 0), ("step", [0], [40]), ("step", [0], [7]), ("add", 1), ("step", [1, 0], [9, 2]),
+          ("fork", 0, 2, -1), ("step", [2], [3]), ("step", [0, 1, 2], [1, 1, 1]), ("step", [0, 1, 2], [1, 1, 1]),
+          ("popn", 2, 2), ("step", [0, 2], [2, 1]), ("fork", 1, 3, 4), ("step", [3, 1], [1, 1])]
+
+
+def test_cuda_cache_matches_tvm_kernels_and_reference(build_cache, rng):
+    import tvm
+    from tvm.runtime import ShapeTuple
+
+    G = tvm.get_global_func
+    caches = {w: _tvm_cache(build_cache, w) for w in ("attngen", "tvm")}
+    hist = {}  # sequence -> per layer (k, v) float64
+    errs = {"attngen_vs_ref": 0.0, "attngen_vs_tvm": 0.0}
+    for op, *args in SCRIPT:
+        if op != "step":
+            name = {"add": "kv_state_add_sequence", "fork": "kv_state_fork_sequence", "popn": "kv_state_popn"}[op]
+            for kv in caches.values():
+                G(f"vm.builtin.{name}")(kv, *args)
+            if op == "add":
+                hist[args[0]] = [(np.zeros((0, HKV, D)),) * 2 for _ in range(L)]
+            elif op == "fork":
+                n = len(hist[args[0]][0][0]) if args[2] == -1 else args[2]
+                hist[args[1]] = [(k[:n], v[:n]) for k, v in hist[args[0]]]
+            else:
+                hist[args[0]] = [(k[:-args[1]], v[:-args[1]]) for k, v in hist[args[0]]]
+            continue
+        ids, lens = args
+        n = sum(lens)
+        qkvs = [rng.standard_normal((n, HQ + 2 * HKV, D)).astype(np.float16) for _ in range(L)]
+        outs = {}
+        for name, kv in caches.items():
+            G("vm.builtin.kv_state_begin_forward")(kv, ShapeTuple(ids), ShapeTuple(lens))
+            outs[name] = []
+            for layer in range(L):
+                out = tvm.runtime.tensor(np.full((n, HQ, D), np.nan, np.float16), device=tvm.cuda())
+                G("vm.builtin.attention_kv_cache_attention_with_fused_qkv")(
+                    kv, layer, SM, tvm.runtime.tensor(qkvs[layer], device=tvm.cuda()), out)
+                outs[name].append(out.numpy().astype(np.float64))
+            G("vm.builtin.kv_state_end_forward")(kv)
+        for layer in range(L):
+            start = 0
+            for s, m in zip(ids, lens):
+                x = qkvs[layer][start:start + m].astype(np.float64)
+                k = np.concatenate([hist[s][layer][0], x[:, HQ:HQ + HKV]])
+                v = np.concatenate([hist[s][layer][1], x[:, HQ + HKV:]])
+                hist[s][layer] = (k, v)
+                ref, _ = attend(x[:, :HQ], k, v, causal=True)
+                got = outs["attngen"][layer][start:start + m]
+                errs["attngen_vs_ref"] = max(errs["attngen_vs_ref"], float(np.abs(got - ref).max()))
+                start += m
+            errs["attngen_vs_tvm"] = max(errs["attngen_vs_tvm"],
+                                         float(np.abs(outs["attngen"][layer] - outs["tvm"][layer]).max()))
+    assert errs["attngen_vs_ref"] < 2e-2, errs
+    assert errs["attngen_vs_tvm"] < 2e-2, errs

@@ -203,7 +203,7 @@ def test_tvm_slot_library_builds_and_refuses(build_cache):
     res = run_pipeline(builtin("logits_softcap"), cfg, cache=build_cache)
     assert res.manifest["functions"] == ["tvm_decode_f16_d128", "tvm_prefill_paged_f16_d128",
                                          "tvm_prefill_ragged_f16_d128"]
-    src = (res.library.parent / "attention_d128_f16.cu").read_text()
+    src = (res.library.parent / "attention_d128_f16_tvm.cu").read_text()
     assert "hp.soft_cap = static_cast<float>(30.0);" in src
     for name, why in [("sigmoid", "unnormalised sum"), ("alibi", r"reads \['kv_pos', 'qo_pos'\]"),
                       ("attention_sink", "output_transform"), ("rope", r"reads \['qo_pos'\]")]:

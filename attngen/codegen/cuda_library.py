@@ -1,8 +1,8 @@
 """Instantiate the CUDA templates for a variant and link one shared library exporting TVM-FFI functions.
 
-Per (head_dim, dtype) one translation unit holds the traits struct, the template
-instances and host wrappers ``batch_decode_paged_<layout>_<dtype>_d<D>``. Each TU is
-compiled by nvcc for all requested archs (one fatbin per arch inside the object),
+Per (head_dim, dtype) and template family (decode, prefill, TVM slots) one translation unit
+holds the template instances and host wrappers, e.g. ``batch_decode_paged_<layout>_<dtype>_d<D>``.
+Each TU is compiled by nvcc for all requested archs (one fatbin per arch inside the object),
 TUs in parallel; the link uses the static CUDA runtime, so the library needs only
 libcuda (the driver) and libtvm_ffi, and loads with ``tvm_ffi.load_module``.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import attngen
 from attngen.ir import TensorParam
 from attngen.schedules.arch import arch_spec
-from attngen.schedules.build_config import BuildConfig, symbol
+from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
 
 from . import nvcc
 from .cuda_variant import C_TYPES
@@ -188,21 +188,24 @@ def exported_functions(cfg: BuildConfig) -> list[str]:
     return sorted(names)
 
 
-def translation_unit(variant, cfg: BuildConfig, head_dim: int, dtype: str) -> str:
-    parts = [f'#include "variant_d{head_dim}.cuh"', '#include "ffi_glue.h"']
+def translation_units(variant, cfg: BuildConfig, head_dim: int, dtype: str) -> dict[str, str]:
+    """One source per template family (decode, prefill, TVM slots) of one (head_dim, dtype), so that
+    nvcc compiles them in parallel: file name -> source."""
+    head = [f'#include "variant_d{head_dim}.cuh"', '#include "ffi_glue.h"']
+    stem = f"attention_d{head_dim}_{DTYPE_SHORT[dtype]}"
+    units = {}
     if "decode" in cfg.kernels:
-        parts.append('#include "decode_launch.cuh"')
-        parts += [decode_wrapper(variant, head_dim, dtype, lay, cfg.max_group_size) for lay in cfg.layouts]
+        units[f"{stem}_decode.cu"] = head + ['#include "decode_launch.cuh"'] + [
+            decode_wrapper(variant, head_dim, dtype, lay, cfg.max_group_size) for lay in cfg.layouts]
     if "prefill" in cfg.kernels:
-        parts.append('#include "prefill.cuh"')
-        parts.append(prefill_wrapper(variant, head_dim, dtype, None))
-        parts += [prefill_wrapper(variant, head_dim, dtype, lay) for lay in cfg.layouts]
+        units[f"{stem}_prefill.cu"] = head + ['#include "prefill.cuh"', prefill_wrapper(variant, head_dim, dtype, None)] + [
+            prefill_wrapper(variant, head_dim, dtype, lay) for lay in cfg.layouts]
     if "tvm" in cfg.kernels:
         from .cuda_tvm_slots import tvm_slot_wrappers
 
-        parts += ['#include "decode_launch.cuh"', '#include "prefill.cuh"']
-        parts.append(tvm_slot_wrappers(variant, head_dim, dtype, dict(cfg.tvm_constants)))
-    return "\n".join(parts) + "\n"
+        units[f"{stem}_tvm.cu"] = head + ['#include "decode_launch.cuh"', '#include "prefill.cuh"',
+                                          tvm_slot_wrappers(variant, head_dim, dtype, dict(cfg.tvm_constants))]
+    return {name: "\n".join(parts) + "\n" for name, parts in units.items()}
 
 
 def compile_library(out_dir: Path, tus: list[str], cfg: BuildConfig, name: str) -> Path:

@@ -25,7 +25,7 @@ from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig
 from . import nvcc
 from .cache import BuildCache, content_key, hash_files
 from .cpu.build import build_cpu_library, cpu_kernel_specs, lower_cpu_module
-from .cuda_library import compile_library, exported_functions, translation_unit
+from .cuda_library import compile_library, exported_functions, translation_units
 from .cuda_tvm_slots import check_tvm_slot_variant
 from .cuda_variant import traits_source
 from .hooks_cuda import lower_hooks_cuda
@@ -100,7 +100,7 @@ def stage_instantiate(ctx: BuildContext) -> dict[str, str]:
             files[f"variant_d{d}.cuh"] = (f'#pragma once\n#include "hooks_{name}_d{d}_{first}.cuh"\n'
                                           + traits_source(ctx.variant, hs, d))
             for dt in cfg.dtypes:
-                files[f"attention_d{d}_{DTYPE_SHORT[dt]}.cu"] = translation_unit(ctx.variant, cfg, d, dt)
+                files.update(translation_units(ctx.variant, cfg, d, dt))
     for a in ctx.config.archs:
         includes = []
         for d in ctx.config.head_dims:

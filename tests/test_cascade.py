@@ -112,6 +112,7 @@ def test_split_shared_prefix_equals_flat_attention(modules, seed, prefix_pages, 
         out, lse = cascade.run(q, plan=plan, sm_scale=0.25, params=params)
         f_out, f_lse = att.prefill(q, flat, qo_indptr, sm_scale=0.25, params=params)
         assert not np.isnan(out).any() and not np.isnan(lse).any()
+        assert out.shape == f_out.shape and lse.shape == f_lse.shape
         assert np.abs(out - f_out).max(initial=0) < 1e-5
         if name != "sigmoid":
             live = np.isfinite(f_lse)

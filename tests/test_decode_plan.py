@@ -8,17 +8,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attngen.codegen.cache import BuildCache
-from attngen.runtime.decode_plan import MIN_CHUNK, DecodeBounds, pack_plan, workspace_ints
+from attngen.runtime.decode_plan import MIN_CHUNK, DecodeBounds, items_needed, pack_plan, workspace_ints
 from attngen.runtime.planner import PlannerCapacity, SplitKVPlanner
 
 BOUNDS = [DecodeBounds(max_batch=64, num_ctas=33), DecodeBounds(max_batch=16, num_ctas=132)]
 
 
 @pytest.fixture(scope="module")
-def planners(tmp_path_factory):
-    cache = BuildCache(tmp_path_factory.mktemp("planner"))
-    return [SplitKVPlanner(PlannerCapacity(b.max_batch, b.max_work_items, b.max_partials, b.max_merges,
-                                           max_ctas=b.num_ctas), template="decode", cache=cache) for b in BOUNDS]
+def cache(tmp_path_factory):
+    return BuildCache(tmp_path_factory.mktemp("planner"))
+
+
+def planner_for(bounds, cache):
+    return SplitKVPlanner(PlannerCapacity(bounds.max_batch, bounds.max_work_items, bounds.max_partials,
+                                          bounds.max_merges, max_ctas=bounds.num_ctas), template="decode", cache=cache)
 
 
 def unpack(buf):
@@ -37,14 +40,16 @@ def unpack(buf):
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_packed_plan_covers_every_key_once(planners, data):
-    which = data.draw(st.integers(0, len(BOUNDS) - 1))
-    bounds, planner = BOUNDS[which], planners[which]
-    batch = data.draw(st.integers(0, bounds.max_batch))
+def test_packed_plan_covers_every_key_once(cache, data):
+    base = BOUNDS[data.draw(st.integers(0, len(BOUNDS) - 1))]
+    batch = data.draw(st.integers(0, base.max_batch))
     lens = np.array(data.draw(st.lists(st.one_of(st.integers(0, 600), st.integers(0, 40000)), min_size=batch,
                                        max_size=batch)), np.int32)
     group = data.draw(st.sampled_from([1, 4, 8]))
     fixed = data.draw(st.sampled_from([0, 0, 512]))
+    # the workspace grows for what a fixed-chunk plan needs, as CUDAAttention.plan_decode does
+    bounds = DecodeBounds(base.max_batch, base.num_ctas, items_needed(lens, fixed))
+    planner = planner_for(bounds, cache)
     plan = planner.plan(np.ones(batch, np.int32), lens, num_ctas=bounds.num_ctas, group=group, tile_rows=16,
                         fixed_chunk=fixed, min_chunk=MIN_CHUNK)  # never over the declared bounds
     buf = np.full(workspace_ints(bounds), -7, np.int32)
@@ -67,3 +72,10 @@ def test_packed_plan_covers_every_key_once(planners, data):
         split = len(spans) > 1
         assert (b in slots) == split  # a split request writes partial states only; others write directly
     assert {b: [s for _, s in sorted(v)] for b, v in slots.items()} == dict(merges)  # merge in key order
+
+
+def test_fixed_chunk_items_counted():
+    lens = np.array([0, 1, 512, 513, 8192], np.int32)
+    assert items_needed(lens, 512) == 1 + 1 + 1 + 2 + 16
+    assert items_needed(lens, 0) == 0
+    assert DecodeBounds(64, 33, items_needed(np.full(8, 8192), 512)).max_work_items == 128

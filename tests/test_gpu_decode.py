@@ -168,6 +168,14 @@ def test_decode_balanced_plan_skewed_and_superseded(build_cache, rng):
     att.plan_decode(kv, 16, 128)
     with pytest.raises(AttentionArgumentError, match="superseded"):
         att.decode(q, kv, plan=plan)
+    with pytest.raises(AttentionArgumentError, match="graph_safe / fixed_chunk: need the load-balanced plan"):
+        att.plan_decode(kv, 16, 128, num_chunks=2, graph_safe=True)
+    # a fixed chunk far below the balanced one needs more work items than the workspace had: it grows
+    plan = att.plan_decode(kv, 16, 128, fixed_chunk=64)
+    assert (plan.split.work[:, 0] == 0).sum() == -(-9000 // 64)
+    out_f, _ = att.decode(q, kv, plan=plan)
+    torch.cuda.synchronize()
+    assert torch.allclose(out_f.float(), ref_o.float(), atol=2e-3, rtol=0)
 
 
 def test_decode_fixed_chunk_is_batch_invariant(build_cache, rng):

@@ -115,15 +115,18 @@ static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi:
   P.sm_scale = static_cast<float>(sm_scale);
   P.backend = attngen::kDecodeTensorCores;
   P.tvm_conventions = 1;
+  cudaStream_t stream = attngen::stream_of(q);  // also makes q's device current for what follows
   P.num_chunks = attngen::even_decode_chunks(P.batch, P.num_kv_heads);
   if (P.num_chunks > 1) {{
     float* ws = attngen::device_scratch(size_t(P.batch) * P.num_chunks * P.num_qo_heads * ({head_dim} + 1));
+    if (ws == nullptr)
+      TVM_FFI_THROW(RuntimeError) << "{name}: could not allocate the split-KV scratch buffer on the GPU";
     P.part_o = ws;
     P.part_lse = ws + size_t(P.batch) * P.num_chunks * P.num_qo_heads * {head_dim};
   }}
   P.kv.base = attngen::data_of(pages);
 {_paged_fill_hnd("P.kv")}
-  if (!attngen::launch_decode<V, T, {head_dim}, 8>(P, hp, attngen::stream_of(q)))
+  if (!attngen::launch_decode<V, T, {head_dim}, 8>(P, hp, stream))
     TVM_FFI_THROW(ValueError) << "{name}: no decode tile fits this device's shared memory";
   attngen::check_launch("{name}");
 }}

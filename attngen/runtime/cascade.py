@@ -121,8 +121,8 @@ class CascadeAttention:
             o, s = self.backend.prefill(qs, lvl.kv, lvl.qo_indptr, sm_scale=sm_scale, params=params, **extra)
             if lvl.chunks > 1:  # [k * R, H, D] chunk states of the same rows -> one state per row
                 o, s = _rows_by_chunk(o, lvl.chunks), _rows_by_chunk(s, lvl.chunks)
-                if self.variant.state == StateAlgebra.SUM:
-                    o = merge_states_sum(o)
+                if self.variant.state == StateAlgebra.SUM:  # sum states carry no lse: keep one per row
+                    o, s = merge_states_sum(o), _contiguous(s[:, 0])
                 else:
                     o, s = merge_states(o, s)
             states.append((o, s))
@@ -143,12 +143,16 @@ def _repeat_rows(q, k: int):
     return np.ascontiguousarray(np.tile(q, (k, 1, 1)))
 
 
+def _contiguous(x):
+    return x.contiguous() if hasattr(x, "detach") else np.ascontiguousarray(x)
+
+
 def _rows_by_chunk(x, k: int):
     """[k * R, ...] chunk-major -> [R, k, ...] contiguous (the layout merge_states reads)."""
     shape = (k, x.shape[0] // k) + tuple(x.shape[1:])
     if hasattr(x, "detach"):
         return x.reshape(shape).transpose(0, 1).contiguous()
-    return np.ascontiguousarray(np.swapaxes(x.reshape(shape), 0, 1))
+    return _contiguous(np.swapaxes(x.reshape(shape), 0, 1))
 
 
 def _stack_like(ref):

@@ -94,8 +94,10 @@ class CUDAAttention(BuiltModule):
         res = run_pipeline(variant, cfg, **kwargs)
         return cls(variant, res.library, res.manifest)
 
-    def _decode_workspace(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int, device):
-        """The load-balanced decode workspace of this shape, grown when a batch exceeds its bounds."""
+    def _decode_workspace(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int, items: int,
+                          device):
+        """The load-balanced decode workspace of this shape, grown when a batch (or a fixed-chunk plan's
+        work items) exceeds its bounds."""
         import torch
 
         from .decode_plan import DecodeBounds, DecodeWorkspace, decode_tc_ctas_per_sm
@@ -103,13 +105,16 @@ class CUDAAttention(BuiltModule):
         key = (str(device), num_qo_heads, num_kv_heads, head_dim)
         spaces = self.__dict__.setdefault("_decode_spaces", {})
         ws = spaces.get(key)
-        if ws is None or batch > ws.bounds.max_batch:
+        if ws is None or batch > ws.bounds.max_batch or items > ws.bounds.max_work_items:
             props = torch.cuda.get_device_properties(device)
             per_sm = decode_tc_ctas_per_sm(head_dim, props.shared_memory_per_multiprocessor,
                                            props.shared_memory_per_block_optin)
             ctas = max(1, per_sm * props.multi_processor_count // num_kv_heads)
-            max_batch = max(64, 1 << max(batch - 1, 0).bit_length())
-            ws = spaces[key] = DecodeWorkspace(DecodeBounds(max_batch, ctas), num_qo_heads, head_dim, device)
+            # a power of two, within the merge kernel's grid limit
+            max_batch = min(MAX_GRID_BATCH, max(64, 1 << max(batch - 1, 0).bit_length()))
+            grown = max(items, 2 * ws.bounds.max_work_items if ws is not None else 0)
+            ws = spaces[key] = DecodeWorkspace(DecodeBounds(max_batch, ctas, grown if items else 0), num_qo_heads,
+                                               head_dim, device)
         return ws
 
     def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None,
@@ -136,11 +141,19 @@ class CUDAAttention(BuiltModule):
         last = as_numpy(kv.last_page_len, "kv.last_page_len")
         n_pages = np.diff(indptr)
         lens = np.where(n_pages > 0, (n_pages - 1) * kv.page_size + last, 0)
-        from .decode_plan import decode_tc_fits
+        from .decode_plan import decode_tc_fits, items_needed
 
-        if num_chunks is None and tensor_cores is not False and decode_tc_fits(
-                head_dim, torch.cuda.get_device_properties(kv.pages.device).shared_memory_per_block_optin):
-            ws = self._decode_workspace(num_qo_heads, kv.num_kv_heads, head_dim, batch, kv.pages.device)
+        if fixed_chunk < 0:
+            raise AttentionArgumentError(f"fixed_chunk: must be 0 (off) or a positive key count, got {fixed_chunk}")
+        balanced = num_chunks is None and tensor_cores is not False and decode_tc_fits(
+            head_dim, torch.cuda.get_device_properties(kv.pages.device).shared_memory_per_block_optin)
+        if not balanced and (graph_safe or fixed_chunk):
+            raise AttentionArgumentError(
+                "graph_safe / fixed_chunk: need the load-balanced plan (tensor-core template, no num_chunks, a "
+                "tensor-core tile that fits this GPU); drop num_chunks / tensor_cores=False")
+        if balanced:
+            ws = self._decode_workspace(num_qo_heads, kv.num_kv_heads, head_dim, batch,
+                                        items_needed(lens, fixed_chunk), kv.pages.device)
             n_merge, split = ws.fill(lens.astype(np.int32), num_qo_heads // kv.num_kv_heads, fixed_chunk=fixed_chunk)
             ws.generation += 1
             merges = ws.bounds.max_merges if graph_safe else n_merge

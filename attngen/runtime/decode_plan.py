@@ -31,11 +31,13 @@ class DecodeBounds:
 
     max_batch: int
     num_ctas: int  # plan columns (CTAs per KV head)
+    min_work_items: int = 0  # more items than B + C: fixed-chunk plans (see items_needed)
 
     @property
     def max_work_items(self) -> int:
-        # chunks <= ceil(len / limit) per request and sum(len) / limit <= C, so items <= B + C
-        return self.max_batch + self.num_ctas
+        # chunks <= ceil(len / limit) per request and sum(len) / limit <= C, so items <= B + C when the
+        # limit is at least total / C; a fixed chunk can need more (items_needed)
+        return max(self.max_batch + self.num_ctas, self.min_work_items)
 
     @property
     def max_partials(self) -> int:
@@ -44,6 +46,12 @@ class DecodeBounds:
     @property
     def max_merges(self) -> int:
         return self.max_batch
+
+
+def items_needed(kv_lens: np.ndarray, fixed_chunk: int) -> int:
+    """Work items a fixed-chunk plan of these lengths makes (every request at least one)."""
+    lens = np.asarray(kv_lens, np.int64)
+    return int(np.maximum(1, -(-lens // fixed_chunk)).sum()) if fixed_chunk > 0 else 0
 
 
 def _offsets(b: DecodeBounds) -> list[int]:

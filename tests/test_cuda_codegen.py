@@ -196,13 +196,15 @@ def test_gpu_test_instantiations_compile(name, build_cache):
 
 @requires_nvcc
 def test_tvm_slot_library_builds_and_refuses(build_cache):
-    """kernels=("tvm",): the three TVM-convention functions per (head_dim, dtype), scalar parameters compiled
+    """kernels=("tvm",): the TVM-convention functions per (head_dim, dtype) ("tirx" and "flashinfer"), scalar parameters compiled
     in; variants TVM's cache would get silently wrong are refused at build time."""
     cfg = BuildConfig("cuda", (128,), ("float16",), ("sm_90a",), ("HND",), kernels=("tvm",),
                       tvm_constants=(("soft_cap", 30.0),))
     res = run_pipeline(builtin("logits_softcap"), cfg, cache=build_cache)
-    assert res.manifest["functions"] == ["tvm_decode_f16_d128", "tvm_prefill_paged_f16_d128",
-                                         "tvm_prefill_ragged_f16_d128"]
+    assert res.manifest["functions"] == sorted(
+        ["tvm_decode_f16_d128", "tvm_prefill_paged_f16_d128", "tvm_prefill_ragged_f16_d128"]
+        + [f"tvm_fi_{k}_f16_d128" for k in ("decode_plan", "decode_run", "prefill_plan", "prefill_paged_run",
+                                            "prefill_ragged_run")])
     src = (res.library.parent / "attention_d128_f16_tvm.cu").read_text()
     assert "hp.soft_cap = static_cast<float>(30.0);" in src
     for name, why in [("sigmoid", "unnormalised sum"), ("alibi", r"reads \['kv_pos', 'qo_pos'\]"),

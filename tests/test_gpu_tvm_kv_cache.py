@@ -3,8 +3,9 @@
 - the three TVM-convention functions called directly (paged / ragged prefill with TVM's causal
   flag on and off, decode) against a float64 reference: random ragged batches, an empty request,
   random page order, outputs poisoned with NaN, rows with no key giving lse -5e4;
-- whole caches through add / prefill / append / decode / fork / pop-n: attngen's slots against a
-  cache built from TVM's own CUDA kernels and against a float64 model of the cache.
+- whole caches through add / prefill / append / decode / fork / pop-n, with attngen's slots in the
+  ("tirx", fn) and in the ("flashinfer", run, plan) convention: against a cache built from TVM's own
+  CUDA kernels and against a float64 model of the cache.
 """
 from __future__ import annotations
 
@@ -118,14 +119,16 @@ def test_decode_slot_matches_reference(slots, rng):
 
 
 def _tvm_cache(build_cache, which):
-    """A CUDA PagedKVCache with attngen's slots ("attngen") or TVM's own CUDA kernels ("tvm")."""
+    """A CUDA PagedKVCache with attngen's slots ("attngen": "tirx" convention, "attngen_fi": "flashinfer")
+    or TVM's own CUDA kernels ("tvm")."""
     from attngen.runtime.tvm_kv_cache import create_paged_kv_cache
     from attngen.runtime.tvm_kv_cache_cuda import create_tvm_tir_cache_cuda
 
     shape = dict(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, page_size=PS,
                  max_batch=8, max_total_tokens=2048, prefill_chunk=512)
-    if which == "attngen":
-        return create_paged_kv_cache(target="cuda", cache=build_cache, **shape)
+    if which.startswith("attngen"):
+        return create_paged_kv_cache(target="cuda", cache=build_cache,
+                                     convention="flashinfer" if which == "attngen_fi" else "tirx", **shape)
     return create_tvm_tir_cache_cuda(**shape)
 
 
@@ -134,12 +137,14 @@ SCRIPT = [("add", 0), ("step", [0], [40]), ("step", [0], [7]), ("add", 1), ("ste
           ("popn", 2, 2), ("step", [0, 2], [2, 1]), ("fork", 1, 3, 4), ("step", [3, 1], [1, 1])]
 
 
-def test_cuda_cache_matches_tvm_kernels_and_reference(build_cache, rng):
+@pytest.mark.parametrize("convention", ["tirx", "flashinfer"])
+def test_cuda_cache_matches_tvm_kernels_and_reference(build_cache, rng, convention):
     import tvm
     from tvm.runtime import ShapeTuple
 
     G = tvm.get_global_func
-    caches = {w: _tvm_cache(build_cache, w) for w in ("attngen", "tvm")}
+    caches = {"attngen": _tvm_cache(build_cache, "attngen" if convention == "tirx" else "attngen_fi"),
+              "tvm": _tvm_cache(build_cache, "tvm")}
     hist = {}  # sequence -> per layer (k, v) float64
     errs = {"attngen_vs_ref": 0.0, "attngen_vs_tvm": 0.0}
     for op, *args in SCRIPT:

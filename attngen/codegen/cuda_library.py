@@ -201,10 +201,12 @@ def translation_units(variant, cfg: BuildConfig, head_dim: int, dtype: str) -> d
         units[f"{stem}_prefill.cu"] = head + ['#include "prefill.cuh"', prefill_wrapper(variant, head_dim, dtype, None)] + [
             prefill_wrapper(variant, head_dim, dtype, lay) for lay in cfg.layouts]
     if "tvm" in cfg.kernels:
-        from .cuda_tvm_slots import tvm_slot_wrappers
+        from .cuda_tvm_slots import flashinfer_slot_wrappers, tvm_slot_wrappers
 
+        constants = dict(cfg.tvm_constants)
         units[f"{stem}_tvm.cu"] = head + ['#include "decode_launch.cuh"', '#include "prefill.cuh"',
-                                          tvm_slot_wrappers(variant, head_dim, dtype, dict(cfg.tvm_constants))]
+                                          tvm_slot_wrappers(variant, head_dim, dtype, constants),
+                                          flashinfer_slot_wrappers(variant, head_dim, dtype, constants)]
     return {name: "\n".join(parts) + "\n" for name, parts in units.items()}
 
 

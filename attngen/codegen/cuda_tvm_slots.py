@@ -1,4 +1,10 @@
-"""CUDA functions with TVM PagedKVCache's ("tirx", fn) attention-slot calling conventions.
+"""CUDA functions with TVM PagedKVCache's attention-slot calling conventions.
+
+Two conventions, both exported by a ``kernels=("tvm",)`` library: ("tirx", fn) (below) and
+("flashinfer", run, plan) (``flashinfer_slot_wrappers``: TVM plans once per step with host
+index arrays; attngen's decode plan is its load-balanced split-KV work list, packed into TVM's
+page-locked buffer and copied to its int workspace; prefill's plan records the longest
+request so the grid fits the batch).
 
 The CUDA library built with ``kernels=("tvm", ...)`` exports, per (head_dim, dtype),
 ``tvm_prefill_paged_<dt>_d<D>``, ``tvm_prefill_ragged_<dt>_d<D>`` and ``tvm_decode_<dt>_d<D>``
@@ -201,4 +207,204 @@ def _paged_fill_hnd(into: str) -> str:
 
 
 def tvm_slot_functions(head_dims, dtypes) -> list[str]:
-    return [symbol(kind, dt, d) for d in head_dims for dt in dtypes for kind in SLOT_KINDS]
+    """Every function a kernels=("tvm",) library exports: both conventions."""
+    return ([symbol(kind, dt, d) for d in head_dims for dt in dtypes for kind in SLOT_KINDS]
+            + flashinfer_slot_functions(head_dims, dtypes))
+
+
+# ---------------------------------------------------------------------------------------------
+# the ("flashinfer", run, plan) convention
+
+FI_KINDS = ("tvm_fi_decode_plan", "tvm_fi_decode_run", "tvm_fi_prefill_plan", "tvm_fi_prefill_paged_run",
+            "tvm_fi_prefill_ragged_run")
+
+
+def _fi_prefill_run(name: str, head_dim: int, t: str, fill: str, paged: bool) -> str:
+    if paged:
+        kv_args = ("tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView indptr, tvm::ffi::TensorView indices, "
+                   "tvm::ffi::TensorView last_page_len")
+        kv_fill = """  if (layout != 1) TVM_FFI_THROW(ValueError) << "{name}: paged KV must be HND (layout code 1)";
+  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(indptr));
+  P.kv.indices = static_cast<const int32_t*>(attngen::data_of(indices));
+  P.kv.last_page_len = static_cast<const int32_t*>(attngen::data_of(last_page_len));
+  P.kv.stride_page = k.stride(0);
+  P.kv.stride_head = k.stride(1);
+  P.kv.stride_slot = k.stride(2);
+  P.kv.page_size = static_cast<int>(k.size(2));""".replace("{name}", name)
+    else:
+        kv_args = "tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView kv_indptr"
+        kv_fill = """  if (layout != 0) TVM_FFI_THROW(ValueError) << "{name}: ragged K/V must be NHD (layout code 0)";
+  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(kv_indptr));
+  P.kv.stride_slot = k.stride(0);
+  P.kv.stride_head = k.stride(1);
+  P.kv.page_size = 0;""".replace("{name}", name)
+    heads = "k.size(1)"
+    return f"""
+static void {name}(tvm::ffi::TensorView float_ws, tvm::ffi::TensorView int_ws, tvm::ffi::Array<int64_t> plan_info,
+    tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, {kv_args}, tvm::ffi::TensorView o,
+    tvm::ffi::TensorView lse, int64_t mask_mode, int64_t layout, int64_t window_left, bool enable_pdl,
+    double sm_scale, double rope_rcp_scale, double rope_rcp_theta) {{
+  using V = attngen_gen::Hooks_d{head_dim};
+  using T = {t};
+  if (mask_mode != 0 && mask_mode != 1)
+    TVM_FFI_THROW(ValueError) << "{name}: mask mode " << mask_mode << " is not served (0: none, 1: causal)";
+  if (window_left != -1) TVM_FFI_THROW(ValueError) << "{name}: sliding windows are not served";
+  if (plan_info.size() < 1) TVM_FFI_THROW(ValueError) << "{name}: plan_info is not from this library's plan";
+  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
+  V::Params hp{{}};
+{fill}
+  attngen::PrefillProblem P{{}};
+  P.q = attngen::data_of(q);
+  P.o = attngen::data_of(o);
+  P.lse = static_cast<float*>(attngen::data_of(lse));
+  P.qo_indptr = static_cast<const int32_t*>(attngen::data_of(qo_indptr));
+  P.batch = static_cast<int>(qo_indptr.size(0)) - 1;
+  P.num_qo_heads = static_cast<int>(q.size(1));
+  P.num_kv_heads = static_cast<int>({heads});
+  P.group = P.num_qo_heads / P.num_kv_heads;
+  if (P.group * P.num_kv_heads != P.num_qo_heads)
+    TVM_FFI_THROW(ValueError) << "{name}: num_qo_heads is not a multiple of num_kv_heads";
+  P.sm_scale = static_cast<float>(sm_scale);
+  P.causal = mask_mode == 1;
+  P.tvm_conventions = 1;
+  P.kv.base = attngen::data_of(k);
+  P.kv.stride_kv = (static_cast<const char*>(attngen::data_of(v)) - static_cast<const char*>(attngen::data_of(k))) /
+                   int64_t(sizeof(T));
+{kv_fill}
+  attngen::launch_prefill<V, T, {head_dim}>(P, static_cast<int>(plan_info[0]), hp, attngen::stream_of(q));
+  attngen::check_launch("{name}");
+}}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
+"""
+
+
+def flashinfer_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict) -> str:
+    """C++ of the ("flashinfer", run, plan) functions for one (head_dim, dtype): TVM's runtime calls plan
+    once per step with host index arrays (the decode plan is attngen's load-balanced split-KV work list,
+    copied from TVM's page-locked buffer into its int workspace) and run per layer with the workspace."""
+    from attngen.schedules.cost_model import cost_coefficients
+
+    t = C_TYPES[dtype]
+    fill = _constants(variant, constants)
+    alpha, beta = cost_coefficients("decode")
+    n = {k: symbol(k, dtype, head_dim) for k in FI_KINDS}
+    return f"""
+#include "decode_plan_pack.h"
+
+// plan_info of the decode plan: [CTAs per KV head, merges, partial states, num_qo_heads]
+static tvm::ffi::Array<int64_t> {n["tvm_fi_decode_plan"]}(tvm::ffi::TensorView float_ws,
+    tvm::ffi::TensorView int_ws, tvm::ffi::TensorView locked_ws, tvm::ffi::TensorView page_indptr, int64_t batch,
+    int64_t num_qo_heads, int64_t num_kv_heads, int64_t page_size, bool enable_cuda_graph, int64_t window_left,
+    double logits_soft_cap, int64_t qk_head_dim, int64_t v_head_dim, tvm::ffi::TensorView empty_q,
+    tvm::ffi::TensorView empty_kv) {{
+  using V = attngen_gen::Hooks_d{head_dim};
+  using T = {t};
+  const char* name = "{n["tvm_fi_decode_plan"]}";
+  if (qk_head_dim != {head_dim} || v_head_dim != {head_dim})
+    TVM_FFI_THROW(ValueError) << name << ": built for head_dim {head_dim}, asked for " << qk_head_dim;
+  if (window_left != -1 || logits_soft_cap != 0.0)
+    TVM_FFI_THROW(ValueError) << name << ": sliding windows and FlashInfer's soft cap are not served (write the "
+                                 "soft cap as the variant's logits hook)";
+  if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads || num_qo_heads / num_kv_heads > 8)
+    TVM_FFI_THROW(ValueError) << name << ": groups of 1 to 8 query heads per KV head are served";
+  cudaSetDevice(float_ws.device().device_id);
+  const int per_sm = attngen::decode_tc_ctas_per_sm<V, T, {head_dim}>();
+  if (per_sm == 0) TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device";
+  const int ctas = std::max<int>(1, per_sm * attngen::device_sm_count() / int(num_kv_heads));
+  const int32_t* ip = static_cast<const int32_t*>(attngen::data_of(page_indptr));
+  std::vector<int32_t> qo_len(batch, 1), kv_len(batch);
+  for (int64_t b = 0; b < batch; ++b) kv_len[b] = (ip[b + 1] - ip[b]) * int32_t(page_size);  // keys <= pages x size
+  attngen::PlanInput in{{qo_len.data(), kv_len.data(), int(batch), int(num_qo_heads / num_kv_heads), 16, ctas,
+                        {alpha!r}, {beta!r}, 0, false, false, 0, 0, 256}};
+  attngen::Plan p;
+  try {{
+    p = attngen::plan_split_kv(in, {{batch + ctas, batch + ctas, batch}});
+  }} catch (const std::exception& e) {{
+    TVM_FFI_THROW(ValueError) << name << ": " << e.what();
+  }}
+  const int64_t ints = attngen::pack_decode_plan(p, ctas, nullptr);
+  const int64_t partials = int64_t(p.merge_partials.size());
+  if (int_ws.numel() * (int_ws.dtype().bits / 8) < ints * 4 || locked_ws.numel() * (locked_ws.dtype().bits / 8) < ints * 4)
+    TVM_FFI_THROW(ValueError) << name << ": the int workspaces hold fewer than the plan's " << ints * 4 << " bytes";
+  if (float_ws.numel() * (float_ws.dtype().bits / 8) < partials * num_qo_heads * ({head_dim} + 1) * 4)
+    TVM_FFI_THROW(ValueError) << name << ": the float workspace is smaller than the plan's partial states";
+  int32_t* host = static_cast<int32_t*>(attngen::data_of(locked_ws));
+  attngen::pack_decode_plan(p, ctas, host);
+  cudaMemcpyAsync(attngen::data_of(int_ws), host, size_t(ints) * 4, cudaMemcpyHostToDevice,
+                  attngen::stream_of(float_ws));
+  return tvm::ffi::Array<int64_t>({{int64_t(ctas), int64_t(p.merge_request.size()), partials, num_qo_heads}});
+}}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({n["tvm_fi_decode_plan"]}, {n["tvm_fi_decode_plan"]});
+
+static void {n["tvm_fi_decode_run"]}(tvm::ffi::TensorView float_ws, tvm::ffi::TensorView int_ws,
+    tvm::ffi::Array<int64_t> plan_info, tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
+    tvm::ffi::TensorView indptr, tvm::ffi::TensorView indices, tvm::ffi::TensorView last_page_len,
+    tvm::ffi::TensorView o, tvm::ffi::TensorView lse, int64_t layout, int64_t window_left, bool enable_pdl,
+    double sm_scale, double rope_rcp_scale, double rope_rcp_theta) {{
+  using V = attngen_gen::Hooks_d{head_dim};
+  using T = {t};
+  const char* name = "{n["tvm_fi_decode_run"]}";
+  if (layout != 1) TVM_FFI_THROW(ValueError) << name << ": paged KV must be HND (layout code 1)";
+  if (window_left != -1) TVM_FFI_THROW(ValueError) << name << ": sliding windows are not served";
+  if (plan_info.size() != 4 || plan_info[3] != q.size(1))
+    TVM_FFI_THROW(ValueError) << name << ": plan_info is not from this library's decode plan for these heads";
+  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
+  attngen::check_tensor(k, "k", 4, {{kDLFloat, 16, 1}});
+  V::Params hp{{}};
+{fill}
+  attngen::DecodeProblem P{{}};
+  P.q = attngen::data_of(q);
+  P.o = attngen::data_of(o);
+  P.lse = static_cast<float*>(attngen::data_of(lse));
+  P.batch = static_cast<int>(q.size(0));
+  P.num_qo_heads = static_cast<int>(q.size(1));
+  P.num_kv_heads = static_cast<int>(k.size(1));
+  P.group = P.num_qo_heads / P.num_kv_heads;
+  if (P.batch == 0) return;
+  P.sm_scale = static_cast<float>(sm_scale);
+  P.num_chunks = 1;
+  P.backend = attngen::kDecodeTensorCores;
+  P.tvm_conventions = 1;
+  P.plan = static_cast<const int32_t*>(attngen::data_of(int_ws));
+  P.plan_ctas = static_cast<int>(plan_info[0]);
+  P.plan_max_merges = static_cast<int>(plan_info[1]);
+  P.part_o = static_cast<float*>(attngen::data_of(float_ws));
+  P.part_lse = P.part_o + plan_info[2] * P.num_qo_heads * {head_dim};
+  P.kv.base = attngen::data_of(k);
+  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(indptr));
+  P.kv.indices = static_cast<const int32_t*>(attngen::data_of(indices));
+  P.kv.last_page_len = static_cast<const int32_t*>(attngen::data_of(last_page_len));
+  P.kv.stride_page = k.stride(0);
+  P.kv.stride_kv = (static_cast<const char*>(attngen::data_of(v)) - static_cast<const char*>(attngen::data_of(k))) /
+                   int64_t(sizeof(T));
+  P.kv.stride_head = k.stride(1);
+  P.kv.stride_slot = k.stride(2);
+  P.kv.page_size = static_cast<int>(k.size(2));
+  if (!attngen::launch_decode<V, T, {head_dim}, 8>(P, hp, attngen::stream_of(q)))
+    TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device";
+  attngen::check_launch(name);
+}}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({n["tvm_fi_decode_run"]}, {n["tvm_fi_decode_run"]});
+
+// plan_info of the prefill plan: [longest request's query rows] (sizes the grid; no split-KV)
+static tvm::ffi::Array<int64_t> {n["tvm_fi_prefill_plan"]}(tvm::ffi::TensorView float_ws,
+    tvm::ffi::TensorView int_ws, tvm::ffi::TensorView locked_ws, tvm::ffi::TensorView qo_indptr,
+    tvm::ffi::TensorView kv_indptr, tvm::ffi::TensorView kv_len, int64_t total_qo_len, int64_t batch,
+    int64_t num_qo_heads, int64_t num_kv_heads, int64_t page_size, bool enable_cuda_graph, int64_t qk_head_dim,
+    int64_t v_head_dim, bool causal, int64_t window_left, int64_t fixed_split_size, bool disable_split_kv,
+    int64_t num_colocated_ctas) {{
+  if (qk_head_dim != {head_dim} || v_head_dim != {head_dim})
+    TVM_FFI_THROW(ValueError) << "{n["tvm_fi_prefill_plan"]}: built for head_dim {head_dim}";
+  if (window_left != -1) TVM_FFI_THROW(ValueError) << "{n["tvm_fi_prefill_plan"]}: sliding windows are not served";
+  const int32_t* qo = static_cast<const int32_t*>(attngen::data_of(qo_indptr));
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b) longest = std::max<int64_t>(longest, qo[b + 1] - qo[b]);
+  return tvm::ffi::Array<int64_t>({{longest}});
+}}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({n["tvm_fi_prefill_plan"]}, {n["tvm_fi_prefill_plan"]});
+""" + _fi_prefill_run(n["tvm_fi_prefill_paged_run"], head_dim, t, fill, True) + _fi_prefill_run(
+        n["tvm_fi_prefill_ragged_run"], head_dim, t, fill, False)
+
+
+def flashinfer_slot_functions(head_dims, dtypes) -> list[str]:
+    return [symbol(kind, dt, d) for d in head_dims for dt in dtypes for kind in FI_KINDS]

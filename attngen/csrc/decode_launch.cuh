@@ -57,6 +57,29 @@ bool try_launch_decode_tc(const DecodeProblem& P, const typename V::Params& hp, 
   return false;
 }
 
+// Resident CTAs per SM of the tensor-core decode kernel the launcher would pick on this device
+// (0 when none fits): the planner's CTA count for plan-mode grids.
+template <class V, class T, int D>
+int decode_tc_ctas_per_sm() {
+  constexpr int S = decode_tc_stages<D>();
+  const size_t optin = size_t(device_smem_optin());
+  auto occupancy = [](auto kernel, size_t smem, int threads) {
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    int n = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem);
+    return n;
+  };
+  if (optin >= decode_tc_smem_bytes<D, S>())
+    return occupancy(decode_tc_kernel<V, T, D, S>, decode_tc_smem_bytes<D, S>(), DecodeTCTile<D, S>::kThreads);
+  if constexpr (S > 2) {
+    if (optin >= decode_tc_smem_bytes<D, 2>())
+      return occupancy(decode_tc_kernel<V, T, D, 2>, decode_tc_smem_bytes<D, 2>(), DecodeTCTile<D, 2>::kThreads);
+  }
+  if (optin >= decode_tc_smem_bytes<D, 1>())
+    return occupancy(decode_tc_kernel<V, T, D, 1>, decode_tc_smem_bytes<D, 1>(), DecodeTCTile<D, 1>::kThreads);
+  return 0;
+}
+
 // Automatic choice: tensor cores (measured faster on the H200 for every group size, MHA included);
 // a plan's work list is served by the tensor-core template only.
 inline bool decode_wants_tensor_cores(const DecodeProblem& P) {

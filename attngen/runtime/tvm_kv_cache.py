@@ -154,7 +154,7 @@ def create_paged_kv_cache(variant=None, *, num_layers: int, num_qo_heads: int, n
                           rope_scale: float = 1.0, rope_theta: float = 1e4,
                           attn_kinds: Sequence[str] | None = None, sliding_window: int = 1024,
                           support_sliding_window: bool = False, params: dict | None = None,
-                          target: str = "cpu", cache=None):
+                          target: str = "cpu", cache=None, convention: str = "tirx"):
     """A TVM PagedKVCache (CPU) whose attention slots run ``variant`` (default vanilla) and whose
     merge slot is attngen's merge.
 
@@ -164,6 +164,7 @@ def create_paged_kv_cache(variant=None, *, num_layers: int, num_qo_heads: int, n
     ``vm.builtin.attention_kv_cache_enable_sliding_window_for_seq`` (cannot be combined with
     "mha_sliding" layers). params: values of the variant's extra parameters (defaults apply).
     Token-tree attention (speculative decoding) and MLA are not served: their slots stay empty.
+    target="cuda" (tvm_kv_cache_cuda.py): ``convention`` "tirx" or "flashinfer" for the CUDA slots.
     """
     import tvm
     from tvm.runtime import ShapeTuple
@@ -188,7 +189,7 @@ def create_paged_kv_cache(variant=None, *, num_layers: int, num_qo_heads: int, n
             num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
             page_size=page_size, max_batch=max_batch, max_total_tokens=max_total_tokens, prefill_chunk=prefill_chunk,
             rope_mode=_rope_mode(rope_mode), rope_scale=rope_scale, rope_theta=rope_theta, kinds=kinds, params=params,
-            cache=cache)
+            cache=cache, convention=convention)
     slots = attention_slot_functions(
         variant, num_qo_heads=num_qo_heads, head_dim=head_dim, dtype=dtype, rope_mode=rope_mode,
         support_sliding_window=support_sliding_window, sliding_window=sliding_window if layer_windows else None,

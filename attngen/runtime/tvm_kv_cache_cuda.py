@@ -17,7 +17,8 @@ CUDA_DTYPES = ("float16", "bfloat16")
 
 def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | None = None, arch: str | None = None,
                         cache=None) -> dict:
-    """Role -> function for the slots TVM calls: "prefill_ragged", "prefill", "decode"."""
+    """Role -> function for the ("tirx", fn) slots TVM calls ("prefill_ragged", "prefill", "decode"), and
+    role -> (run, plan) for the ("flashinfer", run, plan) ones ("fi_prefill_ragged", "fi_prefill", "fi_decode")."""
     import tvm_ffi
 
     from attngen.codegen.pipeline import run_pipeline
@@ -36,9 +37,15 @@ def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | No
     cfg = BuildConfig("cuda", (head_dim,), (dtype,), (arch or current_arch(),), ("HND",), kernels=("tvm",),
                       tvm_constants=constants)
     lib = tvm_ffi.load_module(str(run_pipeline(variant, cfg, **({"cache": cache} if cache else {})).library))
+    fi = {k: lib[symbol(f"tvm_fi_{k}", dtype, head_dim)]
+          for k in ("decode_plan", "decode_run", "prefill_plan", "prefill_paged_run", "prefill_ragged_run")}
     return {"prefill_ragged": lib[symbol("tvm_prefill_ragged", dtype, head_dim)],
             "prefill": lib[symbol("tvm_prefill_paged", dtype, head_dim)],
-            "decode": lib[symbol("tvm_decode", dtype, head_dim)]}
+            "decode": lib[symbol("tvm_decode", dtype, head_dim)],
+            # ("flashinfer", run, plan) triples
+            "fi_prefill_ragged": (fi["prefill_ragged_run"], fi["prefill_plan"]),
+            "fi_prefill": (fi["prefill_paged_run"], fi["prefill_plan"]),
+            "fi_decode": (fi["decode_run"], fi["decode_plan"])}
 
 
 def tvm_cuda_kernels(*, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
@@ -69,7 +76,10 @@ def tvm_cuda_kernels(*, num_layers: int, num_qo_heads: int, num_kv_heads: int, h
 def create_paged_kv_cache_cuda(variant, *, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                                dtype: str, page_size: int, max_batch: int, max_total_tokens: int,
                                prefill_chunk: int, rope_mode: int, rope_scale: float, rope_theta: float,
-                               kinds: list, params: dict | None, cache=None, device_id: int = 0):
+                               kinds: list, params: dict | None, cache=None, device_id: int = 0,
+                               convention: str = "tirx"):
+    """``convention``: "tirx" (one function per slot, even split-KV in decode) or "flashinfer" (run + plan:
+    TVM plans once per step on the host, the decode plan is attngen's load-balanced work list)."""
     import tvm
     from tvm.runtime import ShapeTuple
 
@@ -77,6 +87,8 @@ def create_paged_kv_cache_cuda(variant, *, num_layers: int, num_qo_heads: int, n
     from .state import _cuda_library
     from .tvm_kv_cache import ATTN_KINDS, ROPE_MODES
 
+    if convention not in ("tirx", "flashinfer"):
+        raise ValueError(f"convention {convention!r}: use 'tirx' or 'flashinfer'")
     if rope_mode == ROPE_MODES["inline"]:
         raise ValueError("rope_mode 'inline': attngen's CUDA slots do not apply RoPE inside attention; use "
                          "rope_mode='normal' (TVM's split + RoPE kernel before the cache) or 'none'")
@@ -92,14 +104,17 @@ def create_paged_kv_cache_cuda(variant, *, num_layers: int, num_qo_heads: int, n
                          head_dim=head_dim, dtype=dtype, page_size=page_size, rope_scale=float(rope_scale),
                          rope_theta=float(rope_theta), arch=arch)
     merge = _cuda_library(arch)[f"merge_state_inplace_{DTYPE_SHORT[dtype]}"]
+    if convention == "tirx":
+        main_slots = [["tirx", slots[r]] for r in ("prefill_ragged", "prefill", "decode")]
+    else:
+        main_slots = [["flashinfer", *slots[f"fi_{r}"]] for r in ("prefill_ragged", "prefill", "decode")]
     # the sliding-window slots are never called: sliding layers and per-sequence windows are refused
     return tvm.get_global_func("vm.builtin.paged_attention_kv_cache_create")(
         ShapeTuple([max_batch, max_total_tokens, prefill_chunk, page_size, 0, 0]),
         ShapeTuple([0, num_layers]), num_qo_heads, num_kv_heads, head_dim, head_dim,
         ShapeTuple([ATTN_KINDS[x] for x in kinds]), False, rope_mode, float(rope_scale), float(rope_theta), None,
         tvm.runtime.empty((), dtype, device=tvm.cuda(device_id)), k["transpose_append"], None,
-        ["tirx", slots["prefill_ragged"]], ["tirx", slots["prefill"]], ["tirx", slots["decode"]],
-        ["tirx", slots["prefill"]], ["tirx", slots["decode"]],
+        *main_slots, ["tirx", slots["prefill"]], ["tirx", slots["decode"]],
         [], [], [],  # token-tree attention (paged, ragged) and MLA: not served
         [merge], k["split_rotary"], k["copy_single_page"], k["debug_get_kv"], k["compact_copy"])
 

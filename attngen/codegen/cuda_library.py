@@ -53,23 +53,10 @@ def _extra_args(variant) -> tuple[str, str]:
     return "".join(", " + d for d in decl), "\n".join(fill)
 
 
-def _paged_fill(layout: str, into: str) -> str:
-    """Statements filling ``<into>`` (a KV view struct) from a ``pages`` tensor of ``layout``."""
-    nhd = layout == "NHD"
-    return f"""  {into}.indptr = static_cast<const int32_t*>(attngen::data_of(indptr));
-  {into}.indices = static_cast<const int32_t*>(attngen::data_of(indices));
-  {into}.last_page_len = static_cast<const int32_t*>(attngen::data_of(last_page_len));
-  {into}.stride_page = pages.stride(0);
-  {into}.stride_kv = pages.stride(1);
-  {into}.stride_slot = pages.stride({2 if nhd else 3});
-  {into}.stride_head = pages.stride({3 if nhd else 2});
-  {into}.page_size = static_cast<int>(pages.size({2 if nhd else 3}));"""
-
-
 def decode_wrapper(variant, head_dim: int, dtype: str, layout: str, max_group: int) -> str:
     name = symbol(f"batch_decode_paged_{layout.lower()}", dtype, head_dim)
     decl, fill = _extra_args(variant)
-    nhd = layout == "NHD"
+    hnd = "true" if layout == "HND" else "false"
     return f"""
 static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi::TensorView indices,
     tvm::ffi::TensorView indptr, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView o,
@@ -78,27 +65,19 @@ static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi:
     int64_t plan_merges{decl}) {{
   using V = attngen_gen::Hooks_d{head_dim};
   using T = {C_TYPES[dtype]};
-  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
-  attngen::check_tensor(pages, "pages", 5, {{kDLFloat, 16, 1}});
   V::Params hp{{}};
 {fill}
   attngen::DecodeProblem P{{}};
-  P.q = attngen::data_of(q);
-  P.o = attngen::data_of(o);
-  P.lse = static_cast<float*>(attngen::data_of(lse));
+  attngen::fill_decode(P, q, o, lse, sm_scale,
+                       attngen::kv_from_pages(P.kv, pages, {hnd}, indptr, indices, last_page_len), "{name}");
   P.part_o = static_cast<float*>(attngen::data_of(part_o));
   P.part_lse = static_cast<float*>(attngen::data_of(part_lse));
-  P.batch = static_cast<int>(q.size(0));
-  P.num_qo_heads = static_cast<int>(q.size(1));
-  P.num_kv_heads = static_cast<int>(pages.size({3 if nhd else 2}));
-  P.group = P.num_qo_heads / P.num_kv_heads;
   P.num_chunks = static_cast<int>(num_chunks);
   P.backend = static_cast<int>(backend);
   P.plan = plan_ctas > 0 ? static_cast<const int32_t*>(attngen::data_of(plan)) : nullptr;
   P.plan_ctas = static_cast<int>(plan_ctas);
   P.plan_max_merges = static_cast<int>(plan_merges);
-  P.sm_scale = static_cast<float>(sm_scale);
-  if (P.group > {max_group} || P.group * P.num_kv_heads != P.num_qo_heads)
+  if (P.group > {max_group})
     TVM_FFI_THROW(ValueError) << "{name}: group size " << P.num_qo_heads << "/" << P.num_kv_heads
         << " is not served; this library was built with max_group_size={max_group}";
   if (P.batch == 0) return;
@@ -108,8 +87,6 @@ static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi:
   if (!P.plan && P.num_chunks > 1 && (part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * {head_dim} ||
                            part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
     TVM_FFI_THROW(ValueError) << "{name}: part_o / part_lse are smaller than batch x num_chunks x heads";
-  P.kv.base = attngen::data_of(pages);
-{_paged_fill(layout, "P.kv")}
   if (!attngen::launch_decode<V, T, {head_dim}, {max_group}>(P, hp, attngen::stream_of(q)))
     TVM_FFI_THROW(ValueError) << "{name}: no tensor-core decode tile fits this device's shared memory, and a "
                                  "split-KV plan needs one; plan with tensor_cores=False";
@@ -126,47 +103,24 @@ def prefill_wrapper(variant, head_dim: int, dtype: str, layout: str | None) -> s
     decl, fill = _extra_args(variant)
     if layout is None:
         kv_args = "tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView kv_indptr"
-        kv_fill = """  attngen::check_tensor(k, "k", 3, {kDLFloat, 16, 1});
-  P.num_kv_heads = static_cast<int>(k.size(1));
-  P.kv.base = attngen::data_of(k);
-  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(kv_indptr));
-  P.kv.stride_kv = (static_cast<const char*>(attngen::data_of(v)) - static_cast<const char*>(attngen::data_of(k))) /
-                   int64_t(sizeof(T));
-  P.kv.stride_slot = k.stride(0);
-  P.kv.stride_head = k.stride(1);
-  P.kv.page_size = 0;"""
+        kv_heads = "attngen::kv_from_ragged<T>(P.kv, k, v, kv_indptr)"
     else:
-        nhd = layout == "NHD"
         kv_args = ("tvm::ffi::TensorView pages, tvm::ffi::TensorView indices, tvm::ffi::TensorView indptr, "
                    "tvm::ffi::TensorView last_page_len")
-        kv_fill = f"""  attngen::check_tensor(pages, "pages", 5, {{kDLFloat, 16, 1}});
-  P.num_kv_heads = static_cast<int>(pages.size({3 if nhd else 2}));
-  P.kv.base = attngen::data_of(pages);
-{_paged_fill(layout, "P.kv")}"""
+        hnd = "true" if layout == "HND" else "false"
+        kv_heads = f"attngen::kv_from_pages(P.kv, pages, {hnd}, indptr, indices, last_page_len)"
     return f"""
 static void {name}(tvm::ffi::TensorView q, {kv_args}, tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView o,
     tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len, int64_t tile_warps{decl}) {{
   using V = attngen_gen::Hooks_d{head_dim};
   using T = {C_TYPES[dtype]};
-  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
   V::Params hp{{}};
 {fill}
   attngen::PrefillProblem P{{}};
-  P.q = attngen::data_of(q);
-  P.o = attngen::data_of(o);
-  P.lse = static_cast<float*>(attngen::data_of(lse));
-  P.qo_indptr = static_cast<const int32_t*>(attngen::data_of(qo_indptr));
-  P.batch = static_cast<int>(qo_indptr.size(0)) - 1;
-  P.num_qo_heads = static_cast<int>(q.size(1));
-  P.sm_scale = static_cast<float>(sm_scale);
+  attngen::fill_prefill(P, q, qo_indptr, o, lse, sm_scale, {kv_heads}, "{name}");
   P.tile_warps = static_cast<int>(tile_warps);
   if (P.tile_warps != 0 && P.tile_warps != 4 && P.tile_warps != 8)
     TVM_FFI_THROW(ValueError) << "{name}: tile_warps must be 0 (default), 4 or 8";
-{kv_fill}
-  P.group = P.num_qo_heads / P.num_kv_heads;
-  if (P.group * P.num_kv_heads != P.num_qo_heads)
-    TVM_FFI_THROW(ValueError) << "{name}: num_qo_heads " << P.num_qo_heads << " is not a multiple of num_kv_heads "
-                              << P.num_kv_heads;
   attngen::launch_prefill<V, T, {head_dim}>(P, static_cast<int>(max_qo_len), hp, attngen::stream_of(q));
   attngen::check_launch("{name}");
 }}
@@ -191,7 +145,7 @@ def exported_functions(cfg: BuildConfig) -> list[str]:
 def translation_units(variant, cfg: BuildConfig, head_dim: int, dtype: str) -> dict[str, str]:
     """One source per template family (decode, prefill, TVM slots) of one (head_dim, dtype), so that
     nvcc compiles them in parallel: file name -> source."""
-    head = [f'#include "variant_d{head_dim}.cuh"', '#include "ffi_glue.h"']
+    head = [f'#include "variant_d{head_dim}.cuh"', '#include "problem_glue.h"']
     stem = f"attention_d{head_dim}_{DTYPE_SHORT[dtype]}"
     units = {}
     if "decode" in cfg.kernels:

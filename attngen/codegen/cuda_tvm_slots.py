@@ -77,133 +77,145 @@ def _constants(variant, constants: dict) -> str:
     return "\n".join(lines)
 
 
-_COMMON_CHECKS = """  if (rotary_mode != 0)
+_ROTARY_CHECK = """  if (rotary_mode != 0)
     TVM_FFI_THROW(ValueError) << "{name}: rotary_mode " << rotary_mode << " (inline RoPE) is not served by "
         "attngen's CUDA slots; create the cache with RoPE applied before attention (RopeMode NORMAL or NONE)";"""
+_LENGTH_INFO_CHECK = """  if (last_page_len.ndim() != 1)
+    TVM_FFI_THROW(ValueError) << "{name}: length_info must be [batch] (sliding-window length_info is not served)";"""
 
 
-def tvm_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict) -> str:
-    """C++ source of the three slot functions for one (head_dim, dtype); needs prefill.cuh and
-    decode_launch.cuh."""
-    t = C_TYPES[dtype]
-    fill = _constants(variant, constants)
-    out = []
-    for kind in SLOT_KINDS:
-        name = symbol(kind, dtype, head_dim)
-        checks = _COMMON_CHECKS.format(name=name)
-        if kind == "tvm_decode":
-            out.append(f"""
-static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi::TensorView indptr,
-    tvm::ffi::TensorView indices, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView k_rope_pos_offset,
-    tvm::ffi::TensorView q_rope_position, tvm::ffi::TensorView o, tvm::ffi::TensorView lse, int64_t rotary_mode,
-    double rope_scale, double rope_theta, double sm_scale) {{
-  using V = attngen_gen::Hooks_d{head_dim};
+def _export(name: str, signature: str, body: str) -> str:
+    return f"""
+static {signature} {{
+{body}
+}}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
+"""
+
+
+def _decode_body(name: str, head_dim: int, t: str, fill: str, checks: str, kv_heads: str, split: str) -> str:
+    """Body of a TVM-convention decode function on the tensor-core template: ``kv_heads`` fills P.kv and
+    gives the KV head count, ``split`` sets the split-KV fields once the stream (and device) is current."""
+    return f"""  using V = attngen_gen::Hooks_d{head_dim};
   using T = {t};
 {checks}
-  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
-  attngen::check_tensor(pages, "pages", 5, {{kDLFloat, 16, 1}});
-  if (last_page_len.ndim() != 1)
-    TVM_FFI_THROW(ValueError) << "{name}: length_info must be [batch] (sliding-window length_info is not served)";
   V::Params hp{{}};
 {fill}
   attngen::DecodeProblem P{{}};
-  P.q = attngen::data_of(q);
-  P.o = attngen::data_of(o);
-  P.lse = static_cast<float*>(attngen::data_of(lse));
-  P.batch = static_cast<int>(q.size(0));
-  P.num_qo_heads = static_cast<int>(q.size(1));
-  P.num_kv_heads = static_cast<int>(pages.size(2));
-  P.group = P.num_qo_heads / P.num_kv_heads;
-  if (P.group * P.num_kv_heads != P.num_qo_heads || P.group > 8)
+  attngen::fill_decode(P, q, o, lse, sm_scale, {kv_heads}, "{name}");
+  if (P.group > 8)
     TVM_FFI_THROW(ValueError) << "{name}: " << P.num_qo_heads << " query heads over " << P.num_kv_heads
                               << " KV heads; groups of 1 to 8 are served";
   if (P.batch == 0) return;
-  P.sm_scale = static_cast<float>(sm_scale);
   P.backend = attngen::kDecodeTensorCores;
   P.tvm_conventions = 1;
   cudaStream_t stream = attngen::stream_of(q);  // also makes q's device current for what follows
-  P.num_chunks = attngen::even_decode_chunks(P.batch, P.num_kv_heads);
+{split}
+  if (!attngen::launch_decode<V, T, {head_dim}, 8>(P, hp, stream))
+    TVM_FFI_THROW(ValueError) << "{name}: no tensor-core decode tile fits this device's shared memory";
+  attngen::check_launch("{name}");"""
+
+
+def _prefill_body(name: str, head_dim: int, t: str, fill: str, checks: str, kv_heads: str, causal: str,
+                  max_qo_len: str) -> str:
+    """Body of a TVM-convention prefill function: TVM's causal flag on top of the variant's mask, lse -5e4."""
+    return f"""  using V = attngen_gen::Hooks_d{head_dim};
+  using T = {t};
+{checks}
+  V::Params hp{{}};
+{fill}
+  attngen::PrefillProblem P{{}};
+  attngen::fill_prefill(P, q, qo_indptr, o, lse, sm_scale, {kv_heads}, "{name}");
+  P.causal = {causal};
+  P.tvm_conventions = 1;
+  attngen::launch_prefill<V, T, {head_dim}>(P, static_cast<int>({max_qo_len}), hp, attngen::stream_of(q));
+  attngen::check_launch("{name}");"""
+
+
+_SPLIT_EVEN = """  P.num_chunks = attngen::even_decode_chunks(P.batch, P.num_kv_heads);
   if (P.num_chunks > 1) {{
     float* ws = attngen::device_scratch(size_t(P.batch) * P.num_chunks * P.num_qo_heads * ({head_dim} + 1));
     if (ws == nullptr)
       TVM_FFI_THROW(RuntimeError) << "{name}: could not allocate the split-KV scratch buffer on the GPU";
     P.part_o = ws;
     P.part_lse = ws + size_t(P.batch) * P.num_chunks * P.num_qo_heads * {head_dim};
-  }}
-  P.kv.base = attngen::data_of(pages);
-{_paged_fill_hnd("P.kv")}
-  if (!attngen::launch_decode<V, T, {head_dim}, 8>(P, hp, stream))
-    TVM_FFI_THROW(ValueError) << "{name}: no decode tile fits this device's shared memory";
-  attngen::check_launch("{name}");
-}}
-TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
-""")
-            continue
-        if kind == "tvm_prefill_paged":
-            kv_args = ("tvm::ffi::TensorView pages, tvm::ffi::TensorView indptr, tvm::ffi::TensorView indices, "
-                       "tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView k_rope_pos_offset, "
-                       "tvm::ffi::TensorView q_rope_position")
-            kv_fill = f"""  attngen::check_tensor(pages, "pages", 5, {{kDLFloat, 16, 1}});
-  if (last_page_len.ndim() != 1)
-    TVM_FFI_THROW(ValueError) << "{name}: length_info must be [batch] (sliding-window length_info is not served)";
-  P.num_kv_heads = static_cast<int>(pages.size(2));
-  P.kv.base = attngen::data_of(pages);
-{_paged_fill_hnd("P.kv")}"""
+  }}"""
+_SPLIT_PLANNED = """  P.num_chunks = 1;
+  P.plan = static_cast<const int32_t*>(attngen::data_of(int_ws));
+  P.plan_ctas = static_cast<int>(plan_info[0]);
+  P.plan_max_merges = static_cast<int>(plan_info[1]);
+  P.part_o = static_cast<float*>(attngen::data_of(float_ws));
+  P.part_lse = P.part_o + plan_info[2] * P.num_qo_heads * {head_dim};"""
+_PAGES = "attngen::kv_from_pages(P.kv, pages, true, indptr, indices, last_page_len)"  # TVM's pages are HND
+_TV = "tvm::ffi::TensorView"
+
+
+def tvm_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict) -> str:
+    """C++ source of the three ("tirx", fn) slot functions for one (head_dim, dtype)."""
+    t, fill = C_TYPES[dtype], _constants(variant, constants)
+    out = []
+    for kind in SLOT_KINDS:
+        name = symbol(kind, dtype, head_dim)
+        rotary = _ROTARY_CHECK.format(name=name)
+        if kind == "tvm_decode":
+            sig = (f"void {name}({_TV} q, {_TV} pages, {_TV} indptr, {_TV} indices, {_TV} last_page_len, "
+                   f"{_TV} k_rope_pos_offset, {_TV} q_rope_position, {_TV} o, {_TV} lse, int64_t rotary_mode, "
+                   "double rope_scale, double rope_theta, double sm_scale)")
+            body = _decode_body(name, head_dim, t, fill, rotary + "\n" + _LENGTH_INFO_CHECK.format(name=name),
+                                _PAGES, _SPLIT_EVEN.format(name=name, head_dim=head_dim))
         else:
-            kv_args = ("tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView kv_indptr, "
-                       "tvm::ffi::TensorView q_rope_position, tvm::ffi::TensorView k_rope_pos_offset")
-            kv_fill = """  attngen::check_tensor(k, "k", 3, {kDLFloat, 16, 1});
-  attngen::check_tensor(v, "v", 3, {kDLFloat, 16, 1});
-  if (k.stride(0) != v.stride(0) || k.stride(1) != v.stride(1))
-    TVM_FFI_THROW(ValueError) << "k, v: must have the same strides";
-  P.num_kv_heads = static_cast<int>(k.size(1));
-  P.kv.base = attngen::data_of(k);
-  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(kv_indptr));
-  P.kv.stride_kv = (static_cast<const char*>(attngen::data_of(v)) - static_cast<const char*>(attngen::data_of(k))) /
-                   int64_t(sizeof(T));
-  P.kv.stride_slot = k.stride(0);
-  P.kv.stride_head = k.stride(1);
-  P.kv.page_size = 0;"""
-        out.append(f"""
-static void {name}(tvm::ffi::TensorView q, tvm::ffi::TensorView qo_indptr, {kv_args}, tvm::ffi::TensorView o,
-    tvm::ffi::TensorView lse, int64_t causal, int64_t rotary_mode, double rope_scale, double rope_theta,
-    double sm_scale) {{
-  using V = attngen_gen::Hooks_d{head_dim};
-  using T = {t};
-{checks}
-  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
-  V::Params hp{{}};
-{fill}
-  attngen::PrefillProblem P{{}};
-  P.q = attngen::data_of(q);
-  P.o = attngen::data_of(o);
-  P.lse = static_cast<float*>(attngen::data_of(lse));
-  P.qo_indptr = static_cast<const int32_t*>(attngen::data_of(qo_indptr));
-  P.batch = static_cast<int>(qo_indptr.size(0)) - 1;
-  P.num_qo_heads = static_cast<int>(q.size(1));
-  P.sm_scale = static_cast<float>(sm_scale);
-  P.causal = causal != 0;
-  P.tvm_conventions = 1;
-{kv_fill}
-  P.group = P.num_qo_heads / P.num_kv_heads;
-  if (P.group * P.num_kv_heads != P.num_qo_heads)
-    TVM_FFI_THROW(ValueError) << "{name}: num_qo_heads " << P.num_qo_heads << " is not a multiple of num_kv_heads "
-                              << P.num_kv_heads;
-  // TVM gives no host copy of qo_indptr: size the grid for the longest possible request (all rows);
-  // query tiles past a request's rows exit at once
-  attngen::launch_prefill<V, T, {head_dim}>(P, static_cast<int>(q.size(0)), hp, attngen::stream_of(q));
-  attngen::check_launch("{name}");
-}}
-TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
-""")
+            paged = kind == "tvm_prefill_paged"
+            kv_args = (f"{_TV} pages, {_TV} indptr, {_TV} indices, {_TV} last_page_len, {_TV} k_rope_pos_offset, "
+                       f"{_TV} q_rope_position" if paged else
+                       f"{_TV} k, {_TV} v, {_TV} kv_indptr, {_TV} q_rope_position, {_TV} k_rope_pos_offset")
+            sig = (f"void {name}({_TV} q, {_TV} qo_indptr, {kv_args}, {_TV} o, {_TV} lse, int64_t causal, "
+                   "int64_t rotary_mode, double rope_scale, double rope_theta, double sm_scale)")
+            checks = rotary + ("\n" + _LENGTH_INFO_CHECK.format(name=name) if paged else "")
+            # TVM gives no host copy of qo_indptr: the grid is sized for the longest possible request (all
+            # rows); query tiles past a request's rows exit at once
+            body = _prefill_body(name, head_dim, t, fill, checks,
+                                 _PAGES if paged else "attngen::kv_from_ragged<T>(P.kv, k, v, kv_indptr)",
+                                 "causal != 0", "q.size(0)")
+        out.append(_export(name, sig, body))
     return "\n".join(out)
 
 
-def _paged_fill_hnd(into: str) -> str:
-    """TVM's pages [P, 2, Hkv, S, D] are attngen's HND layout."""
-    from .cuda_library import _paged_fill
+# ---------------------------------------------------------------------------------------------
+# the ("flashinfer", run, plan) convention
 
-    return _paged_fill("HND", into)
+FI_KINDS = ("tvm_fi_decode_plan", "tvm_fi_decode_run", "tvm_fi_prefill_plan", "tvm_fi_prefill_paged_run",
+            "tvm_fi_prefill_ragged_run")
+_FI_RUN_TAIL = (f"{_TV} o, {_TV} lse, int64_t {{mode}}layout, int64_t window_left, bool enable_pdl, double sm_scale, "
+                "double rope_rcp_scale, double rope_rcp_theta")
+
+
+def _fi_run_checks(name: str, layout: int, what: str) -> str:
+    return f"""  if (layout != {layout}) TVM_FFI_THROW(ValueError) << "{name}: {what} (layout code {layout})";
+  if (window_left != -1) TVM_FFI_THROW(ValueError) << "{name}: sliding windows are not served";"""
+
+
+def _fi_prefill_run(name: str, head_dim: int, t: str, fill: str, paged: bool) -> str:
+    kv_args = f"{_TV} indptr, {_TV} indices, {_TV} last_page_len" if paged else f"{_TV} kv_indptr"
+    sig = (f"void {name}({_TV} float_ws, {_TV} int_ws, tvm::ffi::Array<int64_t> plan_info, {_TV} q, {_TV} k, "
+           f"{_TV} v, {_TV} qo_indptr, {kv_args}, " + _FI_RUN_TAIL.format(mode="mask_mode, int64_t ") + ")")
+    checks = _fi_run_checks(name, 1 if paged else 0, "paged KV must be HND" if paged else "ragged K/V must be NHD")
+    checks += f"""
+  if (mask_mode != 0 && mask_mode != 1)
+    TVM_FFI_THROW(ValueError) << "{name}: mask mode " << mask_mode << " is not served (0: none, 1: causal)";
+  if (plan_info.size() < 1) TVM_FFI_THROW(ValueError) << "{name}: plan_info is not from this library's plan";"""
+    kv = ("attngen::kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len)" if paged
+          else "attngen::kv_from_ragged<T>(P.kv, k, v, kv_indptr)")
+    return _export(name, sig, _prefill_body(name, head_dim, t, fill, checks, kv, "mask_mode == 1", "plan_info[0]"))
+
+
+def _fi_decode_run(name: str, head_dim: int, t: str, fill: str) -> str:
+    sig = (f"void {name}({_TV} float_ws, {_TV} int_ws, tvm::ffi::Array<int64_t> plan_info, {_TV} q, {_TV} k, "
+           f"{_TV} v, {_TV} indptr, {_TV} indices, {_TV} last_page_len, " + _FI_RUN_TAIL.format(mode="") + ")")
+    checks = _fi_run_checks(name, 1, "paged KV must be HND") + f"""
+  if (plan_info.size() != 4 || plan_info[3] != q.size(1))
+    TVM_FFI_THROW(ValueError) << "{name}: plan_info is not from this library's decode plan for these heads";"""
+    kv = "attngen::kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len)"
+    return _export(name, sig, _decode_body(name, head_dim, t, fill, checks, kv, _SPLIT_PLANNED.format(head_dim=head_dim)))
 
 
 def tvm_slot_functions(head_dims, dtypes) -> list[str]:
@@ -212,77 +224,11 @@ def tvm_slot_functions(head_dims, dtypes) -> list[str]:
             + flashinfer_slot_functions(head_dims, dtypes))
 
 
-# ---------------------------------------------------------------------------------------------
-# the ("flashinfer", run, plan) convention
-
-FI_KINDS = ("tvm_fi_decode_plan", "tvm_fi_decode_run", "tvm_fi_prefill_plan", "tvm_fi_prefill_paged_run",
-            "tvm_fi_prefill_ragged_run")
-
-
-def _fi_prefill_run(name: str, head_dim: int, t: str, fill: str, paged: bool) -> str:
-    if paged:
-        kv_args = ("tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView indptr, tvm::ffi::TensorView indices, "
-                   "tvm::ffi::TensorView last_page_len")
-        kv_fill = """  if (layout != 1) TVM_FFI_THROW(ValueError) << "{name}: paged KV must be HND (layout code 1)";
-  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(indptr));
-  P.kv.indices = static_cast<const int32_t*>(attngen::data_of(indices));
-  P.kv.last_page_len = static_cast<const int32_t*>(attngen::data_of(last_page_len));
-  P.kv.stride_page = k.stride(0);
-  P.kv.stride_head = k.stride(1);
-  P.kv.stride_slot = k.stride(2);
-  P.kv.page_size = static_cast<int>(k.size(2));""".replace("{name}", name)
-    else:
-        kv_args = "tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView kv_indptr"
-        kv_fill = """  if (layout != 0) TVM_FFI_THROW(ValueError) << "{name}: ragged K/V must be NHD (layout code 0)";
-  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(kv_indptr));
-  P.kv.stride_slot = k.stride(0);
-  P.kv.stride_head = k.stride(1);
-  P.kv.page_size = 0;""".replace("{name}", name)
-    heads = "k.size(1)"
-    return f"""
-static void {name}(tvm::ffi::TensorView float_ws, tvm::ffi::TensorView int_ws, tvm::ffi::Array<int64_t> plan_info,
-    tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, {kv_args}, tvm::ffi::TensorView o,
-    tvm::ffi::TensorView lse, int64_t mask_mode, int64_t layout, int64_t window_left, bool enable_pdl,
-    double sm_scale, double rope_rcp_scale, double rope_rcp_theta) {{
-  using V = attngen_gen::Hooks_d{head_dim};
-  using T = {t};
-  if (mask_mode != 0 && mask_mode != 1)
-    TVM_FFI_THROW(ValueError) << "{name}: mask mode " << mask_mode << " is not served (0: none, 1: causal)";
-  if (window_left != -1) TVM_FFI_THROW(ValueError) << "{name}: sliding windows are not served";
-  if (plan_info.size() < 1) TVM_FFI_THROW(ValueError) << "{name}: plan_info is not from this library's plan";
-  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
-  V::Params hp{{}};
-{fill}
-  attngen::PrefillProblem P{{}};
-  P.q = attngen::data_of(q);
-  P.o = attngen::data_of(o);
-  P.lse = static_cast<float*>(attngen::data_of(lse));
-  P.qo_indptr = static_cast<const int32_t*>(attngen::data_of(qo_indptr));
-  P.batch = static_cast<int>(qo_indptr.size(0)) - 1;
-  P.num_qo_heads = static_cast<int>(q.size(1));
-  P.num_kv_heads = static_cast<int>({heads});
-  P.group = P.num_qo_heads / P.num_kv_heads;
-  if (P.group * P.num_kv_heads != P.num_qo_heads)
-    TVM_FFI_THROW(ValueError) << "{name}: num_qo_heads is not a multiple of num_kv_heads";
-  P.sm_scale = static_cast<float>(sm_scale);
-  P.causal = mask_mode == 1;
-  P.tvm_conventions = 1;
-  P.kv.base = attngen::data_of(k);
-  P.kv.stride_kv = (static_cast<const char*>(attngen::data_of(v)) - static_cast<const char*>(attngen::data_of(k))) /
-                   int64_t(sizeof(T));
-{kv_fill}
-  attngen::launch_prefill<V, T, {head_dim}>(P, static_cast<int>(plan_info[0]), hp, attngen::stream_of(q));
-  attngen::check_launch("{name}");
-}}
-TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
-"""
-
-
 def flashinfer_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict) -> str:
     """C++ of the ("flashinfer", run, plan) functions for one (head_dim, dtype): TVM's runtime calls plan
     once per step with host index arrays (the decode plan is attngen's load-balanced split-KV work list,
     copied from TVM's page-locked buffer into its int workspace) and run per layer with the workspace."""
-    from attngen.schedules.cost_model import cost_coefficients
+    from attngen.schedules.cost_model import DECODE_MIN_CHUNK, cost_coefficients
 
     t = C_TYPES[dtype]
     fill = _constants(variant, constants)
@@ -315,7 +261,7 @@ static tvm::ffi::Array<int64_t> {n["tvm_fi_decode_plan"]}(tvm::ffi::TensorView f
   std::vector<int32_t> qo_len(batch, 1), kv_len(batch);
   for (int64_t b = 0; b < batch; ++b) kv_len[b] = (ip[b + 1] - ip[b]) * int32_t(page_size);  // keys <= pages x size
   attngen::PlanInput in{{qo_len.data(), kv_len.data(), int(batch), int(num_qo_heads / num_kv_heads), 16, ctas,
-                        {alpha!r}, {beta!r}, 0, false, false, 0, 0, 256}};
+                        {alpha!r}, {beta!r}, 0, false, false, 0, 0, {DECODE_MIN_CHUNK}}};
   attngen::Plan p;
   try {{
     p = attngen::plan_split_kv(in, {{batch + ctas, batch + ctas, batch}});
@@ -336,56 +282,7 @@ static tvm::ffi::Array<int64_t> {n["tvm_fi_decode_plan"]}(tvm::ffi::TensorView f
 }}
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({n["tvm_fi_decode_plan"]}, {n["tvm_fi_decode_plan"]});
 
-static void {n["tvm_fi_decode_run"]}(tvm::ffi::TensorView float_ws, tvm::ffi::TensorView int_ws,
-    tvm::ffi::Array<int64_t> plan_info, tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
-    tvm::ffi::TensorView indptr, tvm::ffi::TensorView indices, tvm::ffi::TensorView last_page_len,
-    tvm::ffi::TensorView o, tvm::ffi::TensorView lse, int64_t layout, int64_t window_left, bool enable_pdl,
-    double sm_scale, double rope_rcp_scale, double rope_rcp_theta) {{
-  using V = attngen_gen::Hooks_d{head_dim};
-  using T = {t};
-  const char* name = "{n["tvm_fi_decode_run"]}";
-  if (layout != 1) TVM_FFI_THROW(ValueError) << name << ": paged KV must be HND (layout code 1)";
-  if (window_left != -1) TVM_FFI_THROW(ValueError) << name << ": sliding windows are not served";
-  if (plan_info.size() != 4 || plan_info[3] != q.size(1))
-    TVM_FFI_THROW(ValueError) << name << ": plan_info is not from this library's decode plan for these heads";
-  attngen::check_tensor(q, "q", 3, {{kDLFloat, 16, 1}});
-  attngen::check_tensor(k, "k", 4, {{kDLFloat, 16, 1}});
-  V::Params hp{{}};
-{fill}
-  attngen::DecodeProblem P{{}};
-  P.q = attngen::data_of(q);
-  P.o = attngen::data_of(o);
-  P.lse = static_cast<float*>(attngen::data_of(lse));
-  P.batch = static_cast<int>(q.size(0));
-  P.num_qo_heads = static_cast<int>(q.size(1));
-  P.num_kv_heads = static_cast<int>(k.size(1));
-  P.group = P.num_qo_heads / P.num_kv_heads;
-  if (P.batch == 0) return;
-  P.sm_scale = static_cast<float>(sm_scale);
-  P.num_chunks = 1;
-  P.backend = attngen::kDecodeTensorCores;
-  P.tvm_conventions = 1;
-  P.plan = static_cast<const int32_t*>(attngen::data_of(int_ws));
-  P.plan_ctas = static_cast<int>(plan_info[0]);
-  P.plan_max_merges = static_cast<int>(plan_info[1]);
-  P.part_o = static_cast<float*>(attngen::data_of(float_ws));
-  P.part_lse = P.part_o + plan_info[2] * P.num_qo_heads * {head_dim};
-  P.kv.base = attngen::data_of(k);
-  P.kv.indptr = static_cast<const int32_t*>(attngen::data_of(indptr));
-  P.kv.indices = static_cast<const int32_t*>(attngen::data_of(indices));
-  P.kv.last_page_len = static_cast<const int32_t*>(attngen::data_of(last_page_len));
-  P.kv.stride_page = k.stride(0);
-  P.kv.stride_kv = (static_cast<const char*>(attngen::data_of(v)) - static_cast<const char*>(attngen::data_of(k))) /
-                   int64_t(sizeof(T));
-  P.kv.stride_head = k.stride(1);
-  P.kv.stride_slot = k.stride(2);
-  P.kv.page_size = static_cast<int>(k.size(2));
-  if (!attngen::launch_decode<V, T, {head_dim}, 8>(P, hp, attngen::stream_of(q)))
-    TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device";
-  attngen::check_launch(name);
-}}
-TVM_FFI_DLL_EXPORT_TYPED_FUNC({n["tvm_fi_decode_run"]}, {n["tvm_fi_decode_run"]});
-
+""" + _fi_decode_run(n["tvm_fi_decode_run"], head_dim, t, fill) + f"""
 // plan_info of the prefill plan: [longest request's query rows] (sizes the grid; no split-KV)
 static tvm::ffi::Array<int64_t> {n["tvm_fi_prefill_plan"]}(tvm::ffi::TensorView float_ws,
     tvm::ffi::TensorView int_ws, tvm::ffi::TensorView locked_ws, tvm::ffi::TensorView qo_indptr,

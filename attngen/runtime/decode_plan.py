@@ -18,11 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attngen.schedules.cost_model import DECODE_MIN_CHUNK
+
 from .checks import AttentionArgumentError
 from .planner import PlannerCapacity, SplitKVPlanner
 
 HEADER = 8
-MIN_CHUNK = 256  # keys: four stages of the tensor-core template; shorter chunks cost more than they balance
+MIN_CHUNK = DECODE_MIN_CHUNK
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,28 @@ def tvm_cuda_kernels(*, num_layers: int, num_qo_heads: int, num_kv_heads: int, h
     return {r: lib[f"tvm_{r}"] for r in programs}
 
 
+def _create(*, main_slots: list, sliding_slots: list, merge, num_layers: int, num_qo_heads: int,
+            num_kv_heads: int, head_dim: int, dtype: str, page_size: int, max_batch: int, max_total_tokens: int, prefill_chunk: int, kinds: list,
+            rope_mode: int, rope_scale: float, rope_theta: float, arch: str, device_id: int):
+    """The create call of a CUDA cache: ``main_slots`` fill the ragged prefill, paged prefill and decode slots,
+    ``sliding_slots`` the sliding-window prefill and decode ones; TVM's own kernels move the data."""
+    import tvm
+    from tvm.runtime import ShapeTuple
+
+    from .tvm_kv_cache import ATTN_KINDS
+
+    k = tvm_cuda_kernels(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                         head_dim=head_dim, dtype=dtype, page_size=page_size, rope_scale=float(rope_scale),
+                         rope_theta=float(rope_theta), arch=arch)
+    return tvm.get_global_func("vm.builtin.paged_attention_kv_cache_create")(
+        ShapeTuple([max_batch, max_total_tokens, prefill_chunk, page_size, 0, 0]),
+        ShapeTuple([0, num_layers]), num_qo_heads, num_kv_heads, head_dim, head_dim,
+        ShapeTuple([ATTN_KINDS[x] for x in kinds]), False, rope_mode, float(rope_scale), float(rope_theta), None,
+        tvm.runtime.empty((), dtype, device=tvm.cuda(device_id)), k["transpose_append"], None,
+        *main_slots, *sliding_slots, [], [], [],  # token-tree attention (paged, ragged) and MLA: not served
+        [merge], k["split_rotary"], k["copy_single_page"], k["debug_get_kv"], k["compact_copy"])
+
+
 def create_paged_kv_cache_cuda(variant, *, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                                dtype: str, page_size: int, max_batch: int, max_total_tokens: int,
                                prefill_chunk: int, rope_mode: int, rope_scale: float, rope_theta: float,
@@ -80,12 +102,9 @@ def create_paged_kv_cache_cuda(variant, *, num_layers: int, num_qo_heads: int, n
                                convention: str = "tirx"):
     """``convention``: "tirx" (one function per slot, even split-KV in decode) or "flashinfer" (run + plan:
     TVM plans once per step on the host, the decode plan is attngen's load-balanced work list)."""
-    import tvm
-    from tvm.runtime import ShapeTuple
-
     from .cuda import current_arch
     from .state import _cuda_library
-    from .tvm_kv_cache import ATTN_KINDS, ROPE_MODES
+    from .tvm_kv_cache import ROPE_MODES
 
     if convention not in ("tirx", "flashinfer"):
         raise ValueError(f"convention {convention!r}: use 'tirx' or 'flashinfer'")
@@ -100,23 +119,17 @@ def create_paged_kv_cache_cuda(variant, *, num_layers: int, num_qo_heads: int, n
         raise RuntimeError("target='cuda': this machine has no CUDA GPU (or torch has no CUDA); use target='cpu'")
     arch = current_arch()
     slots = cuda_slot_functions(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch, cache=cache)
-    k = tvm_cuda_kernels(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                         head_dim=head_dim, dtype=dtype, page_size=page_size, rope_scale=float(rope_scale),
-                         rope_theta=float(rope_theta), arch=arch)
-    merge = _cuda_library(arch)[f"merge_state_inplace_{DTYPE_SHORT[dtype]}"]
     if convention == "tirx":
         main_slots = [["tirx", slots[r]] for r in ("prefill_ragged", "prefill", "decode")]
     else:
         main_slots = [["flashinfer", *slots[f"fi_{r}"]] for r in ("prefill_ragged", "prefill", "decode")]
-    # the sliding-window slots are never called: sliding layers and per-sequence windows are refused
-    return tvm.get_global_func("vm.builtin.paged_attention_kv_cache_create")(
-        ShapeTuple([max_batch, max_total_tokens, prefill_chunk, page_size, 0, 0]),
-        ShapeTuple([0, num_layers]), num_qo_heads, num_kv_heads, head_dim, head_dim,
-        ShapeTuple([ATTN_KINDS[x] for x in kinds]), False, rope_mode, float(rope_scale), float(rope_theta), None,
-        tvm.runtime.empty((), dtype, device=tvm.cuda(device_id)), k["transpose_append"], None,
-        *main_slots, ["tirx", slots["prefill"]], ["tirx", slots["decode"]],
-        [], [], [],  # token-tree attention (paged, ragged) and MLA: not served
-        [merge], k["split_rotary"], k["copy_single_page"], k["debug_get_kv"], k["compact_copy"])
+    # TVM never calls the sliding-window slots here: sliding layers and per-sequence windows are refused above
+    return _create(main_slots=main_slots, sliding_slots=[["tirx", slots["prefill"]], ["tirx", slots["decode"]]],
+                   merge=_cuda_library(arch)[f"merge_state_inplace_{DTYPE_SHORT[dtype]}"], num_layers=num_layers,
+                   num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                   page_size=page_size, max_batch=max_batch, max_total_tokens=max_total_tokens,
+                   prefill_chunk=prefill_chunk, kinds=kinds, rope_mode=rope_mode, rope_scale=rope_scale,
+                   rope_theta=rope_theta, arch=arch, device_id=device_id)
 
 
 def create_tvm_tir_cache_cuda(*, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
@@ -126,7 +139,6 @@ def create_tvm_tir_cache_cuda(*, num_layers: int, num_qo_heads: int, num_kv_head
     (what TVM's ``TIRPagedKVCache`` builds), for tests and benchmarks of attngen's slots against it."""
     import tvm
     from tvm.relax.frontend.nn.llm import kv_cache as kvc
-    from tvm.runtime import ShapeTuple
     from tvm.target import Target
 
     from .cuda import current_arch
@@ -143,13 +155,9 @@ def create_tvm_tir_cache_cuda(*, num_layers: int, num_qo_heads: int, num_kv_head
     with target:
         lib = tvm.tirx.build(mod, target=target)
     f = {r: lib[f"tvm_{r}"] for r in programs}
-    k = tvm_cuda_kernels(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                         head_dim=head_dim, dtype=dtype, page_size=page_size, rope_scale=1.0, rope_theta=1e4,
-                         arch=arch)
-    return tvm.get_global_func("vm.builtin.paged_attention_kv_cache_create")(
-        ShapeTuple([max_batch, max_total_tokens, prefill_chunk, page_size, 0, 0]), ShapeTuple([0, num_layers]),
-        num_qo_heads, num_kv_heads, head_dim, head_dim, ShapeTuple([0] * num_layers), False, 0, 1.0, 1e4, None,
-        tvm.runtime.empty((), dtype, device=tvm.cuda(device_id)), k["transpose_append"], None,
-        ["tirx", f["ragged"]], ["tirx", f["prefill"]], ["tirx", f["decode"]], ["tirx", f["prefill"]],
-        ["tirx", f["decode"]], [], [], [], [f["merge"]],
-        k["split_rotary"], k["copy_single_page"], k["debug_get_kv"], k["compact_copy"])
+    return _create(main_slots=[["tirx", f[r]] for r in ("ragged", "prefill", "decode")],
+                   sliding_slots=[["tirx", f["prefill"]], ["tirx", f["decode"]]], merge=f["merge"],
+                   num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                   dtype=dtype, page_size=page_size, max_batch=max_batch, max_total_tokens=max_total_tokens,
+                   prefill_chunk=prefill_chunk, kinds=["mha"] * num_layers, rope_mode=0, rope_scale=1.0,
+                   rope_theta=1e4, arch=arch, device_id=device_id)

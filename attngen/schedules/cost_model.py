@@ -13,6 +13,11 @@ COST = {
 }
 
 
+# keys: the shortest chunk a decode plan cuts (four stages of the tensor-core template); shorter chunks cost
+# more in per-item overhead than they balance
+DECODE_MIN_CHUNK = 256
+
+
 def cost_coefficients(template: str) -> tuple[float, float]:
     if template not in COST:
         raise KeyError(f"no cost coefficients for template {template!r}; known: {sorted(COST)}")

@@ -1,0 +1,99 @@
+// Filling the templates' problem structs from TVM-FFI arguments, shared by every exported wrapper
+// (attngen's own convention and TVM PagedKVCache's "tirx" and "flashinfer" ones): the KV view from a
+// page pool, from K / V page views or from ragged K / V, and the fields every problem has.
+#pragma once
+#include "decode.cuh"
+#include "ffi_glue.h"
+#include "kv_rows.cuh"
+#include "prefill.cuh"
+
+namespace attngen {
+
+inline void set_page_table(KVRows& kv, const tvm::ffi::TensorView& indptr, const tvm::ffi::TensorView& indices,
+                           const tvm::ffi::TensorView& last_page_len) {
+  kv.indptr = static_cast<const int32_t*>(data_of(indptr));
+  kv.indices = static_cast<const int32_t*>(data_of(indices));
+  kv.last_page_len = static_cast<const int32_t*>(data_of(last_page_len));
+}
+
+// pages [P, 2, S, Hkv, D] (NHD) or [P, 2, Hkv, S, D] (HND); returns the number of KV heads.
+inline int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, bool hnd, const tvm::ffi::TensorView& indptr,
+                         const tvm::ffi::TensorView& indices, const tvm::ffi::TensorView& last_page_len) {
+  check_tensor(pages, "pages", 5, {kDLFloat, 16, 1});
+  kv.base = data_of(pages);
+  set_page_table(kv, indptr, indices, last_page_len);
+  kv.stride_page = pages.stride(0);
+  kv.stride_kv = pages.stride(1);
+  kv.stride_slot = pages.stride(hnd ? 3 : 2);
+  kv.stride_head = pages.stride(hnd ? 2 : 3);
+  kv.page_size = static_cast<int>(pages.size(hnd ? 3 : 2));
+  return static_cast<int>(pages.size(hnd ? 2 : 3));
+}
+
+// K and V views [P, Hkv, S, D] (HND) of one page pool; returns the number of KV heads.
+template <class T>
+int kv_from_page_views(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v,
+                       const tvm::ffi::TensorView& indptr, const tvm::ffi::TensorView& indices,
+                       const tvm::ffi::TensorView& last_page_len) {
+  check_tensor(k, "k", 4, {kDLFloat, 16, 1});
+  kv.base = data_of(k);
+  set_page_table(kv, indptr, indices, last_page_len);
+  kv.stride_page = k.stride(0);
+  kv.stride_kv = (static_cast<const char*>(data_of(v)) - static_cast<const char*>(data_of(k))) / int64_t(sizeof(T));
+  kv.stride_head = k.stride(1);
+  kv.stride_slot = k.stride(2);
+  kv.page_size = static_cast<int>(k.size(2));
+  return static_cast<int>(k.size(1));
+}
+
+// Ragged K and V [rows, Hkv, D] with the same strides; returns the number of KV heads.
+template <class T>
+int kv_from_ragged(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v,
+                   const tvm::ffi::TensorView& kv_indptr) {
+  check_tensor(k, "k", 3, {kDLFloat, 16, 1});
+  check_tensor(v, "v", 3, {kDLFloat, 16, 1});
+  if (k.stride(0) != v.stride(0) || k.stride(1) != v.stride(1))
+    TVM_FFI_THROW(ValueError) << "k, v: must have the same strides";
+  kv.base = data_of(k);
+  kv.indptr = static_cast<const int32_t*>(data_of(kv_indptr));
+  kv.stride_kv = (static_cast<const char*>(data_of(v)) - static_cast<const char*>(data_of(k))) / int64_t(sizeof(T));
+  kv.stride_slot = k.stride(0);
+  kv.stride_head = k.stride(1);
+  kv.page_size = 0;
+  return static_cast<int>(k.size(1));
+}
+
+// q [n, Hq, D], o like q, lse [n, Hq]; the group size must divide.
+template <class Problem>
+void fill_common(Problem& P, const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& o,
+                 const tvm::ffi::TensorView& lse, double sm_scale, int num_kv_heads, const char* name) {
+  check_tensor(q, "q", 3, {kDLFloat, 16, 1});
+  P.q = data_of(q);
+  P.o = data_of(o);
+  P.lse = static_cast<float*>(data_of(lse));
+  P.num_qo_heads = static_cast<int>(q.size(1));
+  P.num_kv_heads = num_kv_heads;
+  P.group = num_kv_heads > 0 ? P.num_qo_heads / num_kv_heads : 0;
+  P.sm_scale = static_cast<float>(sm_scale);
+  if (num_kv_heads <= 0 || P.group * num_kv_heads != P.num_qo_heads)
+    TVM_FFI_THROW(ValueError) << name << ": num_qo_heads " << P.num_qo_heads << " is not a multiple of num_kv_heads "
+                              << num_kv_heads;
+}
+
+// Prefill over requests qo_indptr [B+1].
+inline void fill_prefill(PrefillProblem& P, const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& qo_indptr,
+                         const tvm::ffi::TensorView& o, const tvm::ffi::TensorView& lse, double sm_scale,
+                         int num_kv_heads, const char* name) {
+  fill_common(P, q, o, lse, sm_scale, num_kv_heads, name);
+  P.qo_indptr = static_cast<const int32_t*>(data_of(qo_indptr));
+  P.batch = static_cast<int>(qo_indptr.size(0)) - 1;
+}
+
+// Decode: one query row per request, q [B, Hq, D].
+inline void fill_decode(DecodeProblem& P, const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& o,
+                        const tvm::ffi::TensorView& lse, double sm_scale, int num_kv_heads, const char* name) {
+  fill_common(P, q, o, lse, sm_scale, num_kv_heads, name);
+  P.batch = static_cast<int>(q.size(0));
+}
+
+}  // namespace attngen

@@ -15,7 +15,7 @@ bf16, Hq 32 / Hkv 8, D 128, page 16; every request holds one shared prefix (whol
 - FlashInfer ``MultiLevelCascadeAttentionWrapper`` (2 levels) and flat
   ``BatchDecodeWithPagedKVCacheWrapper`` (tensor cores).
 
-Device-event medians after warm-up (benchmarks/common.py). GB/s counts unique bytes: the prefix
+Device-event medians after warm-up, the host ahead of the GPU (benchmarks/common.py). GB/s counts unique bytes: the prefix
 and the suffixes once, q read and the output written once. Writes JSON and a Markdown table.
 
     python benchmarks/bench_cascade.py --out benchmarks/results --commit <sha>
@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from common import (bench, cell, copy_bandwidth, error_lines, guarded, load_flashinfer, result_parser, run_info,
-                    write_results)
+from common import (bench, cell, copy_bandwidth, error_lines, guarded, host_us, load_flashinfer, result_parser,
+                    run_info, write_results)
 
 CASES = [  # (name, batch, shared prefix keys)
     ("B64 prefix 32k", 64, 32768),
@@ -162,6 +162,7 @@ def measure(row: dict, key: str, setup, c: SharedPrefixCase, ref, reps: int):
         ms = bench(fn, reps=reps)
         row[f"{key}_ms"] = ms
         row[f"{key}_GBps"] = c.unique_bytes / (ms * 1e-3) / 1e9
+        row[f"{key}_host_us"] = host_us(fn)
         if ref is not None:
             row[f"{key}_maxdiff"] = float((out.float() - ref).abs().max())
         return out
@@ -174,8 +175,9 @@ def markdown(res: dict) -> list[str]:
     lines = [f"# Shared-prefix decode, bf16, Hq {HQ} / Hkv {HKV}, D {D}, page {PAGE}, suffix {SUFFIX} keys — "
              f"{res['gpu']}, {res['date']}, commit {res['commit']}", "",
              f"FlashInfer {res['flashinfer']}; copy bandwidth in the same run: {cell(res.get('copy_GBps'))} GB/s. "
-             "Cells: ms (GB/s of unique bytes: the prefix and each suffix once). \"API\" includes the per-call host "
-             "checks of CascadeAttention.run; \"planned\" is plan once, run per layer.", "",
+             "Cells: device ms per call, the host ahead of the GPU (GB/s of unique bytes: the prefix and each "
+             "suffix once); \"API\" synchronises on the device-to-host copies of its per-call checks, so its time "
+             "includes them; \"planned\" is plan once, run per layer. Host µs per call: `*_host_us` in the JSON.", "",
              f"| case | unique MB | {head} |", "|---|---|" + "---|" * len(METHODS)]
     for r in res["cases"]:
         cells = [f"{cell(r.get(f'{k}_ms'), '.3f')} ({cell(r.get(f'{k}_GBps'))})" for k, _ in METHODS]

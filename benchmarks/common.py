@@ -13,8 +13,11 @@ from pathlib import Path
 import numpy as np
 
 
-def bench(fn, reps=50, warmup=10) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` launches timed with CUDA events, after warm-up."""
+def bench(fn, reps=30, warmup=10, inner=8) -> float:
+    """Median device milliseconds of one ``fn`` call: each repetition enqueues a GPU sleep, then ``inner``
+    back-to-back calls between two CUDA events, so the host is ahead of the GPU and the events time the
+    kernels alone (what a serving loop or a CUDA graph sees), not the Python call overhead; see
+    ``host_us`` for that. Every peer is timed the same way."""
     import torch
 
     for _ in range(warmup):
@@ -23,11 +26,33 @@ def bench(fn, reps=50, warmup=10) -> float:
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(4_000_000)  # ~2 ms of GPU time while the host enqueues the calls
         a.record()
-        fn()
+        for _ in range(inner):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / inner)
+    return float(np.median(times))
+
+
+def host_us(fn, reps=200) -> float:
+    """Median host microseconds of one ``fn`` call (the API's Python + launch overhead), the GPU kept busy
+    by a sleep so that no call waits for it."""
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps // 20):
+        torch.cuda._sleep(20_000_000)
+        for _ in range(20):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
     return float(np.median(times))
 
 

@@ -138,3 +138,16 @@ def test_min_chunk_floors_the_chunk_limit(planner):
     assert p.chunk_limit == 256
     assert ((p.work[:, 3] - p.work[:, 2]) <= 256).all()
     assert (p.work[:, 0] == 0).sum() == -(-5000 // 256)
+
+
+def test_uniform_batch_is_cut_into_pieces_that_pack():
+    """16 requests of 16k keys on 33 CTAs: the plain limit ceil(W / C) cuts 48 chunks (two per busy CTA);
+    the planner's candidate limits find 32 chunks of 8k, one per CTA."""
+    planner = SplitKVPlanner(CAP)
+    kv = np.full(16, 16384, np.int32)
+    plan = planner.plan(np.ones(16, np.int32), kv, num_ctas=33, group=4, tile_rows=16)
+    cost = planner.alpha * 4 + planner.beta * (plan.work[:, 3] - plan.work[:, 2])
+    per_cta = [cost[plan.cta_indptr[c]:plan.cta_indptr[c + 1]].sum() for c in range(33)]
+    ideal = cost.sum() / 33
+    assert max(per_cta) <= 1.05 * ideal
+    assert len(plan.work) == 32 and plan.chunk_limit == 8192

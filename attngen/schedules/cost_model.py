@@ -1,14 +1,16 @@
 """Cost coefficients of the split-KV planner, per template: cost(chunk) = alpha * rows + beta * kv.
 
-Provisional: alpha is the cost of one query row of a tile relative to one key, taken as
-the ratio of a row's Q load and epilogue to a key's K/V load (about 1 for decode's D-element
-rows). They are to be replaced by per-template fits of measured chunk times on each GPU.
+alpha is the cost of one query row of a tile relative to one key (beta = 1). decode's is
+fitted by ``benchmarks/bench_cost_model.py`` on the H200 (a work item's fixed cost folded into
+its rows at group 8: the per-key slope is 33.7 ns per CTA, an item's rows and start cost 13.1
+keys per row plus 20.9 keys); prefill's is still provisional (a row's Q load and epilogue
+weighed as one key's K/V load).
 """
 from __future__ import annotations
 
 COST = {
     # template: (alpha, beta)
-    "decode": (1.0, 1.0),
+    "decode": (15.7, 1.0),  # bench_cost_model.py, NVIDIA H200, 2026-11-29
     "prefill": (1.0, 1.0),
 }
 

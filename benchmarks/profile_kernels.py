@@ -1,0 +1,46 @@
+"""One launch of each hot kernel, for a profiler (ncu) to inspect.
+
+Runs attngen's causal prefill (L 4k, bf16, D 128, Hq 32 / Hkv 8) and paged decode
+(B 16, L 16k, page 16) a few times each, so that `ncu -k regex:... -s 2 -c 1` sees a warm launch.
+
+    ncu --section SpeedOfLight -k regex:prefill -s 2 -c 1 python benchmarks/profile_kernels.py
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_decode import make_case  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wide", action="store_true", help="plan prefill with wide tiles")
+    args = ap.parse_args()
+    from attngen.runtime import CUDAAttention, PagedKV, RaggedKV
+    from attngen.variants import builtin
+
+    causal = CUDAAttention.build(builtin("causal"), head_dims=(128,), dtypes=("bfloat16",), layouts=("NHD",))
+    L, hq, hkv, D = 4096, 32, 8, 128
+    q = torch.randn(L, hq, D, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(L, hkv, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
+    kv = RaggedKV(k, v, indptr)
+    plan = causal.plan_prefill(indptr, kv, D, wide_tiles=args.wide)
+    for _ in range(3):
+        causal.prefill(q, kv, indptr, plan=plan)
+    vanilla = CUDAAttention.build(builtin("vanilla"), head_dims=(128,), dtypes=("bfloat16",), layouts=("NHD",))
+    qd, pages, pindptr, indices, last = make_case([16384] * 16, hq, hkv)
+    pkv = PagedKV(pages, pindptr, indices, last, "NHD")
+    dplan = vanilla.plan_decode(pkv, qd.shape[1], D)
+    for _ in range(3):
+        vanilla.decode(qd, pkv, plan=dplan)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

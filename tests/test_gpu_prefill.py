@@ -3,7 +3,7 @@
 Ragged and paged (NHD, HND) KV with random page permutations, append (qo_len < kv_len),
 a zero-length request and a request without keys, GQA ratios 1, 4, 8, 5, fp16 and bf16,
 head dims 64/128/256, outputs poisoned with NaN; each case on both query tiles (64 rows, and the
-8-warp 128-row tile that long requests may ask for).
+128-row tile (two m-tiles per warp) that long requests may ask for).
 """
 import numpy as np
 import pytest
@@ -49,7 +49,7 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
     qo_indptr = to_torch(prob.qo_indptr)
     tol = tolerance(ref_prob, ref_o, dtype, sm_scale)
     results = []
-    for wide in (False, True):  # the 64-row and the 128-row (8-warp) tiles on the same inputs
+    for wide in (False, True):  # the 64-row and the 128-row (two m-tiles per warp) tiles on the same inputs
         plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide)
         out = torch.full_like(q, float("nan"))
         lse = torch.full(q.shape[:2], float("nan"), device="cuda")

@@ -111,16 +111,16 @@ def prefill_wrapper(variant, head_dim: int, dtype: str, layout: str | None) -> s
         kv_heads = f"attngen::kv_from_pages(P.kv, pages, {hnd}, indptr, indices, last_page_len)"
     return f"""
 static void {name}(tvm::ffi::TensorView q, {kv_args}, tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView o,
-    tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len, int64_t tile_warps{decl}) {{
+    tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len, int64_t tile_rows{decl}) {{
   using V = attngen_gen::Hooks_d{head_dim};
   using T = {C_TYPES[dtype]};
   V::Params hp{{}};
 {fill}
   attngen::PrefillProblem P{{}};
   attngen::fill_prefill(P, q, qo_indptr, o, lse, sm_scale, {kv_heads}, "{name}");
-  P.tile_warps = static_cast<int>(tile_warps);
-  if (P.tile_warps != 0 && P.tile_warps != 4 && P.tile_warps != 8)
-    TVM_FFI_THROW(ValueError) << "{name}: tile_warps must be 0 (default), 4 or 8";
+  P.tile_rows = static_cast<int>(tile_rows);
+  if (P.tile_rows != 0 && P.tile_rows != 64 && P.tile_rows != 128)
+    TVM_FFI_THROW(ValueError) << "{name}: tile_rows must be 0 (default), 64 or 128";
   attngen::launch_prefill<V, T, {head_dim}>(P, static_cast<int>(max_qo_len), hp, attngen::stream_of(q));
   attngen::check_launch("{name}");
 }}

@@ -3,7 +3,9 @@
 // One CTA = (query tile, KV head, request). GQA head-group fusion: the CTA's rows are
 // the (token, head) pairs of one KV head's group, packed row = token * group + head, so
 // a K/V tile is read once for the whole group and a decode step (one token, group
-// heads) fills tensor-core rows too. Four warps x 16 rows. K/V tiles are gathered from
+// heads) fills tensor-core rows too. Four warps, each owning one or two 16-row MMA tiles
+// (64 or 128 rows): with two, every K/V fragment read from shared memory feeds two MMAs
+// and each warp has two independent softmax chains in flight. K/V tiles are gathered from
 // pages (or ragged rows) into shared memory with cp.async, double-buffered where shared
 // memory allows; S = Q K^T and O += P V with m16n8k16 (two m16n8k8 on sm_75); online
 // softmax in fp32, base 2; P reuses the S accumulators as the A operand. The mask's
@@ -29,41 +31,43 @@ struct PrefillProblem {
   float* lse;                // [total_q, Hq]
   const int32_t* qo_indptr;  // [B+1]
   int batch, num_qo_heads, num_kv_heads, group;
-  int tile_warps;  // 8: the 128-row tile for long requests (D <= 128); 0 or 4: the 64-row tiles
+  int tile_rows;   // 128: the wide tile for long requests (D <= 128); 0 or 64: the 64-row tiles
   int causal;      // 1: also hide keys after the query's position (TVM's run-time causal flag)
   int tvm_conventions;  // 1: rows with no key store lse = -5e4 (TVM PagedKVCache); 0: -inf
   float sm_scale;
   KVRows kv;
 };
 
-// Tile configurations: Q rows per CTA (16 per warp), keys per tile, stages (1 = no double buffer).
-// Eight warps (128 rows) halve the K/V traffic per FLOP of long prefills; four serve short ones.
-template <int D, bool Small, int Warps = 4>
+// Tile configurations: Q rows per CTA (4 warps x MT m-tiles of 16 rows), keys per tile, stages
+// (1 = no double buffer). MT = 2 (128 rows) halves the K/V traffic from memory and from shared
+// memory per FLOP of long prefills; MT = 1 serves short ones and D = 256.
+template <int D, bool Small, int MT = 1>
 struct PrefillTile {
   static_assert(D == 64 || D == 128 || D == 256, "prefill supports head_dim 64, 128, 256");
-  static_assert(Warps == 4 || Warps == 8, "prefill tiles have 4 or 8 warps");
-  static constexpr int kWarps = Warps;
-  static constexpr int kRows = 16 * kWarps;
-  static constexpr int kKeys = D == 256 ? (Small ? 16 : 32) : 64;
+  static_assert(MT == 1 || (MT == 2 && D <= 128), "two m-tiles per warp only at head_dim <= 128");
+  static constexpr int kWarps = 4;
+  static constexpr int kMTiles = MT;
+  static constexpr int kRows = 16 * MT * kWarps;
+  static constexpr int kKeys = D == 256 ? (Small ? 16 : 32) : (MT == 2 && D == 128 ? 32 : 64);
   static constexpr int kStages = (Small && D != 64) ? 1 : 2;
   static constexpr int kPad = 8;  // elements of padding per smem row: conflict-free ldmatrix
   static constexpr int kStride = D + kPad;
   static constexpr int kThreads = 32 * kWarps;
 };
 
-template <class V, class T, int D, bool Small, int Warps = 4>
+template <class V, class T, int D, bool Small, int MT = 1>
 constexpr size_t prefill_smem_bytes() {
-  using Tile = PrefillTile<D, Small, Warps>;
+  using Tile = PrefillTile<D, Small, MT>;
   size_t qk = (size_t(Tile::kRows) + 2 * Tile::kStages * Tile::kKeys) * Tile::kStride * sizeof(T);
   size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
   size_t out = size_t(Tile::kRows) * D * sizeof(float) + Tile::kRows * sizeof(float);
   return (qk > out ? qk : out) + scratch;
 }
 
-template <class V, class T, int D, bool Small, int Warps>
-__global__ void __launch_bounds__(PrefillTile<D, Small, Warps>::kThreads)
+template <class V, class T, int D, bool Small, int MT>
+__global__ void __launch_bounds__(PrefillTile<D, Small, MT>::kThreads)
 prefill_kernel(PrefillProblem P, typename V::Params hp) {
-  using Tile = PrefillTile<D, Small, Warps>;
+  using Tile = PrefillTile<D, Small, MT>;
   constexpr int RQ = Tile::kRows, TK = Tile::kKeys, ST = Tile::kStride, NS = Tile::kStages;
   constexpr int NT = Tile::kThreads;
   constexpr int NKT = TK / 8;   // n-tiles of S per warp
@@ -72,9 +76,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   T* sq = reinterpret_cast<T*>(smem_raw);   // [RQ][ST]
   T* skv = sq + RQ * ST;                    // [NS][2][TK][ST]
   float* scratch_all = reinterpret_cast<float*>(
-      smem_raw + (prefill_smem_bytes<V, T, D, Small, Warps>() - size_t(Tile::kWarps) * 2 * D * sizeof(float)));
+      smem_raw + (prefill_smem_bytes<V, T, D, Small, MT>() - size_t(Tile::kWarps) * 2 * D * sizeof(float)));
 
-  const int tile = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  // the last query tiles first: under a causal mask they see the most keys, so the long CTAs start early
+  const int tile = gridDim.x - 1 - blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* scratch = scratch_all + warp * 2 * D;
   const int group = P.group;
@@ -136,34 +141,31 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     }
   };
 
-  // ---- per-thread state: rows g and g+8 of this warp's 16 ------------------------------
+  // ---- per-thread state: rows g and g+8 of each of this warp's MT m-tiles ---------------
   const int g = lane / 4, t4 = lane % 4;
-  const int wrow = warp * 16;
-  float o_acc[NDT][4];
+  const int wrow = warp * 16 * MT;  // this warp's first row in the tile
+  float o_acc[MT][NDT][4];
+  float m_row[MT][2], d_row[MT][2];
 #pragma unroll
-  for (int n = 0; n < NDT; ++n)
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o_acc[n][e] = 0.f;
-  float m_row[2] = {kNegInf, kNegInf}, d_row[2] = {0.f, 0.f};
-  int rpos[2], rhead[2];
-  bool rvalid[2];
+    for (int n = 0; n < NDT; ++n)
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int pr = row0 + wrow + g + 8 * h;
-    rvalid[h] = pr < rows_total;
-    rpos[h] = pos_base + pr / group;
-    rhead[h] = hk * group + pr % group;
+      for (int e = 0; e < 4; ++e) o_acc[mt][n][e] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_row[mt][h] = kNegInf;
+      d_row[mt][h] = 0.f;
+    }
   }
+  // row pr = prow0 + 16 mt + 8 h of the request (recomputed where used: registers are scarce at MT = 2)
+  const int prow0 = row0 + wrow + g;
   const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
-  // this warp's rows: all present, and the positions they span (for the interior-tile test)
-  const int wr0 = row0 + wrow, wr1 = min(wr0 + 16, rows_total) - 1;
-  const bool warp_rows_full = wr0 + 16 <= rows_total;
-  const int warp_first_pos = pos_base + wr0 / group, warp_last_pos = pos_base + max(wr1, wr0) / group;
   long long mask_lo = 0, mask_hi = 0;
   if constexpr (V::kHasLower) mask_lo = V::mask_lower(hp);
   if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);
-  // Q fragments stay in registers for the whole KV loop where they fit (D <= 128)
-  constexpr bool kQInRegs = D <= 128;
+  // Q fragments stay in registers for the whole KV loop where they fit (one m-tile, D <= 128)
+  constexpr bool kQInRegs = MT == 1 && D <= 128;
   uint32_t qfrag[kQInRegs ? D / 16 : 1][4];
   if constexpr (kQInRegs) {
 #pragma unroll
@@ -197,110 +199,142 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       }
       __syncthreads();
     }
-    // S = Q K^T for this warp's 16 rows x TK keys
-    float s[NKT][4];
+    // S = Q K^T for this warp's MT x 16 rows x TK keys; each K fragment feeds every m-tile
+    float s[MT][NKT][4];
 #pragma unroll
-    for (int n = 0; n < NKT; ++n)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+      for (int n = 0; n < NKT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
-      uint32_t a[4];
-      if constexpr (kQInRegs) {
+      uint32_t a[MT][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = qfrag[k0 / 16][i];
-      } else {
-        ldmatrix_x4(a, sq + (wrow + (lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[mt][i] = qfrag[k0 / 16][i];
+        } else {
+          ldmatrix_x4(a[mt], sq + (wrow + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+        }
       }
 #pragma unroll
       for (int n = 0; n < NKT; n += 2) {
         uint32_t bk[4];
         ldmatrix_x4(bk, sk + (n * 8 + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
-        mma16816<T>(s[n], a, bk[0], bk[1]);
-        mma16816<T>(s[n + 1], a, bk[2], bk[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816<T>(s[mt][n], a[mt], bk[0], bk[1]);
+          mma16816<T>(s[mt][n + 1], a[mt], bk[2], bk[3]);
+        }
       }
     }
-    // hooks, mask, online softmax (rows g and g+8; a row's values live in one quad). A tile whose
+    // hooks, mask, online softmax (rows g and g+8; a row's values live in one quad). An m-tile whose
     // rows all exist, whose keys all lie in [lo, hi) and, for a mask that is exactly its bounds,
     // whose every (row, key) pair lies inside them, takes the interior path: no mask hook, no checks.
     const int j_last = j0 + TK - 1;
-    bool interior = warp_rows_full && j_last < hi && V::kMaskExact && (!P.causal || warp_first_pos >= j_last);
-    if constexpr (V::kHasLower) interior = interior && (long long)warp_first_pos - j_last >= mask_lo;
-    if constexpr (V::kHasUpper) interior = interior && (long long)warp_last_pos - j0 <= mask_hi;
-    float mt[2] = {m_row[0], m_row[1]};
-    if (interior) {
 #pragma unroll
-      for (int n = 0; n < NKT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          float x = s[n][e] * scale;
-          if constexpr (V::kHasLogits) {
-            const int j = j0 + n * 8 + t4 * 2 + (e % 2);
-            x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
-          }
-          s[n][e] = x;
-          if constexpr (V::kSoftmax) mt[h] = fmaxf(mt[h], x);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < NKT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
-          float x = s[n][e] * scale;
-          bool visible = rvalid[h] && j < hi && (!P.causal || j <= rpos[h]);
-          if constexpr (V::kHasLogits) {
-            if (visible) x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
-          }
-          if constexpr (V::kHasMask) {
-            if (visible) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
-          }
-          s[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
-          if constexpr (V::kSoftmax) mt[h] = fmaxf(mt[h], s[n][e]);
-        }
-      }
-    }
-    float rescale[2] = {1.f, 1.f};
-    if constexpr (V::kSoftmax) {
+    for (int mt = 0; mt < MT; ++mt) {
+      // this m-tile's rows: all present?, the positions they span, and each thread's two rows
+      const int r0 = row0 + wrow + mt * 16;
+      const int first_pos = pos_base + r0 / group, last_pos = pos_base + (min(r0 + 16, rows_total) - 1) / group;
+      int rpos[2], rhead[2];
+      bool rvalid[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
-        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
-        rescale[h] = mt[h] == kNegInf ? 1.f : exp2f(m_row[h] - mt[h]);
-        d_row[h] *= rescale[h];
-        m_row[h] = mt[h];
+        const int pr = prow0 + mt * 16 + 8 * h;
+        rvalid[h] = pr < rows_total;
+        rpos[h] = pos_base + pr / group;
+        rhead[h] = hk * group + pr % group;
       }
-      // a row whose max is -inf has only -inf scores: exp2(-inf - 0) = 0 without a per-score test
-      const float msub[2] = {m_row[0] == kNegInf ? 0.f : m_row[0], m_row[1] == kNegInf ? 0.f : m_row[1]};
+      bool interior = r0 + 16 <= rows_total && j_last < hi && V::kMaskExact && (!P.causal || first_pos >= j_last);
+      if constexpr (V::kHasLower) interior = interior && (long long)first_pos - j_last >= mask_lo;
+      if constexpr (V::kHasUpper) interior = interior && (long long)last_pos - j0 <= mask_hi;
+      float mt_max[2] = {m_row[mt][0], m_row[mt][1]};
+      if (interior) {
 #pragma unroll
-      for (int n = 0; n < NKT; ++n)
+        for (int n = 0; n < NKT; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = exp2f(s[n][e] - msub[e / 2]);
-          s[n][e] = p;
-          d_row[e / 2] += p;
+          for (int e = 0; e < 4; ++e) {
+            const int h = e / 2;
+            float x = s[mt][n][e] * scale;
+            if constexpr (V::kHasLogits) {
+              const int j = j0 + n * 8 + t4 * 2 + (e % 2);
+              x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
+            }
+            s[mt][n][e] = x;
+            if constexpr (V::kSoftmax) mt_max[h] = fmaxf(mt_max[h], x);
+          }
         }
+      } else {
 #pragma unroll
-      for (int n = 0; n < NDT; ++n)
+        for (int n = 0; n < NKT; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o_acc[n][e] *= rescale[e / 2];
+          for (int e = 0; e < 4; ++e) {
+            const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
+            float x = s[mt][n][e] * scale;
+            bool visible = rvalid[h] && j < hi && (!P.causal || j <= rpos[h]);
+            if constexpr (V::kHasLogits) {
+              if (visible)
+                x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
+            }
+            if constexpr (V::kHasMask) {
+              if (visible) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
+            }
+            s[mt][n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
+            if constexpr (V::kSoftmax) mt_max[h] = fmaxf(mt_max[h], s[mt][n][e]);
+          }
+        }
+      }
+      if constexpr (V::kSoftmax) {
+        float rescale[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 1));
+          mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 2));
+          rescale[h] = mt_max[h] == kNegInf ? 1.f : exp2f(m_row[mt][h] - mt_max[h]);
+          d_row[mt][h] *= rescale[h];
+          m_row[mt][h] = mt_max[h];
+        }
+        // a row whose max is -inf has only -inf scores: exp2(-inf - 0) = 0 without a per-score test
+        const float msub[2] = {m_row[mt][0] == kNegInf ? 0.f : m_row[mt][0],
+                               m_row[mt][1] == kNegInf ? 0.f : m_row[mt][1]};
+#pragma unroll
+        for (int n = 0; n < NKT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(s[mt][n][e] - msub[e / 2]);
+            s[mt][n][e] = p;
+            d_row[mt][e / 2] += p;
+          }
+#pragma unroll
+        for (int n = 0; n < NDT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= rescale[e / 2];
+      }
     }
-    // O += P V: P from the S accumulators (16 keys = two n-tiles per k-step)
+    // O += P V: P from the S accumulators (16 keys = two n-tiles per k-step); each V fragment feeds
+    // every m-tile
 #pragma unroll
     for (int kk = 0; kk < TK / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, sv + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * ST + n * 8 + (lane / 16) * 8);
-        mma16816<T>(o_acc[n], a, bv[0], bv[1]);
-        mma16816<T>(o_acc[n + 1], a, bv[2], bv[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816<T>(o_acc[mt][n], a[mt], bv[0], bv[1]);
+          mma16816<T>(o_acc[mt][n + 1], a[mt], bv[2], bv[3]);
+        }
       }
     }
     __syncthreads();  // the stage is refilled by the next iteration's prefetch
@@ -308,30 +342,36 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   copy_wait<0>();
 
   // ---- epilogue: normalise, lse, output transform, store -------------------------------
-  float lse_row[2];
+  float lse_row[MT][2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float dsum = d_row[h];
-    dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
-    dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
-    const float inv = (V::kSoftmax && dsum > 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int n = 0; n < NDT; ++n) {
-      o_acc[n][2 * h] *= inv;
-      o_acc[n][2 * h + 1] *= inv;
+    for (int h = 0; h < 2; ++h) {
+      float dsum = d_row[mt][h];
+      dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
+      dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
+      const float inv = (V::kSoftmax && dsum > 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+#pragma unroll
+      for (int n = 0; n < NDT; ++n) {
+        o_acc[mt][n][2 * h] *= inv;
+        o_acc[mt][n][2 * h + 1] *= inv;
+      }
+      lse_row[mt][h] = V::kSoftmax ? (dsum > 0.f ? m_row[mt][h] + log2f(dsum) : kNegInf) : 0.f;
     }
-    lse_row[h] = V::kSoftmax ? (dsum > 0.f ? m_row[h] + log2f(dsum) : kNegInf) : 0.f;
-  }
   __syncthreads();
   float* sout = reinterpret_cast<float*>(smem_raw);  // [RQ][D] fp32 rows, then [RQ] lse
   float* slse = sout + RQ * D;
 #pragma unroll
-  for (int n = 0; n < NDT; ++n)
+  for (int mt = 0; mt < MT; ++mt) {
+    const int r = wrow + mt * 16 + g;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) sout[(wrow + g + 8 * (e / 2)) * D + n * 8 + t4 * 2 + (e % 2)] = o_acc[n][e];
-  if (t4 == 0) {
-    slse[wrow + g] = lse_row[0];
-    slse[wrow + g + 8] = lse_row[1];
+    for (int n = 0; n < NDT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sout[(r + 8 * (e / 2)) * D + n * 8 + t4 * 2 + (e % 2)] = o_acc[mt][n][e];
+    if (t4 == 0) {
+      slse[r] = lse_row[mt][0];
+      slse[r + 8] = lse_row[mt][1];
+    }
   }
   __syncthreads();
   for (int r = warp; r < RQ; r += Tile::kWarps) {
@@ -357,35 +397,35 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   }
 }
 
-template <class V, class T, int D, bool Small, int Warps>
+template <class V, class T, int D, bool Small, int MT>
 void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
-  using Tile = PrefillTile<D, Small, Warps>;
-  const size_t smem = prefill_smem_bytes<V, T, D, Small, Warps>();
-  auto kernel = prefill_kernel<V, T, D, Small, Warps>;
+  using Tile = PrefillTile<D, Small, MT>;
+  const size_t smem = prefill_smem_bytes<V, T, D, Small, MT>();
+  auto kernel = prefill_kernel<V, T, D, Small, MT>;
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;
   kernel<<<dim3(tiles, P.num_kv_heads, P.batch), Tile::kThreads, smem, stream>>>(P, hp);
 }
 
-// Rows (tokens x group heads) of the longest request from which an 8-warp request is honoured.
+// Rows (tokens x group heads) of the longest request from which a wide-tile request is honoured.
 constexpr int kPrefillWideRows = 256;
 
-// The 8-warp tile when asked for (P.tile_warps == 8), the requests are long enough and D <= 128,
-// else the big 4-warp configuration where the device's opt-in shared memory holds it, else the
+// The 128-row tile when asked for (P.tile_rows == 128), the requests are long enough and D <= 128,
+// else the big 64-row configuration where the device's opt-in shared memory holds it, else the
 // small one.
 template <class V, class T, int D>
 void launch_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
   const size_t optin = size_t(device_smem_optin());
   if constexpr (D <= 128) {
-    if (P.tile_warps == 8 && int64_t(max_qo_len) * P.group >= kPrefillWideRows &&
-        optin >= prefill_smem_bytes<V, T, D, false, 8>())
-      return launch_prefill_tile<V, T, D, false, 8>(P, max_qo_len, hp, stream);
+    if (P.tile_rows == 128 && int64_t(max_qo_len) * P.group >= kPrefillWideRows &&
+        optin >= prefill_smem_bytes<V, T, D, false, 2>())
+      return launch_prefill_tile<V, T, D, false, 2>(P, max_qo_len, hp, stream);
   }
   if (optin >= prefill_smem_bytes<V, T, D, false>()) {
-    launch_prefill_tile<V, T, D, false, 4>(P, max_qo_len, hp, stream);
+    launch_prefill_tile<V, T, D, false, 1>(P, max_qo_len, hp, stream);
   } else {
-    launch_prefill_tile<V, T, D, true, 4>(P, max_qo_len, hp, stream);
+    launch_prefill_tile<V, T, D, true, 1>(P, max_qo_len, hp, stream);
   }
 }
 

@@ -59,7 +59,7 @@ class PrefillPlan:
     total_q: int
     max_qo_len: int  # sizes the grid: query tiles per request
     qo_indptr_key: tuple  # which qo_indptr (object and version) the plan was made from
-    tile_warps: int = 0  # 8: the 128-row tile for long requests (D <= 128); 0: the 64-row tiles
+    tile_rows: int = 0  # 128: the wide tile for long requests (D <= 128); 0: the 64-row tiles
 
 
 def _tensor_key(t) -> tuple:
@@ -217,7 +217,7 @@ class CUDAAttention(BuiltModule):
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int, *,
                      wide_tiles: bool = False) -> PrefillPlan:
         """Host-side checks of the batch's index arrays (host copies) and the grid size. ``wide_tiles``:
-        128 query rows per CTA (8 warps) for requests of at least 256 rows (tokens x group) at
+        128 query rows per CTA (4 warps x two m-tiles) for requests of at least 256 rows (tokens x group) at
         head_dim <= 128, halving the K/V traffic per FLOP; 64 rows otherwise."""
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
         kind = f"batch_prefill_paged_{kv.layout.lower()}" if isinstance(kv, PagedKV) else "batch_prefill_ragged"
@@ -233,7 +233,7 @@ class CUDAAttention(BuiltModule):
         if batch > MAX_GRID_BATCH:
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)), _tensor_key(qo_indptr),
-                           8 if wide_tiles else 0)
+                           128 if wide_tiles else 0)
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, plan: PrefillPlan | None = None,
                 sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):
@@ -267,5 +267,5 @@ class CUDAAttention(BuiltModule):
             _check_aligned(name, t)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size)
         scale = resolve_sm_scale(sm_scale, d)
-        fn(q, *kv_args, qo_indptr, out, lse, scale, plan.max_qo_len, plan.tile_warps, *extras)
+        fn(q, *kv_args, qo_indptr, out, lse, scale, plan.max_qo_len, plan.tile_rows, *extras)
         return out, lse

@@ -8,9 +8,10 @@ decode (decode.cuh, DecodeTile): threads = (D/8 lanes) x G heads x Z token lanes
 decode on tensor cores (decode_tc.cuh, DecodeTCTile): 4 warps x 16 keys per stage, a 16-row
   query tile, S stages (4 / 3 / 2 at D = 64 / 128 / 256; fewer where shared memory is short, and
   the CUDA-core template where even one stage does not fit), rows padded by 8 elements.
-prefill (prefill.cuh, PrefillTile): 64 query rows (4 warps x 16; 128 rows with 8 warps for long
-  requests at D <= 128 where shared memory holds it), 64 keys per tile (32 at D=256; 16 in the
-  small config), 2 stages (1 in the small config except D=64), rows padded by 8 elements for
+prefill (prefill.cuh, PrefillTile): 64 query rows (4 warps x 16; 128 rows, 4 warps x two 16-row
+  m-tiles, for long requests at D <= 128 where shared memory holds it), 64 keys per tile (32 at
+  D=256, and in the 128-row tile at D=128 so that its registers do not spill; 16 in the small
+  config), 2 stages (1 in the small config except D=64), rows padded by 8 elements for
   conflict-free ldmatrix; the epilogue stages the tile's fp32 output rows.
 """
 from __future__ import annotations
@@ -38,9 +39,10 @@ def decode_tc_smem_bytes(d: int, stages: int) -> int:
     return q + scratch + max(tiles, merge)
 
 
-def prefill_smem_bytes(d: int, small: bool, warps: int = 4) -> int:
-    rows = 16 * warps
-    keys = (16 if small else 32) if d == 256 else 64
+def prefill_smem_bytes(d: int, small: bool, m_tiles: int = 1) -> int:
+    warps = 4
+    rows = 16 * m_tiles * warps
+    keys = (16 if small else 32) if d == 256 else (32 if m_tiles == 2 and d == 128 else 64)
     stages = 1 if (small and d != 64) else 2
     stride = d + 8
     qk = (rows + 2 * stages * keys) * stride * ELEM

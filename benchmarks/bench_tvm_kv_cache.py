@@ -18,6 +18,7 @@ import numpy as np
 from common import bench, cell, result_parser, run_info
 
 HQ, HKV, D, PS, DTYPE = 32, 8, 128, 16, "float16"
+PREFILL_CHUNK = 4096
 CASES = [  # (name, batch, cached tokens per sequence, new tokens per sequence)
     ("decode B32 ctx 2k", 32, 2048, 1),
     ("decode B8 ctx 8k", 8, 8192, 1),
@@ -31,7 +32,7 @@ def make_cache(which: str, max_tokens: int):
     from attngen.runtime.tvm_kv_cache_cuda import create_tvm_tir_cache_cuda
 
     shape = dict(num_layers=1, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, page_size=PS,
-                 max_batch=32, max_total_tokens=max_tokens, prefill_chunk=4096)
+                 max_batch=32, max_total_tokens=max_tokens, prefill_chunk=PREFILL_CHUNK)
     if which.startswith("attngen"):
         return create_paged_kv_cache(target="cuda", convention="flashinfer" if which == "attngen_fi" else "tirx",
                                      **shape)
@@ -46,8 +47,9 @@ def time_case(kv, batch: int, cached: int, new: int, rng) -> tuple[float, np.nda
     ids = list(range(batch))
     for s in ids:
         G("vm.builtin.kv_state_add_sequence")(kv, s)
-    for start in range(0, cached, 2048):  # fill the context in chunks
-        n = min(2048, cached - start)
+    step = max(1, PREFILL_CHUNK // batch)  # one forward holds at most the cache's prefill chunk of tokens
+    for start in range(0, cached, step):  # fill the context in chunks
+        n = min(step, cached - start)
         G("vm.builtin.kv_state_begin_forward")(kv, ShapeTuple(ids), ShapeTuple([n] * batch))
         qkv = tvm.runtime.tensor(rng.standard_normal((n * batch, HQ + 2 * HKV, D)).astype(DTYPE), device=tvm.cuda())
         out = tvm.runtime.empty((n * batch, HQ, D), DTYPE, device=tvm.cuda())

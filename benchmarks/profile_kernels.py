@@ -19,7 +19,7 @@ from bench_decode import make_case  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--wide", action="store_true", help="plan prefill with wide tiles")
+    ap.add_argument("--narrow", action="store_true", help="plan prefill with 64-row tiles")
     args = ap.parse_args()
     from attngen.runtime import CUDAAttention, PagedKV, RaggedKV
     from attngen.variants import builtin
@@ -30,7 +30,7 @@ def main():
     k, v = (torch.randn(L, hkv, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
     kv = RaggedKV(k, v, indptr)
-    plan = causal.plan_prefill(indptr, kv, D, wide_tiles=args.wide)
+    plan = causal.plan_prefill(indptr, kv, D, wide_tiles=False if args.narrow else None)
     for _ in range(3):
         causal.prefill(q, kv, indptr, plan=plan)
     vanilla = CUDAAttention.build(builtin("vanilla"), head_dims=(128,), dtypes=("bfloat16",), layouts=("NHD",))

@@ -120,7 +120,7 @@ static void {name}(tvm::ffi::TensorView q, {kv_args}, tvm::ffi::TensorView qo_in
   attngen::fill_prefill(P, q, qo_indptr, o, lse, sm_scale, {kv_heads}, "{name}");
   P.tile_rows = static_cast<int>(tile_rows);
   if (P.tile_rows != 0 && P.tile_rows != 64 && P.tile_rows != 128)
-    TVM_FFI_THROW(ValueError) << "{name}: tile_rows must be 0 (default), 64 or 128";
+    TVM_FFI_THROW(ValueError) << "{name}: tile_rows must be 0 (the library's choice), 64 or 128";
   attngen::launch_prefill<V, T, {head_dim}>(P, static_cast<int>(max_qo_len), hp, attngen::stream_of(q));
   attngen::check_launch("{name}");
 }}

@@ -59,7 +59,7 @@ class PrefillPlan:
     total_q: int
     max_qo_len: int  # sizes the grid: query tiles per request
     qo_indptr_key: tuple  # which qo_indptr (object and version) the plan was made from
-    tile_rows: int = 0  # 128: the wide tile for long requests (D <= 128); 0: the 64-row tiles
+    tile_rows: int = 0  # 0: the library's choice; 128: the wide tile for long requests (D <= 128); 64: the 64-row tiles
 
 
 def _tensor_key(t) -> tuple:
@@ -215,10 +215,11 @@ class CUDAAttention(BuiltModule):
         return out, lse
 
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int, *,
-                     wide_tiles: bool = False) -> PrefillPlan:
+                     wide_tiles: bool | None = None) -> PrefillPlan:
         """Host-side checks of the batch's index arrays (host copies) and the grid size. ``wide_tiles``:
-        128 query rows per CTA (4 warps x two m-tiles) for requests of at least 256 rows (tokens x group) at
-        head_dim <= 128, halving the K/V traffic per FLOP; 64 rows otherwise."""
+        None (default) or True: 128 query rows per CTA (4 warps x two m-tiles) when the longest request has
+        at least 256 rows (tokens x group) at head_dim <= 128, halving the K/V traffic per FLOP; 64 rows
+        otherwise. False: always 64 rows."""
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
         kind = f"batch_prefill_paged_{kv.layout.lower()}" if isinstance(kv, PagedKV) else "batch_prefill_ragged"
         self.function(kind, dtype, head_dim)  # built for this case?
@@ -233,7 +234,7 @@ class CUDAAttention(BuiltModule):
         if batch > MAX_GRID_BATCH:
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)), _tensor_key(qo_indptr),
-                           128 if wide_tiles else 0)
+                           {None: 0, True: 128, False: 64}[wide_tiles])
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, plan: PrefillPlan | None = None,
                 sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):

@@ -11,8 +11,11 @@ before the cache stores them.
 The loop runs twice: once with the kernels built at run time, once ahead of time — the
 same kernels compiled into a TVM model library (``paged_kv_cache_module`` +
 ``export_model_library``) whose Relax function ``create_kv_cache()`` creates the cache.
+With ``--device cuda`` (float16) both caches use attngen's CUDA functions instead: built at run
+time (``create_paged_kv_cache(target="cuda")``), and linked statically into a CUDA model library
+as one object file (``paged_kv_cache_module_cuda`` + ``export_model_library_cuda``).
 
-    python examples/tvm_paged_kv_cache.py
+    python examples/tvm_paged_kv_cache.py [--device cuda]
 """
 import numpy as np
 from tvm.script import tirx as T
@@ -33,6 +36,8 @@ def causal(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, k
 
 variant = Variant("softcap_causal", logits_transform=softcap, logits_mask=causal,
                   params=[ScalarParam("soft_cap", "float32", 50.0)])
+# attngen's CUDA slots serve position-free variants: TVM's own causal flag supplies the mask there
+variant_cuda = Variant("softcap", logits_transform=softcap, params=[ScalarParam("soft_cap", "float32", 50.0)])
 
 
 def rope(x, positions, theta: float):
@@ -77,7 +82,7 @@ class Model:
 
 
 def main(head_dim: int = 64, num_layers: int = 3, num_qo_heads: int = 8, num_kv_heads: int = 2,
-         decode_steps: int = 4, soft_cap: float = 20.0, seed: int = 0, cache=None):
+         decode_steps: int = 4, soft_cap: float = 20.0, seed: int = 0, cache=None, device: str = "cpu"):
     import tempfile
     from pathlib import Path
 
@@ -85,18 +90,28 @@ def main(head_dim: int = 64, num_layers: int = 3, num_qo_heads: int = 8, num_kv_
     from tvm import relax
 
     from attngen.runtime.tvm_kv_cache import create_paged_kv_cache
-    from attngen.runtime.tvm_kv_cache_aot import export_model_library, paged_kv_cache_module
 
     shape = dict(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                 dtype="float32", max_batch=4, max_total_tokens=512, prefill_chunk=128, rope_mode="normal",
-                 rope_theta=1e4, params={"soft_cap": soft_cap})
+                 dtype="float32" if device == "cpu" else "float16", max_batch=4, max_total_tokens=512,
+                 prefill_chunk=128, rope_mode="normal", rope_theta=1e4, params={"soft_cap": soft_cap})
     results = {}
-    kv = create_paged_kv_cache(variant, cache=cache, **shape)
-    results["runtime-built kernels"] = decode_loop(kv, seed, decode_steps, **shape)
+    attn = variant if device == "cpu" else variant_cuda
+    kv = create_paged_kv_cache(attn, cache=cache, target=device, **shape)
+    results["runtime-built kernels"] = decode_loop(kv, seed, decode_steps, device=device, **shape)
     with tempfile.TemporaryDirectory() as tmp:
-        library = export_model_library(paged_kv_cache_module(variant, **shape), Path(tmp) / "model.so")
-        vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
-        results["model library (AOT)"] = decode_loop(vm["create_kv_cache"](), seed, decode_steps, **shape)
+        if device == "cpu":
+            from attngen.runtime.tvm_kv_cache_aot import export_model_library, paged_kv_cache_module
+
+            library = export_model_library(paged_kv_cache_module(variant, **shape), Path(tmp) / "model.so")
+        else:  # attngen's CUDA functions as one object file, linked into the model library
+            from attngen.runtime.cuda import current_arch
+            from attngen.runtime.tvm_kv_cache_aot_cuda import export_model_library_cuda, paged_kv_cache_module_cuda
+
+            mod = paged_kv_cache_module_cuda(attn, arch=current_arch(), cache=cache, **shape)
+            library = export_model_library_cuda(mod, Path(tmp) / "model.so", current_arch())
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.device(device))
+        results["model library (AOT)"] = decode_loop(vm["create_kv_cache"](), seed, decode_steps, device=device,
+                                                     **shape)
     for how, errors in results.items():
         print(f"{how}:")
         for phase, err in errors.items():
@@ -105,7 +120,7 @@ def main(head_dim: int = 64, num_layers: int = 3, num_qo_heads: int = 8, num_kv_
 
 
 def decode_loop(kv, seed, decode_steps, *, num_layers, num_qo_heads, num_kv_heads, head_dim, rope_theta, params,
-                **_):
+                dtype, device, **_):
     """Add sequences, prefill, decode, fork, pop-n and append through ``kv``, checking every layer."""
     import tvm
     from tvm.runtime import ShapeTuple
@@ -122,12 +137,12 @@ def decode_loop(kv, seed, decode_steps, *, num_layers, num_qo_heads, num_kv_head
         x = rng.standard_normal((n, num_qo_heads * head_dim))
         G("vm.builtin.kv_state_begin_forward")(kv, ShapeTuple(seq_ids), ShapeTuple(lens))
         for layer in range(num_layers):
-            qkv = (x @ model.w_qkv[layer]).reshape(n, -1, head_dim).astype(np.float32)
-            out = tvm.runtime.empty((n, num_qo_heads, head_dim), "float32", device=tvm.cpu())
+            qkv = (x @ model.w_qkv[layer]).reshape(n, -1, head_dim).astype(dtype)
+            out = tvm.runtime.empty((n, num_qo_heads, head_dim), dtype, device=tvm.device(device))
             G("vm.builtin.attention_kv_cache_attention_with_fused_qkv")(
-                kv, layer, head_dim ** -0.5, tvm.runtime.tensor(qkv, device=tvm.cpu()), out)
-            o = out.numpy()
-            err = float(np.abs(o - model.reference(layer, seq_ids, lens, qkv)).max())
+                kv, layer, head_dim ** -0.5, tvm.runtime.tensor(qkv, device=tvm.device(device)), out)
+            o = out.numpy().astype(np.float64)
+            err = float(np.abs(o - model.reference(layer, seq_ids, lens, qkv.astype(np.float64))).max())
             errors[phase] = max(errors.get(phase, 0.0), err)
             x = np.tanh(o.reshape(n, -1).astype(np.float64) @ model.w_out[layer])
         G("vm.builtin.kv_state_end_forward")(kv)
@@ -148,11 +163,16 @@ def decode_loop(kv, seed, decode_steps, *, num_layers, num_qo_heads, num_kv_head
     lengths = [G("vm.builtin.attention_kv_cache_get_sequence_length")(kv, s) for s in (0, 1, 2)]
     assert lengths == [len(model.history[s][0][0]) for s in (0, 1, 2)], lengths
 
-    print(f"{variant.name} in TVM's PagedKVCache: {num_layers} layers, {num_qo_heads}/{num_kv_heads} heads, "
+    print(f"soft-capped causal attention on {device} in TVM's PagedKVCache: {num_layers} layers, {num_qo_heads}/{num_kv_heads} heads, "
           f"head_dim {head_dim}, sequence lengths {lengths}")
-    assert all(err < 1e-4 for err in errors.values()), errors
+    tol = 1e-4 if dtype == "float32" else 1e-2  # float16: q, k, v, pages and outputs rounded to 11 bits
+    assert all(err < tol for err in errors.values()), errors
     return {phase: {"out_err": err} for phase, err in errors.items()}
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    main(device=ap.parse_args().device)

@@ -4,8 +4,9 @@
   flag on and off, decode) against a float64 reference: random ragged batches, an empty request,
   random page order, outputs poisoned with NaN, rows with no key giving lse -5e4;
 - whole caches through add / prefill / append / decode / fork / pop-n, with attngen's slots in the
-  ("tirx", fn) and in the ("flashinfer", run, plan) convention: against a cache built from TVM's own
-  CUDA kernels and against a float64 model of the cache.
+  ("tirx", fn) and in the ("flashinfer", run, plan) convention, created at run time or from a model
+  library that links attngen's object statically: against a cache built from TVM's own CUDA kernels
+  and against a float64 model of the cache.
 """
 from __future__ import annotations
 
@@ -139,12 +140,38 @@ SCRIPT = [("add", 0), ("step", [0], [40]), ("step", [0], [7]), ("add", 1), ("ste
 
 @pytest.mark.parametrize("convention", ["tirx", "flashinfer"])
 def test_cuda_cache_matches_tvm_kernels_and_reference(build_cache, rng, convention):
+    caches = {"attngen": _tvm_cache(build_cache, "attngen" if convention == "tirx" else "attngen_fi"),
+              "tvm": _tvm_cache(build_cache, "tvm")}
+    _check_script(caches, rng)
+
+
+@pytest.mark.parametrize("convention", ["tirx", "flashinfer"])
+def test_cuda_model_library_cache_matches_tvm_kernels_and_reference(build_cache, rng, tmp_path, convention):
+    """Ahead of time: attngen's object linked into a model library (tvm.compile + export), the cache created
+    by the Relax VM from that library alone."""
+    import tvm
+    from tvm import relax
+
+    from attngen.runtime.cuda import current_arch
+    from attngen.runtime.tvm_kv_cache_aot_cuda import export_model_library_cuda, paged_kv_cache_module_cuda
+    from attngen.variants import builtin
+
+    arch = current_arch()
+    mod = paged_kv_cache_module_cuda(builtin("vanilla"), num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV,
+                                     head_dim=D, dtype=DTYPE, page_size=PS, max_batch=8, max_total_tokens=2048,
+                                     prefill_chunk=512, arch=arch, convention=convention, cache=build_cache)
+    path = export_model_library_cuda(mod, tmp_path / "model.so", arch)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cuda())
+    _check_script({"attngen": vm["create_kv_cache"](), "tvm": _tvm_cache(build_cache, "tvm")}, rng)
+
+
+def _check_script(caches: dict, rng):
+    """Run SCRIPT through both caches ("attngen", "tvm"); attngen's outputs must match TVM's and the float64
+    model of the cache."""
     import tvm
     from tvm.runtime import ShapeTuple
 
     G = tvm.get_global_func
-    caches = {"attngen": _tvm_cache(build_cache, "attngen" if convention == "tirx" else "attngen_fi"),
-              "tvm": _tvm_cache(build_cache, "tvm")}
     hist = {}  # sequence -> per layer (k, v) float64
     errs = {"attngen_vs_ref": 0.0, "attngen_vs_tvm": 0.0}
     for op, *args in SCRIPT:
@@ -188,3 +215,13 @@ def test_cuda_cache_matches_tvm_kernels_and_reference(build_cache, rng, conventi
                                          float(np.abs(outs["attngen"][layer] - outs["tvm"][layer]).max()))
     assert errs["attngen_vs_ref"] < 2e-2, errs
     assert errs["attngen_vs_tvm"] < 2e-2, errs
+
+
+def test_example_decode_loop_on_cuda(build_cache):
+    """examples/tvm_paged_kv_cache.py with --device cuda: run-time CUDA slots and a CUDA model library."""
+    import runpy
+    from pathlib import Path
+
+    example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "tvm_paged_kv_cache.py"))
+    results = example["main"](head_dim=64, cache=build_cache, device="cuda")
+    assert results and all(r["out_err"] < 1e-2 for r in results.values())

@@ -48,9 +48,11 @@ def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | No
             "fi_decode": (fi["decode_run"], fi["decode_plan"])}
 
 
-def tvm_cuda_kernels(*, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
-                     page_size: int, rope_scale: float, rope_theta: float, arch: str) -> dict:
-    """TVM's own PagedKVCache helper kernels for the GPU, built by TVM: role -> function."""
+def tvm_cuda_programs(*, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
+                      page_size: int, rope_scale: float, rope_theta: float, arch: str):
+    """TVM's own PagedKVCache helper kernels (append, page copy, compaction, debug read, split + RoPE)
+    scheduled for the GPU as TVM's ``TIRPagedKVCache`` schedules them: an IRModule of PrimFuncs
+    ``tvm_<role>``, and the CUDA target."""
     import tvm
     from tvm.relax.frontend.nn.llm import kv_cache as kvc
     from tvm.s_tir import dlight as dl
@@ -69,8 +71,18 @@ def tvm_cuda_kernels(*, num_layers: int, num_qo_heads: int, num_kv_heads: int, h
                         for r, f in programs.items()})
     with target:
         mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
+    return mod, target
+
+
+def tvm_cuda_kernels(**shape) -> dict:
+    """TVM's own PagedKVCache helper kernels for the GPU, built by TVM: role -> function (arguments as
+    ``tvm_cuda_programs``)."""
+    import tvm
+
+    mod, target = tvm_cuda_programs(**shape)
+    with target:
         lib = tvm.tirx.build(mod, target=target)
-    return {r: lib[f"tvm_{r}"] for r in programs}
+    return {gv.name_hint[len("tvm_"):]: lib[gv.name_hint] for gv in mod.get_global_vars()}
 
 
 def _create(*, main_slots: list, sliding_slots: list, merge, num_layers: int, num_qo_heads: int,

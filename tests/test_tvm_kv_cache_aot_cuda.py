@@ -1,0 +1,76 @@
+"""Ahead of time on CUDA, without a GPU: attngen's TVM slot functions become one object file that a TVM
+model library links statically.
+
+The object exports only the prefixed TVM-FFI functions (the CUDA runtime and every helper are
+local), the model library built for sm_90a by tvm.compile + export exports them, carries the
+kernels as fatbins and needs no libcudart; configurations the CUDA slots cannot serve are refused
+when the module is built. (test_gpu_tvm_kv_cache.py runs such a library on the GPU.)
+"""
+import subprocess
+
+import pytest
+
+from attngen.variants import builtin
+
+from .conftest import requires_nvcc
+
+SHAPE = dict(num_layers=2, num_qo_heads=8, num_kv_heads=2, head_dim=64, dtype="float16", page_size=16, max_batch=8,
+             max_total_tokens=2048, prefill_chunk=512, arch="sm_90a")
+
+
+def _symbols(path, dynamic=False) -> dict[str, str]:
+    """name -> nm type letter of the defined symbols."""
+    out = subprocess.run(["nm", "--defined-only", *(["-D"] if dynamic else []), str(path)], capture_output=True,
+                         text=True, check=True).stdout
+    return {p[2]: p[1] for p in (line.split() for line in out.splitlines()) if len(p) == 3}
+
+
+@requires_nvcc
+def test_slot_object_exports_only_prefixed_functions(build_cache):
+    from attngen.runtime.tvm_kv_cache_aot_cuda import slot_object
+
+    obj, roles = slot_object(builtin("logits_softcap"), head_dim=64, dtype="float16", arch="sm_90a",
+                             params={"soft_cap": 20.0}, name_prefix="layer0", cache=build_cache)
+    syms = _symbols(obj)
+    exported = sorted(n for n, t in syms.items() if t.isupper() and n.startswith("__tvm_ffi_"))
+    names = [roles[r] for r in ("prefill_ragged", "prefill", "decode", "merge")]
+    names += [x for r in ("fi_prefill_ragged", "fi_prefill", "fi_decode") for x in roles[r]]
+    assert exported == sorted({f"__tvm_ffi_{n}" for n in names})
+    assert all(n.startswith("layer0_") for n in names)
+    cudart = [n for n in syms if n.startswith("cudaLaunchKernel") or n == "cudaMalloc"]
+    assert cudart and all(syms[n].islower() for n in cudart)  # the static CUDA runtime is inside, and local
+
+
+@requires_nvcc
+@pytest.mark.parametrize("convention", ["tirx", "flashinfer"])
+def test_model_library_links_attngen_statically(build_cache, tmp_path, convention):
+    from attngen.runtime.tvm_kv_cache_aot_cuda import export_model_library_cuda, paged_kv_cache_module_cuda
+
+    mod = paged_kv_cache_module_cuda(builtin("vanilla"), convention=convention, cache=build_cache, **SHAPE)
+    assert len(mod.attrs["external_mods"]) == 1
+    path = export_model_library_cuda(mod, tmp_path / "model.so", "sm_90a")
+    syms = _symbols(path, dynamic=True)
+    wanted = ["attngen_tvm_fi_decode_run_f16_d64", "attngen_tvm_fi_decode_plan_f16_d64"] if convention == "flashinfer" \
+        else ["attngen_tvm_decode_f16_d64", "attngen_tvm_prefill_paged_f16_d64"]
+    for name in wanted + ["attngen_merge_state_inplace_f16", "attngen_tvm_transpose_append"]:
+        assert syms.get(f"__tvm_ffi_{name}") == "T", name
+    assert not any(n.startswith("cuda") for n in syms)  # the CUDA runtime stays private to attngen's object
+    ldd = subprocess.run(["ldd", str(path)], capture_output=True, text=True).stdout
+    assert "libcudart" not in ldd
+    blob = path.read_bytes()
+    assert blob.count(bytes.fromhex("50ed55ba")) >= 2  # fatbins: attngen's kernels and TVM's own
+
+
+def test_model_library_refuses_what_the_cuda_slots_cannot_serve():
+    from attngen.runtime.tvm_kv_cache_aot_cuda import paged_kv_cache_module_cuda
+
+    with pytest.raises(ValueError, match="rope_mode 'inline'"):
+        paged_kv_cache_module_cuda(rope_mode="inline", **SHAPE)
+    with pytest.raises(ValueError, match="attn_kinds 'mha_sliding'"):
+        paged_kv_cache_module_cuda(attn_kinds=["mha", "mha_sliding"], **SHAPE)
+    with pytest.raises(ValueError, match="convention 'fa3'"):
+        paged_kv_cache_module_cuda(convention="fa3", **SHAPE)
+    with pytest.raises(ValueError, match="name_prefix"):
+        from attngen.codegen.cuda_object import build_slot_object
+
+        build_slot_object([], [], gencodes=[], prefix="not an identifier")

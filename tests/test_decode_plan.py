@@ -1,7 +1,7 @@
 """The decode workspace's plan buffer (CPU): the declared bounds always hold the planner's output, and
 the packed buffer, read the way the CUDA template reads it (DecodePlanView), covers every request's
 keys exactly once, writes unsplit requests directly and lists each split request's partial states in
-key order for the merge."""
+key order for the merge. The C++ packer (the one TVM's decode plan slot runs) gives the same plan."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -72,6 +72,12 @@ def test_packed_plan_covers_every_key_once(cache, data):
         split = len(spans) > 1
         assert (b in slots) == split  # a split request writes partial states only; others write directly
     assert {b: [s for _, s in sorted(v)] for b, v in slots.items()} == dict(merges)  # merge in key order
+    cxx = np.full(workspace_ints(bounds), -7, np.int32)
+    n, cxx_merges = planner.plan_decode_packed(lens, cxx, num_ctas=bounds.num_ctas, group=group, fixed_chunk=fixed,
+                                               min_chunk=MIN_CHUNK)
+    assert cxx_merges == n_merge and n <= len(cxx)
+    cxx_items, cxx_merge_map = unpack(cxx)  # compact offsets, the same items per CTA and the same merges
+    assert [list(map(int, i)) for i in cxx_items] == [list(map(int, i)) for i in items] and cxx_merge_map == merges
 
 
 def test_fixed_chunk_items_counted():

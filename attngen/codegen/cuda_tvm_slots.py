@@ -258,13 +258,12 @@ static tvm::ffi::Array<int64_t> {n["tvm_fi_decode_plan"]}(tvm::ffi::TensorView f
   if (per_sm == 0) TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device";
   const int ctas = std::max<int>(1, per_sm * attngen::device_sm_count() / int(num_kv_heads));
   const int32_t* ip = static_cast<const int32_t*>(attngen::data_of(page_indptr));
-  std::vector<int32_t> qo_len(batch, 1), kv_len(batch);
+  std::vector<int32_t> kv_len(batch);
   for (int64_t b = 0; b < batch; ++b) kv_len[b] = (ip[b + 1] - ip[b]) * int32_t(page_size);  // keys <= pages x size
-  attngen::PlanInput in{{qo_len.data(), kv_len.data(), int(batch), int(num_qo_heads / num_kv_heads), 16, ctas,
-                        {alpha!r}, {beta!r}, 0, false, false, 0, 0, {DECODE_MIN_CHUNK}}};
   attngen::Plan p;
   try {{
-    p = attngen::plan_split_kv(in, {{batch + ctas, batch + ctas, batch}});
+    p = attngen::plan_decode(kv_len.data(), int(batch), int(num_qo_heads / num_kv_heads), ctas, {alpha!r}, {beta!r},
+                             0, {DECODE_MIN_CHUNK}, {{batch + ctas, batch + ctas, batch}});
   }} catch (const std::exception& e) {{
     TVM_FFI_THROW(ValueError) << name << ": " << e.what();
   }}

@@ -13,7 +13,7 @@ import attngen
 from .cache import BuildCache, content_key, hash_files
 
 CSRC = Path(attngen.__file__).parent / "csrc"
-PLANNER_SOURCES = ("planner.h", "planner_ffi.cc")
+PLANNER_SOURCES = ("planner.h", "decode_plan_pack.h", "planner_ffi.cc")
 
 
 @functools.lru_cache(maxsize=None)

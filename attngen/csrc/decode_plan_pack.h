@@ -12,6 +12,14 @@ namespace attngen {
 
 constexpr int kPlanHeader = 8;
 
+// Plans one decode step: one query row per request (a 16-row tile of the group's heads), kv_len[b] keys.
+inline Plan plan_decode(const int32_t* kv_len, int batch, int group, int ctas, double alpha, double beta,
+                        int64_t fixed_chunk, int64_t min_chunk, const PlanCapacity& cap) {
+  std::vector<int32_t> qo_len(size_t(batch), 1);
+  PlanInput in{qo_len.data(), kv_len, batch, group, 16, ctas, alpha, beta, fixed_chunk, false, false, 0, 0, min_chunk};
+  return plan_split_kv(in, cap);
+}
+
 // Writes the plan into `buf` (at least packed_plan_ints(plan, ctas) entries); returns that size.
 inline int64_t pack_decode_plan(const Plan& p, int ctas, int32_t* buf) {
   const int64_t n_work = int64_t(p.work_request.size()), n_merge = int64_t(p.merge_request.size());

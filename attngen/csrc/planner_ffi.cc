@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "decode_plan_pack.h"
 #include "planner.h"
 
 namespace {
@@ -56,6 +57,29 @@ tvm::ffi::Array<int64_t> plan_split_kv(tvm::ffi::TensorView qo_len, tvm::ffi::Te
                                    int64_t(p.merge_request.size()), p.chunk_limit, ns});
 }
 
+// The decode plan packed the way TVM's ("flashinfer", run, plan) decode slot packs it (decode_plan_pack.h):
+// writes buf (int32) and returns [entries written, merges].
+tvm::ffi::Array<int64_t> plan_decode_packed(tvm::ffi::TensorView kv_len, int64_t group, int64_t num_ctas,
+                                            double alpha, double beta, int64_t fixed_chunk, int64_t min_chunk,
+                                            int64_t max_work_items, int64_t max_partials, int64_t max_merges,
+                                            tvm::ffi::TensorView buf) {
+  if (kv_len.ndim() != 1) TVM_FFI_THROW(ValueError) << "kv_len: expected an int32 vector of batch_size entries";
+  attngen::Plan p;
+  try {
+    p = attngen::plan_decode(static_cast<const int32_t*>(kv_len.data_ptr()), int(kv_len.size(0)), int(group),
+                             int(num_ctas), alpha, beta, fixed_chunk, min_chunk,
+                             {max_work_items, max_partials, max_merges});
+  } catch (const std::exception& e) {
+    TVM_FFI_THROW(ValueError) << e.what();
+  }
+  const int64_t need = attngen::pack_decode_plan(p, int(num_ctas), nullptr);
+  if (buf.ndim() != 1 || buf.size(0) < need)
+    TVM_FFI_THROW(ValueError) << "buf: holds " << buf.size(0) << " entries, the packed plan needs " << need;
+  attngen::pack_decode_plan(p, int(num_ctas), static_cast<int32_t*>(buf.data_ptr()));
+  return tvm::ffi::Array<int64_t>({need, int64_t(p.merge_request.size())});
+}
+
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(plan_split_kv, plan_split_kv);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(plan_decode_packed, plan_decode_packed);

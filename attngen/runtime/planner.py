@@ -42,13 +42,27 @@ class SplitKVPlanner:
 
         self.capacity = capacity
         self.alpha, self.beta = cost_coefficients(template)
-        self._fn = tvm_ffi.load_module(str(build_planner_library(cache)))["plan_split_kv"]
+        lib = tvm_ffi.load_module(str(build_planner_library(cache)))
+        self._fn, self._packed = lib["plan_split_kv"], lib["plan_decode_packed"]
         c = capacity
         self._cta_indptr = np.zeros(c.max_ctas + 1, np.int32)
         self._work = np.zeros(c.max_work_items * 5, np.int32)
         self._merge_tiles = np.zeros(max(c.max_merge_tiles, 1) * 2, np.int32)
         self._merge_indptr = np.zeros(c.max_merge_tiles + 1, np.int32)
         self._merge_partials = np.zeros(max(c.max_partials, 1), np.int32)
+
+    def plan_decode_packed(self, kv_len, buf: np.ndarray, *, num_ctas: int, group: int, fixed_chunk: int = 0,
+                           min_chunk: int = 1) -> tuple[int, int]:
+        """A decode plan (one query row per request) packed by the C++ packer TVM's decode plan slot uses
+        (compact offsets) into ``buf`` (int32); returns (entries written, merges)."""
+        c = self.capacity
+        try:
+            n, merges = self._packed(np.ascontiguousarray(kv_len, dtype=np.int32), group, num_ctas, self.alpha,
+                                     self.beta, fixed_chunk, min_chunk, c.max_work_items, c.max_partials,
+                                     c.max_merge_tiles, buf)
+        except ValueError as e:
+            raise AttentionArgumentError(str(e)) from None
+        return int(n), int(merges)
 
     def plan(self, qo_len, kv_len, *, num_ctas: int, group: int = 1, tile_rows: int = 16,
              fixed_chunk: int = 0, mask_lower: int | None = None, mask_upper: int | None = None,

@@ -27,12 +27,16 @@ def variant(name):
     return builtin(name)
 
 
-def cuda_module(name, build_cache):
+def cuda_module(name, build_cache, head_dims=HEAD_DIMS, dtypes=DTYPES, kernels=("decode", "prefill")):
+    """The variant's CUDA library for these configurations (a test asks only for what it runs, so that
+    parallel test workers compile small libraries side by side)."""
     from attngen.runtime import CUDAAttention
 
-    if name not in _libs:
-        _libs[name] = CUDAAttention.build(variant(name), head_dims=HEAD_DIMS, dtypes=DTYPES, cache=build_cache)
-    return _libs[name]
+    key = (name, tuple(head_dims), tuple(dtypes), tuple(kernels))
+    if key not in _libs:
+        _libs[key] = CUDAAttention.build(variant(name), head_dims=head_dims, dtypes=dtypes, kernels=kernels,
+                                         cache=build_cache)
+    return _libs[key]
 
 
 def to_torch(x, dtype=None):
@@ -81,7 +85,7 @@ def run_case(att, variant, rng, *, group, head_dim, dtype, layout, kv_lens, num_
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("name", list(BUILTINS) + ["whole_row_hooks"])
 def test_decode_matches_reference(name, head_dim, dtype, build_cache, rng):
-    att = cuda_module(name, build_cache)
+    att = cuda_module(name, build_cache, (head_dim,), (dtype,), ("decode",))
     v = variant(name)
     for group, layout, chunks in [(1, "NHD", None), (4, "HND", 3), (8, "NHD", 1), (5, "HND", None)]:
         run_case(att, v, rng, group=group, head_dim=head_dim, dtype=dtype, layout=layout,
@@ -89,7 +93,7 @@ def test_decode_matches_reference(name, head_dim, dtype, build_cache, rng):
 
 
 def test_decode_long_sequences_split(build_cache, rng):
-    att = cuda_module("sliding_window_causal", build_cache)
+    att = cuda_module("sliding_window_causal", build_cache, (128,), ("bfloat16",), ("decode",))
     v = builtin("sliding_window_causal")
     for chunks in (None, 1, 7):
         run_case(att, v, rng, group=4, head_dim=128, dtype="bfloat16", layout="NHD", kv_lens=[5000, 17, 2500],

@@ -64,7 +64,7 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("name", list(BUILTINS) + ["whole_row_hooks"])
 def test_prefill_matches_reference(name, head_dim, dtype, build_cache, rng):
-    att = cuda_module(name, build_cache)
+    att = cuda_module(name, build_cache, (head_dim,), (dtype,), ("prefill",))
     v = variant(name)
     for group, kv_mode in [(1, "ragged"), (4, "NHD"), (8, "HND"), (5, "NHD")]:
         run_prefill(att, v, rng, group=group, head_dim=head_dim, dtype=dtype, kv_mode=kv_mode,
@@ -75,6 +75,6 @@ def test_prefill_matches_reference(name, head_dim, dtype, build_cache, rng):
 
 
 def test_long_causal_prefill(build_cache, rng):
-    att = cuda_module("causal", build_cache)
+    att = cuda_module("causal", build_cache, (128,), ("bfloat16",), ("prefill",))
     run_prefill(att, variant("causal"), rng, group=4, head_dim=128, dtype="bfloat16", kv_mode="NHD",
                 qo_lens=[1000, 300], kv_lens=[1000, 2000])

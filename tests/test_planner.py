@@ -151,3 +151,10 @@ def test_uniform_batch_is_cut_into_pieces_that_pack():
     ideal = cost.sum() / 33
     assert max(per_cta) <= 1.05 * ideal
     assert len(plan.work) == 32 and plan.chunk_limit == 8192
+
+
+def test_huge_chunk_limits_still_cover_every_key(planner):
+    """A fixed chunk or minimum chunk near the int64 limit is clamped: one chunk per request, none dropped."""
+    for kwargs in ({"fixed_chunk": 2**63 - 1}, {"min_chunk": 2**63 - 1}):
+        plan = planner.plan([1, 1], [5000, 0], num_ctas=8, **kwargs)
+        assert sorted((int(b), int(lo), int(hi)) for b, _, lo, hi, _ in plan.work) == [(0, 0, 5000), (1, 0, 0)]

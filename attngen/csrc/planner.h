@@ -67,27 +67,32 @@ struct PlanTile {
 
 // Chunk boundaries of a tile's range [lo, hi) under limit L: pieces of exactly L (fixed) or
 // ceil(len / L) equal pieces; a tile with no visible key keeps one empty chunk.
-inline int64_t chunk_count(int64_t len, int64_t limit) { return len > 0 ? (len + limit - 1) / limit : 1; }
+// (limit is at most kMaxChunkLimit, so none of this overflows)
+inline int64_t chunk_count(int64_t len, int64_t limit) { return len > 0 ? 1 + (len - 1) / limit : 1; }
 inline int64_t chunk_end(int64_t lo, int64_t len, int64_t limit, int64_t k, int64_t n, bool fixed) {
-  return fixed ? std::min<int64_t>(lo + len, lo + (k + 1) * limit) : lo + (len * (k + 1)) / n;
+  return fixed ? lo + std::min<int64_t>(len, (k + 1) * limit) : lo + (len * (k + 1)) / n;
 }
 
-// Greedy longest-first makespan under the cost model of cutting every tile with limit L.
+// Chunk limits are clamped to the key range an int32 length can have.
+constexpr int64_t kMaxChunkLimit = int64_t(1) << 31;
+
+// Greedy makespan under the cost model of cutting every tile with limit L, chunks taken longest first
+// as plan_split_kv takes them.
 inline double greedy_makespan(const PlanInput& in, const std::vector<PlanTile>& tiles, int64_t limit) {
-  std::vector<double> cost;
+  std::vector<std::pair<int64_t, double>> chunks;  // (keys, cost)
   for (const PlanTile& t : tiles) {
     const int64_t len = t.hi - t.lo, n = chunk_count(len, limit);
     for (int64_t k = 0, lo = t.lo; k < n; ++k) {
       const int64_t hi = chunk_end(t.lo, len, limit, k, n, false);
-      cost.push_back(in.alpha * t.rows + in.beta * double(hi - lo));
+      chunks.push_back({hi - lo, in.alpha * t.rows + in.beta * double(hi - lo)});
       lo = hi;
     }
   }
-  std::sort(cost.begin(), cost.end(), std::greater<double>());
+  std::stable_sort(chunks.begin(), chunks.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::priority_queue<double, std::vector<double>, std::greater<double>> heap;
   for (int c = 0; c < in.num_ctas; ++c) heap.push(0.0);
   double makespan = 0.0;
-  for (double c : cost) {
+  for (const auto& [keys, c] : chunks) {
     const double t = heap.top() + c;
     heap.pop();
     heap.push(t);
@@ -99,7 +104,8 @@ inline double greedy_makespan(const PlanInput& in, const std::vector<PlanTile>& 
 // The chunk limit: L0 = max(ceil(W / C), min_chunk), or a larger limit that cuts the longest tile
 // into fewer equal pieces where that schedules strictly better.
 inline int64_t choose_chunk_limit(const PlanInput& in, const std::vector<PlanTile>& tiles, int64_t work) {
-  const int64_t l0 = std::max<int64_t>(std::max<int64_t>(1, in.min_chunk), (work + in.num_ctas - 1) / in.num_ctas);
+  const int64_t l0 = std::min<int64_t>(
+      kMaxChunkLimit, std::max<int64_t>(std::max<int64_t>(1, in.min_chunk), (work + in.num_ctas - 1) / in.num_ctas));
   int64_t longest = 0;
   for (const PlanTile& t : tiles) longest = std::max<int64_t>(longest, t.hi - t.lo);
   if (longest <= l0) return l0;  // nothing is split: a larger limit changes nothing
@@ -140,7 +146,7 @@ inline Plan plan_split_kv(const PlanInput& in, const PlanCapacity& cap) {
   }
   Plan p;
   const bool fixed = in.fixed_chunk > 0;
-  p.chunk_limit = fixed ? in.fixed_chunk : choose_chunk_limit(in, tiles, work);
+  p.chunk_limit = fixed ? std::min<int64_t>(in.fixed_chunk, kMaxChunkLimit) : choose_chunk_limit(in, tiles, work);
   std::vector<Chunk> chunks;
   std::vector<int32_t> tile_chunks(tiles.size(), 0), tile_first_partial(tiles.size(), -1);
   for (size_t i = 0; i < tiles.size(); ++i) {

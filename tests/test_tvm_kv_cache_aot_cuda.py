@@ -70,6 +70,10 @@ def test_model_library_refuses_what_the_cuda_slots_cannot_serve():
         paged_kv_cache_module_cuda(attn_kinds=["mha", "mha_sliding"], **SHAPE)
     with pytest.raises(ValueError, match="convention 'fa3'"):
         paged_kv_cache_module_cuda(convention="fa3", **SHAPE)
+    with pytest.raises(Exception, match=r"variant 'alibi', hook 'logits_transform': reads \['kv_pos', 'qo_pos'\]"):
+        paged_kv_cache_module_cuda(builtin("alibi"), **SHAPE)  # refused before anything is compiled
+    with pytest.raises(ValueError, match=r"params: \['window'\] are not scalar parameters of variant 'vanilla'"):
+        paged_kv_cache_module_cuda(params={"window": 3}, **SHAPE)
     with pytest.raises(ValueError, match="name_prefix"):
         from attngen.codegen.cuda_object import build_slot_object
 

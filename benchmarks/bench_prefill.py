@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from common import bench
+from common import bench, write_results
 
 CASES = [("causal L4k", 4096), ("causal L16k", 16384)]
 HQ, HKV, D = 32, 8, 128
@@ -67,8 +67,6 @@ def main():
             row[key.replace("_ms", "_TFLOPs")] = flops / (row[key] * 1e-3) / 1e12
         res["cases"].append(row)
         print(json.dumps(row), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"prefill_{res['date']}.json").write_text(json.dumps(res, indent=2))
     lines = [f"# Single-request causal prefill, bf16, D {D}, Hq {HQ} / Hkv {HKV} — {res['gpu']}, {res['date']}, "
              f"commit {res['commit']}", "", "TFLOP/s (causal FLOPs); device time with the host ahead of the GPU.", "",
              "| case | attngen | attngen 64-row tiles | FlashInfer fa2 | SDPA | attngen / FI fa2 |", "|---|---|---|---|---|---|"]
@@ -76,8 +74,7 @@ def main():
         f = [r.get(k) for k in ("attngen_TFLOPs", "attngen_64row_TFLOPs", "flashinfer_fa2_TFLOPs", "sdpa_TFLOPs")]
         ratio = f[0] / f[2] if f[0] and f[2] else float("nan")
         lines.append(f"| {r['case']} | " + " | ".join(f"{x:.0f}" if x else "—" for x in f) + f" | {ratio:.2f} |")
-    (args.out / f"prefill_{res['date']}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, f"prefill_{res['date']}", res, lines)
 
 
 if __name__ == "__main__":

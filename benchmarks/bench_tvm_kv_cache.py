@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 
-from common import bench, cell, result_parser, run_info
+from common import bench, cell, result_parser, run_info, write_results
 
 HQ, HKV, D, PS, DTYPE = 32, 8, 128, 16, "float16"
 PREFILL_CHUNK = 4096
@@ -83,9 +83,6 @@ def main():
             row["speedup"] = row["tvm_ms"] / row["attngen_ms"]
         res["cases"].append(row)
         print(json.dumps(row), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"tvm_kv_cache_{res['date']}"
-    (args.out / f"{stem}.json").write_text(json.dumps(res, indent=2))
     lines = [f"# TVM PagedKVCache attention per layer call, {DTYPE}, Hq {HQ} / Hkv {HKV}, D {D}, page {PS} — "
              f"{res['gpu']}, {res['date']}, commit {res['commit']}", "",
              "| case | attngen tirx slots ms | attngen flashinfer slots ms | TVM TIR kernels ms | TVM / attngen tirx "
@@ -94,8 +91,7 @@ def main():
         lines.append(f"| {r['case']} | {cell(r.get('attngen_ms'), '.3f')} | {cell(r.get('attngen_fi_ms'), '.3f')} | "
                      f"{cell(r.get('tvm_ms'), '.3f')} | "
                      f"{cell(r.get('speedup'), '.2f')} | {cell(r.get('max_abs_diff'), '.2e')} |")
-    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, f"tvm_kv_cache_{res['date']}", res, lines)
 
 
 if __name__ == "__main__":

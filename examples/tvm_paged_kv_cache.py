@@ -36,8 +36,6 @@ def causal(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, k
 
 variant = Variant("softcap_causal", logits_transform=softcap, logits_mask=causal,
                   params=[ScalarParam("soft_cap", "float32", 50.0)])
-# attngen's CUDA slots serve position-free variants: TVM's own causal flag supplies the mask there
-variant_cuda = Variant("softcap", logits_transform=softcap, params=[ScalarParam("soft_cap", "float32", 50.0)])
 
 
 def rope(x, positions, theta: float):
@@ -90,12 +88,14 @@ def main(head_dim: int = 64, num_layers: int = 3, num_qo_heads: int = 8, num_kv_
     from tvm import relax
 
     from attngen.runtime.tvm_kv_cache import create_paged_kv_cache
+    from attngen.variants import builtin
 
     shape = dict(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                  dtype="float32" if device == "cpu" else "float16", max_batch=4, max_total_tokens=512,
                  prefill_chunk=128, rope_mode="normal", rope_theta=1e4, params={"soft_cap": soft_cap})
     results = {}
-    attn = variant if device == "cpu" else variant_cuda
+    # attngen's CUDA slots serve position-free variants: the built-in soft cap, TVM's own causal flag as mask
+    attn = variant if device == "cpu" else builtin("logits_softcap")
     kv = create_paged_kv_cache(attn, cache=cache, target=device, **shape)
     results["runtime-built kernels"] = decode_loop(kv, seed, decode_steps, device=device, **shape)
     with tempfile.TemporaryDirectory() as tmp:

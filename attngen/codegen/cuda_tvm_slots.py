@@ -33,7 +33,7 @@ qo_indptr); decode splits keys evenly by a batch-size heuristic into a per-devic
 """
 from __future__ import annotations
 
-from attngen.ir import ConfigError, ScalarParam, StateAlgebra, TensorParam
+from attngen.ir import ConfigError, ScalarParam, TensorParam
 from attngen.schedules.build_config import symbol
 
 from .cuda_variant import C_TYPES
@@ -42,14 +42,12 @@ SLOT_KINDS = ("tvm_prefill_paged", "tvm_prefill_ragged", "tvm_decode")
 
 
 def check_tvm_slot_variant(variant, constants: dict) -> None:
-    """Refuse, at build time, variants whose results inside TVM's cache would be silently wrong."""
+    """Refuse, at build time, variants whose results inside TVM's cache would be silently wrong: what the
+    CPU slots refuse (cpu/tvm_slots.py), and hooks reading positions or tensor parameters."""
+    from .cpu.tvm_slots import check_slot_variant
+
     name = variant.name
-    if variant.state != StateAlgebra.SOFTMAX:
-        raise ConfigError(f"variant '{name}': TVM's PagedKVCache merges the parts of a row by lse, and this "
-                          "variant's state is an unnormalised sum; use a softmax variant for kernels=('tvm',)")
-    if "output_transform" in variant.hooks:
-        raise ConfigError(f"variant '{name}', hook 'output_transform': TVM's PagedKVCache merges per-part "
-                          "outputs, and a per-part output transform does not compose; apply it in the model")
+    check_slot_variant(variant)
     for hook, reads in variant.analysis.reads.items():
         bad = sorted(set(reads.indices) & {"batch", "qo_pos", "kv_pos"})
         if bad:
@@ -93,14 +91,20 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});
 """
 
 
-def _decode_body(name: str, head_dim: int, t: str, fill: str, checks: str, kv_heads: str, split: str) -> str:
-    """Body of a TVM-convention decode function on the tensor-core template: ``kv_heads`` fills P.kv and
-    gives the KV head count, ``split`` sets the split-KV fields once the stream (and device) is current."""
+def _prologue(head_dim: int, t: str, fill: str, checks: str) -> str:
+    """The start of every TVM-convention function body: the hook and element types, the argument checks and
+    the variant's compiled-in parameters."""
     return f"""  using V = attngen_gen::Hooks_d{head_dim};
   using T = {t};
 {checks}
   V::Params hp{{}};
-{fill}
+{fill}"""
+
+
+def _decode_body(name: str, head_dim: int, t: str, fill: str, checks: str, kv_heads: str, split: str) -> str:
+    """Body of a TVM-convention decode function on the tensor-core template: ``kv_heads`` fills P.kv and
+    gives the KV head count, ``split`` sets the split-KV fields once the stream (and device) is current."""
+    return _prologue(head_dim, t, fill, checks) + f"""
   attngen::DecodeProblem P{{}};
   attngen::fill_decode(P, q, o, lse, sm_scale, {kv_heads}, "{name}");
   if (P.group > 8)
@@ -119,11 +123,7 @@ def _decode_body(name: str, head_dim: int, t: str, fill: str, checks: str, kv_he
 def _prefill_body(name: str, head_dim: int, t: str, fill: str, checks: str, kv_heads: str, causal: str,
                   max_qo_len: str) -> str:
     """Body of a TVM-convention prefill function: TVM's causal flag on top of the variant's mask, lse -5e4."""
-    return f"""  using V = attngen_gen::Hooks_d{head_dim};
-  using T = {t};
-{checks}
-  V::Params hp{{}};
-{fill}
+    return _prologue(head_dim, t, fill, checks) + f"""
   attngen::PrefillProblem P{{}};
   attngen::fill_prefill(P, q, qo_indptr, o, lse, sm_scale, {kv_heads}, "{name}");
   P.causal = {causal};

@@ -80,19 +80,34 @@ def emit_paged_kv_cache(bb, variant=None, *, num_layers: int, num_qo_heads: int,
         scheduled = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(
             tvm.IRModule({tvm.ir.GlobalVar(role): f for role, f in programs.items()}))
     helpers = {role: add(scheduled[role], f"{name_prefix}_tvm_{role}") for role in programs}
+    return emit_create_call(
+        bb, sizes=[max_batch, max_total_tokens, prefill_chunk, page_size, int(support_sliding_window),
+                   sliding_window], num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, kinds=kinds, rope_mode=mode, rope_scale=rope_scale, rope_theta=rope_theta, dtype=dtype,
+        helpers=helpers, slots=[rx.Tuple([tvm.ir.StringImm("tirx"), slots[role]]) for role in SLOT_ROLES],
+        merge=merge)
+
+
+def emit_create_call(bb, *, sizes: list, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                     kinds: list, rope_mode: int, rope_scale: float, rope_theta: float, dtype: str, helpers: dict,
+                     slots: list, merge):
+    """Emit ``vm.builtin.paged_attention_kv_cache_create`` into ``bb``: ``sizes`` = [max batch, max tokens,
+    prefill chunk, page size, per-sequence sliding windows on?, per-layer window], ``helpers`` TVM's
+    data-moving kernels by role, ``slots`` the five attention slot tuples (ragged prefill, paged prefill,
+    decode, and the sliding-window prefill and decode), ``merge`` the merge function."""
+    from tvm import relax as rx
+
     args = [
-        rx.ShapeExpr([max_batch, max_total_tokens, prefill_chunk, page_size, int(support_sliding_window),
-                      sliding_window]),
-        rx.ShapeExpr([0, num_layers]), rx.prim_value(num_qo_heads), rx.prim_value(num_kv_heads),
-        rx.prim_value(head_dim), rx.prim_value(head_dim), rx.ShapeExpr([ATTN_KINDS[k] for k in kinds]),
-        rx.prim_value(False), rx.prim_value(mode), rx.prim_value(float(rope_scale)),
-        rx.prim_value(float(rope_theta)), rx.op.null_value(), rx.op.zeros((), dtype),
-        helpers["transpose_append"], rx.op.null_value(),  # no MLA append
+        rx.ShapeExpr(sizes), rx.ShapeExpr([0, num_layers]), rx.prim_value(num_qo_heads),
+        rx.prim_value(num_kv_heads), rx.prim_value(head_dim), rx.prim_value(head_dim),
+        rx.ShapeExpr([ATTN_KINDS[k] for k in kinds]), rx.prim_value(False), rx.prim_value(rope_mode),
+        rx.prim_value(float(rope_scale)), rx.prim_value(float(rope_theta)), rx.op.null_value(),
+        rx.op.zeros((), dtype), helpers["transpose_append"], rx.op.null_value(),  # no MLA append
+        *slots,
+        rx.Tuple([]), rx.Tuple([]), rx.Tuple([]),  # token-tree attention (paged, ragged) and MLA: not served
+        rx.Tuple([merge]), helpers["split_rotary"], helpers["copy_single_page"], helpers["debug_get_kv"],
+        helpers["compact_copy"],
     ]
-    args += [rx.Tuple([tvm.ir.StringImm("tirx"), slots[role]]) for role in SLOT_ROLES]
-    args += [rx.Tuple([]), rx.Tuple([]), rx.Tuple([]),  # token-tree attention (paged, ragged) and MLA
-             rx.Tuple([merge]), helpers["split_rotary"], helpers["copy_single_page"], helpers["debug_get_kv"],
-             helpers["compact_copy"]]
     return bb.emit(rx.call_pure_packed("vm.builtin.paged_attention_kv_cache_create", *args, ty_args=rx.AnyType()))
 
 

@@ -20,9 +20,8 @@ from typing import Sequence
 
 from attngen.schedules.build_config import DTYPE_SHORT, symbol
 
-from .tvm_kv_cache import ATTN_KINDS, ROPE_MODES, _check_cache_args, _rope_mode
-
-CONVENTIONS = ("tirx", "flashinfer")
+from .tvm_kv_cache import _check_cache_args, _rope_mode
+from .tvm_kv_cache_aot import emit_create_call
 
 
 def slot_object(variant, *, head_dim: int, dtype: str, arch: str, params: dict | None = None,
@@ -32,23 +31,11 @@ def slot_object(variant, *, head_dim: int, dtype: str, arch: str, params: dict |
     pairs) and "merge"."""
     from attngen.codegen.cuda_object import build_slot_object
     from attngen.codegen.cuda_tvm_slots import tvm_slot_functions
-    from attngen.codegen.pipeline import run_pipeline
-    from attngen.ir import ScalarParam
     from attngen.schedules.arch import arch_spec
-    from attngen.schedules.build_config import BuildConfig
 
-    from .tvm_kv_cache_cuda import CUDA_DTYPES
+    from .tvm_kv_cache_cuda import build_slot_library
 
-    if dtype not in CUDA_DTYPES:
-        raise ValueError(f"dtype {dtype!r}: the CUDA slots serve {list(CUDA_DTYPES)}")
-    names = {p.name for p in variant.params if isinstance(p, ScalarParam)}
-    unknown = sorted(set(params or {}) - names)
-    if unknown:
-        raise ValueError(f"params: {unknown} are not scalar parameters of variant '{variant.name}'")
-    constants = tuple(sorted((params or {}).items()))
-    cfg = BuildConfig("cuda", (head_dim,), (dtype,), (arch,), ("HND",), kernels=("tvm",), tvm_constants=constants)
-    kwargs = {"cache": cache} if cache is not None else {}
-    built = run_pipeline(variant, cfg, **kwargs)
+    built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch, cache=cache)
     merge = f"merge_state_inplace_{DTYPE_SHORT[dtype]}"
     exports = tvm_slot_functions((head_dim,), (dtype,)) + [merge]
     obj = build_slot_object(sorted(built.directory.glob("attention_*.o")), exports,
@@ -77,19 +64,13 @@ def emit_paged_kv_cache_cuda(bb, variant=None, *, num_layers: int, num_qo_heads:
 
     from attngen.variants import builtin
 
-    from .tvm_kv_cache_cuda import tvm_cuda_programs
+    from .tvm_kv_cache_cuda import check_cuda_cache_args, tvm_cuda_programs
 
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention {convention!r}: use one of {list(CONVENTIONS)}")
     kinds = _check_cache_args(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                               page_size=page_size, max_batch=max_batch, max_total_tokens=max_total_tokens,
                               prefill_chunk=prefill_chunk, attn_kinds=attn_kinds, support_sliding_window=False)
     mode = _rope_mode(rope_mode)
-    if mode == ROPE_MODES["inline"]:
-        raise ValueError("rope_mode 'inline': attngen's CUDA slots do not apply RoPE inside attention; use "
-                         "rope_mode='normal' (TVM's split + RoPE kernel before the cache) or 'none'")
-    if "mha_sliding" in kinds:
-        raise ValueError("attn_kinds 'mha_sliding': attngen's CUDA slots do not serve sliding-window layers yet")
+    check_cuda_cache_args(convention=convention, rope_mode=mode, kinds=kinds)
     variant = variant if variant is not None else builtin("vanilla")
     obj, fn = slot_object(variant, head_dim=head_dim, dtype=dtype, arch=arch, params=params,
                           name_prefix=name_prefix, cache=cache)
@@ -107,20 +88,11 @@ def emit_paged_kv_cache_cuda(bb, variant=None, *, num_layers: int, num_qo_heads:
                 for r in ("fi_prefill_ragged", "fi_prefill", "fi_decode")]
     # TVM never calls the sliding-window slots here (sliding layers are refused above); they hold the main ones
     sliding = [rx.Tuple([tvm.ir.StringImm("tirx"), ext(fn[r])]) for r in ("prefill", "decode")]
-    args = [
-        rx.ShapeExpr([max_batch, max_total_tokens, prefill_chunk, page_size, 0, 1024]),
-        rx.ShapeExpr([0, num_layers]), rx.prim_value(num_qo_heads), rx.prim_value(num_kv_heads),
-        rx.prim_value(head_dim), rx.prim_value(head_dim), rx.ShapeExpr([ATTN_KINDS[k] for k in kinds]),
-        rx.prim_value(False), rx.prim_value(mode), rx.prim_value(float(rope_scale)),
-        rx.prim_value(float(rope_theta)), rx.op.null_value(), rx.op.zeros((), dtype),
-        helpers["transpose_append"], rx.op.null_value(),  # no MLA append
-        *main, *sliding,
-        rx.Tuple([]), rx.Tuple([]), rx.Tuple([]),  # token-tree attention (paged, ragged) and MLA: not served
-        rx.Tuple([ext(fn["merge"])]), helpers["split_rotary"], helpers["copy_single_page"], helpers["debug_get_kv"],
-        helpers["compact_copy"],
-    ]
-    cache_var = bb.emit(rx.call_pure_packed("vm.builtin.paged_attention_kv_cache_create", *args,
-                                            ty_args=rx.AnyType()))
+    cache_var = emit_create_call(
+        bb, sizes=[max_batch, max_total_tokens, prefill_chunk, page_size, 0, 1024], num_layers=num_layers,
+        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, kinds=kinds, rope_mode=mode,
+        rope_scale=rope_scale, rope_theta=rope_theta, dtype=dtype, helpers=helpers, slots=main + sliding,
+        merge=ext(fn["merge"]))
     exported = [fn[r] for r in ("prefill_ragged", "prefill", "decode", "merge")]
     exported += [x for r in ("fi_prefill_ragged", "fi_prefill", "fi_decode") for x in fn[r]]
     return cache_var, tvm.runtime.load_static_library(str(obj), sorted(set(exported)))

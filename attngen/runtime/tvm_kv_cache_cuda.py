@@ -15,28 +15,35 @@ from attngen.schedules.build_config import DTYPE_SHORT, symbol
 CUDA_DTYPES = ("float16", "bfloat16")
 
 
+def build_slot_library(variant, *, head_dim: int, dtype: str, params: dict | None, arch: str, cache=None):
+    """Build (cached) the variant's CUDA library with kernels=("tvm",), the scalar ``params`` compiled in;
+    returns the pipeline's BuildResult."""
+    from attngen.codegen.pipeline import run_pipeline
+    from attngen.ir import ScalarParam
+    from attngen.schedules.build_config import BuildConfig
+
+    if dtype not in CUDA_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: the CUDA slots serve {list(CUDA_DTYPES)}")
+    names = {p.name for p in variant.params if isinstance(p, ScalarParam)}
+    unknown = sorted(set(params or {}) - names)
+    if unknown:
+        raise ValueError(f"params: {unknown} are not scalar parameters of variant '{variant.name}'")
+    cfg = BuildConfig("cuda", (head_dim,), (dtype,), (arch,), ("HND",), kernels=("tvm",),
+                      tvm_constants=tuple(sorted((params or {}).items())))
+    return run_pipeline(variant, cfg, **({"cache": cache} if cache is not None else {}))
+
+
 def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | None = None, arch: str | None = None,
                         cache=None) -> dict:
     """Role -> function for the ("tirx", fn) slots TVM calls ("prefill_ragged", "prefill", "decode"), and
     role -> (run, plan) for the ("flashinfer", run, plan) ones ("fi_prefill_ragged", "fi_prefill", "fi_decode")."""
     import tvm_ffi
 
-    from attngen.codegen.pipeline import run_pipeline
-    from attngen.ir import ScalarParam
-    from attngen.schedules.build_config import BuildConfig
-
     from .cuda import current_arch
 
-    if dtype not in CUDA_DTYPES:
-        raise ValueError(f"dtype {dtype!r}: the CUDA slots serve {list(CUDA_DTYPES)}")
-    names = {p.name for p in variant.params if isinstance(p, ScalarParam)}
-    constants = tuple(sorted((k, v) for k, v in (params or {}).items() if k in names))
-    unknown = sorted(set(params or {}) - names)
-    if unknown:
-        raise ValueError(f"params: {unknown} are not scalar parameters of variant '{variant.name}'")
-    cfg = BuildConfig("cuda", (head_dim,), (dtype,), (arch or current_arch(),), ("HND",), kernels=("tvm",),
-                      tvm_constants=constants)
-    lib = tvm_ffi.load_module(str(run_pipeline(variant, cfg, **({"cache": cache} if cache else {})).library))
+    built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch or current_arch(),
+                               cache=cache)
+    lib = tvm_ffi.load_module(str(built.library))
     fi = {k: lib[symbol(f"tvm_fi_{k}", dtype, head_dim)]
           for k in ("decode_plan", "decode_run", "prefill_plan", "prefill_paged_run", "prefill_ragged_run")}
     return {"prefill_ragged": lib[symbol("tvm_prefill_ragged", dtype, head_dim)],
@@ -110,15 +117,8 @@ def _create(*, main_slots: list, sliding_slots: list, merge, num_layers: int, nu
         [merge], k["split_rotary"], k["copy_single_page"], k["debug_get_kv"], k["compact_copy"])
 
 
-def create_paged_kv_cache_cuda(variant, *, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-                               dtype: str, page_size: int, max_batch: int, max_total_tokens: int,
-                               prefill_chunk: int, rope_mode: int, rope_scale: float, rope_theta: float,
-                               kinds: list, params: dict | None, cache=None, device_id: int = 0,
-                               convention: str = "tirx"):
-    """``convention``: "tirx" (one function per slot, even split-KV in decode) or "flashinfer" (run + plan:
-    TVM plans once per step on the host, the decode plan is attngen's load-balanced work list)."""
-    from .cuda import current_arch
-    from .state import _cuda_library
+def check_cuda_cache_args(*, convention: str, rope_mode: int, kinds: list) -> None:
+    """Refuse what attngen's CUDA slots cannot serve (for the run-time and the model-library cache alike)."""
     from .tvm_kv_cache import ROPE_MODES
 
     if convention not in ("tirx", "flashinfer"):
@@ -128,6 +128,19 @@ def create_paged_kv_cache_cuda(variant, *, num_layers: int, num_qo_heads: int, n
                          "rope_mode='normal' (TVM's split + RoPE kernel before the cache) or 'none'")
     if "mha_sliding" in kinds:
         raise ValueError("attn_kinds 'mha_sliding': attngen's CUDA slots do not serve sliding-window layers yet")
+
+
+def create_paged_kv_cache_cuda(variant, *, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                               dtype: str, page_size: int, max_batch: int, max_total_tokens: int,
+                               prefill_chunk: int, rope_mode: int, rope_scale: float, rope_theta: float,
+                               kinds: list, params: dict | None, cache=None, device_id: int = 0,
+                               convention: str = "tirx"):
+    """``convention``: "tirx" (one function per slot, even split-KV in decode) or "flashinfer" (run + plan:
+    TVM plans once per step on the host, the decode plan is attngen's load-balanced work list)."""
+    from .cuda import current_arch
+    from .state import _cuda_library
+
+    check_cuda_cache_args(convention=convention, rope_mode=rope_mode, kinds=kinds)
     import torch
 
     if not torch.cuda.is_available():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from pathlib import Path
 from typing import Sequence
 
@@ -122,8 +123,29 @@ def export_model_library_cuda(mod, path: str | Path, arch: str) -> Path:
     target = Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
     with _tvm_nvcc_precise(), target:
         executable = tvm.compile(mod, target=target)
-    executable.export_library(str(path))
+    executable.export_library(str(path), options=libstdcxx_link_options())
     return path
+
+
+def libstdcxx_link_options() -> list[str]:
+    """The shared C++ runtime named explicitly on the model library's link line. attngen's object needs
+    libstdc++ symbols (exceptions, operator new); a toolchain whose own library directory holds only a
+    non-PIC ``libstdc++.a`` would otherwise link that archive into the shared library and fail ("relocation
+    ... can not be used when making a shared object"). The library already loaded in this process is the one
+    the model will run with; otherwise the compiler's ``libstdc++.so``."""
+    try:
+        with open("/proc/self/maps") as maps:
+            loaded = {line.split()[-1] for line in maps if "libstdc++.so" in line}
+    except OSError:
+        loaded = set()
+    for lib in sorted(loaded):
+        if os.path.isfile(lib):
+            return [lib]
+    from tvm.contrib import cc
+
+    found = subprocess.run([cc.get_cc(), "-print-file-name=libstdc++.so"], capture_output=True, text=True)
+    lib = found.stdout.strip()
+    return [lib] if found.returncode == 0 and os.path.isabs(lib) and os.path.isfile(lib) else []
 
 
 @contextlib.contextmanager

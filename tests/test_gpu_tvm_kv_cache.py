@@ -135,7 +135,11 @@ def _tvm_cache(build_cache, which):
 
 SCRIPT = [("add", 0), ("step", [0], [40]), ("step", [0], [7]), ("add", 1), ("step", [1, 0], [9, 2]),
           ("fork", 0, 2, -1), ("step", [2], [3]), ("step", [0, 1, 2], [1, 1, 1]), ("step", [0, 1, 2], [1, 1, 1]),
-          ("popn", 2, 2), ("step", [0, 2], [2, 1]), ("fork", 1, 3, 4), ("step", [3, 1], [1, 1])]
+          ("popn", 2, 2), ("step", [0, 2], [2, 1]), ("fork", 1, 3, 4), ("step", [3, 1], [1, 1]),
+          # a long context, so that decode steps split keys and merge partial states; a one-token prompt on an
+          # empty sequence inside a decode-shaped step
+          ("add", 4), ("step", [4], [500]), ("step", [4], [300]), ("step", [4, 0, 3], [1, 1, 1]),
+          ("add", 5), ("step", [5, 4], [1, 1]), ("step", [5, 4, 2], [1, 1, 1])]
 
 
 @pytest.mark.parametrize("convention", ["tirx", "flashinfer"])

@@ -42,10 +42,15 @@ def test_slot_object_exports_only_prefixed_functions(build_cache):
 
 
 @requires_nvcc
-@pytest.mark.parametrize("convention", ["tirx", "flashinfer"])
-def test_model_library_links_attngen_statically(build_cache, tmp_path, convention):
+@pytest.mark.parametrize("convention,static_libstdcxx", [("tirx", True), ("flashinfer", False)])
+def test_model_library_links_attngen_statically(build_cache, tmp_path, monkeypatch, convention, static_libstdcxx):
     from attngen.runtime.tvm_kv_cache_aot_cuda import export_model_library_cuda, paged_kv_cache_module_cuda
 
+    if static_libstdcxx:  # a toolchain that links the (non-PIC) libstdc++.a unless told otherwise
+        wrapper = tmp_path / "gxx-static"
+        wrapper.write_text('#!/bin/sh\nexec g++ -static-libstdc++ "$@"\n')
+        wrapper.chmod(0o755)
+        monkeypatch.setenv("CXX", str(wrapper))
     mod = paged_kv_cache_module_cuda(builtin("vanilla"), convention=convention, cache=build_cache, **SHAPE)
     assert len(mod.attrs["external_mods"]) == 1
     path = export_model_library_cuda(mod, tmp_path / "model.so", "sm_90a")
@@ -57,6 +62,7 @@ def test_model_library_links_attngen_statically(build_cache, tmp_path, conventio
     assert not any(n.startswith("cuda") for n in syms)  # the CUDA runtime stays private to attngen's object
     ldd = subprocess.run(["ldd", str(path)], capture_output=True, text=True).stdout
     assert "libcudart" not in ldd
+    assert "libstdc++.so" in ldd  # the shared C++ runtime, never the archive
     blob = path.read_bytes()
     assert blob.count(bytes.fromhex("50ed55ba")) >= 2  # fatbins: attngen's kernels and TVM's own
 

@@ -140,12 +140,13 @@ _SPLIT_EVEN = """  P.num_chunks = attngen::even_decode_chunks(P.batch, P.num_kv_
     P.part_o = ws;
     P.part_lse = ws + size_t(P.batch) * P.num_chunks * P.num_qo_heads * {head_dim};
   }}"""
+# the decode plan's fields start at plan_info[{first}]: CTAs per KV head, merges, partial states
 _SPLIT_PLANNED = """  P.num_chunks = 1;
   P.plan = static_cast<const int32_t*>(attngen::data_of(int_ws));
-  P.plan_ctas = static_cast<int>(plan_info[0]);
-  P.plan_max_merges = static_cast<int>(plan_info[1]);
+  P.plan_ctas = static_cast<int>(plan_info[{first}]);
+  P.plan_max_merges = static_cast<int>(plan_info[{first} + 1]);
   P.part_o = static_cast<float*>(attngen::data_of(float_ws));
-  P.part_lse = P.part_o + plan_info[2] * P.num_qo_heads * {head_dim};"""
+  P.part_lse = P.part_o + plan_info[{first} + 2] * P.num_qo_heads * {head_dim};"""
 _PAGES = "attngen::kv_from_pages(P.kv, pages, true, indptr, indices, last_page_len)"  # TVM's pages are HND
 _TV = "tvm::ffi::TensorView"
 
@@ -183,6 +184,9 @@ def tvm_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict) -> st
 # ---------------------------------------------------------------------------------------------
 # the ("flashinfer", run, plan) convention
 
+# plan_info of a prefill plan that made a decode step (one query per request, paged KV) a split-KV decode:
+# [1, CTAs per KV head, merges, partial states, num_qo_heads]
+_FI_DECODE_IN_PREFILL_INFO = 5
 FI_KINDS = ("tvm_fi_decode_plan", "tvm_fi_decode_run", "tvm_fi_prefill_plan", "tvm_fi_prefill_paged_run",
             "tvm_fi_prefill_ragged_run")
 _FI_RUN_TAIL = (f"{_TV} o, {_TV} lse, int64_t {{mode}}layout, int64_t window_left, bool enable_pdl, double sm_scale, "
@@ -205,7 +209,18 @@ def _fi_prefill_run(name: str, head_dim: int, t: str, fill: str, paged: bool) ->
   if (plan_info.size() < 1) TVM_FFI_THROW(ValueError) << "{name}: plan_info is not from this library's plan";"""
     kv = ("attngen::kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len)" if paged
           else "attngen::kv_from_ragged<T>(P.kv, k, v, kv_indptr)")
-    return _export(name, sig, _prefill_body(name, head_dim, t, fill, checks, kv, "mask_mode == 1", "plan_info[0]"))
+    body = _prefill_body(name, head_dim, t, fill, checks, kv, "mask_mode == 1", "plan_info[0]")
+    if paged:  # TVM runs decode steps of GQA groups >= 4 through paged prefill: the plan may have made them decode
+        decode = _decode_body(name, head_dim, t, fill, checks + f"""
+  if (plan_info[4] != q.size(1) || q.size(0) != qo_indptr.size(0) - 1)
+    TVM_FFI_THROW(ValueError) << "{name}: the decode plan_info is not for this batch and these heads";""",
+                              kv, _SPLIT_PLANNED.format(head_dim=head_dim, first=1))
+        body = f"""  if (plan_info.size() == {_FI_DECODE_IN_PREFILL_INFO}) {{  // a decode step planned as split-KV decode
+{decode}
+    return;
+  }}
+""" + body
+    return _export(name, sig, body)
 
 
 def _fi_decode_run(name: str, head_dim: int, t: str, fill: str) -> str:
@@ -215,7 +230,8 @@ def _fi_decode_run(name: str, head_dim: int, t: str, fill: str) -> str:
   if (plan_info.size() != 4 || plan_info[3] != q.size(1))
     TVM_FFI_THROW(ValueError) << "{name}: plan_info is not from this library's decode plan for these heads";"""
     kv = "attngen::kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len)"
-    return _export(name, sig, _decode_body(name, head_dim, t, fill, checks, kv, _SPLIT_PLANNED.format(head_dim=head_dim)))
+    return _export(name, sig, _decode_body(name, head_dim, t, fill, checks, kv,
+                                           _SPLIT_PLANNED.format(head_dim=head_dim, first=0)))
 
 
 def tvm_slot_functions(head_dims, dtypes) -> list[str]:
@@ -234,35 +250,26 @@ def flashinfer_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict
     fill = _constants(variant, constants)
     alpha, beta = cost_coefficients("decode")
     n = {k: symbol(k, dtype, head_dim) for k in FI_KINDS}
+    core = f"{n['tvm_fi_decode_plan']}_core"
     return f"""
+#include <array>
+
 #include "decode_plan_pack.h"
 
-// plan_info of the decode plan: [CTAs per KV head, merges, partial states, num_qo_heads]
-static tvm::ffi::Array<int64_t> {n["tvm_fi_decode_plan"]}(tvm::ffi::TensorView float_ws,
-    tvm::ffi::TensorView int_ws, tvm::ffi::TensorView locked_ws, tvm::ffi::TensorView page_indptr, int64_t batch,
-    int64_t num_qo_heads, int64_t num_kv_heads, int64_t page_size, bool enable_cuda_graph, int64_t window_left,
-    double logits_soft_cap, int64_t qk_head_dim, int64_t v_head_dim, tvm::ffi::TensorView empty_q,
-    tvm::ffi::TensorView empty_kv) {{
+// attngen's load-balanced split-KV decode plan for requests of kv_len[b] keys (one query each), packed into
+// the page-locked buffer and copied to the int workspace; returns [CTAs per KV head, merges, partial states].
+static std::array<int64_t, 3> {core}(const char* name, tvm::ffi::TensorView float_ws,
+    tvm::ffi::TensorView int_ws, tvm::ffi::TensorView locked_ws, const int32_t* kv_len, int64_t batch,
+    int64_t num_qo_heads, int64_t num_kv_heads) {{
   using V = attngen_gen::Hooks_d{head_dim};
   using T = {t};
-  const char* name = "{n["tvm_fi_decode_plan"]}";
-  if (qk_head_dim != {head_dim} || v_head_dim != {head_dim})
-    TVM_FFI_THROW(ValueError) << name << ": built for head_dim {head_dim}, asked for " << qk_head_dim;
-  if (window_left != -1 || logits_soft_cap != 0.0)
-    TVM_FFI_THROW(ValueError) << name << ": sliding windows and FlashInfer's soft cap are not served (write the "
-                                 "soft cap as the variant's logits hook)";
-  if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads || num_qo_heads / num_kv_heads > 8)
-    TVM_FFI_THROW(ValueError) << name << ": groups of 1 to 8 query heads per KV head are served";
   cudaSetDevice(float_ws.device().device_id);
   const int per_sm = attngen::decode_tc_ctas_per_sm<V, T, {head_dim}>();
   if (per_sm == 0) TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device";
   const int ctas = std::max<int>(1, per_sm * attngen::device_sm_count() / int(num_kv_heads));
-  const int32_t* ip = static_cast<const int32_t*>(attngen::data_of(page_indptr));
-  std::vector<int32_t> kv_len(batch);
-  for (int64_t b = 0; b < batch; ++b) kv_len[b] = (ip[b + 1] - ip[b]) * int32_t(page_size);  // keys <= pages x size
   attngen::Plan p;
   try {{
-    p = attngen::plan_decode(kv_len.data(), int(batch), int(num_qo_heads / num_kv_heads), ctas, {alpha!r}, {beta!r},
+    p = attngen::plan_decode(kv_len, int(batch), int(num_qo_heads / num_kv_heads), ctas, {alpha!r}, {beta!r},
                              0, {DECODE_MIN_CHUNK}, {{batch + ctas, batch + ctas, batch}});
   }} catch (const std::exception& e) {{
     TVM_FFI_THROW(ValueError) << name << ": " << e.what();
@@ -277,7 +284,28 @@ static tvm::ffi::Array<int64_t> {n["tvm_fi_decode_plan"]}(tvm::ffi::TensorView f
   attngen::pack_decode_plan(p, ctas, host);
   cudaMemcpyAsync(attngen::data_of(int_ws), host, size_t(ints) * 4, cudaMemcpyHostToDevice,
                   attngen::stream_of(float_ws));
-  return tvm::ffi::Array<int64_t>({{int64_t(ctas), int64_t(p.merge_request.size()), partials, num_qo_heads}});
+  return {{int64_t(ctas), int64_t(p.merge_request.size()), partials}};
+}}
+
+// plan_info of the decode plan: [CTAs per KV head, merges, partial states, num_qo_heads]
+static tvm::ffi::Array<int64_t> {n["tvm_fi_decode_plan"]}(tvm::ffi::TensorView float_ws,
+    tvm::ffi::TensorView int_ws, tvm::ffi::TensorView locked_ws, tvm::ffi::TensorView page_indptr, int64_t batch,
+    int64_t num_qo_heads, int64_t num_kv_heads, int64_t page_size, bool enable_cuda_graph, int64_t window_left,
+    double logits_soft_cap, int64_t qk_head_dim, int64_t v_head_dim, tvm::ffi::TensorView empty_q,
+    tvm::ffi::TensorView empty_kv) {{
+  const char* name = "{n["tvm_fi_decode_plan"]}";
+  if (qk_head_dim != {head_dim} || v_head_dim != {head_dim})
+    TVM_FFI_THROW(ValueError) << name << ": built for head_dim {head_dim}, asked for " << qk_head_dim;
+  if (window_left != -1 || logits_soft_cap != 0.0)
+    TVM_FFI_THROW(ValueError) << name << ": sliding windows and FlashInfer's soft cap are not served (write the "
+                                 "soft cap as the variant's logits hook)";
+  if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads || num_qo_heads / num_kv_heads > 8)
+    TVM_FFI_THROW(ValueError) << name << ": groups of 1 to 8 query heads per KV head are served";
+  const int32_t* ip = static_cast<const int32_t*>(attngen::data_of(page_indptr));
+  std::vector<int32_t> kv_len(batch);
+  for (int64_t b = 0; b < batch; ++b) kv_len[b] = (ip[b + 1] - ip[b]) * int32_t(page_size);  // keys <= pages x size
+  const auto info = {core}(name, float_ws, int_ws, locked_ws, kv_len.data(), batch, num_qo_heads, num_kv_heads);
+  return tvm::ffi::Array<int64_t>({{info[0], info[1], info[2], num_qo_heads}});
 }}
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({n["tvm_fi_decode_plan"]}, {n["tvm_fi_decode_plan"]});
 
@@ -295,6 +323,14 @@ static tvm::ffi::Array<int64_t> {n["tvm_fi_prefill_plan"]}(tvm::ffi::TensorView 
   const int32_t* qo = static_cast<const int32_t*>(attngen::data_of(qo_indptr));
   int64_t longest = 0;
   for (int64_t b = 0; b < batch; ++b) longest = std::max<int64_t>(longest, qo[b + 1] - qo[b]);
+  // TVM sends decode steps of GQA groups >= 4 through paged prefill (page_size > 1; its ragged plan passes 1):
+  // one query per request becomes attngen's split-KV tensor-core decode, whose plan balances long contexts
+  if (page_size > 1 && batch > 0 && total_qo_len == batch && longest == 1 && num_kv_heads > 0 &&
+      num_qo_heads % num_kv_heads == 0 && num_qo_heads / num_kv_heads <= 8) {{
+    const auto info = {core}("{n["tvm_fi_prefill_plan"]}", float_ws, int_ws, locked_ws,
+        static_cast<const int32_t*>(attngen::data_of(kv_len)), batch, num_qo_heads, num_kv_heads);
+    return tvm::ffi::Array<int64_t>({{1, info[0], info[1], info[2], num_qo_heads}});
+  }}
   return tvm::ffi::Array<int64_t>({{longest}});
 }}
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({n["tvm_fi_prefill_plan"]}, {n["tvm_fi_prefill_plan"]});

@@ -57,6 +57,15 @@ __device__ __forceinline__ void store8(T* ptr, const float (&in)[8]) {
   *reinterpret_cast<uint4*>(ptr) = raw;
 }
 
+// 2^x on the special-function unit (ex2.approx.ftz: ~2 ulp, results below 2^-126 flush to 0, 2^-inf = 0):
+// the softmax weights of the tile templates, where exp2f's extra range handling would sit on the
+// critical path of every score.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Sum over the `Width` lanes of a lane group (Width a power of two <= 32).
 template <int Width>
 __device__ __forceinline__ float group_sum(float x) {

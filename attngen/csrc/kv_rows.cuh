@@ -19,9 +19,14 @@ struct KVRows {
     return n > 0 ? (n - 1) * page_size + last_page_len[b] : 0;
   }
   __device__ __forceinline__ int64_t offset(int b, int j, int kv) const {
-    if (page_size == 0) return int64_t(indptr[b] + j) * stride_slot + kv * stride_kv;
-    int page = indices[indptr[b] + j / page_size];
-    return int64_t(page) * stride_page + int64_t(j % page_size) * stride_slot + kv * stride_kv;
+    return key_offset(indptr[b], j) + kv * stride_kv;
+  }
+  // Offset of key row j of the request whose indptr entry is `start` (indptr[b], read once by the
+  // caller); the value row lies stride_kv further.
+  __device__ __forceinline__ int64_t key_offset(int start, int j) const {
+    if (page_size == 0) return int64_t(start + j) * stride_slot;
+    int page = indices[start + j / page_size];
+    return int64_t(page) * stride_page + int64_t(j % page_size) * stride_slot;
   }
 };
 

@@ -130,15 +130,21 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 
   const T* kvbase = static_cast<const T*>(P.kv.base);
   const int64_t head_off = int64_t(hk) * P.kv.stride_head;
+  const int kv_start = P.kv.indptr[b];
+  // each thread copies one 16-byte column chunk of every RPP-th key row, its K row and its V row
+  constexpr int CPR = D / 8, RPP = NT / CPR;
+  static_assert(NT % CPR == 0 && TK % RPP == 0, "K/V rows split evenly over the threads");
   auto load_kv = [&](int kt, int stage) {
-    const int j0 = lo + kt * TK;
-    for (int c = tid; c < 2 * TK * (D / 8); c += NT) {
-      const int kv = c / (TK * (D / 8)), r = (c / (D / 8)) % TK, l = c % (D / 8);
-      const int j = j0 + r;
+    const int j0 = lo + kt * TK, l = tid % CPR;
+    T* dst = skv + (stage * 2 * TK + tid / CPR) * ST + l * 8;
+#pragma unroll
+    for (int i = 0; i < TK / RPP; ++i, dst += RPP * ST) {
+      const int j = j0 + tid / CPR + i * RPP;
       const bool ok = j < hi;
       const T* src = kvbase;
-      if (ok) src = kvbase + P.kv.offset(b, j, kv) + head_off + l * 8;
-      copy16_async(skv + ((stage * 2 + kv) * TK + r) * ST + l * 8, src, ok);
+      if (ok) src = kvbase + P.kv.key_offset(kv_start, j) + head_off + l * 8;
+      copy16_async(dst, src, ok);
+      copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
     }
   };
 
@@ -165,6 +171,28 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   long long mask_lo = 0, mask_hi = 0;
   if constexpr (V::kHasLower) mask_lo = V::mask_lower(hp);
   if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);
+  // The interior path's bounds per m-tile, computed once so that the KV loop divides by nothing: a KV
+  // tile [j0, j0 + TK) is interior (all 16 rows present, every (row, key) pair inside the mask's bounds,
+  // no mask hook needed) iff j0 + TK - 1 <= int_jmax[mt] and j0 >= int_j0min[mt].
+  int int_jmax[MT], int_j0min[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int r0 = row0 + wrow + mt * 16;
+    long long jmax = -1, j0min = 0;
+    if (V::kMaskExact && r0 + 16 <= rows_total) {
+      const long long first = pos_base + r0 / group, last = pos_base + (r0 + 15) / group;
+      jmax = hi - 1;
+      if (P.causal) jmax = min(jmax, first);
+      if constexpr (V::kHasLower) jmax = min(jmax, first - mask_lo);
+      if constexpr (V::kHasUpper) j0min = last - mask_hi;
+    }
+    int_jmax[mt] = int(max(jmax, -1LL));
+    int_j0min[mt] = int(min(max(j0min, -0x7fffffffLL), 0x7fffffffLL));
+  }
+  // Softmax without a logits hook folds the scale into the exponent on interior tiles: the max is taken
+  // over raw scores (times scale > 0 afterwards) and p = 2^(s * scale - m) is one FFMA and one EX2.
+  constexpr bool kFoldScale = V::kSoftmax && !V::kHasLogits;
+  const bool fold = kFoldScale && scale > 0.f;
   // Q fragments stay in registers for the whole KV loop where they fit (one m-tile, D <= 128)
   constexpr bool kQInRegs = MT == 1 && D <= 128;
   uint32_t qfrag[kQInRegs ? D / 16 : 1][4];
@@ -237,51 +265,42 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     const int j_last = j0 + TK - 1;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      // this m-tile's rows: all present?, the positions they span, and each thread's two rows
-      const int r0 = row0 + wrow + mt * 16;
-      const int first_pos = pos_base + r0 / group, last_pos = pos_base + (min(r0 + 16, rows_total) - 1) / group;
-      int rpos[2], rhead[2];
-      bool rvalid[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int pr = prow0 + mt * 16 + 8 * h;
-        rvalid[h] = pr < rows_total;
-        rpos[h] = pos_base + pr / group;
-        rhead[h] = hk * group + pr % group;
-      }
-      bool interior = r0 + 16 <= rows_total && j_last < hi && V::kMaskExact && (!P.causal || first_pos >= j_last);
-      if constexpr (V::kHasLower) interior = interior && (long long)first_pos - j_last >= mask_lo;
-      if constexpr (V::kHasUpper) interior = interior && (long long)last_pos - j0 <= mask_hi;
+      const bool interior = j_last <= int_jmax[mt] && j0 >= int_j0min[mt];
       float mt_max[2] = {m_row[mt][0], m_row[mt][1]};
-      if (interior) {
+      float sfac = 1.f;  // the factor still to apply to s in the exponent
+      if (interior && fold) {
+        float raw_max[2] = {kNegInf, kNegInf};
 #pragma unroll
-        for (int n = 0; n < NKT; ++n) {
+        for (int n = 0; n < NKT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e / 2;
-            float x = s[mt][n][e] * scale;
-            if constexpr (V::kHasLogits) {
-              const int j = j0 + n * 8 + t4 * 2 + (e % 2);
-              x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
-            }
-            s[mt][n][e] = x;
-            if constexpr (V::kSoftmax) mt_max[h] = fmaxf(mt_max[h], x);
-          }
-        }
+          for (int e = 0; e < 4; ++e) raw_max[e / 2] = fmaxf(raw_max[e / 2], s[mt][n][e]);
+        mt_max[0] = fmaxf(mt_max[0], raw_max[0] * scale);
+        mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
+        sfac = scale;
       } else {
+        // each thread's two rows: present?, position and query head (computed only off the fast path)
+        int rpos[2], rhead[2];
+        bool rvalid[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int pr = prow0 + mt * 16 + 8 * h;
+          rvalid[h] = pr < rows_total;
+          rpos[h] = pos_base + pr / group;
+          rhead[h] = hk * group + pr % group;
+        }
 #pragma unroll
         for (int n = 0; n < NKT; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
             float x = s[mt][n][e] * scale;
-            bool visible = rvalid[h] && j < hi && (!P.causal || j <= rpos[h]);
+            bool visible = interior || (rvalid[h] && j < hi && (!P.causal || j <= rpos[h]));
             if constexpr (V::kHasLogits) {
               if (visible)
                 x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
             }
             if constexpr (V::kHasMask) {
-              if (visible) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
+              if (visible && !interior) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
             }
             s[mt][n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
             if constexpr (V::kSoftmax) mt_max[h] = fmaxf(mt_max[h], s[mt][n][e]);
@@ -290,29 +309,37 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       }
       if constexpr (V::kSoftmax) {
         float rescale[2];
+        bool grew = false;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 1));
           mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 2));
-          rescale[h] = mt_max[h] == kNegInf ? 1.f : exp2f(m_row[mt][h] - mt_max[h]);
-          d_row[mt][h] *= rescale[h];
+          const bool row_grew = mt_max[h] != m_row[mt][h];  // then mt_max is finite; m_row may be -inf
+          grew |= row_grew;
+          rescale[h] = row_grew ? fast_exp2(m_row[mt][h] - mt_max[h]) : 1.f;
           m_row[mt][h] = mt_max[h];
         }
-        // a row whose max is -inf has only -inf scores: exp2(-inf - 0) = 0 without a per-score test
+        // a row whose max is -inf has only -inf scores: 2^(-inf - 0) = 0 without a per-score test
         const float msub[2] = {m_row[mt][0] == kNegInf ? 0.f : m_row[mt][0],
                                m_row[mt][1] == kNegInf ? 0.f : m_row[mt][1]};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) d_row[mt][h] *= rescale[h];
 #pragma unroll
         for (int n = 0; n < NKT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float p = exp2f(s[mt][n][e] - msub[e / 2]);
+            const float p = fast_exp2(fmaf(s[mt][n][e], sfac, -msub[e / 2]));
             s[mt][n][e] = p;
             d_row[mt][e / 2] += p;
           }
+        // the output is rescaled only when some row of the warp's m-tile raised its max (late in a long
+        // row, almost never): a warp-uniform branch saves D / 2 multiplies per thread and KV tile
+        if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-        for (int n = 0; n < NDT; ++n)
+          for (int n = 0; n < NDT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= rescale[e / 2];
+            for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= rescale[e / 2];
+        }
       }
     }
     // O += P V: P from the S accumulators (16 keys = two n-tiles per k-step); each V fragment feeds

@@ -123,27 +123,35 @@ def export_model_library_cuda(mod, path: str | Path, arch: str) -> Path:
     target = Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
     with _tvm_nvcc_precise(), target:
         executable = tvm.compile(mod, target=target)
-    executable.export_library(str(path), options=libstdcxx_link_options())
+    executable.export_library(str(path), fcompile=_create_shared_with_libstdcxx)
     return path
 
 
-def libstdcxx_link_options() -> list[str]:
-    """The shared C++ runtime named explicitly on the model library's link line. attngen's object needs
-    libstdc++ symbols (exceptions, operator new); a toolchain whose own library directory holds only a
-    non-PIC ``libstdc++.a`` would otherwise link that archive into the shared library and fail ("relocation
-    ... can not be used when making a shared object"). The library already loaded in this process is the one
-    the model will run with; otherwise the compiler's ``libstdc++.so``."""
+def _create_shared_with_libstdcxx(output: str, objects: list[str], **kwargs) -> None:
+    """TVM's shared-library link with the shared C++ runtime named after the objects. attngen's object
+    needs libstdc++ symbols (exceptions, operator new); a toolchain whose own library directory holds only
+    a non-PIC ``libstdc++.a`` would otherwise link that archive and fail ("relocation ... can not be used
+    when making a shared object"). After the objects, the shared library satisfies those references even
+    under ``--as-needed``."""
+    from tvm.support import cc
+
+    cc.create_shared(output, list(objects) + libstdcxx_shared(), **kwargs)
+
+
+def libstdcxx_shared() -> list[str]:
+    """The shared C++ runtime to link: the one loaded in this process (the model will run with it), else the
+    compiler's ``libstdc++.so``; empty when neither is found (the compiler's default then applies)."""
     try:
         with open("/proc/self/maps") as maps:
-            loaded = {line.split()[-1] for line in maps if "libstdc++.so" in line}
+            loaded = sorted({line.split()[-1] for line in maps if "/libstdc++.so" in line})
     except OSError:
-        loaded = set()
-    for lib in sorted(loaded):
+        loaded = []
+    for lib in loaded:
         if os.path.isfile(lib):
             return [lib]
-    from tvm.contrib import cc
+    from tvm.support import cc
 
-    found = subprocess.run([cc.get_cc(), "-print-file-name=libstdc++.so"], capture_output=True, text=True)
+    found = subprocess.run([cc.get_cc() or "g++", "-print-file-name=libstdc++.so"], capture_output=True, text=True)
     lib = found.stdout.strip()
     return [lib] if found.returncode == 0 and os.path.isabs(lib) and os.path.isfile(lib) else []
 

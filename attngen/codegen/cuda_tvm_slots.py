@@ -4,7 +4,9 @@ Two conventions, both exported by a ``kernels=("tvm",)`` library: ("tirx", fn) (
 ("flashinfer", run, plan) (``flashinfer_slot_wrappers``: TVM plans once per step with host
 index arrays; attngen's decode plan is its load-balanced split-KV work list, packed into TVM's
 page-locked buffer and copied to its int workspace; prefill's plan records the longest
-request so the grid fits the batch).
+request so the grid fits the batch, and makes a paged step of one query per request a split-KV
+decode plan that the paged prefill run executes on the decode template: TVM routes decode steps
+of GQA groups >= 4 through paged prefill in this convention).
 
 The CUDA library built with ``kernels=("tvm", ...)`` exports, per (head_dim, dtype),
 ``tvm_prefill_paged_<dt>_d<D>``, ``tvm_prefill_ragged_<dt>_d<D>`` and ``tvm_decode_<dt>_d<D>``

@@ -167,7 +167,6 @@ def create_paged_kv_cache(variant=None, *, num_layers: int, num_qo_heads: int, n
     target="cuda" (tvm_kv_cache_cuda.py): ``convention`` "tirx" or "flashinfer" for the CUDA slots.
     """
     import tvm
-    from tvm.runtime import ShapeTuple
 
     from attngen.codegen.cpu.tvm_cache_kernels import SYMBOLS, build_tvm_cache_kernels
 
@@ -200,15 +199,34 @@ def create_paged_kv_cache(variant=None, *, num_layers: int, num_qo_heads: int, n
         dtype=dtype, page_size=page_size, rope_scale=float(rope_scale), rope_theta=float(rope_theta),
         **kwargs)))
     k = {role: helpers[sym] for role, sym in SYMBOLS.items()}
+    return create_call(
+        sizes=[max_batch, max_total_tokens, prefill_chunk, page_size, int(support_sliding_window), sliding_window],
+        num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, kinds=kinds,
+        rope_mode=_rope_mode(rope_mode), rope_scale=rope_scale, rope_theta=rope_theta,
+        dtype_token=tvm.runtime.empty((), dtype, device=tvm.cpu()), helpers=k,
+        slots=[["tirx", slots[r]] for r in ("prefill_ragged", "prefill", "decode", "prefill_sliding_window",
+                                             "decode_sliding_window")],
+        merge=merge_slot_function(dtype))
+
+
+# TVM's create call requires a positive per-layer window even when no layer slides
+PLACEHOLDER_WINDOW = 1024
+
+
+def create_call(*, sizes: list, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, kinds: list,
+                rope_mode: int, rope_scale: float, rope_theta: float, dtype_token, helpers: dict, slots: list, merge):
+    """Call ``vm.builtin.paged_attention_kv_cache_create`` at run time (CPU and CUDA caches): ``sizes`` =
+    [max batch, max tokens, prefill chunk, page size, per-sequence sliding windows on?, per-layer window],
+    ``dtype_token`` an empty tensor of the cache's dtype on its device, ``helpers`` TVM's data-moving kernels
+    by role, ``slots`` the five attention slot lists (ragged prefill, paged prefill, decode, and the
+    sliding-window prefill and decode), ``merge`` the merge function."""
+    import tvm
+    from tvm.runtime import ShapeTuple
+
     return tvm.get_global_func("vm.builtin.paged_attention_kv_cache_create")(
-        ShapeTuple([max_batch, max_total_tokens, prefill_chunk, page_size, int(support_sliding_window),
-                    sliding_window]),
-        ShapeTuple([0, num_layers]), num_qo_heads, num_kv_heads, head_dim, head_dim,
-        ShapeTuple([ATTN_KINDS[x] for x in kinds]), False, _rope_mode(rope_mode), float(rope_scale),
-        float(rope_theta), None, tvm.runtime.empty((), dtype, device=tvm.cpu()),
-        k["transpose_append"], None,
-        ["tirx", slots["prefill_ragged"]], ["tirx", slots["prefill"]], ["tirx", slots["decode"]],
-        ["tirx", slots["prefill_sliding_window"]], ["tirx", slots["decode_sliding_window"]],
-        [], [], [],  # token-tree attention (paged, ragged) and MLA: not served
-        [merge_slot_function(dtype)],
-        k["split_rotary"], k["copy_single_page"], k["debug_get_kv"], k["compact_copy"])
+        ShapeTuple(sizes), ShapeTuple([0, num_layers]), num_qo_heads, num_kv_heads, head_dim, head_dim,
+        ShapeTuple([ATTN_KINDS[x] for x in kinds]), False, rope_mode, float(rope_scale), float(rope_theta), None,
+        dtype_token, helpers["transpose_append"], None,  # no MLA append
+        *slots, [], [], [],  # token-tree attention (paged, ragged) and MLA: not served
+        [merge], helpers["split_rotary"], helpers["copy_single_page"], helpers["debug_get_kv"],
+        helpers["compact_copy"])

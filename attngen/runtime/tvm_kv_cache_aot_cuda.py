@@ -21,7 +21,7 @@ from typing import Sequence
 
 from attngen.schedules.build_config import DTYPE_SHORT, symbol
 
-from .tvm_kv_cache import _check_cache_args, _rope_mode
+from .tvm_kv_cache import PLACEHOLDER_WINDOW, _check_cache_args, _rope_mode
 from .tvm_kv_cache_aot import emit_create_call
 
 
@@ -90,7 +90,7 @@ def emit_paged_kv_cache_cuda(bb, variant=None, *, num_layers: int, num_qo_heads:
     # TVM never calls the sliding-window slots here (sliding layers are refused above); they hold the main ones
     sliding = [rx.Tuple([tvm.ir.StringImm("tirx"), ext(fn[r])]) for r in ("prefill", "decode")]
     cache_var = emit_create_call(
-        bb, sizes=[max_batch, max_total_tokens, prefill_chunk, page_size, 0, 1024], num_layers=num_layers,
+        bb, sizes=[max_batch, max_total_tokens, prefill_chunk, page_size, 0, PLACEHOLDER_WINDOW], num_layers=num_layers,
         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, kinds=kinds, rope_mode=mode,
         rope_scale=rope_scale, rope_theta=rope_theta, dtype=dtype, helpers=helpers, slots=main + sliding,
         merge=ext(fn["merge"]))

@@ -93,28 +93,23 @@ def tvm_cuda_kernels(**shape) -> dict:
 
 
 def _create(*, main_slots: list, sliding_slots: list, merge, num_layers: int, num_qo_heads: int,
-            num_kv_heads: int, head_dim: int, dtype: str, page_size: int, max_batch: int, max_total_tokens: int, prefill_chunk: int, kinds: list,
-            rope_mode: int, rope_scale: float, rope_theta: float, arch: str, device_id: int,
-            sliding_window: int = 1024):
+            num_kv_heads: int, head_dim: int, dtype: str, page_size: int, max_batch: int, max_total_tokens: int,
+            prefill_chunk: int, kinds: list, rope_mode: int, rope_scale: float, rope_theta: float, arch: str,
+            device_id: int):
     """The create call of a CUDA cache: ``main_slots`` fill the ragged prefill, paged prefill and decode slots,
-    ``sliding_slots`` the sliding-window prefill and decode ones; TVM's own kernels move the data.
-    ``sliding_window``: TVM's per-layer window, which its create call requires to be positive even
-    when no layer slides."""
+    ``sliding_slots`` the sliding-window prefill and decode ones; TVM's own kernels move the data."""
     import tvm
-    from tvm.runtime import ShapeTuple
 
-    from .tvm_kv_cache import ATTN_KINDS
+    from .tvm_kv_cache import PLACEHOLDER_WINDOW, create_call
 
     k = tvm_cuda_kernels(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                          head_dim=head_dim, dtype=dtype, page_size=page_size, rope_scale=float(rope_scale),
                          rope_theta=float(rope_theta), arch=arch)
-    return tvm.get_global_func("vm.builtin.paged_attention_kv_cache_create")(
-        ShapeTuple([max_batch, max_total_tokens, prefill_chunk, page_size, 0, sliding_window]),
-        ShapeTuple([0, num_layers]), num_qo_heads, num_kv_heads, head_dim, head_dim,
-        ShapeTuple([ATTN_KINDS[x] for x in kinds]), False, rope_mode, float(rope_scale), float(rope_theta), None,
-        tvm.runtime.empty((), dtype, device=tvm.cuda(device_id)), k["transpose_append"], None,
-        *main_slots, *sliding_slots, [], [], [],  # token-tree attention (paged, ragged) and MLA: not served
-        [merge], k["split_rotary"], k["copy_single_page"], k["debug_get_kv"], k["compact_copy"])
+    return create_call(sizes=[max_batch, max_total_tokens, prefill_chunk, page_size, 0, PLACEHOLDER_WINDOW],
+                       num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                       head_dim=head_dim, kinds=kinds, rope_mode=rope_mode, rope_scale=rope_scale,
+                       rope_theta=rope_theta, dtype_token=tvm.runtime.empty((), dtype, device=tvm.cuda(device_id)),
+                       helpers=k, slots=[*main_slots, *sliding_slots], merge=merge)
 
 
 def check_cuda_cache_args(*, convention: str, rope_mode: int, kinds: list) -> None:

@@ -31,7 +31,8 @@ transforms (TVM merges a row's parts by lse), and hooks that read positions or t
 index (TVM calls a slot per prefix depth, where neither means what the variant expects).
 At run time: inline RoPE (rotary_mode 1) and sliding-window length_info [3, B] raise.
 The grid of the prefill functions is sized from the query rows (TVM gives no host copy of
-qo_indptr); decode splits keys evenly by a batch-size heuristic into a per-device workspace.
+qo_indptr); the "tirx" decode splits keys evenly by a batch-size heuristic into a per-device
+workspace, the "flashinfer" decode (and decode steps sent through paged prefill) follows the plan.
 """
 from __future__ import annotations
 
@@ -312,7 +313,8 @@ static tvm::ffi::Array<int64_t> {n["tvm_fi_decode_plan"]}(tvm::ffi::TensorView f
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({n["tvm_fi_decode_plan"]}, {n["tvm_fi_decode_plan"]});
 
 """ + _fi_decode_run(n["tvm_fi_decode_run"], head_dim, t, fill) + f"""
-// plan_info of the prefill plan: [longest request's query rows] (sizes the grid; no split-KV)
+// plan_info of the prefill plan: [longest request's query rows] (sizes the grid; no split-KV), or, for a paged
+// step of one query per request, [1, CTAs per KV head, merges, partial states, num_qo_heads] (a split-KV decode)
 static tvm::ffi::Array<int64_t> {n["tvm_fi_prefill_plan"]}(tvm::ffi::TensorView float_ws,
     tvm::ffi::TensorView int_ws, tvm::ffi::TensorView locked_ws, tvm::ffi::TensorView qo_indptr,
     tvm::ffi::TensorView kv_indptr, tvm::ffi::TensorView kv_len, int64_t total_qo_len, int64_t batch,
@@ -327,8 +329,11 @@ static tvm::ffi::Array<int64_t> {n["tvm_fi_prefill_plan"]}(tvm::ffi::TensorView 
   for (int64_t b = 0; b < batch; ++b) longest = std::max<int64_t>(longest, qo[b + 1] - qo[b]);
   // TVM sends decode steps of GQA groups >= 4 through paged prefill (page_size > 1; its ragged plan passes 1):
   // one query per request becomes attngen's split-KV tensor-core decode, whose plan balances long contexts
+  // (where the decode tile does not fit the device, the step stays a prefill)
+  cudaSetDevice(float_ws.device().device_id);
   if (page_size > 1 && batch > 0 && total_qo_len == batch && longest == 1 && num_kv_heads > 0 &&
-      num_qo_heads % num_kv_heads == 0 && num_qo_heads / num_kv_heads <= 8) {{
+      num_qo_heads % num_kv_heads == 0 && num_qo_heads / num_kv_heads <= 8 &&
+      attngen::decode_tc_ctas_per_sm<attngen_gen::Hooks_d{head_dim}, {t}, {head_dim}>() > 0) {{
     const auto info = {core}("{n["tvm_fi_prefill_plan"]}", float_ws, int_ws, locked_ws,
         static_cast<const int32_t*>(attngen::data_of(kv_len)), batch, num_qo_heads, num_kv_heads);
     return tvm::ffi::Array<int64_t>({{1, info[0], info[1], info[2], num_qo_heads}});

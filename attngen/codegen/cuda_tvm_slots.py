@@ -260,7 +260,8 @@ def flashinfer_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict
 #include "decode_plan_pack.h"
 
 // attngen's load-balanced split-KV decode plan for requests of kv_len[b] keys (one query each), packed into
-// the page-locked buffer and copied to the int workspace; returns [CTAs per KV head, merges, partial states].
+// the page-locked buffer and copied to the int workspace; returns [CTAs per KV head, merges, partial states],
+// or all zeros where no tensor-core decode tile fits the device (nothing is planned then).
 static std::array<int64_t, 3> {core}(const char* name, tvm::ffi::TensorView float_ws,
     tvm::ffi::TensorView int_ws, tvm::ffi::TensorView locked_ws, const int32_t* kv_len, int64_t batch,
     int64_t num_qo_heads, int64_t num_kv_heads) {{
@@ -268,7 +269,7 @@ static std::array<int64_t, 3> {core}(const char* name, tvm::ffi::TensorView floa
   using T = {t};
   cudaSetDevice(float_ws.device().device_id);
   const int per_sm = attngen::decode_tc_ctas_per_sm<V, T, {head_dim}>();
-  if (per_sm == 0) TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device";
+  if (per_sm == 0) return {{0, 0, 0}};
   const int ctas = std::max<int>(1, per_sm * attngen::device_sm_count() / int(num_kv_heads));
   attngen::Plan p;
   try {{
@@ -308,6 +309,7 @@ static tvm::ffi::Array<int64_t> {n["tvm_fi_decode_plan"]}(tvm::ffi::TensorView f
   std::vector<int32_t> kv_len(batch);
   for (int64_t b = 0; b < batch; ++b) kv_len[b] = (ip[b + 1] - ip[b]) * int32_t(page_size);  // keys <= pages x size
   const auto info = {core}(name, float_ws, int_ws, locked_ws, kv_len.data(), batch, num_qo_heads, num_kv_heads);
+  if (info[0] == 0) TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device";
   return tvm::ffi::Array<int64_t>({{info[0], info[1], info[2], num_qo_heads}});
 }}
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({n["tvm_fi_decode_plan"]}, {n["tvm_fi_decode_plan"]});
@@ -330,13 +332,11 @@ static tvm::ffi::Array<int64_t> {n["tvm_fi_prefill_plan"]}(tvm::ffi::TensorView 
   // TVM sends decode steps of GQA groups >= 4 through paged prefill (page_size > 1; its ragged plan passes 1):
   // one query per request becomes attngen's split-KV tensor-core decode, whose plan balances long contexts
   // (where the decode tile does not fit the device, the step stays a prefill)
-  cudaSetDevice(float_ws.device().device_id);
   if (page_size > 1 && batch > 0 && total_qo_len == batch && longest == 1 && num_kv_heads > 0 &&
-      num_qo_heads % num_kv_heads == 0 && num_qo_heads / num_kv_heads <= 8 &&
-      attngen::decode_tc_ctas_per_sm<attngen_gen::Hooks_d{head_dim}, {t}, {head_dim}>() > 0) {{
+      num_qo_heads % num_kv_heads == 0 && num_qo_heads / num_kv_heads <= 8) {{
     const auto info = {core}("{n["tvm_fi_prefill_plan"]}", float_ws, int_ws, locked_ws,
         static_cast<const int32_t*>(attngen::data_of(kv_len)), batch, num_qo_heads, num_kv_heads);
-    return tvm::ffi::Array<int64_t>({{1, info[0], info[1], info[2], num_qo_heads}});
+    if (info[0] > 0) return tvm::ffi::Array<int64_t>({{1, info[0], info[1], info[2], num_qo_heads}});
   }}
   return tvm::ffi::Array<int64_t>({{longest}});
 }}

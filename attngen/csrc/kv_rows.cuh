@@ -18,9 +18,6 @@ struct KVRows {
     int n = indptr[b + 1] - indptr[b];
     return n > 0 ? (n - 1) * page_size + last_page_len[b] : 0;
   }
-  __device__ __forceinline__ int64_t offset(int b, int j, int kv) const {
-    return key_offset(indptr[b], j) + kv * stride_kv;
-  }
   // Offset of key row j of the request whose indptr entry is `start` (indptr[b], read once by the
   // caller); the value row lies stride_kv further.
   __device__ __forceinline__ int64_t key_offset(int start, int j) const {

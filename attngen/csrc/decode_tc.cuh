@@ -1,6 +1,8 @@
 // Batch decode over a paged KV cache on tensor cores (mma.sync), query tile 16.
 //
-// One CTA = (KV chunk, KV head, request), four warps. The query heads of the KV head's
+// One CTA = (KV head, its work items: one chunk of the even split, or the plan's list), four
+// warps; the K/V tiles of all its items form one cp.async stream, so the next item's first
+// tiles load while this item finishes. The query heads of the KV head's
 // group (GQA head-group fusion, at most 8) are the rows of one 16-row MMA tile, so a
 // K/V element is read from memory once for the whole group. A stage holds 64 keys;
 // warp w owns keys [16w, 16w + 16) of every stage and keeps its own online-softmax
@@ -32,261 +34,330 @@ struct DecodeTCTile {
   static constexpr int kStride = D + 8;
 };
 
-// Default stage counts (the launcher falls back to fewer where shared memory is short).
+// Default stage counts (the launcher falls back to fewer where shared memory is short): two CTAs
+// per SM at D 64 and 128 (each loads S - 1 tiles ahead across its work items), one at D 256.
 template <int D>
-constexpr int decode_tc_stages() { return D == 64 ? 4 : (D == 128 ? 3 : 2); }
+constexpr int decode_tc_stages() { return D == 64 ? 4 : 2; }
 
+// Shared memory: the Q tile, per-warp scratch rows, the cross-warp merge region, then the K/V
+// stages. The merge region has its own space so the next work item's tiles can be in flight
+// while this item's epilogue runs.
 template <int D, int S>
 constexpr size_t decode_tc_smem_bytes() {
   using Tile = DecodeTCTile<D, S>;
   const size_t q = size_t(16) * Tile::kStride * 2;
   const size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
-  const size_t tiles = size_t(S) * 2 * Tile::kKeys * Tile::kStride * 2;
   const size_t merge = (size_t(Tile::kWarps) * Tile::kMaxGroup * (D + 2) + 2 * size_t(Tile::kMaxGroup) * D +
                         Tile::kMaxGroup) * sizeof(float);
-  return q + scratch + (tiles > merge ? tiles : merge);
+  const size_t tiles = size_t(S) * 2 * Tile::kKeys * Tile::kStride * 2;
+  return q + scratch + merge + tiles;
 }
 
-// One work item: request b, KV head hk, keys [start, end). part_row0 < 0: write the final
-// output (after the output transform); else write the normalised partial state to rows
-// part_row0 + head of part_o / part_lse for a merge kernel. Called by all threads of the CTA.
+// One work item: request b, keys [start, end). part_row0 < 0: write the final output (after the
+// output transform); else the normalised partial state goes to rows part_row0 + head of
+// part_o / part_lse for a merge kernel.
+struct DecodeTCItem {
+  int b, start, end;
+  int64_t part_row0;
+};
+
+// The CTA's work items: those of the plan (plan mode) or one chunk of the even split (grid mode).
+template <class V>
+struct DecodeTCItems {
+  const DecodeProblem& P;
+  const typename V::Params& hp;
+  const int32_t* work;  // plan mode: the CTA's first item; nullptr: grid mode
+  int count;
+  __device__ __forceinline__ DecodeTCItem get(int i) const {
+    if (work != nullptr) {
+      const int32_t* item = work + 5 * i;  // request, query tile, kv start, kv end, partial slot
+      const int b = item[0];
+      const KeyRange vis = visible_keys<V>(P.kv.length(b), hp);
+      return {b, max(item[2], vis.lo), min(item[3], vis.hi), item[4] < 0 ? -1 : int64_t(item[4]) * P.num_qo_heads};
+    }
+    const int chunk = blockIdx.x, b = blockIdx.z;
+    const KeyRange vis = visible_keys<V>(P.kv.length(b), hp);
+    const int span = max(vis.hi - vis.lo, 0);
+    const int per = (span + P.num_chunks - 1) / P.num_chunks;
+    const int start = vis.lo + chunk * per;
+    return {b, start, min(vis.hi, start + per),
+            P.num_chunks > 1 ? (int64_t(b) * P.num_chunks + chunk) * P.num_qo_heads : -1};
+  }
+};
+
+// Every work item of one CTA and KV head hk, as one stream of K/V tiles: the loader runs S - 1
+// tiles ahead across item boundaries, so the next item's first tiles arrive while this one's
+// last tiles and epilogue run. Called by all threads of the CTA.
 template <class V, class T, int D, int S>
-__device__ __forceinline__ void decode_tc_item(const DecodeProblem& P, const typename V::Params& hp,
-                                               unsigned char* smem_raw, int b, int hk, int start, int end,
-                                               int64_t part_row0) {
+__device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const typename V::Params& hp,
+                                                unsigned char* smem_raw, int hk, const DecodeTCItems<V>& items) {
   using Tile = DecodeTCTile<D, S>;
   constexpr int TK = Tile::kKeys, ST = Tile::kStride, NT = Tile::kThreads, NW = Tile::kWarps;
   constexpr int NDT = D / 8;   // n-tiles of O per warp
   constexpr int CPR = D / 8;   // 16-byte chunks per row
   static_assert(NT % CPR == 0, "a thread's chunk column must stay fixed across passes");
   constexpr int RPP = NT / CPR;  // rows per load pass
-  T* sq = reinterpret_cast<T*>(smem_raw);                                   // [16][ST]
+  constexpr int G8 = Tile::kMaxGroup;
+  T* sq = reinterpret_cast<T*>(smem_raw);                                          // [16][ST]
   float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(16) * ST * 2);  // [NW][2D]
-  unsigned char* body = smem_raw + size_t(16) * ST * 2 + size_t(NW) * 2 * D * sizeof(float);
-  T* tiles = reinterpret_cast<T*>(body);                                    // [S][2][TK][ST]
+  float* wstate = scratch_all + NW * 2 * D;  // [NW][G8][2]
+  float* wacc = wstate + NW * G8 * 2;        // [NW][G8][D]
+  float* rows = wacc + NW * G8 * D;          // [G8][D] final rows, then [G8][D] scratch
+  float* row_lse = rows + 2 * G8 * D;        // [G8]
+  T* tiles = reinterpret_cast<T*>(row_lse + G8);  // [S][2][TK][ST] (16-byte aligned: every part above is)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* scratch = scratch_all + warp * 2 * D;
   const int group = P.group, qh0 = hk * group;
-  const int qo_pos = P.kv.length(b) - 1;
-  const int num_tiles = end > start ? (end - start + TK - 1) / TK : 0;
-  __syncthreads();  // the previous item's epilogue may still read shared memory
-
-  // ---- K/V gather: thread keeps one 16-byte column, one page lookup per row pass --------
   const T* pages = static_cast<const T*>(P.kv.base);
-  const int32_t* page_ids = P.kv.indices + P.kv.indptr[b];
   const int64_t head_off = int64_t(hk) * P.kv.stride_head + (tid % CPR) * 8;
   const int ps = P.kv.page_size;
   const bool ps_pow2 = (ps & (ps - 1)) == 0;
   const int ps_shift = __ffs(ps) - 1;
-  auto load_tile = [&](int tile, int stage) {
-    const int t0 = start + tile * TK;
+
+  // ---- the loader: the next tile of the stream, one page lookup per row pass ------------
+  int l_item = -1, l_tile = 0, l_tiles = 0, loaded = 0;
+  DecodeTCItem l_cur{0, 0, 0, -1};
+  const int32_t* l_page_ids = nullptr;
+  auto load_next = [&]() {
+    while (l_tile >= l_tiles && l_item < items.count) {  // items without keys have no tiles
+      if (++l_item < items.count) {
+        l_cur = items.get(l_item);
+        l_tiles = l_cur.end > l_cur.start ? (l_cur.end - l_cur.start + TK - 1) / TK : 0;
+        l_tile = 0;
+        l_page_ids = P.kv.indices + P.kv.indptr[l_cur.b];
+      }
+    }
+    if (l_item >= items.count) return;
+    const int t0 = l_cur.start + l_tile * TK, stage = loaded % S;
 #pragma unroll
     for (int pass = 0; pass < TK / RPP; ++pass) {
       const int r = pass * RPP + tid / CPR, j = t0 + r;
-      const bool ok = j < end;
+      const bool ok = j < l_cur.end;
       const T* src = pages;
       if (ok) {
         const int pi = ps_pow2 ? (j >> ps_shift) : j / ps;
         const int slot = ps_pow2 ? (j & (ps - 1)) : j - pi * ps;
-        src = pages + int64_t(page_ids[pi]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot + head_off;
+        src = pages + int64_t(l_page_ids[pi]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot + head_off;
       }
       T* dst = tiles + ((stage * 2) * TK + r) * ST + (tid % CPR) * 8;
       copy16_async(dst, src, ok);
       copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
     }
+    ++l_tile;
+    ++loaded;
   };
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
-    if (s < num_tiles) load_tile(s, s);
+    load_next();
     copy_commit();
   }
 
-  // ---- Q tile: group rows, zero rows past the group; query transform -------------------
-  for (int c = tid; c < 16 * CPR; c += NT) {
-    const int r = c / CPR, l = c % CPR;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < group)
-      v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(P.q) +
-                                               (int64_t(b) * P.num_qo_heads + qh0 + r) * D + l * 8));
-    *reinterpret_cast<uint4*>(sq + r * ST + l * 8) = v;
-  }
-  __syncthreads();
-  if constexpr (V::kHasQueryTransform) {
-    for (int r = warp; r < group; r += NW) {
-      for (int i = lane; i < D; i += 32) scratch[i] = to_float(sq[r * ST + i]);
-      __syncwarp();
-      warp_row_hook<D, V::kQueryElementwise>(
-          scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh0 + r); },
-          [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh0 + r); }, lane);
-      for (int i = lane; i < D; i += 32) sq[r * ST + i] = from_float<T>(scratch[D + i]);
-      __syncwarp();
-    }
-    __syncthreads();
-  }
-
-  // ---- per-thread state: rows g (a query head when g < group) and g + 8 (padding) --------
+  int consumed = 0;
   const int g = lane / 4, t4 = lane % 4;
   const bool row_valid = g < group;
   const int qh = qh0 + g;
-  float o_acc[NDT][4];
-#pragma unroll
-  for (int n = 0; n < NDT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o_acc[n][e] = 0.f;
-  float m_row = kNegInf, d_row = 0.f;  // row g; row g + 8 never holds a head
   const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
   const int wk = warp * Tile::kKeysPerWarp;
+  for (int it = 0; it < items.count; ++it) {
+    const DecodeTCItem cur = items.get(it);
+    const int b = cur.b, start = cur.start, end = cur.end;
+    const int qo_pos = P.kv.length(b) - 1;
+    const int num_tiles = end > start ? (end - start + TK - 1) / TK : 0;
+    __syncthreads();  // the previous item's epilogue may still read the Q tile and the merge region
 
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    if (tile + S - 1 < num_tiles) load_tile(tile + S - 1, (tile + S - 1) % S);
-    copy_commit();
-    copy_wait<S - 1>();
+    // ---- Q tile: group rows, zero rows past the group; query transform -------------------
+    for (int c = tid; c < 16 * CPR; c += NT) {
+      const int r = c / CPR, l = c % CPR;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < group)
+        v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(P.q) +
+                                                 (int64_t(b) * P.num_qo_heads + qh0 + r) * D + l * 8));
+      *reinterpret_cast<uint4*>(sq + r * ST + l * 8) = v;
+    }
     __syncthreads();
-    const int stage = tile % S;
-    T* sk = tiles + (stage * 2 + 0) * TK * ST;
-    T* sv = tiles + (stage * 2 + 1) * TK * ST;
-    const int j0 = start + tile * TK + wk;  // this warp's first key
-    if constexpr (V::kHasKeyTransform) {  // this warp's 16 rows only: no CTA barrier needed
-      for (int r = 0; r < Tile::kKeysPerWarp; ++r) {
-        const int j = j0 + r;
-        if (j >= end) break;
-        for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[(wk + r) * ST + i]);
+    if constexpr (V::kHasQueryTransform) {
+      for (int r = warp; r < group; r += NW) {
+        for (int i = lane; i < D; i += 32) scratch[i] = to_float(sq[r * ST + i]);
         __syncwarp();
-        warp_row_hook<D, V::kKeyElementwise>(
-            scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
-            [&](float* in, float* out) { V::key_row(hp, in, out, j, hk); }, lane);
-        for (int i = lane; i < D; i += 32) sk[(wk + r) * ST + i] = from_float<T>(scratch[D + i]);
+        warp_row_hook<D, V::kQueryElementwise>(
+            scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh0 + r); },
+            [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh0 + r); }, lane);
+        for (int i = lane; i < D; i += 32) sq[r * ST + i] = from_float<T>(scratch[D + i]);
         __syncwarp();
       }
+      __syncthreads();
     }
-    // S = Q K^T: 16 rows x this warp's 16 keys (two n-tiles)
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // Q fragments in registers for the item where they fit (D <= 128)
+    constexpr bool kQInRegs = D <= 128;
+    uint32_t qfrag[kQInRegs ? D / 16 : 1][4];
+    if constexpr (kQInRegs) {
 #pragma unroll
-    for (int k0 = 0; k0 < D; k0 += 16) {
-      uint32_t a[4], bk[4];
-      ldmatrix_x4(a, sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
-      ldmatrix_x4(bk, sk + (wk + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
-      mma16816<T>(s[0], a, bk[0], bk[1]);
-      mma16816<T>(s[1], a, bk[2], bk[3]);
+      for (int k0 = 0; k0 < D; k0 += 16)
+        ldmatrix_x4(qfrag[k0 / 16], sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
     }
-    float mt = m_row;
+
+    // ---- per-thread state: rows g (a query head when g < group) and g + 8 (padding) --------
+    float o_acc[NDT][4];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < NDT; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = j0 + n * 8 + t4 * 2 + (e % 2);
-        float x = s[n][e] * scale;
-        bool visible = e < 2 && row_valid && j < end;
-        if constexpr (V::kHasLogits) {
-          if (visible) x = V::logits(hp, x, b, qo_pos, j, qh, hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
-        }
-        if constexpr (V::kHasMask) {
-          if (visible) visible = V::mask(hp, b, qo_pos, j, qh, hk);
-        }
-        s[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
-        if constexpr (V::kSoftmax) {
-          if (e < 2) mt = fmaxf(mt, s[n][e]);
+      for (int e = 0; e < 4; ++e) o_acc[n][e] = 0.f;
+    float m_row = kNegInf, d_row = 0.f;  // row g; row g + 8 never holds a head
+
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      load_next();  // S - 1 tiles ahead in the stream, possibly the next items'
+      copy_commit();
+      copy_wait<S - 1>();
+      __syncthreads();
+      const int stage = consumed % S;
+      ++consumed;
+      T* sk = tiles + (stage * 2 + 0) * TK * ST;
+      T* sv = tiles + (stage * 2 + 1) * TK * ST;
+      const int j0 = start + tile * TK + wk;  // this warp's first key
+      if constexpr (V::kHasKeyTransform) {  // this warp's 16 rows only: no CTA barrier needed
+        for (int r = 0; r < Tile::kKeysPerWarp; ++r) {
+          const int j = j0 + r;
+          if (j >= end) break;
+          for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[(wk + r) * ST + i]);
+          __syncwarp();
+          warp_row_hook<D, V::kKeyElementwise>(
+              scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
+              [&](float* in, float* out) { V::key_row(hp, in, out, j, hk); }, lane);
+          for (int i = lane; i < D; i += 32) sk[(wk + r) * ST + i] = from_float<T>(scratch[D + i]);
+          __syncwarp();
         }
       }
-    }
-    if constexpr (V::kSoftmax) {
-      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-      const float rescale = mt == kNegInf ? 1.f : exp2f(m_row - mt);
-      d_row *= rescale;
-      m_row = mt;
+      // S = Q K^T: 16 rows x this warp's 16 keys (two n-tiles)
+      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t a[4], bk[4];
+        if constexpr (kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = qfrag[k0 / 16][i];
+        } else {
+          ldmatrix_x4(a, sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+        }
+        ldmatrix_x4(bk, sk + (wk + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
+        mma16816<T>(s[0], a, bk[0], bk[1]);
+        mma16816<T>(s[1], a, bk[2], bk[3]);
+      }
+      float mt = m_row;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float p = (e < 2 && m_row != kNegInf) ? exp2f(s[n][e] - m_row) : 0.f;
-          s[n][e] = p;
-          d_row += p;
+          const int j = j0 + n * 8 + t4 * 2 + (e % 2);
+          float x = s[n][e] * scale;
+          bool visible = e < 2 && row_valid && j < end;
+          if constexpr (V::kHasLogits) {
+            if (visible) x = V::logits(hp, x, b, qo_pos, j, qh, hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
+          }
+          if constexpr (V::kHasMask) {
+            if (visible) visible = V::mask(hp, b, qo_pos, j, qh, hk);
+          }
+          s[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
+          if constexpr (V::kSoftmax) {
+            if (e < 2) mt = fmaxf(mt, s[n][e]);
+          }
         }
+      }
+      if constexpr (V::kSoftmax) {
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+        const bool grew = mt != m_row;  // then mt is finite; m_row may be -inf
+        const float rescale = grew ? fast_exp2(m_row - mt) : 1.f;
+        d_row *= rescale;
+        m_row = mt;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float p = (e < 2 && m_row != kNegInf) ? fast_exp2(s[n][e] - m_row) : 0.f;
+            s[n][e] = p;
+            d_row += p;
+          }
+        if (__any_sync(0xffffffffu, grew)) {  // the output is rescaled only when a row's max grew
+#pragma unroll
+          for (int n = 0; n < NDT; ++n) {
+            o_acc[n][0] *= rescale;
+            o_acc[n][1] *= rescale;
+          }
+        }
+      }
+      // O += P V over this warp's 16 keys
+      uint32_t a[4];
+      a[0] = pack2<T>(s[0][0], s[0][1]);
+      a[1] = pack2<T>(s[0][2], s[0][3]);
+      a[2] = pack2<T>(s[1][0], s[1][1]);
+      a[3] = pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+      for (int n = 0; n < NDT; n += 2) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, sv + (wk + (lane % 8) + ((lane / 8) % 2) * 8) * ST + n * 8 + (lane / 16) * 8);
+        mma16816<T>(o_acc[n], a, bv[0], bv[1]);
+        mma16816<T>(o_acc[n + 1], a, bv[2], bv[3]);
+      }
+      __syncthreads();  // the stage is refilled by a later prefetch
+    }
+
+    // ---- merge the four warps' states, normalise (own region: the next tiles stay in flight) --
+    d_row += __shfl_xor_sync(0xffffffffu, d_row, 1);
+    d_row += __shfl_xor_sync(0xffffffffu, d_row, 2);
+    if (row_valid) {
+      if (t4 == 0) {
+        wstate[(warp * G8 + g) * 2] = m_row;
+        wstate[(warp * G8 + g) * 2 + 1] = d_row;
+      }
 #pragma unroll
       for (int n = 0; n < NDT; ++n) {
-        o_acc[n][0] *= rescale;
-        o_acc[n][1] *= rescale;
+        wacc[(warp * G8 + g) * D + n * 8 + t4 * 2] = o_acc[n][0];
+        wacc[(warp * G8 + g) * D + n * 8 + t4 * 2 + 1] = o_acc[n][1];
       }
     }
-    // O += P V over this warp's 16 keys
-    uint32_t a[4];
-    a[0] = pack2<T>(s[0][0], s[0][1]);
-    a[1] = pack2<T>(s[0][2], s[0][3]);
-    a[2] = pack2<T>(s[1][0], s[1][1]);
-    a[3] = pack2<T>(s[1][2], s[1][3]);
-#pragma unroll
-    for (int n = 0; n < NDT; n += 2) {
-      uint32_t bv[4];
-      ldmatrix_x4_trans(bv, sv + (wk + (lane % 8) + ((lane / 8) % 2) * 8) * ST + n * 8 + (lane / 16) * 8);
-      mma16816<T>(o_acc[n], a, bv[0], bv[1]);
-      mma16816<T>(o_acc[n + 1], a, bv[2], bv[3]);
-    }
-    __syncthreads();  // the stage is refilled by a later prefetch
-  }
-  copy_wait<0>();
-  __syncthreads();
-
-  // ---- merge the four warps' states, normalise -----------------------------------------
-  constexpr int G8 = Tile::kMaxGroup;
-  float* wstate = reinterpret_cast<float*>(body);     // [NW][G8][2]
-  float* wacc = wstate + NW * G8 * 2;                 // [NW][G8][D]
-  float* rows = wacc + NW * G8 * D;                   // [G8][D] final rows, then [G8][D] scratch
-  float* row_lse = rows + 2 * G8 * D;                 // [G8]
-  d_row += __shfl_xor_sync(0xffffffffu, d_row, 1);
-  d_row += __shfl_xor_sync(0xffffffffu, d_row, 2);
-  if (row_valid) {
-    if (t4 == 0) {
-      wstate[(warp * G8 + g) * 2] = m_row;
-      wstate[(warp * G8 + g) * 2 + 1] = d_row;
-    }
-#pragma unroll
-    for (int n = 0; n < NDT; ++n) {
-      wacc[(warp * G8 + g) * D + n * 8 + t4 * 2] = o_acc[n][0];
-      wacc[(warp * G8 + g) * D + n * 8 + t4 * 2 + 1] = o_acc[n][1];
-    }
-  }
-  __syncthreads();
-  for (int idx = tid; idx < group * CPR; idx += NT) {
-    const int r = idx / CPR, l = idx % CPR;
-    float fm = kNegInf, fd = 0.f, fa[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      const float mw = wstate[(w * G8 + r) * 2], dw = wstate[(w * G8 + r) * 2 + 1];
-      MergeScales ms = V::kSoftmax ? merge_scales(fm, mw) : MergeScales{0.f, 1.f, 1.f};
-      fd = fd * ms.a + dw * ms.b;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) fa[e] = fa[e] * ms.a + wacc[(w * G8 + r) * D + l * 8 + e] * ms.b;
-      fm = ms.m;
-    }
-    float lse_v = 0.f;
-    if constexpr (V::kSoftmax) {
-      const float inv = fd > 0.f ? 1.f / fd : 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) fa[e] *= inv;
-      lse_v = fd > 0.f ? fm + log2f(fd) : kNegInf;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) rows[r * D + l * 8 + e] = fa[e];
-    if (l == 0) row_lse[r] = lse_v;
-  }
-  __syncthreads();
-
-  if (part_row0 >= 0) {  // partial state for merge.cuh; the output transform runs after the merge
+    __syncthreads();
     for (int idx = tid; idx < group * CPR; idx += NT) {
       const int r = idx / CPR, l = idx % CPR;
-      const int64_t row = part_row0 + qh0 + r;
-      float4* dst = reinterpret_cast<float4*>(P.part_o + row * D + l * 8);
-      const float* src = rows + r * D + l * 8;
-      dst[0] = make_float4(src[0], src[1], src[2], src[3]);
-      dst[1] = make_float4(src[4], src[5], src[6], src[7]);
-      if (l == 0) P.part_lse[row] = row_lse[r];
+      float fm = kNegInf, fd = 0.f, fa[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        const float mw = wstate[(w * G8 + r) * 2], dw = wstate[(w * G8 + r) * 2 + 1];
+        MergeScales ms = V::kSoftmax ? merge_scales(fm, mw) : MergeScales{0.f, 1.f, 1.f};
+        fd = fd * ms.a + dw * ms.b;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) fa[e] = fa[e] * ms.a + wacc[(w * G8 + r) * D + l * 8 + e] * ms.b;
+        fm = ms.m;
+      }
+      float lse_v = 0.f;
+      if constexpr (V::kSoftmax) {
+        const float inv = fd > 0.f ? 1.f / fd : 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) fa[e] *= inv;
+        lse_v = fd > 0.f ? fm + log2f(fd) : kNegInf;
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) rows[r * D + l * 8 + e] = fa[e];
+      if (l == 0) row_lse[r] = lse_v;
     }
-    return;
+    __syncthreads();
+
+    if (cur.part_row0 >= 0) {  // partial state for merge.cuh; the output transform runs after the merge
+      for (int idx = tid; idx < group * CPR; idx += NT) {
+        const int r = idx / CPR, l = idx % CPR;
+        const int64_t row = cur.part_row0 + qh0 + r;
+        float4* dst = reinterpret_cast<float4*>(P.part_o + row * D + l * 8);
+        const float* src = rows + r * D + l * 8;
+        dst[0] = make_float4(src[0], src[1], src[2], src[3]);
+        dst[1] = make_float4(src[4], src[5], src[6], src[7]);
+        if (l == 0) P.part_lse[row] = row_lse[r];
+      }
+    } else {
+      finish_rows<V, T, D>(rows, rows + G8 * D, row_lse, group, b, qo_pos, qh0, P.num_qo_heads,
+                           static_cast<T*>(P.o), P.lse, hp, tid, NT, P.empty_lse());
+    }
   }
-  finish_rows<V, T, D>(rows, rows + G8 * D, row_lse, group, b, qo_pos, qh0, P.num_qo_heads,
-                       static_cast<T*>(P.o), P.lse, hp, tid, NT, P.empty_lse());
+  copy_wait<0>();
 }
 
 // Grid mode (no plan): grid (num_chunks, Hkv, B), an even split of each request's visible keys.
@@ -298,23 +369,13 @@ decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
   const int hk = blockIdx.y;
   if (P.plan != nullptr) {
     const DecodePlanView plan(P.plan);
-    for (int w = plan.cta_indptr[blockIdx.x]; w < plan.cta_indptr[blockIdx.x + 1]; ++w) {
-      const int32_t* item = plan.work + 5 * w;  // request, query tile, kv start, kv end, partial slot
-      const int b = item[0];
-      const KeyRange vis = visible_keys<V>(P.kv.length(b), hp);
-      const int start = max(item[2], vis.lo), end = min(item[3], vis.hi);
-      decode_tc_item<V, T, D, S>(P, hp, smem_raw, b, hk, start, end,
-                                 item[4] < 0 ? -1 : int64_t(item[4]) * P.num_qo_heads);
-    }
+    const int w0 = plan.cta_indptr[blockIdx.x];
+    const DecodeTCItems<V> items{P, hp, plan.work + 5 * w0, plan.cta_indptr[blockIdx.x + 1] - w0};
+    decode_tc_items<V, T, D, S>(P, hp, smem_raw, hk, items);
     return;
   }
-  const int chunk = blockIdx.x, b = blockIdx.z;
-  const KeyRange vis = visible_keys<V>(P.kv.length(b), hp);
-  const int span = max(vis.hi - vis.lo, 0);
-  const int per = (span + P.num_chunks - 1) / P.num_chunks;
-  const int start = vis.lo + chunk * per, end = min(vis.hi, start + per);
-  decode_tc_item<V, T, D, S>(P, hp, smem_raw, b, hk, start, end,
-                             P.num_chunks > 1 ? (int64_t(b) * P.num_chunks + chunk) * P.num_qo_heads : -1);
+  const DecodeTCItems<V> items{P, hp, nullptr, 1};
+  decode_tc_items<V, T, D, S>(P, hp, smem_raw, hk, items);
 }
 
 }  // namespace attngen

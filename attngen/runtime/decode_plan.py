@@ -144,4 +144,4 @@ def decode_tc_ctas_per_sm(head_dim: int, smem_per_sm: int, smem_optin: int) -> i
 
 
 def decode_tc_stages(head_dim: int) -> int:
-    return {64: 4, 128: 3, 256: 2}[head_dim]
+    return {64: 4, 128: 2, 256: 2}[head_dim]

@@ -49,7 +49,7 @@ struct PrefillTile {
   static constexpr int kWarps = 4;
   static constexpr int kMTiles = MT;
   static constexpr int kRows = 16 * MT * kWarps;
-  static constexpr int kKeys = D == 256 ? (Small ? 16 : 32) : (MT == 2 && D == 128 ? 32 : 64);
+  static constexpr int kKeys = D == 256 ? (Small ? 16 : 32) : 64;
   static constexpr int kStages = (Small && D != 64) ? 1 : 2;
   static constexpr int kPad = 8;  // elements of padding per smem row: conflict-free ldmatrix
   static constexpr int kStride = D + kPad;
@@ -134,15 +134,17 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   // each thread copies one 16-byte column chunk of every RPP-th key row, its K row and its V row
   constexpr int CPR = D / 8, RPP = NT / CPR;
   static_assert(NT % CPR == 0 && TK % RPP == 0, "K/V rows split evenly over the threads");
+  const T* kv_col = kvbase + head_off + (tid % CPR) * 8;  // this thread's column of KV head hk
   auto load_kv = [&](int kt, int stage) {
-    const int j0 = lo + kt * TK, l = tid % CPR;
-    T* dst = skv + (stage * 2 * TK + tid / CPR) * ST + l * 8;
-#pragma unroll
+    const int j0 = lo + kt * TK + tid / CPR;
+    T* dst = skv + (stage * 2 * TK + tid / CPR) * ST + (tid % CPR) * 8;
+    // not unrolled: the row addresses are formed one at a time, so the output accumulators
+    // (live across the loads) keep their registers
+#pragma unroll 1
     for (int i = 0; i < TK / RPP; ++i, dst += RPP * ST) {
-      const int j = j0 + tid / CPR + i * RPP;
+      const int j = j0 + i * RPP;
       const bool ok = j < hi;
-      const T* src = kvbase;
-      if (ok) src = kvbase + P.kv.key_offset(kv_start, j) + head_off + l * 8;
+      const T* src = ok ? kv_col + P.kv.key_offset(kv_start, j) : kvbase;
       copy16_async(dst, src, ok);
       copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
     }

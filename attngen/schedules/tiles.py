@@ -42,7 +42,7 @@ def decode_tc_smem_bytes(d: int, stages: int) -> int:
 def prefill_smem_bytes(d: int, small: bool, m_tiles: int = 1) -> int:
     warps = 4
     rows = 16 * m_tiles * warps
-    keys = (16 if small else 32) if d == 256 else (32 if m_tiles == 2 and d == 128 else 64)
+    keys = (16 if small else 32) if d == 256 else 64
     stages = 1 if (small and d != 64) else 2
     stride = d + 8
     qk = (rows + 2 * stages * keys) * stride * ELEM

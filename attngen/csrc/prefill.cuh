@@ -79,8 +79,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   float* scratch_all = reinterpret_cast<float*>(
       smem_raw + (prefill_smem_bytes<V, T, D, Small, MT>() - size_t(Tile::kWarps) * 2 * D * sizeof(float)));
 
-  // the last query tiles first: under a causal mask they see the most keys, so the long CTAs start early
-  const int tile = gridDim.x - 1 - blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  // blockIdx.x runs over (query tile, KV head) with the head fastest and the last query tiles first: under
+  // a causal mask those see the most keys, so the long CTAs of every head start before any short one
+  const int hk = blockIdx.x % P.num_kv_heads, b = blockIdx.z;
+  const int tile = (gridDim.x - 1 - blockIdx.x) / P.num_kv_heads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* scratch = scratch_all + warp * 2 * D;
   const int group = P.group;
@@ -435,7 +437,7 @@ void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;
-  kernel<<<dim3(tiles, P.num_kv_heads, P.batch), Tile::kThreads, smem, stream>>>(P, hp);
+  kernel<<<dim3(tiles * P.num_kv_heads, 1, P.batch), Tile::kThreads, smem, stream>>>(P, hp);
 }
 
 // Rows (tokens x group heads) of the longest request from which the wide tile is used.

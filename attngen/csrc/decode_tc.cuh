@@ -115,12 +115,17 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   const bool ps_pow2 = (ps & (ps - 1)) == 0;
   const int ps_shift = __ffs(ps) - 1;
 
-  // ---- the loader: the next tile of the stream, one page lookup per row pass ------------
+  // ---- the loader: the stream's tiles in order. The page ids of the tile it issues next are read one
+  // call ahead (into pid), so issuing a tile's cp.async never waits on a page-table load --------------
+  constexpr int PASSES = TK / RPP;
   int l_item = -1, l_tile = 0, l_tiles = 0, loaded = 0;
   DecodeTCItem l_cur{0, 0, 0, -1};
   const int32_t* l_page_ids = nullptr;
-  auto load_next = [&]() {
-    while (l_tile >= l_tiles && l_item < items.count) {  // items without keys have no tiles
+  int pid[PASSES];
+  bool l_have = false;  // pid holds the page ids of a tile still to issue
+  auto advance = [&]() {  // to the stream's next tile (items without keys have none); read its page ids
+    ++l_tile;
+    while (l_tile >= l_tiles && l_item < items.count) {
       if (++l_item < items.count) {
         l_cur = items.get(l_item);
         l_tiles = l_cur.end > l_cur.start ? (l_cur.end - l_cur.start + TK - 1) / TK : 0;
@@ -128,25 +133,33 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         l_page_ids = P.kv.indices + P.kv.indptr[l_cur.b];
       }
     }
-    if (l_item >= items.count) return;
+    l_have = l_item < items.count;
+    if (!l_have) return;
+    const int t0 = l_cur.start + l_tile * TK;
+#pragma unroll
+    for (int pass = 0; pass < PASSES; ++pass) {
+      const int j = t0 + pass * RPP + tid / CPR;
+      pid[pass] = j < l_cur.end ? __ldg(l_page_ids + (ps_pow2 ? (j >> ps_shift) : j / ps)) : 0;
+    }
+  };
+  auto load_next = [&]() {  // issue the prefetched tile, then read the following tile's page ids
+    if (!l_have) return;
     const int t0 = l_cur.start + l_tile * TK, stage = loaded % S;
 #pragma unroll
-    for (int pass = 0; pass < TK / RPP; ++pass) {
+    for (int pass = 0; pass < PASSES; ++pass) {
       const int r = pass * RPP + tid / CPR, j = t0 + r;
       const bool ok = j < l_cur.end;
-      const T* src = pages;
-      if (ok) {
-        const int pi = ps_pow2 ? (j >> ps_shift) : j / ps;
-        const int slot = ps_pow2 ? (j & (ps - 1)) : j - pi * ps;
-        src = pages + int64_t(l_page_ids[pi]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot + head_off;
-      }
+      const int slot = ps_pow2 ? (j & (ps - 1)) : j % ps;
+      const T* src = ok ? pages + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot + head_off
+                        : pages;
       T* dst = tiles + ((stage * 2) * TK + r) * ST + (tid % CPR) * 8;
       copy16_async(dst, src, ok);
       copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
     }
-    ++l_tile;
     ++loaded;
+    advance();
   };
+  advance();
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
     load_next();

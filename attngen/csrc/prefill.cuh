@@ -444,7 +444,7 @@ void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename
 constexpr int kPrefillWideRows = 256;
 
 // The 128-row tile unless 64-row tiles are asked for (P.tile_rows == 64), where the requests are
-// long enough and D <= 128 (on the H200 it ran causal prefill at L 4k / 16k 1.26x / 1.52x faster than
+// long enough and D <= 128 (on the H200 it ran causal prefill at L 4k / 16k 1.30x / 1.31x faster than
 // the 64-row tile); else the big 64-row configuration where the device's opt-in shared memory holds
 // it, else the small one.
 template <class V, class T, int D>

@@ -6,12 +6,12 @@ decode (decode.cuh, DecodeTile): threads = (D/8 lanes) x G heads x Z token lanes
   tiles of 32 tokens (16 at D=256), 3 cp.async stages of K and V, plus fp32 key rows when
   the variant transforms keys.
 decode on tensor cores (decode_tc.cuh, DecodeTCTile): 4 warps x 16 keys per stage, a 16-row
-  query tile, S stages (4 / 3 / 2 at D = 64 / 128 / 256; fewer where shared memory is short, and
-  the CUDA-core template where even one stage does not fit), rows padded by 8 elements.
+  query tile, S stages (4 / 2 / 2 at D = 64 / 128 / 256, two CTAs per SM at D <= 128; fewer where
+  shared memory is short, and the CUDA-core template where even one stage does not fit), rows
+  padded by 8 elements, the cross-warp merge region apart from the stages.
 prefill (prefill.cuh, PrefillTile): 64 query rows (4 warps x 16; 128 rows, 4 warps x two 16-row
   m-tiles, for long requests at D <= 128 where shared memory holds it), 64 keys per tile (32 at
-  D=256, and in the 128-row tile at D=128 so that its registers do not spill; 16 in the small
-  config), 2 stages (1 in the small config except D=64), rows padded by 8 elements for
+  D=256, 16 in the small config), 2 stages (1 in the small config except D=64), rows padded by 8 elements for
   conflict-free ldmatrix; the epilogue stages the tile's fp32 output rows.
 """
 from __future__ import annotations

@@ -76,7 +76,7 @@ def run(args) -> None:
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_decode import CASES as DECODE_CASES, HEAD_DIM, PAGE, make_case
-    from bench_prefill import CASES as PREFILL_CASES, HKV, HQ
+    from bench_prefill import CASES as PREFILL_CASES, HQ, make_case as make_prefill_case
     from common import bench, copy_bandwidth
     from attngen.runtime import CUDAAttention, PagedKV, RaggedKV, decode_plan
     from attngen.variants import builtin
@@ -99,10 +99,7 @@ def run(args) -> None:
     res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
            "revisions": {name: meta["commit"] for name, meta, _ in revs}, "prefill": [], "decode": []}
     for name, L in PREFILL_CASES:
-        q = torch.randn(L, HQ, D, dtype=torch.bfloat16, device="cuda")
-        k = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
-        v = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
-        indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
+        q, k, v, indptr = make_prefill_case(L)
         kv = RaggedKV(k, v, indptr)
         flops = 2 * 2 * L * L / 2 * D * HQ
         row, first = {"case": name}, None

@@ -20,6 +20,14 @@ CASES = [("causal L4k", 4096), ("causal L16k", 16384)]
 HQ, HKV, D = 32, 8, 128
 
 
+def make_case(L: int):
+    """q [L, HQ, D], k / v [L, HKV, D] (bf16, random) and the indptr [2] of one request of L tokens."""
+    q = torch.randn(L, HQ, D, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
+    return q, k, v, torch.tensor([0, L], dtype=torch.int32, device="cuda")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -36,10 +44,7 @@ def main():
     res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit,
            "cases": []}
     for name, L in CASES:
-        q = torch.randn(L, HQ, D, dtype=torch.bfloat16, device="cuda")
-        k = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
-        v = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
-        indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
+        q, k, v, indptr = make_case(L)
         kv = RaggedKV(k, v, indptr)
         plan = att.plan_prefill(indptr, kv, D)
         out = torch.empty_like(q)

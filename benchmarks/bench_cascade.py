@@ -5,11 +5,13 @@ bf16, Hq 32 / Hkv 8, D 128, page 16; every request holds one shared prefix (whol
 
 - attngen flat: the load-balanced decode over each request's full page table (the prefix pages
   repeated in every table), the reference of the "max |diff|" column;
-- attngen cascade (API): ``CascadeAttention.run(q, levels)`` with two levels (prefix shared by
-  all rows, suffix per request), planning on every call (host checks with device-to-host copies
-  of the page tables);
+- attngen cascade (API): ``CascadeAttention.plan(levels, mode="cascade")`` and ``run`` on every
+  call, two levels (prefix shared by all rows, suffix per request): host checks with
+  device-to-host copies of the page tables each time;
 - attngen cascade (planned): ``CascadeAttention.plan`` once, ``run(q, plan=plan)`` timed: the
   shared prefix split into chunks run by one launch, their states merged;
+- attngen cascade (mode auto): planned once with the default mode, which runs flat (one decode
+  over the concatenated page lists) where the cascade would save under CASCADE_MIN_SAVED_BYTES;
 - attngen cascade (unsplit): the same with ``max_chunks=1`` (the prefix not split);
 - attngen prefix prefill + suffix decode: level 0 as above, level 1 by the load-balanced decode;
 - FlashInfer ``MultiLevelCascadeAttentionWrapper`` (2 levels) and flat
@@ -37,6 +39,7 @@ METHODS = [  # (result key, Markdown column)
     ("attngen_flat", "attngen flat decode"),
     ("attngen_cascade_api", "attngen cascade (API)"),
     ("attngen_cascade_planned", "attngen cascade (planned)"),
+    ("attngen_cascade_auto", "attngen cascade (planned, mode auto)"),
     ("attngen_cascade_unsplit", "attngen cascade (planned, prefix unsplit)"),
     ("attngen_prefill_decode", "attngen prefix prefill + suffix decode"),
     ("flashinfer_cascade", "FI cascade (2 levels)"),
@@ -102,16 +105,22 @@ def attngen_runners(att, c: SharedPrefixCase) -> dict:
 
     def cascade_api():  # levels given to every call: host checks and plans each time
         cascade = CascadeAttention(att)
-        return lambda: cascade.run(c.q, levels)[0]
+        return lambda: cascade.run(c.q, plan=cascade.plan(levels, int(c.q.shape[0]), D, mode="cascade"))[0]
 
     def cascade_planned():  # planned once (the shared prefix split into chunks), run per layer
         cascade = CascadeAttention(att)
-        plan = cascade.plan(levels, int(c.q.shape[0]), D)
+        plan = cascade.plan(levels, int(c.q.shape[0]), D, mode="cascade")
+        return lambda: cascade.run(c.q, plan=plan)[0]
+
+    def cascade_auto():  # mode "auto": flat (a decode over the concatenated page lists) where the cascade saves little
+        cascade = CascadeAttention(att)
+        plan = cascade.plan(levels, int(c.q.shape[0]), D, num_qo_heads=HQ)
+        print(f"  auto chose {plan.mode}", flush=True)
         return lambda: cascade.run(c.q, plan=plan)[0]
 
     def cascade_unsplit():  # planned once, the shared prefix not split (one CTA column per query tile)
         cascade = CascadeAttention(att)
-        plan = cascade.plan(levels, int(c.q.shape[0]), D, max_chunks=1)
+        plan = cascade.plan(levels, int(c.q.shape[0]), D, max_chunks=1, mode="cascade")
         return lambda: cascade.run(c.q, plan=plan)[0]
 
     def prefill_decode():
@@ -125,6 +134,7 @@ def attngen_runners(att, c: SharedPrefixCase) -> dict:
         return run
 
     return {"attngen_flat": flat, "attngen_cascade_api": cascade_api, "attngen_cascade_planned": cascade_planned,
+            "attngen_cascade_auto": cascade_auto,
             "attngen_cascade_unsplit": cascade_unsplit, "attngen_prefill_decode": prefill_decode}
 
 

@@ -63,19 +63,23 @@ def test_cascade_equals_flat_attention(modules, seed, groups, name):
     att = modules[name]
     q, levels, flat, qo_indptr = build_case(rng, groups)
     params = {p.name: p.default for p in att.variant.params}  # the scalar parameters' defaults
-    out, lse = CascadeAttention(att).run(q, levels, sm_scale=0.25, params=params)
     f_out, f_lse = att.prefill(q, flat, qo_indptr, sm_scale=0.25, params=params)
-    assert not np.isnan(out).any() and not np.isnan(lse).any()
-    if out.size == 0:
-        return
-    assert np.abs(out - f_out).max() < 1e-5
-    if name != "sigmoid":
-        assert np.array_equal(np.isneginf(lse), np.isneginf(f_lse))
-        live = np.isfinite(f_lse)
-        assert np.abs(lse[live] - f_lse[live]).max(initial=0) < 1e-5
     keys, vals = gather_pages(flat.pages, flat.indptr, flat.indices, flat.last_page_len)
     ref, _ = reference_attention(att.variant, q, keys, vals, qo_indptr, 0.25, params)
-    assert np.abs(out - ref).max() < 1e-4
+    cascade = CascadeAttention(att)
+    for mode in ("cascade", "flat"):  # the levels merged, and the levels' page lists concatenated
+        plan = cascade.plan(levels, q.shape[0], D, mode=mode)
+        assert plan.mode == (mode if q.shape[0] else "cascade")
+        out, lse = cascade.run(q, plan=plan, sm_scale=0.25, params=params)
+        assert not np.isnan(out).any() and not np.isnan(lse).any()
+        if out.size == 0:
+            continue
+        assert np.abs(out - f_out).max() < 1e-5
+        if name != "sigmoid":
+            assert np.array_equal(np.isneginf(lse), np.isneginf(f_lse))
+            live = np.isfinite(f_lse)
+            assert np.abs(lse[live] - f_lse[live]).max(initial=0) < 1e-5
+        assert np.abs(out - ref).max() < 1e-4
 
 
 def test_position_dependent_variants_are_refused(tmp_path):
@@ -105,7 +109,7 @@ def test_split_shared_prefix_equals_flat_attention(modules, seed, prefix_pages, 
     q, levels, flat, qo_indptr = build_case(rng, [(prefix_pages, reqs)])
     params = {p.name: p.default for p in att.variant.params}
     cascade = CascadeAttention(att)
-    plan = cascade.plan(levels, q.shape[0], D, max_chunks=max_chunks, chunk_keys=chunk_keys)
+    plan = cascade.plan(levels, q.shape[0], D, max_chunks=max_chunks, chunk_keys=chunk_keys, mode="cascade")
     expect = min(max_chunks, prefix_pages, -(-prefix_pages * S // chunk_keys)) if q.shape[0] else 1
     assert plan.levels[0].chunks == max(expect, 1)
     for _ in range(2):  # the plan serves every call (layer)
@@ -128,3 +132,46 @@ def test_plan_is_tied_to_its_row_count(modules, rng):
         cascade.run(q[:2], plan=plan)
     with pytest.raises(AttentionArgumentError, match=r"run: pass the levels or a plan"):
         cascade.run(q)
+
+
+def test_auto_mode_runs_flat_unless_the_cascade_saves_enough(modules, rng, monkeypatch):
+    """Small shared prefixes run flat (one attention over concatenated page lists, a decode when every row
+    group is one row); where the saved K/V bytes exceed the threshold, the levels run as a cascade."""
+    from attngen.runtime import cascade as cascade_mod
+
+    att = modules["vanilla"]
+    q, levels, flat, qo_indptr = build_case(rng, [(3, [(1, 5), (1, 2), (1, 0)]), (2, [(1, 7)])])
+    kv, cuts, flat_keys, unique_keys = cascade_mod.flatten_levels(levels, q.shape[0])
+    assert cuts.tolist() == qo_indptr.tolist()
+    assert flat_keys == 3 * (3 * S) + 5 + 2 + 2 * S + 7  # each request reads its prefix and its suffix
+    assert unique_keys == 3 * S + 2 * S + 5 + 2 + 7
+    cascade = CascadeAttention(att)
+    plan = cascade.plan(levels, q.shape[0], D)
+    assert plan.mode == "flat" and plan.levels[0].decode  # one row per request: a decode
+    out, lse = cascade.run(q, plan=plan, sm_scale=0.25)
+    f_out, f_lse = att.prefill(q, flat, qo_indptr, sm_scale=0.25)
+    assert np.abs(out - f_out).max() < 1e-5 and np.abs(lse - f_lse).max() < 1e-5
+    saved = (flat_keys - unique_keys) * 2 * 2 * D * 4  # K and V, 2 KV heads, fp32
+    monkeypatch.setattr(cascade_mod, "CASCADE_MIN_SAVED_BYTES", saved + 1)
+    assert cascade.plan(levels, q.shape[0], D).mode == "flat"
+    monkeypatch.setattr(cascade_mod, "CASCADE_MIN_SAVED_BYTES", saved)
+    plan = cascade.plan(levels, q.shape[0], D)
+    assert plan.mode == "cascade" and len(plan.levels) == 2
+    out, lse = cascade.run(q, plan=plan, sm_scale=0.25)
+    assert np.abs(out - f_out).max() < 1e-5
+
+
+def test_flat_mode_needs_concatenable_page_lists(modules, rng):
+    """A row group whose prefix and suffix both end on a partial page has no flat view: "flat" says so,
+    "auto" keeps the cascade."""
+    q, levels, flat, qo_indptr = build_case(rng, [(2, [(2, 3)])])
+    lv0 = levels[0]
+    partial = CascadeLevel(lv0.qo_indptr, PagedKV(lv0.kv.pages, lv0.kv.indptr, lv0.kv.indices,
+                                                  np.array([S - 1], np.int32)))
+    cascade = CascadeAttention(modules["vanilla"])
+    with pytest.raises(AttentionArgumentError, match=r"mode='flat'.*rows 0..1: 2 of their page lists end on a "
+                                                     r"partial page.*mode='cascade'"):
+        cascade.plan([partial, levels[1]], q.shape[0], D, mode="flat")
+    assert cascade.plan([partial, levels[1]], q.shape[0], D).mode == "cascade"
+    with pytest.raises(AttentionArgumentError, match=r"mode: one of"):
+        cascade.plan(levels, q.shape[0], D, mode="fast")

@@ -70,12 +70,15 @@ def test_headwise_bsr_on_gpu(cuda_vanilla, rng, block_sizes):
     assert np.abs(lse[live] - ref_l[live]).max() < 2e-3
 
 
-def test_cascade_on_gpu(cuda_vanilla, rng):
+@pytest.mark.parametrize("rows", [[2, 1, 4], [1, 1, 1]])  # prefill-shaped and decode-shaped row groups
+def test_cascade_on_gpu(cuda_vanilla, rng, rows):
+    """Every mode equals flat prefill: the levels merged ("cascade"), and the concatenated page lists ("flat":
+    a prefill, or with one row per request a decode)."""
     import torch
 
     from attngen.runtime import CascadeAttention, CascadeLevel, PagedKV
 
-    q, levels, flat, qo_indptr = build_case(rng, [(3, [(2, 9), (1, 5)]), (1, [(4, 7)])])
+    q, levels, flat, qo_indptr = build_case(rng, [(3, [(rows[0], 9), (rows[1], 5)]), (1, [(rows[2], 7)])])
     dev = lambda a: torch.as_tensor(a).cuda()  # noqa: E731
     pages = torch.as_tensor(levels[0].kv.pages).half().cuda().contiguous()
     pages = torch.nn.functional.pad(pages, (0, 64 - pages.shape[-1])).contiguous()  # head_dim 64 build
@@ -84,8 +87,14 @@ def test_cascade_on_gpu(cuda_vanilla, rng):
         return PagedKV(pages, dev(kv.indptr), dev(kv.indices), dev(kv.last_page_len))
 
     qd = torch.nn.functional.pad(torch.as_tensor(q).half(), (0, 64 - q.shape[-1])).cuda().contiguous()
-    out, lse = CascadeAttention(cuda_vanilla).run(qd, [CascadeLevel(dev(lv.qo_indptr), to_dev(lv.kv)) for lv in levels],
-                                                  sm_scale=0.25)
     f_out, f_lse = cuda_vanilla.prefill(qd, to_dev(flat), dev(qo_indptr), sm_scale=0.25)
-    assert torch.allclose(out.float(), f_out.float(), atol=2e-3)
-    assert torch.allclose(lse[torch.isfinite(f_lse)], f_lse[torch.isfinite(f_lse)], atol=1e-3)
+    cascade = CascadeAttention(cuda_vanilla)
+    dev_levels = [CascadeLevel(dev(lv.qo_indptr), to_dev(lv.kv)) for lv in levels]
+    for mode in ("cascade", "flat"):
+        plan = cascade.plan(dev_levels, qd.shape[0], 64, mode=mode, num_qo_heads=qd.shape[1])
+        assert plan.mode == mode
+        if mode == "flat":
+            assert plan.levels[0].decode == (max(rows) == 1)
+        out, lse = cascade.run(qd, plan=plan, sm_scale=0.25)
+        assert torch.allclose(out.float(), f_out.float(), atol=2e-3)
+        assert torch.allclose(lse[torch.isfinite(f_lse)], f_lse[torch.isfinite(f_lse)], atol=1e-3)

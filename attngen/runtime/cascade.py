@@ -16,6 +16,12 @@ shared by the whole batch) is split along its pages into chunks that run as sepa
 are consecutive ranges of the same page list), and the chunks' states are merged: split-KV
 for the shared prefix, so its keys are read by many CTAs at once instead of by the few that
 the batch's query rows alone would make.
+
+A cascade pays fixed costs (a launch per level, the state merges) to read each shared key once.
+Where the levels share little (a short prompt, a small batch), one flat attention over each row
+group's concatenated page lists is faster: ``plan(mode="auto")`` (the default) runs flat when the
+bytes the cascade would save fall below ``CASCADE_MIN_SAVED_BYTES`` per extra level, and the levels
+can be concatenated (one cache; per row group, at most one of its page lists ends on a partial page).
 """
 from __future__ import annotations
 
@@ -42,17 +48,71 @@ class _PlannedLevel:
     kv: PagedKV  # the level's view, or its page chunks (one "request" per chunk)
     qo_indptr: object  # [G+1], or [k+1] = 0, R, 2R, ... for k chunks of a one-group level of R rows
     chunks: int  # 1: run as given; k > 1: q rows replicated k times, states merged
-    backend_plan: object  # the backend's prefill plan (None on backends without one)
+    backend_plan: object  # the backend's prefill (or decode) plan (None on backends without plans)
+    decode: bool = False  # run as a decode (a flat view whose row groups are single rows)
 
 
 @dataclass
 class CascadePlan:
     total_q: int
-    levels: list
+    levels: list  # [_PlannedLevel]; a flat plan has one level: the concatenated page lists
+    mode: str = "cascade"  # "cascade" or "flat": what run executes
 
 
 CHUNK_KEYS = 2048  # keys per chunk of a split shared level
 MAX_CHUNKS = 32
+# "auto" runs a cascade only where it saves at least this many K/V bytes per level beyond the first.
+# On the H200 (benchmarks/results/cascade_2026-11-29.md) a planned two-level cascade took about 0.07 ms
+# more than flat decode where it saved almost nothing (B 16, prefix 1k: 0.151 vs 0.083 ms); 256 MiB is
+# about that long at the measured 4.2 TB/s. At B 64, prefix 32k it saves 8.4 GB and ran 3.5x faster.
+CASCADE_MIN_SAVED_BYTES = 256 << 20
+MODES = ("auto", "cascade", "flat")
+
+
+def _level_lists(lvl: CascadeLevel, i: int):
+    qo = as_numpy(lvl.qo_indptr, f"levels[{i}].qo_indptr")
+    indptr = as_numpy(lvl.kv.indptr, f"levels[{i}].kv.indptr")
+    return qo, indptr, as_numpy(lvl.kv.indices, f"levels[{i}].kv.indices"), as_numpy(
+        lvl.kv.last_page_len, f"levels[{i}].kv.last_page_len")
+
+
+def _keys(n_pages: int, last: int, page_size: int) -> int:
+    return (n_pages - 1) * page_size + last if n_pages else 0
+
+
+def flatten_levels(levels: list[CascadeLevel], total_q: int):
+    """The flat view of a cascade: row groups = the union of every level's group boundaries, each with the
+    concatenation of its levels' page lists (the one list ending on a partial page last). Returns
+    (PagedKV, qo_indptr [G+1] numpy, flat keys, unique keys), or a string saying why the levels cannot be
+    concatenated."""
+    ref = levels[0].kv
+    for i, lvl in enumerate(levels):
+        if lvl.kv.pages is not ref.pages or lvl.kv.layout != ref.layout:
+            return f"levels[{i}].kv: a view of another cache (or layout) than levels[0]"
+    lists = [_level_lists(lvl, i) for i, lvl in enumerate(levels)]
+    ps = ref.page_size
+    cuts = np.unique(np.concatenate([qo for qo, _, _, _ in lists]))
+    indptr, indices, last, flat_keys = [0], [], [], 0
+    unique_keys = sum(_keys(int(ip[g + 1] - ip[g]), int(lp[g]), ps) for _, ip, _, lp in lists for g in range(len(ip) - 1))
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        full, partial = [], []
+        for qo, ip, idx, lp in lists:
+            g = int(np.searchsorted(qo, a, side="right")) - 1  # the group of this level holding rows [a, b)
+            n = int(ip[g + 1] - ip[g])
+            if n:
+                (full if lp[g] == ps else partial).append((idx[ip[g]:ip[g + 1]], int(lp[g])))
+        if len(partial) > 1:
+            return (f"rows {a}..{b - 1}: {len(partial)} of their page lists end on a partial page; only one can "
+                    "be concatenated last")
+        pieces = full + partial
+        indices += [p for pages, _ in pieces for p in pages.tolist()]
+        indptr.append(len(indices))
+        last.append(pieces[-1][1] if pieces else 0)
+        flat_keys += _keys(indptr[-1] - indptr[-2], last[-1], ps)
+    like = ref.indptr
+    kv = PagedKV(ref.pages, int32_like(like, np.array(indptr, np.int32)), int32_like(like, np.array(indices, np.int32)),
+                 int32_like(like, np.array(last, np.int32)), ref.layout)
+    return kv, cuts.astype(np.int32), flat_keys, unique_keys
 
 
 def _split_level(lvl: CascadeLevel, qo: np.ndarray, max_chunks: int, chunk_keys: int) -> tuple[PagedKV, object, int]:
@@ -81,20 +141,42 @@ class CascadeAttention:
         self.variant = backend.variant
 
     def plan(self, levels: list[CascadeLevel], total_q: int, head_dim: int, *,
-             max_chunks: int = MAX_CHUNKS, chunk_keys: int = CHUNK_KEYS) -> CascadePlan:
+             max_chunks: int = MAX_CHUNKS, chunk_keys: int = CHUNK_KEYS, mode: str = "auto",
+             num_qo_heads: int | None = None) -> CascadePlan:
         """Host checks of every level and the backend's plans, once per batch step (every layer reuses
         them). A shared one-group level is split into chunks of about ``chunk_keys`` keys, at most
-        ``max_chunks`` (1: never split)."""
+        ``max_chunks`` (1: never split). ``mode``: "cascade" runs the levels and merges their states,
+        "flat" one attention over each row group's concatenated page lists, "auto" the cascade only where
+        it saves at least CASCADE_MIN_SAVED_BYTES of K/V reads per extra level (``CascadePlan.mode`` says
+        which). A flat view whose row groups are single rows (a decode step) runs as a decode where the
+        backend has one: on the CUDA backend that needs ``num_qo_heads`` and a library with the decode
+        kernel, and the plan shares the decode workspace of its shape (a later ``plan_decode`` of the same
+        shape supersedes it)."""
         if chunk_keys < 1:
             raise AttentionArgumentError(f"chunk_keys: must be at least 1, got {chunk_keys}")
+        if mode not in MODES:
+            raise AttentionArgumentError(f"mode: one of {MODES}, got {mode!r}")
         if not levels:
             raise AttentionArgumentError("levels: a cascade needs at least one level")
-        planned = []
         for i, lvl in enumerate(levels):
             qo = as_numpy(lvl.qo_indptr, f"levels[{i}].qo_indptr")
             if qo[0] != 0 or qo[-1] != total_q:
                 raise AttentionArgumentError(f"levels[{i}].qo_indptr: must cover all {total_q} query rows "
                                              f"(from 0 to {total_q}), got {qo[0]}..{qo[-1]}")
+        if mode != "cascade" and total_q > 0:
+            flat = flatten_levels(levels, total_q)
+            if isinstance(flat, str):
+                if mode == "flat":
+                    raise AttentionArgumentError(f"mode='flat': the levels cannot be concatenated: {flat}; use "
+                                                 "mode='cascade'")
+            else:
+                kv, qo_indptr, flat_keys, unique_keys = flat
+                saved = (flat_keys - unique_keys) * _bytes_per_key(kv, head_dim)
+                if mode == "flat" or saved < CASCADE_MIN_SAVED_BYTES * (len(levels) - 1):
+                    return CascadePlan(total_q, [self._plan_flat(kv, qo_indptr, head_dim, num_qo_heads)], "flat")
+        planned = []
+        for i, lvl in enumerate(levels):
+            qo = as_numpy(lvl.qo_indptr, f"levels[{i}].qo_indptr")
             kv, qo_indptr, k = lvl.kv, lvl.qo_indptr, 1
             if len(qo) == 2 and max_chunks > 1 and total_q > 0:
                 kv, qo_indptr, k = _split_level(lvl, qo, max_chunks, chunk_keys)
@@ -103,6 +185,16 @@ class CascadeAttention:
                 backend_plan = self.backend.plan_prefill(qo_indptr, kv, head_dim)
             planned.append(_PlannedLevel(kv, qo_indptr, k, backend_plan))
         return CascadePlan(total_q, planned)
+
+    def _plan_flat(self, kv: PagedKV, qo_indptr: np.ndarray, head_dim: int, num_qo_heads: int | None):
+        qo_dev = int32_like(kv.indptr, qo_indptr)
+        if np.all(np.diff(qo_indptr) == 1) and hasattr(self.backend, "decode"):
+            if not hasattr(self.backend, "plan_decode"):
+                return _PlannedLevel(kv, qo_dev, 1, None, decode=True)
+            if num_qo_heads is not None and self.backend.has_decode(kv, head_dim):
+                return _PlannedLevel(kv, qo_dev, 1, self.backend.plan_decode(kv, num_qo_heads, head_dim), decode=True)
+        backend_plan = self.backend.plan_prefill(qo_dev, kv, head_dim) if hasattr(self.backend, "plan_prefill") else None
+        return _PlannedLevel(kv, qo_dev, 1, backend_plan)
 
     def run(self, q, levels: list[CascadeLevel] | None = None, *, plan: CascadePlan | None = None,
             sm_scale: float | None = None, params: dict | None = None):
@@ -118,7 +210,10 @@ class CascadeAttention:
         for lvl in plan.levels:
             qs = q if lvl.chunks == 1 else _repeat_rows(q, lvl.chunks)
             extra = {"plan": lvl.backend_plan} if lvl.backend_plan is not None else {}
-            o, s = self.backend.prefill(qs, lvl.kv, lvl.qo_indptr, sm_scale=sm_scale, params=params, **extra)
+            if lvl.decode:
+                o, s = self.backend.decode(qs, lvl.kv, sm_scale=sm_scale, params=params, **extra)
+            else:
+                o, s = self.backend.prefill(qs, lvl.kv, lvl.qo_indptr, sm_scale=sm_scale, params=params, **extra)
             if lvl.chunks > 1:  # [k * R, H, D] chunk states of the same rows -> one state per row
                 o, s = _rows_by_chunk(o, lvl.chunks), _rows_by_chunk(s, lvl.chunks)
                 if self.variant.state == StateAlgebra.SUM:  # sum states carry no lse: keep one per row
@@ -134,6 +229,13 @@ class CascadeAttention:
         for o, s in states[1:]:
             merge_state(out, lse, o, s)
         return out, lse
+
+
+def _bytes_per_key(kv: PagedKV, head_dim: int) -> int:
+    """K and V bytes of one key over all KV heads."""
+    pages = kv.pages
+    elem = pages.element_size() if hasattr(pages, "element_size") else pages.dtype.itemsize
+    return 2 * kv.num_kv_heads * head_dim * elem
 
 
 def _repeat_rows(q, k: int):

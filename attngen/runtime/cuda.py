@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attngen.schedules.build_config import BuildConfig
+from attngen.schedules.build_config import BuildConfig, symbol
 
 from .checks import (AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads, check_ragged,
                      check_tensor, dtype_name)
@@ -116,6 +116,10 @@ class CUDAAttention(BuiltModule):
             ws = spaces[key] = DecodeWorkspace(DecodeBounds(max_batch, ctas, grown if items else 0), num_qo_heads,
                                                head_dim, device)
         return ws
+
+    def has_decode(self, kv: PagedKV, head_dim: int) -> bool:
+        """Whether the library holds the decode kernel for this cache's layout and dtype at ``head_dim``."""
+        return symbol(f"batch_decode_paged_{kv.layout.lower()}", dtype_name(kv.pages), head_dim) in self.functions
 
     def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None,
                     tensor_cores: bool | None = None, fixed_chunk: int = 0, graph_safe: bool = False):

@@ -80,7 +80,7 @@ def _keys(n_pages: int, last: int, page_size: int) -> int:
     return (n_pages - 1) * page_size + last if n_pages else 0
 
 
-def flatten_levels(levels: list[CascadeLevel], total_q: int):
+def flatten_levels(levels: list[CascadeLevel]):
     """The flat view of a cascade: row groups = the union of every level's group boundaries, each with the
     concatenation of its levels' page lists (the one list ending on a partial page last). Returns
     (PagedKV, qo_indptr [G+1] numpy, flat keys, unique keys), or a string saying why the levels cannot be
@@ -164,7 +164,7 @@ class CascadeAttention:
                 raise AttentionArgumentError(f"levels[{i}].qo_indptr: must cover all {total_q} query rows "
                                              f"(from 0 to {total_q}), got {qo[0]}..{qo[-1]}")
         if mode != "cascade" and total_q > 0:
-            flat = flatten_levels(levels, total_q)
+            flat = flatten_levels(levels)
             if isinstance(flat, str):
                 if mode == "flat":
                     raise AttentionArgumentError(f"mode='flat': the levels cannot be concatenated: {flat}; use "

@@ -61,14 +61,11 @@ def build(args) -> None:
 
 
 def ctas_per_sm_of(mirror: dict):
-    """The revision's own decode occupancy rule (its stage count and shared memory), for the planner."""
-    def per_sm(head_dim: int, smem_per_sm: int, smem_optin: int) -> int:
-        for stages in dict.fromkeys((mirror["stages"], 2, 1)):
-            need = mirror["smem"][str(stages)]
-            if need <= smem_optin:
-                return max(1, smem_per_sm // (need + 1024))
-        return 1
-    return per_sm
+    """The occupancy rule fed with the revision's own stage count and shared memory, for the planner."""
+    from attngen.runtime.decode_plan import decode_tc_stage_order, resident_ctas
+
+    needs = [mirror["smem"][str(s)] for s in decode_tc_stage_order(mirror["stages"])]
+    return lambda head_dim, smem_per_sm, smem_optin: resident_ctas(needs, smem_per_sm, smem_optin)
 
 
 def run(args) -> None:
@@ -92,6 +89,9 @@ def run(args) -> None:
         so = next((d / kernels).glob("*.so"))
         return CUDAAttention(builtin(KINDS[kernels]), so)
 
+    prefill_mods = {name: module(d, "prefill") for name, _, d in revs}  # loaded once, every case reuses them
+    decode_mods = {name: module(d, "decode") for name, _, d in revs}
+
     try:
         import flashinfer
     except Exception:  # noqa: BLE001
@@ -103,8 +103,8 @@ def run(args) -> None:
         kv = RaggedKV(k, v, indptr)
         flops = 2 * 2 * L * L / 2 * D * HQ
         row, first = {"case": name}, None
-        for rname, _, d in revs:
-            m = module(d, "prefill")
+        for rname, _, _ in revs:
+            m = prefill_mods[rname]
             plan = m.plan_prefill(indptr, kv, D)
             out = torch.full_like(q, float("nan"))
             lse = torch.empty(L, HQ, device="cuda")
@@ -125,10 +125,10 @@ def run(args) -> None:
         kv = PagedKV(pages, indptr, indices, last, "NHD")
         nbytes = sum(kv_lens) * hkv * HEAD_DIM * 2 * 2 + 2 * q.numel() * 2
         row, first = {"case": name}, None
-        for rname, meta, d in revs:
+        for rname, meta, _ in revs:
             decode_plan.decode_tc_ctas_per_sm = ctas_per_sm_of(meta["decode_tc"])
             try:
-                m = module(d, "decode")
+                m = decode_mods[rname]
                 plan = m.plan_decode(kv, hq, HEAD_DIM)
                 out = torch.full_like(q, float("nan"))
                 lse = torch.empty(q.shape[:2], device="cuda")

@@ -141,7 +141,7 @@ def test_auto_mode_runs_flat_unless_the_cascade_saves_enough(modules, rng, monke
 
     att = modules["vanilla"]
     q, levels, flat, qo_indptr = build_case(rng, [(3, [(1, 5), (1, 2), (1, 0)]), (2, [(1, 7)])])
-    kv, cuts, flat_keys, unique_keys = cascade_mod.flatten_levels(levels)
+    kv, cuts, flat_keys, unique_keys = cascade_mod.flatten_levels(levels, [lv.qo_indptr for lv in levels])
     assert cuts.tolist() == qo_indptr.tolist()
     assert flat_keys == 3 * (3 * S) + 5 + 2 + 2 * S + 7  # each request reads its prefix and its suffix
     assert unique_keys == 3 * S + 2 * S + 5 + 2 + 7

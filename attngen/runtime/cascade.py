@@ -34,7 +34,7 @@ from attngen.ir import StateAlgebra
 from .checks import AttentionArgumentError, as_numpy
 from .module import int32_like
 from .state import merge_state, merge_states, merge_states_sum
-from .views import PagedKV, require_position_free
+from .views import PagedKV, paged_lengths, require_position_free
 
 
 @dataclass(frozen=True)
@@ -69,31 +69,22 @@ CASCADE_MIN_SAVED_BYTES = 256 << 20
 MODES = ("auto", "cascade", "flat")
 
 
-def _level_lists(lvl: CascadeLevel, i: int):
-    qo = as_numpy(lvl.qo_indptr, f"levels[{i}].qo_indptr")
-    indptr = as_numpy(lvl.kv.indptr, f"levels[{i}].kv.indptr")
-    return qo, indptr, as_numpy(lvl.kv.indices, f"levels[{i}].kv.indices"), as_numpy(
-        lvl.kv.last_page_len, f"levels[{i}].kv.last_page_len")
-
-
-def _keys(n_pages: int, last: int, page_size: int) -> int:
-    return (n_pages - 1) * page_size + last if n_pages else 0
-
-
-def flatten_levels(levels: list[CascadeLevel]):
-    """The flat view of a cascade: row groups = the union of every level's group boundaries, each with the
-    concatenation of its levels' page lists (the one list ending on a partial page last). Returns
-    (PagedKV, qo_indptr [G+1] numpy, flat keys, unique keys), or a string saying why the levels cannot be
-    concatenated."""
+def flatten_levels(levels: list[CascadeLevel], qos: list[np.ndarray]):
+    """The flat view of a cascade (``qos``: each level's qo_indptr on the host): row groups = the union of
+    every level's group boundaries, each with the concatenation of its levels' page lists (the one list
+    ending on a partial page last). Returns (PagedKV, qo_indptr [G+1] numpy, flat keys, unique keys), or a
+    string saying why the levels cannot be concatenated."""
     ref = levels[0].kv
     for i, lvl in enumerate(levels):
         if lvl.kv.pages is not ref.pages or lvl.kv.layout != ref.layout:
             return f"levels[{i}].kv: a view of another cache (or layout) than levels[0]"
-    lists = [_level_lists(lvl, i) for i, lvl in enumerate(levels)]
+    lists = [(qo, as_numpy(lvl.kv.indptr, f"levels[{i}].kv.indptr"), as_numpy(lvl.kv.indices, f"levels[{i}].kv.indices"),
+              as_numpy(lvl.kv.last_page_len, f"levels[{i}].kv.last_page_len"))
+             for i, (lvl, qo) in enumerate(zip(levels, qos))]
     ps = ref.page_size
-    cuts = np.unique(np.concatenate([qo for qo, _, _, _ in lists]))
-    indptr, indices, last, flat_keys = [0], [], [], 0
-    unique_keys = sum(_keys(int(ip[g + 1] - ip[g]), int(lp[g]), ps) for _, ip, _, lp in lists for g in range(len(ip) - 1))
+    cuts = np.unique(np.concatenate(qos))
+    indptr, indices, last = [0], [], []
+    unique_keys = sum(int(paged_lengths(np.diff(ip), lp, ps).sum()) for _, ip, _, lp in lists)
     for a, b in zip(cuts[:-1], cuts[1:]):
         full, partial = [], []
         for qo, ip, idx, lp in lists:
@@ -108,10 +99,10 @@ def flatten_levels(levels: list[CascadeLevel]):
         indices += [p for pages, _ in pieces for p in pages.tolist()]
         indptr.append(len(indices))
         last.append(pieces[-1][1] if pieces else 0)
-        flat_keys += _keys(indptr[-1] - indptr[-2], last[-1], ps)
     like = ref.indptr
     kv = PagedKV(ref.pages, int32_like(like, np.array(indptr, np.int32)), int32_like(like, np.array(indices, np.int32)),
                  int32_like(like, np.array(last, np.int32)), ref.layout)
+    flat_keys = int(paged_lengths(np.diff(indptr), np.array(last), ps).sum())
     return kv, cuts.astype(np.int32), flat_keys, unique_keys
 
 
@@ -121,7 +112,7 @@ def _split_level(lvl: CascadeLevel, qo: np.ndarray, max_chunks: int, chunk_keys:
     indptr = as_numpy(kv.indptr, "kv.indptr")
     n_pages = int(indptr[1] - indptr[0])
     last = int(as_numpy(kv.last_page_len, "kv.last_page_len")[0])
-    keys = (n_pages - 1) * kv.page_size + last if n_pages else 0
+    keys = int(paged_lengths(n_pages, last, kv.page_size))
     k = min(max_chunks, n_pages, -(-keys // chunk_keys)) if keys else 1
     if k <= 1:
         return kv, lvl.qo_indptr, 1
@@ -158,13 +149,13 @@ class CascadeAttention:
             raise AttentionArgumentError(f"mode: one of {MODES}, got {mode!r}")
         if not levels:
             raise AttentionArgumentError("levels: a cascade needs at least one level")
-        for i, lvl in enumerate(levels):
-            qo = as_numpy(lvl.qo_indptr, f"levels[{i}].qo_indptr")
+        qos = [as_numpy(lvl.qo_indptr, f"levels[{i}].qo_indptr") for i, lvl in enumerate(levels)]
+        for i, qo in enumerate(qos):
             if qo[0] != 0 or qo[-1] != total_q:
                 raise AttentionArgumentError(f"levels[{i}].qo_indptr: must cover all {total_q} query rows "
                                              f"(from 0 to {total_q}), got {qo[0]}..{qo[-1]}")
         if mode != "cascade" and total_q > 0:
-            flat = flatten_levels(levels)
+            flat = flatten_levels(levels, qos)
             if isinstance(flat, str):
                 if mode == "flat":
                     raise AttentionArgumentError(f"mode='flat': the levels cannot be concatenated: {flat}; use "
@@ -175,8 +166,7 @@ class CascadeAttention:
                 if mode == "flat" or saved < CASCADE_MIN_SAVED_BYTES * (len(levels) - 1):
                     return CascadePlan(total_q, [self._plan_flat(kv, qo_indptr, head_dim, num_qo_heads)], "flat")
         planned = []
-        for i, lvl in enumerate(levels):
-            qo = as_numpy(lvl.qo_indptr, f"levels[{i}].qo_indptr")
+        for lvl, qo in zip(levels, qos):
             kv, qo_indptr, k = lvl.kv, lvl.qo_indptr, 1
             if len(qo) == 2 and max_chunks > 1 and total_q > 0:
                 kv, qo_indptr, k = _split_level(lvl, qo, max_chunks, chunk_keys)

@@ -20,7 +20,7 @@ from .checks import (AttentionArgumentError, as_numpy, check_indptr, check_paged
                      check_tensor, dtype_name)
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
-from .views import PagedKV, RaggedKV
+from .views import PagedKV, RaggedKV, paged_lengths
 
 
 def is_cuda(t) -> bool:
@@ -143,8 +143,7 @@ class CUDAAttention(BuiltModule):
                                          f"{kv.num_kv_heads} KV heads")
         indptr = as_numpy(kv.indptr, "kv.indptr")
         last = as_numpy(kv.last_page_len, "kv.last_page_len")
-        n_pages = np.diff(indptr)
-        lens = np.where(n_pages > 0, (n_pages - 1) * kv.page_size + last, 0)
+        lens = paged_lengths(np.diff(indptr), last, kv.page_size)
         from .decode_plan import decode_tc_fits, items_needed
 
         if fixed_chunk < 0:

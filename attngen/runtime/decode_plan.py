@@ -136,8 +136,18 @@ def decode_tc_ctas_per_sm(head_dim: int, smem_per_sm: int, smem_optin: int) -> i
     launcher's stage choice in csrc/decode_launch.cuh."""
     from attngen.schedules.tiles import decode_tc_smem_bytes
 
-    for stages in dict.fromkeys((decode_tc_stages(head_dim), 2, 1)):
-        need = decode_tc_smem_bytes(head_dim, stages)
+    needs = [decode_tc_smem_bytes(head_dim, s) for s in decode_tc_stage_order(decode_tc_stages(head_dim))]
+    return resident_ctas(needs, smem_per_sm, smem_optin)
+
+
+def decode_tc_stage_order(stages: int) -> list[int]:
+    """The stage counts the launcher tries, deepest first."""
+    return list(dict.fromkeys((stages, 2, 1)))
+
+
+def resident_ctas(needs: list[int], smem_per_sm: int, smem_optin: int) -> int:
+    """CTAs per SM of the first configuration (shared memory bytes, in the launcher's order) that fits a block."""
+    for need in needs:
         if need <= smem_optin:
             return max(1, smem_per_sm // (need + 1024))  # 1 KiB per block reserved by the driver
     return 1

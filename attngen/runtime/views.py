@@ -41,6 +41,12 @@ class RaggedKV:
         return int(self.k.shape[1])
 
 
+def paged_lengths(n_pages, last_page_len, page_size: int):
+    """Keys of paged requests (numpy arrays or scalars): full pages plus the last page's valid slots, 0 for a
+    request without pages."""
+    return np.where(np.asarray(n_pages) > 0, (np.asarray(n_pages) - 1) * page_size + np.asarray(last_page_len), 0)
+
+
 def hook_readers(variant, indices: tuple[str, ...]) -> list[str]:
     """``"<hook> reads <index>"`` for every hook of ``variant`` that reads one of the standard ``indices``."""
     return [f"{hook} reads {idx}" for hook, r in variant.analysis.reads.items() for idx in r.indices

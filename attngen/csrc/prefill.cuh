@@ -179,6 +179,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   constexpr int CPR = D / 8, RPP = NT / CPR;
   static_assert(NT % CPR == 0 && TK % RPP == 0, "K/V rows split evenly over the threads");
   const T* kv_col = kvbase + head_off + (tid % CPR) * 8;  // this thread's column of KV head hk
+  const int page_shift = P.kv.page_shift();
   auto load_kv = [&](int kt, int stage) {
     const int j0 = lo + kt * TK + tid / CPR;
     T* dst = skv + (stage * 2 * TK + tid / CPR) * ST + (tid % CPR) * 8;
@@ -188,7 +189,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     for (int i = 0; i < TK / RPP; ++i, dst += RPP * ST) {
       const int j = j0 + i * RPP;
       const bool ok = j < hi;
-      const T* src = ok ? kv_col + P.kv.key_offset(kv_start, j) : kvbase;
+      const T* src = ok ? kv_col + P.kv.key_offset(kv_start, j, page_shift) : kvbase;
       copy16_async(dst, src, ok);
       copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
     }

@@ -276,13 +276,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       __syncthreads();
     }
     // S = Q K^T for this warp's MT x 16 rows x TK keys; each K fragment feeds every m-tile
-    float s[MT][NKT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < NKT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
+    float s[MT][NKT][4];  // set by the first k-step's MMAs (zero accumulator), then accumulated
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
       uint32_t a[MT][4];
@@ -301,8 +295,13 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
         ldmatrix_x4(bk, sk + (n * 8 + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma16816<T>(s[mt][n], a[mt], bk[0], bk[1]);
-          mma16816<T>(s[mt][n + 1], a[mt], bk[2], bk[3]);
+          if (k0 == 0) {
+            mma16816_first<T>(s[mt][n], a[mt], bk[0], bk[1]);
+            mma16816_first<T>(s[mt][n + 1], a[mt], bk[2], bk[3]);
+          } else {
+            mma16816<T>(s[mt][n], a[mt], bk[0], bk[1]);
+            mma16816<T>(s[mt][n + 1], a[mt], bk[2], bk[3]);
+          }
         }
       }
     }

@@ -17,9 +17,9 @@ template <class V, class T, int D>
 void launch_decode_merge(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
   if (P.plan != nullptr) {
     if (P.plan_max_merges > 0)
-      merge_decode_kernel<V, T, D><<<dim3(P.num_qo_heads, P.plan_max_merges), D / 8, 0, stream>>>(P, hp);
+      merge_decode_kernel<V, T, D><<<dim3(P.num_qo_heads, P.plan_max_merges), kMergeGroups * D / 8, 0, stream>>>(P, hp);
   } else if (P.num_chunks > 1) {
-    merge_decode_kernel<V, T, D><<<dim3(P.num_qo_heads, P.batch), D / 8, 0, stream>>>(P, hp);
+    merge_decode_kernel<V, T, D><<<dim3(P.num_qo_heads, P.batch), kMergeGroups * D / 8, 0, stream>>>(P, hp);
   }
 }
 

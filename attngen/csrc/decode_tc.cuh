@@ -1,8 +1,9 @@
 // Batch decode over a paged KV cache on tensor cores (mma.sync), query tile 16.
 //
 // One CTA = (KV head, its work items: one chunk of the even split, or the plan's list), four
-// warps; the K/V tiles of all its items form one cp.async stream, so the next item's first
-// tiles load while this item finishes. The query heads of the KV head's
+// warps; the K/V tiles of all its items form one cp.async stream, each item's query rows riding
+// with its first tile (S query buffers), so the next item's query and first tiles load while
+// this item finishes. The query heads of the KV head's
 // group (GQA head-group fusion, at most 8) are the rows of one 16-row MMA tile, so a
 // K/V element is read from memory once for the whole group. A stage holds 64 keys;
 // warp w owns keys [16w, 16w + 16) of every stage and keeps its own online-softmax
@@ -39,13 +40,13 @@ struct DecodeTCTile {
 template <int D>
 constexpr int decode_tc_stages() { return D == 64 ? 4 : 2; }
 
-// Shared memory: the Q tile, per-warp scratch rows, the cross-warp merge region, then the K/V
-// stages. The merge region has its own space so the next work item's tiles can be in flight
-// while this item's epilogue runs.
+// Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the
+// cross-warp merge region, then the K/V stages. The merge region has its own space so the next
+// work item's tiles can be in flight while this item's epilogue runs.
 template <int D, int S>
 constexpr size_t decode_tc_smem_bytes() {
   using Tile = DecodeTCTile<D, S>;
-  const size_t q = size_t(16) * Tile::kStride * 2;
+  const size_t q = size_t(S) * 16 * Tile::kStride * 2;
   const size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
   const size_t merge = (size_t(Tile::kWarps) * Tile::kMaxGroup * (D + 2) + 2 * size_t(Tile::kMaxGroup) * D +
                         Tile::kMaxGroup) * sizeof(float);
@@ -98,8 +99,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   static_assert(NT % CPR == 0, "a thread's chunk column must stay fixed across passes");
   constexpr int RPP = NT / CPR;  // rows per load pass
   constexpr int G8 = Tile::kMaxGroup;
-  T* sq = reinterpret_cast<T*>(smem_raw);                                          // [16][ST]
-  float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(16) * ST * 2);  // [NW][2D]
+  T* sq_all = reinterpret_cast<T*>(smem_raw);                                          // [S][16][ST]
+  float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(S) * 16 * ST * 2);  // [NW][2D]
   float* wstate = scratch_all + NW * 2 * D;  // [NW][G8][2]
   float* wacc = wstate + NW * G8 * 2;        // [NW][G8][D]
   float* rows = wacc + NW * G8 * D;          // [G8][D] final rows, then [G8][D] scratch
@@ -118,7 +119,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   // ---- the loader: the stream's tiles in order. The page ids of the tile it issues next are read one
   // call ahead (into pid), so issuing a tile's cp.async never waits on a page-table load --------------
   constexpr int PASSES = TK / RPP;
-  int l_item = -1, l_tile = 0, l_tiles = 0, loaded = 0;
+  int l_item = -1, l_tile = 0, l_tiles = 0, loaded = 0, q_loaded = 0;
   DecodeTCItem l_cur{0, 0, 0, -1};
   const int32_t* l_page_ids = nullptr;
   int pid[PASSES];
@@ -145,6 +146,15 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   auto load_next = [&]() {  // issue the prefetched tile, then read the following tile's page ids
     if (!l_have) return;
     const int t0 = l_cur.start + l_tile * TK, stage = loaded % S;
+    if (l_tile == 0) {  // the item's query rows (zero rows past the group) join its first tile's group
+      T* sq = sq_all + (q_loaded % S) * 16 * ST;
+      const T* q = static_cast<const T*>(P.q) + (int64_t(l_cur.b) * P.num_qo_heads + qh0) * D;
+      for (int c = tid; c < 16 * CPR; c += NT) {
+        const int r = c / CPR, l = c % CPR;
+        copy16_async(sq + r * ST + l * 8, r < group ? q + r * D + l * 8 : q, r < group);
+      }
+      ++q_loaded;
+    }
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
       const int r = pass * RPP + tid / CPR, j = t0 + r;
@@ -166,7 +176,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     copy_commit();
   }
 
-  int consumed = 0;
+  int consumed = 0, q_consumed = 0;
   const int g = lane / 4, t4 = lane % 4;
   const bool row_valid = g < group;
   const int qh = qh0 + g;
@@ -177,38 +187,13 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     const int b = cur.b, start = cur.start, end = cur.end;
     const int qo_pos = P.kv.length(b) - 1;
     const int num_tiles = end > start ? (end - start + TK - 1) / TK : 0;
-    __syncthreads();  // the previous item's epilogue may still read the Q tile and the merge region
+    __syncthreads();  // the previous item's epilogue may still read the merge region
 
-    // ---- Q tile: group rows, zero rows past the group; query transform -------------------
-    for (int c = tid; c < 16 * CPR; c += NT) {
-      const int r = c / CPR, l = c % CPR;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < group)
-        v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(P.q) +
-                                                 (int64_t(b) * P.num_qo_heads + qh0 + r) * D + l * 8));
-      *reinterpret_cast<uint4*>(sq + r * ST + l * 8) = v;
-    }
-    __syncthreads();
-    if constexpr (V::kHasQueryTransform) {
-      for (int r = warp; r < group; r += NW) {
-        for (int i = lane; i < D; i += 32) scratch[i] = to_float(sq[r * ST + i]);
-        __syncwarp();
-        warp_row_hook<D, V::kQueryElementwise>(
-            scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh0 + r); },
-            [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh0 + r); }, lane);
-        for (int i = lane; i < D; i += 32) sq[r * ST + i] = from_float<T>(scratch[D + i]);
-        __syncwarp();
-      }
-      __syncthreads();
-    }
-    // Q fragments in registers for the item where they fit (D <= 128)
+    // Q fragments in registers for the item where they fit (D <= 128); the query rows arrive with the
+    // item's first tile, in the query buffer of its place among the items with keys
     constexpr bool kQInRegs = D <= 128;
     uint32_t qfrag[kQInRegs ? D / 16 : 1][4];
-    if constexpr (kQInRegs) {
-#pragma unroll
-      for (int k0 = 0; k0 < D; k0 += 16)
-        ldmatrix_x4(qfrag[k0 / 16], sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
-    }
+    T* sq = sq_all + (num_tiles > 0 ? q_consumed++ % S : 0) * 16 * ST;
 
     // ---- per-thread state: rows g (a query head when g < group) and g + 8 (padding) --------
     float o_acc[NDT][4];
@@ -227,6 +212,25 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       ++consumed;
       T* sk = tiles + (stage * 2 + 0) * TK * ST;
       T* sv = tiles + (stage * 2 + 1) * TK * ST;
+      if (tile == 0) {  // the query rows arrived with this tile: query transform, then the fragments
+        if constexpr (V::kHasQueryTransform) {
+          for (int r = warp; r < group; r += NW) {
+            for (int i = lane; i < D; i += 32) scratch[i] = to_float(sq[r * ST + i]);
+            __syncwarp();
+            warp_row_hook<D, V::kQueryElementwise>(
+                scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh0 + r); },
+                [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh0 + r); }, lane);
+            for (int i = lane; i < D; i += 32) sq[r * ST + i] = from_float<T>(scratch[D + i]);
+            __syncwarp();
+          }
+          __syncthreads();
+        }
+        if constexpr (kQInRegs) {
+#pragma unroll
+          for (int k0 = 0; k0 < D; k0 += 16)
+            ldmatrix_x4(qfrag[k0 / 16], sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+        }
+      }
       const int j0 = start + tile * TK + wk;  // this warp's first key
       if constexpr (V::kHasKeyTransform) {  // this warp's 16 rows only: no CTA barrier needed
         for (int r = 0; r < Tile::kKeysPerWarp; ++r) {

@@ -18,12 +18,17 @@ struct KVRows {
     int n = indptr[b + 1] - indptr[b];
     return n > 0 ? (n - 1) * page_size + last_page_len[b] : 0;
   }
+  // log2(page_size) where it is a power of two, else -1: key_offset's page and slot without a division
+  __device__ __forceinline__ int page_shift() const {
+    return page_size > 0 && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
+  }
   // Offset of key row j of the request whose indptr entry is `start` (indptr[b], read once by the
-  // caller); the value row lies stride_kv further.
-  __device__ __forceinline__ int64_t key_offset(int start, int j) const {
+  // caller), shift = page_shift(); the value row lies stride_kv further.
+  __device__ __forceinline__ int64_t key_offset(int start, int j, int shift) const {
     if (page_size == 0) return int64_t(start + j) * stride_slot;
-    int page = indices[start + j / page_size];
-    return int64_t(page) * stride_page + int64_t(j % page_size) * stride_slot;
+    const int pi = shift >= 0 ? j >> shift : j / page_size;
+    const int slot = shift >= 0 ? j & (page_size - 1) : j - pi * page_size;
+    return int64_t(__ldg(indices + start + pi)) * stride_page + int64_t(slot) * stride_slot;
   }
 };
 

@@ -65,6 +65,48 @@ constexpr size_t prefill_smem_bytes() {
   return (qk > out ? qk : out) + scratch;
 }
 
+// Per-thread max / sum over an m-tile's scores of its two rows (elements 0-1: row g, 2-3: row g + 8) as
+// pairwise trees: log2 dependent steps instead of a chain through every score.
+template <int N>
+__device__ __forceinline__ void row_max_tree(const float (&s)[N][4], float (&out)[2]) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "n-tiles per row: a power of two");
+  float v[N][2];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    v[n][0] = fmaxf(s[n][0], s[n][1]);
+    v[n][1] = fmaxf(s[n][2], s[n][3]);
+  }
+#pragma unroll
+  for (int w = N / 2; w >= 1; w /= 2)
+#pragma unroll
+    for (int n = 0; n < w; ++n) {
+      v[n][0] = fmaxf(v[n][0], v[n + w][0]);
+      v[n][1] = fmaxf(v[n][1], v[n + w][1]);
+    }
+  out[0] = v[0][0];
+  out[1] = v[0][1];
+}
+
+template <int N>
+__device__ __forceinline__ void row_sum_tree(const float (&s)[N][4], float (&out)[2]) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "n-tiles per row: a power of two");
+  float v[N][2];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    v[n][0] = s[n][0] + s[n][1];
+    v[n][1] = s[n][2] + s[n][3];
+  }
+#pragma unroll
+  for (int w = N / 2; w >= 1; w /= 2)
+#pragma unroll
+    for (int n = 0; n < w; ++n) {
+      v[n][0] += v[n + w][0];
+      v[n][1] += v[n + w][1];
+    }
+  out[0] = v[0][0];
+  out[1] = v[0][1];
+}
+
 template <class V, class T, int D, bool Small, int MT>
 __global__ void __launch_bounds__(PrefillTile<D, Small, MT>::kThreads)
 prefill_kernel(PrefillProblem P, typename V::Params hp) {
@@ -137,6 +179,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   constexpr int CPR = D / 8, RPP = NT / CPR;
   static_assert(NT % CPR == 0 && TK % RPP == 0, "K/V rows split evenly over the threads");
   const T* kv_col = kvbase + head_off + (tid % CPR) * 8;  // this thread's column of KV head hk
+  const int page_shift = P.kv.page_shift();
   auto load_kv = [&](int kt, int stage) {
     const int j0 = lo + kt * TK + tid / CPR;
     T* dst = skv + (stage * 2 * TK + tid / CPR) * ST + (tid % CPR) * 8;
@@ -146,7 +189,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     for (int i = 0; i < TK / RPP; ++i, dst += RPP * ST) {
       const int j = j0 + i * RPP;
       const bool ok = j < hi;
-      const T* src = ok ? kv_col + P.kv.key_offset(kv_start, j) : kvbase;
+      const T* src = ok ? kv_col + P.kv.key_offset(kv_start, j, page_shift) : kvbase;
       copy16_async(dst, src, ok);
       copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
     }
@@ -233,13 +276,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       __syncthreads();
     }
     // S = Q K^T for this warp's MT x 16 rows x TK keys; each K fragment feeds every m-tile
-    float s[MT][NKT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < NKT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
+    float s[MT][NKT][4];  // set by the first k-step's MMAs (zero accumulator), then accumulated
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
       uint32_t a[MT][4];
@@ -258,8 +295,13 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
         ldmatrix_x4(bk, sk + (n * 8 + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma16816<T>(s[mt][n], a[mt], bk[0], bk[1]);
-          mma16816<T>(s[mt][n + 1], a[mt], bk[2], bk[3]);
+          if (k0 == 0) {
+            mma16816_first<T>(s[mt][n], a[mt], bk[0], bk[1]);
+            mma16816_first<T>(s[mt][n + 1], a[mt], bk[2], bk[3]);
+          } else {
+            mma16816<T>(s[mt][n], a[mt], bk[0], bk[1]);
+            mma16816<T>(s[mt][n + 1], a[mt], bk[2], bk[3]);
+          }
         }
       }
     }
@@ -273,11 +315,8 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       float mt_max[2] = {m_row[mt][0], m_row[mt][1]};
       float sfac = 1.f;  // the factor still to apply to s in the exponent
       if (interior && fold) {
-        float raw_max[2] = {kNegInf, kNegInf};
-#pragma unroll
-        for (int n = 0; n < NKT; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) raw_max[e / 2] = fmaxf(raw_max[e / 2], s[mt][n][e]);
+        float raw_max[2];
+        row_max_tree<NKT>(s[mt], raw_max);
         mt_max[0] = fmaxf(mt_max[0], raw_max[0] * scale);
         mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
         sfac = scale;
@@ -331,11 +370,11 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
         for (int n = 0; n < NKT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float p = fast_exp2(fmaf(s[mt][n][e], sfac, -msub[e / 2]));
-            s[mt][n][e] = p;
-            d_row[mt][e / 2] += p;
-          }
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], sfac, -msub[e / 2]));
+        float tile_sum[2];
+        row_sum_tree<NKT>(s[mt], tile_sum);
+        d_row[mt][0] += tile_sum[0];
+        d_row[mt][1] += tile_sum[1];
         // the output is rescaled only when some row of the warp's m-tile raised its max (late in a long
         // row, almost never): a warp-uniform branch saves D / 2 multiplies per thread and KV tile
         if (__any_sync(0xffffffffu, grew)) {

@@ -32,7 +32,7 @@ def decode_smem_bytes(d: int, g: int, key_transform: bool) -> int:
 
 def decode_tc_smem_bytes(d: int, stages: int) -> int:
     warps, keys, max_group, stride = 4, 64, 8, d + 8
-    q = 16 * stride * ELEM
+    q = stages * 16 * stride * ELEM  # one query tile per work item in flight
     scratch = warps * 2 * d * 4
     tiles = stages * 2 * keys * stride * ELEM
     merge = (warps * max_group * (d + 2) + 2 * max_group * d + max_group) * 4

@@ -113,7 +113,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   using Tile = PrefillTile<D, Small, MT>;
   constexpr int RQ = Tile::kRows, TK = Tile::kKeys, ST = Tile::kStride, NS = Tile::kStages;
   constexpr int NT = Tile::kThreads;
-  constexpr int NKT = TK / 8;   // n-tiles of S per warp
+  // keys per compute step: a KV tile is loaded whole, but at MT = 2 its scores are formed, softmaxed and
+  // multiplied into O in two halves, so that S (32 floats, not 64) fits beside O without spilling
+  constexpr int TS = (MT == 2 && TK == 64) ? 32 : TK;
+  constexpr int NKT = TS / 8;   // n-tiles of S per warp and compute step
   constexpr int NDT = D / 8;    // n-tiles of O per warp
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sq = reinterpret_cast<T*>(smem_raw);   // [RQ][ST]
@@ -185,13 +188,25 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     T* dst = skv + (stage * 2 * TK + tid / CPR) * ST + (tid % CPR) * 8;
     // not unrolled: the row addresses are formed one at a time, so the output accumulators
     // (live across the loads) keep their registers
+    if (P.kv.page_size == 0) {
+      // ragged: this thread's rows lie RPP rows apart, so one pointer (formed once per tile) walks them
+      const int64_t step = int64_t(RPP) * P.kv.stride_slot;
+      const T* src = kv_col + int64_t(kv_start + j0) * P.kv.stride_slot;
 #pragma unroll 1
-    for (int i = 0; i < TK / RPP; ++i, dst += RPP * ST) {
-      const int j = j0 + i * RPP;
-      const bool ok = j < hi;
-      const T* src = ok ? kv_col + P.kv.key_offset(kv_start, j, page_shift) : kvbase;
-      copy16_async(dst, src, ok);
-      copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
+      for (int j = j0; j < j0 + TK; j += RPP, dst += RPP * ST, src += step) {
+        const bool ok = j < hi;
+        copy16_async(dst, ok ? src : kvbase, ok);
+        copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : kvbase, ok);
+      }
+    } else {
+#pragma unroll 1
+      for (int i = 0; i < TK / RPP; ++i, dst += RPP * ST) {
+        const int j = j0 + i * RPP;
+        const bool ok = j < hi;
+        const T* src = ok ? kv_col + P.kv.key_offset(kv_start, j, page_shift) : kvbase;
+        copy16_async(dst, src, ok);
+        copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
+      }
     }
   };
 
@@ -236,6 +251,17 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     int_jmax[mt] = int(max(jmax, -1LL));
     int_j0min[mt] = int(min(max(j0min, -0x7fffffffLL), 0x7fffffffLL));
   }
+  // The last key any row of this warp may see (its last row's position under the causal and lower
+  // bounds): compute steps past it are skipped, which trims the diagonal tiles of a causal mask.
+  int warp_jmax = hi - 1;
+  {
+    const int last_row = min(row0 + wrow + 16 * MT, rows_total) - 1;  // < row0 + wrow: no rows
+    const long long last = pos_base + last_row / group;
+    long long jm = last_row < row0 + wrow ? -1 : hi - 1;
+    if (P.causal) jm = min(jm, last);
+    if constexpr (V::kHasLower) jm = min(jm, last - mask_lo);
+    warp_jmax = int(max(jm, -1LL));
+  }
   // Softmax without a logits hook folds the scale into the exponent on interior tiles: the max is taken
   // over raw scores (times scale > 0 afterwards) and p = 2^(s * scale - m) is one FFMA and one EX2.
   constexpr bool kFoldScale = V::kSoftmax && !V::kHasLogits;
@@ -249,6 +275,38 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       ldmatrix_x4(qfrag[k0 / 16], sq + (wrow + (lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
   }
 
+  // Scores of one m-tile off the folded fast path: scale, logits hook and, with `check`, the row, range,
+  // causal and mask-hook tests (masked scores become -inf, or 0 for a non-softmax variant). Called with
+  // a constant `check` from two places, so that an interior tile's copy carries no visibility state.
+  auto score_pass = [&](float (&sm)[NKT][4], int mt, int j0, float (&mt_max)[2], bool check) {
+    int rpos[2], rhead[2];
+    bool rvalid[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pr = prow0 + mt * 16 + 8 * h;
+      rvalid[h] = pr < rows_total;
+      rpos[h] = pos_base + pr / group;
+      rhead[h] = hk * group + pr % group;
+    }
+#pragma unroll
+    for (int n = 0; n < NKT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
+        float x = sm[n][e] * scale;
+        bool visible = true;
+        if (check) visible = rvalid[h] && j < hi && (!P.causal || j <= rpos[h]);
+        if constexpr (V::kHasLogits) {
+          if (visible) x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
+        }
+        if constexpr (V::kHasMask) {
+          if (check && visible) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
+        }
+        sm[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
+        if constexpr (V::kSoftmax) mt_max[h] = fmaxf(mt_max[h], sm[n][e]);
+      }
+    }
+  };
   if (num_kt > 0) load_kv(0, 0);
   copy_commit();
   for (int kt = 0; kt < num_kt; ++kt) {
@@ -275,7 +333,11 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       }
       __syncthreads();
     }
-    // S = Q K^T for this warp's MT x 16 rows x TK keys; each K fragment feeds every m-tile
+#pragma unroll 1
+    for (int ks = 0; ks < TK; ks += TS) {
+    const int js = j0 + ks;  // first key of this compute step
+    if (js > warp_jmax) break;  // every later key is hidden from all of this warp's rows
+    // S = Q K^T for this warp's MT x 16 rows x TS keys; each K fragment feeds every m-tile
     float s[MT][NKT][4];  // set by the first k-step's MMAs (zero accumulator), then accumulated
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
@@ -292,7 +354,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NKT; n += 2) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, sk + (n * 8 + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
+        ldmatrix_x4(bk, sk + (ks + n * 8 + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (k0 == 0) {
@@ -308,10 +370,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     // hooks, mask, online softmax (rows g and g+8; a row's values live in one quad). An m-tile whose
     // rows all exist, whose keys all lie in [lo, hi) and, for a mask that is exactly its bounds,
     // whose every (row, key) pair lies inside them, takes the interior path: no mask hook, no checks.
-    const int j_last = j0 + TK - 1;
+    const int j_last = js + TS - 1;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const bool interior = j_last <= int_jmax[mt] && j0 >= int_j0min[mt];
+      const bool interior = j_last <= int_jmax[mt] && js >= int_j0min[mt];
       float mt_max[2] = {m_row[mt][0], m_row[mt][1]};
       float sfac = 1.f;  // the factor still to apply to s in the exponent
       if (interior && fold) {
@@ -320,35 +382,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
         mt_max[0] = fmaxf(mt_max[0], raw_max[0] * scale);
         mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
         sfac = scale;
+      } else if (interior) {
+        score_pass(s[mt], mt, js, mt_max, false);  // interior without the folded scale: no checks
       } else {
-        // each thread's two rows: present?, position and query head (computed only off the fast path)
-        int rpos[2], rhead[2];
-        bool rvalid[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int pr = prow0 + mt * 16 + 8 * h;
-          rvalid[h] = pr < rows_total;
-          rpos[h] = pos_base + pr / group;
-          rhead[h] = hk * group + pr % group;
-        }
-#pragma unroll
-        for (int n = 0; n < NKT; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
-            float x = s[mt][n][e] * scale;
-            bool visible = interior || (rvalid[h] && j < hi && (!P.causal || j <= rpos[h]));
-            if constexpr (V::kHasLogits) {
-              if (visible)
-                x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
-            }
-            if constexpr (V::kHasMask) {
-              if (visible && !interior) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
-            }
-            s[mt][n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
-            if constexpr (V::kSoftmax) mt_max[h] = fmaxf(mt_max[h], s[mt][n][e]);
-          }
-        }
+        score_pass(s[mt], mt, js, mt_max, true);
       }
       if constexpr (V::kSoftmax) {
         float rescale[2];
@@ -388,7 +425,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     // O += P V: P from the S accumulators (16 keys = two n-tiles per k-step); each V fragment feeds
     // every m-tile
 #pragma unroll
-    for (int kk = 0; kk < TK / 16; ++kk) {
+    for (int kk = 0; kk < TS / 16; ++kk) {
       uint32_t a[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -400,7 +437,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sv + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * ST + n * 8 + (lane / 16) * 8);
+        ldmatrix_x4_trans(bv, sv + (ks + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * ST + n * 8 + (lane / 16) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<T>(o_acc[mt][n], a[mt], bv[0], bv[1]);
@@ -408,6 +445,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
         }
       }
     }
+    }  // compute steps
     __syncthreads();  // the stage is refilled by the next iteration's prefetch
   }
   copy_wait<0>();

@@ -13,6 +13,22 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
 constexpr float kTvmEmptyLse = -5e4f;  // TVM PagedKVCache's lse of a row with no visible key
 
+// Programmatic dependent launch (sm_90+; no-ops before): a kernel launched with the programmatic
+// stream-serialization attribute may start while the kernel before it finishes, and waits in
+// grid_dependency_wait() until that kernel's writes are visible; the kernel before it lets it launch
+// early with allow_dependent_launch().
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // 8 elements of 16-bit type T (16 bytes) <-> float[8]
 template <class T>
 __device__ __forceinline__ void convert8(const uint4& raw, float (&out)[8]) {

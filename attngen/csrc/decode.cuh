@@ -88,6 +88,7 @@ constexpr size_t decode_smem_bytes() {
 template <class V, class T, int D, int G>
 __global__ void __launch_bounds__(DecodeTile<D, G>::kThreads)
 decode_kernel(DecodeProblem P, typename V::Params hp) {
+  allow_dependent_launch();  // the split-KV merge may launch now; it waits for this grid's writes
   using Tile = DecodeTile<D, G>;
   constexpr int L = Tile::kLanes, Z = Tile::kZ, NT = Tile::kThreads, TOK = Tile::kTokens, S = Tile::kStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];

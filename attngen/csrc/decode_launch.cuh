@@ -13,14 +13,26 @@ namespace attngen {
 // DecodeProblem::backend
 constexpr int kDecodeAuto = 0, kDecodeCudaCores = 1, kDecodeTensorCores = 2;
 
+// The merge of split chunks, launched as a programmatic dependent of the decode kernel on sm_90+: its
+// launch overlaps the decode kernel's last CTAs, and its blocks wait (grid_dependency_wait) for the
+// partial states. A plain launch before sm_90.
 template <class V, class T, int D>
 void launch_decode_merge(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
-  if (P.plan != nullptr) {
-    if (P.plan_max_merges > 0)
-      merge_decode_kernel<V, T, D><<<dim3(P.num_qo_heads, P.plan_max_merges), kMergeGroups * D / 8, 0, stream>>>(P, hp);
-  } else if (P.num_chunks > 1) {
-    merge_decode_kernel<V, T, D><<<dim3(P.num_qo_heads, P.batch), kMergeGroups * D / 8, 0, stream>>>(P, hp);
-  }
+  int rows = 0;
+  if (P.plan != nullptr) rows = P.plan_max_merges;
+  else if (P.num_chunks > 1) rows = P.batch;
+  if (rows == 0) return;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(P.num_qo_heads, rows);
+  cfg.blockDim = dim3(kMergeGroups * D / 8);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = device_cc_major() >= 9 ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, merge_decode_kernel<V, T, D>, P, hp);
 }
 
 template <class V, class T, int D, int G>

@@ -383,6 +383,7 @@ template <class V, class T, int D, int S>
 __global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
 decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  allow_dependent_launch();  // the split-KV merge may launch now; it waits for this grid's writes
   const int hk = blockIdx.y;
   if (P.plan != nullptr) {
     const DecodePlanView plan(P.plan);

@@ -15,6 +15,16 @@ inline int device_smem_optin() {
   return optin;
 }
 
+// Compute capability major of the current device, queried once per device.
+inline int device_cc_major() {
+  static int major_by_device[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int& major = major_by_device[dev & 63];
+  if (major == 0) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major;
+}
+
 // Streaming multiprocessors of the current device, queried once per device.
 inline int device_sm_count() {
   static int sms_by_device[64] = {0};

@@ -22,6 +22,7 @@ __global__ void __launch_bounds__(kMergeGroups * D / 8) merge_decode_kernel(Deco
   __shared__ float lse_s[1];
   __shared__ float g_acc[NG][D];
   __shared__ float g_m[NG], g_den[NG];
+  grid_dependency_wait();  // launched as the decode kernel's dependent: its partial states must be written
   const int h = blockIdx.x, l = threadIdx.x % L, grp = threadIdx.x / L;
   // plan mode: block y is a merge tile of the plan (blocks past the plan's count exit); else request y
   int b = blockIdx.y, count = P.num_chunks;

@@ -4,36 +4,26 @@
 
 namespace attngen {
 
-// Opt-in shared memory per block of the current device (the launchers pick tile configurations by it;
-// the value depends only on the device, so it is not re-queried on every launch, i.e. every layer).
-inline int device_smem_optin() {
-  static int optin_by_device[64] = {0};
+// An attribute of the current device, queried once per device and attribute (the launchers read these
+// on every launch, i.e. every layer; they depend only on the device).
+template <cudaDeviceAttr A>
+inline int cached_device_attribute() {
+  static int value_by_device[64] = {0};
   int dev = 0;
   cudaGetDevice(&dev);
-  int& optin = optin_by_device[dev & 63];
-  if (optin == 0) cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  return optin;
+  int& value = value_by_device[dev & 63];
+  if (value == 0) cudaDeviceGetAttribute(&value, A, dev);
+  return value;
 }
 
-// Compute capability major of the current device, queried once per device.
-inline int device_cc_major() {
-  static int major_by_device[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  int& major = major_by_device[dev & 63];
-  if (major == 0) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return major;
-}
+// Opt-in shared memory per block (the launchers pick tile configurations by it).
+inline int device_smem_optin() { return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(); }
 
-// Streaming multiprocessors of the current device, queried once per device.
-inline int device_sm_count() {
-  static int sms_by_device[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  int& sms = sms_by_device[dev & 63];
-  if (sms == 0) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  return sms;
-}
+// Compute capability major.
+inline int device_cc_major() { return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(); }
+
+// Streaming multiprocessors.
+inline int device_sm_count() { return cached_device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
 // A float scratch buffer of at least `floats` elements on the current device, kept for later
 // calls; growing it frees the old one (cudaFree waits for the device), so it stops growing once

@@ -67,43 +67,23 @@ constexpr size_t prefill_smem_bytes() {
   return (qk > out ? qk : out) + scratch;
 }
 
-// Per-thread max / sum over an m-tile's scores of its two rows (elements 0-1: row g, 2-3: row g + 8) as
-// pairwise trees: log2 dependent steps instead of a chain through every score.
-template <int N>
-__device__ __forceinline__ void row_max_tree(const float (&s)[N][4], float (&out)[2]) {
+// Per-thread reduction (max or sum, by `op`) over an m-tile's scores of its two rows (elements 0-1: row g,
+// 2-3: row g + 8) as a pairwise tree: log2 dependent steps instead of a chain through every score.
+template <int N, class Op>
+__device__ __forceinline__ void row_tree(const float (&s)[N][4], float (&out)[2], Op op) {
   static_assert(N > 0 && (N & (N - 1)) == 0, "n-tiles per row: a power of two");
   float v[N][2];
 #pragma unroll
   for (int n = 0; n < N; ++n) {
-    v[n][0] = fmaxf(s[n][0], s[n][1]);
-    v[n][1] = fmaxf(s[n][2], s[n][3]);
+    v[n][0] = op(s[n][0], s[n][1]);
+    v[n][1] = op(s[n][2], s[n][3]);
   }
 #pragma unroll
   for (int w = N / 2; w >= 1; w /= 2)
 #pragma unroll
     for (int n = 0; n < w; ++n) {
-      v[n][0] = fmaxf(v[n][0], v[n + w][0]);
-      v[n][1] = fmaxf(v[n][1], v[n + w][1]);
-    }
-  out[0] = v[0][0];
-  out[1] = v[0][1];
-}
-
-template <int N>
-__device__ __forceinline__ void row_sum_tree(const float (&s)[N][4], float (&out)[2]) {
-  static_assert(N > 0 && (N & (N - 1)) == 0, "n-tiles per row: a power of two");
-  float v[N][2];
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    v[n][0] = s[n][0] + s[n][1];
-    v[n][1] = s[n][2] + s[n][3];
-  }
-#pragma unroll
-  for (int w = N / 2; w >= 1; w /= 2)
-#pragma unroll
-    for (int n = 0; n < w; ++n) {
-      v[n][0] += v[n + w][0];
-      v[n][1] += v[n + w][1];
+      v[n][0] = op(v[n][0], v[n + w][0]);
+      v[n][1] = op(v[n][1], v[n + w][1]);
     }
   out[0] = v[0][0];
   out[1] = v[0][1];
@@ -380,7 +360,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       float sfac = 1.f;  // the factor still to apply to s in the exponent
       if (interior && fold) {
         float raw_max[2];
-        row_max_tree<NKT>(s[mt], raw_max);
+        row_tree<NKT>(s[mt], raw_max, [](float x, float y) { return fmaxf(x, y); });
         mt_max[0] = fmaxf(mt_max[0], raw_max[0] * scale);
         mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
         sfac = scale;
@@ -411,7 +391,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], sfac, -msub[e / 2]));
         float tile_sum[2];
-        row_sum_tree<NKT>(s[mt], tile_sum);
+        row_tree<NKT>(s[mt], tile_sum, [](float x, float y) { return x + y; });
         d_row[mt][0] += tile_sum[0];
         d_row[mt][1] += tile_sum[1];
         // the output is rescaled only when some row of the warp's m-tile raised its max (late in a long

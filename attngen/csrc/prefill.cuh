@@ -97,7 +97,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   constexpr int NT = Tile::kThreads;
   // keys per compute step: a KV tile is loaded whole, but at MT = 2 its scores are formed, softmaxed and
   // multiplied into O in two halves, so that S (32 floats, not 64) fits beside O without spilling
-  constexpr int TS = (MT == 2 && TK == 64) ? 32 : TK;
+  constexpr int TS = TK;
   constexpr int NKT = TS / 8;   // n-tiles of S per warp and compute step
   constexpr int NDT = D / 8;    // n-tiles of O per warp
   extern __shared__ __align__(16) unsigned char smem_raw[];

@@ -11,16 +11,48 @@
 // K/V rows are gathered from their pages with cp.async, S stages deep, rows padded by
 // 8 elements so ldmatrix is conflict-free. Every hook runs: query / key transforms
 // row by row on a per-warp fp32 scratch row, logits and mask per score, the output
-// transform in the epilogue (or after the split-KV merge, merge.cuh).
+// transform in the epilogue (or after the split-KV merge, merge.cuh). With the plan's merge counters
+// (fused merge) the CTA that writes a split request's last partial state merges the request itself, so
+// no merge kernel runs.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "decode.cuh"
 #include "epilogue.cuh"
+#include "merge.cuh"
 #include "mma.cuh"
 #include "row_hook.cuh"
 
 namespace attngen {
+
+// Fused split-KV merge: after writing a partial state of request b (KV head hk), the CTA counts its
+// arrival; the one that brings the count to the request's number of partials merges them (for the
+// group's query heads) and writes the output, then zeroes the counter for the next launch. Every thread
+// calls it; `sm` is the merge region (free here: the next item's tiles load into the stages).
+template <class V, class T, int D, int NT>
+__device__ void merge_if_last(const DecodeProblem& P, const typename V::Params& hp, const DecodePlanView& plan, int b,
+                              int hk, int qh0, int group, float* sm, int tid) {
+  __shared__ int s_merge, s_last;
+  __threadfence();  // this thread's partial rows are visible device-wide before the CTA's arrival counts
+  if (tid == 0) s_merge = -1;
+  __syncthreads();
+  for (int i = tid; i < plan.num_merges; i += NT)
+    if (plan.merge_tiles[2 * i] == b) s_merge = i;
+  __syncthreads();
+  const int m = s_merge;
+  if (m < 0) return;  // a partial of a request the plan does not merge: none (uniform across the CTA)
+  const int first = plan.merge_indptr[m], count = plan.merge_indptr[m + 1] - first;
+  int32_t* counter = plan.merge_counters + int64_t(m) * P.num_kv_heads + hk;
+  if (tid == 0) s_last = atomicAdd(counter, 1) == count - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // the other CTAs' partial rows, read around L1 by merge_partial_rows
+  for (int r = 0; r < group; ++r) {
+    merge_partial_rows<V, T, D, NT>(P, hp, b, qh0 + r, plan.merge_partials + first, count, sm, tid);
+    __syncthreads();  // sm serves the next head
+  }
+  if (tid == 0) *counter = 0;
+}
 
 // Tile configuration: S stages of 64 keys (4 warps x 16).
 template <int D, int S>
@@ -368,6 +400,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         dst[0] = make_float4(src[0], src[1], src[2], src[3]);
         dst[1] = make_float4(src[4], src[5], src[6], src[7]);
         if (l == 0) P.part_lse[row] = row_lse[r];
+      }
+      if (P.plan != nullptr) {
+        const DecodePlanView plan(P.plan);
+        static_assert(merge_partial_rows_floats<D, NT>() <= NW * G8 * D, "the fused merge fits the merge region");
+        if (plan.merge_counters != nullptr) merge_if_last<V, T, D, NT>(P, hp, plan, b, hk, qh0, group, wacc, tid);
       }
     } else {
       finish_rows<V, T, D>(rows, rows + G8 * D, row_lse, group, b, qo_pos, qh0, P.num_qo_heads,

@@ -128,8 +128,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   constexpr int TK = Tile::kKeys, ST = Tile::kStride, NT = Tile::kThreads, NW = Tile::kWarps;
   constexpr int NDT = D / 8;   // n-tiles of O per warp
   constexpr int CPR = D / 8;   // 16-byte chunks per row
-  static_assert(NT % CPR == 0, "a thread's chunk column must stay fixed across passes");
-  constexpr int RPP = NT / CPR;  // rows per load pass
+  // the loader: a thread copies chunks c and c + D / 16 of a row (one row address, four copies with V)
+  constexpr int TPR = D / 16;  // loader threads per row
+  static_assert(NT % TPR == 0, "a thread's chunk column must stay fixed across passes");
+  constexpr int RPP = NT / TPR;  // rows per load pass
+  constexpr int HALF = D / 2;
   constexpr int G8 = Tile::kMaxGroup;
   T* sq_all = reinterpret_cast<T*>(smem_raw);                                          // [S][16][ST]
   float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(S) * 16 * ST * 2);  // [NW][2D]
@@ -143,7 +146,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   float* scratch = scratch_all + warp * 2 * D;
   const int group = P.group, qh0 = hk * group;
   const T* pages = static_cast<const T*>(P.kv.base);
-  const int64_t head_off = int64_t(hk) * P.kv.stride_head + (tid % CPR) * 8;
+  const int64_t head_off = int64_t(hk) * P.kv.stride_head + (tid % TPR) * 8;
   const int ps = P.kv.page_size;
   const bool ps_pow2 = (ps & (ps - 1)) == 0;
   const int ps_shift = __ffs(ps) - 1;
@@ -171,7 +174,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     const int t0 = l_cur.start + l_tile * TK;
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
-      const int j = t0 + pass * RPP + tid / CPR;
+      const int j = t0 + pass * RPP + tid / TPR;
       pid[pass] = j < l_cur.end ? __ldg(l_page_ids + (ps_pow2 ? (j >> ps_shift) : j / ps)) : 0;
     }
   };
@@ -189,14 +192,17 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     }
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
-      const int r = pass * RPP + tid / CPR, j = t0 + r;
+      const int r = pass * RPP + tid / TPR, j = t0 + r;
       const bool ok = j < l_cur.end;
       const int slot = ps_pow2 ? (j & (ps - 1)) : j % ps;
+      // a row past the item reads nothing; its address (page 0) only has to lie in the cache
       const T* src = ok ? pages + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot + head_off
                         : pages;
-      T* dst = tiles + ((stage * 2) * TK + r) * ST + (tid % CPR) * 8;
+      T* dst = tiles + ((stage * 2) * TK + r) * ST + (tid % TPR) * 8;
       copy16_async(dst, src, ok);
-      copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
+      copy16_async(dst + HALF, src + HALF, ok);
+      copy16_async(dst + TK * ST, src + P.kv.stride_kv, ok);
+      copy16_async(dst + TK * ST + HALF, src + P.kv.stride_kv + HALF, ok);
     }
     ++loaded;
     advance();

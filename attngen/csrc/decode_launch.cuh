@@ -32,7 +32,11 @@ void launch_decode_merge(const DecodeProblem& P, const typename V::Params& hp, c
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = device_cc_major() >= 9 ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, merge_decode_kernel<V, T, D>, P, hp);
+  if (cudaLaunchKernelEx(&cfg, merge_decode_kernel<V, T, D>, P, hp) != cudaSuccess && cfg.numAttrs > 0) {
+    cudaGetLastError();  // a driver that refuses the attribute: a plain launch (a second failure is reported)
+    cfg.numAttrs = 0;
+    cudaLaunchKernelEx(&cfg, merge_decode_kernel<V, T, D>, P, hp);
+  }
 }
 
 template <class V, class T, int D, int G>

@@ -427,6 +427,9 @@ __global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
 decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   allow_dependent_launch();  // the split-KV merge may launch now; it waits for this grid's writes
+  // launched as a dependent of whatever ran before on the stream (sm_90): its launch and block setup
+  // overlapped that kernel's tail; its q, cache and plan may come from it, so wait before reading any
+  grid_dependency_wait();
   const int hk = blockIdx.y;
   if (P.plan != nullptr) {
     const DecodePlanView plan(P.plan);

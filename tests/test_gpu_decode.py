@@ -150,9 +150,11 @@ def _static_batch(rng, batch, num_pages, hq, hkv, d):
     return q, kv, refill
 
 
-def test_decode_balanced_plan_skewed_and_superseded(build_cache, rng):
-    """The load-balanced plan splits a long request among many CTAs (and matches an even split);
-    a plan superseded by a later one of the same shape is refused."""
+@pytest.mark.parametrize("fused_merge", [True, False])
+def test_decode_balanced_plan_skewed_and_superseded(build_cache, rng, fused_merge):
+    """The load-balanced plan splits a long request among many CTAs (and matches an even split), its
+    split requests merged by the decode kernel itself or by the merge kernel; a plan superseded by a
+    later one of the same shape is refused."""
     import torch
 
     from attngen.runtime import AttentionArgumentError
@@ -161,25 +163,30 @@ def test_decode_balanced_plan_skewed_and_superseded(build_cache, rng):
     lens = [9000] + list(rng.integers(0, 300, size=15))
     q, kv, refill = _static_batch(rng, 16, 1024, 16, 2, 128)
     refill(lens)
-    plan = att.plan_decode(kv, 16, 128)
-    assert plan.work is not None and plan.num_merges >= 1
+    plan = att.plan_decode(kv, 16, 128, fused_merge=fused_merge)
+    assert plan.work is not None and len(plan.split.merge_tiles) >= 1
+    assert plan.num_merges == (0 if fused_merge else len(plan.split.merge_tiles))  # merge kernel blocks
     assert (plan.split.work[:, 0] == 0).sum() > 4  # the long request is cut into many chunks
     out, lse = att.decode(q, kv, plan=plan)
     ref_o, ref_l = att.decode(q, kv, plan=att.plan_decode(kv, 16, 128, num_chunks=1, tensor_cores=False))
     torch.cuda.synchronize()
     assert torch.allclose(out.float(), ref_o.float(), atol=2e-3, rtol=0)
     assert torch.allclose(lse, ref_l, atol=1e-3, rtol=0)
-    att.plan_decode(kv, 16, 128)
+    att.plan_decode(kv, 16, 128, fused_merge=fused_merge)
     with pytest.raises(AttentionArgumentError, match="superseded"):
         att.decode(q, kv, plan=plan)
     with pytest.raises(AttentionArgumentError, match="graph_safe / fixed_chunk: need the load-balanced plan"):
         att.plan_decode(kv, 16, 128, num_chunks=2, graph_safe=True)
     # a fixed chunk far below the balanced one needs more work items than the workspace had: it grows
-    plan = att.plan_decode(kv, 16, 128, fixed_chunk=64)
+    plan = att.plan_decode(kv, 16, 128, fixed_chunk=64, fused_merge=fused_merge)
     assert (plan.split.work[:, 0] == 0).sum() == -(-9000 // 64)
     out_f, _ = att.decode(q, kv, plan=plan)
     torch.cuda.synchronize()
     assert torch.allclose(out_f.float(), ref_o.float(), atol=2e-3, rtol=0)
+    # the fused merge's counters are back at zero after each launch: a second run gives the same bits
+    out_g, _ = att.decode(q, kv, plan=plan)
+    torch.cuda.synchronize()
+    assert torch.equal(out_f, out_g)
 
 
 def test_decode_fixed_chunk_is_batch_invariant(build_cache, rng):

@@ -95,14 +95,14 @@ class CUDAAttention(BuiltModule):
         return cls(variant, res.library, res.manifest)
 
     def _decode_workspace(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int, items: int,
-                          device):
+                          device, fused_merge: bool = True):
         """The load-balanced decode workspace of this shape, grown when a batch (or a fixed-chunk plan's
         work items) exceeds its bounds."""
         import torch
 
         from .decode_plan import DecodeBounds, DecodeWorkspace, decode_tc_ctas_per_sm
 
-        key = (str(device), num_qo_heads, num_kv_heads, head_dim)
+        key = (str(device), num_qo_heads, num_kv_heads, head_dim, fused_merge)
         spaces = self.__dict__.setdefault("_decode_spaces", {})
         ws = spaces.get(key)
         if ws is None or batch > ws.bounds.max_batch or items > ws.bounds.max_work_items:
@@ -114,7 +114,7 @@ class CUDAAttention(BuiltModule):
             max_batch = min(MAX_GRID_BATCH, max(64, 1 << max(batch - 1, 0).bit_length()))
             grown = max(items, 2 * ws.bounds.max_work_items if ws is not None else 0)
             ws = spaces[key] = DecodeWorkspace(DecodeBounds(max_batch, ctas, grown if items else 0), num_qo_heads,
-                                               head_dim, device)
+                                               head_dim, device, num_kv_heads=num_kv_heads if fused_merge else 0)
         return ws
 
     def has_decode(self, kv: PagedKV, head_dim: int) -> bool:
@@ -122,7 +122,8 @@ class CUDAAttention(BuiltModule):
         return symbol(f"batch_decode_paged_{kv.layout.lower()}", dtype_name(kv.pages), head_dim) in self.functions
 
     def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None,
-                    tensor_cores: bool | None = None, fixed_chunk: int = 0, graph_safe: bool = False):
+                    tensor_cores: bool | None = None, fixed_chunk: int = 0, graph_safe: bool = False,
+                    fused_merge: bool = True):
         """Plan one decode step (reused by every layer). Without ``num_chunks`` the split is load-balanced
         (the host planner's work list, tensor-core template); a plan is valid until the next load-balanced
         ``plan_decode`` of the same shape. ``num_chunks`` forces an even split of every request into that
@@ -130,7 +131,9 @@ class CUDAAttention(BuiltModule):
         the CUDA-core template (the CUDA-core one splits evenly). ``fixed_chunk`` > 0: chunk boundaries
         independent of the rest of the batch (batch-invariant results). ``graph_safe``: launch grids that depend
         only on the workspace's bounds, so a CUDA graph captured with this plan replays any later plan of
-        the same shape (same q / page-table buffers, batch size and bounds)."""
+        the same shape (same q / page-table buffers, batch size and bounds). ``fused_merge`` (load-balanced
+        plans): the decode kernel merges split requests itself, the CTA that writes a request's last partial
+        state merging them; False launches the separate merge kernel."""
         import torch
 
         dtype = dtype_name(kv.pages)
@@ -156,10 +159,10 @@ class CUDAAttention(BuiltModule):
                 "tensor-core tile that fits this GPU); drop num_chunks / tensor_cores=False")
         if balanced:
             ws = self._decode_workspace(num_qo_heads, kv.num_kv_heads, head_dim, batch,
-                                        items_needed(lens, fixed_chunk), kv.pages.device)
+                                        items_needed(lens, fixed_chunk), kv.pages.device, fused_merge)
             n_merge, split = ws.fill(lens.astype(np.int32), num_qo_heads // kv.num_kv_heads, fixed_chunk=fixed_chunk)
             ws.generation += 1
-            merges = ws.bounds.max_merges if graph_safe else n_merge
+            merges = 0 if ws.fused_merge else (ws.bounds.max_merges if graph_safe else n_merge)
             return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, 1, 2, ws.part_o, ws.part_lse, ws,
                               ws.generation, merges, split)
         if num_chunks is None:

@@ -132,7 +132,7 @@ def run(args) -> None:
             decode_plan.decode_tc_ctas_per_sm = ctas_per_sm_of(meta["decode_tc"])
             try:
                 m = decode_mods[rname]
-                plan = m.plan_decode(kv, hq, HEAD_DIM, fused_merge=meta.get("fused_merge", False))
+                plan = m.plan_decode(kv, hq, HEAD_DIM, fused_merge=None if meta.get("fused_merge") else False)
                 out = torch.full_like(q, float("nan"))
                 lse = torch.empty(q.shape[:2], device="cuda")
                 row[rname] = nbytes / (bench(lambda: m.decode(q, kv, plan=plan, out=out, lse=lse)) * 1e-3) / 1e9

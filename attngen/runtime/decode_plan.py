@@ -90,9 +90,10 @@ class DecodeWorkspace:
         self.part_o = torch.empty((bounds.max_partials, num_qo_heads, head_dim), dtype=torch.float32, device=device)
         self.part_lse = torch.empty((bounds.max_partials, num_qo_heads), dtype=torch.float32, device=device)
 
-    def fill(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0):
+    def fill(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0, fused_merge: bool | None = None):
         """Plan one batch step (kv_lens [B] keys per request) and copy it to the device; returns
-        (number of merges, the host plan)."""
+        (number of merges, the host plan, whether the decode kernel merges). ``fused_merge`` (a workspace
+        with counters): True / False choose; None fuses when some work item writes its output directly."""
         import torch
 
         b = self.bounds
@@ -103,11 +104,12 @@ class DecodeWorkspace:
                                  tile_rows=16, fixed_chunk=fixed_chunk, min_chunk=MIN_CHUNK)
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy must have left the staging buffer
-        n_merge = pack_plan(self._host_np, self.bounds, plan, fused_merge=self.fused_merge)
+        fused = self.fused_merge and (fused_merge if fused_merge is not None else bool((plan.work[:, 4] < 0).any()))
+        n_merge = pack_plan(self._host_np, self.bounds, plan, fused_merge=fused)
         self.device_plan.copy_(self._host, non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
-        return n_merge, plan
+        return n_merge, plan, fused
 
 
 def pack_plan(buf: np.ndarray, bounds: DecodeBounds, plan, *, fused_merge: bool = False) -> int:

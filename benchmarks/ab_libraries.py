@@ -56,7 +56,10 @@ def build(args) -> None:
             for f in (dest / kernels).iterdir():
                 if f.suffix != ".so" and f.name != "manifest.json":
                     f.unlink()
-        (dest / "revision.json").write_text(json.dumps({"rev": rev, "commit": sha, "decode_tc": json.loads(mirror)}))
+        fused = subprocess.run(["git", "grep", "-q", "merge_counters", rev, "--", "attngen/csrc/decode.cuh"],
+                               cwd=ROOT).returncode == 0  # the revision's decode kernel can merge split requests
+        (dest / "revision.json").write_text(json.dumps({"rev": rev, "commit": sha, "decode_tc": json.loads(mirror),
+                                                        "fused_merge": fused}))
         print(f"{rev} ({sha}) -> {dest}")
 
 
@@ -129,7 +132,7 @@ def run(args) -> None:
             decode_plan.decode_tc_ctas_per_sm = ctas_per_sm_of(meta["decode_tc"])
             try:
                 m = decode_mods[rname]
-                plan = m.plan_decode(kv, hq, HEAD_DIM)
+                plan = m.plan_decode(kv, hq, HEAD_DIM, fused_merge=None if meta.get("fused_merge") else False)
                 out = torch.full_like(q, float("nan"))
                 lse = torch.empty(q.shape[:2], device="cuda")
                 row[rname] = nbytes / (bench(lambda: m.decode(q, kv, plan=plan, out=out, lse=lse)) * 1e-3) / 1e9

@@ -28,6 +28,8 @@ def main():
             for chunks in (1, 4):
                 att.decode(q, kv, plan=att.plan_decode(kv, 8, 128, num_chunks=chunks, tensor_cores=tensor_cores),
                            params=params)
+        for fused in (True, False):  # the load-balanced plan splits the 700-key request: both merge paths
+            att.decode(q, kv, plan=att.plan_decode(kv, 8, 128, fused_merge=fused), params=params)
         prob = random_problem(rng, [40, 0, 70], [40, 9, 150], 8, 2, 128, page_size=16)
         params = {k: cuda(x) if isinstance(x, np.ndarray) else x for k, x in random_params(v, rng, prob).items()}
         q, qo_indptr = cuda(prob.q, True), cuda(prob.qo_indptr)

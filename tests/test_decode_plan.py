@@ -85,3 +85,25 @@ def test_fixed_chunk_items_counted():
     assert items_needed(lens, 512) == 1 + 1 + 1 + 2 + 16
     assert items_needed(lens, 0) == 0
     assert DecodeBounds(64, 33, items_needed(np.full(8, 8192), 512)).max_work_items == 128
+
+
+def test_fused_merge_counters_follow_the_plan_and_start_at_zero(cache):
+    """With the fused merge, word 7 points past the five plan arrays at max_merges x Hkv counters, inside
+    the buffer and zero (the decode kernel counts arrivals there); without it word 7 is 0 and the buffer
+    has no counter region."""
+    bounds, hkv = BOUNDS[0], 8
+    planner = planner_for(bounds, cache)
+    lens = np.array([30000] + [512] * 63, np.int32)
+    plan = planner.plan(np.ones(64, np.int32), lens, num_ctas=bounds.num_ctas, group=4, tile_rows=16,
+                        min_chunk=MIN_CHUNK)
+    assert workspace_ints(bounds, hkv) == workspace_ints(bounds) + bounds.max_merges * hkv
+    buf = np.zeros(workspace_ints(bounds, hkv), np.int32)
+    n_merge = pack_plan(buf, bounds, plan, fused_merge=True)
+    assert n_merge == len(plan.merge_tiles) >= 1
+    at = int(buf[7])
+    assert at == workspace_ints(bounds) and at + bounds.max_merges * hkv == len(buf)
+    assert not buf[at:].any()
+    assert unpack(buf)[1] and all(len(parts) > 1 for _, parts in unpack(buf)[1])
+    plain = np.zeros(workspace_ints(bounds), np.int32)
+    pack_plan(plain, bounds, plan)
+    assert plain[7] == 0 and np.array_equal(plain[:7], buf[:7])

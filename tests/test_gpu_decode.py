@@ -150,9 +150,12 @@ def _static_batch(rng, batch, num_pages, hq, hkv, d):
     return q, kv, refill
 
 
-def test_decode_balanced_plan_skewed_and_superseded(build_cache, rng):
-    """The load-balanced plan splits a long request among many CTAs (and matches an even split);
-    a plan superseded by a later one of the same shape is refused."""
+@pytest.mark.parametrize("fused_merge", [True, False, None])
+def test_decode_balanced_plan_skewed_and_superseded(build_cache, rng, fused_merge):
+    """The load-balanced plan splits a long request among many CTAs (and matches an even split), its
+    split requests merged by the decode kernel itself or by the merge kernel (None: the plan chooses,
+    fusing here since short requests write their outputs directly); a plan superseded by a later one of
+    the same shape is refused."""
     import torch
 
     from attngen.runtime import AttentionArgumentError
@@ -161,25 +164,52 @@ def test_decode_balanced_plan_skewed_and_superseded(build_cache, rng):
     lens = [9000] + list(rng.integers(0, 300, size=15))
     q, kv, refill = _static_batch(rng, 16, 1024, 16, 2, 128)
     refill(lens)
-    plan = att.plan_decode(kv, 16, 128)
-    assert plan.work is not None and plan.num_merges >= 1
+    plan = att.plan_decode(kv, 16, 128, fused_merge=fused_merge)
+    assert plan.work is not None and len(plan.split.merge_tiles) >= 1
+    assert plan.fused_merge == (True if fused_merge is None else fused_merge)
+    assert plan.num_merges == (0 if plan.fused_merge else len(plan.split.merge_tiles))  # merge kernel blocks
     assert (plan.split.work[:, 0] == 0).sum() > 4  # the long request is cut into many chunks
     out, lse = att.decode(q, kv, plan=plan)
     ref_o, ref_l = att.decode(q, kv, plan=att.plan_decode(kv, 16, 128, num_chunks=1, tensor_cores=False))
     torch.cuda.synchronize()
     assert torch.allclose(out.float(), ref_o.float(), atol=2e-3, rtol=0)
     assert torch.allclose(lse, ref_l, atol=1e-3, rtol=0)
-    att.plan_decode(kv, 16, 128)
+    att.plan_decode(kv, 16, 128, fused_merge=fused_merge)
     with pytest.raises(AttentionArgumentError, match="superseded"):
         att.decode(q, kv, plan=plan)
     with pytest.raises(AttentionArgumentError, match="graph_safe / fixed_chunk: need the load-balanced plan"):
         att.plan_decode(kv, 16, 128, num_chunks=2, graph_safe=True)
     # a fixed chunk far below the balanced one needs more work items than the workspace had: it grows
-    plan = att.plan_decode(kv, 16, 128, fixed_chunk=64)
+    plan = att.plan_decode(kv, 16, 128, fixed_chunk=64, fused_merge=fused_merge)
     assert (plan.split.work[:, 0] == 0).sum() == -(-9000 // 64)
     out_f, _ = att.decode(q, kv, plan=plan)
     torch.cuda.synchronize()
     assert torch.allclose(out_f.float(), ref_o.float(), atol=2e-3, rtol=0)
+    # the fused merge's counters are back at zero after each launch: a second run gives the same bits
+    out_g, _ = att.decode(q, kv, plan=plan)
+    torch.cuda.synchronize()
+    assert torch.equal(out_f, out_g)
+
+
+def test_decode_merge_choice_of_an_all_split_batch(build_cache, rng):
+    """When every request is split, the default plan launches the merge kernel (spread over the GPU);
+    a graph-safe plan, or fused_merge=True, fuses the merge; all three give the same output."""
+    import torch
+
+    att = cuda_module("vanilla", build_cache)
+    q, kv, refill = _static_batch(rng, 1, 1024, 16, 2, 128)
+    refill([12000])
+    outs = []
+    for kw, fused in (({}, False), ({"graph_safe": True}, True), ({"fused_merge": True}, True)):
+        plan = att.plan_decode(kv, 16, 128, **kw)
+        assert (plan.split.work[:, 4] >= 0).all() and len(plan.split.merge_tiles) == 1  # one request, split
+        assert plan.fused_merge == fused
+        assert plan.num_merges == (0 if fused else 1)
+        outs.append(att.decode(q, kv, plan=plan)[0].float())
+    ref_o, _ = att.decode(q, kv, plan=att.plan_decode(kv, 16, 128, num_chunks=1, tensor_cores=False))
+    torch.cuda.synchronize()
+    for out in outs:
+        assert torch.allclose(out, ref_o.float(), atol=2e-3, rtol=0)
 
 
 def test_decode_fixed_chunk_is_batch_invariant(build_cache, rng):

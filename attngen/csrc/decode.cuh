@@ -22,9 +22,13 @@ namespace attngen {
 struct DecodePlanView {
   const int32_t *cta_indptr, *work, *merge_tiles, *merge_indptr, *merge_partials;
   int num_merges;
+  // fused merge (header word 7 > 0: its offset): one arrival counter per (merge, KV head), zero between
+  // launches; the decode CTA that completes a split request's last partial merges it (no merge kernel)
+  int32_t* merge_counters;
   __device__ __forceinline__ explicit DecodePlanView(const int32_t* buf)
       : cta_indptr(buf + buf[2]), work(buf + buf[3]), merge_tiles(buf + buf[4]), merge_indptr(buf + buf[5]),
-        merge_partials(buf + buf[6]), num_merges(buf[0]) {}
+        merge_partials(buf + buf[6]), num_merges(buf[0]),
+        merge_counters(buf[7] > 0 ? const_cast<int32_t*>(buf) + buf[7] : nullptr) {}
 };
 
 struct DecodeProblem {

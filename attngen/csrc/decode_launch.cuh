@@ -13,30 +13,40 @@ namespace attngen {
 // DecodeProblem::backend
 constexpr int kDecodeAuto = 0, kDecodeCudaCores = 1, kDecodeTensorCores = 2;
 
-// The merge of split chunks, launched as a programmatic dependent of the decode kernel on sm_90+: its
-// launch overlaps the decode kernel's last CTAs, and its blocks wait (grid_dependency_wait) for the
-// partial states. A plain launch before sm_90.
-template <class V, class T, int D>
-void launch_decode_merge(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
-  int rows = 0;
-  if (P.plan != nullptr) rows = P.plan_max_merges;
-  else if (P.num_chunks > 1) rows = P.batch;
-  if (rows == 0) return;
+// A launch with the programmatic stream-serialization attribute on sm_90+ (the kernel may start while the
+// one before it finishes, and waits for it in grid_dependency_wait); a plain launch before sm_90 or where
+// the driver refuses the attribute (a second failure reaches check_launch).
+template <class Kernel, class Params>
+void launch_dependent(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const DecodeProblem& P,
+                      const Params& hp) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(P.num_qo_heads, rows);
-  cfg.blockDim = dim3(kMergeGroups * D / 8);
-  cfg.dynamicSmemBytes = 0;
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = device_cc_major() >= 9 ? 1 : 0;
-  if (cudaLaunchKernelEx(&cfg, merge_decode_kernel<V, T, D>, P, hp) != cudaSuccess && cfg.numAttrs > 0) {
-    cudaGetLastError();  // a driver that refuses the attribute: a plain launch (a second failure is reported)
+  if (cudaLaunchKernelEx(&cfg, kernel, P, hp) != cudaSuccess && cfg.numAttrs > 0) {
+    cudaGetLastError();
     cfg.numAttrs = 0;
-    cudaLaunchKernelEx(&cfg, merge_decode_kernel<V, T, D>, P, hp);
+    cudaLaunchKernelEx(&cfg, kernel, P, hp);
   }
+}
+
+// The merge of split chunks, launched as a programmatic dependent of the decode kernel on sm_90+: its
+// launch overlaps the decode kernel's last CTAs, and its blocks wait (grid_dependency_wait) for the
+// partial states.
+template <class V, class T, int D>
+void launch_decode_merge(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+  int rows = 0;
+  if (P.plan != nullptr) rows = P.plan_max_merges;
+  else if (P.num_chunks > 1) rows = P.batch;
+  if (rows == 0) return;
+  launch_dependent(merge_decode_kernel<V, T, D>, dim3(P.num_qo_heads, rows), dim3(kMergeGroups * D / 8), 0, stream,
+                   P, hp);
 }
 
 template <class V, class T, int D, int G>
@@ -55,7 +65,7 @@ void launch_decode_tc_tile(const DecodeProblem& P, const typename V::Params& hp,
   auto kernel = decode_tc_kernel<V, T, D, S>;
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const dim3 grid = P.plan ? dim3(P.plan_ctas, P.num_kv_heads, 1) : dim3(P.num_chunks, P.num_kv_heads, P.batch);
-  kernel<<<grid, DecodeTCTile<D, S>::kThreads, smem, stream>>>(P, hp);
+  launch_dependent(kernel, grid, dim3(DecodeTCTile<D, S>::kThreads), smem, stream, P, hp);
   launch_decode_merge<V, T, D>(P, hp, stream);
 }
 

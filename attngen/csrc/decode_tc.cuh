@@ -6,21 +6,54 @@
 // this item finishes. The query heads of the KV head's
 // group (GQA head-group fusion, at most 8) are the rows of one 16-row MMA tile, so a
 // K/V element is read from memory once for the whole group. A stage holds 64 keys;
-// warp w owns keys [16w, 16w + 16) of every stage and keeps its own online-softmax
+// warp w owns keys [16w, 16w + 16) of every stage, copies those rows itself (so the tiles
+// need no CTA barrier; the warps meet once per item) and keeps its own online-softmax
 // state (fp32, base 2); the four states are merged through shared memory at the end.
 // K/V rows are gathered from their pages with cp.async, S stages deep, rows padded by
 // 8 elements so ldmatrix is conflict-free. Every hook runs: query / key transforms
 // row by row on a per-warp fp32 scratch row, logits and mask per score, the output
-// transform in the epilogue (or after the split-KV merge, merge.cuh).
+// transform in the epilogue (or after the split-KV merge, merge.cuh). With the plan's merge counters
+// (fused merge) the CTA that writes a split request's last partial state merges the request itself, so
+// no merge kernel runs.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "decode.cuh"
 #include "epilogue.cuh"
+#include "merge.cuh"
 #include "mma.cuh"
 #include "row_hook.cuh"
 
 namespace attngen {
+
+// Fused split-KV merge: after writing a partial state of request b (KV head hk), the CTA counts its
+// arrival; the one that brings the count to the request's number of partials merges them (for the
+// group's query heads) and writes the output, then zeroes the counter for the next launch. Every thread
+// calls it; `sm` is the merge region (free here: the next item's tiles load into the stages).
+template <class V, class T, int D, int NT>
+__device__ void merge_if_last(const DecodeProblem& P, const typename V::Params& hp, const DecodePlanView& plan, int b,
+                              int hk, int qh0, int group, float* sm, int tid) {
+  __shared__ int s_merge, s_last;
+  __threadfence();  // this thread's partial rows are visible device-wide before the CTA's arrival counts
+  if (tid == 0) s_merge = -1;
+  __syncthreads();
+  for (int i = tid; i < plan.num_merges; i += NT)
+    if (plan.merge_tiles[2 * i] == b) s_merge = i;
+  __syncthreads();
+  const int m = s_merge;
+  if (m < 0) return;  // a partial of a request the plan does not merge: none (uniform across the CTA)
+  const int first = plan.merge_indptr[m], count = plan.merge_indptr[m + 1] - first;
+  int32_t* counter = plan.merge_counters + int64_t(m) * P.num_kv_heads + hk;
+  if (tid == 0) s_last = atomicAdd(counter, 1) == count - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // the other CTAs' partial rows, read around L1 by merge_partial_rows
+  for (int r = 0; r < group; ++r) {
+    merge_partial_rows<V, T, D, NT>(P, hp, b, qh0 + r, plan.merge_partials + first, count, sm, tid);
+    __syncthreads();  // sm serves the next head
+  }
+  if (tid == 0) *counter = 0;
+}
 
 // Tile configuration: S stages of 64 keys (4 warps x 16).
 template <int D, int S>
@@ -96,8 +129,14 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   constexpr int TK = Tile::kKeys, ST = Tile::kStride, NT = Tile::kThreads, NW = Tile::kWarps;
   constexpr int NDT = D / 8;   // n-tiles of O per warp
   constexpr int CPR = D / 8;   // 16-byte chunks per row
-  static_assert(NT % CPR == 0, "a thread's chunk column must stay fixed across passes");
-  constexpr int RPP = NT / CPR;  // rows per load pass
+  // the loader: each warp copies its own 16 key rows of every tile (the rows only it reads, so a tile
+  // needs no CTA barrier); a lane copies chunks c and c + D / 16 of a row (one row address, four copies
+  // with V)
+  constexpr int TPR = D / 16;   // loader lanes per row
+  static_assert(32 % TPR == 0, "a lane's chunk column must stay fixed across passes");
+  constexpr int RPW = 32 / TPR;  // rows per warp and pass
+  static_assert(Tile::kKeysPerWarp % RPW == 0, "a warp's rows split evenly over its passes");
+  constexpr int HALF = D / 2;
   constexpr int G8 = Tile::kMaxGroup;
   T* sq_all = reinterpret_cast<T*>(smem_raw);                                          // [S][16][ST]
   float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(S) * 16 * ST * 2);  // [NW][2D]
@@ -111,14 +150,15 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   float* scratch = scratch_all + warp * 2 * D;
   const int group = P.group, qh0 = hk * group;
   const T* pages = static_cast<const T*>(P.kv.base);
-  const int64_t head_off = int64_t(hk) * P.kv.stride_head + (tid % CPR) * 8;
+  const int64_t head_off = int64_t(hk) * P.kv.stride_head + (lane % TPR) * 8;
+  const int wk = warp * Tile::kKeysPerWarp;  // this warp's first key row of every tile
   const int ps = P.kv.page_size;
   const bool ps_pow2 = (ps & (ps - 1)) == 0;
   const int ps_shift = __ffs(ps) - 1;
 
   // ---- the loader: the stream's tiles in order. The page ids of the tile it issues next are read one
   // call ahead (into pid), so issuing a tile's cp.async never waits on a page-table load --------------
-  constexpr int PASSES = TK / RPP;
+  constexpr int PASSES = Tile::kKeysPerWarp / RPW;
   int l_item = -1, l_tile = 0, l_tiles = 0, loaded = 0, q_loaded = 0;
   DecodeTCItem l_cur{0, 0, 0, -1};
   const int32_t* l_page_ids = nullptr;
@@ -139,7 +179,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     const int t0 = l_cur.start + l_tile * TK;
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
-      const int j = t0 + pass * RPP + tid / CPR;
+      const int j = t0 + wk + pass * RPW + lane / TPR;
       pid[pass] = j < l_cur.end ? __ldg(l_page_ids + (ps_pow2 ? (j >> ps_shift) : j / ps)) : 0;
     }
   };
@@ -157,14 +197,17 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     }
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
-      const int r = pass * RPP + tid / CPR, j = t0 + r;
+      const int r = wk + pass * RPW + lane / TPR, j = t0 + r;
       const bool ok = j < l_cur.end;
       const int slot = ps_pow2 ? (j & (ps - 1)) : j % ps;
+      // a row past the item reads nothing; its address (page 0) only has to lie in the cache
       const T* src = ok ? pages + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot + head_off
                         : pages;
-      T* dst = tiles + ((stage * 2) * TK + r) * ST + (tid % CPR) * 8;
+      T* dst = tiles + ((stage * 2) * TK + r) * ST + (lane % TPR) * 8;
       copy16_async(dst, src, ok);
-      copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
+      copy16_async(dst + HALF, src + HALF, ok);
+      copy16_async(dst + TK * ST, src + P.kv.stride_kv, ok);
+      copy16_async(dst + TK * ST + HALF, src + P.kv.stride_kv + HALF, ok);
     }
     ++loaded;
     advance();
@@ -181,7 +224,6 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   const bool row_valid = g < group;
   const int qh = qh0 + g;
   const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
-  const int wk = warp * Tile::kKeysPerWarp;
   for (int it = 0; it < items.count; ++it) {
     const DecodeTCItem cur = items.get(it);
     const int b = cur.b, start = cur.start, end = cur.end;
@@ -207,7 +249,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       load_next();  // S - 1 tiles ahead in the stream, possibly the next items'
       copy_commit();
       copy_wait<S - 1>();
-      __syncthreads();
+      // a warp reads only the K / V rows it copied; the query rows (copied by every thread with the item's
+      // first tile) need the whole CTA once per item
+      if (tile == 0) __syncthreads(); else __syncwarp();
       const int stage = consumed % S;
       ++consumed;
       T* sk = tiles + (stage * 2 + 0) * TK * ST;
@@ -316,7 +360,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         mma16816<T>(o_acc[n], a, bv[0], bv[1]);
         mma16816<T>(o_acc[n + 1], a, bv[2], bv[3]);
       }
-      __syncthreads();  // the stage is refilled by a later prefetch
+      __syncwarp();  // the warp's rows of the stage are refilled by its own later prefetch
     }
 
     // ---- merge the four warps' states, normalise (own region: the next tiles stay in flight) --
@@ -369,6 +413,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         dst[1] = make_float4(src[4], src[5], src[6], src[7]);
         if (l == 0) P.part_lse[row] = row_lse[r];
       }
+      if (P.plan != nullptr) {
+        const DecodePlanView plan(P.plan);
+        static_assert(merge_partial_rows_floats<D, NT>() <= NW * G8 * D, "the fused merge fits the merge region");
+        if (plan.merge_counters != nullptr) merge_if_last<V, T, D, NT>(P, hp, plan, b, hk, qh0, group, wacc, tid);
+      }
     } else {
       finish_rows<V, T, D>(rows, rows + G8 * D, row_lse, group, b, qo_pos, qh0, P.num_qo_heads,
                            static_cast<T*>(P.o), P.lse, hp, tid, NT, P.empty_lse());
@@ -384,6 +433,9 @@ __global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
 decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   allow_dependent_launch();  // the split-KV merge may launch now; it waits for this grid's writes
+  // launched as a dependent of whatever ran before on the stream (sm_90): its launch and block setup
+  // overlapped that kernel's tail; its q, cache and plan may come from it, so wait before reading any
+  grid_dependency_wait();
   const int hk = blockIdx.y;
   if (P.plan != nullptr) {
     const DecodePlanView plan(P.plan);

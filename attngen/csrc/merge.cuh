@@ -13,51 +13,65 @@ namespace attngen {
 // (a 64k-key request cut into 33 chunks) takes a few dependent load rounds instead of one per chunk.
 constexpr int kMergeGroups = 8;
 
-// grid (num_qo_heads, B), block kMergeGroups x D/8 threads; part_o [B, C, Hq, D], part_lse [B, C, Hq]; in plan
-// mode grid (num_qo_heads, max merges) and part_o [slots, Hq, D], part_lse [slots, Hq]
-template <class V, class T, int D>
-__global__ void __launch_bounds__(kMergeGroups * D / 8) merge_decode_kernel(DecodeProblem P, typename V::Params hp) {
-  constexpr int L = D / 8, NG = kMergeGroups;
-  __shared__ float rows[2 * D];
-  __shared__ float lse_s[1];
-  __shared__ float g_acc[NG][D];
-  __shared__ float g_m[NG], g_den[NG];
-  grid_dependency_wait();  // launched as the decode kernel's dependent: its partial states must be written
-  const int h = blockIdx.x, l = threadIdx.x % L, grp = threadIdx.x / L;
-  // plan mode: block y is a merge tile of the plan (blocks past the plan's count exit); else request y
-  int b = blockIdx.y, count = P.num_chunks;
-  const int32_t* slots = nullptr;
-  if (P.plan != nullptr) {
-    const DecodePlanView plan(P.plan);
-    if (int(blockIdx.y) >= plan.num_merges) return;
-    b = plan.merge_tiles[2 * blockIdx.y];
-    slots = plan.merge_partials + plan.merge_indptr[blockIdx.y];
-    count = plan.merge_indptr[blockIdx.y + 1] - plan.merge_indptr[blockIdx.y];
-  }
+// One merged row: request b, query head h, from `count` partial states (plan mode: rows slots[c] of part_o /
+// part_lse; grid mode, slots = nullptr: chunk c of request b), by NTH threads in NTH / (D / 8) chunk groups
+// (chunk c to group c % groups, then the groups in order), through `sm` (shared, at least
+// (NTH / (D / 8) + 2) * D + 2 * NTH / (D / 8) + 1 floats); the output transform runs on the merged row. Every
+// thread of the block calls it. Partials are read around L1 (__ldcg): in the fused merge they were written
+// by other CTAs of the same kernel.
+template <class V, class T, int D, int NTH>
+__device__ __forceinline__ void merge_partial_rows(const DecodeProblem& P, const typename V::Params& hp, int b, int h,
+                                                   const int32_t* slots, int count, float* sm, int tid) {
+  constexpr int L = D / 8, NG = NTH / L;
+  static_assert(NTH % L == 0 && NG >= 1, "whole chunk groups");
+  float* g_acc = sm;             // [NG][D]
+  float* rows = g_acc + NG * D;  // [2][D]
+  float* g_m = rows + 2 * D;     // [NG]
+  float* g_den = g_m + NG;       // [NG]
+  float* lse_s = g_den + NG;     // [1]
+  const int l = tid % L, grp = tid / L;
   // this group's chunks, in KV order within the group (the merge is exact in any order up to rounding)
   float m = kNegInf, den = 0.f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int c = grp; c < count; c += NG) {
-    const int64_t r = (slots ? int64_t(slots[c]) : int64_t(b) * P.num_chunks + c) * P.num_qo_heads + h;
-    const float lc = P.part_lse[r];
-    const float4* src = reinterpret_cast<const float4*>(P.part_o + r * D + l * 8);
-    float4 x = src[0], y = src[1];
-    float oc[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
-    if constexpr (V::kSoftmax) {
-      MergeScales ms = merge_scales(m, lc);
-      den = den * ms.a + ms.b;  // a partial row is normalised: its own denominator is 1 at scale 2^lc
+  if (grp < NG) {
+    // kBatch of the group's chunks are loaded before any is merged: one round of memory latency per
+    // batch, not per chunk; the merge order (c = grp, grp + NG, ...) is unchanged
+    constexpr int kBatch = 4;
+    for (int c0 = grp; c0 < count; c0 += kBatch * NG) {
+      float lc[kBatch];
+      float4 x[kBatch], y[kBatch];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = acc[e] * ms.a + oc[e] * ms.b;
-      m = ms.m;
-    } else {
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = c0 + u * NG;
+        if (c < count) {
+          const int64_t r = (slots ? int64_t(__ldcg(slots + c)) : int64_t(b) * P.num_chunks + c) * P.num_qo_heads + h;
+          lc[u] = __ldcg(P.part_lse + r);
+          const float4* src = reinterpret_cast<const float4*>(P.part_o + r * D + l * 8);
+          x[u] = __ldcg(src);
+          y[u] = __ldcg(src + 1);
+        }
+      }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] += oc[e];
+      for (int u = 0; u < kBatch; ++u) {
+        if (c0 + u * NG >= count) break;
+        const float oc[8] = {x[u].x, x[u].y, x[u].z, x[u].w, y[u].x, y[u].y, y[u].z, y[u].w};
+        if constexpr (V::kSoftmax) {
+          MergeScales ms = merge_scales(m, lc[u]);
+          den = den * ms.a + ms.b;  // a partial row is normalised: its own denominator is 1 at scale 2^lc
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = acc[e] * ms.a + oc[e] * ms.b;
+          m = ms.m;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] += oc[e];
+        }
+      }
     }
-  }
 #pragma unroll
-  for (int e = 0; e < 8; ++e) g_acc[grp][l * 8 + e] = acc[e];
-  if (l == 0) {
-    g_m[grp] = m;
-    g_den[grp] = den;
+    for (int e = 0; e < 8; ++e) g_acc[grp * D + l * 8 + e] = acc[e];
+    if (l == 0) {
+      g_m[grp] = m;
+      g_den[grp] = den;
+    }
   }
   __syncthreads();
   // group 0 merges the groups' states in group order; an empty group (m = -inf, den = 0) adds nothing
@@ -71,11 +85,11 @@ __global__ void __launch_bounds__(kMergeGroups * D / 8) merge_decode_kernel(Deco
         MergeScales ms = merge_scales(m, g_m[g2]);
         den = den * ms.a + g_den[g2] * ms.b;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = acc[e] * ms.a + g_acc[g2][l * 8 + e] * ms.b;
+        for (int e = 0; e < 8; ++e) acc[e] = acc[e] * ms.a + g_acc[g2 * D + l * 8 + e] * ms.b;
         m = ms.m;
       } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] += g_acc[g2][l * 8 + e];
+        for (int e = 0; e < 8; ++e) acc[e] += g_acc[g2 * D + l * 8 + e];
       }
     }
     float lse = 0.f;
@@ -92,7 +106,32 @@ __global__ void __launch_bounds__(kMergeGroups * D / 8) merge_decode_kernel(Deco
   __syncthreads();
   const int qo_pos = P.kv.length(b) - 1;
   finish_rows<V, T, D>(rows, rows + D, lse_s, 1, b, qo_pos, h, P.num_qo_heads, static_cast<T*>(P.o), P.lse, hp,
-                       threadIdx.x, blockDim.x, P.empty_lse());
+                       tid, NTH, P.empty_lse());
+}
+
+template <int D, int NTH>
+constexpr int merge_partial_rows_floats() {
+  return (NTH / (D / 8) + 2) * D + 2 * (NTH / (D / 8)) + 1;
+}
+
+// grid (num_qo_heads, B), block kMergeGroups x D/8 threads; part_o [B, C, Hq, D], part_lse [B, C, Hq]; in plan
+// mode grid (num_qo_heads, max merges) and part_o [slots, Hq, D], part_lse [slots, Hq]
+template <class V, class T, int D>
+__global__ void __launch_bounds__(kMergeGroups * D / 8) merge_decode_kernel(DecodeProblem P, typename V::Params hp) {
+  constexpr int NTH = kMergeGroups * D / 8;
+  __shared__ float sm[merge_partial_rows_floats<D, NTH>()];
+  grid_dependency_wait();  // launched as the decode kernel's dependent: its partial states must be written
+  // plan mode: block y is a merge tile of the plan (blocks past the plan's count exit); else request y
+  int b = blockIdx.y, count = P.num_chunks;
+  const int32_t* slots = nullptr;
+  if (P.plan != nullptr) {
+    const DecodePlanView plan(P.plan);
+    if (int(blockIdx.y) >= plan.num_merges) return;
+    b = plan.merge_tiles[2 * blockIdx.y];
+    slots = plan.merge_partials + plan.merge_indptr[blockIdx.y];
+    count = plan.merge_indptr[blockIdx.y + 1] - plan.merge_indptr[blockIdx.y];
+  }
+  merge_partial_rows<V, T, D, NTH>(P, hp, b, blockIdx.x, slots, count, sm, threadIdx.x);
 }
 
 }  // namespace attngen

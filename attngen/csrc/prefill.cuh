@@ -95,9 +95,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   using Tile = PrefillTile<D, Small, MT>;
   constexpr int RQ = Tile::kRows, TK = Tile::kKeys, ST = Tile::kStride, NS = Tile::kStages;
   constexpr int NT = Tile::kThreads;
-  // keys per compute step: a KV tile is loaded whole, but at MT = 2 its scores are formed, softmaxed and
-  // multiplied into O in two halves, so that S (32 floats, not 64) fits beside O without spilling
-  constexpr int TS = (MT == 2 && TK == 64) ? 32 : TK;
+  // keys per compute step (a KV tile is loaded whole; a step forms, softmaxes and multiplies its scores into
+  // O). One step per tile: at MT = 2 its 16 independent Q K^T accumulator chains cost 72 bytes of spill,
+  // yet measured 10% faster on the H200 than two 32-key steps without spill (more MMAs in flight per warp)
+  constexpr int TS = TK;
   constexpr int NKT = TS / 8;   // n-tiles of S per warp and compute step
   constexpr int NDT = D / 8;    // n-tiles of O per warp
   extern __shared__ __align__(16) unsigned char smem_raw[];

@@ -10,7 +10,11 @@ previous copy out of the same staging buffer. Buffer layout (int32), shared with
 ``DecodePlanView`` in csrc/decode.cuh::
 
     [0] merges  [1] ctas  [2..6] offsets of: cta_indptr [C+1], work [W, 5], merge tiles [M, 2],
-    merge_indptr [M+1], merge_partials [P]
+    merge_indptr [M+1], merge_partials [P]  [7] offset of the fused merge's counters [M, Hkv] (0: none)
+
+With counters (a workspace made for ``num_kv_heads``), the decode kernel merges split requests itself:
+the CTA that writes a request's last partial state merges them, and no merge kernel is launched. The
+counters are zero between launches (the merging CTA resets its own; every plan copy rewrites them).
 """
 from __future__ import annotations
 
@@ -68,14 +72,16 @@ def _offsets(b: DecodeBounds) -> list[int]:
 class DecodeWorkspace:
     """Device and pinned buffers of one decode shape (heads, head_dim) under declared bounds."""
 
-    def __init__(self, bounds: DecodeBounds, num_qo_heads: int, head_dim: int, device, *, cache=None):
+    def __init__(self, bounds: DecodeBounds, num_qo_heads: int, head_dim: int, device, *, cache=None,
+                 num_kv_heads: int = 0):
         import torch
 
         self.bounds, self.num_qo_heads, self.head_dim = bounds, num_qo_heads, head_dim
+        self.fused_merge = num_kv_heads > 0  # the decode kernel merges split requests (no merge kernel)
         self.planner = SplitKVPlanner(PlannerCapacity(bounds.max_batch, bounds.max_work_items, bounds.max_partials,
                                                       bounds.max_merges, max_ctas=bounds.num_ctas),
                                       template="decode", cache=cache)
-        total = workspace_ints(bounds)
+        total = workspace_ints(bounds, num_kv_heads)
         self.device_plan = torch.zeros(total, dtype=torch.int32, device=device)
         self._host = torch.zeros(total, dtype=torch.int32, pin_memory=True)
         self._host_np = self._host.numpy()
@@ -84,9 +90,10 @@ class DecodeWorkspace:
         self.part_o = torch.empty((bounds.max_partials, num_qo_heads, head_dim), dtype=torch.float32, device=device)
         self.part_lse = torch.empty((bounds.max_partials, num_qo_heads), dtype=torch.float32, device=device)
 
-    def fill(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0):
+    def fill(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0, fused_merge: bool | None = None):
         """Plan one batch step (kv_lens [B] keys per request) and copy it to the device; returns
-        (number of merges, the host plan)."""
+        (number of merges, the host plan, whether the decode kernel merges). ``fused_merge`` (a workspace
+        with counters): True / False choose; None fuses when some work item writes its output directly."""
         import torch
 
         b = self.bounds
@@ -97,20 +104,23 @@ class DecodeWorkspace:
                                  tile_rows=16, fixed_chunk=fixed_chunk, min_chunk=MIN_CHUNK)
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy must have left the staging buffer
-        n_merge = pack_plan(self._host_np, self.bounds, plan)
+        fused = self.fused_merge and (fused_merge if fused_merge is not None else bool((plan.work[:, 4] < 0).any()))
+        n_merge = pack_plan(self._host_np, self.bounds, plan, fused_merge=fused)
         self.device_plan.copy_(self._host, non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
-        return n_merge, plan
+        return n_merge, plan, fused
 
 
-def pack_plan(buf: np.ndarray, bounds: DecodeBounds, plan) -> int:
+def pack_plan(buf: np.ndarray, bounds: DecodeBounds, plan, *, fused_merge: bool = False) -> int:
     """Write ``plan`` (a SplitKVPlan) into ``buf`` (int32, the workspace layout above, sized for
-    ``bounds``); returns the number of merges."""
-    offs = _offsets(bounds)[:-1]
+    ``bounds``); returns the number of merges. ``fused_merge``: point word 7 at the counters (zero in
+    ``buf``, which was sized for them)."""
+    offs = _offsets(bounds)
     n_merge = len(plan.merge_tiles)
     buf[0], buf[1] = n_merge, bounds.num_ctas
-    buf[2:7] = offs
+    buf[2:7] = offs[:-1]
+    buf[7] = offs[-1] if fused_merge else 0
     buf[offs[0]:offs[0] + bounds.num_ctas + 1] = plan.cta_indptr
     buf[offs[1]:offs[1] + plan.work.size] = plan.work.reshape(-1)
     buf[offs[2]:offs[2] + plan.merge_tiles.size] = plan.merge_tiles.reshape(-1)
@@ -119,9 +129,10 @@ def pack_plan(buf: np.ndarray, bounds: DecodeBounds, plan) -> int:
     return n_merge
 
 
-def workspace_ints(bounds: DecodeBounds) -> int:
-    """Size (int32 entries) of the device plan buffer for ``bounds``."""
-    return _offsets(bounds)[-1]
+def workspace_ints(bounds: DecodeBounds, num_kv_heads: int = 0) -> int:
+    """Size (int32 entries) of the device plan buffer for ``bounds``, with the fused merge's counters for
+    ``num_kv_heads`` > 0."""
+    return _offsets(bounds)[-1] + bounds.max_merges * num_kv_heads
 
 
 def decode_tc_fits(head_dim: int, smem_optin: int) -> bool:

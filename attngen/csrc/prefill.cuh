@@ -8,9 +8,10 @@
 // and each warp has two independent softmax chains in flight. K/V tiles are gathered from
 // pages (or ragged rows) into shared memory with cp.async, double-buffered where shared
 // memory allows; S = Q K^T and O += P V with m16n8k16 (two m16n8k8 on sm_75); online
-// softmax in fp32, base 2; P reuses the S accumulators as the A operand. With two m-tiles a
-// 64-key tile is computed in two 32-key steps (S in 32 floats beside O's 128: no spill), and
-// a warp skips the steps past its rows' last visible key. The mask's
+// softmax in fp32, base 2; P reuses the S accumulators as the A operand. A KV tile is one
+// compute step (a step size below the tile is a tuning knob: at two m-tiles, 32-key steps
+// avoid a small spill but measured slower), and a warp skips a step whose keys all lie
+// past its rows' last visible key. The mask's
 // bounds restrict the KV range of each query tile (causal / sliding-window tile
 // skipping); the mask hook decides every remaining score. Row hooks run per warp on
 // one row at a time through a float scratch row. P enters the P.V product in the input

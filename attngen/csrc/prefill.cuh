@@ -323,6 +323,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     if (js > warp_jmax) break;  // every later key is hidden from all of this warp's rows
     // S = Q K^T for this warp's MT x 16 rows x TS keys; each K fragment feeds every m-tile
     float s[MT][NKT][4];  // set by the first k-step's MMAs (zero accumulator), then accumulated
+    uint32_t pk[MT][TS / 16][4];  // P in the input dtype, the A operand of P V (packed as soon as it is final)
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
       uint32_t a[MT][4];
@@ -405,27 +406,27 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
             for (int e = 0; e < 4; ++e) o_acc[mt][n][e] *= rescale[e / 2];
         }
       }
+      // P of this m-tile is final: pack it now, so that its 32-bit floats die before the next m-tile's
+      // softmax and the P V loop (16 keys = two n-tiles per k-step)
+#pragma unroll
+      for (int kk = 0; kk < TS / 16; ++kk) {
+        pk[mt][kk][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pk[mt][kk][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pk[mt][kk][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pk[mt][kk][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
     }
-    // O += P V: P from the S accumulators (16 keys = two n-tiles per k-step); each V fragment feeds
-    // every m-tile
+    // O += P V: P packed from the S accumulators; each V fragment feeds every m-tile
 #pragma unroll
     for (int kk = 0; kk < TS / 16; ++kk) {
-      uint32_t a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, sv + (ks + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * ST + n * 8 + (lane / 16) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma16816<T>(o_acc[mt][n], a[mt], bv[0], bv[1]);
-          mma16816<T>(o_acc[mt][n + 1], a[mt], bv[2], bv[3]);
+          mma16816<T>(o_acc[mt][n], pk[mt][kk], bv[0], bv[1]);
+          mma16816<T>(o_acc[mt][n + 1], pk[mt][kk], bv[2], bv[3]);
         }
       }
     }

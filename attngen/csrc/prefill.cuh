@@ -8,7 +8,8 @@
 // and each warp has two independent softmax chains in flight. K/V tiles are gathered from
 // pages (or ragged rows) into shared memory with cp.async, double-buffered where shared
 // memory allows; S = Q K^T and O += P V with m16n8k16 (two m16n8k8 on sm_75); online
-// softmax in fp32, base 2; P reuses the S accumulators as the A operand. A KV tile is one
+// softmax in fp32, base 2; P, packed from the S accumulators as soon as an m-tile's softmax is
+// done, is the A operand of P V. A KV tile is one
 // compute step (a step size below the tile is a tuning knob: at two m-tiles, 32-key steps
 // avoid a small spill but measured slower), and a warp skips a step whose keys all lie
 // past its rows' last visible key. The mask's

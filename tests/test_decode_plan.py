@@ -107,3 +107,18 @@ def test_fused_merge_counters_follow_the_plan_and_start_at_zero(cache):
     plain = np.zeros(workspace_ints(bounds), np.int32)
     pack_plan(plain, bounds, plan)
     assert plain[7] == 0 and np.array_equal(plain[:7], buf[:7])
+
+
+def test_fused_merge_choice_follows_the_plan(cache):
+    """The default merge choice: fused when some request writes its output directly (a short request beside
+    a split one), the merge kernel when every request is split; an explicit choice wins."""
+    from attngen.runtime.decode_plan import choose_fused_merge
+
+    planner = SplitKVPlanner(PlannerCapacity(64, 200, 200, 64, max_ctas=33), cache=cache)
+    skewed = planner.plan(np.ones(4, np.int32), np.array([30000, 300, 200, 100], np.int32), num_ctas=33,
+                          group=4, min_chunk=256)
+    alone = planner.plan(np.ones(1, np.int32), np.array([30000], np.int32), num_ctas=33, group=4, min_chunk=256)
+    assert (skewed.work[:, 4] < 0).any() and (alone.work[:, 4] >= 0).all() and len(alone.work) > 1
+    assert choose_fused_merge(skewed.work, None) is True
+    assert choose_fused_merge(alone.work, None) is False
+    assert choose_fused_merge(alone.work, True) is True and choose_fused_merge(skewed.work, False) is False

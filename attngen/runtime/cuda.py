@@ -135,10 +135,8 @@ class CUDAAttention(BuiltModule):
         the same shape (same q / page-table buffers, batch size and bounds). ``fused_merge`` (load-balanced
         plans): True, the decode kernel merges split requests itself, the CTA that writes a request's last
         partial state merging them; False, the separate merge kernel runs after it; None (default) fuses
-        when the plan writes some request's output directly (the merging CTAs' tail then overlaps that work)
-        or the plan is graph-safe, and otherwise launches the merge kernel, which spreads the merge of an
-        all-split batch over the whole GPU (measured on the H200: fused 5% faster on one 32k request among 63
-        short ones, 8% slower on one 64k request alone)."""
+        for graph-safe plans and otherwise as ``decode_plan.choose_fused_merge`` decides (fused where some
+        request writes its output directly, the merge kernel for an all-split batch)."""
         import torch
 
         dtype = dtype_name(kv.pages)

@@ -104,12 +104,22 @@ class DecodeWorkspace:
                                  tile_rows=16, fixed_chunk=fixed_chunk, min_chunk=MIN_CHUNK)
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy must have left the staging buffer
-        fused = self.fused_merge and (fused_merge if fused_merge is not None else bool((plan.work[:, 4] < 0).any()))
+        fused = self.fused_merge and choose_fused_merge(plan.work, fused_merge)
         n_merge = pack_plan(self._host_np, self.bounds, plan, fused_merge=fused)
         self.device_plan.copy_(self._host, non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
         return n_merge, plan, fused
+
+
+def choose_fused_merge(work: np.ndarray, requested: bool | None) -> bool:
+    """Whether the decode kernel merges a plan's split requests itself. ``requested`` True / False decides;
+    None fuses when some work item (a row of ``work`` [n, 5], partial slot -1) writes its output directly:
+    the merging CTAs' tail then overlaps that work. An all-split batch gets the merge kernel, which spreads
+    the merge over the GPU (H200: fused 8% slower at B 1, L 64k; 5% faster on 1 x 32k + 63 x 512)."""
+    if requested is not None:
+        return bool(requested)
+    return bool((np.asarray(work)[:, 4] < 0).any())
 
 
 def pack_plan(buf: np.ndarray, bounds: DecodeBounds, plan, *, fused_merge: bool = False) -> int:

@@ -2,8 +2,13 @@
 
 Runs attngen's causal prefill (L 4k, bf16, D 128, Hq 32 / Hkv 8) and paged decode
 (B 16, L 16k, page 16) a few times each, so that `ncu -k regex:... -s 2 -c 1` sees a warm launch.
+``--decode-case`` picks another case of bench_decode.py for the decode; ``--peer`` also runs
+FlashInfer's tensor-core decode on it, so one ncu run compares launch shapes (grid, registers, shared
+memory, occupancy) and achieved bandwidth of both.
 
     ncu --section SpeedOfLight -k regex:prefill -s 2 -c 1 python benchmarks/profile_kernels.py
+    ncu --section LaunchStats --section Occupancy --section SpeedOfLight -k regex:"decode|Prefill" \
+        python benchmarks/profile_kernels.py --decode-case "gqa B64 L4k" --peer
 """
 from __future__ import annotations
 
@@ -14,12 +19,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_decode import make_case  # noqa: E402
+from bench_decode import CASES as DECODE_CASES, PAGE, make_case  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--narrow", action="store_true", help="plan prefill with 64-row tiles")
+    ap.add_argument("--decode-case", default="gqa B16 L16k", help="a case name of bench_decode.py")
+    ap.add_argument("--peer", action="store_true", help="also run FlashInfer's tensor-core decode")
     args = ap.parse_args()
     from attngen.runtime import CUDAAttention, PagedKV, RaggedKV
     from attngen.variants import builtin
@@ -34,11 +41,23 @@ def main():
     for _ in range(3):
         causal.prefill(q, kv, indptr, plan=plan)
     vanilla = CUDAAttention.build(builtin("vanilla"), head_dims=(128,), dtypes=("bfloat16",), layouts=("NHD",))
-    qd, pages, pindptr, indices, last = make_case([16384] * 16, hq, hkv)
+    cases = {name: (lens, qh, kh) for name, lens, qh, kh in DECODE_CASES}
+    if args.decode_case not in cases:
+        raise SystemExit(f"--decode-case: one of {sorted(cases)}")
+    lens, dq, dkv = cases[args.decode_case]
+    qd, pages, pindptr, indices, last = make_case(lens, dq, dkv)
     pkv = PagedKV(pages, pindptr, indices, last, "NHD")
     dplan = vanilla.plan_decode(pkv, qd.shape[1], D)
     for _ in range(3):
         vanilla.decode(qd, pkv, plan=dplan)
+    if args.peer:
+        import flashinfer
+
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
+                                                          "NHD", use_tensor_cores=True)
+        w.plan(pindptr, indices, last, dq, dkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        for _ in range(3):
+            w.run(qd, pages)
     torch.cuda.synchronize()
 
 

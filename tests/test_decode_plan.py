@@ -122,3 +122,4 @@ def test_fused_merge_choice_follows_the_plan(cache):
     assert choose_fused_merge(skewed.work, None) is True
     assert choose_fused_merge(alone.work, None) is False
     assert choose_fused_merge(alone.work, True) is True and choose_fused_merge(skewed.work, False) is False
+    assert choose_fused_merge(alone.work, None, graph_safe=True) is True

@@ -134,9 +134,9 @@ class CUDAAttention(BuiltModule):
         only on the workspace's bounds, so a CUDA graph captured with this plan replays any later plan of
         the same shape (same q / page-table buffers, batch size and bounds). ``fused_merge`` (load-balanced
         plans): True, the decode kernel merges split requests itself, the CTA that writes a request's last
-        partial state merging them; False, the separate merge kernel runs after it; None (default) fuses
-        for graph-safe plans and otherwise as ``decode_plan.choose_fused_merge`` decides (fused where some
-        request writes its output directly, the merge kernel for an all-split batch)."""
+        partial state merging them; False, the separate merge kernel runs after it; None (default): as
+        ``decode_plan.choose_fused_merge`` decides (fused for graph-safe plans and where some request writes
+        its output directly, the merge kernel for an all-split batch)."""
         import torch
 
         dtype = dtype_name(kv.pages)
@@ -163,9 +163,8 @@ class CUDAAttention(BuiltModule):
         if balanced:
             ws = self._decode_workspace(num_qo_heads, kv.num_kv_heads, head_dim, batch,
                                         items_needed(lens, fixed_chunk), kv.pages.device, fused_merge is not False)
-            policy = fused_merge if fused_merge is not None else (True if graph_safe else None)
             n_merge, split, fused = ws.fill(lens.astype(np.int32), num_qo_heads // kv.num_kv_heads,
-                                            fixed_chunk=fixed_chunk, fused_merge=policy)
+                                            fixed_chunk=fixed_chunk, fused_merge=fused_merge, graph_safe=graph_safe)
             ws.generation += 1
             merges = 0 if fused else (ws.bounds.max_merges if graph_safe else n_merge)
             return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, 1, 2, ws.part_o, ws.part_lse, ws,

@@ -77,7 +77,7 @@ class DecodeWorkspace:
         import torch
 
         self.bounds, self.num_qo_heads, self.head_dim = bounds, num_qo_heads, head_dim
-        self.fused_merge = num_kv_heads > 0  # the decode kernel merges split requests (no merge kernel)
+        self.has_counters = num_kv_heads > 0  # the fused merge's arrival counters: plans may fuse the merge
         self.planner = SplitKVPlanner(PlannerCapacity(bounds.max_batch, bounds.max_work_items, bounds.max_partials,
                                                       bounds.max_merges, max_ctas=bounds.num_ctas),
                                       template="decode", cache=cache)
@@ -90,10 +90,11 @@ class DecodeWorkspace:
         self.part_o = torch.empty((bounds.max_partials, num_qo_heads, head_dim), dtype=torch.float32, device=device)
         self.part_lse = torch.empty((bounds.max_partials, num_qo_heads), dtype=torch.float32, device=device)
 
-    def fill(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0, fused_merge: bool | None = None):
+    def fill(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0, fused_merge: bool | None = None,
+             graph_safe: bool = False):
         """Plan one batch step (kv_lens [B] keys per request) and copy it to the device; returns
-        (number of merges, the host plan, whether the decode kernel merges). ``fused_merge`` (a workspace
-        with counters): True / False choose; None fuses when some work item writes its output directly."""
+        (number of merges, the host plan, whether the decode kernel merges). ``fused_merge`` and
+        ``graph_safe``: as ``choose_fused_merge`` takes them (a workspace without counters never fuses)."""
         import torch
 
         b = self.bounds
@@ -104,7 +105,7 @@ class DecodeWorkspace:
                                  tile_rows=16, fixed_chunk=fixed_chunk, min_chunk=MIN_CHUNK)
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy must have left the staging buffer
-        fused = self.fused_merge and choose_fused_merge(plan.work, fused_merge)
+        fused = self.has_counters and choose_fused_merge(plan.work, fused_merge, graph_safe=graph_safe)
         n_merge = pack_plan(self._host_np, self.bounds, plan, fused_merge=fused)
         self.device_plan.copy_(self._host, non_blocking=True)
         self._copied = torch.cuda.Event()
@@ -112,14 +113,15 @@ class DecodeWorkspace:
         return n_merge, plan, fused
 
 
-def choose_fused_merge(work: np.ndarray, requested: bool | None) -> bool:
+def choose_fused_merge(work: np.ndarray, requested: bool | None, *, graph_safe: bool = False) -> bool:
     """Whether the decode kernel merges a plan's split requests itself. ``requested`` True / False decides;
-    None fuses when some work item (a row of ``work`` [n, 5], partial slot -1) writes its output directly:
-    the merging CTAs' tail then overlaps that work. An all-split batch gets the merge kernel, which spreads
-    the merge over the GPU (H200: fused 8% slower at B 1, L 64k; 5% faster on 1 x 32k + 63 x 512)."""
+    None fuses for a graph-safe plan (a captured graph then never needs the merge kernel) and where some
+    work item (a row of ``work`` [n, 5], partial slot -1) writes its output directly: the merging CTAs'
+    tail then overlaps that work. An all-split batch gets the merge kernel, which spreads the merge over
+    the GPU (H200: fused 8% slower at B 1, L 64k; 5% faster on 1 x 32k + 63 x 512)."""
     if requested is not None:
         return bool(requested)
-    return bool((np.asarray(work)[:, 4] < 0).any())
+    return graph_safe or bool((np.asarray(work)[:, 4] < 0).any())
 
 
 def pack_plan(buf: np.ndarray, bounds: DecodeBounds, plan, *, fused_merge: bool = False) -> int:

@@ -102,4 +102,34 @@ __device__ __forceinline__ MergeScales merge_scales(float ma, float mb) {
   return {m, exp2f(ma - m), exp2f(mb - m)};
 }
 
+// Folds an 8-element slice of state (m2, d2, o2(e)) into the running slice (m, d, acc): softmax states by
+// their base-2 max and denominator, sum states (kSoftmax false) by addition, m and d unused.
+template <bool kSoftmax, class Get>
+__device__ __forceinline__ void fold_state8(float& m, float& d, float (&acc)[8], float m2, float d2, Get o2) {
+  if constexpr (kSoftmax) {
+    const MergeScales ms = merge_scales(m, m2);
+    d = d * ms.a + d2 * ms.b;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = acc[e] * ms.a + o2(e) * ms.b;
+    m = ms.m;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] += o2(e);
+  }
+}
+
+// Normalises a folded softmax slice by its denominator and returns its base-2 lse (-inf for an empty
+// state); a sum state (kSoftmax false) stays as it is, lse 0.
+template <bool kSoftmax>
+__device__ __forceinline__ float normalise_state8(float m, float d, float (&acc)[8]) {
+  float lse = 0.f;
+  if constexpr (kSoftmax) {
+    const float inv = d > 0.f ? 1.f / d : 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= inv;
+    lse = d > 0.f ? m + log2f(d) : kNegInf;
+  }
+  return lse;
+}
+
 }  // namespace attngen

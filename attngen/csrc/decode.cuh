@@ -290,20 +290,10 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
     const int g = idx / L, l = idx % L;
     float fm = kNegInf, fd = 0.f, fa[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int z = 0; z < Z; ++z) {
-      const float mz = zstate[(z * G + g) * 2], dz = zstate[(z * G + g) * 2 + 1];
-      MergeScales ms = V::kSoftmax ? merge_scales(fm, mz) : MergeScales{0.f, 1.f, 1.f};
-      fd = fd * ms.a + dz * ms.b;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) fa[e] = fa[e] * ms.a + zacc[(z * G + g) * D + l * 8 + e] * ms.b;
-      fm = ms.m;
+      fold_state8<V::kSoftmax>(fm, fd, fa, zstate[(z * G + g) * 2], zstate[(z * G + g) * 2 + 1],
+                               [&](int e) { return zacc[(z * G + g) * D + l * 8 + e]; });
     }
-    float lse_v = 0.f;
-    if constexpr (V::kSoftmax) {
-      const float inv = fd > 0.f ? 1.f / fd : 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) fa[e] *= inv;
-      lse_v = fd > 0.f ? fm + log2f(fd) : kNegInf;
-    }
+    const float lse_v = normalise_state8<V::kSoftmax>(fm, fd, fa);
 #pragma unroll
     for (int e = 0; e < 8; ++e) rows[g * D + l * 8 + e] = fa[e];
     if (l == 0) row_lse[g] = lse_v;

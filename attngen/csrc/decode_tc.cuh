@@ -390,13 +390,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         for (int e = 0; e < 8; ++e) fa[e] = fa[e] * ms.a + wacc[(w * G8 + r) * D + l * 8 + e] * ms.b;
         fm = ms.m;
       }
-      float lse_v = 0.f;
-      if constexpr (V::kSoftmax) {
-        const float inv = fd > 0.f ? 1.f / fd : 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) fa[e] *= inv;
-        lse_v = fd > 0.f ? fm + log2f(fd) : kNegInf;
-      }
+      const float lse_v = normalise_state8<V::kSoftmax>(fm, fd, fa);
 #pragma unroll
       for (int e = 0; e < 8; ++e) rows[r * D + l * 8 + e] = fa[e];
       if (l == 0) row_lse[r] = lse_v;

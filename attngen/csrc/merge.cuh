@@ -54,16 +54,8 @@ __device__ __forceinline__ void merge_partial_rows(const DecodeProblem& P, const
       for (int u = 0; u < kBatch; ++u) {
         if (c0 + u * NG >= count) break;
         const float oc[8] = {x[u].x, x[u].y, x[u].z, x[u].w, y[u].x, y[u].y, y[u].z, y[u].w};
-        if constexpr (V::kSoftmax) {
-          MergeScales ms = merge_scales(m, lc[u]);
-          den = den * ms.a + ms.b;  // a partial row is normalised: its own denominator is 1 at scale 2^lc
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] = acc[e] * ms.a + oc[e] * ms.b;
-          m = ms.m;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += oc[e];
-        }
+        // a partial row is normalised: its own denominator is 1 at scale 2^lc
+        fold_state8<V::kSoftmax>(m, den, acc, lc[u], 1.f, [&](int e) { return oc[e]; });
       }
     }
 #pragma unroll
@@ -92,13 +84,7 @@ __device__ __forceinline__ void merge_partial_rows(const DecodeProblem& P, const
         for (int e = 0; e < 8; ++e) acc[e] += g_acc[g2 * D + l * 8 + e];
       }
     }
-    float lse = 0.f;
-    if constexpr (V::kSoftmax) {
-      const float inv = den > 0.f ? 1.f / den : 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] *= inv;
-      lse = den > 0.f ? m + log2f(den) : kNegInf;
-    }
+    const float lse = normalise_state8<V::kSoftmax>(m, den, acc);
 #pragma unroll
     for (int e = 0; e < 8; ++e) rows[l * 8 + e] = acc[e];
     if (l == 0) lse_s[0] = lse;

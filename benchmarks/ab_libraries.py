@@ -63,12 +63,13 @@ def build(args) -> None:
         print(f"{rev} ({sha}) -> {dest}")
 
 
-def ctas_per_sm_of(mirror: dict):
-    """The occupancy rule fed with the revision's own stage count and shared memory, for the planner."""
+def ctas_per_sm_of(mirror: dict, scale: int = 1):
+    """The occupancy rule fed with the revision's own stage count and shared memory, for the planner;
+    ``scale`` > 1 plans that many waves of CTAs (revision.json "ctas_scale": a planner-only variant)."""
     from attngen.runtime.decode_plan import decode_tc_stage_order, resident_ctas
 
     needs = [mirror["smem"][str(s)] for s in decode_tc_stage_order(mirror["stages"])]
-    return lambda head_dim, smem_per_sm, smem_optin: resident_ctas(needs, smem_per_sm, smem_optin)
+    return lambda head_dim, smem_per_sm, smem_optin: scale * resident_ctas(needs, smem_per_sm, smem_optin)
 
 
 def run(args) -> None:
@@ -129,7 +130,7 @@ def run(args) -> None:
         nbytes = sum(kv_lens) * hkv * HEAD_DIM * 2 * 2 + 2 * q.numel() * 2
         row, first = {"case": name}, None
         for rname, meta, _ in revs:
-            decode_plan.decode_tc_ctas_per_sm = ctas_per_sm_of(meta["decode_tc"])
+            decode_plan.decode_tc_ctas_per_sm = ctas_per_sm_of(meta["decode_tc"], meta.get("ctas_scale", 1))
             try:
                 m = decode_mods[rname]
                 plan = m.plan_decode(kv, hq, HEAD_DIM, fused_merge=None if meta.get("fused_merge") else False)

@@ -65,8 +65,17 @@ struct DecodeTCTile {
   static constexpr int kKeys = kWarps * kKeysPerWarp;
   static constexpr int kStages = S;
   static constexpr int kMaxGroup = 8;  // rows of the 16-row tile that hold query heads
-  static constexpr int kStride = D + 8;
+  static constexpr int kStride = D + 8;  // query rows: padded
 };
+
+// K/V tile rows are D elements wide, unpadded, with their 16-byte chunks permuted: chunk c of row r sits
+// at c ^ (r % 8). A row's chunks stay in the row, so the 8 lanes copying a 128-byte line of a row write one
+// aligned 128-byte line of shared memory (a padded row would straddle two, and the copy would reach L2 as
+// split requests that fetch sectors twice), and ldmatrix's 8 rows of one chunk column hit 8 distinct banks.
+template <int D>
+__device__ __forceinline__ int kv_tile_at(int row, int col) {
+  return row * D + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
+}
 
 // Default stage counts (the launcher falls back to fewer where shared memory is short): two CTAs
 // per SM at D 64 and 128 (each loads S - 1 tiles ahead across its work items), one at D 256.
@@ -83,7 +92,7 @@ constexpr size_t decode_tc_smem_bytes() {
   const size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
   const size_t merge = (size_t(Tile::kWarps) * Tile::kMaxGroup * (D + 2) + 2 * size_t(Tile::kMaxGroup) * D +
                         Tile::kMaxGroup) * sizeof(float);
-  const size_t tiles = size_t(S) * 2 * Tile::kKeys * Tile::kStride * 2;
+  const size_t tiles = size_t(S) * 2 * Tile::kKeys * D * 2;
   return q + scratch + merge + tiles;
 }
 
@@ -144,7 +153,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   float* wacc = wstate + NW * G8 * 2;        // [NW][G8][D]
   float* rows = wacc + NW * G8 * D;          // [G8][D] final rows, then [G8][D] scratch
   float* row_lse = rows + 2 * G8 * D;        // [G8]
-  T* tiles = reinterpret_cast<T*>(row_lse + G8);  // [S][2][TK][ST] (16-byte aligned: every part above is)
+  T* tiles = reinterpret_cast<T*>(row_lse + G8);  // [S][2][TK][D] swizzled (kv_tile_at; 16-byte aligned: every part above is)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* scratch = scratch_all + warp * 2 * D;
@@ -203,11 +212,12 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       // a row past the item reads nothing; its address (page 0) only has to lie in the cache
       const T* src = ok ? pages + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot + head_off
                         : pages;
-      T* dst = tiles + ((stage * 2) * TK + r) * ST + (lane % TPR) * 8;
-      copy16_async(dst, src, ok);
-      copy16_async(dst + HALF, src + HALF, ok);
-      copy16_async(dst + TK * ST, src + P.kv.stride_kv, ok);
-      copy16_async(dst + TK * ST + HALF, src + P.kv.stride_kv + HALF, ok);
+      T* dst_k = tiles + (stage * 2) * TK * D;
+      const int lo = kv_tile_at<D>(r, (lane % TPR) * 8), hi = kv_tile_at<D>(r, (lane % TPR) * 8 + HALF);
+      copy16_async(dst_k + lo, src, ok);
+      copy16_async(dst_k + hi, src + HALF, ok);
+      copy16_async(dst_k + TK * D + lo, src + P.kv.stride_kv, ok);
+      copy16_async(dst_k + TK * D + hi, src + P.kv.stride_kv + HALF, ok);
     }
     ++loaded;
     advance();
@@ -254,8 +264,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       if (tile == 0) __syncthreads(); else __syncwarp();
       const int stage = consumed % S;
       ++consumed;
-      T* sk = tiles + (stage * 2 + 0) * TK * ST;
-      T* sv = tiles + (stage * 2 + 1) * TK * ST;
+      T* sk = tiles + (stage * 2 + 0) * TK * D;
+      T* sv = tiles + (stage * 2 + 1) * TK * D;
       if (tile == 0) {  // the query rows arrived with this tile: query transform, then the fragments
         if constexpr (V::kHasQueryTransform) {
           for (int r = warp; r < group; r += NW) {
@@ -280,12 +290,12 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         for (int r = 0; r < Tile::kKeysPerWarp; ++r) {
           const int j = j0 + r;
           if (j >= end) break;
-          for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[(wk + r) * ST + i]);
+          for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[kv_tile_at<D>(wk + r, i)]);
           __syncwarp();
           warp_row_hook<D, V::kKeyElementwise>(
               scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
               [&](float* in, float* out) { V::key_row(hp, in, out, j, hk); }, lane);
-          for (int i = lane; i < D; i += 32) sk[(wk + r) * ST + i] = from_float<T>(scratch[D + i]);
+          for (int i = lane; i < D; i += 32) sk[kv_tile_at<D>(wk + r, i)] = from_float<T>(scratch[D + i]);
           __syncwarp();
         }
       }
@@ -300,7 +310,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         } else {
           ldmatrix_x4(a, sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
         }
-        ldmatrix_x4(bk, sk + (wk + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
+        ldmatrix_x4(bk, sk + kv_tile_at<D>(wk + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
         mma16816<T>(s[0], a, bk[0], bk[1]);
         mma16816<T>(s[1], a, bk[2], bk[3]);
       }
@@ -356,7 +366,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sv + (wk + (lane % 8) + ((lane / 8) % 2) * 8) * ST + n * 8 + (lane / 16) * 8);
+        ldmatrix_x4_trans(bv, sv + kv_tile_at<D>(wk + (lane % 8) + ((lane / 8) % 2) * 8, n * 8 + (lane / 16) * 8));
         mma16816<T>(o_acc[n], a, bv[0], bv[1]);
         mma16816<T>(o_acc[n + 1], a, bv[2], bv[3]);
       }

@@ -85,15 +85,21 @@ constexpr int decode_tc_stages() { return D == 64 ? 4 : 2; }
 // Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the
 // cross-warp merge region, then the K/V stages. The merge region has its own space so the next
 // work item's tiles can be in flight while this item's epilogue runs.
+// The K/V stages start on a 128-byte boundary: a warp's copy of a 128-byte line then lands in one
+// aligned shared-memory line (a misaligned destination splits it into requests that fetch sectors twice).
 template <int D, int S>
-constexpr size_t decode_tc_smem_bytes() {
+constexpr size_t decode_tc_tiles_offset() {
   using Tile = DecodeTCTile<D, S>;
   const size_t q = size_t(S) * 16 * Tile::kStride * 2;
   const size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
   const size_t merge = (size_t(Tile::kWarps) * Tile::kMaxGroup * (D + 2) + 2 * size_t(Tile::kMaxGroup) * D +
                         Tile::kMaxGroup) * sizeof(float);
-  const size_t tiles = size_t(S) * 2 * Tile::kKeys * D * 2;
-  return q + scratch + merge + tiles;
+  return (q + scratch + merge + 127) / 128 * 128;
+}
+
+template <int D, int S>
+constexpr size_t decode_tc_smem_bytes() {
+  return decode_tc_tiles_offset<D, S>() + size_t(S) * 2 * DecodeTCTile<D, S>::kKeys * D * 2;
 }
 
 // One work item: request b, keys [start, end). part_row0 < 0: write the final output (after the
@@ -153,7 +159,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   float* wacc = wstate + NW * G8 * 2;        // [NW][G8][D]
   float* rows = wacc + NW * G8 * D;          // [G8][D] final rows, then [G8][D] scratch
   float* row_lse = rows + 2 * G8 * D;        // [G8]
-  T* tiles = reinterpret_cast<T*>(row_lse + G8);  // [S][2][TK][D] swizzled (kv_tile_at; 16-byte aligned: every part above is)
+  T* tiles = reinterpret_cast<T*>(smem_raw + decode_tc_tiles_offset<D, S>());  // [S][2][TK][D] (kv_tile_at)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* scratch = scratch_all + warp * 2 * D;
@@ -435,7 +441,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 template <class V, class T, int D, int S>
 __global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
 decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   allow_dependent_launch();  // the split-KV merge may launch now; it waits for this grid's writes
   // launched as a dependent of whatever ran before on the stream (sm_90): its launch and block setup
   // overlapped that kernel's tail; its q, cache and plan may come from it, so wait before reading any

@@ -36,7 +36,8 @@ def decode_tc_smem_bytes(d: int, stages: int) -> int:
     scratch = warps * 2 * d * 4
     tiles = stages * 2 * keys * d * ELEM  # K/V rows unpadded (swizzled chunks)
     merge = (warps * max_group * (d + 2) + 2 * max_group * d + max_group) * 4
-    return q + scratch + merge + tiles  # the merge region has its own space (tiles stream across items)
+    # the merge region has its own space (tiles stream across items); the tiles start 128-byte aligned
+    return -(-(q + scratch + merge) // 128) * 128 + tiles
 
 
 def prefill_smem_bytes(d: int, small: bool, m_tiles: int = 1) -> int:

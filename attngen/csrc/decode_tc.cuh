@@ -65,8 +65,17 @@ struct DecodeTCTile {
   static constexpr int kKeys = kWarps * kKeysPerWarp;
   static constexpr int kStages = S;
   static constexpr int kMaxGroup = 8;  // rows of the 16-row tile that hold query heads
-  static constexpr int kStride = D + 8;
+  static constexpr int kStride = D + 8;  // query rows: padded
 };
+
+// K/V tile rows are D elements wide, unpadded, with their 16-byte chunks permuted: chunk c of row r sits
+// at c ^ (r % 8). A row's chunks stay in the row, so the 8 lanes copying a 128-byte line of a row write one
+// aligned 128-byte line of shared memory (a padded row would straddle two, and the copy would reach L2 as
+// split requests that fetch sectors twice), and ldmatrix's 8 rows of one chunk column hit 8 distinct banks.
+template <int D>
+__device__ __forceinline__ int kv_tile_at(int row, int col) {
+  return row * D + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
+}
 
 // Default stage counts (the launcher falls back to fewer where shared memory is short): two CTAs
 // per SM at D 64 and 128 (each loads S - 1 tiles ahead across its work items), one at D 256.
@@ -76,15 +85,21 @@ constexpr int decode_tc_stages() { return D == 64 ? 4 : 2; }
 // Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the
 // cross-warp merge region, then the K/V stages. The merge region has its own space so the next
 // work item's tiles can be in flight while this item's epilogue runs.
+// The K/V stages start on a 128-byte boundary: a warp's copy of a 128-byte line then lands in one
+// aligned shared-memory line (a misaligned destination splits it into requests that fetch sectors twice).
 template <int D, int S>
-constexpr size_t decode_tc_smem_bytes() {
+constexpr size_t decode_tc_tiles_offset() {
   using Tile = DecodeTCTile<D, S>;
   const size_t q = size_t(S) * 16 * Tile::kStride * 2;
   const size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
   const size_t merge = (size_t(Tile::kWarps) * Tile::kMaxGroup * (D + 2) + 2 * size_t(Tile::kMaxGroup) * D +
                         Tile::kMaxGroup) * sizeof(float);
-  const size_t tiles = size_t(S) * 2 * Tile::kKeys * Tile::kStride * 2;
-  return q + scratch + merge + tiles;
+  return (q + scratch + merge + 127) / 128 * 128;
+}
+
+template <int D, int S>
+constexpr size_t decode_tc_smem_bytes() {
+  return decode_tc_tiles_offset<D, S>() + size_t(S) * 2 * DecodeTCTile<D, S>::kKeys * D * 2;
 }
 
 // One work item: request b, keys [start, end). part_row0 < 0: write the final output (after the
@@ -144,7 +159,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   float* wacc = wstate + NW * G8 * 2;        // [NW][G8][D]
   float* rows = wacc + NW * G8 * D;          // [G8][D] final rows, then [G8][D] scratch
   float* row_lse = rows + 2 * G8 * D;        // [G8]
-  T* tiles = reinterpret_cast<T*>(row_lse + G8);  // [S][2][TK][ST] (16-byte aligned: every part above is)
+  T* tiles = reinterpret_cast<T*>(smem_raw + decode_tc_tiles_offset<D, S>());  // [S][2][TK][D] (kv_tile_at)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* scratch = scratch_all + warp * 2 * D;
@@ -203,11 +218,12 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       // a row past the item reads nothing; its address (page 0) only has to lie in the cache
       const T* src = ok ? pages + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot + head_off
                         : pages;
-      T* dst = tiles + ((stage * 2) * TK + r) * ST + (lane % TPR) * 8;
-      copy16_async(dst, src, ok);
-      copy16_async(dst + HALF, src + HALF, ok);
-      copy16_async(dst + TK * ST, src + P.kv.stride_kv, ok);
-      copy16_async(dst + TK * ST + HALF, src + P.kv.stride_kv + HALF, ok);
+      T* dst_k = tiles + (stage * 2) * TK * D;
+      const int lo = kv_tile_at<D>(r, (lane % TPR) * 8), hi = kv_tile_at<D>(r, (lane % TPR) * 8 + HALF);
+      copy16_async(dst_k + lo, src, ok);
+      copy16_async(dst_k + hi, src + HALF, ok);
+      copy16_async(dst_k + TK * D + lo, src + P.kv.stride_kv, ok);
+      copy16_async(dst_k + TK * D + hi, src + P.kv.stride_kv + HALF, ok);
     }
     ++loaded;
     advance();
@@ -254,8 +270,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       if (tile == 0) __syncthreads(); else __syncwarp();
       const int stage = consumed % S;
       ++consumed;
-      T* sk = tiles + (stage * 2 + 0) * TK * ST;
-      T* sv = tiles + (stage * 2 + 1) * TK * ST;
+      T* sk = tiles + (stage * 2 + 0) * TK * D;
+      T* sv = tiles + (stage * 2 + 1) * TK * D;
       if (tile == 0) {  // the query rows arrived with this tile: query transform, then the fragments
         if constexpr (V::kHasQueryTransform) {
           for (int r = warp; r < group; r += NW) {
@@ -280,12 +296,12 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         for (int r = 0; r < Tile::kKeysPerWarp; ++r) {
           const int j = j0 + r;
           if (j >= end) break;
-          for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[(wk + r) * ST + i]);
+          for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[kv_tile_at<D>(wk + r, i)]);
           __syncwarp();
           warp_row_hook<D, V::kKeyElementwise>(
               scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
               [&](float* in, float* out) { V::key_row(hp, in, out, j, hk); }, lane);
-          for (int i = lane; i < D; i += 32) sk[(wk + r) * ST + i] = from_float<T>(scratch[D + i]);
+          for (int i = lane; i < D; i += 32) sk[kv_tile_at<D>(wk + r, i)] = from_float<T>(scratch[D + i]);
           __syncwarp();
         }
       }
@@ -300,7 +316,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         } else {
           ldmatrix_x4(a, sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
         }
-        ldmatrix_x4(bk, sk + (wk + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
+        ldmatrix_x4(bk, sk + kv_tile_at<D>(wk + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
         mma16816<T>(s[0], a, bk[0], bk[1]);
         mma16816<T>(s[1], a, bk[2], bk[3]);
       }
@@ -356,7 +372,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sv + (wk + (lane % 8) + ((lane / 8) % 2) * 8) * ST + n * 8 + (lane / 16) * 8);
+        ldmatrix_x4_trans(bv, sv + kv_tile_at<D>(wk + (lane % 8) + ((lane / 8) % 2) * 8, n * 8 + (lane / 16) * 8));
         mma16816<T>(o_acc[n], a, bv[0], bv[1]);
         mma16816<T>(o_acc[n + 1], a, bv[2], bv[3]);
       }
@@ -425,7 +441,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 template <class V, class T, int D, int S>
 __global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
 decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   allow_dependent_launch();  // the split-KV merge may launch now; it waits for this grid's writes
   // launched as a dependent of whatever ran before on the stream (sm_90): its launch and block setup
   // overlapped that kernel's tail; its q, cache and plan may come from it, so wait before reading any

@@ -34,9 +34,10 @@ def decode_tc_smem_bytes(d: int, stages: int) -> int:
     warps, keys, max_group, stride = 4, 64, 8, d + 8
     q = stages * 16 * stride * ELEM  # one query tile per work item in flight
     scratch = warps * 2 * d * 4
-    tiles = stages * 2 * keys * stride * ELEM
+    tiles = stages * 2 * keys * d * ELEM  # K/V rows unpadded (swizzled chunks)
     merge = (warps * max_group * (d + 2) + 2 * max_group * d + max_group) * 4
-    return q + scratch + merge + tiles  # the merge region has its own space (tiles stream across items)
+    # the merge region has its own space (tiles stream across items); the tiles start 128-byte aligned
+    return -(-(q + scratch + merge) // 128) * 128 + tiles
 
 
 def prefill_smem_bytes(d: int, small: bool, m_tiles: int = 1) -> int:

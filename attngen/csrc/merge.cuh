@@ -18,8 +18,9 @@ constexpr int kMergeGroups = 8;
 // (chunk c to group c % groups, then the groups in order), through `sm` (shared, at least
 // (NTH / (D / 8) + 2) * D + 2 * NTH / (D / 8) + 1 floats); the output transform runs on the merged row. Every
 // thread of the block calls it. Partials are read around L1 (__ldcg): in the fused merge they were written
-// by other CTAs of the same kernel.
-template <class V, class T, int D, int NTH>
+// by other CTAs of the same kernel. kBatch chunks of a group are loaded before any is merged (the merge
+// kernel takes 8: it runs alone after the decode; the fused merge 4, beside the decode's other CTAs).
+template <class V, class T, int D, int NTH, int kBatch = 4>
 __device__ __forceinline__ void merge_partial_rows(const DecodeProblem& P, const typename V::Params& hp, int b, int h,
                                                    const int32_t* slots, int count, float* sm, int tid) {
   constexpr int L = D / 8, NG = NTH / L;
@@ -35,7 +36,6 @@ __device__ __forceinline__ void merge_partial_rows(const DecodeProblem& P, const
   if (grp < NG) {
     // kBatch of the group's chunks are loaded before any is merged: one round of memory latency per
     // batch, not per chunk; the merge order (c = grp, grp + NG, ...) is unchanged
-    constexpr int kBatch = 4;
     for (int c0 = grp; c0 < count; c0 += kBatch * NG) {
       float lc[kBatch];
       float4 x[kBatch], y[kBatch];
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kMergeGroups * D / 8) merge_decode_kernel(Deco
     slots = plan.merge_partials + plan.merge_indptr[blockIdx.y];
     count = plan.merge_indptr[blockIdx.y + 1] - plan.merge_indptr[blockIdx.y];
   }
-  merge_partial_rows<V, T, D, NTH>(P, hp, b, blockIdx.x, slots, count, sm, threadIdx.x);
+  merge_partial_rows<V, T, D, NTH, 8>(P, hp, b, blockIdx.x, slots, count, sm, threadIdx.x);
 }
 
 }  // namespace attngen

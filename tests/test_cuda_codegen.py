@@ -112,10 +112,19 @@ def test_shared_memory_overflow_is_refused_at_build_time(build_cache):
         run_pipeline(builtin("vanilla"), BuildConfig("cuda", (256,), ("float16",), ("sm_75",)), cache=build_cache)
 
 
+def run_host_program(src):
+    """Compiles `src` (a .cu file including attngen's csrc headers) for the host with nvcc, runs it and
+    returns its standard output."""
+    from attngen.codegen.cuda_library import CSRC
+
+    exe = src.with_suffix("")
+    subprocess.run(["nvcc", "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], check=True, capture_output=True)
+    return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+
+
 @requires_nvcc
 def test_shared_memory_table_matches_the_templates(tmp_path):
     """The Python mirror of the templates' shared-memory sizes agrees with the C++ functions."""
-    from attngen.codegen.cuda_library import CSRC
     from attngen.schedules.tiles import decode_smem_bytes, decode_tc_smem_bytes, prefill_smem_bytes
 
     src = tmp_path / "smem.cu"
@@ -134,11 +143,9 @@ template <int D> void row() {
 }
 int main() { row<64>(); row<128>(); row<256>(); }
 """)
-    exe = tmp_path / "smem"
-    subprocess.run(["nvcc", "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], check=True, capture_output=True)
     from attngen.runtime.decode_plan import decode_tc_stages
 
-    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    lines = run_host_program(src).split("\n")
     assert sum(line.startswith("tc ") for line in lines) == 3
     assert sum(line.startswith("wide ") for line in lines) == 2  # the 128-row tile: head_dim <= 128
     for line in lines:
@@ -223,8 +230,6 @@ def test_kv_tile_layout_is_a_line_preserving_conflict_free_permutation(tmp_path)
     whole 16-byte chunks; the 8 chunks of one 128-byte global line land in one aligned 128-byte line of
     shared memory (one L2 request per line copied); 8 consecutive rows of one chunk column (an ldmatrix
     8x8) hit 8 distinct 16-byte bank groups."""
-    from attngen.codegen.cuda_library import CSRC
-
     src = tmp_path / "layout.cu"
     src.write_text("""#include <cstdio>
 #include "kv_tile_layout.cuh"
@@ -234,11 +239,7 @@ template <int D> void dump() {
 }
 int main() { dump<64>(); dump<128>(); dump<256>(); }
 """)
-    exe = tmp_path / "layout"
-    subprocess.run(["nvcc", "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], check=True, capture_output=True)
-    rows = [tuple(int(x) for x in line.split())
-            for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
-            if line.strip()]
+    rows = [tuple(int(x) for x in line.split()) for line in run_host_program(src).split("\n") if line.strip()]
     at = {(d, r, c): off for d, r, c, off in rows}
     for d in (64, 128, 256):
         for r in range(24):

@@ -46,7 +46,7 @@ def prefill_smem_bytes(d: int, small: bool, m_tiles: int = 1) -> int:
     keys = (16 if small else 32) if d == 256 else 64
     stages = 1 if (small and d != 64) else 2
     stride = d + 8
-    qk = (rows + 2 * stages * keys) * stride * ELEM
+    qk = (rows * stride + 2 * stages * keys * d) * ELEM  # query rows padded, K/V rows unpadded (swizzled)
     out = rows * d * 4 + rows * 4
     return max(qk, out) + warps * 2 * d * 4
 

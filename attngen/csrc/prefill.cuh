@@ -329,6 +329,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     for (int ks = 0; ks < TK; ks += TS) {
     const int js = j0 + ks;  // first key of this compute step
     if (js > warp_jmax) break;  // every later key is hidden from all of this warp's rows
+    // the lane index as the K/V fragment addresses see it: opaque per step, so their swizzled offsets are
+    // recomputed (a few integer ops) instead of being hoisted out of the tile loop into registers
+    int ln = lane;
+    asm volatile("" : "+r"(ln));
     // S = Q K^T for this warp's MT x 16 rows x TS keys; each K fragment feeds every m-tile
     float s[MT][NKT][4];  // set by the first k-step's MMAs (zero accumulator), then accumulated
     uint32_t pk[MT][TS / 16][4];  // P in the input dtype, the A operand of P V (packed as soon as it is final)
@@ -347,7 +351,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NKT; n += 2) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, sk + kv_tile_at<D>(ks + n * 8 + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
+        ldmatrix_x4(bk, sk + kv_tile_at<D>(ks + n * 8 + (ln % 8) + (ln / 16) * 8, k0 + ((ln / 8) % 2) * 8));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (k0 == 0) {
@@ -430,7 +434,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sv + kv_tile_at<D>(ks + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, n * 8 + (lane / 16) * 8));
+        ldmatrix_x4_trans(bv, sv + kv_tile_at<D>(ks + kk * 16 + (ln % 8) + ((ln / 8) % 2) * 8, n * 8 + (ln / 16) * 8));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<T>(o_acc[mt][n], pk[mt][kk], bv[0], bv[1]);

@@ -215,3 +215,40 @@ def test_tvm_slot_library_builds_and_refuses(build_cache):
     with pytest.raises(ConfigError, match=r"tvm_constants: \['bogus'\] are not parameters"):
         run_pipeline(builtin("vanilla"), BuildConfig("cuda", (128,), ("float16",), ("sm_90a",), kernels=("tvm",),
                                                      tvm_constants=(("bogus", 1),)), cache=build_cache)
+
+
+@requires_nvcc
+def test_kv_tile_layout_is_a_line_preserving_conflict_free_permutation(tmp_path):
+    """kv_tile_at (the swizzled K/V tile rows of the decode and prefill templates): within a row it permutes
+    whole 16-byte chunks; the 8 chunks of one 128-byte global line land in one aligned 128-byte line of
+    shared memory (one L2 request per line copied); 8 consecutive rows of one chunk column (an ldmatrix
+    8x8) hit 8 distinct 16-byte bank groups."""
+    from attngen.codegen.cuda_library import CSRC
+
+    src = tmp_path / "layout.cu"
+    src.write_text("""#include <cstdio>
+#include "kv_tile_layout.cuh"
+template <int D> void dump() {
+  for (int r = 0; r < 24; ++r)
+    for (int c = 0; c < D; ++c) printf("%d %d %d %d\\n", D, r, c, attngen::kv_tile_at<D>(r, c));
+}
+int main() { dump<64>(); dump<128>(); dump<256>(); }
+""")
+    exe = tmp_path / "layout"
+    subprocess.run(["nvcc", "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], check=True, capture_output=True)
+    rows = [tuple(int(x) for x in line.split())
+            for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+            if line.strip()]
+    at = {(d, r, c): off for d, r, c, off in rows}
+    for d in (64, 128, 256):
+        for r in range(24):
+            offs = [at[d, r, c] for c in range(d)]
+            assert sorted(offs) == list(range(r * d, (r + 1) * d))  # a permutation of the row's elements
+            for c in range(d):
+                assert at[d, r, c] == at[d, r, c - c % 8] + c % 8  # whole chunks move
+            for c0 in range(0, d, 64):  # one 128-byte line of 2-byte elements
+                assert len({at[d, r, c] * 2 // 128 for c in range(c0, c0 + 64)}) == 1
+        for c in range(0, d, 8):
+            for r0 in (0, 8, 16):
+                banks = {at[d, r, c] * 2 // 16 % 8 for r in range(r0, r0 + 8)}
+                assert len(banks) == 8, (d, c, r0)

@@ -11,7 +11,7 @@ namespace attngen {
 // stage) reaches L2 as split requests that fetch sectors twice: on the H200 that was 1.5x (padded) and 2x
 // (swizzled, 32 bytes off) the L2 sectors per DRAM sector, and 5% (12%) of decode bandwidth.
 template <int D>
-__device__ __forceinline__ int kv_tile_at(int row, int col) {
+__host__ __device__ __forceinline__ int kv_tile_at(int row, int col) {
   return row * D + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
 }
 

@@ -333,6 +333,11 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     // recomputed (a few integer ops) instead of being hoisted out of the tile loop into registers
     int ln = lane;
     asm volatile("" : "+r"(ln));
+    // this lane's ldmatrix rows of K and V, and the swizzle of their chunk columns (kv_tile_at: the row's low
+    // three bits are ln % 8, the column's chunk a compile-time even number plus one lane bit)
+    const T* krow = sk + (ks + (ln % 8) + (ln / 16) * 8) * D;
+    const T* vrow = sv + (ks + (ln % 8) + ((ln / 8) % 2) * 8) * D;
+    const int kx = ((ln / 8) % 2) ^ (ln % 8), vx = (ln / 16) ^ (ln % 8);
     // S = Q K^T for this warp's MT x 16 rows x TS keys; each K fragment feeds every m-tile
     float s[MT][NKT][4];  // set by the first k-step's MMAs (zero accumulator), then accumulated
     uint32_t pk[MT][TS / 16][4];  // P in the input dtype, the A operand of P V (packed as soon as it is final)
@@ -351,7 +356,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NKT; n += 2) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, sk + kv_tile_at<D>(ks + n * 8 + (ln % 8) + (ln / 16) * 8, k0 + ((ln / 8) % 2) * 8));
+        ldmatrix_x4(bk, krow + n * 8 * D + (((k0 / 8) & ~7) | (((k0 / 8) & 7) ^ kx)) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (k0 == 0) {
@@ -434,7 +439,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sv + kv_tile_at<D>(ks + kk * 16 + (ln % 8) + ((ln / 8) % 2) * 8, n * 8 + (ln / 16) * 8));
+        ldmatrix_x4_trans(bv, vrow + kk * 16 * D + ((n & ~7) | ((n & 7) ^ vx)) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<T>(o_acc[mt][n], pk[mt][kk], bv[0], bv[1]);

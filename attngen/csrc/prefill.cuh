@@ -174,7 +174,12 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   auto load_kv = [&](int kt, int stage) {
     const int j0 = lo + kt * TK + tid / CPR;
     T* const dst_k = skv + stage * 2 * TK * D;
-    auto dst_at = [&](int i) { return dst_k + kv_tile_at<D>(tid / CPR + i * RPP, (tid % CPR) * 8); };
+    // row tid / CPR + i * RPP; where RPP is a multiple of 8 the chunk swizzle is the same for every i
+    const int first = kv_tile_at<D>(tid / CPR, (tid % CPR) * 8);
+    auto dst_at = [&](int i) {
+      if constexpr (RPP % 8 == 0) return dst_k + first + i * RPP * D;
+      else return dst_k + kv_tile_at<D>(tid / CPR + i * RPP, (tid % CPR) * 8);
+    };
     // not unrolled: the row addresses are formed one at a time, so the output accumulators
     // (live across the loads) keep their registers
     if (P.kv.page_size == 0) {

@@ -24,6 +24,7 @@
 #include "decode.cuh"
 #include "device_info.cuh"
 #include "kv_rows.cuh"
+#include "kv_tile_layout.cuh"
 #include "mma.cuh"
 #include "row_hook.cuh"
 
@@ -55,15 +56,16 @@ struct PrefillTile {
   static constexpr int kRows = 16 * MT * kWarps;
   static constexpr int kKeys = D == 256 ? (Small ? 16 : 32) : 64;
   static constexpr int kStages = (Small && D != 64) ? 1 : 2;
-  static constexpr int kPad = 8;  // elements of padding per smem row: conflict-free ldmatrix
-  static constexpr int kStride = D + kPad;
+  static constexpr int kPad = 8;  // elements of padding per query row: conflict-free ldmatrix
+  static constexpr int kStride = D + kPad;  // query rows; K/V rows are unpadded and swizzled (kv_tile_layout.cuh)
   static constexpr int kThreads = 32 * kWarps;
 };
 
 template <class V, class T, int D, bool Small, int MT = 1>
 constexpr size_t prefill_smem_bytes() {
   using Tile = PrefillTile<D, Small, MT>;
-  size_t qk = (size_t(Tile::kRows) + 2 * Tile::kStages * Tile::kKeys) * Tile::kStride * sizeof(T);
+  // the K/V tiles follow the query rows on a 128-byte boundary (RQ * kStride elements are a multiple of 128 bytes)
+  size_t qk = (size_t(Tile::kRows) * Tile::kStride + 2 * Tile::kStages * Tile::kKeys * D) * sizeof(T);
   size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
   size_t out = size_t(Tile::kRows) * D * sizeof(float) + Tile::kRows * sizeof(float);
   return (qk > out ? qk : out) + scratch;
@@ -103,9 +105,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   constexpr int TS = TK;
   constexpr int NKT = TS / 8;   // n-tiles of S per warp and compute step
   constexpr int NDT = D / 8;    // n-tiles of O per warp
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sq = reinterpret_cast<T*>(smem_raw);   // [RQ][ST]
-  T* skv = sq + RQ * ST;                    // [NS][2][TK][ST]
+  T* skv = sq + RQ * ST;                    // [NS][2][TK][D], kv_tile_at
+  static_assert(RQ * ST * sizeof(T) % 128 == 0, "the K/V tiles start 128-byte aligned");
   float* scratch_all = reinterpret_cast<float*>(
       smem_raw + (prefill_smem_bytes<V, T, D, Small, MT>() - size_t(Tile::kWarps) * 2 * D * sizeof(float)));
 
@@ -170,7 +173,13 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   const int page_shift = P.kv.page_shift();
   auto load_kv = [&](int kt, int stage) {
     const int j0 = lo + kt * TK + tid / CPR;
-    T* dst = skv + (stage * 2 * TK + tid / CPR) * ST + (tid % CPR) * 8;
+    T* const dst_k = skv + stage * 2 * TK * D;
+    // row tid / CPR + i * RPP; where RPP is a multiple of 8 the chunk swizzle is the same for every i
+    const int first = kv_tile_at<D>(tid / CPR, (tid % CPR) * 8);
+    auto dst_at = [&](int i) {
+      if constexpr (RPP % 8 == 0) return dst_k + first + i * RPP * D;
+      else return dst_k + kv_tile_at<D>(tid / CPR + i * RPP, (tid % CPR) * 8);
+    };
     // not unrolled: the row addresses are formed one at a time, so the output accumulators
     // (live across the loads) keep their registers
     if (P.kv.page_size == 0) {
@@ -178,19 +187,22 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       const int64_t step = int64_t(RPP) * P.kv.stride_slot;
       const T* src = kv_col + int64_t(kv_start + j0) * P.kv.stride_slot;
 #pragma unroll 1
-      for (int j = j0; j < j0 + TK; j += RPP, dst += RPP * ST, src += step) {
+      for (int i = 0; i < TK / RPP; ++i, src += step) {
+        const int j = j0 + i * RPP;
         const bool ok = j < hi;
+        T* dst = dst_at(i);
         copy16_async(dst, ok ? src : kvbase, ok);
-        copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : kvbase, ok);
+        copy16_async(dst + TK * D, ok ? src + P.kv.stride_kv : kvbase, ok);
       }
     } else {
 #pragma unroll 1
-      for (int i = 0; i < TK / RPP; ++i, dst += RPP * ST) {
+      for (int i = 0; i < TK / RPP; ++i) {
         const int j = j0 + i * RPP;
         const bool ok = j < hi;
         const T* src = ok ? kv_col + P.kv.key_offset(kv_start, j, page_shift) : kvbase;
+        T* dst = dst_at(i);
         copy16_async(dst, src, ok);
-        copy16_async(dst + TK * ST, ok ? src + P.kv.stride_kv : src, ok);
+        copy16_async(dst + TK * D, ok ? src + P.kv.stride_kv : src, ok);
       }
     }
   };
@@ -301,19 +313,19 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     copy_commit();
     if constexpr (NS == 2) copy_wait<1>(); else copy_wait<0>();
     __syncthreads();
-    T* sk = skv + (stage * 2 + 0) * TK * ST;
-    T* sv = skv + (stage * 2 + 1) * TK * ST;
+    T* sk = skv + (stage * 2 + 0) * TK * D;
+    T* sv = skv + (stage * 2 + 1) * TK * D;
     const int j0 = lo + kt * TK;
     if constexpr (V::kHasKeyTransform) {
       for (int r = warp; r < TK; r += Tile::kWarps) {
         const int j = j0 + r;
         if (j >= hi) continue;
-        for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[r * ST + i]);
+        for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[kv_tile_at<D>(r, i)]);
         __syncwarp();
         warp_row_hook<D, V::kKeyElementwise>(
             scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
             [&](float* in, float* out) { V::key_row(hp, in, out, j, hk); }, lane);
-        for (int i = lane; i < D; i += 32) sk[r * ST + i] = from_float<T>(scratch[D + i]);
+        for (int i = lane; i < D; i += 32) sk[kv_tile_at<D>(r, i)] = from_float<T>(scratch[D + i]);
         __syncwarp();
       }
       __syncthreads();
@@ -322,6 +334,15 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     for (int ks = 0; ks < TK; ks += TS) {
     const int js = j0 + ks;  // first key of this compute step
     if (js > warp_jmax) break;  // every later key is hidden from all of this warp's rows
+    // the lane index as the K/V fragment addresses see it: opaque per step, so their swizzled offsets are
+    // recomputed (a few integer ops) instead of being hoisted out of the tile loop into registers
+    int ln = lane;
+    asm volatile("" : "+r"(ln));
+    // this lane's ldmatrix rows of K and V, and the swizzle of their chunk columns (kv_tile_at: the row's low
+    // three bits are ln % 8, the column's chunk a compile-time even number plus one lane bit)
+    const T* krow = sk + (ks + (ln % 8) + (ln / 16) * 8) * D;
+    const T* vrow = sv + (ks + (ln % 8) + ((ln / 8) % 2) * 8) * D;
+    const int kx = ((ln / 8) % 2) ^ (ln % 8), vx = (ln / 16) ^ (ln % 8);
     // S = Q K^T for this warp's MT x 16 rows x TS keys; each K fragment feeds every m-tile
     float s[MT][NKT][4];  // set by the first k-step's MMAs (zero accumulator), then accumulated
     uint32_t pk[MT][TS / 16][4];  // P in the input dtype, the A operand of P V (packed as soon as it is final)
@@ -340,7 +361,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NKT; n += 2) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, sk + (ks + n * 8 + (lane % 8) + (lane / 16) * 8) * ST + k0 + ((lane / 8) % 2) * 8);
+        ldmatrix_x4(bk, krow + n * 8 * D + (((k0 / 8) & ~7) | (((k0 / 8) & 7) ^ kx)) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (k0 == 0) {
@@ -423,7 +444,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sv + (ks + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * ST + n * 8 + (lane / 16) * 8);
+        ldmatrix_x4_trans(bv, vrow + kk * 16 * D + ((n & ~7) | ((n & 7) ^ vx)) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<T>(o_acc[mt][n], pk[mt][kk], bv[0], bv[1]);

@@ -11,8 +11,9 @@ decode on tensor cores (decode_tc.cuh, DecodeTCTile): 4 warps x 16 keys per stag
   padded by 8 elements, the cross-warp merge region apart from the stages.
 prefill (prefill.cuh, PrefillTile): 64 query rows (4 warps x 16; 128 rows, 4 warps x two 16-row
   m-tiles, for long requests at D <= 128 where shared memory holds it), 64 keys per tile (32 at
-  D=256, 16 in the small config), 2 stages (1 in the small config except D=64), rows padded by 8 elements for
-  conflict-free ldmatrix; the epilogue stages the tile's fp32 output rows.
+  D=256, 16 in the small config), 2 stages (1 in the small config except D=64), query rows padded by 8
+  elements and K/V rows unpadded with swizzled chunks (both conflict-free for ldmatrix; the K/V tiles
+  128-byte aligned); the epilogue stages the tile's fp32 output rows.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def prefill_smem_bytes(d: int, small: bool, m_tiles: int = 1) -> int:
     keys = (16 if small else 32) if d == 256 else 64
     stages = 1 if (small and d != 64) else 2
     stride = d + 8
-    qk = (rows + 2 * stages * keys) * stride * ELEM
+    qk = (rows * stride + 2 * stages * keys * d) * ELEM  # query rows padded, K/V rows unpadded (swizzled)
     out = rows * d * 4 + rows * 4
     return max(qk, out) + warps * 2 * d * 4
 

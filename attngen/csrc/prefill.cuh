@@ -474,6 +474,29 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       }
       lse_row[mt][h] = V::kSoftmax ? (dsum > 0.f ? m_row[mt][h] + log2f(dsum) : kNegInf) : 0.f;
     }
+  if constexpr (!V::kHasOutputTransform) {
+    // no output hook: every thread stores its own fragments straight from registers, two outputs per 32-bit
+    // store (a quad writes 16 contiguous bytes of a row), and its rows' lse from the quad's first lane
+    // the first row opaque here, so that the row addresses are formed after the KV loop, not hoisted above it
+    // into registers the loop needs
+    int pr0 = prow0;
+    asm volatile("" : "+r"(pr0));
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int pr = pr0 + mt * 16 + 8 * h;
+        if (pr >= rows_total) continue;
+        const int tok = q0 + pr / group, qh = hk * group + pr % group;
+        T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D + t4 * 2;
+#pragma unroll
+        for (int n = 0; n < NDT; ++n)
+          *reinterpret_cast<uint32_t*>(dst + n * 8) = pack2<T>(o_acc[mt][n][2 * h], o_acc[mt][n][2 * h + 1]);
+        if (t4 == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] =
+            lse_row[mt][h] == kNegInf && P.tvm_conventions ? kTvmEmptyLse : lse_row[mt][h];
+      }
+    return;
+  }
   __syncthreads();
   float* sout = reinterpret_cast<float*>(smem_raw);  // [RQ][D] fp32 rows, then [RQ] lse
   float* slse = sout + RQ * D;

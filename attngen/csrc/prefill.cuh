@@ -308,11 +308,15 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   copy_commit();
   for (int kt = 0; kt < num_kt; ++kt) {
     const int stage = NS == 1 ? 0 : kt % 2;
-    if (NS == 1 && kt > 0) load_kv(kt, 0);  // single buffer: refill after the last iteration's barrier
-    if (NS == 2 && kt + 1 < num_kt) load_kv(kt + 1, (kt + 1) % 2);
-    copy_commit();
-    if constexpr (NS == 2) copy_wait<1>(); else copy_wait<0>();
+    // One barrier per tile with two stages: once every thread has passed it, tile kt has landed and the other
+    // stage (tile kt - 1) is no longer read, so tile kt + 1 is issued into it right after. A single buffer is
+    // refilled after the previous tile's closing barrier instead.
+    if (NS == 1 && kt > 0) load_kv(kt, 0);
+    if (NS == 1) copy_commit();
+    copy_wait<0>();
     __syncthreads();
+    if (NS == 2 && kt + 1 < num_kt) load_kv(kt + 1, (kt + 1) % 2);
+    if (NS == 2) copy_commit();
     T* sk = skv + (stage * 2 + 0) * TK * D;
     T* sv = skv + (stage * 2 + 1) * TK * D;
     const int j0 = lo + kt * TK;
@@ -453,7 +457,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       }
     }
     }  // compute steps
-    __syncthreads();  // the stage is refilled by the next iteration's prefetch
+    if constexpr (NS == 1) __syncthreads();  // the single stage is refilled by the next iteration
   }
   copy_wait<0>();
 

@@ -7,7 +7,9 @@
 // (64 or 128 rows): with two, every K/V fragment read from shared memory feeds two MMAs
 // and each warp has two independent softmax chains in flight. K/V tiles are gathered from
 // pages (or ragged rows) into shared memory with cp.async, double-buffered where shared
-// memory allows; S = Q K^T and O += P V with m16n8k16 (two m16n8k8 on sm_75); online
+// memory allows (one barrier per tile: the next tile is issued, right after it, into the
+// stage the previous step read); rows unpadded, 16-byte chunks swizzled (kv_tile_layout.cuh);
+// S = Q K^T and O += P V with m16n8k16 (two m16n8k8 on sm_75); online
 // softmax in fp32, base 2; P, packed from the S accumulators as soon as an m-tile's softmax is
 // done, is the A operand of P V. A KV tile is one
 // compute step (a step size below the tile is a tuning knob: at two m-tiles, 32-key steps
@@ -18,6 +20,9 @@
 // one row at a time through a float scratch row. P enters the P.V product in the input
 // dtype (as in FA2): softmax weights lie in [0, 1]; sum-state weights (e.g. sigmoid) too,
 // but a sum-state variant whose weights exceed the dtype's range would overflow here.
+// Without an output hook each thread stores its output fragments straight from registers;
+// with one, rows go through shared memory to the hook. (H200, causal L 4k / 16k: the
+// register epilogue and the single barrier took 316 / 370 to 349 / 370 TFLOP/s.)
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"

@@ -370,7 +370,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NKT; n += 2) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, krow + n * 8 * D + (((k0 / 8) & ~7) | (((k0 / 8) & 7) ^ kx)) * 8);
+        ldmatrix_x4(bk, krow + n * 8 * D + kv_chunk_at(k0 / 8, kx) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (k0 == 0) {
@@ -453,7 +453,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, vrow + kk * 16 * D + ((n & ~7) | ((n & 7) ^ vx)) * 8);
+        ldmatrix_x4_trans(bv, vrow + kk * 16 * D + kv_chunk_at(n, vx) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<T>(o_acc[mt][n], pk[mt][kk], bv[0], bv[1]);

@@ -15,4 +15,10 @@ __host__ __device__ __forceinline__ int kv_tile_at(int row, int col) {
   return row * D + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
 }
 
+// The chunk part of kv_tile_at for a lane that holds its row's swizzle x = row % 8 (0 <= x < 8): where chunk
+// `chunk` of that row sits (kv_tile_at(row, 8 c) = row * D + 8 kv_chunk_at(c, row % 8)). The fragment loops
+// keep x per lane instead of the row. (Written apart from kv_tile_at: folding one into the other changed
+// the decode kernel's instruction schedule.)
+__host__ __device__ __forceinline__ int kv_chunk_at(int chunk, int x) { return (chunk & ~7) | ((chunk & 7) ^ x); }
+
 }  // namespace attngen

@@ -45,6 +45,7 @@ struct PrefillProblem {
                    // serves (D <= 128, long requests); 64: the 64-row tiles
   int causal;      // 1: also hide keys after the query's position (TVM's run-time causal flag)
   int tvm_conventions;  // 1: rows with no key store lse = -5e4 (TVM PagedKVCache); 0: -inf
+  __host__ __device__ float empty_lse() const { return tvm_conventions ? kTvmEmptyLse : kNegInf; }
   float sm_scale;
   KVRows kv;
 };
@@ -370,7 +371,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NKT; n += 2) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, krow + n * 8 * D + (((k0 / 8) & ~7) | (((k0 / 8) & 7) ^ kx)) * 8);
+        ldmatrix_x4(bk, krow + n * 8 * D + kv_chunk_at(k0 / 8, kx) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (k0 == 0) {
@@ -453,7 +454,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, vrow + kk * 16 * D + ((n & ~7) | ((n & 7) ^ vx)) * 8);
+        ldmatrix_x4_trans(bv, vrow + kk * 16 * D + kv_chunk_at(n, vx) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<T>(o_acc[mt][n], pk[mt][kk], bv[0], bv[1]);
@@ -485,9 +486,9 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     }
   if constexpr (!V::kHasOutputTransform) {
     // no output hook: every thread stores its own fragments straight from registers, two outputs per 32-bit
-    // store (a quad writes 16 contiguous bytes of a row), and its rows' lse from the quad's first lane
-    // the first row opaque here, so that the row addresses are formed after the KV loop, not hoisted above it
-    // into registers the loop needs
+    // store (a quad writes 16 contiguous bytes of a row), and its rows' lse from the quad's first lane. The
+    // first row is opaque here, so that the row addresses are formed after the KV loop, not hoisted above it
+    // into registers the loop needs.
     int pr0 = prow0;
     asm volatile("" : "+r"(pr0));
 #pragma unroll
@@ -501,8 +502,8 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #pragma unroll
         for (int n = 0; n < NDT; ++n)
           *reinterpret_cast<uint32_t*>(dst + n * 8) = pack2<T>(o_acc[mt][n][2 * h], o_acc[mt][n][2 * h + 1]);
-        if (t4 == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] =
-            lse_row[mt][h] == kNegInf && P.tvm_conventions ? kTvmEmptyLse : lse_row[mt][h];
+        const float l = lse_row[mt][h];
+        if (t4 == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
       }
     return;
   }
@@ -539,8 +540,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     }
     T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
     for (int i = lane; i < D; i += 32) dst[i] = from_float<T>(src[i]);
-    if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] =
-        slse[r] == kNegInf && P.tvm_conventions ? kTvmEmptyLse : slse[r];
+    if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = slse[r] == kNegInf ? P.empty_lse() : slse[r];
     __syncwarp();
   }
 }

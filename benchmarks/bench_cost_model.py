@@ -48,7 +48,7 @@ def plan_columns(att) -> int:
     i32 = dict(dtype=torch.int32, device="cuda")
     pages = torch.zeros(1, 2, PAGE, HKV, D, dtype=torch.bfloat16, device="cuda")
     kv = PagedKV(pages, torch.tensor([0, 1], **i32), torch.tensor([0], **i32), torch.tensor([PAGE], **i32))
-    plan = att.plan_decode(kv, HKV, D)
+    plan = att.plan_decode(kv, HKV, D, tensor_cores=True)  # the load-balanced plan, not the automatic choice
     if plan.work is None:
         raise RuntimeError("plan_decode did not make a load-balanced plan (tensor-core decode unavailable here)")
     return plan.work.bounds.num_ctas
@@ -90,7 +90,7 @@ def measure_length(att, length: int, groups, items_list, ctas: int, reps: int) -
             out, lse = torch.empty_like(q), torch.empty(batch, g * HKV, device="cuda")
 
             def run(kv=kv, q=q, out=out, lse=lse, pt=pt):
-                plan = att.plan_decode(kv, int(q.shape[1]), D)
+                plan = att.plan_decode(kv, int(q.shape[1]), D, tensor_cores=True)
                 pt["plan_mismatch"] = plan_matches(plan.split, pt["items_per_cta"], pt["kv"], ctas)
                 return bench(lambda: att.decode(q, kv, plan=plan, out=out, lse=lse), reps=reps)
             pt["ms"] = guarded(pt, "launch", run)

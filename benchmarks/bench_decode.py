@@ -83,9 +83,10 @@ def main():
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         even = choose_num_chunks(batch, hkv, max(kv_lens), sms)
         for key, tc, chunks in (("attngen_cuda_core", False, None), ("attngen_tc_even", True, even),
-                                ("attngen", None, None)):  # automatic (load-balanced plan) last
+                                ("attngen_tc_balanced", True, None), ("attngen", None, None)):  # automatic last
             plan = att.plan_decode(kv, hq, HEAD_DIM, tensor_cores=tc, num_chunks=chunks)
             row[f"{key}_chunks"] = plan.num_chunks
+            row[f"{key}_grid"] = plan.work is None  # the even-split grid launch (no work list)
             row[f"{key}_ms"] = bench(lambda: att.decode(q, kv, plan=plan, out=out, lse=lse))
         row["attngen_host_us"] = host_us(lambda: att.decode(q, kv, plan=plan, out=out, lse=lse))
         if flashinfer is not None:
@@ -136,18 +137,20 @@ def main():
              f"Copy bandwidth measured in the same run: {results['copy_GBps']:.0f} GB/s. "
              f"attngen cold build (vanilla, decode + prefill, 1 head dim, 1 arch): {results['attngen_cold_build_s']:.1f} s; "
              f"FlashInfer first plan+run (JIT or cached): {fi_jit_s if fi_jit_s is None else round(fi_jit_s, 1)} s.", "",
-             "attngen columns: automatic choice = tensor cores with the load-balanced plan (% of copy); CUDA-core "
-             "template, even split; tensor-core template, even split. Times: device time per call with the host "
+             "attngen columns: automatic choice (% of copy); CUDA-core template, even split; tensor-core template, "
+             "even split; tensor-core template, load-balanced plan. The automatic choice is the load-balanced plan "
+             "except for uniform batches it serves no better (decode_plan.grid_chunks_for_uniform_batch). Times: device time per call with the host "
              "ahead of the GPU (benchmarks/common.py bench); the Python call's host time is `*_host_us` in the JSON.",
              "",
-             "| case | attngen GB/s (% copy) | attngen CUDA-core | attngen TC even | FI cuda-core GB/s | FI tensor-core GB/s "
-             "| SDPA GB/s | attngen / best FI |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| case | attngen GB/s (% copy) | attngen CUDA-core | attngen TC even | attngen TC balanced "
+             "| FI cuda-core GB/s | FI tensor-core GB/s | SDPA GB/s | attngen / best FI |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results["cases"]:
         fi = [r.get("flashinfer_cuda_core_GBps"), r.get("flashinfer_tc_GBps")]
         best = max([x for x in fi if x] or [float("nan")])
         lines.append(f"| {r['case']} | {r['attngen_GBps']:.0f} ({r['attngen_pct_of_copy']:.0f}%) | "
                      f"{r['attngen_cuda_core_GBps']:.0f} | {r['attngen_tc_even_GBps']:.0f} | "
+                     f"{r['attngen_tc_balanced_GBps']:.0f} | "
                      f"{fi[0] or float('nan'):.0f} | {fi[1] or float('nan'):.0f} | {r.get('sdpa_GBps') or float('nan'):.0f} | "
                      f"{r['attngen_GBps'] / best:.2f} |")
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")

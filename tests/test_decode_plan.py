@@ -123,3 +123,33 @@ def test_fused_merge_choice_follows_the_plan(cache):
     assert choose_fused_merge(alone.work, None) is False
     assert choose_fused_merge(alone.work, True) is True and choose_fused_merge(skewed.work, False) is False
     assert choose_fused_merge(alone.work, None, graph_safe=True) is True
+
+
+@pytest.mark.parametrize("lens,hkv,expect", [
+    ([65536], 8, 33),             # one request split over every column, one piece per CTA
+    ([16384] * 16, 8, 2),         # two chunks per request, at most one item per CTA
+    ([4096] * 32, 32, 1),         # MHA: 8 columns x 32 heads leave 8 of 264 slots empty; 4 waves, no split
+    ([1024] * 64, 8, 0),          # short items, two per CTA, every slot used: the plan
+    ([4096] * 64, 8, 0),          # no split, 512 CTAs on 264 slots (under two waves): the plan
+    ([4096] * 66, 8, 0),          # no split, two full waves, but the plan's columns fill every slot: the plan
+    ([4096] * 16, 32, 0),         # no split, slots left empty, but under two waves: the plan
+    ([32768] + [512] * 63, 8, 0),  # skewed: the plan
+    ([0] * 4, 8, 0),              # nothing to read
+])
+def test_grid_launch_chosen_only_for_uniform_batches_it_serves(cache, lens, hkv, expect):
+    """H200 shapes (2 CTAs per SM x 132 SMs = 264 slots; plan columns = slots // KV heads)."""
+    from attngen.runtime.decode_plan import grid_chunks_for_uniform_batch
+
+    slots = 264
+    bounds = DecodeBounds(max_batch=128, num_ctas=slots // hkv)
+    lens = np.array(lens, np.int32)
+    plan = planner_for(bounds, cache).plan(np.ones(len(lens), np.int32), lens, num_ctas=bounds.num_ctas, group=4,
+                                           tile_rows=16, min_chunk=MIN_CHUNK)
+    chunks = grid_chunks_for_uniform_batch(lens, plan, hkv, slots)
+    assert chunks == expect
+    if chunks > 0:  # the grid launch's split (decode_tc.cuh, grid mode) is the plan's partition of each request
+        span = int(lens[0])
+        grid = [(span * c // chunks, span * (c + 1) // chunks) for c in range(chunks)]
+        for b in range(len(lens)):
+            items = sorted((int(lo), int(hi)) for r, _, lo, hi, _ in plan.work if r == b)
+            assert items == grid

@@ -192,7 +192,7 @@ def test_decode_balanced_plan_skewed_and_superseded(build_cache, rng, fused_merg
 
 
 def test_decode_merge_choice_of_an_all_split_batch(build_cache, rng):
-    """When every request is split, the default plan launches the merge kernel (spread over the GPU);
+    """When every request is split, the load-balanced plan launches the merge kernel (spread over the GPU);
     a graph-safe plan, or fused_merge=True, fuses the merge; all three give the same output."""
     import torch
 
@@ -200,7 +200,7 @@ def test_decode_merge_choice_of_an_all_split_batch(build_cache, rng):
     q, kv, refill = _static_batch(rng, 1, 1024, 16, 2, 128)
     refill([12000])
     outs = []
-    for kw, fused in (({}, False), ({"graph_safe": True}, True), ({"fused_merge": True}, True)):
+    for kw, fused in (({"tensor_cores": True}, False), ({"graph_safe": True}, True), ({"fused_merge": True}, True)):
         plan = att.plan_decode(kv, 16, 128, **kw)
         assert (plan.split.work[:, 4] >= 0).all() and len(plan.split.merge_tiles) == 1  # one request, split
         assert plan.fused_merge == fused
@@ -210,6 +210,31 @@ def test_decode_merge_choice_of_an_all_split_batch(build_cache, rng):
     torch.cuda.synchronize()
     for out in outs:
         assert torch.allclose(out, ref_o.float(), atol=2e-3, rtol=0)
+
+
+def test_decode_uniform_batch_takes_the_grid_launch_the_rule_picks(build_cache, rng):
+    """For a uniform batch the automatic choice follows decode_plan.grid_chunks_for_uniform_batch: one long
+    request split over every CTA column gets the even-split grid launch with the plan's chunk count, and
+    matches the unsplit CUDA-core result."""
+    import torch
+
+    from attngen.runtime.decode_plan import grid_chunks_for_uniform_batch
+
+    att = cuda_module("vanilla", build_cache)
+    q, kv, refill = _static_batch(rng, 1, 1024, 16, 2, 128)
+    refill([12000])
+    balanced = att.plan_decode(kv, 16, 128, tensor_cores=True)
+    expect = grid_chunks_for_uniform_batch(np.array([12000]), balanced.split, 2, balanced.work.resident_slots)
+    assert expect == len(balanced.split.work) > 1  # one item per CTA: the same partition as the grid's
+    ref_o, ref_l = att.decode(q, kv, plan=att.plan_decode(kv, 16, 128, num_chunks=1, tensor_cores=False))
+    plan = att.plan_decode(kv, 16, 128)
+    assert plan.work is None and plan.backend == 2 and plan.num_chunks == expect
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    att.decode(q, kv, plan=plan, out=out, lse=lse)
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), ref_o.float(), atol=2e-3, rtol=0)
+    assert torch.allclose(lse, ref_l, atol=1e-3, rtol=0)
 
 
 def test_decode_fixed_chunk_is_batch_invariant(build_cache, rng):

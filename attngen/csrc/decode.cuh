@@ -111,8 +111,9 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
   if constexpr (V::kHasLower) hi64 = min(hi64, (long long)qo_pos - V::mask_lower(hp) + 1);
   const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
   const int span = max(hi - lo, 0);
-  const int per = (span + P.num_chunks - 1) / P.num_chunks;
-  const int start = lo + chunk * per, end = min(hi, start + per);
+  // equal pieces, as the planner cuts them (planner.h chunk_end): none empty while span >= num_chunks
+  const int start = lo + int(int64_t(span) * chunk / P.num_chunks);
+  const int end = lo + int(int64_t(span) * (chunk + 1) / P.num_chunks);
 
   // ---- this thread's 8 query elements: load, transform, scale ------------------------
   float q[8];

@@ -118,9 +118,10 @@ struct DecodeTCItems {
     const int chunk = blockIdx.x, b = blockIdx.z;
     const KeyRange vis = visible_keys<V>(P.kv.length(b), hp);
     const int span = max(vis.hi - vis.lo, 0);
-    const int per = (span + P.num_chunks - 1) / P.num_chunks;
-    const int start = vis.lo + chunk * per;
-    return {b, start, min(vis.hi, start + per),
+    // equal pieces, as the planner cuts them (planner.h chunk_end): none empty while span >= num_chunks
+    const int start = vis.lo + int(int64_t(span) * chunk / P.num_chunks);
+    const int end = vis.lo + int(int64_t(span) * (chunk + 1) / P.num_chunks);
+    return {b, start, end,
             P.num_chunks > 1 ? (int64_t(b) * P.num_chunks + chunk) * P.num_qo_heads : -1};
   }
 };

@@ -141,8 +141,8 @@ class CascadeAttention:
         it saves at least CASCADE_MIN_SAVED_BYTES of K/V reads per extra level (``CascadePlan.mode`` says
         which). A flat view whose row groups are single rows (a decode step) runs as a decode where the
         backend has one: on the CUDA backend that needs ``num_qo_heads`` and a library with the decode
-        kernel, and the plan shares the decode workspace of its shape (a later ``plan_decode`` of the same
-        shape supersedes it)."""
+        kernel, and a load-balanced plan shares the decode workspace of its shape (a later load-balanced
+        ``plan_decode`` of the same shape supersedes it)."""
         if chunk_keys < 1:
             raise AttentionArgumentError(f"chunk_keys: must be at least 1, got {chunk_keys}")
         if mode not in MODES:

@@ -116,6 +116,7 @@ class CUDAAttention(BuiltModule):
             grown = max(items, 2 * ws.bounds.max_work_items if ws is not None else 0)
             ws = spaces[key] = DecodeWorkspace(DecodeBounds(max_batch, ctas, grown if items else 0), num_qo_heads,
                                                head_dim, device, num_kv_heads=num_kv_heads if counters else 0)
+            ws.resident_slots = per_sm * props.multi_processor_count  # CTAs the GPU holds at once
         return ws
 
     def has_decode(self, kv: PagedKV, head_dim: int) -> bool:
@@ -128,8 +129,10 @@ class CUDAAttention(BuiltModule):
         """Plan one decode step (reused by every layer). Without ``num_chunks`` the split is load-balanced
         (the host planner's work list, tensor-core template); a plan is valid until the next load-balanced
         ``plan_decode`` of the same shape. ``num_chunks`` forces an even split of every request into that
-        many chunks. ``tensor_cores``: None lets the library choose, True / False force the tensor-core or
-        the CUDA-core template (the CUDA-core one splits evenly). ``fixed_chunk`` > 0: chunk boundaries
+        many chunks. ``tensor_cores``: None lets the library choose (for a uniform batch it may take the even
+        split's grid launch where that serves at least as well: ``decode_plan.grid_chunks_for_uniform_batch``),
+        True / False force the tensor-core template (load-balanced unless ``num_chunks`` is given) or the
+        CUDA-core template (which splits evenly). ``fixed_chunk`` > 0: chunk boundaries
         independent of the rest of the batch (batch-invariant results). ``graph_safe``: launch grids that depend
         only on the workspace's bounds, so a CUDA graph captured with this plan replays any later plan of
         the same shape (same q / page-table buffers, batch size and bounds). ``fused_merge`` (load-balanced
@@ -150,7 +153,7 @@ class CUDAAttention(BuiltModule):
         indptr = as_numpy(kv.indptr, "kv.indptr")
         last = as_numpy(kv.last_page_len, "kv.last_page_len")
         lens = paged_lengths(np.diff(indptr), last, kv.page_size)
-        from .decode_plan import decode_tc_fits, items_needed
+        from .decode_plan import decode_tc_fits, grid_chunks_for_uniform_batch, items_needed
 
         if fixed_chunk < 0:
             raise AttentionArgumentError(f"fixed_chunk: must be 0 (off) or a positive key count, got {fixed_chunk}")
@@ -163,12 +166,19 @@ class CUDAAttention(BuiltModule):
         if balanced:
             ws = self._decode_workspace(num_qo_heads, kv.num_kv_heads, head_dim, batch,
                                         items_needed(lens, fixed_chunk), kv.pages.device, fused_merge is not False)
-            n_merge, split, fused = ws.fill(lens.astype(np.int32), num_qo_heads // kv.num_kv_heads,
-                                            fixed_chunk=fixed_chunk, fused_merge=fused_merge, graph_safe=graph_safe)
-            ws.generation += 1
-            merges = 0 if fused else (ws.bounds.max_merges if graph_safe else n_merge)
-            return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, 1, 2, ws.part_o, ws.part_lse, ws,
-                              ws.generation, merges, split, fused)
+            group = num_qo_heads // kv.num_kv_heads
+            split = ws.split(lens.astype(np.int32), group, fixed_chunk=fixed_chunk)
+            automatic = tensor_cores is None and not graph_safe and not fixed_chunk and fused_merge is None
+            grid = grid_chunks_for_uniform_batch(lens, split, kv.num_kv_heads, ws.resident_slots) if automatic else 0
+            if grid:  # a uniform batch the even-split grid launch serves at least as well
+                num_chunks, tensor_cores = grid, True
+            else:
+                n_merge, split, fused = ws.fill(lens.astype(np.int32), group, fixed_chunk=fixed_chunk,
+                                                fused_merge=fused_merge, graph_safe=graph_safe, plan=split)
+                ws.generation += 1
+                merges = 0 if fused else (ws.bounds.max_merges if graph_safe else n_merge)
+                return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, 1, 2, ws.part_o, ws.part_lse, ws,
+                                  ws.generation, merges, split, fused)
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
             num_chunks = choose_num_chunks(batch, kv.num_kv_heads, int(lens.max(initial=0)), sms)

@@ -90,19 +90,25 @@ class DecodeWorkspace:
         self.part_o = torch.empty((bounds.max_partials, num_qo_heads, head_dim), dtype=torch.float32, device=device)
         self.part_lse = torch.empty((bounds.max_partials, num_qo_heads), dtype=torch.float32, device=device)
 
-    def fill(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0, fused_merge: bool | None = None,
-             graph_safe: bool = False):
-        """Plan one batch step (kv_lens [B] keys per request) and copy it to the device; returns
-        (number of merges, the host plan, whether the decode kernel merges). ``fused_merge`` and
-        ``graph_safe``: as ``choose_fused_merge`` takes them (a workspace without counters never fuses)."""
-        import torch
-
+    def split(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0):
+        """The host plan of one batch step (kv_lens [B]) over this workspace's CTAs, without filling it."""
         b = self.bounds
         if len(kv_lens) > b.max_batch:
             raise AttentionArgumentError(f"max_batch: the batch has {len(kv_lens)} requests, the decode workspace "
                                          f"was sized for {b.max_batch}")
-        plan = self.planner.plan(np.ones(len(kv_lens), np.int32), kv_lens, num_ctas=b.num_ctas, group=group,
+        return self.planner.plan(np.ones(len(kv_lens), np.int32), kv_lens, num_ctas=b.num_ctas, group=group,
                                  tile_rows=16, fixed_chunk=fixed_chunk, min_chunk=MIN_CHUNK)
+
+    def fill(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0, fused_merge: bool | None = None,
+             graph_safe: bool = False, plan=None):
+        """Plan one batch step (kv_lens [B] keys per request) and copy it to the device; returns
+        (number of merges, the host plan, whether the decode kernel merges). ``fused_merge`` and
+        ``graph_safe``: as ``choose_fused_merge`` takes them (a workspace without counters never fuses).
+        ``plan``: this step's host plan from ``split``, if already made."""
+        import torch
+
+        if plan is None:
+            plan = self.split(kv_lens, group, fixed_chunk=fixed_chunk)
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy must have left the staging buffer
         fused = self.has_counters and choose_fused_merge(plan.work, fused_merge, graph_safe=graph_safe)
@@ -111,6 +117,35 @@ class DecodeWorkspace:
         self._copied = torch.cuda.Event()
         self._copied.record()
         return n_merge, plan, fused
+
+
+def grid_chunks_for_uniform_batch(kv_lens: np.ndarray, plan, num_kv_heads: int, resident_slots: int) -> int:
+    """Chunks per request of an even-split grid launch that serves a uniform batch (every request the same
+    length) at least as well as the load-balanced ``plan`` (a SplitKVPlan of one KV head's columns); 0 keeps
+    the plan. The grid launch needs no work list, so each CTA starts one dependent global load sooner, and
+    the hardware refills every SM as CTAs finish, where the plan's CTAs per KV head are a floor that can
+    leave slots empty. Two shapes qualify (H200, bf16, D 128; ``decode_2026-11-30*.md``, columns "TC even"
+    against the automatic choice):
+    - the plan gives every CTA at most one item: the even split of the same chunk count is the same
+      partition (B 1 L 64k: 3893 / 3818 GB/s against 3834 / 3780 in two runs);
+    - no request is split, the batch fills at least two waves of the GPU's slots, and the plan's CTAs
+      leave 2% or more of the slots empty (MHA B 32 L 4k, 8 CTAs per head for 32 heads on 264 slots:
+      4565 / 4474 against 4499 / 4396).
+    Short items packed several per CTA stay with the plan (B 64 L 1k: the plan is 1% faster)."""
+    lens = np.asarray(kv_lens)
+    if len(lens) == 0 or lens.min() != lens.max() or lens[0] <= 0:
+        return 0
+    items = len(plan.work)
+    if items % len(lens):
+        return 0
+    per_request = items // len(lens)
+    columns = len(plan.cta_indptr) - 1
+    if int(np.diff(plan.cta_indptr).max(initial=0)) <= 1:
+        return per_request
+    if (per_request == 1 and len(lens) * num_kv_heads >= 2 * resident_slots
+            and columns * num_kv_heads < 0.98 * resident_slots):
+        return 1
+    return 0
 
 
 def choose_fused_merge(work: np.ndarray, requested: bool | None, *, graph_safe: bool = False) -> bool:

@@ -125,7 +125,7 @@ def grid_chunks_for_uniform_batch(kv_lens: np.ndarray, plan, num_kv_heads: int, 
     the plan. The grid launch needs no work list, so each CTA starts one dependent global load sooner, and
     the hardware refills every SM as CTAs finish, where the plan's CTAs per KV head are a floor that can
     leave slots empty. Two shapes qualify (H200, bf16, D 128; ``decode_2026-11-30*.md``, columns "TC even"
-    against the automatic choice):
+    against the plan; the rule measured in ``decode_2026-11-30_autogrid*.md``):
     - the plan gives every CTA at most one item: the even split of the same chunk count is the same
       partition (B 1 L 64k: 3893 / 3818 GB/s against 3834 / 3780 in two runs);
     - no request is split, the batch fills at least two waves of the GPU's slots, and the plan's CTAs

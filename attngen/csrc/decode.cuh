@@ -62,6 +62,13 @@ __device__ __forceinline__ KeyRange visible_keys(int kv_len, const typename V::P
   return {int(min(lo64, (long long)kv_len)), int(max(hi64, 0LL))};
 }
 
+// Piece `chunk` of `n` equal pieces of `vis`, as the planner cuts a request (planner.h chunk_end):
+// none is empty while vis holds at least n keys. The even-split grid launch's share of a request.
+__device__ __forceinline__ KeyRange even_chunk(KeyRange vis, int chunk, int n) {
+  const int64_t span = max(vis.hi - vis.lo, 0);
+  return {vis.lo + int(span * chunk / n), vis.lo + int(span * (chunk + 1) / n)};
+}
+
 // Tile configuration (FA3's tile_size.h style): G = query heads per CTA (power of two >= the
 // group), Z token lanes so that a CTA has about 128 threads, T tokens per stage, S stages.
 template <int D, int G>
@@ -105,15 +112,8 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
 
   const int kv_len = P.kv.length(b);
   const int qo_pos = kv_len - 1;
-  // visible keys satisfy lower <= qo_pos - kv_pos <= upper; 64-bit so huge windows cannot wrap
-  long long lo64 = 0, hi64 = kv_len;
-  if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)qo_pos - V::mask_upper(hp));
-  if constexpr (V::kHasLower) hi64 = min(hi64, (long long)qo_pos - V::mask_lower(hp) + 1);
-  const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
-  const int span = max(hi - lo, 0);
-  // equal pieces, as the planner cuts them (planner.h chunk_end): none empty while span >= num_chunks
-  const int start = lo + int(int64_t(span) * chunk / P.num_chunks);
-  const int end = lo + int(int64_t(span) * (chunk + 1) / P.num_chunks);
+  const KeyRange mine = even_chunk(visible_keys<V>(kv_len, hp), chunk, P.num_chunks);
+  const int start = mine.lo, end = mine.hi;
 
   // ---- this thread's 8 query elements: load, transform, scale ------------------------
   float q[8];

@@ -116,12 +116,8 @@ struct DecodeTCItems {
       return {b, max(item[2], vis.lo), min(item[3], vis.hi), item[4] < 0 ? -1 : int64_t(item[4]) * P.num_qo_heads};
     }
     const int chunk = blockIdx.x, b = blockIdx.z;
-    const KeyRange vis = visible_keys<V>(P.kv.length(b), hp);
-    const int span = max(vis.hi - vis.lo, 0);
-    // equal pieces, as the planner cuts them (planner.h chunk_end): none empty while span >= num_chunks
-    const int start = vis.lo + int(int64_t(span) * chunk / P.num_chunks);
-    const int end = vis.lo + int(int64_t(span) * (chunk + 1) / P.num_chunks);
-    return {b, start, end,
+    const KeyRange mine = even_chunk(visible_keys<V>(P.kv.length(b), hp), chunk, P.num_chunks);
+    return {b, mine.lo, mine.hi,
             P.num_chunks > 1 ? (int64_t(b) * P.num_chunks + chunk) * P.num_qo_heads : -1};
   }
 };

@@ -115,8 +115,8 @@ class CUDAAttention(BuiltModule):
             max_batch = min(MAX_GRID_BATCH, max(64, 1 << max(batch - 1, 0).bit_length()))
             grown = max(items, 2 * ws.bounds.max_work_items if ws is not None else 0)
             ws = spaces[key] = DecodeWorkspace(DecodeBounds(max_batch, ctas, grown if items else 0), num_qo_heads,
-                                               head_dim, device, num_kv_heads=num_kv_heads if counters else 0)
-            ws.resident_slots = per_sm * props.multi_processor_count  # CTAs the GPU holds at once
+                                               head_dim, device, num_kv_heads=num_kv_heads if counters else 0,
+                                               resident_slots=per_sm * props.multi_processor_count)
         return ws
 
     def has_decode(self, kv: PagedKV, head_dim: int) -> bool:
@@ -166,15 +166,13 @@ class CUDAAttention(BuiltModule):
         if balanced:
             ws = self._decode_workspace(num_qo_heads, kv.num_kv_heads, head_dim, batch,
                                         items_needed(lens, fixed_chunk), kv.pages.device, fused_merge is not False)
-            group = num_qo_heads // kv.num_kv_heads
-            split = ws.split(lens.astype(np.int32), group, fixed_chunk=fixed_chunk)
+            split = ws.split(lens.astype(np.int32), num_qo_heads // kv.num_kv_heads, fixed_chunk=fixed_chunk)
             automatic = tensor_cores is None and not graph_safe and not fixed_chunk and fused_merge is None
             grid = grid_chunks_for_uniform_batch(lens, split, kv.num_kv_heads, ws.resident_slots) if automatic else 0
             if grid:  # a uniform batch the even-split grid launch serves at least as well
                 num_chunks, tensor_cores = grid, True
             else:
-                n_merge, split, fused = ws.fill(lens.astype(np.int32), group, fixed_chunk=fixed_chunk,
-                                                fused_merge=fused_merge, graph_safe=graph_safe, plan=split)
+                n_merge, fused = ws.fill(split, fused_merge=fused_merge, graph_safe=graph_safe)
                 ws.generation += 1
                 merges = 0 if fused else (ws.bounds.max_merges if graph_safe else n_merge)
                 return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, 1, 2, ws.part_o, ws.part_lse, ws,

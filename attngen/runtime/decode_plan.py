@@ -73,10 +73,11 @@ class DecodeWorkspace:
     """Device and pinned buffers of one decode shape (heads, head_dim) under declared bounds."""
 
     def __init__(self, bounds: DecodeBounds, num_qo_heads: int, head_dim: int, device, *, cache=None,
-                 num_kv_heads: int = 0):
+                 num_kv_heads: int = 0, resident_slots: int = 0):
         import torch
 
         self.bounds, self.num_qo_heads, self.head_dim = bounds, num_qo_heads, head_dim
+        self.resident_slots = resident_slots  # CTAs of this template the GPU holds at once
         self.has_counters = num_kv_heads > 0  # the fused merge's arrival counters: plans may fuse the merge
         self.planner = SplitKVPlanner(PlannerCapacity(bounds.max_batch, bounds.max_work_items, bounds.max_partials,
                                                       bounds.max_merges, max_ctas=bounds.num_ctas),
@@ -99,16 +100,12 @@ class DecodeWorkspace:
         return self.planner.plan(np.ones(len(kv_lens), np.int32), kv_lens, num_ctas=b.num_ctas, group=group,
                                  tile_rows=16, fixed_chunk=fixed_chunk, min_chunk=MIN_CHUNK)
 
-    def fill(self, kv_lens: np.ndarray, group: int, *, fixed_chunk: int = 0, fused_merge: bool | None = None,
-             graph_safe: bool = False, plan=None):
-        """Plan one batch step (kv_lens [B] keys per request) and copy it to the device; returns
-        (number of merges, the host plan, whether the decode kernel merges). ``fused_merge`` and
-        ``graph_safe``: as ``choose_fused_merge`` takes them (a workspace without counters never fuses).
-        ``plan``: this step's host plan from ``split``, if already made."""
+    def fill(self, plan, *, fused_merge: bool | None = None, graph_safe: bool = False):
+        """Copy ``plan`` (this step's host plan, from ``split``) to the device; returns (number of merges,
+        whether the decode kernel merges). ``fused_merge`` and ``graph_safe``: as
+        ``choose_fused_merge`` takes them (a workspace without counters never fuses)."""
         import torch
 
-        if plan is None:
-            plan = self.split(kv_lens, group, fixed_chunk=fixed_chunk)
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy must have left the staging buffer
         fused = self.has_counters and choose_fused_merge(plan.work, fused_merge, graph_safe=graph_safe)
@@ -116,7 +113,7 @@ class DecodeWorkspace:
         self.device_plan.copy_(self._host, non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
-        return n_merge, plan, fused
+        return n_merge, fused
 
 
 def grid_chunks_for_uniform_batch(kv_lens: np.ndarray, plan, num_kv_heads: int, resident_slots: int) -> int:

@@ -1,0 +1,33 @@
+"""The one entry point through which attngen builds anything: a variant's library (the staged
+pipeline of :mod:`attngen.codegen.pipeline`) and the variant-independent support libraries (the
+host split-KV planner, the CPU and CUDA state-merge kernels). The runtime loads what these return
+and builds nothing itself.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from attngen.codegen.pipeline import BuildResult, run_pipeline
+from attngen.schedules.build_config import BuildConfig
+
+SUPPORT_LIBRARIES = ("planner", "merge_cpu", "merge_cuda")
+
+
+def build(variant, config: BuildConfig, **kwargs) -> BuildResult:
+    """Build ``variant`` for ``config`` (cached by content); ``kwargs``: ``cache``, ``dump``, ``log``."""
+    return run_pipeline(variant, config, **kwargs)
+
+
+def support_library(kind: str, *, archs: tuple[str, ...] = (), cache=None) -> Path:
+    """The shared library of one variant-independent piece, from the build cache when its sources are
+    unchanged: "planner" (host C++), "merge_cpu" (TIR by LLVM), "merge_cuda" (for ``archs``)."""
+    from attngen.codegen.cpu.merge_tir import build_merge_library
+    from attngen.codegen.host_library import build_merge_cuda_library, build_planner_library
+
+    if kind == "planner":
+        return build_planner_library(cache)
+    if kind == "merge_cpu":
+        return build_merge_library()
+    if kind == "merge_cuda":
+        return build_merge_cuda_library(tuple(archs), cache)
+    raise ValueError(f"unknown support library {kind!r}; known: {list(SUPPORT_LIBRARIES)}")

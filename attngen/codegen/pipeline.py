@@ -21,6 +21,7 @@ from attngen.ir import ConfigError, Variant
 from attngen.schedules.arch import arch_spec
 from attngen.schedules.tiles import check_fits
 from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig
+from attngen.schedules.ffi_enums import enums_header
 
 from . import nvcc
 from .cache import BuildCache, content_key, hash_files
@@ -94,6 +95,7 @@ def stage_instantiate(ctx: BuildContext) -> dict[str, str]:
     name = ctx.variant.name
     cfg = ctx.config
     if cfg.kernels:  # template instances: traits per head_dim, one TU per (head_dim, dtype)
+        files["attngen_enums.h"] = enums_header()
         first = cfg.archs[0]
         for d in cfg.head_dims:
             hs = lowered[(first, d)]

@@ -1,0 +1,135 @@
+"""A/B of whole source trees on the GPU: each tree's own runtime runs its own library.
+
+``ab_libraries.py`` loads every revision's library with the current runtime, which breaks when a change
+moves the FFI between Python and the entry functions. This script instead runs one process per tree
+(``run``): that process imports the ``attngen`` package of the tree it is given, builds the causal prefill
+and vanilla decode libraries (bf16, D 128, NHD) through the public API, and times the cases of
+``bench_prefill.py`` and ``bench_decode.py`` on inputs drawn from a fixed seed. It records each case's
+speed and a SHA-256 of the output bytes, so ``report`` can say whether two trees compute bit-identical
+results as well as whether they run at the same speed. Run the trees alternately (A, B, A, B): the spread
+between two runs of one tree is the noise the difference is read against.
+
+    python benchmarks/ab_trees.py run --tree /path/to/before --label before --json ab/before_1.json
+    python benchmarks/ab_trees.py report ab/*.json --out benchmarks/results --tag registry
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _digest(t) -> str:
+    """The first 16 hex digits of the SHA-256 of a tensor's bytes."""
+    import torch
+
+    return hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def run(args) -> None:
+    tree = Path(args.tree).resolve()
+    sys.path.insert(0, str(tree))  # this tree's attngen, not an installed one
+    sys.path.insert(1, str(HERE))
+    import torch
+
+    import attngen
+    from bench_decode import CASES as DECODE_CASES, HEAD_DIM, make_case as make_decode_case
+    from bench_prefill import CASES as PREFILL_CASES, HQ, make_case as make_prefill_case
+    from common import bench
+
+    from attngen.runtime import CUDAAttention, PagedKV, RaggedKV
+    from attngen.variants import builtin
+
+    assert Path(attngen.__file__).resolve().is_relative_to(tree), f"imported {attngen.__file__}, not {tree}"
+    res = {"label": args.label, "tree": str(tree), "gpu": torch.cuda.get_device_name(),
+           "date": datetime.date.today().isoformat(), "prefill": {}, "decode": {}}
+    pre = CUDAAttention.build(builtin("causal"), head_dims=(HEAD_DIM,), dtypes=("bfloat16",), layouts=("NHD",),
+                              kernels=("prefill",))
+    dec = CUDAAttention.build(builtin("vanilla"), head_dims=(HEAD_DIM,), dtypes=("bfloat16",), layouts=("NHD",),
+                              kernels=("decode",))
+    for name, L in PREFILL_CASES:
+        torch.manual_seed(0)
+        q, k, v, indptr = make_prefill_case(L)
+        kv = RaggedKV(k, v, indptr)
+        plan = pre.plan_prefill(indptr, kv, HEAD_DIM)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.empty(L, HQ, device="cuda")
+        ms = bench(lambda: pre.prefill(q, kv, indptr, plan=plan, out=out, lse=lse), reps=args.reps)
+        flops = 2 * 2 * L * L / 2 * HEAD_DIM * HQ
+        res["prefill"][name] = {"tflops": flops / ms / 1e9, "out": _digest(out), "lse": _digest(lse)}
+        print(args.label, name, f"{flops / ms / 1e9:.1f} TFLOP/s", flush=True)
+        del q, k, v, kv, out
+    for name, kv_lens, hq, hkv in DECODE_CASES:
+        torch.manual_seed(0)
+        q, pages, indptr, indices, last = make_decode_case(kv_lens, hq, hkv)
+        kv = PagedKV(pages, indptr, indices, last, "NHD")
+        plan = dec.plan_decode(kv, hq, HEAD_DIM)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.empty(q.shape[:2], device="cuda")
+        ms = bench(lambda: dec.decode(q, kv, plan=plan, out=out, lse=lse), reps=args.reps)
+        nbytes = sum(kv_lens) * hkv * HEAD_DIM * 2 * 2 + 2 * q.numel() * 2
+        res["decode"][name] = {"GBps": nbytes / (ms * 1e-3) / 1e9, "out": _digest(out), "lse": _digest(lse)}
+        print(args.label, name, f"{nbytes / (ms * 1e-3) / 1e9:.0f} GB/s", flush=True)
+        del q, pages, kv, out
+        torch.cuda.empty_cache()
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(res, indent=1))
+
+
+def report(args) -> None:
+    runs = [json.loads(Path(p).read_text()) for p in args.json]
+    labels = list(dict.fromkeys(r["label"] for r in runs))
+    by_label = defaultdict(list)
+    for r in runs:
+        by_label[r["label"]].append(r)
+    lines = [f"# A/B of source trees — {runs[0]['gpu']}, {runs[0]['date']}", "",
+             f"Trees: {', '.join(labels)}; {len(runs)} runs in one GPU call, alternating. Each cell: the median "
+             "over that tree's runs, then every run in brackets. 'same output': the SHA-256 of out and lse is "
+             "identical across every run of every tree.", ""]
+    for kind, unit in (("prefill", "tflops"), ("decode", "GBps")):
+        lines += [f"{kind} ({'TFLOP/s' if unit == 'tflops' else 'GB/s'}):", "",
+                  "| case | " + " | ".join(labels) + f" | {labels[-1]} / {labels[0]} | same output |",
+                  "|---|" + "---|" * (len(labels) + 2)]
+        for case in runs[0][kind]:
+            meds, cells = {}, []
+            for lab in labels:
+                vals = [r[kind][case][unit] for r in by_label[lab]]
+                meds[lab] = statistics.median(vals)
+                cells.append(f"{meds[lab]:.0f} [" + ", ".join(f"{v:.0f}" for v in vals) + "]")
+            same = len({(r[kind][case]["out"], r[kind][case]["lse"]) for r in runs}) == 1
+            lines.append(f"| {case} | " + " | ".join(cells) + f" | {meds[labels[-1]] / meds[labels[0]]:.3f} | "
+                         + ("yes" if same else "no") + " |")
+        lines.append("")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"ab_trees_{runs[0]['date']}" + (f"_{args.tag}" if args.tag else "")
+    (out / f"{stem}.json").write_text(json.dumps(runs, indent=1))
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="time one tree (on the GPU)")
+    r.add_argument("--tree", required=True, help="a directory holding an attngen package")
+    r.add_argument("--label", required=True)
+    r.add_argument("--json", required=True)
+    r.add_argument("--reps", type=int, default=30)
+    p = sub.add_parser("report", help="the table of several runs")
+    p.add_argument("json", nargs="+")
+    p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--tag", default="")
+    args = ap.parse_args()
+    run(args) if args.cmd == "run" else report(args)
+
+
+if __name__ == "__main__":
+    main()

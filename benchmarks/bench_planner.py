@@ -4,8 +4,10 @@ For B = 1, 64, 256 decode requests with random lengths (1..8k keys; Hq 32 / Hkv 
 page 16, page ids drawn from a 4096-page pool), medians of ``time.perf_counter`` over many
 calls (host wall time; nothing is timed on the device) of:
 
-- the bare C++ planner (``SplitKVPlanner.plan`` with the arguments ``DecodeWorkspace.fill``
+- the bare C++ planner (``SplitKVPlanner.plan`` with the arguments ``DecodeWorkspace.split``
   passes): the Python call, and the planner's own ``host_ns``;
+- the C++ packer writing that plan into a bounded buffer with the fused merge's counters
+  (``SplitKVPlanner.pack``, what ``DecodeWorkspace.fill`` runs before its copy);
 - ``CUDAAttention.plan_decode`` in load-balanced mode (page-table checks, planner, packing,
   one asynchronous copy to the device);
 - FlashInfer ``BatchDecodeWithPagedKVCacheWrapper.plan`` with ``use_tensor_cores`` False and True.
@@ -66,12 +68,11 @@ def plan_columns() -> int:
 
 
 def time_bare_planner(row: dict, lens, num_ctas: int, reps: int) -> None:
-    from attngen.runtime.decode_plan import MIN_CHUNK
-    from attngen.runtime.planner import PlannerCapacity, SplitKVPlanner
+    from attngen.runtime.decode_plan import MIN_CHUNK, DecodeBounds
+    from attngen.runtime.planner import PackedLayout, SplitKVPlanner
 
     n = len(lens)
-    planner = SplitKVPlanner(PlannerCapacity(max_batch=n, max_work_items=n + num_ctas, max_partials=n + num_ctas,
-                                             max_merge_tiles=n, max_ctas=num_ctas))
+    planner = SplitKVPlanner(DecodeBounds(max_batch=n, num_ctas=num_ctas).capacity)
     qo = np.ones(n, np.int32)
 
     def call():
@@ -79,7 +80,11 @@ def time_bare_planner(row: dict, lens, num_ctas: int, reps: int) -> None:
 
     row["attngen_python_call_us"] = median_us(call, reps)
     row["attngen_cxx_us"] = float(np.median([call().host_ns for _ in range(reps)]) / 1e3)
-    row["attngen_work_items"] = len(call().work)
+    plan = call()
+    row["attngen_work_items"] = len(plan.work)
+    layout = PackedLayout("bounded", merge_counter_heads=HKV, fused_merge=True)
+    buf = np.zeros(planner.layout_ints(layout), np.int32)
+    row["attngen_pack_us"] = median_us(lambda: planner.pack(plan, buf, layout), reps)
 
 
 def time_gpu_plans(row: dict, att, flashinfer, table, reps: int) -> None:
@@ -111,7 +116,8 @@ def time_gpu_plans(row: dict, att, flashinfer, table, reps: int) -> None:
 
 
 def markdown(res: dict) -> list[str]:
-    cols = [("attngen_cxx_us", "C++ planner (host_ns)"), ("attngen_python_call_us", "planner Python call")]
+    cols = [("attngen_cxx_us", "C++ planner (host_ns)"), ("attngen_python_call_us", "planner Python call"),
+            ("attngen_pack_us", "packer Python call")]
     for where in PLACEMENTS:
         cols += [(f"attngen_plan_decode_{where}_us", f"attngen plan_decode ({where} table)"),
                  (f"flashinfer_cuda_core_plan_{where}_us", f"FI plan, CUDA cores ({where} table)"),

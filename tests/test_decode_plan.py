@@ -1,15 +1,20 @@
 """The decode workspace's plan buffer (CPU): the declared bounds always hold the planner's output, and
 the packed buffer, read the way the CUDA template reads it (DecodePlanView), covers every request's
 keys exactly once, writes unsplit requests directly and lists each split request's partial states in
-key order for the merge. The C++ packer (the one TVM's decode plan slot runs) gives the same plan."""
+key order for the merge. TVM's decode plan slot (compact offsets) gives the same plan, and the C++
+packer writes, word for word, what a straightforward packing of the plan's arrays writes, in both
+layouts."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attngen.codegen.cache import BuildCache
-from attngen.runtime.decode_plan import MIN_CHUNK, DecodeBounds, items_needed, pack_plan, workspace_ints
-from attngen.runtime.planner import PlannerCapacity, SplitKVPlanner
+from attngen.runtime import AttentionArgumentError
+from attngen.runtime.decode_plan import MIN_CHUNK, DecodeBounds, items_needed, workspace_ints
+from attngen.runtime.planner import PackedLayout, PlannerCapacity, SplitKVPlanner, plan_layout_ints
+
+BOUNDED, COMPACT = PackedLayout("bounded"), PackedLayout("compact")
 
 BOUNDS = [DecodeBounds(max_batch=64, num_ctas=33), DecodeBounds(max_batch=16, num_ctas=132)]
 
@@ -20,8 +25,21 @@ def cache(tmp_path_factory):
 
 
 def planner_for(bounds, cache):
-    return SplitKVPlanner(PlannerCapacity(bounds.max_batch, bounds.max_work_items, bounds.max_partials,
-                                          bounds.max_merges, max_ctas=bounds.num_ctas), template="decode", cache=cache)
+    return SplitKVPlanner(bounds.capacity, template="decode", cache=cache)
+
+
+def reference_pack(buf, plan, room, *, counter_heads=0, fused_merge=False):
+    """The plan's arrays written one section after another (csrc/decode_plan_pack.h), each section with
+    ``room`` = (CTAs, work items, merges, partials) entries of space; returns the buffer's size."""
+    ctas, items, merges, partials = room
+    sizes = [ctas + 1, 5 * items, 2 * merges, merges + 1, partials]
+    offsets = list(np.cumsum([8] + sizes))
+    counters = offsets[5] if counter_heads else 0
+    buf[:8] = [len(plan.merge_tiles), len(plan.cta_indptr) - 1, *offsets[:5], counters if fused_merge else 0]
+    for at, section in zip(offsets, (plan.cta_indptr, plan.work, plan.merge_tiles, plan.merge_indptr,
+                                     plan.merge_partials)):
+        buf[at:at + section.size] = section.reshape(-1)
+    return offsets[5] + merges * counter_heads
 
 
 def unpack(buf):
@@ -52,9 +70,10 @@ def test_packed_plan_covers_every_key_once(cache, data):
     planner = planner_for(bounds, cache)
     plan = planner.plan(np.ones(batch, np.int32), lens, num_ctas=bounds.num_ctas, group=group, tile_rows=16,
                         fixed_chunk=fixed, min_chunk=MIN_CHUNK)  # never over the declared bounds
-    buf = np.full(workspace_ints(bounds), -7, np.int32)
-    n_merge = pack_plan(buf, bounds, plan)
+    buf = np.full(workspace_ints(bounds, cache=cache), -7, np.int32)
+    assert planner.pack(plan, buf, BOUNDED) == len(buf)
     items, merges = unpack(buf)
+    n_merge = len(plan.merge_tiles)
     assert n_merge == len(merges)
     covered = {b: [] for b in range(batch)}
     slots = {}
@@ -72,12 +91,14 @@ def test_packed_plan_covers_every_key_once(cache, data):
         split = len(spans) > 1
         assert (b in slots) == split  # a split request writes partial states only; others write directly
     assert {b: [s for _, s in sorted(v)] for b, v in slots.items()} == dict(merges)  # merge in key order
-    cxx = np.full(workspace_ints(bounds), -7, np.int32)
-    n, cxx_merges = planner.plan_decode_packed(lens, cxx, num_ctas=bounds.num_ctas, group=group, fixed_chunk=fixed,
+    tvm = np.full(len(buf), -7, np.int32)
+    n, tvm_merges = planner.plan_decode_packed(lens, tvm, num_ctas=bounds.num_ctas, group=group, fixed_chunk=fixed,
                                                min_chunk=MIN_CHUNK)
-    assert cxx_merges == n_merge and n <= len(cxx)
-    cxx_items, cxx_merge_map = unpack(cxx)  # compact offsets, the same items per CTA and the same merges
-    assert [list(map(int, i)) for i in cxx_items] == [list(map(int, i)) for i in items] and cxx_merge_map == merges
+    assert tvm_merges == n_merge and n <= len(tvm)
+    tvm_items, tvm_merge_map = unpack(tvm)  # compact offsets, the same items per CTA and the same merges
+    assert [list(map(int, i)) for i in tvm_items] == [list(map(int, i)) for i in items] and tvm_merge_map == merges
+    compact = np.full(len(buf), -7, np.int32)
+    assert planner.pack(plan, compact, COMPACT) == n and np.array_equal(compact, tvm)  # one packer, one plan
 
 
 def test_fixed_chunk_items_counted():
@@ -96,17 +117,19 @@ def test_fused_merge_counters_follow_the_plan_and_start_at_zero(cache):
     lens = np.array([30000] + [512] * 63, np.int32)
     plan = planner.plan(np.ones(64, np.int32), lens, num_ctas=bounds.num_ctas, group=4, tile_rows=16,
                         min_chunk=MIN_CHUNK)
-    assert workspace_ints(bounds, hkv) == workspace_ints(bounds) + bounds.max_merges * hkv
-    buf = np.zeros(workspace_ints(bounds, hkv), np.int32)
-    n_merge = pack_plan(buf, bounds, plan, fused_merge=True)
-    assert n_merge == len(plan.merge_tiles) >= 1
+    assert workspace_ints(bounds, hkv, cache=cache) == workspace_ints(bounds, cache=cache) + bounds.max_merges * hkv
+    buf = np.zeros(workspace_ints(bounds, hkv, cache=cache), np.int32)
+    planner.pack(plan, buf, PackedLayout("bounded", merge_counter_heads=hkv, fused_merge=True))
+    assert len(plan.merge_tiles) >= 1
     at = int(buf[7])
-    assert at == workspace_ints(bounds) and at + bounds.max_merges * hkv == len(buf)
+    assert at == workspace_ints(bounds, cache=cache) and at + bounds.max_merges * hkv == len(buf)
     assert not buf[at:].any()
     assert unpack(buf)[1] and all(len(parts) > 1 for _, parts in unpack(buf)[1])
-    plain = np.zeros(workspace_ints(bounds), np.int32)
-    pack_plan(plain, bounds, plan)
+    plain = np.zeros(workspace_ints(bounds, cache=cache), np.int32)
+    planner.pack(plan, plain, BOUNDED)
     assert plain[7] == 0 and np.array_equal(plain[:7], buf[:7])
+    with pytest.raises(AttentionArgumentError, match="fused_merge: the layout has no merge counters"):
+        planner.pack(plan, plain, PackedLayout("bounded", fused_merge=True))
 
 
 def test_fused_merge_choice_follows_the_plan(cache):
@@ -153,3 +176,44 @@ def test_grid_launch_chosen_only_for_uniform_batches_it_serves(cache, lens, hkv,
         for b in range(len(lens)):
             items = sorted((int(lo), int(hi)) for r, _, lo, hi, _ in plan.work if r == b)
             assert items == grid
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_packer_writes_what_the_plan_arrays_say(cache, data):
+    """Word for word (the entries a layout leaves unused untouched) against a packing of the SplitKVPlan
+    arrays: bounded (offsets from the capacity; with and without the fused merge's counters) and compact."""
+    cap = PlannerCapacity(max_batch=24, max_work_items=600, max_partials=600, max_merge_tiles=300, max_ctas=48)
+    planner = SplitKVPlanner(cap, cache=cache)
+    batch = data.draw(st.integers(0, cap.max_batch))
+    kv = data.draw(st.lists(st.integers(0, 5000), min_size=batch, max_size=batch))
+    qo = [data.draw(st.integers(0, min(k, 20))) for k in kv]
+    ctas = data.draw(st.integers(1, cap.max_ctas))
+    lower = data.draw(st.sampled_from([None, 0]))
+    plan = planner.plan(qo, kv, num_ctas=ctas, group=data.draw(st.sampled_from([1, 4])), tile_rows=16,
+                        mask_lower=lower, min_chunk=data.draw(st.sampled_from([1, 256])))
+    bounds_room = (cap.max_ctas, cap.max_work_items, cap.max_merge_tiles, cap.max_partials)
+    plan_room = (ctas, len(plan.work), len(plan.merge_tiles), len(plan.merge_partials))
+    for layout, room in ((BOUNDED, bounds_room), (PackedLayout("bounded", 8, False), bounds_room),
+                         (PackedLayout("bounded", 8, True), bounds_room), (COMPACT, plan_room)):
+        size = reference_pack(np.zeros(1 << 14, np.int32), plan, room, counter_heads=layout.merge_counter_heads)
+        if layout.mode == "bounded":
+            assert plan_layout_ints(cap, layout, cache=cache) == size
+        want, got = np.full(size + 5, -7, np.int32), np.full(size + 5, -7, np.int32)
+        reference_pack(want, plan, room, counter_heads=layout.merge_counter_heads, fused_merge=layout.fused_merge)
+        assert planner.pack(plan, got, layout) == size
+        assert np.array_equal(got, want), layout
+
+
+def test_pack_takes_only_the_latest_plan_into_a_buffer_that_holds_it(cache):
+    planner = SplitKVPlanner(PlannerCapacity(8, 64, 64, 8, max_ctas=8), cache=cache)
+    first = planner.plan([1, 1], [3000, 10], num_ctas=8, group=4)
+    planner.plan([1], [10], num_ctas=8, group=4)
+    with pytest.raises(AttentionArgumentError, match="not this planner's latest plan"):
+        planner.pack(first, np.zeros(1024, np.int32), COMPACT)
+    latest = planner.plan([1, 1], [3000, 10], num_ctas=8, group=4)
+    need = planner.layout_ints(BOUNDED)
+    with pytest.raises(AttentionArgumentError, match=rf"buf: holds {need - 1} entries, the plan needs {need}"):
+        planner.pack(latest, np.zeros(need - 1, np.int32), BOUNDED)
+    with pytest.raises(AttentionArgumentError, match="expected a contiguous 1-D int32 host tensor"):
+        planner.pack(latest, np.zeros(need, np.int64), BOUNDED)

@@ -5,16 +5,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attngen.runtime import AttentionArgumentError
-from attngen.runtime.planner import PlannerCapacity, SplitKVPlanner
+from attngen.runtime.planner import PlannerCapacity, PlanRequest, SplitKVPlanner, named_options, planner_library
 
 CAP = PlannerCapacity(max_batch=64, max_work_items=20000, max_partials=20000, max_merge_tiles=5000)
 
 
 @pytest.fixture(scope="module")
-def planner(tmp_path_factory):
+def cache(tmp_path_factory):
     from attngen.codegen.cache import BuildCache
 
-    return SplitKVPlanner(CAP, cache=BuildCache(tmp_path_factory.mktemp("planner")))
+    return BuildCache(tmp_path_factory.mktemp("planner"))
+
+
+@pytest.fixture(scope="module")
+def planner(cache):
+    return SplitKVPlanner(CAP, cache=cache)
 
 
 def visible(qo, kv, group, tile_rows, lower, upper):
@@ -158,3 +163,37 @@ def test_huge_chunk_limits_still_cover_every_key(planner):
     for kwargs in ({"fixed_chunk": 2**63 - 1}, {"min_chunk": 2**63 - 1}):
         plan = planner.plan([1, 1], [5000, 0], num_ctas=8, **kwargs)
         assert sorted((int(b), int(lo), int(hi)) for b, _, lo, hi, _ in plan.work) == [(0, 0, 5000), (1, 0, 0)]
+
+
+def test_options_cross_the_ffi_by_name(planner, cache):
+    """The one-shot export plans from named options like the planner object does; a missing, unknown or
+    mistyped key is an error naming it."""
+    import tvm_ffi
+
+    lib = planner_library(cache)
+    request = PlanRequest(num_ctas=50, alpha=planner.alpha, beta=planner.beta, group=4, tile_rows=16)
+    outputs = {"cta_indptr": np.zeros(51, np.int32), "work": np.zeros(500, np.int32),
+               "merge_tiles": np.zeros(100, np.int32), "merge_indptr": np.zeros(51, np.int32),
+               "merge_partials": np.zeros(100, np.int32)}
+    qo, kv = np.array([1, 3, 7], np.int32), np.array([5000, 17, 9000], np.int32)
+
+    def one_shot(request_map, capacity_map=named_options(CAP)):
+        return lib["plan_split_kv"](request_map, capacity_map, qo, kv,
+                                    tvm_ffi.Map({k: tvm_ffi.from_dlpack(v) for k, v in outputs.items()}))
+
+    counts = one_shot(named_options(request))
+    want = planner.plan(qo, kv, num_ctas=50, group=4, tile_rows=16)
+    assert counts["work_items"] == len(want.work) and counts["merges"] == len(want.merge_tiles)
+    assert np.array_equal(outputs["work"][:want.work.size].reshape(-1, 5), want.work)
+    assert np.array_equal(outputs["cta_indptr"], want.cta_indptr)
+    fields = dict(named_options(request).items())
+    with pytest.raises(TypeError, match="request: missing key 'min_chunk'"):
+        one_shot(tvm_ffi.Map({k: v for k, v in fields.items() if k != "min_chunk"}))
+    with pytest.raises(TypeError, match="request: unknown key 'window'"):
+        one_shot(tvm_ffi.Map({**fields, "window": 4}))
+    with pytest.raises(TypeError, match=r"request\['group'\]: expected an integer"):
+        one_shot(tvm_ffi.Map({**fields, "group": "four"}))
+    with pytest.raises(TypeError, match="capacity: unknown key 'max_pages'"):
+        one_shot(named_options(request), tvm_ffi.Map({**dict(named_options(CAP).items()), "max_pages": 1}))
+    with pytest.raises(ValueError, match="num_ctas: 50 is outside 1..max_ctas=8"):
+        one_shot(named_options(request), named_options(PlannerCapacity(64, 2000, 2000, 500, max_ctas=8)))

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <queue>
 #include <stdexcept>
 #include <string>
@@ -22,22 +23,24 @@
 
 namespace attngen {
 
+// One plan call's input, filled by field name (PlanInput in; in.kv_len = ...;): the fields every caller
+// leaves alone keep the defaults below.
 struct PlanInput {
-  const int32_t* qo_len;  // [B]
-  const int32_t* kv_len;  // [B]
-  int batch;
-  int group;             // query heads per KV head (rows per token in a fused tile)
-  int tile_rows;         // Tq
-  int num_ctas;          // C
-  double alpha, beta;    // cost model
-  int64_t fixed_chunk;   // > 0: fixed chunk length (batch-invariant mode); 0: max(ceil(W / C), min_chunk)
-  bool has_lower, has_upper;
-  int32_t mask_lower, mask_upper;  // bounds on qo_pos - kv_pos of visible keys
-  int64_t min_chunk = 1;           // shortest chunk worth a work item of its own
+  const int32_t* qo_len = nullptr;  // [batch] query tokens per request
+  const int32_t* kv_len = nullptr;  // [batch] keys per request
+  int batch = 0;
+  int group = 1;                    // query heads per KV head (rows per token in a fused tile)
+  int tile_rows = 16;               // Tq
+  int num_ctas = 0;                 // C
+  double alpha = 0.0, beta = 1.0;   // cost model: alpha * rows + beta * keys
+  int64_t fixed_chunk = 0;          // > 0: fixed chunk length (batch-invariant mode); 0: max(ceil(W / C), min_chunk)
+  int64_t min_chunk = 1;            // shortest chunk worth a work item of its own
+  // bounds on qo_pos - kv_pos of visible keys (none: unbounded on that side)
+  std::optional<int32_t> mask_lower, mask_upper;
 };
 
 struct PlanCapacity {  // the declared upper bounds the workspace was sized for
-  int64_t max_work_items, max_partials, max_merge_tiles;
+  int64_t max_work_items = 0, max_partials = 0, max_merge_tiles = 0;
 };
 
 struct Plan {
@@ -55,8 +58,8 @@ inline void visible_range(const PlanInput& in, int b, int tile, int32_t* lo, int
   const int64_t base = int64_t(in.kv_len[b]) - in.qo_len[b];
   const int64_t first_pos = base + r0 / in.group, last_pos = base + (r1 - 1) / in.group;
   int64_t l = 0, h = in.kv_len[b];
-  if (in.has_upper) l = std::max<int64_t>(l, first_pos - in.mask_upper);
-  if (in.has_lower) h = std::min<int64_t>(h, last_pos - in.mask_lower + 1);
+  if (in.mask_upper) l = std::max<int64_t>(l, first_pos - *in.mask_upper);
+  if (in.mask_lower) h = std::min<int64_t>(h, last_pos - *in.mask_lower + 1);
   *lo = int32_t(l);
   *hi = int32_t(std::max(l, h));
 }

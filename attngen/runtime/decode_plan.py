@@ -2,15 +2,14 @@
 
 ``DecodeWorkspace`` is sized once from declared bounds (batch, CTAs) and holds the device
 buffer the tensor-core decode template reads its work list from, the partial-state buffers
-of split requests, and a pinned host staging buffer. ``fill`` runs the host planner
+of split requests, and a pinned host staging buffer. ``split`` runs the host planner
 (Algorithm 2: chunks no longer than total work / CTAs, longest first onto the least-loaded
-CTA), packs its arrays into the staging buffer and issues one asynchronous host-to-device
-copy on the current stream; it never synchronises the device except to wait for the
-previous copy out of the same staging buffer. Buffer layout (int32), shared with
-``DecodePlanView`` in csrc/decode.cuh::
-
-    [0] merges  [1] ctas  [2..6] offsets of: cta_indptr [C+1], work [W, 5], merge tiles [M, 2],
-    merge_indptr [M+1], merge_partials [P]  [7] offset of the fused merge's counters [M, Hkv] (0: none)
+CTA); ``fill`` has the C++ packer write that plan into the staging buffer and issues one
+asynchronous host-to-device copy on the current stream; it never synchronises the device except
+to wait for the previous copy out of the same staging buffer. The buffer's layout is the one
+``csrc/decode_plan_pack.h`` documents (read on the device by ``DecodePlanView`` in
+``csrc/decode.cuh``), bounded: every offset is fixed by the workspace's bounds, so a captured CUDA
+graph reads any later plan.
 
 With counters (a workspace made for ``num_kv_heads``), the decode kernel merges split requests itself:
 the CTA that writes a request's last partial state merges them, and no merge kernel is launched. The
@@ -25,9 +24,8 @@ import numpy as np
 from attngen.schedules.cost_model import DECODE_MIN_CHUNK
 
 from .checks import AttentionArgumentError
-from .planner import PlannerCapacity, SplitKVPlanner
+from .planner import PackedLayout, PlannerCapacity, SplitKVPlanner, plan_layout_ints
 
-HEADER = 8
 MIN_CHUNK = DECODE_MIN_CHUNK
 
 
@@ -53,20 +51,17 @@ class DecodeBounds:
     def max_merges(self) -> int:
         return self.max_batch
 
+    @property
+    def capacity(self) -> PlannerCapacity:
+        """The planner capacity of these bounds (its plan columns are the workspace's CTAs)."""
+        return PlannerCapacity(self.max_batch, self.max_work_items, self.max_partials, self.max_merges,
+                               max_ctas=self.num_ctas)
+
 
 def items_needed(kv_lens: np.ndarray, fixed_chunk: int) -> int:
     """Work items a fixed-chunk plan of these lengths makes (every request at least one)."""
     lens = np.asarray(kv_lens, np.int64)
     return int(np.maximum(1, -(-lens // fixed_chunk)).sum()) if fixed_chunk > 0 else 0
-
-
-def _offsets(b: DecodeBounds) -> list[int]:
-    sizes = [b.num_ctas + 1, 5 * b.max_work_items, 2 * b.max_merges, b.max_merges + 1, b.max_partials]
-    offs, at = [], HEADER
-    for n in sizes:
-        offs.append(at)
-        at += n
-    return offs + [at]
 
 
 class DecodeWorkspace:
@@ -79,10 +74,9 @@ class DecodeWorkspace:
         self.bounds, self.num_qo_heads, self.head_dim = bounds, num_qo_heads, head_dim
         self.resident_slots = resident_slots  # CTAs of this template the GPU holds at once
         self.has_counters = num_kv_heads > 0  # the fused merge's arrival counters: plans may fuse the merge
-        self.planner = SplitKVPlanner(PlannerCapacity(bounds.max_batch, bounds.max_work_items, bounds.max_partials,
-                                                      bounds.max_merges, max_ctas=bounds.num_ctas),
-                                      template="decode", cache=cache)
-        total = workspace_ints(bounds, num_kv_heads)
+        self.planner = SplitKVPlanner(bounds.capacity, template="decode", cache=cache)
+        self._layouts = {fused: PackedLayout("bounded", num_kv_heads, fused) for fused in (False, self.has_counters)}
+        total = self.planner.layout_ints(self._layouts[False])
         self.device_plan = torch.zeros(total, dtype=torch.int32, device=device)
         self._host = torch.zeros(total, dtype=torch.int32, pin_memory=True)
         self._host_np = self._host.numpy()
@@ -109,11 +103,11 @@ class DecodeWorkspace:
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy must have left the staging buffer
         fused = self.has_counters and choose_fused_merge(plan.work, fused_merge, graph_safe=graph_safe)
-        n_merge = pack_plan(self._host_np, self.bounds, plan, fused_merge=fused)
+        self.planner.pack(plan, self._host_np, self._layouts[fused])
         self.device_plan.copy_(self._host, non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
-        return n_merge, fused
+        return len(plan.merge_tiles), fused
 
 
 def grid_chunks_for_uniform_batch(kv_lens: np.ndarray, plan, num_kv_heads: int, resident_slots: int) -> int:
@@ -156,27 +150,10 @@ def choose_fused_merge(work: np.ndarray, requested: bool | None, *, graph_safe: 
     return graph_safe or bool((np.asarray(work)[:, 4] < 0).any())
 
 
-def pack_plan(buf: np.ndarray, bounds: DecodeBounds, plan, *, fused_merge: bool = False) -> int:
-    """Write ``plan`` (a SplitKVPlan) into ``buf`` (int32, the workspace layout above, sized for
-    ``bounds``); returns the number of merges. ``fused_merge``: point word 7 at the counters (zero in
-    ``buf``, which was sized for them)."""
-    offs = _offsets(bounds)
-    n_merge = len(plan.merge_tiles)
-    buf[0], buf[1] = n_merge, bounds.num_ctas
-    buf[2:7] = offs[:-1]
-    buf[7] = offs[-1] if fused_merge else 0
-    buf[offs[0]:offs[0] + bounds.num_ctas + 1] = plan.cta_indptr
-    buf[offs[1]:offs[1] + plan.work.size] = plan.work.reshape(-1)
-    buf[offs[2]:offs[2] + plan.merge_tiles.size] = plan.merge_tiles.reshape(-1)
-    buf[offs[3]:offs[3] + len(plan.merge_indptr)] = plan.merge_indptr
-    buf[offs[4]:offs[4] + len(plan.merge_partials)] = plan.merge_partials
-    return n_merge
-
-
-def workspace_ints(bounds: DecodeBounds, num_kv_heads: int = 0) -> int:
+def workspace_ints(bounds: DecodeBounds, num_kv_heads: int = 0, *, cache=None) -> int:
     """Size (int32 entries) of the device plan buffer for ``bounds``, with the fused merge's counters for
     ``num_kv_heads`` > 0."""
-    return _offsets(bounds)[-1] + bounds.max_merges * num_kv_heads
+    return plan_layout_ints(bounds.capacity, PackedLayout("bounded", merge_counter_heads=num_kv_heads), cache=cache)
 
 
 def decode_tc_fits(head_dim: int, smem_optin: int) -> bool:

@@ -15,26 +15,40 @@ attention (speculative decoding) and MLA are not served: their slots stay empty.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
+
+from attngen.variants import builtin
 
 from .cpu import CPUBackend
 from .create_call import create_cache, emit_create
 from .cuda import CUDABackend
 from .shape import CacheShape
 
-BACKENDS = {"cpu": CPUBackend(), "cuda": CUDABackend()}
+
+class Backend(Protocol):
+    """A device's part of a cache (``CPUBackend``, ``CUDABackend``)."""
+
+    def check(self, shape: CacheShape, convention: str) -> None:
+        """Refuse what the device's slots cannot serve, before anything is built."""
+
+    def runtime_parts(self, variant, shape: CacheShape, *, params, convention: str, cache) -> tuple:
+        """(CacheParts of functions built for this process, the TVM device the cache lives on)."""
+
+    def model_parts(self, bb, variant, shape: CacheShape, *, params, convention: str, arch, name_prefix: str,
+                    cache) -> tuple:
+        """(CacheParts of Relax expressions, the IRModule's external modules), the kernels added to ``bb``."""
+
+    def export(self, mod, path: str | Path, arch: str | None) -> Path:
+        """Compile a model IRModule holding the device's kernels into a shared library at ``path``."""
+
+
+BACKENDS: dict[str, Backend] = {"cpu": CPUBackend(), "cuda": CUDABackend()}
 
 
 def _backend(target: str):
     if target not in BACKENDS:
         raise ValueError(f"target {target!r}: attngen fills TVM PagedKVCache slots for target='cpu' or 'cuda'")
     return BACKENDS[target]
-
-
-def _variant(variant):
-    from attngen.variants import builtin
-
-    return variant if variant is not None else builtin("vanilla")
 
 
 def create_paged_kv_cache(shape: CacheShape, variant=None, *, params: dict | None = None, target: str = "cpu",
@@ -49,8 +63,8 @@ def create_paged_kv_cache(shape: CacheShape, variant=None, *, params: dict | Non
     """
     backend = _backend(target)
     backend.check(shape, convention)
-    parts, device = backend.runtime_parts(_variant(variant), shape, params=params, convention=convention,
-                                          cache=cache)
+    variant = variant if variant is not None else builtin("vanilla")
+    parts, device = backend.runtime_parts(variant, shape, params=params, convention=convention, cache=cache)
     return create_cache(shape, parts, device)
 
 
@@ -72,8 +86,9 @@ def emit_paged_kv_cache(bb, shape: CacheShape, variant=None, *, params: dict | N
     """
     backend = _backend(target)
     backend.check(shape, convention)
-    parts, external_mods = backend.model_parts(bb, _variant(variant), shape, params=params, convention=convention,
-                                               arch=arch, name_prefix=name_prefix, cache=cache)
+    variant = variant if variant is not None else builtin("vanilla")
+    parts, external_mods = backend.model_parts(bb, variant, shape, params=params, convention=convention, arch=arch,
+                                               name_prefix=name_prefix, cache=cache)
     return EmittedCache(emit_create(bb, shape, parts), external_mods)
 
 

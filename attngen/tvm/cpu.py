@@ -25,6 +25,7 @@ from attngen.codegen.cpu.tvm_slots import build_slot_library, check_slot_variant
 from attngen.ir import TensorParam
 from attngen.runtime.params import resolve_params
 from attngen.schedules.build_config import DTYPE_SHORT
+from attngen.variants import builtin
 
 from .create_call import SLOT_ROLES, CacheParts
 from .helper_kernels import add_helpers, device_target, helper_functions
@@ -79,18 +80,12 @@ def _split_params(variant, params: dict | None, shape: CacheShape) -> tuple[dict
     return scalars, tensors
 
 
-def _vanilla_if_none(variant):
-    from attngen.variants import builtin
-
-    return variant if variant is not None else builtin("vanilla")
-
-
 def attention_slot_functions(shape: CacheShape, variant=None, *, params: dict | None = None, target: str = "cpu",
                              cache=None) -> dict:
     """Role -> function for the create call's five attention slots of a cache of ``shape`` (wrap each as
     ``["tirx", fn]``); ``variant`` defaults to vanilla, ``params`` gives its parameters' values."""
     _check_target(target)
-    variant = _vanilla_if_none(variant)
+    variant = variant if variant is not None else builtin("vanilla")
     check_slot_variant(variant)
     scalars, tensors = _split_params(variant, params, shape)
     specs = slot_specs(variant, shape.head_dim, shape.dtype, inline_rope=shape.inline_rope,

@@ -124,7 +124,7 @@ class CUDABackend:
     def check(self, shape: CacheShape, convention: str) -> None:
         check_cuda_shape(shape, convention)
 
-    def runtime_parts(self, variant, shape: CacheShape, *, params, convention: str, cache, device_id: int = 0):
+    def runtime_parts(self, variant, shape: CacheShape, *, params, convention: str, cache):
         """(the cache's functions, built for this process, and the device the cache lives on)."""
         import torch
         import tvm
@@ -138,7 +138,7 @@ class CUDABackend:
                                     params=params, arch=arch, cache=cache)
         parts = CacheParts(attention=attention_entries(roles, convention), merge=merge_function(shape.dtype, arch),
                            helpers=helper_functions(shape, device_target("cuda", arch)))
-        return parts, tvm.cuda(device_id)
+        return parts, tvm.cuda(0)  # the GPU current_arch() describes
 
     def model_parts(self, bb, variant, shape: CacheShape, *, params, convention: str, arch: str | None,
                     name_prefix: str, cache):

@@ -55,8 +55,6 @@ TIRX_FUNCTIONS = {"tvm_prefill_paged": "prefill_paged", "tvm_prefill_ragged": "p
 FLASHINFER_FUNCTIONS = {"tvm_fi_decode_plan": "decode_plan", "tvm_fi_decode_run": "decode_run",
                         "tvm_fi_prefill_plan": "prefill_plan", "tvm_fi_prefill_paged_run": "prefill_paged_run",
                         "tvm_fi_prefill_ragged_run": "prefill_ragged_run"}
-SLOT_KINDS = tuple(TIRX_FUNCTIONS)
-FI_KINDS = tuple(FLASHINFER_FUNCTIONS)
 
 
 def check_tvm_slot_variant(variant, constants: dict) -> None:
@@ -134,9 +132,10 @@ def flashinfer_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict
 
 def tvm_slot_functions(head_dims, dtypes) -> list[str]:
     """Every function a kernels=("tvm",) library exports: both conventions."""
-    return ([symbol(kind, dt, d) for d in head_dims for dt in dtypes for kind in SLOT_KINDS]
+    return ([symbol(kind, dt, d) for d in head_dims for dt in dtypes for kind in TIRX_FUNCTIONS]
             + flashinfer_slot_functions(head_dims, dtypes))
 
 
 def flashinfer_slot_functions(head_dims, dtypes) -> list[str]:
-    return [symbol(kind, dt, d) for d in head_dims for dt in dtypes for kind in FI_KINDS]
+    """The ("flashinfer", run, plan) functions of a kernels=("tvm",) library."""
+    return [symbol(kind, dt, d) for d in head_dims for dt in dtypes for kind in FLASHINFER_FUNCTIONS]

@@ -102,8 +102,6 @@ def attention_slot_functions(shape: CacheShape, variant=None, *, params: dict | 
 class CPUBackend:
     """The CPU's part of a cache: run time, ahead of time, and the model library's export."""
 
-    device = "cpu"
-
     def check(self, shape: CacheShape, convention: str) -> None:
         if convention != "tirx":
             raise ValueError(f"convention {convention!r}: the CPU slots serve the 'tirx' convention only")

@@ -119,8 +119,6 @@ class CUDABackend:
     """The GPU's part of a cache: run time (on this machine's GPU), ahead of time (for a named arch), and the
     model library's export."""
 
-    device = "cuda"
-
     def check(self, shape: CacheShape, convention: str) -> None:
         check_cuda_shape(shape, convention)
 

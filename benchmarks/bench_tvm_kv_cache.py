@@ -28,15 +28,14 @@ CASES = [  # (name, batch, cached tokens per sequence, new tokens per sequence)
 
 
 def make_cache(which: str, max_tokens: int):
-    from attngen.runtime.tvm_kv_cache import create_paged_kv_cache
-    from attngen.runtime.tvm_kv_cache_cuda import create_tvm_tir_cache_cuda
+    from attngen.tvm import CacheShape, create_paged_kv_cache
+    from attngen.tvm.baseline import create_tvm_tir_cache_cuda
 
-    shape = dict(num_layers=1, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, page_size=PS,
-                 max_batch=32, max_total_tokens=max_tokens, prefill_chunk=PREFILL_CHUNK)
+    shape = CacheShape(num_layers=1, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, page_size=PS,
+                       max_batch=32, max_total_tokens=max_tokens, prefill_chunk=PREFILL_CHUNK)
     if which.startswith("attngen"):
-        return create_paged_kv_cache(target="cuda", convention="flashinfer" if which == "attngen_fi" else "tirx",
-                                     **shape)
-    return create_tvm_tir_cache_cuda(**shape)
+        return create_paged_kv_cache(shape, target="cuda", convention="flashinfer" if which == "attngen_fi" else "tirx")
+    return create_tvm_tir_cache_cuda(shape)
 
 
 def time_case(kv, batch: int, cached: int, new: int, rng) -> tuple[float, np.ndarray]:

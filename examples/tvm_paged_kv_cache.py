@@ -1,7 +1,7 @@
 """A TVM PagedKVCache whose attention is an attngen variant: a small multi-layer decode loop.
 
 TVM's PagedKVCache keeps the sequences (pages, forks, rollback); ``create_paged_kv_cache``
-fills its attention slots with attngen's CPU functions for a Gemma-2-style variant (soft-capped
+(``attngen.tvm``) fills its attention slots with attngen's CPU functions for a Gemma-2-style variant (soft-capped
 logits under a causal mask) and its merge slot with attngen's merge. The loop prefills two
 prompts, decodes, forks a sequence for a second sample, drops rejected tokens with pop-n and
 decodes on; every layer's attention is checked against a float64 reference that keeps its own
@@ -12,8 +12,8 @@ The loop runs twice: once with the kernels built at run time, once ahead of time
 same kernels compiled into a TVM model library (``paged_kv_cache_module`` +
 ``export_model_library``) whose Relax function ``create_kv_cache()`` creates the cache.
 With ``--device cuda`` (float16) both caches use attngen's CUDA functions instead: built at run
-time (``create_paged_kv_cache(target="cuda")``), and linked statically into a CUDA model library
-as one object file (``paged_kv_cache_module_cuda`` + ``export_model_library_cuda``).
+time (``create_paged_kv_cache(..., target="cuda")``), and linked statically into a CUDA model
+library as one object file (the same two calls with ``target="cuda", arch=...``).
 
     python examples/tvm_paged_kv_cache.py [--device cuda]
 """
@@ -87,31 +87,30 @@ def main(head_dim: int = 64, num_layers: int = 3, num_qo_heads: int = 8, num_kv_
     import tvm
     from tvm import relax
 
-    from attngen.runtime.tvm_kv_cache import create_paged_kv_cache
+    from attngen.tvm import CacheShape, create_paged_kv_cache, export_model_library, paged_kv_cache_module
     from attngen.variants import builtin
 
-    shape = dict(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                 dtype="float32" if device == "cpu" else "float16", max_batch=4, max_total_tokens=512,
-                 prefill_chunk=128, rope_mode="normal", rope_theta=1e4, params={"soft_cap": soft_cap})
+    shape = CacheShape(num_layers=num_layers, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                       head_dim=head_dim, dtype="float32" if device == "cpu" else "float16", max_batch=4,
+                       max_total_tokens=512, prefill_chunk=128, rope_mode="normal", rope_theta=1e4)
+    params = {"soft_cap": soft_cap}
     results = {}
     # attngen's CUDA slots serve position-free variants: the built-in soft cap, TVM's own causal flag as mask
     attn = variant if device == "cpu" else builtin("logits_softcap")
-    kv = create_paged_kv_cache(attn, cache=cache, target=device, **shape)
-    results["runtime-built kernels"] = decode_loop(kv, seed, decode_steps, device=device, **shape)
+    kv = create_paged_kv_cache(shape, attn, params=params, cache=cache, target=device)
+    results["runtime-built kernels"] = decode_loop(kv, seed, decode_steps, shape, params, device)
     with tempfile.TemporaryDirectory() as tmp:
-        if device == "cpu":
-            from attngen.runtime.tvm_kv_cache_aot import export_model_library, paged_kv_cache_module
-
-            library = export_model_library(paged_kv_cache_module(variant, **shape), Path(tmp) / "model.so")
-        else:  # attngen's CUDA functions as one object file, linked into the model library
+        # on CUDA, attngen's functions become one object file linked into the model library
+        where = {"target": device}
+        if device == "cuda":
             from attngen.runtime.cuda import current_arch
-            from attngen.runtime.tvm_kv_cache_aot_cuda import export_model_library_cuda, paged_kv_cache_module_cuda
 
-            mod = paged_kv_cache_module_cuda(attn, arch=current_arch(), cache=cache, **shape)
-            library = export_model_library_cuda(mod, Path(tmp) / "model.so", current_arch())
+            where["arch"] = current_arch()
+        mod = paged_kv_cache_module(shape, attn, params=params, cache=cache, **where)
+        library = export_model_library(mod, Path(tmp) / "model.so", **where)
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.device(device))
-        results["model library (AOT)"] = decode_loop(vm["create_kv_cache"](), seed, decode_steps, device=device,
-                                                     **shape)
+        results["model library (AOT)"] = decode_loop(vm["create_kv_cache"](), seed, decode_steps, shape, params,
+                                                     device)
     for how, errors in results.items():
         print(f"{how}:")
         for phase, err in errors.items():
@@ -119,15 +118,16 @@ def main(head_dim: int = 64, num_layers: int = 3, num_qo_heads: int = 8, num_kv_
     return results["model library (AOT)"]
 
 
-def decode_loop(kv, seed, decode_steps, *, num_layers, num_qo_heads, num_kv_heads, head_dim, rope_theta, params,
-                dtype, device, **_):
-    """Add sequences, prefill, decode, fork, pop-n and append through ``kv``, checking every layer."""
+def decode_loop(kv, seed, decode_steps, shape, params, device):
+    """Add sequences, prefill, decode, fork, pop-n and append through ``kv`` (a cache of ``shape``), checking every
+    layer."""
     import tvm
     from tvm.runtime import ShapeTuple
 
     G = tvm.get_global_func
     rng = np.random.default_rng(seed)
-    theta = rope_theta
+    num_layers, num_qo_heads, num_kv_heads = shape.num_layers, shape.num_qo_heads, shape.num_kv_heads
+    head_dim, dtype, theta = shape.head_dim, shape.dtype, shape.rope_theta
     model = Model(rng, num_layers, num_qo_heads, num_kv_heads, head_dim, params["soft_cap"], theta)
     errors: dict[str, float] = {}
 

@@ -13,10 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from attngen.tvm import CacheShape
+
 pytestmark = pytest.mark.gpu
 
 L, HQ, HKV, D, PS, DTYPE = 2, 8, 2, 64, 16, "float16"
 SM = D ** -0.5
+SHAPE = CacheShape(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, page_size=PS, max_batch=8,
+                   max_total_tokens=2048, prefill_chunk=512)
 
 
 def attend(q, k, v, causal: bool):
@@ -43,7 +47,7 @@ def attend(q, k, v, causal: bool):
 
 @pytest.fixture(scope="module")
 def slots(build_cache):
-    from attngen.runtime.tvm_kv_cache_cuda import cuda_slot_functions
+    from attngen.tvm.cuda import cuda_slot_functions
     from attngen.variants import builtin
 
     return cuda_slot_functions(builtin("vanilla"), head_dim=D, dtype=DTYPE, cache=build_cache)
@@ -122,15 +126,13 @@ def test_decode_slot_matches_reference(slots, rng):
 def _tvm_cache(build_cache, which):
     """A CUDA PagedKVCache with attngen's slots ("attngen": "tirx" convention, "attngen_fi": "flashinfer")
     or TVM's own CUDA kernels ("tvm")."""
-    from attngen.runtime.tvm_kv_cache import create_paged_kv_cache
-    from attngen.runtime.tvm_kv_cache_cuda import create_tvm_tir_cache_cuda
+    from attngen.tvm import create_paged_kv_cache
+    from attngen.tvm.baseline import create_tvm_tir_cache_cuda
 
-    shape = dict(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, page_size=PS,
-                 max_batch=8, max_total_tokens=2048, prefill_chunk=512)
     if which.startswith("attngen"):
-        return create_paged_kv_cache(target="cuda", cache=build_cache,
-                                     convention="flashinfer" if which == "attngen_fi" else "tirx", **shape)
-    return create_tvm_tir_cache_cuda(**shape)
+        return create_paged_kv_cache(SHAPE, target="cuda", cache=build_cache,
+                                     convention="flashinfer" if which == "attngen_fi" else "tirx")
+    return create_tvm_tir_cache_cuda(SHAPE)
 
 
 SCRIPT = [("add", 0), ("step", [0], [40]), ("step", [0], [7]), ("add", 1), ("step", [1, 0], [9, 2]),
@@ -157,14 +159,13 @@ def test_cuda_model_library_cache_matches_tvm_kernels_and_reference(build_cache,
     from tvm import relax
 
     from attngen.runtime.cuda import current_arch
-    from attngen.runtime.tvm_kv_cache_aot_cuda import export_model_library_cuda, paged_kv_cache_module_cuda
+    from attngen.tvm import export_model_library, paged_kv_cache_module
     from attngen.variants import builtin
 
     arch = current_arch()
-    mod = paged_kv_cache_module_cuda(builtin("vanilla"), num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV,
-                                     head_dim=D, dtype=DTYPE, page_size=PS, max_batch=8, max_total_tokens=2048,
-                                     prefill_chunk=512, arch=arch, convention=convention, cache=build_cache)
-    path = export_model_library_cuda(mod, tmp_path / "model.so", arch)
+    mod = paged_kv_cache_module(SHAPE, builtin("vanilla"), target="cuda", arch=arch, convention=convention,
+                                cache=build_cache)
+    path = export_model_library(mod, tmp_path / "model.so", target="cuda", arch=arch)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cuda())
     _check_script({"attngen": vm["create_kv_cache"](), "tvm": _tvm_cache(build_cache, "tvm")}, rng)
 

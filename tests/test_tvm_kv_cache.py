@@ -11,7 +11,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -20,13 +20,15 @@ import tvm
 from tvm.runtime import ShapeTuple
 
 from attngen.ir import ConfigError
-from attngen.runtime.tvm_kv_cache import attention_slot_functions, create_paged_kv_cache, merge_slot_function
+from attngen.tvm import CacheShape, attention_slot_functions, create_paged_kv_cache, merge_slot_function
 from attngen.variants import builtin
 
 L, HQ, HKV, D, PS, DTYPE = 2, 8, 2, 32, 16, "float32"
 SM_SCALE = D ** -0.5
 LAYER_WINDOW = 12  # window of the "mha_sliding" layers in the per-layer sliding-window test
 NO_KEY_LSE = -5e4
+SHAPE = CacheShape(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, page_size=PS, max_batch=8,
+                   max_total_tokens=1024, prefill_chunk=256)
 G = tvm.get_global_func
 
 
@@ -256,10 +258,9 @@ def kernel_cache(tmp_path_factory):
     return BuildCache(tmp_path_factory.mktemp("tvm-slots"))
 
 
-def attngen_cache(variant, kernel_cache, **kwargs):
-    return create_paged_kv_cache(variant, num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D,
-                                 dtype=DTYPE, page_size=PS, max_batch=8, max_total_tokens=1024,
-                                 prefill_chunk=256, cache=kernel_cache, **kwargs)
+def attngen_cache(variant, kernel_cache, params=None, **shape):
+    """A cache of SHAPE (with ``shape``'s changes) whose slots run ``variant``."""
+    return create_paged_kv_cache(replace(SHAPE, **shape), variant, params=params, cache=kernel_cache)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +289,7 @@ def test_attngen_merge_in_tvm_paged_kv_cache(tvm_kernels, rng):
 def test_slots_match_tvm_kernels_with_offset_index_arrays(tvm_kernels, kernel_cache, rng):
     """Ragged, paged and decode slots against TVM's kernels: GQA, an empty request, index arrays
     at byte offsets, a per-sequence sliding window with sinks, positions not starting at 0."""
-    slots = attention_slot_functions(num_qo_heads=HQ, head_dim=D, dtype=DTYPE, cache=kernel_cache)
+    slots = attention_slot_functions(SHAPE, cache=kernel_cache)
     qo_indptr, qo_total = [0, 5, 5, 12], 12
     q = rng.standard_normal((qo_total, HQ, D)).astype(DTYPE)
     q_pos = np.array([3, 4, 5, 6, 7, 40, 41, 42, 43, 44, 45, 46], np.int32)
@@ -337,8 +338,9 @@ def test_sliding_window_prefill_slot_causal_window_vs_reference(kernel_cache, rn
     window, rows that see no key (TVM's own kernel gives NaN there), inline RoPE; float64 reference."""
     W = 6
     for inline in (False, True):
-        slots = attention_slot_functions(num_qo_heads=HQ, head_dim=D, dtype=DTYPE, sliding_window=W,
-                                         rope_mode="inline" if inline else "none", cache=kernel_cache)
+        shape = replace(SHAPE, attn_kinds=("mha_sliding",) * L, sliding_window=W,
+                        rope_mode="inline" if inline else "none")
+        slots = attention_slot_functions(shape, cache=kernel_cache)
         pages = rng.standard_normal((6, 2, HKV, PS, D)).astype(DTYPE)
         page_indptr, page_indices = [0, 2, 3], [4, 1, 5]
         # request 0: sink 2 + window keys from offset 9 of 2 pages, last page holding 7 -> 2 + 14 keys
@@ -372,7 +374,7 @@ def test_sliding_window_prefill_slot_causal_window_vs_reference(kernel_cache, rn
 
 
 def test_slot_built_for_one_rotary_mode_refuses_the_other(kernel_cache, rng):
-    slots = attention_slot_functions(num_qo_heads=HQ, head_dim=D, dtype=DTYPE, cache=kernel_cache)
+    slots = attention_slot_functions(SHAPE, cache=kernel_cache)
     q = rng.standard_normal((2, HQ, D)).astype(DTYPE)
     pages = rng.standard_normal((2, 2, HKV, PS, D)).astype(DTYPE)
     with pytest.raises(Exception, match="rotary_mode"):
@@ -387,22 +389,30 @@ def test_slot_built_for_one_rotary_mode_refuses_the_other(kernel_cache, rng):
                                            ("custom_mask", "reads 'batch'")])
 def test_variants_tvm_cannot_merge_are_refused(variant, why):
     with pytest.raises(ConfigError, match=why):
-        attention_slot_functions(builtin(variant), num_qo_heads=HQ, head_dim=D)
+        attention_slot_functions(SHAPE, builtin(variant))
 
 
 def test_cuda_targets_are_routed_or_refused_clearly():
-    from attngen.runtime.tvm_kv_cache import attention_slot_functions
-
     with pytest.raises(NotImplementedError, match=r"create_paged_kv_cache\(\.\.\., target='cuda'\)"):
-        attention_slot_functions(num_qo_heads=HQ, head_dim=D, target="cuda")
+        attention_slot_functions(SHAPE, target="cuda")
     with pytest.raises(ValueError, match="rope_mode 'inline'.*CUDA slots"):
-        create_paged_kv_cache(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype="float16",
-                              max_batch=8, max_total_tokens=1024, prefill_chunk=256, target="cuda",
-                              rope_mode="inline")
+        create_paged_kv_cache(replace(SHAPE, dtype="float16", rope_mode="inline"), target="cuda")
     with pytest.raises(ValueError, match="support_sliding_window=True.*CUDA slots"):
-        create_paged_kv_cache(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype="float16",
-                              max_batch=8, max_total_tokens=1024, prefill_chunk=256, target="cuda",
-                              support_sliding_window=True)
+        create_paged_kv_cache(replace(SHAPE, dtype="float16", support_sliding_window=True), target="cuda")
+
+
+def test_cache_shape_is_validated_once():
+    with pytest.raises(ValueError, match="num_qo_heads 8 is not a multiple of num_kv_heads 3"):
+        replace(SHAPE, num_kv_heads=3)
+    with pytest.raises(ValueError, match=r"attn_kinds \['mha'\]: give one of"):
+        replace(SHAPE, attn_kinds=("mha",))
+    with pytest.raises(ValueError, match="choose one"):
+        replace(SHAPE, attn_kinds=("mha_sliding", "mha"), support_sliding_window=True)
+    with pytest.raises(ValueError, match="rope_mode 'yarn'"):
+        replace(SHAPE, rope_mode="yarn")
+    shape = replace(SHAPE, rope_mode="Normal", support_sliding_window=True)
+    assert shape.rope_mode == 1 and shape.inline_rope and shape.attn_kinds == ("mha", "mha")
+    assert shape.sizes == [8, 1024, 256, PS, 1, 1024] and shape.layer_window == 0
 
 
 # ---------------------------------------------------------------------------------------------

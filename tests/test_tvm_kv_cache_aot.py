@@ -5,18 +5,16 @@ library, and the Relax VM creates the cache from it; that cache gives the same r
 run-time-built one and the float64 reference through prefill, append, forks, batch decode and
 pop-n. A variant whose tensors cannot be compiled in is refused.
 """
-import numpy as np
+from dataclasses import replace
+
 import pytest
 import tvm
 
-from attngen.runtime.tvm_kv_cache_aot import export_model_library, paged_kv_cache_module
+from attngen.tvm import export_model_library, paged_kv_cache_module
 from attngen.variants import builtin
 
-from .test_tvm_kv_cache import (D, DTYPE, HKV, HQ, L, MHA_SCRIPT, PS, ReferenceCache, Semantics, _softcap,
-                                assert_close, attngen_cache, kernel_cache, run_flow)  # noqa: F401
-
-SHAPE = dict(num_layers=L, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, page_size=PS, max_batch=8,
-             max_total_tokens=1024, prefill_chunk=256)
+from .test_tvm_kv_cache import (MHA_SCRIPT, SHAPE, ReferenceCache, Semantics, _softcap, assert_close,
+                                attngen_cache, kernel_cache, run_flow)  # noqa: F401
 
 
 @pytest.mark.parametrize("rope_mode", ["none", "inline"])
@@ -25,7 +23,7 @@ def test_model_library_cache_matches_runtime_cache_and_reference(kernel_cache, t
 
     variant = builtin("logits_softcap")
     params = {"soft_cap": 1.5}
-    mod = paged_kv_cache_module(variant, rope_mode=rope_mode, params=params, **SHAPE)
+    mod = paged_kv_cache_module(replace(SHAPE, rope_mode=rope_mode), variant, params=params)
     names = [gv.name_hint for gv in mod.get_global_vars()]
     assert "create_kv_cache" in names and "attngen_decode" in names and "attngen_merge_state" in names
     path = export_model_library(mod, tmp_path / "model.so")
@@ -40,4 +38,4 @@ def test_model_library_cache_matches_runtime_cache_and_reference(kernel_cache, t
 
 def test_model_library_refuses_tensor_parameters():
     with pytest.raises(ValueError, match=r"variant 'alibi': tensor parameters \['alibi_slopes'\] cannot be compiled"):
-        paged_kv_cache_module(builtin("alibi"), **SHAPE)
+        paged_kv_cache_module(SHAPE, builtin("alibi"))

@@ -7,15 +7,18 @@ kernels as fatbins and needs no libcudart; configurations the CUDA slots cannot 
 when the module is built. (test_gpu_tvm_kv_cache.py runs such a library on the GPU.)
 """
 import subprocess
+from dataclasses import replace
 
 import pytest
 
+from attngen.tvm import CacheShape, export_model_library, paged_kv_cache_module
 from attngen.variants import builtin
 
 from .conftest import requires_nvcc
 
-SHAPE = dict(num_layers=2, num_qo_heads=8, num_kv_heads=2, head_dim=64, dtype="float16", page_size=16, max_batch=8,
-             max_total_tokens=2048, prefill_chunk=512, arch="sm_90a")
+SHAPE = CacheShape(num_layers=2, num_qo_heads=8, num_kv_heads=2, head_dim=64, dtype="float16", page_size=16,
+                   max_batch=8, max_total_tokens=2048, prefill_chunk=512)
+CUDA = dict(target="cuda", arch="sm_90a")
 
 
 def _symbols(path, dynamic=False) -> dict[str, str]:
@@ -27,7 +30,7 @@ def _symbols(path, dynamic=False) -> dict[str, str]:
 
 @requires_nvcc
 def test_slot_object_exports_only_prefixed_functions(build_cache):
-    from attngen.runtime.tvm_kv_cache_aot_cuda import slot_object
+    from attngen.tvm.cuda import slot_object
 
     obj, roles = slot_object(builtin("logits_softcap"), head_dim=64, dtype="float16", arch="sm_90a",
                              params={"soft_cap": 20.0}, name_prefix="layer0", cache=build_cache)
@@ -44,16 +47,14 @@ def test_slot_object_exports_only_prefixed_functions(build_cache):
 @requires_nvcc
 @pytest.mark.parametrize("convention,static_libstdcxx", [("tirx", True), ("flashinfer", False)])
 def test_model_library_links_attngen_statically(build_cache, tmp_path, monkeypatch, convention, static_libstdcxx):
-    from attngen.runtime.tvm_kv_cache_aot_cuda import export_model_library_cuda, paged_kv_cache_module_cuda
-
     if static_libstdcxx:  # a toolchain that links the (non-PIC) libstdc++.a unless told otherwise
         wrapper = tmp_path / "gxx-static"
         wrapper.write_text('#!/bin/sh\nexec g++ -static-libstdc++ "$@"\n')
         wrapper.chmod(0o755)
         monkeypatch.setenv("CXX", str(wrapper))
-    mod = paged_kv_cache_module_cuda(builtin("vanilla"), convention=convention, cache=build_cache, **SHAPE)
+    mod = paged_kv_cache_module(SHAPE, builtin("vanilla"), convention=convention, cache=build_cache, **CUDA)
     assert len(mod.attrs["external_mods"]) == 1
-    path = export_model_library_cuda(mod, tmp_path / "model.so", "sm_90a")
+    path = export_model_library(mod, tmp_path / "model.so", **CUDA)
     syms = _symbols(path, dynamic=True)
     wanted = ["attngen_tvm_fi_decode_run_f16_d64", "attngen_tvm_fi_decode_plan_f16_d64"] if convention == "flashinfer" \
         else ["attngen_tvm_decode_f16_d64", "attngen_tvm_prefill_paged_f16_d64"]
@@ -68,18 +69,20 @@ def test_model_library_links_attngen_statically(build_cache, tmp_path, monkeypat
 
 
 def test_model_library_refuses_what_the_cuda_slots_cannot_serve():
-    from attngen.runtime.tvm_kv_cache_aot_cuda import paged_kv_cache_module_cuda
-
     with pytest.raises(ValueError, match="rope_mode 'inline'"):
-        paged_kv_cache_module_cuda(rope_mode="inline", **SHAPE)
+        paged_kv_cache_module(replace(SHAPE, rope_mode="inline"), **CUDA)
     with pytest.raises(ValueError, match="attn_kinds 'mha_sliding'"):
-        paged_kv_cache_module_cuda(attn_kinds=["mha", "mha_sliding"], **SHAPE)
+        paged_kv_cache_module(replace(SHAPE, attn_kinds=["mha", "mha_sliding"]), **CUDA)
+    with pytest.raises(ValueError, match="support_sliding_window=True"):
+        paged_kv_cache_module(replace(SHAPE, support_sliding_window=True), **CUDA)
     with pytest.raises(ValueError, match="convention 'fa3'"):
-        paged_kv_cache_module_cuda(convention="fa3", **SHAPE)
+        paged_kv_cache_module(SHAPE, convention="fa3", **CUDA)
+    with pytest.raises(ValueError, match="arch: a CUDA model library is built for a named GPU arch"):
+        paged_kv_cache_module(SHAPE, target="cuda")
     with pytest.raises(Exception, match=r"variant 'alibi', hook 'logits_transform': reads \['kv_pos', 'qo_pos'\]"):
-        paged_kv_cache_module_cuda(builtin("alibi"), **SHAPE)  # refused before anything is compiled
+        paged_kv_cache_module(SHAPE, builtin("alibi"), **CUDA)  # refused before anything is compiled
     with pytest.raises(ValueError, match=r"params: \['window'\] are not scalar parameters of variant 'vanilla'"):
-        paged_kv_cache_module_cuda(params={"window": 3}, **SHAPE)
+        paged_kv_cache_module(SHAPE, params={"window": 3}, **CUDA)
     with pytest.raises(ValueError, match="name_prefix"):
         from attngen.codegen.cuda_object import build_slot_object
 

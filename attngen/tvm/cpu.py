@@ -1,0 +1,153 @@
+"""A CPU PagedKVCache's attngen kernels: the ("tirx", fn) attention slots and the merge slot.
+
+- ``merge_slot_function``: the merge slot. TVM calls it as ``f(o, lse, o_other, lse_other)``
+  with o [n, H, D] and lse [n, H] float32 in base 2, merging in place; attngen's CPU merge
+  has exactly that calling convention and also accepts TVM's -5e4 "no key" lse as well as -inf.
+- ``attention_slot_functions``: the five ``("tirx", fn)`` attention slots (ragged prefill,
+  paged prefill, decode, and their sliding-window forms) for a variant, built by the CPU
+  backend (:mod:`attngen.codegen.cpu.tvm_slots` says what they compute). The variant's scalar
+  parameters are compiled in, its tensor parameters bound to every call.
+- ``CPUBackend``: those kernels for a cache created at run time (built libraries) and ahead of
+  time (PrimFuncs of the model, the variant's hooks inlined; variants with tensor parameters are
+  refused there, since a model library has no per-call tensors to bind them to), and the export of
+  a model library by LLVM.
+
+The variant's hooks see TVM's token positions; TVM's ``causal`` flag and sliding windows apply on
+top of the variant's own mask.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from attngen.build import support_library
+from attngen.codegen.cpu.merge_tir import merge_functions
+from attngen.codegen.cpu.tvm_slots import build_slot_library, check_slot_variant, lower_slot, slot_specs
+from attngen.ir import TensorParam
+from attngen.runtime.params import resolve_params
+from attngen.schedules.build_config import DTYPE_SHORT
+from attngen.variants import builtin
+
+from .create_call import SLOT_ROLES, CacheParts
+from .helper_kernels import add_helpers, device_target, helper_functions
+from .loading import load_library
+from .shape import CacheShape
+
+CPU_MERGE_DTYPES = ("float32", "float16")
+# the common-subexpression pass binds float subexpressions of the inlined hooks in a way LLVM's
+# lowering rejects (see attngen/codegen/cpu/build.py); every build of these kernels turns it off
+MODEL_BUILD_CONFIG = {"tirx.disable_cse_tir": True}
+
+
+def merge_slot_function(dtype: str = "float32"):
+    """The function to pass in the create call's merge tuple, e.g. ``[merge_slot_function("float32")]``."""
+    if dtype not in CPU_MERGE_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: the CPU merge slot serves {list(CPU_MERGE_DTYPES)}")
+    return load_library(support_library("merge_cpu"))[f"merge_state_inplace_{DTYPE_SHORT[dtype]}"]
+
+
+def _check_target(target: str) -> None:
+    if target == "cuda":
+        raise NotImplementedError(
+            "target='cuda': attention_slot_functions builds the CPU slots; for a CUDA cache call "
+            "create_paged_kv_cache(..., target='cuda') (attngen.tvm)")
+    if target != "cpu":
+        raise ValueError(f"target {target!r}: attngen fills TVM PagedKVCache slots for target='cpu' or 'cuda'")
+
+
+def _bind_trailing(fn, tensors: list):
+    """``fn`` with the variant's tensor parameters appended to TVM's arguments on every call."""
+    import tvm
+
+    def call(*args):
+        return fn(*args, *tensors)
+
+    return tvm.runtime.convert(call)
+
+
+def _split_params(variant, params: dict | None, shape: CacheShape) -> tuple[dict, list]:
+    """(scalar values by name, tensor values in declaration order as CPU tvm tensors)."""
+    import numpy as np
+    import tvm
+
+    values = resolve_params(variant, params, num_qo_heads=shape.num_qo_heads, batch_size=shape.max_batch)
+    scalars, tensors = {}, []
+    for decl, value in zip(variant.params, values):
+        if isinstance(decl, TensorParam):
+            array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+            tensors.append(tvm.runtime.tensor(np.ascontiguousarray(array), device=tvm.cpu()))
+        else:
+            scalars[decl.name] = value
+    return scalars, tensors
+
+
+def attention_slot_functions(shape: CacheShape, variant=None, *, params: dict | None = None, target: str = "cpu",
+                             cache=None) -> dict:
+    """Role -> function for the create call's five attention slots of a cache of ``shape`` (wrap each as
+    ``["tirx", fn]``); ``variant`` defaults to vanilla, ``params`` gives its parameters' values."""
+    _check_target(target)
+    variant = variant if variant is not None else builtin("vanilla")
+    check_slot_variant(variant)
+    scalars, tensors = _split_params(variant, params, shape)
+    specs = slot_specs(variant, shape.head_dim, shape.dtype, inline_rope=shape.inline_rope,
+                       window=shape.layer_window)
+    kwargs = {"cache": cache} if cache is not None else {}
+    library = load_library(build_slot_library(variant, specs, scalars, **kwargs))
+    out = {}
+    for role in SLOT_ROLES:
+        fn = library[specs[role].func_name]
+        out[role] = _bind_trailing(fn, tensors) if tensors else fn
+    return out
+
+
+class CPUBackend:
+    """The CPU's part of a cache: run time, ahead of time, and the model library's export."""
+
+    def check(self, shape: CacheShape, convention: str) -> None:
+        if convention != "tirx":
+            raise ValueError(f"convention {convention!r}: the CPU slots serve the 'tirx' convention only")
+
+    def runtime_parts(self, variant, shape: CacheShape, *, params, convention: str, cache):
+        """(the cache's functions, built for this process, and the device the cache lives on)."""
+        import tvm
+
+        slots = attention_slot_functions(shape, variant, params=params, cache=cache)
+        parts = CacheParts(attention={role: ("tirx", slots[role]) for role in SLOT_ROLES},
+                           helpers=helper_functions(shape, device_target("cpu"), cache),
+                           merge=merge_slot_function(shape.dtype))
+        return parts, tvm.cpu()
+
+    def model_parts(self, bb, variant, shape: CacheShape, *, params, convention: str, arch, name_prefix: str,
+                    cache):
+        """(the cache's functions as PrimFuncs added to ``bb``'s module, no external modules)."""
+        check_slot_variant(variant)
+        tensors = [p.name for p in variant.params if isinstance(p, TensorParam)]
+        if tensors:
+            raise ValueError(f"variant '{variant.name}': tensor parameters {tensors} cannot be compiled into a "
+                             "model library; use create_paged_kv_cache (run-time binding) for this variant")
+        values = resolve_params(variant, params, num_qo_heads=shape.num_qo_heads, batch_size=shape.max_batch)
+        scalars = {p.name: v for p, v in zip(variant.params, values)}
+        specs = slot_specs(variant, shape.head_dim, shape.dtype, inline_rope=shape.inline_rope,
+                           window=shape.layer_window)
+
+        def add(func, name):
+            return bb.add_func(func.without_attr("global_symbol") if func.attrs and "global_symbol" in func.attrs
+                               else func, name)
+
+        merge = merge_functions(shape.dtype)[f"merge_state_inplace_{DTYPE_SHORT[shape.dtype]}"]
+        parts = CacheParts(
+            attention={role: ("tirx", add(lower_slot(specs[role], variant, scalars), f"{name_prefix}_{role}"))
+                       for role in SLOT_ROLES},
+            merge=add(merge, f"{name_prefix}_merge_state"),
+            # scheduled as TVM schedules them for a CPU target
+            helpers=add_helpers(bb, shape, device_target("cpu"), name_prefix))
+        return parts, []
+
+    def export(self, mod, path: str | Path, arch: str | None) -> Path:
+        """Compile a model IRModule holding attngen's kernels for the CPU and export it as a shared library."""
+        import tvm
+
+        path = Path(path)
+        with tvm.transform.PassContext(config=MODEL_BUILD_CONFIG):
+            executable = tvm.compile(mod, target=device_target("cpu"))
+        executable.export_library(str(path))
+        return path

@@ -1,0 +1,163 @@
+"""A CUDA PagedKVCache's attngen kernels: the CUDA library's TVM-convention functions and the CUDA merge.
+
+``build_slot_library`` builds (cached) the variant's CUDA library with ``kernels=("tvm",)``
+(codegen/cuda_tvm_slots.py and csrc/tvm_slots.h say what the functions compute and what they
+refuse) through :func:`attngen.build.build`; ``cuda_slot_functions`` loads its functions, and
+``slot_object`` joins them, the merge kernels and the CUDA runtime into one object file for static
+linking into a model library (codegen/cuda_object.py). ``CUDABackend`` fills a cache with them at
+run time (functions of the loaded library) and ahead of time (``ExternFunc``s of the object, which
+``tvm.compile`` + export link into the model, the way TVM links FlashInfer). Two slot conventions:
+"tirx" (one function per slot, even split-KV in decode) and "flashinfer" (run + plan: TVM plans
+once per step on the host, the decode plan is attngen's load-balanced work list).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from attngen.build import build, support_library
+from attngen.codegen.cuda_object import build_slot_object
+from attngen.codegen.cuda_tvm_slots import tvm_slot_functions
+from attngen.ir import ScalarParam
+from attngen.schedules.arch import arch_spec
+from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
+
+from .create_call import SLOT_ROLES, CacheParts
+from .cuda_link import export_cuda_model_library
+from .helper_kernels import add_helpers, device_target, helper_functions
+from .loading import load_library
+from .shape import ROPE_MODES, CacheShape
+
+CUDA_DTYPES = ("float16", "bfloat16")
+CONVENTIONS = ("tirx", "flashinfer")
+# role -> the exported kind of its ("tirx", fn) function, or of its ("flashinfer", run, plan) pair ("fi_" roles)
+SLOT_FUNCTION_KINDS = {
+    "prefill_ragged": "tvm_prefill_ragged", "prefill": "tvm_prefill_paged", "decode": "tvm_decode",
+    "fi_prefill_ragged": ("tvm_fi_prefill_ragged_run", "tvm_fi_prefill_plan"),
+    "fi_prefill": ("tvm_fi_prefill_paged_run", "tvm_fi_prefill_plan"),
+    "fi_decode": ("tvm_fi_decode_run", "tvm_fi_decode_plan"),
+}
+
+
+def check_cuda_shape(shape: CacheShape, convention: str) -> None:
+    """Refuse what attngen's CUDA slots cannot serve (for the run-time and the model-library cache alike)."""
+    if shape.support_sliding_window:
+        raise ValueError("support_sliding_window=True: attngen's CUDA slots do not serve per-sequence windows yet")
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention {convention!r}: use 'tirx' or 'flashinfer'")
+    if shape.rope_mode == ROPE_MODES["inline"]:
+        raise ValueError("rope_mode 'inline': attngen's CUDA slots do not apply RoPE inside attention; use "
+                         "rope_mode='normal' (TVM's split + RoPE kernel before the cache) or 'none'")
+    if "mha_sliding" in shape.attn_kinds:
+        raise ValueError("attn_kinds 'mha_sliding': attngen's CUDA slots do not serve sliding-window layers yet")
+
+
+def build_slot_library(variant, *, head_dim: int, dtype: str, params: dict | None, arch: str, cache=None):
+    """Build (cached) the variant's CUDA library with kernels=("tvm",), the scalar ``params`` compiled in;
+    returns the build's BuildResult."""
+    if dtype not in CUDA_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: the CUDA slots serve {list(CUDA_DTYPES)}")
+    names = {p.name for p in variant.params if isinstance(p, ScalarParam)}
+    unknown = sorted(set(params or {}) - names)
+    if unknown:
+        raise ValueError(f"params: {unknown} are not scalar parameters of variant '{variant.name}'")
+    cfg = BuildConfig("cuda", (head_dim,), (dtype,), (arch,), ("HND",), kernels=("tvm",),
+                      tvm_constants=tuple(sorted((params or {}).items())))
+    return build(variant, cfg, **({"cache": cache} if cache is not None else {}))
+
+
+def slot_roles(lookup) -> dict:
+    """Role (``SLOT_FUNCTION_KINDS``) -> ``lookup(exported kind)``, or a (run, plan) pair of them."""
+    return {role: tuple(map(lookup, kinds)) if isinstance(kinds, tuple) else lookup(kinds)
+            for role, kinds in SLOT_FUNCTION_KINDS.items()}
+
+
+def attention_entries(roles: dict, convention: str) -> dict:
+    """The create call's five attention slots (``SLOT_ROLES``) from ``slot_roles``' functions."""
+    main = ("prefill_ragged", "prefill", "decode")
+    if convention == "tirx":
+        entries = {role: ("tirx", roles[role]) for role in main}
+    else:
+        entries = {role: ("flashinfer", *roles[f"fi_{role}"]) for role in main}
+    # TVM never calls the sliding-window slots of a CUDA cache (sliding layers and per-sequence windows are
+    # refused): they hold the paged prefill and decode functions
+    entries["prefill_sliding_window"] = ("tirx", roles["prefill"])
+    entries["decode_sliding_window"] = ("tirx", roles["decode"])
+    return {role: entries[role] for role in SLOT_ROLES}
+
+
+def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | None = None, arch: str | None = None,
+                        cache=None) -> dict:
+    """Role -> function for the ("tirx", fn) slots TVM calls ("prefill_ragged", "prefill", "decode"), and
+    role -> (run, plan) for the ("flashinfer", run, plan) ones ("fi_prefill_ragged", "fi_prefill", "fi_decode")."""
+    from attngen.runtime.cuda import current_arch
+
+    built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch or current_arch(),
+                               cache=cache)
+    library = load_library(built.library)
+    return slot_roles(lambda kind: library[symbol(kind, dtype, head_dim)])
+
+
+def slot_object(variant, *, head_dim: int, dtype: str, arch: str, params: dict | None = None,
+                name_prefix: str = "attngen", cache=None) -> tuple[Path, dict]:
+    """Build (cached) the object file; returns it and role -> exported name: the ``slot_roles`` and "merge"."""
+    built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch, cache=cache)
+    merge = f"merge_state_inplace_{DTYPE_SHORT[dtype]}"
+    exports = tvm_slot_functions((head_dim,), (dtype,)) + [merge]
+    obj = build_slot_object(sorted(built.directory.glob("attention_*.o")), exports,
+                            gencodes=arch_spec(arch).gencode.split(), prefix=name_prefix, cache=cache)
+    roles = slot_roles(lambda kind: f"{name_prefix}_{symbol(kind, dtype, head_dim)}")
+    roles["merge"] = f"{name_prefix}_{merge}"
+    return obj, roles
+
+
+def merge_function(dtype: str, arch: str):
+    """attngen's CUDA merge (``merge_state_inplace``) for ``dtype``, built for ``arch``."""
+    return load_library(support_library("merge_cuda", archs=(arch,)))[f"merge_state_inplace_{DTYPE_SHORT[dtype]}"]
+
+
+class CUDABackend:
+    """The GPU's part of a cache: run time (on this machine's GPU), ahead of time (for a named arch), and the
+    model library's export."""
+
+    def check(self, shape: CacheShape, convention: str) -> None:
+        check_cuda_shape(shape, convention)
+
+    def runtime_parts(self, variant, shape: CacheShape, *, params, convention: str, cache):
+        """(the cache's functions, built for this process, and the device the cache lives on)."""
+        import torch
+        import tvm
+
+        from attngen.runtime.cuda import current_arch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("target='cuda': this machine has no CUDA GPU (or torch has no CUDA); use target='cpu'")
+        arch = current_arch()
+        roles = cuda_slot_functions(variant, head_dim=shape.head_dim, dtype=shape.dtype,
+                                    params=params, arch=arch, cache=cache)
+        parts = CacheParts(attention=attention_entries(roles, convention), merge=merge_function(shape.dtype, arch),
+                           helpers=helper_functions(shape, device_target("cuda", arch)))
+        return parts, tvm.cuda(0)  # the GPU current_arch() describes
+
+    def model_parts(self, bb, variant, shape: CacheShape, *, params, convention: str, arch: str | None,
+                    name_prefix: str, cache):
+        """(the cache's functions as ``ExternFunc``s of attngen's object and TVM's kernels added to ``bb``'s
+        module, [the object as a static library for the IRModule's ``external_mods``])."""
+        import tvm
+        from tvm import relax as rx
+
+        if not arch:
+            raise ValueError("arch: a CUDA model library is built for a named GPU arch, e.g. arch='sm_90a'")
+        obj, names = slot_object(variant, head_dim=shape.head_dim, dtype=shape.dtype, arch=arch,
+                                 params=params, name_prefix=name_prefix, cache=cache)
+        externs = {role: tuple(map(rx.ExternFunc, n)) if isinstance(n, tuple) else rx.ExternFunc(n)
+                   for role, n in names.items()}
+        parts = CacheParts(attention=attention_entries(externs, convention), merge=externs["merge"],
+                           helpers=add_helpers(bb, shape, device_target("cuda", arch), name_prefix))
+        exported = sorted({x for n in names.values() for x in (n if isinstance(n, tuple) else (n,))})
+        return parts, [tvm.runtime.load_static_library(str(obj), exported)]
+
+    def export(self, mod, path: str | Path, arch: str | None) -> Path:
+        if not arch:
+            raise ValueError("arch: a CUDA model library is built for a named GPU arch, e.g. arch='sm_90a'")
+        return export_cuda_model_library(mod, path, arch)
+

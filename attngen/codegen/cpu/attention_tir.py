@@ -91,6 +91,7 @@ def tvm_rope(x, d, pos, rope_scale, rope_theta, head_dim: int):
 
 
 def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
+    """The program for ``spec``, taking every parameter of ``PROGRAM_PARAMS``, with hook placeholders."""
     D, dt = spec.head_dim, spec.dtype
     paged, decode, hnd = spec.kv == "paged", spec.decode, spec.page_layout == "HND"
     tvm_conv = spec.tvm is not None
@@ -116,7 +117,8 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
 
     def kv_element(storage, half: int, row, slot, hk, d):
         """Element d of KV head hk of a key (half 0) or value (half 1): ``storage`` is pages (``row`` a
-        page, ``slot`` the place in it) or the ragged k / v (``row`` the key row, ``slot`` unused)."""
+        page, ``slot`` the place in it) or the ragged k / v (``row`` the key row, ``slot`` unused).
+        Callers locate chunk key j of request b once per key (``seq_off``, ``kv_row``, ``kv_slot``)."""
         if not paged:
             return storage[row, hk, d]
         if hnd:
@@ -234,13 +236,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                     j: T.let = jh // n_kv_heads
                     hk: T.let = jh % n_kv_heads
                     kv_pos: T.let = kv_pos0 + j
-                    if paged:
-                        seq_off: T.let = seq_offset(LENGTH_INFO, j, b)
-                        kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size]
-                        kv_slot: T.let = seq_off % page_size
-                    else:
-                        kv_row: T.let = k_base + j
-                        kv_slot: T.let = 0
+                    seq_off: T.let = seq_offset(LENGTH_INFO, j, b) if paged else j
+                    kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size] if paged else k_base + j
+                    kv_slot: T.let = seq_off % page_size if paged else 0
                     if rope:
                         k_raw = T.alloc_buffer((D,), "float32", scope="local")
                         for d in range(D):
@@ -288,20 +286,16 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                 for j in range(kv_len):
                     kv_pos: T.let = kv_pos0 + j
                     if key_visible(causal, qo_pos, kv_pos, b, h, hk):
-                        if paged:
-                            seq_off: T.let = seq_offset(LENGTH_INFO, j, b)
-                            kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size]
-                            kv_slot: T.let = seq_off % page_size
-                        else:
-                            kv_row: T.let = k_base + j
-                            kv_slot: T.let = 0
+                        seq_off: T.let = seq_offset(LENGTH_INFO, j, b) if paged else j
+                        kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size] if paged else k_base + j
+                        kv_slot: T.let = seq_off % page_size if paged else 0
                         s: T.float32 = T.float32(0)
                         for d in range(D):
                             if use_kt:
                                 s = s + q_out[d] * KT[k_base + j, hk, d]
                             else:
-                                s = s + q_out[d] * T.Cast("float32", kv_element(PAGES if paged else K, 0, kv_row,
-                                                                                kv_slot, hk, d))
+                                key: T.let = kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d)
+                                s = s + q_out[d] * T.Cast("float32", key)
                         s = hook_call("logits_transform", s, b, qo_pos, kv_pos, h, hk)
                         if log2e_s:
                             s = s * T.float32(LOG2E)
@@ -316,8 +310,8 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                             rescale: T.let = T.float32(1)
                             w: T.let = s
                         for d in range(D):
-                            acc[d] = acc[d] * rescale + w * T.Cast("float32", kv_element(PAGES if paged else V, 1, kv_row,
-                                                                                         kv_slot, hk, d))
+                            value: T.let = kv_element(PAGES if paged else V, 1, kv_row, kv_slot, hk, d)
+                            acc[d] = acc[d] * rescale + w * T.Cast("float32", value)
                 if softmax:
                     row_lse: T.let = T.if_then_else(denom > T.float32(0), m + T.log2(denom), T.float32(empty_lse))
                 else:

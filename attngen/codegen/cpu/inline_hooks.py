@@ -88,6 +88,8 @@ def _scalar_identity(spec: HookSpec, args) -> tir.PrimExpr:
 
 
 def inline_hooks(program: tir.PrimFunc, variant, head_dim: int) -> tir.PrimFunc:
+    """``program`` with every placeholder replaced (hooks specialised to ``head_dim``) and the
+    variant's extra parameters appended to its signature."""
     canon = canonical_params(variant)
     canon_by_name = {c.name: c for c in canon}
     hooks = {}

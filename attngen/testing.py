@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attngen.ir import ScalarParam, TensorParam
+from attngen.runtime.cpu import CPUAttention
 from attngen.runtime.custom_mask import pack_custom_mask
 from attngen.runtime.reference import gather_pages, reference_attention
 from attngen.runtime.views import PagedKV, RaggedKV
@@ -179,8 +180,6 @@ def check_cpu_variant(att, variant, rng, *, qo_lens, kv_lens, num_qo_heads, num_
 def run_cpu_example(variant, *, head_dim=64, num_qo_heads=8, num_kv_heads=2, qo_lens=(5, 0, 9, 1),
                     kv_lens=(12, 3, 9, 20), seed=0, cache=None) -> dict:
     """Build ``variant`` for the CPU, check every kernel kind against the float64 reference, print a summary."""
-    from attngen.runtime.cpu import CPUAttention
-
     kwargs = {"cache": cache} if cache is not None else {}
     att = CPUAttention.build(variant, head_dims=(head_dim,), dtypes=("float32",), **kwargs)
     results = check_cpu_variant(att, variant, np.random.default_rng(seed), qo_lens=list(qo_lens),

@@ -115,3 +115,13 @@ def test_empty_batch(build_cache):
     kv = PagedKV(pages, np.array([0], np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32))
     out, lse = att.decode(q, kv)
     assert out.shape == (0, 4, HEAD_DIM)
+
+
+def test_cpu_program_calls_every_hook_kind():
+    """A hook kind in the contract table that the CPU template never calls would be silently ignored."""
+    from attngen.codegen.cpu.attention_tir import CPUKernelSpec, attention_program
+    from attngen.codegen.cpu.inline_hooks import PLACEHOLDER
+    from attngen.ir import HOOKS
+
+    text = attention_program(CPUKernelSpec("paged", False, HEAD_DIM, "float32", transform_keys=True)).script()
+    assert [h for h in HOOKS if PLACEHOLDER + h not in text] == []

@@ -1,7 +1,7 @@
 """The float64 reference: the TIR interpreter against hand-written NumPy, and gather_pages."""
 import numpy as np
 
-from attngen.ir.tir_eval import eval_row_hook, eval_scalar_hook
+from attngen.ir.tir_eval import apply_hook, eval_row_hook, eval_scalar_hook
 from attngen.runtime import gather_pages, pack_custom_mask, reference_attention
 from attngen.variants import builtin
 
@@ -35,6 +35,15 @@ def test_interpreter_custom_mask_reads_bits():
     kv_pos = np.arange(3)[None, :]
     got = eval_scalar_hook(f, [0, qo_pos, kv_pos, 0, 0], params)
     assert np.array_equal(got, m)
+
+
+def test_absent_hooks_are_identities(rng):
+    v = builtin("vanilla")
+    rows, s = rng.standard_normal((3, 2, 8)), rng.standard_normal((2, 3, 4))
+    scores = dict(s=s, batch=0, qo_pos=0, kv_pos=0, qo_head=0, kv_head=0)
+    assert apply_hook(v, "query_transform", dict(qo_pos=0, qo_head=0), {}, rows) is rows
+    assert apply_hook(v, "logits_transform", scores, {}) is s
+    assert apply_hook(v, "logits_mask", scores, {}) == np.True_
 
 
 def test_reference_softmax_is_normalised(rng):

@@ -184,3 +184,19 @@ def test_sum_variant_cannot_read_lse():
 
     with pytest.raises(VariantError, match=r"sum-state variant has no lse"):
         Variant("v", output_transform=o, state="sum")
+
+
+def test_unknown_hook_keyword():
+    with pytest.raises(VariantError) as e:
+        Variant("v", logit_transform=softcap, params=[ScalarParam("cap")])
+    assert "unknown hook(s) ['logit_transform']" in str(e.value)
+    assert "hooks are ['query_transform', 'key_transform', 'logits_transform'" in str(e.value)
+
+
+def test_constructor_takes_one_keyword_per_hook_kind():
+    import inspect
+
+    from attngen.ir import HOOK_ORDER
+
+    keywords = inspect.signature(Variant).parameters
+    assert all(keywords[h].kind is inspect.Parameter.KEYWORD_ONLY for h in HOOK_ORDER)

@@ -21,10 +21,9 @@ import tvm
 import tvm.tirx as tir
 from tvm.target import Target
 
-from attngen.ir import HOOKS
+from attngen.ir import HOOKS, Site
 from attngen.ir import tir_utils as tu
-
-from .cpu.inline_hooks import specialize_rows
+from attngen.ir.specialize import specialize_rows
 
 HEADER_PRELUDE = """\
 #pragma once
@@ -129,18 +128,18 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str) -> HookSource:
 
     for name, func in variant.hooks.items():
         spec = HOOKS[name]
-        n_std = (2 if spec.row else 0) + len(spec.scalars)
         if spec.row:
             func = specialize_rows(func, name, head_dim, variant.name)
             elem = elementwise_form(func)
             if elem is not None:
                 elementwise[name] = hook_symbol(variant.name, head_dim, name) + "_elem"
-                add(elementwise[name], elem, n_std)
+                add(elementwise[name], elem, spec.n_standard)
         symbols[name] = hook_symbol(variant.name, head_dim, name)
-        add(symbols[name], func, n_std)
-    if "logits_mask" in variant.hooks:
+        add(symbols[name], func, spec.n_standard)
+    masks = [f for h, f in variant.hooks.items() if HOOKS[h].site is Site.VISIBILITY]
+    for mask in masks:  # the mask's classified bounds let templates skip whole tiles
         for which in ("lower", "upper"):
-            bf, names = _bound_func(variant.analysis.mask, variant.hooks["logits_mask"], which)
+            bf, names = _bound_func(variant.analysis.mask, mask, which)
             if bf is not None:
                 sym = hook_symbol(variant.name, head_dim, f"mask_{which}")
                 bounds[which] = (sym, names)

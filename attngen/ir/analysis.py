@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import tvm.tirx as tir
 
 from . import tir_utils as tu
-from .hook_spec import HOOKS
+from .declarations import StateAlgebra
+from .hook_spec import HOOKS, ROW_ARGS, Site, hooks_at
 from .mask_class import MaskInfo, classify_mask
 
 
@@ -60,20 +61,22 @@ def hook_reads(func: tir.PrimFunc, hook: str, extra_names: set[str]) -> HookRead
     spec = HOOKS[hook]
     used_vars = tu.used_vars(func.body)
     used = {v.name for v in used_vars}
-    names = tuple(n for n, _ in spec.scalars if n in used)
+    names = tuple(n for n in spec.scalar_names if n in used)
     if spec.row and any(v.same_as(func.params[0]) for v in used_vars):
-        names = ("in_row",) + names
+        names = (ROW_ARGS[0],) + names
     return HookReads(names, tuple(sorted(used & extra_names)))
 
 
 def analyze_variant(v) -> VariantAnalysis:
-    from .variant import StateAlgebra
-
+    """The analyses of a validated Variant ``v``."""
     extra = {p.name for p in v.params}
     reads = {h: hook_reads(f, h, extra) for h, f in v.hooks.items()}
     int_scalars = {p.name for p in v.scalar_params if "int" in p.dtype}
-    mask = classify_mask(v.hooks.get("logits_mask"), int_scalars)
+    (mask_kind,) = hooks_at(Site.VISIBILITY)  # one kind decides which keys exist; its class lets templates skip tiles
+    mask = classify_mask(v.hooks.get(mask_kind), int_scalars)
     softmax = v.state == StateAlgebra.SOFTMAX
-    has_logits = "logits_transform" in v.hooks
-    scale = ScaleFold(q_scale_log2e=softmax and not has_logits, logits_log2e=softmax and has_logits)
+    # A hook that changes scores sits between the scaled dot product and the exponent, so log2(e)
+    # cannot ride on the query scale there.
+    rewrites_scores = any(HOOKS[h].site is Site.SCORE for h in v.hooks)
+    scale = ScaleFold(q_scale_log2e=softmax and not rewrites_scores, logits_log2e=softmax and rewrites_scores)
     return VariantAnalysis(reads, mask, scale)

@@ -7,11 +7,14 @@ readings of the variant. Scalars bound to arrays broadcast; row buffers are
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import tvm
 import tvm.tirx as tir
 
 from . import tir_utils as tu
+from .hook_spec import HOOKS
 
 _UNARY = {
     "exp": np.exp, "exp2": np.exp2, "exp10": lambda x: np.power(10.0, x), "log": np.log,
@@ -123,7 +126,6 @@ class TIREvaluator:
         if name in _UNARY and _UNARY[name] is not None:
             return _UNARY[name](vals[0])
         if name == "erf":
-            import math
             return np.vectorize(math.erf)(vals[0])
         if name in _BINARY:
             return _BINARY[name](*vals)
@@ -205,3 +207,21 @@ def eval_row_hook(func: tir.PrimFunc, rows: np.ndarray, args: list, extras: dict
             env[tu.handle(n)] = np.int64(d)
     TIREvaluator(env).stmt(func.body)
     return out.data
+
+
+def apply_hook(variant, hook: str, env: dict[str, object], extras: dict[str, object], row: np.ndarray | None = None):
+    """The value of ``variant``'s ``hook`` (its identity when the variant has none) at one site.
+
+    ``env`` holds the hook's standard scalar arguments by name (arrays broadcast against each other);
+    a row hook maps ``row[..., d]``, a scalar hook returns its value.
+    """
+    spec = HOOKS[hook]
+    func = variant.hooks.get(hook)
+    if func is None:
+        if spec.row:
+            return row
+        return env[spec.identity] if isinstance(spec.identity, str) else np.asarray(spec.identity)
+    args = [env[n] for n in spec.scalar_names]
+    if spec.row:
+        return eval_row_hook(func, row, args, extras)
+    return eval_scalar_hook(func, args, extras)

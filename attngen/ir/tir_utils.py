@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import tvm
+import tvm.sym
 import tvm.tirx as tir
 import tvm_ffi
 
@@ -135,6 +136,4 @@ def inline_row(func: tir.PrimFunc, args: Iterable):
 
 
 def simplify(expr):
-    import tvm.sym
-
     return tvm.sym.Analyzer().simplify(expr)

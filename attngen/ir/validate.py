@@ -12,8 +12,9 @@ import tvm
 import tvm.tirx as tir
 
 from . import tir_utils as tu
+from .declarations import ScalarParam, StateAlgebra, TensorParam
 from .errors import VariantError
-from .hook_spec import HOOKS, HookSpec
+from .hook_spec import HOOKS, ROW_ARGS, SOFTMAX_ONLY, STANDARD_SCALARS, HookSpec
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _C_KEYWORDS = frozenset(
@@ -24,7 +25,7 @@ _C_KEYWORDS = frozenset(
     decltype noexcept thread_local alignas alignof char16_t char32_t explicit mutable export
     try catch throw""".split()
 )
-_RESERVED = frozenset({"sm_scale", "batch", "qo_pos", "kv_pos", "qo_head", "kv_head", "s", "lse"})
+_RESERVED = STANDARD_SCALARS | {"sm_scale"}  # an extra parameter of one of these names would shadow it
 _PARAM_DTYPES = frozenset({"float32", "int32", "int64", "uint8", "float16", "bfloat16"})
 
 
@@ -41,9 +42,16 @@ def check_identifier(kind: str, value: str, variant: str) -> None:
         )
 
 
-def validate_variant(v) -> None:
-    from .variant import ScalarParam, StateAlgebra, TensorParam
+def check_hook_names(variant: str, names) -> None:
+    """Every hook keyword must name a kind in ``HOOKS``."""
+    unknown = [n for n in names if n not in HOOKS]
+    if unknown:
+        raise VariantError(variant, None, f"unknown hook(s) {unknown}",
+                           f"hooks are {list(HOOKS)}; declare extra parameters in params=[...]")
 
+
+def validate_variant(v) -> None:
+    """Every check of a constructed Variant ``v`` (its name, params, state and hooks)."""
     check_identifier("variant name", v.name, v.name)
     try:
         StateAlgebra(v.state)
@@ -63,13 +71,18 @@ def validate_variant(v) -> None:
             raise VariantError(v.name, None, f"parameter {p.name!r} has unsupported dtype {p.dtype!r}",
                                f"use one of {sorted(_PARAM_DTYPES)}")
         seen.add(p.name)
-    if v.state == StateAlgebra.SUM and "output_transform" in v.hooks:
-        lse_used = any(p.name == "lse" for p in tu.used_vars(v.hooks["output_transform"].body))
-        if lse_used:
-            raise VariantError(v.name, "output_transform", "a sum-state variant has no lse to read",
-                               "drop the use of 'lse' or use state='softmax'")
     for name, func in v.hooks.items():
         _check_hook(v, HOOKS[name], func)
+        if v.state == StateAlgebra.SUM:
+            _check_no_softmax_args(v, HOOKS[name], func)
+
+
+def _check_no_softmax_args(v, spec: HookSpec, func) -> None:
+    used = {p.name for p in tu.used_vars(func.body)}
+    for arg in SOFTMAX_ONLY:
+        if arg in spec.scalar_names and arg in used:
+            raise VariantError(v.name, spec.name, f"a sum-state variant has no {arg} to read",
+                               f"drop the use of '{arg}' or use state='softmax'")
 
 
 def _err(v, hook, problem, fix, node=None):
@@ -82,8 +95,8 @@ def _check_hook(v, spec: HookSpec, func) -> None:
         raise _err(v, spec.name, f"got {type(func).__name__}, not a TIR function",
                    "decorate the hook with @T.prim_func (from tvm.script import tirx as T)")
     params = list(func.params)
-    n_rows = 2 if spec.row else 0
-    n_std = n_rows + len(spec.scalars)
+    n_rows = len(ROW_ARGS) if spec.row else 0
+    n_std = spec.n_standard
     sig_fix = f"declare it as {spec.signature()}"
     if len(params) < n_std:
         raise _err(v, spec.name, f"takes {len(params)} parameters, the contract needs at least {n_std}",
@@ -132,8 +145,6 @@ def _check_return(v, spec, func, sig_fix):
 
 
 def _check_extra_param(v, spec, func, p) -> None:
-    from .variant import TensorParam
-
     decl = v.param(p.name)
     if decl is None:
         declared = [q.name for q in v.params] or "none"

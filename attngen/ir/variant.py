@@ -1,79 +1,39 @@
 """`Variant`: an attention variant defined by its TIR hooks, extra parameters and state algebra."""
 from __future__ import annotations
 
-import enum
 import hashlib
 import inspect
-from dataclasses import dataclass
 from functools import cached_property
 
 import tvm.tirx as tir
 
+from .analysis import VariantAnalysis, analyze_variant
+from .declarations import Param, ScalarParam, StateAlgebra, TensorParam
 from .hook_spec import HOOK_ORDER
-
-
-class StateAlgebra(str, enum.Enum):
-    """How partial attention states combine."""
-
-    SOFTMAX = "softmax"  # (O, lse): normalised output plus base-2 log-sum-exp, merged by lse
-    SUM = "sum"  # unnormalised weighted sum (e.g. sigmoid attention), merged by addition
-
-
-@dataclass(frozen=True)
-class ScalarParam:
-    """A runtime scalar passed to every hook that declares a parameter of this name."""
-
-    name: str
-    dtype: str = "float32"
-    default: float | int | None = None
-    doc: str = ""
-
-
-@dataclass(frozen=True)
-class TensorParam:
-    """A runtime tensor (e.g. ALiBi slopes) readable by hooks; ``shape`` names its dims."""
-
-    name: str
-    dtype: str
-    shape: tuple[str, ...] = ("n",)
-    doc: str = ""
-
-
-Param = ScalarParam | TensorParam
+from .validate import check_hook_names, validate_variant
 
 
 class Variant:
     """An attention variant: name, hooks (TVMScript prim_funcs), extra params, state algebra.
 
-    Hooks left out are the identity (no transform, no mask). Construction runs every
-    check of :mod:`attngen.ir.validate` and raises :class:`VariantError` on the first
-    problem found.
+    Each hook is passed by its name in :data:`attngen.ir.HOOKS` (``query_transform=...``,
+    ``logits_mask=...``, ...). Hooks left out are the identity (no transform, no mask).
+    Construction runs every check of :mod:`attngen.ir.validate` and raises
+    :class:`VariantError` on the first problem found.
     """
 
     def __init__(
         self,
         name: str,
         *,
-        query_transform: tir.PrimFunc | None = None,
-        key_transform: tir.PrimFunc | None = None,
-        logits_transform: tir.PrimFunc | None = None,
-        logits_mask: tir.PrimFunc | None = None,
-        output_transform: tir.PrimFunc | None = None,
         params: tuple[Param, ...] | list[Param] = (),
         state: StateAlgebra | str = StateAlgebra.SOFTMAX,
         doc: str = "",
+        **hooks: tir.PrimFunc | None,
     ):
-        from .validate import validate_variant
-
-        given = dict(
-            query_transform=query_transform,
-            key_transform=key_transform,
-            logits_transform=logits_transform,
-            logits_mask=logits_mask,
-            output_transform=output_transform,
-        )
+        check_hook_names(name, hooks)
         self.name = name
-        self.hooks: dict[str, tir.PrimFunc] = {k: given[k] for k in HOOK_ORDER if given[k] is not None}
+        self.hooks: dict[str, tir.PrimFunc] = {k: hooks[k] for k in HOOK_ORDER if hooks.get(k) is not None}
         self.params: tuple[Param, ...] = tuple(params)
         self.state = state
         self.doc = doc
@@ -107,10 +67,20 @@ class Variant:
         return hashlib.sha256(self.ir_text().encode()).hexdigest()[:16]
 
     @cached_property
-    def analysis(self):
-        from .analysis import analyze_variant
-
+    def analysis(self) -> VariantAnalysis:
         return analyze_variant(self)
 
     def __repr__(self) -> str:
         return f"Variant({self.name!r}, hooks={list(self.hooks)}, state={self.state.value})"
+
+
+def _init_signature() -> inspect.Signature:
+    """``Variant(name, *, params, state, doc, <one keyword per hook kind>)`` for help() and editors."""
+    sig = inspect.signature(Variant.__init__)
+    fixed = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    hooks = [inspect.Parameter(h, inspect.Parameter.KEYWORD_ONLY, default=None, annotation="tir.PrimFunc | None")
+             for h in HOOK_ORDER]
+    return sig.replace(parameters=fixed + hooks)
+
+
+Variant.__init__.__signature__ = _init_signature()

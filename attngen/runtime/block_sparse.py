@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attngen.ir.hook_spec import HEADS
+
 from .checks import AttentionArgumentError, as_numpy, dtype_name
 from .module import empty_like, int32_like
 from .views import BlockSparseView, PagedKV, bsr_page_table, check_bsr, hook_readers, require_position_free
@@ -200,7 +202,7 @@ class BlockSparseAttention:
         if not isinstance(view, HeadwiseBlockSparseView):
             raise AttentionArgumentError(f"view: expected a BlockSparseView or HeadwiseBlockSparseView, got "
                                          f"{type(view).__name__}")
-        readers = hook_readers(self.variant, ("qo_head", "kv_head"))
+        readers = hook_readers(self.variant, HEADS)
         if readers:
             raise AttentionArgumentError(
                 f"variant '{self.variant.name}': {', '.join(readers)}; a headwise view runs one call per KV head "

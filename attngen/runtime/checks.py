@@ -1,9 +1,11 @@
-"""Argument checks run before any kernel launch: each error names the argument and the fix."""
+"""Argument checks run before any kernel launch: each error names the argument and the fix.
+
+The base of the runtime's modules: it imports none of them (the views it checks are read by
+their fields).
+"""
 from __future__ import annotations
 
 import numpy as np
-
-from .views import PagedKV, RaggedKV
 
 
 class AttentionArgumentError(ValueError):
@@ -66,7 +68,8 @@ def check_qkv_heads(q, num_kv_heads: int, head_dim: int) -> None:
             "num_kv_heads (GQA)")
 
 
-def check_paged(kv: PagedKV, head_dim: int, dtype: str, batch: int | None) -> int:
+def check_paged(kv, head_dim: int, dtype: str, batch: int | None) -> int:
+    """Checks of a ``PagedKV`` for a call with ``batch`` requests (None: any); returns the batch size."""
     if kv.layout not in ("NHD", "HND"):
         raise AttentionArgumentError(f"kv.layout: {kv.layout!r} is not 'NHD' or 'HND'")
     check_tensor(kv.pages, "kv.pages", 5, dtype)
@@ -93,7 +96,8 @@ def check_paged(kv: PagedKV, head_dim: int, dtype: str, batch: int | None) -> in
     return b
 
 
-def check_ragged(kv: RaggedKV, head_dim: int, dtype: str, batch: int | None) -> int:
+def check_ragged(kv, head_dim: int, dtype: str, batch: int | None) -> int:
+    """Checks of a ``RaggedKV`` for a call with ``batch`` requests (None: any); returns the batch size."""
     check_tensor(kv.k, "kv.k", 3, dtype)
     check_tensor(kv.v, "kv.v", 3, dtype)
     if tuple(kv.k.shape) != tuple(kv.v.shape) or kv.k.shape[2] != head_dim:

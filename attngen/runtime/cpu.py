@@ -1,19 +1,20 @@
 """PyTorch/NumPy API over a CPU-backend library: batch prefill (ragged or paged KV) and decode.
 
 Each call checks its arguments, allocates or checks the outputs and calls the
-TVM-FFI function for its (kind, layout, dtype, head_dim) from the built library.
+TVM-FFI function for its (kind, layout, dtype, head_dim) from the built library, in the
+calling convention of ``codegen/cpu/attention_tir.py`` (``CPU_SIGNATURES``).
 Outputs: O like q, and the base-2 LSE per (token, head), float32.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
+from attngen import build as build_entry
 from attngen.schedules.build_config import BuildConfig
 
 from .checks import (AttentionArgumentError, check_indptr, check_paged, check_qkv_heads, check_ragged,
                      check_tensor, dtype_name)
-from .module import BuiltModule, empty_like, int32_like, resolve_sm_scale
+from .module import BuiltModule, empty_like, resolve_sm_scale
 from .params import resolve_params
 from .views import PagedKV, RaggedKV
 
@@ -32,10 +33,9 @@ class CPUAttention(BuiltModule):
 
     @classmethod
     def build(cls, variant, head_dims=(128,), dtypes=("float32",), layouts=("NHD", "HND"), **kwargs):
-        from attngen.codegen.pipeline import run_pipeline
-
-        res = run_pipeline(variant, BuildConfig("cpu", tuple(head_dims), tuple(dtypes), layouts=tuple(layouts)),
-                           **kwargs)
+        """Build (or take from the cache) ``variant``'s CPU library; ``kwargs`` go to ``attngen.build.build``."""
+        config = BuildConfig("cpu", tuple(head_dims), tuple(dtypes), layouts=tuple(layouts))
+        res = build_entry.build(variant, config, **kwargs)
         return cls(variant, res.library, res.manifest)
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, sm_scale: float | None = None,
@@ -48,11 +48,11 @@ class CPUAttention(BuiltModule):
         if isinstance(kv, PagedKV):
             check_paged(kv, d, dt, batch)
             fn = self.function(f"batch_prefill_paged_{kv.layout.lower()}", dt, d)
-            a, b, indptr, last = kv.pages, kv.indices, kv.indptr, kv.last_page_len
+            kv_args = (_nonempty(kv.pages), kv.indptr, _nonempty(kv.indices), kv.last_page_len)
         elif isinstance(kv, RaggedKV):
             check_ragged(kv, d, dt, batch)
             fn = self.function("batch_prefill_ragged", dt, d)
-            a, b, indptr, last = kv.k, kv.v, kv.indptr, int32_like(q, np.zeros(batch))
+            kv_args = (_nonempty(kv.k), _nonempty(kv.v), kv.indptr)
         else:
             raise AttentionArgumentError(f"kv: expected PagedKV or RaggedKV, got {type(kv).__name__}")
         check_qkv_heads(q, kv.num_kv_heads, d)
@@ -61,7 +61,7 @@ class CPUAttention(BuiltModule):
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:  # nothing to attend; zero-size index arrays cannot cross the FFI boundary
             return out, lse
-        fn(*map(_nonempty, (q, a, b)), indptr, last, qo_indptr, *map(_nonempty, (out, lse)), scale, *extras)
+        fn(_nonempty(q), qo_indptr, *kv_args, _nonempty(out), _nonempty(lse), scale, *extras)
         return out, lse
 
     def decode(self, q, kv: PagedKV, *, sm_scale: float | None = None, params: dict | None = None,
@@ -79,6 +79,5 @@ class CPUAttention(BuiltModule):
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:
             return out, lse
-        fn(*map(_nonempty, (q, kv.pages, kv.indices)), kv.indptr, kv.last_page_len, kv.indptr,
-           *map(_nonempty, (out, lse)), scale, *extras)
+        fn(q, _nonempty(kv.pages), kv.indptr, _nonempty(kv.indices), kv.last_page_len, out, lse, scale, *extras)
         return out, lse

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from attngen.ir import StateAlgebra
-from attngen.ir.tir_eval import eval_row_hook, eval_scalar_hook
+from attngen.ir.tir_eval import apply_hook
 
 
 def reference_attention(variant, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
@@ -21,7 +21,6 @@ def reference_attention(variant, q: np.ndarray, keys: list[np.ndarray], values: 
     Returns (o [total_q, Hq, D] float64, lse [total_q, Hq] float64, base 2).
     """
     params = params or {}
-    hooks = variant.hooks
     total_q, n_qo, d = q.shape
     o = np.zeros((total_q, n_qo, d))
     lse = np.zeros((total_q, n_qo))
@@ -39,23 +38,20 @@ def reference_attention(variant, q: np.ndarray, keys: list[np.ndarray], values: 
         heads = np.arange(n_qo)
         kv_heads = np.arange(n_kv)
         qb = q[q0:q1].astype(np.float64)  # [qo_len, Hq, D]
-        if "query_transform" in hooks:
-            qb = eval_row_hook(hooks["query_transform"], qb, [qo_pos[:, None], heads[None, :]], params)
-        if "key_transform" in hooks and kv_len:
-            k = eval_row_hook(hooks["key_transform"], k, [kv_pos[:, None], kv_heads[None, :]], params)
+        # each site's standard arguments, broadcasting over the rows or scores of that site
+        query_rows = dict(batch=b, qo_pos=qo_pos[:, None], qo_head=heads[None, :])  # [qo_len, Hq]
+        key_rows = dict(batch=b, kv_pos=kv_pos[:, None], kv_head=kv_heads[None, :])  # [kv_len, Hkv]
+        qb = apply_hook(variant, "query_transform", query_rows, params, qb)
+        if kv_len:
+            k = apply_hook(variant, "key_transform", key_rows, params, k)
         kx = np.repeat(k, group, axis=1)  # [kv_len, Hq, D]
         vx = np.repeat(v, group, axis=1)
         s = np.einsum("ihd,jhd->hij", qb, kx) * sm_scale  # [Hq, qo_len, kv_len]
         H = heads[:, None, None]
-        I = qo_pos[None, :, None]
-        J = kv_pos[None, None, :]
-        if "logits_transform" in hooks:
-            s = eval_scalar_hook(hooks["logits_transform"], [s, b, I, J, H, H // group], params)
-            s = np.broadcast_to(s, (n_qo, qo_len, kv_len)).astype(np.float64)
-        visible = np.ones_like(s, dtype=bool)
-        if "logits_mask" in hooks:
-            visible = np.broadcast_to(eval_scalar_hook(hooks["logits_mask"], [b, I, J, H, H // group], params),
-                                      s.shape)
+        scores = dict(s=s, batch=b, qo_pos=qo_pos[None, :, None], kv_pos=kv_pos[None, None, :], qo_head=H,
+                      kv_head=H // group)
+        s = np.broadcast_to(apply_hook(variant, "logits_transform", scores, params), s.shape).astype(np.float64)
+        visible = np.broadcast_to(apply_hook(variant, "logits_mask", scores, params), s.shape)
         if variant.state == StateAlgebra.SUM:
             w = np.where(visible, s, 0.0)
             ob = np.einsum("hij,jhd->ihd", w, vx)
@@ -70,9 +66,7 @@ def reference_attention(variant, q: np.ndarray, keys: list[np.ndarray], values: 
             with np.errstate(divide="ignore"):
                 lb = ((np.log(denom) + safe_m)[..., 0] / np.log(2.0)).T  # [qo_len, Hq]
             lb = np.where(denom[..., 0].T > 0, lb, -np.inf)
-        if "output_transform" in hooks:
-            ob = eval_row_hook(hooks["output_transform"], ob,
-                               [b, qo_pos[:, None], heads[None, :], lb], params)
+        ob = apply_hook(variant, "output_transform", dict(query_rows, lse=lb), params, ob)
         o[q0:q1] = ob
         lse[q0:q1] = lb
     return o, lse

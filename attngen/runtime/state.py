@@ -4,7 +4,8 @@ A state is (v, s): v [n, H, D] the normalised output over some keys, s [n, H] it
 log-sum-exp. Merging is exact up to rounding, associative and commutative; an empty
 state (s = -inf) passes the other through and two empty states stay empty (0, -inf).
 Runs on the CPU backend (TIR built by LLVM) for NumPy arrays and CPU torch tensors, and on
-CUDA kernels (``csrc/merge_states.cu``) for CUDA tensors, on the current stream.
+CUDA kernels (``csrc/merge_states.cu``) for CUDA tensors, on the current stream; both libraries
+come from the build entry point (:func:`attngen.build.support_library`), built on first use.
 """
 from __future__ import annotations
 
@@ -12,25 +13,22 @@ import functools
 
 import tvm_ffi
 
+from attngen import build as build_entry
 from attngen.schedules.build_config import DTYPE_SHORT
 
 from .checks import AttentionArgumentError, check_tensor, dtype_name
+from .cuda import current_arch
 from .module import empty_like
-
 
 
 @functools.lru_cache(maxsize=None)
 def _cpu_library():
-    from attngen.codegen.cpu.merge_tir import build_merge_library
-
-    return tvm_ffi.load_module(str(build_merge_library()))
+    return tvm_ffi.load_module(str(build_entry.support_library("merge_cpu")))
 
 
 @functools.lru_cache(maxsize=None)
 def _cuda_library(arch: str):
-    from attngen.codegen.host_library import build_merge_cuda_library
-
-    return tvm_ffi.load_module(str(build_merge_cuda_library((arch,))))
+    return tvm_ffi.load_module(str(build_entry.support_library("merge_cuda", archs=(arch,))))
 
 
 def _fn(kind: str, v):
@@ -40,8 +38,6 @@ def _fn(kind: str, v):
     if dt not in allowed:
         raise AttentionArgumentError(f"v: dtype {dt} is not supported by state merging here; use one of {allowed}")
     if on_gpu:
-        from .cuda import current_arch
-
         return _cuda_library(current_arch())[f"{kind}_{DTYPE_SHORT[dt]}"]
     return _cpu_library()[f"{kind}_{DTYPE_SHORT[dt]}"]
 

@@ -6,6 +6,11 @@ from typing import Any
 
 import numpy as np
 
+from attngen.ir.hook_spec import POSITIONS
+
+from .checks import AttentionArgumentError, as_numpy
+from .module import int32_like
+
 Tensor = Any  # numpy.ndarray or torch.Tensor
 
 
@@ -56,9 +61,7 @@ def hook_readers(variant, indices: tuple[str, ...]) -> list[str]:
 def require_position_free(variant, view: str) -> None:
     """Views that renumber keys (cascade levels, block-sparse rows) serve only variants whose hooks
     never read a position."""
-    from .checks import AttentionArgumentError
-
-    readers = hook_readers(variant, ("qo_pos", "kv_pos"))
+    readers = hook_readers(variant, POSITIONS)
     if readers:
         raise AttentionArgumentError(
             f"variant '{variant.name}': {', '.join(readers)}; {view} number keys from 0 in every view, so "
@@ -71,8 +74,6 @@ def check_bsr(indptr, indices, num_key_blocks: int, where: str = "") -> tuple[np
     indptr: [MB+1], from 0, non-decreasing, ending at nnz; indices: [nnz] key-block ids in
     [0, num_key_blocks), strictly ascending within each block row (a repeated block would count twice).
     """
-    from .checks import AttentionArgumentError, as_numpy
-
     ip = np.asarray(as_numpy(indptr, f"indptr{where}")).astype(np.int64).reshape(-1)
     ix = np.asarray(as_numpy(indices, f"indices{where}")).astype(np.int64).reshape(-1)
     if len(ip) < 1 or ip[0] != 0 or np.any(np.diff(ip) < 0) or ip[-1] != len(ix):
@@ -134,9 +135,6 @@ class BlockSparseView:
 
     def as_paged(self, pages, layout: str = "NHD") -> tuple[Any, PagedKV]:
         """(qo_indptr [MB+1], PagedKV) running the view through the paged prefill kernels."""
-        from .checks import AttentionArgumentError, as_numpy
-        from .module import int32_like
-
         c = int(pages.shape[2] if layout == "NHD" else pages.shape[3])
         n_blocks = -(-self.num_kv_rows // c)
         mb = -(-self.num_q_rows // self.block_rows)

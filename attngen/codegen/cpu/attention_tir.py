@@ -1,106 +1,221 @@
-"""Kernel factory: batch attention as a TIR program for the CPU (LLVM) backend.
+"""Kernel factory: batch attention as one online-softmax TIR program for the CPU (LLVM) backend.
 
-``attention_program(...)`` returns a PrimFunc over ragged queries and ragged or
-paged KV, with placeholder calls ``attngen_hook_<name>`` where the variant's hooks
-go; :mod:`.inline_hooks` replaces them with the hooks' bodies. One query row per
-parallel iteration, an online softmax in float32, base-2 LSE, GQA by integer
-division of the query head. Positions are logical: query row i of a request with
-qo_len rows and kv_len keys sits at qo_pos = kv_len - qo_len + i.
+``online_softmax_program(spec)`` writes the program that both CPU consumers build: attngen's own
+exported kernels (:func:`attention_program`: ragged, paged and decode) and TVM PagedKVCache's
+attention slots (:mod:`.tvm_slots`). Its parameters are the union of what either calling
+convention passes (``PROGRAM_PARAMS``); each consumer keeps the ones its convention takes, in its
+order (:func:`with_signature`), and the body reads only those.
+
+One query row per parallel iteration, scores in float32, an online softmax with a base-2 LSE,
+GQA by integer division of the query head. Every hook kind is called at its site through a
+placeholder that :mod:`.inline_hooks` replaces with the variant's hook or the kind's identity;
+keys are transformed once per call into a float32 copy when a key hook (or TVM's inline RoPE)
+applies. Positions are logical: in attngen's convention query row i of a request with qo_len
+rows and kv_len keys sits at qo_pos = kv_len - qo_len + i and key j at kv_pos = j; in TVM's they
+come from ``q_rope_position`` and ``k_rope_pos_offset``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
-import tvm
+import tvm.tirx as tir
 from tvm.script import tirx as T
 
+from attngen.ir import HOOKS, Site, StateAlgebra
+
+from .inline_hooks import hook_call, row_hook_call
+
 LOG2E = 1.4426950408889634
+NO_KEY_LSE = -5.0e4  # TVM's lse for a row that sees no key (merged as weight 0)
+
+# online_softmax_program's parameters, in its own order.
+PROGRAM_PARAMS = ("q", "qo_indptr", "k", "v", "kv_indptr", "pages", "page_indptr", "page_indices",
+                  "length_info", "q_rope_position", "k_rope_pos_offset", "o", "lse", "causal",
+                  "rotary_mode", "rope_scale", "rope_theta", "sm_scale")
 
 
 @dataclass(frozen=True)
-class CPUKernelSpec:
-    """What one CPU attention function is specialised for."""
+class TVMConvention:
+    """TVM PagedKVCache's slot convention: positions from ``q_rope_position`` / ``k_rope_pos_offset``,
+    a run-time ``causal`` flag on prefill, ``rotary_mode`` asserted, lse = NO_KEY_LSE for a row
+    that sees no key."""
 
-    kv: str  # "ragged" | "paged"
-    decode: bool  # one query per request, q[B, Hq, D] (paged only)
+    sliding_length_info: bool = False  # length_info[3, B] = (last_page_len, sliding_window_offset, sink_size)
+    window: int = 0  # prefill, with causal: a key is visible only when qo_pos - kv_pos < window (0: none)
+    inline_rope: bool = False  # TVM's RoPE on q and k before the hooks (rotary_mode 1; else rotary_mode 0)
+    name: str = "attention"  # the function's name, for its run-time error
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """What one online-softmax program is specialised for (shape and schedule knobs)."""
+
     head_dim: int
     dtype: str  # q/k/v/o element type: "float32" | "float16"
-    layout: str = "NHD"  # paged layout: "NHD" pages[P, 2, S, Hkv, D] | "HND" pages[P, 2, Hkv, S, D]
-    has_query_transform: bool = False
-    has_key_transform: bool = False
-    has_logits_transform: bool = False
-    has_mask: bool = False
-    has_output_transform: bool = False
-    softmax: bool = True  # False: unnormalised sum state
-    q_scale_log2e: bool = True  # fold log2(e) into the query scale (no logits transform)
+    kv: str  # "ragged": k, v [total_kv, Hkv, D] | "paged": pages with a page table
+    decode: bool = False  # one query per request (paged only): q [B, Hq, D], no qo_indptr
+    page_layout: str = "NHD"  # "NHD": pages [P, 2, S, Hkv, D] | "HND": pages [P, 2, Hkv, S, D]
+    tvm: TVMConvention | None = None  # TVM's slot convention, or None for attngen's own
+    transform_keys: bool = False  # a key hook applies: keys are transformed once per call
+    softmax: bool = True  # False: unnormalised sum state (lse = 0)
+    q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
 
-    @property
-    def func_name(self) -> str:
-        if self.decode:
-            return f"batch_decode_paged_{self.layout.lower()}"
-        return f"batch_prefill_{self.kv}" + (f"_{self.layout.lower()}" if self.kv == "paged" else "")
+    def __post_init__(self):
+        if self.decode and self.kv != "paged":
+            raise ValueError("decode kernels read a paged KV cache")
 
 
-def attention_program(spec: CPUKernelSpec) -> tvm.tirx.PrimFunc:
-    D = spec.head_dim
-    dt = spec.dtype
-    paged = spec.kv == "paged"
-    hnd = spec.layout == "HND"
-    decode = spec.decode
-    has_qt, has_kt = spec.has_query_transform, spec.has_key_transform
-    has_lt, has_mask, has_ot = spec.has_logits_transform, spec.has_mask, spec.has_output_transform
+def kernel_flags(variant) -> dict:
+    """The variant-dependent knobs of a kernel spec: whether keys pass a hook at load, the state, the
+    scale folding. The other hooks need no knob: they are inlined at their placeholders."""
+    return dict(
+        transform_keys=any(HOOKS[h].site is Site.KEY_LOAD for h in variant.hooks),
+        softmax=variant.state == StateAlgebra.SOFTMAX,
+        q_scale_log2e=variant.analysis.scale.q_scale_log2e,
+    )
+
+
+def with_signature(program: tir.PrimFunc, names: tuple[str, ...]) -> tir.PrimFunc:
+    """``program`` taking only the parameters ``names`` (of ``PROGRAM_PARAMS``), in that order."""
+    by_name = dict(zip(PROGRAM_PARAMS, program.params, strict=True))
+    return tir.PrimFunc([by_name[n] for n in names], program.body, program.ret_type, program.attrs)
+
+
+def tvm_rope(x, d, pos, rope_scale, rope_theta, head_dim: int):
+    """TVM's rotate-half RoPE of element ``d`` of the float32 row ``x`` at position ``pos``."""
+    half = head_dim // 2
+    angle = T.Cast("float32", pos) * rope_scale / T.pow(
+        rope_theta, T.Cast("float32", (d * 2) % head_dim) / T.float32(head_dim))
+    partner = T.if_then_else(d < half, -x[d + half], x[d - half])
+    return T.cos(angle) * x[d] + T.sin(angle) * partner
+
+
+def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
+    """The program for ``spec``, taking every parameter of ``PROGRAM_PARAMS``, with hook placeholders."""
+    D, dt = spec.head_dim, spec.dtype
+    paged, decode, hnd = spec.kv == "paged", spec.decode, spec.page_layout == "HND"
+    tvm_conv = spec.tvm is not None
+    sliding = tvm_conv and spec.tvm.sliding_length_info
+    rope = tvm_conv and spec.tvm.inline_rope
+    causal_flag = tvm_conv and not decode  # TVM's decode slots attend to every key they are given
+    window = spec.tvm.window if tvm_conv else 0
+    use_kt = rope or spec.transform_keys
     softmax = spec.softmax
     log2e_q = spec.q_scale_log2e
     log2e_s = softmax and not spec.q_scale_log2e
-    neg_inf = tvm.tirx.const(float("-inf"), "float32")
-    if decode and not paged:
-        raise ValueError("decode kernels read a paged KV cache")
+    empty_lse = NO_KEY_LSE if tvm_conv else float("-inf")
+    neg_inf = tir.const(float("-inf"), "float32")
+    want_rotary = 1 if rope else 0
+    rotary_msg = (f"attngen {spec.tvm.name if tvm_conv else ''} was built for rotary_mode={want_rotary} but TVM "
+                  "called it with another: rebuild the slots with the cache's rope_mode")
+
+    def seq_offset(length_info, j, b):
+        """Sequence offset of chunk key j: sink keys first, then the window after its offset."""
+        if not sliding:
+            return j
+        return T.if_then_else(j < length_info[2, b], j, j - length_info[2, b] + length_info[1, b])
+
+    def kv_element(storage, half: int, row, slot, hk, d):
+        """Element d of KV head hk of a key (half 0) or value (half 1): ``storage`` is pages (``row`` a
+        page, ``slot`` the place in it) or the ragged k / v (``row`` the key row, ``slot`` unused).
+        Callers locate chunk key j of request b once per key (``seq_off``, ``kv_row``, ``kv_slot``)."""
+        if not paged:
+            return storage[row, hk, d]
+        if hnd:
+            return storage[row, half, hk, slot, d]
+        return storage[row, half, slot, hk, d]
+
+    def key_visible(causal, qo_pos, kv_pos, b, h, hk):
+        seen = hook_call("logits_mask", b, qo_pos, kv_pos, h, hk)
+        if not causal_flag:
+            return seen
+        order = tir.LE(kv_pos, qo_pos)
+        if window:
+            order = tir.And(order, tir.LT(qo_pos - kv_pos, window))
+        return tir.And(tir.Or(tir.EQ(causal, 0), order), seen)
 
     # fmt: off
     @T.prim_func
-    def attention(q_ptr: T.handle,  # [total_q, Hq, D] (decode: [B, Hq, D])
-                  kv_a_ptr: T.handle,  # ragged: k[total_kv, Hkv, D]; paged: pages[P, 2, S, Hkv, D] / [P, 2, Hkv, S, D]
-                  kv_b_ptr: T.handle,  # ragged: v[total_kv, Hkv, D]; paged: page_indices[nnz]
-                  kv_indptr_ptr: T.handle,  # ragged: kv_indptr[B+1]; paged: page_indptr[B+1]
-                  last_page_len_ptr: T.handle,  # paged: last_page_len[B]; ragged: unused [B]
-                  qo_indptr_ptr: T.handle,  # [B+1] (decode: unused)
-                  o_ptr: T.handle,  # like q
-                  lse_ptr: T.handle,  # [total_q, Hq] float32, base 2
+    def attention(q: T.handle,  # [total_q, Hq, D] (decode: [B, Hq, D])
+                  qo_indptr: T.handle,  # [B+1] (not decode)
+                  k: T.handle,  # ragged: [total_kv, Hkv, D]
+                  v: T.handle,  # ragged: [total_kv, Hkv, D]
+                  kv_indptr: T.handle,  # ragged: [B+1]
+                  pages: T.handle,  # paged: [P, 2, S, Hkv, D] (NHD) | [P, 2, Hkv, S, D] (HND)
+                  page_indptr: T.handle,  # paged: [B+1]
+                  page_indices: T.handle,  # paged: [nnz_pages]
+                  length_info: T.handle,  # paged: last_page_len [B] (TVM's sliding-window slots: [3, B])
+                  q_rope_position: T.handle,  # TVM: [total_q] (decode: [B]) position of each query row
+                  k_rope_pos_offset: T.handle,  # TVM: [B] position of each request's first key
+                  o: T.handle,  # like q
+                  lse: T.handle,  # [total_q, Hq] float32, base 2
+                  causal: T.int32,  # TVM prefill: 0 lets every query see every key
+                  rotary_mode: T.int32,  # TVM
+                  rope_scale: T.float32,  # TVM, inline RoPE
+                  rope_theta: T.float32,  # TVM, inline RoPE
                   sm_scale: T.float32):
+        batch_plus_1 = T.int32()
         total_q = T.int32()
         n_qo_heads = T.int32()
         n_kv_heads = T.int32()
-        batch_plus_1 = T.int32()
-        n_rows_a = T.int32()
-        n_rows_b = T.int32()
+        n_kv_rows = T.int32()
+        n_pages_total = T.int32()
         page_size = T.int32()
-        n_qo_idx = T.int32()
-        Q = T.match_buffer(q_ptr, (total_q, n_qo_heads, D), dt)
-        O = T.match_buffer(o_ptr, (total_q, n_qo_heads, D), dt)
-        LSE = T.match_buffer(lse_ptr, (total_q, n_qo_heads), "float32")
-        KV_INDPTR = T.match_buffer(kv_indptr_ptr, (batch_plus_1,), "int32")
-        LAST_PAGE_LEN = T.match_buffer(last_page_len_ptr, (batch_plus_1 - 1,), "int32")
-        QO_INDPTR = T.match_buffer(qo_indptr_ptr, (n_qo_idx,), "int32")
+        nnz_pages = T.int32()
+        # index arrays may be views with an element offset (TVM passes such views)
+        qo_indptr_off = T.int32()
+        kv_indptr_off = T.int32()
+        page_indptr_off = T.int32()
+        page_indices_off = T.int32()
+        length_info_off = T.int32()
+        q_pos_off = T.int32()
+        k_pos_off = T.int32()
+        if decode:
+            Q = T.match_buffer(q, (batch_plus_1 - 1, n_qo_heads, D), dt)
+            O = T.match_buffer(o, (batch_plus_1 - 1, n_qo_heads, D), dt)
+            LSE = T.match_buffer(lse, (batch_plus_1 - 1, n_qo_heads), "float32")
+        else:
+            Q = T.match_buffer(q, (total_q, n_qo_heads, D), dt)
+            O = T.match_buffer(o, (total_q, n_qo_heads, D), dt)
+            LSE = T.match_buffer(lse, (total_q, n_qo_heads), "float32")
+            QO_INDPTR = T.match_buffer(qo_indptr, (batch_plus_1,), "int32", elem_offset=qo_indptr_off)
         if paged:
             if hnd:
-                PAGES = T.match_buffer(kv_a_ptr, (n_rows_a, 2, n_kv_heads, page_size, D), dt)
+                PAGES = T.match_buffer(pages, (n_pages_total, 2, n_kv_heads, page_size, D), dt)
             else:
-                PAGES = T.match_buffer(kv_a_ptr, (n_rows_a, 2, page_size, n_kv_heads, D), dt)
-            PAGE_IDX = T.match_buffer(kv_b_ptr, (n_rows_b,), "int32")
+                PAGES = T.match_buffer(pages, (n_pages_total, 2, page_size, n_kv_heads, D), dt)
+            PAGE_INDPTR = T.match_buffer(page_indptr, (batch_plus_1,), "int32", elem_offset=page_indptr_off)
+            PAGE_IDX = T.match_buffer(page_indices, (nnz_pages,), "int32", elem_offset=page_indices_off)
+            if sliding:
+                LENGTH_INFO = T.match_buffer(length_info, (3, batch_plus_1 - 1), "int32", elem_offset=length_info_off)
+            else:
+                LENGTH_INFO = T.match_buffer(length_info, (batch_plus_1 - 1,), "int32", elem_offset=length_info_off)
         else:
-            K = T.match_buffer(kv_a_ptr, (n_rows_a, n_kv_heads, D), dt)
-            V = T.match_buffer(kv_b_ptr, (n_rows_a, n_kv_heads, D), dt)
-        group: T.let = n_qo_heads // n_kv_heads
-        if has_kt:
-            if paged:
-                KT = T.alloc_buffer((n_rows_b * page_size, n_kv_heads, D), "float32")
+            K = T.match_buffer(k, (n_kv_rows, n_kv_heads, D), dt)
+            V = T.match_buffer(v, (n_kv_rows, n_kv_heads, D), dt)
+            KV_INDPTR = T.match_buffer(kv_indptr, (batch_plus_1,), "int32", elem_offset=kv_indptr_off)
+        if tvm_conv:
+            if decode:
+                Q_POS = T.match_buffer(q_rope_position, (batch_plus_1 - 1,), "int32", elem_offset=q_pos_off)
             else:
-                KT = T.alloc_buffer((n_rows_a, n_kv_heads, D), "float32")
+                Q_POS = T.match_buffer(q_rope_position, (total_q,), "int32", elem_offset=q_pos_off)
+            K_POS0 = T.match_buffer(k_rope_pos_offset, (batch_plus_1 - 1,), "int32", elem_offset=k_pos_off)
+            assert rotary_mode == want_rotary, rotary_msg
+        group: T.let = n_qo_heads // n_kv_heads
+        if use_kt:  # keys after RoPE and the key hook, float32
+            if paged:
+                KT = T.alloc_buffer((nnz_pages * page_size, n_kv_heads, D), "float32")
+            else:
+                KT = T.alloc_buffer((n_kv_rows, n_kv_heads, D), "float32")
         for b in range(batch_plus_1 - 1):
             if paged:
-                n_pages: T.let = KV_INDPTR[b + 1] - KV_INDPTR[b]
-                kv_len: T.let = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + LAST_PAGE_LEN[b], 0)
-                k_base: T.let = KV_INDPTR[b] * page_size
+                n_pages: T.let = PAGE_INDPTR[b + 1] - PAGE_INDPTR[b]
+                if sliding:
+                    kv_len: T.let = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + LENGTH_INFO[0, b]
+                                                   - LENGTH_INFO[1, b] + LENGTH_INFO[2, b], 0)
+                else:
+                    kv_len: T.let = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + LENGTH_INFO[b], 0)
+                k_base: T.let = PAGE_INDPTR[b] * page_size
             else:
                 kv_len: T.let = KV_INDPTR[b + 1] - KV_INDPTR[b]
                 k_base: T.let = KV_INDPTR[b]
@@ -110,21 +225,30 @@ def attention_program(spec: CPUKernelSpec) -> tvm.tirx.PrimFunc:
             else:
                 qo_start: T.let = QO_INDPTR[b]
                 qo_len: T.let = QO_INDPTR[b + 1] - QO_INDPTR[b]
-            if has_kt:
+            if tvm_conv:
+                kv_pos0: T.let = K_POS0[b]
+            else:
+                kv_pos0: T.let = 0
+            if use_kt:
                 for jh in T.parallel(kv_len * n_kv_heads):
                     k_in = T.alloc_buffer((D,), "float32", scope="local")
                     k_out = T.alloc_buffer((D,), "float32", scope="local")
                     j: T.let = jh // n_kv_heads
                     hk: T.let = jh % n_kv_heads
-                    for d in range(D):
-                        if paged:
-                            if hnd:
-                                k_in[d] = T.Cast("float32", PAGES[PAGE_IDX[KV_INDPTR[b] + j // page_size], 0, hk, j % page_size, d])
-                            else:
-                                k_in[d] = T.Cast("float32", PAGES[PAGE_IDX[KV_INDPTR[b] + j // page_size], 0, j % page_size, hk, d])
-                        else:
-                            k_in[d] = T.Cast("float32", K[k_base + j, hk, d])
-                    T.evaluate(T.call_extern("int32", "attngen_hook_key_transform", j, hk))
+                    kv_pos: T.let = kv_pos0 + j
+                    seq_off: T.let = seq_offset(LENGTH_INFO, j, b) if paged else j
+                    kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size] if paged else k_base + j
+                    kv_slot: T.let = seq_off % page_size if paged else 0
+                    if rope:
+                        k_raw = T.alloc_buffer((D,), "float32", scope="local")
+                        for d in range(D):
+                            k_raw[d] = T.Cast("float32", kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d))
+                        for d in range(D):
+                            k_in[d] = tvm_rope(k_raw, d, kv_pos, rope_scale, rope_theta, D)
+                    else:
+                        for d in range(D):
+                            k_in[d] = T.Cast("float32", kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d))
+                    T.evaluate(row_hook_call("key_transform", k_in, k_out, kv_pos, hk))
                     for d in range(D):
                         KT[k_base + j, hk, d] = k_out[d]
             for ih in T.parallel(qo_len * n_qo_heads):
@@ -136,14 +260,21 @@ def attention_program(spec: CPUKernelSpec) -> tvm.tirx.PrimFunc:
                 i: T.let = ih // n_qo_heads
                 h: T.let = ih % n_qo_heads
                 hk: T.let = h // group
-                qo_pos: T.let = kv_len - qo_len + i
-                for d in range(D):
-                    q_in[d] = T.Cast("float32", Q[qo_start + i, h, d])
-                if has_qt:
-                    T.evaluate(T.call_extern("int32", "attngen_hook_query_transform", qo_pos, h))
+                row: T.let = qo_start + i
+                if tvm_conv:
+                    qo_pos: T.let = Q_POS[row]
+                else:
+                    qo_pos: T.let = kv_len - qo_len + i
+                if rope:
+                    q_raw = T.alloc_buffer((D,), "float32", scope="local")
+                    for d in range(D):
+                        q_raw[d] = T.Cast("float32", Q[row, h, d])
+                    for d in range(D):
+                        q_in[d] = tvm_rope(q_raw, d, qo_pos, rope_scale, rope_theta, D)
                 else:
                     for d in range(D):
-                        q_out[d] = q_in[d]
+                        q_in[d] = T.Cast("float32", Q[row, h, d])
+                T.evaluate(row_hook_call("query_transform", q_in, q_out, qo_pos, h))
                 for d in range(D):
                     if log2e_q:
                         q_out[d] = q_out[d] * (sm_scale * T.float32(LOG2E))
@@ -153,21 +284,19 @@ def attention_program(spec: CPUKernelSpec) -> tvm.tirx.PrimFunc:
                 m: T.float32 = neg_inf
                 denom: T.float32 = T.float32(0)
                 for j in range(kv_len):
-                    visible: T.let = T.call_extern("bool", "attngen_hook_logits_mask", b, qo_pos, j, h, hk) if has_mask else True
-                    if visible:
+                    kv_pos: T.let = kv_pos0 + j
+                    if key_visible(causal, qo_pos, kv_pos, b, h, hk):
+                        seq_off: T.let = seq_offset(LENGTH_INFO, j, b) if paged else j
+                        kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size] if paged else k_base + j
+                        kv_slot: T.let = seq_off % page_size if paged else 0
                         s: T.float32 = T.float32(0)
                         for d in range(D):
-                            if has_kt:
+                            if use_kt:
                                 s = s + q_out[d] * KT[k_base + j, hk, d]
-                            elif paged:
-                                if hnd:
-                                    s = s + q_out[d] * T.Cast("float32", PAGES[PAGE_IDX[KV_INDPTR[b] + j // page_size], 0, hk, j % page_size, d])
-                                else:
-                                    s = s + q_out[d] * T.Cast("float32", PAGES[PAGE_IDX[KV_INDPTR[b] + j // page_size], 0, j % page_size, hk, d])
                             else:
-                                s = s + q_out[d] * T.Cast("float32", K[k_base + j, hk, d])
-                        if has_lt:
-                            s = T.call_extern("float32", "attngen_hook_logits_transform", s, b, qo_pos, j, h, hk)
+                                key: T.let = kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d)
+                                s = s + q_out[d] * T.Cast("float32", key)
+                        s = hook_call("logits_transform", s, b, qo_pos, kv_pos, h, hk)
                         if log2e_s:
                             s = s * T.float32(LOG2E)
                         if softmax:
@@ -181,26 +310,72 @@ def attention_program(spec: CPUKernelSpec) -> tvm.tirx.PrimFunc:
                             rescale: T.let = T.float32(1)
                             w: T.let = s
                         for d in range(D):
-                            if paged:
-                                if hnd:
-                                    acc[d] = acc[d] * rescale + w * T.Cast("float32", PAGES[PAGE_IDX[KV_INDPTR[b] + j // page_size], 1, hk, j % page_size, d])
-                                else:
-                                    acc[d] = acc[d] * rescale + w * T.Cast("float32", PAGES[PAGE_IDX[KV_INDPTR[b] + j // page_size], 1, j % page_size, hk, d])
-                            else:
-                                acc[d] = acc[d] * rescale + w * T.Cast("float32", V[k_base + j, hk, d])
-                row_lse: T.let = T.if_then_else(denom > T.float32(0), m + T.log2(denom), neg_inf) if softmax else T.float32(0)
+                            value: T.let = kv_element(PAGES if paged else V, 1, kv_row, kv_slot, hk, d)
+                            acc[d] = acc[d] * rescale + w * T.Cast("float32", value)
+                if softmax:
+                    row_lse: T.let = T.if_then_else(denom > T.float32(0), m + T.log2(denom), T.float32(empty_lse))
+                else:
+                    row_lse: T.let = T.float32(0)
                 for d in range(D):
                     if softmax:
                         o_in[d] = T.if_then_else(denom > T.float32(0), acc[d] / denom, T.float32(0))
                     else:
                         o_in[d] = acc[d]
-                if has_ot:
-                    T.evaluate(T.call_extern("int32", "attngen_hook_output_transform", b, qo_pos, h, row_lse))
-                else:
-                    for d in range(D):
-                        o_out[d] = o_in[d]
+                T.evaluate(row_hook_call("output_transform", o_in, o_out, b, qo_pos, h, row_lse))
                 for d in range(D):
-                    O[qo_start + i, h, d] = T.Cast(dt, o_out[d])
-                LSE[qo_start + i, h] = row_lse
+                    O[row, h, d] = T.Cast(dt, o_out[d])
+                LSE[row, h] = row_lse
     # fmt: on
-    return attention.with_attr("global_symbol", spec.func_name)
+    return attention
+
+
+@dataclass(frozen=True)
+class CPUKernelSpec:
+    """What one of attngen's exported CPU attention functions is specialised for."""
+
+    kv: str  # "ragged" | "paged"
+    decode: bool  # one query per request, q[B, Hq, D] (paged only)
+    head_dim: int
+    dtype: str  # q/k/v/o element type: "float32" | "float16"
+    layout: str = "NHD"  # paged layout: "NHD" pages[P, 2, S, Hkv, D] | "HND" pages[P, 2, Hkv, S, D]
+    transform_keys: bool = False  # the variant's keys pass a hook at load (see kernel_flags)
+    softmax: bool = True  # False: unnormalised sum state
+    q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
+    # Accepted from callers that still describe a variant by one flag per hook kind: only a key hook
+    # changes the program, every other hook is inlined from the variant at its placeholder.
+    has_query_transform: InitVar[bool] = False
+    has_key_transform: InitVar[bool] = False
+    has_logits_transform: InitVar[bool] = False
+    has_mask: InitVar[bool] = False
+    has_output_transform: InitVar[bool] = False
+
+    def __post_init__(self, has_query_transform, has_key_transform, has_logits_transform, has_mask,
+                      has_output_transform):
+        if has_key_transform:
+            object.__setattr__(self, "transform_keys", True)
+
+    @property
+    def func_name(self) -> str:
+        if self.decode:
+            return f"batch_decode_paged_{self.layout.lower()}"
+        return f"batch_prefill_{self.kv}" + (f"_{self.layout.lower()}" if self.kv == "paged" else "")
+
+    def program(self) -> ProgramSpec:
+        return ProgramSpec(self.head_dim, self.dtype, self.kv, self.decode, self.layout,
+                           transform_keys=self.transform_keys, softmax=self.softmax,
+                           q_scale_log2e=self.q_scale_log2e)
+
+
+# attngen's CPU calling convention, per kind: each argument means one thing.
+CPU_SIGNATURES = {
+    "ragged": ("q", "qo_indptr", "k", "v", "kv_indptr", "o", "lse", "sm_scale"),
+    "paged": ("q", "qo_indptr", "pages", "page_indptr", "page_indices", "length_info", "o", "lse", "sm_scale"),
+    "decode": ("q", "pages", "page_indptr", "page_indices", "length_info", "o", "lse", "sm_scale"),
+}
+
+
+def attention_program(spec: CPUKernelSpec) -> tir.PrimFunc:
+    """The exported function of ``spec`` with hook placeholders, in attngen's CPU calling convention."""
+    signature = CPU_SIGNATURES["decode" if spec.decode else spec.kv]
+    program = with_signature(online_softmax_program(spec.program()), signature)
+    return program.with_attr("global_symbol", spec.func_name)

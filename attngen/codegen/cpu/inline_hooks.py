@@ -1,35 +1,44 @@
-"""Inline a variant's hooks into a TIR attention program at its ``attngen_hook_*`` placeholders.
+"""Hook placeholders in TIR attention programs, and their replacement by a variant's hooks.
 
-Row hooks read the program's local buffer ``<x>_in`` and write ``<x>_out`` (x = q, k, o);
-scalar hooks become expressions. The variant's extra parameters are appended to the
-program's signature in declaration order, so every built function has the calling
-convention ``(<fixed args>, sm_scale, <extra params...>)``.
+A program calls every hook kind of :data:`attngen.ir.HOOKS` at its site through a placeholder
+(:func:`hook_call` for scalar hooks, :func:`row_hook_call` for row hooks, which names the local
+input and output rows). :func:`inline_hooks` replaces each placeholder by the variant's hook
+body, or by the hook kind's identity when the variant has none (a row passes through, a
+logits transform returns ``s``, a mask lets every key through). The variant's extra parameters
+are appended to the program's signature in declaration order, so every built function has the
+calling convention ``(<fixed args>, sm_scale, <extra params...>)``.
 """
 from __future__ import annotations
 
 import tvm
 import tvm.tirx as tir
 
-from attngen.ir import ConfigError, HOOKS, TensorParam
+from attngen.ir import HOOKS, HookSpec, TensorParam
 from attngen.ir import tir_utils as tu
+from attngen.ir.specialize import specialize_rows
 
 PLACEHOLDER = "attngen_hook_"
-ROW_BUFFERS = {"query_transform": "q", "key_transform": "k", "output_transform": "o"}
 
 
-def specialize_rows(func: tir.PrimFunc, hook: str, head_dim: int, variant: str) -> tir.PrimFunc:
-    """Bind the row buffers' symbolic length to ``head_dim``; reject a different fixed length."""
-    values = {}
-    for row in func.params[:2]:
-        n = row.shape[0]
-        if isinstance(n, tir.IntImm):
-            if n.value != head_dim:
-                raise ConfigError(f"variant '{variant}', hook '{hook}': rows are fixed to {n.value} "
-                                  f"elements but head_dim={head_dim} was requested; declare the row "
-                                  "length symbolic (d = T.int32()) or build for that head_dim")
-        else:
-            values[tu.handle(n)] = head_dim
-    return tu.specialize_shape_vars(func, values)
+def hook_call(hook: str, *args) -> tir.PrimExpr:
+    """Placeholder for the value of scalar hook ``hook`` at its standard arguments ``args``."""
+    spec = HOOKS[hook]
+    _check_arity(spec, args, row=False)
+    return tir.call_extern(spec.returns, PLACEHOLDER + hook, *args)
+
+
+def row_hook_call(hook: str, row_in, row_out, *args) -> tir.PrimExpr:
+    """Placeholder (to ``T.evaluate``) for row hook ``hook`` reading the local buffer ``row_in`` and
+    writing ``row_out`` (both float32 [head_dim]), at its standard scalar arguments ``args``."""
+    spec = HOOKS[hook]
+    _check_arity(spec, args, row=True)
+    return tir.call_extern("int32", PLACEHOLDER + hook, row_in, row_out, *args)
+
+
+def _check_arity(spec: HookSpec, args, row: bool) -> None:
+    if spec.row != row or len(args) != len(spec.scalars):
+        raise TypeError(f"placeholder for {spec.name}: the template passes {len(args)} standard arguments "
+                        f"({'row' if row else 'scalar'} call), the contract is {spec.signature()}")
 
 
 def canonical_params(variant) -> list:
@@ -44,10 +53,9 @@ def canonical_params(variant) -> list:
     return out
 
 
-def _extra_mapping(func, spec, canon_by_name) -> dict:
-    n_std = (2 if spec.row else 0) + len(spec.scalars)
+def _extra_mapping(func, spec: HookSpec, canon_by_name) -> dict:
     mapping = {}
-    for p in func.params[n_std:]:
+    for p in func.params[spec.n_standard:]:
         c = canon_by_name[p.name]
         mapping[tu.handle(p)] = c
         if tir.is_buffer_var(p):
@@ -57,7 +65,31 @@ def _extra_mapping(func, spec, canon_by_name) -> dict:
     return mapping
 
 
+def _placeholder_hook(call) -> str | None:
+    """The hook kind a placeholder call stands for, or None for any other call."""
+    op = getattr(call, "op", None)
+    if op is None or getattr(op, "name", "") != "tirx.call_extern":
+        return None
+    fname = call.args[0].value
+    return fname[len(PLACEHOLDER):] if fname.startswith(PLACEHOLDER) else None
+
+
+def _row_identity(row_in, row_out) -> tir.Stmt:
+    """``row_out[i] = row_in[i]`` for every element: an absent row hook."""
+    i = tir.Var("i", "int32")
+    return tir.For(i, tir.const(0, "int32"), row_out.shape[0], tir.ForKind.SERIAL,
+                   tir.BufferStore(row_out, row_in[i], [i]))
+
+
+def _scalar_identity(spec: HookSpec, args) -> tir.PrimExpr:
+    if isinstance(spec.identity, str):
+        return args[spec.scalar_names.index(spec.identity)]
+    return tir.const(spec.identity, spec.returns)
+
+
 def inline_hooks(program: tir.PrimFunc, variant, head_dim: int) -> tir.PrimFunc:
+    """``program`` with every placeholder replaced (hooks specialised to ``head_dim``) and the
+    variant's extra parameters appended to its signature."""
     canon = canonical_params(variant)
     canon_by_name = {c.name: c for c in canon}
     hooks = {}
@@ -65,38 +97,31 @@ def inline_hooks(program: tir.PrimFunc, variant, head_dim: int) -> tir.PrimFunc:
         spec = HOOKS[name]
         if spec.row:
             func = specialize_rows(func, name, head_dim, variant.name)
-        func = tu.substitute(func, _extra_mapping(func, spec, canon_by_name))
-        hooks[name] = func
-    local = {a.buffer.name: a.buffer for a in tu.collect(program.body, tir.AllocBuffer)}
-
-    def hook_call(call):
-        op = getattr(call, "op", None)
-        if op is None or getattr(op, "name", "") != "tirx.call_extern":
-            return None
-        fname = call.args[0].value
-        return fname[len(PLACEHOLDER):] if fname.startswith(PLACEHOLDER) else None
+        hooks[name] = tu.substitute(func, _extra_mapping(func, spec, canon_by_name))
 
     def on_call(call):
-        name = hook_call(call)
+        name = _placeholder_hook(call)
         if name is None or HOOKS[name].row:
             return call
-        func = hooks[name]
-        n_std = len(HOOKS[name].scalars)
-        return tu.inline_scalar(func, list(call.args[1:]) + list(func.params[n_std:]))
+        args = list(call.args[1:])
+        func = hooks.get(name)
+        if func is None:
+            return _scalar_identity(HOOKS[name], args)
+        return tu.inline_scalar(func, args + list(func.params[HOOKS[name].n_standard:]))
 
     def on_evaluate(stmt):
-        name = hook_call(stmt.value) if isinstance(stmt.value, tvm.ir.Call) else None
+        name = _placeholder_hook(stmt.value) if isinstance(stmt.value, tvm.ir.Call) else None
         if name is None:
             return stmt
-        func = hooks[name]
-        x = ROW_BUFFERS[name]
-        n_std = 2 + len(HOOKS[name].scalars)
-        args = [local[f"{x}_in"], local[f"{x}_out"]] + list(stmt.value.args[1:]) + list(func.params[n_std:])
-        return tu.inline_row(func, args)
+        row_in, row_out, *scalars = stmt.value.args[1:]  # the program's local row buffers
+        func = hooks.get(name)
+        if func is None:
+            return _row_identity(row_in, row_out)
+        return tu.inline_row(func, [row_in, row_out] + scalars + list(func.params[HOOKS[name].n_standard:]))
 
     new_body = tu.map_nodes(program.body, tir.Evaluate, on_evaluate)
     new_body = tu.map_nodes(new_body, tvm.ir.Call, on_call)
-    leftover = [c for c in tu.collect(new_body, tvm.ir.Call) if hook_call(c)]
+    leftover = [c for c in tu.collect(new_body, tvm.ir.Call) if _placeholder_hook(c)]
     if leftover:
         raise RuntimeError(f"unresolved hook placeholders: {[c.args[0].value for c in leftover]}")
     return tir.PrimFunc(list(program.params) + canon, new_body, program.ret_type, program.attrs)

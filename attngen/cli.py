@@ -12,8 +12,9 @@ from attngen.codegen.hooks_cuda import lower_hooks_cuda
 from attngen.codegen.nvcc import NvccError
 from attngen.ir import HOOKS, ConfigError, VariantError
 from attngen.loader import pick_variant
-from attngen.schedules import BuildConfig
+from attngen.schedules import ARCHS, BuildConfig
 from attngen.schedules.registry import KERNELS
+from attngen.schedules.template_decode import GROUP_TILES
 from attngen.variants import BUILTINS, builtin
 
 DESCRIPTION = """\
@@ -48,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
                    help="cpu: a shared library of TVM-FFI attention functions built by LLVM; "
                         "cuda: the hooks lowered to CUDA and compiled with nvcc per arch (default: cpu)")
     b.add_argument("--arch", type=_csv, default=(),
-                   help="cuda only: comma-separated archs among sm_75, sm_80, sm_86, sm_89, sm_90a")
+                   help=f"cuda only: comma-separated archs among {', '.join(ARCHS)}")
     b.add_argument("--head-dim", type=lambda s: tuple(int(x) for x in _csv(s)), default=(128,),
                    help="comma-separated head dims to instantiate (default: 128)")
     b.add_argument("--dtype", type=_csv, default=None,
@@ -63,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
                         "the hook objects only (default: decode,prefill)")
     b.add_argument("--max-group-size", type=int, default=8,
                    help="cuda: largest GQA group (num_qo_heads / num_kv_heads) the decode template serves: "
-                        "1, 2, 4 or 8 (default: 8)")
+                        f"one of {', '.join(map(str, GROUP_TILES))} (default: 8)")
     b.add_argument("--fast-math", action="store_true",
                    help="cuda: let nvcc approximate transcendental functions (--use_fast_math); off by default")
     b.add_argument("--out", type=Path, help="also copy the artifacts into this directory")

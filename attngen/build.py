@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attngen.codegen.cpu.merge_tir import build_merge_library
+from attngen.codegen.host_library import build_merge_cuda_library, build_planner_library
 from attngen.codegen.pipeline import BuildResult, run_pipeline
 from attngen.schedules.build_config import BuildConfig
 
@@ -21,13 +23,10 @@ def build(variant, config: BuildConfig, **kwargs) -> BuildResult:
 def support_library(kind: str, *, archs: tuple[str, ...] = (), cache=None) -> Path:
     """The shared library of one variant-independent piece, from the build cache when its sources are
     unchanged: "planner" (host C++), "merge_cpu" (TIR by LLVM), "merge_cuda" (for ``archs``)."""
-    from attngen.codegen.cpu.merge_tir import build_merge_library
-    from attngen.codegen.host_library import build_merge_cuda_library, build_planner_library
-
     if kind == "planner":
         return build_planner_library(cache)
     if kind == "merge_cpu":
-        return build_merge_library()
+        return build_merge_library(cache)
     if kind == "merge_cuda":
         return build_merge_cuda_library(tuple(archs), cache)
     raise ValueError(f"unknown support library {kind!r}; known: {list(SUPPORT_LIBRARIES)}")

@@ -6,6 +6,17 @@ import shutil
 import sys
 from pathlib import Path
 
+from attngen.build import build
+from attngen.codegen.cache import BuildCache
+from attngen.codegen.hooks_cuda import lower_hooks_cuda
+from attngen.codegen.nvcc import NvccError
+from attngen.ir import HOOKS, ConfigError, VariantError
+from attngen.loader import pick_variant
+from attngen.schedules import ARCHS, BuildConfig
+from attngen.schedules.registry import KERNELS
+from attngen.schedules.template_decode import GROUP_TILES
+from attngen.variants import BUILTINS, builtin
+
 DESCRIPTION = """\
 attngen compiles attention variants written as TVM TensorIR hooks.
 
@@ -38,19 +49,22 @@ def parser() -> argparse.ArgumentParser:
                    help="cpu: a shared library of TVM-FFI attention functions built by LLVM; "
                         "cuda: the hooks lowered to CUDA and compiled with nvcc per arch (default: cpu)")
     b.add_argument("--arch", type=_csv, default=(),
-                   help="cuda only: comma-separated archs among sm_75, sm_80, sm_86, sm_89, sm_90a")
+                   help=f"cuda only: comma-separated archs among {', '.join(ARCHS)}")
     b.add_argument("--head-dim", type=lambda s: tuple(int(x) for x in _csv(s)), default=(128,),
                    help="comma-separated head dims to instantiate (default: 128)")
     b.add_argument("--dtype", type=_csv, default=None,
-                   help="comma-separated q/k/v dtypes (cpu default float32; cuda default float16)")
+                   help="comma-separated query/output dtypes (cpu default float32; cuda default float16)")
+    b.add_argument("--kv-dtype", type=_csv, default=(),
+                   help="comma-separated K/V dtypes, one per --dtype (default: each query dtype; only K/V in "
+                        "the query dtype are built today)")
     b.add_argument("--layout", type=_csv, default=("NHD", "HND"),
                    help="paged-KV layouts to instantiate: NHD, HND (default: both)")
     b.add_argument("--kernels", type=lambda s: () if s == "none" else _csv(s), default=("decode", "prefill"),
-                   help="cuda: templates to instantiate into the library (decode, prefill), or 'none' for the "
-                        "hook objects only (default: decode,prefill)")
+                   help=f"cuda: templates to instantiate into the library ({', '.join(KERNELS)}), or 'none' for "
+                        "the hook objects only (default: decode,prefill)")
     b.add_argument("--max-group-size", type=int, default=8,
                    help="cuda: largest GQA group (num_qo_heads / num_kv_heads) the decode template serves: "
-                        "1, 2, 4 or 8 (default: 8)")
+                        f"one of {', '.join(map(str, GROUP_TILES))} (default: 8)")
     b.add_argument("--fast-math", action="store_true",
                    help="cuda: let nvcc approximate transcendental functions (--use_fast_math); off by default")
     b.add_argument("--out", type=Path, help="also copy the artifacts into this directory")
@@ -67,22 +81,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def cmd_build(args) -> int:
-    from attngen.codegen.cache import BuildCache
-    from attngen.codegen.pipeline import run_pipeline
-    from attngen.loader import pick_variant
-    from attngen.schedules import BuildConfig
-
     variant = pick_variant(args.source, args.variant)
     dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
-    cfg = BuildConfig(args.target, args.head_dim, dtypes, args.arch, args.layout, args.fast_math,
-                      args.kernels, args.max_group_size)
+    cfg = BuildConfig(target=args.target, head_dims=args.head_dim, dtypes=dtypes, kv_dtypes=args.kv_dtype,
+                      archs=args.arch, layouts=args.layout, fast_math=args.fast_math, kernels=args.kernels,
+                      max_group_size=args.max_group_size)
     what = f"variant '{variant.name}' for {cfg.target}"
     if cfg.target == "cuda":
         what += f" ({', '.join(cfg.archs)})"
     print(f"attngen: building {what}: head_dim {list(cfg.head_dims)}, dtype {list(cfg.dtypes)}, "
           f"layouts {list(cfg.layouts)}")
-    res = run_pipeline(variant, cfg, cache=BuildCache(args.cache_dir) if args.cache_dir else None,
-                       dump=args.dump, log=print)
+    res = build(variant, cfg, cache=BuildCache(args.cache_dir) if args.cache_dir else None, dump=args.dump,
+                log=print)
     print(f"attngen: {'cache hit' if res.cache_hit else 'compiled'} in {res.seconds:.2f}s -> {res.directory}")
     for f in res.manifest.get("functions", []):
         print(f"  function {f}")
@@ -99,10 +109,6 @@ def cmd_build(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from attngen.codegen.hooks_cuda import lower_hooks_cuda
-    from attngen.ir import HOOKS
-    from attngen.loader import pick_variant
-
     v = pick_variant(args.source, args.variant)
     print(f"# variant {v.name}  (state: {v.state.value}; defined at {v.defined_at})")
     if v.doc:
@@ -125,8 +131,6 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from attngen.variants import BUILTINS, builtin
-
     for name in BUILTINS:
         v = builtin(name)
         print(f"{name:24s} {v.analysis.mask.kind.value:15s} {v.doc}")
@@ -134,9 +138,6 @@ def cmd_list(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attngen.codegen.nvcc import NvccError
-    from attngen.ir import ConfigError, VariantError
-
     args = parser().parse_args(argv)
     try:
         return {"build": cmd_build, "inspect": cmd_inspect, "list": cmd_list}[args.command](args)

@@ -1,11 +1,12 @@
 """The build cache: a hit for an unchanged variant, a new build for a changed hook, concurrency safety."""
 import multiprocessing as mp
+import shutil
 
 from tvm.script import tirx as T
 
 from attngen import ScalarParam, Variant
 from attngen.codegen.cache import BuildCache
-from attngen.codegen.pipeline import cache_key, run_pipeline
+from attngen.codegen.pipeline import BUILD_SOURCES, PACKAGE, build_source_files, cache_key, run_pipeline
 from attngen.schedules import BuildConfig
 
 CFG = BuildConfig("cpu", (32,), ("float32",), layouts=("NHD",))
@@ -45,6 +46,33 @@ def test_key_covers_fast_math_flag():
     k1 = cache_key(v, BuildConfig("cuda", (128,), ("float16",), ("sm_80",)))
     k2 = cache_key(v, BuildConfig("cuda", (128,), ("float16",), ("sm_80",), fast_math=True))
     assert k1 != k2
+
+
+def test_key_covers_every_source_of_a_build(tmp_path):
+    """The variant IR and its analyses (attngen/ir), the schedules, the code generators, the C++ templates
+    and the build entry are hashed: changing the mask analysis must not serve a library built before."""
+    hashed = {p.relative_to(PACKAGE).as_posix() for p in build_source_files()}
+    for f in ("ir/analysis.py", "ir/mask_class.py", "schedules/template_prefill.py", "codegen/pipeline.py",
+              "csrc/prefill.cuh", "csrc/tile_checks.h", "build.py"):
+        assert f in hashed, f
+    copy = tmp_path / "attngen"
+    copy.mkdir()
+    for name in BUILD_SOURCES:
+        src = PACKAGE / name
+        if src.is_file():
+            shutil.copy2(src, copy / name)
+        else:
+            shutil.copytree(src, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+    v = _softcap_variant(1.0)
+    before = cache_key(v, CFG, package=copy)
+    assert before == cache_key(v, CFG, package=copy)
+    with open(copy / "ir" / "mask_class.py", "a") as f:
+        f.write("\n# a change to the mask analysis\n")
+    after_ir = cache_key(v, CFG, package=copy)
+    assert after_ir != before
+    with open(copy / "build.py", "a") as f:
+        f.write("\n")
+    assert cache_key(v, CFG, package=copy) != after_ir
 
 
 def _build_in_process(root, queue):

@@ -76,6 +76,9 @@ def test_errors_are_reported_not_raised(tmp_path, capsys):
     assert "variant 'bad', hook 'logits_mask'" in capsys.readouterr().err
     assert main(["build", "causal", "--target", "cuda", "--arch", "sm_75", "--dtype", "bfloat16"]) == 2
     assert "not supported on sm_75" in capsys.readouterr().err
+    assert main(["build", "causal", "--dtype", "bfloat16", "--kv-dtype", "float16", "--target", "cuda",
+                 "--arch", "sm_90a"]) == 2
+    assert "kv_dtypes: K/V dtype float16 with query dtype bfloat16 is not supported" in capsys.readouterr().err
     assert main(["build", "no_such_variant"]) == 2
     assert "neither a .py file nor a built-in" in capsys.readouterr().err
 
@@ -84,6 +87,7 @@ def test_help_explains_options(capsys):
     with pytest.raises(SystemExit):
         main(["build", "--help"])
     text = capsys.readouterr().out
-    for opt in ["--target", "--arch", "--head-dim", "--dtype", "--layout", "--fast-math", "--out",
+    for opt in ["--target", "--arch", "--head-dim", "--dtype", "--kv-dtype", "--layout", "--fast-math", "--out",
                 "--cache-dir", "--dump", "--kernels", "--max-group-size"]:
         assert opt in text
+    assert "decode, prefill, tvm" in text  # the templates a build may name, from the registry

@@ -122,47 +122,35 @@ def run_host_program(src):
     return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
 
 
+def compile_tile_checks(directory, header: str):
+    """nvcc (host and sm_80 device passes) of a translation unit that includes csrc/tile_checks.h beside
+    ``header`` as attngen_tiles.h, as every TU of a build does; the finished process."""
+    from attngen.codegen.cuda_library import CSRC
+
+    (directory / "attngen_tiles.h").write_text(header)
+    (directory / "t.cu").write_text('#include "tile_checks.h"\n')
+    return subprocess.run(["nvcc", "-std=c++17", "-c", "-gencode=arch=compute_80,code=sm_80", "--expt-relaxed-constexpr",
+                           f"-I{CSRC}", f"-I{directory}", str(directory / "t.cu"), "-o", str(directory / "t.o")],
+                          capture_output=True, text=True)
+
+
 @requires_nvcc
-def test_shared_memory_table_matches_the_templates(tmp_path):
-    """The Python mirror of the templates' shared-memory sizes agrees with the C++ functions."""
-    from attngen.schedules.tiles import decode_smem_bytes, decode_tc_smem_bytes, prefill_smem_bytes
+def test_build_refuses_a_tile_table_the_templates_disagree_with(tmp_path, monkeypatch):
+    """The templates static_assert their tiles and shared memory against the records' generated table
+    (attngen_tiles.h): the records' own table compiles; a record whose stage choice or shared-memory
+    function is off fails the build on the assertion that names it."""
+    from attngen.schedules import template_decode_tc, template_prefill
+    from attngen.schedules.tile_header import tiles_header
 
-    src = tmp_path / "smem.cu"
-    src.write_text("""#include <cstdio>
-#include "prefill.cuh"
-#include "decode_tc.cuh"
-template <bool K> struct Fake { static constexpr bool kHasKeyTransform = K; };
-template <int D> void row() {
-  printf("%d %zu %zu %zu %zu %zu %zu\\n", D, attngen::decode_smem_bytes<Fake<false>, half, D, 1>(),
-         attngen::decode_smem_bytes<Fake<false>, half, D, 8>(), attngen::decode_smem_bytes<Fake<true>, half, D, 4>(),
-         attngen::prefill_smem_bytes<Fake<false>, half, D, false>(), attngen::prefill_smem_bytes<Fake<false>, half, D, true>(),
-         attngen::decode_smem_bytes<Fake<true>, half, D, 8>());
-  if constexpr (D <= 128) printf("wide %d %zu\\n", D, attngen::prefill_smem_bytes<Fake<false>, half, D, false, 2>());
-  printf("tc %d %zu %zu %zu\\n", D, attngen::decode_tc_smem_bytes<D, 1>(), attngen::decode_tc_smem_bytes<D, 2>(),
-         attngen::decode_tc_smem_bytes<D, attngen::decode_tc_stages<D>()>());
-}
-int main() { row<64>(); row<128>(); row<256>(); }
-""")
-    from attngen.runtime.decode_plan import decode_tc_stages
-
-    lines = run_host_program(src).split("\n")
-    assert sum(line.startswith("tc ") for line in lines) == 3
-    assert sum(line.startswith("wide ") for line in lines) == 2  # the 128-row tile: head_dim <= 128
-    for line in lines:
-        if line.startswith("wide "):
-            d, got = (int(x) for x in line.split()[1:])
-            assert got == prefill_smem_bytes(d, False, m_tiles=2)
-            continue
-        if line.startswith("tc "):
-            d, *got = (int(x) for x in line.split()[1:])
-            assert got == [decode_tc_smem_bytes(d, 1), decode_tc_smem_bytes(d, 2),
-                           decode_tc_smem_bytes(d, decode_tc_stages(d))]
-            continue
-        if not line.strip():
-            continue
-        d, *got = (int(x) for x in line.split())
-        assert got == [decode_smem_bytes(d, 1, False), decode_smem_bytes(d, 8, False), decode_smem_bytes(d, 4, True),
-                       prefill_smem_bytes(d, False), prefill_smem_bytes(d, True), decode_smem_bytes(d, 8, True)]
+    ok = compile_tile_checks(tmp_path, tiles_header())
+    assert ok.returncode == 0, ok.stderr
+    monkeypatch.setitem(template_decode_tc.STAGES, 128, 3)
+    wrong = compile_tile_checks(tmp_path, tiles_header())
+    assert wrong.returncode != 0 and "decode_tc_stages<D>() differs from the decode_tc record" in wrong.stderr
+    monkeypatch.undo()
+    monkeypatch.setattr(template_prefill, "ROW_PAD", 0)  # a shared-memory function that forgets the padding
+    wrong = compile_tile_checks(tmp_path, tiles_header())
+    assert wrong.returncode != 0 and "prefill_smem_bytes differs from the prefill record" in wrong.stderr
 
 
 def test_cuda_config_rejections():

@@ -31,10 +31,12 @@ def content_key(parts: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def hash_files(paths) -> str:
+def hash_files(paths, root: Path | str | None = None) -> str:
+    """SHA-256 over each file's name (its path below ``root`` when given, so that two files of one name in
+    different directories stay apart) and its bytes, in path order."""
     h = hashlib.sha256()
     for p in sorted(Path(x) for x in paths):
-        h.update(p.name.encode())
+        h.update(str(p.relative_to(root) if root is not None else p.name).encode())
         h.update(p.read_bytes())
     return h.hexdigest()
 

@@ -1,66 +1,80 @@
 """Instantiate the CUDA templates for a variant and link one shared library exporting TVM-FFI functions.
 
-Per (head_dim, dtype) and template family (decode, prefill, TVM slots) one translation unit
-holds the template instances and host wrappers, e.g. ``batch_decode_paged_<layout>_<dtype>_d<D>``.
-Each TU is compiled by nvcc for all requested archs (one fatbin per arch inside the object),
-TUs in parallel; the link uses the static CUDA runtime, so the library needs only
-libcuda (the driver) and libtvm_ffi, and loads with ``tvm_ffi.load_module``.
+Per (head_dim, dtype pair) and selected template record (decode, prefill, TVM slots) one translation
+unit holds the template instances and host wrappers, e.g. ``batch_decode_paged_<layout>_<dtype>_d<D>``:
+the record names its entry headers and its exports, and an emitter key that ``ENTRY_EMITTERS`` maps to
+the C++ emitters of :mod:`.cuda_entries` and :mod:`.cuda_tvm_slots`. Every TU includes
+``tile_checks.h``, which static_asserts the templates' tiles against the records (``attngen_tiles.h``).
+Each TU is compiled by nvcc for all requested archs (one fatbin per arch inside the object), TUs in
+parallel; the link uses the static CUDA runtime, so the library needs only libcuda (the driver) and
+libtvm_ffi, and loads with ``tvm_ffi.load_module``.
 """
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
+import tvm_ffi.libinfo
+
 import attngen
 from attngen.schedules.arch import arch_spec
-from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
+from attngen.schedules.build_config import BuildConfig, symbol
+from attngen.schedules.dtypes import DtypePair
+from attngen.schedules.registry import selected
 
 from . import nvcc
 from .cuda_entries import decode_wrapper, prefill_wrapper
+from .cuda_tvm_slots import flashinfer_slot_wrappers, tvm_slot_wrappers
 
 CSRC = Path(attngen.__file__).parent / "csrc"
 
 
 def _ffi_paths():
-    import tvm_ffi.libinfo as li
-
+    li = tvm_ffi.libinfo
     return Path(li.find_include_path()), Path(li.find_dlpack_include_path()), Path(li.find_libtvm_ffi())
 
 
+def _decode_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
+    return [decode_wrapper(variant, head_dim, pair.q, lay, cfg.max_group_size) for lay in cfg.layouts]
+
+
+def _prefill_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
+    return [prefill_wrapper(variant, head_dim, pair.q, lay) for lay in (None, *cfg.layouts)]  # None: ragged
+
+
+def _tvm_slots(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
+    constants = dict(cfg.tvm_constants)
+    return [tvm_slot_wrappers(variant, head_dim, pair.q, constants),
+            flashinfer_slot_wrappers(variant, head_dim, pair.q, constants)]
+
+
+# TemplateRecord.emitter keys -> (variant, config, head_dim, dtype pair) -> C++ of the record's exports. The
+# emitters take the query dtype: BuildConfig refuses K/V dtypes other than the query's.
+ENTRY_EMITTERS = {
+    "decode_entries": _decode_entries,
+    "prefill_entries": _prefill_entries,
+    "tvm_slots": _tvm_slots,
+}
+
+
 def exported_functions(cfg: BuildConfig) -> list[str]:
-    from .cuda_tvm_slots import tvm_slot_functions
-
-    names = tvm_slot_functions(cfg.head_dims, cfg.dtypes) if "tvm" in cfg.kernels else []
-    for d in cfg.head_dims:
-        for dt in cfg.dtypes:
-            if "decode" in cfg.kernels:
-                names += [symbol(f"batch_decode_paged_{lay.lower()}", dt, d) for lay in cfg.layouts]
-            if "prefill" in cfg.kernels:
-                names.append(symbol("batch_prefill_ragged", dt, d))
-                names += [symbol(f"batch_prefill_paged_{lay.lower()}", dt, d) for lay in cfg.layouts]
-    return sorted(names)
+    """Every function the library of ``cfg`` exports, sorted: the selected records' exports per head_dim
+    and dtype pair."""
+    return sorted(symbol(kind, pair.q, d, pair.kv) for record in selected(cfg.kernels) for d in cfg.head_dims
+                  for pair in cfg.dtype_pairs for kind in record.kinds(cfg.layouts))
 
 
-def translation_units(variant, cfg: BuildConfig, head_dim: int, dtype: str) -> dict[str, str]:
-    """One source per template family (decode, prefill, TVM slots) of one (head_dim, dtype), so that
-    nvcc compiles them in parallel: file name -> source."""
-    head = [f'#include "variant_d{head_dim}.cuh"', '#include "problem_glue.h"']
-    stem = f"attention_d{head_dim}_{DTYPE_SHORT[dtype]}"
+def translation_units(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> dict[str, str]:
+    """One source per selected template record of one (head_dim, dtype pair), so that nvcc compiles them in
+    parallel: file name -> source."""
     units = {}
-    if "decode" in cfg.kernels:
-        units[f"{stem}_decode.cu"] = head + ['#include "decode_launch.cuh"'] + [
-            decode_wrapper(variant, head_dim, dtype, lay, cfg.max_group_size) for lay in cfg.layouts]
-    if "prefill" in cfg.kernels:
-        units[f"{stem}_prefill.cu"] = head + ['#include "prefill.cuh"', prefill_wrapper(variant, head_dim, dtype, None)] + [
-            prefill_wrapper(variant, head_dim, dtype, lay) for lay in cfg.layouts]
-    if "tvm" in cfg.kernels:
-        from .cuda_tvm_slots import flashinfer_slot_wrappers, tvm_slot_wrappers
-
-        constants = dict(cfg.tvm_constants)
-        units[f"{stem}_tvm.cu"] = head + ['#include "decode_launch.cuh"', '#include "prefill.cuh"',
-                                          tvm_slot_wrappers(variant, head_dim, dtype, constants),
-                                          flashinfer_slot_wrappers(variant, head_dim, dtype, constants)]
-    return {name: "\n".join(parts) + "\n" for name, parts in units.items()}
+    for record in selected(cfg.kernels):
+        parts = [f'#include "variant_d{head_dim}.cuh"', '#include "problem_glue.h"']
+        parts += [f'#include "{h}"' for h in record.headers]
+        parts.append('#include "tile_checks.h"')
+        parts += ENTRY_EMITTERS[record.emitter](variant, cfg, head_dim, pair)
+        units[f"attention_d{head_dim}_{pair.short}_{record.name}.cu"] = "\n".join(parts) + "\n"
+    return units
 
 
 def compile_library(out_dir: Path, tus: list[str], cfg: BuildConfig, name: str) -> Path:

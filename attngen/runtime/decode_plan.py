@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from attngen.schedules.cost_model import DECODE_MIN_CHUNK
+from attngen.schedules.dtypes import ElementBytes
+from attngen.schedules.template_decode_tc import DECODE_TC, stage_order
 
 from .checks import AttentionArgumentError
 from .planner import PackedLayout, PlannerCapacity, SplitKVPlanner, plan_layout_ints
@@ -156,25 +158,27 @@ def workspace_ints(bounds: DecodeBounds, num_kv_heads: int = 0, *, cache=None) -
     return plan_layout_ints(bounds.capacity, PackedLayout("bounded", merge_counter_heads=num_kv_heads), cache=cache)
 
 
+# The tensor-core decode template's tiles, as the launcher picks them, from the decode_tc record
+# (attngen/schedules/template_decode_tc.py); the CUDA decode serves 16-bit queries and K/V (fp16, bf16).
+DECODE_TC_ELEMENT_BYTES = ElementBytes(q=2, kv=2)
+
+
 def decode_tc_fits(head_dim: int, smem_optin: int) -> bool:
     """Whether the tensor-core decode template's smallest tile fits a block's shared memory."""
-    from attngen.schedules.tiles import decode_tc_smem_bytes
-
-    return decode_tc_smem_bytes(head_dim, 1) <= smem_optin
+    smallest = DECODE_TC.configs(head_dim)[-1]
+    return DECODE_TC.smem_bytes(smallest, DECODE_TC_ELEMENT_BYTES) <= smem_optin
 
 
 def decode_tc_ctas_per_sm(head_dim: int, smem_per_sm: int, smem_optin: int) -> int:
-    """Resident CTAs per SM of the tensor-core decode template (shared memory bound), mirroring the
-    launcher's stage choice in csrc/decode_launch.cuh."""
-    from attngen.schedules.tiles import decode_tc_smem_bytes
-
-    needs = [decode_tc_smem_bytes(head_dim, s) for s in decode_tc_stage_order(decode_tc_stages(head_dim))]
+    """Resident CTAs per SM of the tensor-core decode template (shared memory bound) for the stage count the
+    launcher picks (csrc/decode_launch.cuh): the record's configurations, in the launcher's order."""
+    needs = [DECODE_TC.smem_bytes(c, DECODE_TC_ELEMENT_BYTES) for c in DECODE_TC.configs(head_dim)]
     return resident_ctas(needs, smem_per_sm, smem_optin)
 
 
 def decode_tc_stage_order(stages: int) -> list[int]:
     """The stage counts the launcher tries, deepest first."""
-    return list(dict.fromkeys((stages, 2, 1)))
+    return stage_order(stages)
 
 
 def resident_ctas(needs: list[int], smem_per_sm: int, smem_optin: int) -> int:
@@ -186,4 +190,5 @@ def resident_ctas(needs: list[int], smem_per_sm: int, smem_optin: int) -> int:
 
 
 def decode_tc_stages(head_dim: int) -> int:
-    return {64: 4, 128: 2, 256: 2}[head_dim]
+    """The default stage count: the first configuration the launcher tries."""
+    return DECODE_TC.configs(head_dim)[0].stages

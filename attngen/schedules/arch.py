@@ -1,4 +1,9 @@
-"""ArchSpec: one frozen, validated description per GPU architecture that schedules read."""
+"""ArchSpec: one frozen, validated description per GPU architecture that schedules read.
+
+The template records (``templates.py``) state what they need from an arch (``ArchNeeds``: tensor-core
+shapes, cp.async, wgmma, TMA) and are checked against these fields; a build refuses an arch whose
+per-block shared memory cannot hold a template's smallest tile, and dtypes the arch has no tensor cores for.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -14,18 +19,19 @@ class ArchSpec:
     sm: int  # 80
     gencode: str  # nvcc -gencode argument
     smem_per_block: int  # bytes of opt-in shared memory per block
-    regs_per_thread: int
-    mma: tuple[str, ...]  # tensor-core shapes the fa2 template can use
-    dtypes: tuple[str, ...]  # input dtypes the templates support here
-    has_cp_async: bool
-    has_wgmma: bool
-    has_tma: bool
+    mma: tuple[str, ...]  # tensor-core instruction shapes (mma.sync m16n8k*, wgmma)
+    dtypes: tuple[str, ...]  # input dtypes the tensor-core templates support here
+    has_cp_async: bool  # asynchronous global -> shared copies (sm_80+)
+    has_wgmma: bool  # warpgroup MMA (sm_90a)
+    has_tma: bool  # the tensor memory accelerator (sm_90+)
 
     def __post_init__(self):
         if self.sm < 75:
             raise ConfigError(f"{self.name}: attngen targets sm_75 and newer")
         if self.has_wgmma and not self.name.endswith("a"):
             raise ConfigError(f"{self.name}: wgmma needs the arch-specific target (sm_90a)")
+        if self.has_wgmma != ("wgmma" in self.mma):
+            raise ConfigError(f"{self.name}: has_wgmma and the 'wgmma' mma shape must agree")
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -35,20 +41,21 @@ def _gencode(sm: str) -> str:
     return f"-gencode=arch=compute_{sm},code=sm_{sm}"
 
 
+_HALF_AND_BF16 = ("float16", "bfloat16")
 ARCHS: dict[str, ArchSpec] = {
     a.name: a
     for a in (
         # Turing: no bf16 tensor cores, no cp.async; m16n8k8 fp16 mma only.
-        ArchSpec("sm_75", 75, _gencode("75"), 64 * 1024, 255, ("m16n8k8",), ("float16",),
-                 False, False, False),
-        ArchSpec("sm_80", 80, _gencode("80"), 163 * 1024, 255, ("m16n8k16",), ("float16", "bfloat16"),
-                 True, False, False),
-        ArchSpec("sm_86", 86, _gencode("86"), 99 * 1024, 255, ("m16n8k16",), ("float16", "bfloat16"),
-                 True, False, False),
-        ArchSpec("sm_89", 89, _gencode("89"), 99 * 1024, 255, ("m16n8k16",), ("float16", "bfloat16"),
-                 True, False, False),
-        ArchSpec("sm_90a", 90, _gencode("90a"), 227 * 1024, 255, ("m16n8k16", "wgmma"),
-                 ("float16", "bfloat16"), True, True, True),
+        ArchSpec("sm_75", 75, _gencode("75"), smem_per_block=64 * 1024, mma=("m16n8k8",), dtypes=("float16",),
+                 has_cp_async=False, has_wgmma=False, has_tma=False),
+        ArchSpec("sm_80", 80, _gencode("80"), smem_per_block=163 * 1024, mma=("m16n8k16",), dtypes=_HALF_AND_BF16,
+                 has_cp_async=True, has_wgmma=False, has_tma=False),
+        ArchSpec("sm_86", 86, _gencode("86"), smem_per_block=99 * 1024, mma=("m16n8k16",), dtypes=_HALF_AND_BF16,
+                 has_cp_async=True, has_wgmma=False, has_tma=False),
+        ArchSpec("sm_89", 89, _gencode("89"), smem_per_block=99 * 1024, mma=("m16n8k16",), dtypes=_HALF_AND_BF16,
+                 has_cp_async=True, has_wgmma=False, has_tma=False),
+        ArchSpec("sm_90a", 90, _gencode("90a"), smem_per_block=227 * 1024, mma=("m16n8k16", "wgmma"),
+                 dtypes=_HALF_AND_BF16, has_cp_async=True, has_wgmma=True, has_tma=True),
     )
 }
 ARCH_ALIASES = {"sm_90": "sm_90a"}
@@ -59,3 +66,8 @@ def arch_spec(name: str) -> ArchSpec:
     if key not in ARCHS:
         raise ConfigError(f"unknown arch {name!r}; supported: {sorted(ARCHS)} (sm_90 means sm_90a)")
     return ARCHS[key]
+
+
+def cuda_dtypes() -> tuple[str, ...]:
+    """Every input dtype some arch's templates support, in a stable order."""
+    return tuple(dict.fromkeys(d for a in ARCHS.values() for d in a.dtypes))

@@ -30,17 +30,18 @@ def hook_flags(variant) -> dict:
 
 
 def cpu_kernel_specs(variant, cfg: BuildConfig) -> dict[str, CPUKernelSpec]:
-    """Exported symbol -> kernel spec, for every (kind, layout, dtype, head_dim) the config asks for."""
+    """Exported symbol -> kernel spec, for every (kind, layout, dtype pair, head_dim) the config asks for
+    (the kernels read K/V in the query dtype: BuildConfig refuses other pairs)."""
     common = hook_flags(variant)
     specs = {}
-    for dtype in cfg.dtypes:
+    for pair in cfg.dtype_pairs:
         for d in cfg.head_dims:
-            kinds = [CPUKernelSpec("ragged", False, d, dtype, **common)]
+            kinds = [CPUKernelSpec("ragged", False, d, pair.q, **common)]
             for layout in cfg.layouts:
-                kinds.append(CPUKernelSpec("paged", False, d, dtype, layout, **common))
-                kinds.append(CPUKernelSpec("paged", True, d, dtype, layout, **common))
+                kinds.append(CPUKernelSpec("paged", False, d, pair.q, layout, **common))
+                kinds.append(CPUKernelSpec("paged", True, d, pair.q, layout, **common))
             for k in kinds:
-                specs[symbol(k.func_name, dtype, d)] = k
+                specs[symbol(k.func_name, pair.q, d, pair.kv)] = k
     return specs
 
 

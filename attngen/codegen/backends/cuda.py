@@ -1,0 +1,96 @@
+"""The CUDA backend: the variant's hooks lowered to device functions per (arch, head_dim), the template
+records' translation units per (head_dim, dtype pair), nvcc, and one linked library of TVM-FFI functions.
+
+Which templates a build instantiates, what they need of an arch and which of their tiles must fit its
+shared memory are read from the template registry (attngen/schedules/registry.py); every build directory
+gets ``attngen_enums.h`` (the FFI enums) and ``attngen_tiles.h`` (the records' tile tables, which the
+templates static_assert against through csrc/tile_checks.h).
+"""
+from __future__ import annotations
+
+from attngen.ir import ConfigError
+from attngen.schedules.arch import arch_spec
+from attngen.schedules.ffi_enums import enums_header
+from attngen.schedules.registry import arch_problems, fit_problems, instantiated, selected
+from attngen.schedules.tile_header import HEADER_NAME, tiles_header
+
+from .. import nvcc
+from ..cuda_library import compile_library, exported_functions, translation_units
+from ..cuda_tvm_slots import check_tvm_slot_variant
+from ..cuda_variant import traits_source
+from ..hooks_cuda import lower_hooks_cuda
+from .base import Backend, BuildContext
+
+# TemplateRecord.variant_check keys: build-time refusals of variants a template would serve wrongly
+VARIANT_CHECKS = {
+    "tvm_slots": lambda variant, cfg: check_tvm_slot_variant(variant, dict(cfg.tvm_constants)),
+}
+
+
+class CUDABackend(Backend):
+    target = "cuda"
+
+    def tool_versions(self) -> dict:
+        return {"nvcc": nvcc.nvcc_version()}
+
+    def schedule(self, ctx: BuildContext) -> dict:
+        cfg, variant = ctx.config, ctx.variant
+        for record in selected(cfg.kernels):
+            if record.variant_check:
+                VARIANT_CHECKS[record.variant_check](variant, cfg)
+        problems = []
+        for a in cfg.archs:
+            spec = arch_spec(a)
+            problems += arch_problems(spec, cfg.kernels)
+            problems += fit_problems(spec, cfg.kernels, cfg.head_dims, cfg.dtype_pairs, cfg.max_group_size,
+                                     "key_transform" in variant.hooks)
+        if problems:
+            raise ConfigError(f"variant '{variant.name}': " + "; ".join(problems) +
+                              ". Build those head dims for a newer arch, or drop them from this build")
+        return {"templates": [r.name for r in instantiated(cfg.kernels)],
+                "cuda": [{"arch": a, "gencode": arch_spec(a).gencode, "head_dim": d}
+                         for a in cfg.archs for d in cfg.head_dims]}
+
+    def lower_hooks(self, ctx: BuildContext):
+        cfg = ctx.config
+        return {(a, d): lower_hooks_cuda(ctx.variant, d, a) for a in cfg.archs for d in cfg.head_dims}
+
+    def instantiate(self, ctx: BuildContext) -> dict[str, str]:
+        """Template instances (traits per head_dim, one TU per template, head_dim and dtype pair) and the
+        hook objects per arch."""
+        lowered = ctx.artifacts["lower_hooks"]
+        name, cfg = ctx.variant.name, ctx.config
+        files = {}
+        if cfg.kernels:
+            files["attngen_enums.h"] = enums_header()
+            files[HEADER_NAME] = tiles_header()
+            first = cfg.archs[0]
+            for d in cfg.head_dims:
+                files[f"variant_d{d}.cuh"] = (f'#pragma once\n#include "hooks_{name}_d{d}_{first}.cuh"\n'
+                                              + traits_source(ctx.variant, lowered[(first, d)], d))
+                for pair in cfg.dtype_pairs:
+                    files.update(translation_units(ctx.variant, cfg, d, pair))
+        for a in cfg.archs:
+            includes = []
+            for d in cfg.head_dims:
+                header = f"hooks_{name}_d{d}_{a}.cuh"
+                files[header] = lowered[(a, d)].code
+                includes.append(f'#include "{header}"')
+            files[f"hooks_{a}.cu"] = (
+                "// Hook object for link-time inlining into the prebuilt templates.\n"
+                '#define ATTNGEN_HOOK extern "C" __device__\n' + "\n".join(includes) + "\n")
+        return files
+
+    def compile(self, ctx: BuildContext) -> dict:
+        out, cfg, sources = ctx.out_dir, ctx.config, ctx.artifacts["instantiate"]
+        flags = ("-dc", "--use_fast_math") if cfg.fast_math else ("-dc",)
+        jobs = [nvcc.NvccJob(out / f"hooks_{a}.cu", out / f"hooks_{a}.o", arch_spec(a).gencode, flags)
+                for a in cfg.archs]
+        nvcc.run_jobs(jobs)
+        result = {"objects": [j.output.name for j in jobs],
+                  "headers": sorted(f for f in sources if f.endswith(".cuh"))}
+        if cfg.kernels:
+            tus = sorted(f for f in sources if f.startswith("attention_"))
+            result["library"] = compile_library(out, tus, cfg, ctx.variant.name).name
+            result["functions"] = exported_functions(cfg)
+        return result

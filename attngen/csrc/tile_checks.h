@@ -1,0 +1,106 @@
+// The CUDA templates' tile structs and shared-memory functions checked at compile time against the
+// template records' tables (attngen/schedules/template_*.py), which every CUDA build writes into its
+// directory as attngen_tiles.h. Every translation unit of a build includes this file: a row that the
+// C++ computes differently fails the build on that row's static_assert (the instantiation context names
+// the row's values). The runtime planner and the build's shared-memory checks read the same records.
+#pragma once
+#include <cstddef>
+#include <utility>
+
+#include "attngen_tiles.h"
+#include "decode.cuh"
+#include "decode_tc.cuh"
+#include "prefill.cuh"
+
+namespace attngen {
+namespace tile_checks {
+
+namespace tiles = attngen_gen::tiles;
+
+// Stand-ins for what the shared-memory functions read of their instantiation types: sizeof(T), and
+// V::kHasKeyTransform.
+template <int Bytes>
+struct Element {
+  unsigned char bytes[Bytes];
+};
+template <bool KeyTransform>
+struct Traits {
+  static constexpr bool kHasKeyTransform = KeyTransform;
+};
+
+template <class Table, std::size_t N>
+constexpr std::size_t rows_of(const Table (&)[N]) {
+  return N;
+}
+
+template <int D, int G, bool K, int E, int Tokens, int Stages, int Threads, unsigned long long Smem>
+constexpr bool decode_row() {
+  static_assert(DecodeTile<D, G>::kTokens == Tokens, "DecodeTile<D, G>::kTokens differs from the decode record");
+  static_assert(DecodeTile<D, G>::kStages == Stages, "DecodeTile<D, G>::kStages differs from the decode record");
+  static_assert(DecodeTile<D, G>::kThreads == Threads, "DecodeTile<D, G>::kThreads differs from the decode record");
+  static_assert(decode_smem_bytes<Traits<K>, Element<E>, D, G>() == Smem,
+                "decode_smem_bytes differs from the decode record");
+  return true;
+}
+
+template <std::size_t... I>
+constexpr bool decode_rows(std::index_sequence<I...>) {
+  constexpr auto& t = tiles::kDecode;
+  return (decode_row<t[I].head_dim, t[I].group, t[I].key_transform, t[I].elem_bytes, t[I].tokens, t[I].stages,
+                     t[I].threads, t[I].smem_bytes>() && ...);
+}
+
+template <int D, int Stages>
+constexpr bool decode_tc_default_row() {
+  static_assert(decode_tc_stages<D>() == Stages, "decode_tc_stages<D>() differs from the decode_tc record");
+  return true;
+}
+
+template <std::size_t... I>
+constexpr bool decode_tc_default_rows(std::index_sequence<I...>) {
+  constexpr auto& t = tiles::kDecodeTCStages;
+  return (decode_tc_default_row<t[I].head_dim, t[I].stages>() && ...);
+}
+
+// decode_tc_smem_bytes<D, S>() is written for 16-bit elements: a row of another size fails here until it
+// takes the element type
+template <int D, int S, int E, int Keys, unsigned long long Smem>
+constexpr bool decode_tc_row() {
+  static_assert(DecodeTCTile<D, S>::kKeys == Keys, "DecodeTCTile<D, S>::kKeys differs from the decode_tc record");
+  static_assert(DecodeTCTile<D, S>::kStages == S, "DecodeTCTile<D, S>::kStages differs from the decode_tc record");
+  static_assert(decode_tc_smem_bytes<D, S>() == Smem, "decode_tc_smem_bytes<D, S>() differs from the decode_tc record");
+  return true;
+}
+
+template <std::size_t... I>
+constexpr bool decode_tc_rows(std::index_sequence<I...>) {
+  constexpr auto& t = tiles::kDecodeTC;
+  return (decode_tc_row<t[I].head_dim, t[I].stages, t[I].elem_bytes, t[I].keys, t[I].smem_bytes>() && ...);
+}
+
+template <int D, bool Small, int MT, int E, int Rows, int Keys, int Stages, unsigned long long Smem>
+constexpr bool prefill_row() {
+  using Tile = PrefillTile<D, Small, MT>;
+  static_assert(Tile::kRows == Rows, "PrefillTile<D, Small, MT>::kRows differs from the prefill record");
+  static_assert(Tile::kKeys == Keys, "PrefillTile<D, Small, MT>::kKeys differs from the prefill record");
+  static_assert(Tile::kStages == Stages, "PrefillTile<D, Small, MT>::kStages differs from the prefill record");
+  static_assert(prefill_smem_bytes<Traits<false>, Element<E>, D, Small, MT>() == Smem,
+                "prefill_smem_bytes differs from the prefill record");
+  return true;
+}
+
+template <std::size_t... I>
+constexpr bool prefill_rows(std::index_sequence<I...>) {
+  constexpr auto& t = tiles::kPrefill;
+  return (prefill_row<t[I].head_dim, t[I].small, t[I].m_tiles, t[I].elem_bytes, t[I].rows, t[I].keys, t[I].stages,
+                      t[I].smem_bytes>() && ...);
+}
+
+static_assert(decode_rows(std::make_index_sequence<rows_of(tiles::kDecode)>()), "decode tiles");
+static_assert(decode_tc_default_rows(std::make_index_sequence<rows_of(tiles::kDecodeTCStages)>()), "decode_tc stages");
+static_assert(decode_tc_rows(std::make_index_sequence<rows_of(tiles::kDecodeTC)>()), "decode_tc tiles");
+static_assert(prefill_rows(std::make_index_sequence<rows_of(tiles::kPrefill)>()), "prefill tiles");
+static_assert(kPrefillWideRows == tiles::kPrefillWideRows, "kPrefillWideRows differs from the prefill record");
+
+}  // namespace tile_checks
+}  // namespace attngen

@@ -1,0 +1,98 @@
+"""The tensor-core decode template (csrc/decode_tc.cuh: DecodeTCTile<D, S>, decode_tc_stages,
+decode_tc_smem_bytes) and the launcher's stage fallback (csrc/decode_launch.cuh try_launch_decode_tc).
+
+Four warps x 16 keys per stage (64 keys), the query heads of a KV head's group as the rows of one 16-row
+MMA tile (at most 8 heads), S stages of K/V streamed across a CTA's work items with one query tile per
+item in flight, query rows padded by 8 elements (conflict-free ldmatrix), K/V rows unpadded with swizzled
+chunks starting 128-byte aligned, per-warp fp32 scratch rows and a cross-warp merge region of its own.
+The runtime's split-KV planner reads the same table (attngen/runtime/decode_plan.py) to count the CTAs
+the launcher's choice leaves resident per SM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cxx_tables import cxx_table
+from .dtypes import ElementBytes
+from .templates import ArchNeeds, FitQuery, TemplateRecord
+
+HEAD_DIMS = (64, 128, 256)
+WARPS = 4
+KEYS_PER_WARP = 16
+KEYS = WARPS * KEYS_PER_WARP  # keys per stage
+QUERY_ROWS = 16  # the MMA tile's rows
+MAX_GROUP = 8  # rows of the 16-row tile that hold query heads
+ROW_PAD = 8  # elements of padding per query row
+# default stages per head dim (the launcher falls back to fewer where shared memory is short): four at
+# D 64 and two at D 128 keep two CTAs per SM on the H200 (each loads S - 1 tiles ahead across its work
+# items); at D 256 two stages already allow only one
+STAGES = {64: 4, 128: 2, 256: 2}
+
+
+@dataclass(frozen=True)
+class DecodeTCConfig:
+    head_dim: int
+    stages: int
+
+    @property
+    def keys(self) -> int:
+        return KEYS
+
+    @property
+    def stride(self) -> int:  # elements per padded query row
+        return self.head_dim + ROW_PAD
+
+    def describe(self) -> str:
+        return f" ({self.stages} stages)"
+
+
+def decode_tc_tiles_offset(cfg: DecodeTCConfig, elems: ElementBytes) -> int:
+    """Bytes before the K/V stages: a query tile per stage, the scratch rows and the merge region."""
+    d = cfg.head_dim
+    q = cfg.stages * QUERY_ROWS * cfg.stride * elems.q
+    scratch = WARPS * 2 * d * 4
+    merge = (WARPS * MAX_GROUP * (d + 2) + 2 * MAX_GROUP * d + MAX_GROUP) * 4
+    return -(-(q + scratch + merge) // 128) * 128
+
+
+def decode_tc_smem_bytes(cfg: DecodeTCConfig, elems: ElementBytes) -> int:
+    return decode_tc_tiles_offset(cfg, elems) + cfg.stages * 2 * KEYS * cfg.head_dim * elems.kv
+
+
+def stage_order(stages: int) -> list[int]:
+    """The stage counts the launcher tries, deepest first: the default, then 2, then 1."""
+    return list(dict.fromkeys((stages, 2, 1)))
+
+
+def configs(head_dim: int) -> tuple[DecodeTCConfig, ...]:
+    """The configurations the launcher tries for ``head_dim``, in its order."""
+    return tuple(DecodeTCConfig(head_dim, s) for s in stage_order(STAGES[head_dim]))
+
+
+def must_fit(query: FitQuery) -> tuple:
+    return ()  # where no tensor-core tile fits, the decode entry runs the CUDA-core template
+
+
+def header_section(element_sizes: tuple[int, ...]) -> str:
+    stages = cxx_table("DecodeTCStages", "decode_tc (tensor cores): decode_tc_stages<D>(), the default stage count",
+                       (("int", "head_dim"), ("int", "stages")), [(d, STAGES[d]) for d in HEAD_DIMS])
+    rows = [(c.head_dim, c.stages, e, c.keys, decode_tc_smem_bytes(c, ElementBytes(e, e)))
+            for d in HEAD_DIMS for c in configs(d) for e in element_sizes]
+    tiles = cxx_table("DecodeTC", "decode_tc: DecodeTCTile<D, S> and decode_tc_smem_bytes<D, S>() of every stage "
+                      "count the launcher tries, per element size",
+                      (("int", "head_dim"), ("int", "stages"), ("int", "elem_bytes"), ("int", "keys"),
+                       ("unsigned long long", "smem_bytes")), rows)
+    return stages + "\n" + tiles
+
+
+DECODE_TC = TemplateRecord(
+    name="decode_tc",
+    role="batch decode over paged KV on tensor cores (mma.sync), split-KV plans and the fused merge",
+    needs=ArchNeeds(mma=("m16n8k16", "m16n8k8")),
+    head_dims=HEAD_DIMS,
+    configs=configs,
+    smem_bytes=decode_tc_smem_bytes,
+    must_fit=must_fit,
+    header_section=header_section,
+    headers=("decode_tc.cuh",),
+)

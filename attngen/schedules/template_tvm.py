@@ -1,0 +1,41 @@
+"""The TVM PagedKVCache slot family (attngen/codegen/cuda_tvm_slots.py): functions with TVM 0.27's
+attention-slot calling conventions, ("tirx", fn) and ("flashinfer", run, plan), running attngen's prefill
+template and its decode entry (tensor cores, falling back to CUDA cores). No tiles of its own: what it
+launches is checked and instantiated through ``requires``.
+"""
+from __future__ import annotations
+
+from .templates import ArchNeeds, TemplateRecord
+
+SLOT_KINDS = ("tvm_prefill_paged", "tvm_prefill_ragged", "tvm_decode")  # ("tirx", fn)
+FLASHINFER_KINDS = ("tvm_fi_decode_plan", "tvm_fi_decode_run", "tvm_fi_prefill_plan", "tvm_fi_prefill_paged_run",
+                    "tvm_fi_prefill_ragged_run")  # ("flashinfer", run, plan)
+
+
+def _none(_) -> tuple:
+    return ()
+
+
+def _no_smem(cfg, elems) -> int:
+    return 0
+
+
+def _no_section(element_sizes) -> str:
+    return ""
+
+
+TVM_SLOTS = TemplateRecord(
+    name="tvm",
+    role="TVM PagedKVCache attention slots over the prefill and decode templates",
+    needs=ArchNeeds(),
+    head_dims=(64, 128, 256),
+    configs=_none,
+    smem_bytes=_no_smem,
+    must_fit=_none,
+    header_section=_no_section,
+    headers=("decode_launch.cuh", "prefill.cuh"),
+    exports=SLOT_KINDS + FLASHINFER_KINDS,
+    emitter="tvm_slots",
+    variant_check="tvm_slots",
+    requires=("decode", "prefill"),  # the decode slot runs the decode entry, which brings decode_tc
+)

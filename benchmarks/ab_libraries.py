@@ -27,6 +27,20 @@ D = 128
 KINDS = {"prefill": "causal", "decode": "vanilla"}  # kernels -> the variant its library is built for
 
 
+# The revision's tensor-core decode stage count and shared memory per stage count, read in its own tree:
+# from the template record where the revision has the registry, else from its Python tile mirror.
+MIRROR_PROBE = """import json
+from attngen.runtime.decode_plan import decode_tc_stages as s
+try:
+    from attngen.schedules.template_decode_tc import DECODE_TC, DecodeTCConfig
+    from attngen.schedules.dtypes import ElementBytes
+    b = lambda d, k: DECODE_TC.smem_bytes(DecodeTCConfig(d, k), ElementBytes(2, 2))
+except ImportError:
+    from attngen.schedules.tiles import decode_tc_smem_bytes as b
+print(json.dumps({{'stages': s({D}), 'smem': {{k: b({D}, k) for k in (1, 2, 3, 4)}}}}))
+"""
+
+
 def label_of(rev: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in rev)
 
@@ -48,9 +62,7 @@ def build(args) -> None:
                                 "--kernels", kernels, "--out", str(dest / kernels), "--cache-dir", args.cache_dir],
                                cwd=tree, check=True)
             mirror = subprocess.run(
-                [sys.executable, "-c", "import json; from attngen.runtime.decode_plan import decode_tc_stages as s; "
-                 "from attngen.schedules.tiles import decode_tc_smem_bytes as b; "
-                 f"print(json.dumps({{'stages': s({D}), 'smem': {{k: b({D}, k) for k in (1, 2, 3, 4)}}}}))"],
+                [sys.executable, "-c", MIRROR_PROBE.format(D=D)],
                 cwd=tree, check=True, capture_output=True, text=True).stdout
         for kernels in KINDS:  # keep what the run needs: the library and its manifest
             for f in (dest / kernels).iterdir():

@@ -44,17 +44,15 @@ from __future__ import annotations
 from attngen.ir import ConfigError, ScalarParam, TensorParam
 from attngen.schedules.build_config import DTYPE_SHORT, symbol
 from attngen.schedules.cost_model import DECODE_MIN_CHUNK, cost_coefficients
+from attngen.schedules.template_tvm import FLASHINFER_KINDS, SLOT_KINDS
 
 from .cpu.tvm_slots import check_slot_variant
 from .cuda_variant import C_TYPES
 
-# exported kind -> static function of attngen::tvm_slot::TirxSlots (csrc/tvm_slots.h)
-TIRX_FUNCTIONS = {"tvm_prefill_paged": "prefill_paged", "tvm_prefill_ragged": "prefill_ragged",
-                  "tvm_decode": "decode"}
-# exported kind -> static function of attngen::tvm_slot::FlashInferSlots (csrc/tvm_fi_slots.h)
-FLASHINFER_FUNCTIONS = {"tvm_fi_decode_plan": "decode_plan", "tvm_fi_decode_run": "decode_run",
-                        "tvm_fi_prefill_plan": "prefill_plan", "tvm_fi_prefill_paged_run": "prefill_paged_run",
-                        "tvm_fi_prefill_ragged_run": "prefill_ragged_run"}
+# exported kind (the tvm record's exports) -> static function of attngen::tvm_slot::TirxSlots (csrc/tvm_slots.h)
+# and of attngen::tvm_slot::FlashInferSlots (csrc/tvm_fi_slots.h): the kind without its convention prefix
+TIRX_FUNCTIONS = {kind: kind.removeprefix("tvm_") for kind in SLOT_KINDS}
+FLASHINFER_FUNCTIONS = {kind: kind.removeprefix("tvm_fi_") for kind in FLASHINFER_KINDS}
 
 
 def check_tvm_slot_variant(variant, constants: dict) -> None:

@@ -16,7 +16,7 @@ come from ``q_rope_position`` and ``k_rope_pos_offset``.
 """
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 
 import tvm.tirx as tir
 from tvm.script import tirx as T
@@ -341,18 +341,6 @@ class CPUKernelSpec:
     transform_keys: bool = False  # the variant's keys pass a hook at load (see kernel_flags)
     softmax: bool = True  # False: unnormalised sum state
     q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
-    # Accepted from callers that still describe a variant by one flag per hook kind: only a key hook
-    # changes the program, every other hook is inlined from the variant at its placeholder.
-    has_query_transform: InitVar[bool] = False
-    has_key_transform: InitVar[bool] = False
-    has_logits_transform: InitVar[bool] = False
-    has_mask: InitVar[bool] = False
-    has_output_transform: InitVar[bool] = False
-
-    def __post_init__(self, has_query_transform, has_key_transform, has_logits_transform, has_mask,
-                      has_output_transform):
-        if has_key_transform:
-            object.__setattr__(self, "transform_keys", True)
 
     @property
     def func_name(self) -> str:

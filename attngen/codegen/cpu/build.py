@@ -6,33 +6,18 @@ from pathlib import Path
 import tvm
 from tvm.target import Target
 
-from attngen.ir import StateAlgebra
 from attngen.schedules.build_config import BuildConfig, symbol
 
-from .attention_tir import CPUKernelSpec, attention_program
+from .attention_tir import CPUKernelSpec, attention_program, kernel_flags
 from .inline_hooks import inline_hooks
 
 CPU_TARGET = {"kind": "llvm"}
 
 
-def hook_flags(variant) -> dict:
-    """Which hooks a variant has and how its scale folds: the variant-dependent kernel-spec fields."""
-    hooks = variant.hooks
-    return dict(
-        has_query_transform="query_transform" in hooks,
-        has_key_transform="key_transform" in hooks,
-        has_logits_transform="logits_transform" in hooks,
-        has_mask="logits_mask" in hooks,
-        has_output_transform="output_transform" in hooks,
-        softmax=variant.state == StateAlgebra.SOFTMAX,
-        q_scale_log2e=variant.analysis.scale.q_scale_log2e,
-    )
-
-
 def cpu_kernel_specs(variant, cfg: BuildConfig) -> dict[str, CPUKernelSpec]:
     """Exported symbol -> kernel spec, for every (kind, layout, dtype pair, head_dim) the config asks for
     (the kernels read K/V in the query dtype: BuildConfig refuses other pairs)."""
-    common = hook_flags(variant)
+    common = kernel_flags(variant)
     specs = {}
     for pair in cfg.dtype_pairs:
         for d in cfg.head_dims:

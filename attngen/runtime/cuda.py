@@ -96,7 +96,8 @@ class PrefillPlan:
     total_q: int
     max_qo_len: int  # sizes the grid: query tiles per request
     qo_indptr_key: tuple  # which qo_indptr (object and version) the plan was made from
-    tile_rows: PrefillTileRows = PrefillTileRows.AUTO  # ROWS_128: the wide tile for long requests (D <= 128)
+    # AUTO: the library's choice; ROWS_128: the wide tile for long requests (D <= 128); ROWS_64: the 64-row tiles
+    tile_rows: PrefillTileRows = PrefillTileRows.AUTO
 
     def ffi_args(self) -> tuple:
         """What the prefill entry functions take after ``sm_scale`` (csrc/entry_prefill.h)."""

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from attngen.runtime import AttentionArgumentError, CUDAAttention, PagedKV, RaggedKV
+from attngen.runtime.cuda import DecodeLaunch
+from attngen.schedules.ffi_enums import DecodeBackend, PrefillTileRows
 from attngen.testing import random_problem
 from attngen.variants import builtin
 
@@ -82,6 +84,7 @@ def test_group_above_the_build_bound_is_named(att, rng):
     kv = _paged(prob)
     plan = att.plan_decode(kv, 16, D, num_chunks=1)
     assert plan.num_chunks == 1 and tuple(plan.part_o.shape) == (1, 1, 1, D)  # no split: no partial states
+    assert plan.launch == DecodeLaunch(plan.part_o, plan.part_lse, 1, DecodeBackend.AUTO)  # no device plan
     with pytest.raises(AttentionArgumentError, match=r"group size 16 .* above this library's max_group_size=8"):
         att.decode(torch.from_numpy(prob.q).half(), kv, plan=plan, params={"alibi_slopes": torch.ones(16)})
 
@@ -95,3 +98,53 @@ def test_prefill_plan_is_tied_to_its_qo_indptr(att, rng):
     other = torch.tensor([0, 1, 5], dtype=torch.int32)  # same total, a longer request
     with pytest.raises(AttentionArgumentError, match=r"plan: made from another qo_indptr"):
         att.prefill(torch.from_numpy(prob.q).half(), ragged, other, plan=plan, params={"alibi_slopes": torch.ones(8)})
+
+
+def _decode_args(kv, query, **over):
+    """The decode entry's arguments in its order (csrc/entry_decode.h), host tensors."""
+    n, hq = query.shape[0], query.shape[1]
+    part = torch.empty((1, 1, 1, D), dtype=torch.float32)
+    args = dict(q=query, pages=kv.pages, indices=kv.indices, indptr=kv.indptr, last_page_len=kv.last_page_len,
+                o=torch.empty_like(query), lse=torch.empty((n, hq), dtype=torch.float32), sm_scale=0.125)
+    launch = DecodeLaunch(part, part[0, 0, 0, :1], 1, DecodeBackend.TENSOR_CORES)
+    args.update(zip(("part_o", "part_lse", "num_chunks", "backend", "plan", "plan_ctas", "plan_merges"),
+                    launch.ffi_args()))
+    args["alibi_slopes"] = torch.ones(hq)
+    args.update(over)
+    return list(args.values())
+
+
+def test_entry_functions_name_themselves_in_argument_errors(att, rng):
+    """The exported functions called directly (no Python checks in front), without a GPU: a wrong argument
+    kind is refused by TVM-FFI against the typed signature, a wrong element type or a host tensor by the
+    entry, each error naming the exported function."""
+    prob = random_problem(rng, [1, 1], [20, 7], 8, 2, D, page_size=16)
+    kv, q = _paged(prob), torch.from_numpy(prob.q).half()
+    decode = att.function("batch_decode_paged_nhd", "float16", D)
+    name = "batch_decode_paged_nhd_f16_d64"
+    with pytest.raises(TypeError, match=rf"{name}: q: expected element type float16, got float32"):
+        decode(*_decode_args(kv, q, q=q.float()))
+    with pytest.raises(TypeError, match=rf"{name}: indptr: expected element type int32, got int64"):
+        decode(*_decode_args(kv, q, indptr=kv.indptr.long()))
+    with pytest.raises(TypeError, match=rf"Mismatched type on argument #10 when calling: `{name}\(.*Optional"):
+        decode(*_decode_args(kv, q, num_chunks="two"))
+    with pytest.raises(TypeError, match=rf"Mismatched type on argument #12 when calling: `{name}"):
+        decode(*_decode_args(kv, q, plan=3))
+    with pytest.raises(ValueError, match=rf"{name}: q: expected a CUDA tensor"):
+        decode(*_decode_args(kv, q))  # the right kinds and types: the plan may be None
+    with pytest.raises(TypeError, match=r"Expected 16 but got 15 arguments"):
+        decode(*_decode_args(kv, q)[:-1])  # the variant's alibi_slopes is part of the signature
+
+    ragged = RaggedKV(torch.from_numpy(prob.ragged.k).half(), torch.from_numpy(prob.ragged.v).half(),
+                      torch.from_numpy(prob.ragged.indptr))
+    prefill = att.function("batch_prefill_ragged", "float16", D)
+    qo = torch.from_numpy(prob.qo_indptr)
+    plan = att.plan_prefill(qo, ragged, D, wide_tiles=False)
+    assert plan.ffi_args() == (plan.max_qo_len, PrefillTileRows.ROWS_64)
+    args = [q, ragged.k, ragged.v, ragged.indptr, qo, torch.empty_like(q), torch.empty((q.shape[0], 8)), 0.125,
+            *plan.ffi_args(), torch.ones(8)]
+    with pytest.raises(TypeError, match=r"batch_prefill_ragged_f16_d64: k: expected element type float16, got "
+                                        r"float32"):
+        prefill(*args[:1], ragged.k.float(), *args[2:])
+    with pytest.raises(ValueError, match=r"batch_prefill_ragged_f16_d64: q: expected a CUDA tensor"):
+        prefill(*args)

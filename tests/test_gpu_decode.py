@@ -219,6 +219,7 @@ def test_decode_uniform_batch_takes_the_grid_launch_the_rule_picks(build_cache, 
     import torch
 
     from attngen.runtime.decode_plan import grid_chunks_for_uniform_batch
+    from attngen.schedules.ffi_enums import DecodeBackend
 
     att = cuda_module("vanilla", build_cache)
     q, kv, refill = _static_batch(rng, 1, 1024, 16, 2, 128)
@@ -228,7 +229,7 @@ def test_decode_uniform_batch_takes_the_grid_launch_the_rule_picks(build_cache, 
     assert expect == len(balanced.split.work) > 1  # one item per CTA: the same partition as the grid's
     ref_o, ref_l = att.decode(q, kv, plan=att.plan_decode(kv, 16, 128, num_chunks=1, tensor_cores=False))
     plan = att.plan_decode(kv, 16, 128)
-    assert plan.work is None and plan.backend == 2 and plan.num_chunks == expect
+    assert plan.work is None and plan.backend == DecodeBackend.TENSOR_CORES and plan.num_chunks == expect
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:2], float("nan"), device="cuda")
     att.decode(q, kv, plan=plan, out=out, lse=lse)

@@ -1,17 +1,26 @@
 """The C++ side of a variant: a traits struct the CUDA templates are instantiated with.
 
-``struct Hooks_d<D>`` holds the variant's extra parameters (``Params``), compile-time
-flags (which hooks exist, per-element forms, the state algebra, where sm_scale and
-log2 e are folded, the mask's bounds) and forwarding functions to the hook device
-functions lowered by :mod:`.hooks_cuda`. Absent hooks are identities.
+``struct Hooks_d<D>`` holds the variant's extra parameters (``Params``) and how they cross the
+FFI (``ExtraArgs``, ``set_params``: csrc/variant_params.h), compile-time flags (which hooks
+exist, per-element forms, the state algebra, where sm_scale and log2 e are folded, the mask's
+bounds) and forwarding functions to the hook device functions lowered by :mod:`.hooks_cuda`.
+Absent hooks are identities. The hook kinds come from the hook table (``attngen.ir.HOOKS``): a
+row hook ``<x>_transform`` gets ``kHas<X>Transform``, ``k<X>Elementwise``, ``<x>_row`` and
+``<x>_elem`` with the table's scalar arguments.
 """
 from __future__ import annotations
 
-from attngen.ir import HOOKS, StateAlgebra, TensorParam
+from attngen.ir import HOOKS, HookSpec, ScalarParam, StateAlgebra, TensorParam
 from attngen.ir.mask_class import MaskKind
 
 C_TYPES = {"float32": "float", "int32": "int", "int64": "int64_t", "uint8": "unsigned char",
-           "float16": "half", "bfloat16": "__nv_bfloat16"}
+           "float16": "half", "bfloat16": "__nv_bfloat16", "bool": "bool"}
+
+# The scalar hooks' names in the traits, which the templates call (V::logits, V::mask) and test
+# (V::kHasLogits, V::kHasMask), and the value an absent hook gives: (member, flag, identity).
+_SCALAR_HOOK_MEMBERS = {"logits_transform": ("logits", "kHasLogits", "s"),
+                        "logits_mask": ("mask", "kHasMask", "true")}
+_FN = "  __device__ __forceinline__ static"
 
 
 def params_struct(variant) -> str:
@@ -22,52 +31,105 @@ def params_struct(variant) -> str:
     return "  struct Params {\n" + ("\n".join(fields) or "    int unused;") + "\n  };\n"
 
 
+def _ffi_type(p) -> str:
+    """The C++ type a parameter arrives as through TVM-FFI."""
+    if isinstance(p, TensorParam):
+        return "tvm::ffi::TensorView"
+    return "int64_t" if "int" in p.dtype else "double"
+
+
+def _param_from_ffi(p) -> str:
+    if isinstance(p, TensorParam):
+        return (f"    p.{p.name} = attngen::tensor_param<{C_TYPES[p.dtype]}>(entry, \"{p.name}\", {p.name}, "
+                f"{len(p.shape)});")
+    assert isinstance(p, ScalarParam)
+    return f"    p.{p.name} = static_cast<{C_TYPES[p.dtype] if 'int' in p.dtype else 'float'}>({p.name});"
+
+
+def ffi_params(variant) -> str:
+    """``ExtraArgs`` (the FFI types of the extra parameters, in declaration order, as the runtime's
+    ``resolve_params`` passes them) and ``set_params`` (``entry``: the exported function, for errors)."""
+    types = ", ".join(_ffi_type(p) for p in variant.params)
+    decl = "".join(f", {_ffi_type(p)} {p.name}" for p in variant.params)
+    body = "\n".join(_param_from_ffi(p) for p in variant.params)
+    return (f"  using ExtraArgs = attngen::ArgList<{types}>;\n"
+            f"  static void set_params([[maybe_unused]] const char* entry, [[maybe_unused]] Params& p{decl}) {{\n"
+            + (body + "\n" if body else "") + "  }\n")
+
+
 def _b(x: bool) -> str:
     return "true" if x else "false"
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _scalar_args(spec: HookSpec) -> tuple[str, str]:
+    """(C++ parameter list, argument list) of a hook's standard scalars, named as in the table."""
+    return (", ".join(f"{C_TYPES[t]} {n}" for n, t in spec.scalars), ", ".join(n for n, _ in spec.scalars))
+
+
+def _row_hook(spec: HookSpec, hooks, hs, head_dim: int, call) -> tuple[dict[str, str], list[str]]:
+    """Flags and forwarding functions of one row hook: the whole-row form and the per-element form
+    (a thread computing only its elements)."""
+    short = spec.name.removesuffix("_transform")
+    flags = {f"kHas{_camel(spec.name)}": _b(spec.name in hooks),
+             f"k{_camel(short)}Elementwise": _b(spec.name in hs.elementwise)}
+    decl, args = _scalar_args(spec)
+    if spec.name in hs.elementwise:
+        body = f"float r; {call(hs.elementwise[spec.name], f'row, i, {args}')}, &r); return r;"
+    else:
+        body = "return row[i];"
+    fns = [f"{_FN} float {short}_elem(const Params& p, float* row, int i, {decl}) {{ {body} }}"]
+    if spec.name in hooks:
+        body = f"{call(hs.symbol(spec.name), f'in, out, {args}')});"
+    else:
+        body = f"for (int i = 0; i < {head_dim}; ++i) out[i] = in[i];"
+    fns.append(f"{_FN} void {short}_row(const Params& p, float* in, float* out, {decl}) {{ {body} }}")
+    return flags, fns
+
+
+def _scalar_hook(spec: HookSpec, hooks, hs, call) -> tuple[dict[str, str], list[str]]:
+    """Flag and forwarding function of one scalar hook (its value comes back through a pointer)."""
+    member, flag, identity = _SCALAR_HOOK_MEMBERS[spec.name]
+    decl, args = _scalar_args(spec)
+    ret = C_TYPES[spec.returns]
+    if spec.name in hooks:
+        body = f"{ret} r; {call(hs.symbol(spec.name), args)}, &r); return r;"
+    else:
+        body = f"return {identity};"
+    return {flag: _b(spec.name in hooks)}, [f"{_FN} {ret} {member}(const Params& p, {decl}) {{ {body} }}"]
 
 
 def traits_source(variant, hs, head_dim: int) -> str:
     """C++ source of ``attngen_gen::Hooks_d<head_dim>`` (after the hooks header)."""
     a = variant.analysis
     hooks = variant.hooks
+    assert set(HOOKS) >= set(hooks)
+    unnamed = [n for n, s in HOOKS.items() if not s.row and n not in _SCALAR_HOOK_MEMBERS]
+    assert not unnamed, f"scalar hooks {unnamed} have no member in the CUDA traits (_SCALAR_HOOK_MEMBERS)"
 
     def call(sym, args):
         extra = "".join(f", p.{n}" for n in hs.params[sym])
         return f"{sym}({args}{extra}"
 
-    lines = [f"namespace attngen_gen {{\nstruct Hooks_d{head_dim} {{", params_struct(variant)]
     flags = {
-        "kHeadDim": str(head_dim),
         "kSoftmax": _b(variant.state == StateAlgebra.SOFTMAX),
         "kQScaleLog2e": _b(a.scale.q_scale_log2e),
         "kLogitsLog2e": _b(a.scale.logits_log2e),
-        "kHasQueryTransform": _b("query_transform" in hooks),
-        "kQueryElementwise": _b("query_transform" in hs.elementwise),
-        "kHasKeyTransform": _b("key_transform" in hooks),
-        "kKeyElementwise": _b("key_transform" in hs.elementwise),
-        "kHasLogits": _b("logits_transform" in hooks),
-        "kHasMask": _b("logits_mask" in hooks),
-        "kHasOutputTransform": _b("output_transform" in hooks),
-        "kOutputElementwise": _b("output_transform" in hs.elementwise),
+    }
+    fns = []
+    for spec in HOOKS.values():
+        f, code = _row_hook(spec, hooks, hs, head_dim, call) if spec.row else _scalar_hook(spec, hooks, hs, call)
+        flags.update(f)
+        fns += code
+    flags.update({
         "kHasLower": _b("lower" in hs.bounds),
         "kHasUpper": _b("upper" in hs.bounds),
         # the mask is exactly its bounds (causal, sliding window): a tile inside them skips the mask hook
         "kMaskExact": _b("logits_mask" not in hooks or a.mask.kind != MaskKind.ARBITRARY),
-    }
-    for k, v in flags.items():
-        lines.append(f"  static constexpr {'int' if k == 'kHeadDim' else 'bool'} {k} = {v};")
-    fn = "  __device__ __forceinline__ static"
-    # scalar hooks
-    if "logits_transform" in hooks:
-        body = f"float r; {call(hs.symbol('logits_transform'), 's, b, qo, kv, qh, kh')}, &r); return r;"
-    else:
-        body = "return s;"
-    lines.append(f"{fn} float logits(const Params& p, float s, int b, int qo, int kv, int qh, int kh) {{ {body} }}")
-    if "logits_mask" in hooks:
-        body = f"bool r; {call(hs.symbol('logits_mask'), 'b, qo, kv, qh, kh')}, &r); return r;"
-    else:
-        body = "return true;"
-    lines.append(f"{fn} bool mask(const Params& p, int b, int qo, int kv, int qh, int kh) {{ {body} }}")
+    })
     for which in ("lower", "upper"):
         if which in hs.bounds:
             sym, names = hs.bounds[which]
@@ -75,22 +137,10 @@ def traits_source(variant, hs, head_dim: int) -> str:
             body = f"int r; {sym}({args}{', ' if args else ''}&r); return r;"
         else:
             body = "return 0;"
-        lines.append(f"{fn} int mask_{which}(const Params& p) {{ {body} }}")
-    # row hooks: per-element and whole-row forms
-    row_args = {"query_transform": ("query", "int qo_pos, int qh", "qo_pos, qh"),
-                "key_transform": ("key", "int kv_pos, int kh", "kv_pos, kh"),
-                "output_transform": ("output", "int b, int qo_pos, int qh, float lse", "b, qo_pos, qh, lse")}
-    for hook, (short, decl, args) in row_args.items():
-        if hook in hs.elementwise:
-            body = f"float r; {call(hs.elementwise[hook], f'row, i, {args}')}, &r); return r;"
-        else:
-            body = "return row[i];"
-        lines.append(f"{fn} float {short}_elem(const Params& p, float* row, int i, {decl}) {{ {body} }}")
-        if hook in hooks:
-            body = f"{call(hs.symbol(hook), f'in, out, {args}')});"
-        else:
-            body = f"for (int i = 0; i < {head_dim}; ++i) out[i] = in[i];"
-        lines.append(f"{fn} void {short}_row(const Params& p, float* in, float* out, {decl}) {{ {body} }}")
+        fns.append(f"{_FN} int mask_{which}(const Params& p) {{ {body} }}")
+    lines = ['#include "variant_params.h"', f"namespace attngen_gen {{\nstruct Hooks_d{head_dim} {{",
+             params_struct(variant), ffi_params(variant), f"  static constexpr int kHeadDim = {head_dim};"]
+    lines += [f"  static constexpr bool {k} = {v};" for k, v in flags.items()]
+    lines += fns
     lines.append("};\n}  // namespace attngen_gen\n")
-    assert set(HOOKS) >= set(hooks)
     return "\n".join(lines)

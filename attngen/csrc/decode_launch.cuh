@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "attngen_enums.h"
 #include "decode.cuh"
 #include "device_info.cuh"
 #include "decode_tc.cuh"
@@ -10,8 +11,8 @@
 
 namespace attngen {
 
-// DecodeProblem::backend
-constexpr int kDecodeAuto = 0, kDecodeCudaCores = 1, kDecodeTensorCores = 2;
+// DecodeProblem::backend holds a DecodeBackend as an int; the TVM-slot functions still set it by this name.
+constexpr int kDecodeTensorCores = int(DecodeBackend::kTensorCores);
 
 // A launch with the programmatic stream-serialization attribute on sm_90+ (the kernel may start while the
 // one before it finishes, and waits for it in grid_dependency_wait); a plain launch before sm_90 or where
@@ -109,7 +110,7 @@ int decode_tc_ctas_per_sm() {
 // Automatic choice: tensor cores (measured faster on the H200 for every group size, MHA included);
 // a plan's work list is served by the tensor-core template only.
 inline bool decode_wants_tensor_cores(const DecodeProblem& P) {
-  return P.plan != nullptr || P.backend != kDecodeCudaCores;
+  return P.plan != nullptr || DecodeBackend(P.backend) != DecodeBackend::kCudaCores;
 }
 
 // MaxG: the build's max_group_size; groups above it were refused before the launch.

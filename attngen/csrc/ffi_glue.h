@@ -1,11 +1,18 @@
 // Host-side glue between TVM-FFI arguments and the CUDA templates: data pointers
-// (byte offsets honoured), the caller's current stream, light argument checks.
+// (byte offsets honoured), the caller's current stream, argument checks.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/dtype.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
+
+#include <cstdint>
+#include <initializer_list>
 
 namespace attngen {
 
@@ -26,6 +33,46 @@ inline void check_tensor(const tvm::ffi::TensorView& t, const char* name, int nd
     TVM_FFI_THROW(ValueError) << name << ": expected a CUDA tensor";
   if (t.dtype().bits != bits.bits)
     TVM_FFI_THROW(ValueError) << name << ": expected a " << int(bits.bits) << "-bit element type";
+}
+
+// The DLPack element type of a C++ element type the templates are instantiated with.
+template <class T>
+constexpr DLDataType dl_dtype();
+template <>
+constexpr DLDataType dl_dtype<half>() { return {kDLFloat, 16, 1}; }
+template <>
+constexpr DLDataType dl_dtype<__nv_bfloat16>() { return {kDLBfloat, 16, 1}; }
+template <>
+constexpr DLDataType dl_dtype<float>() { return {kDLFloat, 32, 1}; }
+template <>
+constexpr DLDataType dl_dtype<int32_t>() { return {kDLInt, 32, 1}; }
+template <>
+constexpr DLDataType dl_dtype<int64_t>() { return {kDLInt, 64, 1}; }
+template <>
+constexpr DLDataType dl_dtype<unsigned char>() { return {kDLUInt, 8, 1}; }
+
+// A tensor argument of an exported entry function and what it must be (ndim < 0: any rank).
+struct TensorArg {
+  const char* name;
+  const tvm::ffi::TensorView& tensor;
+  int ndim;
+  DLDataType dtype;
+};
+
+// The exact element type and the rank of every argument, then their devices, each refusal naming the
+// function and the argument: a caller without a GPU learns of every wrong type first.
+inline void check_args(const char* entry, std::initializer_list<TensorArg> args) {
+  for (const TensorArg& a : args) {
+    if (a.tensor.dtype() != a.dtype)
+      TVM_FFI_THROW(TypeError) << entry << ": " << a.name << ": expected element type " << a.dtype << ", got "
+                               << a.tensor.dtype();
+    if (a.ndim >= 0 && a.tensor.ndim() != a.ndim)
+      TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": expected " << a.ndim << " dims, got "
+                                << a.tensor.ndim();
+  }
+  for (const TensorArg& a : args)
+    if (a.tensor.device().device_type != kDLCUDA)
+      TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": expected a CUDA tensor";
 }
 
 inline void check_launch(const char* name) {

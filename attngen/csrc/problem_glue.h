@@ -9,6 +9,9 @@
 
 namespace attngen {
 
+// Where the slot and head axes sit in a page pool [P, 2, ., ., D]: [S, Hkv] (NHD) or [Hkv, S] (HND).
+enum class KVLayout { kNHD, kHND };
+
 inline void set_page_table(KVRows& kv, const tvm::ffi::TensorView& indptr, const tvm::ffi::TensorView& indices,
                            const tvm::ffi::TensorView& last_page_len) {
   kv.indptr = static_cast<const int32_t*>(data_of(indptr));
@@ -28,6 +31,12 @@ inline int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, bool hnd
   kv.stride_head = pages.stride(hnd ? 2 : 3);
   kv.page_size = static_cast<int>(pages.size(hnd ? 3 : 2));
   return static_cast<int>(pages.size(hnd ? 2 : 3));
+}
+
+template <KVLayout L>
+int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, const tvm::ffi::TensorView& indptr,
+                  const tvm::ffi::TensorView& indices, const tvm::ffi::TensorView& last_page_len) {
+  return kv_from_pages(kv, pages, L == KVLayout::kHND, indptr, indices, last_page_len);
 }
 
 // K and V views [P, Hkv, S, D] (HND) of one page pool; returns the number of KV heads.

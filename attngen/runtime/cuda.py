@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attngen.build import build as build_library
 from attngen.schedules.build_config import BuildConfig, symbol
+from attngen.schedules.ffi_enums import DecodeBackend, PrefillTileRows
 
 from .checks import (AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads, check_ragged,
                      check_tensor, dtype_name)
@@ -34,21 +36,55 @@ def current_arch() -> str:
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
 
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """How one decode call splits its keys: the arguments the decode entry function takes after
+    ``sm_scale``, in its order (csrc/entry_decode.h, ``DecodeSplitArgs``)."""
+
+    part_o: object  # [B, C, Hq, D] float32 partial outputs (plan mode: [slots, Hq, D]); unused for one chunk
+    part_lse: object  # [B, C, Hq] float32 (plan mode: [slots, Hq])
+    num_chunks: int = 1  # even split: chunks per request (ignored with a plan)
+    backend: DecodeBackend = DecodeBackend.AUTO
+    device_plan: object = None  # plan mode: the split-KV plan's int32 buffer on the device (decode_plan.py)
+    plan_ctas: int = 0  # plan mode: CTAs per KV head
+    plan_merges: int = 0  # plan mode: merge blocks launched (the split requests, or the bound if graph-safe)
+
+    def ffi_args(self) -> tuple:
+        return (self.part_o, self.part_lse, self.num_chunks, self.backend, self.device_plan, self.plan_ctas,
+                self.plan_merges)
+
+
 @dataclass
 class DecodePlan:
     batch_size: int
     num_qo_heads: int
     num_kv_heads: int
     head_dim: int
-    num_chunks: int
-    backend: int  # 0 automatic, 1 CUDA cores, 2 tensor cores (decode_launch.cuh)
-    part_o: object  # [B, C, Hq, D] float32 workspace (plan mode: [slots, Hq, D])
-    part_lse: object  # [B, C, Hq] float32 workspace (plan mode: [slots, Hq])
+    launch: DecodeLaunch
     work: object = None  # plan mode: the DecodeWorkspace holding the device work list
     generation: int = 0  # plan mode: which fill of the workspace this plan is
-    num_merges: int = 0  # plan mode: merge blocks launched (the split requests, or the bound if graph-safe)
     split: object = None  # plan mode: the host SplitKVPlan (for inspection)
     fused_merge: bool = False  # plan mode: the decode kernel merges the split requests (no merge kernel)
+
+    @property
+    def num_chunks(self) -> int:
+        return self.launch.num_chunks
+
+    @property
+    def backend(self) -> DecodeBackend:
+        return self.launch.backend
+
+    @property
+    def part_o(self):
+        return self.launch.part_o
+
+    @property
+    def part_lse(self):
+        return self.launch.part_lse
+
+    @property
+    def num_merges(self) -> int:
+        return self.launch.plan_merges
 
 
 MAX_GRID_BATCH = 65535  # the request index is a grid dimension
@@ -60,7 +96,12 @@ class PrefillPlan:
     total_q: int
     max_qo_len: int  # sizes the grid: query tiles per request
     qo_indptr_key: tuple  # which qo_indptr (object and version) the plan was made from
-    tile_rows: int = 0  # 0: the library's choice; 128: the wide tile for long requests (D <= 128); 64: the 64-row tiles
+    # AUTO: the library's choice; ROWS_128: the wide tile for long requests (D <= 128); ROWS_64: the 64-row tiles
+    tile_rows: PrefillTileRows = PrefillTileRows.AUTO
+
+    def ffi_args(self) -> tuple:
+        """What the prefill entry functions take after ``sm_scale`` (csrc/entry_prefill.h)."""
+        return (self.max_qo_len, self.tile_rows)
 
 
 def _tensor_key(t) -> tuple:
@@ -88,11 +129,9 @@ class CUDAAttention(BuiltModule):
     @classmethod
     def build(cls, variant, head_dims=(128,), dtypes=("float16",), archs=None, layouts=("NHD", "HND"),
               max_group_size: int = 8, kernels=("decode", "prefill"), **kwargs):
-        from attngen.codegen.pipeline import run_pipeline
-
         cfg = BuildConfig("cuda", tuple(head_dims), tuple(dtypes), tuple(archs or (current_arch(),)),
                           tuple(layouts), kernels=tuple(kernels), max_group_size=max_group_size)
-        res = run_pipeline(variant, cfg, **kwargs)
+        res = build_library(variant, cfg, **kwargs)
         return cls(variant, res.library, res.manifest)
 
     def _decode_workspace(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int, items: int,
@@ -175,8 +214,10 @@ class CUDAAttention(BuiltModule):
                 n_merge, fused = ws.fill(split, fused_merge=fused_merge, graph_safe=graph_safe)
                 ws.generation += 1
                 merges = 0 if fused else (ws.bounds.max_merges if graph_safe else n_merge)
-                return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, 1, 2, ws.part_o, ws.part_lse, ws,
-                                  ws.generation, merges, split, fused)
+                launch = DecodeLaunch(ws.part_o, ws.part_lse, 1, DecodeBackend.TENSOR_CORES, ws.device_plan,
+                                      ws.bounds.num_ctas, merges)
+                return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, launch, ws, ws.generation, split,
+                                  fused)
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
             num_chunks = choose_num_chunks(batch, kv.num_kv_heads, int(lens.max(initial=0)), sms)
@@ -187,8 +228,10 @@ class CUDAAttention(BuiltModule):
                              dtype=torch.float32, device=dev)
         part_lse = torch.empty((batch, num_chunks, num_qo_heads) if num_chunks > 1 else (1, 1, 1),
                                dtype=torch.float32, device=dev)
-        backend = 0 if tensor_cores is None else (2 if tensor_cores else 1)
-        return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, num_chunks, backend, part_o, part_lse)
+        backend = {None: DecodeBackend.AUTO, True: DecodeBackend.TENSOR_CORES,
+                   False: DecodeBackend.CUDA_CORES}[tensor_cores]
+        return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim,
+                          DecodeLaunch(part_o, part_lse, num_chunks, backend))
 
     def decode(self, q, kv: PagedKV, *, plan: DecodePlan | None = None, sm_scale: float | None = None,
                params: dict | None = None, out=None, lse=None):
@@ -221,15 +264,10 @@ class CUDAAttention(BuiltModule):
             if hasattr(v, "shape") and not is_cuda(v):
                 raise AttentionArgumentError(f"params['{p.name}']: must be a CUDA tensor")
         scale = resolve_sm_scale(sm_scale, d)
-        if plan.work is not None:
-            if plan.generation != plan.work.generation:
-                raise AttentionArgumentError("plan: superseded by a later plan_decode of the same shape (they share "
-                                             "one workspace); plan again for this batch")
-            work = (plan.work.device_plan, plan.work.bounds.num_ctas, plan.num_merges)
-        else:
-            work = (plan.part_lse, 0, 0)
-        fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, out, lse, plan.part_o, plan.part_lse, scale,
-           plan.num_chunks, plan.backend, *work, *extras)
+        if plan.work is not None and plan.generation != plan.work.generation:
+            raise AttentionArgumentError("plan: superseded by a later plan_decode of the same shape (they share "
+                                         "one workspace); plan again for this batch")
+        fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, out, lse, scale, *plan.launch.ffi_args(), *extras)
         return out, lse
 
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int, *,
@@ -252,7 +290,8 @@ class CUDAAttention(BuiltModule):
         if batch > MAX_GRID_BATCH:
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)), _tensor_key(qo_indptr),
-                           {None: 0, True: 128, False: 64}[wide_tiles])
+                           {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
+                            False: PrefillTileRows.ROWS_64}[wide_tiles])
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, plan: PrefillPlan | None = None,
                 sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):
@@ -286,5 +325,5 @@ class CUDAAttention(BuiltModule):
             _check_aligned(name, t)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size)
         scale = resolve_sm_scale(sm_scale, d)
-        fn(q, *kv_args, qo_indptr, out, lse, scale, plan.max_qo_len, plan.tile_rows, *extras)
+        fn(q, *kv_args, qo_indptr, out, lse, scale, *plan.ffi_args(), *extras)
         return out, lse

@@ -1,4 +1,8 @@
-"""Resolve a variant's extra parameters for one call: defaults, dtypes, sizes, call order."""
+"""Resolve a variant's extra parameters for one call: defaults, dtypes, sizes, call order.
+
+The order is the variant's declaration order, the order in which the CUDA entry functions take them
+(the traits' ``ExtraArgs``, codegen/cuda_variant.py): scalars as Python ints / floats, tensors as given.
+"""
 from __future__ import annotations
 
 from attngen.ir import ScalarParam, TensorParam

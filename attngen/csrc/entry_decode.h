@@ -1,0 +1,119 @@
+// The exported decode entry of attngen's own calling convention (runtime/cuda.py calls it), as a
+// template over the variant traits V, the element type T, the head dim D, the page layout L, the
+// build's group bound MaxG and the exported name (for error messages). Python emits one explicit
+// export per (D, dtype, layout) (codegen/cuda_entries.py):
+//
+//   TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_decode_paged_nhd_f16_d128,
+//       (attngen::DecodePagedEntry<attngen_gen::Hooks_d128, half, 128, attngen::KVLayout::kNHD, 8, kName>::call));
+//
+// Arguments, all tensors on one CUDA device (the current stream is used):
+//   q [B, Hq, D], pages [P, 2, S, Hkv, D] (NHD) / [P, 2, Hkv, S, D] (HND), indices [nnz], indptr [B+1],
+//   last_page_len [B], o [B, Hq, D], lse [B, Hq] f32, sm_scale,
+//   the split (runtime/cuda.py DecodeLaunch): part_o, part_lse f32, num_chunks, backend (DecodeBackend),
+//   plan (None, or the device copy of a split-KV plan, runtime/decode_plan.py), plan_ctas, plan_merges,
+//   then the variant's extra parameters (V::ExtraArgs).
+// Without a plan the keys split evenly into num_chunks chunks: part_o [B, C, Hq, D], part_lse [B, C, Hq]
+// (unused for one chunk) and plan_ctas = plan_merges = 0. With a plan num_chunks is ignored, the grid is
+// (plan_ctas, Hkv), part_o / part_lse are [slots, Hq, (D)], and plan_merges merge blocks follow.
+// backend kAuto lets the launcher choose, kCudaCores forces the CUDA-core template, kTensorCores the
+// tensor-core one (which falls back to CUDA cores where the device's shared memory holds none of its tiles).
+#pragma once
+#include "attngen_enums.h"
+#include "decode_launch.cuh"
+#include "problem_glue.h"
+#include "variant_params.h"
+
+namespace attngen {
+
+// The split-KV part of a decode call, as the runtime's DecodeLaunch groups it.
+struct DecodeSplitArgs {
+  tvm::ffi::TensorView part_o, part_lse;
+  int64_t num_chunks;
+  int64_t backend;  // a DecodeBackend, checked before use
+  tvm::ffi::Optional<tvm::ffi::TensorView> plan;
+  int64_t plan_ctas, plan_merges;
+};
+
+// A decode call's own arguments (the variant's extra parameters aside).
+struct DecodeArgs {
+  tvm::ffi::TensorView q, pages, indices, indptr, last_page_len, o, lse;
+  double sm_scale;
+  DecodeSplitArgs split;
+};
+
+inline bool is_decode_backend(int64_t v) {
+  return v == int64_t(DecodeBackend::kAuto) || v == int64_t(DecodeBackend::kCudaCores) ||
+         v == int64_t(DecodeBackend::kTensorCores);
+}
+
+// Element types, ranks and devices of the call's tensors, before the variant's parameters are read.
+template <class T>
+void check_decode_args(const char* name, const DecodeArgs& a) {
+  check_args(name, {{"q", a.q, 3, dl_dtype<T>()},
+                    {"pages", a.pages, 5, dl_dtype<T>()},
+                    {"indices", a.indices, 1, dl_dtype<int32_t>()},
+                    {"indptr", a.indptr, 1, dl_dtype<int32_t>()},
+                    {"last_page_len", a.last_page_len, 1, dl_dtype<int32_t>()},
+                    {"o", a.o, 3, dl_dtype<T>()},
+                    {"lse", a.lse, 2, dl_dtype<float>()},
+                    {"part_o", a.split.part_o, -1, dl_dtype<float>()},
+                    {"part_lse", a.split.part_lse, -1, dl_dtype<float>()}});
+  if (a.split.plan.has_value()) check_args(name, {{"plan", *a.split.plan, 1, dl_dtype<int32_t>()}});
+}
+
+template <class V, class T, int D, KVLayout L, int MaxG>
+void decode_paged(const char* name, const DecodeArgs& a, const typename V::Params& hp) {
+  const DecodeSplitArgs& split = a.split;
+  DecodeProblem P{};
+  fill_decode(P, a.q, a.o, a.lse, a.sm_scale, kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len),
+              name);
+  P.part_o = static_cast<float*>(data_of(split.part_o));
+  P.part_lse = static_cast<float*>(data_of(split.part_lse));
+  P.num_chunks = static_cast<int>(split.num_chunks);
+  P.backend = static_cast<int>(split.backend);
+  if (split.plan.has_value()) {
+    if (split.plan_ctas < 1 || split.plan_merges < 0)
+      TVM_FFI_THROW(ValueError) << name << ": with a plan, plan_ctas must be at least 1 and plan_merges at least 0";
+    P.plan = static_cast<const int32_t*>(data_of(*split.plan));
+    P.plan_ctas = static_cast<int>(split.plan_ctas);
+    P.plan_max_merges = static_cast<int>(split.plan_merges);
+  } else if (split.plan_ctas != 0 || split.plan_merges != 0) {
+    TVM_FFI_THROW(ValueError) << name << ": plan_ctas / plan_merges describe a plan; without one pass 0";
+  }
+  if (P.group > MaxG)
+    TVM_FFI_THROW(ValueError) << name << ": group size " << P.num_qo_heads << "/" << P.num_kv_heads
+                              << " is not served; this library was built with max_group_size=" << MaxG;
+  if (P.batch == 0) return;
+  if (P.num_chunks < 1) TVM_FFI_THROW(ValueError) << name << ": num_chunks must be at least 1";
+  if (!is_decode_backend(split.backend))
+    TVM_FFI_THROW(ValueError) << name << ": backend must be 0 (automatic), 1 (CUDA cores) or 2 (tensor cores)";
+  if (!P.plan && P.num_chunks > 1 &&
+      (split.part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * D ||
+       split.part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
+    TVM_FFI_THROW(ValueError) << name << ": part_o / part_lse are smaller than batch x num_chunks x heads";
+  if (!launch_decode<V, T, D, MaxG>(P, hp, stream_of(a.q)))
+    TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
+                                         "split-KV plan needs one; plan with tensor_cores=False";
+  check_launch(name);
+}
+
+template <class V, class T, int D, KVLayout L, int MaxG, const char* Name, class Extra = typename V::ExtraArgs>
+struct DecodePagedEntry;
+
+template <class V, class T, int D, KVLayout L, int MaxG, const char* Name, class... X>
+struct DecodePagedEntry<V, T, D, L, MaxG, Name, ArgList<X...>> {
+  static void call(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi::TensorView indices,
+                   tvm::ffi::TensorView indptr, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView o,
+                   tvm::ffi::TensorView lse, double sm_scale, tvm::ffi::TensorView part_o,
+                   tvm::ffi::TensorView part_lse, int64_t num_chunks, int64_t backend,
+                   tvm::ffi::Optional<tvm::ffi::TensorView> plan, int64_t plan_ctas, int64_t plan_merges, X... extra) {
+    const DecodeArgs args{q, pages, indices, indptr, last_page_len, o, lse, sm_scale,
+                          DecodeSplitArgs{part_o, part_lse, num_chunks, backend, plan, plan_ctas, plan_merges}};
+    check_decode_args<T>(Name, args);
+    typename V::Params hp{};
+    V::set_params(Name, hp, extra...);
+    decode_paged<V, T, D, L, MaxG>(Name, args, hp);
+  }
+};
+
+}  // namespace attngen

@@ -1,6 +1,7 @@
 """The exported entry functions of attngen's own calling convention (decode, prefill / append): one
 explicit export per (head_dim, dtype, layout) of the C++ entry templates in csrc/entry_decode.h and
-csrc/entry_prefill.h, which hold the calling convention, the argument checks and the launch.
+csrc/entry_prefill.h (the decode and prefill records' headers, included by the translation unit),
+which hold the calling convention, the argument checks and the launch.
 
 Each export names its function once more as a ``constexpr char`` array beside it, the entry's
 ``Name`` template argument, so that every error the entry raises names the exported function.
@@ -14,25 +15,24 @@ from .cuda_variant import C_TYPES
 _LAYOUTS = {"NHD": "attngen::KVLayout::kNHD", "HND": "attngen::KVLayout::kHND"}
 
 
-def _export(name: str, include: str, entry: str) -> str:
+def _export(name: str, entry: str) -> str:
     """The name array and the TVM-FFI export of one instantiated entry (``entry``: its template-id, with
     ``{name}`` standing for the name array)."""
     name_array = f"kEntryName_{name}"
-    return f"""#include "{include}"
-static constexpr char {name_array}[] = "{name}";
+    return f"""static constexpr char {name_array}[] = "{name}";
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, ({entry.format(name=name_array)}::call));
 """
 
 
-def decode_wrapper(variant, head_dim: int, dtype: str, layout: str, max_group: int) -> str:
-    """``batch_decode_paged_<layout>_<dtype>_d<D>`` (``variant``'s traits are ``Hooks_d<D>``)."""
+def decode_wrapper(head_dim: int, dtype: str, layout: str, max_group: int) -> str:
+    """``batch_decode_paged_<layout>_<dtype>_d<D>`` over the variant traits ``Hooks_d<D>``."""
     name = symbol(f"batch_decode_paged_{layout.lower()}", dtype, head_dim)
     entry = (f"attngen::DecodePagedEntry<attngen_gen::Hooks_d{head_dim}, {C_TYPES[dtype]}, {head_dim}, "
              f"{_LAYOUTS[layout]}, {max_group}, {{name}}>")
-    return _export(name, "entry_decode.h", entry)
+    return _export(name, entry)
 
 
-def prefill_wrapper(variant, head_dim: int, dtype: str, layout: str | None) -> str:
+def prefill_wrapper(head_dim: int, dtype: str, layout: str | None) -> str:
     """``batch_prefill_ragged_<dtype>_d<D>`` (``layout`` None) or ``batch_prefill_paged_<layout>_...``."""
     traits = f"attngen_gen::Hooks_d{head_dim}, {C_TYPES[dtype]}, {head_dim}"
     if layout is None:
@@ -41,4 +41,4 @@ def prefill_wrapper(variant, head_dim: int, dtype: str, layout: str | None) -> s
     else:
         name = symbol(f"batch_prefill_paged_{layout.lower()}", dtype, head_dim)
         entry = f"attngen::PrefillPagedEntry<{traits}, {_LAYOUTS[layout]}, {{name}}>"
-    return _export(name, "entry_prefill.h", entry)
+    return _export(name, entry)

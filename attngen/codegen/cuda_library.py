@@ -35,11 +35,11 @@ def _ffi_paths():
 
 
 def _decode_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
-    return [decode_wrapper(variant, head_dim, pair.q, lay, cfg.max_group_size) for lay in cfg.layouts]
+    return [decode_wrapper(head_dim, pair.q, lay, cfg.max_group_size) for lay in cfg.layouts]
 
 
 def _prefill_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
-    return [prefill_wrapper(variant, head_dim, pair.q, lay) for lay in (None, *cfg.layouts)]  # None: ragged
+    return [prefill_wrapper(head_dim, pair.q, lay) for lay in (None, *cfg.layouts)]  # None: ragged
 
 
 def _tvm_slots(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:

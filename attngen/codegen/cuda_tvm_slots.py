@@ -112,7 +112,7 @@ def _instantiation(template: str, functions: dict, variant, head_dim: int, dtype
 def tvm_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict) -> str:
     """C++ of the three ("tirx", fn) slot functions for one (head_dim, dtype): TirxSlots (csrc/tvm_slots.h)
     instantiated with the variant's compiled-in parameters, and its exports."""
-    return '\n#include "tvm_slots.h"\n\n' + _instantiation("attngen::tvm_slot::TirxSlots", TIRX_FUNCTIONS, variant,
+    return "\n" + _instantiation("attngen::tvm_slot::TirxSlots", TIRX_FUNCTIONS, variant,
                                                            head_dim, dtype, constants)
 
 
@@ -124,7 +124,7 @@ def flashinfer_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict
     cost_model = (f"  static constexpr double kDecodeCostAlpha = {alpha!r};",
                   f"  static constexpr double kDecodeCostBeta = {beta!r};",
                   f"  static constexpr int64_t kDecodeMinChunk = {DECODE_MIN_CHUNK};")
-    return '\n#include "tvm_fi_slots.h"\n\n' + _instantiation(
+    return "\n" + _instantiation(
         "attngen::tvm_slot::FlashInferSlots", FLASHINFER_FUNCTIONS, variant, head_dim, dtype, constants, cost_model)
 
 

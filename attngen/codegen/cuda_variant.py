@@ -4,9 +4,10 @@
 FFI (``ExtraArgs``, ``set_params``: csrc/variant_params.h), compile-time flags (which hooks
 exist, per-element forms, the state algebra, where sm_scale and log2 e are folded, the mask's
 bounds) and forwarding functions to the hook device functions lowered by :mod:`.hooks_cuda`.
-Absent hooks are identities. The hook kinds come from the hook table (``attngen.ir.HOOKS``): a
-row hook ``<x>_transform`` gets ``kHas<X>Transform``, ``k<X>Elementwise``, ``<x>_row`` and
-``<x>_elem`` with the table's scalar arguments.
+Absent hooks are identities (the table's ``identity``). The hook kinds come from the hook table
+(``attngen.ir.HOOKS``): a row hook gets ``kHas<Name>``, ``k<CppName>Elementwise``, ``<cpp_name>_row``
+and ``<cpp_name>_elem``, a scalar hook ``kHas<CppName>`` and ``<cpp_name>``, with the table's scalar
+arguments.
 """
 from __future__ import annotations
 
@@ -16,10 +17,6 @@ from attngen.ir.mask_class import MaskKind
 C_TYPES = {"float32": "float", "int32": "int", "int64": "int64_t", "uint8": "unsigned char",
            "float16": "half", "bfloat16": "__nv_bfloat16", "bool": "bool"}
 
-# The scalar hooks' names in the traits, which the templates call (V::logits, V::mask) and test
-# (V::kHasLogits, V::kHasMask), and the value an absent hook gives: (member, flag, identity).
-_SCALAR_HOOK_MEMBERS = {"logits_transform": ("logits", "kHasLogits", "s"),
-                        "logits_mask": ("mask", "kHasMask", "true")}
 _FN = "  __device__ __forceinline__ static"
 
 
@@ -73,7 +70,7 @@ def _scalar_args(spec: HookSpec) -> tuple[str, str]:
 def _row_hook(spec: HookSpec, hooks, hs, head_dim: int, call) -> tuple[dict[str, str], list[str]]:
     """Flags and forwarding functions of one row hook: the whole-row form and the per-element form
     (a thread computing only its elements)."""
-    short = spec.name.removesuffix("_transform")
+    short = spec.cpp_name
     flags = {f"kHas{_camel(spec.name)}": _b(spec.name in hooks),
              f"k{_camel(short)}Elementwise": _b(spec.name in hs.elementwise)}
     decl, args = _scalar_args(spec)
@@ -92,7 +89,8 @@ def _row_hook(spec: HookSpec, hooks, hs, head_dim: int, call) -> tuple[dict[str,
 
 def _scalar_hook(spec: HookSpec, hooks, hs, call) -> tuple[dict[str, str], list[str]]:
     """Flag and forwarding function of one scalar hook (its value comes back through a pointer)."""
-    member, flag, identity = _SCALAR_HOOK_MEMBERS[spec.name]
+    member, flag = spec.cpp_name, f"kHas{_camel(spec.cpp_name)}"
+    identity = _b(spec.identity) if isinstance(spec.identity, bool) else spec.identity
     decl, args = _scalar_args(spec)
     ret = C_TYPES[spec.returns]
     if spec.name in hooks:
@@ -107,8 +105,6 @@ def traits_source(variant, hs, head_dim: int) -> str:
     a = variant.analysis
     hooks = variant.hooks
     assert set(HOOKS) >= set(hooks)
-    unnamed = [n for n, s in HOOKS.items() if not s.row and n not in _SCALAR_HOOK_MEMBERS]
-    assert not unnamed, f"scalar hooks {unnamed} have no member in the CUDA traits (_SCALAR_HOOK_MEMBERS)"
 
     def call(sym, args):
         extra = "".join(f", p.{n}" for n in hs.params[sym])

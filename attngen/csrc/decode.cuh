@@ -38,7 +38,7 @@ struct DecodeProblem {
   float* part_o;    // [B, C, Hq, D] partial outputs when num_chunks > 1
   float* part_lse;  // [B, C, Hq]
   int batch, num_qo_heads, num_kv_heads, group, num_chunks;
-  int backend;  // 0 automatic, 1 CUDA cores, 2 tensor cores (decode_launch.cuh)
+  int backend;  // a DecodeBackend (attngen_enums.h, from schedules/ffi_enums.py)
   const int32_t* plan;  // DecodePlanView buffer (tensor-core template), nullptr: even split by num_chunks
   int plan_ctas, plan_max_merges;  // grid of the plan-mode decode and merge kernels
   int tvm_conventions;  // 1: rows with no key store lse = -5e4 (TVM PagedKVCache); 0: -inf

@@ -11,9 +11,6 @@
 
 namespace attngen {
 
-// DecodeProblem::backend holds a DecodeBackend as an int; the TVM-slot functions still set it by this name.
-constexpr int kDecodeTensorCores = int(DecodeBackend::kTensorCores);
-
 // A launch with the programmatic stream-serialization attribute on sm_90+ (the kernel may start while the
 // one before it finishes, and waits for it in grid_dependency_wait); a plain launch before sm_90 or where
 // the driver refuses the attribute (a second failure reaches check_launch).

@@ -102,7 +102,7 @@ struct TirxSlots {
     const typename V::Params hp = compiled_params<V, Config>();
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
-                 kv_from_pages(P.kv, pages, true, indptr, indices, last_page_len), name);  // TVM's pages are HND
+                 kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, last_page_len), name);  // TVM's pages are HND
     // TVM gives no host copy of qo_indptr: the grid is sized for the longest possible request (all rows)
     launch_tvm_prefill<V, T, D>(name, P, causal != 0, q.size(0), hp, q);
   }
@@ -131,7 +131,7 @@ struct TirxSlots {
     check_plain_length_info(name, last_page_len);
     const typename V::Params hp = compiled_params<V, Config>();
     DecodeProblem P{};
-    fill_decode(P, q, o, lse, sm_scale, kv_from_pages(P.kv, pages, true, indptr, indices, last_page_len), name);
+    fill_decode(P, q, o, lse, sm_scale, kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, last_page_len), name);
     launch_tvm_decode<V, T, D>(name, P, hp, q, [name](DecodeProblem& p) { split_keys_evenly<D>(name, p); });
   }
 };

@@ -92,7 +92,7 @@ PREFILL = TemplateRecord(
     smem_bytes=prefill_smem_bytes,
     must_fit=must_fit,
     header_section=header_section,
-    headers=("prefill.cuh",),
+    headers=("entry_prefill.h",),
     exports=("batch_prefill_ragged", "batch_prefill_paged_{layout}"),
     emitter="prefill_entries",
 )

@@ -14,7 +14,7 @@ from attngen.runtime import decode_plan
 from attngen.schedules import ARCHS, BuildConfig, DtypePair, TEMPLATES, arch_spec
 from attngen.schedules.build_config import symbol
 from attngen.schedules.dtypes import ElementBytes
-from attngen.schedules.registry import KERNELS, arch_problems, fit_problems, instantiated
+from attngen.schedules.registry import KERNELS, arch_problems, fit_problems, instantiated, template
 from attngen.schedules.template_decode_tc import DECODE_TC, DecodeTCConfig
 from attngen.schedules.template_prefill import PREFILL, PrefillConfig
 from attngen.schedules.templates import ArchNeeds
@@ -98,7 +98,10 @@ def test_cuda_build_writes_the_tile_header_and_every_unit_checks_it():
     assert units == ["attention_d64_f16_decode.cu", "attention_d64_f16_prefill.cu", "attention_d64_f16_tvm.cu"]
     for unit in units:
         assert '#include "tile_checks.h"' in files[unit]
-    assert '#include "decode_launch.cuh"\n#include "prefill.cuh"' in files["attention_d64_f16_tvm.cu"]
+    for unit, record in (("decode", "decode"), ("prefill", "prefill"), ("tvm", "tvm")):  # each its record's headers
+        includes = "".join(f'#include "{h}"\n' for h in template(record).headers)
+        assert includes in files[f"attention_d64_f16_{unit}.cu"]
+    assert '#include "entry_decode.h"' in files["attention_d64_f16_decode.cu"]
 
 
 def test_kv_dtypes_default_to_the_query_dtype_and_others_are_refused():

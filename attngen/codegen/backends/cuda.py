@@ -8,7 +8,8 @@ templates static_assert against through csrc/tile_checks.h).
 """
 from __future__ import annotations
 
-from attngen.ir import ConfigError
+from attngen.ir import ConfigError, Site
+from attngen.ir.hook_spec import hooks_at
 from attngen.schedules.arch import arch_spec
 from attngen.schedules.ffi_enums import enums_header
 from attngen.schedules.registry import arch_problems, fit_problems, instantiated, selected
@@ -43,7 +44,7 @@ class CUDABackend(Backend):
             spec = arch_spec(a)
             problems += arch_problems(spec, cfg.kernels)
             problems += fit_problems(spec, cfg.kernels, cfg.head_dims, cfg.dtype_pairs, cfg.max_group_size,
-                                     "key_transform" in variant.hooks)
+                                     any(h in variant.hooks for h in hooks_at(Site.KEY_LOAD)))
         if problems:
             raise ConfigError(f"variant '{variant.name}': " + "; ".join(problems) +
                               ". Build those head dims for a newer arch, or drop them from this build")

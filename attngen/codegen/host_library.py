@@ -17,7 +17,8 @@ PLANNER_SOURCES = ("planner.h", "decode_plan_pack.h", "planner_ffi.cc")
 
 
 @functools.lru_cache(maxsize=None)
-def _cxx() -> tuple[str, str]:
+def host_cxx() -> tuple[str, str]:
+    """(the host C++ compiler, its version line): what builds the planner and what nvcc and TVM link with."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if cxx is None:
         raise RuntimeError("no C++ compiler found: install g++ or set CXX")
@@ -29,7 +30,7 @@ def build_planner_library(cache: BuildCache | None = None) -> Path:
     """``libattngen_planner.so`` for this machine, from the build cache when the sources are unchanged."""
     import tvm_ffi.libinfo as li
 
-    cxx, version = _cxx()
+    cxx, version = host_cxx()
     cache = cache or BuildCache()
     key = content_key({"planner": hash_files([CSRC / s for s in PLANNER_SOURCES]), "cxx": version,
                        "attngen": attngen.__version__})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from attngen.codegen.cpu.build import build_cpu_library, cpu_kernel_specs, lower_cpu_module
 
+from ..host_library import host_cxx
 from .base import Backend, BuildContext
 
 
@@ -10,7 +11,7 @@ class CPUBackend(Backend):
     target = "cpu"
 
     def tool_versions(self) -> dict:
-        return {}  # LLVM is TVM's, which the key holds
+        return {"host_cxx": host_cxx()[1]}  # LLVM is TVM's, which the key holds; the host compiler links
 
     def schedule(self, ctx: BuildContext) -> dict:
         return {"cpu": {sym: spec.__dict__ for sym, spec in cpu_kernel_specs(ctx.variant, ctx.config).items()}}

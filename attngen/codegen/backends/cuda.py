@@ -8,6 +8,8 @@ templates static_assert against through csrc/tile_checks.h).
 """
 from __future__ import annotations
 
+import tvm_ffi
+
 from attngen.ir import ConfigError, Site
 from attngen.ir.hook_spec import hooks_at
 from attngen.schedules.arch import arch_spec
@@ -16,6 +18,7 @@ from attngen.schedules.registry import arch_problems, fit_problems, instantiated
 from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
 from .. import nvcc
+from ..host_library import host_cxx
 from ..cuda_library import compile_library, exported_functions, translation_units
 from ..cuda_tvm_slots import check_tvm_slot_variant
 from ..cuda_variant import traits_source
@@ -32,7 +35,8 @@ class CUDABackend(Backend):
     target = "cuda"
 
     def tool_versions(self) -> dict:
-        return {"nvcc": nvcc.nvcc_version()}
+        # nvcc compiles the host glue with the host compiler against tvm-ffi's headers
+        return {"nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1], "tvm_ffi": tvm_ffi.__version__}
 
     def schedule(self, ctx: BuildContext) -> dict:
         cfg, variant = ctx.config, ctx.variant

@@ -9,8 +9,8 @@ just its elements, and a classified mask gets its bounds on ``qo_pos - kv_pos``.
 ``static __device__ __forceinline__`` (templates include the header); a separately
 compiled hook object defines it as ``extern "C" __device__`` for link-time inlining.
 
-Math is lowered by TVM's CUDA intrinsic rules (``tanh`` -> ``tanhf``, ``exp`` ->
-``__expf`` ...); whether nvcc may approximate further is the build's ``fast_math``.
+Math is lowered by TVM's CUDA intrinsic rules (``tanh`` -> ``tanhf``, ``exp`` -> ``expf`` ...), then
+replaced by hardware approximations unless the build asks for precise hook math (:mod:`.hook_math`).
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from tvm.target import Target
 from attngen.ir import HOOKS, Site
 from attngen.ir import tir_utils as tu
 from attngen.ir.specialize import specialize_rows
+
+from .hook_math import approximate, check_mode, prelude
 
 HEADER_PRELUDE = """\
 #pragma once
@@ -118,7 +120,10 @@ def _device_func(func: tir.PrimFunc, symbol: str, target: Target) -> tir.PrimFun
     return out.with_attr("global_symbol", symbol).with_attr("target", target)
 
 
-def lower_hooks_cuda(variant, head_dim: int, arch: str) -> HookSource:
+def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") -> HookSource:
+    """The variant's hooks as CUDA device functions for ``arch``; ``math``: "approx" (hardware
+    approximations of the hooks' float math) or "precise" (the CUDA math library), see :mod:`.hook_math`."""
+    check_mode(math)
     target = Target({"kind": "cuda", "arch": arch}, host="llvm")
     funcs, symbols, elementwise, bounds, params = {}, {}, {}, {}, {}
 
@@ -152,8 +157,10 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str) -> HookSource:
             tir.transform.FlattenBuffer(),
             tir.transform.LowerIntrin(),
         ])(mod)
+    if math == "approx":
+        mod = approximate(mod)
     src = tvm.get_global_func("target.build.cuda")(mod, target).inspect_source()
-    return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + _extract_functions(src),
+    return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + prelude(math) + _extract_functions(src),
                       elementwise, bounds, params)
 
 

@@ -128,9 +128,12 @@ class CUDAAttention(BuiltModule):
 
     @classmethod
     def build(cls, variant, head_dims=(128,), dtypes=("float16",), archs=None, layouts=("NHD", "HND"),
-              max_group_size: int = 8, kernels=("decode", "prefill"), **kwargs):
+              max_group_size: int = 8, kernels=("decode", "prefill"), hook_math: str = "approx", **kwargs):
+        """Build (or take from the cache) the variant's CUDA library for this GPU's arch unless ``archs`` is
+        given; ``hook_math``: "approx" (hardware approximations in the hooks) or "precise" (BuildConfig)."""
         cfg = BuildConfig("cuda", tuple(head_dims), tuple(dtypes), tuple(archs or (current_arch(),)),
-                          tuple(layouts), kernels=tuple(kernels), max_group_size=max_group_size)
+                          tuple(layouts), kernels=tuple(kernels), max_group_size=max_group_size,
+                          hook_math=hook_math)
         res = build_library(variant, cfg, **kwargs)
         return cls(variant, res.library, res.manifest)
 

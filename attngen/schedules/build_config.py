@@ -17,6 +17,7 @@ __all__ = ["BuildConfig", "DTYPE_SHORT", "symbol"]
 CPU_DTYPES = ("float32", "float16")
 HEAD_DIMS_CPU = (32, 64, 80, 96, 128, 256)
 LAYOUTS = ("NHD", "HND")
+HOOK_MATH_MODES = ("approx", "precise")  # BuildConfig.hook_math (codegen/hook_math.py)
 TARGETS = ("cpu", "cuda")
 
 
@@ -27,7 +28,10 @@ class BuildConfig:
     dtypes: tuple[str, ...] = ("float32",)  # query / output dtypes
     archs: tuple[str, ...] = ()  # cuda only, e.g. ("sm_80", "sm_90a")
     layouts: tuple[str, ...] = LAYOUTS
-    fast_math: bool = False  # cuda: nvcc --use_fast_math (approximate tanh/exp/div)
+    fast_math: bool = False  # cuda: nvcc --use_fast_math over everything (templates included)
+    # cuda: the hooks' float math, "approx" (hardware approximations: tanh.approx, __expf, __fdividef, ...)
+    # or "precise" (the CUDA math library); codegen/hook_math.py lists each approximation and its error
+    hook_math: str = "approx"
     kernels: tuple[str, ...] = ("decode", "prefill")  # cuda: templates to instantiate (registry.KERNELS); () = hooks only
     max_group_size: int = 8  # cuda decode: largest num_qo_heads / num_kv_heads served
     tvm_constants: tuple = ()  # cuda "tvm" slots: ((param name, value), ...) compiled in (TVM passes no params)
@@ -46,6 +50,8 @@ class BuildConfig:
         object.__setattr__(self, "tvm_constants", tuple(tuple(x) for x in self.tvm_constants))
         if self.target not in TARGETS:
             raise ConfigError(f"target {self.target!r} is not supported; use 'cpu' or 'cuda'")
+        if self.hook_math not in HOOK_MATH_MODES:
+            raise ConfigError(f"hook_math {self.hook_math!r} is not supported; use one of {list(HOOK_MATH_MODES)}")
         if not self.head_dims or not self.dtypes:
             raise ConfigError("a build needs at least one head_dim and one dtype")
         bad_layout = [x for x in self.layouts if x not in LAYOUTS]

@@ -58,7 +58,7 @@ class CUDABackend(Backend):
 
     def lower_hooks(self, ctx: BuildContext):
         cfg = ctx.config
-        return {(a, d): lower_hooks_cuda(ctx.variant, d, a) for a in cfg.archs for d in cfg.head_dims}
+        return {(a, d): lower_hooks_cuda(ctx.variant, d, a, cfg.hook_math) for a in cfg.archs for d in cfg.head_dims}
 
     def instantiate(self, ctx: BuildContext) -> dict[str, str]:
         """Template instances (traits per head_dim, one TU per template, head_dim and dtype pair) and the

@@ -1,0 +1,108 @@
+"""How a hook's floating-point math is lowered on CUDA: hardware approximations or IEEE library calls.
+
+TVM's CUDA intrinsic rules lower ``tanh``, ``exp``, ``log``, ... to the accurate CUDA math library
+(``tanhf``, ``expf``, ``logf``) and a float division to an IEEE-rounded ``/``. Inside a prefill's
+inner loop those cost more than the attention itself: ``tanhf`` is a branchy polynomial of some twenty
+instructions and an IEEE division has a slow path, per score. A hook that soft-caps logits
+(``c * tanh(s / c)``) ran at 40% of the plain kernel's speed with them.
+
+``BuildConfig.hook_math`` chooses, per build:
+
+* ``"approx"`` (default): the hardware approximations a hand-written kernel uses (FlashInfer's and
+  FlashAttention's soft-cap use ``tanh.approx.f32``), each a few instructions on the special-function
+  unit, with the errors in ``APPROX_MAX_ERROR`` (NVIDIA's PTX ISA and CUDA math documentation;
+  tests/test_gpu_hook_math.py measures them against float64 on the GPU): far below the bf16 / fp16 rounding of the attention's inputs
+  and output;
+* ``"precise"``: TVM's accurate library calls, for variants whose hooks need full float32 accuracy.
+
+Only the hooks' own math changes; the templates' online softmax is the same in both modes. The
+rewrite runs on the hooks' TIR after TVM's intrinsic lowering, so ``attngen inspect`` and the
+generated header show which function each call became.
+"""
+from __future__ import annotations
+
+import tvm
+import tvm.tirx as tir
+
+from attngen.ir import tir_utils as tu
+from attngen.schedules.build_config import HOOK_MATH_MODES
+
+# accurate CUDA library call (what TVM lowers to) -> its approximation
+APPROX_CALLS = {
+    "tanhf": "attngen_tanh_approx",  # tanh.approx.f32 (sm_75+)
+    "expf": "__expf",
+    "exp2f": "attngen_exp2_approx",  # ex2.approx.ftz.f32
+    "logf": "__logf",
+    "log2f": "__log2f",
+    "sinf": "__sinf",
+    "cosf": "__cosf",
+    "powf": "__powf",
+}
+APPROX_DIVIDE = "__fdividef"  # float32 a / b
+
+# Documented worst-case error of each approximation over the range a hook feeds it.
+APPROX_MAX_ERROR = {
+    "attngen_tanh_approx": "relative about 2^-11 (PTX ISA, tanh.approx.f32)",
+    "attngen_exp2_approx": "relative about 2^-22 (PTX ISA, ex2.approx.ftz.f32; subnormal results flush to 0)",
+    "__expf": "2 + floor(|1.173 x|) ulp (CUDA math API)",
+    "__logf": "absolute 2^-21.41 for x in [0.5, 2], else 3 ulp (CUDA math API)",
+    "__log2f": "absolute 2^-22 for x in [0.5, 2], else 2 ulp (CUDA math API)",
+    "__sinf": "absolute 2^-21.41 for x in [-pi, pi], larger outside (CUDA math API)",
+    "__cosf": "absolute 2^-21.19 for x in [-pi, pi], larger outside (CUDA math API)",
+    "__powf": "as exp2(y * log2(x)) with __exp2f / __log2f (CUDA math API)",
+    "__fdividef": "2 ulp for |b| in [2^-126, 2^126]; 0 for larger |b| (CUDA math API)",
+}
+
+# device functions the approximations need beyond CUDA's own intrinsics (prepended to the hook header)
+APPROX_PRELUDE = """\
+#ifndef ATTNGEN_APPROX_MATH
+#define ATTNGEN_APPROX_MATH
+static __device__ __forceinline__ float attngen_tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+static __device__ __forceinline__ float attngen_exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
+"""
+
+
+def check_mode(mode: str) -> str:
+    if mode not in HOOK_MATH_MODES:
+        raise ValueError(f"hook_math {mode!r}: use one of {list(HOOK_MATH_MODES)}")
+    return mode
+
+
+def _approximate_call(call: tvm.ir.Call):
+    if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "tirx.call_pure_extern"):
+        return call
+    name = call.args[0].value if isinstance(call.args[0], tvm.ir.StringImm) else None
+    if name not in APPROX_CALLS or str(call.ty) != "float32":
+        return call
+    return tir.call_pure_extern("float32", APPROX_CALLS[name], *call.args[1:])
+
+
+def _approximate_div(div: tir.Div):
+    if str(div.ty) != "float32":
+        return div
+    return tir.call_pure_extern("float32", APPROX_DIVIDE, div.a, div.b)
+
+
+def approximate(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` (hooks after ``LowerIntrin``) with its accurate float32 math calls and divisions replaced by
+    their hardware approximations."""
+    funcs = {}
+    for gv, func in mod.functions.items():
+        body = tu.map_nodes(func.body, tvm.ir.Call, _approximate_call)
+        body = tu.map_nodes(body, tir.Div, _approximate_div)
+        funcs[gv] = tir.PrimFunc(func.params, body, func.ret_type, func.attrs)
+    return tvm.IRModule(funcs)
+
+
+def prelude(mode: str) -> str:
+    """Device code the hooks of a ``mode`` build call besides CUDA's own math."""
+    return APPROX_PRELUDE if check_mode(mode) == "approx" else ""

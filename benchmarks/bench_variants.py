@@ -1,0 +1,83 @@
+"""What a variant's hooks cost in prefill: attngen's FA2-class template per variant and hook-math mode,
+against the plain kernel, FlashInfer (fa2, fa3; its own soft-cap) and SDPA in the same run.
+
+bf16, D 128, Hq 32 / Hkv 8, one request of L 8k, full (non-causal) attention unless named; TFLOP/s
+of the visible work (4 * L^2 * D * Hq for full attention). ``approx`` / ``precise``: the build's
+``hook_math`` (hardware approximations in the hooks, or the CUDA math library).
+
+    python benchmarks/bench_variants.py --out benchmarks/results --commit <sha>
+"""
+from __future__ import annotations
+
+import torch
+
+from common import bench, cell, error_lines, guarded, load_flashinfer, result_parser, run_info, write_results
+
+L, HQ, HKV, D = 8192, 32, 8, 128
+SOFT_CAP = 30.0
+# (row name, built-in variant, hook math, params)
+CASES = [
+    ("plain", "vanilla", "approx", {}),
+    ("soft-cap 30, approx", "logits_softcap", "approx", {"soft_cap": SOFT_CAP}),
+    ("soft-cap 30, precise", "logits_softcap", "precise", {"soft_cap": SOFT_CAP}),
+    ("ALiBi", "alibi", "approx", "alibi"),
+]
+
+
+def main():
+    args = result_parser(__doc__).parse_args()
+    from attngen.runtime import CUDAAttention, RaggedKV
+    from attngen.variants import builtin
+
+    torch.manual_seed(0)
+    q = torch.randn(L, HQ, D, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
+    indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
+    kv = RaggedKV(k, v, indptr)
+    flops = 4 * L * L * D * HQ
+    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / HQ) for h in range(HQ)], device="cuda")
+    fi, fi_version = load_flashinfer()
+    res = {**run_info(args.commit), "shape": {"L": L, "Hq": HQ, "Hkv": HKV, "D": D}, "rows": []}
+    res["flashinfer"] = fi_version
+    plain = None
+    for name, variant, math_mode, params in CASES:
+        row = {"case": name}
+        att = CUDAAttention.build(builtin(variant), head_dims=(D,), dtypes=("bfloat16",), layouts=("NHD",),
+                                  kernels=("prefill",), hook_math=math_mode)
+        p = {"alibi_slopes": slopes} if params == "alibi" else params
+        plan = att.plan_prefill(indptr, kv, D)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.empty(L, HQ, device="cuda")
+        ms = bench(lambda: att.prefill(q, kv, indptr, plan=plan, params=p, out=out, lse=lse), reps=20)
+        row["attngen"] = flops / ms / 1e9
+        plain = row["attngen"] if plain is None else plain
+        row["vs_plain"] = row["attngen"] / plain
+        if fi is not None and variant in ("vanilla", "logits_softcap"):
+            cap = SOFT_CAP if variant == "logits_softcap" else None
+            for backend in ("fa2", "fa3"):
+                t = guarded(row, f"flashinfer_{backend}", lambda: bench(lambda: fi.single_prefill_with_kv_cache(
+                    q, k, v, causal=False, logits_soft_cap=cap, backend=backend), reps=20))
+                if t is not None:
+                    row[f"flashinfer_{backend}"] = flops / t / 1e9
+        if variant == "vanilla":
+            qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+            t = guarded(row, "sdpa", lambda: bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                qt, kt, vt, enable_gqa=True), reps=20))
+            if t is not None:
+                row["sdpa"] = flops / t / 1e9
+        res["rows"].append(row)
+        print(row, flush=True)
+    lines = [f"# Variant cost in prefill — {res['gpu']}, {res['date']}, commit {args.commit}", "",
+             f"bf16, D {D}, Hq {HQ} / Hkv {HKV}, one request of L {L}, full attention; TFLOP/s. FlashInfer "
+             f"{fi_version} with its own logits_soft_cap where the row has one.", "",
+             "| case | attngen | vs plain | FlashInfer fa2 | FlashInfer fa3 | SDPA |", "|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['case']} | {cell(r['attngen'])} | {r['vs_plain']:.2f} | {cell(r.get('flashinfer_fa2'))} | "
+                     f"{cell(r.get('flashinfer_fa3'))} | {cell(r.get('sdpa'))} |")
+    lines += error_lines(res["rows"], lambda r: r["case"])
+    write_results(args.out, f"variants_{res['date']}", res, lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The hooks' math modes on CUDA (codegen/hook_math.py): what each call becomes, without a GPU."""
+import subprocess
+
+import pytest
+from tvm.script import tirx as T
+
+from attngen.codegen.hook_math import APPROX_CALLS, APPROX_DIVIDE, APPROX_MAX_ERROR, prelude
+from attngen.codegen.hooks_cuda import lower_hooks_cuda
+from attngen.codegen.pipeline import cache_key
+from attngen.ir import ConfigError, ScalarParam, Variant
+from attngen.schedules import BuildConfig
+from attngen.variants import builtin
+
+from .conftest import requires_nvcc
+
+
+@T.prim_func
+def every_function(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                   kv_head: T.int32, c: T.float32) -> T.float32:
+    return (c * T.tanh(s / c) + T.exp(s) + T.exp2(s) + T.log(c) + T.log2(c) + T.sin(s) + T.cos(s)
+            + T.pow(c, s) + T.sqrt(c))
+
+
+def math_variant():
+    return Variant("every_function", logits_transform=every_function, params=[ScalarParam("c", "float32", 2.0)])
+
+
+def body(code: str) -> str:
+    return code[code.index("ret_ptr[0] ="):]
+
+
+def test_approx_mode_replaces_every_library_call_and_division():
+    approx = body(lower_hooks_cuda(math_variant(), 64, "sm_80", "approx").code)
+    precise = body(lower_hooks_cuda(math_variant(), 64, "sm_80", "precise").code)
+    for accurate, fast in APPROX_CALLS.items():
+        assert f"{accurate}(" in precise and f"{fast}(" in approx
+        assert f" {accurate}(" not in approx and f"({accurate}(" not in approx
+    assert APPROX_DIVIDE + "(s, c)" in approx and "(s / c)" in precise
+    assert "sqrtf(c)" in approx  # no approximation chosen for it: unchanged
+
+
+def test_every_approximation_has_its_error_documented():
+    assert set(APPROX_MAX_ERROR) == set(APPROX_CALLS.values()) | {APPROX_DIVIDE}
+
+
+def test_softcap_header_per_mode():
+    approx = lower_hooks_cuda(builtin("logits_softcap"), 128, "sm_90a").code  # approx is the default
+    precise = lower_hooks_cuda(builtin("logits_softcap"), 128, "sm_90a", "precise").code
+    assert "tanh.approx.f32" in approx and "attngen_tanh_approx(__fdividef(s, soft_cap))" in approx
+    assert "tanh.approx" not in precise and "tanhf((s / soft_cap))" in precise
+
+
+def test_mode_is_part_of_the_build_config_and_key():
+    with pytest.raises(ConfigError, match="hook_math 'fast'"):
+        BuildConfig("cuda", (128,), ("float16",), ("sm_80",), hook_math="fast")
+    a = BuildConfig("cuda", (128,), ("float16",), ("sm_80",))
+    b = BuildConfig("cuda", (128,), ("float16",), ("sm_80",), hook_math="precise")
+    assert a.hook_math == "approx"
+    assert cache_key(builtin("logits_softcap"), a) != cache_key(builtin("logits_softcap"), b)
+
+
+@requires_nvcc
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90a"])
+def test_approx_header_compiles_twice_in_one_unit(arch, tmp_path):
+    """The prelude is guarded: a unit including the hooks of two head dims compiles (oldest and newest arch)."""
+    from attngen.schedules.arch import arch_spec
+
+    v = math_variant()
+    for d in (64, 128):
+        (tmp_path / f"h{d}.cuh").write_text(lower_hooks_cuda(v, d, arch).code)
+    (tmp_path / "t.cu").write_text('#include "h64.cuh"\n#include "h128.cuh"\n'
+                                   "__global__ void k(float* x) { attngen_every_function_d64_logits_transform("
+                                   "x[0], 0, 0, 0, 0, 0, x[1], x + 2); }\n")
+    p = subprocess.run(["nvcc", "-c", *arch_spec(arch).gencode.split(), str(tmp_path / "t.cu"), "-o",
+                        str(tmp_path / "t.o")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert prelude("precise") == ""

@@ -34,10 +34,10 @@ APPROX_CALLS = {
     "exp2f": "attngen_exp2_approx",  # ex2.approx.ftz.f32
     "logf": "__logf",
     "log2f": "__log2f",
-    "sinf": "__sinf",
-    "cosf": "__cosf",
-    "powf": "__powf",
 }
+# Not approximated: sin / cos / pow. Their fast forms (__sinf, __cosf, __powf) lose accuracy without bound
+# outside a small range, and the hooks that use them (RoPE's angles pos * theta^(-2i/d), up to thousands
+# of radians) run once per row, not per score, where precision costs little.
 APPROX_DIVIDE = "__fdividef"  # float32 a / b
 
 # Documented worst-case error of each approximation over the range a hook feeds it.
@@ -47,9 +47,6 @@ APPROX_MAX_ERROR = {
     "__expf": "2 + floor(|1.173 x|) ulp (CUDA math API)",
     "__logf": "absolute 2^-21.41 for x in [0.5, 2], else 3 ulp (CUDA math API)",
     "__log2f": "absolute 2^-22 for x in [0.5, 2], else 2 ulp (CUDA math API)",
-    "__sinf": "absolute 2^-21.41 for x in [-pi, pi], larger outside (CUDA math API)",
-    "__cosf": "absolute 2^-21.19 for x in [-pi, pi], larger outside (CUDA math API)",
-    "__powf": "as exp2(y * log2(x)) with __exp2f / __log2f (CUDA math API)",
     "__fdividef": "2 ulp for |b| in [2^-126, 2^126]; 0 for larger |b| (CUDA math API)",
 }
 

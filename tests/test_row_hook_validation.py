@@ -331,6 +331,51 @@ def test_stepped_loop_with_gaps_is_refused():
     assert "moves by 2 elements per iteration of loop 'i' but stores 1, leaving gaps" in refused(q)
 
 
+def test_loop_that_may_not_run_writes_nothing_for_sure():
+    @T.prim_func
+    def q(x_ptr: T.handle, y_ptr: T.handle, qo_pos: T.int32, qo_head: T.int32):
+        d = T.int32()
+        x = T.match_buffer(x_ptr, (d,), "float32")
+        y = T.match_buffer(y_ptr, (d,), "float32")
+        for i in range(d - 32):  # no iteration at head_dim 32, where element 0 stays unwritten
+            y[i] = x[i]
+        for i in range(T.max(d - 32, 1), d):
+            y[i] = x[i]
+
+    msg = refused(q)
+    assert "may leave elements [0, T.max(d - 32, 1)) of the output row 'y' unwritten" in msg
+    assert "runs only when 'd - 32 >= 1'" in msg
+
+
+def test_reading_the_output_row_before_storing_it_is_refused():
+    @T.prim_func
+    def q(x_ptr: T.handle, y_ptr: T.handle, qo_pos: T.int32, qo_head: T.int32):
+        d = T.int32()
+        x = T.match_buffer(x_ptr, (d,), "float32")
+        y = T.match_buffer(y_ptr, (d,), "float32")
+        for i in range(d):
+            y[i] = y[i] + x[i]  # accumulates-into-undefined
+
+    msg = refused(q)
+    assert "reads y[i] before the hook has surely stored it (the output row starts out undefined" in msg
+    assert line_of("# accumulates-into-undefined") in msg
+    assert "Fix: store the element first" in msg
+
+
+def test_reduction_without_initial_store_is_refused():
+    @T.prim_func
+    def q(x_ptr: T.handle, y_ptr: T.handle, qo_pos: T.int32, qo_head: T.int32):
+        d = T.int32()
+        x = T.match_buffer(x_ptr, (d,), "float32")
+        y = T.match_buffer(y_ptr, (d,), "float32")
+        for i in range(1, d):
+            y[i] = x[i]
+        for j in range(d):
+            y[0] = y[0] + x[j] * x[j]
+
+    assert "reads y[0] before the hook has surely stored it" in refused(q)
+
+
 def test_loop_that_may_break_counts_for_nothing():
     @T.prim_func
     def q(x_ptr: T.handle, y_ptr: T.handle, qo_pos: T.int32, qo_head: T.int32):
@@ -435,7 +480,17 @@ def test_if_guarded_stores_that_cover_the_row_are_accepted():
             for i in range(d // 2, d):
                 y[i] = x[i]
 
-    for hook in (two_loops, if_else, by_position):
+    @T.prim_func
+    def empty_first_loop(x_ptr: T.handle, y_ptr: T.handle, qo_pos: T.int32, qo_head: T.int32):
+        d = T.int32()
+        x = T.match_buffer(x_ptr, (d,), "float32")
+        y = T.match_buffer(y_ptr, (d,), "float32")
+        for i in range(d - 64):  # no iteration at head_dim 32 or 64, where the second loop covers the row
+            y[i] = x[i]
+        for i in range(T.max(d - 64, 0), d):
+            y[i] = x[i]
+
+    for hook in (two_loops, if_else, by_position, empty_first_loop):
         accepted(hook)
 
 

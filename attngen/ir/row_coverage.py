@@ -208,12 +208,12 @@ def all_of(atoms):
     return out
 
 
-def covers(ranges: list[WrittenRange], length, prover: RowProver) -> bool:
-    """Whether every element of ``[0, length)`` lies in a range whose guards hold."""
+def covers(ranges: list[WrittenRange], lo, hi, prover: RowProver) -> bool:
+    """Whether every element of ``[lo, hi)`` lies in a range whose guards hold."""
     if not ranges:
         return False
     k = tvm.ir.Var("element", "int32")
-    prover.bind_range(k, 0, length)
+    prover.bind_range(k, lo, hi - lo)
     claim = _holds(ranges[0], k)
     for r in ranges[1:]:
         claim = tir.Or(claim, _holds(r, k))

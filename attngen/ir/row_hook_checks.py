@@ -11,7 +11,9 @@ The rules, each refused with the hook, the line and the fix:
   ``T.Select`` are evaluated, so its condition guards nothing). Indices into tensor parameters
   are left to the run-time checks of the tensors' shapes.
 * Every element of the output row is stored on every path through the hook
-  (see :mod:`attngen.ir.row_coverage`).
+  (see :mod:`attngen.ir.row_coverage`), and none is read before it is surely stored (the
+  output row starts out undefined); a read of an element stored by an earlier iteration of the
+  same loop is not followed, so it is refused too.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class _RowHookChecker:
         self.loops: list[Loop] = []
         self.in_select = 0  # >0 while walking the operands of a T.Select
         self.dropped: list[Dropped] = []
+        self.before: list[WrittenRange] = []  # output-row ranges surely stored before the current statement
 
     def error(self, problem: str, fix: str, node) -> VariantError:
         return VariantError(self.variant, self.hook, problem, fix, tu.source_line(node))
@@ -51,7 +54,7 @@ class _RowHookChecker:
         length = self._unify_row_lengths()
         with self.prover.assume(row_length_facts(length)):
             written = self.stmt(self.func.body)
-            if not covers(written, length, self.prover):
+            if not covers(written, 0, length, self.prover):
                 raise self._unwritten_error(written, length)
 
     def _unify_row_lengths(self):
@@ -77,7 +80,13 @@ class _RowHookChecker:
 
     def stmt(self, s) -> list[WrittenRange]:
         if isinstance(s, tir.SeqStmt):
-            return [r for x in s.seq for r in self.stmt(x)]
+            outer, written = len(self.before), []
+            for x in s.seq:
+                done = self.stmt(x)
+                written += done
+                self.before += done
+            del self.before[outer:]  # the caller adds what the whole sequence writes
+            return written
         if isinstance(s, tir.For):
             return self._for(s)
         if isinstance(s, tir.While):
@@ -124,16 +133,18 @@ class _RowHookChecker:
         step = 1 if s.step is None else s.step.value if isinstance(s.step, tir.IntImm) and s.step.value > 0 else None
         loop = Loop(var, lo, extent, step)
         self.prover.bind_range(var, lo, extent)
-        on_step = tir.floormod(var - lo, step) == 0 if step is not None and step > 1 else all_of([])
+        # The body runs only in a loop of one iteration or more (the prover leaves the variable of an
+        # empty range unconstrained), and only on the steps.
+        runs = [extent >= 1] + ([tir.floormod(var - lo, step) == 0] if step is not None and step > 1 else [])
         self.loops.append(loop)
-        with self.prover.assume(on_step):
+        with self.prover.assume(all_of(runs)):
             body = self.stmt(s.body)
-            if _may_exit_early(s.body):  # a 'break' may skip any store after the first iteration's start
-                self.dropped += [Dropped(r.origin, f"sits in loop '{var.name}', which may exit early") for r in body]
-                body = []
-            written = loop_union(body, loop, self.prover, self.dropped)
         self.loops.pop()
-        return written
+        if _may_exit_early(s.body):  # a 'break' may skip any store after the first iteration's start
+            self.dropped += [Dropped(r.origin, f"sits in loop '{var.name}', which may exit early") for r in body]
+            body = []
+        # outside the body's assumptions: whether the loop runs at all is part of what it writes
+        return loop_union(body, loop, self.prover, self.dropped)
 
     def _bounded(self, extent) -> bool:
         """An expression of the row lengths, constants and enclosing loop variables (or a min with one)."""
@@ -224,6 +235,8 @@ class _RowHookChecker:
         ends = [idx.base, idx.base + idx.stride * (idx.lanes - 1)] if isinstance(idx, tir.Ramp) else [idx]
         length = self.subst(buf.shape[0])
         if all(self.prover.prove(e >= 0) and self.prover.prove(e < length) for e in ends):
+            if verb == "reads" and buf.same_as(self.out_row):
+                self._check_stored_before(index, idx, ends, node)
             return
         ranges = ", ".join(f"{lp.var.name} in [{lp.lo}, {self.prover.simplify(lp.lo + lp.extent)})"
                            + (f" step {lp.step}" if lp.step != 1 else "") for lp in self.loops)
@@ -235,6 +248,16 @@ class _RowHookChecker:
             + (f" ({ranges})" if ranges else ""),
             f"keep every row index within [0, {buf.shape[0]}): narrow the loop, guard the access with 'if' or "
             f"T.if_then_else(cond, a, b), or wrap the index as '(...) % {buf.shape[0]}'.{select}", node)
+
+    def _check_stored_before(self, index, idx, ends, node) -> None:
+        if covers(self.before, ends[0], ends[-1] + 1, self.prover):
+            return
+        y, x = self.out_row.name, self.in_row.name
+        shown = f"{y}[{index}]" + (f" (= {y}[{idx}])" if str(idx) != str(index) else "")
+        raise self.error(f"reads {shown} before the hook has surely stored it (the output row starts out "
+                         "undefined; a store in an earlier iteration of the same loop is not counted)",
+                         f"store the element first (e.g. '{y}[0] = T.float32(0)' before accumulating into it), "
+                         f"or read the input row '{x}'", node)
 
     def _unwritten_error(self, written: list[WrittenRange], length) -> VariantError:
         lo, hi = first_gap(written, length, self.prover)

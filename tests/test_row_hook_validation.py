@@ -7,7 +7,7 @@ import pytest
 from tvm.script import tirx as T
 
 from attngen import ScalarParam, TensorParam, Variant, VariantError
-from attngen.ir.row_prover import ROW_LENGTH_MULTIPLE
+from attngen.ir.row_prover import ROW_LENGTH_MULTIPLE, RowProver
 from attngen.variants import BUILTINS, builtin
 
 from . import row_hook_variants
@@ -605,3 +605,8 @@ def test_head_dims_are_multiples_of_the_assumed_row_length_multiple():
 
     dims = set(HEAD_DIMS_CPU) | {d for r in TEMPLATES.values() for d in r.head_dims}
     assert all(d % ROW_LENGTH_MULTIPLE == 0 and d >= ROW_LENGTH_MULTIPLE for d in dims), sorted(dims)
+
+
+def test_the_prover_has_z3():
+    """Claims such as 'i + d // 2 < d when i < d // 2' need TVM's Z3 fallback; without it, RoPE is refused."""
+    assert RowProver().analyzer.is_z3_enabled

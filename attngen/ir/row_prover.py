@@ -5,7 +5,8 @@ A row has ``head_dim`` elements, and every head dim a build accepts is a positiv
 may split its row in halves or quarters. Proofs run on TVM's arithmetic analyzer, which falls
 back to Z3 at ``ProofStrength.SYMBOLIC_BOUND`` where the rewrite rules cannot decide a claim.
 Z3 runs under a resource limit rather than a time limit: it counts solver steps, so a hook is
-accepted or refused the same way on a loaded machine as on an idle one.
+accepted or refused the same way on a loaded machine as on an idle one. (Without the limit set,
+Z3's default budget can fail a claim once and prove it when asked again.)
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tvm.ir import Range
 from . import tir_utils as tu
 
 ROW_LENGTH_MULTIPLE = 16
-_Z3_RLIMIT = 2_000_000  # solver steps per claim; the claims of real hooks need under 50,000
+_Z3_RLIMIT = 2_000_000  # solver steps per claim; each claim about the built-in and test hooks takes under 2,000
 _STRENGTH = tvm.sym.ProofStrength.SYMBOLIC_BOUND
 
 

@@ -51,8 +51,8 @@ def map_nodes(node, cls, fn: Callable):
 
 
 def source_line(node) -> str | None:
-    """``file:line`` of ``node`` (a statement or expression) or, failing a span there, of the
-    earliest statement in it that carries one."""
+    """``file:line`` of the earliest of ``node`` (a statement or an expression) and the statements
+    in it that carries a span, if any."""
     stmts = [node] + collect(node, tir.Stmt)
     spans = [s.span for s in stmts if getattr(s, "span", None) is not None and s.span.line]
     if not spans:

@@ -106,7 +106,6 @@ class Loop:
     var: tvm.ir.Var
     lo: tvm.ir.Expr
     extent: tvm.ir.Expr
-    step: int | None  # a constant step (1 for a plain loop); None when it is not a positive constant
 
 
 def loop_union(ranges: list[WrittenRange], loop: Loop, prover: RowProver,
@@ -151,8 +150,6 @@ def _union_one(r: WrittenRange, loop: Loop, prover: RowProver):
         if not uses_var(atom, var):
             outer.append(atom)
             continue
-        if loop.step != 1:  # a narrowed range need not start on an iteration of a stepped loop
-            return f"runs only when '{atom}', in loop '{var.name}', which has a step"
         bounds = _bound_on(atom, var, prover)
         if bounds is None:
             return f"runs only when '{atom}', which is not a bound on loop variable '{var.name}'"
@@ -165,16 +162,14 @@ def _union_one(r: WrittenRange, loop: Loop, prover: RowProver):
     count = prover.simplify(end - first)
     if not (uses_var(r.lo, var) or uses_var(r.hi, var)):
         lo, hi = r.lo, r.hi
-    elif loop.step is None:
-        return f"has an index that moves with loop '{var.name}', whose step is not a constant"
-    elif _wraps_around(r, var, loop.step, count, prover):
+    elif _wraps_around(r, var, count, prover):
         lo, hi = tir.IntImm("int32", 0), r.lo.b
     else:
         lin_lo, lin_hi = tvm.sym.detect_linear_equation(r.lo, [var]), tvm.sym.detect_linear_equation(r.hi, [var])
         if not lin_lo or not lin_hi or not prover.prove(lin_lo[0] == lin_hi[0]):
             return f"has an index that is not linear in loop variable '{var.name}'"
-        move, width = prover.simplify(lin_lo[0] * loop.step), prover.simplify(r.hi - r.lo)
-        last = first + loop.step * tir.floordiv(count - 1, loop.step)  # the last value the variable takes
+        move, width = prover.simplify(lin_lo[0]), prover.simplify(r.hi - r.lo)
+        last = end - 1
         if prover.prove(move > 0) and prover.prove(width >= move):
             lo, hi = tu.substitute(r.lo, {tu.handle(var): first}), tu.substitute(r.hi, {tu.handle(var): last})
         elif prover.prove(move < 0) and prover.prove(width >= -move):
@@ -186,9 +181,9 @@ def _union_one(r: WrittenRange, loop: Loop, prover: RowProver):
     return WrittenRange(prover.simplify(lo), prover.simplify(hi), tuple(outer), r.origin)
 
 
-def _wraps_around(r: WrittenRange, var, step: int, count, prover: RowProver) -> bool:
+def _wraps_around(r: WrittenRange, var, count, prover: RowProver) -> bool:
     """One element at ``(±var + c) % n`` over at least n consecutive iterations: all of ``[0, n)``."""
-    if not isinstance(r.lo, tir.FloorMod) or step != 1 or not prover.prove(r.hi - r.lo == 1):
+    if not isinstance(r.lo, tir.FloorMod) or not prover.prove(r.hi - r.lo == 1):
         return False
     lin = tvm.sym.detect_linear_equation(r.lo.a, [var])
     if not lin or not (prover.prove(lin[0] == 1) or prover.prove(lin[0] == -1)):

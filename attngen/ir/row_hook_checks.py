@@ -2,10 +2,10 @@
 
 The rules, each refused with the hook, the line and the fix:
 
-* Loops are ``for`` loops run in order (``range``, ``T.serial``, ``T.unroll``) whose extent is an
-  expression of the row length, constants and enclosing loop variables (``T.min(n, <such>)``
-  counts too), so every call ends after a number of steps known from the row length.
-  ``while`` loops and parallel, vectorized or thread-bound loops are refused.
+* Loops are ``for`` loops run in order (``range``, ``T.serial``, ``T.unroll``) with step 1 whose
+  extent is an expression of the row length, constants and enclosing loop variables
+  (``T.min(n, <such>)`` counts too), so every call ends after a number of steps known from the
+  row length. ``while`` loops and parallel, vectorized or thread-bound loops are refused.
 * Every index into the input or the output row is proven inside ``[0, d)`` from the loop ranges,
   the ``if`` conditions and ``T.if_then_else`` conditions in force (both operands of a
   ``T.Select`` are evaluated, so its condition guards nothing). Indices into tensor parameters
@@ -130,14 +130,17 @@ class _RowHookChecker:
         if not self._bounded(extent):
             raise self.error(f"loop '{var.name}' runs {s.extent} times, which is not bounded by the row length "
                              "or a constant", _LOOP_FIX, s)
-        step = 1 if s.step is None else s.step.value if isinstance(s.step, tir.IntImm) and s.step.value > 0 else None
-        loop = Loop(var, lo, extent, step)
+        if s.step is not None and not (isinstance(s.step, tir.IntImm) and s.step.value == 1):
+            # the reference interpreter runs every integer of the range, so a step would change the result
+            raise self.error(f"loop '{var.name}' has step {s.step}; hook loops take every value of their range",
+                             f"loop over range(n) and scale the index instead, e.g. 'for i in range(d // 2): "
+                             f"{self.out_row.name}[2 * i] = ...'", s)
+        loop = Loop(var, lo, extent)
         self.prover.bind_range(var, lo, extent)
-        # The body runs only in a loop of one iteration or more (the prover leaves the variable of an
-        # empty range unconstrained), and only on the steps.
-        runs = [extent >= 1] + ([tir.floormod(var - lo, step) == 0] if step is not None and step > 1 else [])
         self.loops.append(loop)
-        with self.prover.assume(all_of(runs)):
+        # the body runs only in a loop of one iteration or more (the prover leaves the variable of an
+        # empty range unconstrained)
+        with self.prover.assume(extent >= 1):
             body = self.stmt(s.body)
         self.loops.pop()
         if _may_exit_early(s.body):  # a 'break' may skip any store after the first iteration's start
@@ -239,7 +242,7 @@ class _RowHookChecker:
                 self._check_stored_before(index, idx, ends, node)
             return
         ranges = ", ".join(f"{lp.var.name} in [{lp.lo}, {self.prover.simplify(lp.lo + lp.extent)})"
-                           + (f" step {lp.step}" if lp.step != 1 else "") for lp in self.loops)
+                           for lp in self.loops)
         select = (" T.Select evaluates both of its operands, so its condition does not guard them; "
                   "T.if_then_else evaluates only the chosen one." if self.in_select else "")
         shown = f"{buf.name}[{index}]" + (f" (= {buf.name}[{idx}])" if str(idx) != str(index) else "")

@@ -51,8 +51,9 @@ def map_nodes(node, cls, fn: Callable):
 
 
 def source_line(node) -> str | None:
-    """``file:line`` of the earliest statement in ``node`` that carries a span, if any."""
-    stmts = ([node] if isinstance(node, tir.Stmt) else []) + collect(node, tir.Stmt)
+    """``file:line`` of the earliest of ``node`` (a statement or an expression) and the statements
+    in it that carries a span, if any."""
+    stmts = [node] + collect(node, tir.Stmt)
     spans = [s.span for s in stmts if getattr(s, "span", None) is not None and s.span.line]
     if not spans:
         return None

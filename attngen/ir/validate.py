@@ -15,6 +15,7 @@ from . import tir_utils as tu
 from .declarations import ScalarParam, StateAlgebra, TensorParam
 from .errors import VariantError
 from .hook_spec import HOOKS, ROW_ARGS, SOFTMAX_ONLY, STANDARD_SCALARS, HookSpec
+from .row_hook_checks import check_row_hook
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _C_KEYWORDS = frozenset(
@@ -119,6 +120,8 @@ def _check_hook(v, spec: HookSpec, func) -> None:
     for p in params[n_std:]:
         _check_extra_param(v, spec, func, p)
     _check_purity(v, spec, func, params[:n_rows])
+    if spec.row:
+        check_row_hook(v.name, spec.name, func)
 
 
 def _check_return(v, spec, func, sig_fix):

@@ -6,12 +6,14 @@ import shutil
 import sys
 from pathlib import Path
 
+import tvm.error
+
 from attngen.build import build
 from attngen.codegen.cache import BuildCache
 from attngen.codegen.hooks_cuda import lower_hooks_cuda
 from attngen.codegen.nvcc import NvccError
 from attngen.ir import HOOKS, ConfigError, VariantError
-from attngen.loader import pick_variant
+from attngen.loader import diagnostic_text, pick_variant
 from attngen.schedules import ARCHS, BuildConfig
 from attngen.schedules.registry import KERNELS
 from attngen.schedules.template_decode import GROUP_TILES
@@ -143,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         return {"build": cmd_build, "inspect": cmd_inspect, "list": cmd_list}[args.command](args)
     except (VariantError, ConfigError, NvccError, FileNotFoundError, ValueError) as e:
         print(f"attngen: error: {e}", file=sys.stderr)
+        return 2
+    except (tvm.error.DiagnosticError, tvm.error.InternalError) as e:
+        # TVM failed where attngen did not expect it; its message is all there is to go on
+        print(f"attngen: error: TVM: {diagnostic_text(e)}", file=sys.stderr)
         return 2
 
 

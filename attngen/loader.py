@@ -1,4 +1,11 @@
-"""Find the Variant(s) a user file (or a built-in name) defines, for the CLI and scripts."""
+"""Find the Variant(s) a user file (or a built-in name) defines, for the CLI and scripts.
+
+TVMScript reports a mistake in a hook (``T.tanhh``, a wrong type) as a ``DiagnosticError`` whose text
+is the rendered diagnostic: the message, ``--> file:line:column``, the line and a caret. TVM's own
+exception hook prints only a note about ``TVM_BACKTRACE`` in its place; loading a file here turns it
+into a :class:`VariantSourceError` carrying that text, and :func:`show_tvm_diagnostics` makes an
+uncaught one print its text in scripts that define hooks themselves.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -6,7 +13,35 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import tvm.error
+
 from attngen.ir import Variant
+
+
+class VariantSourceError(ValueError):
+    """A variant file that TVMScript could not parse; the message holds TVM's diagnostic (file, line,
+    column, the line itself and a caret)."""
+
+
+def diagnostic_text(err: BaseException) -> str:
+    """TVM's rendered diagnostic of ``err``, trailing blanks dropped from each line."""
+    return "\n".join(line.rstrip() for line in str(err).strip("\n").splitlines())
+
+
+def show_tvm_diagnostics() -> None:
+    """Make an uncaught TVMScript ``DiagnosticError`` print its diagnostic (TVM's exception hook prints
+    only a note in its place). Safe to call more than once."""
+    previous = sys.excepthook
+    if getattr(previous, "_attngen_diagnostics", False):
+        return
+
+    def hook(exctype, value, tb):
+        if issubclass(exctype, tvm.error.DiagnosticError):
+            print(diagnostic_text(value), file=sys.stderr)
+        previous(exctype, value, tb)
+
+    hook._attngen_diagnostics = True
+    sys.excepthook = hook
 
 
 def load_variants(source: str) -> list[Variant]:
@@ -26,7 +61,14 @@ def load_variants(source: str) -> list[Variant]:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except tvm.error.DiagnosticError as e:
+        sys.modules.pop(name, None)
+        raise VariantSourceError(f"{source}: TVMScript could not parse a hook:\n{diagnostic_text(e)}") from None
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
     if isinstance(getattr(module, "VARIANTS", None), (list, tuple)):
         found = list(module.VARIANTS)
     else:

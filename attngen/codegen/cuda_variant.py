@@ -1,7 +1,8 @@
 """The C++ side of a variant: a traits struct the CUDA templates are instantiated with.
 
-``struct Hooks_d<D>`` holds the variant's extra parameters (``Params``) and how they cross the
-FFI (``ExtraArgs``, ``set_params``: csrc/variant_params.h), compile-time flags (which hooks
+``struct Hooks_d<D>`` holds the variant's extra parameters (``Params``; a tensor as its pointer, plus
+``int <tensor>_dim<i>`` for each of its sizes the lowered hooks take: ``HookSource.dims``) and how they
+cross the FFI (``ExtraArgs``, ``set_params``: csrc/variant_params.h), compile-time flags (which hooks
 exist, per-element forms, the state algebra, where sm_scale and log2 e are folded, the mask's
 bounds) and forwarding functions to the hook device functions lowered by :mod:`.hooks_cuda`.
 Absent hooks are identities (the table's ``identity``). The hook kinds come from the hook table
@@ -20,11 +21,17 @@ C_TYPES = {"float32": "float", "int32": "int", "int64": "int64_t", "uint8": "uns
 _FN = "  __device__ __forceinline__ static"
 
 
-def params_struct(variant) -> str:
+def _dims_of(p, dims: dict) -> list[tuple[str, int]]:
+    """(member, dim) of each size of tensor parameter ``p`` that the hooks take, in dim order."""
+    return sorted(((m, i) for m, (t, i) in dims.items() if t == p.name), key=lambda x: x[1])
+
+
+def params_struct(variant, dims: dict) -> str:
     fields = []
     for p in variant.params:
         ctype = C_TYPES[p.dtype] + ("*" if isinstance(p, TensorParam) else "")
         fields.append(f"    {ctype} {p.name};")
+        fields += [f"    int {m};" for m, _ in _dims_of(p, dims)]
     return "  struct Params {\n" + ("\n".join(fields) or "    int unused;") + "\n  };\n"
 
 
@@ -35,20 +42,22 @@ def _ffi_type(p) -> str:
     return "int64_t" if "int" in p.dtype else "double"
 
 
-def _param_from_ffi(p) -> str:
+def _param_from_ffi(p, dims: dict) -> str:
     if isinstance(p, TensorParam):
+        # the runtime checked each size against the declaration and the hooks' reads, so it fits an int
+        sizes = "".join(f"\n    p.{m} = static_cast<int>({p.name}.size({i}));" for m, i in _dims_of(p, dims))
         return (f"    p.{p.name} = attngen::tensor_param<{C_TYPES[p.dtype]}>(entry, \"{p.name}\", {p.name}, "
-                f"{len(p.shape)});")
+                f"{len(p.shape)});" + sizes)
     assert isinstance(p, ScalarParam)
     return f"    p.{p.name} = static_cast<{C_TYPES[p.dtype] if 'int' in p.dtype else 'float'}>({p.name});"
 
 
-def ffi_params(variant) -> str:
+def ffi_params(variant, dims: dict) -> str:
     """``ExtraArgs`` (the FFI types of the extra parameters, in declaration order, as the runtime's
     ``resolve_params`` passes them) and ``set_params`` (``entry``: the exported function, for errors)."""
     types = ", ".join(_ffi_type(p) for p in variant.params)
     decl = "".join(f", {_ffi_type(p)} {p.name}" for p in variant.params)
-    body = "\n".join(_param_from_ffi(p) for p in variant.params)
+    body = "\n".join(_param_from_ffi(p, dims) for p in variant.params)
     return (f"  using ExtraArgs = attngen::ArgList<{types}>;\n"
             f"  static void set_params([[maybe_unused]] const char* entry, [[maybe_unused]] Params& p{decl}) {{\n"
             + (body + "\n" if body else "") + "  }\n")
@@ -135,7 +144,7 @@ def traits_source(variant, hs, head_dim: int) -> str:
             body = "return 0;"
         fns.append(f"{_FN} int mask_{which}(const Params& p) {{ {body} }}")
     lines = ['#include "variant_params.h"', f"namespace attngen_gen {{\nstruct Hooks_d{head_dim} {{",
-             params_struct(variant), ffi_params(variant), f"  static constexpr int kHeadDim = {head_dim};"]
+             params_struct(variant, hs.dims or {}), ffi_params(variant, hs.dims or {}), f"  static constexpr int kHeadDim = {head_dim};"]
     lines += [f"  static constexpr bool {k} = {v};" for k, v in flags.items()]
     lines += fns
     lines.append("};\n}  // namespace attngen_gen\n")

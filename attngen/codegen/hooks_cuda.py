@@ -3,7 +3,10 @@
 Each hook becomes ``ATTNGEN_HOOK void attngen_<variant>_d<D>_<hook>(...)``: row
 buffers turn into ``float*`` parameters, extra scalars into scalars, extra tensors
 into pointers, in the hook's own parameter order; a scalar hook's value comes back
-through a trailing ``ret`` pointer. Row hooks that compute each element on its own
+through a trailing ``ret`` pointer. A tensor's sizes that the lowered code needs (the
+row lengths of a tensor of two or more dims, which its flattened index multiplies by,
+or a size the hook computes with) follow its pointer as ``int <tensor>_dim<i>``
+(``HookSource.dims``), filled by the traits' ``set_params`` from the tensor's shape. Row hooks that compute each element on its own
 also get an ``_elem`` form ``(row, i, ..., float* ret)`` so a thread can compute
 just its elements, and a classified mask gets its bounds on ``qo_pos - kv_pos``. ``ATTNGEN_HOOK`` defaults to
 ``static __device__ __forceinline__`` (templates include the header); a separately
@@ -21,7 +24,7 @@ import tvm
 import tvm.tirx as tir
 from tvm.target import Target
 
-from attngen.ir import HOOKS, Site
+from attngen.ir import HOOKS, Site, VariantError
 from attngen.ir import tir_utils as tu
 from attngen.ir.specialize import specialize_rows
 
@@ -49,6 +52,7 @@ class HookSource:
     elementwise: dict = None  # row hook name -> symbol of its per-element form (when it has one)
     bounds: dict = None  # "lower"/"upper" -> (symbol, [param names]) of the mask's bounds on qo_pos - kv_pos
     params: dict = None  # C symbol -> names of the extra params it takes, in order
+    dims: dict = None  # "<tensor>_dim<i>" -> (tensor, i): the tensor sizes the hooks take (after the pointer)
 
     def symbol(self, hook: str) -> str:
         return self.functions[hook]
@@ -105,19 +109,53 @@ def hook_symbol(variant: str, head_dim: int, hook: str) -> str:
     return f"attngen_{variant}_d{head_dim}_{hook}"
 
 
-def _device_func(func: tir.PrimFunc, symbol: str, target: Target) -> tir.PrimFunc:
-    """Rewrite buffer parameters as pointers bound by DeclBuffer, as device kernels have them."""
-    params, decls = [], []
-    for p in func.params:
+def dim_member(tensor: str, i: int) -> str:
+    """The traits' Params member (and hook argument) holding dim ``i`` of tensor parameter ``tensor``."""
+    return f"{tensor}_dim{i}"
+
+
+def _sizes_used(func: tir.PrimFunc, extras: range) -> dict:
+    """Handle of each size Var of an extra tensor that the lowered code reads -> (tensor, dim): the
+    row lengths a flattened index multiplies by (every dim after the first), and any size the body
+    computes with. A Var sizing several dims is read from the first."""
+    tensors = [func.params[k] for k in extras if tir.is_buffer_var(func.params[k])]
+    # The body's own uses, seen with every tensor replaced by a twin of fixed shape (a load's buffer
+    # carries its shape, which is not a use).
+    twins = {tu.handle(p): tir.decl_buffer([1] * len(p.shape), p.dtype, name=p.name) for p in tensors}
+    direct = {tu.handle(v) for v in tu.used_vars(tu.substitute(func.body, twins))}
+    used: dict = {}
+    for p in tensors:
+        for i, n in enumerate(p.shape):
+            if isinstance(n, tvm.ir.Var) and (i > 0 or tu.handle(n) in direct):
+                used.setdefault(tu.handle(n), (p.name, i))
+    return used
+
+
+def _device_func(func: tir.PrimFunc, symbol: str, target: Target, extras: range) -> tuple[tir.PrimFunc, list, dict]:
+    """Rewrite buffer parameters as pointers bound by DeclBuffer, as device kernels have them, each extra
+    tensor followed by the sizes the code needs (``extras``: the positions of the extra parameters).
+    Returns it, the names of its extra arguments and the size arguments among them (``dim_member``
+    name -> (tensor, dim))."""
+    sizes = _sizes_used(func, extras)
+    params, decls, extra, members = [], [], [], {}
+    for k, p in enumerate(func.params):
         if tir.is_buffer_var(p):
             ptr = tvm.ir.Var(p.name + "_ptr", tvm.ir.PointerType(tvm.ir.PrimType(p.dtype)))
             params.append(ptr)
             decls.append(tir.DeclBuffer(p, data=ptr))
         else:
             params.append(p)
+        if k in extras:
+            extra.append(p.name)
+        if k in extras and tir.is_buffer_var(p):
+            for i, n in enumerate(p.shape):
+                if sizes.get(tu.handle(n)) == (p.name, i):
+                    params.append(n)
+                    extra.append(dim_member(p.name, i))
+                    members[dim_member(p.name, i)] = (p.name, i)
     body = tir.SeqStmt(decls + [func.body]) if decls else func.body
     out = tir.PrimFunc(params, body, func.ret_type, func.attrs)
-    return out.with_attr("global_symbol", symbol).with_attr("target", target)
+    return out.with_attr("global_symbol", symbol).with_attr("target", target), extra, members
 
 
 def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") -> HookSource:
@@ -125,11 +163,13 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
     approximations of the hooks' float math) or "precise" (the CUDA math library), see :mod:`.hook_math`."""
     check_mode(math)
     target = Target({"kind": "cuda", "arch": arch}, host="llvm")
-    funcs, symbols, elementwise, bounds, params = {}, {}, {}, {}, {}
+    funcs, symbols, elementwise, bounds, params, dims = {}, {}, {}, {}, {}, {}
 
     def add(sym, func, n_std):
-        params[sym] = [p.name for p in func.params[n_std:]]
-        funcs[tvm.ir.GlobalVar(sym)] = _device_func(returns_through_pointer(func), sym, target)
+        extras = range(n_std, len(func.params))  # not the ``ret`` pointer returns_through_pointer appends
+        funcs[tvm.ir.GlobalVar(sym)], params[sym], sizes = _device_func(returns_through_pointer(func), sym,
+                                                                        target, extras)
+        dims.update(sizes)
 
     for name, func in variant.hooks.items():
         spec = HOOKS[name]
@@ -150,18 +190,42 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
                 bounds[which] = (sym, names)
                 add(sym, bf, 0)
     if not funcs:
-        return HookSource(variant.name, head_dim, arch, {}, HEADER_PRELUDE, {}, {}, {})
-    mod = tvm.IRModule(funcs)
-    with target:
-        mod = tvm.ir.transform.Sequential([
-            tir.transform.FlattenBuffer(),
-            tir.transform.LowerIntrin(),
-        ])(mod)
-    if math == "approx":
-        mod = approximate(mod)
-    src = tvm.get_global_func("target.build.cuda")(mod, target).inspect_source()
+        return HookSource(variant.name, head_dim, arch, {}, HEADER_PRELUDE, {}, {}, {}, {})
+    owners = {sym: hook for hook, sym in list(symbols.items()) + list(elementwise.items())}
+    owners.update({sym: "logits_mask" for sym, _ in bounds.values()})
+    src = _cuda_source(funcs, target, variant, owners, math)
     return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + prelude(math) + _extract_functions(src),
-                      elementwise, bounds, params)
+                      elementwise, bounds, params, dims)
+
+
+def _cuda_source(funcs: dict, target: Target, variant, owners: dict, math: str) -> str:
+    """TVM's CUDA source of ``funcs`` with the hook math of ``math``; a hook TVM cannot lower is named
+    (``owners``: symbol -> hook) in a VariantError with TVM's message, rather than surfacing as TVM's
+    internal error."""
+
+    def build(fs):
+        with target:
+            mod = tvm.ir.transform.Sequential([tir.transform.FlattenBuffer(), tir.transform.LowerIntrin()])(
+                tvm.IRModule(fs))
+        if math == "approx":
+            mod = approximate(mod)
+        return tvm.get_global_func("target.build.cuda")(mod, target).inspect_source()
+
+    try:
+        return build(funcs)
+    except Exception as whole:  # TVM's FFI raises builtin exception types; find the hook it failed on
+        for gv, func in funcs.items():
+            try:
+                build({gv: func})
+            except Exception as e:
+                hook = owners.get(gv.name_hint, gv.name_hint)
+                message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                raise VariantError(variant.name, hook, f"TVM cannot lower it to CUDA ({message})",
+                                   "use TIR math and reads of the hook's own buffers and parameters; "
+                                   "'attngen inspect' shows the CUDA made of each hook",
+                                   tu.source_line(variant.hooks[hook].body) if hook in variant.hooks else None
+                                   ) from e
+        raise whole
 
 
 def _extract_functions(src: str) -> str:

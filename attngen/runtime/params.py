@@ -1,40 +1,134 @@
-"""Resolve a variant's extra parameters for one call: defaults, dtypes, sizes, call order.
+"""Resolve a variant's extra parameters for one call: defaults, dtypes, ranges, sizes, call order.
 
 The order is the variant's declaration order, the order in which the CUDA entry functions take them
 (the traits' ``ExtraArgs``, codegen/cuda_variant.py): scalars as Python ints / floats, tensors as given.
+Scalars are range-checked against their dtype; every dim of every tensor against its declaration and
+against every index the hooks read along it (the rule in :class:`attngen.ir.TensorParam`), before any
+kernel runs: a short tensor is an error here, never a read past its end.
 """
 from __future__ import annotations
 
+import weakref
+
 from attngen.ir import ScalarParam, TensorParam
+from attngen.ir.declarations import CALL_SIZES, TensorReads, check_tensor_reads, scalar_value
 
 from .checks import AttentionArgumentError, check_tensor
 
+_MEMO_SIZE = 64  # per variant: the read ranges of the last call shapes (a serving loop repeats a few)
 
-def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size: int) -> list:
-    """Values in declaration order; tensors checked for dtype, rank and named sizes."""
+
+class _VariantReads:
+    """A variant's tensor reads, checked once (the variant is refused if one cannot be bounded), and the
+    reads' ranges for recent call shapes."""
+
+    def __init__(self, variant):
+        self.reads = TensorReads(variant)
+        check_tensor_reads(variant, self.reads)
+        self.unbounded = {id(r) for r in self.reads.unbounded()}
+        self.memo: dict = {}
+
+    def ranges(self, sizes: dict, dims: dict, scalars: dict):
+        key = (tuple(sorted(sizes.items())), tuple(sorted(dims.items())), tuple(sorted(scalars.items())))
+        if key not in self.memo:
+            if len(self.memo) >= _MEMO_SIZE:
+                self.memo.clear()
+            self.memo[key] = (self.reads.shape_mismatches(dims), self.reads.ranges(sizes, dims, scalars))
+        return self.memo[key]
+
+
+_READS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _variant_reads(variant) -> _VariantReads:
+    if variant not in _READS:
+        _READS[variant] = _VariantReads(variant)
+    return _READS[variant]
+
+
+def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size: int,
+                   num_kv_heads: int | None = None, head_dim: int | None = None,
+                   total_q: int | None = None) -> list:
+    """Values in declaration order; scalars range-checked, tensors checked for dtype, rank, layout and
+    every dim. The sizes are the call's (``CALL_SIZES``); one left None cannot be checked against, so a
+    parameter depending on it is refused rather than passed unchecked."""
     given = dict(given or {})
     unknown = sorted(set(given) - {p.name for p in variant.params})
     if unknown:
         raise AttentionArgumentError(
             f"params: {unknown} are not parameters of variant '{variant.name}' "
             f"(it declares {[p.name for p in variant.params] or 'none'})")
-    sizes = {"num_qo_heads": num_qo_heads, "batch_size": batch_size}
-    out = []
+    sizes = {"batch_size": batch_size, "num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads,
+             "head_dim": head_dim, "total_q": total_q}
+    assert set(sizes) == set(CALL_SIZES)
+    out, dims, scalars = [], {}, {}
     for p in variant.params:
         if p.name not in given:
             if isinstance(p, ScalarParam) and p.default is not None:
                 out.append(p.default)
+                scalars[p.name] = p.default
                 continue
             raise AttentionArgumentError(f"params['{p.name}']: variant '{variant.name}' needs it "
                                          f"({p.doc or p.dtype})")
         val = given[p.name]
         if isinstance(p, TensorParam):
             check_tensor(val, f"params['{p.name}']", len(p.shape), p.dtype)
-            for i, dim in enumerate(p.shape):
-                if dim in sizes and int(val.shape[i]) != sizes[dim]:
-                    raise AttentionArgumentError(
-                        f"params['{p.name}']: dim {i} ({dim}) is {val.shape[i]}, expected {sizes[dim]}")
+            dims[p.name] = tuple(int(n) for n in val.shape)
+            _check_declared_dims(p, dims[p.name], sizes)
             out.append(val)
         else:
-            out.append(int(val) if "int" in p.dtype else float(val))
+            value, problem = scalar_value(p.dtype, val)
+            if problem:
+                raise AttentionArgumentError(f"params['{p.name}']: {problem} (variant '{variant.name}' declares "
+                                             f"it {p.dtype})")
+            out.append(value)
+            scalars[p.name] = value
+    if variant.tensor_params:
+        _check_reads(variant, sizes, dims, scalars)
     return out
+
+
+def _check_declared_dims(p: TensorParam, shape: tuple[int, ...], sizes: dict) -> None:
+    for i, (dim, got) in enumerate(zip(p.dims, shape)):
+        where = f"params['{p.name}']: dim {i} ({dim.text})"
+        want = dim.fixed if dim.fixed is not None else dim.call_size or dim.at_least
+        if want is None:
+            continue
+        if isinstance(want, str):
+            if sizes[want] is None:
+                raise AttentionArgumentError(f"{where}: this entry point does not know {want} "
+                                             f"({CALL_SIZES[want]}), so the dim cannot be checked")
+            want = sizes[want]
+        if dim.at_least is not None and got < want:
+            raise AttentionArgumentError(f"{where} is {got}, must be at least {want}: shape {shape}")
+        if dim.at_least is None and got != want:
+            raise AttentionArgumentError(f"{where} is {got}, expected {want}: shape {shape}")
+
+
+def _check_reads(variant, sizes: dict, dims: dict, scalars: dict) -> None:
+    reads = _variant_reads(variant)
+    mismatches, ranges = reads.ranges(sizes, dims, scalars)
+    if mismatches:
+        raise AttentionArgumentError(f"params: {mismatches[0]} (variant '{variant.name}')")
+    for r in ranges:
+        read = r.read
+        if id(read) in reads.unbounded:  # data-indexed, or a dim the declaration sizes: checked above
+            continue
+        at = f"hook '{read.hook}'" + (f" ({read.where})" if read.where else "")
+        if r.missing:
+            raise AttentionArgumentError(
+                f"params['{read.param}']: {at} reads it at {read.index}, whose range depends on "
+                f"{list(r.missing)}, which this entry point does not know; the tensor cannot be checked")
+        if r.low is None:
+            raise AttentionArgumentError(
+                f"params['{read.param}']: {at} reads it at {read.index}, which these sizes and parameter values "
+                f"({sizes}, {scalars}) push past the int32 range")
+        length = dims[read.param][read.dim]
+        if r.low < 0 or r.high >= length:
+            ranges_text = ", ".join(f"{n}={sizes[n]}" for n in sorted(read.needs))
+            bad = r.low if r.low < 0 else r.high
+            need = "indices from 0" if r.low < 0 else f"at least {r.high + 1} entries"
+            raise AttentionArgumentError(
+                f"params['{read.param}']: dim {read.dim} has {length} entries, but {at} reads index {read.index} "
+                f"= {bad}{f' (with {ranges_text})' if ranges_text else ''}: it needs {need} along that dim, "
+                f"shape {dims[read.param]}")

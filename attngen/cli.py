@@ -15,6 +15,7 @@ from attngen.codegen.nvcc import NvccError
 from attngen.ir import HOOKS, ConfigError, VariantError
 from attngen.loader import diagnostic_text, pick_variant
 from attngen.schedules import ARCHS, BuildConfig
+from attngen.schedules.build_config import HOOK_MATH_MODES
 from attngen.schedules.registry import KERNELS
 from attngen.schedules.template_decode import GROUP_TILES
 from attngen.variants import BUILTINS, builtin
@@ -68,7 +69,10 @@ def parser() -> argparse.ArgumentParser:
                    help="cuda: largest GQA group (num_qo_heads / num_kv_heads) the decode template serves: "
                         f"one of {', '.join(map(str, GROUP_TILES))} (default: 8)")
     b.add_argument("--fast-math", action="store_true",
-                   help="cuda: let nvcc approximate transcendental functions (--use_fast_math); off by default")
+                   help="cuda: nvcc --use_fast_math over the whole library, templates included; off by default")
+    b.add_argument("--hook-math", choices=HOOK_MATH_MODES, default="approx",
+                   help="cuda: the hooks' float math: 'approx' (hardware approximations: tanh.approx, __expf, "
+                        "__fdividef, ...) or 'precise' (the CUDA math library) (default: approx)")
     b.add_argument("--out", type=Path, help="also copy the artifacts into this directory")
     b.add_argument("--cache-dir", type=Path, help="build cache location (default: $ATTNGEN_CACHE_DIR or ~/.cache/attngen)")
     b.add_argument("--dump", type=Path, help="write every stage's artifact under this directory (same as ATTNGEN_DUMP)")
@@ -77,6 +81,8 @@ def parser() -> argparse.ArgumentParser:
     _add_source(i)
     i.add_argument("--head-dim", type=int, default=128, help="head dim to specialise row hooks for (default: 128)")
     i.add_argument("--arch", default="sm_80", help="arch to generate CUDA for (default: sm_80)")
+    i.add_argument("--hook-math", choices=HOOK_MATH_MODES, default="approx",
+                   help="the hooks' float math in the CUDA shown (default: approx)")
 
     sub.add_parser("list", help="list the built-in variants")
     return ap
@@ -87,7 +93,7 @@ def cmd_build(args) -> int:
     dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
     cfg = BuildConfig(target=args.target, head_dims=args.head_dim, dtypes=dtypes, kv_dtypes=args.kv_dtype,
                       archs=args.arch, layouts=args.layout, fast_math=args.fast_math, kernels=args.kernels,
-                      max_group_size=args.max_group_size)
+                      max_group_size=args.max_group_size, hook_math=args.hook_math)
     what = f"variant '{variant.name}' for {cfg.target}"
     if cfg.target == "cuda":
         what += f" ({', '.join(cfg.archs)})"
@@ -128,7 +134,7 @@ def cmd_inspect(args) -> int:
     print("## analysis")
     print(v.analysis.describe())
     print(f"\n## generated CUDA device code (head_dim {args.head_dim}, {args.arch})")
-    print(lower_hooks_cuda(v, args.head_dim, args.arch).code)
+    print(lower_hooks_cuda(v, args.head_dim, args.arch, args.hook_math).code)
     return 0
 
 

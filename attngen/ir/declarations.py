@@ -211,8 +211,10 @@ class TensorRead:
     dim: int
     index: object  # the PrimExpr, let bindings expanded
     where: str | None  # file:line of the hook
+    size: str  # the hook buffer's size for the dim, as the hook names it (a Var's name or a number)
     data_indexed: bool  # computed from values read out of a tensor parameter
     needs: frozenset  # the call sizes its range depends on
+    scalars: tuple[str, ...]  # the scalar parameters it depends on
 
 
 @dataclass(frozen=True)
@@ -245,8 +247,10 @@ class _HookScope:
         for load in tu.collect(body, tvm.ir.TensorLoad):
             name = by_buffer.get(tu.handle(load.source))
             for i, index in enumerate(load.indices if name is not None else ()):
+                size = self.tensors[name].shape[i]
                 reads.setdefault((name, i, str(index)), TensorRead(
-                    hook, name, i, index, where, bool(tu.collect(index, tvm.ir.TensorLoad)), self._needs(index)))
+                    hook, name, i, index, where, size.name if isinstance(size, tvm.ir.Var) else str(size),
+                    bool(tu.collect(index, tvm.ir.TensorLoad)), self._needs(index), self._scalars_in(index)))
         self.reads = list(reads.values())
 
     def _needs(self, index) -> frozenset:
@@ -258,6 +262,10 @@ class _HookScope:
         if any(tu.handle(v) in used for v in self.row_lengths):
             out.add("head_dim")
         return frozenset(out)
+
+    def _scalars_in(self, index) -> tuple[str, ...]:
+        used = {tu.handle(v) for v in tu.used_vars(index)}
+        return tuple(n for n, v in self.scalars.items() if tu.handle(v) in used)
 
     def shape_vars(self) -> list[tuple[str, int, object]]:
         """(tensor, dim, the hook's size for it: a Var or an IntImm) for every dim of every tensor."""
@@ -379,6 +387,6 @@ def check_tensor_reads(variant, reads: TensorReads | None = None) -> None:
             variant.name, read.hook,
             f"reads tensor parameter '{read.param}' along dim {read.dim} ('{dim.text}') at an index attngen "
             f"cannot bound ({read.index}), so no call can check that the tensor is long enough",
-            f"clamp the index (T.min(index, {dim.symbol} - 1) with the buffer's size var), or declare the dim "
-            f"as a number, a call size ({', '.join(CALL_SIZES)}) or '{dim.symbol}>=B' with B above every index "
-            "the hook reads", read.where)
+            f"clamp the index into the buffer (T.min(T.max(index, 0), {read.size} - 1)), or declare the dim as a "
+            f"number, a call size ({', '.join(CALL_SIZES)}) or '{dim.symbol}>=B' with B above every index the "
+            "hook reads", read.where)

@@ -130,7 +130,8 @@ def _check_reads(variant, sizes: dict, dims: dict, scalars: dict) -> None:
                 f"({sizes}, {scalars}) push past the int32 range")
         length = dims[read.param][read.dim]
         if r.low < 0 or r.high >= length:
-            ranges_text = ", ".join(f"{n}={sizes[n]}" for n in sorted(read.needs))
+            ranges_text = ", ".join([f"{n}={sizes[n]}" for n in sorted(read.needs)]
+                                    + [f"{n}={scalars[n]}" for n in read.scalars])
             bad = r.low if r.low < 0 else r.high
             need = "indices from 0" if r.low < 0 else f"at least {r.high + 1} entries"
             raise AttentionArgumentError(

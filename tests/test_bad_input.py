@@ -112,7 +112,7 @@ def test_symbolic_dim_resolved_from_the_hooks_reads():
                 params=[TensorParam("table", "float32", ("n",)), ScalarParam("offset", "int32", 0)])
     ok = np.zeros(2, np.float32)
     assert len(_resolve(v, {"table": ok}, num_kv_heads=2)) == 2
-    with pytest.raises(AttentionArgumentError, match=r"reads index kv_head \+ offset = 2 \(with num_kv_heads=2\): "
+    with pytest.raises(AttentionArgumentError, match=r"reads index kv_head \+ offset = 2 \(with num_kv_heads=2, offset=1\): "
                                                      r"it needs at least 3 entries"):
         _resolve(v, {"table": ok, "offset": 1}, num_kv_heads=2)
     with pytest.raises(AttentionArgumentError, match=r"reads index kv_head \+ offset = -1 .*needs indices from 0"):
@@ -255,6 +255,16 @@ ROW_BIAS = textwrap.dedent("""\
     variant = Variant("row_bias", logits_transform=row_bias,
                       params=[TensorParam("bias", "float32", ("batch_size", "num_qo_heads"))])
 """)
+
+
+def test_a_size_the_hook_computes_with_is_passed_on_cuda():
+    v = Variant("clamp", logits_transform=by_clamped_position, params=[TensorParam("table", "float32")])
+    hs = lower_hooks_cuda(v, 64, "sm_80")
+    assert hs.dims == {"table_dim0": ("table", 0)}
+    assert "float* table_ptr, int n, float* ret_ptr" in hs.code
+    assert "p.table_dim0 = static_cast<int>(table.size(0));" in traits_source(v, hs, 64)
+    alibi = lower_hooks_cuda(builtin("alibi"), 64, "sm_80")  # a 1-D read by head needs no size
+    assert alibi.dims == {} and "int n" not in alibi.code
 
 
 def test_inspect_shows_a_two_dim_tensor_variant(tmp_path, capsys):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import operator
 import re
 from dataclasses import dataclass
@@ -103,7 +104,8 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @dataclass(frozen=True)
 class TensorDim:
-    """One parsed entry of :attr:`TensorParam.shape` (exactly one of the three kinds is set)."""
+    """One parsed entry of :attr:`TensorParam.shape`: ``fixed``, ``call_size`` or ``symbol`` (this one
+    possibly with ``at_least``)."""
 
     text: str  # as declared
     fixed: int | None = None  # a number: the dim must be exactly this
@@ -120,10 +122,10 @@ class TensorDim:
 
 def parse_dim(entry) -> TensorDim:
     """A :class:`TensorDim` from one shape entry; ValueError (with the grammar) when it follows none."""
-    if isinstance(entry, int) and not isinstance(entry, bool):
+    if isinstance(entry, numbers.Integral) and not isinstance(entry, bool):
         if entry < 1:
             raise ValueError(f"dim {entry} must be at least 1")
-        return TensorDim(str(entry), fixed=entry)
+        return TensorDim(str(entry), fixed=int(entry))
     if isinstance(entry, str):
         name, sep, bound = (x.strip() for x in entry.partition(">="))
         if _IDENT.match(name) and not sep:
@@ -136,26 +138,35 @@ def parse_dim(entry) -> TensorDim:
 
 @dataclass(frozen=True)
 class TensorParam:
-    """A runtime tensor (e.g. ALiBi slopes) readable by hooks, C-contiguous, of ``dtype``.
+    """A runtime tensor (e.g. ALiBi slopes) readable by hooks: C-contiguous, of ``dtype``, of the rank
+    of ``shape``, which the hooks' buffers share.
 
-    ``shape`` has one entry per dim (the hooks' buffers have the same rank), each one of:
+    Each entry of ``shape`` declares one dim as one of:
 
     * a number ``N`` -- the dim must be exactly ``N``;
     * a size the call knows (:data:`CALL_SIZES`: ``batch_size``, ``num_qo_heads``, ``num_kv_heads``,
-      ``head_dim``, ``total_q``) -- the dim must equal that size for the call;
-    * any other name -- a symbolic dim, as long as the caller likes, but at least as long as the hooks
-      read: every index a hook reads along it whose range attngen can bound (it depends only on
-      ``batch``, ``qo_head``, ``kv_head``, the row index, scalar parameters, the tensors' own dims and
-      constants; a ``T.min(i, n - 1)`` clamp bounds anything) must fall inside the dim at every call;
-    * ``"name>=B"`` (``B`` a number or a call size) -- a symbolic dim with a declared bound: the dim
-      must be at least ``B``, and the hooks are taken at their word that they read below it.
+      ``head_dim``, ``total_q``) -- the dim must equal that size;
+    * ``"name>=B"`` (``B`` a number or a call size) -- the dim must be at least ``B``;
+    * any other name -- a symbolic dim: any length the hooks' reads fit in.
 
-    Every dim is checked at every call (``runtime/params.py``). A read along a plain symbolic dim that
-    attngen cannot bound -- it follows ``qo_pos`` / ``kv_pos`` or another unbounded value -- makes the
-    variant refused (:func:`check_tensor_reads`): clamp the index, declare the dim as a number, a call
-    size or ``"name>=B"``. An index computed from values read out of another tensor parameter (a
-    packed custom mask's offsets) is bounded by that data: attngen checks the dims of the tensors the
-    values come from, and whoever fills them (e.g. ``pack_custom_mask``) keeps the reads inside.
+    At every call (``runtime/params.py``, before any kernel runs), for every dim of every tensor:
+
+    1. the dim satisfies its declaration;
+    2. every index a hook reads along it that attngen can bound lies in ``[0, dim)``. An index is
+       bounded when its range follows from the call: from ``batch`` / ``qo_head`` / ``kv_head`` (below
+       ``batch_size`` / ``num_qo_heads`` / ``num_kv_heads``), the row index (below ``head_dim``),
+       scalar parameters' values, the tensors' own sizes and constants -- a clamp such as
+       ``T.min(qo_pos, n - 1)`` bounds anything;
+    3. the hooks' buffers agree with the tensor: a size a hook's buffer fixes (``(n, 4)``) equals the
+       tensor's, and dims a hook sizes with one Var are equally long.
+
+    An index no call bounds (it follows ``qo_pos`` / ``kv_pos`` or another unbounded value) is allowed
+    along a dim whose size the declaration gives (a number, a call size, ``"name>=B"``: the hooks are
+    taken at their word that they read below it), and refused along a plain symbolic dim
+    (:func:`check_tensor_reads`, which names the fixes). An index computed from values read out of a
+    tensor parameter (a packed mask's offsets) is bounded by that data: attngen checks the tensors the
+    values come from, their filler (e.g. ``pack_custom_mask``) keeps the reads inside. A call size
+    the entry point does not know makes a dim or read depending on it an error, never a skipped check.
     """
 
     name: str
@@ -200,8 +211,10 @@ class TensorRead:
     dim: int
     index: object  # the PrimExpr, let bindings expanded
     where: str | None  # file:line of the hook
+    size: str  # the hook buffer's size for the dim, as the hook names it (a Var's name or a number)
     data_indexed: bool  # computed from values read out of a tensor parameter
     needs: frozenset  # the call sizes its range depends on
+    scalars: tuple[str, ...]  # the scalar parameters it depends on
 
 
 @dataclass(frozen=True)
@@ -234,8 +247,10 @@ class _HookScope:
         for load in tu.collect(body, tvm.ir.TensorLoad):
             name = by_buffer.get(tu.handle(load.source))
             for i, index in enumerate(load.indices if name is not None else ()):
+                size = self.tensors[name].shape[i]
                 reads.setdefault((name, i, str(index)), TensorRead(
-                    hook, name, i, index, where, bool(tu.collect(index, tvm.ir.TensorLoad)), self._needs(index)))
+                    hook, name, i, index, where, size.name if isinstance(size, tvm.ir.Var) else str(size),
+                    bool(tu.collect(index, tvm.ir.TensorLoad)), self._needs(index), self._scalars_in(index)))
         self.reads = list(reads.values())
 
     def _needs(self, index) -> frozenset:
@@ -247,6 +262,10 @@ class _HookScope:
         if any(tu.handle(v) in used for v in self.row_lengths):
             out.add("head_dim")
         return frozenset(out)
+
+    def _scalars_in(self, index) -> tuple[str, ...]:
+        used = {tu.handle(v) for v in tu.used_vars(index)}
+        return tuple(n for n, v in self.scalars.items() if tu.handle(v) in used)
 
     def shape_vars(self) -> list[tuple[str, int, object]]:
         """(tensor, dim, the hook's size for it: a Var or an IntImm) for every dim of every tensor."""
@@ -368,6 +387,6 @@ def check_tensor_reads(variant, reads: TensorReads | None = None) -> None:
             variant.name, read.hook,
             f"reads tensor parameter '{read.param}' along dim {read.dim} ('{dim.text}') at an index attngen "
             f"cannot bound ({read.index}), so no call can check that the tensor is long enough",
-            f"clamp the index (T.min(index, {dim.symbol} - 1) with the buffer's size var), or declare the dim "
-            f"as a number, a call size ({', '.join(CALL_SIZES)}) or '{dim.symbol}>=B' with B above every index "
-            "the hook reads", read.where)
+            f"clamp the index into the buffer (T.min(T.max(index, 0), {read.size} - 1)), or declare the dim as a "
+            f"number, a call size ({', '.join(CALL_SIZES)}) or '{dim.symbol}>=B' with B above every index the "
+            "hook reads", read.where)

@@ -15,7 +15,7 @@ from attngen.ir.declarations import CALL_SIZES, TensorReads, check_tensor_reads,
 
 from .checks import AttentionArgumentError, check_tensor
 
-_MEMO_SIZE = 64  # per variant: the read ranges of the last call shapes (a serving loop repeats a few)
+_MEMO_SIZE = 1024  # per variant: read ranges of recent call shapes (a serving loop cycles through batch sizes)
 
 
 class _VariantReads:
@@ -26,10 +26,15 @@ class _VariantReads:
         self.reads = TensorReads(variant)
         check_tensor_reads(variant, self.reads)
         self.unbounded = {id(r) for r in self.reads.unbounded()}
+        # what the ranges depend on, so that calls differing elsewhere (say, in batch size for a table read
+        # by head) share one entry
+        self.sizes = sorted({n for r in self.reads.reads for n in r.needs})
+        self.scalars = sorted({p.name for p in variant.scalar_params})
         self.memo: dict = {}
 
     def ranges(self, sizes: dict, dims: dict, scalars: dict):
-        key = (tuple(sorted(sizes.items())), tuple(sorted(dims.items())), tuple(sorted(scalars.items())))
+        key = (tuple(sizes[n] for n in self.sizes), tuple(sorted(dims.items())),
+               tuple(scalars.get(n) for n in self.scalars))
         if key not in self.memo:
             if len(self.memo) >= _MEMO_SIZE:
                 self.memo.clear()
@@ -60,13 +65,13 @@ def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size
             f"(it declares {[p.name for p in variant.params] or 'none'})")
     sizes = {"batch_size": batch_size, "num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads,
              "head_dim": head_dim, "total_q": total_q}
-    assert set(sizes) == set(CALL_SIZES)
     out, dims, scalars = [], {}, {}
     for p in variant.params:
         if p.name not in given:
             if isinstance(p, ScalarParam) and p.default is not None:
-                out.append(p.default)
-                scalars[p.name] = p.default
+                value, _ = scalar_value(p.dtype, p.default)  # checked when the parameter was declared
+                out.append(value)
+                scalars[p.name] = value
                 continue
             raise AttentionArgumentError(f"params['{p.name}']: variant '{variant.name}' needs it "
                                          f"({p.doc or p.dtype})")
@@ -125,7 +130,8 @@ def _check_reads(variant, sizes: dict, dims: dict, scalars: dict) -> None:
                 f"({sizes}, {scalars}) push past the int32 range")
         length = dims[read.param][read.dim]
         if r.low < 0 or r.high >= length:
-            ranges_text = ", ".join(f"{n}={sizes[n]}" for n in sorted(read.needs))
+            ranges_text = ", ".join([f"{n}={sizes[n]}" for n in sorted(read.needs)]
+                                    + [f"{n}={scalars[n]}" for n in read.scalars])
             bad = r.low if r.low < 0 else r.high
             need = "indices from 0" if r.low < 0 else f"at least {r.high + 1} entries"
             raise AttentionArgumentError(

@@ -16,6 +16,7 @@ from .declarations import ScalarParam, StateAlgebra, TensorParam
 from .errors import VariantError
 from .hook_spec import HOOKS, ROW_ARGS, SOFTMAX_ONLY, STANDARD_SCALARS, HookSpec
 from .row_hook_checks import check_row_hook
+from .tensor_reads import check_tensor_reads
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _C_KEYWORDS = frozenset(
@@ -76,6 +77,7 @@ def validate_variant(v) -> None:
         _check_hook(v, HOOKS[name], func)
         if v.state == StateAlgebra.SUM:
             _check_no_softmax_args(v, HOOKS[name], func)
+    check_tensor_reads(v)  # reads of tensor parameters that no call could bound
 
 
 def _check_no_softmax_args(v, spec: HookSpec, func) -> None:

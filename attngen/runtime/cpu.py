@@ -57,7 +57,8 @@ class CPUAttention(BuiltModule):
             raise AttentionArgumentError(f"kv: expected PagedKV or RaggedKV, got {type(kv).__name__}")
         check_qkv_heads(q, kv.num_kv_heads, d)
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
-        extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
+        extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
+                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:  # nothing to attend; zero-size index arrays cannot cross the FFI boundary
             return out, lse
@@ -75,7 +76,8 @@ class CPUAttention(BuiltModule):
         check_qkv_heads(q, kv.num_kv_heads, d)
         fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d)
         out, lse = self.outputs(q, batch, out, lse)
-        extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
+        extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
+                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch)
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:
             return out, lse

@@ -262,7 +262,8 @@ class CUDAAttention(BuiltModule):
         out, lse = self.outputs(q, batch, out, lse)
         for name, t in (("q", q), ("out", out), ("kv.pages", kv.pages)):
             _check_aligned(name, t)
-        extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch)
+        extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
+                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch)
         for p, v in zip(self.variant.params, extras):
             if hasattr(v, "shape") and not is_cuda(v):
                 raise AttentionArgumentError(f"params['{p.name}']: must be a CUDA tensor")
@@ -326,7 +327,8 @@ class CUDAAttention(BuiltModule):
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
         for name, t in [("q", q), ("out", out)] + data:
             _check_aligned(name, t)
-        extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size)
+        extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size,
+                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
         scale = resolve_sm_scale(sm_scale, d)
         fn(q, *kv_args, qo_indptr, out, lse, scale, *plan.ffi_args(), *extras)
         return out, lse

@@ -11,7 +11,8 @@ from __future__ import annotations
 import weakref
 
 from attngen.ir import ScalarParam, TensorParam
-from attngen.ir.declarations import CALL_SIZES, TensorReads, check_tensor_reads, scalar_value
+from attngen.ir.declarations import CALL_SIZES, scalar_value
+from attngen.ir.tensor_reads import TensorReads, check_tensor_reads
 
 from .checks import AttentionArgumentError, check_tensor
 

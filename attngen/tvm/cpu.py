@@ -69,7 +69,8 @@ def _split_params(variant, params: dict | None, shape: CacheShape) -> tuple[dict
     import numpy as np
     import tvm
 
-    values = resolve_params(variant, params, num_qo_heads=shape.num_qo_heads, batch_size=shape.max_batch)
+    values = resolve_params(variant, params, num_qo_heads=shape.num_qo_heads, batch_size=shape.max_batch,
+                            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
     scalars, tensors = {}, []
     for decl, value in zip(variant.params, values):
         if isinstance(decl, TensorParam):
@@ -124,7 +125,8 @@ class CPUBackend:
         if tensors:
             raise ValueError(f"variant '{variant.name}': tensor parameters {tensors} cannot be compiled into a "
                              "model library; use create_paged_kv_cache (run-time binding) for this variant")
-        values = resolve_params(variant, params, num_qo_heads=shape.num_qo_heads, batch_size=shape.max_batch)
+        values = resolve_params(variant, params, num_qo_heads=shape.num_qo_heads, batch_size=shape.max_batch,
+                            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
         scalars = {p.name: v for p, v in zip(variant.params, values)}
         specs = slot_specs(variant, shape.head_dim, shape.dtype, inline_rope=shape.inline_rope,
                            window=shape.layer_window)

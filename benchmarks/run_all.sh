@@ -18,6 +18,6 @@ for f in $tests; do
   echo "$f: $(grep -c PASSED "$log") passed, $(grep -c -E 'FAILED|ERROR ' "$log") failed$stopped" | tee -a "$log"
 done
 for b in ${benches//,/ }; do
-  (cd benchmarks && python "bench_$b.py" --out "../$out" --commit "$commit") > "$out/bench_$b.log" 2>&1
+  (cd benchmarks && PYTHONPATH="..${PYTHONPATH:+:$PYTHONPATH}" python "bench_$b.py" --out "../$out" --commit "$commit") > "$out/bench_$b.log" 2>&1
   tail -12 "$out/bench_$b.log"
 done

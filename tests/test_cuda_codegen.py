@@ -22,7 +22,7 @@ def test_hooks_become_device_functions_with_tvm_math():
     sym = hook_symbol("logits_softcap", 128, "logits_transform")
     assert f"ATTNGEN_HOOK void {sym}(float s, int batch, int qo_pos, int kv_pos, int qo_head, int kv_head, " \
            "float soft_cap, float* ret_ptr)" in hs.code
-    assert "attngen_tanh_approx(__fdividef(s, soft_cap))" in hs.code  # hardware tanh unless asked for precise
+    assert "__tanhf(__fdividef(s, soft_cap))" in hs.code  # hardware tanh unless asked for precise
     assert "#define ATTNGEN_HOOK static __device__ __forceinline__" in hs.code
 
 

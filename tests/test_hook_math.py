@@ -4,7 +4,7 @@ import subprocess
 import pytest
 from tvm.script import tirx as T
 
-from attngen.codegen.hook_math import APPROX_CALLS, APPROX_DIVIDE, APPROX_MAX_ERROR, prelude
+from attngen.codegen.hook_math import APPROX_CALLS, APPROX_DIVIDE, APPROX_MAX_ERROR
 from attngen.codegen.hooks_cuda import lower_hooks_cuda
 from attngen.codegen.pipeline import cache_key
 from attngen.ir import ConfigError, ScalarParam, Variant
@@ -36,7 +36,7 @@ def test_approx_mode_replaces_every_library_call_and_division():
         assert f"{accurate}(" in precise and f"{fast}(" in approx
         assert f" {accurate}(" not in approx and f"({accurate}(" not in approx
     assert APPROX_DIVIDE + "(s, c)" in approx and "(s / c)" in precise
-    for kept in ("sqrtf(c)", "sinf(s)", "cosf(s)", "powf(c, s)"):  # no approximation chosen: unchanged
+    for kept in ("sqrtf(c)", "exp2f(s)", "sinf(s)", "cosf(s)", "powf(c, s)"):  # no approximation chosen: unchanged
         assert kept in approx
 
 
@@ -47,8 +47,8 @@ def test_every_approximation_has_its_error_documented():
 def test_softcap_header_per_mode():
     approx = lower_hooks_cuda(builtin("logits_softcap"), 128, "sm_90a").code  # approx is the default
     precise = lower_hooks_cuda(builtin("logits_softcap"), 128, "sm_90a", "precise").code
-    assert "tanh.approx.f32" in approx and "attngen_tanh_approx(__fdividef(s, soft_cap))" in approx
-    assert "tanh.approx" not in precise and "tanhf((s / soft_cap))" in precise
+    assert "__tanhf(__fdividef(s, soft_cap))" in approx
+    assert "__tanhf" not in precise and "tanhf((s / soft_cap))" in precise
 
 
 def test_mode_is_part_of_the_build_config_and_key():
@@ -63,7 +63,8 @@ def test_mode_is_part_of_the_build_config_and_key():
 @requires_nvcc
 @pytest.mark.parametrize("arch", ["sm_75", "sm_90a"])
 def test_approx_header_compiles_twice_in_one_unit(arch, tmp_path):
-    """The prelude is guarded: a unit including the hooks of two head dims compiles (oldest and newest arch)."""
+    """The approximations are CUDA's own intrinsics: a unit including the hooks of two head dims compiles for the
+    oldest and the newest arch."""
     from attngen.schedules.arch import arch_spec
 
     v = math_variant()
@@ -75,4 +76,3 @@ def test_approx_header_compiles_twice_in_one_unit(arch, tmp_path):
     p = subprocess.run(["nvcc", "-c", *arch_spec(arch).gencode.split(), str(tmp_path / "t.cu"), "-o",
                         str(tmp_path / "t.o")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert prelude("precise") == ""

@@ -27,45 +27,28 @@ import tvm.tirx as tir
 from attngen.ir import tir_utils as tu
 from attngen.schedules.build_config import HOOK_MATH_MODES
 
-# accurate CUDA library call (what TVM lowers to) -> its approximation
+# accurate CUDA library call (what TVM lowers to) -> its approximation: CUDA's own intrinsics, so that the
+# hooks' source compiles on its own (TVM compiles it with NVRTC where a GPU is present)
 APPROX_CALLS = {
-    "tanhf": "attngen_tanh_approx",  # tanh.approx.f32 (sm_75+)
+    "tanhf": "__tanhf",  # one MUFU.TANH (tanh.approx.f32), sm_75+
     "expf": "__expf",
-    "exp2f": "attngen_exp2_approx",  # ex2.approx.ftz.f32
     "logf": "__logf",
     "log2f": "__log2f",
 }
-# Not approximated: sin / cos / pow. Their fast forms (__sinf, __cosf, __powf) lose accuracy without bound
-# outside a small range, and the hooks that use them (RoPE's angles pos * theta^(-2i/d), up to thousands
-# of radians) run once per row, not per score, where precision costs little.
+# Not approximated: exp2 (exp2f is already a few instructions around ex2.approx), sin / cos / pow. The fast
+# forms of the last three (__sinf, __cosf, __powf) lose accuracy without bound outside a small range, and
+# the hooks that use them (RoPE's angles pos * theta^(-2i/d), up to thousands of radians) run once per
+# row, not per score, where precision costs little.
 APPROX_DIVIDE = "__fdividef"  # float32 a / b
 
 # Documented worst-case error of each approximation over the range a hook feeds it.
 APPROX_MAX_ERROR = {
-    "attngen_tanh_approx": "relative about 2^-11 (PTX ISA, tanh.approx.f32)",
-    "attngen_exp2_approx": "relative about 2^-22 (PTX ISA, ex2.approx.ftz.f32; subnormal results flush to 0)",
+    "__tanhf": "relative about 2^-11 (tanh.approx.f32, PTX ISA)",
     "__expf": "2 + floor(|1.173 x|) ulp (CUDA math API)",
     "__logf": "absolute 2^-21.41 for x in [0.5, 2], else 3 ulp (CUDA math API)",
     "__log2f": "absolute 2^-22 for x in [0.5, 2], else 2 ulp (CUDA math API)",
     "__fdividef": "2 ulp for |b| in [2^-126, 2^126]; 0 for larger |b| (CUDA math API)",
 }
-
-# device functions the approximations need beyond CUDA's own intrinsics (prepended to the hook header)
-APPROX_PRELUDE = """\
-#ifndef ATTNGEN_APPROX_MATH
-#define ATTNGEN_APPROX_MATH
-static __device__ __forceinline__ float attngen_tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-static __device__ __forceinline__ float attngen_exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-#endif
-"""
 
 
 def check_mode(mode: str) -> str:
@@ -100,6 +83,3 @@ def approximate(mod: tvm.IRModule) -> tvm.IRModule:
     return tvm.IRModule(funcs)
 
 
-def prelude(mode: str) -> str:
-    """Device code the hooks of a ``mode`` build call besides CUDA's own math."""
-    return APPROX_PRELUDE if check_mode(mode) == "approx" else ""

@@ -28,7 +28,7 @@ from attngen.ir import HOOKS, Site, VariantError
 from attngen.ir import tir_utils as tu
 from attngen.ir.specialize import specialize_rows
 
-from .hook_math import approximate, check_mode, prelude
+from .hook_math import approximate, check_mode
 
 HEADER_PRELUDE = """\
 #pragma once
@@ -194,7 +194,7 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
     owners = {sym: hook for hook, sym in list(symbols.items()) + list(elementwise.items())}
     owners.update({sym: "logits_mask" for sym, _ in bounds.values()})
     src = _cuda_source(funcs, target, variant, owners, math)
-    return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + prelude(math) + _extract_functions(src),
+    return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + _extract_functions(src),
                       elementwise, bounds, params, dims)
 
 

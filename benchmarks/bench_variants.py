@@ -25,7 +25,9 @@ CASES = [
 
 
 def main():
-    args = result_parser(__doc__).parse_args()
+    ap = result_parser(__doc__)
+    ap.add_argument("--no-peers", dest="peers", action="store_false", help="time attngen's rows only")
+    args = ap.parse_args()
     from attngen.runtime import CUDAAttention, RaggedKV
     from attngen.variants import builtin
 
@@ -38,11 +40,10 @@ def main():
     flops = 4 * L * L * D * HQ
     slopes = torch.tensor([2.0 ** (-8 * (h + 1) / HQ) for h in range(HQ)], device="cuda")
     fi, fi_version = load_flashinfer()
-    res = {**run_info(args.commit), "shape": {"L": L, "Hq": HQ, "Hkv": HKV, "D": D}, "rows": []}
+    res = {**run_info(args.commit), "shape": {"L": L, "Hq": HQ, "Hkv": HKV, "D": D}}
     res["flashinfer"] = fi_version
-    plain = None
-    for name, variant, math_mode, params in CASES:
-        row = {"case": name}
+    rows = []
+    for name, variant, math_mode, params in CASES:  # attngen first: FlashInfer's JIT may take minutes
         att = CUDAAttention.build(builtin(variant), head_dims=(D,), dtypes=("bfloat16",), layouts=("NHD",),
                                   kernels=("prefill",), hook_math=math_mode)
         p = {"alibi_slopes": slopes} if params == "alibi" else params
@@ -50,9 +51,11 @@ def main():
         out = torch.full_like(q, float("nan"))
         lse = torch.empty(L, HQ, device="cuda")
         ms = bench(lambda: att.prefill(q, kv, indptr, plan=plan, params=p, out=out, lse=lse), reps=20)
-        row["attngen"] = flops / ms / 1e9
-        plain = row["attngen"] if plain is None else plain
-        row["vs_plain"] = row["attngen"] / plain
+        rows.append({"case": name, "variant": variant, "attngen": flops / ms / 1e9})
+        rows[-1]["vs_plain"] = rows[-1]["attngen"] / rows[0]["attngen"]
+        print(rows[-1], flush=True)
+    for row in rows if args.peers else ():
+        variant = row.pop("variant")
         if fi is not None and variant in ("vanilla", "logits_softcap"):
             cap = SOFT_CAP if variant == "logits_softcap" else None
             for backend in ("fa2", "fa3"):
@@ -66,8 +69,8 @@ def main():
                 qt, kt, vt, enable_gqa=True), reps=20))
             if t is not None:
                 row["sdpa"] = flops / t / 1e9
-        res["rows"].append(row)
         print(row, flush=True)
+    res["rows"] = rows
     lines = [f"# Variant cost in prefill — {res['gpu']}, {res['date']}, commit {args.commit}", "",
              f"bf16, D {D}, Hq {HQ} / Hkv {HKV}, one request of L {L}, full attention; TFLOP/s. FlashInfer "
              f"{fi_version} with its own logits_soft_cap where the row has one.", "",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tvm.script import tirx as T
 
-from attngen import ScalarParam, TensorParam, Variant, VariantError
+from attngen import ConfigError, ScalarParam, TensorParam, Variant, VariantError
 from attngen.cli import main
 from attngen.codegen.cuda_variant import traits_source
 from attngen.codegen.hooks_cuda import lower_hooks_cuda
@@ -341,3 +341,19 @@ def test_cuda_lowering_failure_names_the_hook(tmp_path, capsys):
     assert f"variant 'free_var', hook 'logits_transform' ({src}:" in err
     assert "TVM cannot lower it to CUDA (" in err and "undefined Variable x" in err
     assert "Traceback" not in err
+
+
+@T.prim_func
+def shifted(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+            shift: T.int32) -> T.float32:
+    return s + T.Cast("float32", shift)
+
+
+def test_tvm_slot_constants_are_range_checked_at_build_time():
+    """Compiled into the TVM slots as literals, a constant outside its dtype is refused before any C++."""
+    from attngen.codegen.cuda_tvm_slots import check_tvm_slot_variant
+
+    v = Variant("shift", logits_transform=shifted, params=[ScalarParam("shift", "int32", 8)])
+    check_tvm_slot_variant(v, {"shift": 2**31 - 1})
+    with pytest.raises(ConfigError, match=r"tvm_constants\['shift'\] \(int32\): 2147483648 is outside int32"):
+        check_tvm_slot_variant(v, {"shift": 2**31})

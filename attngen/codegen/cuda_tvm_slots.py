@@ -42,6 +42,7 @@ workspace, the "flashinfer" decode (and decode steps sent through paged prefill)
 from __future__ import annotations
 
 from attngen.ir import ConfigError, ScalarParam, TensorParam
+from attngen.ir.declarations import scalar_value
 from attngen.schedules.build_config import DTYPE_SHORT, symbol
 from attngen.schedules.cost_model import DECODE_MIN_CHUNK, cost_coefficients
 from attngen.schedules.template_tvm import FLASHINFER_KINDS, SLOT_KINDS
@@ -76,6 +77,11 @@ def check_tvm_slot_variant(variant, constants: dict) -> None:
     unknown = sorted(set(constants) - {p.name for p in variant.params})
     if unknown:
         raise ConfigError(f"tvm_constants: {unknown} are not parameters of variant '{name}'")
+    for p in variant.params:  # compiled in as C++ literals: a value outside the dtype would wrap silently
+        if p.name in constants:
+            _, problem = scalar_value(p.dtype, constants[p.name])
+            if problem:
+                raise ConfigError(f"tvm_constants['{p.name}'] ({p.dtype}): {problem}")
 
 
 def _name_constant(function: str) -> str:

@@ -1,7 +1,8 @@
-"""The one entry point through which attngen builds anything: a variant's library (the staged
+"""The one entry point through which the runtime and the user build: a variant's library (the staged
 pipeline of :mod:`attngen.codegen.pipeline`) and the variant-independent support libraries (the
 host split-KV planner, the CPU and CUDA state-merge kernels). The runtime loads what these return
-and builds nothing itself.
+and builds nothing itself. (``attngen.tvm``, above the runtime, also builds the pieces only a TVM
+model needs, its CPU slot kernels and its relocatable CUDA object, from the code generators.)
 """
 from __future__ import annotations
 

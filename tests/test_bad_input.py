@@ -357,3 +357,17 @@ def test_tvm_slot_constants_are_range_checked_at_build_time():
     check_tvm_slot_variant(v, {"shift": 2**31 - 1})
     with pytest.raises(ConfigError, match=r"tvm_constants\['shift'\] \(int32\): 2147483648 is outside int32"):
         check_tvm_slot_variant(v, {"shift": 2**31})
+
+
+def test_tvm_slot_constants_become_exact_cxx_literals():
+    """Values that pass the range check print as valid C++ (no 'inf', 'True' or NumPy reprs)."""
+    from attngen.codegen.cuda_tvm_slots import cxx_literal
+
+    assert cxx_literal("float32", 30.0) == (30.0).hex() and float.fromhex(cxx_literal("float32", 0.1)) == 0.1
+    assert cxx_literal("float32", np.float32(0.5)) == (0.5).hex()
+    assert cxx_literal("int32", True) == "1" and cxx_literal("int64", 2**40) == str(2**40)
+    assert cxx_literal("float32", float("inf")) == "__builtin_inff()"
+    assert cxx_literal("float32", float("-inf")) == "(-__builtin_inff())"
+    assert cxx_literal("float32", float("nan")) == '__builtin_nanf("")'
+    with pytest.raises(ConfigError, match="outside int32"):
+        cxx_literal("int32", 2**31)

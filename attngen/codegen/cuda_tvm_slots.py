@@ -41,6 +41,8 @@ workspace, the "flashinfer" decode (and decode steps sent through paged prefill)
 """
 from __future__ import annotations
 
+import math
+
 from attngen.ir import ConfigError, ScalarParam, TensorParam
 from attngen.ir.declarations import scalar_value
 from attngen.schedules.build_config import DTYPE_SHORT, symbol
@@ -84,6 +86,21 @@ def check_tvm_slot_variant(variant, constants: dict) -> None:
                 raise ConfigError(f"tvm_constants['{p.name}'] ({p.dtype}): {problem}")
 
 
+def cxx_literal(dtype: str, value) -> str:
+    """``value`` (already range-checked for ``dtype``) as a C++ literal: whole numbers as integers, floats
+    exactly (hexadecimal), inf and nan by name."""
+    v, problem = scalar_value(dtype, value)
+    if problem:
+        raise ConfigError(f"scalar value {value!r} ({dtype}): {problem}")
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return "__builtin_nanf(\"\")"
+    if math.isinf(v):
+        return "__builtin_inff()" if v > 0 else "(-__builtin_inff())"
+    return f"{float(v).hex()}"
+
+
 def _name_constant(function: str) -> str:
     """The Config member holding a function's exported name: ``prefill_paged`` -> ``kPrefillPaged``."""
     return "k" + "".join(part.capitalize() for part in function.split("_"))
@@ -97,7 +114,7 @@ def _instantiation(template: str, functions: dict, variant, head_dim: int, dtype
     tag = f"{DTYPE_SHORT[dtype]}_d{head_dim}"
     config, instance = f"{stem}Config_{tag}", f"{stem}_{tag}"
     hooks = f"attngen_gen::Hooks_d{head_dim}"
-    fill = [f"    hp.{p.name} = static_cast<{C_TYPES[p.dtype]}>({constants.get(p.name, p.default)!r});"
+    fill = [f"    hp.{p.name} = static_cast<{C_TYPES[p.dtype]}>({cxx_literal(p.dtype, constants.get(p.name, p.default))});"
             for p in variant.params if isinstance(p, ScalarParam)]
     names = [f'  static constexpr const char* {_name_constant(fn)} = "{symbol(kind, dtype, head_dim)}";'
              for kind, fn in functions.items()]

@@ -47,7 +47,7 @@ APPROX_MAX_ERROR = {
     "__expf": "2 + floor(|1.173 x|) ulp (CUDA math API)",
     "__logf": "absolute 2^-21.41 for x in [0.5, 2], else 3 ulp (CUDA math API)",
     "__log2f": "absolute 2^-22 for x in [0.5, 2], else 2 ulp (CUDA math API)",
-    "__fdividef": "2 ulp for |b| in [2^-126, 2^126]; 0 for larger |b| (CUDA math API)",
+    "__fdividef": "2 ulp for |b| in [2^-126, 2^126]; returns 0 for 2^126 < |b| < 2^128 (CUDA math API)",
 }
 
 

@@ -149,7 +149,7 @@ class SplitKVPlanner:
         self._last = None
         try:
             out = self._plan(request, qo, kv)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise AttentionArgumentError(str(e)) from None
         n_work, n_merge = out["work_items"], out["merges"]
         self._last = SplitKVPlan(self._cta_indptr[:num_ctas + 1].copy(), self._work[:n_work * 5].reshape(-1, 5).copy(),
@@ -173,7 +173,7 @@ class SplitKVPlanner:
             named = self._layouts[layout] = named_options(layout)
         try:
             return int(self._pack(buf, named)["ints"])
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise AttentionArgumentError(str(e)) from None
 
     def plan_decode_packed(self, kv_len, buf: np.ndarray, *, num_ctas: int, group: int, fixed_chunk: int = 0,
@@ -184,6 +184,6 @@ class SplitKVPlanner:
                                              min_chunk=min_chunk))
         try:
             out = self._decode_packed(request, self._capacity, np.ascontiguousarray(kv_len, dtype=np.int32), buf)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise AttentionArgumentError(str(e)) from None
         return int(out["ints"]), int(out["merges"])

@@ -12,7 +12,7 @@ import weakref
 
 from attngen.ir import ScalarParam, TensorParam
 from attngen.ir.declarations import CALL_SIZES, scalar_value
-from attngen.ir.tensor_reads import TensorReads, check_tensor_reads
+from attngen.ir.tensor_reads import TensorReads
 
 from .checks import AttentionArgumentError, check_tensor
 
@@ -20,12 +20,11 @@ _MEMO_SIZE = 1024  # per variant: read ranges of recent call shapes (a serving l
 
 
 class _VariantReads:
-    """A variant's tensor reads, checked once (the variant is refused if one cannot be bounded), and the
-    reads' ranges for recent call shapes."""
+    """A variant's tensor reads (checked when the Variant was made: ``ir/validate.py``) and the reads'
+    ranges for recent call shapes."""
 
     def __init__(self, variant):
         self.reads = TensorReads(variant)
-        check_tensor_reads(variant, self.reads)
         self.unbounded = {id(r) for r in self.reads.unbounded()}
         # what the ranges depend on, so that calls differing elsewhere (say, in batch size for a table read
         # by head) share one entry

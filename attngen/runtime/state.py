@@ -14,7 +14,7 @@ import functools
 import tvm_ffi
 
 from attngen import build as build_entry
-from attngen.schedules.build_config import DTYPE_SHORT
+from attngen.schedules.build_config import merge_symbol
 
 from .checks import AttentionArgumentError, check_tensor, dtype_name
 from .cuda import current_arch
@@ -38,8 +38,8 @@ def _fn(kind: str, v):
     if dt not in allowed:
         raise AttentionArgumentError(f"v: dtype {dt} is not supported by state merging here; use one of {allowed}")
     if on_gpu:
-        return _cuda_library(current_arch())[f"{kind}_{DTYPE_SHORT[dt]}"]
-    return _cpu_library()[f"{kind}_{DTYPE_SHORT[dt]}"]
+        return _cuda_library(current_arch())[merge_symbol(kind, dt)]
+    return _cpu_library()[merge_symbol(kind, dt)]
 
 
 def merge_state(v, s, v_other, s_other):

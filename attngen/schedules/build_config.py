@@ -107,3 +107,8 @@ def symbol(kind: str, dtype: str, head_dim: int, kv_dtype: str | None = None) ->
     query dtype (``kv_dtype`` None or equal), else ``<kind>_<dtype>_kv<kv dtype>_d<D>``
     (``batch_decode_paged_nhd_bf16_kvf16_d128``)."""
     return f"{kind}_{DtypePair(dtype, kv_dtype or dtype).short}_d{head_dim}"
+
+
+def merge_symbol(kind: str, dtype: str) -> str:
+    """Exported name of a state-merge function (CPU and CUDA merge libraries): ``merge_state_inplace_bf16``."""
+    return f"{kind}_{DTYPE_SHORT[dtype]}"

@@ -20,11 +20,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from attngen.build import support_library
-from attngen.codegen.cpu.merge_tir import merge_functions
+from attngen.codegen.cpu.merge_tir import CPU_MERGE_DTYPES, merge_functions
 from attngen.codegen.cpu.tvm_slots import build_slot_library, check_slot_variant, lower_slot, slot_specs
 from attngen.ir import TensorParam
 from attngen.runtime.params import resolve_params
-from attngen.schedules.build_config import DTYPE_SHORT
+from attngen.schedules.build_config import merge_symbol
 from attngen.variants import builtin
 
 from .create_call import SLOT_ROLES, CacheParts
@@ -32,7 +32,6 @@ from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
 from .shape import CacheShape
 
-CPU_MERGE_DTYPES = ("float32", "float16")
 # the common-subexpression pass binds float subexpressions of the inlined hooks in a way LLVM's
 # lowering rejects (see attngen/codegen/cpu/build.py); every build of these kernels turns it off
 MODEL_BUILD_CONFIG = {"tirx.disable_cse_tir": True}
@@ -42,7 +41,7 @@ def merge_slot_function(dtype: str = "float32"):
     """The function to pass in the create call's merge tuple, e.g. ``[merge_slot_function("float32")]``."""
     if dtype not in CPU_MERGE_DTYPES:
         raise ValueError(f"dtype {dtype!r}: the CPU merge slot serves {list(CPU_MERGE_DTYPES)}")
-    return load_library(support_library("merge_cpu"))[f"merge_state_inplace_{DTYPE_SHORT[dtype]}"]
+    return load_library(support_library("merge_cpu"))[merge_symbol("merge_state_inplace", dtype)]
 
 
 def _check_target(target: str) -> None:
@@ -135,7 +134,7 @@ class CPUBackend:
             return bb.add_func(func.without_attr("global_symbol") if func.attrs and "global_symbol" in func.attrs
                                else func, name)
 
-        merge = merge_functions(shape.dtype)[f"merge_state_inplace_{DTYPE_SHORT[shape.dtype]}"]
+        merge = merge_functions(shape.dtype)[merge_symbol("merge_state_inplace", shape.dtype)]
         parts = CacheParts(
             attention={role: ("tirx", add(lower_slot(specs[role], variant, scalars), f"{name_prefix}_{role}"))
                        for role in SLOT_ROLES},

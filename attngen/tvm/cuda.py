@@ -19,7 +19,7 @@ from attngen.codegen.cuda_object import build_slot_object
 from attngen.codegen.cuda_tvm_slots import tvm_slot_functions
 from attngen.ir import ScalarParam
 from attngen.schedules.arch import arch_spec
-from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
+from attngen.schedules.build_config import BuildConfig, merge_symbol, symbol
 
 from .create_call import SLOT_ROLES, CacheParts
 from .cuda_link import export_cuda_model_library
@@ -101,7 +101,7 @@ def slot_object(variant, *, head_dim: int, dtype: str, arch: str, params: dict |
                 name_prefix: str = "attngen", cache=None) -> tuple[Path, dict]:
     """Build (cached) the object file; returns it and role -> exported name: the ``slot_roles`` and "merge"."""
     built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch, cache=cache)
-    merge = f"merge_state_inplace_{DTYPE_SHORT[dtype]}"
+    merge = merge_symbol("merge_state_inplace", dtype)
     exports = tvm_slot_functions((head_dim,), (dtype,)) + [merge]
     obj = build_slot_object(sorted(built.directory.glob("attention_*.o")), exports,
                             gencodes=arch_spec(arch).gencode.split(), prefix=name_prefix, cache=cache)
@@ -112,7 +112,7 @@ def slot_object(variant, *, head_dim: int, dtype: str, arch: str, params: dict |
 
 def merge_function(dtype: str, arch: str):
     """attngen's CUDA merge (``merge_state_inplace``) for ``dtype``, built for ``arch``."""
-    return load_library(support_library("merge_cuda", archs=(arch,)))[f"merge_state_inplace_{DTYPE_SHORT[dtype]}"]
+    return load_library(support_library("merge_cuda", archs=(arch,)))[merge_symbol("merge_state_inplace", dtype)]
 
 
 class CUDABackend:

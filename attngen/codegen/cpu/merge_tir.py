@@ -13,12 +13,17 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from attngen.codegen.cache import BuildCache, content_key, hash_files
+from attngen.schedules.build_config import merge_symbol
 
 NEG_INF = tvm.tirx.const(float("-inf"), "float32")
 
 
+CPU_MERGE_DTYPES = ("float32", "float16")
+
+
 def merge_functions(dtype: str) -> dict:
-    short = {"float32": "f32", "float16": "f16"}[dtype]
+    if dtype not in CPU_MERGE_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: the CPU merge functions serve {list(CPU_MERGE_DTYPES)}")
 
     # fmt: off
     @T.prim_func
@@ -96,8 +101,8 @@ def merge_functions(dtype: str) -> dict:
                 VM[i, j, k] = T.Cast(dtype, acc)
     # fmt: on
 
-    return {f"merge_state_inplace_{short}": merge_state_inplace, f"merge_states_{short}": merge_states,
-            f"merge_states_sum_{short}": merge_states_sum}
+    return {merge_symbol("merge_state_inplace", dtype): merge_state_inplace,
+            merge_symbol("merge_states", dtype): merge_states, merge_symbol("merge_states_sum", dtype): merge_states_sum}
 
 
 def build_merge_library(cache: BuildCache | None = None) -> Path:

@@ -1,85 +1,214 @@
-"""Single-request causal prefill benchmark: attngen's fa2 template vs FlashInfer fa2 vs PyTorch SDPA.
+"""Prefill / append: attngen's templates (Hopper on sm_90a, the FA2-class mma.sync one) against FlashInfer
+(fa2, fa3), PyTorch SDPA on cuDNN, and FlexAttention, in the same run with the same timer.
 
-bf16, D 128, Hq 32 / Hkv 8, L 4k and 16k; ragged K/V of one request. Reports TFLOP/s
-(causal FLOPs = 2 * 2 * L^2 / 2 * D * Hq) and the ratio to each peer.
+Cases (bf16, Hq 32 / Hkv 8, D 128 unless named): causal L 4k and 16k, full L 8k, causal L 8k at D 64
+(Hq = Hkv = 16), causal L 8k at D 256 (Hq 16 / Hkv 8), fp16 causal L 8k, and a ragged batch of short
+prompts of mixed length (causal). TFLOP/s of the visible work: 4 * D * Hq * (visible query-key pairs).
+Writes ``prefill_<date>.{json,md,png}`` (the PNG: TFLOP/s by case and implementation).
 
-    python benchmarks/bench_prefill.py --out benchmarks/results --commit <sha>
+    python benchmarks/bench_prefill.py --out benchmarks/results --commit <sha> [--no-peers]
 """
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-from pathlib import Path
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from common import bench, write_results
-
-CASES = [("causal L4k", 4096), ("causal L16k", 16384)]
-HQ, HKV, D = 32, 8, 128
+from common import bench, cell, error_lines, guarded, load_flashinfer, result_parser, run_info, write_results
 
 
-def make_case(L: int):
-    """q [L, HQ, D], k / v [L, HKV, D] (bf16, random) and the indptr [2] of one request of L tokens."""
-    q = torch.randn(L, HQ, D, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
-    return q, k, v, torch.tensor([0, L], dtype=torch.int32, device="cuda")
+@dataclass(frozen=True)
+class Case:
+    name: str
+    qo_lens: tuple[int, ...]  # one entry per request; keys = queries (self-attention prefill)
+    causal: bool = True
+    hq: int = 32
+    hkv: int = 8
+    d: int = 128
+    dtype: str = "bfloat16"
+
+    def visible_pairs(self) -> int:
+        return sum(n * (n + 1) // 2 if self.causal else n * n for n in self.qo_lens)
+
+    def flops(self) -> float:
+        return 4.0 * self.d * self.hq * self.visible_pairs()
+
+
+def _short_prompts() -> tuple[int, ...]:
+    rng = np.random.default_rng(0)
+    return tuple(int(x) for x in rng.integers(64, 1025, size=64))  # 64 prompts of 64..1024 tokens
+
+
+CASES = [
+    Case("causal L4k", (4096,)),
+    Case("causal L16k", (16384,)),
+    Case("full L8k", (8192,), causal=False),
+    Case("causal L8k D64 Hq=Hkv=16", (8192,), hq=16, hkv=16, d=64),
+    Case("causal L8k D256 Hq16/Hkv8", (8192,), hq=16, hkv=8, d=256),
+    Case("causal L8k fp16", (8192,), dtype="float16"),
+    Case("ragged 64 prompts 64-1024, causal", _short_prompts()),
+]
+PEERS = ("flashinfer_fa2", "flashinfer_fa3", "cudnn", "flex")
+
+
+def make_inputs(case: Case):
+    dt = getattr(torch, case.dtype)
+    n = sum(case.qo_lens)
+    q = torch.randn(n, case.hq, case.d, dtype=dt, device="cuda")
+    k = torch.randn(n, case.hkv, case.d, dtype=dt, device="cuda")
+    v = torch.randn(n, case.hkv, case.d, dtype=dt, device="cuda")
+    indptr = torch.tensor(np.concatenate([[0], np.cumsum(case.qo_lens)]), dtype=torch.int32, device="cuda")
+    return q, k, v, indptr
+
+
+def time_attngen(case: Case, libs: dict, q, k, v, indptr, template: str):
+    from attngen.runtime import RaggedKV
+
+    att = libs[(case.causal, case.d, case.dtype)]
+    kv = RaggedKV(k, v, indptr)
+    plan = att.plan_prefill(indptr, kv, case.d, template=template)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.empty(q.shape[:2], device="cuda")
+    ms = bench(lambda: att.prefill(q, kv, indptr, plan=plan, out=out, lse=lse), reps=20)
+    return ms, out
+
+
+def time_flashinfer(fi, case: Case, q, k, v, indptr, backend: str, ref):
+    if len(case.qo_lens) == 1:
+        fn = lambda: fi.single_prefill_with_kv_cache(q, k, v, causal=case.causal, backend=backend)  # noqa: E731
+    else:
+        ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+        w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
+        w.plan(indptr, indptr, case.hq, case.hkv, case.d, causal=case.causal, q_data_type=q.dtype)
+        fn = lambda: w.run(q, k, v)  # noqa: E731
+    ms = bench(fn, reps=20)
+    return ms, float((fn().float() - ref.float()).abs().max())
+
+
+def time_cudnn(case: Case, q, k, v, ref):
+    """SDPA on the cuDNN backend, one request at a time is not a peer: single-request cases only."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if len(case.qo_lens) != 1:
+        raise RuntimeError("SDPA takes padded batches, not ragged ones; not timed on the ragged case")
+    rep = case.hq // case.hkv
+    qs = q.transpose(0, 1)[None]
+    ks = k.repeat_interleave(rep, dim=1).transpose(0, 1)[None]  # cuDNN's SDPA path: equal head counts
+    vs = v.repeat_interleave(rep, dim=1).transpose(0, 1)[None]
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        fn = lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=case.causal)  # noqa: E731
+        ms = bench(fn, reps=20)
+        diff = float((fn()[0].transpose(0, 1).float() - ref.float()).abs().max())
+    return ms, diff
+
+
+def time_flex(case: Case, q, k, v, indptr, ref):
+    """FlexAttention (torch.compile'd) with its block mask: causal inside each request of the packed row."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    n = q.shape[0]
+    doc = torch.repeat_interleave(torch.arange(len(case.qo_lens), device="cuda"),
+                                  torch.tensor(case.qo_lens, device="cuda"))
+    causal = case.causal
+
+    def mask_mod(b, h, qi, ki):
+        same = doc[qi] == doc[ki]
+        return (same & (qi >= ki)) if causal else same
+
+    bm = create_block_mask(mask_mod, 1, 1, n, n, device="cuda")
+    flex = torch.compile(flex_attention, dynamic=False)
+    qs, ks, vs = (x.transpose(0, 1)[None] for x in (q, k, v))
+    fn = lambda: flex(qs, ks, vs, block_mask=bm, enable_gqa=case.hq != case.hkv)  # noqa: E731
+    ms = bench(fn, reps=20)
+    return ms, float((fn()[0].transpose(0, 1).float() - ref.float()).abs().max())
+
+
+def plot(rows: list[dict], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    impls = ["attngen_hopper", "attngen_mma_sync", *PEERS]
+    fig, ax = plt.subplots(figsize=(13, 5))
+    width = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        ax.bar([j + i * width for j in range(len(rows))], [r.get(impl) or 0 for r in rows], width, label=impl)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+    ax.set_xticklabels([r["case"] for r in rows], rotation=15, ha="right", fontsize=8)
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    ap.add_argument("--commit", default="unknown")
+    ap = result_parser(__doc__)
+    ap.add_argument("--no-peers", dest="peers", action="store_false", help="time attngen's templates only")
+    ap.add_argument("--tag", default="", help="suffix of the result files")
     args = ap.parse_args()
-    from attngen.runtime import CUDAAttention, RaggedKV
+    from attngen.runtime import CUDAAttention
     from attngen.variants import builtin
 
-    att = CUDAAttention.build(builtin("causal"), head_dims=(D,), dtypes=("bfloat16",), layouts=("NHD",))
-    try:
-        import flashinfer
-    except Exception:  # noqa: BLE001
-        flashinfer = None
-    res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit,
-           "cases": []}
-    for name, L in CASES:
-        q, k, v, indptr = make_case(L)
-        kv = RaggedKV(k, v, indptr)
-        plan = att.plan_prefill(indptr, kv, D)
-        out = torch.empty_like(q)
-        lse = torch.empty(L, HQ, device="cuda")
-        flops = 2 * 2 * L * L / 2 * D * HQ
-        row = {"case": name, "attngen_ms": bench(lambda: att.prefill(q, kv, indptr, plan=plan, out=out, lse=lse),
-                                                 reps=20)}
-        narrow = att.plan_prefill(indptr, kv, D, wide_tiles=False)  # the 64-row tiles, for comparison
-        out_narrow = torch.empty_like(q)
-        row["attngen_64row_ms"] = bench(lambda: att.prefill(q, kv, indptr, plan=narrow, out=out_narrow, lse=lse),
-                                        reps=20)
-        row["attngen_64row_maxdiff"] = float((out_narrow.float() - out.float()).abs().max())
-        if flashinfer is not None:
-            try:
-                fi = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True, backend="fa2")
-                row["flashinfer_fa2_ms"] = bench(lambda: flashinfer.single_prefill_with_kv_cache(
-                    q, k, v, causal=True, backend="fa2"), reps=20)
-                row["flashinfer_maxdiff"] = float((fi.float() - out.float()).abs().max())
-            except Exception as e:  # noqa: BLE001
-                row["flashinfer_error"] = str(e)[:300]
-        qs, ks, vs = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-        row["sdpa_ms"] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-            qs, ks, vs, is_causal=True, enable_gqa=True), reps=20)
-        for key in [x for x in list(row) if x.endswith("_ms")]:
-            row[key.replace("_ms", "_TFLOPs")] = flops / (row[key] * 1e-3) / 1e12
-        res["cases"].append(row)
-        print(json.dumps(row), flush=True)
-    lines = [f"# Single-request causal prefill, bf16, D {D}, Hq {HQ} / Hkv {HKV} — {res['gpu']}, {res['date']}, "
-             f"commit {res['commit']}", "", "TFLOP/s (causal FLOPs); device time with the host ahead of the GPU.", "",
-             "| case | attngen | attngen 64-row tiles | FlashInfer fa2 | SDPA | attngen / FI fa2 |", "|---|---|---|---|---|---|"]
-    for r in res["cases"]:
-        f = [r.get(k) for k in ("attngen_TFLOPs", "attngen_64row_TFLOPs", "flashinfer_fa2_TFLOPs", "sdpa_TFLOPs")]
-        ratio = f[0] / f[2] if f[0] and f[2] else float("nan")
-        lines.append(f"| {r['case']} | " + " | ".join(f"{x:.0f}" if x else "—" for x in f) + f" | {ratio:.2f} |")
-    write_results(args.out, f"prefill_{res['date']}", res, lines)
+    torch.manual_seed(0)
+    res = run_info(args.commit)
+    fi = load_flashinfer()[0] if args.peers else None
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    libs = {}
+    for causal in sorted({c.causal for c in CASES}):
+        for d in sorted({c.d for c in CASES}):
+            dts = tuple(sorted({c.dtype for c in CASES if c.d == d and c.causal == causal}))
+            if dts:
+                att = CUDAAttention.build(builtin("causal" if causal else "vanilla"), head_dims=(d,), dtypes=dts,
+                                          layouts=("NHD",), kernels=("prefill",))
+                libs.update({(causal, d, dt): att for dt in dts})
+    rows = []
+    for case in CASES:
+        q, k, v, indptr = make_inputs(case)
+        row = {"case": case.name}
+        flops = case.flops()
+        ref = None
+        for template in (("hopper",) if hopper else ()) + ("mma_sync",):
+            ms, out = time_attngen(case, libs, q, k, v, indptr, template)
+            row[f"attngen_{template}"] = flops / ms / 1e9
+            if ref is None:
+                ref = out
+            else:
+                row["hopper_vs_mma_sync_maxdiff"] = float((out.float() - ref.float()).abs().max())
+        if args.peers:
+            if fi is not None:
+                for backend in ("fa2", "fa3"):
+                    got = guarded(row, f"flashinfer_{backend}",
+                                  lambda: time_flashinfer(fi, case, q, k, v, indptr, backend, ref))
+                    if got:
+                        row[f"flashinfer_{backend}"], row[f"flashinfer_{backend}_maxdiff"] = flops / got[0] / 1e9, got[1]
+            got = guarded(row, "cudnn", lambda: time_cudnn(case, q, k, v, ref))
+            if got:
+                row["cudnn"], row["cudnn_maxdiff"] = flops / got[0] / 1e9, got[1]
+            got = guarded(row, "flex", lambda: time_flex(case, q, k, v, indptr, ref))
+            if got:
+                row["flex"], row["flex_maxdiff"] = flops / got[0] / 1e9, got[1]
+        rows.append(row)
+        print(row, flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    res["rows"] = rows
+    stem = f"prefill_{res['date']}{args.tag}"
+    lines = [f"# Prefill — {res['gpu']}, {res['date']}, commit {args.commit}", "",
+             f"TFLOP/s of the visible work (device time, host ahead; medians). torch {res['torch']}, FlashInfer "
+             f"{res['flashinfer']}. cuDNN: SDPA on its cuDNN backend (K/V heads repeated for it); flex: "
+             "FlexAttention compiled, with its block mask.", "",
+             "| case | attngen Hopper | attngen mma.sync | FlashInfer fa2 | FlashInfer fa3 | cuDNN | Flex | "
+             "Hopper / best peer |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        best = max([r[p] for p in PEERS if r.get(p)], default=None)
+        ratio = f"{r['attngen_hopper'] / best:.2f}" if best and r.get("attngen_hopper") else "—"
+        lines.append(f"| {r['case']} | {cell(r.get('attngen_hopper'))} | {cell(r.get('attngen_mma_sync'))} | "
+                     + " | ".join(cell(r.get(p)) for p in PEERS) + f" | {ratio} |")
+    lines += error_lines(rows, lambda r: r["case"])
+    write_results(args.out, stem, res, lines)
+    guarded(res, "plot", lambda: plot(rows, args.out / f"{stem}.png"))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import torch
 
 from attngen.runtime import AttentionArgumentError, CUDAAttention, PagedKV, RaggedKV
 from attngen.runtime.cuda import DecodeLaunch
-from attngen.schedules.ffi_enums import DecodeBackend, PrefillTileRows
+from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 from attngen.testing import random_problem
 from attngen.variants import builtin
 
@@ -140,7 +140,11 @@ def test_entry_functions_name_themselves_in_argument_errors(att, rng):
     prefill = att.function("batch_prefill_ragged", "float16", D)
     qo = torch.from_numpy(prob.qo_indptr)
     plan = att.plan_prefill(qo, ragged, D, wide_tiles=False)
-    assert plan.ffi_args() == (plan.max_qo_len, PrefillTileRows.ROWS_64)
+    assert plan.ffi_args() == (plan.max_qo_len, PrefillTileRows.ROWS_64, PrefillTemplate.AUTO)
+    with pytest.raises(AttentionArgumentError, match=r"template: 'hopper' needs a library built for sm_90a"):
+        att.plan_prefill(qo, ragged, D, template="hopper")
+    with pytest.raises(AttentionArgumentError, match=r"template: 'fa3' is not a prefill template"):
+        att.plan_prefill(qo, ragged, D, template="fa3")
     args = [q, ragged.k, ragged.v, ragged.indptr, qo, torch.empty_like(q), torch.empty((q.shape[0], 8)), 0.125,
             *plan.ffi_args(), torch.ones(8)]
     with pytest.raises(TypeError, match=r"batch_prefill_ragged_f16_d64: k: expected element type float16, got "

@@ -2,8 +2,9 @@
 
 Ragged and paged (NHD, HND) KV with random page permutations, append (qo_len < kv_len),
 a zero-length request and a request without keys, GQA ratios 1, 4, 8, 5, fp16 and bf16,
-head dims 64/128/256, outputs poisoned with NaN; each case on both query tiles (64 rows, and the
-128-row tile (two m-tiles per warp) that long requests may ask for).
+head dims 64/128/256, outputs poisoned with NaN; every case on both templates: the mma.sync one on both
+query tiles (64 rows, and the 128-row tile (two m-tiles per warp) that long requests may ask for), and
+the Hopper one (sm_90a; skipped on other devices).
 """
 import numpy as np
 import pytest
@@ -17,7 +18,17 @@ from .test_gpu_decode import DTYPES, HEAD_DIMS, cuda_module, to_torch, variant
 pytestmark = pytest.mark.gpu
 
 
-def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_lens):
+TEMPLATES = ("mma_sync", "hopper")
+
+
+def skip_unless_runs(template: str) -> None:
+    import torch
+
+    if template == "hopper" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Hopper prefill template runs on devices of compute capability 9.0 only")
+
+
+def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_lens, template="mma_sync"):
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
@@ -49,32 +60,61 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
     qo_indptr = to_torch(prob.qo_indptr)
     tol = tolerance(ref_prob, ref_o, dtype, sm_scale)
     results = []
-    for wide in (False, True):  # the 64-row and the 128-row (two m-tiles per warp) tiles on the same inputs
-        plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide)
+    # mma.sync: the 64-row and the 128-row (two m-tiles per warp) tiles on the same inputs
+    for wide in ((False, True) if template == "mma_sync" else (None,)):
+        plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template)
         out = torch.full_like(q, float("nan"))
         lse = torch.full(q.shape[:2], float("nan"), device="cuda")
         att.prefill(q, kv, qo_indptr, plan=plan, sm_scale=sm_scale, params=dev_params, out=out, lse=lse)
         torch.cuda.synchronize()
         results.append(compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=tol, lse_tol=2e-2,
-                               what=f"{v.name} prefill {kv_mode} {dtype} d{head_dim} g{group} wide={wide}"))
+                               what=f"{v.name} prefill {template} {kv_mode} {dtype} d{head_dim} g{group} wide={wide}"))
     return results
 
 
+@pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("name", list(BUILTINS) + ["whole_row_hooks"])
-def test_prefill_matches_reference(name, head_dim, dtype, build_cache, rng):
+def test_prefill_matches_reference(name, head_dim, dtype, template, build_cache, rng):
+    skip_unless_runs(template)
     att = cuda_module(name, build_cache, (head_dim,), (dtype,), ("prefill",))
     v = variant(name)
     for group, kv_mode in [(1, "ragged"), (4, "NHD"), (8, "HND"), (5, "NHD")]:
         run_prefill(att, v, rng, group=group, head_dim=head_dim, dtype=dtype, kv_mode=kv_mode,
-                    qo_lens=[37, 0, 100, 3, 1], kv_lens=[37, 5, 180, 0, 70])
-    # long enough for the 128-row tile (at least 256 rows of tokens x group heads)
+                    qo_lens=[37, 0, 100, 3, 1], kv_lens=[37, 5, 180, 0, 70], template=template)
+    # long enough for the 128-row tile (at least 256 rows of tokens x group heads); several KV tiles
     run_prefill(att, v, rng, group=4, head_dim=head_dim, dtype=dtype, kv_mode="NHD",
-                qo_lens=[90, 0, 7], kv_lens=[300, 4, 7])
+                qo_lens=[90, 0, 7], kv_lens=[300, 4, 7], template=template)
 
 
-def test_long_causal_prefill(build_cache, rng):
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_long_causal_prefill(template, build_cache, rng):
+    skip_unless_runs(template)
     att = cuda_module("causal", build_cache, (128,), ("bfloat16",), ("prefill",))
     run_prefill(att, variant("causal"), rng, group=4, head_dim=128, dtype="bfloat16", kv_mode="NHD",
-                qo_lens=[1000, 300], kv_lens=[1000, 2000])
+                qo_lens=[1000, 300], kv_lens=[1000, 2000], template=template)
+
+
+@pytest.mark.parametrize("head_dim,chosen", [(128, "mma_sync"), (256, "hopper")])
+def test_auto_template_choice_on_sm90(head_dim, chosen, build_cache):
+    """On a compute-capability-9.0 device the library's choice is the template measured faster for the head
+    dim (csrc/prefill_dispatch.h): a plan left to the library gives that template's output bit for bit."""
+    import torch
+
+    from attngen.runtime import RaggedKV
+
+    skip_unless_runs("hopper")
+    att = cuda_module("vanilla", build_cache, (head_dim,), ("bfloat16",), ("prefill",))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(300, 8, head_dim, device="cuda", generator=g).bfloat16()
+    k = torch.randn(500, 2, head_dim, device="cuda", generator=g).bfloat16()
+    v = torch.randn(500, 2, head_dim, device="cuda", generator=g).bfloat16()
+    qo = torch.tensor([0, 300], dtype=torch.int32, device="cuda")
+    kv = RaggedKV(k, v, torch.tensor([0, 500], dtype=torch.int32, device="cuda"))
+    outs = {}
+    for template in (None, "hopper", "mma_sync"):
+        plan = att.plan_prefill(qo, kv, head_dim, template=template)
+        outs[template] = att.prefill(q, kv, qo, plan=plan)[0]
+    assert torch.equal(outs[None], outs[chosen])
+    assert not torch.equal(outs["hopper"], outs["mma_sync"])  # a different summation order

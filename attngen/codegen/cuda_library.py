@@ -20,7 +20,7 @@ import attngen
 from attngen.schedules.arch import arch_spec
 from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DtypePair
-from attngen.schedules.registry import selected
+from attngen.schedules.registry import companion_macros, selected
 
 from . import nvcc
 from .cuda_entries import decode_wrapper, prefill_wrapper
@@ -81,8 +81,10 @@ def compile_library(out_dir: Path, tus: list[str], cfg: BuildConfig, name: str) 
     """nvcc every TU (all archs in each) in parallel, then link ``lib<name>_cuda.so``."""
     ffi_inc, dlpack_inc, ffi_lib = _ffi_paths()
     gencodes = " ".join(arch_spec(a).gencode for a in cfg.archs).split()
+    # companion templates (the Hopper prefill) are compiled in where some arch of the build runs them
+    defines = tuple(f"-D{m}" for m in companion_macros([arch_spec(a) for a in cfg.archs], cfg.kernels))
     flags = ("-Xcompiler", "-fPIC", f"-I{CSRC}", f"-I{out_dir}", f"-I{ffi_inc}", f"-I{dlpack_inc}",
-             *gencodes[1:], "--expt-relaxed-constexpr") + (("--use_fast_math",) if cfg.fast_math else ())
+             *gencodes[1:], *defines, "--expt-relaxed-constexpr") + (("--use_fast_math",) if cfg.fast_math else ())
     jobs = [nvcc.NvccJob(out_dir / tu, out_dir / (Path(tu).stem + ".o"), gencodes[0], flags) for tu in tus]
     nvcc.run_jobs(jobs)
     lib = out_dir / f"lib{name}_cuda.so"

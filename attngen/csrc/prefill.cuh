@@ -43,6 +43,7 @@ struct PrefillProblem {
   int batch, num_qo_heads, num_kv_heads, group;
   int tile_rows;   // 0: the library's choice (128 rows for long requests); 128: the wide tile where it
                    // serves (D <= 128, long requests); 64: the 64-row tiles
+  int kernel;      // PrefillTemplate (attngen_enums.h): 0 the library's choice, 1 mma.sync, 2 Hopper
   int causal;      // 1: also hide keys after the query's position (TVM's run-time causal flag)
   int tvm_conventions;  // 1: rows with no key store lse = -5e4 (TVM PagedKVCache); 0: -inf
   __host__ __device__ float empty_lse() const { return tvm_conventions ? kTvmEmptyLse : kNegInf; }

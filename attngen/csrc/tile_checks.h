@@ -10,6 +10,7 @@
 #include "attngen_tiles.h"
 #include "decode.cuh"
 #include "decode_tc.cuh"
+#include "hopper_prefill.cuh"
 #include "prefill.cuh"
 
 namespace attngen {
@@ -101,6 +102,26 @@ static_assert(decode_tc_default_rows(std::make_index_sequence<rows_of(tiles::kDe
 static_assert(decode_tc_rows(std::make_index_sequence<rows_of(tiles::kDecodeTC)>()), "decode_tc tiles");
 static_assert(prefill_rows(std::make_index_sequence<rows_of(tiles::kPrefill)>()), "prefill tiles");
 static_assert(kPrefillWideRows == tiles::kPrefillWideRows, "kPrefillWideRows differs from the prefill record");
+
+template <int D, int E, int Rows, int Keys, int Stages, int Threads, unsigned long long Smem>
+constexpr bool prefill_hopper_row() {
+  using Tile = HopperTile<D>;
+  static_assert(Tile::kRows == Rows, "HopperTile<D>::kRows differs from the prefill_hopper record");
+  static_assert(Tile::kKeys == Keys, "HopperTile<D>::kKeys differs from the prefill_hopper record");
+  static_assert(Tile::kStages == Stages, "HopperTile<D>::kStages differs from the prefill_hopper record");
+  static_assert(Tile::kThreads == Threads, "HopperTile<D>::kThreads differs from the prefill_hopper record");
+  static_assert(hopper_prefill_smem_bytes<Element<E>, D>() == Smem,
+                "hopper_prefill_smem_bytes differs from the prefill_hopper record");
+  return true;
+}
+
+template <std::size_t... I>
+constexpr bool prefill_hopper_rows(std::index_sequence<I...>) {
+  constexpr auto& t = tiles::kPrefillHopper;
+  return (prefill_hopper_row<t[I].head_dim, t[I].elem_bytes, t[I].rows, t[I].keys, t[I].stages, t[I].threads,
+                             t[I].smem_bytes>() && ...);
+}
+static_assert(prefill_hopper_rows(std::make_index_sequence<rows_of(tiles::kPrefillHopper)>()), "prefill_hopper tiles");
 
 }  // namespace tile_checks
 }  // namespace attngen

@@ -14,7 +14,7 @@
 
 #include "attngen_enums.h"
 #include "decode_launch.cuh"
-#include "prefill.cuh"
+#include "prefill_dispatch.h"
 #include "problem_glue.h"
 
 namespace attngen {
@@ -51,7 +51,7 @@ void launch_tvm_prefill(const char* name, PrefillProblem& P, bool causal, int64_
                         const typename V::Params& hp, const TensorView& q) {
   P.causal = causal;
   P.tvm_conventions = 1;
-  launch_prefill<V, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));
+  launch_prefill_any<V, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));
   check_launch(name);
 }
 

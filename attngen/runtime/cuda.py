@@ -16,7 +16,7 @@ import numpy as np
 
 from attngen.build import build as build_library
 from attngen.schedules.build_config import BuildConfig, symbol
-from attngen.schedules.ffi_enums import DecodeBackend, PrefillTileRows
+from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 
 from .checks import (AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads, check_ragged,
                      check_tensor, dtype_name)
@@ -98,10 +98,26 @@ class PrefillPlan:
     qo_indptr_key: tuple  # which qo_indptr (object and version) the plan was made from
     # AUTO: the library's choice; ROWS_128: the wide tile for long requests (D <= 128); ROWS_64: the 64-row tiles
     tile_rows: PrefillTileRows = PrefillTileRows.AUTO
+    # AUTO: the library's choice (csrc/prefill_dispatch.h); MMA_SYNC / HOPPER force a template
+    kernel: PrefillTemplate = PrefillTemplate.AUTO
 
     def ffi_args(self) -> tuple:
         """What the prefill entry functions take after ``sm_scale`` (csrc/entry_prefill.h)."""
-        return (self.max_qo_len, self.tile_rows)
+        return (self.max_qo_len, self.tile_rows, self.kernel)
+
+
+PREFILL_TEMPLATES = {None: PrefillTemplate.AUTO, "mma_sync": PrefillTemplate.MMA_SYNC,
+                     "hopper": PrefillTemplate.HOPPER}
+
+
+def _prefill_template(template: str | None, archs) -> PrefillTemplate:
+    if template not in PREFILL_TEMPLATES:
+        raise AttentionArgumentError(f"template: {template!r} is not a prefill template; use None (the library's "
+                                     "choice), 'mma_sync' or 'hopper'")
+    if template == "hopper" and "sm_90a" not in archs:
+        raise AttentionArgumentError(f"template: 'hopper' needs a library built for sm_90a (this one: {list(archs)}); "
+                                     "build with archs including sm_90a, or plan with template=None")
+    return PREFILL_TEMPLATES[template]
 
 
 def _tensor_key(t) -> tuple:
@@ -275,11 +291,15 @@ class CUDAAttention(BuiltModule):
         return out, lse
 
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int, *,
-                     wide_tiles: bool | None = None) -> PrefillPlan:
+                     wide_tiles: bool | None = None, template: str | None = None) -> PrefillPlan:
         """Host-side checks of the batch's index arrays (host copies) and the grid size. ``wide_tiles``:
         None (default) or True: 128 query rows per CTA (4 warps x two m-tiles) when the longest request has
         at least 256 rows (tokens x group) at head_dim <= 128, halving the K/V traffic per FLOP; 64 rows
-        otherwise. False: always 64 rows."""
+        otherwise. False: always 64 rows (both apply to the mma.sync template). ``template``: None (default)
+        lets the library choose (on devices of compute capability 9.0 with a library built for sm_90a, the
+        Hopper template where it is measured faster: head_dim 256; else the mma.sync one); "mma_sync" or
+        "hopper" forces one (A/B runs, tests)."""
+        kernel = _prefill_template(template, self.manifest["config"]["archs"])
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
         kind = f"batch_prefill_paged_{kv.layout.lower()}" if isinstance(kv, PagedKV) else "batch_prefill_ragged"
         self.function(kind, dtype, head_dim)  # built for this case?
@@ -295,7 +315,7 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)), _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
-                            False: PrefillTileRows.ROWS_64}[wide_tiles])
+                            False: PrefillTileRows.ROWS_64}[wide_tiles], kernel)
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, plan: PrefillPlan | None = None,
                 sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):

@@ -25,7 +25,15 @@ class PrefillTileRows(IntEnum):
     ROWS_128 = 128
 
 
-FFI_ENUMS: tuple[type[IntEnum], ...] = (DecodeBackend, PrefillTileRows)
+class PrefillTemplate(IntEnum):
+    """Which prefill template serves a call (``PrefillProblem::kernel``)."""
+
+    AUTO = 0  # the Hopper template where it runs and is measured faster (head_dim 256), else mma.sync
+    MMA_SYNC = 1  # the FA2-class mma.sync template (prefill.cuh), on every arch
+    HOPPER = 2  # the sm_90a warp-specialised wgmma template (hopper_prefill.cuh)
+
+
+FFI_ENUMS: tuple[type[IntEnum], ...] = (DecodeBackend, PrefillTileRows, PrefillTemplate)
 
 
 def _cxx_name(member: str) -> str:

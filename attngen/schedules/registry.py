@@ -7,10 +7,11 @@ from .dtypes import DtypePair
 from .template_decode import DECODE
 from .template_decode_tc import DECODE_TC
 from .template_prefill import PREFILL
+from .template_prefill_hopper import PREFILL_HOPPER
 from .template_tvm import TVM_SLOTS
 from .templates import FitQuery, TemplateRecord
 
-TEMPLATES: dict[str, TemplateRecord] = {r.name: r for r in (DECODE_TC, DECODE, PREFILL, TVM_SLOTS)}
+TEMPLATES: dict[str, TemplateRecord] = {r.name: r for r in (DECODE_TC, DECODE, PREFILL, PREFILL_HOPPER, TVM_SLOTS)}
 # BuildConfig.kernels values: the templates with exported functions of their own
 KERNELS: tuple[str, ...] = tuple(name for name, r in TEMPLATES.items() if r.selectable)
 
@@ -40,6 +41,17 @@ def instantiated(kernels: tuple[str, ...]) -> list[TemplateRecord]:
     return [r for n, r in TEMPLATES.items() if n in names]
 
 
+def companions(arch: ArchSpec, kernels: tuple[str, ...]) -> list[TemplateRecord]:
+    """The companion templates of the selection that ``arch`` has what they need for."""
+    names = {c for r in instantiated(kernels) for c in r.companions}
+    return [r for n, r in TEMPLATES.items() if n in names and r.arch_problem(arch) is None]
+
+
+def companion_macros(archs: list[ArchSpec], kernels: tuple[str, ...]) -> list[str]:
+    """The build macros of every companion some arch of a build compiles in."""
+    return sorted({r.build_macro for a in archs for r in companions(a, kernels)})
+
+
 def head_dims_of(kernels: tuple[str, ...]) -> tuple[int, ...]:
     """Head dims every template of the selection supports."""
     records = instantiated(kernels) or list(TEMPLATES.values())
@@ -57,7 +69,7 @@ def fit_problems(arch: ArchSpec, kernels: tuple[str, ...], head_dims: tuple[int,
     problems = []
     for d in head_dims:
         query = FitQuery(d, max_group, key_transform)
-        for r in instantiated(kernels):
+        for r in instantiated(kernels) + companions(arch, kernels):
             for cfg in r.must_fit(query):
                 need = max(r.smem_bytes(cfg, p.element_bytes) for p in pairs)
                 if need > arch.smem_per_block:

@@ -95,4 +95,5 @@ PREFILL = TemplateRecord(
     headers=("entry_prefill.h",),
     exports=("batch_prefill_ragged", "batch_prefill_paged_{layout}"),
     emitter="prefill_entries",
+    companions=("prefill_hopper",),  # csrc/prefill_dispatch.h picks it on compute capability 9.0
 )

@@ -13,7 +13,10 @@ A record is data that the build, the generated C++ header and the runtime planne
   includes, the exported function kinds (``{layout}`` stands for each paged layout, lower case), and the
   keys under which the CUDA backend finds its C++ emitter and its build-time variant check (schedules
   never import the code generators);
-- ``requires``: templates an entry of this one launches (instantiated and checked with it).
+- ``requires``: templates an entry of this one launches (instantiated and checked with it);
+- ``companions``: templates its entries launch instead on archs that have what those need (the Hopper
+  prefill for ``prefill``): fitted only on those archs, compiled in with ``ATTNGEN_WITH_<NAME>`` defined
+  where a build has such an arch, and chosen at run time by the device.
 
 A record with exports is one value of ``BuildConfig.kernels`` and one translation unit per
 (head_dim, dtype pair); a record without (decode_tc) is reached only through ``requires``.
@@ -74,6 +77,12 @@ class TemplateRecord:
     emitter: str | None = None  # key of the C++ emitter of its exported functions (CUDA backend)
     variant_check: str | None = None  # key of a build-time check of the variant (CUDA backend)
     requires: tuple[str, ...] = ()  # templates its entries launch
+    companions: tuple[str, ...] = ()  # templates its entries launch on archs that have their needs
+
+    @property
+    def build_macro(self) -> str:
+        """Defined in a build that compiles this template in as a companion."""
+        return "ATTNGEN_WITH_" + self.name.upper()
 
     @property
     def selectable(self) -> bool:

@@ -1,0 +1,42 @@
+// Which prefill template serves a call. The library's choice: the Hopper template (hopper_prefill.cuh) where
+// the library was built for sm_90a (ATTNGEN_WITH_PREFILL_HOPPER), the device has compute capability 9.0 and
+// it is measured faster, else the mma.sync template (prefill.cuh); PrefillProblem::kernel forces either one
+// (A/B runs and tests). Measured on the H200 (benchmarks/results/prefill_2026-11-30_hopper.md, TFLOP/s,
+// Hopper / mma.sync): head_dim 256 284 / 270; head_dim 128 275-292 / 347-377; head_dim 64 233 / 265 -- so
+// the Hopper template is the choice at head_dim 256 only, until its mainloop overtakes mma.sync.
+#pragma once
+#include "attngen_enums.h"
+#include "hopper_prefill.cuh"
+#include "prefill.cuh"
+
+namespace attngen {
+
+inline bool is_prefill_template(int64_t v) {
+  return v == int64_t(PrefillTemplate::kAuto) || v == int64_t(PrefillTemplate::kMmaSync) ||
+         v == int64_t(PrefillTemplate::kHopper);
+}
+
+// Why the template `kernel` asks for cannot serve on this device and library; nullptr when it can.
+inline const char* prefill_template_problem(int kernel) {
+  if (kernel == int(PrefillTemplate::kHopper) && !hopper_prefill_runs_here())
+    return "the Hopper prefill template needs a library built for sm_90a and a device of compute capability 9.0";
+  return nullptr;
+}
+
+template <int D>
+constexpr bool hopper_prefill_preferred() {
+  return D == 256;
+}
+
+template <class V, class T, int D>
+void launch_prefill_any(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
+  const bool hopper = P.kernel == int(PrefillTemplate::kHopper) ||
+                      (P.kernel == int(PrefillTemplate::kAuto) && hopper_prefill_preferred<D>() && hopper_prefill_runs_here());
+  if (hopper) {
+    launch_hopper_prefill<V, T, D>(P, max_qo_len, hp, stream);
+  } else {
+    launch_prefill<V, T, D>(P, max_qo_len, hp, stream);
+  }
+}
+
+}  // namespace attngen

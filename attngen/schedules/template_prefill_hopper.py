@@ -1,0 +1,77 @@
+"""The Hopper prefill / append template (csrc/hopper_prefill.cuh: HopperTile<D>, hopper_prefill_smem_bytes).
+
+sm_90a only (wgmma, setmaxnreg): three warpgroups per CTA, a producer gathering K/V tiles with cp.async
+into ``STAGES`` shared-memory stages (paged or ragged alike) and two consumers of 64 query rows each
+(128 packed rows per CTA) running S = Q K^T and O += P V on wgmma with the softmax in registers. Tiles
+are 128-byte swizzled (their own 1024-byte alignment slack is counted); keys per tile: 128 at head_dim
+64 and 128, 64 at 256 (the 64 x 256 fp32 output accumulators take half a consumer thread's registers).
+The prefill record's entries launch it on devices of compute capability 9.0 when the library was built
+for sm_90a (a companion of ``prefill``), so it exports nothing itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cxx_tables import cxx_table
+from .dtypes import ElementBytes
+from .templates import ArchNeeds, FitQuery, TemplateRecord
+
+HEAD_DIMS = (64, 128, 256)
+CONSUMERS = 2  # consumer warpgroups of 64 rows
+STAGES = 2
+THREADS = 128 * (1 + CONSUMERS)
+
+
+@dataclass(frozen=True)
+class HopperConfig:
+    head_dim: int
+
+    @property
+    def rows(self) -> int:
+        return 64 * CONSUMERS
+
+    @property
+    def keys(self) -> int:
+        return 64 if self.head_dim == 256 else 128
+
+    @property
+    def stages(self) -> int:
+        return STAGES
+
+    def describe(self) -> str:
+        return " (Hopper tile)"
+
+
+def hopper_smem_bytes(cfg: HopperConfig, elems: ElementBytes) -> int:
+    """Alignment slack, query rows, K and V stages, two fp32 scratch rows per warp, the stages' mbarriers."""
+    d = cfg.head_dim
+    return (1024 + cfg.rows * d * elems.q + 2 * cfg.stages * cfg.keys * d * elems.kv + (THREADS // 32) * 2 * d * 4
+            + 2 * cfg.stages * 8)
+
+
+def configs(head_dim: int) -> tuple[HopperConfig, ...]:
+    return (HopperConfig(head_dim),)
+
+
+def must_fit(query: FitQuery) -> tuple[HopperConfig, ...]:
+    return (HopperConfig(query.head_dim),)
+
+
+def header_section(element_sizes: tuple[int, ...]) -> str:
+    rows = [(d, e, c.rows, c.keys, c.stages, THREADS, hopper_smem_bytes(c, ElementBytes(e, e)))
+            for d in HEAD_DIMS for c in configs(d) for e in element_sizes]
+    return cxx_table("PrefillHopper", "prefill_hopper: HopperTile<D> and hopper_prefill_smem_bytes, per element size",
+                     (("int", "head_dim"), ("int", "elem_bytes"), ("int", "rows"), ("int", "keys"), ("int", "stages"),
+                      ("int", "threads"), ("unsigned long long", "smem_bytes")), rows)
+
+
+PREFILL_HOPPER = TemplateRecord(
+    name="prefill_hopper",
+    role="batch prefill / append on sm_90a: warp-specialised, wgmma, ragged or paged KV",
+    needs=ArchNeeds(wgmma=True),
+    head_dims=HEAD_DIMS,
+    configs=configs,
+    smem_bytes=hopper_smem_bytes,
+    must_fit=must_fit,
+    header_section=header_section,
+)

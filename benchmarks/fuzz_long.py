@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fuzz_engine import FAULTS, FuzzFailure, all_recipes, built, make_case, run_case  # noqa: E402
+from tests.fuzz_engine import FAULTS, KNOWN_GAPS, FuzzFailure, all_recipes, built, make_case, run_case  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -42,6 +42,7 @@ def main(argv=None) -> int:
     outcomes = collections.Counter()
     refusals = collections.Counter()
     injected = collections.Counter()
+    gaps = collections.Counter()
     failures = []
     t0 = time.time()
     build_seconds = 0.0
@@ -63,6 +64,8 @@ def main(argv=None) -> int:
                 result = "failed"
                 failures.append({"recipe": asdict(recipe), "seed": seed, "fault": fault, "error": str(e)[:600]})
             outcomes[result.split(":")[0]] += 1
+            if result.startswith("gap"):
+                gaps[result.split(":")[1]] += 1
             if result.startswith("refused"):
                 refusals[f"{fault} -> {result.split(':')[1]}"] += 1
             if case.injected and fault == "none":
@@ -78,6 +81,7 @@ def main(argv=None) -> int:
         "refused": outcomes["refused"],
         "fault_not_applicable": outcomes["skip"],
         "failures": len(failures),
+        "known_gaps": {k: {"calls": n, "missing": KNOWN_GAPS[k]} for k, n in gaps.items()},
         "valid_calls_with_nonfinite_inputs": dict(sorted(injected.items())),
         "refusals_by_fault_and_error": dict(sorted(refusals.items())),
         "seconds": round(time.time() - t0, 1),

@@ -271,6 +271,13 @@ FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv
           "pages_float16", "layout_unknown", "meta_device", "param_missing", "param_wrong_shape",
           "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype", "kv_wrong_type")
 
+# Faults attngen does not refuse yet, with what is missing: run_case reports them as "gap:<fault>" (the
+# long run counts them; the regression tests hold them as strict xfails until the check exists).
+KNOWN_GAPS = {
+    "meta_device": "check_tensor (runtime/checks.py) does not check the device: a tensor on torch's 'meta' "
+                   "device fails in the FFI with RuntimeError, or is accepted when the batch is empty",
+}
+
 # faults that leave a meaningful call: attngen may also accept it (and must then be right)
 BENIGN = {"none", "q_not_contiguous"}
 
@@ -355,7 +362,9 @@ def apply_fault(case: Case, fault: str, rng) -> Call | None:
         import torch
         call.q = torch.empty(case.q.shape, device="meta")
     elif fault.startswith("param_"):
-        tensors = [n for n, v in case.params.items() if isinstance(v, np.ndarray)]
+        # a symbolic dim (mask_bits) takes any length: growing it is no fault
+        tensors = [n for n, v in case.params.items() if isinstance(v, np.ndarray)
+                   and (fault != "param_wrong_shape" or n != "mask_bits")]
         if not tensors:
             return None
         name = tensors[int(rng.integers(len(tensors)))]
@@ -386,6 +395,15 @@ def run_case(variant: Variant, att: CPUAttention, case: Case, fault: str, rng) -
     if call is None:
         return "skip"
     what = f"{variant.name} {case.kind} fault={fault} injected=({case.injected})"
+    try:
+        return _checked_call(variant, att, case, call, fault, what)
+    except FuzzFailure:
+        if fault in KNOWN_GAPS:
+            return f"gap:{fault}"
+        raise
+
+
+def _checked_call(variant: Variant, att: CPUAttention, case: Case, call: Call, fault: str, what: str) -> str:
     try:
         if case.kind == "decode":
             out, lse = att.decode(call.q, call.kv, sm_scale=case.sm_scale, params=call.params, out=call.out,

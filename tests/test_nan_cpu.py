@@ -112,3 +112,25 @@ def test_merges_keep_poison_and_empty_apart():
     for o, l in ((merged, merged_lse), (v, s)):
         np.testing.assert_array_equal(l[:, 0], want_lse.astype(np.float32))
         assert (o[0] == 1).all() and (o[3] == 0).all() and np.isnan(o[[1, 2, 4]]).all()
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cache_memory_outside_the_batch_never_reaches_a_row(layout, build_cache, rng):
+    """NaN in every page slot no request owns (spare pages, the tails of last pages): results stay finite."""
+    v, att = cpu_module("vanilla", build_cache)
+    prob = random_problem(rng, [2, 1, 3], [5, 9, 3], 4, 2, HEAD_DIM, layout=layout, spare_pages=3)
+    kv = prob.paged
+    pages = kv.pages if layout == "NHD" else kv.pages.transpose(0, 1, 3, 2, 4)  # a view: [P, 2, S, H, D]
+    used = np.zeros(pages.shape[:1] + pages.shape[2:3], bool)
+    for b, n in enumerate(prob.kv_lens):
+        for j in range(n):
+            used[kv.indices[kv.indptr[b] + j // kv.page_size], j % kv.page_size] = True
+    for page, slot in np.argwhere(~used):
+        pages[page, :, slot] = np.nan
+    ref_o, ref_l = reference_attention(v, prob.q, prob.keys, prob.values, prob.qo_indptr, 0.25)
+    out, lse = att.prefill(prob.q, kv, prob.qo_indptr, sm_scale=0.25)
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+    assert np.abs(out - ref_o).max() < 1e-4
+    dec_q = rng.standard_normal((3, 4, HEAD_DIM)).astype(np.float32)
+    out, lse = att.decode(dec_q, kv, sm_scale=0.25)
+    assert np.isfinite(out).all() and np.isfinite(lse).all()

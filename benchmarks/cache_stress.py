@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from attngen.codegen.cache import entry_is_sealed  # noqa: E402
 
-VARIANTS = ("vanilla", "causal", "alibi", "logits_softcap", "sliding_window_causal", "rope")
+VARIANTS = ("vanilla", "causal", "alibi", "logits_softcap", "sliding_window_causal", "rope", "sigmoid",
+            "attention_sink", "custom_mask")
 
 
 def start(name: str, cache_dir: Path) -> subprocess.Popen:
@@ -54,17 +55,19 @@ def main(argv=None) -> int:
     t0 = time.time()
     built_names = set()
     for r in range(args.rounds):
-        # the variant of the killed build is built again by two of the others in the same round
-        victim_name = VARIANTS[r % len(VARIANTS)]
+        # the killed build's variant is one not built yet, built again by two of the others in the same round
+        fresh = [n for n in VARIANTS if n not in built_names] or list(VARIANTS)
+        victim_name = fresh[0]
         victim = start(victim_name, cache_dir)
         figures["processes"] += 1
-        while not temporaries(cache_dir) and victim.poll() is None:
+        while not list(cache_dir.glob(f"*/.*-{victim.pid}-*")) and victim.poll() is None:
             time.sleep(0.02)
         if victim.poll() is None:
             victim.send_signal(signal.SIGKILL)
             figures["killed_mid_build"] += 1
         victim.communicate()
-        names = [victim_name, victim_name] + [VARIANTS[(r + 1 + i) % len(VARIANTS)] for i in range(args.procs - 2)]
+        others = (fresh[1:] + list(VARIANTS))[:args.procs - 2]
+        names = [victim_name, victim_name] + others
         built_names.update(names)
         procs = [start(n, cache_dir) for n in names]
         figures["processes"] += len(procs)

@@ -16,6 +16,7 @@ benchmarks/fuzz_long.py (a long run with figures).
 """
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import itertools
 from dataclasses import dataclass, replace
@@ -389,18 +390,26 @@ ARG_NAMES = ("q", "qo_indptr", "kv", "indptr", "indices", "last_page_len", "page
              "param", "fz_", "mask_", "dtype", "device", "head")
 
 
+HANG_SECONDS = 120  # a call (and its reference) taking longer is a hang: the process is ended with a traceback
+
+
 def run_case(variant: Variant, att: CPUAttention, case: Case, fault: str, rng) -> str:
-    """Outcome of one call: "ok", "skip" (fault not applicable), or "refused:<Error>"; raises FuzzFailure."""
+    """Outcome of one call: "ok", "skip" (fault not applicable), "refused:<Error>" or "gap:<fault>" (a
+    KNOWN_GAPS fault that was not refused); raises FuzzFailure. A call that hangs (in native code too, where
+    no Python exception can reach it) ends the process after HANG_SECONDS with every thread's traceback."""
     call = apply_fault(case, fault, rng)
     if call is None:
         return "skip"
     what = f"{variant.name} {case.kind} fault={fault} injected=({case.injected})"
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
     try:
         return _checked_call(variant, att, case, call, fault, what)
     except FuzzFailure:
         if fault in KNOWN_GAPS:
             return f"gap:{fault}"
         raise
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _checked_call(variant: Variant, att: CPUAttention, case: Case, call: Call, fault: str, what: str) -> str:

@@ -5,6 +5,10 @@ The key is SHA-256 over canonical JSON of everything that determines the output
 flags). Two tiers: an in-process dict, then a directory per key on disk, created
 under a file lock with a second look after the lock is taken, written to a
 temporary directory and renamed into place so readers never see half a build.
+A finished build is sealed (every file flushed, then a record of each file's size
+and digest) before the rename, and an entry is served only when its seal matches
+its files; a dead build's temporary directory or an entry that fails its seal is
+removed under the lock and built again.
 """
 from __future__ import annotations
 
@@ -55,21 +59,93 @@ class BuildCache:
         if key in self._memory and self._memory[key].is_dir():
             return self._memory[key], True
         final = self.path_for(key)
-        if final.is_dir():
+        if entry_is_sealed(final):
             self._memory[key] = final
             return final, True
         final.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(final) + ".lock"):
-            if final.is_dir():  # another process finished it while we waited
+            if entry_is_sealed(final):  # another process finished it while we waited
                 self._memory[key] = final
                 return final, True
-            tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=final.parent))
+            # Under the lock no other process builds this key: what lies about is a dead build's
+            # temporary directory or an entry that fails its seal; neither is ever served.
+            discard_leftovers(final)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key}-{os.getpid()}-", dir=final.parent))
             try:
                 build(tmp)
-                os.replace(tmp, final)
+                seal_entry(tmp)
+                os.replace(tmp, final)  # atomic: readers see no entry or a whole, sealed one
+                _fsync_dir(final.parent)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             self.builds += 1
         self._memory[key] = final
         return final, False
+
+
+# ---- the write / serve path: an entry is served only when its seal matches its files -------------------
+SEAL = ".sealed.json"  # written last into a finished build: every file's size and SHA-256
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _entry_files(directory: Path) -> dict[str, Path]:
+    return {str(p.relative_to(directory)): p for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != SEAL}
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def seal_entry(directory: Path) -> None:
+    """Flush every file of a finished build to disk and record its size and digest in the seal, written
+    (and flushed) last: a seal on disk vouches for files that are on disk too, even after a power cut."""
+    files = _entry_files(directory)
+    record = {}
+    for name, path in files.items():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        record[name] = {"size": path.stat().st_size, "sha256": _file_digest(path)}
+    with open(directory / SEAL, "w") as f:
+        json.dump(record, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(directory)
+
+
+def entry_is_sealed(directory: Path) -> bool:
+    """Whether ``directory`` is a whole build: its seal parses and names exactly its files, with their
+    sizes and digests (checked once per process: the in-process tier serves it after that)."""
+    try:
+        record = json.loads((directory / SEAL).read_text())
+        files = _entry_files(directory)
+        if not isinstance(record, dict) or set(record) != set(files):
+            return False
+        return all(files[n].stat().st_size == r["size"] and _file_digest(files[n]) == r["sha256"]
+                   for n, r in record.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def discard_leftovers(final: Path) -> None:
+    """Remove, under the entry's lock, the temporary directories of builds of this key that died (killed,
+    out of memory) and an entry at ``final`` that fails its seal (moved aside first, so that the name is
+    free at once)."""
+    for tmp in final.parent.glob(f".{final.name}-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    if final.exists():
+        aside = final.parent / f".{final.name}-invalid-{os.getpid()}"
+        os.replace(final, aside)
+        shutil.rmtree(aside, ignore_errors=True)

@@ -82,6 +82,20 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// max(a, b) that returns NaN when either is NaN (fmaxf returns the other operand). The running max of the
+// decode templates' online softmax goes through it, so that a NaN score poisons the row even when it comes
+// while the max is still -inf (where the weight of a -inf max is forced to 0). On sm_80+ it is one
+// max.NaN.f32, the same cost as fmaxf; before, two compares more.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float y;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+  return y;
+#else
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
+
 // Sum over the `Width` lanes of a lane group (Width a power of two <= 32).
 template <int Width>
 __device__ __forceinline__ float group_sum(float x) {
@@ -91,13 +105,15 @@ __device__ __forceinline__ float group_sum(float x) {
 }
 
 // An online-softmax state for one row: running max m (base 2), denominator d.
-// Merging never produces NaN: an empty side (m = -inf) contributes nothing.
+// Non-finite states (see attngen/runtime/reference.py): an empty side (m = -inf, d = 0) contributes
+// nothing and two empty sides stay empty, never NaN; a poisoned side (m or d NaN) makes the merge NaN,
+// which the max must not drop (fmax_nan), even against an empty side.
 struct MergeScales {
   float m, a, b;  // new max, scale of side a, scale of side b
 };
 
 __device__ __forceinline__ MergeScales merge_scales(float ma, float mb) {
-  float m = fmaxf(ma, mb);
+  float m = fmax_nan(ma, mb);
   if (m == kNegInf) return {kNegInf, 0.f, 0.f};
   return {m, exp2f(ma - m), exp2f(mb - m)};
 }
@@ -119,15 +135,16 @@ __device__ __forceinline__ void fold_state8(float& m, float& d, float (&acc)[8],
 }
 
 // Normalises a folded softmax slice by its denominator and returns its base-2 lse (-inf for an empty
-// state); a sum state (kSoftmax false) stays as it is, lse 0.
+// state, d = 0; a NaN d, a poisoned row, gives NaN O and lse); a sum state (kSoftmax false) stays as it
+// is, lse 0.
 template <bool kSoftmax>
 __device__ __forceinline__ float normalise_state8(float m, float d, float (&acc)[8]) {
   float lse = 0.f;
   if constexpr (kSoftmax) {
-    const float inv = d > 0.f ? 1.f / d : 0.f;
+    const float inv = d == 0.f ? 0.f : 1.f / d;
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= inv;
-    lse = d > 0.f ? m + log2f(d) : kNegInf;
+    lse = d == 0.f ? kNegInf : m + log2f(d);
   }
   return lse;
 }

@@ -242,9 +242,11 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
       if (!visible) s[i] = V::kSoftmax ? kNegInf : 0.f;
     }
     if constexpr (V::kSoftmax) {
+      // fmax_nan: a NaN score makes mt NaN, which passes the test below and turns den and acc into NaN
+      // (with fmaxf a tile of NaN and masked scores on a -inf max would be skipped as empty)
       float mt = m;
 #pragma unroll
-      for (int i = 0; i < R; ++i) mt = fmaxf(mt, s[i]);
+      for (int i = 0; i < R; ++i) mt = fmax_nan(mt, s[i]);
       if (mt != kNegInf) {
         const float sc = exp2f(m - mt);
         den *= sc;

@@ -324,14 +324,15 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           }
           s[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
           if constexpr (V::kSoftmax) {
-            if (e < 2) mt = fmaxf(mt, s[n][e]);
+            if (e < 2) mt = fmax_nan(mt, s[n][e]);  // a NaN score must reach m_row (merge_scales)
           }
         }
       }
       if constexpr (V::kSoftmax) {
-        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-        const bool grew = mt != m_row;  // then mt is finite; m_row may be -inf
+        mt = fmax_nan(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        mt = fmax_nan(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+        // then mt is finite, +inf or NaN (a poisoned row: every later rescale and p is NaN); m_row may be -inf
+        const bool grew = mt != m_row;
         const float rescale = grew ? fast_exp2(m_row - mt) : 1.f;
         d_row *= rescale;
         m_row = mt;

@@ -22,12 +22,15 @@ template <> __device__ __forceinline__ __nv_bfloat16 cvt(float x) { return __flo
 template <class T, bool Sum>
 __global__ void merge_states_kernel(const T* v, const float* s, T* vm, float* sm, int K, int H, int D) {
   const int row = blockIdx.x, n = row / H, h = row % H;
+  // exponent base: the largest lse, 0 when every state is empty (so that 2^(-inf - base) = 0, not NaN);
+  // a NaN lse keeps its weight 2^NaN = NaN whatever fmaxf made of it: the merged row is NaN, O and lse
   float m = kNegInfM;
   if constexpr (!Sum)
     for (int k = 0; k < K; ++k) m = fmaxf(m, s[(int64_t(n) * K + k) * H + h]);
+  const float base = m == kNegInfM ? 0.f : m;
   float tot = 0.f;
   if constexpr (!Sum)
-    for (int k = 0; k < K; ++k) tot += m == kNegInfM ? 0.f : exp2f(s[(int64_t(n) * K + k) * H + h] - m);
+    for (int k = 0; k < K; ++k) tot += exp2f(s[(int64_t(n) * K + k) * H + h] - base);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.f;
     for (int k = 0; k < K; ++k) {
@@ -35,13 +38,13 @@ __global__ void merge_states_kernel(const T* v, const float* s, T* vm, float* sm
       if constexpr (Sum) {
         acc += x;
       } else {
-        acc += (m == kNegInfM ? 0.f : exp2f(s[(int64_t(n) * K + k) * H + h] - m)) * x;
+        acc += exp2f(s[(int64_t(n) * K + k) * H + h] - base) * x;
       }
     }
-    vm[(int64_t(n) * H + h) * D + d] = cvt<T>(Sum ? acc : (tot > 0.f ? acc / tot : 0.f));
+    vm[(int64_t(n) * H + h) * D + d] = cvt<T>(Sum ? acc : (tot == 0.f ? 0.f : acc / tot));
   }
   if constexpr (!Sum)
-    if (threadIdx.x == 0) sm[int64_t(n) * H + h] = tot > 0.f ? m + log2f(tot) : kNegInfM;
+    if (threadIdx.x == 0) sm[int64_t(n) * H + h] = tot == 0.f ? kNegInfM : m + log2f(tot);
 }
 
 // in place: (v, s) <- merge((v, s), (vo, so)); v [n, H, D]
@@ -50,14 +53,15 @@ __global__ void merge_state_inplace_kernel(T* v, float* s, const T* vo, const fl
   const int row = blockIdx.x;
   const float sa = s[row], sb = so[row];
   const float m = fmaxf(sa, sb);
-  const bool live = m != kNegInfM;
-  const float wa = live ? exp2f(sa - m) : 0.f, wb = live ? exp2f(sb - m) : 0.f, tot = wa + wb;
+  const float base = m == kNegInfM ? 0.f : m;  // as in merge_states_kernel: empty weighs 0, NaN stays NaN
+  const float wa = exp2f(sa - base), wb = exp2f(sb - base), tot = wa + wb;
+  const bool empty = tot == 0.f;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     const int64_t i = int64_t(row) * D + d;
-    v[i] = cvt<T>(live ? (ld(v + i) * wa + ld(vo + i) * wb) / tot : 0.f);
+    v[i] = cvt<T>(empty ? 0.f : (ld(v + i) * wa + ld(vo + i) * wb) / tot);
   }
   __syncthreads();  // every thread has read s[row] before it changes
-  if (threadIdx.x == 0) s[row] = live ? m + log2f(tot) : kNegInfM;
+  if (threadIdx.x == 0) s[row] = empty ? kNegInfM : m + log2f(tot);
 }
 
 int threads_for(int D) { return D >= 256 ? 256 : (D >= 128 ? 128 : 64); }

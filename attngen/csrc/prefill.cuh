@@ -477,13 +477,15 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       float dsum = d_row[mt][h];
       dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
       dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
-      const float inv = (V::kSoftmax && dsum > 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+      // dsum is 0 only for a row without a live key; a NaN or +inf score made it NaN (the exponent base
+      // msub keeps a NaN score's weight NaN even on a -inf max), and NaN must reach O and lse: "== 0"
+      const float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
 #pragma unroll
       for (int n = 0; n < NDT; ++n) {
         o_acc[mt][n][2 * h] *= inv;
         o_acc[mt][n][2 * h + 1] *= inv;
       }
-      lse_row[mt][h] = V::kSoftmax ? (dsum > 0.f ? m_row[mt][h] + log2f(dsum) : kNegInf) : 0.f;
+      lse_row[mt][h] = V::kSoftmax ? (dsum != 0.f ? m_row[mt][h] + log2f(dsum) : kNegInf) : 0.f;
     }
   if constexpr (!V::kHasOutputTransform) {
     // no output hook: every thread stores its own fragments straight from registers, two outputs per 32-bit

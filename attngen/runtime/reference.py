@@ -52,24 +52,47 @@ def reference_attention(variant, q: np.ndarray, keys: list[np.ndarray], values: 
                       kv_head=H // group)
         s = np.broadcast_to(apply_hook(variant, "logits_transform", scores, params), s.shape).astype(np.float64)
         visible = np.broadcast_to(apply_hook(variant, "logits_mask", scores, params), s.shape)
-        if variant.state == StateAlgebra.SUM:
-            w = np.where(visible, s, 0.0)
-            ob = np.einsum("hij,jhd->ihd", w, vx)
-            lb = np.zeros((qo_len, n_qo))
-        else:
-            masked = np.where(visible, s, -np.inf)
-            m = masked.max(axis=-1, initial=-np.inf, keepdims=True)
-            safe_m = np.where(np.isfinite(m), m, 0.0)
-            p = np.where(visible, np.exp(masked - safe_m), 0.0)
-            denom = p.sum(axis=-1, keepdims=True)
-            ob = np.einsum("hij,jhd->ihd", p / np.where(denom > 0, denom, 1.0), vx)
-            with np.errstate(divide="ignore"):
-                lb = ((np.log(denom) + safe_m)[..., 0] / np.log(2.0)).T  # [qo_len, Hq]
-            lb = np.where(denom[..., 0].T > 0, lb, -np.inf)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            if variant.state == StateAlgebra.SUM:
+                ob = _weighted_values(np.where(visible, s, 0.0), visible, vx)
+                lb = np.zeros((qo_len, n_qo))
+            else:
+                ob, lb = _softmax_rows(s, visible, vx)
         ob = apply_hook(variant, "output_transform", dict(query_rows, lse=lb), params, ob)
         o[q0:q1] = ob
         lse[q0:q1] = lb
     return o, lse
+
+
+def _weighted_values(w: np.ndarray, visible: np.ndarray, vx: np.ndarray) -> np.ndarray:
+    """sum_j w[h, i, j] * vx[j, h, :] over the visible keys only, [qo_len, Hq, D]: a masked key's value is
+    never read, so a non-finite value there (0 * Inf = NaN) cannot reach the row."""
+    if np.isfinite(vx).all():  # the masked weights are 0 and every product is finite: one einsum
+        return np.einsum("hij,jhd->ihd", w, vx)
+    terms = w[..., None] * np.transpose(vx, (1, 0, 2))[:, None]  # [Hq, qo_len, kv_len, D]
+    return np.where(visible[..., None], terms, 0.0).sum(axis=2).transpose(1, 0, 2)
+
+
+def _softmax_rows(s: np.ndarray, visible: np.ndarray, vx: np.ndarray):
+    """Normalised rows and base-2 lse of the softmax state, with attngen's rules for non-finite scores
+    (``s``, ``visible``: [Hq, qo_len, kv_len]; the stable softmax evaluated in IEEE arithmetic):
+
+    * a row whose visible scores are all -inf, or that has none, is empty: O = 0, lse = -inf (the
+      merge identity; a -inf score acts as a mask);
+    * a NaN score poisons its row: O = NaN, lse = NaN;
+    * a +inf score gives exp(s - max) = exp(inf - inf) = NaN: O = NaN, lse = NaN as well (telling it apart
+      from a NaN score would need a NaN-propagating running max in every kernel's hot loop);
+    * a non-finite value of a visible key makes the output columns it enters non-finite (Inf or NaN).
+    """
+    masked = np.where(visible, s, -np.inf)
+    m = masked.max(axis=-1, initial=-np.inf, keepdims=True)  # NaN when a visible score is NaN
+    empty = m == -np.inf
+    base = np.where(empty, 0.0, m)
+    p = np.where(visible, np.exp(masked - base), 0.0)
+    denom = p.sum(axis=-1, keepdims=True)
+    ob = _weighted_values(p / np.where(empty, 1.0, denom), visible, vx)
+    lb = np.where(empty, -np.inf, np.log(denom) + base)[..., 0] / np.log(2.0)
+    return ob, lb.T  # [qo_len, Hq, D], [qo_len, Hq]
 
 
 def gather_pages(pages: np.ndarray, indptr, indices, last_page_len, layout: str = "NHD"):

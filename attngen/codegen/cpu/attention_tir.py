@@ -300,10 +300,15 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                         if log2e_s:
                             s = s * T.float32(LOG2E)
                         if softmax:
+                            # Non-finite scores (see reference._softmax_rows): the base of the exponents is
+                            # the running max, or 0 while it is -inf, so that a -inf score weighs 0 (not
+                            # exp2(-inf + inf) = NaN) while a NaN score (whatever the max makes of it) or a
+                            # +inf one (exp2(inf - inf)) turns the weight, and from there denom and acc,
+                            # into NaN for good. One select per key, as the -inf guard always cost.
                             m_new: T.let = T.max(m, s)
-                            live: T.let = m_new > neg_inf  # a -inf score must not turn into NaN
-                            rescale: T.let = T.if_then_else(live, T.exp2(m - m_new), T.float32(1))
-                            w: T.let = T.if_then_else(live, T.exp2(s - m_new), T.float32(0))
+                            base: T.let = T.if_then_else(m_new == neg_inf, T.float32(0), m_new)
+                            rescale: T.let = T.exp2(m - base)
+                            w: T.let = T.exp2(s - base)
                             denom = denom * rescale + w
                             m = m_new
                         else:
@@ -312,13 +317,15 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                         for d in range(D):
                             value: T.let = kv_element(PAGES if paged else V, 1, kv_row, kv_slot, hk, d)
                             acc[d] = acc[d] * rescale + w * T.Cast("float32", value)
+                # denom is 0 only for a row without a live key (O = 0, empty lse); a NaN denom (poisoned
+                # row) must reach O and lse, so the tests are "== 0", not "> 0"
                 if softmax:
-                    row_lse: T.let = T.if_then_else(denom > T.float32(0), m + T.log2(denom), T.float32(empty_lse))
+                    row_lse: T.let = T.if_then_else(denom == T.float32(0), T.float32(empty_lse), m + T.log2(denom))
                 else:
                     row_lse: T.let = T.float32(0)
                 for d in range(D):
                     if softmax:
-                        o_in[d] = T.if_then_else(denom > T.float32(0), acc[d] / denom, T.float32(0))
+                        o_in[d] = T.if_then_else(denom == T.float32(0), T.float32(0), acc[d] / denom)
                     else:
                         o_in[d] = acc[d]
                 T.evaluate(row_hook_call("output_transform", o_in, o_out, b, qo_pos, h, row_lse))

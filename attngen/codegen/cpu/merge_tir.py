@@ -2,7 +2,8 @@
 
 ``merge_state_inplace``: (v, s) <- merge((v, s), (v_other, s_other)).
 ``merge_states``: K states per row -> one. ``merge_states_sum``: unnormalised states add.
-An empty state (s = -inf) passes the other through; two empty states give (0, -inf).
+An empty state (s = -inf) passes the other through; two empty states give (0, -inf); a NaN lse (a
+poisoned row, see ``attngen.runtime.reference``) makes the merged row NaN, O and lse.
 """
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ from attngen.codegen.cache import BuildCache, content_key, hash_files
 from attngen.schedules.build_config import merge_symbol
 
 NEG_INF = tvm.tirx.const(float("-inf"), "float32")
+
+
+def exp_base(m):
+    """The base of a merge's exponents: the largest lse, or 0 when every state is empty, so that an empty
+    state weighs exp2(-inf) = 0 and never exp2(-inf + inf) = NaN, while a NaN lse, whether the max keeps or
+    drops it, still gives the weight exp2(NaN) = NaN and the merged row is NaN."""
+    return T.if_then_else(m == NEG_INF, T.float32(0), m)
 
 
 CPU_MERGE_DTYPES = ("float32", "float16")
@@ -42,15 +50,15 @@ def merge_functions(dtype: str) -> dict:
             i: T.let = ij // h
             j: T.let = ij % h
             m: T.let = T.max(S[i, j], SO[i, j])
-            live: T.let = m > NEG_INF
-            wa: T.let = T.if_then_else(live, T.exp2(S[i, j] - m), T.float32(0))
-            wb: T.let = T.if_then_else(live, T.exp2(SO[i, j] - m), T.float32(0))
+            base: T.let = exp_base(m)
+            wa: T.let = T.exp2(S[i, j] - base)
+            wb: T.let = T.exp2(SO[i, j] - base)
             tot: T.let = wa + wb
             for k in range(d):
-                V[i, j, k] = T.Cast(dtype, T.if_then_else(live, (T.Cast("float32", V[i, j, k]) * wa
-                                                                   + T.Cast("float32", VO[i, j, k]) * wb) / tot,
-                                                          T.float32(0)))
-            S[i, j] = T.if_then_else(live, m + T.log2(tot), NEG_INF)
+                V[i, j, k] = T.Cast(dtype, T.if_then_else(tot == T.float32(0), T.float32(0),
+                                                          (T.Cast("float32", V[i, j, k]) * wa
+                                                           + T.Cast("float32", VO[i, j, k]) * wb) / tot))
+            S[i, j] = T.if_then_else(tot == T.float32(0), NEG_INF, m + T.log2(tot))
 
     @T.prim_func
     def merge_states(v_ptr: T.handle,  # [n, K, H, D]
@@ -71,16 +79,16 @@ def merge_functions(dtype: str) -> dict:
             m: T.float32 = NEG_INF
             for c in range(kk):
                 m = T.max(m, S[i, c, j])
+            base: T.let = exp_base(m)
             tot: T.float32 = T.float32(0)
             for c in range(kk):
-                tot = tot + T.if_then_else(m > NEG_INF, T.exp2(S[i, c, j] - m), T.float32(0))
+                tot = tot + T.exp2(S[i, c, j] - base)
             for k in range(d):
                 acc: T.float32 = T.float32(0)
                 for c in range(kk):
-                    acc = acc + T.if_then_else(m > NEG_INF, T.exp2(S[i, c, j] - m), T.float32(0)) \
-                        * T.Cast("float32", V[i, c, j, k])
-                VM[i, j, k] = T.Cast(dtype, T.if_then_else(tot > T.float32(0), acc / tot, T.float32(0)))
-            SM[i, j] = T.if_then_else(tot > T.float32(0), m + T.log2(tot), NEG_INF)
+                    acc = acc + T.exp2(S[i, c, j] - base) * T.Cast("float32", V[i, c, j, k])
+                VM[i, j, k] = T.Cast(dtype, T.if_then_else(tot == T.float32(0), T.float32(0), acc / tot))
+            SM[i, j] = T.if_then_else(tot == T.float32(0), NEG_INF, m + T.log2(tot))
 
     @T.prim_func
     def merge_states_sum(v_ptr: T.handle,  # [n, K, H, D]

@@ -1,0 +1,453 @@
+"""The fuzzer's parts: variants composed from hook fragments, random batches, faults, and the oracle.
+
+A ``Recipe`` picks fragments per hook kind (logits: scale, ALiBi-like bias read from a tensor parameter,
+soft-cap; mask: causal, sliding window, a custom mask read from tensor parameters, a head-striped mask;
+query / key / output transforms, elementwise or whole-row, one reading a 2-D tensor parameter; softmax or
+sum state). ``make_variant`` writes each hook as TVMScript text and parses it. ``make_case`` draws a batch
+from a seed (ragged or paged, both layouts, page permutations with spare pages, empty and one-token
+requests, GQA, NaN / Inf injected in q, k or v), and ``apply_fault`` spoils one argument of it (malformed
+page tables and indptrs, wrong dtypes, devices, layouts, shapes, parameters).
+
+``run_case`` is the oracle: the CPU result equals the float64 reference under the non-finite rules of
+``nonfinite.compare_nonfinite``, or the call is refused with one of attngen's own errors whose message names
+the argument at fault. Anything else (another exception, a result for a spoilt call, a mismatch) raises
+``FuzzFailure``. Used by tests/test_fuzz_cpu.py (a fixed, small number of examples) and
+benchmarks/fuzz_long.py (a long run with figures).
+"""
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import itertools
+from dataclasses import dataclass, replace
+
+import numpy as np
+import tvm.script
+from tvm.script import tirx as T
+
+from attngen import ConfigError, ScalarParam, TensorParam, Variant, VariantError
+from attngen.runtime import AttentionArgumentError, CPUAttention, PagedKV, RaggedKV, pack_custom_mask
+from attngen.runtime.reference import reference_attention
+from attngen.testing import random_problem
+
+from .nonfinite import compare_nonfinite
+
+HEAD_DIM = 32
+ATTNGEN_ERRORS = (AttentionArgumentError, VariantError, ConfigError)
+
+LOGITS = ("scale", "alibi", "softcap")
+MASKS = ("causal", "window", "custom", "stripe")
+QUERY = ("none", "affine", "reverse")
+KEY = ("none", "scale", "swap")
+OUTPUT = ("none", "affine", "lse", "head_bias")
+
+
+class FuzzFailure(AssertionError):
+    """The call neither matched the reference nor was refused with attngen's own error."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    logits: tuple[str, ...] = ()  # applied in LOGITS order
+    mask: tuple[str, ...] = ()  # all must hold
+    query: str = "none"
+    key: str = "none"
+    output: str = "none"
+    state: str = "softmax"
+
+    def __post_init__(self):
+        if self.state == "sum" and self.output == "lse":
+            object.__setattr__(self, "output", "affine")  # a sum state has no lse to hand the hook
+
+    @property
+    def name(self) -> str:
+        return "fz_" + hashlib.sha1(repr(self).encode()).hexdigest()[:10]
+
+
+def all_recipes():
+    """Every recipe (for the long run's sampler)."""
+    subsets = lambda xs: [tuple(c) for n in range(len(xs) + 1) for c in itertools.combinations(xs, n)]  # noqa: E731
+    for lg, mk, q, k, o, st in itertools.product(subsets(LOGITS), subsets(MASKS), QUERY, KEY, OUTPUT,
+                                                 ("softmax", "sum")):
+        yield Recipe(lg, mk, q, k, o, st)
+
+
+# ---- variants from fragments ---------------------------------------------------------------------------
+def _parse(src: str):
+    return tvm.script.from_source(src, extra_vars={"T": T})
+
+
+def _row_hook(name: str, scalars: str, body: str, extra: str = "", buffers: str = "") -> object:
+    src = (f"@T.prim_func\ndef {name}(x_ptr: T.handle, y_ptr: T.handle, {scalars}{extra}):\n"
+           f"    d = T.int32()\n    x = T.match_buffer(x_ptr, (d,), 'float32')\n"
+           f"    y = T.match_buffer(y_ptr, (d,), 'float32')\n{buffers}{body}")
+    return _parse(src)
+
+
+def make_variant(recipe: Recipe) -> Variant:
+    hooks, params = {}, []
+    score_args = "batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32"
+    if recipe.logits:
+        expr, extra, buffers = "s", "", ""
+        if "scale" in recipe.logits:
+            expr = f"({expr}) * T.float32(0.75)"
+        if "alibi" in recipe.logits:
+            expr = f"({expr}) + fz_slopes[qo_head] * T.float32(kv_pos - qo_pos)"
+            extra += ", slopes_ptr: T.handle"
+            buffers += "    n = T.int32()\n    fz_slopes = T.match_buffer(slopes_ptr, (n,), 'float32')\n"
+            params.append(TensorParam("fz_slopes", "float32", ("num_qo_heads",)))
+        if "softcap" in recipe.logits:
+            expr = f"fz_cap * T.tanh(({expr}) / fz_cap)"
+            extra += ", fz_cap: T.float32"
+            params.append(ScalarParam("fz_cap", "float32", 4.0))
+        hooks["logits_transform"] = _parse(
+            f"@T.prim_func\ndef fz_logits(s: T.float32, {score_args}{extra}) -> T.float32:\n{buffers}"
+            f"    return {expr}\n")
+    if recipe.mask:
+        conds, extra, buffers = [], "", ""
+        if "causal" in recipe.mask:
+            conds.append("kv_pos <= qo_pos")
+        if "window" in recipe.mask:
+            conds.append("qo_pos - kv_pos < fz_window")
+            extra += ", fz_window: T.int32"
+            params.append(ScalarParam("fz_window", "int32", 4))
+        if "custom" in recipe.mask:
+            conds.append("T.bitwise_and(T.shift_right(T.Cast('int32', mask_bits[T.shift_right(idx, 3)]), "
+                         "T.bitwise_and(idx, 7)), 1) == 1")
+            extra += ", bits_ptr: T.handle, offset_ptr: T.handle, stride_ptr: T.handle"
+            buffers += ("    nbytes = T.int32()\n    nbatch = T.int32()\n"
+                        "    mask_bits = T.match_buffer(bits_ptr, (nbytes,), 'uint8')\n"
+                        "    mask_offset = T.match_buffer(offset_ptr, (nbatch,), 'int32')\n"
+                        "    mask_stride = T.match_buffer(stride_ptr, (nbatch,), 'int32')\n"
+                        "    idx: T.let = mask_offset[batch] + qo_pos * mask_stride[batch] + kv_pos\n")
+            params += [TensorParam("mask_bits", "uint8", ("num_mask_bytes",)),
+                       TensorParam("mask_offset", "int32", ("batch_size",)),
+                       TensorParam("mask_stride", "int32", ("batch_size",))]
+        if "stripe" in recipe.mask:
+            conds.append("(kv_pos + qo_head) % 3 != 1")
+        expr = conds[0]
+        for c in conds[1:]:
+            expr = f"T.And({expr}, {c})"
+        hooks["logits_mask"] = _parse(f"@T.prim_func\ndef fz_mask({score_args}{extra}) -> T.bool:\n{buffers}"
+                                      f"    return {expr}\n")
+    if recipe.query == "affine":
+        hooks["query_transform"] = _row_hook("fz_query", "qo_pos: T.int32, qo_head: T.int32",
+                                             "    for i in range(d):\n        y[i] = x[i] * T.float32(1.25) + "
+                                             "T.float32(qo_head) * T.float32(0.125)\n")
+    elif recipe.query == "reverse":
+        hooks["query_transform"] = _row_hook("fz_query", "qo_pos: T.int32, qo_head: T.int32",
+                                             "    for i in range(d):\n        y[i] = x[d - 1 - i]\n")
+    if recipe.key == "scale":
+        hooks["key_transform"] = _row_hook("fz_key", "kv_pos: T.int32, kv_head: T.int32",
+                                           "    for i in range(d):\n        y[i] = x[i] * T.float32(0.8)\n")
+    elif recipe.key == "swap":
+        hooks["key_transform"] = _row_hook("fz_key", "kv_pos: T.int32, kv_head: T.int32",
+                                           "    for i in range(d // 2):\n        y[i] = x[i + d // 2]\n"
+                                           "    for i in range(d // 2):\n        y[i + d // 2] = x[i]\n")
+    out_args = "batch: T.int32, qo_pos: T.int32, qo_head: T.int32, lse: T.float32"
+    if recipe.output == "affine":
+        hooks["output_transform"] = _row_hook("fz_out", out_args,
+                                              "    for i in range(d):\n        y[i] = x[i] * T.float32(2) + "
+                                              "T.float32(0.5)\n")
+    elif recipe.output == "lse":
+        hooks["output_transform"] = _row_hook("fz_out", out_args,
+                                              "    for i in range(d):\n        y[i] = x[i] + lse * "
+                                              "T.float32(0.03125)\n")
+    elif recipe.output == "head_bias":
+        hooks["output_transform"] = _row_hook(
+            "fz_out", out_args, "    for i in range(d):\n        y[i] = x[i] + fz_obias[qo_head, i]\n",
+            extra=", bias_ptr: T.handle",
+            buffers="    nh = T.int32()\n    fz_obias = T.match_buffer(bias_ptr, (nh, d), 'float32')\n")
+        params.append(TensorParam("fz_obias", "float32", ("num_qo_heads", "head_dim")))
+    return Variant(recipe.name, params=params, state=recipe.state, **hooks)
+
+
+_BUILT: dict[Recipe, tuple[Variant, CPUAttention]] = {}
+
+
+def built(recipe: Recipe, cache=None) -> tuple[Variant, CPUAttention]:
+    """The recipe's variant and its CPU module, built once per process (and once per cache directory)."""
+    if recipe not in _BUILT:
+        variant = make_variant(recipe)
+        kwargs = {"cache": cache} if cache is not None else {}
+        _BUILT[recipe] = (variant, CPUAttention.build(variant, head_dims=(HEAD_DIM,), dtypes=("float32",),
+                                                      **kwargs))
+    return _BUILT[recipe]
+
+
+# ---- batches -------------------------------------------------------------------------------------------
+@dataclass
+class Case:
+    kind: str  # "ragged" | "paged" | "decode"
+    q: np.ndarray
+    qo_indptr: np.ndarray
+    kv: object  # RaggedKV | PagedKV
+    keys: list  # per request, for the reference
+    values: list
+    params: dict
+    sm_scale: float
+    injected: str = ""  # what non-finite value was written where ("" for none)
+
+
+def _params(variant: Variant, rng, qo_lens, kv_lens, n_qo: int) -> dict:
+    out = {}
+    names = {p.name for p in variant.params}
+    if "fz_slopes" in names:
+        out["fz_slopes"] = (rng.standard_normal(n_qo) * 0.3).astype(np.float32)
+    if "fz_cap" in names:
+        out["fz_cap"] = float(rng.choice([0.5, 4.0, 30.0]))
+    if "fz_window" in names:
+        out["fz_window"] = int(rng.integers(0, 7))
+    if "mask_bits" in names:
+        out.update(pack_custom_mask([rng.random((a, b)) < 0.6 for a, b in zip(qo_lens, kv_lens)], kv_lens))
+    if "fz_obias" in names:
+        out["fz_obias"] = rng.standard_normal((n_qo, HEAD_DIM)).astype(np.float32)
+    return out
+
+
+def _inject(case: Case, rng, qo_lens, kv_lens) -> None:
+    """Write NaN, +Inf or -Inf into one or two elements of q, k or v (every copy of the KV)."""
+    where = str(rng.choice(["q", "k", "v"]))
+    value = float(rng.choice([np.nan, np.inf, -np.inf]))
+    spots = []
+    for _ in range(int(rng.integers(1, 3))):
+        d = int(rng.integers(HEAD_DIM))
+        if where == "q":
+            if case.q.shape[0] == 0:
+                return
+            row, h = int(rng.integers(case.q.shape[0])), int(rng.integers(case.q.shape[1]))
+            case.q[row, h, d] = value
+            spots.append(f"q[{row},{h},{d}]")
+            continue
+        nonempty = [b for b, n in enumerate(kv_lens) if n]
+        if not nonempty:
+            return
+        b = int(rng.choice(nonempty))
+        j, hk = int(rng.integers(kv_lens[b])), int(rng.integers(case.keys[b].shape[1]))
+        half = 0 if where == "k" else 1
+        (case.keys if half == 0 else case.values)[b][j, hk, d] = value
+        if isinstance(case.kv, RaggedKV):
+            (case.kv.k if half == 0 else case.kv.v)[int(case.kv.indptr[b]) + j, hk, d] = value
+        else:
+            kv = case.kv
+            page = kv.indices[kv.indptr[b] + j // kv.page_size]
+            if kv.layout == "NHD":
+                kv.pages[page, half, j % kv.page_size, hk, d] = value
+            else:
+                kv.pages[page, half, hk, j % kv.page_size, d] = value
+        spots.append(f"{where}[req {b}, key {j}, head {hk}, {d}]")
+    case.injected = f"{value} at " + ", ".join(spots)
+
+
+def make_case(variant: Variant, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    kind = str(rng.choice(["ragged", "paged", "decode"]))
+    batch = int(rng.choice([0, 1, 2, 3, 4], p=[0.04, 0.24, 0.24, 0.24, 0.24]))
+    if kind == "decode":
+        qo_lens = [1] * batch
+    else:
+        qo_lens = [int(rng.choice([0, 1, 1, 2, 3, 5])) for _ in range(batch)]
+    kv_lens = [0 if rng.random() < 0.12 else q + int(rng.integers(0, 10)) for q in qo_lens]
+    if variant.param("mask_bits") is not None:  # a custom mask's rows are the request's own
+        kv_lens = [max(k, q) for q, k in zip(qo_lens, kv_lens)]
+    n_kv = int(rng.integers(1, 3))
+    n_qo = n_kv * int(rng.integers(1, 4))
+    layout = str(rng.choice(["NHD", "HND"]))
+    page_size = int(rng.choice([1, 3, 4, 16]))
+    prob = random_problem(rng, qo_lens, kv_lens, n_qo, n_kv, HEAD_DIM, page_size=page_size, layout=layout,
+                          spare_pages=int(rng.integers(0, 4)))
+    params = _params(variant, rng, qo_lens, kv_lens, n_qo)
+    kv = prob.ragged if kind == "ragged" else prob.paged
+    case = Case(kind, prob.q, prob.qo_indptr, kv, [k.copy() for k in prob.keys], [v.copy() for v in prob.values],
+                params, float(rng.choice([1 / np.sqrt(HEAD_DIM), 0.05, 1.0])))
+    if rng.random() < 0.35:
+        _inject(case, rng, qo_lens, kv_lens)
+    return case
+
+
+# ---- faults --------------------------------------------------------------------------------------------
+FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv_indptr_past_end",
+          "page_id_out_of_range", "page_id_negative", "last_page_len_zero", "last_page_len_too_big",
+          "last_page_len_count", "q_float64", "q_wrong_head_dim", "q_not_contiguous", "kv_heads_not_dividing",
+          "pages_float16", "layout_unknown", "meta_device", "param_missing", "param_wrong_shape",
+          "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype", "kv_wrong_type")
+
+# Faults attngen does not refuse yet, with what is missing: run_case reports them as "gap:<fault>" (the
+# long run counts them; the regression tests hold them as strict xfails until the check exists).
+KNOWN_GAPS = {
+    "meta_device": "check_tensor (runtime/checks.py) does not check the device: a tensor on torch's 'meta' "
+                   "device fails in the FFI with RuntimeError, or is accepted when the batch is empty",
+}
+
+# faults that leave a meaningful call: attngen may also accept it (and must then be right)
+BENIGN = {"none", "q_not_contiguous"}
+
+
+@dataclass
+class Call:
+    q: object
+    qo_indptr: object
+    kv: object
+    params: dict
+    out: object = None
+    lse: object = None
+
+
+def apply_fault(case: Case, fault: str, rng) -> Call | None:
+    """The call of ``case`` with ``fault``; None when the fault does not apply to the case."""
+    call = Call(case.q, case.qo_indptr, case.kv, dict(case.params))
+    kv = case.kv
+    paged = isinstance(kv, PagedKV)
+    nb = len(case.qo_indptr) - 1
+    if fault == "none":
+        return call
+    if fault == "qo_indptr_decreasing":
+        if case.kind == "decode" or nb < 2 or case.qo_indptr[-1] == 0:
+            return None
+        bad = case.qo_indptr.copy()
+        bad[1] = bad[2] + 1  # rows of request 0 run past the start of request 1
+        call.qo_indptr = bad
+    elif fault == "qo_indptr_total":
+        if case.kind == "decode" or nb == 0:
+            return None
+        call.qo_indptr = case.qo_indptr.copy()
+        call.qo_indptr[-1] += 1
+    elif fault == "indptr_int64":
+        if case.kind == "decode":
+            call.kv = replace(kv, indptr=kv.indptr.astype(np.int64))
+        else:
+            call.qo_indptr = case.qo_indptr.astype(np.int64)
+    elif fault == "kv_indptr_past_end":
+        if nb == 0:
+            return None
+        ind = kv.indptr.copy()
+        ind[-1] = (kv.k.shape[0] if not paged else kv.indices.shape[0]) + 1
+        call.kv = replace(kv, indptr=ind)
+    elif fault in ("page_id_out_of_range", "page_id_negative"):
+        if not paged or kv.indptr[-1] == 0:
+            return None
+        idx = kv.indices.copy()
+        idx[int(rng.integers(int(kv.indptr[-1])))] = kv.pages.shape[0] + 2 if fault == "page_id_out_of_range" else -1
+        call.kv = replace(kv, indices=idx)
+    elif fault.startswith("last_page_len"):
+        has = np.flatnonzero(np.diff(kv.indptr) > 0) if paged else []
+        if not paged or len(has) == 0:
+            return None
+        last = kv.last_page_len.copy()
+        if fault == "last_page_len_count":
+            last = np.append(last, 1).astype(np.int32)
+        else:
+            last[int(has[0])] = 0 if fault == "last_page_len_zero" else kv.page_size + 1
+        call.kv = replace(kv, last_page_len=last)
+    elif fault == "q_float64":
+        call.q = case.q.astype(np.float64)
+    elif fault == "q_wrong_head_dim":
+        call.q = np.zeros(case.q.shape[:2] + (HEAD_DIM * 2,), np.float32)
+    elif fault == "q_not_contiguous":
+        wide = np.zeros(case.q.shape[:2] + (HEAD_DIM * 2,), np.float32)
+        wide[..., ::2] = case.q
+        call.q = wide[..., ::2]
+    elif fault == "kv_heads_not_dividing":
+        n_kv = kv.num_kv_heads
+        call.q = np.zeros((case.q.shape[0], n_kv * 2 + 1, HEAD_DIM), np.float32) if n_kv > 1 else None
+        if call.q is None:
+            return None
+    elif fault == "pages_float16":
+        call.kv = replace(kv, pages=kv.pages.astype(np.float16)) if paged else \
+            replace(kv, k=kv.k.astype(np.float16))
+    elif fault == "layout_unknown":
+        if not paged:
+            return None
+        call.kv = replace(kv, layout="NDH")
+    elif fault == "meta_device":
+        import torch
+        call.q = torch.empty(case.q.shape, device="meta")
+    elif fault.startswith("param_"):
+        # a symbolic dim (mask_bits) takes any length: growing it is no fault
+        tensors = [n for n, v in case.params.items() if isinstance(v, np.ndarray)
+                   and (fault != "param_wrong_shape" or n != "mask_bits")]
+        if not tensors:
+            return None
+        name = tensors[int(rng.integers(len(tensors)))]
+        if fault == "param_missing":
+            del call.params[name]
+        elif fault == "param_wrong_shape":
+            call.params[name] = np.zeros((case.params[name].size + 3,) + case.params[name].shape[1:],
+                                         case.params[name].dtype)
+        else:
+            call.params[name] = case.params[name].astype(np.float64)
+    elif fault == "out_wrong_shape":
+        call.out = np.zeros((case.q.shape[0] + 1,) + case.q.shape[1:], np.float32)
+    elif fault == "lse_wrong_dtype":
+        call.lse = np.zeros(case.q.shape[:2], np.float16)
+    elif fault == "kv_wrong_type":
+        call.kv = (kv.k, kv.v) if not paged else kv.pages
+    return call
+
+
+# ---- the oracle ----------------------------------------------------------------------------------------
+ARG_NAMES = ("q", "qo_indptr", "kv", "indptr", "indices", "last_page_len", "pages", "layout", "out", "lse",
+             "param", "fz_", "mask_", "dtype", "device", "head")
+
+
+HANG_SECONDS = 120  # a call (and its reference) taking longer is a hang: the process is ended with a traceback
+
+
+def run_case(variant: Variant, att: CPUAttention, case: Case, fault: str, rng) -> str:
+    """Outcome of one call: "ok", "skip" (fault not applicable), "refused:<Error>" or "gap:<fault>" (a
+    KNOWN_GAPS fault that was not refused); raises FuzzFailure. A call that hangs (in native code too, where
+    no Python exception can reach it) ends the process after HANG_SECONDS with every thread's traceback."""
+    call = apply_fault(case, fault, rng)
+    if call is None:
+        return "skip"
+    what = f"{variant.name} {case.kind} fault={fault} injected=({case.injected})"
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
+    try:
+        return _checked_call(variant, att, case, call, fault, what)
+    except FuzzFailure:
+        if fault in KNOWN_GAPS:
+            return f"gap:{fault}"
+        raise
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _checked_call(variant: Variant, att: CPUAttention, case: Case, call: Call, fault: str, what: str) -> str:
+    try:
+        if case.kind == "decode":
+            out, lse = att.decode(call.q, call.kv, sm_scale=case.sm_scale, params=call.params, out=call.out,
+                                  lse=call.lse)
+        else:
+            out, lse = att.prefill(call.q, call.kv, call.qo_indptr, sm_scale=case.sm_scale, params=call.params,
+                                   out=call.out, lse=call.lse)
+    except ATTNGEN_ERRORS as e:
+        msg = str(e)
+        if fault == "none":
+            raise FuzzFailure(f"{what}: a valid call was refused: {type(e).__name__}: {msg}") from e
+        if not any(a in msg for a in ARG_NAMES):
+            raise FuzzFailure(f"{what}: the refusal names no argument: {msg!r}") from e
+        return f"refused:{type(e).__name__}"
+    except Exception as e:  # anything else is a crash of attngen's own checks
+        raise FuzzFailure(f"{what}: {type(e).__name__} instead of an attngen error: {e}") from e
+    if fault not in BENIGN:
+        raise FuzzFailure(f"{what}: the spoilt call was accepted")
+    params = _with_defaults(variant, call.params)
+    ref_o, ref_l = reference_attention(variant, case.q, case.keys, case.values,
+                                       case.qo_indptr if case.kind != "decode" else np.arange(len(case.keys) + 1),
+                                       case.sm_scale, params)
+    scale = max(1.0, float(np.abs(ref_o[np.isfinite(ref_o)]).max()) if np.isfinite(ref_o).any() else 1.0)
+    try:
+        compare_nonfinite(np.asarray(out), np.asarray(lse), ref_o, ref_l, tol=3e-5 * scale * 8,
+                          lse_tol=1e-4 * max(1.0, float(np.abs(ref_l[np.isfinite(ref_l)]).max(initial=0))),
+                          what=what)
+    except AssertionError as e:
+        raise FuzzFailure(str(e)) from e
+    return "ok"
+
+
+def _with_defaults(variant: Variant, params: dict) -> dict:
+    """``params`` with the scalar parameters' declared defaults filled in (as the runtime does)."""
+    full = dict(params)
+    for p in variant.scalar_params:
+        full.setdefault(p.name, p.default)
+    return full

@@ -126,14 +126,17 @@ def test_prefill_ragged_and_paged(how, kv_mode, name, build_cache, rng):
     ref_o, ref_l = reference_attention(variant(name), q.float().cpu().numpy(), keys, values, prob.qo_indptr,
                                        1 / np.sqrt(D))
     qo_indptr = to_torch(prob.qo_indptr)
-    for wide in (False, True):
-        plan = att.plan_prefill(qo_indptr, kv, D, wide_tiles=wide)
+    runs = [("mma_sync", False), ("mma_sync", True)]
+    if torch.cuda.get_device_capability()[0] == 9:
+        runs.append(("hopper", None))  # the Hopper template, on the devices it runs on
+    for template, wide in runs:
+        plan = att.plan_prefill(qo_indptr, kv, D, wide_tiles=wide, template=template)
         out = torch.full_like(q, 7.0)
         lse = torch.full(q.shape[:2], 7.0, device="cuda")
         att.prefill(q, kv, qo_indptr, plan=plan, sm_scale=1 / np.sqrt(D), out=out, lse=lse)
         torch.cuda.synchronize()
         compare_nonfinite(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=tol, lse_tol=2e-2,
-                          what=f"{name} prefill {kv_mode} {how} wide={wide}")
+                          what=f"{name} prefill {template} {kv_mode} {how} wide={wide}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

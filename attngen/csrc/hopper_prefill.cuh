@@ -412,13 +412,15 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
     float dsum = d_row[h];
     dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
     dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
-    const float inv = (V::kSoftmax && dsum > 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+    // dsum is 0 only for a row without a live key; a NaN or +inf score made it NaN, which must reach O and
+    // lse (the non-finite rules of the float64 reference, as in prefill.cuh)
+    const float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
 #pragma unroll
     for (int n = 0; n < NDT; ++n) {
       o_acc[4 * n + 2 * h] *= inv;
       o_acc[4 * n + 2 * h + 1] *= inv;
     }
-    lse_row[h] = V::kSoftmax ? (dsum > 0.f ? m_row[h] + log2f(dsum) : kNegInf) : 0.f;
+    lse_row[h] = V::kSoftmax ? (dsum != 0.f ? m_row[h] + log2f(dsum) : kNegInf) : 0.f;
   }
   if constexpr (!V::kHasOutputTransform) {
 #pragma unroll

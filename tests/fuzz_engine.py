@@ -274,10 +274,7 @@ FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv
 
 # Faults attngen does not refuse yet, with what is missing: run_case reports them as "gap:<fault>" (the
 # long run counts them; the regression tests hold them as strict xfails until the check exists).
-KNOWN_GAPS = {
-    "meta_device": "check_tensor (runtime/checks.py) does not check the device: a tensor on torch's 'meta' "
-                   "device fails in the FFI with RuntimeError, or is accepted when the batch is empty",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 # faults that leave a meaningful call: attngen may also accept it (and must then be right)
 BENIGN = {"none", "q_not_contiguous"}

@@ -57,15 +57,14 @@ def test_fuzz_regressions_nonfinite(modules, recipe_index, seed):
     assert run_case(variant, att, case, "none", np.random.default_rng(seed)) == "ok"
 
 
-# A gap the fuzzer found that attngen does not close yet (fuzz_engine.KNOWN_GAPS): kept as strict xfails,
-# so that they turn into failures, to be moved to the passing tests, once the device check exists.
-DEVICE_GAP_EXAMPLES = [  # (recipe, seed): RuntimeError from the FFI; accepted with an empty batch
+# A gap the fuzzer found, now closed (check_tensor refuses tensors on torch's 'meta' device): the examples
+# that found it, kept as regression tests.
+DEVICE_GAP_EXAMPLES = [  # (recipe, seed): once a RuntimeError from the FFI; once accepted with an empty batch
     (Recipe(("alibi", "softcap"), ("causal",), "affine", "none", "head_bias"), 0),
     (Recipe(("alibi", "softcap"), ("custom", "stripe"), "affine", "swap", "affine", "sum"), 3326255511),
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/checks.py check_tensor does not check the device (meta tensors)")
 @pytest.mark.parametrize("recipe,seed", DEVICE_GAP_EXAMPLES)
 def test_fuzz_regression_meta_device_is_refused(build_cache, recipe, seed):
     from .fuzz_engine import _checked_call, apply_fault

@@ -30,6 +30,10 @@ def dtype_name(x) -> str:
 def check_tensor(x, name: str, ndim: int, dtype: str | None = None) -> None:
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise AttentionArgumentError(f"{name}: expected a tensor, got {type(x).__name__}")
+    device = getattr(x, "device", None)
+    if getattr(device, "type", None) == "meta":  # torch's shape-only tensors hold no data to read
+        raise AttentionArgumentError(f"{name}: is on torch's 'meta' device (it holds no data); pass a tensor on the "
+                                     "device the module runs on")
     if len(x.shape) != ndim:
         raise AttentionArgumentError(f"{name}: expected {ndim} dims, got shape {tuple(x.shape)}")
     if dtype is not None and dtype_name(x) != dtype:

@@ -136,3 +136,27 @@ def test_runtime_planner_reads_the_decode_tc_record(monkeypatch):
     monkeypatch.setitem(template_decode_tc.STAGES, 128, 1)
     assert decode_plan.decode_tc_stages(128) == 1
     assert decode_plan.decode_tc_ctas_per_sm(128, h200_per_sm, h200_optin) == 3
+
+
+def test_hopper_prefill_is_a_companion_of_prefill_on_sm90a_only():
+    from attngen.schedules.registry import companion_macros, companions
+    from attngen.schedules.template_prefill_hopper import PREFILL_HOPPER, HopperConfig, hopper_smem_bytes
+
+    assert "prefill_hopper" in PREFILL.companions and not PREFILL_HOPPER.selectable
+    assert [r.name for r in companions(arch_spec("sm_90a"), ("prefill",))] == ["prefill_hopper"]
+    assert companions(arch_spec("sm_80"), ("prefill",)) == [] and companions(arch_spec("sm_90a"), ("decode",)) == []
+    assert companion_macros([arch_spec("sm_80"), arch_spec("sm_90a")], ("prefill",)) == ["ATTNGEN_WITH_PREFILL_HOPPER"]
+    assert companion_macros([arch_spec("sm_80")], ("prefill",)) == []
+    # a build that has the companion fits its tiles too; every Hopper tile fits sm_90a's shared memory
+    for d in PREFILL_HOPPER.head_dims:
+        assert hopper_smem_bytes(HopperConfig(d), HALF) <= arch_spec("sm_90a").smem_per_block
+    small = dataclasses.replace(arch_spec("sm_90a"), smem_per_block=100 * 1024)
+    problems = fit_problems(small, ("prefill",), (128,), (DtypePair("float16", "float16"),), 8, False)
+    assert any("prefill_hopper head_dim 128 (Hopper tile)" in p for p in problems)
+    assert "kPrefillHopper" in tiles_header()
+
+
+def test_wgmma_header_is_the_generators_output():
+    from attngen.codegen.wgmma_ops_gen import HEADER, header_text
+
+    assert HEADER.read_text() == header_text(), "run python -m attngen.codegen.wgmma_ops_gen"

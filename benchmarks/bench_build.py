@@ -60,12 +60,13 @@ def attngen(args: list[str], cache_dir: Path) -> tuple[float, str]:
     return seconds, p.stdout
 
 
-def outcome(output: str) -> str:
-    """What the build reported: a cache hit or a compile, and its own seconds."""
+def outcome(output: str) -> tuple[str, float]:
+    """What the build reported: "cache hit" or "compiled", and its own seconds."""
     for line in output.splitlines():
-        if line.startswith("attngen: cache hit") or line.startswith("attngen: compiled"):
-            return line.split(" -> ")[0].removeprefix("attngen: ")
-    return ""
+        for word in ("cache hit", "compiled"):
+            if line.startswith(f"attngen: {word} in "):
+                return word, float(line.split(" in ", 1)[1].split("s", 1)[0])
+    return "", 0.0
 
 
 def machine() -> dict:
@@ -86,9 +87,10 @@ def machine() -> dict:
             "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
 
 
-def bench_arch(arch: str, work: Path, head_dim: int, dtype: str) -> list[tuple[str, float, str]]:
-    cache = work / f"cache-{arch}"
-    variant = work / f"softcap_{arch}.py"
+def bench_arch(arch: str, work: Path, head_dim: int, dtype: str) -> list[tuple[str, float, str, float]]:
+    """One pass of the four builds for ``arch`` into a fresh cache: (row, wall s, outcome, build's own s)."""
+    cache = Path(tempfile.mkdtemp(prefix=f"cache-{arch}-", dir=work))
+    variant = cache.parent / f"softcap_{cache.name}.py"
     variant.write_text(SOFTCAP_FILE.format(cap="30.0"))
     build = ["build", "--target", "cuda", "--arch", arch, "--head-dim", str(head_dim), "--dtype", dtype]
     rows = []
@@ -98,9 +100,14 @@ def bench_arch(arch: str, work: Path, head_dim: int, dtype: str) -> list[tuple[s
         if cap is not None:
             variant.write_text(SOFTCAP_FILE.format(cap=cap))
         seconds, out = attngen([build[0], str(source), *build[1:]], cache)
-        rows.append((f"{arch}: {name}", seconds, outcome(out)))
-        print(f"{rows[-1][0]:48s} {seconds:8.2f} s  {rows[-1][2]}", flush=True)
+        rows.append((f"{arch}: {name}", seconds, *outcome(out)))
+        print(f"{rows[-1][0]:48s} {seconds:8.2f} s  {rows[-1][2]} in {rows[-1][3]:.2f} s", flush=True)
     return rows
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
 
 
 def main() -> None:
@@ -109,20 +116,32 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder of the result file")
+    ap.add_argument("--repeat", type=int, default=3, help="passes of every row, each build pass into a fresh "
+                                                          "cache (default: 3; the table gives median, min, max)")
     args = ap.parse_args()
     info = machine()
     start = datetime.datetime.now(datetime.timezone.utc)
-    rows = []
+    runs: dict[str, list[tuple[float, str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
         work = Path(tmp)
-        for label, cmd in [("attngen --help", ["--help"]), ("attngen list (fresh cache)", ["list"]),
-                           ("attngen list (again)", ["list"])]:
-            seconds, _ = attngen(cmd, work / "cache-cli")
-            rows.append((label, seconds, ""))
-            print(f"{label:48s} {seconds:8.2f} s", flush=True)
-        for arch in (a.strip() for a in args.arch.split(",") if a.strip()):
-            rows += bench_arch(arch, work, args.head_dim, args.dtype)
+        for _ in range(args.repeat):
+            cli_cache = Path(tempfile.mkdtemp(prefix="cache-cli-", dir=work))
+            for label, cmd in [("attngen --help", ["--help"]), ("attngen list (fresh cache)", ["list"]),
+                               ("attngen list (again)", ["list"])]:
+                seconds, _ = attngen(cmd, cli_cache)
+                runs.setdefault(label, []).append((seconds, "", 0.0))
+                print(f"{label:48s} {seconds:8.2f} s", flush=True)
+            for arch in (a.strip() for a in args.arch.split(",") if a.strip()):
+                for name, seconds, what, own in bench_arch(arch, work, args.head_dim, args.dtype):
+                    runs.setdefault(name, []).append((seconds, what, own))
     minutes = (datetime.datetime.now(datetime.timezone.utc) - start).total_seconds() / 60
+
+    def row(name: str, results: list[tuple[float, str, float]]) -> str:
+        wall = [r[0] for r in results]
+        what = sorted({r[1] for r in results if r[1]})
+        reported = f"{'/'.join(what)}, median {median([r[2] for r in results]):.2f} s" if what else ""
+        return f"| {name} | {median(wall):.2f} | {min(wall):.2f} | {max(wall):.2f} | {reported} |"
+
     lines = [
         f"# attngen build times, {start:%Y-%m-%d %H:%M} UTC",
         "",
@@ -131,13 +150,15 @@ def main() -> None:
         "processes ran too).",
         f"Commit {info['commit']}; Python {info['python']}; nvcc {info['nvcc']}.",
         "",
-        f"Wall seconds of each `attngen` command in a new process (`{Path(sys.argv[0]).name}`), CUDA builds of "
-        f"D {args.head_dim}, {args.dtype}, default templates (decode, prefill) and layouts (NHD, HND). "
-        f"The run took {minutes:.1f} min.",
+        f"Wall seconds of each `attngen` command in a new process (`benchmarks/{Path(sys.argv[0]).name} "
+        f"--arch {args.arch} --repeat {args.repeat}`), CUDA builds of D {args.head_dim}, {args.dtype}, "
+        "the default templates (decode, prefill) and layouts (NHD, HND); each pass builds into a fresh cache. "
+        f"Median, min and max of {args.repeat} passes; the run took {minutes:.1f} min. \"build\": what the "
+        "command reported (a compile or a cache hit, and the build's own seconds, without process start).",
         "",
-        "| command | wall s | build reported |",
-        "|---|---:|---|",
-        *[f"| {name} | {seconds:.2f} | {what} |" for name, seconds, what in rows],
+        "| command | wall s (median) | min | max | build |",
+        "|---|---:|---:|---:|---|",
+        *[row(name, results) for name, results in runs.items()],
         "",
     ]
     args.out.mkdir(parents=True, exist_ok=True)

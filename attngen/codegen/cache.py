@@ -9,7 +9,9 @@ temporary directory and renamed into place so readers never see half a build.
 Records are the cache's small JSON notes (``records/<key>.json``), each valid while the files it lists
 still hash as they did when it was written (a depfile, by content). The command line keeps one per build
 request, keyed by the variant's source text instead of its IR, pointing at the build's entry: a repeated
-``attngen build`` finds its library without importing TVM to print the IR.
+``attngen build`` finds its library without importing TVM to print the IR. What such a record cannot
+see is what a variant file reads at import time other than Python modules (a data file, an environment
+variable); ``--dump`` (or ``ATTNGEN_DUMP``) always runs the stages, and so keys by the IR.
 This module and its helpers import nothing heavy: they run before anything is lowered.
 """
 from __future__ import annotations
@@ -75,7 +77,9 @@ def python_environment() -> dict:
 
 def local_module_files(exclude: tuple[Path, ...] = ()) -> list[Path]:
     """Source files of the imported modules outside the standard library and the installed packages (and
-    outside ``exclude``): the user's own modules, whose text a record keyed by a variant file must watch."""
+    outside ``exclude``): the user's own modules, whose text a record keyed by a variant file must watch.
+    Installed packages are keyed by their versions instead (:func:`python_environment`); a package
+    installed in editable mode lives outside ``site-packages`` and is watched file by file."""
     skip = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     skip |= {Path(p).resolve() for p in exclude}
     files = set()
@@ -84,7 +88,8 @@ def local_module_files(exclude: tuple[Path, ...] = ()) -> list[Path]:
         if not name or not name.endswith(".py"):
             continue
         path = Path(name).resolve()
-        if path.is_file() and not any(path.is_relative_to(s) for s in skip):
+        installed = "site-packages" in path.parts or "dist-packages" in path.parts
+        if path.is_file() and not installed and not any(path.is_relative_to(s) for s in skip):
             files.add(path)
     return sorted(files)
 

@@ -136,8 +136,8 @@ def cmd_build(args) -> int:
     t0 = time.perf_counter()
     source = _request_source(args.source, args.variant)
     request = request_key(source, cfg) if source is not None else None
-    # a dump asks for every stage's artifact, which only running the stages gives
     res = None
+    # a dump asks for every stage's artifact, which only running the stages gives
     if request is not None and not (args.dump or os.environ.get("ATTNGEN_DUMP")):
         res = _finished_build(cache, request, cfg, t0)
     if res is not None:

@@ -105,14 +105,15 @@ def _dump_text(artifact) -> str:
     return json.dumps(artifact, indent=2, default=str)
 
 
+def _source_files(path: Path) -> list[Path]:
+    """``path`` itself, or every file below it, bytecode caches excluded."""
+    found = [path] if path.is_file() else path.rglob("*")
+    return [p for p in found if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+
+
 def build_source_files(package: Path = PACKAGE) -> list[Path]:
     """Every file of ``BUILD_SOURCES`` under ``package`` (directories recursively, caches excluded)."""
-    files = []
-    for name in BUILD_SOURCES:
-        path = package / name
-        found = [path] if path.is_file() else path.rglob("*")
-        files += [p for p in found if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
-    return sorted(files)
+    return sorted(f for name in BUILD_SOURCES for f in _source_files(package / name))
 
 
 def build_inputs(cfg: BuildConfig, *, package: Path = PACKAGE) -> dict:
@@ -137,8 +138,7 @@ def cache_key(variant: Variant, cfg: BuildConfig, *, package: Path = PACKAGE) ->
 
 def package_files(package: Path = PACKAGE) -> list[Path]:
     """Every source file of the attngen package (what a variant's definition may run through)."""
-    return sorted(p for p in package.rglob("*")
-                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    return sorted(_source_files(package))
 
 
 def request_key(source: dict, cfg: BuildConfig, *, package: Path = PACKAGE) -> str:

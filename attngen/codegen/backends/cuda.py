@@ -20,16 +20,17 @@ from ..cache import package_version
 from ..host_library import host_cxx
 from .base import Backend, BuildContext
 
-# The code generators below import TVM and tvm-ffi (with torch); they load in the stage that uses them, so
-# that the tool versions of a cache key cost no such import.
+# The code generators (hooks_cuda, cuda_library, cuda_variant, cuda_tvm_slots) import TVM and tvm-ffi (with
+# torch): each stage imports those it uses, so that reading the tool versions for a cache key imports neither.
 
-# TemplateRecord.variant_check keys: build-time refusals of variants a template would serve wrongly
+
 def _check_tvm_slots(variant, cfg) -> None:
     from ..cuda_tvm_slots import check_tvm_slot_variant
 
     check_tvm_slot_variant(variant, dict(cfg.tvm_constants))
 
 
+# TemplateRecord.variant_check keys: build-time refusals of variants a template would serve wrongly
 VARIANT_CHECKS = {
     "tvm_slots": _check_tvm_slots,
 }

@@ -31,6 +31,9 @@ PACKAGE = Path(attngen.__file__).parent
 # and template records, the code generators, the C++ templates, and the build entry point. A variant's
 # own definition enters the key through its IR text.
 BUILD_SOURCES = ("ir", "schedules", "codegen", "csrc", "build.py")
+# Environment variables that change what the compilers do without a flag of ours: nvcc's extra flags and
+# its host compiler.
+COMPILER_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
 
 
 @dataclass(frozen=True)
@@ -119,13 +122,15 @@ def build_source_files(package: Path = PACKAGE) -> list[Path]:
 def build_inputs(cfg: BuildConfig, *, package: Path = PACKAGE) -> dict:
     """Every input of a build but the variant: the config (target, archs, head dims, dtypes and K/V dtypes,
     layouts, kernels, flags, hook math), attngen's build sources, TVM (whose LLVM builds the CPU target and
-    whose printer makes the IR text), the target's tools, and the host's machine type."""
+    whose printer makes the IR text), the target's tools and the environment variables they read
+    (``COMPILER_ENV``), and the host's machine type."""
     return {
         "config": cfg.key(),
         "sources": hash_files(build_source_files(package), root=package),
         "tvm": package_version("apache-tvm"),
         "tvm_ffi": package_version("apache-tvm-ffi"),
         "tools": backend_for(cfg.target).tool_versions(),
+        "compiler_env": {name: os.environ[name] for name in COMPILER_ENV if name in os.environ},
         "machine": platform.machine(),
         "attngen": attngen.__version__,
     }

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attngen.codegen.cpu.merge_tir import build_merge_library
 from attngen.codegen.host_library import build_merge_cuda_library, build_planner_library
 from attngen.codegen.pipeline import BuildResult, run_pipeline
 from attngen.schedules.build_config import BuildConfig
@@ -27,6 +26,8 @@ def support_library(kind: str, *, archs: tuple[str, ...] = (), cache=None) -> Pa
     if kind == "planner":
         return build_planner_library(cache)
     if kind == "merge_cpu":
+        from attngen.codegen.cpu.merge_tir import build_merge_library  # TIR: imports TVM
+
         return build_merge_library(cache)
     if kind == "merge_cuda":
         return build_merge_cuda_library(tuple(archs), cache)

@@ -1,24 +1,29 @@
-"""The ``attngen`` command line: build a variant, inspect what attngen made of it, list built-ins."""
+"""The ``attngen`` command line: build a variant, inspect what attngen made of it, list built-ins.
+
+Starting it is cheap: TVM (and with tvm-ffi, torch) is imported by the subcommand stage that needs it,
+not here. ``attngen build`` first looks for a finished build by the request's source key (the variant's
+file text or built-in name, the config, attngen's sources, the tools and the Python environment; see
+:func:`attngen.codegen.pipeline.request_key`), and only on a miss loads the variant and runs the
+pipeline, whose own key is the variant's IR; ``attngen list`` keeps its table in the build cache, keyed
+by attngen's sources and the environment.
+"""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
-import tvm.error
-
-from attngen.build import build
-from attngen.codegen.cache import BuildCache
-from attngen.codegen.hooks_cuda import lower_hooks_cuda
+from attngen.codegen.cache import BuildCache, content_key, hash_files, python_environment
 from attngen.codegen.nvcc import NvccError
-from attngen.ir import HOOKS, ConfigError, VariantError
-from attngen.loader import diagnostic_text, pick_variant
+from attngen.ir.errors import ConfigError, VariantError
 from attngen.schedules import ARCHS, BuildConfig
 from attngen.schedules.build_config import HOOK_MATH_MODES
 from attngen.schedules.registry import KERNELS
 from attngen.schedules.template_decode import GROUP_TILES
-from attngen.variants import BUILTINS, builtin
 
 DESCRIPTION = """\
 attngen compiles attention variants written as TVM TensorIR hooks.
@@ -88,19 +93,66 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def cmd_build(args) -> int:
-    variant = pick_variant(args.source, args.variant)
-    dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
-    cfg = BuildConfig(target=args.target, head_dims=args.head_dim, dtypes=dtypes, kv_dtypes=args.kv_dtype,
-                      archs=args.arch, layouts=args.layout, fast_math=args.fast_math, kernels=args.kernels,
-                      max_group_size=args.max_group_size, hook_math=args.hook_math)
-    what = f"variant '{variant.name}' for {cfg.target}"
+def _request_source(source: str, variant: str | None) -> dict | None:
+    """The variant the command line names, as text: a built-in's name, or a file's path and content
+    hash; None for a path that is no file (the pipeline's loader reports it)."""
+    path = Path(source)
+    if path.suffix != ".py":
+        return {"builtin": source, "variant": variant}
+    if not path.is_file():
+        return None
+    return {"file": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "variant": variant}
+
+
+def _finished_build(cache: BuildCache, request: str, cfg: BuildConfig, t0: float):
+    """The result of an earlier build of the same request, if its cache entry and the user's modules it
+    imported are unchanged; None otherwise."""
+    from attngen.codegen.pipeline import BuildResult
+
+    seen = cache.read_record(request)
+    if seen is None or not cache.path_for(seen["entry"]).is_dir():
+        return None
+    return BuildResult.from_entry(seen["variant"], cfg, cache.path_for(seen["entry"]), True,
+                                  time.perf_counter() - t0)
+
+
+def _announce(name: str, cfg: BuildConfig) -> None:
+    what = f"variant '{name}' for {cfg.target}"
     if cfg.target == "cuda":
         what += f" ({', '.join(cfg.archs)})"
     print(f"attngen: building {what}: head_dim {list(cfg.head_dims)}, dtype {list(cfg.dtypes)}, "
           f"layouts {list(cfg.layouts)}")
-    res = build(variant, cfg, cache=BuildCache(args.cache_dir) if args.cache_dir else None, dump=args.dump,
-                log=print)
+
+
+def cmd_build(args) -> int:
+    from attngen.codegen.pipeline import PACKAGE, request_key
+
+    dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
+    cfg = BuildConfig(target=args.target, head_dims=args.head_dim, dtypes=dtypes, kv_dtypes=args.kv_dtype,
+                      archs=args.arch, layouts=args.layout, fast_math=args.fast_math, kernels=args.kernels,
+                      max_group_size=args.max_group_size, hook_math=args.hook_math)
+    cache = BuildCache(args.cache_dir) if args.cache_dir else BuildCache()
+    t0 = time.perf_counter()
+    source = _request_source(args.source, args.variant)
+    request = request_key(source, cfg) if source is not None else None
+    res = None
+    # a dump asks for every stage's artifact, which only running the stages gives
+    if request is not None and not (args.dump or os.environ.get("ATTNGEN_DUMP")):
+        res = _finished_build(cache, request, cfg, t0)
+    if res is not None:
+        _announce(res.variant, cfg)
+    else:
+        from attngen.build import build
+        from attngen.codegen.cache import local_module_files
+        from attngen.loader import pick_variant
+
+        variant = pick_variant(args.source, args.variant)
+        _announce(variant.name, cfg)
+        res = build(variant, cfg, cache=cache, dump=args.dump, log=print)
+        if request is not None:
+            cache.write_record(request, {"variant": variant.name, "entry": res.directory.name},
+                               depends_on=local_module_files(exclude=(PACKAGE,)))
     print(f"attngen: {'cache hit' if res.cache_hit else 'compiled'} in {res.seconds:.2f}s -> {res.directory}")
     for f in res.manifest.get("functions", []):
         print(f"  function {f}")
@@ -117,6 +169,10 @@ def cmd_build(args) -> int:
 
 
 def cmd_inspect(args) -> int:
+    from attngen.codegen.hooks_cuda import lower_hooks_cuda
+    from attngen.ir import HOOKS
+    from attngen.loader import pick_variant
+
     v = pick_variant(args.source, args.variant)
     print(f"# variant {v.name}  (state: {v.state.value}; defined at {v.defined_at})")
     if v.doc:
@@ -139,9 +195,20 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_list(args) -> int:
-    for name in BUILTINS:
-        v = builtin(name)
-        print(f"{name:24s} {v.analysis.mask.kind.value:15s} {v.doc}")
+    from attngen.codegen.pipeline import PACKAGE, package_files
+
+    # the table is a function of attngen's sources (the built-ins, their analyses) and the installed TVM
+    cache = BuildCache()
+    key = content_key({"listing": hash_files(package_files(), root=PACKAGE), "python": python_environment()})
+    seen = cache.read_record(key)
+    if seen is None:
+        from attngen.variants import BUILTINS, builtin
+
+        variants = [builtin(name) for name in BUILTINS]
+        seen = {"rows": [[name, v.analysis.mask.kind.value, v.doc] for name, v in zip(BUILTINS, variants)]}
+        cache.write_record(key, seen)
+    for name, mask, doc in seen["rows"]:
+        print(f"{name:24s} {mask:15s} {doc}")
     return 0
 
 
@@ -152,7 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     except (VariantError, ConfigError, NvccError, FileNotFoundError, ValueError) as e:
         print(f"attngen: error: {e}", file=sys.stderr)
         return 2
-    except (tvm.error.DiagnosticError, tvm.error.InternalError) as e:
+    except Exception as e:
+        errors = sys.modules.get("tvm.error")  # a TVM error means TVM was imported
+        if errors is None or not isinstance(e, (errors.DiagnosticError, errors.InternalError)):
+            raise
+        from attngen.loader import diagnostic_text
+
         # TVM failed where attngen did not expect it; its message is all there is to go on
         print(f"attngen: error: TVM: {diagnostic_text(e)}", file=sys.stderr)
         return 2

@@ -12,10 +12,10 @@ import hashlib
 import importlib.util
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import tvm.error
-
-from attngen.ir import Variant
+if TYPE_CHECKING:  # the Variant's module imports TVM, which loading a file brings in when it needs it
+    from attngen.ir import Variant
 
 
 class VariantSourceError(ValueError):
@@ -28,6 +28,13 @@ def diagnostic_text(err: BaseException) -> str:
     return "\n".join(line.rstrip() for line in str(err).strip("\n").splitlines())
 
 
+def is_tvm_diagnostic(exctype: type) -> bool:
+    """Whether ``exctype`` is TVMScript's ``DiagnosticError`` (an error TVM raised means TVM is imported:
+    the check imports nothing)."""
+    errors = sys.modules.get("tvm.error")
+    return errors is not None and issubclass(exctype, errors.DiagnosticError)
+
+
 def show_tvm_diagnostics() -> None:
     """Make an uncaught TVMScript ``DiagnosticError`` print its diagnostic (TVM's exception hook prints
     only a note in its place). Safe to call more than once."""
@@ -36,7 +43,7 @@ def show_tvm_diagnostics() -> None:
         return
 
     def hook(exctype, value, tb):
-        if issubclass(exctype, tvm.error.DiagnosticError):
+        if is_tvm_diagnostic(exctype):
             print(diagnostic_text(value), file=sys.stderr)
         previous(exctype, value, tb)
 
@@ -47,6 +54,7 @@ def show_tvm_diagnostics() -> None:
 def load_variants(source: str) -> list[Variant]:
     """Variants from a built-in name, or from a Python file's module-level Variant objects
     (a ``VARIANTS`` list wins; a ``make()`` factory is called when the file has no Variant)."""
+    from attngen.ir import Variant
     from attngen.variants import BUILTINS, builtin
 
     path = Path(source)
@@ -63,11 +71,10 @@ def load_variants(source: str) -> list[Variant]:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except tvm.error.DiagnosticError as e:
+    except BaseException as e:
         sys.modules.pop(name, None)
-        raise VariantSourceError(f"{source}: TVMScript could not parse a hook:\n{diagnostic_text(e)}") from None
-    except BaseException:
-        sys.modules.pop(name, None)
+        if is_tvm_diagnostic(type(e)):
+            raise VariantSourceError(f"{source}: TVMScript could not parse a hook:\n{diagnostic_text(e)}") from None
         raise
     if isinstance(getattr(module, "VARIANTS", None), (list, tuple)):
         found = list(module.VARIANTS)

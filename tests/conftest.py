@@ -1,6 +1,8 @@
-"""Shared fixtures: one build cache per test session, seeded RNGs, the gpu marker's skip rule."""
+"""Shared fixtures: one build cache per test session (or kept across sessions), seeded RNGs, the gpu
+marker's skip rule."""
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -31,7 +33,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def build_cache(tmp_path_factory) -> BuildCache:
-    return BuildCache(tmp_path_factory.mktemp("attngen-cache"))
+    """The session's build cache: every test that builds a library passes it, so equal builds (equal
+    variant IR, config, sources and tools) happen once per session. ``ATTNGEN_TEST_CACHE_DIR`` names a
+    cache kept across sessions instead: a later session compiles only what changed."""
+    kept = os.environ.get("ATTNGEN_TEST_CACHE_DIR")
+    return BuildCache(kept if kept else tmp_path_factory.mktemp("attngen-cache"))
 
 
 @pytest.fixture

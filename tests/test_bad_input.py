@@ -38,11 +38,8 @@ def bias_variant(shape=("rows", "num_qo_heads")) -> Variant:
 
 
 @pytest.fixture(scope="module")
-def att(tmp_path_factory):
-    from attngen.codegen.cache import BuildCache
-
-    return CPUAttention.build(bias_variant(), head_dims=(D,), layouts=("NHD",),
-                              cache=BuildCache(tmp_path_factory.mktemp("cache")))
+def att(build_cache):
+    return CPUAttention.build(bias_variant(), head_dims=(D,), layouts=("NHD",), cache=build_cache)
 
 
 @pytest.fixture

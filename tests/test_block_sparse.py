@@ -13,11 +13,9 @@ D = 32
 
 
 @pytest.fixture(scope="module")
-def att(tmp_path_factory):
-    from attngen.codegen.cache import BuildCache
-
-    return CPUAttention.build(builtin("vanilla"), head_dims=(D,), layouts=("NHD", "HND"),
-                              cache=BuildCache(tmp_path_factory.mktemp("c")))
+def att(build_cache):
+    # the session's build cache: test_cpu_backend and test_state_merge build this library too
+    return CPUAttention.build(builtin("vanilla"), head_dims=(D,), layouts=("NHD", "HND"), cache=build_cache)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +74,6 @@ def test_bsr_matches_dense_masked_attention(att, seed, rc, m, n, layout):
 
 
 def test_bsr_refuses_position_dependent_variants_and_bad_views(tmp_path):
-    from attngen.codegen.cache import BuildCache
     from attngen.runtime.views import require_position_free
 
     with pytest.raises(AttentionArgumentError, match=r"logits_mask reads qo_pos.*flat view"):

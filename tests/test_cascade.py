@@ -13,11 +13,9 @@ D, S = 32, 4  # head dim, page size
 
 
 @pytest.fixture(scope="module")
-def modules(tmp_path_factory):
-    from attngen.codegen.cache import BuildCache
-
-    cache = BuildCache(tmp_path_factory.mktemp("c"))
-    return {n: CPUAttention.build(builtin(n), head_dims=(D,), layouts=("NHD",), cache=cache)
+def modules(build_cache):
+    # the session's build cache and test_cpu_backend's layouts: one library per variant for the session (the tests run NHD only)
+    return {n: CPUAttention.build(builtin(n), head_dims=(D,), layouts=("NHD", "HND"), cache=build_cache)
             for n in ("vanilla", "logits_softcap", "sigmoid")}
 
 
@@ -82,10 +80,8 @@ def test_cascade_equals_flat_attention(modules, seed, groups, name):
         assert np.abs(out - ref).max() < 1e-4
 
 
-def test_position_dependent_variants_are_refused(tmp_path):
-    from attngen.codegen.cache import BuildCache
-
-    att = CPUAttention.build(builtin("causal"), head_dims=(D,), layouts=("NHD",), cache=BuildCache(tmp_path))
+def test_position_dependent_variants_are_refused(build_cache):
+    att = CPUAttention.build(builtin("causal"), head_dims=(D,), layouts=("NHD", "HND"), cache=build_cache)
     with pytest.raises(AttentionArgumentError, match=r"logits_mask reads qo_pos.*flat view"):
         CascadeAttention(att)
 

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attngen.codegen.cache import BuildCache
 from attngen.runtime import AttentionArgumentError
 from attngen.runtime.decode_plan import MIN_CHUNK, DecodeBounds, items_needed, workspace_ints
 from attngen.runtime.planner import PackedLayout, PlannerCapacity, SplitKVPlanner, plan_layout_ints
@@ -20,8 +19,8 @@ BOUNDS = [DecodeBounds(max_batch=64, num_ctas=33), DecodeBounds(max_batch=16, nu
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return BuildCache(tmp_path_factory.mktemp("planner"))
+def cache(build_cache):
+    return build_cache  # the planner library, built once per session (test_planner loads it too)
 
 
 def planner_for(bounds, cache):

@@ -11,10 +11,8 @@ CAP = PlannerCapacity(max_batch=64, max_work_items=20000, max_partials=20000, ma
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    from attngen.codegen.cache import BuildCache
-
-    return BuildCache(tmp_path_factory.mktemp("planner"))
+def cache(build_cache):
+    return build_cache  # the planner library, built once per session (test_decode_plan loads it too)
 
 
 @pytest.fixture(scope="module")

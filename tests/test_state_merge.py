@@ -11,11 +11,9 @@ D = 32
 
 
 @pytest.fixture(scope="module")
-def att(tmp_path_factory):
-    from attngen.codegen.cache import BuildCache
-
-    return CPUAttention.build(builtin("vanilla"), head_dims=(D,), layouts=("NHD",),
-                              cache=BuildCache(tmp_path_factory.mktemp("c")))
+def att(build_cache):
+    # the session's build cache and test_cpu_backend's layouts: one library per variant for the session (the tests run NHD only)
+    return CPUAttention.build(builtin("vanilla"), head_dims=(D,), layouts=("NHD", "HND"), cache=build_cache)
 
 
 def attend(att, q, k, v):

@@ -252,10 +252,8 @@ def assert_close(outs, name, other, tol):
 
 
 @pytest.fixture(scope="module")
-def kernel_cache(tmp_path_factory):
-    from attngen.codegen.cache import BuildCache
-
-    return BuildCache(tmp_path_factory.mktemp("tvm-slots"))
+def kernel_cache(build_cache):
+    return build_cache
 
 
 def attngen_cache(variant, kernel_cache, params=None, **shape):

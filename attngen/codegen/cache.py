@@ -9,6 +9,14 @@ A finished build is sealed (every file flushed, then a record of each file's siz
 and digest) before the rename, and an entry is served only when its seal matches
 its files; a dead build's temporary directory or an entry that fails its seal is
 removed under the lock and built again.
+
+Records are the cache's small JSON notes (``records/<key>.json``), each valid while the files it lists
+still hash as they did when it was written (a depfile, by content). The command line keeps one per build
+request, keyed by the variant's source text instead of its IR, pointing at the build's entry: a repeated
+``attngen build`` finds its library without importing TVM to print the IR. What such a record cannot
+see is what a variant file reads at import time other than Python modules (a data file, an environment
+variable); ``--dump`` (or ``ATTNGEN_DUMP``) always runs the stages, and so keys by the IR.
+This module and its helpers import nothing heavy: they run before anything is lowered.
 """
 from __future__ import annotations
 
@@ -16,6 +24,8 @@ import hashlib
 import json
 import os
 import shutil
+import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -45,6 +55,53 @@ def hash_files(paths, root: Path | str | None = None) -> str:
     return h.hexdigest()
 
 
+def package_version(distribution: str) -> str:
+    """An installed distribution's version, read from its metadata (importing the package, as
+    ``tvm_ffi.__version__`` would, costs seconds: tvm-ffi imports torch); "none" when not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def python_environment() -> dict:
+    """The interpreter and the installed distributions (the names of the ``*.dist-info`` directories on
+    ``sys.path``, which carry their versions): what a variant file may import from outside itself."""
+    dists = set()
+    for entry in sys.path:
+        try:
+            dists.update(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue
+    return {"python": sys.version, "platform": sys.platform,
+            "distributions": hashlib.sha256("\n".join(sorted(dists)).encode()).hexdigest()}
+
+
+def local_module_files(exclude: tuple[Path, ...] = ()) -> list[Path]:
+    """Source files of the imported modules outside the standard library and the installed packages (and
+    outside ``exclude``): the user's own modules, whose text a record keyed by a variant file must watch.
+    Installed packages are keyed by their versions instead (:func:`python_environment`); a package
+    installed in editable mode lives outside ``site-packages`` and is watched file by file."""
+    skip = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    skip |= {Path(p).resolve() for p in exclude}
+    files = set()
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__file__", None)
+        if not name or not name.endswith(".py"):
+            continue
+        path = Path(name).resolve()
+        installed = "site-packages" in path.parts or "dist-packages" in path.parts
+        if path.is_file() and not installed and not any(path.is_relative_to(s) for s in skip):
+            files.add(path)
+    return sorted(files)
+
+
+def file_digests(paths) -> dict[str, str]:
+    return {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths}
+
+
 class BuildCache:
     def __init__(self, root: Path | str | None = None):
         self.root = Path(root) if root is not None else default_cache_dir()
@@ -53,6 +110,27 @@ class BuildCache:
 
     def path_for(self, key: str) -> Path:
         return self.root / key[:2] / key
+
+    def record_path(self, key: str) -> Path:
+        return self.root / "records" / key[:2] / f"{key}.json"
+
+    def write_record(self, key: str, data: dict, depends_on=()) -> None:
+        """Keep ``data`` under ``key`` while the files ``depends_on`` keep their present content."""
+        path = self.record_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key[:8]}-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"data": data, "depends_on": file_digests(depends_on)}, f)
+        os.replace(tmp, path)
+
+    def read_record(self, key: str) -> dict | None:
+        """The data written under ``key``, or None when there is none or a file it depends on changed."""
+        try:
+            record = json.loads(self.record_path(key).read_text())
+            current = file_digests(record["depends_on"])
+        except (OSError, ValueError, KeyError):
+            return None
+        return record["data"] if current == record["depends_on"] else None
 
     def get_or_build(self, key: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
         """Directory holding the artifacts for ``key``, and whether it came from the cache."""

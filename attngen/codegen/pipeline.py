@@ -3,31 +3,37 @@
 Each stage is a plain function from the build context to one artifact; the artifacts are recorded in
 order and, with ``ATTNGEN_DUMP=dir`` (or ``dump=``), written to ``dir/<variant>/<nn>_<stage>.txt``. The
 target's stages belong to its backend object (:mod:`.backends`), looked up once from ``config.target``.
-The whole build is cached by a content hash (see :mod:`.cache` and :func:`cache_key`).
+The whole build is cached by a content hash (see :mod:`.cache` and :func:`cache_key`); the key's parts
+other than the variant's IR (:func:`build_inputs`) are computed without importing TVM, so that a request
+keyed by the variant's source (:func:`request_key`) can find a finished build in a fresh process cheaply.
 """
 from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
-import tvm
+from typing import TYPE_CHECKING, Callable
 
 import attngen
-from attngen.ir import Variant
 from attngen.schedules.build_config import BuildConfig
 
 from .backends import BuildContext, backend_for
-from .cache import BuildCache, content_key, hash_files
+from .cache import BuildCache, content_key, hash_files, package_version, python_environment
+
+if TYPE_CHECKING:  # a Variant's module imports TVM
+    from attngen.ir import Variant
 
 PACKAGE = Path(attngen.__file__).parent
 # Everything under the package that takes part in a build: the variant IR and its analyses, the schedules
 # and template records, the code generators, the C++ templates, and the build entry point. A variant's
 # own definition enters the key through its IR text.
 BUILD_SOURCES = ("ir", "schedules", "codegen", "csrc", "build.py")
+# Environment variables that change what the compilers do without a flag of ours: nvcc's extra flags and
+# its host compiler.
+COMPILER_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,15 @@ class BuildResult:
     manifest: dict
     cache_hit: bool
     seconds: float
+
+    @classmethod
+    def from_entry(cls, variant: str, config: BuildConfig, directory: Path, cache_hit: bool,
+                   seconds: float) -> BuildResult:
+        """The result a finished cache entry describes (its manifest names the library and objects)."""
+        manifest = json.loads((directory / "manifest.json").read_text())
+        lib = directory / manifest["library"] if "library" in manifest else None
+        objs = tuple(directory / o for o in manifest.get("objects", ()))
+        return cls(variant, config, directory, lib, objs, manifest, cache_hit, seconds)
 
 
 def stage_validate(ctx: BuildContext) -> str:
@@ -80,6 +95,8 @@ STAGES: dict[str, Callable[[BuildContext], object]] = {
 
 
 def _dump_text(artifact) -> str:
+    import tvm
+
     if isinstance(artifact, tvm.IRModule):
         return artifact.script()
     if isinstance(artifact, str):
@@ -91,25 +108,51 @@ def _dump_text(artifact) -> str:
     return json.dumps(artifact, indent=2, default=str)
 
 
+def _source_files(path: Path) -> list[Path]:
+    """``path`` itself, or every file below it, bytecode caches excluded."""
+    found = [path] if path.is_file() else path.rglob("*")
+    return [p for p in found if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+
+
 def build_source_files(package: Path = PACKAGE) -> list[Path]:
     """Every file of ``BUILD_SOURCES`` under ``package`` (directories recursively, caches excluded)."""
-    files = []
-    for name in BUILD_SOURCES:
-        path = package / name
-        found = [path] if path.is_file() else path.rglob("*")
-        files += [p for p in found if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
-    return sorted(files)
+    return sorted(f for name in BUILD_SOURCES for f in _source_files(package / name))
+
+
+def build_inputs(cfg: BuildConfig, *, package: Path = PACKAGE) -> dict:
+    """Every input of a build but the variant: the config (target, archs, head dims, dtypes and K/V dtypes,
+    layouts, kernels, flags, hook math), attngen's build sources, TVM (whose LLVM builds the CPU target and
+    whose printer makes the IR text), the target's tools and the environment variables they read
+    (``COMPILER_ENV``), and the host's machine type."""
+    return {
+        "config": cfg.key(),
+        "sources": hash_files(build_source_files(package), root=package),
+        "tvm": package_version("apache-tvm"),
+        "tvm_ffi": package_version("apache-tvm-ffi"),
+        "tools": backend_for(cfg.target).tool_versions(),
+        "compiler_env": {name: os.environ[name] for name in COMPILER_ENV if name in os.environ},
+        "machine": platform.machine(),
+        "attngen": attngen.__version__,
+    }
 
 
 def cache_key(variant: Variant, cfg: BuildConfig, *, package: Path = PACKAGE) -> str:
-    return content_key({
-        "ir": variant.ir_text(),
-        "config": cfg.key(),
-        "sources": hash_files(build_source_files(package), root=package),
-        "tvm": tvm.__version__,
-        "tools": backend_for(cfg.target).tool_versions(),
-        "attngen": attngen.__version__,
-    })
+    """The build's key: the variant's IR text and :func:`build_inputs`."""
+    return content_key({"ir": variant.ir_text(), **build_inputs(cfg, package=package)})
+
+
+def package_files(package: Path = PACKAGE) -> list[Path]:
+    """Every source file of the attngen package (what a variant's definition may run through)."""
+    return sorted(_source_files(package))
+
+
+def request_key(source: dict, cfg: BuildConfig, *, package: Path = PACKAGE) -> str:
+    """A key for a build asked for by the variant's source instead of its IR (``source``: a built-in's
+    name, or a file's path and text, and which variant of it). Making the Variant from that source may
+    run any of attngen and the installed packages, so those are in the key too; the user's own modules
+    that the file imports are a record's ``depends_on`` (see :class:`.cache.BuildCache`)."""
+    return content_key({"source": source, "package": hash_files(package_files(package), root=package),
+                        "python": python_environment(), **build_inputs(cfg, package=package)})
 
 
 def run_pipeline(variant: Variant, cfg: BuildConfig, *, cache: BuildCache | None = None,
@@ -147,11 +190,9 @@ def run_pipeline(variant: Variant, cfg: BuildConfig, *, cache: BuildCache | None
         (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
     directory, hit = cache.get_or_build(key, build)
-    manifest = json.loads((directory / "manifest.json").read_text())
     if hit and dump:  # the stages' artifacts were asked for: rerun all but compile, which is cached
         run_stages(None, [n for n in STAGES if n != "compile"])
         compile_idx = list(STAGES).index("compile")
+        manifest = json.loads((directory / "manifest.json").read_text())
         (Path(dump) / variant.name / f"{compile_idx:02d}_compile.txt").write_text(json.dumps(manifest, indent=2))
-    lib = directory / manifest["library"] if "library" in manifest else None
-    objs = tuple(directory / o for o in manifest.get("objects", ()))
-    return BuildResult(variant.name, cfg, directory, lib, objs, manifest, hit, time.perf_counter() - t0)
+    return BuildResult.from_entry(variant.name, cfg, directory, hit, time.perf_counter() - t0)

@@ -5,9 +5,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from attngen.ir import Variant
 from attngen.schedules.build_config import BuildConfig
+
+if TYPE_CHECKING:  # a Variant's module imports TVM
+    from attngen.ir import Variant
 
 
 class Backend(ABC):

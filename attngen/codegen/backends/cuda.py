@@ -8,8 +8,6 @@ templates static_assert against through csrc/tile_checks.h).
 """
 from __future__ import annotations
 
-import tvm_ffi
-
 from attngen.ir import ConfigError, Site
 from attngen.ir.hook_spec import hooks_at
 from attngen.schedules.arch import arch_spec
@@ -18,16 +16,23 @@ from attngen.schedules.registry import arch_problems, fit_problems, instantiated
 from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
 from .. import nvcc
+from ..cache import package_version
 from ..host_library import host_cxx
-from ..cuda_library import compile_library, exported_functions, translation_units
-from ..cuda_tvm_slots import check_tvm_slot_variant
-from ..cuda_variant import traits_source
-from ..hooks_cuda import lower_hooks_cuda
 from .base import Backend, BuildContext
+
+# The code generators (hooks_cuda, cuda_library, cuda_variant, cuda_tvm_slots) import TVM and tvm-ffi (with
+# torch): each stage imports those it uses, so that reading the tool versions for a cache key imports neither.
+
+
+def _check_tvm_slots(variant, cfg) -> None:
+    from ..cuda_tvm_slots import check_tvm_slot_variant
+
+    check_tvm_slot_variant(variant, dict(cfg.tvm_constants))
+
 
 # TemplateRecord.variant_check keys: build-time refusals of variants a template would serve wrongly
 VARIANT_CHECKS = {
-    "tvm_slots": lambda variant, cfg: check_tvm_slot_variant(variant, dict(cfg.tvm_constants)),
+    "tvm_slots": _check_tvm_slots,
 }
 
 
@@ -36,7 +41,7 @@ class CUDABackend(Backend):
 
     def tool_versions(self) -> dict:
         # nvcc compiles the host glue with the host compiler against tvm-ffi's headers
-        return {"nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1], "tvm_ffi": tvm_ffi.__version__}
+        return {"nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1], "tvm_ffi": package_version("apache-tvm-ffi")}
 
     def schedule(self, ctx: BuildContext) -> dict:
         cfg, variant = ctx.config, ctx.variant
@@ -57,12 +62,17 @@ class CUDABackend(Backend):
                          for a in cfg.archs for d in cfg.head_dims]}
 
     def lower_hooks(self, ctx: BuildContext):
+        from ..hooks_cuda import lower_hooks_cuda
+
         cfg = ctx.config
         return {(a, d): lower_hooks_cuda(ctx.variant, d, a, cfg.hook_math) for a in cfg.archs for d in cfg.head_dims}
 
     def instantiate(self, ctx: BuildContext) -> dict[str, str]:
         """Template instances (traits per head_dim, one TU per template, head_dim and dtype pair) and the
         hook objects per arch."""
+        from ..cuda_library import translation_units
+        from ..cuda_variant import traits_source
+
         lowered = ctx.artifacts["lower_hooks"]
         name, cfg = ctx.variant.name, ctx.config
         files = {}
@@ -87,6 +97,8 @@ class CUDABackend(Backend):
         return files
 
     def compile(self, ctx: BuildContext) -> dict:
+        from ..cuda_library import compile_library, exported_functions
+
         out, cfg, sources = ctx.out_dir, ctx.config, ctx.artifacts["instantiate"]
         flags = ("-dc", "--use_fast_math") if cfg.fast_math else ("-dc",)
         jobs = [nvcc.NvccJob(out / f"hooks_{a}.cu", out / f"hooks_{a}.o", arch_spec(a).gencode, flags)

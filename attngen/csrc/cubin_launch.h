@@ -1,0 +1,98 @@
+// Kernels of a linked cubin, by name, for the host glue of link-time builds (codegen/lto.py).
+//
+// The variant's library embeds its cubin (one per arch) and a table from each kernel's key, e.g.
+// "decode_kernel<__half, 128, 4>" (its template arguments after the traits, as c++filt prints them), to
+// its mangled name. The cubins load once per process (cudaLibraryLoadData, context-independent); a
+// kernel is then a cudaKernel_t, which the runtime API accepts wherever a __global__ function's
+// address goes (launch, attributes, occupancy), so the launchers run unchanged on it.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+extern "C" {
+// Defined by the variant's generated link object: the cubins and the arch (major * 10 + minor) each is
+// for, then the key -> mangled-name pairs; both lists end with a null entry.
+struct AttngenLinkedCubin {
+  const unsigned char* data;
+  int sm;
+};
+extern const AttngenLinkedCubin attngen_linked_cubins[];
+extern const char* const attngen_linked_kernels[];
+}
+
+namespace attngen {
+
+template <class T> constexpr const char* kernel_type_name();
+template <> constexpr const char* kernel_type_name<float>() { return "float"; }
+template <> constexpr const char* kernel_type_name<half>() { return "__half"; }
+template <> constexpr const char* kernel_type_name<__nv_bfloat16>() { return "__nv_bfloat16"; }
+
+inline void append_kernel_arg(std::string& key, int v) { key += ", " + std::to_string(v); }
+inline void append_kernel_arg(std::string& key, bool v) { key += v ? ", true" : ", false"; }
+
+// "<name><<element type>, <values...>>", as the build's kernel table spells it.
+template <class T, class... Values>
+std::string kernel_key(const char* name, Values... values) {
+  std::string key = std::string(name) + "<" + kernel_type_name<T>();
+  (append_kernel_arg(key, values), ...);
+  return key + ">";
+}
+
+// The cubin for the current device: its exact arch, else the newest one of the same major below it.
+inline const unsigned char* linked_cubin_for_device() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  const int sm = major * 10 + minor;
+  const unsigned char* best = nullptr;
+  int best_sm = -1;
+  for (const AttngenLinkedCubin* c = attngen_linked_cubins; c->data; ++c) {
+    if (c->sm / 10 == major && c->sm <= sm && c->sm > best_sm) best = c->data, best_sm = c->sm;
+  }
+  return best;
+}
+
+// The kernel named by `key` in the linked cubin, as the launchers' function-pointer type. Throws
+// (std::runtime_error, which TVM-FFI reports) when the device has no cubin or the cubin lacks the kernel.
+template <class Fn>
+Fn linked_kernel(const std::string& key) {
+  static std::mutex mu;
+  static std::unordered_map<int, cudaLibrary_t> libraries;  // by device: the cubin differs by arch
+  static std::unordered_map<std::string, cudaKernel_t> kernels;
+  std::lock_guard<std::mutex> lock(mu);
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const std::string slot = std::to_string(dev) + ":" + key;
+  auto hit = kernels.find(slot);
+  if (hit != kernels.end()) return reinterpret_cast<Fn>(hit->second);
+  auto lib = libraries.find(dev);
+  if (lib == libraries.end()) {
+    const unsigned char* cubin = linked_cubin_for_device();
+    if (!cubin) throw std::runtime_error("attngen: this library holds no cubin for the current device's arch");
+    cudaLibrary_t l = nullptr;
+    cudaError_t err = cudaLibraryLoadData(&l, cubin, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (err != cudaSuccess)
+      throw std::runtime_error(std::string("attngen: loading the linked cubin failed: ") + cudaGetErrorString(err));
+    lib = libraries.emplace(dev, l).first;
+  }
+  const char* mangled = nullptr;
+  for (const char* const* e = attngen_linked_kernels; *e; e += 2) {
+    if (key == e[0]) mangled = e[1];
+  }
+  if (!mangled) throw std::runtime_error("attngen: the linked cubin has no kernel " + key);
+  cudaKernel_t k = nullptr;
+  cudaError_t err = cudaLibraryGetKernel(&k, lib->second, mangled);
+  if (err != cudaSuccess)
+    throw std::runtime_error("attngen: kernel " + key + " not found in the linked cubin: " + cudaGetErrorString(err));
+  kernels.emplace(slot, k);
+  return reinterpret_cast<Fn>(k);
+}
+
+}  // namespace attngen

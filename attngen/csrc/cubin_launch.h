@@ -59,14 +59,29 @@ inline const unsigned char* linked_cubin_for_device() {
   return best;
 }
 
+namespace {
+// The loaded cubins and the kernels found so far. In an unnamed namespace: each library keeps its own
+// (a function-local static of an inline function would be one object for every library in the process).
+struct LinkedKernels {
+  std::mutex mu;
+  std::unordered_map<int, cudaLibrary_t> libraries;  // by device: the cubin differs by arch
+  std::unordered_map<std::string, cudaKernel_t> kernels;
+};
+
+LinkedKernels& linked_kernels() {
+  static LinkedKernels state;
+  return state;
+}
+}  // namespace
+
 // The kernel named by `key` in the linked cubin, as the launchers' function-pointer type. Throws
 // (std::runtime_error, which TVM-FFI reports) when the device has no cubin or the cubin lacks the kernel.
 template <class Fn>
 Fn linked_kernel(const std::string& key) {
-  static std::mutex mu;
-  static std::unordered_map<int, cudaLibrary_t> libraries;  // by device: the cubin differs by arch
-  static std::unordered_map<std::string, cudaKernel_t> kernels;
-  std::lock_guard<std::mutex> lock(mu);
+  LinkedKernels& st = linked_kernels();
+  auto& libraries = st.libraries;
+  auto& kernels = st.kernels;
+  std::lock_guard<std::mutex> lock(st.mu);
   int dev = 0;
   cudaGetDevice(&dev);
   const std::string slot = std::to_string(dev) + ":" + key;

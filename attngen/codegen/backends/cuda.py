@@ -17,12 +17,13 @@ from attngen.schedules.ffi_enums import enums_header
 from attngen.schedules.registry import arch_problems, fit_problems, instantiated, selected
 from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
-from .. import nvcc
+from .. import nvcc, nvjitlink
 from ..host_library import host_cxx
 from ..cuda_library import compile_library, exported_functions, translation_units
 from ..cuda_tvm_slots import check_tvm_slot_variant
 from ..cuda_variant import traits_source
 from ..hooks_cuda import lower_hooks_cuda
+from ..lto import build_linked_library, check_config
 from .base import Backend, BuildContext
 
 # TemplateRecord.variant_check keys: build-time refusals of variants a template would serve wrongly
@@ -36,13 +37,16 @@ class CUDABackend(Backend):
 
     def tool_versions(self) -> dict:
         # nvcc compiles the host glue with the host compiler against tvm-ffi's headers
-        return {"nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1], "tvm_ffi": tvm_ffi.__version__}
+        return {"nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1], "tvm_ffi": tvm_ffi.__version__,
+                "nvjitlink": nvjitlink.version()}
 
     def schedule(self, ctx: BuildContext) -> dict:
         cfg, variant = ctx.config, ctx.variant
         for record in selected(cfg.kernels):
             if record.variant_check:
                 VARIANT_CHECKS[record.variant_check](variant, cfg)
+        if cfg.link == "lto":
+            check_config(cfg)
         problems = []
         for a in cfg.archs:
             spec = arch_spec(a)
@@ -73,8 +77,9 @@ class CUDABackend(Backend):
             for d in cfg.head_dims:
                 files[f"variant_d{d}.cuh"] = (f'#pragma once\n#include "hooks_{name}_d{d}_{first}.cuh"\n'
                                               + traits_source(ctx.variant, lowered[(first, d)], d))
-                for pair in cfg.dtype_pairs:
-                    files.update(translation_units(ctx.variant, cfg, d, pair))
+                if cfg.link == "whole":  # a linked build's sources are its cached objects' (codegen/lto.py)
+                    for pair in cfg.dtype_pairs:
+                        files.update(translation_units(ctx.variant, cfg, d, pair))
         for a in cfg.archs:
             includes = []
             for d in cfg.head_dims:
@@ -88,12 +93,15 @@ class CUDABackend(Backend):
 
     def compile(self, ctx: BuildContext) -> dict:
         out, cfg, sources = ctx.out_dir, ctx.config, ctx.artifacts["instantiate"]
+        headers = sorted(f for f in sources if f.endswith(".cuh"))
+        if cfg.kernels and cfg.link == "lto":  # the hook objects are the linked build's own (LTO-IR)
+            result = build_linked_library(ctx)
+            return {**result, "headers": headers, "functions": exported_functions(cfg)}
         flags = ("-dc", "--use_fast_math") if cfg.fast_math else ("-dc",)
         jobs = [nvcc.NvccJob(out / f"hooks_{a}.cu", out / f"hooks_{a}.o", arch_spec(a).gencode, flags)
                 for a in cfg.archs]
         nvcc.run_jobs(jobs)
-        result = {"objects": [j.output.name for j in jobs],
-                  "headers": sorted(f for f in sources if f.endswith(".cuh"))}
+        result = {"objects": [j.output.name for j in jobs], "headers": headers}
         if cfg.kernels:
             tus = sorted(f for f in sources if f.startswith("attention_"))
             result["library"] = compile_library(out, tus, cfg, ctx.variant.name).name

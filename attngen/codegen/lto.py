@@ -41,7 +41,7 @@ from attngen.schedules.ffi_enums import enums_header
 from attngen.schedules.registry import selected
 from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
-from . import nvcc, nvjitlink
+from . import nvcc, nvjitlink, nvrtc
 from .cache import BuildCache, content_key, hash_files
 from .cuda_entries import decode_wrapper, prefill_wrapper
 from .cuda_variant import C_TYPES, abi_hooks_source, abi_traits_source, linked_host_traits_source
@@ -256,11 +256,26 @@ def hook_unit(variant, cfg: BuildConfig, arch: str, lowered: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
+@functools.lru_cache(maxsize=None)
+def cuda_include_dirs() -> tuple[Path, ...]:
+    """The CUDA toolkit's header directories, as nvcc names them (nvcc may be a wrapper script)."""
+    out = subprocess.run([nvcc.require_nvcc(), "--dryrun", "-x", "cu", "-c", "/dev/null", "-o", "/dev/null"],
+                         capture_output=True, text=True).stderr
+    m = re.search(r'INCLUDES="([^"]*)"', out)
+    return tuple(Path(d) for d in re.findall(r"-I(\S+)", m.group(1).replace('"', ""))) if m else ()
+
+
 def compile_hooks(out: Path, cfg: BuildConfig, arch: str, source: str) -> Path:
+    """The hook object (LTO-IR) of one arch: by NVRTC in-process where it is installed (about 0.03 s
+    here), else by ``nvcc -dc`` (about 0.9 s, mostly the process's start)."""
     src = out / f"abi_hooks_{arch}.cu"
     src.write_text(source)
+    gencode, sm = lto_gencode(arch)
+    if nvrtc.available():
+        obj = out / f"abi_hooks_{arch}.ltoir"
+        obj.write_bytes(nvrtc.compile_ltoir(source, src.name, sm, [out, CSRC, *cuda_include_dirs()], cfg.fast_math))
+        return obj
     obj = out / f"abi_hooks_{arch}.o"
-    gencode, _ = lto_gencode(arch)
     _nvcc([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
           f"nvcc of the hooks (LTO-IR, {arch})")
     return obj
@@ -329,7 +344,7 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     for a in cfg.archs:
         _, sm = lto_gencode(a)
         cubin = out / f"linked_{a}.cubin"
-        data = nvjitlink.link_cubin([hook_objects[a], *objects[a]], sm)
+        data = nvjitlink.link_cubin([hook_objects[a], *objects[a]], sm, cfg.fast_math)
         cubin.write_bytes(data)
         cubins.append((cubin, _sm_number(sm)))
         kernels = kernel_table(cubin_kernels(data))

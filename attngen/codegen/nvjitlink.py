@@ -6,6 +6,7 @@ nvlink, but needs the toolkit's ``nvvm/lib64``, which wheel-assembled toolkits l
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 
@@ -40,11 +41,16 @@ def version() -> str:
         return "none"
 
 
-def link_cubin(inputs: list[Path], sm: str) -> bytes:
+def link_cubin(inputs: list[Path], sm: str, fast_math: bool = False) -> bytes:
     """The cubin for ``sm`` (e.g. "80", "90a") of the LTO-IR objects ``inputs`` (nvcc -dc -dlto host
     objects, or bare LTO-IR), optimised and linked as one program."""
     nv = _module()
     options = [f"-arch=sm_{sm}", "-lto", "-O3"]
+    threads = min(os.cpu_count() or 1, 8)
+    if threads > 1:  # kernels are code-generated in parallel
+        options.append(f"-split-compile={threads}")
+    if fast_math:  # what nvcc --use_fast_math asks of the code generator
+        options += ["-ftz=true", "-prec-div=false", "-prec-sqrt=false", "-fma=true"]
     handle = nv.create(len(options), options)
     try:
         for path in inputs:

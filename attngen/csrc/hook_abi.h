@@ -5,8 +5,10 @@
 // which reads the block as the variant's own Params. nvJitLink -lto inlines those functions into the
 // kernels, so the block's fields are read straight from the kernel parameters.
 #pragma once
+#ifndef __CUDACC_RTC__  // the hook objects compiled by nvrtc need only the block
 #include <cstring>
 #include <type_traits>
+#endif
 
 namespace attngen {
 
@@ -18,6 +20,7 @@ struct alignas(16) ParamBlock {
   unsigned char bytes[kParamBlockBytes];
 };
 
+#ifndef __CUDACC_RTC__
 // A variant's Params copied into the block the linked kernels take.
 template <class P>
 void pack_params(ParamBlock& block, const P& params) {
@@ -40,5 +43,6 @@ template <class V>
 constexpr bool linked_hooks() {
   return LinkedHooks<V>::value;
 }
+#endif
 
 }  // namespace attngen

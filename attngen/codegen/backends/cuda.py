@@ -17,7 +17,7 @@ from attngen.schedules.ffi_enums import enums_header
 from attngen.schedules.registry import arch_problems, fit_problems, instantiated, selected
 from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
-from .. import nvcc, nvjitlink
+from .. import nvcc, nvjitlink, nvrtc
 from ..host_library import host_cxx
 from ..cuda_library import compile_library, exported_functions, translation_units
 from ..cuda_tvm_slots import check_tvm_slot_variant
@@ -38,7 +38,7 @@ class CUDABackend(Backend):
     def tool_versions(self) -> dict:
         # nvcc compiles the host glue with the host compiler against tvm-ffi's headers
         return {"nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1], "tvm_ffi": tvm_ffi.__version__,
-                "nvjitlink": nvjitlink.version()}
+                "nvjitlink": nvjitlink.version(), "nvrtc": nvrtc.version()}
 
     def schedule(self, ctx: BuildContext) -> dict:
         cfg, variant = ctx.config, ctx.variant

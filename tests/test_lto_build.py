@@ -1,0 +1,206 @@
+"""Link-time CUDA builds (BuildConfig.link="lto", attngen/codegen/lto.py): template objects cached per hook
+signature, host glue per parameter list, a variant's hooks linked in by nvJitLink and inlined."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from tvm.script import tirx as T
+
+from attngen.build import build
+from attngen.codegen import lto, nvjitlink
+from attngen.codegen.cuda_variant import abi_traits_source, linked_host_traits_source
+from attngen.codegen.hooks_cuda import lower_hooks_cuda
+from attngen.ir import ConfigError, ScalarParam, Variant
+from attngen.schedules import BuildConfig
+from attngen.schedules.dtypes import DtypePair
+from attngen.variants import builtin
+
+from .conftest import requires_nvcc
+
+requires_nvjitlink = pytest.mark.skipif(not nvjitlink.available(), reason="libnvJitLink (cuda-bindings, "
+                                        "nvidia-nvjitlink) is not installed")
+CUOBJDUMP = shutil.which("cuobjdump") or next(
+    (p for p in ("/opt/cudatools/triton/backends/nvidia/bin/cuobjdump",) if Path(p).is_file()), None)
+
+
+def scaled_softcap(scale: float, name: str = "softcap_scaled") -> Variant:
+    """A soft-cap whose hook body holds one constant: two scales differ only in a hook's body."""
+    @T.prim_func
+    def f(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+          kv_head: T.int32, cap: T.float32) -> T.float32:
+        return cap * T.tanh(s / cap) * T.float32(scale)
+
+    return Variant(name, logits_transform=f, params=[ScalarParam("cap", "float32", 30.0)])
+
+
+def softcap_two_params() -> Variant:
+    """The same hook signature as :func:`scaled_softcap`, another parameter list."""
+    @T.prim_func
+    def f(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+          kv_head: T.int32, cap: T.float32, scale: T.float32) -> T.float32:
+        return cap * T.tanh(s / cap) * scale
+
+    return Variant("softcap_two", logits_transform=f,
+                   params=[ScalarParam("cap", "float32", 30.0), ScalarParam("scale", "float32", 1.0)])
+
+
+def lto_config(**kw) -> BuildConfig:
+    base = dict(target="cuda", head_dims=(128,), dtypes=("float16",), archs=("sm_80",), kernels=("decode",),
+                link="lto")
+    return BuildConfig(**{**base, **kw})
+
+
+# ---- keys and configuration (no compiler) ----
+
+def test_link_field_is_validated():
+    with pytest.raises(ConfigError, match="link 'static' is not supported"):
+        lto_config(link="static")
+    with pytest.raises(ConfigError, match="for cuda builds"):
+        BuildConfig(target="cpu", link="lto")
+    # the default keeps the keys of whole-program builds as they were
+    assert "link" not in BuildConfig(target="cuda", archs=("sm_80",), dtypes=("float16",)).key()
+    assert '"link": "lto"' in lto_config().key()
+
+
+def test_lto_refuses_templates_without_a_launcher_record():
+    with pytest.raises(ConfigError, match="need link='whole'"):
+        lto.check_config(lto_config(kernels=("tvm",)))
+
+
+def test_template_key_depends_on_the_hook_signature_only():
+    d, pair, cfg = 128, DtypePair("float16", "float16"), lto_config()
+
+    def abi(v):
+        return abi_traits_source(v, lower_hooks_cuda(v, d, "sm_80"), d)
+
+    def key(v):
+        return lto.template_key("decode", "sm_80", d, pair, cfg, abi(v))
+
+    a, b = scaled_softcap(1.0), scaled_softcap(2.0)
+    assert abi(a) == abi(b) and key(a) == key(b)  # a hook body's constant
+    assert key(scaled_softcap(1.0, name="other")) == key(a)  # another variant, same signature
+    assert key(softcap_two_params()) == key(a)  # another parameter list, same signature
+    assert key(builtin("logits_softcap")) == key(a)
+    assert key(builtin("causal")) != key(a)  # a mask instead of a logits transform
+    assert key(builtin("sigmoid")) != key(a)  # another state algebra
+    assert lto.template_key("decode", "sm_90a", d, pair, cfg, abi(a)) != key(a)
+    assert lto.template_key("decode", "sm_80", 64, pair, cfg, abi(a)) != key(a)
+    assert lto.template_key("prefill", "sm_80", d, pair, cfg, abi(a)) != key(a)
+
+
+def test_host_glue_depends_on_the_parameter_list_not_the_hook_body():
+    def linked(v):
+        return linked_host_traits_source(v, lower_hooks_cuda(v, 128, "sm_80"), 128)
+
+    assert linked(scaled_softcap(1.0)) == linked(scaled_softcap(2.0))
+    assert linked(softcap_two_params()) != linked(scaled_softcap(1.0))
+    assert "attngen::pack_params(block, p)" in linked(builtin("alibi"))
+
+
+def test_kernel_keys_from_demangled_names():
+    assert lto.kernel_key("void attngen::decode_kernel<attngen_gen::Hooks_d128, __half, 128, 4>"
+                          "(attngen::DecodeProblem, attngen_gen::Hooks_d128::Params)") == "decode_kernel<__half, 128, 4>"
+    assert lto.kernel_key("void attngen::prefill_kernel<attngen_gen::Hooks_d64, __nv_bfloat16, 64, true, 1>"
+                          "(attngen::PrefillProblem, attngen_gen::Hooks_d64::Params)") == \
+        "prefill_kernel<__nv_bfloat16, 64, true, 1>"
+
+
+# ---- builds ----
+
+@pytest.fixture(scope="module")
+def edited_builds(tmp_path_factory):
+    """A variant built linked, then rebuilt after a one-constant edit of its hook, in a fresh cache."""
+    from attngen.codegen.cache import BuildCache
+
+    cache = BuildCache(tmp_path_factory.mktemp("lto_cache"))
+    cfg = lto_config()
+    before = dict(lto.stats)
+    first = build(scaled_softcap(1.0), cfg, cache=cache)
+    mid = dict(lto.stats)
+    second = build(scaled_softcap(2.0), cfg, cache=cache)
+    after = dict(lto.stats)
+    return first, second, before, mid, after
+
+
+def _delta(a: dict, b: dict, k: str) -> int:
+    return b.get(k, 0) - a.get(k, 0)
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_one_constant_edit_reuses_template_and_glue(edited_builds):
+    first, second, before, mid, after = edited_builds
+    assert not first.cache_hit and not second.cache_hit
+    assert _delta(before, mid, "template_built") == 1 and _delta(before, mid, "glue_built") == 1
+    assert _delta(mid, after, "template_built") == 0 and _delta(mid, after, "glue_built") == 0
+    assert _delta(mid, after, "template_reused") == 1 and _delta(mid, after, "glue_reused") == 1
+    assert second.manifest["lto_reused"] == {"templates": [True], "glue": [True]}
+    assert first.manifest["link"] == "lto" and second.manifest["functions"] == first.manifest["functions"]
+    a = (first.directory / first.manifest["cubins"][0]).read_bytes()
+    b = (second.directory / second.manifest["cubins"][0]).read_bytes()
+    assert a != b  # the edit reached the kernels
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_linked_library_exports_the_entries_and_embeds_the_kernels(edited_builds):
+    res = edited_builds[0]
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(res.library)], capture_output=True, text=True).stdout
+    for fn in res.manifest["functions"]:
+        assert f"__tvm_ffi_{fn}" in syms
+    assert "attngen_linked_kernels" not in syms  # each library keeps its table to itself
+    assert res.manifest["kernels"] == ["decode_kernel<__half, 128, 1>", "decode_kernel<__half, 128, 2>",
+                                       "decode_kernel<__half, 128, 4>", "decode_kernel<__half, 128, 8>",
+                                       "decode_tc_kernel<__half, 128, 1>", "decode_tc_kernel<__half, 128, 2>",
+                                       "merge_decode_kernel<__half, 128>"]
+    cubin = (res.directory / res.manifest["cubins"][0]).read_bytes()
+    assert len(lto.cubin_kernels(cubin)) == 7
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_hooks_are_inlined_into_the_linked_kernels(edited_builds):
+    res = edited_builds[0]
+    cubin_path = res.directory / res.manifest["cubins"][0]
+    cubin = cubin_path.read_bytes()
+    # neither the ABI functions nor the lowered hooks survive as functions of their own
+    assert b"attngen_abi_" not in cubin and b"softcap_scaled" not in cubin
+    if CUOBJDUMP is None:
+        pytest.skip("cuobjdump not found for the SASS check")
+    sass = subprocess.run([CUOBJDUMP, "-sass", str(cubin_path)], capture_output=True, text=True, check=True).stdout
+    kernels = sass.split("Function : ")[1:]
+    assert len(kernels) == 7
+    for k in kernels:
+        name = k.split()[0]
+        if "merge_decode_kernel" not in name:  # every attention kernel computes the soft-cap's tanh itself
+            assert "MUFU.TANH" in k, name
+    elf = subprocess.run([CUOBJDUMP, "-elf", str(cubin_path)], capture_output=True, text=True, check=True).stdout
+    symtab = elf.split(".section .symtab")[1]
+    functions = [line.split()[-1] for line in symtab.splitlines()
+                 if len(line.split()) >= 6 and line.split()[3] in ("0x2", "0x12")]
+    # CALLs only reach the CUDA math library's internal helpers (as in whole-program builds)
+    assert all(f.startswith("$__internal_") for f in functions), functions
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_prefill_links_too(tmp_path):
+    from attngen.codegen.cache import BuildCache
+
+    res = build(scaled_softcap(1.0), lto_config(kernels=("prefill",)), cache=BuildCache(tmp_path))
+    assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
+    assert b"attngen_abi_" not in (res.directory / res.manifest["cubins"][0]).read_bytes()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", [("decode",), ("prefill",)])
+def test_linked_and_whole_libraries_agree_on_the_gpu(kernels, build_cache):
+    """The same variant built both ways runs through the same runtime with bit-identical outputs."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from bench_lto_ab import compare_builds
+
+    report = compare_builds(builtin("logits_softcap"), kernels=kernels, cache=build_cache, repeats=3)
+    assert report["identical"], report

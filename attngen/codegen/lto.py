@@ -309,7 +309,7 @@ def _sm_number(sm: str) -> int:
 def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     """The link-time build of ``ctx`` (the CUDA backend's compile stage with link="lto"): the manifest's
     entries, with the seconds each step took and which cached objects were reused."""
-    cache = cache or BuildCache()
+    cache = cache or ctx.cache or BuildCache()
     variant, cfg, out = ctx.variant, ctx.config, ctx.out_dir
     lowered = ctx.artifacts["lower_hooks"]
     timings, reused = {}, {"templates": [], "glue": []}

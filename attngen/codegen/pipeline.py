@@ -122,7 +122,7 @@ def run_pipeline(variant: Variant, cfg: BuildConfig, *, cache: BuildCache | None
     key = cache_key(variant, cfg)
 
     def run_stages(out_dir: Path | None, names) -> BuildContext:
-        ctx = BuildContext(variant, cfg, backend, out_dir)
+        ctx = BuildContext(variant, cfg, backend, out_dir, cache=cache)
         for i, name in enumerate(STAGES):
             if name not in names:
                 continue

@@ -45,3 +45,4 @@ class BuildContext:
     backend: Backend
     out_dir: Path | None = None
     artifacts: dict[str, object] = field(default_factory=dict)
+    cache: object = None  # the build's BuildCache: where a backend keeps pieces shared across builds

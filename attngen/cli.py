@@ -73,6 +73,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--hook-math", choices=HOOK_MATH_MODES, default="approx",
                    help="cuda: the hooks' float math: 'approx' (hardware approximations: tanh.approx, __expf, "
                         "__fdividef, ...) or 'precise' (the CUDA math library) (default: approx)")
+    b.add_argument("--link", choices=("whole", "lto"), default="whole",
+                   help="cuda: 'whole' compiles templates and hooks as one program; 'lto' links the hooks into "
+                        "template objects cached per hook signature (seconds per hook edit) (default: whole)")
     b.add_argument("--out", type=Path, help="also copy the artifacts into this directory")
     b.add_argument("--cache-dir", type=Path, help="build cache location (default: $ATTNGEN_CACHE_DIR or ~/.cache/attngen)")
     b.add_argument("--dump", type=Path, help="write every stage's artifact under this directory (same as ATTNGEN_DUMP)")
@@ -93,7 +96,7 @@ def cmd_build(args) -> int:
     dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
     cfg = BuildConfig(target=args.target, head_dims=args.head_dim, dtypes=dtypes, kv_dtypes=args.kv_dtype,
                       archs=args.arch, layouts=args.layout, fast_math=args.fast_math, kernels=args.kernels,
-                      max_group_size=args.max_group_size, hook_math=args.hook_math)
+                      max_group_size=args.max_group_size, hook_math=args.hook_math, link=args.link)
     what = f"variant '{variant.name}' for {cfg.target}"
     if cfg.target == "cuda":
         what += f" ({', '.join(cfg.archs)})"

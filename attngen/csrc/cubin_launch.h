@@ -26,7 +26,25 @@ extern const AttngenLinkedCubin attngen_linked_cubins[];
 extern const char* const attngen_linked_kernels[];
 }
 
+// A linked-library failure: a TVM-FFI error where the host glue has TVM-FFI (always, in a library).
+#ifdef TVM_FFI_THROW
+#define ATTNGEN_LINKED_FAIL(msg) TVM_FFI_THROW(RuntimeError) << (msg)
+#else
+#define ATTNGEN_LINKED_FAIL(msg) throw std::runtime_error(msg)
+#endif
+
 namespace attngen {
+
+// A kernel launch through the runtime API. The launchers use it, not <<<>>>: a launch through a function
+// pointer with <<<>>> calls the pointer as the kernel's host stub, which a linked kernel (a cudaKernel_t
+// handle) does not have; cudaLaunchKernel takes either.
+template <class... Params, class... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          const Args&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: one argument per kernel parameter");
+  void* argv[] = {const_cast<void*>(static_cast<const void*>(&args))...};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, smem, stream);
+}
 
 template <class T> constexpr const char* kernel_type_name();
 template <> constexpr const char* kernel_type_name<float>() { return "float"; }
@@ -74,8 +92,9 @@ LinkedKernels& linked_kernels() {
 }
 }  // namespace
 
-// The kernel named by `key` in the linked cubin, as the launchers' function-pointer type. Throws
-// (std::runtime_error, which TVM-FFI reports) when the device has no cubin or the cubin lacks the kernel.
+// The kernel named by `key` in the linked cubin, as the launchers' function-pointer type (never to be
+// called as a function: launch it with launch_kernel). Fails when the device has no cubin or the cubin
+// lacks the kernel.
 template <class Fn>
 Fn linked_kernel(const std::string& key) {
   LinkedKernels& st = linked_kernels();
@@ -90,22 +109,22 @@ Fn linked_kernel(const std::string& key) {
   auto lib = libraries.find(dev);
   if (lib == libraries.end()) {
     const unsigned char* cubin = linked_cubin_for_device();
-    if (!cubin) throw std::runtime_error("attngen: this library holds no cubin for the current device's arch");
+    if (!cubin) ATTNGEN_LINKED_FAIL("attngen: this library holds no cubin for the current device's arch");
     cudaLibrary_t l = nullptr;
     cudaError_t err = cudaLibraryLoadData(&l, cubin, nullptr, nullptr, 0, nullptr, nullptr, 0);
     if (err != cudaSuccess)
-      throw std::runtime_error(std::string("attngen: loading the linked cubin failed: ") + cudaGetErrorString(err));
+      ATTNGEN_LINKED_FAIL(std::string("attngen: loading the linked cubin failed: ") + cudaGetErrorString(err));
     lib = libraries.emplace(dev, l).first;
   }
   const char* mangled = nullptr;
   for (const char* const* e = attngen_linked_kernels; *e; e += 2) {
     if (key == e[0]) mangled = e[1];
   }
-  if (!mangled) throw std::runtime_error("attngen: the linked cubin has no kernel " + key);
+  if (!mangled) ATTNGEN_LINKED_FAIL("attngen: the linked cubin has no kernel " + key);
   cudaKernel_t k = nullptr;
   cudaError_t err = cudaLibraryGetKernel(&k, lib->second, mangled);
   if (err != cudaSuccess)
-    throw std::runtime_error("attngen: kernel " + key + " not found in the linked cubin: " + cudaGetErrorString(err));
+    ATTNGEN_LINKED_FAIL("attngen: kernel " + key + " not found in the linked cubin: " + cudaGetErrorString(err));
   kernels.emplace(slot, k);
   return reinterpret_cast<Fn>(k);
 }

@@ -78,7 +78,8 @@ void launch_decode_tile(const DecodeProblem& P, const typename V::Params& hp, cu
   const size_t smem = decode_smem_bytes<V, T, D, G>();
   auto kernel = decode_kernel_ref<V, T, D, G>();
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  kernel<<<dim3(P.num_chunks, P.num_kv_heads, P.batch), dim3(Tile::kLanes, G, Tile::kZ), smem, stream>>>(P, hp);
+  launch_kernel(kernel, dim3(P.num_chunks, P.num_kv_heads, P.batch), dim3(Tile::kLanes, G, Tile::kZ), smem, stream,
+                P, hp);
   launch_decode_merge<V, T, D>(P, hp, stream);
 }
 

@@ -563,7 +563,7 @@ void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;
-  kernel<<<dim3(tiles * P.num_kv_heads, 1, P.batch), Tile::kThreads, smem, stream>>>(P, hp);
+  launch_kernel(kernel, dim3(tiles * P.num_kv_heads, 1, P.batch), dim3(Tile::kThreads), smem, stream, P, hp);
 }
 
 // Rows (tokens x group heads) of the longest request from which the wide tile is used.

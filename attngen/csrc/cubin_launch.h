@@ -86,7 +86,7 @@ struct LinkedKernels {
   std::unordered_map<std::string, cudaKernel_t> kernels;
 };
 
-LinkedKernels& linked_kernels() {
+inline LinkedKernels& linked_kernels() {
   static LinkedKernels state;
   return state;
 }

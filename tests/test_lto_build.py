@@ -9,7 +9,8 @@ from tvm.script import tirx as T
 
 from attngen.build import build
 from attngen.codegen import lto, nvjitlink
-from attngen.codegen.cuda_variant import abi_traits_source, linked_host_traits_source
+from attngen.codegen.cuda_library import exported_functions
+from attngen.codegen.cuda_variant import abi_traits_source, linked_params_source
 from attngen.codegen.hooks_cuda import lower_hooks_cuda
 from attngen.ir import ConfigError, ScalarParam, Variant
 from attngen.schedules import BuildConfig
@@ -90,12 +91,18 @@ def test_template_key_depends_on_the_hook_signature_only():
 
 
 def test_host_glue_depends_on_the_parameter_list_not_the_hook_body():
-    def linked(v):
-        return linked_host_traits_source(v, lower_hooks_cuda(v, 128, "sm_80"), 128)
+    cfg = lto_config(kernels=("decode", "prefill"))
 
-    assert linked(scaled_softcap(1.0)) == linked(scaled_softcap(2.0))
-    assert linked(softcap_two_params()) != linked(scaled_softcap(1.0))
-    assert "attngen::pack_params(block, p)" in linked(builtin("alibi"))
+    def exports(v):
+        return lto.exports_source(v, cfg, {128: linked_params_source(v, lower_hooks_cuda(v, 128, "sm_80"), 128)})
+
+    assert exports(scaled_softcap(1.0)) == exports(scaled_softcap(2.0))
+    assert exports(softcap_two_params()) != exports(scaled_softcap(1.0))
+    assert "attngen::pack_params(block, p)" in exports(builtin("alibi"))
+    # the launch object depends on neither: only on the build's shape (and the signature, in its key)
+    assert "soft" not in lto.launch_source(cfg, 128) and "cap" not in lto.launch_source(cfg, 128)
+    names = [e.name for pair in cfg.dtype_pairs for e in lto.linked_exports(cfg, 128, pair)]
+    assert sorted(names) == exported_functions(cfg)
 
 
 def test_kernel_keys_from_demangled_names():
@@ -132,10 +139,11 @@ def _delta(a: dict, b: dict, k: str) -> int:
 def test_one_constant_edit_reuses_template_and_glue(edited_builds):
     first, second, before, mid, after = edited_builds
     assert not first.cache_hit and not second.cache_hit
-    assert _delta(before, mid, "template_built") == 1 and _delta(before, mid, "glue_built") == 1
-    assert _delta(mid, after, "template_built") == 0 and _delta(mid, after, "glue_built") == 0
-    assert _delta(mid, after, "template_reused") == 1 and _delta(mid, after, "glue_reused") == 1
-    assert second.manifest["lto_reused"] == {"templates": [True], "glue": [True]}
+    built = ("template_built", "launch_built", "exports_built")
+    assert [_delta(before, mid, k) for k in built] == [1, 1, 1]
+    assert [_delta(mid, after, k) for k in built] == [0, 0, 0]  # the edit compiled only the hooks
+    assert [_delta(mid, after, k) for k in ("template_reused", "launch_reused", "exports_reused")] == [1, 1, 1]
+    assert second.manifest["lto_reused"] == {"templates": [True], "launch": [True], "exports": True}
     assert first.manifest["link"] == "lto" and second.manifest["functions"] == first.manifest["functions"]
     a = (first.directory / first.manifest["cubins"][0]).read_bytes()
     b = (second.directory / second.manifest["cubins"][0]).read_bytes()

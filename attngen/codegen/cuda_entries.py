@@ -12,7 +12,7 @@ from attngen.schedules.build_config import symbol
 
 from .cuda_variant import C_TYPES
 
-_LAYOUTS = {"NHD": "attngen::KVLayout::kNHD", "HND": "attngen::KVLayout::kHND"}
+LAYOUT_ENUMS = {"NHD": "attngen::KVLayout::kNHD", "HND": "attngen::KVLayout::kHND"}
 
 
 def _export(name: str, entry: str) -> str:
@@ -24,23 +24,21 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, ({entry.format(name=name_array)}::call));
 """
 
 
-def decode_wrapper(head_dim: int, dtype: str, layout: str, max_group: int, traits: str | None = None) -> str:
-    """``batch_decode_paged_<layout>_<dtype>_d<D>`` over the variant traits ``Hooks_d<D>`` (or ``traits``:
-    the host traits of a link-time build)."""
+def decode_wrapper(head_dim: int, dtype: str, layout: str, max_group: int) -> str:
+    """``batch_decode_paged_<layout>_<dtype>_d<D>`` over the variant traits ``Hooks_d<D>``."""
     name = symbol(f"batch_decode_paged_{layout.lower()}", dtype, head_dim)
-    entry = (f"attngen::DecodePagedEntry<{traits or f'attngen_gen::Hooks_d{head_dim}'}, {C_TYPES[dtype]}, {head_dim}, "
-             f"{_LAYOUTS[layout]}, {max_group}, {{name}}>")
+    entry = (f"attngen::DecodePagedEntry<attngen_gen::Hooks_d{head_dim}, {C_TYPES[dtype]}, {head_dim}, "
+             f"{LAYOUT_ENUMS[layout]}, {max_group}, {{name}}>")
     return _export(name, entry)
 
 
-def prefill_wrapper(head_dim: int, dtype: str, layout: str | None, traits: str | None = None) -> str:
-    """``batch_prefill_ragged_<dtype>_d<D>`` (``layout`` None) or ``batch_prefill_paged_<layout>_...``
-    (``traits`` as for :func:`decode_wrapper`)."""
-    traits = f"{traits or f'attngen_gen::Hooks_d{head_dim}'}, {C_TYPES[dtype]}, {head_dim}"
+def prefill_wrapper(head_dim: int, dtype: str, layout: str | None) -> str:
+    """``batch_prefill_ragged_<dtype>_d<D>`` (``layout`` None) or ``batch_prefill_paged_<layout>_...``."""
+    traits = f"attngen_gen::Hooks_d{head_dim}, {C_TYPES[dtype]}, {head_dim}"
     if layout is None:
         name = symbol("batch_prefill_ragged", dtype, head_dim)
         entry = f"attngen::PrefillRaggedEntry<{traits}, {{name}}>"
     else:
         name = symbol(f"batch_prefill_paged_{layout.lower()}", dtype, head_dim)
-        entry = f"attngen::PrefillPagedEntry<{traits}, {_LAYOUTS[layout]}, {{name}}>"
+        entry = f"attngen::PrefillPagedEntry<{traits}, {LAYOUT_ENUMS[layout]}, {{name}}>"
     return _export(name, entry)

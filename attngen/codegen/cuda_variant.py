@@ -257,19 +257,19 @@ def abi_hooks_source(variant, hs, head_dim: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def linked_host_traits_source(variant, hs, head_dim: int) -> str:
-    """The host glue's traits of a link-time build (after the ABI traits): ``LinkedHooks_d<head_dim>``,
-    the ABI traits' flags and block, ``kLinked`` (the launchers take kernels from the linked cubin), and
-    the variant's FFI parameters packed into the block."""
+def linked_params_source(variant, hs, head_dim: int) -> str:
+    """The exports file's view of the variant in a link-time build (host C++ only):
+    ``attngen_gen::LinkedParams_d<head_dim>``, the variant's FFI parameters (``ExtraArgs``) packed by
+    ``set_params`` into the block the linked kernels take. Its text is the parameter list: the exports
+    are recompiled when it changes, never for a hook body."""
     dims = hs.dims or {}
     vp = params_struct(variant, dims).replace("  struct Params {", "  struct VariantParams {")
     setter = ffi_params(variant, dims).replace("Params& p", "VariantParams& p")
     decl = "".join(f", {_ffi_type(p)} {p.name}" for p in variant.params)
     names = "".join(f", {p.name}" for p in variant.params)
     return "\n".join([
-        '#include "variant_params.h"', "namespace attngen_gen {",
-        f"struct LinkedHooks_d{head_dim} : Hooks_d{head_dim} {{", "  static constexpr bool kLinked = true;",
+        "namespace attngen_gen {", f"struct LinkedParams_d{head_dim} {{",
         vp, setter.replace("static void set_params(", "static void fill_variant_params("),
-        f"  static void set_params(const char* entry, Params& block{decl}) {{",
+        f"  static void set_params(const char* entry, attngen::ParamBlock& block{decl}) {{",
         f"    VariantParams p{{}};\n    fill_variant_params(entry, p{names});\n    attngen::pack_params(block, p);\n  }}",
         "};", "}  // namespace attngen_gen\n"])

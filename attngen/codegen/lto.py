@@ -9,15 +9,17 @@ Three kinds of pieces, each in the build cache under its own key:
   the variant's parameters as an ``attngen::ParamBlock`` (csrc/hook_abi.h) and call each hook as an
   extern "C" device function, so every variant of that signature shares it. Beside it, its kernels'
   table: key (``decode_kernel<__half, 128, 4>``) -> mangled name.
-- a **host glue object** per parameter list and signature: the exported TVM-FFI entries over
-  ``LinkedHooks_d<D>`` (the variant's FFI parameters packed into the block), whose launchers take the
-  kernels by name from the linked cubin (csrc/cubin_launch.h). A hook body's edit leaves it as it is.
+- the host glue in two parts (csrc/linked_entry.h): a **launch object** per hook signature (nvcc: the
+  entry templates' argument checks and launchers over the block, taking the kernels by name from the
+  linked cubin, csrc/cubin_launch.h), and the **exports** per parameter list (the host C++ compiler
+  alone, about a second: the TVM-FFI functions, typed as in a whole-program build, packing the
+  variant's parameters into the block). A hook body's edit leaves both as they are.
 - per variant, its **hook object** (the lowered hooks and the ABI functions reading the block as the
   variant's Params; ``nvcc -dc`` to LTO-IR), the **cubin** per arch (nvJitLink ``-lto`` of the hook
   object with the template objects: the hooks inline into the kernels), and the library: the host glue
   linked with the embedded cubins and kernel table.
 
-``stats`` counts the template and host-glue objects built and reused in this process (tests and logs).
+``stats`` counts the cached pieces built and reused in this process (tests and logs).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ import tvm_ffi.libinfo
 import attngen
 from attngen.ir import ConfigError
 from attngen.schedules.arch import arch_spec
-from attngen.schedules.build_config import BuildConfig
+from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DtypePair
 from attngen.schedules.ffi_enums import enums_header
 from attngen.schedules.registry import selected
@@ -43,13 +45,15 @@ from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
 from . import nvcc, nvjitlink, nvrtc
 from .cache import BuildCache, content_key, hash_files
-from .cuda_entries import decode_wrapper, prefill_wrapper
-from .cuda_variant import C_TYPES, abi_hooks_source, abi_traits_source, linked_host_traits_source
+from .cuda_entries import LAYOUT_ENUMS
+from .cuda_variant import C_TYPES, abi_hooks_source, abi_traits_source, linked_params_source
 from .host_library import host_cxx
 
 CSRC = Path(attngen.__file__).parent / "csrc"
 
-stats: Counter = Counter()  # "template_built" / "template_reused" / "glue_built" / "glue_reused"
+# how many template objects, launch objects and exports this process built and took from the cache:
+# "template_built" / "template_reused", "launch_built" / ..., "exports_built" / ...
+stats: Counter = Counter()
 
 
 @dataclass(frozen=True)
@@ -195,53 +199,121 @@ def kernel_key(demangled: str) -> str:
     return f"{m.group(1)}<{', '.join(args[1:])}>"
 
 
-# ---- host glue ----
+# ---- host glue: the launch object (per signature) and the exports (per parameter list) ----
 
-def _entries(record: str, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
-    traits = f"attngen_gen::LinkedHooks_d{head_dim}"
-    if record == "decode":
-        return [decode_wrapper(head_dim, pair.q, lay, cfg.max_group_size, traits=traits) for lay in cfg.layouts]
-    return [prefill_wrapper(head_dim, pair.q, lay, traits=traits) for lay in (None, *cfg.layouts)]
+@dataclass(frozen=True)
+class LinkedExport:
+    """One exported function of a linked library: its name, its entry kind's own arguments (an alias of
+    csrc/linked_entry.h) and the launch object's entry template instance (``{V}``: the traits, ``{N}``:
+    the name array)."""
+    name: str
+    own: str
+    entry: str
+
+    @property
+    def tag(self) -> str:
+        return f"attngen_linked::tag_{self.name}"
 
 
-def glue_source(cfg: BuildConfig, head_dim: int, record_headers: dict[str, tuple[str, ...]]) -> str:
-    """One host TU of one head dim: its traits headers, the records' entry headers, the exports."""
-    parts = [f'#include "abi_d{head_dim}.cuh"', f'#include "linked_d{head_dim}.cuh"', '#include "problem_glue.h"']
-    for headers in record_headers.values():
-        parts += [f'#include "{h}"' for h in headers]
+def linked_exports(cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[LinkedExport]:
+    t, d, out = C_TYPES[pair.q], head_dim, []
+    for record in selected(cfg.kernels):
+        if record.name == "decode":
+            for lay in cfg.layouts:
+                out.append(LinkedExport(symbol(f"batch_decode_paged_{lay.lower()}", pair.q, d), "attngen::DecodeOwnArgs",
+                                        f"attngen::DecodePagedEntry<{{V}}, {t}, {d}, {LAYOUT_ENUMS[lay]}, "
+                                        f"{cfg.max_group_size}, {{N}}>"))
+        elif record.name == "prefill":
+            out.append(LinkedExport(symbol("batch_prefill_ragged", pair.q, d), "attngen::PrefillRaggedOwnArgs",
+                                    f"attngen::PrefillRaggedEntry<{{V}}, {t}, {d}, {{N}}>"))
+            for lay in cfg.layouts:
+                out.append(LinkedExport(symbol(f"batch_prefill_paged_{lay.lower()}", pair.q, d),
+                                        "attngen::PrefillPagedOwnArgs",
+                                        f"attngen::PrefillPagedEntry<{{V}}, {t}, {d}, {LAYOUT_ENUMS[lay]}, {{N}}>"))
+    return out
+
+
+def launch_source(cfg: BuildConfig, head_dim: int) -> str:
+    """The launch object of one head dim: the records' entry templates over the block traits, one
+    LinkedLaunch instance per export."""
+    parts = [f'#include "abi_d{head_dim}.cuh"', '#include "linked_entry.h"', '#include "problem_glue.h"']
+    for record in selected(cfg.kernels):
+        parts += [f'#include "{h}"' for h in record.headers]
     parts.append('#include "tile_checks.h"')
-    for record in record_headers:
-        for pair in cfg.dtype_pairs:
-            parts += _entries(record, cfg, head_dim, pair)
+    traits = f"attngen::BlockHooks<attngen_gen::Hooks_d{head_dim}>"
+    for pair in cfg.dtype_pairs:
+        for e in linked_exports(cfg, head_dim, pair):
+            name_array = f"attngen_linked::kName_{e.name}"
+            parts += [f"namespace attngen_linked {{ struct tag_{e.name}; "
+                      f'static constexpr char kName_{e.name}[] = "{e.name}"; }}',
+                      f"template <> struct attngen::LaunchEntryOf<{e.tag}> {{ using type = "
+                      f"{e.entry.format(V=traits, N=name_array)}; }};",
+                      f"template struct attngen::LinkedLaunch<{e.tag}, {e.own}>;"]
     return "\n".join(parts) + "\n"
 
 
-def glue_object(variant, cfg: BuildConfig, head_dim: int, abi: str, linked: str, cache: BuildCache) -> Path:
-    """The host glue of one head dim, keyed by its sources (the ABI traits and the variant's parameter
-    list, never a hook body), so that editing a hook reuses it."""
-    record_headers = {r.name: r.headers for r in selected(cfg.kernels)}
-    src_text = glue_source(cfg, head_dim, record_headers)
+def exports_source(variant, cfg: BuildConfig, params: dict[int, str]) -> str:
+    """The exports of every head dim (``params``: head dim -> its LinkedParams source)."""
+    parts = ['#include "linked_entry.h"']
+    for d in cfg.head_dims:
+        parts.append(params[d])
+        for pair in cfg.dtype_pairs:
+            for e in linked_exports(cfg, d, pair):
+                name_array = f"kEntryName_{e.name}"
+                parts += [f"namespace attngen_linked {{ struct tag_{e.name}; }}",
+                          f"extern template struct attngen::LinkedLaunch<{e.tag}, {e.own}>;",
+                          f'static constexpr char {name_array}[] = "{e.name}";',
+                          f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({e.name}, (attngen::LinkedEntry<{name_array}, "
+                          f"attngen_gen::LinkedParams_d{d}, {e.tag}, {e.own}>::call));"]
+    return "\n".join(parts) + "\n"
+
+
+def _ffi_includes() -> list[str]:
     li = tvm_ffi.libinfo
-    key = content_key({"lto_glue": src_text, "abi": abi, "linked": linked, "csrc": _csrc_hash(),
-                       "tiles": tiles_header(), "enums": enums_header(), "nvcc": nvcc.nvcc_version(),
-                       "host_cxx": host_cxx()[1], "tvm_ffi": tvm_ffi.__version__, "attngen": attngen.__version__})
+    return [f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}"]
+
+
+def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) -> Path:
+    """The launch object of one head dim (nvcc; no kernel is instantiated in it), keyed by its source and
+    the hook signature: shared by every variant of that signature, whatever its parameters."""
+    src_text = launch_source(cfg, head_dim)
+    key = content_key({"lto_launch": src_text, "abi": abi, "csrc": _csrc_hash(), "tiles": tiles_header(),
+                       "enums": enums_header(), "nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1],
+                       "tvm_ffi": tvm_ffi.__version__, "fast_math": cfg.fast_math, "attngen": attngen.__version__})
 
     def build(out: Path) -> None:
         (out / f"abi_d{head_dim}.cuh").write_text(abi)
-        (out / f"linked_d{head_dim}.cuh").write_text(linked)
         (out / "attngen_enums.h").write_text(enums_header())
         (out / HEADER_NAME).write_text(tiles_header())
-        src = out / "glue.cu"
+        src = out / "launch.cu"
         src.write_text(src_text)
-        # no kernel is instantiated here: the device pass has nothing to compile for the one arch named
-        gencode, _ = lto_gencode(cfg.archs[0])
+        gencode, _ = lto_gencode(cfg.archs[0])  # its device pass compiles nothing: PTX of the first arch
         _nvcc([nvcc.require_nvcc(), gencode.replace("code=lto_", "code=compute_"), *_common_flags(cfg, out),
-               f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}", "-c", str(src),
-               "-o", str(out / "glue.o")], f"nvcc of the host glue (d{head_dim})")
+               *_ffi_includes(), "-c", str(src), "-o", str(out / "launch.o")], f"nvcc of the launch object (d{head_dim})")
 
     directory, hit = cache.get_or_build(key, build)
-    stats["glue_reused" if hit else "glue_built"] += 1
-    return directory / "glue.o"
+    stats["launch_reused" if hit else "launch_built"] += 1
+    return directory / "launch.o"
+
+
+def exports_object(variant, cfg: BuildConfig, params: dict[int, str], cache: BuildCache) -> Path:
+    """The exports (the host C++ compiler alone, about a second), keyed by their source: the parameter
+    lists, names, dtypes and layouts, never a hook body."""
+    src_text = exports_source(variant, cfg, params)
+    cxx, cxx_version = host_cxx()
+    key = content_key({"lto_exports": src_text, "csrc": _csrc_hash(), "cxx": cxx_version,
+                       "tvm_ffi": tvm_ffi.__version__, "attngen": attngen.__version__})
+
+    def build(out: Path) -> None:
+        src = out / "exports.cc"
+        src.write_text(src_text)
+        _nvcc([cxx, "-std=c++17", "-O2", "-fPIC", f"-I{CSRC}", *_ffi_includes(),
+               *(f"-I{d}" for d in cuda_include_dirs()), "-c", str(src), "-o", str(out / "exports.o")],
+              "the exports' compile")
+
+    directory, hit = cache.get_or_build(key, build)
+    stats["exports_reused" if hit else "exports_built"] += 1
+    return directory / "exports.o"
 
 
 # ---- the variant's part ----
@@ -312,7 +384,7 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     cache = cache or ctx.cache or BuildCache()
     variant, cfg, out = ctx.variant, ctx.config, ctx.out_dir
     lowered = ctx.artifacts["lower_hooks"]
-    timings, reused = {}, {"templates": [], "glue": []}
+    timings, reused = {}, {"templates": [], "launch": []}
     t = time.perf_counter()
     first = cfg.archs[0]
     abi = {d: abi_traits_source(variant, lowered[(first, d)], d) for d in cfg.head_dims}
@@ -329,11 +401,16 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     t = time.perf_counter()
     glue = []
     for d in cfg.head_dims:
-        before = stats["glue_reused"]
-        glue.append(glue_object(variant, cfg, d, abi[d], linked_host_traits_source(variant, lowered[(first, d)], d),
-                                cache))
-        reused["glue"].append(stats["glue_reused"] > before)
-    timings["glue"] = time.perf_counter() - t
+        before = stats["launch_reused"]
+        glue.append(launch_object(cfg, d, abi[d], cache))
+        reused["launch"].append(stats["launch_reused"] > before)
+    timings["launch"] = time.perf_counter() - t
+    t = time.perf_counter()
+    before = stats["exports_reused"]
+    glue.append(exports_object(variant, cfg, {d: linked_params_source(variant, lowered[(first, d)], d)
+                                              for d in cfg.head_dims}, cache))
+    reused["exports"] = stats["exports_reused"] > before
+    timings["exports"] = time.perf_counter() - t
 
     t = time.perf_counter()
     hook_objects = {a: compile_hooks(out, cfg, a, hook_unit(variant, cfg, a, lowered)) for a in cfg.archs}

@@ -127,7 +127,8 @@ def edited_builds(tmp_path_factory):
     mid = dict(lto.stats)
     second = build(scaled_softcap(2.0), cfg, cache=cache)
     after = dict(lto.stats)
-    return first, second, before, mid, after
+    third = build(softcap_two_params(), cfg, cache=cache)
+    return first, second, before, mid, after, third
 
 
 def _delta(a: dict, b: dict, k: str) -> int:
@@ -137,7 +138,7 @@ def _delta(a: dict, b: dict, k: str) -> int:
 @requires_nvcc
 @requires_nvjitlink
 def test_one_constant_edit_reuses_template_and_glue(edited_builds):
-    first, second, before, mid, after = edited_builds
+    first, second, before, mid, after, _ = edited_builds
     assert not first.cache_hit and not second.cache_hit
     built = ("template_built", "launch_built", "exports_built")
     assert [_delta(before, mid, k) for k in built] == [1, 1, 1]
@@ -148,6 +149,13 @@ def test_one_constant_edit_reuses_template_and_glue(edited_builds):
     a = (first.directory / first.manifest["cubins"][0]).read_bytes()
     b = (second.directory / second.manifest["cubins"][0]).read_bytes()
     assert a != b  # the edit reached the kernels
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_new_parameter_list_compiles_only_the_exports(edited_builds):
+    third = edited_builds[-1]
+    assert third.manifest["lto_reused"] == {"templates": [True], "launch": [True], "exports": False}
 
 
 @requires_nvcc

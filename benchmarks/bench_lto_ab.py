@@ -51,25 +51,43 @@ def scaled_softcap(scale: float, name: str = "softcap_scaled"):
     return Variant(name, logits_transform=f, params=[ScalarParam("cap", "float32", 30.0)])
 
 
-def compile_times(kernels, head_dim: int, dtype: str, arch: str, cache=None) -> dict:
-    """Seconds of: the whole-program build, the first linked build, a one-constant hook edit, a new variant
-    of the same signature (each a fresh cache entry; template objects and host glue from the cache when
-    there)."""
-    from attngen.codegen import lto
+def softcap_two_params():
+    """The soft-cap's hook signature with another parameter list (a new variant whose exports compile)."""
+    from tvm.script import tirx as T
 
-    rows = {}
-    whole, rows["whole"] = _timed_build(scaled_softcap(1.0), _config("whole", kernels, head_dim, dtype, arch), cache)
+    from attngen.ir import ScalarParam, Variant
+
+    @T.prim_func
+    def f(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+          kv_head: T.int32, cap: T.float32, scale: T.float32) -> T.float32:
+        return cap * T.tanh(s / cap) * scale
+
+    return Variant("softcap_two", logits_transform=f,
+                   params=[ScalarParam("cap", "float32", 30.0), ScalarParam("scale", "float32", 1.0)])
+
+
+def compile_times(kernels, head_dim: int, dtype: str, arch: str, cache=None) -> dict:
+    """Seconds of, in a fresh build cache unless ``cache`` is given: the whole-program build, the first
+    linked build (template objects, launch object and exports compiled), a one-constant edit of the hook
+    (only the hooks compiled, then linked), a new variant of the same signature and parameter list, and
+    one with another parameter list (its exports compiled too)."""
+    import tempfile
+
+    from attngen.codegen import lto
+    from attngen.codegen.cache import BuildCache
+
+    cache = cache or BuildCache(tempfile.mkdtemp(prefix="attngen-lto-bench-"))
+    rows, results = {}, {}
+    _, rows["whole"] = _timed_build(scaled_softcap(1.0), _config("whole", kernels, head_dim, dtype, arch), cache)
     cfg = _config("lto", kernels, head_dim, dtype, arch)
-    stamp = time.time()  # a scale no earlier run used: the edit is never a cache hit of the whole build
-    first, rows["lto_first"] = _timed_build(scaled_softcap(1.0 + stamp % 1), cfg, cache)
-    edit, rows["lto_hook_edit"] = _timed_build(scaled_softcap(2.0 + stamp % 1), cfg, cache)
-    other, rows["lto_new_variant"] = _timed_build(scaled_softcap(3.0 + stamp % 1, name=f"other_{int(stamp)}"), cfg,
-                                                  cache)
-    return {"seconds": {k: round(v, 2) for k, v in rows.items()},
-            "steps": {"lto_first": first.manifest["lto_seconds"], "lto_hook_edit": edit.manifest["lto_seconds"],
-                      "lto_new_variant": other.manifest["lto_seconds"]},
-            "reused": {"lto_hook_edit": edit.manifest["lto_reused"], "lto_new_variant": other.manifest["lto_reused"]},
-            "stats": dict(lto.stats), "cache_hits": [whole.cache_hit, first.cache_hit, edit.cache_hit, other.cache_hit]}
+    for label, variant in [("lto_first", scaled_softcap(1.0)), ("lto_hook_edit", scaled_softcap(2.0)),
+                           ("lto_new_variant", scaled_softcap(3.0, name="softcap_other")),
+                           ("lto_new_params", softcap_two_params())]:
+        results[label], rows[label] = _timed_build(variant, cfg, cache)
+    return {"kernels": list(kernels), "arch": arch, "head_dim": head_dim, "dtype": dtype,
+            "seconds": {k: round(v, 2) for k, v in rows.items()},
+            "steps": {k: r.manifest["lto_seconds"] for k, r in results.items()},
+            "reused": {k: r.manifest["lto_reused"] for k, r in results.items()}, "stats": dict(lto.stats)}
 
 
 def _to(x, dtype=None):

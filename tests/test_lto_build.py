@@ -8,14 +8,14 @@ import pytest
 from tvm.script import tirx as T
 
 from attngen.build import build
-from attngen.codegen import lto, nvjitlink
+from attngen.codegen import lto, nvjitlink, nvrtc
 from attngen.codegen.cuda_library import exported_functions
-from attngen.codegen.cuda_variant import abi_traits_source, linked_params_source
+from attngen.codegen.cuda_variant import abi_hooks_source, abi_traits_source, linked_params_source, traits_parts
 from attngen.codegen.hooks_cuda import lower_hooks_cuda
 from attngen.ir import ConfigError, ScalarParam, Variant
 from attngen.schedules import BuildConfig
 from attngen.schedules.dtypes import DtypePair
-from attngen.variants import builtin
+from attngen.variants import BUILTINS, builtin
 
 from .conftest import requires_nvcc
 
@@ -113,6 +113,27 @@ def test_kernel_keys_from_demangled_names():
         "prefill_kernel<__nv_bfloat16, 64, true, 1>"
 
 
+@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC (cuda-bindings, nvidia-cuda-nvrtc) is not installed")
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_both_sides_of_the_hook_abi_compile(name):
+    """Every built-in's hook object and ABI traits, in one NVRTC program whose kernel calls every
+    forwarding function: the extern declarations and definitions agree."""
+    v, d = builtin(name), 128
+    hs = lower_hooks_cuda(v, d, "sm_80")
+    _, fns = traits_parts(v, hs, d)
+    args = {"float*": "row", "int": "1", "float": "0.5f", "bool": "true"}
+    calls = []
+    for f in fns:
+        params = [x.strip().rsplit(" ", 1)[0] for x in f.decl.split(",") if x.strip()]
+        calls.append(f"sink += (float)H::{f.member}(p{''.join(', ' + args[t] for t in params)});"
+                     if f.returns != "void" else f"H::{f.member}(p{''.join(', ' + args[t] for t in params)});")
+    src = "\n".join([hs.code, abi_hooks_source(v, hs, d), abi_traits_source(v, hs, d),
+                     "using H = attngen_gen::Hooks_d128;",
+                     "extern \"C\" __global__ void probe(H::Params p, float* row, float* out) {",
+                     "  float sink = 0.f;", *calls, "  out[0] = sink;", "}"])
+    lto.compile_hooks_source_check(src)
+
+
 # ---- builds ----
 
 @pytest.fixture(scope="module")
@@ -207,6 +228,17 @@ def test_prefill_links_too(tmp_path):
     res = build(scaled_softcap(1.0), lto_config(kernels=("prefill",)), cache=BuildCache(tmp_path))
     assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
     assert b"attngen_abi_" not in (res.directory / res.manifest["cubins"][0]).read_bytes()
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_each_arch_gets_its_cubin(tmp_path):
+    from attngen.codegen.cache import BuildCache
+
+    res = build(scaled_softcap(1.0), lto_config(archs=("sm_80", "sm_90a")), cache=BuildCache(tmp_path))
+    assert res.manifest["cubins"] == ["linked_sm_80.cubin", "linked_sm_90a.cubin"]
+    table = (res.directory / "linked_cubins.c").read_text()
+    assert "{attngen_cubin_0, 80}, {attngen_cubin_1, 90}, {0, 0}" in table  # by arch, for the device's pick
 
 
 @pytest.mark.gpu

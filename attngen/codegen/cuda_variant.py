@@ -108,9 +108,10 @@ class Forward:
     def body(self, invoke) -> str:
         if self.call is None:
             return self.identity
+        head = invoke(self.call)  # the call up to its closing parenthesis
         if self.call.ret is None:
-            return f"{invoke(self.call)});"
-        return f"{self.call.ret} r; {invoke(self.call)}{', ' if self.call.args or self.call.extras else ''}&r); return r;"
+            return f"{head});"
+        return f"{self.call.ret} r; {head}{'' if head.endswith('(') else ', '}&r); return r;"
 
     def source(self, invoke) -> str:
         params = f", {self.decl}" if self.decl else ""
@@ -250,10 +251,12 @@ def abi_hooks_source(variant, hs, head_dim: int) -> str:
         if f.call is None:
             continue
         c = f.call
-        ret = ", ret" if c.ret is not None else ""
+        head = _direct_call(c)
+        ret = "" if c.ret is None else ("ret" if head.endswith("(") else ", ret")
         lines.append(f'extern "C" __device__ {_abi_prototype(c, head_dim)} {{\n'
-                     f"  const attngen_gen::{vp}& p = *reinterpret_cast<const attngen_gen::{vp}*>(block);\n"
-                     f"  {_direct_call(c)}{ret});\n}}")
+                     f"  [[maybe_unused]] const attngen_gen::{vp}& p = "
+                     f"*reinterpret_cast<const attngen_gen::{vp}*>(block);\n"
+                     f"  {head}{ret});\n}}")
     return "\n".join(lines) + "\n"
 
 

@@ -337,6 +337,12 @@ def cuda_include_dirs() -> tuple[Path, ...]:
     return tuple(Path(d) for d in re.findall(r"-I(\S+)", m.group(1).replace('"', ""))) if m else ()
 
 
+def compile_hooks_source_check(source: str, arch: str = "sm_80") -> bytes:
+    """LTO-IR of a source using the hook ABI, by NVRTC (tests: both sides of the ABI compile)."""
+    _, sm = lto_gencode(arch)
+    return nvrtc.compile_ltoir(source, "check.cu", sm, [CSRC, *cuda_include_dirs()], False)
+
+
 def compile_hooks(out: Path, cfg: BuildConfig, arch: str, source: str) -> Path:
     """The hook object (LTO-IR) of one arch: by NVRTC in-process where it is installed (about 0.03 s
     here), else by ``nvcc -dc`` (about 0.9 s, mostly the process's start)."""

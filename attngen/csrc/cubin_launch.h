@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -127,6 +128,25 @@ Fn linked_kernel(const std::string& key) {
     ATTNGEN_LINKED_FAIL("attngen: kernel " + key + " not found in the linked cubin: " + cudaGetErrorString(err));
   kernels.emplace(slot, k);
   return reinterpret_cast<Fn>(k);
+}
+
+// linked_kernel for one kernel (make_key: a lambda naming it, so that each kernel has its own cache),
+// looked up once per device: the launchers call it on every launch. Hidden, so that the cache is this
+// library's (a default-visibility static of a template is one object for every library in the process).
+constexpr int kLinkedMaxDevices = 64;
+
+template <class Fn, class MakeKey>
+__attribute__((visibility("hidden"))) Fn linked_kernel_cached(MakeKey make_key) {
+  static std::atomic<Fn> by_device[kLinkedMaxDevices];  // zero-initialised: static storage
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= kLinkedMaxDevices) return linked_kernel<Fn>(make_key());
+  Fn k = by_device[dev].load(std::memory_order_acquire);
+  if (!k) {
+    k = linked_kernel<Fn>(make_key());
+    by_device[dev].store(k, std::memory_order_release);
+  }
+  return k;
 }
 
 }  // namespace attngen

@@ -18,22 +18,28 @@ namespace attngen {
 template <class V, class T, int D, int G>
 auto decode_kernel_ref() {
   using Fn = void (*)(DecodeProblem, typename V::Params);
-  if constexpr (linked_hooks<V>()) return linked_kernel<Fn>(kernel_key<T>("decode_kernel", D, G));
-  else return Fn(decode_kernel<V, T, D, G>);
+  if constexpr (linked_hooks<V>())
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_kernel", D, G); });
+  else
+    return Fn(decode_kernel<V, T, D, G>);
 }
 
 template <class V, class T, int D, int S>
 auto decode_tc_kernel_ref() {
   using Fn = void (*)(DecodeProblem, typename V::Params);
-  if constexpr (linked_hooks<V>()) return linked_kernel<Fn>(kernel_key<T>("decode_tc_kernel", D, S));
-  else return Fn(decode_tc_kernel<V, T, D, S>);
+  if constexpr (linked_hooks<V>())
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_tc_kernel", D, S); });
+  else
+    return Fn(decode_tc_kernel<V, T, D, S>);
 }
 
 template <class V, class T, int D>
 auto merge_decode_kernel_ref() {
   using Fn = void (*)(DecodeProblem, typename V::Params);
-  if constexpr (linked_hooks<V>()) return linked_kernel<Fn>(kernel_key<T>("merge_decode_kernel", D));
-  else return Fn(merge_decode_kernel<V, T, D>);
+  if constexpr (linked_hooks<V>())
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("merge_decode_kernel", D); });
+  else
+    return Fn(merge_decode_kernel<V, T, D>);
 }
 
 // A launch with the programmatic stream-serialization attribute on sm_90+ (the kernel may start while the
@@ -68,8 +74,8 @@ void launch_decode_merge(const DecodeProblem& P, const typename V::Params& hp, c
   if (P.plan != nullptr) rows = P.plan_max_merges;
   else if (P.num_chunks > 1) rows = P.batch;
   if (rows == 0) return;
-  launch_dependent(merge_decode_kernel_ref<V, T, D>(), dim3(P.num_qo_heads, rows), dim3(kMergeGroups * D / 8), 0, stream,
-                   P, hp);
+  launch_dependent(merge_decode_kernel_ref<V, T, D>(), dim3(P.num_qo_heads, rows), dim3(kMergeGroups * D / 8), 0,
+                   stream, P, hp);
 }
 
 template <class V, class T, int D, int G>

@@ -551,8 +551,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 template <class V, class T, int D, bool Small, int MT>
 auto prefill_kernel_ref() {
   using Fn = void (*)(PrefillProblem, typename V::Params);
-  if constexpr (linked_hooks<V>()) return linked_kernel<Fn>(kernel_key<T>("prefill_kernel", D, Small, MT));
-  else return Fn(prefill_kernel<V, T, D, Small, MT>);
+  if constexpr (linked_hooks<V>())
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("prefill_kernel", D, Small, MT); });
+  else
+    return Fn(prefill_kernel<V, T, D, Small, MT>);
 }
 
 template <class V, class T, int D, bool Small, int MT>

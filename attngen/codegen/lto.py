@@ -288,8 +288,12 @@ def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) 
         src = out / "launch.cu"
         src.write_text(src_text)
         gencode, _ = lto_gencode(cfg.archs[0])  # its device pass compiles nothing: PTX of the first arch
+        # hidden: its template instances (same names in every library of the signature) and their static
+        # caches stay this library's; a default-visibility static of a template would be one object for
+        # the whole process (GNU unique), whichever library asked first
         _nvcc([nvcc.require_nvcc(), gencode.replace("code=lto_", "code=compute_"), *_common_flags(cfg, out),
-               *_ffi_includes(), "-c", str(src), "-o", str(out / "launch.o")], f"nvcc of the launch object (d{head_dim})")
+               "-Xcompiler", "-fvisibility=hidden", *_ffi_includes(), "-c", str(src), "-o", str(out / "launch.o")],
+              f"nvcc of the launch object (d{head_dim})")
 
     directory, hit = cache.get_or_build(key, build)
     stats["launch_reused" if hit else "launch_built"] += 1

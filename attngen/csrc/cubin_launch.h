@@ -131,12 +131,12 @@ Fn linked_kernel(const std::string& key) {
 }
 
 // linked_kernel for one kernel (make_key: a lambda naming it, so that each kernel has its own cache),
-// looked up once per device: the launchers call it on every launch. Hidden, so that the cache is this
-// library's (a default-visibility static of a template is one object for every library in the process).
+// looked up once per device: the launchers call it on every launch. The launch object is compiled with
+// hidden visibility (codegen/lto.py), so that the cache is this library's.
 constexpr int kLinkedMaxDevices = 64;
 
 template <class Fn, class MakeKey>
-__attribute__((visibility("hidden"))) Fn linked_kernel_cached(MakeKey make_key) {
+Fn linked_kernel_cached(MakeKey make_key) {
   static std::atomic<Fn> by_device[kLinkedMaxDevices];  // zero-initialised: static storage
   int dev = 0;
   cudaGetDevice(&dev);

@@ -8,7 +8,7 @@ import pytest
 from tvm.script import tirx as T
 
 from attngen.build import build
-from attngen.codegen import lto, nvjitlink, nvrtc
+from attngen.codegen import linked_cubin, lto, nvjitlink, nvrtc
 from attngen.codegen.cuda_library import exported_functions
 from attngen.codegen.cuda_variant import abi_hooks_source, abi_traits_source, linked_params_source, traits_parts
 from attngen.codegen.hooks_cuda import lower_hooks_cuda
@@ -106,9 +106,9 @@ def test_host_glue_depends_on_the_parameter_list_not_the_hook_body():
 
 
 def test_kernel_keys_from_demangled_names():
-    assert lto.kernel_key("void attngen::decode_kernel<attngen_gen::Hooks_d128, __half, 128, 4>"
+    assert linked_cubin.kernel_key("void attngen::decode_kernel<attngen_gen::Hooks_d128, __half, 128, 4>"
                           "(attngen::DecodeProblem, attngen_gen::Hooks_d128::Params)") == "decode_kernel<__half, 128, 4>"
-    assert lto.kernel_key("void attngen::prefill_kernel<attngen_gen::Hooks_d64, __nv_bfloat16, 64, true, 1>"
+    assert linked_cubin.kernel_key("void attngen::prefill_kernel<attngen_gen::Hooks_d64, __nv_bfloat16, 64, true, 1>"
                           "(attngen::PrefillProblem, attngen_gen::Hooks_d64::Params)") == \
         "prefill_kernel<__nv_bfloat16, 64, true, 1>"
 
@@ -192,7 +192,7 @@ def test_linked_library_exports_the_entries_and_embeds_the_kernels(edited_builds
                                        "decode_tc_kernel<__half, 128, 1>", "decode_tc_kernel<__half, 128, 2>",
                                        "merge_decode_kernel<__half, 128>"]
     cubin = (res.directory / res.manifest["cubins"][0]).read_bytes()
-    assert len(lto.cubin_kernels(cubin)) == 7
+    assert len(linked_cubin.cubin_kernels(cubin)) == 7
 
 
 @requires_nvcc

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 extern "C" {
@@ -43,6 +44,7 @@ template <class... Params, class... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                           const Args&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: one argument per kernel parameter");
+  static_assert((std::is_same<Params, Args>::value && ...), "launch_kernel: arguments of the parameters' own types");
   void* argv[] = {const_cast<void*>(static_cast<const void*>(&args))...};
   return cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, smem, stream);
 }

@@ -197,6 +197,27 @@ def test_linked_library_exports_the_entries_and_embeds_the_kernels(edited_builds
 
 @requires_nvcc
 @requires_nvjitlink
+def test_linked_library_loads_and_checks_arguments_like_a_whole_one(edited_builds):
+    """On the CPU: the exports reach the entry templates' checks through the launch object (the call is
+    refused before any CUDA call), typed and named as a whole-program build's."""
+    import torch
+    import tvm_ffi
+
+    res = edited_builds[0]
+    f = tvm_ffi.load_module(str(res.library))["batch_decode_paged_nhd_f16_d128"]
+    q = torch.zeros(2, 8, 128, dtype=torch.bfloat16)
+    pages = torch.zeros(4, 2, 16, 2, 128, dtype=torch.float16)
+    i32 = torch.zeros(3, dtype=torch.int32)
+    own = (q, pages, i32, i32, i32, torch.zeros(2, 8, 128, dtype=torch.float16), torch.zeros(2, 8), 0.1,
+           torch.zeros(1), torch.zeros(1), 1, 0, None, 0, 0)
+    with pytest.raises(TypeError, match="batch_decode_paged_nhd_f16_d128: q: expected element type float16"):
+        f(*own, 30.0)
+    with pytest.raises(TypeError, match=r"Mismatched number of arguments .*15: float\) -> void"):
+        f(*own)
+
+
+@requires_nvcc
+@requires_nvjitlink
 def test_hooks_are_inlined_into_the_linked_kernels(edited_builds):
     res = edited_builds[0]
     cubin_path = res.directory / res.manifest["cubins"][0]

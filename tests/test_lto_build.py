@@ -105,6 +105,22 @@ def test_host_glue_depends_on_the_parameter_list_not_the_hook_body():
     assert sorted(names) == exported_functions(cfg)
 
 
+def test_parameter_block_bound():
+    from attngen.codegen.cuda_variant import params_bytes
+    from attngen.ir import TensorParam
+
+    hs = lower_hooks_cuda(builtin("alibi"), 128, "sm_80")
+    assert params_bytes(builtin("alibi"), hs.dims or {}) == 8  # one pointer
+    assert params_bytes(scaled_softcap(1.0), {}) == 4
+    lto.check_params_fit(builtin("alibi"), hs)
+    many = Variant("many", logits_transform=builtin("alibi").hooks["logits_transform"],
+                   params=[*builtin("alibi").params, *(TensorParam(f"t{i}", "float32", (4,)) for i in range(40))])
+    with pytest.raises(ConfigError, match="more than the 256 a link-time build passes"):
+        lto.check_params_fit(many, hs)
+    header = (lto.CSRC / "hook_abi.h").read_text()
+    assert f"constexpr int kParamBlockBytes = {lto.PARAM_BLOCK_BYTES};" in header  # the bound in both languages
+
+
 def test_kernel_keys_from_demangled_names():
     assert linked_cubin.kernel_key("void attngen::decode_kernel<attngen_gen::Hooks_d128, __half, 128, 4>"
                           "(attngen::DecodeProblem, attngen_gen::Hooks_d128::Params)") == "decode_kernel<__half, 128, 4>"

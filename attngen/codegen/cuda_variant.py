@@ -37,6 +37,24 @@ def params_struct(variant, dims: dict) -> str:
     return "  struct Params {\n" + ("\n".join(fields) or "    int unused;") + "\n  };\n"
 
 
+# bytes (= alignment) of each C type of a Params member, on the 64-bit host and device alike
+_C_BYTES = {"float": 4, "int": 4, "int64_t": 8, "unsigned char": 1, "half": 2, "__nv_bfloat16": 2, "bool": 1}
+
+
+def params_bytes(variant, dims: dict) -> int:
+    """sizeof the Params struct of :func:`params_struct` (members in order, each at its alignment)."""
+    members = []
+    for p in variant.params:
+        members.append(8 if isinstance(p, TensorParam) else _C_BYTES[C_TYPES[p.dtype]])
+        members += [4] * len(_dims_of(p, dims))
+    members = members or [4]  # "int unused"
+    offset = 0
+    for size in members:
+        offset = (offset + size - 1) // size * size + size
+    align = max(members)
+    return (offset + align - 1) // align * align
+
+
 def _ffi_type(p) -> str:
     """The C++ type a parameter arrives as through TVM-FFI."""
     if isinstance(p, TensorParam):

@@ -46,7 +46,7 @@ from . import nvcc, nvjitlink, nvrtc
 from .linked_cubin import cubin_kernels, kernel_table, link_object_source
 from .cache import BuildCache, content_key, hash_files
 from .cuda_entries import LAYOUT_ENUMS
-from .cuda_variant import C_TYPES, abi_hooks_source, abi_traits_source, linked_params_source
+from .cuda_variant import C_TYPES, abi_hooks_source, abi_traits_source, linked_params_source, params_bytes
 from .host_library import host_cxx
 
 CSRC = Path(attngen.__file__).parent / "csrc"
@@ -83,6 +83,17 @@ def check_config(cfg: BuildConfig) -> None:
                           "link='whole'")
     if not nvjitlink.available():
         nvjitlink._module()  # raises the LinkError naming the missing packages
+
+
+PARAM_BLOCK_BYTES = 256  # csrc/hook_abi.h kParamBlockBytes
+
+
+def check_params_fit(variant, hs) -> None:
+    """Refuse a variant whose parameters outgrow the block the linked kernels take."""
+    size = params_bytes(variant, hs.dims or {})
+    if size > PARAM_BLOCK_BYTES:
+        raise ConfigError(f"variant '{variant.name}': its parameters take {size} bytes, more than the "
+                          f"{PARAM_BLOCK_BYTES} a link-time build passes to the kernels; build with link='whole'")
 
 
 def lto_gencode(arch: str) -> tuple[str, str]:
@@ -330,6 +341,7 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     timings, reused = {}, {"templates": [], "launch": []}
     t = time.perf_counter()
     first = cfg.archs[0]
+    check_params_fit(variant, lowered[(first, cfg.head_dims[0])])
     abi = {d: abi_traits_source(variant, lowered[(first, d)], d) for d in cfg.head_dims}
     objects, table = {a: [] for a in cfg.archs}, {}
     for a in cfg.archs:

@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import tvm_ffi.libinfo
 
@@ -57,22 +58,57 @@ stats: Counter = Counter()
 
 
 @dataclass(frozen=True)
+class LinkedExport:
+    """One exported function of a linked library: its name, its entry kind's own arguments (an alias of
+    csrc/linked_entry.h) and the launch object's entry template instance (``{V}``: the traits, ``{N}``:
+    the name array)."""
+    name: str
+    own: str
+    entry: str
+
+    @property
+    def tag(self) -> str:
+        return f"attngen_linked::tag_{self.name}"
+
+
+def _decode_exports(cfg: BuildConfig, d: int, pair: DtypePair) -> list[LinkedExport]:
+    return [LinkedExport(symbol(f"batch_decode_paged_{lay.lower()}", pair.q, d), "attngen::DecodeOwnArgs",
+                         f"attngen::DecodePagedEntry<{{V}}, {C_TYPES[pair.q]}, {d}, {LAYOUT_ENUMS[lay]}, "
+                         f"{cfg.max_group_size}, {{N}}>") for lay in cfg.layouts]
+
+
+def _prefill_exports(cfg: BuildConfig, d: int, pair: DtypePair) -> list[LinkedExport]:
+    t = C_TYPES[pair.q]
+    return [LinkedExport(symbol("batch_prefill_ragged", pair.q, d), "attngen::PrefillRaggedOwnArgs",
+                         f"attngen::PrefillRaggedEntry<{{V}}, {t}, {d}, {{N}}>")] + [
+        LinkedExport(symbol(f"batch_prefill_paged_{lay.lower()}", pair.q, d), "attngen::PrefillPagedOwnArgs",
+                     f"attngen::PrefillPagedEntry<{{V}}, {t}, {d}, {LAYOUT_ENUMS[lay]}, {{N}}>")
+        for lay in cfg.layouts]
+
+
+@dataclass(frozen=True)
 class Launcher:
-    """What a template record's object instantiates: the header holding its launcher and the explicit
+    """A template record's part in link-time builds: the header holding its launcher, the explicit
     instantiations (``{V}``: the traits, ``{T}``: element type, ``{D}``, ``{G}``: the group bound) that
-    reach every kernel the launcher may pick."""
+    reach every kernel the launcher may pick, and its exported functions (the record's exports, in the
+    launch object's and the exports' terms)."""
     header: str
     instantiations: tuple[str, ...]
+    exports: Callable[[BuildConfig, int, DtypePair], list[LinkedExport]]
 
 
 LAUNCHERS = {
     "decode": Launcher("decode_launch.cuh", (
         "template bool attngen::launch_decode<{V}, {T}, {D}, {G}>(const attngen::DecodeProblem&, "
-        "const {V}::Params&, cudaStream_t);",)),
+        "const {V}::Params&, cudaStream_t);",), _decode_exports),
     "prefill": Launcher("prefill.cuh", (
         "template void attngen::launch_prefill<{V}, {T}, {D}>(const attngen::PrefillProblem&, int, "
-        "const {V}::Params&, cudaStream_t);",)),
+        "const {V}::Params&, cudaStream_t);",), _prefill_exports),
 }
+
+
+def linked_exports(cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[LinkedExport]:
+    return [e for record in selected(cfg.kernels) for e in LAUNCHERS[record.name].exports(cfg, head_dim, pair)]
 
 
 def check_config(cfg: BuildConfig) -> None:
@@ -159,38 +195,6 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
 
 
 # ---- host glue: the launch object (per signature) and the exports (per parameter list) ----
-
-@dataclass(frozen=True)
-class LinkedExport:
-    """One exported function of a linked library: its name, its entry kind's own arguments (an alias of
-    csrc/linked_entry.h) and the launch object's entry template instance (``{V}``: the traits, ``{N}``:
-    the name array)."""
-    name: str
-    own: str
-    entry: str
-
-    @property
-    def tag(self) -> str:
-        return f"attngen_linked::tag_{self.name}"
-
-
-def linked_exports(cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[LinkedExport]:
-    t, d, out = C_TYPES[pair.q], head_dim, []
-    for record in selected(cfg.kernels):
-        if record.name == "decode":
-            for lay in cfg.layouts:
-                out.append(LinkedExport(symbol(f"batch_decode_paged_{lay.lower()}", pair.q, d), "attngen::DecodeOwnArgs",
-                                        f"attngen::DecodePagedEntry<{{V}}, {t}, {d}, {LAYOUT_ENUMS[lay]}, "
-                                        f"{cfg.max_group_size}, {{N}}>"))
-        elif record.name == "prefill":
-            out.append(LinkedExport(symbol("batch_prefill_ragged", pair.q, d), "attngen::PrefillRaggedOwnArgs",
-                                    f"attngen::PrefillRaggedEntry<{{V}}, {t}, {d}, {{N}}>"))
-            for lay in cfg.layouts:
-                out.append(LinkedExport(symbol(f"batch_prefill_paged_{lay.lower()}", pair.q, d),
-                                        "attngen::PrefillPagedOwnArgs",
-                                        f"attngen::PrefillPagedEntry<{{V}}, {t}, {d}, {LAYOUT_ENUMS[lay]}, {{N}}>"))
-    return out
-
 
 def launch_source(cfg: BuildConfig, head_dim: int) -> str:
     """The launch object of one head dim: the records' entry templates over the block traits, one

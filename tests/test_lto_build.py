@@ -123,7 +123,8 @@ def test_parameter_block_bound():
 
 def test_kernel_keys_from_demangled_names():
     assert linked_cubin.kernel_key("void attngen::decode_kernel<attngen_gen::Hooks_d128, __half, 128, 4>"
-                          "(attngen::DecodeProblem, attngen_gen::Hooks_d128::Params)") == "decode_kernel<__half, 128, 4>"
+                                   "(attngen::DecodeProblem, attngen_gen::Hooks_d128::Params)") == \
+        "decode_kernel<__half, 128, 4>"
     assert linked_cubin.kernel_key("void attngen::prefill_kernel<attngen_gen::Hooks_d64, __nv_bfloat16, 64, true, 1>"
                           "(attngen::PrefillProblem, attngen_gen::Hooks_d64::Params)") == \
         "prefill_kernel<__nv_bfloat16, 64, true, 1>"

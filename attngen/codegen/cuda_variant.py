@@ -292,5 +292,6 @@ def linked_params_source(variant, hs, head_dim: int) -> str:
         "namespace attngen_gen {", f"struct LinkedParams_d{head_dim} {{",
         vp, setter.replace("static void set_params(", "static void fill_variant_params("),
         f"  static void set_params(const char* entry, attngen::ParamBlock& block{decl}) {{",
-        f"    VariantParams p{{}};\n    fill_variant_params(entry, p{names});\n    attngen::pack_params(block, p);\n  }}",
+        f"    VariantParams p{{}};\n    fill_variant_params(entry, p{names});\n"
+        "    attngen::pack_params(block, p);\n  }",
         "};", "}  // namespace attngen_gen\n"])

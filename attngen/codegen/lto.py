@@ -7,17 +7,17 @@ Three kinds of pieces, each in the build cache under its own key:
   whose text is the signature: which hooks exist, their per-element forms, the state algebra, scale
   folding, the mask's bounds), compiled by ``nvcc -dc`` to LTO-IR (``code=lto_XX``). Its kernels take
   the variant's parameters as an ``attngen::ParamBlock`` (csrc/hook_abi.h) and call each hook as an
-  extern "C" device function, so every variant of that signature shares it. Beside it, its kernels'
-  table: key (``decode_kernel<__half, 128, 4>``) -> mangled name.
+  extern "C" device function, so every variant of that signature shares it.
 - the host glue in two parts (csrc/linked_entry.h): a **launch object** per hook signature (nvcc: the
   entry templates' argument checks and launchers over the block, taking the kernels by name from the
   linked cubin, csrc/cubin_launch.h), and the **exports** per parameter list (the host C++ compiler
   alone, about a second: the TVM-FFI functions, typed as in a whole-program build, packing the
   variant's parameters into the block). A hook body's edit leaves both as they are.
 - per variant, its **hook object** (the lowered hooks and the ABI functions reading the block as the
-  variant's Params; ``nvcc -dc`` to LTO-IR), the **cubin** per arch (nvJitLink ``-lto`` of the hook
-  object with the template objects: the hooks inline into the kernels), and the library: the host glue
-  linked with the embedded cubins and kernel table.
+  variant's Params; LTO-IR by NVRTC, or ``nvcc -dc`` without it), the **cubin** per arch (nvJitLink
+  ``-lto`` of the hook object with the template objects: the hooks inline into the kernels), and the
+  library: the host glue linked with the embedded cubins and their kernel table (key
+  ``decode_kernel<__half, 128, 4>`` -> mangled name, :mod:`.linked_cubin`).
 
 ``stats`` counts the cached pieces built and reused in this process (tests and logs).
 """
@@ -44,11 +44,11 @@ from attngen.schedules.registry import selected
 from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
 from . import nvcc, nvjitlink, nvrtc
-from .linked_cubin import cubin_kernels, kernel_table, link_object_source
 from .cache import BuildCache, content_key, hash_files
 from .cuda_entries import LAYOUT_ENUMS
 from .cuda_variant import C_TYPES, abi_hooks_source, abi_traits_source, linked_params_source, params_bytes
 from .host_library import host_cxx
+from .linked_cubin import cubin_kernels, kernel_table, link_object_source
 
 CSRC = Path(attngen.__file__).parent / "csrc"
 
@@ -143,7 +143,8 @@ def _common_flags(cfg: BuildConfig, out: Path) -> tuple[str, ...]:
             *(("--use_fast_math",) if cfg.fast_math else ()))
 
 
-def _nvcc(cmd: list[str], what: str) -> None:
+def _run(cmd: list[str], what: str) -> None:
+    """Run one compiler or linker command; its diagnostics in the error when it fails."""
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise nvcc.NvccError(f"{what} failed:\n$ {' '.join(cmd)}\n{p.stderr[-6000:]}")
@@ -186,7 +187,7 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
         src = out / "template.cu"
         src.write_text(template_source(record, head_dim, pair, cfg.max_group_size))
         obj = out / "template.o"
-        _nvcc([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
+        _run([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
               f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
 
     directory, hit = cache.get_or_build(key, build)
@@ -254,7 +255,7 @@ def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) 
         # hidden: its template instances (same names in every library of the signature) and their static
         # caches stay this library's; a default-visibility static of a template would be one object for
         # the whole process (GNU unique), whichever library asked first
-        _nvcc([nvcc.require_nvcc(), gencode.replace("code=lto_", "code=compute_"), *_common_flags(cfg, out),
+        _run([nvcc.require_nvcc(), gencode.replace("code=lto_", "code=compute_"), *_common_flags(cfg, out),
                "-Xcompiler", "-fvisibility=hidden", *_ffi_includes(), "-c", str(src), "-o", str(out / "launch.o")],
               f"nvcc of the launch object (d{head_dim})")
 
@@ -274,7 +275,7 @@ def exports_object(variant, cfg: BuildConfig, params: dict[int, str], cache: Bui
     def build(out: Path) -> None:
         src = out / "exports.cc"
         src.write_text(src_text)
-        _nvcc([cxx, "-std=c++17", "-O2", "-fPIC", f"-I{CSRC}", *_ffi_includes(),
+        _run([cxx, "-std=c++17", "-O2", "-fPIC", f"-I{CSRC}", *_ffi_includes(),
                *(f"-I{d}" for d in cuda_include_dirs()), "-c", str(src), "-o", str(out / "exports.o")],
               "the exports' compile")
 
@@ -321,7 +322,7 @@ def compile_hooks(out: Path, cfg: BuildConfig, arch: str, source: str) -> Path:
         obj.write_bytes(nvrtc.compile_ltoir(source, src.name, sm, [out, CSRC, *cuda_include_dirs()], cfg.fast_math))
         return obj
     obj = out / f"abi_hooks_{arch}.o"
-    _nvcc([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
+    _run([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
           f"nvcc of the hooks (LTO-IR, {arch})")
     return obj
 
@@ -385,7 +386,8 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
         cubins.append((cubin, _sm_number(sm)))
         kernels = kernel_table(cubin_kernels(data))
         if table and kernels != table:
-            raise RuntimeError(f"the cubins of {cfg.archs} hold different kernels: {sorted(kernels)} vs {sorted(table)}")
+            raise RuntimeError(f"the cubins of {cfg.archs} hold different kernels: {sorted(kernels)} vs "
+                               f"{sorted(table)}")
         table = kernels
     timings["link_cubin"] = time.perf_counter() - t
 
@@ -393,14 +395,15 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     link_src = out / "linked_cubins.c"
     link_src.write_text(link_object_source(cubins, table))
     cxx = host_cxx()[0]
-    _nvcc([cxx, "-x", "c", "-c", "-fPIC", str(link_src), "-o", str(out / "linked_cubins.o")],
+    _run([cxx, "-x", "c", "-c", "-fPIC", str(link_src), "-o", str(out / "linked_cubins.o")],
           "the embedded cubins' object")
     lib = out / f"lib{variant.name}_cuda.so"
     ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi())
-    _nvcc([cxx, "-shared", "-o", str(lib), *map(str, glue), str(out / "linked_cubins.o"), str(_cudart_static()),
+    _run([cxx, "-shared", "-o", str(lib), *map(str, glue), str(out / "linked_cubins.o"), str(_cudart_static()),
            "-ldl", "-lpthread", "-lrt", f"-L{ffi_lib.parent}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib.parent}"],
           "the link of the library")
     timings["link_library"] = time.perf_counter() - t
-    return {"library": lib.name, "link": "lto", "objects": [o.name for o in hook_objects.values()], "cubins": [c.name for c, _ in cubins],
-            "lto_seconds": {k: round(v, 3) for k, v in timings.items()}, "lto_reused": reused,
+    return {"library": lib.name, "link": "lto", "objects": [o.name for o in hook_objects.values()],
+            "cubins": [c.name for c, _ in cubins], "lto_seconds": {k: round(v, 3) for k, v in timings.items()},
+            "lto_reused": reused,
             "kernels": sorted(table)}

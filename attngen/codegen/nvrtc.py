@@ -18,7 +18,8 @@ def _module():
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise NvrtcError(f"nvrtcVersion: {err}")
     except Exception as e:
-        raise NvrtcError(f"NVRTC is not available (pip install 'cuda-bindings>=13' 'nvidia-cuda-nvrtc>=13'): {e}") from e
+        raise NvrtcError("NVRTC is not available (pip install 'cuda-bindings>=13' 'nvidia-cuda-nvrtc>=13'): "
+                         f"{e}") from e
     return nvrtc
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from attngen.codegen.cache import BuildCache, content_key, hash_files, python_environment
+from attngen.codegen.cache import BuildCache, content_key, entry_is_sealed, hash_files, python_environment
 from attngen.codegen.nvcc import NvccError
 from attngen.ir.errors import ConfigError, VariantError
 from attngen.schedules import ARCHS, BuildConfig
@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--hook-math", choices=HOOK_MATH_MODES, default="approx",
                    help="cuda: the hooks' float math: 'approx' (hardware approximations: tanh.approx, __expf, "
                         "__fdividef, ...) or 'precise' (the CUDA math library) (default: approx)")
+    b.add_argument("--link", choices=("whole", "lto"), default="whole",
+                   help="cuda: 'whole' compiles templates and hooks as one program; 'lto' links the hooks into "
+                        "template objects cached per hook signature (seconds per hook edit) (default: whole)")
     b.add_argument("--out", type=Path, help="also copy the artifacts into this directory")
     b.add_argument("--cache-dir", type=Path, help="build cache location (default: $ATTNGEN_CACHE_DIR or ~/.cache/attngen)")
     b.add_argument("--dump", type=Path, help="write every stage's artifact under this directory (same as ATTNGEN_DUMP)")
@@ -111,7 +114,7 @@ def _finished_build(cache: BuildCache, request: str, cfg: BuildConfig, t0: float
     from attngen.codegen.pipeline import BuildResult
 
     seen = cache.read_record(request)
-    if seen is None or not cache.path_for(seen["entry"]).is_dir():
+    if seen is None or not entry_is_sealed(cache.path_for(seen["entry"])):  # a damaged entry is built again
         return None
     return BuildResult.from_entry(seen["variant"], cfg, cache.path_for(seen["entry"]), True,
                                   time.perf_counter() - t0)
@@ -131,7 +134,7 @@ def cmd_build(args) -> int:
     dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
     cfg = BuildConfig(target=args.target, head_dims=args.head_dim, dtypes=dtypes, kv_dtypes=args.kv_dtype,
                       archs=args.arch, layouts=args.layout, fast_math=args.fast_math, kernels=args.kernels,
-                      max_group_size=args.max_group_size, hook_math=args.hook_math)
+                      max_group_size=args.max_group_size, hook_math=args.hook_math, link=args.link)
     cache = BuildCache(args.cache_dir) if args.cache_dir else BuildCache()
     t0 = time.perf_counter()
     source = _request_source(args.source, args.variant)

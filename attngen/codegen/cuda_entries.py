@@ -12,7 +12,7 @@ from attngen.schedules.build_config import symbol
 
 from .cuda_variant import C_TYPES
 
-_LAYOUTS = {"NHD": "attngen::KVLayout::kNHD", "HND": "attngen::KVLayout::kHND"}
+LAYOUT_ENUMS = {"NHD": "attngen::KVLayout::kNHD", "HND": "attngen::KVLayout::kHND"}
 
 
 def _export(name: str, entry: str) -> str:
@@ -28,7 +28,7 @@ def decode_wrapper(head_dim: int, dtype: str, layout: str, max_group: int) -> st
     """``batch_decode_paged_<layout>_<dtype>_d<D>`` over the variant traits ``Hooks_d<D>``."""
     name = symbol(f"batch_decode_paged_{layout.lower()}", dtype, head_dim)
     entry = (f"attngen::DecodePagedEntry<attngen_gen::Hooks_d{head_dim}, {C_TYPES[dtype]}, {head_dim}, "
-             f"{_LAYOUTS[layout]}, {max_group}, {{name}}>")
+             f"{LAYOUT_ENUMS[layout]}, {max_group}, {{name}}>")
     return _export(name, entry)
 
 
@@ -40,5 +40,5 @@ def prefill_wrapper(head_dim: int, dtype: str, layout: str | None) -> str:
         entry = f"attngen::PrefillRaggedEntry<{traits}, {{name}}>"
     else:
         name = symbol(f"batch_prefill_paged_{layout.lower()}", dtype, head_dim)
-        entry = f"attngen::PrefillPagedEntry<{traits}, {_LAYOUTS[layout]}, {{name}}>"
+        entry = f"attngen::PrefillPagedEntry<{traits}, {LAYOUT_ENUMS[layout]}, {{name}}>"
     return _export(name, entry)

@@ -12,6 +12,8 @@ arguments.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from attngen.ir import HOOKS, HookSpec, ScalarParam, StateAlgebra, TensorParam
 from attngen.ir.mask_class import MaskKind
 
@@ -33,6 +35,24 @@ def params_struct(variant, dims: dict) -> str:
         fields.append(f"    {ctype} {p.name};")
         fields += [f"    int {m};" for m, _ in _dims_of(p, dims)]
     return "  struct Params {\n" + ("\n".join(fields) or "    int unused;") + "\n  };\n"
+
+
+# bytes (= alignment) of each C type of a Params member, on the 64-bit host and device alike
+_C_BYTES = {"float": 4, "int": 4, "int64_t": 8, "unsigned char": 1, "half": 2, "__nv_bfloat16": 2, "bool": 1}
+
+
+def params_bytes(variant, dims: dict) -> int:
+    """sizeof the Params struct of :func:`params_struct` (members in order, each at its alignment)."""
+    members = []
+    for p in variant.params:
+        members.append(8 if isinstance(p, TensorParam) else _C_BYTES[C_TYPES[p.dtype]])
+        members += [4] * len(_dims_of(p, dims))
+    members = members or [4]  # "int unused"
+    offset = 0
+    for size in members:
+        offset = (offset + size - 1) // size * size + size
+    align = max(members)
+    return (offset + align - 1) // align * align
 
 
 def _ffi_type(p) -> str:
@@ -76,49 +96,89 @@ def _scalar_args(spec: HookSpec) -> tuple[str, str]:
     return (", ".join(f"{C_TYPES[t]} {n}" for n, t in spec.scalars), ", ".join(n for n, _ in spec.scalars))
 
 
-def _row_hook(spec: HookSpec, hooks, hs, head_dim: int, call) -> tuple[dict[str, str], list[str]]:
+@dataclass(frozen=True)
+class HookCall:
+    """One call from a forwarding function to a lowered hook function: its standard parameters (as
+    declared and as passed), then the variant's extra parameters ``extras`` (read from ``p``), then,
+    for a value, a trailing pointer of type ``ret``."""
+    member: str  # the forwarding function, e.g. "logits", "query_elem", "mask_lower"
+    symbol: str  # the lowered device function of the variant
+    decl: str
+    args: str
+    extras: tuple[str, ...]
+    ret: str | None
+
+    def abi_name(self, head_dim: int) -> str:
+        """The variant-independent extern "C" name of this call in link-time builds (hook_abi.h)."""
+        return f"attngen_abi_d{head_dim}_{self.member}"
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One forwarding function of the traits: its C++ return type, parameters after ``p``, and either the
+    hook call it makes or the identity body of an absent hook."""
+    member: str
+    returns: str
+    decl: str
+    call: HookCall | None
+    identity: str
+
+    def body(self, invoke) -> str:
+        if self.call is None:
+            return self.identity
+        head = invoke(self.call)  # the call up to its closing parenthesis
+        if self.call.ret is None:
+            return f"{head});"
+        return f"{self.call.ret} r; {head}{'' if head.endswith('(') else ', '}&r); return r;"
+
+    def source(self, invoke) -> str:
+        params = f", {self.decl}" if self.decl else ""
+        return f"{_FN} {self.returns} {self.member}(const Params& p{params}) {{ {self.body(invoke)} }}"
+
+
+def _row_hook(spec: HookSpec, hooks, hs, head_dim: int) -> tuple[dict[str, str], list[Forward]]:
     """Flags and forwarding functions of one row hook: the whole-row form and the per-element form
     (a thread computing only its elements)."""
     short = spec.cpp_name
     flags = {f"kHas{_camel(spec.name)}": _b(spec.name in hooks),
              f"k{_camel(short)}Elementwise": _b(spec.name in hs.elementwise)}
     decl, args = _scalar_args(spec)
+    elem = None
     if spec.name in hs.elementwise:
-        body = f"float r; {call(hs.elementwise[spec.name], f'row, i, {args}')}, &r); return r;"
-    else:
-        body = "return row[i];"
-    fns = [f"{_FN} float {short}_elem(const Params& p, float* row, int i, {decl}) {{ {body} }}"]
+        sym = hs.elementwise[spec.name]
+        elem = HookCall(f"{short}_elem", sym, f"float* row, int i, {decl}", f"row, i, {args}",
+                        tuple(hs.params[sym]), "float")
+    row = None
     if spec.name in hooks:
-        body = f"{call(hs.symbol(spec.name), f'in, out, {args}')});"
-    else:
-        body = f"for (int i = 0; i < {head_dim}; ++i) out[i] = in[i];"
-    fns.append(f"{_FN} void {short}_row(const Params& p, float* in, float* out, {decl}) {{ {body} }}")
+        sym = hs.symbol(spec.name)
+        row = HookCall(f"{short}_row", sym, f"float* in, float* out, {decl}", f"in, out, {args}",
+                       tuple(hs.params[sym]), None)
+    fns = [Forward(f"{short}_elem", "float", f"float* row, int i, {decl}", elem, "return row[i];"),
+           Forward(f"{short}_row", "void", f"float* in, float* out, {decl}", row,
+                   f"for (int i = 0; i < {head_dim}; ++i) out[i] = in[i];")]
     return flags, fns
 
 
-def _scalar_hook(spec: HookSpec, hooks, hs, call) -> tuple[dict[str, str], list[str]]:
+def _scalar_hook(spec: HookSpec, hooks, hs) -> tuple[dict[str, str], list[Forward]]:
     """Flag and forwarding function of one scalar hook (its value comes back through a pointer)."""
     member, flag = spec.cpp_name, f"kHas{_camel(spec.cpp_name)}"
     identity = _b(spec.identity) if isinstance(spec.identity, bool) else spec.identity
     decl, args = _scalar_args(spec)
     ret = C_TYPES[spec.returns]
+    call = None
     if spec.name in hooks:
-        body = f"{ret} r; {call(hs.symbol(spec.name), args)}, &r); return r;"
-    else:
-        body = f"return {identity};"
-    return {flag: _b(spec.name in hooks)}, [f"{_FN} {ret} {member}(const Params& p, {decl}) {{ {body} }}"]
+        sym = hs.symbol(spec.name)
+        call = HookCall(member, sym, decl, args, tuple(hs.params[sym]), ret)
+    return {flag: _b(spec.name in hooks)}, [Forward(member, ret, decl, call, f"return {identity};")]
 
 
-def traits_source(variant, hs, head_dim: int) -> str:
-    """C++ source of ``attngen_gen::Hooks_d<head_dim>`` (after the hooks header)."""
+def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forward]]:
+    """The traits' compile-time flags (which hooks exist, per-element forms, the state algebra, scale
+    folding, the mask's bounds) and forwarding functions: what a template is compiled against, beyond
+    the variant's parameter struct."""
     a = variant.analysis
     hooks = variant.hooks
     assert set(HOOKS) >= set(hooks)
-
-    def call(sym, args):
-        extra = "".join(f", p.{n}" for n in hs.params[sym])
-        return f"{sym}({args}{extra}"
-
     flags = {
         "kSoftmax": _b(variant.state == StateAlgebra.SOFTMAX),
         "kQScaleLog2e": _b(a.scale.q_scale_log2e),
@@ -126,7 +186,7 @@ def traits_source(variant, hs, head_dim: int) -> str:
     }
     fns = []
     for spec in HOOKS.values():
-        f, code = _row_hook(spec, hooks, hs, head_dim, call) if spec.row else _scalar_hook(spec, hooks, hs, call)
+        f, code = _row_hook(spec, hooks, hs, head_dim) if spec.row else _scalar_hook(spec, hooks, hs)
         flags.update(f)
         fns += code
     flags.update({
@@ -136,16 +196,102 @@ def traits_source(variant, hs, head_dim: int) -> str:
         "kMaskExact": _b("logits_mask" not in hooks or a.mask.kind != MaskKind.ARBITRARY),
     })
     for which in ("lower", "upper"):
+        call = None
         if which in hs.bounds:
             sym, names = hs.bounds[which]
-            args = ", ".join(f"p.{n}" for n in names)
-            body = f"int r; {sym}({args}{', ' if args else ''}&r); return r;"
-        else:
-            body = "return 0;"
-        fns.append(f"{_FN} int mask_{which}(const Params& p) {{ {body} }}")
+            call = HookCall(f"mask_{which}", sym, "", "", tuple(names), "int")
+        fns.append(Forward(f"mask_{which}", "int", "", call, "return 0;"))
+    return flags, fns
+
+
+def _direct_call(call: HookCall) -> str:
+    """A forwarding function's call of the lowered hook, its extra parameters read from ``p``."""
+    args = [call.args] if call.args else []
+    args += [f"p.{n}" for n in call.extras]
+    return f"{call.symbol}({', '.join(args)}"
+
+
+def _flag_lines(head_dim: int, flags: dict[str, str]) -> list[str]:
+    return [f"  static constexpr int kHeadDim = {head_dim};"] + [f"  static constexpr bool {k} = {v};"
+                                                                for k, v in flags.items()]
+
+
+def traits_source(variant, hs, head_dim: int) -> str:
+    """C++ source of ``attngen_gen::Hooks_d<head_dim>`` (after the hooks header)."""
+    flags, fns = traits_parts(variant, hs, head_dim)
     lines = ['#include "variant_params.h"', f"namespace attngen_gen {{\nstruct Hooks_d{head_dim} {{",
-             params_struct(variant, hs.dims or {}), ffi_params(variant, hs.dims or {}), f"  static constexpr int kHeadDim = {head_dim};"]
-    lines += [f"  static constexpr bool {k} = {v};" for k, v in flags.items()]
-    lines += fns
+             params_struct(variant, hs.dims or {}), ffi_params(variant, hs.dims or {})]
+    lines += _flag_lines(head_dim, flags)
+    lines += [f.source(_direct_call) for f in fns]
     lines.append("};\n}  // namespace attngen_gen\n")
     return "\n".join(lines)
+
+
+# ---- link-time builds (codegen/lto.py, csrc/hook_abi.h) ----
+
+def abi_traits_source(variant, hs, head_dim: int) -> str:
+    """The traits a prebuilt template is compiled against: ``attngen_gen::Hooks_d<head_dim>`` with the
+    variant's flags, ``Params`` = ``attngen::ParamBlock`` and each present hook forwarded to its extern
+    "C" ABI function. Its text is the template's hook signature: two variants with the same text share
+    the template's object."""
+    flags, fns = traits_parts(variant, hs, head_dim)
+    calls = [f.call for f in fns if f.call is not None]
+
+    def invoke(call: HookCall) -> str:
+        return f"{call.abi_name(head_dim)}(&p{', ' + call.args if call.args else ''}"
+
+    decls = [f'extern "C" __device__ {_abi_prototype(c, head_dim)};' for c in calls]
+    lines = ["#pragma once", '#include "hook_abi.h"', *decls,
+             f"namespace attngen_gen {{\nstruct Hooks_d{head_dim} {{", "  using Params = attngen::ParamBlock;"]
+    lines += _flag_lines(head_dim, flags)
+    lines += [f.source(invoke) for f in fns]
+    lines.append("};\n}  // namespace attngen_gen\n")
+    return "\n".join(lines)
+
+
+def _abi_prototype(call: HookCall, head_dim: int) -> str:
+    params = ["const attngen::ParamBlock* block"] + ([call.decl] if call.decl else [])
+    if call.ret is not None:
+        params.append(f"{call.ret}* ret")
+    return f"void {call.abi_name(head_dim)}({', '.join(params)})"
+
+
+def abi_hooks_source(variant, hs, head_dim: int) -> str:
+    """The variant's side of the boundary (after its hooks header): its Params as
+    ``attngen_gen::VariantParams_d<head_dim>`` and one extern "C" definition per ABI function, reading
+    the block as those Params and calling the lowered hook."""
+    _, fns = traits_parts(variant, hs, head_dim)
+    vp = f"VariantParams_d{head_dim}"
+    lines = ['#include "hook_abi.h"', "namespace attngen_gen {",
+             params_struct(variant, hs.dims or {}).replace("  struct Params {", f"struct {vp} {{").replace(
+                 "\n  };", "\n};"), "}  // namespace attngen_gen"]
+    for f in fns:
+        if f.call is None:
+            continue
+        c = f.call
+        head = _direct_call(c)
+        ret = "" if c.ret is None else ("ret" if head.endswith("(") else ", ret")
+        lines.append(f'extern "C" __device__ {_abi_prototype(c, head_dim)} {{\n'
+                     f"  [[maybe_unused]] const attngen_gen::{vp}& p = "
+                     f"*reinterpret_cast<const attngen_gen::{vp}*>(block);\n"
+                     f"  {head}{ret});\n}}")
+    return "\n".join(lines) + "\n"
+
+
+def linked_params_source(variant, hs, head_dim: int) -> str:
+    """The exports file's view of the variant in a link-time build (host C++ only):
+    ``attngen_gen::LinkedParams_d<head_dim>``, the variant's FFI parameters (``ExtraArgs``) packed by
+    ``set_params`` into the block the linked kernels take. Its text is the parameter list: the exports
+    are recompiled when it changes, never for a hook body."""
+    dims = hs.dims or {}
+    vp = params_struct(variant, dims).replace("  struct Params {", "  struct VariantParams {")
+    setter = ffi_params(variant, dims).replace("Params& p", "VariantParams& p")
+    decl = "".join(f", {_ffi_type(p)} {p.name}" for p in variant.params)
+    names = "".join(f", {p.name}" for p in variant.params)
+    return "\n".join([
+        "namespace attngen_gen {", f"struct LinkedParams_d{head_dim} {{",
+        vp, setter.replace("static void set_params(", "static void fill_variant_params("),
+        f"  static void set_params(const char* entry, attngen::ParamBlock& block{decl}) {{",
+        f"    VariantParams p{{}};\n    fill_variant_params(entry, p{names});\n"
+        "    attngen::pack_params(block, p);\n  }",
+        "};", "}  // namespace attngen_gen\n"])

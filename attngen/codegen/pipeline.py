@@ -129,7 +129,7 @@ def build_inputs(cfg: BuildConfig, *, package: Path = PACKAGE) -> dict:
         "sources": hash_files(build_source_files(package), root=package),
         "tvm": package_version("apache-tvm"),
         "tvm_ffi": package_version("apache-tvm-ffi"),
-        "tools": backend_for(cfg.target).tool_versions(),
+        "tools": backend_for(cfg.target).tool_versions(cfg),
         "compiler_env": {name: os.environ[name] for name in COMPILER_ENV if name in os.environ},
         "machine": platform.machine(),
         "attngen": attngen.__version__,
@@ -165,7 +165,7 @@ def run_pipeline(variant: Variant, cfg: BuildConfig, *, cache: BuildCache | None
     key = cache_key(variant, cfg)
 
     def run_stages(out_dir: Path | None, names) -> BuildContext:
-        ctx = BuildContext(variant, cfg, backend, out_dir)
+        ctx = BuildContext(variant, cfg, backend, out_dir, cache=cache)
         for i, name in enumerate(STAGES):
             if name not in names:
                 continue

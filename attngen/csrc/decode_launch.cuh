@@ -4,12 +4,43 @@
 #include <cuda_runtime.h>
 
 #include "attngen_enums.h"
+#include "cubin_launch.h"
 #include "decode.cuh"
 #include "device_info.cuh"
 #include "decode_tc.cuh"
+#include "hook_abi.h"
 #include "merge.cuh"
 
 namespace attngen {
+
+// The launchers' kernels: the traits' own instantiations, or for linked traits (hook_abi.h) the
+// same instances by name from the linked cubin, without instantiating the kernel templates here.
+template <class V, class T, int D, int G>
+auto decode_kernel_ref() {
+  using Fn = void (*)(DecodeProblem, typename V::Params);
+  if constexpr (linked_hooks<V>())
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_kernel", D, G); });
+  else
+    return Fn(decode_kernel<V, T, D, G>);
+}
+
+template <class V, class T, int D, int S>
+auto decode_tc_kernel_ref() {
+  using Fn = void (*)(DecodeProblem, typename V::Params);
+  if constexpr (linked_hooks<V>())
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_tc_kernel", D, S); });
+  else
+    return Fn(decode_tc_kernel<V, T, D, S>);
+}
+
+template <class V, class T, int D>
+auto merge_decode_kernel_ref() {
+  using Fn = void (*)(DecodeProblem, typename V::Params);
+  if constexpr (linked_hooks<V>())
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("merge_decode_kernel", D); });
+  else
+    return Fn(merge_decode_kernel<V, T, D>);
+}
 
 // A launch with the programmatic stream-serialization attribute on sm_90+ (the kernel may start while the
 // one before it finishes, and waits for it in grid_dependency_wait); a plain launch before sm_90 or where
@@ -43,24 +74,25 @@ void launch_decode_merge(const DecodeProblem& P, const typename V::Params& hp, c
   if (P.plan != nullptr) rows = P.plan_max_merges;
   else if (P.num_chunks > 1) rows = P.batch;
   if (rows == 0) return;
-  launch_dependent(merge_decode_kernel<V, T, D>, dim3(P.num_qo_heads, rows), dim3(kMergeGroups * D / 8), 0, stream,
-                   P, hp);
+  launch_dependent(merge_decode_kernel_ref<V, T, D>(), dim3(P.num_qo_heads, rows), dim3(kMergeGroups * D / 8), 0,
+                   stream, P, hp);
 }
 
 template <class V, class T, int D, int G>
 void launch_decode_tile(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
   using Tile = DecodeTile<D, G>;
   const size_t smem = decode_smem_bytes<V, T, D, G>();
-  auto kernel = decode_kernel<V, T, D, G>;
+  auto kernel = decode_kernel_ref<V, T, D, G>();
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  kernel<<<dim3(P.num_chunks, P.num_kv_heads, P.batch), dim3(Tile::kLanes, G, Tile::kZ), smem, stream>>>(P, hp);
+  launch_kernel(kernel, dim3(P.num_chunks, P.num_kv_heads, P.batch), dim3(Tile::kLanes, G, Tile::kZ), smem, stream,
+                P, hp);
   launch_decode_merge<V, T, D>(P, hp, stream);
 }
 
 template <class V, class T, int D, int S>
 void launch_decode_tc_tile(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
   const size_t smem = decode_tc_smem_bytes<D, S>();
-  auto kernel = decode_tc_kernel<V, T, D, S>;
+  auto kernel = decode_tc_kernel_ref<V, T, D, S>();
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const dim3 grid = P.plan ? dim3(P.plan_ctas, P.num_kv_heads, 1) : dim3(P.num_chunks, P.num_kv_heads, P.batch);
   launch_dependent(kernel, grid, dim3(DecodeTCTile<D, S>::kThreads), smem, stream, P, hp);
@@ -94,13 +126,13 @@ int decode_tc_ctas_per_sm() {
     return n;
   };
   if (optin >= decode_tc_smem_bytes<D, S>())
-    return occupancy(decode_tc_kernel<V, T, D, S>, decode_tc_smem_bytes<D, S>(), DecodeTCTile<D, S>::kThreads);
+    return occupancy(decode_tc_kernel_ref<V, T, D, S>(), decode_tc_smem_bytes<D, S>(), DecodeTCTile<D, S>::kThreads);
   if constexpr (S > 2) {
     if (optin >= decode_tc_smem_bytes<D, 2>())
-      return occupancy(decode_tc_kernel<V, T, D, 2>, decode_tc_smem_bytes<D, 2>(), DecodeTCTile<D, 2>::kThreads);
+      return occupancy(decode_tc_kernel_ref<V, T, D, 2>(), decode_tc_smem_bytes<D, 2>(), DecodeTCTile<D, 2>::kThreads);
   }
   if (optin >= decode_tc_smem_bytes<D, 1>())
-    return occupancy(decode_tc_kernel<V, T, D, 1>, decode_tc_smem_bytes<D, 1>(), DecodeTCTile<D, 1>::kThreads);
+    return occupancy(decode_tc_kernel_ref<V, T, D, 1>(), decode_tc_smem_bytes<D, 1>(), DecodeTCTile<D, 1>::kThreads);
   return 0;
 }
 

@@ -26,8 +26,10 @@
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
+#include "cubin_launch.h"
 #include "decode.cuh"
 #include "device_info.cuh"
+#include "hook_abi.h"
 #include "kv_rows.cuh"
 #include "kv_tile_layout.cuh"
 #include "mma.cuh"
@@ -548,15 +550,25 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   }
 }
 
+// The kernel: the traits' own instantiation, or by name from a linked cubin (decode_launch.cuh).
+template <class V, class T, int D, bool Small, int MT>
+auto prefill_kernel_ref() {
+  using Fn = void (*)(PrefillProblem, typename V::Params);
+  if constexpr (linked_hooks<V>())
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("prefill_kernel", D, Small, MT); });
+  else
+    return Fn(prefill_kernel<V, T, D, Small, MT>);
+}
+
 template <class V, class T, int D, bool Small, int MT>
 void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
   using Tile = PrefillTile<D, Small, MT>;
   const size_t smem = prefill_smem_bytes<V, T, D, Small, MT>();
-  auto kernel = prefill_kernel<V, T, D, Small, MT>;
+  auto kernel = prefill_kernel_ref<V, T, D, Small, MT>();
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;
-  kernel<<<dim3(tiles * P.num_kv_heads, 1, P.batch), Tile::kThreads, smem, stream>>>(P, hp);
+  launch_kernel(kernel, dim3(tiles * P.num_kv_heads, 1, P.batch), dim3(Tile::kThreads), smem, stream, P, hp);
 }
 
 // Rows (tokens x group heads) of the longest request from which the wide tile is used.

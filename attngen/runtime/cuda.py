@@ -110,13 +110,16 @@ PREFILL_TEMPLATES = {None: PrefillTemplate.AUTO, "mma_sync": PrefillTemplate.MMA
                      "hopper": PrefillTemplate.HOPPER}
 
 
-def _prefill_template(template: str | None, archs) -> PrefillTemplate:
+def _prefill_template(template: str | None, archs, link: str = "whole") -> PrefillTemplate:
     if template not in PREFILL_TEMPLATES:
         raise AttentionArgumentError(f"template: {template!r} is not a prefill template; use None (the library's "
                                      "choice), 'mma_sync' or 'hopper'")
     if template == "hopper" and "sm_90a" not in archs:
         raise AttentionArgumentError(f"template: 'hopper' needs a library built for sm_90a (this one: {list(archs)}); "
                                      "build with archs including sm_90a, or plan with template=None")
+    if template == "hopper" and link != "whole":
+        raise AttentionArgumentError(f"template: 'hopper' is compiled into whole-program builds only (this library: "
+                                     f"link={link!r}); build with link='whole', or plan with template=None")
     return PREFILL_TEMPLATES[template]
 
 
@@ -299,7 +302,8 @@ class CUDAAttention(BuiltModule):
         lets the library choose (on devices of compute capability 9.0 with a library built for sm_90a, the
         Hopper template where it is measured faster: head_dim 256; else the mma.sync one); "mma_sync" or
         "hopper" forces one (A/B runs, tests)."""
-        kernel = _prefill_template(template, self.manifest["config"]["archs"])
+        kernel = _prefill_template(template, self.manifest["config"]["archs"],
+                                   self.manifest["config"].get("link", "whole"))
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
         kind = f"batch_prefill_paged_{kv.layout.lower()}" if isinstance(kv, PagedKV) else "batch_prefill_ragged"
         self.function(kind, dtype, head_dim)  # built for this case?

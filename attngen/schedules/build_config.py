@@ -19,6 +19,7 @@ HEAD_DIMS_CPU = (32, 64, 80, 96, 128, 256)
 LAYOUTS = ("NHD", "HND")
 HOOK_MATH_MODES = ("approx", "precise")  # BuildConfig.hook_math (codegen/hook_math.py)
 TARGETS = ("cpu", "cuda")
+LINKS = ("whole", "lto")  # BuildConfig.link
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class BuildConfig:
     # K/V dtype of each query dtype, position by position; () = the query dtype. Only equal pairs are built
     # today; the field exists so that a K/V dtype of its own (fp8 caches) is a value, not a new API.
     kv_dtypes: tuple[str, ...] = ()
+    # cuda: "whole" compiles templates and hooks as one program per variant; "lto" links the variant's
+    # hooks into template objects compiled once per hook signature and cached (codegen/lto.py)
+    link: str = "whole"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -52,6 +56,10 @@ class BuildConfig:
             raise ConfigError(f"target {self.target!r} is not supported; use 'cpu' or 'cuda'")
         if self.hook_math not in HOOK_MATH_MODES:
             raise ConfigError(f"hook_math {self.hook_math!r} is not supported; use one of {list(HOOK_MATH_MODES)}")
+        if self.link not in LINKS:
+            raise ConfigError(f"link {self.link!r} is not supported; use one of {list(LINKS)}")
+        if self.link == "lto" and self.target != "cuda":
+            raise ConfigError("link='lto' is for cuda builds")
         if not self.head_dims or not self.dtypes:
             raise ConfigError("a build needs at least one head_dim and one dtype")
         bad_layout = [x for x in self.layouts if x not in LAYOUTS]
@@ -99,6 +107,8 @@ class BuildConfig:
     def key(self) -> str:
         d = asdict(self)
         d.pop("extra")
+        if d["link"] == "whole":  # the default leaves the keys of whole-program builds as they were
+            d.pop("link")
         return json.dumps(d, sort_keys=True)
 
 

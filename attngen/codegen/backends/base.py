@@ -21,8 +21,8 @@ class Backend(ABC):
     target: str
 
     @abstractmethod
-    def tool_versions(self) -> dict:
-        """Versions of the tools beyond TVM whose output the build holds (part of the cache key)."""
+    def tool_versions(self, cfg=None) -> dict:
+        """Versions of the tools beyond TVM whose output a build of ``cfg`` holds (part of the cache key)."""
 
     @abstractmethod
     def schedule(self, ctx: BuildContext) -> dict:
@@ -48,3 +48,4 @@ class BuildContext:
     backend: Backend
     out_dir: Path | None = None
     artifacts: dict[str, object] = field(default_factory=dict)
+    cache: object = None  # the build's BuildCache: where a backend keeps pieces shared across builds

@@ -8,7 +8,7 @@ from .base import Backend, BuildContext
 class CPUBackend(Backend):
     target = "cpu"
 
-    def tool_versions(self) -> dict:
+    def tool_versions(self, cfg=None) -> dict:
         return {"host_cxx": host_cxx()[1]}  # LLVM is TVM's, which the key holds; the host compiler links
 
     def schedule(self, ctx: BuildContext) -> dict:

@@ -39,15 +39,24 @@ VARIANT_CHECKS = {
 class CUDABackend(Backend):
     target = "cuda"
 
-    def tool_versions(self) -> dict:
+    def tool_versions(self, cfg=None) -> dict:
         # nvcc compiles the host glue with the host compiler against tvm-ffi's headers
-        return {"nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1], "tvm_ffi": package_version("apache-tvm-ffi")}
+        tools = {"nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1],
+                 "tvm_ffi": package_version("apache-tvm-ffi")}
+        if cfg is not None and cfg.link == "lto":  # the linked build's hook compiler and linker
+            tools.update(nvjitlink=package_version("nvidia-nvjitlink"), nvrtc=package_version("nvidia-cuda-nvrtc"),
+                         cuda_bindings=package_version("cuda-bindings"))
+        return tools
 
     def schedule(self, ctx: BuildContext) -> dict:
         cfg, variant = ctx.config, ctx.variant
         for record in selected(cfg.kernels):
             if record.variant_check:
                 VARIANT_CHECKS[record.variant_check](variant, cfg)
+        if cfg.link == "lto":
+            from ..lto import check_config
+
+            check_config(cfg)
         problems = []
         for a in cfg.archs:
             spec = arch_spec(a)
@@ -83,8 +92,9 @@ class CUDABackend(Backend):
             for d in cfg.head_dims:
                 files[f"variant_d{d}.cuh"] = (f'#pragma once\n#include "hooks_{name}_d{d}_{first}.cuh"\n'
                                               + traits_source(ctx.variant, lowered[(first, d)], d))
-                for pair in cfg.dtype_pairs:
-                    files.update(translation_units(ctx.variant, cfg, d, pair))
+                if cfg.link == "whole":  # a linked build's sources are its cached objects' (codegen/lto.py)
+                    for pair in cfg.dtype_pairs:
+                        files.update(translation_units(ctx.variant, cfg, d, pair))
         for a in cfg.archs:
             includes = []
             for d in cfg.head_dims:
@@ -100,12 +110,17 @@ class CUDABackend(Backend):
         from ..cuda_library import compile_library, exported_functions
 
         out, cfg, sources = ctx.out_dir, ctx.config, ctx.artifacts["instantiate"]
+        headers = sorted(f for f in sources if f.endswith(".cuh"))
+        if cfg.kernels and cfg.link == "lto":  # the hook objects are the linked build's own (LTO-IR)
+            from ..lto import build_linked_library
+
+            result = build_linked_library(ctx)
+            return {**result, "headers": headers, "functions": exported_functions(cfg)}
         flags = ("-dc", "--use_fast_math") if cfg.fast_math else ("-dc",)
         jobs = [nvcc.NvccJob(out / f"hooks_{a}.cu", out / f"hooks_{a}.o", arch_spec(a).gencode, flags)
                 for a in cfg.archs]
         nvcc.run_jobs(jobs)
-        result = {"objects": [j.output.name for j in jobs],
-                  "headers": sorted(f for f in sources if f.endswith(".cuh"))}
+        result = {"objects": [j.output.name for j in jobs], "headers": headers}
         if cfg.kernels:
             tus = sorted(f for f in sources if f.startswith("attention_"))
             result["library"] = compile_library(out, tus, cfg, ctx.variant.name).name

@@ -1,0 +1,76 @@
+"""What a linked library embeds beside its host code: each arch's cubin, and the table from each kernel's
+key (``decode_kernel<__half, 128, 4>``, as csrc/cubin_launch.h spells it) to its mangled name, read from
+the cubin's ELF sections and demangled by c++filt."""
+from __future__ import annotations
+
+import re
+import struct
+import subprocess
+from pathlib import Path
+
+
+def cubin_section_names(cubin: bytes) -> list[str]:
+    """The section names of an ELF64 cubin."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+
+    def header(i):  # (name offset, offset, size)
+        base = shoff + i * shentsize
+        return struct.unpack_from("<I", cubin, base)[0], *struct.unpack_from("<QQ", cubin, base + 0x18)
+
+    _, str_off, str_size = header(shstrndx)
+    strtab = cubin[str_off:str_off + str_size]
+    return [strtab[n:strtab.index(b"\0", n)].decode() for n, _, _ in (header(i) for i in range(shnum))]
+
+
+def cubin_kernels(cubin: bytes) -> list[str]:
+    """Mangled names of a cubin's kernels (each has its ``.nv.info.<name>`` section)."""
+    prefix = ".nv.info."
+    return sorted(n[len(prefix):] for n in cubin_section_names(cubin) if n.startswith(prefix + "_Z"))
+
+
+def kernel_table(mangled: list[str]) -> dict[str, str]:
+    """Key -> mangled name of each kernel, demangled by c++filt: the key is the kernel's unqualified
+    name with its template arguments after the first (the traits), e.g. ``decode_kernel<__half, 128, 4>``
+    (csrc/cubin_launch.h builds the same string)."""
+    demangled = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+    return {kernel_key(d): m for m, d in zip(mangled, demangled)}
+
+
+def kernel_key(demangled: str) -> str:
+    """``void attngen::decode_kernel<attngen_gen::Hooks_d128, __half, 128, 4>(...)`` ->
+    ``decode_kernel<__half, 128, 4>``."""
+    m = re.match(r"(?:void )?(?:[\w:]+::)?(\w+)<", demangled)
+    if not m:
+        raise ValueError(f"not a kernel template instance: {demangled!r}")
+    depth, args, cur = 0, [], ""
+    for ch in demangled[m.end():]:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            if depth == 0:
+                break
+            depth -= 1
+        if ch == "," and depth == 0:
+            args.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    args.append(cur.strip())
+    return f"{m.group(1)}<{', '.join(args[1:])}>"
+
+
+def link_object_source(cubins: list[tuple[Path, int]], table: dict[str, str]) -> str:
+    """C source embedding the cubins and the kernel table (hidden: each library keeps its own)."""
+    lines = ['#define HIDDEN __attribute__((visibility("hidden")))']
+    for i, (path, _) in enumerate(cubins):
+        lines.append(f'__asm__(".section .rodata\\n.balign 128\\nattngen_cubin_{i}:\\n'
+                     f'.incbin \\"{path}\\"\\n.byte 0\\n.previous\\n");')
+        lines.append(f"extern const unsigned char attngen_cubin_{i}[];")
+    lines.append("struct AttngenLinkedCubin { const unsigned char* data; int sm; };")
+    rows = "".join(f"{{attngen_cubin_{i}, {sm}}}, " for i, (_, sm) in enumerate(cubins))
+    lines.append(f"HIDDEN const struct AttngenLinkedCubin attngen_linked_cubins[] = {{{rows}{{0, 0}}}};")
+    pairs = "".join(f'  "{k}", "{m}",\n' for k, m in sorted(table.items()))
+    lines.append(f"HIDDEN const char* const attngen_linked_kernels[] = {{\n{pairs}  0}};")
+    return "\n".join(lines) + "\n"

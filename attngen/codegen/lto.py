@@ -1,0 +1,409 @@
+"""Link-time builds (``BuildConfig.link="lto"``): templates compiled once, a variant's hooks linked in.
+
+Three kinds of pieces, each in the build cache under its own key:
+
+- a **template object** per (template record, arch, head dim, dtype pair, group bound, hook signature):
+  the record's launcher instantiated over the ABI traits (:func:`.cuda_variant.abi_traits_source`,
+  whose text is the signature: which hooks exist, their per-element forms, the state algebra, scale
+  folding, the mask's bounds), compiled by ``nvcc -dc`` to LTO-IR (``code=lto_XX``). Its kernels take
+  the variant's parameters as an ``attngen::ParamBlock`` (csrc/hook_abi.h) and call each hook as an
+  extern "C" device function, so every variant of that signature shares it.
+- the host glue in two parts (csrc/linked_entry.h): a **launch object** per hook signature (nvcc: the
+  entry templates' argument checks and launchers over the block, taking the kernels by name from the
+  linked cubin, csrc/cubin_launch.h), and the **exports** per parameter list (the host C++ compiler
+  alone, about a second: the TVM-FFI functions, typed as in a whole-program build, packing the
+  variant's parameters into the block). A hook body's edit leaves both as they are.
+- per variant, its **hook object** (the lowered hooks and the ABI functions reading the block as the
+  variant's Params; LTO-IR by NVRTC, or ``nvcc -dc`` without it), the **cubin** per arch (nvJitLink
+  ``-lto`` of the hook object with the template objects: the hooks inline into the kernels), and the
+  library: the host glue linked with the embedded cubins and their kernel table (key
+  ``decode_kernel<__half, 128, 4>`` -> mangled name, :mod:`.linked_cubin`).
+
+``stats`` counts the cached pieces built and reused in this process (tests and logs).
+"""
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import tvm_ffi.libinfo
+
+import attngen
+from attngen.ir import ConfigError
+from attngen.schedules.arch import arch_spec
+from attngen.schedules.build_config import BuildConfig, symbol
+from attngen.schedules.dtypes import DtypePair
+from attngen.schedules.ffi_enums import enums_header
+from attngen.schedules.registry import selected
+from attngen.schedules.tile_header import HEADER_NAME, tiles_header
+
+from . import nvcc, nvjitlink, nvrtc
+from .cache import BuildCache, content_key, hash_files
+from .cuda_entries import LAYOUT_ENUMS
+from .cuda_variant import C_TYPES, abi_hooks_source, abi_traits_source, linked_params_source, params_bytes
+from .host_library import host_cxx
+from .linked_cubin import cubin_kernels, kernel_table, link_object_source
+
+CSRC = Path(attngen.__file__).parent / "csrc"
+
+# how many template objects, launch objects and exports this process built and took from the cache:
+# "template_built" / "template_reused", "launch_built" / ..., "exports_built" / ...
+stats: Counter = Counter()
+
+
+@dataclass(frozen=True)
+class LinkedExport:
+    """One exported function of a linked library: its name, its entry kind's own arguments (an alias of
+    csrc/linked_entry.h) and the launch object's entry template instance (``{V}``: the traits, ``{N}``:
+    the name array)."""
+    name: str
+    own: str
+    entry: str
+
+    @property
+    def tag(self) -> str:
+        return f"attngen_linked::tag_{self.name}"
+
+
+def _decode_exports(cfg: BuildConfig, d: int, pair: DtypePair) -> list[LinkedExport]:
+    return [LinkedExport(symbol(f"batch_decode_paged_{lay.lower()}", pair.q, d), "attngen::DecodeOwnArgs",
+                         f"attngen::DecodePagedEntry<{{V}}, {C_TYPES[pair.q]}, {d}, {LAYOUT_ENUMS[lay]}, "
+                         f"{cfg.max_group_size}, {{N}}>") for lay in cfg.layouts]
+
+
+def _prefill_exports(cfg: BuildConfig, d: int, pair: DtypePair) -> list[LinkedExport]:
+    t = C_TYPES[pair.q]
+    return [LinkedExport(symbol("batch_prefill_ragged", pair.q, d), "attngen::PrefillRaggedOwnArgs",
+                         f"attngen::PrefillRaggedEntry<{{V}}, {t}, {d}, {{N}}>")] + [
+        LinkedExport(symbol(f"batch_prefill_paged_{lay.lower()}", pair.q, d), "attngen::PrefillPagedOwnArgs",
+                     f"attngen::PrefillPagedEntry<{{V}}, {t}, {d}, {LAYOUT_ENUMS[lay]}, {{N}}>")
+        for lay in cfg.layouts]
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """A template record's part in link-time builds: the header holding its launcher, the explicit
+    instantiations (``{V}``: the traits, ``{T}``: element type, ``{D}``, ``{G}``: the group bound) that
+    reach every kernel the launcher may pick, and its exported functions (the record's exports, in the
+    launch object's and the exports' terms)."""
+    header: str
+    instantiations: tuple[str, ...]
+    exports: Callable[[BuildConfig, int, DtypePair], list[LinkedExport]]
+
+
+LAUNCHERS = {
+    "decode": Launcher("decode_launch.cuh", (
+        "template bool attngen::launch_decode<{V}, {T}, {D}, {G}>(const attngen::DecodeProblem&, "
+        "const {V}::Params&, cudaStream_t);",), _decode_exports),
+    "prefill": Launcher("prefill.cuh", (
+        "template void attngen::launch_prefill<{V}, {T}, {D}>(const attngen::PrefillProblem&, int, "
+        "const {V}::Params&, cudaStream_t);",), _prefill_exports),
+}
+
+
+def linked_exports(cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[LinkedExport]:
+    return [e for record in selected(cfg.kernels) for e in LAUNCHERS[record.name].exports(cfg, head_dim, pair)]
+
+
+def check_config(cfg: BuildConfig) -> None:
+    """Refuse what link-time builds do not serve (yet): templates without a launcher record here."""
+    missing = [k for k in cfg.kernels if k not in LAUNCHERS]
+    if missing:
+        raise ConfigError(f"link='lto' builds serve the templates {sorted(LAUNCHERS)}; {missing} need "
+                          "link='whole'")
+    if not nvjitlink.available():
+        nvjitlink._module()  # raises the LinkError naming the missing packages
+
+
+PARAM_BLOCK_BYTES = 256  # csrc/hook_abi.h kParamBlockBytes
+
+
+def check_params_fit(variant, hs) -> None:
+    """Refuse a variant whose parameters outgrow the block the linked kernels take."""
+    size = params_bytes(variant, hs.dims or {})
+    if size > PARAM_BLOCK_BYTES:
+        raise ConfigError(f"variant '{variant.name}': its parameters take {size} bytes, more than the "
+                          f"{PARAM_BLOCK_BYTES} a link-time build passes to the kernels; build with link='whole'")
+
+
+def lto_gencode(arch: str) -> tuple[str, str]:
+    """(nvcc -gencode for LTO-IR, nvJitLink's sm) of an arch name such as "sm_90a"."""
+    sm = arch_spec(arch).name.removeprefix("sm_")
+    return f"-gencode=arch=compute_{sm},code=lto_{sm}", sm
+
+
+def _common_flags(cfg: BuildConfig, out: Path) -> tuple[str, ...]:
+    return ("-std=c++17", "-O3", "-Xcompiler", "-fPIC", f"-I{CSRC}", f"-I{out}", "--expt-relaxed-constexpr",
+            *(("--use_fast_math",) if cfg.fast_math else ()))
+
+
+def _run(cmd: list[str], what: str) -> None:
+    """Run one compiler or linker command; its diagnostics in the error when it fails."""
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise nvcc.NvccError(f"{what} failed:\n$ {' '.join(cmd)}\n{p.stderr[-6000:]}")
+
+
+@functools.lru_cache(maxsize=None)
+def _csrc_hash() -> str:
+    return hash_files(sorted(p for p in CSRC.iterdir() if p.is_file()), root=CSRC)
+
+
+# ---- template objects ----
+
+def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int) -> str:
+    launcher = LAUNCHERS[record]
+    fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "D": head_dim, "G": max_group}
+    return "\n".join([f'#include "abi_d{head_dim}.cuh"', f'#include "{launcher.header}"', '#include "tile_checks.h"',
+                      *(i.format(**fill) for i in launcher.instantiations)]) + "\n"
+
+
+def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str) -> str:
+    """The cache key of one template object: everything its LTO-IR depends on, and nothing of the
+    variant beyond its hook signature (``abi``, the ABI traits' text)."""
+    return content_key({"lto_template": record, "source": template_source(record, head_dim, pair, cfg.max_group_size),
+                        "arch": arch, "head_dim": head_dim, "dtypes": [pair.q, pair.kv],
+                        "max_group": cfg.max_group_size if record == "decode" else 0, "abi": abi,
+                        "fast_math": cfg.fast_math, "csrc": _csrc_hash(), "tiles": tiles_header(),
+                        "enums": enums_header(), "nvcc": nvcc.nvcc_version(), "attngen": attngen.__version__})
+
+
+def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
+                    cache: BuildCache) -> Path:
+    """The template object, built once per key."""
+    key = template_key(record, arch, head_dim, pair, cfg, abi)
+    gencode, _ = lto_gencode(arch)
+
+    def build(out: Path) -> None:
+        (out / f"abi_d{head_dim}.cuh").write_text(abi)
+        (out / "attngen_enums.h").write_text(enums_header())
+        (out / HEADER_NAME).write_text(tiles_header())
+        src = out / "template.cu"
+        src.write_text(template_source(record, head_dim, pair, cfg.max_group_size))
+        obj = out / "template.o"
+        _run([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
+              f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
+
+    directory, hit = cache.get_or_build(key, build)
+    stats["template_reused" if hit else "template_built"] += 1
+    return directory / "template.o"
+
+
+# ---- host glue: the launch object (per signature) and the exports (per parameter list) ----
+
+def launch_source(cfg: BuildConfig, head_dim: int) -> str:
+    """The launch object of one head dim: the records' entry templates over the block traits, one
+    LinkedLaunch instance per export."""
+    parts = [f'#include "abi_d{head_dim}.cuh"', '#include "linked_entry.h"', '#include "problem_glue.h"']
+    for record in selected(cfg.kernels):
+        parts += [f'#include "{h}"' for h in record.headers]
+    parts.append('#include "tile_checks.h"')
+    traits = f"attngen::BlockHooks<attngen_gen::Hooks_d{head_dim}>"
+    for pair in cfg.dtype_pairs:
+        for e in linked_exports(cfg, head_dim, pair):
+            name_array = f"attngen_linked::kName_{e.name}"
+            parts += [f"namespace attngen_linked {{ struct tag_{e.name}; "
+                      f'static constexpr char kName_{e.name}[] = "{e.name}"; }}',
+                      f"template <> struct attngen::LaunchEntryOf<{e.tag}> {{ using type = "
+                      f"{e.entry.format(V=traits, N=name_array)}; }};",
+                      f"template struct attngen::LinkedLaunch<{e.tag}, {e.own}>;"]
+    return "\n".join(parts) + "\n"
+
+
+def exports_source(variant, cfg: BuildConfig, params: dict[int, str]) -> str:
+    """The exports of every head dim (``params``: head dim -> its LinkedParams source)."""
+    parts = ['#include "linked_entry.h"']
+    for d in cfg.head_dims:
+        parts.append(params[d])
+        for pair in cfg.dtype_pairs:
+            for e in linked_exports(cfg, d, pair):
+                name_array = f"kEntryName_{e.name}"
+                parts += [f"namespace attngen_linked {{ struct tag_{e.name}; }}",
+                          f"extern template struct attngen::LinkedLaunch<{e.tag}, {e.own}>;",
+                          f'static constexpr char {name_array}[] = "{e.name}";',
+                          f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({e.name}, (attngen::LinkedEntry<{name_array}, "
+                          f"attngen_gen::LinkedParams_d{d}, {e.tag}, {e.own}>::call));"]
+    return "\n".join(parts) + "\n"
+
+
+def _ffi_includes() -> list[str]:
+    li = tvm_ffi.libinfo
+    return [f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}"]
+
+
+def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) -> Path:
+    """The launch object of one head dim (nvcc; no kernel is instantiated in it), keyed by its source and
+    the hook signature: shared by every variant of that signature, whatever its parameters."""
+    src_text = launch_source(cfg, head_dim)
+    key = content_key({"lto_launch": src_text, "abi": abi, "csrc": _csrc_hash(), "tiles": tiles_header(),
+                       "enums": enums_header(), "nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1],
+                       "tvm_ffi": tvm_ffi.__version__, "fast_math": cfg.fast_math, "attngen": attngen.__version__})
+
+    def build(out: Path) -> None:
+        (out / f"abi_d{head_dim}.cuh").write_text(abi)
+        (out / "attngen_enums.h").write_text(enums_header())
+        (out / HEADER_NAME).write_text(tiles_header())
+        src = out / "launch.cu"
+        src.write_text(src_text)
+        gencode, _ = lto_gencode(cfg.archs[0])  # its device pass compiles nothing: PTX of the first arch
+        # hidden: its template instances (same names in every library of the signature) and their static
+        # caches stay this library's; a default-visibility static of a template would be one object for
+        # the whole process (GNU unique), whichever library asked first
+        _run([nvcc.require_nvcc(), gencode.replace("code=lto_", "code=compute_"), *_common_flags(cfg, out),
+               "-Xcompiler", "-fvisibility=hidden", *_ffi_includes(), "-c", str(src), "-o", str(out / "launch.o")],
+              f"nvcc of the launch object (d{head_dim})")
+
+    directory, hit = cache.get_or_build(key, build)
+    stats["launch_reused" if hit else "launch_built"] += 1
+    return directory / "launch.o"
+
+
+def exports_object(variant, cfg: BuildConfig, params: dict[int, str], cache: BuildCache) -> Path:
+    """The exports (the host C++ compiler alone, about a second), keyed by their source: the parameter
+    lists, names, dtypes and layouts, never a hook body."""
+    src_text = exports_source(variant, cfg, params)
+    cxx, cxx_version = host_cxx()
+    key = content_key({"lto_exports": src_text, "csrc": _csrc_hash(), "cxx": cxx_version,
+                       "tvm_ffi": tvm_ffi.__version__, "attngen": attngen.__version__})
+
+    def build(out: Path) -> None:
+        src = out / "exports.cc"
+        src.write_text(src_text)
+        _run([cxx, "-std=c++17", "-O2", "-fPIC", f"-I{CSRC}", *_ffi_includes(),
+               *(f"-I{d}" for d in cuda_include_dirs()), "-c", str(src), "-o", str(out / "exports.o")],
+              "the exports' compile")
+
+    directory, hit = cache.get_or_build(key, build)
+    stats["exports_reused" if hit else "exports_built"] += 1
+    return directory / "exports.o"
+
+
+# ---- the variant's part ----
+
+def hook_unit(variant, cfg: BuildConfig, arch: str, lowered: dict) -> str:
+    """The hook object's source for one arch: the lowered hooks (their headers, written by the
+    instantiate stage) and the ABI functions of every head dim."""
+    parts = ["// The variant's hooks behind the link-time ABI (csrc/hook_abi.h)."]
+    for d in cfg.head_dims:
+        parts.append(f'#include "hooks_{variant.name}_d{d}_{arch}.cuh"')
+        parts.append(abi_hooks_source(variant, lowered[(arch, d)], d))
+    return "\n".join(parts) + "\n"
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_include_dirs() -> tuple[Path, ...]:
+    """The CUDA toolkit's header directories, as nvcc names them (nvcc may be a wrapper script)."""
+    out = subprocess.run([nvcc.require_nvcc(), "--dryrun", "-x", "cu", "-c", "/dev/null", "-o", "/dev/null"],
+                         capture_output=True, text=True).stderr
+    m = re.search(r'INCLUDES="([^"]*)"', out)
+    return tuple(Path(d) for d in re.findall(r"-I(\S+)", m.group(1).replace('"', ""))) if m else ()
+
+
+def compile_hooks_source_check(source: str, arch: str = "sm_80") -> bytes:
+    """LTO-IR of a source using the hook ABI, by NVRTC (tests: both sides of the ABI compile)."""
+    _, sm = lto_gencode(arch)
+    return nvrtc.compile_ltoir(source, "check.cu", sm, [CSRC, *cuda_include_dirs()], False)
+
+
+def compile_hooks(out: Path, cfg: BuildConfig, arch: str, source: str) -> Path:
+    """The hook object (LTO-IR) of one arch: by NVRTC in-process where it is installed (about 0.03 s
+    here), else by ``nvcc -dc`` (about 0.9 s, mostly the process's start)."""
+    src = out / f"abi_hooks_{arch}.cu"
+    src.write_text(source)
+    gencode, sm = lto_gencode(arch)
+    if nvrtc.available():
+        obj = out / f"abi_hooks_{arch}.ltoir"
+        obj.write_bytes(nvrtc.compile_ltoir(source, src.name, sm, [out, CSRC, *cuda_include_dirs()], cfg.fast_math))
+        return obj
+    obj = out / f"abi_hooks_{arch}.o"
+    _run([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
+          f"nvcc of the hooks (LTO-IR, {arch})")
+    return obj
+
+
+@functools.lru_cache(maxsize=None)
+def _cudart_static() -> Path:
+    from .cuda_object import cudart_static
+    return cudart_static()
+
+
+def _sm_number(sm: str) -> int:
+    return int(re.match(r"\d+", sm).group())
+
+
+def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
+    """The link-time build of ``ctx`` (the CUDA backend's compile stage with link="lto"): the manifest's
+    entries, with the seconds each step took and which cached objects were reused."""
+    cache = cache or ctx.cache or BuildCache()
+    variant, cfg, out = ctx.variant, ctx.config, ctx.out_dir
+    lowered = ctx.artifacts["lower_hooks"]
+    timings, reused = {}, {"templates": [], "launch": []}
+    t = time.perf_counter()
+    first = cfg.archs[0]
+    check_params_fit(variant, lowered[(first, cfg.head_dims[0])])
+    abi = {d: abi_traits_source(variant, lowered[(first, d)], d) for d in cfg.head_dims}
+    objects, table = {a: [] for a in cfg.archs}, {}
+    for a in cfg.archs:
+        for record in selected(cfg.kernels):
+            for d in cfg.head_dims:
+                for pair in cfg.dtype_pairs:
+                    before = stats["template_reused"]
+                    objects[a].append(template_object(record.name, a, d, pair, cfg, abi[d], cache))
+                    reused["templates"].append(stats["template_reused"] > before)
+    timings["templates"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    glue = []
+    for d in cfg.head_dims:
+        before = stats["launch_reused"]
+        glue.append(launch_object(cfg, d, abi[d], cache))
+        reused["launch"].append(stats["launch_reused"] > before)
+    timings["launch"] = time.perf_counter() - t
+    t = time.perf_counter()
+    before = stats["exports_reused"]
+    glue.append(exports_object(variant, cfg, {d: linked_params_source(variant, lowered[(first, d)], d)
+                                              for d in cfg.head_dims}, cache))
+    reused["exports"] = stats["exports_reused"] > before
+    timings["exports"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    hook_objects = {a: compile_hooks(out, cfg, a, hook_unit(variant, cfg, a, lowered)) for a in cfg.archs}
+    timings["hooks"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    cubins = []
+    for a in cfg.archs:
+        _, sm = lto_gencode(a)
+        cubin = out / f"linked_{a}.cubin"
+        data = nvjitlink.link_cubin([hook_objects[a], *objects[a]], sm, cfg.fast_math)
+        cubin.write_bytes(data)
+        cubins.append((cubin, _sm_number(sm)))
+        kernels = kernel_table(cubin_kernels(data))
+        if table and kernels != table:
+            raise RuntimeError(f"the cubins of {cfg.archs} hold different kernels: {sorted(kernels)} vs "
+                               f"{sorted(table)}")
+        table = kernels
+    timings["link_cubin"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    link_src = out / "linked_cubins.c"
+    link_src.write_text(link_object_source(cubins, table))
+    cxx = host_cxx()[0]
+    _run([cxx, "-x", "c", "-c", "-fPIC", str(link_src), "-o", str(out / "linked_cubins.o")],
+          "the embedded cubins' object")
+    lib = out / f"lib{variant.name}_cuda.so"
+    ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi())
+    _run([cxx, "-shared", "-o", str(lib), *map(str, glue), str(out / "linked_cubins.o"), str(_cudart_static()),
+           "-ldl", "-lpthread", "-lrt", f"-L{ffi_lib.parent}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib.parent}"],
+          "the link of the library")
+    timings["link_library"] = time.perf_counter() - t
+    return {"library": lib.name, "link": "lto", "objects": [o.name for o in hook_objects.values()],
+            "cubins": [c.name for c, _ in cubins], "lto_seconds": {k: round(v, 3) for k, v in timings.items()},
+            "lto_reused": reused,
+            "kernels": sorted(table)}

@@ -1,0 +1,154 @@
+// Kernels of a linked cubin, by name, for the host glue of link-time builds (codegen/lto.py).
+//
+// The variant's library embeds its cubin (one per arch) and a table from each kernel's key, e.g.
+// "decode_kernel<__half, 128, 4>" (its template arguments after the traits, as c++filt prints them), to
+// its mangled name. The cubins load once per process (cudaLibraryLoadData, context-independent); a
+// kernel is then a cudaKernel_t, which the runtime API accepts wherever a __global__ function's
+// address goes (launch, attributes, occupancy), so the launchers run unchanged on it.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+
+extern "C" {
+// Defined by the variant's generated link object: the cubins and the arch (major * 10 + minor) each is
+// for, then the key -> mangled-name pairs; both lists end with a null entry.
+struct AttngenLinkedCubin {
+  const unsigned char* data;
+  int sm;
+};
+extern const AttngenLinkedCubin attngen_linked_cubins[];
+extern const char* const attngen_linked_kernels[];
+}
+
+// A linked-library failure: a TVM-FFI error where the host glue has TVM-FFI (always, in a library).
+#ifdef TVM_FFI_THROW
+#define ATTNGEN_LINKED_FAIL(msg) TVM_FFI_THROW(RuntimeError) << (msg)
+#else
+#define ATTNGEN_LINKED_FAIL(msg) throw std::runtime_error(msg)
+#endif
+
+namespace attngen {
+
+// A kernel launch through the runtime API. The launchers use it, not <<<>>>: a launch through a function
+// pointer with <<<>>> calls the pointer as the kernel's host stub, which a linked kernel (a cudaKernel_t
+// handle) does not have; cudaLaunchKernel takes either.
+template <class... Params, class... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          const Args&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: one argument per kernel parameter");
+  static_assert((std::is_same<Params, Args>::value && ...), "launch_kernel: arguments of the parameters' own types");
+  void* argv[] = {const_cast<void*>(static_cast<const void*>(&args))...};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, smem, stream);
+}
+
+template <class T> constexpr const char* kernel_type_name();
+template <> constexpr const char* kernel_type_name<float>() { return "float"; }
+template <> constexpr const char* kernel_type_name<half>() { return "__half"; }
+template <> constexpr const char* kernel_type_name<__nv_bfloat16>() { return "__nv_bfloat16"; }
+
+inline void append_kernel_arg(std::string& key, int v) { key += ", " + std::to_string(v); }
+inline void append_kernel_arg(std::string& key, bool v) { key += v ? ", true" : ", false"; }
+
+// "<name><<element type>, <values...>>", as the build's kernel table spells it.
+template <class T, class... Values>
+std::string kernel_key(const char* name, Values... values) {
+  std::string key = std::string(name) + "<" + kernel_type_name<T>();
+  (append_kernel_arg(key, values), ...);
+  return key + ">";
+}
+
+// The cubin for the current device: its exact arch, else the newest one of the same major below it.
+inline const unsigned char* linked_cubin_for_device() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  const int sm = major * 10 + minor;
+  const unsigned char* best = nullptr;
+  int best_sm = -1;
+  for (const AttngenLinkedCubin* c = attngen_linked_cubins; c->data; ++c) {
+    if (c->sm / 10 == major && c->sm <= sm && c->sm > best_sm) best = c->data, best_sm = c->sm;
+  }
+  return best;
+}
+
+namespace {
+// The loaded cubins and the kernels found so far. In an unnamed namespace: each library keeps its own
+// (a function-local static of an inline function would be one object for every library in the process).
+struct LinkedKernels {
+  std::mutex mu;
+  std::unordered_map<int, cudaLibrary_t> libraries;  // by device: the cubin differs by arch
+  std::unordered_map<std::string, cudaKernel_t> kernels;
+};
+
+inline LinkedKernels& linked_kernels() {
+  static LinkedKernels state;
+  return state;
+}
+}  // namespace
+
+// The kernel named by `key` in the linked cubin, as the launchers' function-pointer type (never to be
+// called as a function: launch it with launch_kernel). Fails when the device has no cubin or the cubin
+// lacks the kernel.
+template <class Fn>
+Fn linked_kernel(const std::string& key) {
+  LinkedKernels& st = linked_kernels();
+  auto& libraries = st.libraries;
+  auto& kernels = st.kernels;
+  std::lock_guard<std::mutex> lock(st.mu);
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const std::string slot = std::to_string(dev) + ":" + key;
+  auto hit = kernels.find(slot);
+  if (hit != kernels.end()) return reinterpret_cast<Fn>(hit->second);
+  auto lib = libraries.find(dev);
+  if (lib == libraries.end()) {
+    const unsigned char* cubin = linked_cubin_for_device();
+    if (!cubin) ATTNGEN_LINKED_FAIL("attngen: this library holds no cubin for the current device's arch");
+    cudaLibrary_t l = nullptr;
+    cudaError_t err = cudaLibraryLoadData(&l, cubin, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (err != cudaSuccess)
+      ATTNGEN_LINKED_FAIL(std::string("attngen: loading the linked cubin failed: ") + cudaGetErrorString(err));
+    lib = libraries.emplace(dev, l).first;
+  }
+  const char* mangled = nullptr;
+  for (const char* const* e = attngen_linked_kernels; *e; e += 2) {
+    if (key == e[0]) mangled = e[1];
+  }
+  if (!mangled) ATTNGEN_LINKED_FAIL("attngen: the linked cubin has no kernel " + key);
+  cudaKernel_t k = nullptr;
+  cudaError_t err = cudaLibraryGetKernel(&k, lib->second, mangled);
+  if (err != cudaSuccess)
+    ATTNGEN_LINKED_FAIL("attngen: kernel " + key + " not found in the linked cubin: " + cudaGetErrorString(err));
+  kernels.emplace(slot, k);
+  return reinterpret_cast<Fn>(k);
+}
+
+// linked_kernel for one kernel (make_key: a lambda naming it, so that each kernel has its own cache),
+// looked up once per device: the launchers call it on every launch. The launch object is compiled with
+// hidden visibility (codegen/lto.py), so that the cache is this library's.
+constexpr int kLinkedMaxDevices = 64;
+
+template <class Fn, class MakeKey>
+Fn linked_kernel_cached(MakeKey make_key) {
+  static std::atomic<Fn> by_device[kLinkedMaxDevices];  // zero-initialised: static storage
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= kLinkedMaxDevices) return linked_kernel<Fn>(make_key());
+  Fn k = by_device[dev].load(std::memory_order_acquire);
+  if (!k) {
+    k = linked_kernel<Fn>(make_key());
+    by_device[dev].store(k, std::memory_order_release);
+  }
+  return k;
+}
+
+}  // namespace attngen

@@ -1,0 +1,210 @@
+"""Whole-program vs link-time builds of one variant (BuildConfig.link "whole" / "lto"): build seconds, and on
+a GPU the outputs (bit-identical expected: the hooks are inlined into the same template code) and the
+kernels' times, through the same runtime.
+
+``--compile-only`` (any machine with nvcc and libnvJitLink) times the builds alone: the whole-program
+build, the first linked build (template objects and host glue compiled, or taken from the cache), a
+one-constant edit of a hook body (only the hooks compiled and linked), and a new variant of the same hook
+signature.
+
+    python benchmarks/bench_lto_ab.py --variant logits_softcap --kernels decode,prefill
+    python benchmarks/bench_lto_ab.py --compile-only --arch sm_80 --kernels decode
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from attngen.build import build  # noqa: E402
+from attngen.schedules import BuildConfig  # noqa: E402
+
+
+def _config(link: str, kernels, head_dim: int, dtype: str, arch: str) -> BuildConfig:
+    return BuildConfig(target="cuda", head_dims=(head_dim,), dtypes=(dtype,), archs=(arch,), kernels=tuple(kernels),
+                       link=link)
+
+
+def _timed_build(variant, cfg, cache):
+    t = time.perf_counter()
+    res = build(variant, cfg, cache=cache)
+    return res, time.perf_counter() - t
+
+
+def scaled_softcap(scale: float, name: str = "softcap_scaled"):
+    """A soft-cap with one constant in its hook body (the edit the compile-only mode times)."""
+    from tvm.script import tirx as T
+
+    from attngen.ir import ScalarParam, Variant
+
+    @T.prim_func
+    def f(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+          kv_head: T.int32, cap: T.float32) -> T.float32:
+        return cap * T.tanh(s / cap) * T.float32(scale)
+
+    return Variant(name, logits_transform=f, params=[ScalarParam("cap", "float32", 30.0)])
+
+
+def softcap_two_params():
+    """The soft-cap's hook signature with another parameter list (a new variant whose exports compile)."""
+    from tvm.script import tirx as T
+
+    from attngen.ir import ScalarParam, Variant
+
+    @T.prim_func
+    def f(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+          kv_head: T.int32, cap: T.float32, scale: T.float32) -> T.float32:
+        return cap * T.tanh(s / cap) * scale
+
+    return Variant("softcap_two", logits_transform=f,
+                   params=[ScalarParam("cap", "float32", 30.0), ScalarParam("scale", "float32", 1.0)])
+
+
+def compile_times(kernels, head_dim: int, dtype: str, arch: str, cache=None) -> dict:
+    """Seconds of, in a fresh build cache unless ``cache`` is given: the whole-program build, the first
+    linked build (template objects, launch object and exports compiled), a one-constant edit of the hook
+    (only the hooks compiled, then linked), a new variant of the same signature and parameter list, and
+    one with another parameter list (its exports compiled too)."""
+    import tempfile
+
+    from attngen.codegen import lto
+    from attngen.codegen.cache import BuildCache
+
+    cache = cache or BuildCache(tempfile.mkdtemp(prefix="attngen-lto-bench-"))
+    rows, results = {}, {}
+    _, rows["whole"] = _timed_build(scaled_softcap(1.0), _config("whole", kernels, head_dim, dtype, arch), cache)
+    cfg = _config("lto", kernels, head_dim, dtype, arch)
+    for label, variant in [("lto_first", scaled_softcap(1.0)), ("lto_hook_edit", scaled_softcap(2.0)),
+                           ("lto_new_variant", scaled_softcap(3.0, name="softcap_other")),
+                           ("lto_new_params", softcap_two_params())]:
+        results[label], rows[label] = _timed_build(variant, cfg, cache)
+    return {"kernels": list(kernels), "arch": arch, "head_dim": head_dim, "dtype": dtype,
+            "seconds": {k: round(v, 2) for k, v in rows.items()},
+            "steps": {k: r.manifest["lto_seconds"] for k, r in results.items()},
+            "reused": {k: r.manifest["lto_reused"] for k, r in results.items()}, "stats": dict(lto.stats)}
+
+
+def _to(x, dtype=None):
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    return (t.to(getattr(torch, dtype)) if dtype else t).cuda()
+
+
+def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0):
+    """name -> a function running one call of the module on fixed random inputs, returning its outputs."""
+    import torch
+
+    from attngen.runtime import PagedKV
+    from attngen.testing import random_params, random_problem
+
+    rng = np.random.default_rng(seed)
+    calls = {}
+    if "decode" in kernels:
+        kv_lens = [37, 0, 300, 1, 129, 4000, 2048, 700]
+        prob = random_problem(rng, [1] * len(kv_lens), kv_lens, 32, 8, head_dim, page_size=16)
+        kv = PagedKV(_to(prob.paged.pages, dtype), _to(prob.paged.indptr), _to(prob.paged.indices),
+                     _to(prob.paged.last_page_len), "NHD")
+        q = _to(prob.q, dtype)
+        params = {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, prob).items()}
+        for tc in (False, True):
+            plan = att.plan_decode(kv, q.shape[1], head_dim, tensor_cores=tc)
+            out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
+            calls[f"decode_tc={tc}"] = (lambda plan=plan, out=out, lse=lse, kv=kv, q=q, params=params:
+                                        att.decode(q, kv, plan=plan, params=params, out=out, lse=lse))
+    if "prefill" in kernels:
+        qo_lens, kv_lens = [1, 17, 300, 1024], [1, 40, 300, 3000]
+        prob = random_problem(rng, qo_lens, kv_lens, 32, 8, head_dim, page_size=16)
+        kv = PagedKV(_to(prob.paged.pages, dtype), _to(prob.paged.indptr), _to(prob.paged.indices),
+                     _to(prob.paged.last_page_len), "NHD")
+        q, qo_indptr = _to(prob.q, dtype), _to(prob.qo_indptr)
+        params = {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, prob).items()}
+        for wide in (False, True):
+            plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide)
+            out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
+            calls[f"prefill_wide={wide}"] = (lambda plan=plan, out=out, lse=lse, kv=kv, q=q, params=params:
+                                             att.prefill(q, kv, qo_indptr, plan=plan, params=params, out=out, lse=lse))
+    return calls
+
+
+def _bits(t):
+    """The tensor's bits as integers (NaN payloads compared too)."""
+    import torch
+
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def compare_builds(variant, *, kernels=("decode", "prefill"), head_dim: int = 128, dtype: str = "float16",
+                   arch: str | None = None, cache=None, repeats: int = 30) -> dict:
+    """Build ``variant`` both ways for this GPU, run every call of :func:`_calls` on both libraries, and
+    report whether the outputs are bit-identical and each call's median milliseconds."""
+    import torch
+
+    from attngen.runtime import CUDAAttention
+    from attngen.runtime.cuda import current_arch
+
+    from common import bench
+
+    arch = arch or current_arch()
+    report = {"variant": variant.name, "arch": arch, "kernels": list(kernels), "build_seconds": {}, "calls": {}}
+    libs = {}
+    for link in ("whole", "lto"):
+        res, secs = _timed_build(variant, _config(link, kernels, head_dim, dtype, arch), cache)
+        report["build_seconds"][link] = round(secs, 2)
+        libs[link] = CUDAAttention(variant, res.library, res.manifest)
+    calls = {link: _calls(att, variant, kernels, head_dim, dtype) for link, att in libs.items()}
+    identical = True
+    for name in calls["whole"]:
+        outs = {}
+        for link in ("whole", "lto"):
+            o, lse = calls[link][name]()
+            torch.cuda.synchronize()
+            outs[link] = (o.clone(), lse.clone())
+        same = all(torch.equal(_bits(a), _bits(b)) for a, b in zip(outs["whole"], outs["lto"]))
+        diff = float((outs["whole"][0].float() - outs["lto"][0].float()).abs().nan_to_num(0).max())
+        identical &= same
+        row = {"bit_identical": same, "max_abs_diff": diff}
+        for link in ("whole", "lto"):
+            row[f"{link}_ms"] = round(bench(calls[link][name], reps=repeats), 4)
+        row["lto_over_whole"] = round(row["lto_ms"] / row["whole_ms"], 3)
+        report["calls"][name] = row
+    report["identical"] = identical
+    return report
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variant", default="logits_softcap", help="a built-in variant (GPU mode)")
+    ap.add_argument("--kernels", default="decode,prefill")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--arch", default=None, help="default: this GPU's (required with --compile-only)")
+    ap.add_argument("--compile-only", action="store_true", help="time the builds only (no GPU needed)")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--out", default=None, help="also write the JSON report here")
+    args = ap.parse_args(argv)
+    kernels = tuple(k for k in args.kernels.split(",") if k)
+    if args.compile_only:
+        if not args.arch:
+            ap.error("--compile-only needs --arch")
+        report = compile_times(kernels, args.head_dim, args.dtype, args.arch)
+    else:
+        from attngen.variants import builtin
+
+        report = compare_builds(builtin(args.variant), kernels=kernels, head_dim=args.head_dim, dtype=args.dtype,
+                                arch=args.arch, repeats=args.repeats)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0 if report.get("identical", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

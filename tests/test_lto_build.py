@@ -1,0 +1,292 @@
+"""Link-time CUDA builds (BuildConfig.link="lto", attngen/codegen/lto.py): template objects cached per hook
+signature, host glue per parameter list, a variant's hooks linked in by nvJitLink and inlined."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from tvm.script import tirx as T
+
+from attngen.build import build
+from attngen.codegen import linked_cubin, lto, nvjitlink, nvrtc
+from attngen.codegen.cuda_library import exported_functions
+from attngen.codegen.cuda_variant import abi_hooks_source, abi_traits_source, linked_params_source, traits_parts
+from attngen.codegen.hooks_cuda import lower_hooks_cuda
+from attngen.ir import ConfigError, ScalarParam, Variant
+from attngen.schedules import BuildConfig
+from attngen.schedules.dtypes import DtypePair
+from attngen.variants import BUILTINS, builtin
+
+from .conftest import requires_nvcc
+
+requires_nvjitlink = pytest.mark.skipif(not nvjitlink.available(), reason="libnvJitLink (cuda-bindings, "
+                                        "nvidia-nvjitlink) is not installed")
+CUOBJDUMP = shutil.which("cuobjdump") or next(
+    (p for p in ("/opt/cudatools/triton/backends/nvidia/bin/cuobjdump",) if Path(p).is_file()), None)
+
+
+def scaled_softcap(scale: float, name: str = "softcap_scaled") -> Variant:
+    """A soft-cap whose hook body holds one constant: two scales differ only in a hook's body."""
+    @T.prim_func
+    def f(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+          kv_head: T.int32, cap: T.float32) -> T.float32:
+        return cap * T.tanh(s / cap) * T.float32(scale)
+
+    return Variant(name, logits_transform=f, params=[ScalarParam("cap", "float32", 30.0)])
+
+
+def softcap_two_params() -> Variant:
+    """The same hook signature as :func:`scaled_softcap`, another parameter list."""
+    @T.prim_func
+    def f(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+          kv_head: T.int32, cap: T.float32, scale: T.float32) -> T.float32:
+        return cap * T.tanh(s / cap) * scale
+
+    return Variant("softcap_two", logits_transform=f,
+                   params=[ScalarParam("cap", "float32", 30.0), ScalarParam("scale", "float32", 1.0)])
+
+
+def lto_config(**kw) -> BuildConfig:
+    base = dict(target="cuda", head_dims=(128,), dtypes=("float16",), archs=("sm_80",), kernels=("decode",),
+                link="lto")
+    return BuildConfig(**{**base, **kw})
+
+
+# ---- keys and configuration (no compiler) ----
+
+def test_link_field_is_validated():
+    with pytest.raises(ConfigError, match="link 'static' is not supported"):
+        lto_config(link="static")
+    with pytest.raises(ConfigError, match="for cuda builds"):
+        BuildConfig(target="cpu", link="lto")
+    # the default keeps the keys of whole-program builds as they were
+    assert "link" not in BuildConfig(target="cuda", archs=("sm_80",), dtypes=("float16",)).key()
+    assert '"link": "lto"' in lto_config().key()
+
+
+def test_lto_refuses_templates_without_a_launcher_record():
+    with pytest.raises(ConfigError, match="need link='whole'"):
+        lto.check_config(lto_config(kernels=("tvm",)))
+
+
+def test_template_key_depends_on_the_hook_signature_only():
+    d, pair, cfg = 128, DtypePair("float16", "float16"), lto_config()
+
+    def abi(v):
+        return abi_traits_source(v, lower_hooks_cuda(v, d, "sm_80"), d)
+
+    def key(v):
+        return lto.template_key("decode", "sm_80", d, pair, cfg, abi(v))
+
+    a, b = scaled_softcap(1.0), scaled_softcap(2.0)
+    assert abi(a) == abi(b) and key(a) == key(b)  # a hook body's constant
+    assert key(scaled_softcap(1.0, name="other")) == key(a)  # another variant, same signature
+    assert key(softcap_two_params()) == key(a)  # another parameter list, same signature
+    assert key(builtin("logits_softcap")) == key(a)
+    assert key(builtin("causal")) != key(a)  # a mask instead of a logits transform
+    assert key(builtin("sigmoid")) != key(a)  # another state algebra
+    assert lto.template_key("decode", "sm_90a", d, pair, cfg, abi(a)) != key(a)
+    assert lto.template_key("decode", "sm_80", 64, pair, cfg, abi(a)) != key(a)
+    assert lto.template_key("prefill", "sm_80", d, pair, cfg, abi(a)) != key(a)
+
+
+def test_host_glue_depends_on_the_parameter_list_not_the_hook_body():
+    cfg = lto_config(kernels=("decode", "prefill"))
+
+    def exports(v):
+        return lto.exports_source(v, cfg, {128: linked_params_source(v, lower_hooks_cuda(v, 128, "sm_80"), 128)})
+
+    assert exports(scaled_softcap(1.0)) == exports(scaled_softcap(2.0))
+    assert exports(softcap_two_params()) != exports(scaled_softcap(1.0))
+    assert "attngen::pack_params(block, p)" in exports(builtin("alibi"))
+    # the launch object depends on neither: only on the build's shape (and the signature, in its key)
+    assert "soft" not in lto.launch_source(cfg, 128) and "cap" not in lto.launch_source(cfg, 128)
+    names = [e.name for pair in cfg.dtype_pairs for e in lto.linked_exports(cfg, 128, pair)]
+    assert sorted(names) == exported_functions(cfg)
+
+
+def test_parameter_block_bound():
+    from attngen.codegen.cuda_variant import params_bytes
+    from attngen.ir import TensorParam
+
+    hs = lower_hooks_cuda(builtin("alibi"), 128, "sm_80")
+    assert params_bytes(builtin("alibi"), hs.dims or {}) == 8  # one pointer
+    assert params_bytes(scaled_softcap(1.0), {}) == 4
+    lto.check_params_fit(builtin("alibi"), hs)
+    many = Variant("many", logits_transform=builtin("alibi").hooks["logits_transform"],
+                   params=[*builtin("alibi").params, *(TensorParam(f"t{i}", "float32", (4,)) for i in range(40))])
+    with pytest.raises(ConfigError, match="more than the 256 a link-time build passes"):
+        lto.check_params_fit(many, hs)
+    header = (lto.CSRC / "hook_abi.h").read_text()
+    assert f"constexpr int kParamBlockBytes = {lto.PARAM_BLOCK_BYTES};" in header  # the bound in both languages
+
+
+def test_kernel_keys_from_demangled_names():
+    assert linked_cubin.kernel_key("void attngen::decode_kernel<attngen_gen::Hooks_d128, __half, 128, 4>"
+                                   "(attngen::DecodeProblem, attngen_gen::Hooks_d128::Params)") == \
+        "decode_kernel<__half, 128, 4>"
+    assert linked_cubin.kernel_key("void attngen::prefill_kernel<attngen_gen::Hooks_d64, __nv_bfloat16, 64, true, 1>"
+                          "(attngen::PrefillProblem, attngen_gen::Hooks_d64::Params)") == \
+        "prefill_kernel<__nv_bfloat16, 64, true, 1>"
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC (cuda-bindings, nvidia-cuda-nvrtc) is not installed")
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_both_sides_of_the_hook_abi_compile(name):
+    """Every built-in's hook object and ABI traits, in one NVRTC program whose kernel calls every
+    forwarding function: the extern declarations and definitions agree."""
+    v, d = builtin(name), 128
+    hs = lower_hooks_cuda(v, d, "sm_80")
+    _, fns = traits_parts(v, hs, d)
+    args = {"float*": "row", "int": "1", "float": "0.5f", "bool": "true"}
+    calls = []
+    for f in fns:
+        params = [x.strip().rsplit(" ", 1)[0] for x in f.decl.split(",") if x.strip()]
+        calls.append(f"sink += (float)H::{f.member}(p{''.join(', ' + args[t] for t in params)});"
+                     if f.returns != "void" else f"H::{f.member}(p{''.join(', ' + args[t] for t in params)});")
+    src = "\n".join([hs.code, abi_hooks_source(v, hs, d), abi_traits_source(v, hs, d),
+                     "using H = attngen_gen::Hooks_d128;",
+                     "extern \"C\" __global__ void probe(H::Params p, float* row, float* out) {",
+                     "  float sink = 0.f;", *calls, "  out[0] = sink;", "}"])
+    lto.compile_hooks_source_check(src)
+
+
+# ---- builds ----
+
+@pytest.fixture(scope="module")
+def edited_builds(tmp_path_factory):
+    """A variant built linked, then rebuilt after a one-constant edit of its hook, in a fresh cache."""
+    from attngen.codegen.cache import BuildCache
+
+    cache = BuildCache(tmp_path_factory.mktemp("lto_cache"))
+    cfg = lto_config()
+    before = dict(lto.stats)
+    first = build(scaled_softcap(1.0), cfg, cache=cache)
+    mid = dict(lto.stats)
+    second = build(scaled_softcap(2.0), cfg, cache=cache)
+    after = dict(lto.stats)
+    third = build(softcap_two_params(), cfg, cache=cache)
+    return first, second, before, mid, after, third
+
+
+def _delta(a: dict, b: dict, k: str) -> int:
+    return b.get(k, 0) - a.get(k, 0)
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_one_constant_edit_reuses_template_and_glue(edited_builds):
+    first, second, before, mid, after, _ = edited_builds
+    assert not first.cache_hit and not second.cache_hit
+    built = ("template_built", "launch_built", "exports_built")
+    assert [_delta(before, mid, k) for k in built] == [1, 1, 1]
+    assert [_delta(mid, after, k) for k in built] == [0, 0, 0]  # the edit compiled only the hooks
+    assert [_delta(mid, after, k) for k in ("template_reused", "launch_reused", "exports_reused")] == [1, 1, 1]
+    assert second.manifest["lto_reused"] == {"templates": [True], "launch": [True], "exports": True}
+    assert first.manifest["link"] == "lto" and second.manifest["functions"] == first.manifest["functions"]
+    a = (first.directory / first.manifest["cubins"][0]).read_bytes()
+    b = (second.directory / second.manifest["cubins"][0]).read_bytes()
+    assert a != b  # the edit reached the kernels
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_new_parameter_list_compiles_only_the_exports(edited_builds):
+    third = edited_builds[-1]
+    assert third.manifest["lto_reused"] == {"templates": [True], "launch": [True], "exports": False}
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_linked_library_exports_the_entries_and_embeds_the_kernels(edited_builds):
+    res = edited_builds[0]
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(res.library)], capture_output=True, text=True).stdout
+    for fn in res.manifest["functions"]:
+        assert f"__tvm_ffi_{fn}" in syms
+    assert "attngen_linked_kernels" not in syms  # each library keeps its table to itself
+    assert res.manifest["kernels"] == ["decode_kernel<__half, 128, 1>", "decode_kernel<__half, 128, 2>",
+                                       "decode_kernel<__half, 128, 4>", "decode_kernel<__half, 128, 8>",
+                                       "decode_tc_kernel<__half, 128, 1>", "decode_tc_kernel<__half, 128, 2>",
+                                       "merge_decode_kernel<__half, 128>"]
+    cubin = (res.directory / res.manifest["cubins"][0]).read_bytes()
+    assert len(linked_cubin.cubin_kernels(cubin)) == 7
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_linked_library_loads_and_checks_arguments_like_a_whole_one(edited_builds):
+    """On the CPU: the exports reach the entry templates' checks through the launch object (the call is
+    refused before any CUDA call), typed and named as a whole-program build's."""
+    import torch
+    import tvm_ffi
+
+    res = edited_builds[0]
+    f = tvm_ffi.load_module(str(res.library))["batch_decode_paged_nhd_f16_d128"]
+    q = torch.zeros(2, 8, 128, dtype=torch.bfloat16)
+    pages = torch.zeros(4, 2, 16, 2, 128, dtype=torch.float16)
+    i32 = torch.zeros(3, dtype=torch.int32)
+    own = (q, pages, i32, i32, i32, torch.zeros(2, 8, 128, dtype=torch.float16), torch.zeros(2, 8), 0.1,
+           torch.zeros(1), torch.zeros(1), 1, 0, None, 0, 0)
+    with pytest.raises(TypeError, match="batch_decode_paged_nhd_f16_d128: q: expected element type float16"):
+        f(*own, 30.0)
+    with pytest.raises(TypeError, match=r"Mismatched number of arguments .*15: float\) -> void"):
+        f(*own)
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_hooks_are_inlined_into_the_linked_kernels(edited_builds):
+    res = edited_builds[0]
+    cubin_path = res.directory / res.manifest["cubins"][0]
+    cubin = cubin_path.read_bytes()
+    # neither the ABI functions nor the lowered hooks survive as functions of their own
+    assert b"attngen_abi_" not in cubin and b"softcap_scaled" not in cubin
+    if CUOBJDUMP is None:
+        pytest.skip("cuobjdump not found for the SASS check")
+    sass = subprocess.run([CUOBJDUMP, "-sass", str(cubin_path)], capture_output=True, text=True, check=True).stdout
+    kernels = sass.split("Function : ")[1:]
+    assert len(kernels) == 7
+    for k in kernels:
+        name = k.split()[0]
+        if "merge_decode_kernel" not in name:  # every attention kernel computes the soft-cap's tanh itself
+            assert "MUFU.TANH" in k, name
+    elf = subprocess.run([CUOBJDUMP, "-elf", str(cubin_path)], capture_output=True, text=True, check=True).stdout
+    symtab = elf.split(".section .symtab")[1]
+    functions = [line.split()[-1] for line in symtab.splitlines()
+                 if len(line.split()) >= 6 and line.split()[3] in ("0x2", "0x12")]
+    # CALLs only reach the CUDA math library's internal helpers (as in whole-program builds)
+    assert all(f.startswith("$__internal_") for f in functions), functions
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_prefill_links_too(tmp_path):
+    from attngen.codegen.cache import BuildCache
+
+    res = build(scaled_softcap(1.0), lto_config(kernels=("prefill",)), cache=BuildCache(tmp_path))
+    assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
+    assert b"attngen_abi_" not in (res.directory / res.manifest["cubins"][0]).read_bytes()
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_each_arch_gets_its_cubin(tmp_path):
+    from attngen.codegen.cache import BuildCache
+
+    res = build(scaled_softcap(1.0), lto_config(archs=("sm_80", "sm_90a")), cache=BuildCache(tmp_path))
+    assert res.manifest["cubins"] == ["linked_sm_80.cubin", "linked_sm_90a.cubin"]
+    table = (res.directory / "linked_cubins.c").read_text()
+    assert "{attngen_cubin_0, 80}, {attngen_cubin_1, 90}, {0, 0}" in table  # by arch, for the device's pick
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", [("decode",), ("prefill",)])
+def test_linked_and_whole_libraries_agree_on_the_gpu(kernels, build_cache):
+    """The same variant built both ways runs through the same runtime with bit-identical outputs."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from bench_lto_ab import compare_builds
+
+    report = compare_builds(builtin("logits_softcap"), kernels=kernels, cache=build_cache, repeats=3)
+    assert report["identical"], report

@@ -53,6 +53,7 @@ def test_key_covers_the_variant(variant):
 CONFIG_CHANGES = {
     "head_dims": (64,), "dtypes": ("bfloat16",), "archs": ("sm_90a",), "layouts": ("NHD",), "fast_math": True,
     "hook_math": "precise", "kernels": ("decode",), "max_group_size": 4, "tvm_constants": (("gain", 2.0),),
+    "link": "lto",
 }
 
 
@@ -65,10 +66,12 @@ def test_key_covers_each_config_field(field):
 
 def test_every_config_field_is_in_the_key():
     """A field added to BuildConfig enters the key unless it is ``extra`` (which the build does not read);
-    K/V dtypes are keyed apart from the query dtypes although only equal pairs are built today."""
+    K/V dtypes are keyed apart from the query dtypes although only equal pairs are built today. ``link``
+    enters it when not the default (whole-program builds keep the keys they had before linked builds)."""
     keyed = json.loads(CUDA.key())
-    assert set(keyed) == {f.name for f in dataclasses.fields(BuildConfig)} - {"extra"}
-    assert set(CONFIG_CHANGES) | {"target", "kv_dtypes"} == set(keyed)
+    assert set(keyed) == {f.name for f in dataclasses.fields(BuildConfig)} - {"extra", "link"}
+    assert "link" in json.loads(dataclasses.replace(CUDA, link="lto").key())
+    assert set(CONFIG_CHANGES) | {"target", "kv_dtypes"} == set(keyed) | {"link"}
     assert keyed["kv_dtypes"] == ["float16"]
     on_cpu = BuildConfig("cpu", (64,), ("float16",), ("sm_80",))
     assert cache_key(softcap_variant(), on_cpu) != cache_key(softcap_variant(), dataclasses.replace(on_cpu, target="cuda"))

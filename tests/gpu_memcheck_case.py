@@ -1,6 +1,9 @@
 """Configurations run under compute-sanitizer by test_gpu_sanitizer.py: each decode template (CUDA cores,
 tensor cores) whole and split (the merge path), and prefill over ragged and paged KV with both query
-tiles."""
+tiles of the mma.sync template and, on compute capability 9.0, the Hopper template. ``--hopper``: the
+Hopper prefill alone, on the rope variant (query and key transforms)."""
+import sys
+
 import numpy as np
 import torch
 
@@ -14,21 +17,23 @@ def cuda(x, half=False):
     return (t.half() if half else t).cuda()
 
 
-def main():
+def main(hopper_only: bool = False):
     rng = np.random.default_rng(0)
-    for name in ("rope", "custom_mask", "attention_sink"):
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    for name in ("rope",) if hopper_only else ("rope", "custom_mask", "attention_sink"):
         v = builtin(name)
-        att = CUDAAttention.build(v, head_dims=(128,), dtypes=("float16",), layouts=("NHD",))
+        att = CUDAAttention.build(v, head_dims=(128,), dtypes=("float16",), layouts=("NHD",),
+                                  kernels=("prefill",) if hopper_only else ("decode", "prefill"))
         prob = random_problem(rng, [1, 1, 1], [700, 0, 33], 8, 2, 128, page_size=16)
         kv = PagedKV(cuda(prob.paged.pages, True), cuda(prob.paged.indptr), cuda(prob.paged.indices),
                      cuda(prob.paged.last_page_len))
         params = {k: cuda(x) if isinstance(x, np.ndarray) else x for k, x in random_params(v, rng, prob).items()}
         q = cuda(prob.q, True)
-        for tensor_cores in (False, True):
+        for tensor_cores in (() if hopper_only else (False, True)):
             for chunks in (1, 4):
                 att.decode(q, kv, plan=att.plan_decode(kv, 8, 128, num_chunks=chunks, tensor_cores=tensor_cores),
                            params=params)
-        for fused in (True, False):  # the load-balanced plan splits the 700-key request: both merge paths
+        for fused in (() if hopper_only else (True, False)):  # the balanced plan splits the 700-key request
             att.decode(q, kv, plan=att.plan_decode(kv, 8, 128, fused_merge=fused), params=params)
         prob = random_problem(rng, [40, 0, 70], [40, 9, 150], 8, 2, 128, page_size=16)
         params = {k: cuda(x) if isinstance(x, np.ndarray) else x for k, x in random_params(v, rng, prob).items()}
@@ -36,13 +41,14 @@ def main():
         paged = PagedKV(cuda(prob.paged.pages, True), cuda(prob.paged.indptr), cuda(prob.paged.indices),
                         cuda(prob.paged.last_page_len))
         ragged = RaggedKV(cuda(prob.ragged.k, True), cuda(prob.ragged.v, True), cuda(prob.ragged.indptr))
+        plans = [] if hopper_only else [dict(wide_tiles=False), dict(wide_tiles=True)]
+        plans += [dict(template="hopper")] if hopper else []
         for kv in (paged, ragged):
-            for wide in (False, True):
-                att.prefill(q, kv, qo_indptr, plan=att.plan_prefill(qo_indptr, kv, 128, wide_tiles=wide),
-                            params=params)
+            for how in plans:
+                att.prefill(q, kv, qo_indptr, plan=att.plan_prefill(qo_indptr, kv, 128, **how), params=params)
     torch.cuda.synchronize()
     print("sanitizer case done")
 
 
 if __name__ == "__main__":
-    main()
+    main(hopper_only="--hopper" in sys.argv)

@@ -191,7 +191,7 @@ def main():
                 row["flex"], row["flex_maxdiff"] = flops / got[0] / 1e9, got[1]
         rows.append(row)
         print(row, flush=True)
-        del q, k, v
+        q = k = v = None  # free this case's tensors before the next
         torch.cuda.empty_cache()
     res["rows"] = rows
     stem = f"prefill_{res['date']}{args.tag}"

@@ -87,12 +87,13 @@ def machine() -> dict:
             "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
 
 
-def bench_arch(arch: str, work: Path, head_dim: int, dtype: str) -> list[tuple[str, float, str, float]]:
+def bench_arch(arch: str, work: Path, head_dim: int, dtype: str, link: str) -> list[tuple[str, float, str, float]]:
     """One pass of the four builds for ``arch`` into a fresh cache: (row, wall s, outcome, build's own s)."""
     cache = Path(tempfile.mkdtemp(prefix=f"cache-{arch}-", dir=work))
     variant = cache.parent / f"softcap_{cache.name}.py"
     variant.write_text(SOFTCAP_FILE.format(cap="30.0"))
-    build = ["build", "--target", "cuda", "--arch", arch, "--head-dim", str(head_dim), "--dtype", dtype]
+    build = ["build", "--target", "cuda", "--arch", arch, "--head-dim", str(head_dim), "--dtype", dtype,
+             "--link", link]
     rows = []
     for name, source, cap in [("cold cache", variant, None), ("cache hit (new process)", variant, None),
                               ("new variant (causal, warm cache)", "causal", None),
@@ -100,7 +101,7 @@ def bench_arch(arch: str, work: Path, head_dim: int, dtype: str) -> list[tuple[s
         if cap is not None:
             variant.write_text(SOFTCAP_FILE.format(cap=cap))
         seconds, out = attngen([build[0], str(source), *build[1:]], cache)
-        rows.append((f"{arch}: {name}", seconds, *outcome(out)))
+        rows.append((f"{arch}, link {link}: {name}", seconds, *outcome(out)))
         print(f"{rows[-1][0]:48s} {seconds:8.2f} s  {rows[-1][2]} in {rows[-1][3]:.2f} s", flush=True)
     return rows
 
@@ -115,6 +116,9 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_80,sm_90a", help="comma-separated archs (default: sm_80,sm_90a)")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--link", default="whole,lto", help="comma-separated build kinds (BuildConfig.link; default: "
+                                                        "whole,lto)")
+    ap.add_argument("--tag", default="", help="suffix of the result file")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder of the result file")
     ap.add_argument("--repeat", type=int, default=3, help="passes of every row, each build pass into a fresh "
                                                           "cache (default: 3; the table gives median, min, max)")
@@ -132,8 +136,9 @@ def main() -> None:
                 runs.setdefault(label, []).append((seconds, "", 0.0))
                 print(f"{label:48s} {seconds:8.2f} s", flush=True)
             for arch in (a.strip() for a in args.arch.split(",") if a.strip()):
-                for name, seconds, what, own in bench_arch(arch, work, args.head_dim, args.dtype):
-                    runs.setdefault(name, []).append((seconds, what, own))
+                for link in (x.strip() for x in args.link.split(",") if x.strip()):
+                    for name, seconds, what, own in bench_arch(arch, work, args.head_dim, args.dtype, link):
+                        runs.setdefault(name, []).append((seconds, what, own))
     minutes = (datetime.datetime.now(datetime.timezone.utc) - start).total_seconds() / 60
 
     def row(name: str, results: list[tuple[float, str, float]]) -> str:
@@ -151,7 +156,7 @@ def main() -> None:
         f"Commit {info['commit']}; Python {info['python']}; nvcc {info['nvcc']}.",
         "",
         f"Wall seconds of each `attngen` command in a new process (`benchmarks/{Path(sys.argv[0]).name} "
-        f"--arch {args.arch} --repeat {args.repeat}`), CUDA builds of D {args.head_dim}, {args.dtype}, "
+        f"--arch {args.arch} --link {args.link} --repeat {args.repeat}`), CUDA builds of D {args.head_dim}, {args.dtype}, "
         "the default templates (decode, prefill) and layouts (NHD, HND); each pass builds into a fresh cache. "
         f"Median, min and max of {args.repeat} passes; the run took {minutes:.1f} min. \"build\": what the "
         "command reported (a compile or a cache hit, and the build's own seconds, without process start).",
@@ -162,7 +167,7 @@ def main() -> None:
         "",
     ]
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"build_{start:%Y-%m-%d}_{info['host']}.md"
+    path = args.out / f"build_{start:%Y-%m-%d}_{info['host']}{args.tag}.md"
     path.write_text("\n".join(lines))
     print(f"wrote {path}")
 

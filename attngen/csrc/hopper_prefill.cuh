@@ -24,6 +24,7 @@
 #include "mma.cuh"
 #include "prefill.cuh"
 #include "row_hook.cuh"
+#include "score_rules.cuh"
 #include "wgmma_ops.cuh"
 
 namespace attngen {
@@ -236,35 +237,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
   constexpr bool kFoldScale = V::kSoftmax && !V::kHasLogits;
   const bool fold = kFoldScale && scale > 0.f;
 
-  auto score_pass = [&](float (&sm)[NKT][4], int j0, float (&mt_max)[2], bool check) {
-    int rpos[2], rhead[2];
-    bool rvalid[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int pr = prow0 + 8 * h;
-      rvalid[h] = pr < rows_total;
-      rpos[h] = pos_base + pr / group;
-      rhead[h] = hk * group + pr % group;
-    }
-#pragma unroll
-    for (int n = 0; n < NKT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
-        float x = sm[n][e] * scale;
-        bool visible = true;
-        if (check) visible = rvalid[h] && j < hi && (!P.causal || j <= rpos[h]);
-        if constexpr (V::kHasLogits) {
-          if (visible) x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
-        }
-        if constexpr (V::kHasMask) {
-          if (check && visible) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
-        }
-        sm[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
-        if constexpr (V::kSoftmax) mt_max[h] = fmaxf(mt_max[h], sm[n][e]);
-      }
-    }
-  };
+  const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale};
 
   // ---- mainloop: S_kt = Q K_kt^T issued with O += P_(kt-1) V_(kt-1) ----------------------------
   // The softmax of tile kt runs while P V of tile kt - 1 is on the tensor cores (its P packed into `pk`
@@ -312,9 +285,9 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
       mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
       sfac = scale;
     } else if (interior) {
-      score_pass(sfr, js, mt_max, false);
+      score_rules.apply(sfr, prow0, js, mt_max, false);
     } else {
-      score_pass(sfr, js, mt_max, true);
+      score_rules.apply(sfr, prow0, js, mt_max, true);
     }
     if constexpr (V::kSoftmax) {
 #pragma unroll

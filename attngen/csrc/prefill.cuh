@@ -34,6 +34,7 @@
 #include "kv_tile_layout.cuh"
 #include "mma.cuh"
 #include "row_hook.cuh"
+#include "score_rules.cuh"
 
 namespace attngen {
 
@@ -281,38 +282,8 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       ldmatrix_x4(qfrag[k0 / 16], sq + (wrow + (lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
   }
 
-  // Scores of one m-tile off the folded fast path: scale, logits hook and, with `check`, the row, range,
-  // causal and mask-hook tests (masked scores become -inf, or 0 for a non-softmax variant). Called with
-  // a constant `check` from two places, so that an interior tile's copy carries no visibility state.
-  auto score_pass = [&](float (&sm)[NKT][4], int mt, int j0, float (&mt_max)[2], bool check) {
-    int rpos[2], rhead[2];
-    bool rvalid[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int pr = prow0 + mt * 16 + 8 * h;
-      rvalid[h] = pr < rows_total;
-      rpos[h] = pos_base + pr / group;
-      rhead[h] = hk * group + pr % group;
-    }
-#pragma unroll
-    for (int n = 0; n < NKT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
-        float x = sm[n][e] * scale;
-        bool visible = true;
-        if (check) visible = rvalid[h] && j < hi && (!P.causal || j <= rpos[h]);
-        if constexpr (V::kHasLogits) {
-          if (visible) x = V::logits(hp, x, b, rpos[h], j, rhead[h], hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
-        }
-        if constexpr (V::kHasMask) {
-          if (check && visible) visible = V::mask(hp, b, rpos[h], j, rhead[h], hk);
-        }
-        sm[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
-        if constexpr (V::kSoftmax) mt_max[h] = fmaxf(mt_max[h], sm[n][e]);
-      }
-    }
-  };
+  // the scores of one m-tile off the folded fast path (score_rules.cuh)
+  const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale};
   if (num_kt > 0) load_kv(0, 0);
   copy_commit();
   for (int kt = 0; kt < num_kt; ++kt) {
@@ -403,9 +374,9 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
         mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
         sfac = scale;
       } else if (interior) {
-        score_pass(s[mt], mt, js, mt_max, false);  // interior without the folded scale: no checks
+        score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, false);  // interior, scale not folded: no checks
       } else {
-        score_pass(s[mt], mt, js, mt_max, true);
+        score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, true);
       }
       if constexpr (V::kSoftmax) {
         float rescale[2];

@@ -1,0 +1,55 @@
+// The per-score rules the tile templates (prefill.cuh, hopper_prefill.cuh) apply to a thread's fragment of
+// S = Q K^T: sm_scale, the logits hook and, where a tile needs checking, the row, key-range, causal and
+// mask-hook tests. Masked scores become -inf (0 for a non-softmax variant); a softmax variant's running
+// row maxima take the new scores in.
+//
+// Fragments are mma.sync / wgmma accumulators: sm[n][e] is row prow (e < 2) or prow + 8 (e >= 2), key
+// j0 + 8 n + 2 t4 + e % 2, where t4 is the thread's lane within its quad.
+#pragma once
+#include "common.cuh"
+
+namespace attngen {
+
+template <class V>
+struct ScoreRules {
+  const int& causal;  // the problem's run-time causal flag (read where tested, as a kernel parameter)
+  const typename V::Params& hp;
+  int batch, kv_head, group, rows_total, pos_base, hi, t4;
+  float scale;  // sm_scale, times log2 e where the exponent is base 2 and no logits hook rescales
+
+  // `check` false: a tile every score of which is visible (no mask hook, no tests). Called with a constant
+  // `check`, so that an interior tile's copy carries no visibility state.
+  template <int NKT>
+  __device__ __forceinline__ void apply(float (&sm)[NKT][4], int prow, int j0, float (&row_max)[2],
+                                        bool check) const {
+    int rpos[2], rhead[2];
+    bool rvalid[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pr = prow + 8 * h;
+      rvalid[h] = pr < rows_total;
+      rpos[h] = pos_base + pr / group;
+      rhead[h] = kv_head * group + pr % group;
+    }
+#pragma unroll
+    for (int n = 0; n < NKT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
+        float x = sm[n][e] * scale;
+        bool visible = true;
+        if (check) visible = rvalid[h] && j < hi && (!causal || j <= rpos[h]);
+        if constexpr (V::kHasLogits) {
+          if (visible) x = V::logits(hp, x, batch, rpos[h], j, rhead[h], kv_head) * (V::kLogitsLog2e ? kLog2e : 1.f);
+        }
+        if constexpr (V::kHasMask) {
+          if (check && visible) visible = V::mask(hp, batch, rpos[h], j, rhead[h], kv_head);
+        }
+        sm[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
+        if constexpr (V::kSoftmax) row_max[h] = fmaxf(row_max[h], sm[n][e]);
+      }
+    }
+  }
+};
+
+}  // namespace attngen

@@ -104,6 +104,35 @@ __device__ __forceinline__ float group_sum(float x) {
   return x;
 }
 
+// Halves the live width W of per-row partials v[n][h] until v[0][h] holds the reduction (compile-time
+// levels: a loop over W here was left rolled, its array in local memory).
+template <int W, class Op>
+__device__ __forceinline__ void fold_rows(float (*v)[2], Op op) {
+#pragma unroll
+  for (int n = 0; n < W; ++n) {
+    v[n][0] = op(v[n][0], v[n + W][0]);
+    v[n][1] = op(v[n][1], v[n + W][1]);
+  }
+  if constexpr (W > 1) fold_rows<W / 2>(v, op);
+}
+
+// Per-thread reduction (max or sum, by `op`) of a tile's scores over this thread's two rows (mma.sync /
+// wgmma accumulator fragments: elements 0-1 of an 8-column block are row g, 2-3 row g + 8), as a pairwise
+// tree: log2 dependent steps instead of a chain through every score.
+template <int N, class Op>
+__device__ __forceinline__ void tile_row_reduce(const float (&s)[N][4], float (&out)[2], Op op) {
+  static_assert(N > 1 && (N & (N - 1)) == 0, "8-column blocks per tile: a power of two");
+  float v[N][2];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    v[n][0] = op(s[n][0], s[n][1]);
+    v[n][1] = op(s[n][2], s[n][3]);
+  }
+  fold_rows<N / 2>(v, op);
+  out[0] = v[0][0];
+  out[1] = v[0][1];
+}
+
 // An online-softmax state for one row: running max m (base 2), denominator d.
 // Non-finite states (see attngen/runtime/reference.py): an empty side (m = -inf, d = 0) contributes
 // nothing and two empty sides stay empty, never NaN; a poisoned side (m or d NaN) makes the merge NaN,

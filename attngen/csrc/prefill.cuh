@@ -82,7 +82,9 @@ constexpr size_t prefill_smem_bytes() {
 }
 
 // Per-thread reduction (max or sum, by `op`) over an m-tile's scores of its two rows (elements 0-1: row g,
-// 2-3: row g + 8) as a pairwise tree: log2 dependent steps instead of a chain through every score.
+// 2-3: row g + 8) as a pairwise tree: log2 dependent steps instead of a chain through every score. (The
+// same tree as common.cuh's tile_row_reduce, which the Hopper template uses: this loop form stays here
+// because the kernel's measured instruction schedule was built with it; at 16 blocks the loop is left rolled.)
 template <int N, class Op>
 __device__ __forceinline__ void row_tree(const float (&s)[N][4], float (&out)[2], Op op) {
   static_assert(N > 0 && (N & (N - 1)) == 0, "n-tiles per row: a power of two");

@@ -138,15 +138,17 @@ def compare(out, lse, ref_out, ref_lse, *, tol: float, lse_tol: float, what: str
 
 
 def check_cpu_variant(att, variant, rng, *, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim,
-                      dtype="float32", layouts=("NHD", "HND"), page_size=4, k=8.0) -> dict:
+                      dtype="float32", layouts=("NHD", "HND"), page_size=4, k=8.0, make_params=None) -> dict:
     """Run prefill (ragged, paged per layout) and decode (paged per layout) on fresh random
-    inputs with NaN-poisoned outputs, compare each with the float64 reference; return errors."""
+    inputs with NaN-poisoned outputs, compare each with the float64 reference; return errors.
+    ``make_params(variant, rng, problem)``: the variant's parameters for a batch (default random_params)."""
+    random_params_ = make_params or random_params
     results = {}
     sm_scale = 1.0 / np.sqrt(head_dim)
     for layout in layouts:
         prob = random_problem(rng, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim,
                               page_size=page_size, dtype=dtype, layout=layout)
-        params = random_params(variant, rng, prob)
+        params = random_params_(variant, rng, prob)
         lse_tol = 1e-4 if dtype == "float32" else 2e-2
         ref_o, ref_l = reference_attention(variant, prob.q, prob.keys, prob.values, prob.qo_indptr,
                                            sm_scale, params)
@@ -165,7 +167,7 @@ def check_cpu_variant(att, variant, rng, *, qo_lens, kv_lens, num_qo_heads, num_
         dec = Problem(rng.standard_normal((batch, num_qo_heads, head_dim)).astype(dtype),
                       np.arange(batch + 1, dtype=np.int32), prob.ragged, prob.paged, prob.keys,
                       prob.values, [1] * batch, list(kv_lens))
-        params = random_params(variant, rng, dec)
+        params = random_params_(variant, rng, dec)
         ref_o, ref_l = reference_attention(variant, dec.q, dec.keys, dec.values, dec.qo_indptr,
                                            sm_scale, params)
         out = np.full(dec.q.shape, np.nan, dtype=dtype)
@@ -178,13 +180,14 @@ def check_cpu_variant(att, variant, rng, *, qo_lens, kv_lens, num_qo_heads, num_
 
 
 def run_cpu_example(variant, *, head_dim=64, num_qo_heads=8, num_kv_heads=2, qo_lens=(5, 0, 9, 1),
-                    kv_lens=(12, 3, 9, 20), seed=0, cache=None) -> dict:
-    """Build ``variant`` for the CPU, check every kernel kind against the float64 reference, print a summary."""
+                    kv_lens=(12, 3, 9, 20), seed=0, cache=None, make_params=None) -> dict:
+    """Build ``variant`` for the CPU, check every kernel kind against the float64 reference, print a summary
+    (``make_params``: see :func:`check_cpu_variant`)."""
     kwargs = {"cache": cache} if cache is not None else {}
     att = CPUAttention.build(variant, head_dims=(head_dim,), dtypes=("float32",), **kwargs)
     results = check_cpu_variant(att, variant, np.random.default_rng(seed), qo_lens=list(qo_lens),
                                 kv_lens=list(kv_lens), num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                                head_dim=head_dim)
+                                head_dim=head_dim, make_params=make_params)
     print(f"{variant.name}: built {att.library.name}; mask {variant.analysis.mask.describe()}")
     for kind, r in results.items():
         print(f"  {kind:20s} max|O-ref| {r['out_err']:.2e}  max|lse-ref| {r['lse_err']:.2e}")

@@ -6,6 +6,8 @@ head dims 64/128/256, outputs poisoned with NaN; every case on both templates: t
 query tiles (64 rows, and the 128-row tile (two m-tiles per warp) that long requests may ask for), and
 the Hopper one (sm_90a; skipped on other devices).
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -28,7 +30,8 @@ def skip_unless_runs(template: str) -> None:
         pytest.skip("the Hopper prefill template runs on devices of compute capability 9.0 only")
 
 
-def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_lens, template="mma_sync"):
+def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_lens, template="mma_sync",
+                make_params=random_params):
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
@@ -53,7 +56,7 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
         keys, values = gather_pages(pages.float().cpu().numpy(), prob.paged.indptr, prob.paged.indices,
                                     prob.paged.last_page_len, layout)
     ref_prob = Problem(q_r, prob.qo_indptr, prob.ragged, prob.paged, keys, values, list(qo_lens), list(kv_lens))
-    params = random_params(v, rng, ref_prob)
+    params = make_params(v, rng, ref_prob)
     sm_scale = 1.0 / np.sqrt(head_dim)
     ref_o, ref_l = reference_attention(v, q_r, keys, values, prob.qo_indptr, sm_scale, params)
     dev_params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in params.items()}
@@ -118,3 +121,25 @@ def test_auto_template_choice_on_sm90(head_dim, chosen, build_cache):
         outs[template] = att.prefill(q, kv, qo, plan=plan)[0]
     assert torch.equal(outs[None], outs[chosen])
     assert not torch.equal(outs["hopper"], outs["mma_sync"])  # a different summation order
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+@pytest.mark.parametrize("example", ["gemma2_softcap_window", "prefix_lm", "document_mask"])
+def test_example_variants(example, template, build_cache, rng):
+    """The README's variant examples (soft-cap + sliding window, prefix-LM and packed documents from tensor
+    parameters) on both templates, with the example's own parameter maker."""
+    import runpy
+
+    from attngen.runtime import CUDAAttention
+
+    skip_unless_runs(template)
+    module = runpy.run_path(str(EXAMPLES / f"{example}.py"))
+    v = module["variant"]
+    att = CUDAAttention.build(v, head_dims=(128,), dtypes=("bfloat16",), kernels=("prefill",), cache=build_cache)
+    make = next((f for name, f in module.items() if name in ("prefix_lengths", "packed_documents")), random_params)
+    for group, kv_mode in [(1, "ragged"), (4, "NHD"), (8, "HND")]:
+        run_prefill(att, v, rng, group=group, head_dim=128, dtype="bfloat16", kv_mode=kv_mode,
+                    qo_lens=[37, 0, 100, 3, 300], kv_lens=[37, 5, 180, 0, 300], template=template, make_params=make)

@@ -39,9 +39,29 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def _constant(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if not sep or not name or number is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected name=number, e.g. soft_cap=30")
+    return name, int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
+
+
 def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="a Python file defining a Variant, or a built-in variant name (see 'attngen list')")
     p.add_argument("--variant", help="which variant, when the file defines several")
+    p.add_argument("--constant", type=_constant, action="append", default=[], metavar="NAME=VALUE",
+                   help="compile a scalar parameter in as a constant (Variant.with_constants); repeatable")
+
+
+def _load_variant(args):
+    from attngen.loader import pick_variant
+
+    v = pick_variant(args.source, args.variant)
+    return v.with_constants(**dict(args.constant)) if args.constant else v
 
 
 def parser() -> argparse.ArgumentParser:
@@ -138,6 +158,8 @@ def cmd_build(args) -> int:
     cache = BuildCache(args.cache_dir) if args.cache_dir else BuildCache()
     t0 = time.perf_counter()
     source = _request_source(args.source, args.variant)
+    if source is not None and args.constant:
+        source["constants"] = sorted(args.constant)
     request = request_key(source, cfg) if source is not None else None
     res = None
     # a dump asks for every stage's artifact, which only running the stages gives
@@ -148,9 +170,8 @@ def cmd_build(args) -> int:
     else:
         from attngen.build import build
         from attngen.codegen.cache import local_module_files
-        from attngen.loader import pick_variant
 
-        variant = pick_variant(args.source, args.variant)
+        variant = _load_variant(args)
         _announce(variant.name, cfg)
         res = build(variant, cfg, cache=cache, dump=args.dump, log=print)
         if request is not None:
@@ -174,9 +195,8 @@ def cmd_build(args) -> int:
 def cmd_inspect(args) -> int:
     from attngen.codegen.hooks_cuda import lower_hooks_cuda
     from attngen.ir import HOOKS
-    from attngen.loader import pick_variant
 
-    v = pick_variant(args.source, args.variant)
+    v = _load_variant(args)
     print(f"# variant {v.name}  (state: {v.state.value}; defined at {v.defined_at})")
     if v.doc:
         print(f"# {v.doc}")
@@ -184,6 +204,8 @@ def cmd_inspect(args) -> int:
     print("  sm_scale: float32 (always; default 1/sqrt(head_dim))")
     for p in v.params:
         print(f"  {p}")
+    for name, value in v.constants.items():
+        print(f"  {name} = {value!r}: compiled in (folded into the hooks)")
     print("\n## hooks")
     if not v.hooks:
         print("  (none: vanilla softmax attention)")

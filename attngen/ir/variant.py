@@ -8,7 +8,9 @@ from functools import cached_property
 import tvm.tirx as tir
 
 from .analysis import VariantAnalysis, analyze_variant
-from .declarations import Param, ScalarParam, StateAlgebra, TensorParam
+from . import tir_utils as tu
+from .declarations import Param, ScalarParam, StateAlgebra, TensorParam, scalar_value
+from .errors import VariantError
 from .hook_spec import HOOK_ORDER
 from .validate import check_hook_names, validate_variant
 
@@ -39,8 +41,37 @@ class Variant:
         self.doc = doc
         caller = inspect.stack()[1]
         self.defined_at = f"{caller.filename}:{caller.lineno}"
+        self.constants: dict[str, int | float] = {}  # scalar parameters compiled in (with_constants)
         validate_variant(self)
         self.state = StateAlgebra(state)
+
+    def with_constants(self, **values) -> "Variant":
+        """This variant with scalar parameters compiled in: each named parameter's value is substituted into
+        the hooks (and folded there, e.g. a soft-cap's division becomes a multiply by a constant) and the
+        parameter leaves the list, so calls no longer pass it. A build specialises on the values (the IR
+        text, and so the cache key, holds them); ``constants`` lists what was folded."""
+        folded = {}
+        for name, value in values.items():
+            p = self.param(name)
+            if not isinstance(p, ScalarParam):
+                kind = "a tensor parameter" if p is not None else "not a parameter"
+                raise VariantError(self.name, None, f"with_constants({name}=...): '{name}' is {kind}",
+                                   f"fold one of the scalar parameters {[q.name for q in self.scalar_params]}")
+            v, problem = scalar_value(p.dtype, value)
+            if problem:
+                raise VariantError(self.name, None, f"with_constants({name}=...) ({p.dtype}): {problem}",
+                                   f"pass a value {p.dtype} holds")
+            folded[name] = (v, p.dtype)
+        hooks = {}
+        for hook, func in self.hooks.items():
+            consts = {var: tir.const(folded[var.name][0], folded[var.name][1]) for var in func.params
+                      if var.name in folded}
+            hooks[hook] = tu.fold_constant_casts(func.specialize(consts)) if consts else func
+        out = Variant(self.name, params=[p for p in self.params if p.name not in folded], state=self.state,
+                      doc=self.doc, **hooks)
+        out.constants = {**self.constants, **{k: v for k, (v, _) in folded.items()}}
+        out.defined_at = self.defined_at
+        return out
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
@@ -56,6 +87,7 @@ class Variant:
     def ir_text(self) -> str:
         """Canonical text of everything that defines the variant (the cache key's IR part)."""
         lines = [f"variant {self.name} state={self.state.value}"]
+        lines += [f"constant {k}={v!r}" for k, v in sorted(self.constants.items())]
         lines += [f"param {p!r}" for p in self.params]
         for hook, func in self.hooks.items():
             lines.append(f"hook {hook}")

@@ -31,7 +31,7 @@ NO_KEY_LSE = -5.0e4  # TVM's lse for a row that sees no key (merged as weight 0)
 # online_softmax_program's parameters, in its own order.
 PROGRAM_PARAMS = ("q", "qo_indptr", "k", "v", "kv_indptr", "pages", "page_indptr", "page_indices",
                   "length_info", "q_rope_position", "k_rope_pos_offset", "o", "lse", "causal",
-                  "rotary_mode", "rope_scale", "rope_theta", "sm_scale")
+                  "rotary_mode", "rope_scale", "rope_theta", "sm_scale", "tree_mn_indptr", "tree_order")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class TVMConvention:
     window: int = 0  # prefill, with causal: a key is visible only when qo_pos - kv_pos < window (0: none)
     inline_rope: bool = False  # TVM's RoPE on q and k before the hooks (rotary_mode 1; else rotary_mode 0)
     name: str = "attention"  # the function's name, for its run-time error
+    # token-tree attention (speculative decoding): TVM's tree mask replaces ``causal`` (prefill only); the
+    # ragged form takes its key positions from ``q_rope_position`` (its keys are its queries' tokens)
+    tree_mask: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,12 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
     tvm_conv = spec.tvm is not None
     sliding = tvm_conv and spec.tvm.sliding_length_info
     rope = tvm_conv and spec.tvm.inline_rope
-    causal_flag = tvm_conv and not decode  # TVM's decode slots attend to every key they are given
+    tree = tvm_conv and spec.tvm.tree_mask
+    # TVM's decode slots attend to every key they are given; its tree slots have a mask, no causal flag
+    causal_flag = tvm_conv and not decode and not tree
+    if tree and decode:
+        raise ValueError("a tree mask applies to prefill programs, not decode")
+    ragged_tree = tree and not paged  # key positions from q_rope_position, no k_rope_pos_offset
     window = spec.tvm.window if tvm_conv else 0
     use_kt = rope or spec.transform_keys
     softmax = spec.softmax
@@ -125,8 +133,23 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
             return storage[row, half, hk, slot, d]
         return storage[row, half, slot, hk, d]
 
-    def key_visible(causal, qo_pos, kv_pos, b, h, hk):
+    def tree_visible(tree_indptr, tree_order, b, i, j, qo_len, kv_len):
+        """TVM's token-tree mask: chunk key j is before the request's tree, or an ancestor of (or is)
+        query row i's node. The tree is the last ``tree_len`` keys; the queries are its last ``qo_len``
+        nodes; a node's (DFS order, end of its subtree's orders) pair says whom it descends from."""
+        tree_len = tree_indptr[b + 1] - tree_indptr[b]
+        tree_start = kv_len - tree_len
+        child = tree_indptr[b] + i + tree_len - qo_len
+        parent = tree_indptr[b] + j - tree_start
+        # the branch keeps the tree's rows from being read for keys before the tree (no such row)
+        return T.if_then_else(j < tree_start, True,
+                              tir.And(tree_order[child, 0] >= tree_order[parent, 0],
+                                      tree_order[child, 0] < tree_order[parent, 1]))
+
+    def key_visible(causal, qo_pos, kv_pos, b, h, hk, tree_place=None):
         seen = hook_call("logits_mask", b, qo_pos, kv_pos, h, hk)
+        if tree:
+            return tir.And(tree_visible(*tree_place), seen)
         if not causal_flag:
             return seen
         order = tir.LE(kv_pos, qo_pos)
@@ -153,7 +176,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                   rotary_mode: T.int32,  # TVM
                   rope_scale: T.float32,  # TVM, inline RoPE
                   rope_theta: T.float32,  # TVM, inline RoPE
-                  sm_scale: T.float32):
+                  sm_scale: T.float32,
+                  tree_mn_indptr: T.handle,  # TVM tree slots: [B+1] start of each request's tree in tree_order
+                  tree_order: T.handle):  # TVM tree slots: [tree nodes, 2] (DFS order, end of the subtree's orders)
         batch_plus_1 = T.int32()
         total_q = T.int32()
         n_qo_heads = T.int32()
@@ -170,6 +195,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
         length_info_off = T.int32()
         q_pos_off = T.int32()
         k_pos_off = T.int32()
+        tree_indptr_off = T.int32()
+        tree_order_off = T.int32()
+        n_tree_nodes = T.int32()
         if decode:
             Q = T.match_buffer(q, (batch_plus_1 - 1, n_qo_heads, D), dt)
             O = T.match_buffer(o, (batch_plus_1 - 1, n_qo_heads, D), dt)
@@ -199,7 +227,11 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                 Q_POS = T.match_buffer(q_rope_position, (batch_plus_1 - 1,), "int32", elem_offset=q_pos_off)
             else:
                 Q_POS = T.match_buffer(q_rope_position, (total_q,), "int32", elem_offset=q_pos_off)
-            K_POS0 = T.match_buffer(k_rope_pos_offset, (batch_plus_1 - 1,), "int32", elem_offset=k_pos_off)
+            if not ragged_tree:
+                K_POS0 = T.match_buffer(k_rope_pos_offset, (batch_plus_1 - 1,), "int32", elem_offset=k_pos_off)
+            if tree:
+                TREE_INDPTR = T.match_buffer(tree_mn_indptr, (batch_plus_1,), "int32", elem_offset=tree_indptr_off)
+                TREE_ORDER = T.match_buffer(tree_order, (n_tree_nodes, 2), "int32", elem_offset=tree_order_off)
             assert rotary_mode == want_rotary, rotary_msg
         group: T.let = n_qo_heads // n_kv_heads
         if use_kt:  # keys after RoPE and the key hook, float32
@@ -225,7 +257,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
             else:
                 qo_start: T.let = QO_INDPTR[b]
                 qo_len: T.let = QO_INDPTR[b + 1] - QO_INDPTR[b]
-            if tvm_conv:
+            if ragged_tree:
+                kv_pos0: T.let = 0  # unused: each key sits at its own token's q_rope_position
+            elif tvm_conv:
                 kv_pos0: T.let = K_POS0[b]
             else:
                 kv_pos0: T.let = 0
@@ -235,7 +269,7 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                     k_out = T.alloc_buffer((D,), "float32", scope="local")
                     j: T.let = jh // n_kv_heads
                     hk: T.let = jh % n_kv_heads
-                    kv_pos: T.let = kv_pos0 + j
+                    kv_pos: T.let = Q_POS[k_base + j] if ragged_tree else kv_pos0 + j
                     seq_off: T.let = seq_offset(LENGTH_INFO, j, b) if paged else j
                     kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size] if paged else k_base + j
                     kv_slot: T.let = seq_off % page_size if paged else 0
@@ -284,8 +318,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                 m: T.float32 = neg_inf
                 denom: T.float32 = T.float32(0)
                 for j in range(kv_len):
-                    kv_pos: T.let = kv_pos0 + j
-                    if key_visible(causal, qo_pos, kv_pos, b, h, hk):
+                    kv_pos: T.let = Q_POS[k_base + j] if ragged_tree else kv_pos0 + j
+                    if key_visible(causal, qo_pos, kv_pos, b, h, hk,
+                                   (TREE_INDPTR, TREE_ORDER, b, i, j, qo_len, kv_len) if tree else None):
                         seq_off: T.let = seq_offset(LENGTH_INFO, j, b) if paged else j
                         kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size] if paged else k_base + j
                         kv_slot: T.let = seq_off % page_size if paged else 0

@@ -15,8 +15,8 @@ cache of TVM's own CUDA kernels, to measure against).
 from .cache import EmittedCache, create_paged_kv_cache, emit_paged_kv_cache, export_model_library, paged_kv_cache_module
 from .cpu import attention_slot_functions, merge_slot_function
 from .create_call import SLOT_ROLES, TREE_ROLES, CacheParts
-from .shape import ATTN_KINDS, ROPE_MODES, CacheShape
+from .shape import ATTN_KINDS, ROPE_MODES, CacheShape, UnsupportedCacheFeature
 
 __all__ = ["ATTN_KINDS", "CacheParts", "CacheShape", "EmittedCache", "ROPE_MODES", "SLOT_ROLES", "TREE_ROLES",
            "attention_slot_functions", "create_paged_kv_cache", "emit_paged_kv_cache", "export_model_library",
-           "merge_slot_function", "paged_kv_cache_module"]
+           "merge_slot_function", "paged_kv_cache_module", "UnsupportedCacheFeature"]

@@ -41,7 +41,10 @@ class TVMConvention:
     that sees no key."""
 
     sliding_length_info: bool = False  # length_info[3, B] = (last_page_len, sliding_window_offset, sink_size)
-    window: int = 0  # prefill, with causal: a key is visible only when qo_pos - kv_pos < window (0: none)
+    # a key is visible only when qo_pos - kv_pos < window (0: none), whatever ``causal`` says: TVM hands the
+    # sliding-window slots of "mha_sliding" layers keys beyond the window when a shared prefix (a fork) splits
+    # a sequence over depths, and calls the prefill slot with causal=0 when the new tokens are already in pages
+    window: int = 0
     inline_rope: bool = False  # TVM's RoPE on q and k before the hooks (rotary_mode 1; else rotary_mode 0)
     name: str = "attention"  # the function's name, for its run-time error
     # token-tree attention (speculative decoding): TVM's tree mask replaces ``causal`` (prefill only); the
@@ -148,14 +151,13 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
 
     def key_visible(causal, qo_pos, kv_pos, b, h, hk, tree_place=None):
         seen = hook_call("logits_mask", b, qo_pos, kv_pos, h, hk)
+        if window:
+            seen = tir.And(tir.LT(qo_pos - kv_pos, window), seen)
         if tree:
             return tir.And(tree_visible(*tree_place), seen)
         if not causal_flag:
             return seen
-        order = tir.LE(kv_pos, qo_pos)
-        if window:
-            order = tir.And(order, tir.LT(qo_pos - kv_pos, window))
-        return tir.And(tir.Or(tir.EQ(causal, 0), order), seen)
+        return tir.And(tir.Or(tir.EQ(causal, 0), tir.LE(kv_pos, qo_pos)), seen)
 
     # fmt: off
     @T.prim_func

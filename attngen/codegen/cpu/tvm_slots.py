@@ -33,8 +33,9 @@ What the functions assume and produce (TVM's conventions, checked against its ru
   offset ``j`` if ``j < sink_size`` else ``j - sink_size + sliding_window_offset``;
 - positions are TVM's: query row r sits at ``q_rope_position[r]``, key j of request b at
   ``k_rope_pos_offset[b] + j``. The variant's hooks, ``causal`` (a key is visible when
-  ``kv_pos <= qo_pos``) and the window of the sliding-window prefill slot (visible when also
-  ``qo_pos - kv_pos < window``) all use these positions, so the ragged and paged parts of one
+  ``kv_pos <= qo_pos``) and the window of the sliding-window slots of "mha_sliding" layers
+  (visible when also ``qo_pos - kv_pos < window``, whatever ``causal`` says: TVM's page trimming
+  alone leaves keys beyond the window in a shared prefix) all use these positions, so the ragged and paged parts of one
   row agree however TVM splits them (prefix sharing, forks);
 - ``rotary_mode == 1``: TVM's RoPE (rotate-half, angle = pos * rope_scale /
   rope_theta^(2 (d mod D/2) / D)) is applied to q and k before the variant's transforms; a
@@ -93,7 +94,7 @@ class SlotSpec:
     head_dim: int
     dtype: str  # q/k/v/o element type: "float32" | "float16"
     sliding_window: bool = False  # length_info[3, B] (paged and decode only)
-    window: int = 0  # paged sliding-window prefill: with causal, keys closer than this many positions
+    window: int = 0  # the sliding-window slots of "mha_sliding" layers: keys closer than this many positions
     inline_rope: bool = False  # built for rotary_mode 1 (TVM's RopeMode.INLINE), else rotary_mode 0
     transform_keys: bool = False  # the variant's keys pass a hook at load
     q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
@@ -106,8 +107,8 @@ class SlotSpec:
             raise ConfigError(f"slot kind {self.kind!r}: use one of {list(SLOT_KINDS)}")
         if self.sliding_window and self.kind == "ragged":
             raise ConfigError("the ragged slot has no sliding-window form; TVM calls it with causal only")
-        if self.window and not (self.sliding_window and self.kind == "paged"):
-            raise ConfigError("window: only the paged sliding-window prefill slot takes a window")
+        if self.window and not self.sliding_window:
+            raise ConfigError("window: only the sliding-window slots (paged prefill, decode) take a window")
         if self.inline_rope and self.head_dim % 2:
             raise ConfigError(f"head_dim {self.head_dim}: inline RoPE rotates halves and needs an even "
                               "head_dim")
@@ -186,7 +187,7 @@ def slot_specs(variant, head_dim: int, dtype: str, *, inline_rope: bool, window:
         "prefill": SlotSpec("paged", **common),
         "decode": SlotSpec("decode", **common),
         "prefill_sliding_window": SlotSpec("paged", sliding_window=True, window=window, **common),
-        "decode_sliding_window": SlotSpec("decode", sliding_window=True, **common),
+        "decode_sliding_window": SlotSpec("decode", sliding_window=True, window=window, **common),
         "prefill_tree_mask_paged": SlotSpec("paged", tree_mask=True, **(common | {"inline_rope": False})),
         "prefill_tree_mask": SlotSpec("ragged", tree_mask=True, **(common | {"inline_rope": False})),
     }

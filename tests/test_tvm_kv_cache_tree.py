@@ -21,7 +21,7 @@ from attngen.tvm import CacheShape, UnsupportedCacheFeature, attention_slot_func
 from attngen.variants import builtin
 
 from .test_tvm_kv_cache import (DTYPE, HKV, HQ, PS, SHAPE, D, G, L, _softcap, assert_close, attend,
-                                attngen_cache, kernel_cache, make_cache, offset_view, tensor,  # noqa: F401
+                                attngen_cache, kernel_cache, make_cache, max_err, offset_view, tensor,  # noqa: F401
                                 tvm_kernels)  # noqa: F401
 
 SM_SCALE = D ** -0.5
@@ -158,6 +158,44 @@ def test_paged_tree_slot_matches_reference(kernel_cache, rng):
         assert np.abs(lse[rows] - ref_lse).max() < 1e-4, b
 
 
+def test_paged_tree_slot_on_sliding_layers_reads_either_length_info(kernel_cache, rng):
+    """TVM calls the one paged tree slot for "mha" layers (length_info [B]) and "mha_sliding" ones ([3, B]:
+    keys from a window offset, the layer window by position); one function serves both."""
+    W = 20
+    shape = replace(SHAPE, attn_kinds=("mha_sliding", "mha"), sliding_window=W)
+    slots = attention_slot_functions(shape, cache=kernel_cache)
+    requests = [(30, [-1, 0, 0, 1, 1, 2, 3, 6], 2), (3, [-1, 0, 1], 3)]
+    pool, page_indptr, page_indices, last, keys = _paged_case(rng, requests)
+    offsets = [5, 0]  # keys dropped at the front of each request's first page (the window's offset)
+    n_q = [nq for *_, nq in requests]
+    qo_indptr = np.concatenate([[0], np.cumsum(n_q)]).astype(np.int32)
+    tree_indptr = np.concatenate([[0], np.cumsum([len(p) for _, p, _ in requests])]).astype(np.int32)
+    order = np.concatenate([tree_order(p) for _, p, _ in requests])
+    q = rng.standard_normal((int(qo_indptr[-1]), HQ, D)).astype(DTYPE)
+    q_pos = np.concatenate([prefix + np.array(depths(p))[len(p) - nq:] for prefix, p, nq in requests]).astype(np.int32)
+    for sliding in (False, True):
+        length_info = np.array([last, offsets, [0, 0]], np.int32) if sliding else np.array(last, np.int32)
+        k_offset = np.array(offsets if sliding else [0, 0], np.int32)
+        o, lse = tensor(np.full((len(q), HQ, D), np.nan, DTYPE)), tensor(np.full((len(q), HQ), np.nan, "float32"))
+        slots["prefill_tree_mask_paged"](
+            tensor(q), offset_view(qo_indptr), tensor(pool), offset_view(page_indptr), offset_view(page_indices),
+            offset_view(length_info), offset_view(k_offset), offset_view(q_pos), o, lse, 0, 1.0, 1e4, SM_SCALE,
+            offset_view(tree_indptr), offset_view(order))
+        o, lse = o.numpy(), lse.numpy()
+        for b, (prefix, parents, nq) in enumerate(requests):
+            rows = slice(qo_indptr[b], qo_indptr[b + 1])
+            drop = offsets[b] if sliding else 0
+            mask = tree_visible(parents, prefix, range(len(parents) - nq, len(parents)))[:, drop:]
+            if sliding:
+                kv_pos = drop + np.arange(mask.shape[1])
+                mask &= q_pos[rows][:, None] - kv_pos[None, :] < W
+            if sliding and b == 0:
+                assert not mask[:, :prefix - drop].all()  # the window hides some of the prefix
+            ref_o, ref_lse = _attend_masked(q[rows], keys[b][0][drop:], keys[b][1][drop:], mask)
+            assert np.abs(o[rows] - ref_o).max() < 2e-5, (sliding, b)
+            assert np.abs(lse[rows] - ref_lse).max() < 1e-4, (sliding, b)
+
+
 # ---------------------------------------------------------------------------------------------
 # whole caches
 
@@ -166,8 +204,9 @@ class TreeReferenceCache:
     """A float64 model of a PagedKVCache with token trees: per sequence and layer the k/v of its committed
     tokens, then the nodes of its uncommitted tree (with their parents)."""
 
-    def __init__(self, logits=None):
+    def __init__(self, logits=None, windows=None):
         self.logits = logits
+        self.windows = windows or {}  # layer -> window over the keys cached before a step, by TVM's positions
         self.seqs: dict[int, dict] = {}
 
     def add(self, s):
@@ -207,8 +246,19 @@ class TreeReferenceCache:
                 if seq["tree"]:
                     tree = seq["tree"]
                     mask = tree_visible(tree, m - len(tree), range(len(tree) - n, len(tree)))
+                    q_pos = m - len(tree) + np.array(depths(tree))[len(tree) - n:]
                 else:
                     mask = np.arange(m)[None, :] <= np.arange(m - n, m)[:, None]
+                    q_pos = np.arange(m - n, m)
+                if layer in self.windows:  # the committed keys (the tree's and this step's are close)
+                    window = self.windows[layer]
+                    committed = m - (len(seq["tree"]) or n)
+                    mask[:, :committed] &= q_pos[:, None] - np.arange(committed)[None, :] < window
+                    if len(seq["tree"]) > n:
+                        # a tree extended before its commit: TVM hands the paged tree slot the sequence's last
+                        # `window` tokens, the tree's included, while the tree's nodes sit at positions below
+                        # their index: keys within the window by position may be missing (README)
+                        mask[:, :max(0, m - window)] = False
                 outs[layer][start:start + n] = _attend_masked(q, seq["k"][layer], seq["v"][layer], mask,
                                                               self.logits)[0]
             start += n
@@ -275,6 +325,20 @@ def test_vanilla_tree_cache_matches_tvm_kernels_and_reference(tvm_kernels, kerne
     outs = run_tree_flow(caches, TreeReferenceCache(), TREE_SCRIPT, rng)
     assert_close(outs, "attngen", "reference", 2e-5)
     assert_close(outs, "attngen", "tvm", 1e-5)
+
+
+def test_tree_cache_with_sliding_layer_matches_reference(kernel_cache, rng):
+    """A "mha_sliding" layer next to a full one: a tree step and its extension before commit (the paged tree
+    slot called with length_info [3, B] on the sliding layer, [B] on the other), the window biting."""
+    W = 16
+    cache = attngen_cache(None, kernel_cache, attn_kinds=("mha_sliding", "mha"), sliding_window=W)
+    script = [("add", 0), ("add", 1), ("step", [0, 1], [14, 5]), ("step", [0, 1], [9, 1]),
+              ("tree", [0, 1], [6, 3], [-1, 0, 0, 1, 1, 2, -1, 0, 0]), ("tree", [0, 1], [2, 1], [3, 6, 1])]
+    seed = int(rng.integers(1 << 31))
+    outs = run_tree_flow({"attngen": cache}, TreeReferenceCache(windows={0: W}), script, np.random.default_rng(seed))
+    assert_close(outs, "attngen", "reference", 2e-5)
+    unwindowed = run_tree_flow({}, TreeReferenceCache(), script, np.random.default_rng(seed))["reference"]
+    assert max_err(outs["attngen"][-2::-L], unwindowed[-2::-L]) > 0.05  # the window bit on layer 0
 
 
 def test_soft_capped_tree_cache_matches_reference(kernel_cache, rng):

@@ -50,6 +50,9 @@ class TVMConvention:
     # token-tree attention (speculative decoding): TVM's tree mask replaces ``causal`` (prefill only); the
     # ragged form takes its key positions from ``q_rope_position`` (its keys are its queries' tokens)
     tree_mask: bool = False
+    # length_info is [B] or [3, B], told apart at run time by its ndim (TVM's paged tree slot, called for "mha"
+    # and "mha_sliding" layers alike); the window then applies to the [3, B] calls ("mha_sliding" layers) only
+    length_info_ndim_at_run_time: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
     paged, decode, hnd = spec.kv == "paged", spec.decode, spec.page_layout == "HND"
     tvm_conv = spec.tvm is not None
     sliding = tvm_conv and spec.tvm.sliding_length_info
+    either_li = tvm_conv and spec.tvm.length_info_ndim_at_run_time
     rope = tvm_conv and spec.tvm.inline_rope
     tree = tvm_conv and spec.tvm.tree_mask
     # TVM's decode slots attend to every key they are given; its tree slots have a mask, no causal flag
@@ -120,11 +124,21 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
     rotary_msg = (f"attngen {spec.tvm.name if tvm_conv else ''} was built for rotary_mode={want_rotary} but TVM "
                   "called it with another: rebuild the slots with the cache's rope_mode")
 
-    def seq_offset(length_info, j, b):
+    def seq_offset(length_info, j, b, fields=None):
         """Sequence offset of chunk key j: sink keys first, then the window after its offset."""
+        if either_li:
+            _, window_offset, sink = fields
+            return T.if_then_else(j < sink, j, j - sink + window_offset)
         if not sliding:
             return j
         return T.if_then_else(j < length_info[2, b], j, j - length_info[2, b] + length_info[1, b])
+
+    def length_fields(length_info, b, batch, li_ndim):
+        """(last_page_len, sliding_window_offset, sink_size) of request b from a length_info read as a flat
+        [3 * batch] buffer: a [B] one is the first row of a [3, B] one."""
+        two_rows = li_ndim == 2
+        return (length_info[b], T.if_then_else(two_rows, length_info[batch + b], 0),
+                T.if_then_else(two_rows, length_info[2 * batch + b], 0))
 
     def kv_element(storage, half: int, row, slot, hk, d):
         """Element d of KV head hk of a key (half 0) or value (half 1): ``storage`` is pages (``row`` a
@@ -149,10 +163,11 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                               tir.And(tree_order[child, 0] >= tree_order[parent, 0],
                                       tree_order[child, 0] < tree_order[parent, 1]))
 
-    def key_visible(causal, qo_pos, kv_pos, b, h, hk, tree_place=None):
+    def key_visible(causal, qo_pos, kv_pos, b, h, hk, tree_place=None, li_ndim=None):
         seen = hook_call("logits_mask", b, qo_pos, kv_pos, h, hk)
         if window:
-            seen = tir.And(tir.LT(qo_pos - kv_pos, window), seen)
+            in_window = tir.LT(qo_pos - kv_pos, window)
+            seen = tir.And(tir.Or(li_ndim != 2, in_window) if either_li else in_window, seen)
         if tree:
             return tir.And(tree_visible(*tree_place), seen)
         if not causal_flag:
@@ -218,6 +233,8 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
             PAGE_IDX = T.match_buffer(page_indices, (nnz_pages,), "int32", elem_offset=page_indices_off)
             if sliding:
                 LENGTH_INFO = T.match_buffer(length_info, (3, batch_plus_1 - 1), "int32", elem_offset=length_info_off)
+            elif either_li:
+                pass  # read through its DLTensor below, once every parameter is bound
             else:
                 LENGTH_INFO = T.match_buffer(length_info, (batch_plus_1 - 1,), "int32", elem_offset=length_info_off)
         else:
@@ -235,6 +252,12 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                 TREE_INDPTR = T.match_buffer(tree_mn_indptr, (batch_plus_1,), "int32", elem_offset=tree_indptr_off)
                 TREE_ORDER = T.match_buffer(tree_order, (n_tree_nodes, 2), "int32", elem_offset=tree_order_off)
             assert rotary_mode == want_rotary, rotary_msg
+        if either_li:  # DLTensor fields: 1 data, 4 ndim, 8 byte_offset; [B] or [3, B], compact
+            li_ndim: T.let = T.tvm_struct_get(length_info, 0, 4, "int32")
+            LENGTH_INFO = T.decl_buffer((3 * (batch_plus_1 - 1),), "int32",
+                                        data=T.tvm_struct_get(length_info, 0, 1, "handle"),
+                                        elem_offset=T.Cast("int32", T.tvm_struct_get(length_info, 0, 8, "uint64")
+                                                           // T.uint64(4)))
         group: T.let = n_qo_heads // n_kv_heads
         if use_kt:  # keys after RoPE and the key hook, float32
             if paged:
@@ -244,7 +267,11 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
         for b in range(batch_plus_1 - 1):
             if paged:
                 n_pages: T.let = PAGE_INDPTR[b + 1] - PAGE_INDPTR[b]
-                if sliding:
+                if either_li:
+                    fields = length_fields(LENGTH_INFO, b, batch_plus_1 - 1, li_ndim)
+                    kv_len: T.let = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + fields[0] - fields[1]
+                                                   + fields[2], 0)
+                elif sliding:
                     kv_len: T.let = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + LENGTH_INFO[0, b]
                                                    - LENGTH_INFO[1, b] + LENGTH_INFO[2, b], 0)
                 else:
@@ -272,7 +299,7 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                     j: T.let = jh // n_kv_heads
                     hk: T.let = jh % n_kv_heads
                     kv_pos: T.let = Q_POS[k_base + j] if ragged_tree else kv_pos0 + j
-                    seq_off: T.let = seq_offset(LENGTH_INFO, j, b) if paged else j
+                    seq_off: T.let = seq_offset(LENGTH_INFO, j, b, fields if either_li else None) if paged else j
                     kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size] if paged else k_base + j
                     kv_slot: T.let = seq_off % page_size if paged else 0
                     if rope:
@@ -322,8 +349,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                 for j in range(kv_len):
                     kv_pos: T.let = Q_POS[k_base + j] if ragged_tree else kv_pos0 + j
                     if key_visible(causal, qo_pos, kv_pos, b, h, hk,
-                                   (TREE_INDPTR, TREE_ORDER, b, i, j, qo_len, kv_len) if tree else None):
-                        seq_off: T.let = seq_offset(LENGTH_INFO, j, b) if paged else j
+                                   (TREE_INDPTR, TREE_ORDER, b, i, j, qo_len, kv_len) if tree else None,
+                                   li_ndim if either_li else None):
+                        seq_off: T.let = seq_offset(LENGTH_INFO, j, b, fields if either_li else None) if paged else j
                         kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size] if paged else k_base + j
                         kv_slot: T.let = seq_off % page_size if paged else 0
                         s: T.float32 = T.float32(0)

@@ -45,7 +45,9 @@ What the functions assume and produce (TVM's conventions, checked against its ru
   queries are the tree's last nodes, and a query sees every key before the tree and, inside it,
   its own node and its ancestors (``tree_order[n] = (DFS order, end of the subtree's orders)``).
   The ragged tree slot has no ``k_rope_pos_offset``: key j sits at ``q_rope_position`` of its
-  token, as its query does;
+  token, as its query does. TVM calls the paged tree slot for every layer, with ``length_info``
+  ``[B]`` ("mha") or ``[3, B]`` ("mha_sliding"): the function reads it through its DLTensor and
+  tells the two apart by ndim, applying the layer window to the ``[3, B]`` calls;
 - scores in float32, an online softmax, lse in base 2; a row that sees no key gets o = 0 and
   lse = -5e4 (TVM's "no key" value, merged as weight 0), never NaN.
 """
@@ -101,14 +103,17 @@ class SlotSpec:
     tree_mask: bool = False  # TVM's token-tree slots (ragged or paged prefill): the tree mask, no causal flag
 
     def __post_init__(self):
-        if self.tree_mask and (self.kind == "decode" or self.window):
-            raise ConfigError("tree_mask: the tree slots are ragged or paged prefill, without a window")
+        if self.tree_mask and (self.kind == "decode" or self.sliding_window):
+            raise ConfigError("tree_mask: the tree slots are ragged or paged prefill, with TVM's length_info")
+        if self.tree_mask and self.window and self.kind != "paged":
+            raise ConfigError("tree_mask: only the paged tree slot takes a window (for 'mha_sliding' layers)")
         if self.kind not in SLOT_KINDS:
             raise ConfigError(f"slot kind {self.kind!r}: use one of {list(SLOT_KINDS)}")
         if self.sliding_window and self.kind == "ragged":
             raise ConfigError("the ragged slot has no sliding-window form; TVM calls it with causal only")
-        if self.window and not self.sliding_window:
-            raise ConfigError("window: only the sliding-window slots (paged prefill, decode) take a window")
+        if self.window and not (self.sliding_window or self.tree_mask):
+            raise ConfigError("window: only the sliding-window slots (paged prefill, decode) and the paged tree "
+                              "slot take a window")
         if self.inline_rope and self.head_dim % 2:
             raise ConfigError(f"head_dim {self.head_dim}: inline RoPE rotates halves and needs an even "
                               "head_dim")
@@ -125,8 +130,10 @@ class SlotSpec:
         return f"{self.kind}_tree" if self.tree_mask else self.kind
 
     def program(self) -> ProgramSpec:
+        # TVM calls the paged tree slot for "mha" layers (length_info [B]) and "mha_sliding" ones ([3, B])
         convention = TVMConvention(self.sliding_window, self.window, self.inline_rope, self.func_name,
-                                   tree_mask=self.tree_mask)
+                                   tree_mask=self.tree_mask,
+                                   length_info_ndim_at_run_time=self.tree_mask and self.kind == "paged")
         return ProgramSpec(self.head_dim, self.dtype, "ragged" if self.kind == "ragged" else "paged",
                            decode=self.kind == "decode", page_layout="HND", tvm=convention,
                            transform_keys=self.transform_keys, q_scale_log2e=self.q_scale_log2e)
@@ -188,7 +195,8 @@ def slot_specs(variant, head_dim: int, dtype: str, *, inline_rope: bool, window:
         "decode": SlotSpec("decode", **common),
         "prefill_sliding_window": SlotSpec("paged", sliding_window=True, window=window, **common),
         "decode_sliding_window": SlotSpec("decode", sliding_window=True, window=window, **common),
-        "prefill_tree_mask_paged": SlotSpec("paged", tree_mask=True, **(common | {"inline_rope": False})),
+        "prefill_tree_mask_paged": SlotSpec("paged", tree_mask=True, window=window,
+                                            **(common | {"inline_rope": False})),
         "prefill_tree_mask": SlotSpec("ragged", tree_mask=True, **(common | {"inline_rope": False})),
     }
 

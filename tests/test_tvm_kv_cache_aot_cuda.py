@@ -36,8 +36,7 @@ def test_slot_object_exports_only_prefixed_functions(build_cache):
                              params={"soft_cap": 20.0}, name_prefix="layer0", cache=build_cache)
     syms = _symbols(obj)
     exported = sorted(n for n, t in syms.items() if t.isupper() and n.startswith("__tvm_ffi_"))
-    names = [roles[r] for r in ("prefill_ragged", "prefill", "decode", "prefill_tree_mask_paged",
-                                "prefill_tree_mask", "merge")]
+    names = [roles[r] for r in ("prefill_ragged", "prefill", "decode", "merge")]
     names += [x for r in ("fi_prefill_ragged", "fi_prefill", "fi_decode") for x in roles[r]]
     assert exported == sorted({f"__tvm_ffi_{n}" for n in names})
     assert all(n.startswith("layer0_") for n in names)

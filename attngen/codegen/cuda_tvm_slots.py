@@ -23,9 +23,6 @@ with exactly the argument lists TVM 0.27's runtime passes to those slots
   k_rope_pos_offset, o, lse, causal, rotary_mode, rope_scale, rope_theta, sm_scale)
 * decode: (q [B, Hq, D], pages, page_indptr, page_indices, length_info, k_rope_pos_offset,
   q_rope_position, o, lse, rotary_mode, rope_scale, rope_theta, sm_scale)
-* ``tvm_prefill_tree_paged`` / ``tvm_prefill_tree_ragged``: TVM's two token-tree slots, with their
-  argument lists; they raise attngen's NotImplementedError (token trees are not served on CUDA yet),
-  which TVM reports instead of its 'Function "f_attention_prefill_with_tree_mask_" is not defined'
 
 and ``tvm_fi_{decode_plan, decode_run, prefill_plan, prefill_paged_run, prefill_ragged_run}_<dt>_d<D>``
 with FlashInfer's plan and run argument lists.

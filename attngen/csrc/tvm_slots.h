@@ -31,14 +31,6 @@ inline void check_no_inline_rope(const char* name, int64_t rotary_mode) {
         "attngen's CUDA slots; create the cache with RoPE applied before attention (RopeMode NORMAL or NONE)";
 }
 
-// TVM calls its token-tree slots only for a forward given a tree's parent pointers (speculative decoding);
-// left empty, the slot makes TVM fail with 'Function "f_attention_prefill_with_tree_mask_" is not defined'.
-[[noreturn]] inline void refuse_token_tree(const char* name) {
-  TVM_FFI_THROW(NotImplementedError) << name << ": token-tree attention (a forward with token_tree_parent_ptr, "
-      "speculative decoding) is not served by attngen's CUDA slots yet; verify drafts as chains, or use "
-      "attngen's CPU cache (target='cpu'), which serves TVM's tree-mask slots";
-}
-
 inline void check_plain_length_info(const char* name, const TensorView& last_page_len) {
   if (last_page_len.ndim() != 1)
     TVM_FFI_THROW(ValueError) << name << ": length_info must be [batch] (sliding-window length_info is not served)";
@@ -141,21 +133,6 @@ struct TirxSlots {
     DecodeProblem P{};
     fill_decode(P, q, o, lse, sm_scale, kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, last_page_len), name);
     launch_tvm_decode<V, T, D>(name, P, hp, q, [name](DecodeProblem& p) { split_keys_evenly<D>(name, p); });
-  }
-
-  // TVM's paged tree-mask slot: (q, qo_indptr, pages, page_indptr, page_indices, length_info, k_rope_pos_offset,
-  //  q_rope_position, o, lse, rotary_mode, rope_scale, rope_theta, sm_scale, tree_mn_indptr, tree_order)
-  static void prefill_tree_paged(TensorView, TensorView, TensorView, TensorView, TensorView, TensorView, TensorView,
-                                 TensorView, TensorView, TensorView, int64_t, double, double, double, TensorView,
-                                 TensorView) {
-    refuse_token_tree(Config::kPrefillTreePaged);
-  }
-
-  // TVM's ragged tree-mask slot: (q, qo_indptr, k, v, kv_indptr, q_rope_position, tree_mn_indptr, tree_order, o,
-  //  lse, rotary_mode, rope_scale, rope_theta, sm_scale)
-  static void prefill_tree_ragged(TensorView, TensorView, TensorView, TensorView, TensorView, TensorView, TensorView,
-                                  TensorView, TensorView, TensorView, int64_t, double, double, double) {
-    refuse_token_tree(Config::kPrefillTreeRagged);
   }
 };
 

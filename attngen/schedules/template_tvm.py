@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from .templates import ArchNeeds, TemplateRecord
 
-# ("tirx", fn); the two token-tree slots refuse the call with an attngen error (not served on CUDA yet)
-SLOT_KINDS = ("tvm_prefill_paged", "tvm_prefill_ragged", "tvm_decode", "tvm_prefill_tree_paged",
-              "tvm_prefill_tree_ragged")
+SLOT_KINDS = ("tvm_prefill_paged", "tvm_prefill_ragged", "tvm_decode")  # ("tirx", fn)
 FLASHINFER_KINDS = ("tvm_fi_decode_plan", "tvm_fi_decode_run", "tvm_fi_prefill_plan", "tvm_fi_prefill_paged_run",
                     "tvm_fi_prefill_ragged_run")  # ("flashinfer", run, plan)
 

@@ -21,7 +21,7 @@ from attngen.ir import ScalarParam
 from attngen.schedules.arch import arch_spec
 from attngen.schedules.build_config import BuildConfig, merge_symbol, symbol
 
-from .create_call import SLOT_ROLES, TREE_ROLES, CacheParts
+from .create_call import SLOT_ROLES, CacheParts
 from .cuda_link import export_cuda_model_library
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
@@ -32,8 +32,6 @@ CONVENTIONS = ("tirx", "flashinfer")
 # role -> the exported kind of its ("tirx", fn) function, or of its ("flashinfer", run, plan) pair ("fi_" roles)
 SLOT_FUNCTION_KINDS = {
     "prefill_ragged": "tvm_prefill_ragged", "prefill": "tvm_prefill_paged", "decode": "tvm_decode",
-    # the token-tree slots: functions that refuse a token tree with attngen's error (not served on CUDA yet)
-    "prefill_tree_mask_paged": "tvm_prefill_tree_paged", "prefill_tree_mask": "tvm_prefill_tree_ragged",
     "fi_prefill_ragged": ("tvm_fi_prefill_ragged_run", "tvm_fi_prefill_plan"),
     "fi_prefill": ("tvm_fi_prefill_paged_run", "tvm_fi_prefill_plan"),
     "fi_decode": ("tvm_fi_decode_run", "tvm_fi_decode_plan"),
@@ -74,7 +72,7 @@ def slot_roles(lookup) -> dict:
 
 
 def attention_entries(roles: dict, convention: str) -> dict:
-    """The create call's attention slots (``SLOT_ROLES`` and ``TREE_ROLES``) from ``slot_roles``' functions."""
+    """The create call's five attention slots (``SLOT_ROLES``) from ``slot_roles``' functions."""
     main = ("prefill_ragged", "prefill", "decode")
     if convention == "tirx":
         entries = {role: ("tirx", roles[role]) for role in main}
@@ -84,9 +82,7 @@ def attention_entries(roles: dict, convention: str) -> dict:
     # refused): they hold the paged prefill and decode functions
     entries["prefill_sliding_window"] = ("tirx", roles["prefill"])
     entries["decode_sliding_window"] = ("tirx", roles["decode"])
-    for role in TREE_ROLES:  # TVM calls the tree slots in the "tirx" convention only
-        entries[role] = ("tirx", roles[role])
-    return {role: entries[role] for role in SLOT_ROLES + TREE_ROLES}
+    return {role: entries[role] for role in SLOT_ROLES}
 
 
 def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | None = None, arch: str | None = None,

@@ -3,7 +3,7 @@
 The model library is built (tvm.compile + export_library), loaded back as a plain shared
 library, and the Relax VM creates the cache from it; that cache gives the same results as the
 run-time-built one and the float64 reference through prefill, append, forks, batch decode and
-pop-n. A variant whose tensors cannot be compiled in is refused.
+pop-n, and through token-tree steps. A variant whose tensors cannot be compiled in is refused.
 """
 from dataclasses import replace
 
@@ -39,3 +39,16 @@ def test_model_library_cache_matches_runtime_cache_and_reference(kernel_cache, t
 def test_model_library_refuses_tensor_parameters():
     with pytest.raises(ValueError, match=r"variant 'alibi': tensor parameters \['alibi_slopes'\] cannot be compiled"):
         paged_kv_cache_module(SHAPE, builtin("alibi"))
+
+
+def test_model_library_cache_serves_token_trees(tmp_path, rng):
+    """The tree slots as PrimFuncs of a model library: tree steps, a tree extended before its commit (the paged
+    tree slot, whose length_info is read through its DLTensor), commits, forks; against the float64 model."""
+    from tvm import relax
+
+    from .test_tvm_kv_cache_tree import TREE_SCRIPT, TreeReferenceCache, run_tree_flow
+
+    path = export_model_library(paged_kv_cache_module(SHAPE), tmp_path / "model.so")
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
+    outs = run_tree_flow({"model_library": vm["create_kv_cache"]()}, TreeReferenceCache(), TREE_SCRIPT, rng)
+    assert_close(outs, "model_library", "reference", 2e-5)

@@ -58,7 +58,9 @@ def test_model_library_links_attngen_statically(build_cache, tmp_path, monkeypat
     syms = _symbols(path, dynamic=True)
     wanted = ["attngen_tvm_fi_decode_run_f16_d64", "attngen_tvm_fi_decode_plan_f16_d64"] if convention == "flashinfer" \
         else ["attngen_tvm_decode_f16_d64", "attngen_tvm_prefill_paged_f16_d64"]
-    for name in wanted + ["attngen_merge_state_inplace_f16", "attngen_tvm_transpose_append"]:
+    # the token-tree slots' refusing host functions (token trees are not served on CUDA yet)
+    refusals = ["attngen_refuse_prefill_tree_mask", "attngen_refuse_prefill_tree_mask_paged"]
+    for name in wanted + refusals + ["attngen_merge_state_inplace_f16", "attngen_tvm_transpose_append"]:
         assert syms.get(f"__tvm_ffi_{name}") == "T", name
     assert not any(n.startswith("cuda") for n in syms)  # the CUDA runtime stays private to attngen's object
     ldd = subprocess.run(["ldd", str(path)], capture_output=True, text=True).stdout

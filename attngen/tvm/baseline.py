@@ -1,10 +1,16 @@
-"""The baseline a CUDA cache with attngen's slots is measured against: the same PagedKVCache with TVM's own
-TIR CUDA attention and merge kernels in every slot (what TVM's ``TIRPagedKVCache`` builds), for tests and
-benchmarks."""
+"""The baselines a cache with attngen's slots is compared with: the same PagedKVCache with TVM's own TIR
+attention and merge kernels in every slot (what TVM's ``TIRPagedKVCache`` builds), for tests and benchmarks.
+
+- ``create_tvm_tir_cache_cuda``: on this machine's GPU, at run time;
+- ``emit_tvm_tir_cache_cpu``: TVM's CPU kernels as PrimFuncs of a model, the cache's create call emitted
+  into a Relax function. Unlike ``TIRPagedKVCache`` for an LLVM target, which passes its two token-tree
+  kernels in each other's slots (TVM 0.27: the ragged kernel where the runtime calls the paged one, so
+  a token-tree step fails on the argument count), every kernel sits in the slot the runtime calls it from.
+"""
 from __future__ import annotations
 
-from .create_call import CacheParts, create_cache
-from .helper_kernels import device_target, helper_functions
+from .create_call import CacheParts, create_cache, emit_create
+from .helper_kernels import add_helpers, device_target, helper_functions
 from .shape import CacheShape
 
 
@@ -35,3 +41,33 @@ def create_tvm_tir_cache_cuda(shape: CacheShape, device_id: int = 0):
                  "decode_sliding_window": ("tirx", f["decode"])}
     parts = CacheParts(attention=attention, helpers=helper_functions(shape, target), merge=f["merge"])
     return create_cache(shape, parts, tvm.cuda(device_id))
+
+
+def tvm_cpu_kernels(shape: CacheShape) -> dict:
+    """Role (the create call's attention slots, and "merge") -> TVM's own CPU PrimFunc for a cache of ``shape``."""
+    from tvm.relax.frontend.nn.llm import kv_cache as kvc
+
+    hkv, hq, d, dt, rs = shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, shape.dtype, {}
+    return {"prefill_ragged": kvc._attention_prefill_ragged_cpu(hkv, hq, d, d, dt, rs),
+            "prefill": kvc._attention_prefill_cpu(hkv, hq, d, dt, False, rs),
+            "decode": kvc._attention_decode_cpu(hkv, hq, d, dt, False, rs),
+            "prefill_sliding_window": kvc._attention_prefill_cpu(hkv, hq, d, dt, True, rs,
+                                                                 sliding_window_size=shape.sliding_window),
+            "decode_sliding_window": kvc._attention_decode_cpu(hkv, hq, d, dt, True, rs),
+            "prefill_tree_mask_paged": kvc.tree_attn_with_paged_kv_cache_cpu(hkv, hq, d, dt, rs),
+            "prefill_tree_mask": kvc.tree_attn_cpu(hkv, hq, d, dt, rs),
+            "merge": kvc._merge_state_inplace_cpu(dt)}
+
+
+def emit_tvm_tir_cache_cpu(bb, shape: CacheShape, name_prefix: str = "tvm_tir"):
+    """Emit into ``bb``'s current function the create call of a CPU cache of ``shape`` whose every kernel is TVM's
+    own; returns the Relax var holding the cache. (TVM's CPU tree kernels assume 16-token pages.)"""
+    def add(role, func):
+        func = func.without_attr("global_symbol") if func.attrs and "global_symbol" in func.attrs else func
+        return bb.add_func(func, f"{name_prefix}_{role}")
+
+    kernels = {role: add(role, f) for role, f in tvm_cpu_kernels(shape).items()}
+    merge = kernels.pop("merge")
+    parts = CacheParts(attention={role: ("tirx", f) for role, f in kernels.items()}, merge=merge,
+                       helpers=add_helpers(bb, shape, device_target("cpu"), name_prefix))
+    return emit_create(bb, shape, parts)

@@ -10,7 +10,9 @@ cache from that library alone (no attngen, no Python callbacks).
 
 A cache is used through TVM's ordinary builtins (``vm.builtin.kv_state_add_sequence``,
 ``kv_state_begin_forward``, ``attention_kv_cache_attention_with_fused_qkv``, ...). Token-tree
-attention (speculative decoding) and MLA are not served: their slots stay empty.
+attention (speculative decoding) is served on the CPU (its two slots filled; on CUDA they hold host
+functions that refuse a token-tree forward by name, :mod:`.refusals`); MLA layers are refused when the CacheShape is
+made (``UnsupportedCacheFeature``).
 """
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 - ``merge_slot_function``: the merge slot. TVM calls it as ``f(o, lse, o_other, lse_other)``
   with o [n, H, D] and lse [n, H] float32 in base 2, merging in place; attngen's CPU merge
   has exactly that calling convention and also accepts TVM's -5e4 "no key" lse as well as -inf.
-- ``attention_slot_functions``: the five ``("tirx", fn)`` attention slots (ragged prefill,
-  paged prefill, decode, and their sliding-window forms) for a variant, built by the CPU
+- ``attention_slot_functions``: the seven ``("tirx", fn)`` attention slots (ragged prefill,
+  paged prefill, decode, their sliding-window forms, and the ragged and paged token-tree
+  prefills of speculative decoding) for a variant, built by the CPU
   backend (:mod:`attngen.codegen.cpu.tvm_slots` says what they compute). The variant's scalar
   parameters are compiled in, its tensor parameters bound to every call.
 - ``CPUBackend``: those kernels for a cache created at run time (built libraries) and ahead of
@@ -27,7 +28,7 @@ from attngen.runtime.params import resolve_params
 from attngen.schedules.build_config import merge_symbol
 from attngen.variants import builtin
 
-from .create_call import SLOT_ROLES, CacheParts
+from .create_call import SLOT_ROLES, TREE_ROLES, CacheParts
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
 from .shape import CacheShape
@@ -82,8 +83,9 @@ def _split_params(variant, params: dict | None, shape: CacheShape) -> tuple[dict
 
 def attention_slot_functions(shape: CacheShape, variant=None, *, params: dict | None = None, target: str = "cpu",
                              cache=None) -> dict:
-    """Role -> function for the create call's five attention slots of a cache of ``shape`` (wrap each as
-    ``["tirx", fn]``); ``variant`` defaults to vanilla, ``params`` gives its parameters' values."""
+    """Role -> function for the create call's seven attention slots of a cache of ``shape`` (``SLOT_ROLES`` and
+    ``TREE_ROLES``; wrap each as ``["tirx", fn]``); ``variant`` defaults to vanilla, ``params`` gives its
+    parameters' values."""
     _check_target(target)
     variant = variant if variant is not None else builtin("vanilla")
     check_slot_variant(variant)
@@ -93,7 +95,7 @@ def attention_slot_functions(shape: CacheShape, variant=None, *, params: dict | 
     kwargs = {"cache": cache} if cache is not None else {}
     library = load_library(build_slot_library(variant, specs, scalars, **kwargs))
     out = {}
-    for role in SLOT_ROLES:
+    for role in SLOT_ROLES + TREE_ROLES:
         fn = library[specs[role].func_name]
         out[role] = _bind_trailing(fn, tensors) if tensors else fn
     return out
@@ -111,7 +113,7 @@ class CPUBackend:
         import tvm
 
         slots = attention_slot_functions(shape, variant, params=params, cache=cache)
-        parts = CacheParts(attention={role: ("tirx", slots[role]) for role in SLOT_ROLES},
+        parts = CacheParts(attention={role: ("tirx", slots[role]) for role in SLOT_ROLES + TREE_ROLES},
                            helpers=helper_functions(shape, device_target("cpu"), cache),
                            merge=merge_slot_function(shape.dtype))
         return parts, tvm.cpu()
@@ -137,7 +139,7 @@ class CPUBackend:
         merge = merge_functions(shape.dtype)[merge_symbol("merge_state_inplace", shape.dtype)]
         parts = CacheParts(
             attention={role: ("tirx", add(lower_slot(specs[role], variant, scalars), f"{name_prefix}_{role}"))
-                       for role in SLOT_ROLES},
+                       for role in SLOT_ROLES + TREE_ROLES},
             merge=add(merge, f"{name_prefix}_merge_state"),
             # scheduled as TVM schedules them for a CPU target
             helpers=add_helpers(bb, shape, device_target("cpu"), name_prefix))

@@ -15,6 +15,9 @@ from .shape import ATTN_KINDS, CacheShape
 CREATE_FUNCTION = "vm.builtin.paged_attention_kv_cache_create"
 # the five attention slots, in the create call's order
 SLOT_ROLES = ("prefill_ragged", "prefill", "decode", "prefill_sliding_window", "decode_sliding_window")
+# the token-tree attention slots (speculative decoding), in the create call's order: paged, then ragged;
+# a backend that leaves them out leaves them empty (TVM then refuses a token tree on the first forward)
+TREE_ROLES = ("prefill_tree_mask_paged", "prefill_tree_mask")
 # TVM's own data-moving kernels a cache needs (helper_kernels.py builds them)
 HELPER_ROLES = ("transpose_append", "debug_get_kv", "split_rotary", "copy_single_page", "compact_copy")
 
@@ -23,8 +26,8 @@ HELPER_ROLES = ("transpose_append", "debug_get_kv", "split_rotary", "copy_single
 class CacheParts:
     """The functions a cache is created with, as values or as Relax expressions.
 
-    attention: role (``SLOT_ROLES``) -> (convention, function[, plan function]), e.g. ("tirx", fn) or
-    ("flashinfer", run, plan); helpers: role (``HELPER_ROLES``) -> function; merge: the merge function."""
+    attention: role (``SLOT_ROLES``, optionally ``TREE_ROLES``) -> (convention, function[, plan function]),
+    e.g. ("tirx", fn) or ("flashinfer", run, plan); helpers: role (``HELPER_ROLES``) -> function; merge: the merge function."""
 
     attention: dict
     helpers: dict
@@ -114,7 +117,8 @@ def create_arguments(shape: CacheShape, parts: CacheParts, form) -> list:
         form.scalar(float(shape.rope_scale)), form.scalar(float(shape.rope_theta)), form.null(),
         form.dtype_token(shape.dtype), h["transpose_append"], form.null(),  # no MLA append
         *(slot(parts.attention[role]) for role in SLOT_ROLES),
-        form.group([]), form.group([]), form.group([]),  # token-tree attention (paged, ragged) and MLA: not served
+        *(slot(parts.attention[role]) if role in parts.attention else form.group([]) for role in TREE_ROLES),
+        form.group([]),  # MLA: not served (CacheShape refuses MLA layers)
         form.group([parts.merge]), h["split_rotary"], h["copy_single_page"], h["debug_get_kv"], h["compact_copy"],
     ]
 

@@ -25,6 +25,7 @@ from .create_call import SLOT_ROLES, CacheParts
 from .cuda_link import export_cuda_model_library
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
+from .refusals import build_refusals, tree_refusals
 from .shape import ROPE_MODES, CacheShape
 
 CUDA_DTYPES = ("float16", "bfloat16")
@@ -134,7 +135,10 @@ class CUDABackend:
         arch = current_arch()
         roles = cuda_slot_functions(variant, head_dim=shape.head_dim, dtype=shape.dtype,
                                     params=params, arch=arch, cache=cache)
-        parts = CacheParts(attention=attention_entries(roles, convention), merge=merge_function(shape.dtype, arch),
+        # token trees are not served yet: their slots refuse a tree by name (host functions)
+        refusals = {role: ("tirx", fn) for role, fn in build_refusals(tree_refusals("CUDA")).items()}
+        parts = CacheParts(attention=attention_entries(roles, convention) | refusals,
+                           merge=merge_function(shape.dtype, arch),
                            helpers=helper_functions(shape, device_target("cuda", arch)))
         return parts, tvm.cuda(0)  # the GPU current_arch() describes
 
@@ -151,7 +155,9 @@ class CUDABackend:
                                  params=params, name_prefix=name_prefix, cache=cache)
         externs = {role: tuple(map(rx.ExternFunc, n)) if isinstance(n, tuple) else rx.ExternFunc(n)
                    for role, n in names.items()}
-        parts = CacheParts(attention=attention_entries(externs, convention), merge=externs["merge"],
+        refusals = {role: ("tirx", bb.add_func(f, f"{name_prefix}_refuse_{role}"))
+                    for role, f in tree_refusals("CUDA").items()}
+        parts = CacheParts(attention=attention_entries(externs, convention) | refusals, merge=externs["merge"],
                            helpers=add_helpers(bb, shape, device_target("cuda", arch), name_prefix))
         exported = sorted({x for n in names.values() for x in (n if isinstance(n, tuple) else (n,))})
         return parts, [tvm.runtime.load_static_library(str(obj), exported)]

@@ -13,6 +13,21 @@ ROPE_MODES = {"none": 0, "normal": 1, "inline": 2}  # TVM's RopeMode
 ATTN_KINDS = {"mha": 0, "mha_sliding": 3}  # TVM's AttnKind (MLA has no attngen slot)
 
 
+class UnsupportedCacheFeature(NotImplementedError):
+    """A PagedKVCache feature that attngen's slots do not serve, refused when the cache is described."""
+
+
+def _refuse_mla(kinds: tuple) -> None:
+    """TVM's cache would accept MLA layers with empty MLA slots and fail only at their first forward
+    (``Check failed: (f_mla_prefill_ != nullptr)``, or in the MLA append); refuse them here, by name."""
+    mla = [i for i, k in enumerate(kinds) if isinstance(k, str) and k.lower() == "mla"]
+    if mla:
+        raise UnsupportedCacheFeature(
+            f"attn_kinds: layers {mla} are 'mla' (multi-head latent attention), which attngen does not serve: "
+            "TVM's MLA slots (the MLA prefill, its KV append and merge) would stay empty; attngen fills the "
+            "'mha' and 'mha_sliding' slots (and the token-tree slots) only")
+
+
 def rope_mode_code(rope_mode) -> int:
     """TVM's RopeMode number for "none" | "normal" | "inline" (any case) or a RopeMode value."""
     if isinstance(rope_mode, str):
@@ -64,6 +79,7 @@ class CacheShape:
             raise ValueError(f"num_qo_heads {self.num_qo_heads} is not a multiple of num_kv_heads "
                              f"{self.num_kv_heads}")
         kinds = tuple(self.attn_kinds) if self.attn_kinds is not None else ("mha",) * self.num_layers
+        _refuse_mla(kinds)
         if len(kinds) != self.num_layers or any(k not in ATTN_KINDS for k in kinds):
             raise ValueError(f"attn_kinds {list(kinds)!r}: give one of {list(ATTN_KINDS)} per layer "
                              f"({self.num_layers} layers)")

@@ -31,7 +31,7 @@ NO_KEY_LSE = -5.0e4  # TVM's lse for a row that sees no key (merged as weight 0)
 # online_softmax_program's parameters, in its own order.
 PROGRAM_PARAMS = ("q", "qo_indptr", "k", "v", "kv_indptr", "pages", "page_indptr", "page_indices",
                   "length_info", "q_rope_position", "k_rope_pos_offset", "o", "lse", "causal",
-                  "rotary_mode", "rope_scale", "rope_theta", "sm_scale")
+                  "rotary_mode", "rope_scale", "rope_theta", "sm_scale", "tree_mn_indptr", "tree_order")
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,18 @@ class TVMConvention:
     that sees no key."""
 
     sliding_length_info: bool = False  # length_info[3, B] = (last_page_len, sliding_window_offset, sink_size)
-    window: int = 0  # prefill, with causal: a key is visible only when qo_pos - kv_pos < window (0: none)
+    # a key is visible only when qo_pos - kv_pos < window (0: none), whatever ``causal`` says: TVM hands the
+    # sliding-window slots of "mha_sliding" layers keys beyond the window when a shared prefix (a fork) splits
+    # a sequence over depths, and calls the prefill slot with causal=0 when the new tokens are already in pages
+    window: int = 0
     inline_rope: bool = False  # TVM's RoPE on q and k before the hooks (rotary_mode 1; else rotary_mode 0)
     name: str = "attention"  # the function's name, for its run-time error
+    # token-tree attention (speculative decoding): TVM's tree mask replaces ``causal`` (prefill only); the
+    # ragged form takes its key positions from ``q_rope_position`` (its keys are its queries' tokens)
+    tree_mask: bool = False
+    # length_info is [B] or [3, B], told apart at run time by its ndim (TVM's paged tree slot, called for "mha"
+    # and "mha_sliding" layers alike); the window then applies to the [3, B] calls ("mha_sliding" layers) only
+    length_info_ndim_at_run_time: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,8 +105,14 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
     paged, decode, hnd = spec.kv == "paged", spec.decode, spec.page_layout == "HND"
     tvm_conv = spec.tvm is not None
     sliding = tvm_conv and spec.tvm.sliding_length_info
+    either_li = tvm_conv and spec.tvm.length_info_ndim_at_run_time
     rope = tvm_conv and spec.tvm.inline_rope
-    causal_flag = tvm_conv and not decode  # TVM's decode slots attend to every key they are given
+    tree = tvm_conv and spec.tvm.tree_mask
+    # TVM's decode slots attend to every key they are given; its tree slots have a mask, no causal flag
+    causal_flag = tvm_conv and not decode and not tree
+    if tree and decode:
+        raise ValueError("a tree mask applies to prefill programs, not decode")
+    ragged_tree = tree and not paged  # key positions from q_rope_position, no k_rope_pos_offset
     window = spec.tvm.window if tvm_conv else 0
     use_kt = rope or spec.transform_keys
     softmax = spec.softmax
@@ -109,11 +124,21 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
     rotary_msg = (f"attngen {spec.tvm.name if tvm_conv else ''} was built for rotary_mode={want_rotary} but TVM "
                   "called it with another: rebuild the slots with the cache's rope_mode")
 
-    def seq_offset(length_info, j, b):
+    def seq_offset(length_info, j, b, fields=None):
         """Sequence offset of chunk key j: sink keys first, then the window after its offset."""
+        if either_li:
+            _, window_offset, sink = fields
+            return T.if_then_else(j < sink, j, j - sink + window_offset)
         if not sliding:
             return j
         return T.if_then_else(j < length_info[2, b], j, j - length_info[2, b] + length_info[1, b])
+
+    def length_fields(length_info, b, batch, li_ndim):
+        """(last_page_len, sliding_window_offset, sink_size) of request b from a length_info read as a flat
+        [3 * batch] buffer: a [B] one is the first row of a [3, B] one."""
+        two_rows = li_ndim == 2
+        return (length_info[b], T.if_then_else(two_rows, length_info[batch + b], 0),
+                T.if_then_else(two_rows, length_info[2 * batch + b], 0))
 
     def kv_element(storage, half: int, row, slot, hk, d):
         """Element d of KV head hk of a key (half 0) or value (half 1): ``storage`` is pages (``row`` a
@@ -125,14 +150,29 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
             return storage[row, half, hk, slot, d]
         return storage[row, half, slot, hk, d]
 
-    def key_visible(causal, qo_pos, kv_pos, b, h, hk):
+    def tree_visible(tree_indptr, tree_order, b, i, j, qo_len, kv_len):
+        """TVM's token-tree mask: chunk key j is before the request's tree, or an ancestor of (or is)
+        query row i's node. The tree is the last ``tree_len`` keys; the queries are its last ``qo_len``
+        nodes; a node's (DFS order, end of its subtree's orders) pair says whom it descends from."""
+        tree_len = tree_indptr[b + 1] - tree_indptr[b]
+        tree_start = kv_len - tree_len
+        child = tree_indptr[b] + i + tree_len - qo_len
+        parent = tree_indptr[b] + j - tree_start
+        # the branch keeps the tree's rows from being read for keys before the tree (no such row)
+        return T.if_then_else(j < tree_start, True,
+                              tir.And(tree_order[child, 0] >= tree_order[parent, 0],
+                                      tree_order[child, 0] < tree_order[parent, 1]))
+
+    def key_visible(causal, qo_pos, kv_pos, b, h, hk, tree_place=None, li_ndim=None):
         seen = hook_call("logits_mask", b, qo_pos, kv_pos, h, hk)
+        if window:
+            in_window = tir.LT(qo_pos - kv_pos, window)
+            seen = tir.And(tir.Or(li_ndim != 2, in_window) if either_li else in_window, seen)
+        if tree:
+            return tir.And(tree_visible(*tree_place), seen)
         if not causal_flag:
             return seen
-        order = tir.LE(kv_pos, qo_pos)
-        if window:
-            order = tir.And(order, tir.LT(qo_pos - kv_pos, window))
-        return tir.And(tir.Or(tir.EQ(causal, 0), order), seen)
+        return tir.And(tir.Or(tir.EQ(causal, 0), tir.LE(kv_pos, qo_pos)), seen)
 
     # fmt: off
     @T.prim_func
@@ -153,7 +193,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                   rotary_mode: T.int32,  # TVM
                   rope_scale: T.float32,  # TVM, inline RoPE
                   rope_theta: T.float32,  # TVM, inline RoPE
-                  sm_scale: T.float32):
+                  sm_scale: T.float32,
+                  tree_mn_indptr: T.handle,  # TVM tree slots: [B+1] start of each request's tree in tree_order
+                  tree_order: T.handle):  # TVM tree slots: [tree nodes, 2] (DFS order, end of the subtree's orders)
         batch_plus_1 = T.int32()
         total_q = T.int32()
         n_qo_heads = T.int32()
@@ -170,6 +212,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
         length_info_off = T.int32()
         q_pos_off = T.int32()
         k_pos_off = T.int32()
+        tree_indptr_off = T.int32()
+        tree_order_off = T.int32()
+        n_tree_nodes = T.int32()
         if decode:
             Q = T.match_buffer(q, (batch_plus_1 - 1, n_qo_heads, D), dt)
             O = T.match_buffer(o, (batch_plus_1 - 1, n_qo_heads, D), dt)
@@ -188,6 +233,8 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
             PAGE_IDX = T.match_buffer(page_indices, (nnz_pages,), "int32", elem_offset=page_indices_off)
             if sliding:
                 LENGTH_INFO = T.match_buffer(length_info, (3, batch_plus_1 - 1), "int32", elem_offset=length_info_off)
+            elif either_li:
+                pass  # read through its DLTensor below, once every parameter is bound
             else:
                 LENGTH_INFO = T.match_buffer(length_info, (batch_plus_1 - 1,), "int32", elem_offset=length_info_off)
         else:
@@ -199,8 +246,18 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                 Q_POS = T.match_buffer(q_rope_position, (batch_plus_1 - 1,), "int32", elem_offset=q_pos_off)
             else:
                 Q_POS = T.match_buffer(q_rope_position, (total_q,), "int32", elem_offset=q_pos_off)
-            K_POS0 = T.match_buffer(k_rope_pos_offset, (batch_plus_1 - 1,), "int32", elem_offset=k_pos_off)
+            if not ragged_tree:
+                K_POS0 = T.match_buffer(k_rope_pos_offset, (batch_plus_1 - 1,), "int32", elem_offset=k_pos_off)
+            if tree:
+                TREE_INDPTR = T.match_buffer(tree_mn_indptr, (batch_plus_1,), "int32", elem_offset=tree_indptr_off)
+                TREE_ORDER = T.match_buffer(tree_order, (n_tree_nodes, 2), "int32", elem_offset=tree_order_off)
             assert rotary_mode == want_rotary, rotary_msg
+        if either_li:  # DLTensor fields: 1 data, 4 ndim, 8 byte_offset; [B] or [3, B], compact
+            li_ndim: T.let = T.tvm_struct_get(length_info, 0, 4, "int32")
+            LENGTH_INFO = T.decl_buffer((3 * (batch_plus_1 - 1),), "int32",
+                                        data=T.tvm_struct_get(length_info, 0, 1, "handle"),
+                                        elem_offset=T.Cast("int32", T.tvm_struct_get(length_info, 0, 8, "uint64")
+                                                           // T.uint64(4)))
         group: T.let = n_qo_heads // n_kv_heads
         if use_kt:  # keys after RoPE and the key hook, float32
             if paged:
@@ -210,7 +267,11 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
         for b in range(batch_plus_1 - 1):
             if paged:
                 n_pages: T.let = PAGE_INDPTR[b + 1] - PAGE_INDPTR[b]
-                if sliding:
+                if either_li:
+                    fields = length_fields(LENGTH_INFO, b, batch_plus_1 - 1, li_ndim)
+                    kv_len: T.let = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + fields[0] - fields[1]
+                                                   + fields[2], 0)
+                elif sliding:
                     kv_len: T.let = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + LENGTH_INFO[0, b]
                                                    - LENGTH_INFO[1, b] + LENGTH_INFO[2, b], 0)
                 else:
@@ -225,7 +286,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
             else:
                 qo_start: T.let = QO_INDPTR[b]
                 qo_len: T.let = QO_INDPTR[b + 1] - QO_INDPTR[b]
-            if tvm_conv:
+            if ragged_tree:
+                kv_pos0: T.let = 0  # unused: each key sits at its own token's q_rope_position
+            elif tvm_conv:
                 kv_pos0: T.let = K_POS0[b]
             else:
                 kv_pos0: T.let = 0
@@ -235,8 +298,8 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                     k_out = T.alloc_buffer((D,), "float32", scope="local")
                     j: T.let = jh // n_kv_heads
                     hk: T.let = jh % n_kv_heads
-                    kv_pos: T.let = kv_pos0 + j
-                    seq_off: T.let = seq_offset(LENGTH_INFO, j, b) if paged else j
+                    kv_pos: T.let = Q_POS[k_base + j] if ragged_tree else kv_pos0 + j
+                    seq_off: T.let = seq_offset(LENGTH_INFO, j, b, fields if either_li else None) if paged else j
                     kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size] if paged else k_base + j
                     kv_slot: T.let = seq_off % page_size if paged else 0
                     if rope:
@@ -284,9 +347,11 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                 m: T.float32 = neg_inf
                 denom: T.float32 = T.float32(0)
                 for j in range(kv_len):
-                    kv_pos: T.let = kv_pos0 + j
-                    if key_visible(causal, qo_pos, kv_pos, b, h, hk):
-                        seq_off: T.let = seq_offset(LENGTH_INFO, j, b) if paged else j
+                    kv_pos: T.let = Q_POS[k_base + j] if ragged_tree else kv_pos0 + j
+                    if key_visible(causal, qo_pos, kv_pos, b, h, hk,
+                                   (TREE_INDPTR, TREE_ORDER, b, i, j, qo_len, kv_len) if tree else None,
+                                   li_ndim if either_li else None):
+                        seq_off: T.let = seq_offset(LENGTH_INFO, j, b, fields if either_li else None) if paged else j
                         kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + seq_off // page_size] if paged else k_base + j
                         kv_slot: T.let = seq_off % page_size if paged else 0
                         s: T.float32 = T.float32(0)

@@ -11,6 +11,11 @@ TVM 0.27's ``vm.builtin.paged_attention_kv_cache_create`` takes its attention ke
                        rope_scale, rope_theta, sm_scale)
     decode          fn(q, pages, page_indptr, page_indices, length_info, k_rope_pos_offset,
                        q_rope_position, o, lse, rotary_mode, rope_scale, rope_theta, sm_scale)
+    ragged tree     fn(q, qo_indptr, k, v, kv_indptr, q_rope_position, tree_mn_indptr, tree_order,
+                       o, lse, rotary_mode, rope_scale, rope_theta, sm_scale)
+    paged tree      fn(q, qo_indptr, pages, page_indptr, page_indices, length_info,
+                       k_rope_pos_offset, q_rope_position, o, lse, rotary_mode, rope_scale,
+                       rope_theta, sm_scale, tree_mn_indptr, tree_order)
 
 (the two RoPE position arrays swap places between ragged and paged). ``slot_program`` is the
 CPU backend's one online-softmax program (:mod:`.attention_tir`) in TVM's convention and one
@@ -28,12 +33,21 @@ What the functions assume and produce (TVM's conventions, checked against its ru
   offset ``j`` if ``j < sink_size`` else ``j - sink_size + sliding_window_offset``;
 - positions are TVM's: query row r sits at ``q_rope_position[r]``, key j of request b at
   ``k_rope_pos_offset[b] + j``. The variant's hooks, ``causal`` (a key is visible when
-  ``kv_pos <= qo_pos``) and the window of the sliding-window prefill slot (visible when also
-  ``qo_pos - kv_pos < window``) all use these positions, so the ragged and paged parts of one
+  ``kv_pos <= qo_pos``) and the window of the sliding-window slots of "mha_sliding" layers
+  (visible when also ``qo_pos - kv_pos < window``, whatever ``causal`` says: TVM's page trimming
+  alone leaves keys beyond the window in a shared prefix) all use these positions, so the ragged and paged parts of one
   row agree however TVM splits them (prefix sharing, forks);
 - ``rotary_mode == 1``: TVM's RoPE (rotate-half, angle = pos * rope_scale /
   rope_theta^(2 (d mod D/2) / D)) is applied to q and k before the variant's transforms; a
   function is built for one rotary mode and asserts it at run time;
+- the tree slots (token-tree attention, speculative decoding) see TVM's tree mask instead of
+  ``causal``: request b's tree is its last ``tree_mn_indptr[b+1] - tree_mn_indptr[b]`` keys, its
+  queries are the tree's last nodes, and a query sees every key before the tree and, inside it,
+  its own node and its ancestors (``tree_order[n] = (DFS order, end of the subtree's orders)``).
+  The ragged tree slot has no ``k_rope_pos_offset``: key j sits at ``q_rope_position`` of its
+  token, as its query does. TVM calls the paged tree slot for every layer, with ``length_info``
+  ``[B]`` ("mha") or ``[3, B]`` ("mha_sliding"): the function reads it through its DLTensor and
+  tells the two apart by ndim, applying the layer window to the ``[3, B]`` calls;
 - scores in float32, an online softmax, lse in base 2; a row that sees no key gets o = 0 and
   lse = -5e4 (TVM's "no key" value, merged as weight 0), never NaN.
 """
@@ -64,6 +78,11 @@ SLOT_SIGNATURES = {
     "paged": ("q", "qo_indptr", "pages", "page_indptr", "page_indices", "length_info",
               "k_rope_pos_offset", "q_rope_position", "o", "lse", "causal", "rotary_mode", "rope_scale",
               "rope_theta", "sm_scale"),
+    "ragged_tree": ("q", "qo_indptr", "k", "v", "kv_indptr", "q_rope_position", "tree_mn_indptr", "tree_order",
+                    "o", "lse", "rotary_mode", "rope_scale", "rope_theta", "sm_scale"),
+    "paged_tree": ("q", "qo_indptr", "pages", "page_indptr", "page_indices", "length_info", "k_rope_pos_offset",
+                   "q_rope_position", "o", "lse", "rotary_mode", "rope_scale", "rope_theta", "sm_scale",
+                   "tree_mn_indptr", "tree_order"),
     "decode": ("q", "pages", "page_indptr", "page_indices", "length_info", "k_rope_pos_offset",
                "q_rope_position", "o", "lse", "rotary_mode", "rope_scale", "rope_theta", "sm_scale"),
 }
@@ -77,18 +96,24 @@ class SlotSpec:
     head_dim: int
     dtype: str  # q/k/v/o element type: "float32" | "float16"
     sliding_window: bool = False  # length_info[3, B] (paged and decode only)
-    window: int = 0  # paged sliding-window prefill: with causal, keys closer than this many positions
+    window: int = 0  # the sliding-window slots of "mha_sliding" layers: keys closer than this many positions
     inline_rope: bool = False  # built for rotary_mode 1 (TVM's RopeMode.INLINE), else rotary_mode 0
     transform_keys: bool = False  # the variant's keys pass a hook at load
     q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
+    tree_mask: bool = False  # TVM's token-tree slots (ragged or paged prefill): the tree mask, no causal flag
 
     def __post_init__(self):
+        if self.tree_mask and (self.kind == "decode" or self.sliding_window):
+            raise ConfigError("tree_mask: the tree slots are ragged or paged prefill, with TVM's length_info")
+        if self.tree_mask and self.window and self.kind != "paged":
+            raise ConfigError("tree_mask: only the paged tree slot takes a window (for 'mha_sliding' layers)")
         if self.kind not in SLOT_KINDS:
             raise ConfigError(f"slot kind {self.kind!r}: use one of {list(SLOT_KINDS)}")
         if self.sliding_window and self.kind == "ragged":
             raise ConfigError("the ragged slot has no sliding-window form; TVM calls it with causal only")
-        if self.window and not (self.sliding_window and self.kind == "paged"):
-            raise ConfigError("window: only the paged sliding-window prefill slot takes a window")
+        if self.window and not (self.sliding_window or self.tree_mask):
+            raise ConfigError("window: only the sliding-window slots (paged prefill, decode) and the paged tree "
+                              "slot take a window")
         if self.inline_rope and self.head_dim % 2:
             raise ConfigError(f"head_dim {self.head_dim}: inline RoPE rotates halves and needs an even "
                               "head_dim")
@@ -96,10 +121,19 @@ class SlotSpec:
     @property
     def func_name(self) -> str:
         sw = "_sliding_window" if self.sliding_window else ""
-        return f"tvm_slot_{self.kind}{sw}_{DTYPE_SHORT[self.dtype]}_d{self.head_dim}"
+        tree = "_tree_mask" if self.tree_mask else ""
+        return f"tvm_slot_{self.kind}{tree}{sw}_{DTYPE_SHORT[self.dtype]}_d{self.head_dim}"
+
+    @property
+    def signature_kind(self) -> str:
+        """The key of ``SLOT_SIGNATURES`` that TVM calls this slot with."""
+        return f"{self.kind}_tree" if self.tree_mask else self.kind
 
     def program(self) -> ProgramSpec:
-        convention = TVMConvention(self.sliding_window, self.window, self.inline_rope, self.func_name)
+        # TVM calls the paged tree slot for "mha" layers (length_info [B]) and "mha_sliding" ones ([3, B])
+        convention = TVMConvention(self.sliding_window, self.window, self.inline_rope, self.func_name,
+                                   tree_mask=self.tree_mask,
+                                   length_info_ndim_at_run_time=self.tree_mask and self.kind == "paged")
         return ProgramSpec(self.head_dim, self.dtype, "ragged" if self.kind == "ragged" else "paged",
                            decode=self.kind == "decode", page_layout="HND", tvm=convention,
                            transform_keys=self.transform_keys, q_scale_log2e=self.q_scale_log2e)
@@ -107,7 +141,7 @@ class SlotSpec:
 
 def slot_program(spec: SlotSpec) -> tir.PrimFunc:
     """The slot function of ``spec`` with hook placeholders, in TVM's signature for its kind."""
-    return with_signature(online_softmax_program(spec.program()), SLOT_SIGNATURES[spec.kind])
+    return with_signature(online_softmax_program(spec.program()), SLOT_SIGNATURES[spec.signature_kind])
 
 
 def check_slot_variant(variant) -> None:
@@ -134,7 +168,7 @@ def lower_slot(spec: SlotSpec, variant, scalar_values: dict) -> tir.PrimFunc:
     compiled in from ``scalar_values`` (name -> value); its tensor parameters stay as trailing
     arguments in declaration order."""
     func = inline_hooks(slot_program(spec), variant, spec.head_dim)
-    extras = func.params[len(SLOT_SIGNATURES[spec.kind]):]
+    extras = func.params[len(SLOT_SIGNATURES[spec.signature_kind]):]
     consts = {}
     for p, decl in zip(extras, variant.params):
         if isinstance(decl, ScalarParam):
@@ -148,7 +182,8 @@ def lower_slot(spec: SlotSpec, variant, scalar_values: dict) -> tir.PrimFunc:
 
 
 def slot_specs(variant, head_dim: int, dtype: str, *, inline_rope: bool, window: int) -> dict[str, SlotSpec]:
-    """The five attention slots of one cache: role -> spec (roles as in TVM's create call)."""
+    """The seven attention slots of one cache: role -> spec (roles as in TVM's create call; the two tree
+    slots last). TVM refuses token trees under inline RoPE, so the tree slots are built for rotary_mode 0."""
     if dtype not in SLOT_DTYPES:
         raise ConfigError(f"dtype {dtype!r}: the CPU slots serve {list(SLOT_DTYPES)}")
     flags = kernel_flags(variant)
@@ -159,7 +194,10 @@ def slot_specs(variant, head_dim: int, dtype: str, *, inline_rope: bool, window:
         "prefill": SlotSpec("paged", **common),
         "decode": SlotSpec("decode", **common),
         "prefill_sliding_window": SlotSpec("paged", sliding_window=True, window=window, **common),
-        "decode_sliding_window": SlotSpec("decode", sliding_window=True, **common),
+        "decode_sliding_window": SlotSpec("decode", sliding_window=True, window=window, **common),
+        "prefill_tree_mask_paged": SlotSpec("paged", tree_mask=True, window=window,
+                                            **(common | {"inline_rope": False})),
+        "prefill_tree_mask": SlotSpec("ragged", tree_mask=True, **(common | {"inline_rope": False})),
     }
 
 

@@ -109,9 +109,10 @@ def test_append_and_scale_errors_name_the_fix():
     with pytest.raises(AttentionArgumentError, match="pages: float16 is not an fp8 format"):
         append_paged_kv_fp8(pages.to(torch.float16), k, k, torch.tensor([3]), k_scale=1.0, v_scale=1.0)
     with pytest.raises(AttentionArgumentError, match=r"k_scale: shape \(3,\); expected \[\] or \[1\]"):
-        kv_scales(torch.ones(3), "k_scale", 2, pages)
+        kv_scales(torch.ones(3), "k_scale", kv_dtype="float8_e5m2", num_kv_heads=2, like=pages)
     with pytest.raises(AttentionArgumentError, match="k_scale: scales must be finite and positive"):
-        kv_scales(0.0, "k_scale", 2, pages)
+        kv_scales(0.0, "k_scale", kv_dtype="float8_e5m2", num_kv_heads=2, like=pages)
     with pytest.raises(AttentionArgumentError, match="k_scale: expected a float32 tensor, got float16"):
-        kv_scales(torch.ones(2, dtype=torch.float16), "k_scale", 2, pages)
-    assert kv_scales(torch.tensor(0.5), "k_scale", 3, pages).tolist() == [0.5, 0.5, 0.5]
+        kv_scales(torch.ones(2, dtype=torch.float16), "k_scale", kv_dtype="float8_e5m2", num_kv_heads=2,
+                  like=pages)
+    assert kv_scales(torch.tensor(0.5), "k_scale", kv_dtype="float8_e5m2", num_kv_heads=3, like=pages).tolist() == [0.5, 0.5, 0.5]

@@ -70,7 +70,9 @@ class CPUAttention(BuiltModule):
         if not is_fp8(kv_dtype):
             check_no_scales(kv_dtype, k_scale, v_scale)
             return ()
-        return (kv_scales(k_scale, "k_scale", kv.num_kv_heads, q), kv_scales(v_scale, "v_scale", kv.num_kv_heads, q))
+        heads = kv.num_kv_heads
+        return tuple(kv_scales(scale, name, kv_dtype=kv_dtype, num_kv_heads=heads, like=q)
+                     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)))
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, sm_scale: float | None = None,
                 params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):
@@ -85,14 +87,15 @@ class CPUAttention(BuiltModule):
         kv_dt = kv.kv_dtype if is_fp8(kv.kv_dtype) else dt
         if isinstance(kv, PagedKV):
             check_paged(kv, d, kv_dt, batch)
-            fn = self._kernel(f"batch_prefill_paged_{kv.layout.lower()}", dt, kv_dt, d)
+            kind = f"batch_prefill_paged_{kv.layout.lower()}"
             kv_args = (_nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len)
         else:
             check_ragged(kv, d, kv_dt, batch)
-            fn = self._kernel("batch_prefill_ragged", dt, kv_dt, d)
+            kind = "batch_prefill_ragged"
             kv_args = (_nonempty(_kernel_kv(kv.k)), _nonempty(_kernel_kv(kv.v)), kv.indptr)
         check_qkv_heads(q, kv.num_kv_heads, d)
         scales = self._scale_args(q, kv, kv_dt, k_scale, v_scale)
+        fn = self._kernel(kind, dt, kv_dt, d)
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
@@ -113,8 +116,8 @@ class CPUAttention(BuiltModule):
         kv_dt = kv.kv_dtype if is_fp8(kv.kv_dtype) else dt
         check_paged(kv, d, kv_dt, batch)
         check_qkv_heads(q, kv.num_kv_heads, d)
-        fn = self._kernel(f"batch_decode_paged_{kv.layout.lower()}", dt, kv_dt, d)
         scales = self._scale_args(q, kv, kv_dt, k_scale, v_scale)
+        fn = self._kernel(f"batch_decode_paged_{kv.layout.lower()}", dt, kv_dt, d)
         out, lse = self.outputs(q, batch, out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch)

@@ -82,11 +82,12 @@ def _check_fp8(dtype: str, name: str) -> FP8Format:
     return FP8_FORMATS[dtype]
 
 
-def kv_scales(scale, name: str, num_kv_heads: int, ref: Tensor) -> Tensor:
-    """``scale`` (a float, or a tensor of 1 or ``num_kv_heads`` entries) as the kernels' float32 [Hkv],
-    in ``ref``'s library and device; refuses a missing, misshapen, non-finite or non-positive scale."""
+def kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like: Tensor) -> Tensor:
+    """``scale`` (a float, or a tensor of 1 or ``num_kv_heads`` entries) of a ``kv_dtype`` cache as the
+    kernels' float32 [Hkv], in the library and on the device of ``like``; refuses a missing, misshapen,
+    non-finite or non-positive scale."""
     if scale is None:
-        raise AttentionArgumentError(f"{name}: the KV cache is fp8 ({dtype_name(ref)}) and needs {name}: pass "
+        raise AttentionArgumentError(f"{name}: the KV cache is fp8 ({kv_dtype}) and needs {name}: pass "
                                      f"{name}= with {SCALE_HELP}")
     if isinstance(scale, (int, float, np.floating, np.integer)):
         values = np.full(num_kv_heads, float(scale), np.float32)
@@ -102,10 +103,10 @@ def kv_scales(scale, name: str, num_kv_heads: int, ref: Tensor) -> Tensor:
         values = np.broadcast_to(flat, (num_kv_heads,)).astype(np.float32)
     if not np.all(np.isfinite(values) & (values > 0)):
         raise AttentionArgumentError(f"{name}: scales must be finite and positive, got {values.tolist()}")
-    if _is_torch(ref):
+    if _is_torch(like):
         import torch
 
-        return torch.from_numpy(values).to(ref.device)
+        return torch.from_numpy(values).to(like.device)
     return values
 
 
@@ -186,7 +187,8 @@ def append_paged_kv_fp8(pages: Tensor, k: Tensor, v: Tensor, slot_mapping: Tenso
     page, place = slots // int(page_size), slots % int(page_size)
     bits = kv_bits(pages)
     for half, (x, scale) in enumerate(((k, k_scale), (v, v_scale))):
-        kv_scales(scale, ("k_scale", "v_scale")[half], row_shape[0], pages)  # refuses a missing or bad scale
+        # refuses a missing or bad scale
+        kv_scales(scale, ("k_scale", "v_scale")[half], kv_dtype=dtype, num_kv_heads=row_shape[0], like=pages)
         rows = kv_bits(quantize_kv(x, dtype, scale))
         if _is_torch(pages):
             import torch

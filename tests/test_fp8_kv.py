@@ -183,3 +183,15 @@ def test_ml_dtypes_and_torch_name_the_formats_alike():
     for dtype in FORMATS:
         assert str(np.zeros(1, getattr(ml_dtypes, dtype)).dtype) == dtype
         assert str(getattr(torch, dtype)).replace("torch.", "") == dtype
+
+
+def test_cli_builds_fp8_functions_and_refuses_fp8_on_cuda(tmp_path, capsys):
+    from attngen.cli import main
+
+    assert main(["build", "vanilla", "--head-dim", "32", "--layout", "HND", "--dtype", "float16",
+                 "--kv-dtype", "float8_e5m2", "--cache-dir", str(tmp_path / "c")]) == 0
+    text = capsys.readouterr().out
+    assert "dtype ['float16'], kv_dtype ['float8_e5m2']" in text
+    assert "function batch_decode_paged_hnd_f16_kve5m2_d32" in text
+    assert main(["build", "vanilla", "--target", "cuda", "--arch", "sm_90a", "--kv-dtype", "float8_e4m3fn"]) == 2
+    assert "fp8 K/V (float8_e4m3fn) are built for the cpu target only" in capsys.readouterr().err

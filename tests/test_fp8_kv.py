@@ -4,7 +4,8 @@ The kernels read ``float8_e4m3fn`` / ``float8_e5m2`` keys and values with per-KV
 must match the float64 reference on the dequantised values (``reference_attention(...,
 k_scale=, v_scale=)``): ragged and paged (both layouts) prefill and decode, GQA, every branch of
 the kernel (a key hook, a score hook without the log2(e) fold, the sum state, an output hook),
-float32 and float16 queries, and caches holding the formats' largest values.
+float32, float16 and bfloat16 queries (bfloat16 as torch tensors: NumPy has no DLPack bfloat16), and
+caches holding the formats' largest values.
 """
 import ml_dtypes
 import numpy as np
@@ -21,7 +22,7 @@ from attngen.variants import builtin
 
 HEAD_DIM = 32
 FORMATS = list(FP8_FORMATS)
-PAIRS = [(q, kv) for q in ("float32", "float16") for kv in FORMATS]
+PAIRS = [(q, kv) for q in ("float32", "float16", "bfloat16") for kv in FORMATS]
 _modules = {}
 
 
@@ -50,8 +51,20 @@ def quantised_problem(rng, kv_dtype, q_dtype, *, qo_lens, kv_lens, num_qo_heads,
     ragged = RaggedKV(quantize_kv(prob.ragged.k, kv_dtype, k_scale), quantize_kv(prob.ragged.v, kv_dtype, v_scale),
                       prob.ragged.indptr)
     keys, values = gather_pages(pages, paged.indptr, paged.indices, paged.last_page_len, layout)
-    prob.q, prob.paged, prob.ragged, prob.keys, prob.values = prob.q.astype(q_dtype), paged, ragged, keys, values
+    prob.q, prob.paged, prob.ragged, prob.keys, prob.values = rounded(prob.q, q_dtype), paged, ragged, keys, values
     return prob, k_scale, v_scale
+
+
+def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
+    """``x`` rounded to ``dtype`` (bfloat16 through torch), as a float32 array when NumPy lacks the dtype."""
+    if dtype == "bfloat16":
+        return torch.from_numpy(x).to(torch.bfloat16).float().numpy()
+    return x.astype(dtype)
+
+
+def as_call_tensor(x: np.ndarray, dtype: str):
+    """What a call takes for queries / outputs of ``dtype``: a torch tensor for bfloat16, else ``x``."""
+    return torch.from_numpy(x).to(torch.bfloat16) if dtype == "bfloat16" else x
 
 
 def tolerance(ref_out, q_dtype):
@@ -64,19 +77,21 @@ def run_and_compare(att, v, rng, prob, k_scale, v_scale, q_dtype, kv, *, decode=
     """Run one call on NaN-poisoned outputs; the max |O - ref| and |lse - ref| after asserting them."""
     q, qo_indptr = prob.q, prob.qo_indptr
     if decode:
-        q = rng.standard_normal((len(prob.kv_lens), q.shape[1], HEAD_DIM)).astype(q_dtype)
+        q = rounded(rng.standard_normal((len(prob.kv_lens), q.shape[1], HEAD_DIM)).astype(np.float32), q_dtype)
         qo_indptr = np.arange(len(prob.kv_lens) + 1, dtype=np.int32)
     params = random_params(v, rng, prob)
     sm_scale = 1.0 / np.sqrt(HEAD_DIM)
     ref_o, ref_l = reference_attention(v, q, prob.keys, prob.values, qo_indptr, sm_scale, params,
                                        k_scale=k_scale, v_scale=v_scale)
-    out = np.full(q.shape, np.nan, q_dtype)
-    lse = np.full(q.shape[:2], np.nan, np.float32)
+    out = as_call_tensor(np.full(q.shape, np.nan, np.float32 if q_dtype == "bfloat16" else q_dtype), q_dtype)
+    lse = as_call_tensor(np.full(q.shape[:2], np.nan, np.float32), "float32")
+    q_in = as_call_tensor(q, q_dtype)
     if decode:
-        att.decode(q, kv, sm_scale=sm_scale, params=params, out=out, lse=lse, k_scale=k_scale, v_scale=v_scale)
+        att.decode(q_in, kv, sm_scale=sm_scale, params=params, out=out, lse=lse, k_scale=k_scale, v_scale=v_scale)
     else:
-        att.prefill(q, kv, qo_indptr, sm_scale=sm_scale, params=params, out=out, lse=lse, k_scale=k_scale,
+        att.prefill(q_in, kv, qo_indptr, sm_scale=sm_scale, params=params, out=out, lse=lse, k_scale=k_scale,
                     v_scale=v_scale)
+    out = out.float().numpy() if q_dtype == "bfloat16" else out
     assert not np.isnan(out).any() and not np.isnan(lse).any()
     err = float(np.abs(out.astype(np.float64) - ref_o).max())
     empty = np.isneginf(ref_l)
@@ -195,3 +210,31 @@ def test_cli_builds_fp8_functions_and_refuses_fp8_on_cuda(tmp_path, capsys):
     assert "function batch_decode_paged_hnd_f16_kve5m2_d32" in text
     assert main(["build", "vanilla", "--target", "cuda", "--arch", "sm_90a", "--kv-dtype", "float8_e4m3fn"]) == 2
     assert "fp8 K/V (float8_e4m3fn) are built for the cpu target only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["causal", "rope"])
+def test_bfloat16_queries_with_a_bfloat16_cache(name, build_cache, rng):
+    """bfloat16 is a CPU query dtype of its own (the fp8 caches' bfloat16 queries use it): K/V in bfloat16 too."""
+    v = builtin(name)
+    att = CPUAttention.build(v, head_dims=(HEAD_DIM,), dtypes=("bfloat16",), layouts=("NHD",), cache=build_cache)
+    prob = random_problem(rng, [3, 5], [7, 5], 4, 2, HEAD_DIM)
+    params = random_params(v, rng, prob)
+    bf16 = {n: torch.from_numpy(x).to(torch.bfloat16) for n, x in (("q", prob.q), ("k", prob.ragged.k),
+                                                                  ("v", prob.ragged.v), ("pages", prob.paged.pages))}
+    index = {n: torch.from_numpy(x) for n, x in (("qo", prob.qo_indptr), ("kv", prob.ragged.indptr),
+                                                 ("pi", prob.paged.indptr), ("ids", prob.paged.indices),
+                                                 ("last", prob.paged.last_page_len))}
+    kv = prob.ragged.indptr
+    keys = [bf16["k"][kv[b]:kv[b + 1]].float().numpy() for b in range(2)]
+    values = [bf16["v"][kv[b]:kv[b + 1]].float().numpy() for b in range(2)]
+    paged = PagedKV(bf16["pages"], index["pi"], index["ids"], index["last"])
+    dec_q = bf16["q"][:2].contiguous()
+    runs = [(att.prefill(bf16["q"], RaggedKV(bf16["k"], bf16["v"], index["kv"]), index["qo"], params=params),
+             bf16["q"], prob.qo_indptr),
+            (att.prefill(bf16["q"], paged, index["qo"], params=params), bf16["q"], prob.qo_indptr),
+            (att.decode(dec_q, paged, params=params), dec_q, np.arange(3, dtype=np.int32))]
+    for (out, lse), q, qo_indptr in runs:
+        ref_o, ref_l = reference_attention(v, q.float().numpy(), keys, values, qo_indptr, HEAD_DIM ** -0.5, params)
+        assert out.dtype == torch.bfloat16
+        assert float(np.abs(out.double().numpy() - ref_o).max()) <= tolerance(ref_o, "bfloat16")
+        assert float(np.abs(lse.double().numpy() - ref_l).max()) <= 2e-2

@@ -14,7 +14,7 @@ from .template_decode import GROUP_TILES
 
 __all__ = ["BuildConfig", "DTYPE_SHORT", "symbol"]
 
-CPU_DTYPES = ("float32", "float16")
+CPU_DTYPES = ("float32", "float16", "bfloat16")  # bfloat16 through torch tensors (NumPy has no DLPack bf16)
 HEAD_DIMS_CPU = (32, 64, 80, 96, 128, 256)
 LAYOUTS = ("NHD", "HND")
 HOOK_MATH_MODES = ("approx", "precise")  # BuildConfig.hook_math (codegen/hook_math.py)

@@ -61,7 +61,7 @@ class ProgramSpec:
     """What one online-softmax program is specialised for (shape and schedule knobs)."""
 
     head_dim: int
-    dtype: str  # q/o element type (and k/v's unless kv_dtype): "float32" | "float16"
+    dtype: str  # q/o element type (and k/v's unless kv_dtype): "float32" | "float16" | "bfloat16"
     kv: str  # "ragged": k, v [total_kv, Hkv, D] | "paged": pages with a page table
     decode: bool = False  # one query per request (paged only): q [B, Hq, D], no qo_indptr
     page_layout: str = "NHD"  # "NHD": pages [P, 2, S, Hkv, D] | "HND": pages [P, 2, Hkv, S, D]
@@ -112,6 +112,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
     D, dt = spec.head_dim, spec.dtype
     fp8 = spec.fp8
     kv_dt = FP8_STORAGE if fp8 else dt  # the K/V buffers' element type
+    # K/V elements read straight into float32 (no let of the element): fp8 bits are decoded, and a
+    # bfloat16 let breaks TVM's bfloat16 legalisation (the let keeps its type, the load becomes uint16)
+    kv_direct = fp8 or dt == "bfloat16"
     paged, decode, hnd = spec.kv == "paged", spec.decode, spec.page_layout == "HND"
     tvm_conv = spec.tvm is not None
     sliding = tvm_conv and spec.tvm.sliding_length_info
@@ -333,7 +336,7 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                         for d in range(D):
                             if use_kt:
                                 s = s + q_out[d] * KT[k_base + j, hk, d]
-                            elif fp8:
+                            elif kv_direct:
                                 s = s + q_out[d] * kv_float(PAGES if paged else K, 0, kv_row, kv_slot, hk, d)
                             else:
                                 key: T.let = kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d)
@@ -357,7 +360,7 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                             rescale: T.let = T.float32(1)
                             w: T.let = s
                         for d in range(D):
-                            if fp8:
+                            if kv_direct:
                                 acc[d] = acc[d] * rescale + w * kv_float(PAGES if paged else V, 1, kv_row, kv_slot,
                                                                          hk, d)
                             else:
@@ -393,7 +396,7 @@ class CPUKernelSpec:
     kv: str  # "ragged" | "paged"
     decode: bool  # one query per request, q[B, Hq, D] (paged only)
     head_dim: int
-    dtype: str  # q/o element type (and k/v's unless kv_dtype): "float32" | "float16"
+    dtype: str  # q/o element type (and k/v's unless kv_dtype): "float32" | "float16" | "bfloat16"
     layout: str = "NHD"  # paged layout: "NHD" pages[P, 2, S, Hkv, D] | "HND" pages[P, 2, Hkv, S, D]
     transform_keys: bool = False  # the variant's keys pass a hook at load (see kernel_flags)
     softmax: bool = True  # False: unnormalised sum state

@@ -1,6 +1,6 @@
-"""fp8 K/V in the CUDA-core decode template (``csrc/fp8_kv.cuh``, ``csrc/entry_decode_fp8.h``): a library
-of fp8 decode entries compiled for sm_80 and sm_90a (no GPU needed), and on a GPU the entries against the
-float64 reference on the dequantised cache (``pytest -m gpu``).
+"""fp8 K/V in the decode templates (``csrc/fp8_kv.cuh``, ``csrc/entry_decode_fp8.h``; CUDA cores and tensor
+cores): a library of fp8 decode entries compiled for sm_80 and sm_90a (no GPU needed), and on a GPU the
+entries against the float64 reference on the dequantised cache (``pytest -m gpu``).
 
 The build's emitters do not export fp8 entries yet (``BuildConfig`` refuses fp8 K/V on cuda), so these
 tests write the translation unit themselves, next to the sources the CUDA backend generates for the
@@ -98,7 +98,7 @@ def test_fp8_decode_matches_the_reference(name, tmp_path):
         dev = torch.device("cuda")
         tq = torch.from_numpy(q).to(dev, getattr(torch, q_dtype))
         tpages = torch.from_numpy(pages.view(np.uint8)).to(dev).view(getattr(torch, kv_dtype))
-        for chunks in (1, 3):
+        for chunks, backend in ((1, 1), (3, 1), (1, 2), (3, 2)):  # CUDA cores, tensor cores; even split
             o = torch.full_like(tq, float("nan"))
             lse = torch.full((batch, num_kv * group), float("nan"), device=dev)
             part_o = torch.empty((batch, chunks, num_kv * group, HEAD_DIM), device=dev)
@@ -106,9 +106,10 @@ def test_fp8_decode_matches_the_reference(name, tmp_path):
             fn = mod[symbol(f"batch_decode_paged_{layout.lower()}", q_dtype, HEAD_DIM, kv_dtype)]
             fn(tq, tpages, torch.from_numpy(ids).to(dev), torch.from_numpy(indptr).to(dev),
                torch.from_numpy(last).to(dev), o, lse, torch.from_numpy(k_scale).to(dev),
-               torch.from_numpy(v_scale).to(dev), HEAD_DIM ** -0.5, part_o, part_lse, chunks, 1, None, 0, 0, *extras)
+               torch.from_numpy(v_scale).to(dev), HEAD_DIM ** -0.5, part_o, part_lse, chunks, backend, None, 0, 0,
+               *extras)
             torch.cuda.synchronize()
             err = float((o.double().cpu() - torch.from_numpy(ref_o)).abs().max())
             tol = (2e-3 if q_dtype == "float16" else 1.6e-2) * max(1.0, float(np.abs(ref_o).max()))
-            assert err <= tol, (name, q_dtype, kv_dtype, layout, chunks, err)
+            assert err <= tol, (name, q_dtype, kv_dtype, layout, chunks, backend, err)
             assert float((lse.double().cpu() - torch.from_numpy(ref_l)).abs().max()) < 2e-2

@@ -1,9 +1,9 @@
 // The exported decode entry over an fp8 paged KV cache (float8_e4m3fn / float8_e5m2), attngen's calling
 // convention with the cache's scales: as DecodePagedEntry (entry_decode.h) with
 //   k_scale [Hkv] f32, v_scale [Hkv] f32 (the runtime expands a per-tensor scale)
-// after lse. Keys and values are dequantised on load (fp8_kv.cuh) by the CUDA-core decode template on every
-// arch; there is no fp8 tensor-core decode yet, so backend kTensorCores and split-KV plans (served by the
-// tensor-core template only) are refused, and kAuto means CUDA cores. Python emits, per (D, dtype, K/V dtype,
+// after lse. Keys and values are dequantised on load (fp8_kv.cuh) on every arch: the tensor-core template
+// stages the fp8 rows and dequantises them into its 16-bit tiles, the CUDA-core one converts as it reads;
+// the backend choice and split-KV plans are as for DecodePagedEntry. Python emits, per (D, dtype, K/V dtype,
 // layout):
 //
 //   TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_decode_paged_nhd_f16_kve4m3_d128,
@@ -30,13 +30,42 @@ void launch_decode_fp8_tile(const ScaledDecodeProblem& P, const typename V::Para
   launch_decode_merge<V, T, D>(P, hp, stream);  // partial states are float32 whatever the cache holds
 }
 
+template <class V, class T, class KV, int D, int S>
+void launch_decode_fp8_tc_tile(const ScaledDecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+  const size_t smem = decode_tc_smem_bytes<D, S, true>();
+  auto kernel = decode_tc_kernel<V, T, D, S, KV>;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const dim3 grid = P.plan ? dim3(P.plan_ctas, P.num_kv_heads, 1) : dim3(P.num_chunks, P.num_kv_heads, P.batch);
+  launch_dependent(kernel, grid, dim3(DecodeTCTile<D, S>::kThreads), smem, stream, P, hp);
+  launch_decode_merge<V, T, D>(P, hp, stream);
+}
+
+// The tensor-core template with the deepest pipeline the device's shared memory holds (the fp8 staging
+// area included); false when none fits.
+template <class V, class T, class KV, int D>
+bool try_launch_decode_fp8_tc(const ScaledDecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+  constexpr int S = decode_tc_stages<D>();
+  const size_t optin = size_t(device_smem_optin());
+  if (optin >= decode_tc_smem_bytes<D, S, true>()) return launch_decode_fp8_tc_tile<V, T, KV, D, S>(P, hp, stream), true;
+  if constexpr (S > 2) {
+    if (optin >= decode_tc_smem_bytes<D, 2, true>()) return launch_decode_fp8_tc_tile<V, T, KV, D, 2>(P, hp, stream), true;
+  }
+  if (optin >= decode_tc_smem_bytes<D, 1, true>()) return launch_decode_fp8_tc_tile<V, T, KV, D, 1>(P, hp, stream), true;
+  return false;
+}
+
+// As launch_decode: tensor cores unless the call asks for CUDA cores; false when a plan-mode call finds no
+// tensor-core tile that fits.
 template <class V, class T, class KV, int D, int MaxG>
-void launch_decode_fp8(const ScaledDecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+bool launch_decode_fp8(const ScaledDecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
   static_assert(kIsFp8<KV>, "launch_decode_fp8 reads an fp8 cache");
-  if (P.group <= 1) return launch_decode_fp8_tile<V, T, KV, D, 1>(P, hp, stream);
-  if constexpr (MaxG >= 2) if (P.group <= 2) return launch_decode_fp8_tile<V, T, KV, D, 2>(P, hp, stream);
-  if constexpr (MaxG >= 4) if (P.group <= 4) return launch_decode_fp8_tile<V, T, KV, D, 4>(P, hp, stream);
+  if (decode_wants_tensor_cores(P) && try_launch_decode_fp8_tc<V, T, KV, D>(P, hp, stream)) return true;
+  if (P.plan != nullptr) return false;
+  if (P.group <= 1) return launch_decode_fp8_tile<V, T, KV, D, 1>(P, hp, stream), true;
+  if constexpr (MaxG >= 2) if (P.group <= 2) return launch_decode_fp8_tile<V, T, KV, D, 2>(P, hp, stream), true;
+  if constexpr (MaxG >= 4) if (P.group <= 4) return launch_decode_fp8_tile<V, T, KV, D, 4>(P, hp, stream), true;
   if constexpr (MaxG >= 8) launch_decode_fp8_tile<V, T, KV, D, 8>(P, hp, stream);
+  return true;
 }
 
 template <class V, class T, class KV, int D, KVLayout L, int MaxG>
@@ -53,11 +82,15 @@ void decode_paged_fp8(const char* name, const DecodeArgs& a, tvm::ffi::TensorVie
   P.part_lse = static_cast<float*>(data_of(split.part_lse));
   P.num_chunks = static_cast<int>(split.num_chunks);
   P.backend = static_cast<int>(split.backend);
-  if (split.plan.has_value() || split.plan_ctas != 0 || split.plan_merges != 0)
-    TVM_FFI_THROW(ValueError) << name << ": split-KV plans are served by the tensor-core decode, which does not read "
-                                         "fp8 caches yet; split evenly with num_chunks";
-  if (split.backend == int64_t(DecodeBackend::kTensorCores))
-    TVM_FFI_THROW(ValueError) << name << ": there is no fp8 tensor-core decode yet; use backend 0 or 1 (CUDA cores)";
+  if (split.plan.has_value()) {
+    if (split.plan_ctas < 1 || split.plan_merges < 0)
+      TVM_FFI_THROW(ValueError) << name << ": with a plan, plan_ctas must be at least 1 and plan_merges at least 0";
+    P.plan = static_cast<const int32_t*>(data_of(*split.plan));
+    P.plan_ctas = static_cast<int>(split.plan_ctas);
+    P.plan_max_merges = static_cast<int>(split.plan_merges);
+  } else if (split.plan_ctas != 0 || split.plan_merges != 0) {
+    TVM_FFI_THROW(ValueError) << name << ": plan_ctas / plan_merges describe a plan; without one pass 0";
+  }
   if (P.group > MaxG)
     TVM_FFI_THROW(ValueError) << name << ": group size " << P.num_qo_heads << "/" << P.num_kv_heads
                               << " is not served; this library was built with max_group_size=" << MaxG;
@@ -65,10 +98,13 @@ void decode_paged_fp8(const char* name, const DecodeArgs& a, tvm::ffi::TensorVie
   if (P.num_chunks < 1) TVM_FFI_THROW(ValueError) << name << ": num_chunks must be at least 1";
   if (!is_decode_backend(split.backend))
     TVM_FFI_THROW(ValueError) << name << ": backend must be 0 (automatic), 1 (CUDA cores) or 2 (tensor cores)";
-  if (P.num_chunks > 1 && (split.part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * D ||
-                           split.part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
+  if (!P.plan && P.num_chunks > 1 &&
+      (split.part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * D ||
+       split.part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
     TVM_FFI_THROW(ValueError) << name << ": part_o / part_lse are smaller than batch x num_chunks x heads";
-  launch_decode_fp8<V, T, KV, D, MaxG>(P, hp, stream_of(a.q));
+  if (!launch_decode_fp8<V, T, KV, D, MaxG>(P, hp, stream_of(a.q)))
+    TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
+                                         "split-KV plan needs one; plan with tensor_cores=False";
   check_launch(name);
 }
 

@@ -250,8 +250,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   const int g = lane / 4, t4 = lane % 4;
   const bool row_valid = g < group;
   const int qh = qh0 + g;
-  float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
-  if constexpr (kIsFp8<KV> && !V::kHasKeyTransform) scale *= scales.k[hk];  // (q . k) s = q . (k s)
+  const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
   for (int it = 0; it < items.count; ++it) {
     const DecodeTCItem cur = items.get(it);
     const int b = cur.b, start = cur.start, end = cur.end;
@@ -344,6 +343,13 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         ldmatrix_x4(bk, sk + kv_tile_at<D>(wk + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
         mma16816<T>(s[0], a, bk[0], bk[1]);
         mma16816<T>(s[1], a, bk[2], bk[3]);
+      }
+      if constexpr (kIsFp8<KV> && !V::kHasKeyTransform) {  // (q . k) s = q . (k s); with a key hook it scaled the keys
+        const float ks = scales.k[hk];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] *= ks;
       }
       float mt = m_row;
 #pragma unroll

@@ -92,11 +92,12 @@ def test_fp8_decode_matches_the_reference(name, tmp_path):
         last = np.array([n - (p - 1) * page_size for n, p in zip(kv_lens, n_pages)], np.int32)
         keys, values = gather_pages(pages, indptr, ids, last, layout)
         batch = len(kv_lens)
-        q = rng.standard_normal((batch, num_kv * group, HEAD_DIM)).astype(np.float32)
-        ref_o, ref_l = reference_attention(variant, q, keys, values, np.arange(batch + 1, dtype=np.int32),
-                                           HEAD_DIM ** -0.5, params, k_scale=k_scale, v_scale=v_scale)
         dev = torch.device("cuda")
-        tq = torch.from_numpy(q).to(dev, getattr(torch, q_dtype))
+        tq = torch.from_numpy(rng.standard_normal((batch, num_kv * group, HEAD_DIM)).astype(np.float32)).to(
+            dev, getattr(torch, q_dtype))
+        ref_o, ref_l = reference_attention(variant, tq.float().cpu().numpy(), keys, values,
+                                           np.arange(batch + 1, dtype=np.int32), HEAD_DIM ** -0.5, params,
+                                           k_scale=k_scale, v_scale=v_scale)
         tpages = torch.from_numpy(pages.view(np.uint8)).to(dev).view(getattr(torch, kv_dtype))
         for chunks, backend in ((1, 1), (3, 1), (1, 2), (3, 2)):  # CUDA cores, tensor cores; even split
             o = torch.full_like(tq, float("nan"))

@@ -36,13 +36,13 @@ def fp8_module(name, build_cache):
 
 
 def quantised_problem(rng, kv_dtype, q_dtype, *, qo_lens, kv_lens, num_qo_heads, num_kv_heads, layout,
-                      page_size=4, spread=1.0):
+                      page_size=4, spread=1.0, head_dim=HEAD_DIM):
     """A random problem whose ragged and paged K/V are stored as ``kv_dtype`` with per-head scales
     (from each head's largest value, times random factors so that rows are not all in range)."""
-    prob = random_problem(rng, qo_lens, kv_lens, num_qo_heads, num_kv_heads, HEAD_DIM, page_size=page_size,
+    prob = random_problem(rng, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, page_size=page_size,
                           dtype="float32", layout="NHD")
-    k_scale = kv_scale_for(prob.paged.pages[:, 0].reshape(-1, num_kv_heads, HEAD_DIM), kv_dtype) * spread
-    v_scale = kv_scale_for(prob.paged.pages[:, 1].reshape(-1, num_kv_heads, HEAD_DIM), kv_dtype) * spread
+    k_scale = kv_scale_for(prob.paged.pages[:, 0].reshape(-1, num_kv_heads, head_dim), kv_dtype) * spread
+    v_scale = kv_scale_for(prob.paged.pages[:, 1].reshape(-1, num_kv_heads, head_dim), kv_dtype) * spread
     pages = np.stack([quantize_kv(prob.paged.pages[:, 0], kv_dtype, k_scale),
                       quantize_kv(prob.paged.pages[:, 1], kv_dtype, v_scale)], axis=1)
     if layout == "HND":
@@ -76,11 +76,12 @@ def tolerance(ref_out, q_dtype):
 def run_and_compare(att, v, rng, prob, k_scale, v_scale, q_dtype, kv, *, decode=False):
     """Run one call on NaN-poisoned outputs; the max |O - ref| and |lse - ref| after asserting them."""
     q, qo_indptr = prob.q, prob.qo_indptr
+    head_dim = q.shape[2]
     if decode:
-        q = rounded(rng.standard_normal((len(prob.kv_lens), q.shape[1], HEAD_DIM)).astype(np.float32), q_dtype)
+        q = rounded(rng.standard_normal((len(prob.kv_lens), q.shape[1], head_dim)).astype(np.float32), q_dtype)
         qo_indptr = np.arange(len(prob.kv_lens) + 1, dtype=np.int32)
     params = random_params(v, rng, prob)
-    sm_scale = 1.0 / np.sqrt(HEAD_DIM)
+    sm_scale = 1.0 / np.sqrt(head_dim)
     ref_o, ref_l = reference_attention(v, q, prob.keys, prob.values, qo_indptr, sm_scale, params,
                                        k_scale=k_scale, v_scale=v_scale)
     out = as_call_tensor(np.full(q.shape, np.nan, np.float32 if q_dtype == "bfloat16" else q_dtype), q_dtype)
@@ -114,6 +115,18 @@ def test_fp8_cache_matches_the_reference_on_dequantised_values(name, q_dtype, kv
         run_and_compare(att, v, rng, prob, k_scale, v_scale, q_dtype, prob.paged, decode=True)
         if layout == "NHD":
             run_and_compare(att, v, rng, prob, k_scale, v_scale, q_dtype, prob.ragged)
+
+
+@pytest.mark.parametrize("kv_dtype", FORMATS)
+def test_head_dim_128_long_requests_and_pages_of_16(kv_dtype, build_cache, rng):
+    v = builtin("sliding_window_causal")
+    att = CPUAttention.build(v, head_dims=(128,), dtypes=("float32",), kv_dtypes=(kv_dtype,), layouts=("HND",),
+                             cache=build_cache)
+    prob, k_scale, v_scale = quantised_problem(rng, kv_dtype, "float32", qo_lens=[17, 1], kv_lens=[300, 33],
+                                               num_qo_heads=8, num_kv_heads=2, layout="HND", page_size=16,
+                                               head_dim=128)
+    run_and_compare(att, v, rng, prob, k_scale, v_scale, "float32", prob.paged)
+    run_and_compare(att, v, rng, prob, k_scale, v_scale, "float32", prob.paged, decode=True)
 
 
 @pytest.mark.parametrize("kv_dtype", FORMATS)

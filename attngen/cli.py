@@ -83,8 +83,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", type=_csv, default=None,
                    help="comma-separated query/output dtypes (cpu default float32; cuda default float16)")
     b.add_argument("--kv-dtype", type=_csv, default=(),
-                   help="comma-separated K/V dtypes, one per --dtype (default: each query dtype; only K/V in "
-                        "the query dtype are built today)")
+                   help="comma-separated K/V dtypes, one per --dtype (default: each query dtype); cpu also "
+                        "builds fp8 caches, float8_e4m3fn or float8_e5m2, whose calls take k_scale and v_scale")
     b.add_argument("--layout", type=_csv, default=("NHD", "HND"),
                    help="paged-KV layouts to instantiate: NHD, HND (default: both)")
     b.add_argument("--kernels", type=lambda s: () if s == "none" else _csv(s), default=("decode", "prefill"),
@@ -144,7 +144,8 @@ def _announce(name: str, cfg: BuildConfig) -> None:
     what = f"variant '{name}' for {cfg.target}"
     if cfg.target == "cuda":
         what += f" ({', '.join(cfg.archs)})"
-    print(f"attngen: building {what}: head_dim {list(cfg.head_dims)}, dtype {list(cfg.dtypes)}, "
+    kv = f", kv_dtype {list(cfg.kv_dtypes)}" if cfg.kv_dtypes != cfg.dtypes else ""
+    print(f"attngen: building {what}: head_dim {list(cfg.head_dims)}, dtype {list(cfg.dtypes)}{kv}, "
           f"layouts {list(cfg.layouts)}")
 
 

@@ -8,10 +8,14 @@
 // memory once for the whole group. Online softmax in fp32, base 2. The mask's
 // bounds (causal, sliding window) shrink the visited KV range before any page is
 // touched. With several chunks the CTA writes a partial state for merge.cuh.
+// K/V may be fp8 (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, fp8_kv.cuh): tiles hold the fp8 bytes, rows are
+// dequantised as they are read from shared memory, k_scale goes into the query's scale (or before the key
+// hook) and v_scale into the accumulated row.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "epilogue.cuh"
+#include "fp8_kv.cuh"
 #include "kv_rows.cuh"
 
 namespace attngen {
@@ -46,6 +50,15 @@ struct DecodeProblem {
   float sm_scale;
   KVRows kv;  // paged (page_size > 0)
 };
+
+// A decode problem over an fp8 cache: the scales its elements are stored with.
+struct ScaledDecodeProblem : DecodeProblem {
+  KVScales scales;
+};
+
+// The problem a decode kernel reading K/V of type KV takes.
+template <class KV>
+using DecodeProblemOf = std::conditional_t<kIsFp8<KV>, ScaledDecodeProblem, DecodeProblem>;
 
 struct KeyRange {
   int lo, hi;
@@ -84,10 +97,10 @@ struct DecodeTile {
   static_assert(kTokens % kZ == 0, "token lanes must divide the tile");
 };
 
-template <class V, class T, int D, int G>
+template <class V, class T, int D, int G, class KV = T>
 constexpr size_t decode_smem_bytes() {
   using Tile = DecodeTile<D, G>;
-  size_t tiles = size_t(Tile::kStages) * 2 * Tile::kTileElems * sizeof(T);
+  size_t tiles = size_t(Tile::kStages) * 2 * Tile::kTileElems * sizeof(KV);
   size_t keys = V::kHasKeyTransform ? 2 * size_t(Tile::kTokens) * D * sizeof(float) : 0;
   size_t merge = (size_t(Tile::kZ) * G * (D + 2) + 2 * size_t(G) * D + G) * sizeof(float);
   size_t qrows = 2 * size_t(G) * D * sizeof(float);
@@ -96,9 +109,9 @@ constexpr size_t decode_smem_bytes() {
   return body > m ? body : m;
 }
 
-template <class V, class T, int D, int G>
+template <class V, class T, int D, int G, class KV = T>
 __global__ void __launch_bounds__(DecodeTile<D, G>::kThreads)
-decode_kernel(DecodeProblem P, typename V::Params hp) {
+decode_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
   allow_dependent_launch();  // the split-KV merge may launch now; it waits for this grid's writes
   using Tile = DecodeTile<D, G>;
   constexpr int L = Tile::kLanes, Z = Tile::kZ, NT = Tile::kThreads, TOK = Tile::kTokens, S = Tile::kStages;
@@ -146,31 +159,33 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[e] = 0.f;
   }
-  const float qscale = P.sm_scale * (V::kQScaleLog2e ? kLog2e : 1.f);
+  float qscale = P.sm_scale * (V::kQScaleLog2e ? kLog2e : 1.f);
+  if constexpr (kIsFp8<KV> && !V::kHasKeyTransform) qscale *= P.scales.k[hk];  // q . (k s) = (q s) . k
 #pragma unroll
   for (int e = 0; e < 8; ++e) q[e] *= qscale;
 
   // ---- pipelined K/V tiles ------------------------------------------------------------
-  T* tiles = reinterpret_cast<T*>(smem_raw);  // [S][2][TOK][D]
-  float* kf = reinterpret_cast<float*>(smem_raw + size_t(S) * 2 * Tile::kTileElems * sizeof(T));  // [2][TOK][D]
-  const T* pages = static_cast<const T*>(P.kv.base);
+  KV* tiles = reinterpret_cast<KV*>(smem_raw);  // [S][2][TOK][D]
+  float* kf = reinterpret_cast<float*>(smem_raw + size_t(S) * 2 * Tile::kTileElems * sizeof(KV));  // [2][TOK][D]
+  const KV* pages = static_cast<const KV*>(P.kv.base);
   const int32_t* page_ids = P.kv.indices + P.kv.indptr[b];
   const int64_t head_off = int64_t(hk) * P.kv.stride_head;
   const int num_tiles = (end - start + TOK - 1) / TOK;
 
+  constexpr int CE = kElemsPer16B<KV>, LC = D / CE;  // elements of one 16-byte copy, copies per row (L for 16-bit)
   auto load_tile = [&](int tile, int stage) {
     const int t0 = start + tile * TOK;
-    for (int c = tid; c < 2 * TOK * L; c += NT) {
-      const int kv = c / (TOK * L), r = (c / L) % TOK, l = c % L;
+    for (int c = tid; c < 2 * TOK * LC; c += NT) {
+      const int kv = c / (TOK * LC), r = (c / LC) % TOK, l = c % LC;
       const int j = t0 + r;
       const bool ok = j < end;
-      const T* src = pages;
+      const KV* src = pages;
       if (ok) {
         const int page = page_ids[j / P.kv.page_size];
         src = pages + int64_t(page) * P.kv.stride_page + int64_t(j % P.kv.page_size) * P.kv.stride_slot +
-              head_off + kv * P.kv.stride_kv + l * 8;
+              head_off + kv * P.kv.stride_kv + l * CE;
       }
-      copy16_async(tiles + ((stage * 2 + kv) * TOK + r) * D + l * 8, src, ok);
+      copy16_async(tiles + ((stage * 2 + kv) * TOK + r) * D + l * CE, src, ok);
     }
   };
 
@@ -187,13 +202,17 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
     copy_wait<S - 1>();
     __syncthreads();
     const int stage = tile % S;
-    const T* ktile = tiles + (stage * 2 + 0) * TOK * D;
-    const T* vtile = tiles + (stage * 2 + 1) * TOK * D;
+    const KV* ktile = tiles + (stage * 2 + 0) * TOK * D;
+    const KV* vtile = tiles + (stage * 2 + 1) * TOK * D;
     const int t0 = start + tile * TOK;
     if constexpr (V::kHasKeyTransform) {  // K rows to fp32, transformed once per token for the group
       for (int idx = tid; idx < TOK * L; idx += NT) {
         float v[8];
         load8_shared(ktile + idx * 8, v);
+        if constexpr (kIsFp8<KV>) {  // the key hook sees dequantised keys
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] *= P.scales.k[hk];
+        }
 #pragma unroll
         for (int e = 0; e < 8; ++e) kf[idx * 8 + e] = v[e];
       }
@@ -276,6 +295,11 @@ decode_kernel(DecodeProblem P, typename V::Params hp) {
   }
   copy_wait<0>();
   __syncthreads();
+  if constexpr (kIsFp8<KV>) {  // sum_j p_j (v_j s) = s sum_j p_j v_j: once per row, not per key
+    const float vs = P.scales.v[hk];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= vs;
+  }
 
   // ---- merge the token lanes, normalise -------------------------------------------------
   float* zstate = smem;                      // [Z][G][2]

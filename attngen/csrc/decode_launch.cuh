@@ -45,8 +45,8 @@ auto merge_decode_kernel_ref() {
 // A launch with the programmatic stream-serialization attribute on sm_90+ (the kernel may start while the
 // one before it finishes, and waits for it in grid_dependency_wait); a plain launch before sm_90 or where
 // the driver refuses the attribute (a second failure reaches check_launch).
-template <class Kernel, class Params>
-void launch_dependent(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const DecodeProblem& P,
+template <class Kernel, class Problem, class Params>
+void launch_dependent(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const Problem& P,
                       const Params& hp) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;

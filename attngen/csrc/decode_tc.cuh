@@ -15,6 +15,10 @@
 // transform in the epilogue (or after the split-KV merge, merge.cuh). With the plan's merge counters
 // (fused merge) the CTA that writes a split request's last partial state merges the request itself, so
 // no merge kernel runs.
+// fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, fp8_kv.cuh): the loader copies the fp8 rows into a staging
+// area, and each warp dequantises its own 16 rows of a stage into the 16-bit tile (exact: every fp8 value
+// is a half and a bfloat16 value) before its ldmatrix reads them; k_scale scales the scores (or the key
+// hook's input), v_scale the accumulated rows.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
@@ -88,9 +92,17 @@ constexpr size_t decode_tc_tiles_offset() {
   return (q + scratch + merge + 127) / 128 * 128;
 }
 
-template <int D, int S>
+// kFp8: an fp8 cache, whose rows are staged before the 16-bit tiles (one byte per element)
+template <int D, int S, bool kFp8 = false>
 constexpr size_t decode_tc_smem_bytes() {
-  return decode_tc_tiles_offset<D, S>() + size_t(S) * 2 * DecodeTCTile<D, S>::kKeys * D * 2;
+  return decode_tc_tiles_offset<D, S>() + size_t(S) * 2 * DecodeTCTile<D, S>::kKeys * D * (kFp8 ? 3 : 2);
+}
+
+// fp8 caches: the rows as the loader copied them, [S][2][TK][D] unswizzled, after the 16-bit tiles. (Only
+// the fp8 branches name it: a pointer computed beside the 16-bit path changed that path's code.)
+template <int D, int S, class KV>
+__device__ __forceinline__ KV* decode_tc_staged(unsigned char* smem_raw) {
+  return reinterpret_cast<KV*>(smem_raw + decode_tc_tiles_offset<D, S>() + size_t(S) * 2 * DecodeTCTile<D, S>::kKeys * D * 2);
 }
 
 // One work item: request b, keys [start, end). part_row0 < 0: write the final output (after the
@@ -125,9 +137,10 @@ struct DecodeTCItems {
 // Every work item of one CTA and KV head hk, as one stream of K/V tiles: the loader runs S - 1
 // tiles ahead across item boundaries, so the next item's first tiles arrive while this one's
 // last tiles and epilogue run. Called by all threads of the CTA.
-template <class V, class T, int D, int S>
+template <class V, class T, int D, int S, class KV = T>
 __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const typename V::Params& hp,
-                                                unsigned char* smem_raw, int hk, const DecodeTCItems<V>& items) {
+                                                unsigned char* smem_raw, int hk, const DecodeTCItems<V>& items,
+                                                KVScales scales = {}) {
   using Tile = DecodeTCTile<D, S>;
   constexpr int TK = Tile::kKeys, ST = Tile::kStride, NT = Tile::kThreads, NW = Tile::kWarps;
   constexpr int NDT = D / 8;   // n-tiles of O per warp
@@ -203,6 +216,16 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       const int r = wk + pass * RPW + lane / TPR, j = t0 + r;
       const bool ok = j < l_cur.end;
       const int slot = ps_pow2 ? (j & (ps - 1)) : j % ps;
+      if constexpr (kIsFp8<KV>) {  // a lane copies one 16-byte chunk (16 elements) of the K row and the V row
+        const KV* pages8 = static_cast<const KV*>(P.kv.base);
+        const KV* src = ok ? pages8 + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot +
+                                 int64_t(hk) * P.kv.stride_head + (lane % TPR) * 16
+                           : pages8;
+        KV* dst = decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 * TK + r) * D + (lane % TPR) * 16;
+        copy16_async(dst, src, ok);
+        copy16_async(dst + TK * D, src + P.kv.stride_kv, ok);
+        continue;
+      }
       // a row past the item reads nothing; its address (page 0) only has to lie in the cache
       const T* src = ok ? pages + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot + head_off
                         : pages;
@@ -260,6 +283,16 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       ++consumed;
       T* sk = tiles + (stage * 2 + 0) * TK * D;
       T* sv = tiles + (stage * 2 + 1) * TK * D;
+      if constexpr (kIsFp8<KV>) {  // this warp's staged K and V rows, dequantised into its rows of the tiles
+        constexpr int CH = D / 8, ROWS = Tile::kKeysPerWarp * CH;  // 8-element chunks per row, per warp and half
+        for (int c = lane; c < 2 * ROWS; c += 32) {
+          const int half = c / ROWS, r = wk + (c % ROWS) / CH, col = (c % CH) * 8;
+          float f[8];
+          load8_shared(decode_tc_staged<D, S, KV>(smem_raw) + ((stage * 2 + half) * TK + r) * D + col, f);
+          store8<T>((half ? sv : sk) + kv_tile_at<D>(r, col), f);
+        }
+        __syncwarp();
+      }
       if (tile == 0) {  // the query rows arrived with this tile: query transform, then the fragments
         if constexpr (V::kHasQueryTransform) {
           for (int r = warp; r < group; r += NW) {
@@ -285,6 +318,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           const int j = j0 + r;
           if (j >= end) break;
           for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[kv_tile_at<D>(wk + r, i)]);
+          if constexpr (kIsFp8<KV>) {  // the key hook sees dequantised keys
+            for (int i = lane; i < D; i += 32) scratch[i] *= scales.k[hk];
+          }
           __syncwarp();
           warp_row_hook<D, V::kKeyElementwise>(
               scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
@@ -307,6 +343,13 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         ldmatrix_x4(bk, sk + kv_tile_at<D>(wk + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
         mma16816<T>(s[0], a, bk[0], bk[1]);
         mma16816<T>(s[1], a, bk[2], bk[3]);
+      }
+      if constexpr (kIsFp8<KV> && !V::kHasKeyTransform) {  // (q . k) s = q . (k s); with a key hook it scaled the keys
+        const float ks = scales.k[hk];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] *= ks;
       }
       float mt = m_row;
 #pragma unroll
@@ -368,6 +411,13 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       __syncwarp();  // the warp's rows of the stage are refilled by its own later prefetch
     }
 
+    if constexpr (kIsFp8<KV>) {  // sum_j p_j (v_j s) = s sum_j p_j v_j
+      const float vs = scales.v[hk];
+#pragma unroll
+      for (int n = 0; n < NDT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[n][e] *= vs;
+    }
     // ---- merge the four warps' states, normalise (own region: the next tiles stay in flight) --
     d_row += __shfl_xor_sync(0xffffffffu, d_row, 1);
     d_row += __shfl_xor_sync(0xffffffffu, d_row, 2);
@@ -427,9 +477,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 
 // Grid mode (no plan): grid (num_chunks, Hkv, B), an even split of each request's visible keys.
 // Plan mode (P.plan set): grid (num_ctas, Hkv); CTA x runs its work items of the plan in order.
-template <class V, class T, int D, int S>
+template <class V, class T, int D, int S, class KV = T>
 __global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
-decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
+decode_tc_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   allow_dependent_launch();  // the split-KV merge may launch now; it waits for this grid's writes
   // launched as a dependent of whatever ran before on the stream (sm_90): its launch and block setup
@@ -440,11 +490,13 @@ decode_tc_kernel(DecodeProblem P, typename V::Params hp) {
     const DecodePlanView plan(P.plan);
     const int w0 = plan.cta_indptr[blockIdx.x];
     const DecodeTCItems<V> items{P, hp, plan.work + 5 * w0, plan.cta_indptr[blockIdx.x + 1] - w0};
-    decode_tc_items<V, T, D, S>(P, hp, smem_raw, hk, items);
+    if constexpr (kIsFp8<KV>) decode_tc_items<V, T, D, S, KV>(P, hp, smem_raw, hk, items, P.scales);
+    else decode_tc_items<V, T, D, S>(P, hp, smem_raw, hk, items);
     return;
   }
   const DecodeTCItems<V> items{P, hp, nullptr, 1};
-  decode_tc_items<V, T, D, S>(P, hp, smem_raw, hk, items);
+  if constexpr (kIsFp8<KV>) decode_tc_items<V, T, D, S, KV>(P, hp, smem_raw, hk, items, P.scales);
+  else decode_tc_items<V, T, D, S>(P, hp, smem_raw, hk, items);
 }
 
 }  // namespace attngen

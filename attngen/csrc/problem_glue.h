@@ -19,10 +19,12 @@ inline void set_page_table(KVRows& kv, const tvm::ffi::TensorView& indptr, const
   kv.last_page_len = static_cast<const int32_t*>(data_of(last_page_len));
 }
 
-// pages [P, 2, S, Hkv, D] (NHD) or [P, 2, Hkv, S, D] (HND); returns the number of KV heads.
+// pages [P, 2, S, Hkv, D] (NHD) or [P, 2, Hkv, S, D] (HND) of elem_bits-bit elements (8: an fp8 cache);
+// returns the number of KV heads.
 inline int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, bool hnd, const tvm::ffi::TensorView& indptr,
-                         const tvm::ffi::TensorView& indices, const tvm::ffi::TensorView& last_page_len) {
-  check_tensor(pages, "pages", 5, {kDLFloat, 16, 1});
+                         const tvm::ffi::TensorView& indices, const tvm::ffi::TensorView& last_page_len,
+                         int elem_bits = 16) {
+  check_tensor(pages, "pages", 5, {kDLFloat, static_cast<uint8_t>(elem_bits), 1});
   kv.base = data_of(pages);
   set_page_table(kv, indptr, indices, last_page_len);
   kv.stride_page = pages.stride(0);
@@ -35,8 +37,8 @@ inline int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, bool hnd
 
 template <KVLayout L>
 int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, const tvm::ffi::TensorView& indptr,
-                  const tvm::ffi::TensorView& indices, const tvm::ffi::TensorView& last_page_len) {
-  return kv_from_pages(kv, pages, L == KVLayout::kHND, indptr, indices, last_page_len);
+                  const tvm::ffi::TensorView& indices, const tvm::ffi::TensorView& last_page_len, int elem_bits = 16) {
+  return kv_from_pages(kv, pages, L == KVLayout::kHND, indptr, indices, last_page_len, elem_bits);
 }
 
 // K and V views [P, Hkv, S, D] (HND) of one page pool; returns the number of KV heads.

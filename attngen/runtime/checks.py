@@ -12,6 +12,11 @@ class AttentionArgumentError(ValueError):
     pass
 
 
+# a uint8 K/V tensor does not say which fp8 format its bits hold (runtime/fp8.py)
+FP8_BITS_HINT = ("; if it holds fp8 bits, pass it viewed as its format (x.view(torch.float8_e4m3fn) / "
+                 "x.view(ml_dtypes.float8_e4m3fn), or float8_e5m2)")
+
+
 def as_numpy(x, name: str) -> np.ndarray:
     """Read-only NumPy view of an index array (numpy or CPU torch), for host-side checks."""
     if hasattr(x, "detach"):
@@ -37,7 +42,8 @@ def check_tensor(x, name: str, ndim: int, dtype: str | None = None) -> None:
     if len(x.shape) != ndim:
         raise AttentionArgumentError(f"{name}: expected {ndim} dims, got shape {tuple(x.shape)}")
     if dtype is not None and dtype_name(x) != dtype:
-        raise AttentionArgumentError(f"{name}: expected dtype {dtype}, got {dtype_name(x)}")
+        hint = FP8_BITS_HINT if dtype_name(x) == "uint8" and name.startswith("kv.") else ""
+        raise AttentionArgumentError(f"{name}: expected dtype {dtype}, got {dtype_name(x)}{hint}")
     contiguous = x.is_contiguous() if hasattr(x, "is_contiguous") else x.flags["C_CONTIGUOUS"]
     if not contiguous:
         raise AttentionArgumentError(f"{name}: must be contiguous (call .contiguous() / np.ascontiguousarray)")

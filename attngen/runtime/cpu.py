@@ -4,16 +4,22 @@ Each call checks its arguments, allocates or checks the outputs and calls the
 TVM-FFI function for its (kind, layout, dtype, head_dim) from the built library, in the
 calling convention of ``codegen/cpu/attention_tir.py`` (``CPU_SIGNATURES``).
 Outputs: O like q, and the base-2 LSE per (token, head), float32.
+
+An fp8 KV cache (``fp8.py``: torch / ml_dtypes ``float8_e4m3fn`` or ``float8_e5m2``) is read by the
+functions built for that K/V dtype (``BuildConfig.kv_dtypes``) and needs ``k_scale`` and
+``v_scale``; any other cache is in the query's dtype and takes no scales.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from attngen import build as build_entry
-from attngen.schedules.build_config import BuildConfig
+from attngen.schedules.build_config import BuildConfig, symbol
+from attngen.schedules.dtypes import is_fp8
 
 from .checks import (AttentionArgumentError, check_indptr, check_paged, check_qkv_heads, check_ragged,
                      check_tensor, dtype_name)
+from .fp8 import check_no_scales, kv_bits, kv_scales
 from .module import BuiltModule, empty_like, resolve_sm_scale
 from .params import resolve_params
 from .views import PagedKV, RaggedKV
@@ -28,58 +34,96 @@ def _nonempty(x):
     return empty_like(x, shape, dtype_name(x))
 
 
+def _kernel_kv(x):
+    """K/V as the kernels take them: the bits of an fp8 tensor (``fp8.kv_bits``), any other as it is."""
+    return kv_bits(x) if is_fp8(dtype_name(x)) else x
+
+
 class CPUAttention(BuiltModule):
     """Attention of one variant on the CPU, from a library built by ``attngen.build``."""
 
     @classmethod
-    def build(cls, variant, head_dims=(128,), dtypes=("float32",), layouts=("NHD", "HND"), **kwargs):
-        """Build (or take from the cache) ``variant``'s CPU library; ``kwargs`` go to ``attngen.build.build``."""
-        config = BuildConfig("cpu", tuple(head_dims), tuple(dtypes), layouts=tuple(layouts))
+    def build(cls, variant, head_dims=(128,), dtypes=("float32",), layouts=("NHD", "HND"), kv_dtypes=(),
+              **kwargs):
+        """Build (or take from the cache) ``variant``'s CPU library; ``kwargs`` go to ``attngen.build.build``.
+        ``kv_dtypes``: the K/V dtype of each query dtype (() = the query's; an fp8 format for fp8 caches)."""
+        config = BuildConfig("cpu", tuple(head_dims), tuple(dtypes), layouts=tuple(layouts),
+                             kv_dtypes=tuple(kv_dtypes))
         res = build_entry.build(variant, config, **kwargs)
         return cls(variant, res.library, res.manifest)
 
+    def _kernel(self, kind: str, q_dtype: str, kv_dtype: str, head_dim: int):
+        """The function of ``kind`` for queries of ``q_dtype`` and K/V of ``kv_dtype``."""
+        if kv_dtype == q_dtype:
+            return self.function(kind, q_dtype, head_dim)
+        name = symbol(kind, q_dtype, head_dim, kv_dtype)
+        if name not in self.functions:
+            raise AttentionArgumentError(
+                f"{self.library.name} has no {name}: it was built for {sorted(self.functions)}; rebuild with "
+                f"dtypes including {q_dtype} paired with kv_dtypes {kv_dtype}, head_dims including {head_dim} and "
+                "the needed layout")
+        return self._mod[name]
+
+    @staticmethod
+    def _scale_args(q, kv, kv_dtype: str, k_scale, v_scale) -> tuple:
+        """The fp8 functions' (k_scale [Hkv], v_scale [Hkv]) float32; () for a cache in the query dtype."""
+        if not is_fp8(kv_dtype):
+            check_no_scales(kv_dtype, k_scale, v_scale)
+            return ()
+        heads = kv.num_kv_heads
+        return tuple(kv_scales(scale, name, kv_dtype=kv_dtype, num_kv_heads=heads, like=q)
+                     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)))
+
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, sm_scale: float | None = None,
-                params: dict | None = None, out=None, lse=None):
-        """q: [total_q, Hq, D]; qo_indptr: [B+1] int32. Returns (out [total_q, Hq, D], lse [total_q, Hq])."""
+                params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):
+        """q: [total_q, Hq, D]; qo_indptr: [B+1] int32. Returns (out [total_q, Hq, D], lse [total_q, Hq]).
+        ``k_scale``, ``v_scale``: an fp8 cache's scales (a float or float32 [Hkv], see ``fp8.py``)."""
         check_tensor(q, "q", 3)
         dt, d = dtype_name(q), int(q.shape[2])
         qo = check_indptr(qo_indptr, "qo_indptr", int(q.shape[0]))
         batch = len(qo) - 1
-        if isinstance(kv, PagedKV):
-            check_paged(kv, d, dt, batch)
-            fn = self.function(f"batch_prefill_paged_{kv.layout.lower()}", dt, d)
-            kv_args = (_nonempty(kv.pages), kv.indptr, _nonempty(kv.indices), kv.last_page_len)
-        elif isinstance(kv, RaggedKV):
-            check_ragged(kv, d, dt, batch)
-            fn = self.function("batch_prefill_ragged", dt, d)
-            kv_args = (_nonempty(kv.k), _nonempty(kv.v), kv.indptr)
-        else:
+        if not isinstance(kv, (PagedKV, RaggedKV)):
             raise AttentionArgumentError(f"kv: expected PagedKV or RaggedKV, got {type(kv).__name__}")
+        kv_dt = kv.kv_dtype if is_fp8(kv.kv_dtype) else dt
+        if isinstance(kv, PagedKV):
+            check_paged(kv, d, kv_dt, batch)
+            kind = f"batch_prefill_paged_{kv.layout.lower()}"
+            kv_args = (_nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len)
+        else:
+            check_ragged(kv, d, kv_dt, batch)
+            kind = "batch_prefill_ragged"
+            kv_args = (_nonempty(_kernel_kv(kv.k)), _nonempty(_kernel_kv(kv.v)), kv.indptr)
         check_qkv_heads(q, kv.num_kv_heads, d)
+        scales = self._scale_args(q, kv, kv_dt, k_scale, v_scale)
+        fn = self._kernel(kind, dt, kv_dt, d)
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:  # nothing to attend; zero-size index arrays cannot cross the FFI boundary
             return out, lse
-        fn(_nonempty(q), qo_indptr, *kv_args, _nonempty(out), _nonempty(lse), scale, *extras)
+        fn(_nonempty(q), qo_indptr, *kv_args, _nonempty(out), _nonempty(lse), *scales, scale, *extras)
         return out, lse
 
     def decode(self, q, kv: PagedKV, *, sm_scale: float | None = None, params: dict | None = None,
-               out=None, lse=None):
-        """q: [B, Hq, D], one query per request. Returns (out [B, Hq, D], lse [B, Hq])."""
+               out=None, lse=None, k_scale=None, v_scale=None):
+        """q: [B, Hq, D], one query per request. Returns (out [B, Hq, D], lse [B, Hq]).
+        ``k_scale``, ``v_scale``: an fp8 cache's scales (a float or float32 [Hkv], see ``fp8.py``)."""
         check_tensor(q, "q", 3)
         if not isinstance(kv, PagedKV):
             raise AttentionArgumentError("kv: decode reads a PagedKV cache")
         dt, d, batch = dtype_name(q), int(q.shape[2]), int(q.shape[0])
-        check_paged(kv, d, dt, batch)
+        kv_dt = kv.kv_dtype if is_fp8(kv.kv_dtype) else dt
+        check_paged(kv, d, kv_dt, batch)
         check_qkv_heads(q, kv.num_kv_heads, d)
-        fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d)
+        scales = self._scale_args(q, kv, kv_dt, k_scale, v_scale)
+        fn = self._kernel(f"batch_decode_paged_{kv.layout.lower()}", dt, kv_dt, d)
         out, lse = self.outputs(q, batch, out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch)
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:
             return out, lse
-        fn(q, _nonempty(kv.pages), kv.indptr, _nonempty(kv.indices), kv.last_page_len, out, lse, scale, *extras)
+        fn(q, _nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len, out, lse,
+           *scales, scale, *extras)
         return out, lse

@@ -4,6 +4,8 @@ Used by tests and examples as the oracle for every backend. Queries are ragged
 (``qo_indptr``), keys are given per request as dense ``[kv_len, H_kv, D]`` arrays
 (the callers gather pages themselves, so page-table handling is tested, not
 assumed). Query row i of a request sits at position ``kv_len - qo_len + i``.
+Quantised keys and values (fp8, see ``fp8.py``) come with their scales and enter as their exact
+float64 values times the scale, the values the kernels' hooks see.
 """
 from __future__ import annotations
 
@@ -12,15 +14,23 @@ import numpy as np
 from attngen.ir import StateAlgebra
 from attngen.ir.tir_eval import apply_hook
 
+from .fp8 import dequantize_kv
+
 
 def reference_attention(variant, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
-                        qo_indptr: np.ndarray, sm_scale: float, params: dict | None = None):
+                        qo_indptr: np.ndarray, sm_scale: float, params: dict | None = None, *,
+                        k_scale=None, v_scale=None):
     """Attention of ``variant`` in float64.
 
     q: [total_q, Hq, D]; keys[b], values[b]: [kv_len_b, Hkv, D]; qo_indptr: [B+1].
+    ``k_scale``, ``v_scale``: the scales of quantised keys / values (a float or [Hkv]); a key's value
+    is ``keys[b] * k_scale`` (fp8 arrays or torch tensors are read exactly).
     Returns (o [total_q, Hq, D] float64, lse [total_q, Hq] float64, base 2).
     """
     params = params or {}
+    if k_scale is not None or v_scale is not None:
+        keys = [dequantize_kv(k, 1.0 if k_scale is None else k_scale) for k in keys]
+        values = [dequantize_kv(v, 1.0 if v_scale is None else v_scale) for v in values]
     total_q, n_qo, d = q.shape
     o = np.zeros((total_q, n_qo, d))
     lse = np.zeros((total_q, n_qo))

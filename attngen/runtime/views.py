@@ -8,7 +8,7 @@ import numpy as np
 
 from attngen.ir.hook_spec import POSITIONS
 
-from .checks import AttentionArgumentError, as_numpy
+from .checks import AttentionArgumentError, as_numpy, dtype_name
 from .module import int32_like
 
 Tensor = Any  # numpy.ndarray or torch.Tensor
@@ -32,6 +32,11 @@ class PagedKV:
     def num_kv_heads(self) -> int:
         return int(self.pages.shape[3] if self.layout == "NHD" else self.pages.shape[2])
 
+    @property
+    def kv_dtype(self) -> str:
+        """The cache's element type (an fp8 format for a quantised cache, see ``fp8.py``)."""
+        return dtype_name(self.pages)
+
 
 @dataclass(frozen=True)
 class RaggedKV:
@@ -44,6 +49,11 @@ class RaggedKV:
     @property
     def num_kv_heads(self) -> int:
         return int(self.k.shape[1])
+
+    @property
+    def kv_dtype(self) -> str:
+        """The keys' element type (an fp8 format for quantised keys and values, see ``fp8.py``)."""
+        return dtype_name(self.k)
 
 
 def paged_lengths(n_pages, last_page_len, page_size: int):

@@ -8,13 +8,13 @@ from dataclasses import asdict, dataclass, field
 from attngen.ir import ConfigError
 
 from .arch import arch_spec
-from .dtypes import DTYPE_SHORT, DtypePair
+from .dtypes import DTYPE_SHORT, FP8_DTYPES, DtypePair, is_fp8
 from .registry import KERNELS, head_dims_of
 from .template_decode import GROUP_TILES
 
 __all__ = ["BuildConfig", "DTYPE_SHORT", "symbol"]
 
-CPU_DTYPES = ("float32", "float16")
+CPU_DTYPES = ("float32", "float16", "bfloat16")  # bfloat16 through torch tensors (NumPy has no DLPack bf16)
 HEAD_DIMS_CPU = (32, 64, 80, 96, 128, 256)
 LAYOUTS = ("NHD", "HND")
 HOOK_MATH_MODES = ("approx", "precise")  # BuildConfig.hook_math (codegen/hook_math.py)
@@ -36,8 +36,8 @@ class BuildConfig:
     kernels: tuple[str, ...] = ("decode", "prefill")  # cuda: templates to instantiate (registry.KERNELS); () = hooks only
     max_group_size: int = 8  # cuda decode: largest num_qo_heads / num_kv_heads served
     tvm_constants: tuple = ()  # cuda "tvm" slots: ((param name, value), ...) compiled in (TVM passes no params)
-    # K/V dtype of each query dtype, position by position; () = the query dtype. Only equal pairs are built
-    # today; the field exists so that a K/V dtype of its own (fp8 caches) is a value, not a new API.
+    # K/V dtype of each query dtype, position by position; () = the query dtype. Besides equal pairs, the
+    # CPU target builds fp8 K/V caches (FP8_DTYPES, dequantised with k_scale / v_scale) for any query dtype.
     kv_dtypes: tuple[str, ...] = ()
     # cuda: "whole" compiles templates and hooks as one program per variant; "lto" links the variant's
     # hooks into template objects compiled once per hook signature and cached (codegen/lto.py)
@@ -87,11 +87,21 @@ class BuildConfig:
         if len(self.kv_dtypes) != len(self.dtypes):
             raise ConfigError(f"kv_dtypes {list(self.kv_dtypes)}: give one K/V dtype per query dtype "
                               f"{list(self.dtypes)}, or none for K/V in the query dtype")
+        fp8_queries = [q for q in self.dtypes if is_fp8(q)]
+        if fp8_queries:
+            raise ConfigError(f"dtype {fp8_queries[0]} is a K/V cache storage format, not a query/output dtype; "
+                              f"keep the query dtype in dtypes and give {fp8_queries[0]} in kv_dtypes")
         for q, kv in zip(self.dtypes, self.kv_dtypes):
-            if kv != q:
+            if kv == q:
+                continue
+            if not is_fp8(kv):
                 raise ConfigError(f"kv_dtypes: K/V dtype {kv} with query dtype {q} is not supported; the "
                                   f"{self.target} kernels read K/V in the query dtype (kv_dtypes=() or equal "
-                                  "to dtypes)")
+                                  f"to dtypes) or in fp8 {list(FP8_DTYPES)} on the cpu target")
+            if self.target != "cpu":
+                raise ConfigError(f"kv_dtypes: fp8 K/V ({kv}) are built for the cpu target only; the cuda "
+                                  "decode/prefill templates read K/V in the query dtype (build the fp8 cache's "
+                                  "kernels with target='cpu', or keep a float16/bfloat16 cache on cuda)")
 
     @property
     def dtype_pairs(self) -> tuple[DtypePair, ...]:

@@ -10,7 +10,14 @@ One query row per parallel iteration, scores in float32, an online softmax with 
 GQA by integer division of the query head. Every hook kind is called at its site through a
 placeholder that :mod:`.inline_hooks` replaces with the variant's hook or the kind's identity;
 keys are transformed once per call into a float32 copy when a key hook (or TVM's inline RoPE)
-applies. Positions are logical: in attngen's convention query row i of a request with qo_len
+applies.
+
+fp8 K/V (``kv_dtype`` one of ``FP8_DTYPES``) arrive as ``uint8`` bits with per-KV-head float32
+scales ``k_scale`` / ``v_scale`` [Hkv] and are decoded on load (:mod:`.fp8_tir`). Hooks see
+dequantised rows: a key row is ``k * k_scale`` before the key hook, and without a key hook
+``k_scale`` is folded into the query's scale (``q . (k * k_scale) = (q * k_scale) . k``); ``v_scale``
+multiplies the normalised output row before the output hook (``sum_j p_j v_j * v_scale``), one
+multiply per row instead of one per key. Positions are logical: in attngen's convention query row i of a request with qo_len
 rows and kv_len keys sits at qo_pos = kv_len - qo_len + i and key j at kv_pos = j; in TVM's they
 come from ``q_rope_position`` and ``k_rope_pos_offset``.
 """
@@ -22,7 +29,9 @@ import tvm.tirx as tir
 from tvm.script import tirx as T
 
 from attngen.ir import HOOKS, Site, StateAlgebra
+from attngen.schedules.dtypes import is_fp8
 
+from .fp8_tir import FP8_STORAGE, fp8_to_float32
 from .inline_hooks import hook_call, row_hook_call
 
 LOG2E = 1.4426950408889634
@@ -30,8 +39,8 @@ NO_KEY_LSE = -5.0e4  # TVM's lse for a row that sees no key (merged as weight 0)
 
 # online_softmax_program's parameters, in its own order.
 PROGRAM_PARAMS = ("q", "qo_indptr", "k", "v", "kv_indptr", "pages", "page_indptr", "page_indices",
-                  "length_info", "q_rope_position", "k_rope_pos_offset", "o", "lse", "causal",
-                  "rotary_mode", "rope_scale", "rope_theta", "sm_scale", "tree_mn_indptr", "tree_order")
+                  "length_info", "q_rope_position", "k_rope_pos_offset", "o", "lse", "k_scale", "v_scale",
+                  "causal", "rotary_mode", "rope_scale", "rope_theta", "sm_scale", "tree_mn_indptr", "tree_order")
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,7 @@ class ProgramSpec:
     """What one online-softmax program is specialised for (shape and schedule knobs)."""
 
     head_dim: int
-    dtype: str  # q/k/v/o element type: "float32" | "float16"
+    dtype: str  # q/o element type (and k/v's unless kv_dtype): "float32" | "float16" | "bfloat16"
     kv: str  # "ragged": k, v [total_kv, Hkv, D] | "paged": pages with a page table
     decode: bool = False  # one query per request (paged only): q [B, Hq, D], no qo_indptr
     page_layout: str = "NHD"  # "NHD": pages [P, 2, S, Hkv, D] | "HND": pages [P, 2, Hkv, S, D]
@@ -68,10 +77,17 @@ class ProgramSpec:
     transform_keys: bool = False  # a key hook applies: keys are transformed once per call
     softmax: bool = True  # False: unnormalised sum state (lse = 0)
     q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
+    kv_dtype: str | None = None  # K/V element type when not ``dtype``: an fp8 format, read with scales
 
     def __post_init__(self):
         if self.decode and self.kv != "paged":
             raise ValueError("decode kernels read a paged KV cache")
+        if self.kv_dtype not in (None, self.dtype) and not is_fp8(self.kv_dtype):
+            raise ValueError(f"K/V dtype {self.kv_dtype} with query dtype {self.dtype}: only fp8 K/V differ")
+
+    @property
+    def fp8(self) -> bool:
+        return self.kv_dtype is not None and is_fp8(self.kv_dtype)
 
 
 def kernel_flags(variant) -> dict:
@@ -102,6 +118,11 @@ def tvm_rope(x, d, pos, rope_scale, rope_theta, head_dim: int):
 def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
     """The program for ``spec``, taking every parameter of ``PROGRAM_PARAMS``, with hook placeholders."""
     D, dt = spec.head_dim, spec.dtype
+    fp8 = spec.fp8
+    kv_dt = FP8_STORAGE if fp8 else dt  # the K/V buffers' element type
+    # K/V elements read straight into float32 (no let of the element): fp8 bits are decoded, and a
+    # bfloat16 let breaks TVM's bfloat16 legalisation (the let keeps its type, the load becomes uint16)
+    kv_direct = fp8 or dt == "bfloat16"
     paged, decode, hnd = spec.kv == "paged", spec.decode, spec.page_layout == "HND"
     tvm_conv = spec.tvm is not None
     sliding = tvm_conv and spec.tvm.sliding_length_info
@@ -150,6 +171,11 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
             return storage[row, half, hk, slot, d]
         return storage[row, half, slot, hk, d]
 
+    def kv_float(storage, half: int, row, slot, hk, d):
+        """``kv_element`` as float32, decoded from its fp8 bits when the cache is fp8 (not scaled)."""
+        element = kv_element(storage, half, row, slot, hk, d)
+        return fp8_to_float32(element, spec.kv_dtype) if fp8 else T.Cast("float32", element)
+
     def tree_visible(tree_indptr, tree_order, b, i, j, qo_len, kv_len):
         """TVM's token-tree mask: chunk key j is before the request's tree, or an ancestor of (or is)
         query row i's node. The tree is the last ``tree_len`` keys; the queries are its last ``qo_len``
@@ -189,6 +215,8 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                   k_rope_pos_offset: T.handle,  # TVM: [B] position of each request's first key
                   o: T.handle,  # like q
                   lse: T.handle,  # [total_q, Hq] float32, base 2
+                  k_scale: T.handle,  # fp8 K/V: [Hkv] float32, a stored key times its head's scale
+                  v_scale: T.handle,  # fp8 K/V: [Hkv] float32
                   causal: T.int32,  # TVM prefill: 0 lets every query see every key
                   rotary_mode: T.int32,  # TVM
                   rope_scale: T.float32,  # TVM, inline RoPE
@@ -226,9 +254,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
             QO_INDPTR = T.match_buffer(qo_indptr, (batch_plus_1,), "int32", elem_offset=qo_indptr_off)
         if paged:
             if hnd:
-                PAGES = T.match_buffer(pages, (n_pages_total, 2, n_kv_heads, page_size, D), dt)
+                PAGES = T.match_buffer(pages, (n_pages_total, 2, n_kv_heads, page_size, D), kv_dt)
             else:
-                PAGES = T.match_buffer(pages, (n_pages_total, 2, page_size, n_kv_heads, D), dt)
+                PAGES = T.match_buffer(pages, (n_pages_total, 2, page_size, n_kv_heads, D), kv_dt)
             PAGE_INDPTR = T.match_buffer(page_indptr, (batch_plus_1,), "int32", elem_offset=page_indptr_off)
             PAGE_IDX = T.match_buffer(page_indices, (nnz_pages,), "int32", elem_offset=page_indices_off)
             if sliding:
@@ -238,9 +266,12 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
             else:
                 LENGTH_INFO = T.match_buffer(length_info, (batch_plus_1 - 1,), "int32", elem_offset=length_info_off)
         else:
-            K = T.match_buffer(k, (n_kv_rows, n_kv_heads, D), dt)
-            V = T.match_buffer(v, (n_kv_rows, n_kv_heads, D), dt)
+            K = T.match_buffer(k, (n_kv_rows, n_kv_heads, D), kv_dt)
+            V = T.match_buffer(v, (n_kv_rows, n_kv_heads, D), kv_dt)
             KV_INDPTR = T.match_buffer(kv_indptr, (batch_plus_1,), "int32", elem_offset=kv_indptr_off)
+        if fp8:
+            K_SCALE = T.match_buffer(k_scale, (n_kv_heads,), "float32")
+            V_SCALE = T.match_buffer(v_scale, (n_kv_heads,), "float32")
         if tvm_conv:
             if decode:
                 Q_POS = T.match_buffer(q_rope_position, (batch_plus_1 - 1,), "int32", elem_offset=q_pos_off)
@@ -305,12 +336,18 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                     if rope:
                         k_raw = T.alloc_buffer((D,), "float32", scope="local")
                         for d in range(D):
-                            k_raw[d] = T.Cast("float32", kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d))
+                            if fp8:
+                                k_raw[d] = kv_float(PAGES if paged else K, 0, kv_row, kv_slot, hk, d) * K_SCALE[hk]
+                            else:
+                                k_raw[d] = T.Cast("float32", kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d))
                         for d in range(D):
                             k_in[d] = tvm_rope(k_raw, d, kv_pos, rope_scale, rope_theta, D)
                     else:
                         for d in range(D):
-                            k_in[d] = T.Cast("float32", kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d))
+                            if fp8:
+                                k_in[d] = kv_float(PAGES if paged else K, 0, kv_row, kv_slot, hk, d) * K_SCALE[hk]
+                            else:
+                                k_in[d] = T.Cast("float32", kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d))
                     T.evaluate(row_hook_call("key_transform", k_in, k_out, kv_pos, hk))
                     for d in range(D):
                         KT[k_base + j, hk, d] = k_out[d]
@@ -339,7 +376,12 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                         q_in[d] = T.Cast("float32", Q[row, h, d])
                 T.evaluate(row_hook_call("query_transform", q_in, q_out, qo_pos, h))
                 for d in range(D):
-                    if log2e_q:
+                    if fp8 and not use_kt:  # keys are read unscaled in the score loop
+                        if log2e_q:
+                            q_out[d] = q_out[d] * (sm_scale * T.float32(LOG2E) * K_SCALE[hk])
+                        else:
+                            q_out[d] = q_out[d] * (sm_scale * K_SCALE[hk])
+                    elif log2e_q:
                         q_out[d] = q_out[d] * (sm_scale * T.float32(LOG2E))
                     else:
                         q_out[d] = q_out[d] * sm_scale
@@ -358,6 +400,8 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                         for d in range(D):
                             if use_kt:
                                 s = s + q_out[d] * KT[k_base + j, hk, d]
+                            elif kv_direct:
+                                s = s + q_out[d] * kv_float(PAGES if paged else K, 0, kv_row, kv_slot, hk, d)
                             else:
                                 key: T.let = kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d)
                                 s = s + q_out[d] * T.Cast("float32", key)
@@ -380,8 +424,12 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                             rescale: T.let = T.float32(1)
                             w: T.let = s
                         for d in range(D):
-                            value: T.let = kv_element(PAGES if paged else V, 1, kv_row, kv_slot, hk, d)
-                            acc[d] = acc[d] * rescale + w * T.Cast("float32", value)
+                            if kv_direct:
+                                acc[d] = acc[d] * rescale + w * kv_float(PAGES if paged else V, 1, kv_row, kv_slot,
+                                                                         hk, d)
+                            else:
+                                value: T.let = kv_element(PAGES if paged else V, 1, kv_row, kv_slot, hk, d)
+                                acc[d] = acc[d] * rescale + w * T.Cast("float32", value)
                 # denom is 0 only for a row without a live key (O = 0, empty lse); a NaN denom (poisoned
                 # row) must reach O and lse, so the tests are "== 0", not "> 0"
                 if softmax:
@@ -389,8 +437,12 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                 else:
                     row_lse: T.let = T.float32(0)
                 for d in range(D):
-                    if softmax:
+                    if softmax and fp8:
+                        o_in[d] = T.if_then_else(denom == T.float32(0), T.float32(0), acc[d] / denom * V_SCALE[hk])
+                    elif softmax:
                         o_in[d] = T.if_then_else(denom == T.float32(0), T.float32(0), acc[d] / denom)
+                    elif fp8:
+                        o_in[d] = acc[d] * V_SCALE[hk]
                     else:
                         o_in[d] = acc[d]
                 T.evaluate(row_hook_call("output_transform", o_in, o_out, b, qo_pos, h, row_lse))
@@ -408,11 +460,12 @@ class CPUKernelSpec:
     kv: str  # "ragged" | "paged"
     decode: bool  # one query per request, q[B, Hq, D] (paged only)
     head_dim: int
-    dtype: str  # q/k/v/o element type: "float32" | "float16"
+    dtype: str  # q/o element type (and k/v's unless kv_dtype): "float32" | "float16" | "bfloat16"
     layout: str = "NHD"  # paged layout: "NHD" pages[P, 2, S, Hkv, D] | "HND" pages[P, 2, Hkv, S, D]
     transform_keys: bool = False  # the variant's keys pass a hook at load (see kernel_flags)
     softmax: bool = True  # False: unnormalised sum state
     q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
+    kv_dtype: str | None = None  # K/V element type when not ``dtype`` (an fp8 format): takes k_scale, v_scale
 
     @property
     def func_name(self) -> str:
@@ -423,7 +476,7 @@ class CPUKernelSpec:
     def program(self) -> ProgramSpec:
         return ProgramSpec(self.head_dim, self.dtype, self.kv, self.decode, self.layout,
                            transform_keys=self.transform_keys, softmax=self.softmax,
-                           q_scale_log2e=self.q_scale_log2e)
+                           q_scale_log2e=self.q_scale_log2e, kv_dtype=self.kv_dtype)
 
 
 # attngen's CPU calling convention, per kind: each argument means one thing.
@@ -432,10 +485,13 @@ CPU_SIGNATURES = {
     "paged": ("q", "qo_indptr", "pages", "page_indptr", "page_indices", "length_info", "o", "lse", "sm_scale"),
     "decode": ("q", "pages", "page_indptr", "page_indices", "length_info", "o", "lse", "sm_scale"),
 }
+FP8_SCALE_PARAMS = ("k_scale", "v_scale")  # fp8 K/V functions: [Hkv] float32 each, just before sm_scale
 
 
 def attention_program(spec: CPUKernelSpec) -> tir.PrimFunc:
     """The exported function of ``spec`` with hook placeholders, in attngen's CPU calling convention."""
     signature = CPU_SIGNATURES["decode" if spec.decode else spec.kv]
+    if spec.program().fp8:  # the scales come after the outputs, before sm_scale
+        signature = signature[:-1] + FP8_SCALE_PARAMS + signature[-1:]
     program = with_signature(online_softmax_program(spec.program()), signature)
     return program.with_attr("global_symbol", spec.func_name)

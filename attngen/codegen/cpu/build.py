@@ -16,10 +16,11 @@ CPU_TARGET = {"kind": "llvm"}
 
 def cpu_kernel_specs(variant, cfg: BuildConfig) -> dict[str, CPUKernelSpec]:
     """Exported symbol -> kernel spec, for every (kind, layout, dtype pair, head_dim) the config asks for
-    (the kernels read K/V in the query dtype: BuildConfig refuses other pairs)."""
-    common = kernel_flags(variant)
+    (K/V in the query dtype, or fp8 K/V with scales: BuildConfig refuses other pairs)."""
+    flags = kernel_flags(variant)
     specs = {}
     for pair in cfg.dtype_pairs:
+        common = dict(flags, kv_dtype=pair.kv) if pair.kv_scaled else flags
         for d in cfg.head_dims:
             kinds = [CPUKernelSpec("ragged", False, d, pair.q, **common)]
             for layout in cfg.layouts:

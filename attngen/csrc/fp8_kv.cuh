@@ -1,0 +1,51 @@
+// fp8 K/V caches on CUDA (float8_e4m3fn -> __nv_fp8_e4m3, float8_e5m2 -> __nv_fp8_e5m2): elements are
+// dequantised on load to float, on every arch (sm_89+ convert in hardware, earlier archs in a few integer
+// instructions through cuda_fp8.h); no fp8 tensor-core path. A stored key stands for k * k_scale[head],
+// a value for v * v_scale[head] (attngen/runtime/fp8.py): templates fold k_scale into the query's scale
+// (or apply it before a key hook) and v_scale into the output row, so the hot loop adds no multiply.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+namespace attngen {
+
+template <class KV>
+inline constexpr bool kIsFp8 = std::is_same_v<KV, __nv_fp8_e4m3> || std::is_same_v<KV, __nv_fp8_e5m2>;
+
+// Elements of one 16-byte copy (cp.async's largest) of K/V rows of KV
+template <class KV>
+inline constexpr int kElemsPer16B = int(16 / sizeof(KV));
+
+// 8 fp8 elements (8 bytes) -> float[8], exactly (every fp8 value is a half value)
+template <class KV>
+__device__ __forceinline__ void convert8_fp8(const uint2& raw, float (&out)[8]) {
+  static_assert(kIsFp8<KV>, "convert8_fp8 reads fp8 elements");
+  constexpr __nv_fp8_interpretation_t kKind = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], kKind)));
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// Overloads of common.cuh's load8_shared for fp8 tiles: the templates' call sites read K/V tiles of any
+// element type alike
+__device__ __forceinline__ void load8_shared(const __nv_fp8_e4m3* ptr, float (&out)[8]) {
+  convert8_fp8<__nv_fp8_e4m3>(*reinterpret_cast<const uint2*>(ptr), out);
+}
+__device__ __forceinline__ void load8_shared(const __nv_fp8_e5m2* ptr, float (&out)[8]) {
+  convert8_fp8<__nv_fp8_e5m2>(*reinterpret_cast<const uint2*>(ptr), out);
+}
+
+// Per-KV-head scales of an fp8 cache, float32 [Hkv] each on the device
+struct KVScales {
+  const float* k = nullptr;
+  const float* v = nullptr;
+};
+
+}  // namespace attngen

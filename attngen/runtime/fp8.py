@@ -1,0 +1,203 @@
+"""fp8 KV caches on the host: storage, scales, quantisation (the append path) and dequantisation.
+
+Storage. An fp8 cache is a tensor of torch's ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``, or a
+NumPy array of the ``ml_dtypes`` types of the same names (NumPy has no fp8 dtype of its own;
+``ml_dtypes`` comes with TVM). The kernels take the bits: a ``uint8`` view of the same memory
+(:func:`kv_bits`), so the dtype the caller's tensor carries is what says which format it holds; a
+bare ``uint8`` tensor is refused, since it does not say.
+
+Scales. A stored element ``x`` stands for ``x * scale``: ``k_scale`` for keys, ``v_scale`` for values,
+each a Python float (one scale for the whole cache) or a float32 tensor of ``num_kv_heads`` entries
+(or a single entry), as serving runtimes pass them. :func:`kv_scales` turns either into the
+kernels' per-head float32 arrays [Hkv].
+
+Quantisation (:func:`quantize_kv`, :func:`append_paged_kv_fp8`): ``x / scale`` in float32, then
+round to nearest, ties to even, saturating at the format's largest finite value (448 for e4m3fn,
+which has no infinity; 57344 for e5m2), NaN kept NaN: what ``(x.float() / scale).clamp(-max,
+max).to(torch.float8_*)`` gives.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from attngen.schedules.dtypes import FP8_DTYPES, is_fp8
+
+from .checks import AttentionArgumentError, as_numpy, check_tensor, dtype_name
+
+Tensor = Any  # numpy.ndarray or torch.Tensor
+
+
+@dataclass(frozen=True)
+class FP8Format:
+    """What rounding to one fp8 format needs."""
+
+    mantissa_bits: int
+    min_normal_exponent: int  # the exponent of the smallest normal number (subnormals share its spacing)
+    max_finite: float
+
+
+FP8_FORMATS = {
+    "float8_e4m3fn": FP8Format(3, -6, 448.0),
+    "float8_e5m2": FP8Format(2, -14, 57344.0),
+}
+SCALE_HELP = ("a float, or a float32 tensor of num_kv_heads entries, the scale the cache was quantised with "
+              "(attngen.runtime.fp8.quantize_kv / append_paged_kv_fp8); 1.0 for an unscaled cache")
+
+
+def _is_torch(x) -> bool:
+    return hasattr(x, "detach")
+
+
+def kv_bits(x: Tensor) -> Tensor:
+    """The ``uint8`` view of an fp8 tensor (same memory), as the kernels take it."""
+    if _is_torch(x):
+        import torch
+
+        return x.view(torch.uint8)
+    return x.view(np.uint8)
+
+
+def _fp8_like(ref: Tensor, bits: np.ndarray, dtype: str) -> Tensor:
+    """``bits`` (uint8) as an fp8 tensor of ``ref``'s library and device."""
+    if _is_torch(ref):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(bits)).view(getattr(torch, dtype)).to(ref.device)
+    return np.ascontiguousarray(bits).view(getattr(ml_dtypes, dtype))
+
+
+def _float_numpy(x: Tensor, dtype=np.float32) -> np.ndarray:
+    if _is_torch(x):
+        return x.detach().cpu().float().numpy().astype(dtype)
+    return np.asarray(x).astype(dtype)
+
+
+def _check_fp8(dtype: str, name: str) -> FP8Format:
+    if not is_fp8(dtype):
+        raise AttentionArgumentError(f"{name}: {dtype} is not an fp8 format; use one of {list(FP8_DTYPES)}")
+    return FP8_FORMATS[dtype]
+
+
+def kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like: Tensor) -> Tensor:
+    """``scale`` (a float, or a tensor of 1 or ``num_kv_heads`` entries) of a ``kv_dtype`` cache as the
+    kernels' float32 [Hkv], in the library and on the device of ``like``; refuses a missing, misshapen,
+    non-finite or non-positive scale."""
+    if scale is None:
+        raise AttentionArgumentError(f"{name}: the KV cache is fp8 ({kv_dtype}) and needs {name}: pass "
+                                     f"{name}= with {SCALE_HELP}")
+    if isinstance(scale, (int, float, np.floating, np.integer)):
+        values = np.full(num_kv_heads, float(scale), np.float32)
+    else:
+        if not hasattr(scale, "shape"):
+            raise AttentionArgumentError(f"{name}: expected {SCALE_HELP}; got {type(scale).__name__}")
+        if dtype_name(scale) != "float32":
+            raise AttentionArgumentError(f"{name}: expected a float32 tensor, got {dtype_name(scale)}")
+        flat = as_numpy(scale, name).reshape(-1)
+        if flat.shape[0] not in (1, num_kv_heads) or len(scale.shape) > 1:
+            raise AttentionArgumentError(f"{name}: shape {tuple(scale.shape)}; expected [] or [1] (one scale) or "
+                                         f"[num_kv_heads={num_kv_heads}] (one per KV head)")
+        values = np.broadcast_to(flat, (num_kv_heads,)).astype(np.float32)
+    if not np.all(np.isfinite(values) & (values > 0)):
+        raise AttentionArgumentError(f"{name}: scales must be finite and positive, got {values.tolist()}")
+    if _is_torch(like):
+        import torch
+
+        return torch.from_numpy(values).to(like.device)
+    return values
+
+
+def check_no_scales(kv_dtype: str, k_scale, v_scale) -> None:
+    if k_scale is not None or v_scale is not None:
+        raise AttentionArgumentError(f"k_scale/v_scale: the KV cache is {kv_dtype}, not fp8 "
+                                     f"({list(FP8_DTYPES)}); scales apply to fp8 caches only, leave them out")
+
+
+def round_to_fp8(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 ``x`` rounded to ``dtype``'s values (nearest, ties to even, saturating), still float32."""
+    fmt = _check_fp8(dtype, "dtype")
+    mag = np.abs(x.astype(np.float64))
+    _, exp = np.frexp(mag)  # mag = m * 2**exp, m in [0.5, 1)
+    exp = np.maximum(exp - 1, fmt.min_normal_exponent)
+    quantum = np.ldexp(1.0, exp - fmt.mantissa_bits)  # the spacing of the format's values around mag
+    with np.errstate(invalid="ignore"):
+        rounded = np.minimum(np.rint(mag / quantum) * quantum, fmt.max_finite)
+    rounded = np.where(np.isinf(mag), fmt.max_finite, rounded)
+    return np.where(np.isnan(x), np.nan, np.copysign(rounded, x)).astype(np.float32)
+
+
+def _per_head(scale, num_kv_heads: int) -> np.ndarray:
+    """A float or a 1 / Hkv-entry tensor as float32 [Hkv, 1], broadcasting over [..., Hkv, D]."""
+    s = np.asarray(_float_numpy(scale) if hasattr(scale, "shape") else scale, np.float32).reshape(-1)
+    return np.broadcast_to(s, (num_kv_heads,))[:, None]
+
+
+def quantize_kv(x: Tensor, dtype: str, scale=1.0) -> Tensor:
+    """``x`` [..., Hkv, D] (float32/float16/bfloat16) stored as ``dtype`` with ``scale`` (a float or [Hkv]):
+    ``round_to_fp8(x / scale)``, an fp8 tensor of ``x``'s library and device."""
+    _check_fp8(dtype, "dtype")
+    heads = int(x.shape[-2]) if len(x.shape) >= 2 else 1
+    scaled = _float_numpy(x) / _per_head(scale, heads)
+    grid = round_to_fp8(scaled.astype(np.float32), dtype)
+    return _fp8_like(x, grid.astype(getattr(ml_dtypes, dtype)).view(np.uint8), dtype)
+
+
+def kv_scale_for(x: Tensor, dtype: str) -> np.ndarray:
+    """Per-KV-head scales [Hkv] float32 that map each head's largest |x| of ``x`` [N, Hkv, D] onto the
+    format's largest finite value (1.0 for an all-zero head)."""
+    fmt = _check_fp8(dtype, "dtype")
+    amax = np.abs(_float_numpy(x)).max(axis=(0, 2)) if int(x.shape[0]) else np.zeros(int(x.shape[1]))
+    return np.where(amax > 0, amax / fmt.max_finite, 1.0).astype(np.float32)
+
+
+def dequantize_kv(x: Tensor, scale=1.0) -> np.ndarray:
+    """float64 values of an fp8 ``x`` [..., Hkv, D] with ``scale`` (a float or [Hkv]): exact products."""
+    values = _float_numpy(x, np.float64)  # every fp8 value is a float32 value
+    if not len(x.shape):
+        return values * float(np.asarray(scale).reshape(-1)[0])
+    return values * _per_head(scale, int(x.shape[-2])).astype(np.float64)
+
+
+def append_paged_kv_fp8(pages: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor, *, k_scale, v_scale,
+                        layout: str = "NHD") -> None:
+    """Quantise ``k``, ``v`` [N, Hkv, D] and write row i into cache slot ``slot_mapping[i]`` (page
+    ``slot // page_size``, place ``slot % page_size``) of the fp8 ``pages`` [P, 2, S, Hkv, D] (NHD) or
+    [P, 2, Hkv, S, D] (HND), in place."""
+    check_tensor(pages, "pages", 5)
+    dtype = dtype_name(pages)
+    _check_fp8(dtype, "pages")
+    if layout not in ("NHD", "HND"):
+        raise AttentionArgumentError(f"layout: {layout!r} is not 'NHD' or 'HND'")
+    heads, page_size = (pages.shape[3], pages.shape[2]) if layout == "NHD" else (pages.shape[2], pages.shape[3])
+    row_shape = (int(heads), int(pages.shape[4]))
+    for name, x in (("k", k), ("v", v)):
+        if len(x.shape) != 3 or tuple(int(n) for n in x.shape[1:]) != row_shape:
+            raise AttentionArgumentError(f"{name}: shape {tuple(x.shape)}, expected [N, {row_shape[0]}, "
+                                         f"{row_shape[1]}] (the cache's heads and head_dim)")
+    slots = as_numpy(slot_mapping, "slot_mapping").astype(np.int64).reshape(-1)
+    if len(slots) != int(k.shape[0]) or int(v.shape[0]) != len(slots):
+        raise AttentionArgumentError(f"slot_mapping: {len(slots)} entries for {int(k.shape[0])} keys and "
+                                     f"{int(v.shape[0])} values")
+    capacity = int(pages.shape[0]) * int(page_size)
+    if len(slots) and (slots.min() < 0 or slots.max() >= capacity):
+        raise AttentionArgumentError(f"slot_mapping: slots must be in [0, {capacity}) (num_pages * page_size)")
+    page, place = slots // int(page_size), slots % int(page_size)
+    bits = kv_bits(pages)
+    for half, (x, scale) in enumerate(((k, k_scale), (v, v_scale))):
+        # refuses a missing or bad scale
+        kv_scales(scale, ("k_scale", "v_scale")[half], kv_dtype=dtype, num_kv_heads=row_shape[0], like=pages)
+        rows = kv_bits(quantize_kv(x, dtype, scale))
+        if _is_torch(pages):
+            import torch
+
+            rows = rows.to(pages.device)
+            p, s = torch.as_tensor(page, device=pages.device), torch.as_tensor(place, device=pages.device)
+        else:
+            p, s = page, place
+        if layout == "NHD":
+            bits[p, half, s] = rows
+        else:
+            bits[p, half, :, s] = rows

@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from attngen.codegen.cache import BuildCache, content_key, entry_is_sealed, hash_files, python_environment
+from attngen.codegen.cache import (PREBUILT_ENV, BuildCache, content_key, entry_is_sealed, hash_files,
+                                   python_environment)
 from attngen.codegen.nvcc import NvccError
 from attngen.ir.errors import ConfigError, VariantError
 from attngen.schedules import ARCHS, BuildConfig
@@ -64,15 +65,8 @@ def _load_variant(args):
     return v.with_constants(**dict(args.constant)) if args.constant else v
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="attngen", description=DESCRIPTION,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    b = sub.add_parser("build", help="compile a variant into a library (cpu) or device objects (cuda)",
-                       description="Run the pipeline validate -> analyze -> schedule -> lower_hooks -> "
-                                   "instantiate -> compile, reusing the build cache when nothing changed.")
-    _add_source(b)
+def _add_config(b: argparse.ArgumentParser) -> None:
+    """The build configuration's options (BuildConfig), shared by build and prebuild."""
     b.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: a shared library of TVM-FFI attention functions built by LLVM; "
                         "cuda: the hooks lowered to CUDA and compiled with nvcc per arch (default: cpu)")
@@ -101,6 +95,18 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--link", choices=("whole", "lto"), default="whole",
                    help="cuda: 'whole' compiles templates and hooks as one program; 'lto' links the hooks into "
                         "template objects cached per hook signature (seconds per hook edit) (default: whole)")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="attngen", description=DESCRIPTION,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="compile a variant into a library (cpu) or device objects (cuda)",
+                       description="Run the pipeline validate -> analyze -> schedule -> lower_hooks -> "
+                                   "instantiate -> compile, reusing the build cache when nothing changed.")
+    _add_source(b)
+    _add_config(b)
     b.add_argument("--out", type=Path, help="also copy the artifacts into this directory")
     b.add_argument("--cache-dir", type=Path, help="build cache location (default: $ATTNGEN_CACHE_DIR or ~/.cache/attngen)")
     b.add_argument("--dump", type=Path, help="write every stage's artifact under this directory (same as ATTNGEN_DUMP)")
@@ -111,6 +117,15 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--arch", default="sm_80", help="arch to generate CUDA for (default: sm_80)")
     i.add_argument("--hook-math", choices=HOOK_MATH_MODES, default="approx",
                    help="the hooks' float math in the CUDA shown (default: approx)")
+
+    pb = sub.add_parser("prebuild", help="fill a build cache ahead of time (e.g. to ship read-only with a deployment)",
+                        description="Build the named variants (default: every built-in) for the given configuration "
+                                    "into a cache. With --link lto the template objects of their hook signatures "
+                                    "are cached too, so a user variant with the same signature builds in seconds. "
+                                    "Point ATTNGEN_PREBUILT_DIRS at the filled cache (read-only is fine) to use it.")
+    pb.add_argument("--variants", type=_csv, default=(), help="comma-separated built-in names (default: all)")
+    _add_config(pb)
+    pb.add_argument("--cache-dir", type=Path, help="the cache to fill (default: $ATTNGEN_CACHE_DIR or ~/.cache/attngen)")
 
     sub.add_parser("list", help="list the built-in variants")
     return ap
@@ -152,10 +167,7 @@ def _announce(name: str, cfg: BuildConfig) -> None:
 def cmd_build(args) -> int:
     from attngen.codegen.pipeline import PACKAGE, request_key
 
-    dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
-    cfg = BuildConfig(target=args.target, head_dims=args.head_dim, dtypes=dtypes, kv_dtypes=args.kv_dtype,
-                      archs=args.arch, layouts=args.layout, fast_math=args.fast_math, kernels=args.kernels,
-                      max_group_size=args.max_group_size, hook_math=args.hook_math, link=args.link)
+    cfg = _config(args)
     cache = BuildCache(args.cache_dir) if args.cache_dir else BuildCache()
     t0 = time.perf_counter()
     source = _request_source(args.source, args.variant)
@@ -190,6 +202,32 @@ def cmd_build(args) -> int:
         for f in res.directory.iterdir():
             shutil.copy2(f, args.out / f.name)
         print(f"attngen: artifacts copied to {args.out}")
+    return 0
+
+
+def _config(args) -> BuildConfig:
+    dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
+    return BuildConfig(target=args.target, head_dims=args.head_dim, dtypes=dtypes, kv_dtypes=args.kv_dtype,
+                       archs=args.arch, layouts=args.layout, fast_math=args.fast_math, kernels=args.kernels,
+                       max_group_size=args.max_group_size, hook_math=args.hook_math, link=args.link)
+
+
+def cmd_prebuild(args) -> int:
+    from attngen.build import build
+    from attngen.variants import BUILTINS, builtin
+
+    cfg = _config(args)
+    cache = BuildCache(args.cache_dir, prebuilt=()) if args.cache_dir else BuildCache(prebuilt=())
+    names = args.variants or tuple(BUILTINS)
+    unknown = [n for n in names if n not in BUILTINS]
+    if unknown:
+        raise ConfigError(f"--variants: {unknown} are not built-in variants; see 'attngen list'")
+    t0 = time.perf_counter()
+    for name in names:
+        res = build(builtin(name), cfg, cache=cache)
+        print(f"attngen prebuild: {name}: {'cached' if res.cache_hit else 'built'} in {res.seconds:.1f}s")
+    print(f"attngen prebuild: {len(names)} variants in {time.perf_counter() - t0:.1f}s into {cache.root}; use it "
+          f"with {PREBUILT_ENV}={cache.root}")
     return 0
 
 
@@ -241,7 +279,7 @@ def cmd_list(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"build": cmd_build, "inspect": cmd_inspect, "list": cmd_list}[args.command](args)
+        return {"build": cmd_build, "inspect": cmd_inspect, "list": cmd_list, "prebuild": cmd_prebuild}[args.command](args)
     except (VariantError, ConfigError, NvccError, FileNotFoundError, ValueError) as e:
         print(f"attngen: error: {e}", file=sys.stderr)
         return 2

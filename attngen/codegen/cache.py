@@ -33,6 +33,14 @@ from typing import Callable
 from filelock import FileLock
 
 
+PREBUILT_ENV = "ATTNGEN_PREBUILT_DIRS"  # read-only caches (e.g. shipped with a deployment), os.pathsep-separated
+
+
+def prebuilt_dirs() -> tuple[Path, ...]:
+    """The read-only caches ``ATTNGEN_PREBUILT_DIRS`` names (``attngen prebuild`` fills one)."""
+    return tuple(Path(p) for p in os.environ.get(PREBUILT_ENV, "").split(os.pathsep) if p)
+
+
 def default_cache_dir() -> Path:
     env = os.environ.get("ATTNGEN_CACHE_DIR")
     if env:
@@ -103,8 +111,13 @@ def file_digests(paths) -> dict[str, str]:
 
 
 class BuildCache:
-    def __init__(self, root: Path | str | None = None):
+    """``root``: the writable cache. ``prebuilt``: read-only caches consulted after it (default: those
+    ``ATTNGEN_PREBUILT_DIRS`` names); an entry there is served when its seal matches and is never written,
+    so a cache filled by ``attngen prebuild`` can ship read-only with a deployment."""
+
+    def __init__(self, root: Path | str | None = None, prebuilt: tuple[Path | str, ...] | None = None):
         self.root = Path(root) if root is not None else default_cache_dir()
+        self.prebuilt = tuple(Path(p) for p in (prebuilt_dirs() if prebuilt is None else prebuilt))
         self._memory: dict[str, Path] = {}
         self.builds = 0  # how many times this cache ran a build function (for tests and logs)
 
@@ -140,6 +153,11 @@ class BuildCache:
         if entry_is_sealed(final):
             self._memory[key] = final
             return final, True
+        for root in self.prebuilt:
+            shipped = root / key[:2] / key
+            if entry_is_sealed(shipped):
+                self._memory[key] = shipped
+                return shipped, True
         final.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(final) + ".lock"):
             if entry_is_sealed(final):  # another process finished it while we waited

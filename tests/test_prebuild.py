@@ -1,0 +1,71 @@
+"""`attngen prebuild` fills a cache ahead of time; a read-only copy named by ATTNGEN_PREBUILT_DIRS (or a
+BuildCache's ``prebuilt``) serves later builds without building or writing there."""
+import os
+import stat
+import subprocess
+import sys
+
+import numpy as np
+
+from attngen.build import build
+from attngen.codegen.cache import BuildCache
+from attngen.runtime import CPUAttention, RaggedKV, reference_attention
+from attngen.schedules import BuildConfig
+from attngen.testing import random_problem
+from attngen.variants import builtin
+
+CFG = BuildConfig("cpu", (32,), ("float32",), layouts=("NHD",))
+
+
+def _read_only(root):
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), stat.S_IRUSR | stat.S_IRGRP)
+        os.chmod(dirpath, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
+
+
+def _writable(root):
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, stat.S_IRWXU)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), stat.S_IRUSR | stat.S_IWUSR)
+
+
+def test_prebuilt_cache_serves_read_only(tmp_path):
+    shipped, local = tmp_path / "shipped", tmp_path / "local"
+    p = subprocess.run([sys.executable, "-m", "attngen.cli", "prebuild", "--variants", "vanilla,causal", "--target",
+                        "cpu", "--head-dim", "32", "--dtype", "float32", "--layout", "NHD", "--cache-dir", str(shipped)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "2 variants" in p.stdout and "ATTNGEN_PREBUILT_DIRS" in p.stdout
+    _read_only(shipped)
+    try:
+        cache = BuildCache(local, prebuilt=(shipped,))
+        res = build(builtin("causal"), CFG, cache=cache)
+        assert res.cache_hit and cache.builds == 0
+        assert res.directory.is_relative_to(shipped) and not any(local.rglob("*.so"))
+        # the shipped library runs from its read-only place
+        att = CPUAttention(builtin("causal"), res.library, res.manifest)
+        rng = np.random.default_rng(0)
+        prob = random_problem(rng, [5, 3], [9, 3], 4, 2, 32, page_size=4)
+        out, _ = att.prefill(prob.q, RaggedKV(prob.ragged.k, prob.ragged.v, prob.ragged.indptr), prob.qo_indptr)
+        ref, _ = reference_attention(builtin("causal"), prob.q, prob.keys, prob.values, prob.qo_indptr,
+                                     1 / np.sqrt(32))
+        np.testing.assert_allclose(out, ref, atol=1e-5)
+        # a variant the shipped cache lacks is built into the writable cache
+        res = build(builtin("logits_softcap"), CFG, cache=cache)
+        assert not res.cache_hit and res.directory.is_relative_to(local)
+    finally:
+        _writable(shipped)
+
+
+def test_prebuilt_dirs_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNGEN_PREBUILT_DIRS", os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")]))
+    assert BuildCache(tmp_path / "c").prebuilt == (tmp_path / "a", tmp_path / "b")
+    assert BuildCache(tmp_path / "c", prebuilt=()).prebuilt == ()
+
+
+def test_prebuild_refuses_unknown_variants(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "attngen.cli", "prebuild", "--variants", "vanila", "--cache-dir",
+                        str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode != 0 and "not built-in variants" in p.stderr

@@ -204,9 +204,11 @@ def test_linked_library_exports_the_entries_and_embeds_the_kernels(edited_builds
     for fn in res.manifest["functions"]:
         assert f"__tvm_ffi_{fn}" in syms
     assert "attngen_linked_kernels" not in syms  # each library keeps its table to itself
-    assert res.manifest["kernels"] == ["decode_kernel<__half, 128, 1>", "decode_kernel<__half, 128, 2>",
-                                       "decode_kernel<__half, 128, 4>", "decode_kernel<__half, 128, 8>",
-                                       "decode_tc_kernel<__half, 128, 1>", "decode_tc_kernel<__half, 128, 2>",
+    # the decode kernels' last argument is the K/V element type (the query's here)
+    assert res.manifest["kernels"] == ["decode_kernel<__half, 128, 1, __half>", "decode_kernel<__half, 128, 2, __half>",
+                                       "decode_kernel<__half, 128, 4, __half>", "decode_kernel<__half, 128, 8, __half>",
+                                       "decode_tc_kernel<__half, 128, 1, __half>",
+                                       "decode_tc_kernel<__half, 128, 2, __half>",
                                        "merge_decode_kernel<__half, 128>"]
     cubin = (res.directory / res.manifest["cubins"][0]).read_bytes()
     assert len(linked_cubin.cubin_kernels(cubin)) == 7

@@ -56,6 +56,7 @@ template <> constexpr const char* kernel_type_name<__nv_bfloat16>() { return "__
 
 inline void append_kernel_arg(std::string& key, int v) { key += ", " + std::to_string(v); }
 inline void append_kernel_arg(std::string& key, bool v) { key += v ? ", true" : ", false"; }
+inline void append_kernel_arg(std::string& key, const char* type_name) { (key += ", ") += type_name; }
 
 // "<name><<element type>, <values...>>", as the build's kernel table spells it.
 template <class T, class... Values>

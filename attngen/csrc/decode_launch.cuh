@@ -19,7 +19,7 @@ template <class V, class T, int D, int G>
 auto decode_kernel_ref() {
   using Fn = void (*)(DecodeProblem, typename V::Params);
   if constexpr (linked_hooks<V>())
-    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_kernel", D, G); });
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_kernel", D, G, kernel_type_name<T>()); });
   else
     return Fn(decode_kernel<V, T, D, G>);
 }
@@ -28,7 +28,7 @@ template <class V, class T, int D, int S>
 auto decode_tc_kernel_ref() {
   using Fn = void (*)(DecodeProblem, typename V::Params);
   if constexpr (linked_hooks<V>())
-    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_tc_kernel", D, S); });
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_tc_kernel", D, S, kernel_type_name<T>()); });
   else
     return Fn(decode_tc_kernel<V, T, D, S>);
 }

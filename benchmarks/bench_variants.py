@@ -1,5 +1,6 @@
-"""What a variant's hooks cost in prefill: attngen's FA2-class template per variant and hook-math mode,
-against the plain kernel, FlashInfer (fa2, fa3; its own soft-cap) and SDPA in the same run.
+"""What a variant's hooks cost in prefill: attngen's prefill templates (the FA2-class mma.sync one, and on
+sm_90 the Hopper one) per variant and hook-math mode, against the plain kernel, FlashInfer (fa2, fa3; its
+own soft-cap) and SDPA in the same run.
 
 bf16, D 128, Hq 32 / Hkv 8, one request of L 8k, full (non-causal) attention unless named; TFLOP/s
 of the visible work (4 * L^2 * D * Hq for full attention). ``approx`` / ``precise``: the build's
@@ -14,6 +15,8 @@ import torch
 from common import bench, cell, error_lines, guarded, load_flashinfer, result_parser, run_info, write_results
 
 L, HQ, HKV, D = 8192, 32, 8, 128
+TEMPLATES = ["mma_sync"]  # plus "hopper" on compute capability 9.0 (set in main)
+KEYS = {"mma_sync": "attngen", "hopper": "attngen_hopper"}
 SOFT_CAP = 30.0
 # (row name, built-in variant, hook math, params)
 CASES = [
@@ -40,6 +43,7 @@ def main():
     flops = 4 * L * L * D * HQ
     slopes = torch.tensor([2.0 ** (-8 * (h + 1) / HQ) for h in range(HQ)], device="cuda")
     fi, fi_version = load_flashinfer()
+    TEMPLATES[:] = ["mma_sync"] + (["hopper"] if torch.cuda.get_device_capability()[0] == 9 else [])
     res = {**run_info(args.commit), "shape": {"L": L, "Hq": HQ, "Hkv": HKV, "D": D}}
     res["flashinfer"] = fi_version
     rows = []
@@ -47,12 +51,16 @@ def main():
         att = CUDAAttention.build(builtin(variant), head_dims=(D,), dtypes=("bfloat16",), layouts=("NHD",),
                                   kernels=("prefill",), hook_math=math_mode)
         p = {"alibi_slopes": slopes} if params == "alibi" else params
-        plan = att.plan_prefill(indptr, kv, D)
         out = torch.full_like(q, float("nan"))
         lse = torch.empty(L, HQ, device="cuda")
-        ms = bench(lambda: att.prefill(q, kv, indptr, plan=plan, params=p, out=out, lse=lse), reps=20)
-        rows.append({"case": name, "variant": variant, "attngen": flops / ms / 1e9})
-        rows[-1]["vs_plain"] = rows[-1]["attngen"] / rows[0]["attngen"]
+        row = {"case": name, "variant": variant}
+        for template in TEMPLATES:
+            plan = att.plan_prefill(indptr, kv, D, template=template)
+            ms = bench(lambda: att.prefill(q, kv, indptr, plan=plan, params=p, out=out, lse=lse), reps=20)
+            row[KEYS[template]] = flops / ms / 1e9
+            row[f"vs_plain_{template}"] = row[KEYS[template]] / (rows[0][KEYS[template]] if rows else row[KEYS[template]])
+        row["vs_plain"] = row["vs_plain_mma_sync"]
+        rows.append(row)
         print(rows[-1], flush=True)
     for row in rows if args.peers else ():
         variant = row.pop("variant")
@@ -74,10 +82,13 @@ def main():
     lines = [f"# Variant cost in prefill — {res['gpu']}, {res['date']}, commit {args.commit}", "",
              f"bf16, D {D}, Hq {HQ} / Hkv {HKV}, one request of L {L}, full attention; TFLOP/s. FlashInfer "
              f"{fi_version} with its own logits_soft_cap where the row has one.", "",
-             "| case | attngen | vs plain | FlashInfer fa2 | FlashInfer fa3 | SDPA |", "|---|---|---|---|---|---|"]
+             "| case | attngen mma.sync | vs plain | attngen Hopper | vs plain | FlashInfer fa2 | FlashInfer fa3 | SDPA |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['case']} | {cell(r['attngen'])} | {r['vs_plain']:.2f} | {cell(r.get('flashinfer_fa2'))} | "
-                     f"{cell(r.get('flashinfer_fa3'))} | {cell(r.get('sdpa'))} |")
+        hopper_vs = f"{r['vs_plain_hopper']:.2f}" if "vs_plain_hopper" in r else "—"
+        lines.append(f"| {r['case']} | {cell(r['attngen'])} | {r['vs_plain']:.2f} | {cell(r.get('attngen_hopper'))} | "
+                     f"{hopper_vs} | {cell(r.get('flashinfer_fa2'))} | {cell(r.get('flashinfer_fa3'))} | "
+                     f"{cell(r.get('sdpa'))} |")
     lines += error_lines(res["rows"], lambda r: r["case"])
     write_results(args.out, f"variants_{res['date']}", res, lines)
 

@@ -273,7 +273,7 @@ FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv
           "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype", "kv_wrong_type")
 
 # Faults attngen does not refuse yet, with what is missing: run_case reports them as "gap:<fault>" (the
-# long run counts them; the regression tests hold them as strict xfails until the check exists).
+# long run counts them; a regression test holds each until the check exists). None is open today.
 KNOWN_GAPS: dict[str, str] = {}
 
 # faults that leave a meaningful call: attngen may also accept it (and must then be right)

@@ -61,12 +61,10 @@ void check_decode_args(const char* name, const DecodeArgs& a) {
   if (a.split.plan.has_value()) check_args(name, {{"plan", *a.split.plan, 1, dl_dtype<int32_t>()}});
 }
 
-template <class V, class T, int D, KVLayout L, int MaxG>
-void decode_paged(const char* name, const DecodeArgs& a, const typename V::Params& hp) {
-  const DecodeSplitArgs& split = a.split;
-  DecodeProblem P{};
-  fill_decode(P, a.q, a.o, a.lse, a.sm_scale, kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len),
-              name);
+// The split-KV arguments into P (any decode problem type) and their checks against the library's bounds;
+// false when the batch is empty (nothing to launch).
+template <int D, int MaxG, class Problem>
+bool fill_decode_split(Problem& P, const DecodeSplitArgs& split, const char* name) {
   P.part_o = static_cast<float*>(data_of(split.part_o));
   P.part_lse = static_cast<float*>(data_of(split.part_lse));
   P.num_chunks = static_cast<int>(split.num_chunks);
@@ -83,7 +81,7 @@ void decode_paged(const char* name, const DecodeArgs& a, const typename V::Param
   if (P.group > MaxG)
     TVM_FFI_THROW(ValueError) << name << ": group size " << P.num_qo_heads << "/" << P.num_kv_heads
                               << " is not served; this library was built with max_group_size=" << MaxG;
-  if (P.batch == 0) return;
+  if (P.batch == 0) return false;
   if (P.num_chunks < 1) TVM_FFI_THROW(ValueError) << name << ": num_chunks must be at least 1";
   if (!is_decode_backend(split.backend))
     TVM_FFI_THROW(ValueError) << name << ": backend must be 0 (automatic), 1 (CUDA cores) or 2 (tensor cores)";
@@ -91,6 +89,15 @@ void decode_paged(const char* name, const DecodeArgs& a, const typename V::Param
       (split.part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * D ||
        split.part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
     TVM_FFI_THROW(ValueError) << name << ": part_o / part_lse are smaller than batch x num_chunks x heads";
+  return true;
+}
+
+template <class V, class T, int D, KVLayout L, int MaxG>
+void decode_paged(const char* name, const DecodeArgs& a, const typename V::Params& hp) {
+  DecodeProblem P{};
+  fill_decode(P, a.q, a.o, a.lse, a.sm_scale, kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len),
+              name);
+  if (!fill_decode_split<D, MaxG>(P, a.split, name)) return;
   if (!launch_decode<V, T, D, MaxG>(P, hp, stream_of(a.q)))
     TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
                                          "split-KV plan needs one; plan with tensor_cores=False";

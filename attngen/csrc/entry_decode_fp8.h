@@ -71,37 +71,13 @@ bool launch_decode_fp8(const ScaledDecodeProblem& P, const typename V::Params& h
 template <class V, class T, class KV, int D, KVLayout L, int MaxG>
 void decode_paged_fp8(const char* name, const DecodeArgs& a, tvm::ffi::TensorView k_scale, tvm::ffi::TensorView v_scale,
                       const typename V::Params& hp) {
-  const DecodeSplitArgs& split = a.split;
   ScaledDecodeProblem P{};
   fill_decode(P, a.q, a.o, a.lse, a.sm_scale,
               kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len, 8), name);
   if (k_scale.size(0) != P.num_kv_heads || v_scale.size(0) != P.num_kv_heads)
     TVM_FFI_THROW(ValueError) << name << ": k_scale / v_scale need one entry per KV head (" << P.num_kv_heads << ")";
   P.scales = KVScales{static_cast<const float*>(data_of(k_scale)), static_cast<const float*>(data_of(v_scale))};
-  P.part_o = static_cast<float*>(data_of(split.part_o));
-  P.part_lse = static_cast<float*>(data_of(split.part_lse));
-  P.num_chunks = static_cast<int>(split.num_chunks);
-  P.backend = static_cast<int>(split.backend);
-  if (split.plan.has_value()) {
-    if (split.plan_ctas < 1 || split.plan_merges < 0)
-      TVM_FFI_THROW(ValueError) << name << ": with a plan, plan_ctas must be at least 1 and plan_merges at least 0";
-    P.plan = static_cast<const int32_t*>(data_of(*split.plan));
-    P.plan_ctas = static_cast<int>(split.plan_ctas);
-    P.plan_max_merges = static_cast<int>(split.plan_merges);
-  } else if (split.plan_ctas != 0 || split.plan_merges != 0) {
-    TVM_FFI_THROW(ValueError) << name << ": plan_ctas / plan_merges describe a plan; without one pass 0";
-  }
-  if (P.group > MaxG)
-    TVM_FFI_THROW(ValueError) << name << ": group size " << P.num_qo_heads << "/" << P.num_kv_heads
-                              << " is not served; this library was built with max_group_size=" << MaxG;
-  if (P.batch == 0) return;
-  if (P.num_chunks < 1) TVM_FFI_THROW(ValueError) << name << ": num_chunks must be at least 1";
-  if (!is_decode_backend(split.backend))
-    TVM_FFI_THROW(ValueError) << name << ": backend must be 0 (automatic), 1 (CUDA cores) or 2 (tensor cores)";
-  if (!P.plan && P.num_chunks > 1 &&
-      (split.part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * D ||
-       split.part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
-    TVM_FFI_THROW(ValueError) << name << ": part_o / part_lse are smaller than batch x num_chunks x heads";
+  if (!fill_decode_split<D, MaxG>(P, a.split, name)) return;
   if (!launch_decode_fp8<V, T, KV, D, MaxG>(P, hp, stream_of(a.q)))
     TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
                                          "split-KV plan needs one; plan with tensor_cores=False";

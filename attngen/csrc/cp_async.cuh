@@ -16,6 +16,13 @@ __device__ __forceinline__ void copy16_async(void* smem, const void* gmem, bool 
 #endif
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// The same to a shared-memory address (sm_80+: the callers' tiles are cp.async targets).
+__device__ __forceinline__ void copy16_async_to(uint32_t dst, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+#endif
+
 __device__ __forceinline__ void copy_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);

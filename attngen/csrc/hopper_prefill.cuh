@@ -4,8 +4,8 @@
 // head's group (row = token * group + head), as in the mma.sync template (prefill.cuh), so GQA groups share
 // every K/V tile. Three warpgroups:
 // - the producer (warpgroup 0, registers released to kProducerRegs) gathers K/V tiles from pages or
-//   ragged rows with cp.async into kStages shared-memory stages and applies the key transform
-//   (hopper_producer.cuh);
+//   ragged rows with cp.async into kStages shared-memory stages each for K and V, with their own
+//   barriers, and applies the key transform (hopper_producer.cuh);
 // - two consumers (64 rows each, registers raised to kConsumerRegs) load and transform their query rows,
 //   then per KV tile: S = Q K^T (wgmma, both operands in shared memory), the logits hook, mask and
 //   online softmax on the fp32 accumulators in registers, O += P V (wgmma, P from registers), and the
@@ -41,12 +41,14 @@ struct HopperTile {
 };
 
 // Shared memory: [alignment slack][Q: kRows x D][K: kStages x kKeys x D][V: same][scratch fp32 rows, two of
-// D per warp][full, empty mbarriers]. Tiles start 1024-byte aligned (the swizzle's period).
+// D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers, kStages each].
+// Tiles start 1024-byte aligned (the swizzle's period).
 template <class T, int D>
 constexpr size_t hopper_prefill_smem_bytes() {
   using Tile = HopperTile<D>;
   return 1024 + size_t(Tile::kRows) * D * sizeof(T) + 2 * size_t(Tile::kStages) * Tile::kKeys * D * sizeof(T) +
-         size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) + 2 * Tile::kStages * sizeof(uint64_t);
+         size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) + 2 * Tile::kKeys * sizeof(int64_t) +
+         4 * Tile::kStages * sizeof(uint64_t);
 }
 
 template <class V, class T, int D>
@@ -63,8 +65,11 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
   T* sk = sq + RQ * D;            // [NS][TK * D]
   T* sv = sk + NS * TK * D;       // [NS][TK * D]
   float* scratch_all = reinterpret_cast<float*>(sv + NS * TK * D);
-  uint64_t* full = reinterpret_cast<uint64_t*>(scratch_all + (Tile::kThreads / 32) * 2 * D);
-  uint64_t* empty = full + NS;
+  uint64_t* page_rows = reinterpret_cast<uint64_t*>(scratch_all + (Tile::kThreads / 32) * 2 * D);
+  uint64_t* full_k = page_rows + 2 * TK;
+  uint64_t* empty_k = full_k + NS;
+  uint64_t* full_v = empty_k + NS;
+  uint64_t* empty_v = full_v + NS;
 
   const int hk = blockIdx.x % P.num_kv_heads, b = blockIdx.z;
   const int tile = (gridDim.x - 1 - blockIdx.x) / P.num_kv_heads;  // the last (longest under causal) first
@@ -90,8 +95,10 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
 
   if (tid == 0) {
     for (int s = 0; s < NS; ++s) {
-      mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 128 * Tile::kConsumers);
+      mbar_init(&full_k[s], 128);
+      mbar_init(&full_v[s], 128);
+      mbar_init(&empty_k[s], 128 * Tile::kConsumers);
+      mbar_init(&empty_v[s], 128 * Tile::kConsumers);
     }
   }
   __syncthreads();
@@ -100,31 +107,30 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
     // ================= producer =================
     regs_release<Tile::kProducerRegs>();
     const int ptid = tid;
-    KVGather<T, D, TK> gather{P.kv, P.kv.indptr[b], lo, hi, hk, P.kv.page_shift(),
-                              static_cast<const T*>(P.kv.base) + int64_t(hk) * P.kv.stride_head + (ptid % (D / 8)) * 8};
-    auto publish = [&](int kt) {
-      const int s = kt % NS;
-      if constexpr (V::kHasKeyTransform) {
-        named_sync(1, 128);  // every producer thread's copies of tile kt have landed
-        transform_key_tile<V, T, D, TK>(hp, sk + s * TK * D, lo + kt * TK, hi, hk, scratch, warp, lane);
-      }
-      fence_proxy_async();
-      mbar_arrive(&full[s]);
-    };
+    const KVGather<T, D, TK> gather{P.kv, P.kv.indptr[b], lo, hi, hk, P.kv.page_shift(),
+                                    reinterpret_cast<const T**>(page_rows)};
+#pragma unroll 1
     for (int kt = 0; kt < num_kt; ++kt) {
-      if (kt > 0) {  // publish tile kt - 1 as soon as it has landed, then refill the next stage
-        copy_wait<0>();
-        publish(kt - 1);
-      }
       const int s = kt % NS;
-      if (kt >= NS) mbar_wait(&empty[s], ((kt / NS) - 1) & 1);
-      gather.issue(kt, sk + s * TK * D, sv + s * TK * D, ptid);
+      const uint32_t drained = ((kt / NS) - 1) & 1;
+      gather.look_up(kt, ptid);
+      if (kt >= NS) mbar_wait(&empty_k[s], drained);
+      gather.issue(kt, sk + s * TK * D, 0, ptid);
+      if constexpr (!V::kHasKeyTransform) copy_arrive_on(&full_k[s]);
       copy_commit();
+      if (kt >= NS) mbar_wait(&empty_v[s], drained);
+      gather.issue(kt, sv + s * TK * D, P.kv.stride_kv, ptid);
+      copy_arrive_on(&full_v[s]);
+      copy_commit();
+      if constexpr (V::kHasKeyTransform) {
+        copy_wait<1>();      // this thread's K copies of tile kt have landed (its V copies may not have)
+        named_sync(1, 128);  // and every producer thread's
+        transform_key_tile<V, T, D, TK>(hp, sk + s * TK * D, lo + kt * TK, hi, hk, scratch, warp, lane);
+        fence_proxy_async();
+        mbar_arrive(&full_k[s]);
+      }
     }
-    if (num_kt > 0) {
-      copy_wait<0>();
-      publish(num_kt - 1);
-    }
+    copy_wait<0>();  // leave no copy in flight behind the exiting threads
     return;
   }
 
@@ -303,51 +309,71 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
     }
   };
   if (cw == 1) named_arrive(kTurnBar, 256);  // the first consumer takes the first turn
+  // A stage the tensor cores read next was written by cp.async or the key transform in the producer's
+  // threads: the barrier orders it, this fence hands it to the async proxy.
+  auto wait_k = [&](int kt) {
+    mbar_wait(&full_k[kt % NS], (kt / NS) & 1);
+    fence_proxy_async();
+  };
+  auto wait_v = [&](int kt) {
+    mbar_wait(&full_v[kt % NS], (kt / NS) & 1);
+    fence_proxy_async();
+  };
   if (n_active > 0) {
     float rescale[2] = {1.f, 1.f};  // a sum-state variant keeps them
-    mbar_wait(&full[0], 0);
+    wait_k(0);
     turn_begin();
     issue_s(0);
     turn_end();
     wgmma_wait<0>();
     pin_registers(sacc);
+    mbar_arrive(&empty_k[0]);
     softmax(lo, rescale);  // O is still zero: nothing to rescale
     pack_p();
 #pragma unroll 1
     for (int kt = 1; kt < n_active; ++kt) {
-      mbar_wait(&full[kt % NS], (kt / NS) & 1);
+      wait_k(kt);
+      wait_v(kt - 1);
       turn_begin();
       issue_s(kt % NS);
       issue_pv((kt - 1) % NS);
       turn_end();
       wgmma_wait<1>();  // S of tile kt; P V of kt - 1 still runs
       pin_registers(sacc);
+      mbar_arrive(&empty_k[kt % NS]);
       softmax(lo + kt * TK, rescale);
       wgmma_wait<0>();
       pin_registers(o_acc);
-      mbar_arrive(&empty[(kt - 1) % NS]);
+      mbar_arrive(&empty_v[(kt - 1) % NS]);
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o_acc[i] *= rescale[(i % 4) / 2];
       pack_p();
     }
+    wait_v(n_active - 1);
     turn_begin();
     issue_pv((n_active - 1) % NS);
     turn_end();
     wgmma_wait<0>();
     pin_registers(o_acc);
-    mbar_arrive(&empty[(n_active - 1) % NS]);
+    mbar_arrive(&empty_v[(n_active - 1) % NS]);
   }
   // the remaining turns; tiles past this consumer's rows ride on them (tile kt on turn kt + 1, as the
-  // other consumer's P V of kt would): wait for the stage, release it. Waiting for them all without
-  // taking turns would deadlock with the other consumer, whose turns need this one's.
+  // other consumer's P V of kt would): wait for its K and V stages, release them. Waiting for them all
+  // without taking turns would deadlock with the other consumer, whose turns need this one's.
 #pragma unroll 1
   while (turn < turns) {
     const int kt = turn - 1;
     const bool tile = kt >= n_active && kt >= 0;
-    if (tile) mbar_wait(&full[kt % NS], (kt / NS) & 1);
+    if (tile) {
+      mbar_wait(&full_k[kt % NS], (kt / NS) & 1);
+      mbar_wait(&full_v[kt % NS], (kt / NS) & 1);
+    }
     turn_begin();
     turn_end();
-    if (tile) mbar_arrive(&empty[kt % NS]);
+    if (tile) {
+      mbar_arrive(&empty_k[kt % NS]);
+      mbar_arrive(&empty_v[kt % NS]);
+    }
   }
 
   // ---- epilogue: normalise, lse, output transform, store --------------------------------

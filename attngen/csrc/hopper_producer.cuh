@@ -2,12 +2,16 @@
 // 128-byte-swizzled shared memory with cp.async, applies the key transform where the variant has one,
 // and hands each stage to the consumers through mbarriers.
 //
-// Pipeline per stage s (kStages of them): full[s] completes when all producer threads' copies of the
-// tile (and the key transform) have landed; empty[s] when every consumer thread has finished reading
-// it. The producer publishes tile kt - 1 as soon as its copies have landed, then waits for tile kt's stage
-// to drain and issues tile kt, whose copies overlap the consumers' work on kt - 1. cp.async writes reach
-// the tensor cores
-// (async proxy) only after fence.proxy.async in each writing thread, before its arrival.
+// K and V have their own stages and barriers (full_k / empty_k, full_v / empty_v, kStages each): the
+// consumers read K of tile kt for S = Q K^T and release it as soon as that product completes, while V of
+// tile kt - 1 is still in use by O += P V, so the next K tile lands while the current one's softmax and
+// P V run. The producer issues tile kt's K copies, then its V copies, each after its stage has drained, and
+// does not wait for them: cp.async.mbarrier.arrive.noinc makes each thread's copies arrive on the stage's
+// full barrier when they land. A variant with a key transform waits for its K copies (its V copies stay
+// in flight), transforms the tile and then arrives, after the proxy fence its ordinary stores need.
+//
+// Paged views: the tile's row addresses are looked up once, one key row per producer thread, into a
+// double-buffered row of shared memory that every thread's copies then read.
 #pragma once
 #include "cp_async.cuh"
 #include "hopper_sync.cuh"
@@ -17,31 +21,78 @@
 
 namespace attngen {
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The mbarrier `bar` receives one arrival when every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void copy_arrive_on(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_shared_u64(uint32_t addr) {
+  uint64_t v;
+  asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(addr));
+  return v;
+}
+
 // The producer's view of one CTA's KV range: what to copy and where to publish it.
 template <class T, int D, int Keys>
 struct KVGather {
   const KVRows& kv;
   int kv_start, lo, hi, hk, page_shift;
-  const T* col;  // this thread's 16-byte column of KV head hk, at key 0 of the pool
+  const T** rows;  // paged: [2][Keys] row addresses of the tiles being issued (shared memory)
+  static constexpr int kCPR = D / 8, kRPP = 128 / kCPR;  // 16-byte chunks per row, rows per pass of 128 threads
+  static_assert(Keys % kRPP == 0, "K/V rows split evenly over the producer warpgroup");
+  static_assert(Keys <= 128, "one producer thread looks up each key row's page");
 
-  // Copies tile kt (keys lo + kt * Keys ...) into k_dst / v_dst; rows past `hi` are zero-filled, so that
-  // 0-weight (masked) products with them stay 0.
-  __device__ __forceinline__ void issue(int kt, T* k_dst, T* v_dst, int ptid) const {
-    constexpr int CPR = D / 8, RPP = 128 / CPR;  // 16-byte chunks per row, rows per pass of 128 threads
-    static_assert(Keys % RPP == 0, "K/V rows split evenly over the producer warpgroup");
-    const int c = ptid % CPR, r0 = ptid / CPR, j0 = lo + kt * Keys + r0;
-    unsigned char* kb = reinterpret_cast<unsigned char*>(k_dst);
-    unsigned char* vb = reinterpret_cast<unsigned char*>(v_dst);
-    const T* base = static_cast<const T*>(kv.base);
-#pragma unroll 1
-    for (int i = 0; i < Keys / RPP; ++i) {
-      const int r = r0 + i * RPP, j = j0 + i * RPP;
-      const bool ok = j < hi;
-      const T* src = ok ? col + kv.key_offset(kv_start, j, page_shift) : base;
-      const uint32_t off = sw128_offset(r, c * 8, Keys);
-      copy16_async(kb + off, src, ok);
-      copy16_async(vb + off, ok ? src + kv.stride_kv : src, ok);
+  // Paged: the addresses of tile kt's key rows (KV head hk, column 0; rows past `hi` get the pool's base,
+  // a readable address their zero-filling copies do not read), one row per thread, visible to the producer
+  // warpgroup on return (named barrier 1). Ragged views compute theirs in `issue`.
+  __device__ __forceinline__ void look_up(int kt, int ptid) const {
+    if (kv.page_size == 0) return;
+    const int j = lo + kt * Keys + ptid;
+    const T* head = static_cast<const T*>(kv.base) + int64_t(hk) * kv.stride_head;
+    if (ptid < Keys)
+      rows[(kt % 2) * Keys + ptid] = j < hi ? head + kv.key_offset(kv_start, j, page_shift) : static_cast<const T*>(kv.base);
+    named_sync(1, 128);
+  }
+
+  // Copies K (plane 0) or V (plane = stride_kv) rows of tile kt (keys lo + kt * Keys ...) into dst; rows
+  // past `hi` are zero-filled, so that 0-weight (masked) products with them stay 0. The producer warps issue
+  // only between the consumers' instructions and wait out their own latencies, so the loop is unrolled
+  // with the shared-memory destination and (ragged) the source advanced by constant steps: a copy and a
+  // few integer operations per row.
+  __device__ __forceinline__ void issue(int kt, T* dst, int64_t plane, int ptid) const {
+    const int c = ptid % kCPR, r0 = ptid / kCPR, j0 = lo + kt * Keys + r0;
+    const uint32_t d0 = smem_addr(dst) + sw128_offset(r0, c * 8, Keys);
+    const int hi_ = hi;
+    if (kv.page_size == 0) {
+      const T* fill = static_cast<const T*>(kv.base);  // readable; zero-filling copies read nothing
+      const T* src = static_cast<const T*>(kv.base) + int64_t(hk) * kv.stride_head + c * 8 + plane +
+                     int64_t(kv_start + j0) * kv.stride_slot;
+      const int64_t step = int64_t(kRPP) * kv.stride_slot;
+#pragma unroll
+      for (int i = 0; i < Keys / kRPP; ++i) {
+        const bool ok = j0 + i * kRPP < hi_;
+        copy16_async_to(pass_dst(d0, i), ok ? src : fill, ok);
+        src += step;
+      }
+    } else {
+      const uint32_t row_addr = smem_addr(rows + (kt % 2) * Keys + r0);
+      const int64_t col = c * 8 + plane;
+#pragma unroll
+      for (int i = 0; i < Keys / kRPP; ++i) {
+        const bool ok = j0 + i * kRPP < hi_;
+        const T* row = reinterpret_cast<const T*>(ld_shared_u64(row_addr + i * kRPP * 8));
+        copy16_async_to(pass_dst(d0, i), ok ? row + col : row, ok);
+      }
     }
+  }
+
+  // The destination of pass i: kRPP rows further; the swizzle (row % 8) is the first row's when kRPP is a
+  // multiple of 8, and alternates by 4 rows (chunk ^ 4) when kRPP is 4.
+  static __device__ __forceinline__ uint32_t pass_dst(uint32_t d0, int i) {
+    static_assert(kRPP % 8 == 0 || kRPP == 4, "rows per pass keep a fixed or alternating swizzle");
+    const uint32_t d = d0 + uint32_t(i * kRPP * 128);
+    return (kRPP == 4 && i % 2 == 1) ? d ^ (4u << 4) : d;
   }
 };
 
@@ -62,5 +113,7 @@ __device__ __forceinline__ void transform_key_tile(const typename V::Params& hp,
     __syncwarp();
   }
 }
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 }  // namespace attngen

@@ -1,9 +1,9 @@
 // Which prefill template serves a call. The library's choice: the Hopper template (hopper_prefill.cuh) where
-// the library was built for sm_90a (ATTNGEN_WITH_PREFILL_HOPPER), the device has compute capability 9.0 and
-// it is measured faster, else the mma.sync template (prefill.cuh); PrefillProblem::kernel forces either one
-// (A/B runs and tests). Measured on the H200 (benchmarks/results/prefill_2026-11-30_hopper.md, TFLOP/s,
-// Hopper / mma.sync): head_dim 256 284 / 270; head_dim 128 275-292 / 347-377; head_dim 64 233 / 265 -- so
-// the Hopper template is the choice at head_dim 256 only, until its mainloop overtakes mma.sync.
+// the library was built for sm_90a (ATTNGEN_WITH_PREFILL_HOPPER) and the device has compute capability 9.0,
+// else the mma.sync template (prefill.cuh); PrefillProblem::kernel forces either one (A/B runs and tests).
+// Measured on the H200 (benchmarks/results/prefill_2026-11-30_hopper_pipeline.md, TFLOP/s, Hopper /
+// mma.sync): head_dim 128 514-584 / 342-380, head_dim 64 394 / 267, head_dim 256 617 / 270, a ragged batch
+// of short prompts 226 / 220 -- the Hopper template at every head dim.
 #pragma once
 #include "attngen_enums.h"
 #include "hopper_prefill.cuh"
@@ -25,7 +25,7 @@ inline const char* prefill_template_problem(int kernel) {
 
 template <int D>
 constexpr bool hopper_prefill_preferred() {
-  return D == 256;
+  return D == 64 || D == 128 || D == 256;
 }
 
 template <class V, class T, int D>

@@ -1,7 +1,7 @@
 """The Hopper prefill / append template (csrc/hopper_prefill.cuh: HopperTile<D>, hopper_prefill_smem_bytes).
 
 sm_90a only (wgmma, setmaxnreg): three warpgroups per CTA, a producer gathering K/V tiles with cp.async
-into ``STAGES`` shared-memory stages (paged or ragged alike) and two consumers of 64 query rows each
+into ``STAGES`` shared-memory stages each for K and for V (paged or ragged alike) and two consumers of 64 query rows each
 (128 packed rows per CTA) running S = Q K^T and O += P V on wgmma with the softmax in registers. Tiles
 are 128-byte swizzled (their own 1024-byte alignment slack is counted); keys per tile: 128 at head_dim
 64 and 128, 64 at 256 (the 64 x 256 fp32 output accumulators take half a consumer thread's registers).
@@ -43,10 +43,11 @@ class HopperConfig:
 
 
 def hopper_smem_bytes(cfg: HopperConfig, elems: ElementBytes) -> int:
-    """Alignment slack, query rows, K and V stages, two fp32 scratch rows per warp, the stages' mbarriers."""
+    """Alignment slack, query rows, K and V stages, two fp32 scratch rows per warp, two rows of paged key
+    offsets, the K and V stages' full / empty mbarriers."""
     d = cfg.head_dim
     return (1024 + cfg.rows * d * elems.q + 2 * cfg.stages * cfg.keys * d * elems.kv + (THREADS // 32) * 2 * d * 4
-            + 2 * cfg.stages * 8)
+            + 2 * cfg.keys * 8 + 4 * cfg.stages * 8)
 
 
 def configs(head_dim: int) -> tuple[HopperConfig, ...]:

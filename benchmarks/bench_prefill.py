@@ -147,7 +147,9 @@ def main():
     ap = result_parser(__doc__)
     ap.add_argument("--no-peers", dest="peers", action="store_false", help="time attngen's templates only")
     ap.add_argument("--tag", default="", help="suffix of the result files")
+    ap.add_argument("--cases", default="", help="comma-separated prefixes of the case names to run (default: all)")
     args = ap.parse_args()
+    cases = [c for c in CASES if not args.cases or any(c.name.startswith(p) for p in args.cases.split(","))]
     from attngen.runtime import CUDAAttention
     from attngen.variants import builtin
 
@@ -156,15 +158,15 @@ def main():
     fi = load_flashinfer()[0] if args.peers else None
     hopper = torch.cuda.get_device_capability()[0] == 9
     libs = {}
-    for causal in sorted({c.causal for c in CASES}):
-        for d in sorted({c.d for c in CASES}):
-            dts = tuple(sorted({c.dtype for c in CASES if c.d == d and c.causal == causal}))
+    for causal in sorted({c.causal for c in cases}):
+        for d in sorted({c.d for c in cases}):
+            dts = tuple(sorted({c.dtype for c in cases if c.d == d and c.causal == causal}))
             if dts:
                 att = CUDAAttention.build(builtin("causal" if causal else "vanilla"), head_dims=(d,), dtypes=dts,
                                           layouts=("NHD",), kernels=("prefill",))
                 libs.update({(causal, d, dt): att for dt in dts})
     rows = []
-    for case in CASES:
+    for case in cases:
         q, k, v, indptr = make_inputs(case)
         row = {"case": case.name}
         flops = case.flops()

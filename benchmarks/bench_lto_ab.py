@@ -126,7 +126,8 @@ def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0):
         q, qo_indptr = _to(prob.q, dtype), _to(prob.qo_indptr)
         params = {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, prob).items()}
         for wide in (False, True):
-            plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide)
+            # the linked library carries the mma.sync template only: both libraries run it
+            plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template="mma_sync")
             out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
             calls[f"prefill_wide={wide}"] = (lambda plan=plan, out=out, lse=lse, kv=kv, q=q, params=params:
                                              att.prefill(q, kv, qo_indptr, plan=plan, params=params, out=out, lse=lse))

@@ -113,4 +113,7 @@ def test_fp8_decode_matches_the_reference(name, tmp_path):
             err = float((o.double().cpu() - torch.from_numpy(ref_o)).abs().max())
             tol = (2e-3 if q_dtype == "float16" else 1.6e-2) * max(1.0, float(np.abs(ref_o).max()))
             assert err <= tol, (name, q_dtype, kv_dtype, layout, chunks, backend, err)
-            assert float((lse.double().cpu() - torch.from_numpy(ref_l)).abs().max()) < 2e-2
+            # the scores reach the tensor cores / dot products with the (transformed) keys rounded to the query
+            # dtype: the lse moves by up to one unit of that dtype at the largest lse
+            lse_tol = max(2e-2, float(torch.finfo(getattr(torch, q_dtype)).eps) * float(np.abs(ref_l).max()))
+            assert float((lse.double().cpu() - torch.from_numpy(ref_l)).abs().max()) < lse_tol

@@ -47,9 +47,10 @@ inline bool is_decode_backend(int64_t v) {
 }
 
 // Element types, ranks and devices of the call's tensors, before the variant's parameters are read: queries
-// and outputs of T, pages of KV (T itself, or an fp8 format: entry_decode_fp8.h).
-template <class T, class KV = T>
-void check_decode_args(const char* name, const DecodeArgs& a) {
+// and outputs of T, pages of KV (T itself, or an fp8 format: entry_decode_fp8.h), and the entry's own
+// tensors after lse (an fp8 entry's scales), all types checked before any device.
+template <class T, class KV = T, class... Own>
+void check_decode_args(const char* name, const DecodeArgs& a, const Own&... own) {
   check_args(name, {{"q", a.q, 3, dl_dtype<T>()},
                     {"pages", a.pages, 5, dl_dtype<KV>()},
                     {"indices", a.indices, 1, dl_dtype<int32_t>()},
@@ -57,6 +58,7 @@ void check_decode_args(const char* name, const DecodeArgs& a) {
                     {"last_page_len", a.last_page_len, 1, dl_dtype<int32_t>()},
                     {"o", a.o, 3, dl_dtype<T>()},
                     {"lse", a.lse, 2, dl_dtype<float>()},
+                    own...,
                     {"part_o", a.split.part_o, -1, dl_dtype<float>()},
                     {"part_lse", a.split.part_lse, -1, dl_dtype<float>()}});
   if (a.split.plan.has_value()) check_args(name, {{"plan", *a.split.plan, 1, dl_dtype<int32_t>()}});

@@ -95,8 +95,8 @@ struct DecodePagedFP8Entry<V, T, KV, D, L, MaxG, Name, ArgList<X...>> {
                    int64_t plan_merges, X... extra) {
     const DecodeArgs args{q, pages, indices, indptr, last_page_len, o, lse, sm_scale,
                           DecodeSplitArgs{part_o, part_lse, num_chunks, backend, plan, plan_ctas, plan_merges}};
-    check_decode_args<T, KV>(Name, args);
-    check_args(Name, {{"k_scale", k_scale, 1, dl_dtype<float>()}, {"v_scale", v_scale, 1, dl_dtype<float>()}});
+    check_decode_args<T, KV>(Name, args, TensorArg{"k_scale", k_scale, 1, dl_dtype<float>()},
+                             TensorArg{"v_scale", v_scale, 1, dl_dtype<float>()});
     typename V::Params hp{};
     V::set_params(Name, hp, extra...);
     decode_paged_fp8<V, T, KV, D, L, MaxG>(Name, args, k_scale, v_scale, hp);

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from attngen.build import build as build_library
-from attngen.schedules.build_config import BuildConfig, symbol
+from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
 from attngen.schedules.dtypes import is_fp8
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 
-from .checks import (AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads, check_ragged,
-                     check_tensor, dtype_name)
+from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads,
+                     check_ragged, check_tensor, dtype_name)
 from .fp8 import SCALE_HELP, check_no_scales
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
@@ -270,6 +270,10 @@ class CUDAAttention(BuiltModule):
         import torch
 
         dtype = dtype_name(kv.pages)
+        check_tensor(kv.pages, "kv.pages", 5)
+        if dtype not in DTYPE_SHORT:
+            raise AttentionArgumentError(f"kv.pages: dtype {dtype} is no K/V dtype of the decode functions "
+                                         f"({', '.join(DTYPE_SHORT)}){FP8_BITS_HINT if dtype == 'uint8' else ''}")
         if is_fp8(dtype):  # built for this case? (the query dtype is the call's)
             if not self.has_decode(kv, head_dim):
                 raise AttentionArgumentError(

@@ -381,8 +381,7 @@ class CUDAAttention(BuiltModule):
         at least 256 rows (tokens x group) at head_dim <= 128, halving the K/V traffic per FLOP; 64 rows
         otherwise. False: always 64 rows (both apply to the mma.sync template). ``template``: None (default)
         lets the library choose (on devices of compute capability 9.0 with a library built for sm_90a, the
-        Hopper template where it is measured faster: head_dim 256; else the mma.sync one); "mma_sync" or
-        "hopper" forces one (A/B runs, tests)."""
+        Hopper template; else the mma.sync one); "mma_sync" or "hopper" forces one (A/B runs, tests)."""
         kernel = _prefill_template(template, self.manifest["config"]["archs"],
                                    self.manifest["config"].get("link", "whole"))
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)

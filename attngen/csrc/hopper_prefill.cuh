@@ -21,6 +21,7 @@
 #include "device_info.cuh"
 #include "hopper_producer.cuh"
 #include "hopper_sync.cuh"
+#include "hopper_tma.cuh"
 #include "mma.cuh"
 #include "prefill.cuh"
 #include "row_hook.cuh"
@@ -53,7 +54,7 @@ constexpr size_t hopper_prefill_smem_bytes() {
 
 template <class V, class T, int D>
 __global__ void __launch_bounds__(HopperTile<D>::kThreads, 1)
-hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
+hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_constant__ HopperKVMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tile = HopperTile<D>;
   constexpr int RQ = Tile::kRows, TK = Tile::kKeys, NS = Tile::kStages;
@@ -109,19 +110,42 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
     const int ptid = tid;
     const KVGather<T, D, TK> gather{P.kv, P.kv.indptr[b], lo, hi, hk, P.kv.page_shift(),
                                     reinterpret_cast<const T**>(page_rows)};
+    // ragged K / V with tensor maps: tiles whose keys all exist come by bulk copies that one thread issues
+    // (its arrival carries the bytes to expect, the other threads arrive plainly); the last, partial tile
+    // is gathered with its rows past `hi` zero-filled, so that no other request's values (maybe not finite)
+    // meet a masked 0 weight
+    const int bulk_row0 = P.kv.indptr[b] + lo;
+    auto bulk_tile = [&](const CUtensorMap* map, T* dst, int kt, uint64_t* bar) {
+      if (ptid == 0) {
+        mbar_expect_bytes(bar, uint32_t(TK * D * sizeof(T)));
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c) tma_load_3d(dst + c * TK * 64, map, c * 64, hk, bulk_row0 + kt * TK, bar);
+      } else {
+        mbar_arrive(bar);
+      }
+    };
 #pragma unroll 1
     for (int kt = 0; kt < num_kt; ++kt) {
       const int s = kt % NS;
       const uint32_t drained = ((kt / NS) - 1) & 1;
-      gather.look_up(kt, ptid);
+      const bool bulk = maps.use && lo + (kt + 1) * TK <= hi;  // uniform over the producer warpgroup
+      if (!bulk) gather.look_up(kt, ptid);
       if (kt >= NS) mbar_wait(&empty_k[s], drained);
-      gather.issue(kt, sk + s * TK * D, 0, ptid);
-      if constexpr (!V::kHasKeyTransform) copy_arrive_on(&full_k[s]);
-      copy_commit();
+      if (bulk) {
+        bulk_tile(&maps.k, sk + s * TK * D, kt, &full_k[s]);
+      } else {
+        gather.issue(kt, sk + s * TK * D, 0, ptid);
+        if constexpr (!V::kHasKeyTransform) copy_arrive_on(&full_k[s]);
+        copy_commit();
+      }
       if (kt >= NS) mbar_wait(&empty_v[s], drained);
-      gather.issue(kt, sv + s * TK * D, P.kv.stride_kv, ptid);
-      copy_arrive_on(&full_v[s]);
-      copy_commit();
+      if (bulk) {
+        bulk_tile(&maps.v, sv + s * TK * D, kt, &full_v[s]);
+      } else {
+        gather.issue(kt, sv + s * TK * D, P.kv.stride_kv, ptid);
+        copy_arrive_on(&full_v[s]);
+        copy_commit();
+      }
       if constexpr (V::kHasKeyTransform) {
         copy_wait<1>();      // this thread's K copies of tile kt have landed (its V copies may not have)
         named_sync(1, 128);  // and every producer thread's
@@ -456,7 +480,9 @@ void launch_hopper_prefill(const PrefillProblem& P, int max_qo_len, const typena
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;
-  kernel<<<dim3(tiles * P.num_kv_heads, 1, P.batch), Tile::kThreads, smem, stream>>>(P, hp);
+  HopperKVMaps maps{};  // use = 0: every tile gathered
+  if constexpr (!V::kHasKeyTransform) encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
+  kernel<<<dim3(tiles * P.num_kv_heads, 1, P.batch), Tile::kThreads, smem, stream>>>(P, hp, maps);
 #endif
 }
 

@@ -13,6 +13,7 @@ struct KVRows {
   const int32_t* last_page_len;  // paged only
   int64_t stride_page, stride_kv, stride_slot, stride_head;  // ragged: stride_slot = row stride
   int page_size;                                             // 0: ragged
+  int64_t rows;  // ragged: rows of the K / V tensors (bulk-copy descriptors' bounds), else 0
   __device__ __forceinline__ int length(int b) const {
     if (page_size == 0) return indptr[b + 1] - indptr[b];
     int n = indptr[b + 1] - indptr[b];

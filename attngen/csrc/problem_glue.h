@@ -71,6 +71,7 @@ int kv_from_ragged(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi::Te
   kv.stride_slot = k.stride(0);
   kv.stride_head = k.stride(1);
   kv.page_size = 0;
+  kv.rows = k.size(0);
   return static_cast<int>(k.size(1));
 }
 

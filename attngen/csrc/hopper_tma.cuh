@@ -1,0 +1,80 @@
+// Bulk tensor copies (TMA) of ragged K / V tiles for the Hopper prefill: one tensor map per K and V over
+// the [rows, Hkv, D] tensor, boxes of 64 columns x 1 head x Keys rows landing 128-byte swizzled, exactly
+// the layout the wgmma descriptors read (hopper_sync.cuh). One producer thread issues a tile's boxes and
+// the copy engine completes them on the stage's mbarrier (the expected bytes set by the same thread);
+// rows past the tensor's end arrive as zeros, rows of the next request in the tensor arrive as they are
+// and are masked by the consumers (j >= hi).
+//
+// The maps are encoded on the host through the driver's cuTensorMapEncodeTiled, looked up by the
+// runtime (cudaGetDriverEntryPointByVersion), so the library still links only the static CUDA runtime.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "hopper_sync.cuh"
+#include "kv_rows.cuh"
+
+namespace attngen {
+
+// The kernel's by-value descriptors (__grid_constant__): `use` is 0 when the producer gathers with cp.async.
+struct HopperKVMaps {  // CUtensorMap carries its own alignment
+  CUtensorMap k, v;
+  int use;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+
+// Box (c0 columns, c1 head, c2 rows) of `map` into shared memory at `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+#endif
+
+// Encodes the K and V maps of a ragged problem (rows known on the host); false (use = 0) where the driver
+// entry point is missing or refuses the tensor, so that the caller falls back to the cp.async gather.
+template <class T, int D, int Keys>
+bool encode_ragged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_heads) {
+  maps.use = 0;
+  if (kv.page_size != 0 || kv.rows <= 0) return false;
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static Encode encode = []() -> Encode {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      return nullptr;
+    return reinterpret_cast<Encode>(fn);
+  }();
+  if (encode == nullptr) return false;
+  const CUtensorMapDataType type =
+      std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(num_kv_heads), cuuint64_t(kv.rows)};
+  const cuuint64_t strides[2] = {cuuint64_t(kv.stride_head) * sizeof(T), cuuint64_t(kv.stride_slot) * sizeof(T)};
+  const cuuint32_t box[3] = {64, 1, Keys}, unit[3] = {1, 1, 1};
+  const T* k = static_cast<const T*>(kv.base);
+  for (int which = 0; which < 2; ++which) {
+    const T* base = which == 0 ? k : k + kv.stride_kv;
+    if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+    if (encode(which == 0 ? &maps.k : &maps.v, type, 3, const_cast<T*>(base), dims, strides, box, unit,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return false;
+  }
+  maps.use = 1;
+  return true;
+}
+
+}  // namespace attngen

@@ -99,7 +99,7 @@ def test_cuda_library_compiles_for_every_arch(build_cache, tmp_path):
         assert res.library.is_file()
         dt = "f16" if dtypes == ("float16",) else "bf16"
         assert res.manifest["functions"] == [f"batch_decode_paged_nhd_{dt}_d{d}", f"batch_prefill_paged_nhd_{dt}_d{d}",
-                                             f"batch_prefill_ragged_{dt}_d{d}"]
+                                             f"batch_prefill_ragged_{dt}_d{d}", f"prefill_tile_map_{dt}_d{d}"]
         ldd = subprocess.run(["ldd", str(res.library)], capture_output=True, text=True).stdout
         assert "libcudart" not in ldd  # static CUDA runtime; only the driver is needed at run time
 
@@ -186,7 +186,7 @@ def test_gpu_test_instantiations_compile(name, build_cache):
     both layouts, decode and prefill) compile for sm_90a, the GPU the tests run on."""
     res = run_pipeline(builtin(name), BuildConfig("cuda", (64, 128, 256), ("float16", "bfloat16"), ("sm_90a",)),
                        cache=build_cache)
-    assert len(res.manifest["functions"]) == 3 * 2 * 5  # head dims x dtypes x (2 decode + 3 prefill)
+    assert len(res.manifest["functions"]) == 3 * 2 * 6  # head dims x dtypes x (2 decode + 3 prefill + tile map)
 
 
 @requires_nvcc

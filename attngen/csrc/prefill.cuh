@@ -35,6 +35,7 @@
 #include "mma.cuh"
 #include "row_hook.cuh"
 #include "score_rules.cuh"
+#include "tile_map.cuh"
 
 namespace attngen {
 
@@ -52,6 +53,7 @@ struct PrefillProblem {
   __host__ __device__ float empty_lse() const { return tvm_conventions ? kTvmEmptyLse : kNegInf; }
   float sm_scale;
   KVRows kv;
+  TileList tiles;  // the plan's mask-derived tile lists (tile_map.cuh); absent: each CTA walks its key range
 };
 
 // Tile configurations: Q rows per CTA (4 warps x MT m-tiles of 16 rows), keys per tile, stages

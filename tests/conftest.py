@@ -1,5 +1,5 @@
-"""Shared fixtures: one build cache per test session (or kept across sessions), seeded RNGs, the gpu
-marker's skip rule."""
+"""Shared fixtures: one build cache per test session (shared by a run's pytest-xdist workers, or kept across
+sessions), seeded RNGs, the gpu marker's skip rule."""
 from __future__ import annotations
 
 import os
@@ -37,7 +37,13 @@ def build_cache(tmp_path_factory) -> BuildCache:
     variant IR, config, sources and tools) happen once per session. ``ATTNGEN_TEST_CACHE_DIR`` names a
     cache kept across sessions instead: a later session compiles only what changed."""
     kept = os.environ.get("ATTNGEN_TEST_CACHE_DIR")
-    return BuildCache(kept if kept else tmp_path_factory.mktemp("attngen-cache"))
+    if kept:
+        return BuildCache(kept)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # pytest-xdist: the workers of one run share a cache (entries are sealed by an atomic rename, so a
+        # library two workers build at once is kept once), under the run's common base directory
+        return BuildCache(tmp_path_factory.getbasetemp().parent / "attngen-cache")
+    return BuildCache(tmp_path_factory.mktemp("attngen-cache"))
 
 
 @pytest.fixture

@@ -1,66 +1,47 @@
 """fp8 K/V in the decode templates (``csrc/fp8_kv.cuh``, ``csrc/entry_decode_fp8.h``; CUDA cores and tensor
-cores): a library of fp8 decode entries compiled for sm_80 and sm_90a (no GPU needed), and on a GPU the
-entries against the float64 reference on the dequantised cache (``pytest -m gpu``).
-
-The build's emitters do not export fp8 entries yet (``BuildConfig`` refuses fp8 K/V on cuda), so these
-tests write the translation unit themselves, next to the sources the CUDA backend generates for the
-variant: ``DecodePagedFP8Entry`` exports for both formats and both layouts.
+cores) called through their exported functions in attngen's calling convention: a decode-only library of
+every (query dtype, fp8 format, layout), built by the normal pipeline (``BuildConfig.kv_dtypes``) for sm_80
+and sm_90a (no GPU needed), and on a GPU the entries against the float64 reference on the dequantised
+cache (``pytest -m gpu``). ``tests/test_fp8_cuda_build.py`` covers the same library through
+``CUDAAttention``.
 """
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from attngen.codegen.backends.base import BuildContext
-from attngen.codegen.backends.cuda import CUDABackend
-from attngen.codegen.cuda_library import compile_library
+from attngen.codegen.pipeline import run_pipeline
 from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.variants import builtin
 
 from .conftest import requires_nvcc
 
 HEAD_DIM = 128
-CXX_TYPES = {"float16": "half", "bfloat16": "__nv_bfloat16", "float8_e4m3fn": "__nv_fp8_e4m3",
-             "float8_e5m2": "__nv_fp8_e5m2"}
 ENTRIES = [(q, kv, layout) for q in ("float16", "bfloat16") for kv in ("float8_e4m3fn", "float8_e5m2")
            for layout in ("NHD", "HND")]
+PAIRS = list(dict.fromkeys((q, kv) for q, kv, _ in ENTRIES))
 
 
-def fp8_decode_library(variant, out_dir: Path, archs: tuple[str, ...]) -> tuple[Path, list[str]]:
-    """Compile ``variant``'s fp8 decode entries (``ENTRIES``) into a library in ``out_dir``."""
-    cfg = BuildConfig("cuda", (HEAD_DIM,), ("float16",), archs, kernels=("decode",))
-    backend = CUDABackend()
-    ctx = BuildContext(variant, cfg, backend)
-    ctx.artifacts["lower_hooks"] = backend.lower_hooks(ctx)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in backend.instantiate(ctx).items():
-        (out_dir / name).write_text(text)
-    lines = [f'#include "variant_d{HEAD_DIM}.cuh"', '#include "problem_glue.h"', '#include "entry_decode_fp8.h"',
-             '#include "tile_checks.h"']
-    names = []
-    for i, (q, kv, layout) in enumerate(ENTRIES):
-        name = symbol(f"batch_decode_paged_{layout.lower()}", q, HEAD_DIM, kv)
-        names.append(name)
-        lines += [f'static constexpr char kName{i}[] = "{name}";',
-                  f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, (attngen::DecodePagedFP8Entry<attngen_gen::Hooks_d{HEAD_DIM}, "
-                  f"{CXX_TYPES[q]}, {CXX_TYPES[kv]}, {HEAD_DIM}, attngen::KVLayout::k{layout}, 8, kName{i}>::call));"]
-    (out_dir / "attention_fp8_decode.cu").write_text("\n".join(lines) + "\n")
-    return compile_library(out_dir, ["attention_fp8_decode.cu"], cfg, variant.name), names
+def fp8_decode_library(variant, build_cache, archs: tuple[str, ...]):
+    """``variant``'s decode library for every pair of ``ENTRIES`` (the build's result)."""
+    cfg = BuildConfig("cuda", (HEAD_DIM,), tuple(q for q, _ in PAIRS), archs, kernels=("decode",),
+                      kv_dtypes=tuple(kv for _, kv in PAIRS))
+    return run_pipeline(variant, cfg, cache=build_cache)
 
 
 @requires_nvcc
-def test_fp8_decode_entries_compile_for_sm80_and_sm90a(tmp_path):
-    lib, names = fp8_decode_library(builtin("causal"), tmp_path, ("sm_80", "sm_90a"))
+def test_fp8_decode_entries_compile_for_sm80_and_sm90a(build_cache):
+    res = fp8_decode_library(builtin("causal"), build_cache, ("sm_80", "sm_90a"))
     import tvm_ffi
 
-    mod = tvm_ffi.load_module(str(lib))
+    mod = tvm_ffi.load_module(str(res.library))
+    names = [symbol(f"batch_decode_paged_{layout.lower()}", q, HEAD_DIM, kv) for q, kv, layout in ENTRIES]
+    assert sorted(names) == res.manifest["functions"]
     for name in names:
         assert mod[name] is not None
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["causal", "rope"])  # k_scale folded into the query / applied before the key hook
-def test_fp8_decode_matches_the_reference(name, tmp_path):
+def test_fp8_decode_matches_the_reference(name, build_cache):
     import torch
     import tvm_ffi
 
@@ -71,8 +52,7 @@ def test_fp8_decode_matches_the_reference(name, tmp_path):
     major, minor = torch.cuda.get_device_capability()
     arch = "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
     variant = builtin(name)
-    lib, _ = fp8_decode_library(variant, tmp_path, (arch,))
-    mod = tvm_ffi.load_module(str(lib))
+    mod = tvm_ffi.load_module(str(fp8_decode_library(variant, build_cache, (arch,)).library))
     rng = np.random.default_rng(0)
     extras = (1.0, 1e4) if name == "rope" else ()  # rope_scale, rope_theta
     params = dict(rope_scale=1.0, rope_theta=1e4) if name == "rope" else {}

@@ -1,7 +1,8 @@
 """The exported entry functions of attngen's own calling convention (decode, prefill / append): one
-explicit export per (head_dim, dtype, layout) of the C++ entry templates in csrc/entry_decode.h and
-csrc/entry_prefill.h (the decode and prefill records' headers, included by the translation unit),
-which hold the calling convention, the argument checks and the launch.
+explicit export per (head_dim, dtype pair, layout) of the C++ entry templates in csrc/entry_decode.h,
+csrc/entry_decode_fp8.h (decode over an fp8 cache, with k_scale / v_scale) and csrc/entry_prefill.h (the
+decode and prefill records' headers, included by the translation unit), which hold the calling
+convention, the argument checks and the launch.
 
 Each export names its function once more as a ``constexpr char`` array beside it, the entry's
 ``Name`` template argument, so that every error the entry raises names the exported function.
@@ -9,10 +10,13 @@ Each export names its function once more as a ``constexpr char`` array beside it
 from __future__ import annotations
 
 from attngen.schedules.build_config import symbol
+from attngen.schedules.dtypes import DtypePair
 
 from .cuda_variant import C_TYPES
 
 LAYOUT_ENUMS = {"NHD": "attngen::KVLayout::kNHD", "HND": "attngen::KVLayout::kHND"}
+# cuda_fp8.h's element types of the fp8 K/V formats (csrc/fp8_kv.cuh)
+FP8_C_TYPES = {"float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}
 
 
 def _export(name: str, entry: str) -> str:
@@ -24,11 +28,15 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, ({entry.format(name=name_array)}::call));
 """
 
 
-def decode_wrapper(head_dim: int, dtype: str, layout: str, max_group: int) -> str:
-    """``batch_decode_paged_<layout>_<dtype>_d<D>`` over the variant traits ``Hooks_d<D>``."""
-    name = symbol(f"batch_decode_paged_{layout.lower()}", dtype, head_dim)
-    entry = (f"attngen::DecodePagedEntry<attngen_gen::Hooks_d{head_dim}, {C_TYPES[dtype]}, {head_dim}, "
-             f"{LAYOUT_ENUMS[layout]}, {max_group}, {{name}}>")
+def decode_wrapper(head_dim: int, pair: DtypePair, layout: str, max_group: int) -> str:
+    """``batch_decode_paged_<layout>_<dtype>_d<D>`` over the variant traits ``Hooks_d<D>``; for an fp8 cache
+    (``pair.kv_scaled``) ``batch_decode_paged_<layout>_<dtype>_kv<fp8>_d<D>``, which takes k_scale / v_scale."""
+    name = symbol(f"batch_decode_paged_{layout.lower()}", pair.q, head_dim, pair.kv)
+    hooks, q_type, tail = f"attngen_gen::Hooks_d{head_dim}", C_TYPES[pair.q], f"{LAYOUT_ENUMS[layout]}, {max_group}"
+    if pair.kv_scaled:
+        entry = f"attngen::DecodePagedFP8Entry<{hooks}, {q_type}, {FP8_C_TYPES[pair.kv]}, {head_dim}, {tail}, {{name}}>"
+    else:
+        entry = f"attngen::DecodePagedEntry<{hooks}, {q_type}, {head_dim}, {tail}, {{name}}>"
     return _export(name, entry)
 
 

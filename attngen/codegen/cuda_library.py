@@ -35,7 +35,7 @@ def _ffi_paths():
 
 
 def _decode_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
-    return [decode_wrapper(head_dim, pair.q, lay, cfg.max_group_size) for lay in cfg.layouts]
+    return [decode_wrapper(head_dim, pair, lay, cfg.max_group_size) for lay in cfg.layouts]
 
 
 def _prefill_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
@@ -49,13 +49,17 @@ def _tvm_slots(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> lis
             flashinfer_slot_wrappers(variant, head_dim, pair.q, constants)]
 
 
-# TemplateRecord.emitter keys -> (variant, config, head_dim, dtype pair) -> C++ of the record's exports. The
-# emitters take the query dtype: BuildConfig refuses K/V dtypes other than the query's.
+# TemplateRecord.emitter keys -> (variant, config, head_dim, dtype pair) -> C++ of the record's exports. Only the
+# decode emitter reads the pair's K/V dtype: BuildConfig admits fp8 K/V on cuda for decode-only builds.
 ENTRY_EMITTERS = {
     "decode_entries": _decode_entries,
     "prefill_entries": _prefill_entries,
     "tvm_slots": _tvm_slots,
 }
+
+
+# the entry headers a record's translation unit adds for an fp8 cache (dequantising loads, k_scale / v_scale)
+SCALED_KV_HEADERS = {"decode": ("entry_decode_fp8.h",)}
 
 
 def exported_functions(cfg: BuildConfig) -> list[str]:
@@ -72,6 +76,7 @@ def translation_units(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair)
     for record in selected(cfg.kernels):
         parts = [f'#include "variant_d{head_dim}.cuh"', '#include "problem_glue.h"']
         parts += [f'#include "{h}"' for h in record.headers]
+        parts += [f'#include "{h}"' for h in SCALED_KV_HEADERS.get(record.name, ()) if pair.kv_scaled]
         parts.append('#include "tile_checks.h"')
         parts += ENTRY_EMITTERS[record.emitter](variant, cfg, head_dim, pair)
         units[f"attention_d{head_dim}_{pair.short}_{record.name}.cu"] = "\n".join(parts) + "\n"

@@ -46,16 +46,19 @@ inline bool is_decode_backend(int64_t v) {
          v == int64_t(DecodeBackend::kTensorCores);
 }
 
-// Element types, ranks and devices of the call's tensors, before the variant's parameters are read.
-template <class T>
-void check_decode_args(const char* name, const DecodeArgs& a) {
+// Element types, ranks and devices of the call's tensors, before the variant's parameters are read: queries
+// and outputs of T, pages of KV (T itself, or an fp8 format: entry_decode_fp8.h), and the entry's own
+// tensors after lse (an fp8 entry's scales), all types checked before any device.
+template <class T, class KV = T, class... Own>
+void check_decode_args(const char* name, const DecodeArgs& a, const Own&... own) {
   check_args(name, {{"q", a.q, 3, dl_dtype<T>()},
-                    {"pages", a.pages, 5, dl_dtype<T>()},
+                    {"pages", a.pages, 5, dl_dtype<KV>()},
                     {"indices", a.indices, 1, dl_dtype<int32_t>()},
                     {"indptr", a.indptr, 1, dl_dtype<int32_t>()},
                     {"last_page_len", a.last_page_len, 1, dl_dtype<int32_t>()},
                     {"o", a.o, 3, dl_dtype<T>()},
                     {"lse", a.lse, 2, dl_dtype<float>()},
+                    own...,
                     {"part_o", a.split.part_o, -1, dl_dtype<float>()},
                     {"part_lse", a.split.part_lse, -1, dl_dtype<float>()}});
   if (a.split.plan.has_value()) check_args(name, {{"plan", *a.split.plan, 1, dl_dtype<int32_t>()}});
@@ -92,16 +95,21 @@ bool fill_decode_split(Problem& P, const DecodeSplitArgs& split, const char* nam
   return true;
 }
 
+// After a decode launcher ran (launched: whether it found a template for the call): the errors of the launch.
+inline void check_decode_launch(const char* name, bool launched) {
+  if (!launched)
+    TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
+                                         "split-KV plan needs one; plan with tensor_cores=False";
+  check_launch(name);
+}
+
 template <class V, class T, int D, KVLayout L, int MaxG>
 void decode_paged(const char* name, const DecodeArgs& a, const typename V::Params& hp) {
   DecodeProblem P{};
   fill_decode(P, a.q, a.o, a.lse, a.sm_scale, kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len),
               name);
   if (!fill_decode_split<D, MaxG>(P, a.split, name)) return;
-  if (!launch_decode<V, T, D, MaxG>(P, hp, stream_of(a.q)))
-    TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
-                                         "split-KV plan needs one; plan with tensor_cores=False";
-  check_launch(name);
+  check_decode_launch(name, launch_decode<V, T, D, MaxG>(P, hp, stream_of(a.q)));
 }
 
 template <class V, class T, int D, KVLayout L, int MaxG, const char* Name, class Extra = typename V::ExtraArgs>

@@ -78,10 +78,7 @@ void decode_paged_fp8(const char* name, const DecodeArgs& a, tvm::ffi::TensorVie
     TVM_FFI_THROW(ValueError) << name << ": k_scale / v_scale need one entry per KV head (" << P.num_kv_heads << ")";
   P.scales = KVScales{static_cast<const float*>(data_of(k_scale)), static_cast<const float*>(data_of(v_scale))};
   if (!fill_decode_split<D, MaxG>(P, a.split, name)) return;
-  if (!launch_decode_fp8<V, T, KV, D, MaxG>(P, hp, stream_of(a.q)))
-    TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
-                                         "split-KV plan needs one; plan with tensor_cores=False";
-  check_launch(name);
+  check_decode_launch(name, launch_decode_fp8<V, T, KV, D, MaxG>(P, hp, stream_of(a.q)));
 }
 
 template <class V, class T, class KV, int D, KVLayout L, int MaxG, const char* Name,
@@ -98,17 +95,8 @@ struct DecodePagedFP8Entry<V, T, KV, D, L, MaxG, Name, ArgList<X...>> {
                    int64_t plan_merges, X... extra) {
     const DecodeArgs args{q, pages, indices, indptr, last_page_len, o, lse, sm_scale,
                           DecodeSplitArgs{part_o, part_lse, num_chunks, backend, plan, plan_ctas, plan_merges}};
-    check_args(Name, {{"q", q, 3, dl_dtype<T>()},
-                      {"pages", pages, 5, dl_dtype<KV>()},
-                      {"indices", indices, 1, dl_dtype<int32_t>()},
-                      {"indptr", indptr, 1, dl_dtype<int32_t>()},
-                      {"last_page_len", last_page_len, 1, dl_dtype<int32_t>()},
-                      {"o", o, 3, dl_dtype<T>()},
-                      {"lse", lse, 2, dl_dtype<float>()},
-                      {"k_scale", k_scale, 1, dl_dtype<float>()},
-                      {"v_scale", v_scale, 1, dl_dtype<float>()},
-                      {"part_o", part_o, -1, dl_dtype<float>()},
-                      {"part_lse", part_lse, -1, dl_dtype<float>()}});
+    check_decode_args<T, KV>(Name, args, TensorArg{"k_scale", k_scale, 1, dl_dtype<float>()},
+                             TensorArg{"v_scale", v_scale, 1, dl_dtype<float>()});
     typename V::Params hp{};
     V::set_params(Name, hp, extra...);
     decode_paged_fp8<V, T, KV, D, L, MaxG>(Name, args, k_scale, v_scale, hp);

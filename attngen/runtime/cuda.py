@@ -6,6 +6,10 @@ chunks each CTA column splits into (an even split that fills the GPU; the
 load-balanced planner replaces it later) and allocates the partial-state
 workspace. ``decode`` runs per layer: it checks shapes, dtypes and devices only,
 never synchronises, and launches on the current CUDA stream.
+
+An fp8 paged cache (torch ``float8_e4m3fn`` / ``float8_e5m2``, see ``fp8.py``) is read by the decode
+functions built for that K/V dtype (``BuildConfig.kv_dtypes``, decode only on cuda), whose calls take
+``k_scale`` and ``v_scale`` as on the CPU backend; the plan is the 16-bit cache's.
 """
 from __future__ import annotations
 
@@ -15,11 +19,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attngen.build import build as build_library
-from attngen.schedules.build_config import BuildConfig, symbol
+from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
+from attngen.schedules.dtypes import is_fp8
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 
-from .checks import (AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads, check_ragged,
-                     check_tensor, dtype_name)
+from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads,
+                     check_ragged, check_tensor, dtype_name)
+from .fp8 import SCALE_HELP, check_no_scales
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
 from .tile_map import TileMap, build_tile_map, mask_needs_map, params_key
@@ -35,6 +41,32 @@ def current_arch() -> str:
 
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
+
+
+def device_kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like):
+    """``scale`` of a ``kv_dtype`` cache as the fp8 decode functions' float32 [Hkv] on ``like``'s device, without
+    a host round trip (decode never synchronises): a float is checked on the host and filled on the device; a
+    float32 CUDA tensor of [], [1] or [Hkv] entries on that device is broadcast there, its values unread (a
+    non-positive or non-finite scale gives non-finite outputs)."""
+    import torch
+
+    if scale is None:
+        raise AttentionArgumentError(f"{name}: the KV cache is fp8 ({kv_dtype}) and needs {name}: pass "
+                                     f"{name}= with {SCALE_HELP}")
+    if isinstance(scale, (int, float, np.floating, np.integer)):
+        if not (math.isfinite(float(scale)) and float(scale) > 0):
+            raise AttentionArgumentError(f"{name}: scales must be finite and positive, got {float(scale)}")
+        return torch.full((num_kv_heads,), float(scale), dtype=torch.float32, device=like.device)
+    if not hasattr(scale, "shape"):
+        raise AttentionArgumentError(f"{name}: expected {SCALE_HELP}; got {type(scale).__name__}")
+    if dtype_name(scale) != "float32":
+        raise AttentionArgumentError(f"{name}: expected a float32 tensor, got {dtype_name(scale)}")
+    if not is_cuda(scale) or scale.device != like.device:
+        raise AttentionArgumentError(f"{name}: must be a CUDA tensor on q's device ({like.device}), or a float")
+    if len(scale.shape) > 1 or scale.numel() not in (1, num_kv_heads):
+        raise AttentionArgumentError(f"{name}: shape {tuple(scale.shape)}; expected [] or [1] (one scale) or "
+                                     f"[num_kv_heads={num_kv_heads}] (one per KV head)")
+    return scale.reshape(-1).expand(num_kv_heads).contiguous()
 
 
 @dataclass(frozen=True)
@@ -153,12 +185,15 @@ class CUDAAttention(BuiltModule):
 
     @classmethod
     def build(cls, variant, head_dims=(128,), dtypes=("float16",), archs=None, layouts=("NHD", "HND"),
-              max_group_size: int = 8, kernels=("decode", "prefill"), hook_math: str = "approx", **kwargs):
+              max_group_size: int = 8, kernels=("decode", "prefill"), hook_math: str = "approx", kv_dtypes=(),
+              **kwargs):
         """Build (or take from the cache) the variant's CUDA library for this GPU's arch unless ``archs`` is
-        given; ``hook_math``: "approx" (hardware approximations in the hooks) or "precise" (BuildConfig)."""
+        given; ``hook_math``: "approx" (hardware approximations in the hooks) or "precise" (BuildConfig).
+        ``kv_dtypes``: the K/V dtype of each query dtype (() = the query's; an fp8 format for an fp8 cache,
+        with kernels=("decode",))."""
         cfg = BuildConfig("cuda", tuple(head_dims), tuple(dtypes), tuple(archs or (current_arch(),)),
                           tuple(layouts), kernels=tuple(kernels), max_group_size=max_group_size,
-                          hook_math=hook_math)
+                          hook_math=hook_math, kv_dtypes=tuple(kv_dtypes))
         res = build_library(variant, cfg, **kwargs)
         return cls(variant, res.library, res.manifest)
 
@@ -186,9 +221,40 @@ class CUDAAttention(BuiltModule):
                                                resident_slots=per_sm * props.multi_processor_count)
         return ws
 
+    def _decode_names(self, kv: PagedKV, head_dim: int) -> list[str]:
+        """The decode functions that read this cache (its layout and dtype) at ``head_dim``: the 16-bit cache's
+        one, or for an fp8 cache one per query dtype the library pairs with it."""
+        kind, kv_dt = f"batch_decode_paged_{kv.layout.lower()}", kv.kv_dtype
+        if not is_fp8(kv_dt):
+            return [symbol(kind, kv_dt, head_dim)]
+        return [name for q in self.manifest["config"]["dtypes"] if (name := symbol(kind, q, head_dim, kv_dt))
+                in self.functions]
+
     def has_decode(self, kv: PagedKV, head_dim: int) -> bool:
         """Whether the library holds the decode kernel for this cache's layout and dtype at ``head_dim``."""
-        return symbol(f"batch_decode_paged_{kv.layout.lower()}", dtype_name(kv.pages), head_dim) in self.functions
+        return any(name in self.functions for name in self._decode_names(kv, head_dim))
+
+    def _decode_function(self, kv: PagedKV, q_dtype: str, head_dim: int):
+        """The decode function for queries of ``q_dtype`` over ``kv``."""
+        kind = f"batch_decode_paged_{kv.layout.lower()}"
+        if not is_fp8(kv.kv_dtype):
+            return self.function(kind, q_dtype, head_dim)
+        name = symbol(kind, q_dtype, head_dim, kv.kv_dtype)
+        if name not in self.functions:
+            raise AttentionArgumentError(
+                f"{self.library.name} has no {name}: it was built for {sorted(self.functions)}; rebuild with "
+                f"dtypes including {q_dtype} paired with kv_dtypes {kv.kv_dtype}, head_dims including {head_dim} "
+                "and the needed layout")
+        return self._mod[name]
+
+    @staticmethod
+    def _scale_args(q, kv: PagedKV, k_scale, v_scale) -> tuple:
+        """The fp8 decode functions' (k_scale [Hkv], v_scale [Hkv]) float32 on q's device; () for a 16-bit cache."""
+        if not is_fp8(kv.kv_dtype):
+            check_no_scales(kv.kv_dtype, k_scale, v_scale)
+            return ()
+        return tuple(device_kv_scales(scale, name, kv_dtype=kv.kv_dtype, num_kv_heads=kv.num_kv_heads, like=q)
+                     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)))
 
     def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None,
                     tensor_cores: bool | None = None, fixed_chunk: int = 0, graph_safe: bool = False,
@@ -210,7 +276,18 @@ class CUDAAttention(BuiltModule):
         import torch
 
         dtype = dtype_name(kv.pages)
-        self.function(f"batch_decode_paged_{kv.layout.lower()}", dtype, head_dim)  # built for this case?
+        check_tensor(kv.pages, "kv.pages", 5)
+        if dtype not in DTYPE_SHORT:
+            raise AttentionArgumentError(f"kv.pages: dtype {dtype} is no K/V dtype of the decode functions "
+                                         f"({', '.join(DTYPE_SHORT)}){FP8_BITS_HINT if dtype == 'uint8' else ''}")
+        if is_fp8(dtype):  # built for this case? (the query dtype is the call's)
+            if not self.has_decode(kv, head_dim):
+                raise AttentionArgumentError(
+                    f"{self.library.name} has no decode function over a {kv.layout} {dtype} cache at head_dim "
+                    f"{head_dim}: it was built for {sorted(self.functions)}; rebuild with kv_dtypes including "
+                    f"{dtype}, head_dims including {head_dim} and the needed layout")
+        else:
+            self.function(f"batch_decode_paged_{kv.layout.lower()}", dtype, head_dim)
         batch = check_paged(kv, head_dim, dtype, None)
         if batch > MAX_GRID_BATCH:
             raise AttentionArgumentError(f"kv.indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
@@ -262,8 +339,10 @@ class CUDAAttention(BuiltModule):
                           DecodeLaunch(part_o, part_lse, num_chunks, backend))
 
     def decode(self, q, kv: PagedKV, *, plan: DecodePlan | None = None, sm_scale: float | None = None,
-               params: dict | None = None, out=None, lse=None):
-        """q: [B, Hq, D] on the GPU, one query per request. Returns (out [B, Hq, D], lse [B, Hq])."""
+               params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):
+        """q: [B, Hq, D] on the GPU, one query per request. Returns (out [B, Hq, D], lse [B, Hq]).
+        ``k_scale``, ``v_scale``: an fp8 cache's scales (a float, or a float32 CUDA tensor of 1 or Hkv entries;
+        ``device_kv_scales``)."""
         check_tensor(q, "q", 3)
         dt, d, batch = dtype_name(q), int(q.shape[2]), int(q.shape[0])
         if plan is None:
@@ -272,9 +351,9 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(
                 f"plan: made for batch {plan.batch_size}, {plan.num_qo_heads} heads, head_dim {plan.head_dim}; "
                 f"q is {tuple(q.shape)}: plan again for this batch")
-        check_tensor(kv.pages, "kv.pages", 5, dt)
+        check_tensor(kv.pages, "kv.pages", 5, kv.kv_dtype if is_fp8(kv.kv_dtype) else dt)
         check_qkv_heads(q, kv.num_kv_heads, d)
-        fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d)
+        fn = self._decode_function(kv, dt, d)
         max_group = self.manifest["config"]["max_group_size"]
         if int(q.shape[1]) // kv.num_kv_heads > max_group:
             raise AttentionArgumentError(
@@ -287,6 +366,7 @@ class CUDAAttention(BuiltModule):
         out, lse = self.outputs(q, batch, out, lse)
         for name, t in (("q", q), ("out", out), ("kv.pages", kv.pages)):
             _check_aligned(name, t)
+        scales = self._scale_args(q, kv, k_scale, v_scale)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch)
         for p, v in zip(self.variant.params, extras):
@@ -296,7 +376,8 @@ class CUDAAttention(BuiltModule):
         if plan.work is not None and plan.generation != plan.work.generation:
             raise AttentionArgumentError("plan: superseded by a later plan_decode of the same shape (they share "
                                          "one workspace); plan again for this batch")
-        fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, out, lse, scale, *plan.launch.ffi_args(), *extras)
+        fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, out, lse, *scales, scale, *plan.launch.ffi_args(),
+           *extras)
         return out, lse
 
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int, *,

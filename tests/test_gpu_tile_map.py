@@ -1,5 +1,5 @@
 """GPU: mask-derived tile maps (csrc/tile_map.cuh, runtime/tile_map.py) -- the device classifier against the
-NumPy reference, and the Hopper template walking the map against the float64 reference, mapped and
+NumPy reference, and both prefill templates walking the map against the float64 reference, mapped and
 unmapped, on packed documents (document ids from a tensor parameter) and prefix-LM."""
 import runpy
 from pathlib import Path
@@ -30,7 +30,6 @@ def example(name, build_cache):
 def test_classifier_matches_the_reference(group, build_cache, rng):
     import torch
 
-    skip_unless_runs("hopper")
     module, att = example("document_mask", build_cache)
     qo_lens, kv_lens = [300, 0, 77, 520, 5], [300, 9, 200, 520, 0]
     ids = np.zeros((len(kv_lens), max(kv_lens)), np.int32)
@@ -48,24 +47,26 @@ def test_classifier_matches_the_reference(group, build_cache, rng):
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
 
 
+@pytest.mark.parametrize("template", ["hopper", "mma_sync"])
 @pytest.mark.parametrize("name", ["document_mask", "prefix_lm"])
 @pytest.mark.parametrize("group,kv_mode", [(1, "ragged"), (4, "NHD"), (8, "HND")])
-def test_mapped_prefill_matches_the_reference(name, group, kv_mode, build_cache, rng):
-    """Long enough requests that the map has empty, partial and full tiles; the same case unmapped too."""
-    skip_unless_runs("hopper")
+def test_mapped_prefill_matches_the_reference(template, name, group, kv_mode, build_cache, rng):
+    """Long enough requests that the map has empty, partial and full tiles; the same case unmapped too (the
+    mma.sync template on both its query tiles)."""
+    skip_unless_runs(template)
     module, att = example(name, build_cache)
     make = next(f for n, f in module.items() if n in ("prefix_lengths", "packed_documents"))
     for tile_map in (None, False):
         plans = []
         run_prefill(att, module["variant"], rng, group=group, head_dim=128, dtype="bfloat16", kv_mode=kv_mode,
-                    qo_lens=[700, 0, 1000, 33], kv_lens=[700, 12, 1300, 33], template="hopper", make_params=make,
+                    qo_lens=[700, 0, 1000, 33], kv_lens=[700, 12, 1300, 33], template=template, make_params=make,
                     tile_map=tile_map, plans=plans)
-        (plan,) = plans
-        if tile_map is None:
-            (tm,) = plan.maps.values()
-            assert tm.counts["empty"] > 0 and tm.counts["full"] > 0, tm.counts
-        else:
-            assert not plan.maps
+        for plan in plans:
+            if tile_map is None:
+                (tm,) = plan.maps.values()
+                assert tm.counts["empty"] > 0 and tm.counts["full"] > 0, tm.counts
+            else:
+                assert not plan.maps
 
 
 def test_a_plan_derives_a_new_map_for_new_mask_tensors(build_cache, rng):
@@ -75,7 +76,6 @@ def test_a_plan_derives_a_new_map_for_new_mask_tensors(build_cache, rng):
     from attngen.runtime.reference import reference_attention
     from attngen.testing import compare
 
-    skip_unless_runs("hopper")
     module, att = example("document_mask", build_cache)
     v = module["variant"]
     n, hq, hkv, d = 900, 8, 2, 128
@@ -103,15 +103,18 @@ def test_a_plan_derives_a_new_map_for_new_mask_tensors(build_cache, rng):
 def test_tile_maps_are_refused_where_nothing_walks_them(build_cache):
     import torch
 
-    from attngen.runtime import RaggedKV
+    from attngen.runtime import CUDAAttention, RaggedKV
     from attngen.runtime.checks import AttentionArgumentError
+    from attngen.variants import builtin
 
-    skip_unless_runs("hopper")
     _, att = example("document_mask", build_cache)
     dev = torch.device("cuda")
     k = torch.zeros(16, 2, 128, device=dev, dtype=torch.bfloat16)
     indptr = torch.tensor([0, 16], dtype=torch.int32, device=dev)
     kv = RaggedKV(k, k, indptr)
-    with pytest.raises(AttentionArgumentError, match=r"tile_map: tile maps are walked by the Hopper template only"):
-        att.plan_prefill(indptr, kv, 128, template="mma_sync", tile_map=True)
-    assert att.plan_prefill(indptr, kv, 128, tile_map=True).tile_map is True
+    for template in (None, "mma_sync"):
+        assert att.plan_prefill(indptr, kv, 128, template=template, tile_map=True).tile_map is True
+    causal = CUDAAttention.build(builtin("causal"), head_dims=(128,), dtypes=("bfloat16",), kernels=("prefill",),
+                                 cache=build_cache)
+    with pytest.raises(AttentionArgumentError, match=r"tile_map: variant 'causal' has no mask beyond its bounds"):
+        causal.plan_prefill(indptr, kv, 128, tile_map=True)

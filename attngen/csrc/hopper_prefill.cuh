@@ -38,6 +38,7 @@ struct HopperTile {
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * (40 + 2 * 232) <= 64K registers
+  static_assert(kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys, "tile maps are made in this tiling");
 };
 
 // Shared memory: [alignment slack][Q: kRows x D][K: kStages x kKeys x D][V: same][scratch fp32 rows, two of
@@ -461,12 +462,6 @@ inline bool hopper_prefill_runs_here() {
 #endif
 }
 
-// Whether the variant's kernels walk tile lists: a mask the static analysis does not reduce to its bounds.
-template <class V>
-constexpr bool hopper_maps_tiles() {
-  return V::kHasMask && !V::kMaskExact;
-}
-
 template <class V, class T, int D>
 void launch_hopper_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp,
                            cudaStream_t stream) {
@@ -474,7 +469,7 @@ void launch_hopper_prefill(const PrefillProblem& P, int max_qo_len, const typena
   using Tile = HopperTile<D>;
   constexpr size_t smem = hopper_prefill_smem_bytes<T, D>();
   auto kernel = hopper_prefill_kernel<V, T, D, false>;
-  if constexpr (hopper_maps_tiles<V>()) {
+  if constexpr (variant_maps_tiles<V>()) {
     if (P.tiles.present()) kernel = hopper_prefill_kernel<V, T, D, true>;
   }
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));

@@ -1,4 +1,4 @@
-// Mask-derived tile maps: which (query tile, key tile) pairs of a prefill template's tiling a mask hook
+// Mask-derived tile maps: which (query tile, key tile) pairs of the prefill templates' tiling a mask hook
 // leaves empty, partial or full, computed on the device from the hook itself (no user-written block mask).
 //
 // A prefill CTA's query tile is `rows` packed (token, head) rows of one KV head's group (row = token *
@@ -22,6 +22,21 @@
 namespace attngen {
 
 enum TileClass : uint8_t { kTileEmpty = 0, kTilePartial = 1, kTileFull = 2 };
+
+// The maps' tiling: the Hopper template's tile (hopper_prefill.cuh asserts it). The mma.sync template's
+// tiles (64 or 128 rows, 64 / 32 / 16 keys) divide it, so each of its tiles takes the class of the map tile
+// it lies in: a part of an empty tile is empty, of a full one full, of a partial one checked.
+template <int D>
+struct MapTile {
+  static constexpr int kRows = 128;
+  static constexpr int kKeys = D == 256 ? 64 : 128;
+};
+
+// Whether a variant's kernels walk tile maps: a mask the static analysis does not reduce to its bounds.
+template <class V>
+constexpr bool variant_maps_tiles() {
+  return V::kHasMask && !V::kMaskExact;
+}
 
 // The non-empty key tiles of every (request, head row, query tile) of a prefill launch; indptr == nullptr
 // when the launch has no map (the templates walk their key range).

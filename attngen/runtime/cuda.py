@@ -390,9 +390,9 @@ class CUDAAttention(BuiltModule):
         lets the library choose (on devices of compute capability 9.0 with a library built for sm_90a, the
         Hopper template; else the mma.sync one); "mma_sync" or "hopper" forces one (A/B runs, tests).
         ``tile_map``: None (default) lets calls with a mask the static analysis cannot reduce to bounds
-        derive the mask's tile structure on the device where the Hopper template runs (made on the first
-        call with given mask parameters, kept in the plan for every later call with the same tensors; make
-        it before capturing a CUDA graph); True requires it (refused where it cannot serve); False never."""
+        derive the mask's tile structure on the device, which both templates walk (made on the first call
+        with given mask parameters, kept in the plan for every later call with the same tensors; make it
+        before capturing a CUDA graph); True requires it (refused where it cannot serve); False never."""
         kernel = _prefill_template(template, self.manifest["config"]["archs"],
                                    self.manifest["config"].get("link", "whole"))
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
@@ -411,36 +411,31 @@ class CUDAAttention(BuiltModule):
         if tile_map not in (None, True, False):
             raise AttentionArgumentError(f"tile_map: expected None, True or False, got {tile_map!r}")
         if tile_map is True:
-            why = self._tile_map_problem(kernel, dtype, head_dim)
+            why = self._tile_map_problem(dtype, head_dim)
             if why:
                 raise AttentionArgumentError(f"tile_map: {why}; plan with tile_map=None or False")
         return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)), _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, tile_map)
 
-    def _tile_map_problem(self, kernel: PrefillTemplate, dtype: str, head_dim: int) -> str | None:
+    def _tile_map_problem(self, dtype: str, head_dim: int) -> str | None:
         """Why calls of this library cannot walk a mask-derived tile map; None when they can."""
         if not mask_needs_map(self.variant):
             return f"variant '{self.variant.name}' has no mask beyond its bounds: there is nothing to map"
         if symbol("prefill_tile_map", dtype, head_dim) not in self.functions:
             return "this library has no tile-map classifier (link='lto' builds lack it)"
-        if kernel == PrefillTemplate.MMA_SYNC:
-            return "tile maps are walked by the Hopper template only, and this plan forces mma_sync"
-        if "sm_90a" not in self.manifest["config"]["archs"] or current_arch() != "sm_90a":
-            return "tile maps are walked by the Hopper template only (a library built for sm_90a on a device of " \
-                   "compute capability 9.0)"
         return None
 
     def _tile_map(self, plan: PrefillPlan, q, kv, qo_indptr, dtype: str, head_dim: int, params: dict | None,
                   extras: tuple) -> TileMap | None:
         """The plan's map for these mask parameters (derived on first use), or None where none serves."""
-        if plan.tile_map is False or self._tile_map_problem(plan.kernel, dtype, head_dim):
+        if plan.tile_map is False or self._tile_map_problem(dtype, head_dim):
             return None
         key = params_key(self.variant, params)
         if key not in plan.maps:
             from attngen.schedules.template_prefill_hopper import HopperConfig
 
-            tile = HopperConfig(head_dim)
+            tile = HopperConfig(head_dim)  # the maps' tiling (csrc/tile_map.cuh MapTile) is the Hopper tile
             plan.maps.clear()  # one map at a time: a plan serves one batch's parameters
             plan.maps[key] = build_tile_map(
                 self.function("prefill_tile_map", dtype, head_dim), self.variant, qo_indptr, kv,

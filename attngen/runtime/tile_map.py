@@ -3,11 +3,11 @@
 A mask the static analysis reduces to bounds (causal, sliding window) already limits each CTA's key range.
 Any other mask (document ids of packed sequences, prefix-LM, bit masks) would otherwise have every tile
 computed and its mask evaluated on every score. ``build_tile_map`` runs the library's classifier
-(``prefill_tile_map_<dtype>_d<D>``, csrc/tile_map.cuh) over the chosen template's tiling: each
+(``prefill_tile_map_<dtype>_d<D>``, csrc/tile_map.cuh) over the Hopper template's tiling: each
 (request, query tile, key tile) is empty (skipped), full (run without the mask hook) or partial. The map
 is compacted on the device into one list of non-empty key tiles per (request, head row, query tile),
-entries ``key_tile * 2 + full``, which the Hopper template walks; every layer that reuses the plan reuses
-the map. A map depends on the tensor parameters the mask reads, so the plan keys its map by those tensors
+entries ``key_tile * 2 + full``, which both prefill templates walk (the mma.sync template's smaller tiles
+take the class of the map tile they lie in); every layer that reuses the plan reuses the map. A map depends on the tensor parameters the mask reads, so the plan keys its map by those tensors
 (object and version): a call with other tensors, or with the same ones changed in place, derives a new map.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from attngen import build as build_entry
-from attngen.schedules.build_config import BuildConfig, symbol
+from attngen.schedules.build_config import BuildConfig
 from attngen.schedules.dtypes import is_fp8
 
 from .checks import (AttentionArgumentError, check_indptr, check_paged, check_qkv_heads, check_ragged,
@@ -54,15 +54,7 @@ class CPUAttention(BuiltModule):
 
     def _kernel(self, kind: str, q_dtype: str, kv_dtype: str, head_dim: int):
         """The function of ``kind`` for queries of ``q_dtype`` and K/V of ``kv_dtype``."""
-        if kv_dtype == q_dtype:
-            return self.function(kind, q_dtype, head_dim)
-        name = symbol(kind, q_dtype, head_dim, kv_dtype)
-        if name not in self.functions:
-            raise AttentionArgumentError(
-                f"{self.library.name} has no {name}: it was built for {sorted(self.functions)}; rebuild with "
-                f"dtypes including {q_dtype} paired with kv_dtypes {kv_dtype}, head_dims including {head_dim} and "
-                "the needed layout")
-        return self._mod[name]
+        return self.function(kind, q_dtype, head_dim, kv_dtype)
 
     @staticmethod
     def _scale_args(q, kv, kv_dtype: str, k_scale, v_scale) -> tuple:

@@ -237,15 +237,7 @@ class CUDAAttention(BuiltModule):
     def _decode_function(self, kv: PagedKV, q_dtype: str, head_dim: int):
         """The decode function for queries of ``q_dtype`` over ``kv``."""
         kind = f"batch_decode_paged_{kv.layout.lower()}"
-        if not is_fp8(kv.kv_dtype):
-            return self.function(kind, q_dtype, head_dim)
-        name = symbol(kind, q_dtype, head_dim, kv.kv_dtype)
-        if name not in self.functions:
-            raise AttentionArgumentError(
-                f"{self.library.name} has no {name}: it was built for {sorted(self.functions)}; rebuild with "
-                f"dtypes including {q_dtype} paired with kv_dtypes {kv.kv_dtype}, head_dims including {head_dim} "
-                "and the needed layout")
-        return self._mod[name]
+        return self.function(kind, q_dtype, head_dim, kv.kv_dtype if is_fp8(kv.kv_dtype) else None)
 
     @staticmethod
     def _scale_args(q, kv: PagedKV, k_scale, v_scale) -> tuple:

@@ -50,12 +50,15 @@ class BuiltModule:
         self.functions = set(manifest["functions"])
         self._mod = tvm_ffi.load_module(str(self.library))
 
-    def function(self, kind: str, dtype: str, head_dim: int):
-        name = symbol(kind, dtype, head_dim)
+    def function(self, kind: str, dtype: str, head_dim: int, kv_dtype: str | None = None):
+        """The exported function of ``kind`` for queries of ``dtype`` (and K/V of ``kv_dtype``, None or equal:
+        the query's), or an error naming the build options that would export it."""
+        name = symbol(kind, dtype, head_dim, kv_dtype)
         if name not in self.functions:
+            pairing = f" paired with kv_dtypes {kv_dtype}" if kv_dtype not in (None, dtype) else ""
             raise AttentionArgumentError(
                 f"{self.library.name} has no {name}: it was built for {sorted(self.functions)}; rebuild with "
-                f"head_dims including {head_dim}, dtypes including {dtype} and the needed layout")
+                f"dtypes including {dtype}{pairing}, head_dims including {head_dim} and the needed layout")
         return self._mod[name]
 
     @staticmethod

@@ -4,24 +4,22 @@
 
 namespace attngen {
 
-__device__ __forceinline__ void copy16_async(void* smem, const void* gmem, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  int src_bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros, read nothing
-  // L2::128B: the L2 fetches the whole 128-byte line the chunk lies in (a K/V row's neighbouring chunks
-  // are copied by the neighbouring threads)
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
-#else
-  *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
-#endif
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-// The same to a shared-memory address (sm_80+: the callers' tiles are cp.async targets).
+// To a shared-memory address; !valid: fill the 16 bytes with zeros, read nothing. L2::128B: the L2 fetches
+// the whole 128-byte line the chunk lies in (a K/V row's neighbouring chunks are copied by the neighbouring
+// threads).
 __device__ __forceinline__ void copy16_async_to(uint32_t dst, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
 }
 #endif
+
+__device__ __forceinline__ void copy16_async(void* smem, const void* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  copy16_async_to(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, valid);
+#else
+  *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
+#endif
+}
 
 __device__ __forceinline__ void copy_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -19,7 +19,7 @@ from attngen.schedules.dtypes import is_fp8
 
 from .checks import (AttentionArgumentError, check_indptr, check_paged, check_qkv_heads, check_ragged,
                      check_tensor, dtype_name)
-from .fp8 import check_no_scales, kv_bits, kv_scales
+from .fp8 import kv_bits, kv_scales, scale_args
 from .module import BuiltModule, empty_like, resolve_sm_scale
 from .params import resolve_params
 from .views import PagedKV, RaggedKV
@@ -52,19 +52,11 @@ class CPUAttention(BuiltModule):
         res = build_entry.build(variant, config, **kwargs)
         return cls(variant, res.library, res.manifest)
 
-    def _kernel(self, kind: str, q_dtype: str, kv_dtype: str, head_dim: int):
-        """The function of ``kind`` for queries of ``q_dtype`` and K/V of ``kv_dtype``."""
-        return self.function(kind, q_dtype, head_dim, kv_dtype)
-
     @staticmethod
     def _scale_args(q, kv, kv_dtype: str, k_scale, v_scale) -> tuple:
         """The fp8 functions' (k_scale [Hkv], v_scale [Hkv]) float32; () for a cache in the query dtype."""
-        if not is_fp8(kv_dtype):
-            check_no_scales(kv_dtype, k_scale, v_scale)
-            return ()
-        heads = kv.num_kv_heads
-        return tuple(kv_scales(scale, name, kv_dtype=kv_dtype, num_kv_heads=heads, like=q)
-                     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)))
+        return scale_args(kv_dtype, k_scale, v_scale, lambda scale, name: kv_scales(
+            scale, name, kv_dtype=kv_dtype, num_kv_heads=kv.num_kv_heads, like=q))
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, sm_scale: float | None = None,
                 params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):
@@ -87,7 +79,7 @@ class CPUAttention(BuiltModule):
             kv_args = (_nonempty(_kernel_kv(kv.k)), _nonempty(_kernel_kv(kv.v)), kv.indptr)
         check_qkv_heads(q, kv.num_kv_heads, d)
         scales = self._scale_args(q, kv, kv_dt, k_scale, v_scale)
-        fn = self._kernel(kind, dt, kv_dt, d)
+        fn = self.function(kind, dt, d, kv_dt)
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
@@ -109,7 +101,7 @@ class CPUAttention(BuiltModule):
         check_paged(kv, d, kv_dt, batch)
         check_qkv_heads(q, kv.num_kv_heads, d)
         scales = self._scale_args(q, kv, kv_dt, k_scale, v_scale)
-        fn = self._kernel(f"batch_decode_paged_{kv.layout.lower()}", dt, kv_dt, d)
+        fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d, kv_dt)
         out, lse = self.outputs(q, batch, out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch)

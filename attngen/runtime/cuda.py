@@ -25,7 +25,7 @@ from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillT
 
 from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads,
                      check_ragged, check_tensor, dtype_name)
-from .fp8 import SCALE_HELP, check_no_scales
+from .fp8 import SCALE_HELP, scale_args
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
 from .tile_map import TileMap, build_tile_map, mask_needs_map, params_key
@@ -234,19 +234,11 @@ class CUDAAttention(BuiltModule):
         """Whether the library holds the decode kernel for this cache's layout and dtype at ``head_dim``."""
         return any(name in self.functions for name in self._decode_names(kv, head_dim))
 
-    def _decode_function(self, kv: PagedKV, q_dtype: str, head_dim: int):
-        """The decode function for queries of ``q_dtype`` over ``kv``."""
-        kind = f"batch_decode_paged_{kv.layout.lower()}"
-        return self.function(kind, q_dtype, head_dim, kv.kv_dtype if is_fp8(kv.kv_dtype) else None)
-
     @staticmethod
     def _scale_args(q, kv: PagedKV, k_scale, v_scale) -> tuple:
         """The fp8 decode functions' (k_scale [Hkv], v_scale [Hkv]) float32 on q's device; () for a 16-bit cache."""
-        if not is_fp8(kv.kv_dtype):
-            check_no_scales(kv.kv_dtype, k_scale, v_scale)
-            return ()
-        return tuple(device_kv_scales(scale, name, kv_dtype=kv.kv_dtype, num_kv_heads=kv.num_kv_heads, like=q)
-                     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)))
+        return scale_args(kv.kv_dtype, k_scale, v_scale, lambda scale, name: device_kv_scales(
+            scale, name, kv_dtype=kv.kv_dtype, num_kv_heads=kv.num_kv_heads, like=q))
 
     def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None,
                     tensor_cores: bool | None = None, fixed_chunk: int = 0, graph_safe: bool = False,
@@ -345,7 +337,8 @@ class CUDAAttention(BuiltModule):
                 f"q is {tuple(q.shape)}: plan again for this batch")
         check_tensor(kv.pages, "kv.pages", 5, kv.kv_dtype if is_fp8(kv.kv_dtype) else dt)
         check_qkv_heads(q, kv.num_kv_heads, d)
-        fn = self._decode_function(kv, dt, d)
+        # a 16-bit cache is in q's dtype (checked above): its function is the query dtype's
+        fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d, kv.kv_dtype)
         max_group = self.manifest["config"]["max_group_size"]
         if int(q.shape[1]) // kv.num_kv_heads > max_group:
             raise AttentionArgumentError(

@@ -201,3 +201,14 @@ def append_paged_kv_fp8(pages: Tensor, k: Tensor, v: Tensor, slot_mapping: Tenso
             bits[p, half, s] = rows
         else:
             bits[p, half, :, s] = rows
+
+
+def scale_args(kv_dtype: str, k_scale, v_scale, to_scales) -> tuple:
+    """What an fp8 function takes for the cache's scales, ``(to_scales(k_scale, "k_scale"), to_scales(v_scale,
+    "v_scale"))``; () for a cache in the query dtype, which refuses scales. ``to_scales`` is the backend's
+    conversion (``kv_scales`` on the host, ``device_kv_scales`` on the GPU)."""
+    if not is_fp8(kv_dtype):
+        check_no_scales(kv_dtype, k_scale, v_scale)
+        return ()
+    return tuple(to_scales(scale, name) for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)))
+

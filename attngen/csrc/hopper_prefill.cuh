@@ -38,6 +38,7 @@ struct HopperTile {
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * (40 + 2 * 232) <= 64K registers
+  static_assert(kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys, "tile maps are made in this tiling");
 };
 
 // Shared memory: [alignment slack][Q: kRows x D][K: kStages x kKeys x D][V: same][scratch fp32 rows, two of
@@ -51,7 +52,9 @@ constexpr size_t hopper_prefill_smem_bytes() {
          4 * Tile::kStages * sizeof(uint64_t);
 }
 
-template <class V, class T, int D>
+// Mapped: the CTA walks the plan's list of its non-empty key tiles (P.tiles, tile_map.cuh), running the
+// full ones without the mask hook; else the key range the mask's bounds leave.
+template <class V, class T, int D, bool Mapped>
 __global__ void __launch_bounds__(HopperTile<D>::kThreads, 1)
 hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -91,7 +94,16 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
   if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
   if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
   const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
-  const int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
+  int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
+  const int32_t* tile_list = nullptr;
+  if constexpr (Mapped) {
+    const int l = P.tiles.list(b, hk, tile);
+    tile_list = P.tiles.entries + P.tiles.indptr[l];
+    num_kt = P.tiles.indptr[l + 1] - P.tiles.indptr[l];
+  }
+  // the first key of the CTA's kt-th tile, and whether every score of it is visible (mapped: a full tile)
+  auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
+  auto tile_full = [&](int kt) { return Mapped && (tile_list[kt] & 1) != 0; };
 
   if (tid == 0) {
     for (int s = 0; s < NS; ++s) {
@@ -113,19 +125,20 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
     for (int kt = 0; kt < num_kt; ++kt) {
       const int s = kt % NS;
       const uint32_t drained = ((kt / NS) - 1) & 1;
-      gather.look_up(kt, ptid);
+      const int js = tile_start(kt);
+      gather.look_up(js, kt % 2, ptid);
       if (kt >= NS) mbar_wait(&empty_k[s], drained);
-      gather.issue(kt, sk + s * TK * D, 0, ptid);
+      gather.issue(js, kt % 2, sk + s * TK * D, 0, ptid);
       if constexpr (!V::kHasKeyTransform) copy_arrive_on(&full_k[s]);
       copy_commit();
       if (kt >= NS) mbar_wait(&empty_v[s], drained);
-      gather.issue(kt, sv + s * TK * D, P.kv.stride_kv, ptid);
+      gather.issue(js, kt % 2, sv + s * TK * D, P.kv.stride_kv, ptid);
       copy_arrive_on(&full_v[s]);
       copy_commit();
       if constexpr (V::kHasKeyTransform) {
         copy_wait<1>();      // this thread's K copies of tile kt have landed (its V copies may not have)
         named_sync(1, 128);  // and every producer thread's
-        transform_key_tile<V, T, D, TK>(hp, sk + s * TK * D, lo + kt * TK, hi, hk, scratch, warp, lane);
+        transform_key_tile<V, T, D, TK>(hp, sk + s * TK * D, js, hi, hk, scratch, warp, lane);
         fence_proxy_async();
         mbar_arrive(&full_k[s]);
       }
@@ -227,7 +240,9 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
   // serialise every wgmma.
   constexpr int kTurnBar = 4;
   const uint32_t q_addr = smem_addr(sq) + wrow0 * 128;
-  const int n_active = cons_jmax >= lo ? min(num_kt, (cons_jmax - lo) / TK + 1) : 0;
+  // (mapped: every listed tile, the count broadcast so that the MMA loop's bounds are known uniform)
+  const int n_active = Mapped ? __shfl_sync(0xffffffffu, num_kt, 0)
+                              : (cons_jmax >= lo ? min(num_kt, (cons_jmax - lo) / TK + 1) : 0);
   float sacc[TK / 2];
   uint32_t pk[TK / 16][4];
   float (&sfr)[NKT][4] = *reinterpret_cast<float (*)[NKT][4]>(sacc);
@@ -252,8 +267,9 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
   };
   // hooks, mask and online softmax of tile kt's scores in sacc (fp32 weights left in place); returns
   // the factors O must be rescaled by
-  auto softmax = [&](int js, float (&rescale)[2]) {
-    const bool interior = js + TK - 1 <= int_jmax && js >= int_j0min;
+  auto softmax = [&](int kt, float (&rescale)[2]) {
+    const int js = tile_start(kt);
+    const bool interior = Mapped ? tile_full(kt) : (js + TK - 1 <= int_jmax && js >= int_j0min);
     float mt_max[2] = {m_row[0], m_row[1]};
     float sfac = 1.f;
     if (interior && fold) {
@@ -328,7 +344,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
     wgmma_wait<0>();
     pin_registers(sacc);
     mbar_arrive(&empty_k[0]);
-    softmax(lo, rescale);  // O is still zero: nothing to rescale
+    softmax(0, rescale);  // O is still zero: nothing to rescale
     pack_p();
 #pragma unroll 1
     for (int kt = 1; kt < n_active; ++kt) {
@@ -341,7 +357,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp) {
       wgmma_wait<1>();  // S of tile kt; P V of kt - 1 still runs
       pin_registers(sacc);
       mbar_arrive(&empty_k[kt % NS]);
-      softmax(lo + kt * TK, rescale);
+      softmax(kt, rescale);
       wgmma_wait<0>();
       pin_registers(o_acc);
       mbar_arrive(&empty_v[(kt - 1) % NS]);
@@ -452,7 +468,10 @@ void launch_hopper_prefill(const PrefillProblem& P, int max_qo_len, const typena
 #if defined(ATTNGEN_WITH_PREFILL_HOPPER)
   using Tile = HopperTile<D>;
   constexpr size_t smem = hopper_prefill_smem_bytes<T, D>();
-  auto kernel = hopper_prefill_kernel<V, T, D>;
+  auto kernel = hopper_prefill_kernel<V, T, D, false>;
+  if constexpr (variant_maps_tiles<V>()) {
+    if (P.tiles.present()) kernel = hopper_prefill_kernel<V, T, D, true>;
+  }
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;

@@ -41,7 +41,7 @@ def run(args) -> None:
 
     import attngen
     from bench_decode import CASES as DECODE_CASES, HEAD_DIM, make_case as make_decode_case
-    from bench_prefill import CASES as PREFILL_CASES, HQ, make_case as make_prefill_case
+    from bench_prefill import CASES as PREFILL_CASES, make_inputs as make_prefill_inputs
     from common import bench
 
     from attngen.runtime import CUDAAttention, PagedKV, RaggedKV
@@ -50,21 +50,24 @@ def run(args) -> None:
     assert Path(attngen.__file__).resolve().is_relative_to(tree), f"imported {attngen.__file__}, not {tree}"
     res = {"label": args.label, "tree": str(tree), "gpu": torch.cuda.get_device_name(),
            "date": datetime.date.today().isoformat(), "prefill": {}, "decode": {}}
-    pre = CUDAAttention.build(builtin("causal"), head_dims=(HEAD_DIM,), dtypes=("bfloat16",), layouts=("NHD",),
-                              kernels=("prefill",))
+    pre = {causal: CUDAAttention.build(builtin("causal" if causal else "vanilla"), head_dims=(HEAD_DIM,),
+                                       dtypes=("bfloat16",), layouts=("NHD",), kernels=("prefill",))
+           for causal in (True, False)}
     dec = CUDAAttention.build(builtin("vanilla"), head_dims=(HEAD_DIM,), dtypes=("bfloat16",), layouts=("NHD",),
                               kernels=("decode",))
-    for name, L in PREFILL_CASES:
+    for case in PREFILL_CASES:
+        if case.d != HEAD_DIM or case.dtype != "bfloat16":
+            continue  # the A/B builds one head dim and dtype
         torch.manual_seed(0)
-        q, k, v, indptr = make_prefill_case(L)
+        q, k, v, indptr = make_prefill_inputs(case)
         kv = RaggedKV(k, v, indptr)
-        plan = pre.plan_prefill(indptr, kv, HEAD_DIM)
+        att = pre[case.causal]
+        plan = att.plan_prefill(indptr, kv, HEAD_DIM)
         out = torch.full_like(q, float("nan"))
-        lse = torch.empty(L, HQ, device="cuda")
-        ms = bench(lambda: pre.prefill(q, kv, indptr, plan=plan, out=out, lse=lse), reps=args.reps)
-        flops = 2 * 2 * L * L / 2 * HEAD_DIM * HQ
-        res["prefill"][name] = {"tflops": flops / ms / 1e9, "out": _digest(out), "lse": _digest(lse)}
-        print(args.label, name, f"{flops / ms / 1e9:.1f} TFLOP/s", flush=True)
+        lse = torch.empty(q.shape[:2], device="cuda")
+        ms = bench(lambda: att.prefill(q, kv, indptr, plan=plan, out=out, lse=lse), reps=args.reps)
+        res["prefill"][case.name] = {"tflops": case.flops() / ms / 1e9, "out": _digest(out), "lse": _digest(lse)}
+        print(args.label, case.name, f"{case.flops() / ms / 1e9:.1f} TFLOP/s", flush=True)
         del q, k, v, kv, out
     for name, kv_lens, hq, hkv in DECODE_CASES:
         torch.manual_seed(0)

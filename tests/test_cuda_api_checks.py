@@ -33,7 +33,7 @@ def _paged(prob, **over):
 
 def test_library_exports_decode_and_prefill(att):
     assert att.functions == {"batch_decode_paged_nhd_f16_d64", "batch_prefill_paged_nhd_f16_d64",
-                             "batch_prefill_ragged_f16_d64"}
+                             "batch_prefill_ragged_f16_d64", "prefill_tile_map_f16_d64"}
 
 
 def test_plan_checks_the_page_table(att, rng):
@@ -140,7 +140,7 @@ def test_entry_functions_name_themselves_in_argument_errors(att, rng):
     prefill = att.function("batch_prefill_ragged", "float16", D)
     qo = torch.from_numpy(prob.qo_indptr)
     plan = att.plan_prefill(qo, ragged, D, wide_tiles=False)
-    assert plan.ffi_args() == (plan.max_qo_len, PrefillTileRows.ROWS_64, PrefillTemplate.AUTO)
+    assert plan.ffi_args() == (plan.max_qo_len, PrefillTileRows.ROWS_64, PrefillTemplate.AUTO, None, None, 0)
     with pytest.raises(AttentionArgumentError, match=r"template: 'hopper' needs a library built for sm_90a"):
         att.plan_prefill(qo, ragged, D, template="hopper")
     with pytest.raises(AttentionArgumentError, match=r"template: 'fa3' is not a prefill template"):

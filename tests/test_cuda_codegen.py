@@ -99,7 +99,7 @@ def test_cuda_library_compiles_for_every_arch(build_cache, tmp_path):
         assert res.library.is_file()
         dt = "f16" if dtypes == ("float16",) else "bf16"
         assert res.manifest["functions"] == [f"batch_decode_paged_nhd_{dt}_d{d}", f"batch_prefill_paged_nhd_{dt}_d{d}",
-                                             f"batch_prefill_ragged_{dt}_d{d}"]
+                                             f"batch_prefill_ragged_{dt}_d{d}", f"prefill_tile_map_{dt}_d{d}"]
         ldd = subprocess.run(["ldd", str(res.library)], capture_output=True, text=True).stdout
         assert "libcudart" not in ldd  # static CUDA runtime; only the driver is needed at run time
 
@@ -192,7 +192,7 @@ def test_gpu_test_instantiations_compile(name, build_cache):
     every built-in at head_dim 128 / bf16, and vanilla and rope at head dims 64/128/256 x fp16/bf16."""
     head_dims, dtypes = ((64, 128, 256), ("float16", "bfloat16")) if name in FULL_MATRIX else ((128,), ("bfloat16",))
     res = run_pipeline(builtin(name), BuildConfig("cuda", head_dims, dtypes, ("sm_90a",)), cache=build_cache)
-    assert len(res.manifest["functions"]) == len(head_dims) * len(dtypes) * 5  # x (2 decode + 3 prefill)
+    assert len(res.manifest["functions"]) == len(head_dims) * len(dtypes) * 6  # x (2 decode + 3 prefill + tile map)
 
 
 @requires_nvcc

@@ -31,7 +31,8 @@ def skip_unless_runs(template: str) -> None:
 
 
 def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_lens, template="mma_sync",
-                make_params=random_params):
+                make_params=random_params, tile_map=None, plans=None):
+    """Runs the case against the float64 reference; ``plans`` (a list) collects the plans used."""
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
@@ -65,7 +66,9 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
     results = []
     # mma.sync: the 64-row and the 128-row (two m-tiles per warp) tiles on the same inputs
     for wide in ((False, True) if template == "mma_sync" else (None,)):
-        plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template)
+        plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template, tile_map=tile_map)
+        if plans is not None:
+            plans.append(plan)
         out = torch.full_like(q, float("nan"))
         lse = torch.full(q.shape[:2], float("nan"), device="cuda")
         att.prefill(q, kv, qo_indptr, plan=plan, sm_scale=sm_scale, params=dev_params, out=out, lse=lse)

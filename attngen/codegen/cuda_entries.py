@@ -50,3 +50,9 @@ def prefill_wrapper(head_dim: int, dtype: str, layout: str | None) -> str:
         name = symbol(f"batch_prefill_paged_{layout.lower()}", dtype, head_dim)
         entry = f"attngen::PrefillPagedEntry<{traits}, {LAYOUT_ENUMS[layout]}, {{name}}>"
     return _export(name, entry)
+
+
+def tile_map_wrapper(head_dim: int, dtype: str) -> str:
+    """``prefill_tile_map_<dtype>_d<D>``: the plan's classifier of a launch's tiles (csrc/tile_map.cuh)."""
+    name = symbol("prefill_tile_map", dtype, head_dim)
+    return _export(name, f"attngen::TileMapEntry<attngen_gen::Hooks_d{head_dim}, {head_dim}, {{name}}>")

@@ -23,7 +23,7 @@ from attngen.schedules.dtypes import DtypePair
 from attngen.schedules.registry import companion_macros, selected
 
 from . import nvcc
-from .cuda_entries import decode_wrapper, prefill_wrapper
+from .cuda_entries import decode_wrapper, prefill_wrapper, tile_map_wrapper
 from .cuda_tvm_slots import flashinfer_slot_wrappers, tvm_slot_wrappers
 
 CSRC = Path(attngen.__file__).parent / "csrc"
@@ -39,7 +39,8 @@ def _decode_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -
 
 
 def _prefill_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
-    return [prefill_wrapper(head_dim, pair.q, lay) for lay in (None, *cfg.layouts)]  # None: ragged
+    return [prefill_wrapper(head_dim, pair.q, lay) for lay in (None, *cfg.layouts)] + [  # None: ragged
+        tile_map_wrapper(head_dim, pair.q)]
 
 
 def _tvm_slots(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
@@ -65,7 +66,7 @@ def exported_functions(cfg: BuildConfig) -> list[str]:
     """Every function the library of ``cfg`` exports, sorted: the selected records' exports per head_dim
     and dtype pair."""
     return sorted(symbol(kind, pair.q, d, pair.kv) for record in selected(cfg.kernels) for d in cfg.head_dims
-                  for pair in cfg.dtype_pairs for kind in record.kinds(cfg.layouts))
+                  for pair in cfg.dtype_pairs for kind in record.kinds(cfg.layouts, cfg.link))
 
 
 def translation_units(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> dict[str, str]:

@@ -10,12 +10,18 @@
 //   paged:  q [n, Hq, D], pages, indices [nnz], indptr [B+1], last_page_len [B], qo_indptr [B+1], ...
 //   ragged: q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, D], kv_indptr [B+1], qo_indptr [B+1], ...
 //   ... o [n, Hq, D], lse [n, Hq] f32, sm_scale, max_qo_len (sizes the grid), tile_rows (PrefillTileRows),
-//   kernel (PrefillTemplate: which template serves the call),
+//   kernel (PrefillTemplate: which template serves the call), tile_indptr / tile_entries (optional: the
+//   plan's mask-derived tile lists, tile_map.cuh) and tile_heads (their head rows: 1 or Hkv; 0 without),
 //   then the variant's extra parameters (V::ExtraArgs).
+//
+// prefill_tile_map_<dtype>_d<D> (TileMapEntry) classifies the tiles of a launch for the plan:
+//   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, group, num_kv_heads, causal,
+//   rows, keys (the template's tile), then the variant's extra parameters.
 #pragma once
 #include "attngen_enums.h"
 #include "prefill_dispatch.h"
 #include "problem_glue.h"
+#include "tile_map.cuh"
 #include "variant_params.h"
 
 namespace attngen {
@@ -23,6 +29,29 @@ namespace attngen {
 inline bool is_prefill_tile_rows(int64_t v) {
   return v == int64_t(PrefillTileRows::kAuto) || v == int64_t(PrefillTileRows::kRows64) ||
          v == int64_t(PrefillTileRows::kRows128);
+}
+
+using OptionalTensor = tvm::ffi::Optional<tvm::ffi::TensorView>;
+
+// The plan's tile lists into P (both or neither; checked against the launch's grid).
+inline void fill_tile_list(PrefillProblem& P, const char* name, const OptionalTensor& indptr,
+                           const OptionalTensor& entries, int64_t heads) {
+  if (indptr.has_value() != entries.has_value())
+    TVM_FFI_THROW(ValueError) << name << ": tile_indptr and tile_entries come together (a plan's tile map) or not at all";
+  if (!indptr.has_value()) {
+    if (heads != 0) TVM_FFI_THROW(ValueError) << name << ": tile_heads describes a tile map; without one pass 0";
+    return;
+  }
+  check_args(name, {{"tile_indptr", *indptr, 1, dl_dtype<int32_t>()}, {"tile_entries", *entries, 1, dl_dtype<int32_t>()}});
+  if (heads != 1 && heads != P.num_kv_heads)
+    TVM_FFI_THROW(ValueError) << name << ": tile_heads must be 1 or the number of KV heads (" << P.num_kv_heads << ")";
+  const int64_t lists = (*indptr).size(0) - 1;
+  if (P.batch == 0) return;  // nothing to launch
+  if (lists % (int64_t(P.batch) * heads) != 0)
+    TVM_FFI_THROW(ValueError) << name << ": tile_indptr has " << lists << " lists, not batch x tile_heads x query "
+                              << "tiles: plan again for this batch";
+  P.tiles = TileList{static_cast<const int32_t*>(data_of(*indptr)), static_cast<const int32_t*>(data_of(*entries)),
+                     static_cast<int>(heads), static_cast<int>(lists / (int64_t(P.batch) * heads))};
 }
 
 // The launch shared by the paged and ragged entries, once P holds the problem.
@@ -37,6 +66,10 @@ void run_prefill(const char* name, PrefillProblem& P, const tvm::ffi::TensorView
     TVM_FFI_THROW(ValueError) << name << ": " << why << "; plan with the default template";
   P.tile_rows = static_cast<int>(tile_rows);
   P.kernel = static_cast<int>(kernel);
+  if (P.tiles.present()) {
+    if (const char* why = tile_list_problem<V, D>(P, static_cast<int>(max_qo_len)))
+      TVM_FFI_THROW(ValueError) << name << ": " << why << "; plan again";
+  }
   launch_prefill_any<V, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));
   check_launch(name);
 }
@@ -49,7 +82,8 @@ struct PrefillPagedEntry<V, T, D, L, Name, ArgList<X...>> {
   static void call(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi::TensorView indices,
                    tvm::ffi::TensorView indptr, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView qo_indptr,
                    tvm::ffi::TensorView o, tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len,
-                   int64_t tile_rows, int64_t kernel, X... extra) {
+                   int64_t tile_rows, int64_t kernel, OptionalTensor tile_indptr, OptionalTensor tile_entries,
+                   int64_t tile_heads, X... extra) {
     check_args(Name, {{"q", q, 3, dl_dtype<T>()},
                       {"pages", pages, 5, dl_dtype<T>()},
                       {"indices", indices, 1, dl_dtype<int32_t>()},
@@ -63,6 +97,7 @@ struct PrefillPagedEntry<V, T, D, L, Name, ArgList<X...>> {
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_pages<L>(P.kv, pages, indptr, indices, last_page_len),
                  Name);
+    fill_tile_list(P, Name, tile_indptr, tile_entries, tile_heads);
     run_prefill<V, T, D>(Name, P, q, max_qo_len, tile_rows, kernel, hp);
   }
 };
@@ -75,7 +110,7 @@ struct PrefillRaggedEntry<V, T, D, Name, ArgList<X...>> {
   static void call(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
                    tvm::ffi::TensorView kv_indptr, tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView o,
                    tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len, int64_t tile_rows, int64_t kernel,
-                   X... extra) {
+                   OptionalTensor tile_indptr, OptionalTensor tile_entries, int64_t tile_heads, X... extra) {
     check_args(Name, {{"q", q, 3, dl_dtype<T>()},
                       {"k", k, 3, dl_dtype<T>()},
                       {"v", v, 3, dl_dtype<T>()},
@@ -87,7 +122,44 @@ struct PrefillRaggedEntry<V, T, D, Name, ArgList<X...>> {
     V::set_params(Name, hp, extra...);
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<T>(P.kv, k, v, kv_indptr), Name);
+    fill_tile_list(P, Name, tile_indptr, tile_entries, tile_heads);
     run_prefill<V, T, D>(Name, P, q, max_qo_len, tile_rows, kernel, hp);
+  }
+};
+
+template <class V, int D, const char* Name, class Extra = typename V::ExtraArgs>
+struct TileMapEntry;
+
+template <class V, int D, const char* Name, class... X>
+struct TileMapEntry<V, D, Name, ArgList<X...>> {
+  static void call(tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView kv_len, tvm::ffi::TensorView map,
+                   int64_t group, int64_t num_kv_heads, int64_t causal, int64_t rows, int64_t keys, X... extra) {
+    check_args(Name, {{"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
+                      {"kv_len", kv_len, 1, dl_dtype<int32_t>()},
+                      {"map", map, 4, dl_dtype<uint8_t>()}});
+    typename V::Params hp{};
+    V::set_params(Name, hp, extra...);
+    TileMapProblem M{};
+    M.qo_indptr = static_cast<const int32_t*>(data_of(qo_indptr));
+    M.kv_len = static_cast<const int32_t*>(data_of(kv_len));
+    M.map = static_cast<uint8_t*>(data_of(map));
+    M.batch = static_cast<int>(qo_indptr.size(0)) - 1;
+    M.group = static_cast<int>(group);
+    M.num_kv_heads = static_cast<int>(num_kv_heads);
+    M.causal = static_cast<int>(causal);
+    M.rows = static_cast<int>(rows);
+    M.keys = static_cast<int>(keys);
+    M.heads = static_cast<int>(map.size(1));
+    M.q_tiles = static_cast<int>(map.size(2));
+    M.k_tiles = static_cast<int>(map.size(3));
+    if (kv_len.size(0) != M.batch || map.size(0) != M.batch)
+      TVM_FFI_THROW(ValueError) << Name << ": kv_len and map need one entry per request (" << M.batch << ")";
+    if (M.heads != 1 && M.heads != M.num_kv_heads)
+      TVM_FFI_THROW(ValueError) << Name << ": map's head rows must be 1 or num_kv_heads";
+    if (M.group < 1 || M.rows < 1 || M.keys < 1)
+      TVM_FFI_THROW(ValueError) << Name << ": group, rows and keys must be positive";
+    launch_tile_map<V>(M, hp, stream_of(qo_indptr));
+    check_launch(Name);
   }
 };
 

@@ -39,6 +39,7 @@ struct HopperTile {
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * (40 + 2 * 232) <= 64K registers
+  static_assert(kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys, "tile maps are made in this tiling");
 };
 
 // Shared memory: [alignment slack][Q: kRows x D][K: kStages x kKeys x D][V: same][scratch fp32 rows, two of
@@ -52,7 +53,9 @@ constexpr size_t hopper_prefill_smem_bytes() {
          4 * Tile::kStages * sizeof(uint64_t);
 }
 
-template <class V, class T, int D>
+// Mapped: the CTA walks the plan's list of its non-empty key tiles (P.tiles, tile_map.cuh), running the
+// full ones without the mask hook; else the key range the mask's bounds leave.
+template <class V, class T, int D, bool Mapped>
 __global__ void __launch_bounds__(HopperTile<D>::kThreads, 1)
 hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_constant__ HopperKVMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -92,7 +95,16 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
   if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
   const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
-  const int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
+  int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
+  const int32_t* tile_list = nullptr;
+  if constexpr (Mapped) {
+    const int l = P.tiles.list(b, hk, tile);
+    tile_list = P.tiles.entries + P.tiles.indptr[l];
+    num_kt = P.tiles.indptr[l + 1] - P.tiles.indptr[l];
+  }
+  // the first key of the CTA's kt-th tile, and whether every score of it is visible (mapped: a full tile)
+  auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
+  auto tile_full = [&](int kt) { return Mapped && (tile_list[kt] & 1) != 0; };
 
   if (tid == 0) {
     for (int s = 0; s < NS; ++s) {
@@ -114,12 +126,12 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     // (its arrival carries the bytes to expect, the other threads arrive plainly); the last, partial tile
     // is gathered with its rows past `hi` zero-filled, so that no other request's values (maybe not finite)
     // meet a masked 0 weight
-    const int bulk_row0 = P.kv.indptr[b] + lo;
-    auto bulk_tile = [&](const CUtensorMap* map, T* dst, int kt, uint64_t* bar) {
+    const int bulk_row0 = P.kv.indptr[b];
+    auto bulk_tile = [&](const CUtensorMap* map, T* dst, int js, uint64_t* bar) {
       if (ptid == 0) {
         mbar_expect_bytes(bar, uint32_t(TK * D * sizeof(T)));
 #pragma unroll
-        for (int c = 0; c < D / 64; ++c) tma_load_3d(dst + c * TK * 64, map, c * 64, hk, bulk_row0 + kt * TK, bar);
+        for (int c = 0; c < D / 64; ++c) tma_load_3d(dst + c * TK * 64, map, c * 64, hk, bulk_row0 + js, bar);
       } else {
         mbar_arrive(bar);
       }
@@ -128,28 +140,29 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     for (int kt = 0; kt < num_kt; ++kt) {
       const int s = kt % NS;
       const uint32_t drained = ((kt / NS) - 1) & 1;
-      const bool bulk = maps.use && lo + (kt + 1) * TK <= hi;  // uniform over the producer warpgroup
-      if (!bulk) gather.look_up(kt, ptid);
+      const int js = tile_start(kt);
+      const bool bulk = maps.use && js + TK <= hi;  // uniform over the producer warpgroup
+      if (!bulk) gather.look_up(js, kt % 2, ptid);
       if (kt >= NS) mbar_wait(&empty_k[s], drained);
       if (bulk) {
-        bulk_tile(&maps.k, sk + s * TK * D, kt, &full_k[s]);
+        bulk_tile(&maps.k, sk + s * TK * D, js, &full_k[s]);
       } else {
-        gather.issue(kt, sk + s * TK * D, 0, ptid);
+        gather.issue(js, kt % 2, sk + s * TK * D, 0, ptid);
         if constexpr (!V::kHasKeyTransform) copy_arrive_on(&full_k[s]);
         copy_commit();
       }
       if (kt >= NS) mbar_wait(&empty_v[s], drained);
       if (bulk) {
-        bulk_tile(&maps.v, sv + s * TK * D, kt, &full_v[s]);
+        bulk_tile(&maps.v, sv + s * TK * D, js, &full_v[s]);
       } else {
-        gather.issue(kt, sv + s * TK * D, P.kv.stride_kv, ptid);
+        gather.issue(js, kt % 2, sv + s * TK * D, P.kv.stride_kv, ptid);
         copy_arrive_on(&full_v[s]);
         copy_commit();
       }
       if constexpr (V::kHasKeyTransform) {
         copy_wait<1>();      // this thread's K copies of tile kt have landed (its V copies may not have)
         named_sync(1, 128);  // and every producer thread's
-        transform_key_tile<V, T, D, TK>(hp, sk + s * TK * D, lo + kt * TK, hi, hk, scratch, warp, lane);
+        transform_key_tile<V, T, D, TK>(hp, sk + s * TK * D, js, hi, hk, scratch, warp, lane);
         fence_proxy_async();
         mbar_arrive(&full_k[s]);
       }
@@ -251,7 +264,9 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   // serialise every wgmma.
   constexpr int kTurnBar = 4;
   const uint32_t q_addr = smem_addr(sq) + wrow0 * 128;
-  const int n_active = cons_jmax >= lo ? min(num_kt, (cons_jmax - lo) / TK + 1) : 0;
+  // (mapped: every listed tile, the count broadcast so that the MMA loop's bounds are known uniform)
+  const int n_active = Mapped ? __shfl_sync(0xffffffffu, num_kt, 0)
+                              : (cons_jmax >= lo ? min(num_kt, (cons_jmax - lo) / TK + 1) : 0);
   float sacc[TK / 2];
   uint32_t pk[TK / 16][4];
   float (&sfr)[NKT][4] = *reinterpret_cast<float (*)[NKT][4]>(sacc);
@@ -276,8 +291,9 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   };
   // hooks, mask and online softmax of tile kt's scores in sacc (fp32 weights left in place); returns
   // the factors O must be rescaled by
-  auto softmax = [&](int js, float (&rescale)[2]) {
-    const bool interior = js + TK - 1 <= int_jmax && js >= int_j0min;
+  auto softmax = [&](int kt, float (&rescale)[2]) {
+    const int js = tile_start(kt);
+    const bool interior = Mapped ? tile_full(kt) : (js + TK - 1 <= int_jmax && js >= int_j0min);
     float mt_max[2] = {m_row[0], m_row[1]};
     float sfac = 1.f;
     if (interior && fold) {
@@ -352,7 +368,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     wgmma_wait<0>();
     pin_registers(sacc);
     mbar_arrive(&empty_k[0]);
-    softmax(lo, rescale);  // O is still zero: nothing to rescale
+    softmax(0, rescale);  // O is still zero: nothing to rescale
     pack_p();
 #pragma unroll 1
     for (int kt = 1; kt < n_active; ++kt) {
@@ -365,7 +381,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
       wgmma_wait<1>();  // S of tile kt; P V of kt - 1 still runs
       pin_registers(sacc);
       mbar_arrive(&empty_k[kt % NS]);
-      softmax(lo + kt * TK, rescale);
+      softmax(kt, rescale);
       wgmma_wait<0>();
       pin_registers(o_acc);
       mbar_arrive(&empty_v[(kt - 1) % NS]);
@@ -476,7 +492,10 @@ void launch_hopper_prefill(const PrefillProblem& P, int max_qo_len, const typena
 #if defined(ATTNGEN_WITH_PREFILL_HOPPER)
   using Tile = HopperTile<D>;
   constexpr size_t smem = hopper_prefill_smem_bytes<T, D>();
-  auto kernel = hopper_prefill_kernel<V, T, D>;
+  auto kernel = hopper_prefill_kernel<V, T, D, false>;
+  if constexpr (variant_maps_tiles<V>()) {
+    if (P.tiles.present()) kernel = hopper_prefill_kernel<V, T, D, true>;
+  }
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;

@@ -43,25 +43,26 @@ struct KVGather {
   static_assert(Keys % kRPP == 0, "K/V rows split evenly over the producer warpgroup");
   static_assert(Keys <= 128, "one producer thread looks up each key row's page");
 
-  // Paged: the addresses of tile kt's key rows (KV head hk, column 0; rows past `hi` get the pool's base,
+  // Paged: the addresses of the key rows of the tile starting at key js (KV head hk, column 0; rows past `hi` get the pool's base,
   // a readable address their zero-filling copies do not read), one row per thread, visible to the producer
   // warpgroup on return (named barrier 1). Ragged views compute theirs in `issue`.
-  __device__ __forceinline__ void look_up(int kt, int ptid) const {
+  // `js`: the tile's first key; `buf`: its slot of the double buffer (the tile's index % 2).
+  __device__ __forceinline__ void look_up(int js, int buf, int ptid) const {
     if (kv.page_size == 0) return;
-    const int j = lo + kt * Keys + ptid;
+    const int j = js + ptid;
     const T* head = static_cast<const T*>(kv.base) + int64_t(hk) * kv.stride_head;
     if (ptid < Keys)
-      rows[(kt % 2) * Keys + ptid] = j < hi ? head + kv.key_offset(kv_start, j, page_shift) : static_cast<const T*>(kv.base);
+      rows[buf * Keys + ptid] = j < hi ? head + kv.key_offset(kv_start, j, page_shift) : static_cast<const T*>(kv.base);
     named_sync(1, 128);
   }
 
-  // Copies K (plane 0) or V (plane = stride_kv) rows of tile kt (keys lo + kt * Keys ...) into dst; rows
+  // Copies K (plane 0) or V (plane = stride_kv) rows of the tile of keys js ... js + Keys - 1 into dst; rows
   // past `hi` are zero-filled, so that 0-weight (masked) products with them stay 0. The producer warps issue
   // only between the consumers' instructions and wait out their own latencies, so the loop is unrolled
   // with the shared-memory destination and (ragged) the source advanced by constant steps: a copy and a
   // few integer operations per row.
-  __device__ __forceinline__ void issue(int kt, T* dst, int64_t plane, int ptid) const {
-    const int c = ptid % kCPR, r0 = ptid / kCPR, j0 = lo + kt * Keys + r0;
+  __device__ __forceinline__ void issue(int js, int buf, T* dst, int64_t plane, int ptid) const {
+    const int c = ptid % kCPR, r0 = ptid / kCPR, j0 = js + r0;
     const uint32_t d0 = smem_addr(dst) + sw128_offset(r0, c * 8, Keys);
     const int hi_ = hi;
     if (kv.page_size == 0) {
@@ -76,7 +77,7 @@ struct KVGather {
         src += step;
       }
     } else {
-      const uint32_t row_addr = smem_addr(rows + (kt % 2) * Keys + r0);
+      const uint32_t row_addr = smem_addr(rows + buf * Keys + r0);
       const int64_t col = c * 8 + plane;
 #pragma unroll
       for (int i = 0; i < Keys / kRPP; ++i) {

@@ -35,6 +35,7 @@
 #include "mma.cuh"
 #include "row_hook.cuh"
 #include "score_rules.cuh"
+#include "tile_map.cuh"
 
 namespace attngen {
 
@@ -52,6 +53,7 @@ struct PrefillProblem {
   __host__ __device__ float empty_lse() const { return tvm_conventions ? kTvmEmptyLse : kNegInf; }
   float sm_scale;
   KVRows kv;
+  TileList tiles;  // the plan's mask-derived tile lists (tile_map.cuh); absent: each CTA walks its key range
 };
 
 // Tile configurations: Q rows per CTA (4 warps x MT m-tiles of 16 rows), keys per tile, stages
@@ -105,7 +107,10 @@ __device__ __forceinline__ void row_tree(const float (&s)[N][4], float (&out)[2]
   out[1] = v[0][1];
 }
 
-template <class V, class T, int D, bool Small, int MT>
+// Mapped: the CTA walks the plan's list of non-empty key tiles of the map tile its rows lie in (P.tiles,
+// tile_map.cuh), each split into this tile's key steps, running the full ones without the mask hook; else
+// the key range the mask's bounds leave.
+template <class V, class T, int D, bool Small, int MT, bool Mapped = false>
 __global__ void __launch_bounds__(PrefillTile<D, Small, MT>::kThreads)
 prefill_kernel(PrefillProblem P, typename V::Params hp) {
   using Tile = PrefillTile<D, Small, MT>;
@@ -173,7 +178,20 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
   if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
   const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
-  const int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
+  int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
+  constexpr int kMapKeys = MapTile<D>::kKeys, kParts = kMapKeys / TK;
+  static_assert(kMapKeys % TK == 0 && MapTile<D>::kRows % RQ == 0, "the tile lies in one map tile");
+  const int32_t* tile_list = nullptr;
+  if constexpr (Mapped) {
+    const int l = P.tiles.list(b, hk, row0 / MapTile<D>::kRows);
+    tile_list = P.tiles.entries + P.tiles.indptr[l];
+    num_kt = (P.tiles.indptr[l + 1] - P.tiles.indptr[l]) * kParts;
+  }
+  // the first key of the CTA's kt-th tile, and whether every score of it is visible (mapped: in a full tile)
+  auto tile_start = [&](int kt) {
+    return Mapped ? (tile_list[kt / kParts] >> 1) * kMapKeys + (kt % kParts) * TK : lo + kt * TK;
+  };
+  auto tile_full = [&](int kt) { return Mapped && (tile_list[kt / kParts] & 1) != 0; };
 
   const T* kvbase = static_cast<const T*>(P.kv.base);
   const int64_t head_off = int64_t(hk) * P.kv.stride_head;
@@ -184,7 +202,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   const T* kv_col = kvbase + head_off + (tid % CPR) * 8;  // this thread's column of KV head hk
   const int page_shift = P.kv.page_shift();
   auto load_kv = [&](int kt, int stage) {
-    const int j0 = lo + kt * TK + tid / CPR;
+    const int j0 = tile_start(kt) + tid / CPR;
     T* const dst_k = skv + stage * 2 * TK * D;
     // row tid / CPR + i * RPP; where RPP is a multiple of 8 the chunk swizzle is the same for every i
     const int first = kv_tile_at<D>(tid / CPR, (tid % CPR) * 8);
@@ -301,7 +319,8 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     if (NS == 2) copy_commit();
     T* sk = skv + (stage * 2 + 0) * TK * D;
     T* sv = skv + (stage * 2 + 1) * TK * D;
-    const int j0 = lo + kt * TK;
+    const int j0 = tile_start(kt);
+    const bool full_tile = tile_full(kt);
     if constexpr (V::kHasKeyTransform) {
       for (int r = warp; r < TK; r += Tile::kWarps) {
         const int j = j0 + r;
@@ -366,7 +385,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     const int j_last = js + TS - 1;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const bool interior = j_last <= int_jmax[mt] && js >= int_j0min[mt];
+      const bool interior = Mapped ? full_tile : (j_last <= int_jmax[mt] && js >= int_j0min[mt]);
       float mt_max[2] = {m_row[mt][0], m_row[mt][1]};
       float sfac = 1.f;  // the factor still to apply to s in the exponent
       if (interior && fold) {
@@ -528,7 +547,7 @@ template <class V, class T, int D, bool Small, int MT>
 auto prefill_kernel_ref() {
   using Fn = void (*)(PrefillProblem, typename V::Params);
   if constexpr (linked_hooks<V>())
-    return linked_kernel_cached<Fn>([] { return kernel_key<T>("prefill_kernel", D, Small, MT); });
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("prefill_kernel", D, Small, MT, false); });
   else
     return Fn(prefill_kernel<V, T, D, Small, MT>);
 }
@@ -538,6 +557,9 @@ void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename
   using Tile = PrefillTile<D, Small, MT>;
   const size_t smem = prefill_smem_bytes<V, T, D, Small, MT>();
   auto kernel = prefill_kernel_ref<V, T, D, Small, MT>();
+  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>()) {  // linked builds make no maps
+    if (P.tiles.present()) kernel = prefill_kernel<V, T, D, Small, MT, true>;
+  }
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;

@@ -28,6 +28,16 @@ constexpr bool hopper_prefill_preferred() {
   return D == 64 || D == 128 || D == 256;
 }
 
+// Why P's tile lists cannot serve this launch; nullptr when they can. Both templates walk them (for variants
+// whose mask is not its bounds); the lists must be of the maps' tiling and the launch's grid.
+template <class V, int D>
+const char* tile_list_problem(const PrefillProblem& P, int max_qo_len) {
+  if (!variant_maps_tiles<V>()) return "this variant's mask is its bounds: its kernels take no tile map";
+  const int tiles = (max_qo_len * P.group + MapTile<D>::kRows - 1) / MapTile<D>::kRows;
+  if (P.tiles.q_tiles != tiles) return "the tile map was made for another grid (max_qo_len or group)";
+  return nullptr;
+}
+
 template <class V, class T, int D>
 void launch_prefill_any(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
   const bool hopper = P.kernel == int(PrefillTemplate::kHopper) ||

@@ -14,7 +14,7 @@ functions built for that K/V dtype (``BuildConfig.kv_dtypes``, decode only on cu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indp
 from .fp8 import SCALE_HELP, scale_args
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
+from .tile_map import TileMap, build_tile_map, mask_needs_map, params_key
 from .views import PagedKV, RaggedKV, paged_lengths
 
 
@@ -132,10 +133,15 @@ class PrefillPlan:
     tile_rows: PrefillTileRows = PrefillTileRows.AUTO
     # AUTO: the library's choice (csrc/prefill_dispatch.h); MMA_SYNC / HOPPER force a template
     kernel: PrefillTemplate = PrefillTemplate.AUTO
+    # whether calls derive a tile map from the mask (runtime/tile_map.py): None where it serves, False never
+    tile_map: bool | None = None
+    # the maps derived so far, by the mask's tensor parameters they were made from (made on first use)
+    maps: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def ffi_args(self) -> tuple:
+    def ffi_args(self, tile_map: TileMap | None = None) -> tuple:
         """What the prefill entry functions take after ``sm_scale`` (csrc/entry_prefill.h)."""
-        return (self.max_qo_len, self.tile_rows, self.kernel)
+        tiles = tile_map.ffi_args() if tile_map is not None else (None, None, 0)
+        return (self.max_qo_len, self.tile_rows, self.kernel, *tiles)
 
 
 PREFILL_TEMPLATES = {None: PrefillTemplate.AUTO, "mma_sync": PrefillTemplate.MMA_SYNC,
@@ -360,13 +366,18 @@ class CUDAAttention(BuiltModule):
         return out, lse
 
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int, *,
-                     wide_tiles: bool | None = None, template: str | None = None) -> PrefillPlan:
+                     wide_tiles: bool | None = None, template: str | None = None,
+                     tile_map: bool | None = None) -> PrefillPlan:
         """Host-side checks of the batch's index arrays (host copies) and the grid size. ``wide_tiles``:
         None (default) or True: 128 query rows per CTA (4 warps x two m-tiles) when the longest request has
         at least 256 rows (tokens x group) at head_dim <= 128, halving the K/V traffic per FLOP; 64 rows
         otherwise. False: always 64 rows (both apply to the mma.sync template). ``template``: None (default)
         lets the library choose (on devices of compute capability 9.0 with a library built for sm_90a, the
-        Hopper template; else the mma.sync one); "mma_sync" or "hopper" forces one (A/B runs, tests)."""
+        Hopper template; else the mma.sync one); "mma_sync" or "hopper" forces one (A/B runs, tests).
+        ``tile_map``: None (default) lets calls with a mask the static analysis cannot reduce to bounds
+        derive the mask's tile structure on the device, which both templates walk (made on the first call
+        with given mask parameters, kept in the plan for every later call with the same tensors; make it
+        before capturing a CUDA graph); True requires it (refused where it cannot serve); False never."""
         kernel = _prefill_template(template, self.manifest["config"]["archs"],
                                    self.manifest["config"].get("link", "whole"))
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
@@ -382,9 +393,40 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(f"kv: expected PagedKV or RaggedKV, got {type(kv).__name__}")
         if batch > MAX_GRID_BATCH:
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
+        if tile_map not in (None, True, False):
+            raise AttentionArgumentError(f"tile_map: expected None, True or False, got {tile_map!r}")
+        if tile_map is True:
+            why = self._tile_map_problem(dtype, head_dim)
+            if why:
+                raise AttentionArgumentError(f"tile_map: {why}; plan with tile_map=None or False")
         return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)), _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
-                            False: PrefillTileRows.ROWS_64}[wide_tiles], kernel)
+                            False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, tile_map)
+
+    def _tile_map_problem(self, dtype: str, head_dim: int) -> str | None:
+        """Why calls of this library cannot walk a mask-derived tile map; None when they can."""
+        if not mask_needs_map(self.variant):
+            return f"variant '{self.variant.name}' has no mask beyond its bounds: there is nothing to map"
+        if symbol("prefill_tile_map", dtype, head_dim) not in self.functions:
+            return "this library has no tile-map classifier (link='lto' builds lack it)"
+        return None
+
+    def _tile_map(self, plan: PrefillPlan, q, kv, qo_indptr, dtype: str, head_dim: int, params: dict | None,
+                  extras: tuple) -> TileMap | None:
+        """The plan's map for these mask parameters (derived on first use), or None where none serves."""
+        if plan.tile_map is False or self._tile_map_problem(dtype, head_dim):
+            return None
+        key = params_key(self.variant, params)
+        if key not in plan.maps:
+            from attngen.schedules.template_prefill_hopper import HopperConfig
+
+            tile = HopperConfig(head_dim)  # the maps' tiling (csrc/tile_map.cuh MapTile) is the Hopper tile
+            plan.maps.clear()  # one map at a time: a plan serves one batch's parameters
+            plan.maps[key] = build_tile_map(
+                self.function("prefill_tile_map", dtype, head_dim), self.variant, qo_indptr, kv,
+                max_qo_len=plan.max_qo_len, group=int(q.shape[1]) // kv.num_kv_heads,
+                num_kv_heads=kv.num_kv_heads, rows=tile.rows, keys=tile.keys, extras=extras, params=params)
+        return plan.maps[key]
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, plan: PrefillPlan | None = None,
                 sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):
@@ -419,5 +461,6 @@ class CUDAAttention(BuiltModule):
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
         scale = resolve_sm_scale(sm_scale, d)
-        fn(q, *kv_args, qo_indptr, out, lse, scale, *plan.ffi_args(), *extras)
+        tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras)
+        fn(q, *kv_args, qo_indptr, out, lse, scale, *plan.ffi_args(tiles), *extras)
         return out, lse

@@ -1,0 +1,99 @@
+"""Mask-derived tile maps of prefill plans: the block structure of a variant's mask, found on the device.
+
+A mask the static analysis reduces to bounds (causal, sliding window) already limits each CTA's key range.
+Any other mask (document ids of packed sequences, prefix-LM, bit masks) would otherwise have every tile
+computed and its mask evaluated on every score. ``build_tile_map`` runs the library's classifier
+(``prefill_tile_map_<dtype>_d<D>``, csrc/tile_map.cuh) over the Hopper template's tiling: each
+(request, query tile, key tile) is empty (skipped), full (run without the mask hook) or partial. The map
+is compacted on the device into one list of non-empty key tiles per (request, head row, query tile),
+entries ``key_tile * 2 + full``, which both prefill templates walk (the mma.sync template's smaller tiles
+take the class of the map tile they lie in); every layer that reuses the plan reuses the map. A map depends on the tensor parameters the mask reads, so the plan keys its map by those tensors
+(object and version): a call with other tensors, or with the same ones changed in place, derives a new map.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from attngen.ir.hook_spec import HEADS
+from attngen.ir.mask_class import MaskKind
+
+from .views import PagedKV
+
+
+def mask_needs_map(variant) -> bool:
+    """Whether the variant's mask is more than its bounds (only then does a map skip anything)."""
+    return "logits_mask" in variant.hooks and variant.analysis.mask.kind == MaskKind.ARBITRARY
+
+
+def mask_reads_heads(variant) -> bool:
+    reads = variant.analysis.reads.get("logits_mask")
+    return reads is not None and any(i in HEADS for i in reads.indices)
+
+
+def mask_params(variant) -> tuple[str, ...]:
+    """The parameters the mask hook reads (the map is valid for their values only)."""
+    reads = variant.analysis.reads.get("logits_mask")
+    return tuple(reads.params) if reads is not None else ()
+
+
+def params_key(variant, params: dict | None) -> tuple:
+    """Which tensors (object and version) the mask's tensor parameters are: a map's provenance."""
+    params = params or {}
+    return tuple((name, id(params.get(name)), getattr(params.get(name), "_version", None))
+                 for name in mask_params(variant) if hasattr(params.get(name), "shape"))
+
+
+@dataclass(frozen=True)
+class TileMap:
+    indptr: Any   # [batch * heads * q_tiles + 1] int32 (device): each list's first entry
+    entries: Any  # [non-empty tiles] int32 (device): key tile * 2 + 1 if full
+    heads: int    # 1: one map for every KV head (the mask reads no head index), else num_kv_heads
+    rows: int     # the tiling: packed query rows and keys per tile
+    keys: int
+    params_key: tuple  # the mask's tensor parameters the map was made from
+    counts: dict = field(default_factory=dict)  # tiles by class: empty, partial, full
+    build_ms: float = 0.0  # host wall time of the derivation (classifier, compaction, counts; synchronised)
+
+    def ffi_args(self) -> tuple:
+        """What the prefill entries take after ``kernel`` (csrc/entry_prefill.h): indptr, entries, heads."""
+        return (self.indptr, self.entries, self.heads)
+
+
+def kv_lengths(kv):
+    """[B] int32 device tensor of each request's KV length, from a paged or ragged view."""
+    import torch
+
+    if isinstance(kv, PagedKV):
+        pages = torch.diff(kv.indptr)
+        page_size = int(kv.pages.shape[2] if kv.layout == "NHD" else kv.pages.shape[3])
+        return torch.where(pages > 0, (pages - 1) * page_size + kv.last_page_len, 0).to(torch.int32)
+    return torch.diff(kv.indptr).to(torch.int32)
+
+
+def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: int, num_kv_heads: int,
+                   rows: int, keys: int, extras: tuple, params: dict | None) -> TileMap:
+    """Run the classifier ``classify`` (the library's prefill_tile_map function) and compact its map."""
+    import time
+
+    import torch
+
+    start = time.perf_counter()
+    batch = int(qo_indptr.shape[0]) - 1
+    kv_len = kv_lengths(kv)
+    max_kv = int(kv_len.max().item()) if batch else 0
+    heads = num_kv_heads if mask_reads_heads(variant) else 1
+    q_tiles = -(-max_qo_len * group // rows)
+    k_tiles = -(-max_kv // keys)
+    cls = torch.zeros((batch, heads, q_tiles, k_tiles), dtype=torch.uint8, device=qo_indptr.device)
+    if cls.numel():
+        classify(qo_indptr, kv_len, cls, group, num_kv_heads, 0, rows, keys, *extras)
+    flat = cls.reshape(-1, max(k_tiles, 1)) if k_tiles else cls.reshape(-1, 0)
+    live = flat != 0
+    indptr = torch.zeros(flat.shape[0] + 1, dtype=torch.int32, device=cls.device)
+    indptr[1:] = torch.cumsum(live.sum(1), 0)
+    where = live.nonzero()
+    entries = (where[:, 1] * 2 + (flat[where[:, 0], where[:, 1]] == 2)).to(torch.int32)
+    counts = {name: int((cls == c).sum().item()) for name, c in (("empty", 0), ("partial", 1), ("full", 2))}
+    return TileMap(indptr, entries.contiguous(), heads, rows, keys, params_key(variant, params), counts,
+                   (time.perf_counter() - start) * 1e3)

@@ -1,0 +1,139 @@
+"""Packed documents: several documents in one request's token row, causal inside each, the document of
+every position from a tensor parameter (examples/document_mask.py). attngen derives the mask's tile map on
+the device (runtime/tile_map.py) and its Hopper template walks it; against the same variant without the
+map, the same visible work as plain causal attention over the documents as separate requests (attngen's
+causal variant on a ragged batch: the ceiling a map can reach), FlashInfer fa3 on that ragged batch, and
+FlexAttention with its block mask (create_block_mask timed too) -- in the same run, same timer.
+
+Cases: 16 documents of mixed length packed in one 16k row, and 64 in one 32k row (bf16, Hq 32 / Hkv 8,
+D 128). TFLOP/s of the visible work: 4 * D * Hq * (visible query-key pairs).
+
+    python benchmarks/bench_packed_docs.py --out benchmarks/results --commit <sha> [--no-peers]
+"""
+from __future__ import annotations
+
+import runpy
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import bench, guarded, load_flashinfer, result_parser, run_info, write_results
+
+HQ, HKV, D = 32, 8, 128
+CASES = {"16 docs in 16k": (16384, 16), "64 docs in 32k": (32768, 64)}
+
+
+def doc_lengths(total: int, docs: int, rng) -> np.ndarray:
+    cuts = np.sort(rng.choice(np.arange(1, total), size=docs - 1, replace=False))
+    return np.diff(np.concatenate([[0], cuts, [total]]))
+
+
+def main():
+    ap = result_parser(__doc__)
+    ap.add_argument("--no-peers", dest="peers", action="store_false", help="time attngen only")
+    ap.add_argument("--tag", default="", help="suffix of the result files")
+    args = ap.parse_args()
+    from attngen.runtime import CUDAAttention, RaggedKV
+    from attngen.variants import builtin
+
+    res = run_info(args.commit)
+    rng = np.random.default_rng(0)
+    docs_variant = runpy.run_path(str(Path(__file__).parents[1] / "examples" / "document_mask.py"))["variant"]
+    att_docs = CUDAAttention.build(docs_variant, head_dims=(D,), dtypes=("bfloat16",), kernels=("prefill",))
+    att_causal = CUDAAttention.build(builtin("causal"), head_dims=(D,), dtypes=("bfloat16",), kernels=("prefill",))
+    fi = load_flashinfer()[0] if args.peers else None
+    rows = []
+    for name, (total, ndocs) in CASES.items():
+        lens = doc_lengths(total, ndocs, rng)
+        visible = int(sum(n * (n + 1) // 2 for n in lens))
+        flops = 4.0 * D * HQ * visible
+        row = {"case": name, "doc_lengths": lens.tolist(), "visible_fraction": visible / (total * (total + 1) / 2)}
+        q = torch.randn(total, HQ, D, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(total, HKV, D, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(total, HKV, D, dtype=torch.bfloat16, device="cuda")
+        one = torch.tensor([0, total], dtype=torch.int32, device="cuda")
+        ids = torch.repeat_interleave(torch.arange(ndocs, dtype=torch.int32, device="cuda"),
+                                      torch.tensor(lens, device="cuda"))[None]
+        params = {"doc_ids": ids}
+        kv_one = RaggedKV(k, v, one)
+        outs = {}
+        for label, tile_map in (("attngen_mapped", None), ("attngen_unmapped", False)):
+            if tile_map is None:  # a throwaway map first: the classifier's first launch loads its module
+                att_docs.prefill(q, kv_one, one, plan=att_docs.plan_prefill(one, kv_one, D), params=params)
+            plan = att_docs.plan_prefill(one, kv_one, D, tile_map=tile_map)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            att_docs.prefill(q, kv_one, one, plan=plan, params=params)  # the map is derived here, once
+            torch.cuda.synchronize()
+            first_ms = (time.perf_counter() - t0) * 1e3
+            ms = bench(lambda: att_docs.prefill(q, kv_one, one, plan=plan, params=params), reps=10)
+            row[label] = flops / ms / 1e9
+            outs[label] = att_docs.prefill(q, kv_one, one, plan=plan, params=params)[0]
+            if tile_map is None:
+                (tm,) = plan.maps.values()
+                row["map_counts"], row["map_build_ms"] = tm.counts, tm.build_ms
+                row["first_call_ms"], row["mapped_ms"] = first_ms, ms
+        row["mapped_vs_unmapped_maxdiff"] = float((outs["attngen_mapped"].float() - outs["attngen_unmapped"].float())
+                                                  .abs().max())
+        # the same visible work as plain causal attention: the documents as separate requests
+        indptr = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+        kv_docs = RaggedKV(k, v, indptr)
+        plan_c = att_causal.plan_prefill(indptr, kv_docs, D)
+        ms = bench(lambda: att_causal.prefill(q, kv_docs, indptr, plan=plan_c), reps=10)
+        row["attngen_causal_ragged"] = flops / ms / 1e9
+        ref = att_causal.prefill(q, kv_docs, indptr, plan=plan_c)[0]
+        row["mapped_vs_ragged_causal_maxdiff"] = float((outs["attngen_mapped"].float() - ref.float()).abs().max())
+        if fi is not None:
+            def fa3():
+                ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+                w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa3")
+                w.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=q.dtype)
+                return flops / bench(lambda: w.run(q, k, v), reps=10) / 1e9
+
+            row["flashinfer_fa3_ragged"] = guarded(row, "flashinfer_fa3_ragged", fa3)
+
+        if args.peers:
+            def flex():
+                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+                doc = ids[0]
+
+                def mask_mod(b, h, qi, ki):
+                    return (doc[qi] == doc[ki]) & (qi >= ki)
+
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                bm = create_block_mask(mask_mod, 1, 1, total, total, device="cuda")
+                torch.cuda.synchronize()
+                row["flex_create_block_mask_ms"] = (time.perf_counter() - t0) * 1e3
+                fx = torch.compile(flex_attention, dynamic=False)
+                qs, ks, vs = (x.transpose(0, 1)[None] for x in (q, k, v))
+                ms_ = bench(lambda: fx(qs, ks, vs, block_mask=bm, enable_gqa=True), reps=10)
+                out = fx(qs, ks, vs, block_mask=bm, enable_gqa=True)[0].transpose(0, 1)
+                row["flex_maxdiff"] = float((out.float() - ref.float()).abs().max())
+                return flops / ms_ / 1e9
+
+            row["flex"] = guarded(row, "flex", flex)
+        rows.append(row)
+        print(row, flush=True)
+    res["rows"] = rows
+    cols = ["attngen_mapped", "attngen_unmapped", "attngen_causal_ragged", "flashinfer_fa3_ragged", "flex"]
+    lines = [f"# Packed documents — {res['gpu']}, {res['date']}, commit {args.commit}", "",
+             "TFLOP/s of the visible work (bf16, Hq 32 / Hkv 8, D 128; causal inside each document, document ids "
+             "from a tensor parameter). attngen_causal_ragged: the same documents as separate requests of the "
+             "causal variant (the same visible work without a mask).", "",
+             "| case | visible | " + " | ".join(cols) + " | mapped / causal ragged | map build ms | map (empty/partial/full) |",
+             "|---|---|" + "---|" * (len(cols) + 3)]
+    for r in rows:
+        cells = [f"{r[c]:.0f}" if r.get(c) else "—" for c in cols]
+        mc = r.get("map_counts", {})
+        lines.append(f"| {r['case']} | {r['visible_fraction']:.1%} | " + " | ".join(cells)
+                     + f" | {r['attngen_mapped'] / r['attngen_causal_ragged']:.2f} | {r.get('map_build_ms', 0):.2f}"
+                     + f" | {mc.get('empty')}/{mc.get('partial')}/{mc.get('full')} |")
+    write_results(args.out, f"packed_docs_{res['date']}{args.tag}", res, lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""GPU: mask-derived tile maps (csrc/tile_map.cuh, runtime/tile_map.py) -- the device classifier against the
+NumPy reference, and both prefill templates walking the map against the float64 reference, mapped and
+unmapped, on packed documents (document ids from a tensor parameter) and prefix-LM."""
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .test_gpu_prefill import run_prefill, skip_unless_runs
+from .tile_map_reference import reference_tile_classes
+
+pytestmark = pytest.mark.gpu
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+_libs = {}
+
+
+def example(name, build_cache):
+    module = runpy.run_path(str(EXAMPLES / f"{name}.py"))
+    if name not in _libs:
+        from attngen.runtime import CUDAAttention
+
+        _libs[name] = CUDAAttention.build(module["variant"], head_dims=(128,), dtypes=("bfloat16",),
+                                          kernels=("prefill",), cache=build_cache)
+    return module, _libs[name]
+
+
+@pytest.mark.parametrize("group", [1, 4, 3])
+def test_classifier_matches_the_reference(group, build_cache, rng):
+    import torch
+
+    module, att = example("document_mask", build_cache)
+    qo_lens, kv_lens = [300, 0, 77, 520, 5], [300, 9, 200, 520, 0]
+    ids = np.zeros((len(kv_lens), max(kv_lens)), np.int32)
+    for b, n in enumerate(kv_lens):
+        for cut in np.sort(rng.integers(0, max(n, 1), size=3)):
+            ids[b, cut:] += 1
+    ref = reference_tile_classes(lambda b, qp, kp, qh, kh: kp <= qp and ids[b, kp] == ids[b, qp], qo_lens, kv_lens,
+                                 group=group, num_kv_heads=2, rows=128, keys=128, heads=1)
+    dev = torch.device("cuda")
+    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device=dev)
+    kv_len = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+    out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
+    att.function("prefill_tile_map", "bfloat16", 128)(qo_indptr, kv_len, out, group, 2, 0, 128, 128,
+                                                      torch.from_numpy(ids).to(dev))
+    np.testing.assert_array_equal(out.cpu().numpy(), ref)
+
+
+@pytest.mark.parametrize("template", ["hopper", "mma_sync"])
+@pytest.mark.parametrize("name", ["document_mask", "prefix_lm"])
+@pytest.mark.parametrize("group,kv_mode", [(1, "ragged"), (4, "NHD"), (8, "HND")])
+def test_mapped_prefill_matches_the_reference(template, name, group, kv_mode, build_cache, rng):
+    """Long enough requests that the map has empty, partial and full tiles; the same case unmapped too (the
+    mma.sync template on both its query tiles)."""
+    skip_unless_runs(template)
+    module, att = example(name, build_cache)
+    make = next(f for n, f in module.items() if n in ("prefix_lengths", "packed_documents"))
+    for tile_map in (None, False):
+        plans = []
+        run_prefill(att, module["variant"], rng, group=group, head_dim=128, dtype="bfloat16", kv_mode=kv_mode,
+                    qo_lens=[700, 0, 1000, 33], kv_lens=[700, 12, 1300, 33], template=template, make_params=make,
+                    tile_map=tile_map, plans=plans)
+        for plan in plans:
+            if tile_map is None:
+                (tm,) = plan.maps.values()
+                assert tm.counts["empty"] > 0 and tm.counts["full"] > 0, tm.counts
+            else:
+                assert not plan.maps
+
+
+def test_a_plan_derives_a_new_map_for_new_mask_tensors(build_cache, rng):
+    import torch
+
+    from attngen.runtime import RaggedKV
+    from attngen.runtime.reference import reference_attention
+    from attngen.testing import compare
+
+    module, att = example("document_mask", build_cache)
+    v = module["variant"]
+    n, hq, hkv, d = 900, 8, 2, 128
+    dev = torch.device("cuda")
+    q = torch.randn(n, hq, d, device=dev).bfloat16()
+    k = torch.randn(n, hkv, d, device=dev).bfloat16()
+    vv = torch.randn(n, hkv, d, device=dev).bfloat16()
+    indptr = torch.tensor([0, n], dtype=torch.int32, device=dev)
+    kv = RaggedKV(k, vv, indptr)
+    plan = att.plan_prefill(indptr, kv, d)
+    for cuts in ([100, 400], [650, 651]):
+        ids = np.zeros((1, n), np.int32)
+        for c in cuts:
+            ids[0, c:] += 1
+        ids_t = torch.from_numpy(ids).to(dev)
+        out, lse = att.prefill(q, kv, indptr, plan=plan, params={"doc_ids": ids_t})
+        ref_o, ref_l = reference_attention(v, q.float().cpu().numpy(), [k.float().cpu().numpy()],
+                                           [vv.float().cpu().numpy()], np.array([0, n], np.int32), d ** -0.5,
+                                           {"doc_ids": ids})
+        compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=2e-2, lse_tol=2e-2,
+                what=f"documents cut at {cuts}")
+        assert len(plan.maps) == 1
+
+
+def test_tile_maps_are_refused_where_nothing_walks_them(build_cache):
+    import torch
+
+    from attngen.runtime import CUDAAttention, RaggedKV
+    from attngen.runtime.checks import AttentionArgumentError
+    from attngen.variants import builtin
+
+    _, att = example("document_mask", build_cache)
+    dev = torch.device("cuda")
+    k = torch.zeros(16, 2, 128, device=dev, dtype=torch.bfloat16)
+    indptr = torch.tensor([0, 16], dtype=torch.int32, device=dev)
+    kv = RaggedKV(k, k, indptr)
+    for template in (None, "mma_sync"):
+        assert att.plan_prefill(indptr, kv, 128, template=template, tile_map=True).tile_map is True
+    causal = CUDAAttention.build(builtin("causal"), head_dims=(128,), dtypes=("bfloat16",), kernels=("prefill",),
+                                 cache=build_cache)
+    with pytest.raises(AttentionArgumentError, match=r"tile_map: variant 'causal' has no mask beyond its bounds"):
+        causal.plan_prefill(indptr, kv, 128, tile_map=True)

@@ -1,0 +1,104 @@
+"""Mask-derived tile maps (runtime/tile_map.py): which variants get one, and the compaction of a classified
+map into the lists the Hopper template walks (here with the NumPy reference classifier standing in for the
+device's, on CPU tensors; tests/test_gpu_tile_map.py runs the device classifier and the mapped kernels)."""
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attngen.variants import builtin
+
+from .tile_map_reference import decode_lists, reference_tile_classes
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def example(name):
+    return runpy.run_path(str(EXAMPLES / f"{name}.py"))["variant"]
+
+
+def test_which_variants_get_a_map():
+    from attngen.runtime.tile_map import mask_needs_map, mask_params, mask_reads_heads
+
+    assert not mask_needs_map(builtin("vanilla"))  # no mask
+    assert not mask_needs_map(builtin("causal"))  # its bounds: the CTA's key range already skips tiles
+    docs = example("document_mask")
+    assert mask_needs_map(docs) and not mask_reads_heads(docs) and mask_params(docs) == ("doc_ids",)
+    assert mask_needs_map(example("prefix_lm"))
+
+
+def _doc_ids(rng, kv_lens):
+    width = max(kv_lens)
+    ids = np.zeros((len(kv_lens), width), np.int32)
+    for b, n in enumerate(kv_lens):
+        # the longest request opens with a long document (>= 3/4 of it), so the map always has full tiles
+        low = 3 * n // 4 if n == width else 0
+        for cut in np.sort(rng.integers(low, max(n, 1), size=3)):
+            ids[b, cut:] += 1
+    return ids
+
+
+@pytest.mark.parametrize("group,rows,keys", [(4, 128, 128), (1, 128, 64), (3, 128, 128)])
+def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
+    import torch
+
+    from attngen.runtime import RaggedKV
+    from attngen.runtime.tile_map import build_tile_map
+
+    docs = example("document_mask")
+    qo_lens, kv_lens = [300, 0, 77, 520], [300, 9, 200, 520]
+    ids = _doc_ids(rng, kv_lens)
+
+    def visible(b, qp, kp, qh, kh):
+        return kp <= qp and ids[b, kp] == ids[b, qp]
+
+    ref = reference_tile_classes(visible, qo_lens, kv_lens, group=group, num_kv_heads=2, rows=rows, keys=keys,
+                                 heads=1)
+    assert {0, 1, 2} <= set(np.unique(ref).tolist())  # the case exercises every class
+
+    def classify(qo_indptr, kv_len, out, g, hkv, causal, r, k, *extras):
+        assert (g, hkv, causal, r, k) == (group, 2, 0, rows, keys)
+        assert kv_len.tolist() == kv_lens
+        out.copy_(torch.from_numpy(ref))
+
+    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32)
+    kv_indptr = torch.tensor(np.concatenate([[0], np.cumsum(kv_lens)]), dtype=torch.int32)
+    kv = RaggedKV(torch.zeros(sum(kv_lens), 2, 64), torch.zeros(sum(kv_lens), 2, 64), kv_indptr)
+    params = {"doc_ids": torch.from_numpy(ids)}
+    tm = build_tile_map(classify, docs, qo_indptr, kv, max_qo_len=max(qo_lens), group=group, num_kv_heads=2,
+                        rows=rows, keys=keys, extras=(), params=params)
+    assert tm.heads == 1 and (tm.rows, tm.keys) == (rows, keys)
+    back = decode_lists(tm.indptr.numpy(), tm.entries.numpy(), ref.shape)
+    np.testing.assert_array_equal(back, ref)
+    assert tm.counts == {"empty": int((ref == 0).sum()), "partial": int((ref == 1).sum()),
+                         "full": int((ref == 2).sum())}
+    assert tm.ffi_args() == (tm.indptr, tm.entries, 1)
+
+
+def test_map_provenance_follows_the_mask_tensors():
+    """A plan keys its map by the mask's tensor parameters: another tensor or an in-place change is a new key."""
+    import torch
+
+    from attngen.runtime.tile_map import params_key
+
+    docs = example("document_mask")
+    ids = torch.zeros(1, 8, dtype=torch.int32)
+    key = params_key(docs, {"doc_ids": ids})
+    assert params_key(docs, {"doc_ids": ids}) == key
+    ids.add_(1)  # the same tensor, changed in place: its version moved on
+    assert params_key(docs, {"doc_ids": ids}) != key
+    assert params_key(docs, {"doc_ids": ids.clone()}) != params_key(docs, {"doc_ids": ids})
+    assert params_key(builtin("vanilla"), {}) == ()
+
+
+def test_paged_lengths_on_the_device_side():
+    import torch
+
+    from attngen.runtime import PagedKV
+    from attngen.runtime.tile_map import kv_lengths
+
+    pages = torch.zeros(6, 2, 16, 1, 8)
+    kv = PagedKV(pages, torch.tensor([0, 2, 2, 5], dtype=torch.int32), torch.arange(5, dtype=torch.int32),
+                 torch.tensor([3, 0, 16], dtype=torch.int32), "NHD")
+    assert kv_lengths(kv).tolist() == [19, 0, 48]

@@ -262,23 +262,34 @@ def test_hooks_are_inlined_into_the_linked_kernels(edited_builds):
 
 @requires_nvcc
 @requires_nvjitlink
-def test_prefill_links_too(tmp_path):
-    from attngen.codegen.cache import BuildCache
-
-    res = build(scaled_softcap(1.0), lto_config(kernels=("prefill",)), cache=BuildCache(tmp_path))
-    assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
-    assert b"attngen_abi_" not in (res.directory / res.manifest["cubins"][0]).read_bytes()
+def test_each_arch_gets_its_cubin(build_cache):
+    res = build(scaled_softcap(1.0), lto_config(archs=("sm_80", "sm_90a")), cache=build_cache)
+    assert res.manifest["cubins"] == ["linked_sm_80_0.cubin", "linked_sm_90a_0.cubin"]
+    table = (res.directory / "linked_cubins.c").read_text()
+    assert "{attngen_cubin_0, 80, 0}, {attngen_cubin_1, 90, 0}, {0, 0, 0}" in table  # by arch, for the device's pick
 
 
 @requires_nvcc
 @requires_nvjitlink
-def test_each_arch_gets_its_cubin(tmp_path):
-    from attngen.codegen.cache import BuildCache
+def test_each_template_object_links_into_its_own_cubin(build_cache):
+    """Decode and prefill link in parallel, one cubin each, the hooks inlined; the kernel table names the
+    part holding each kernel."""
+    import re
 
-    res = build(scaled_softcap(1.0), lto_config(archs=("sm_80", "sm_90a")), cache=BuildCache(tmp_path))
-    assert res.manifest["cubins"] == ["linked_sm_80.cubin", "linked_sm_90a.cubin"]
-    table = (res.directory / "linked_cubins.c").read_text()
-    assert "{attngen_cubin_0, 80}, {attngen_cubin_1, 90}, {0, 0}" in table  # by arch, for the device's pick
+    res = build(scaled_softcap(1.0), lto_config(kernels=("decode", "prefill")), cache=build_cache)
+    assert res.manifest["cubins"] == ["linked_sm_80_0.cubin", "linked_sm_80_1.cubin"]
+    assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
+    for c in res.manifest["cubins"]:
+        assert b"attngen_abi_" not in (res.directory / c).read_bytes()
+    held = [set(linked_cubin.cubin_kernels((res.directory / c).read_bytes())) for c in res.manifest["cubins"]]
+    assert held[0] and held[1] and not held[0] & held[1]
+    src = (res.directory / "linked_cubins.c").read_text()
+    pairs = re.findall(r'^  "([^"]+)", "([^"]+)",$', src, re.M)
+    parts = [int(x) for x in re.search(r"attngen_linked_kernel_parts\[\] = \{([^}]*)\}", src).group(1).split(",")]
+    assert parts[-1] == -1 and len(parts) == len(pairs) + 1 == len(res.manifest["kernels"]) + 1
+    for (key, mangled), part in zip(pairs, parts):
+        assert mangled in held[part], key
+        assert key.startswith("prefill") == (part == 1), key
 
 
 @pytest.mark.gpu

@@ -24,10 +24,12 @@ Three kinds of pieces, each in the build cache under its own key:
 from __future__ import annotations
 
 import functools
+import os
 import re
 import subprocess
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -377,18 +379,28 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     timings["hooks"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    cubins = []
-    for a in cfg.archs:
-        _, sm = lto_gencode(a)
-        cubin = out / f"linked_{a}.cubin"
-        data = nvjitlink.link_cubin([hook_objects[a], *objects[a]], sm, cfg.fast_math)
+    # one cubin per template object and arch, the links run in parallel (each is one nvJitLink program:
+    # the hooks inline into its kernels); the kernel table names each kernel's cubin by its part
+    jobs = [(a, part, obj) for a in cfg.archs for part, obj in enumerate(objects[a])]
+
+    def link(job):
+        a, part, obj = job
+        return nvjitlink.link_cubin([hook_objects[a], obj], lto_gencode(a)[1], cfg.fast_math)
+
+    with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        linked = list(pool.map(link, jobs))
+    cubins, by_arch = [], {a: {} for a in cfg.archs}
+    for (a, part, _), data in zip(jobs, linked):
+        cubin = out / f"linked_{a}_{part}.cubin"
         cubin.write_bytes(data)
-        cubins.append((cubin, _sm_number(sm)))
-        kernels = kernel_table(cubin_kernels(data))
-        if table and kernels != table:
-            raise RuntimeError(f"the cubins of {cfg.archs} hold different kernels: {sorted(kernels)} vs "
+        cubins.append((cubin, _sm_number(lto_gencode(a)[1]), part))
+        for key, mangled in kernel_table(cubin_kernels(data)).items():
+            by_arch[a].setdefault(key, (mangled, part))  # a kernel two templates share: the first part's
+    table = by_arch[cfg.archs[0]]
+    for a in cfg.archs[1:]:
+        if {k: p for k, (_, p) in by_arch[a].items()} != {k: p for k, (_, p) in table.items()}:
+            raise RuntimeError(f"the cubins of {cfg.archs} hold different kernels: {sorted(by_arch[a])} vs "
                                f"{sorted(table)}")
-        table = kernels
     timings["link_cubin"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -404,6 +416,6 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
           "the link of the library")
     timings["link_library"] = time.perf_counter() - t
     return {"library": lib.name, "link": "lto", "objects": [o.name for o in hook_objects.values()],
-            "cubins": [c.name for c, _ in cubins], "lto_seconds": {k: round(v, 3) for k, v in timings.items()},
+            "cubins": [c.name for c, _, _ in cubins], "lto_seconds": {k: round(v, 3) for k, v in timings.items()},
             "lto_reused": reused,
             "kernels": sorted(table)}

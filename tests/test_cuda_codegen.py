@@ -88,12 +88,18 @@ extern "C" __global__ void probe(const unsigned char* bits, const int* off, cons
         assert p.returncode == 0, p.stderr
 
 
+# sm_86 and sm_89 compile sm_80's template code with the same configurations (a configuration that does not
+# fit an arch's shared memory refuses the build, none is dropped per arch): their hook objects compile in
+# test_every_builtin_compiles_for_every_arch, their fp8 paths in tests/test_fp8_cuda_build.py
+TEMPLATE_ARCHS = ("sm_75", "sm_80", "sm_90a")
+
+
 @requires_nvcc
 def test_cuda_library_compiles_for_every_arch(build_cache, tmp_path):
-    """The decode and prefill templates, for variants covering every hook kind, on all archs."""
+    """The decode and prefill templates, for variants covering every hook kind, on every arch family."""
     from .row_hook_variants import make
 
-    for v, d, dtypes, archs in [(builtin("rope"), 64, ("float16",), ALL_ARCHS),
+    for v, d, dtypes, archs in [(builtin("rope"), 64, ("float16",), TEMPLATE_ARCHS),
                                 (make(), 128, ("bfloat16",), ("sm_80", "sm_90a"))]:
         res = run_pipeline(v, BuildConfig("cuda", (d,), dtypes, archs, layouts=("NHD",)), cache=build_cache)
         assert res.library.is_file()

@@ -1,7 +1,8 @@
-"""GPU: the fuzzer's random variants and batches through every CUDA template (benchmarks/fuzz_gpu.py: both
-decode templates whole and split, the balanced plan with its merge, both mma.sync tile widths, the Hopper
-template on compute capability 9.0): every call matches the float64 reference or is refused by name; then a
-few of the same calls under compute-sanitizer memcheck and initcheck, with zero reports."""
+"""The GPU fuzzer (benchmarks/fuzz_gpu.py): on a GPU, the fuzzer's random variants and batches through every
+CUDA template (both decode templates whole and split, the balanced plan with its merge, both mma.sync tile
+widths, the Hopper template on compute capability 9.0), every call matching the float64 reference or refused
+by name, then a few of the same calls under compute-sanitizer memcheck and initcheck with zero reports; on
+any machine, the harness's own oracle over the CPU backend."""
 import os
 import shutil
 import subprocess
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+from .fuzz_engine import Recipe
+
 FUZZ = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_gpu.py"
 
 
@@ -19,6 +21,7 @@ def fuzz_env(build_cache):
     return dict(os.environ, ATTNGEN_CACHE_DIR=str(build_cache.root))
 
 
+@pytest.mark.gpu
 def test_fuzz_calls_match_the_reference_or_are_refused(fuzz_env):
     p = subprocess.run([sys.executable, str(FUZZ), "--recipes", "4", "--cases", "24", "--seed", "7"],
                        env=fuzz_env, capture_output=True, text=True)
@@ -26,6 +29,7 @@ def test_fuzz_calls_match_the_reference_or_are_refused(fuzz_env):
     assert "fuzz_gpu done" in p.stdout
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("tool", ["memcheck", "initcheck"])
 def test_fuzz_calls_under_the_sanitizer(fuzz_env, tool):
     exe = shutil.which("compute-sanitizer")
@@ -37,3 +41,73 @@ def test_fuzz_calls_under_the_sanitizer(fuzz_env, tool):
                        text=True)
     assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-3000:]
     assert "fuzz_gpu done" in p.stdout and "ERROR SUMMARY: 0 errors" in p.stdout, p.stdout[-3000:]
+
+
+def _on_cpu(x, half=True):
+    """fuzz_gpu.on_gpu without the device: float16 tensors on the CPU."""
+    import numpy as np
+    import torch
+
+    from attngen.runtime import PagedKV, RaggedKV
+
+    if isinstance(x, np.ndarray):
+        t = torch.from_numpy(np.ascontiguousarray(x))
+        return t.half() if half and t.dtype == torch.float32 else t
+    if isinstance(x, RaggedKV):
+        return RaggedKV(_on_cpu(x.k), _on_cpu(x.v), _on_cpu(x.indptr))
+    if isinstance(x, PagedKV):
+        return PagedKV(_on_cpu(x.pages), _on_cpu(x.indptr), _on_cpu(x.indices), _on_cpu(x.last_page_len), x.layout)
+    if isinstance(x, tuple):
+        return tuple(_on_cpu(a) for a in x)
+    return x
+
+
+class _PlanlessCPU:
+    """The CPU backend behind the CUDA module's plan / call methods (plans ignored)."""
+
+    def __init__(self, att):
+        self.att = att
+
+    def plan_decode(self, kv, num_qo_heads, head_dim, **how):
+        return None
+
+    def plan_prefill(self, qo_indptr, kv, head_dim, **how):
+        return None
+
+    def decode(self, q, kv, plan=None, **kw):
+        return self.att.decode(q, kv, **kw)
+
+    def prefill(self, q, kv, qo_indptr, plan=None, **kw):
+        return self.att.prefill(q, kv, qo_indptr, **kw)
+
+
+def test_the_gpu_fuzzers_oracle_on_the_cpu_backend(build_cache, monkeypatch):
+    """The GPU fuzzer's conversion, refusal rules and float16 comparison, run on the CPU backend (float16 in):
+    valid calls match, spoilt ones are refused by name (keeps the GPU-only harness honest in CI)."""
+    import importlib.util
+
+    import numpy as np
+    import torch
+
+    from attngen.runtime import CPUAttention
+
+    spec = importlib.util.spec_from_file_location("fuzz_gpu", FUZZ)
+    fg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fg)
+    monkeypatch.setattr(fg, "on_gpu", _on_cpu)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    rng = np.random.default_rng(5)
+    recipe = Recipe(("alibi", "softcap"), ("causal", "custom"), "affine", "scale", "head_bias")
+    variant = fg.make_variant(recipe)
+    att = _PlanlessCPU(CPUAttention.build(variant, head_dims=(fg.HEAD_DIM,), dtypes=("float16",), cache=build_cache))
+    outcomes = []
+    for i in range(16):
+        case = fg.make_case(variant, 100 + i, head_dim=fg.HEAD_DIM)
+        for fault in ("none", fg.GPU_FAULTS[i % len(fg.GPU_FAULTS)]):
+            call = fg.apply_fault(case, fault, np.random.default_rng(i))
+            if call is None:
+                continue
+            outcome, detail = fg.run_call(att, variant, case, call, {})
+            assert outcome == "ok" if fault == "none" else outcome.startswith("refused"), (fault, outcome, detail)
+            outcomes.append(outcome)
+    assert outcomes.count("ok") >= 10 and any(o.startswith("refused") for o in outcomes)

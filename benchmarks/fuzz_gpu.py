@@ -59,21 +59,21 @@ def templates(kind: str, hopper: bool) -> list[tuple[str, dict]]:
     return paths + ([("prefill hopper", dict(template="hopper"))] if hopper else [])
 
 
-def on_gpu(x, half: bool = True):
-    """numpy arrays (and views of them) as CUDA tensors; float32 data as float16 where ``half``."""
+def to_device(x, device: str, half: bool = True):
+    """numpy arrays (and views of them) as torch tensors on ``device``; float32 data as float16 where ``half``."""
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
 
     if isinstance(x, np.ndarray):
         t = torch.from_numpy(np.ascontiguousarray(x))
-        return (t.half() if half and t.dtype == torch.float32 else t).cuda()
+        return (t.half() if half and t.dtype == torch.float32 else t).to(device)
     if isinstance(x, RaggedKV):
-        return RaggedKV(on_gpu(x.k), on_gpu(x.v), on_gpu(x.indptr))
+        return RaggedKV(*(to_device(a, device) for a in (x.k, x.v, x.indptr)))
     if isinstance(x, PagedKV):
-        return PagedKV(on_gpu(x.pages), on_gpu(x.indptr), on_gpu(x.indices), on_gpu(x.last_page_len), x.layout)
+        return PagedKV(*(to_device(a, device) for a in (x.pages, x.indptr, x.indices, x.last_page_len)), x.layout)
     if isinstance(x, tuple):
-        return tuple(on_gpu(a) for a in x)
+        return tuple(to_device(a, device) for a in x)
     return x
 
 
@@ -83,28 +83,30 @@ def rounded(case: Case) -> tuple:
     return r(case.q), [r(k) for k in case.keys], [r(v) for v in case.values]
 
 
-def run_call(att, variant, case: Case, call, how: dict) -> tuple[str, str]:
-    """(outcome, detail): "ok", "refused:<Error>" or "fail" with the reason."""
+def run_call(att, variant, case: Case, call, how: dict, device: str = "cuda") -> tuple[str, str]:
+    """(outcome, detail): "ok", "refused:<Error>" or "fail" with the reason. ``device``: where the call's
+    tensors go ("cpu" runs the oracle over a CPU module, tests/test_gpu_fuzz.py)."""
     import torch
 
     from attngen.runtime import reference_attention
 
     what = f"{variant.name} {case.kind} {how} injected=({case.injected})"
     try:
-        q, kv = on_gpu(call.q), on_gpu(call.kv)
-        params = {k: on_gpu(v, half=False) for k, v in call.params.items()}
-        out = on_gpu(call.out) if call.out is not None else None
-        lse = on_gpu(call.lse, half=False) if call.lse is not None else None
+        q, kv = to_device(call.q, device), to_device(call.kv, device)
+        params = {k: to_device(v, device, half=False) for k, v in call.params.items()}
+        out = to_device(call.out, device) if call.out is not None else None
+        lse = to_device(call.lse, device, half=False) if call.lse is not None else None
         if out is not None:
             out.fill_(float("nan"))
         if case.kind == "decode":
             plan = att.plan_decode(kv, int(q.shape[1]), HEAD_DIM, **how)
             o, l = att.decode(q, kv, plan=plan, sm_scale=case.sm_scale, params=params, out=out, lse=lse)
         else:
-            qo = on_gpu(call.qo_indptr)
+            qo = to_device(call.qo_indptr, device)
             plan = att.plan_prefill(qo, kv, HEAD_DIM, **how)
             o, l = att.prefill(q, kv, qo, plan=plan, sm_scale=case.sm_scale, params=params, out=out, lse=lse)
-        torch.cuda.synchronize()
+        if device == "cuda":
+            torch.cuda.synchronize()
     except ATTNGEN_ERRORS as e:
         msg = str(e)
         if not any(a in msg for a in ARG_NAMES):

@@ -133,8 +133,8 @@ class PrefillPlan:
     tile_rows: PrefillTileRows = PrefillTileRows.AUTO
     # AUTO: the library's choice (csrc/prefill_dispatch.h); MMA_SYNC / HOPPER force a template
     kernel: PrefillTemplate = PrefillTemplate.AUTO
-    # whether calls derive a tile map from the mask (runtime/tile_map.py): None where it serves, False never
-    tile_map: bool | None = None
+    # whether calls walk a tile map derived from the mask (runtime/tile_map.py), decided when planning
+    tile_map: bool = False
     # the maps derived so far, by the mask's tensor parameters they were made from (made on first use)
     maps: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -395,13 +395,12 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         if tile_map not in (None, True, False):
             raise AttentionArgumentError(f"tile_map: expected None, True or False, got {tile_map!r}")
-        if tile_map is True:
-            why = self._tile_map_problem(dtype, head_dim)
-            if why:
-                raise AttentionArgumentError(f"tile_map: {why}; plan with tile_map=None or False")
+        why = self._tile_map_problem(dtype, head_dim) if tile_map is not False else "not asked for"
+        if tile_map is True and why:
+            raise AttentionArgumentError(f"tile_map: {why}; plan with tile_map=None or False")
         return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)), _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
-                            False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, tile_map)
+                            False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None)
 
     def _tile_map_problem(self, dtype: str, head_dim: int) -> str | None:
         """Why calls of this library cannot walk a mask-derived tile map; None when they can."""
@@ -414,7 +413,7 @@ class CUDAAttention(BuiltModule):
     def _tile_map(self, plan: PrefillPlan, q, kv, qo_indptr, dtype: str, head_dim: int, params: dict | None,
                   extras: tuple) -> TileMap | None:
         """The plan's map for these mask parameters (derived on first use), or None where none serves."""
-        if plan.tile_map is False or self._tile_map_problem(dtype, head_dim):
+        if not plan.tile_map:
             return None
         key = params_key(self.variant, params)
         if key not in plan.maps:

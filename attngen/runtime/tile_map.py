@@ -73,8 +73,7 @@ def kv_lengths(kv):
 
     if isinstance(kv, PagedKV):
         pages = torch.diff(kv.indptr)
-        page_size = int(kv.pages.shape[2] if kv.layout == "NHD" else kv.pages.shape[3])
-        return torch.where(pages > 0, (pages - 1) * page_size + kv.last_page_len, 0).to(torch.int32)
+        return torch.where(pages > 0, (pages - 1) * kv.page_size + kv.last_page_len, 0).to(torch.int32)
     return torch.diff(kv.indptr).to(torch.int32)
 
 

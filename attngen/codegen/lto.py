@@ -358,7 +358,7 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     first = cfg.archs[0]
     check_params_fit(variant, lowered[(first, cfg.head_dims[0])])
     abi = {d: abi_traits_source(variant, lowered[(first, d)], d) for d in cfg.head_dims}
-    objects, table = {a: [] for a in cfg.archs}, {}
+    objects = {a: [] for a in cfg.archs}
     for a in cfg.archs:
         for record in selected(cfg.kernels):
             for d in cfg.head_dims:

@@ -2,8 +2,8 @@
 //
 // One work item = (query tile of 128 packed rows, KV head, request); rows are the (token, head) pairs of
 // one KV head's group (row = token * group + head), as in the mma.sync template (prefill.cuh), so GQA groups
-// share every K/V tile. The kernel is persistent: one CTA per SM walks the items, the last query tiles
-// (under causal masks, the longest) first, in snake order over the CTAs; its stages and barrier phases run
+// share every K/V tile. The kernel is persistent: one CTA per SM walks the items request by request, the
+// last query tiles (under causal masks, the longest) first, in snake order over the CTAs; its stages and barrier phases run
 // on from item to item, so the producer loads the next item's K/V while the consumers finish this one's
 // softmax and epilogue (what short requests of a ragged batch lose without it). Three warpgroups:
 // - the producer (warpgroup 0, registers released to kProducerRegs) gathers K/V tiles from pages or
@@ -82,7 +82,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = tid / 128;
   float* scratch = scratch_all + warp * 2 * D;
   const int group = P.group;
-  const int per_tile = P.num_kv_heads * P.batch, items = q_tiles * per_tile;
+  const int per_request = q_tiles * P.num_kv_heads, items = per_request * P.batch;
   // the CTA's item of each round of gridDim.x items, in snake order (rounds alternate direction), so that
   // over the descending item sizes every CTA gets about the same work
   auto work_index = [&](int round) {
@@ -110,8 +110,10 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
       const int idx = work_index(round);
       if (idx >= items) break;
       // ---- work item idx: query tile, request, KV head; its KV range from the mask's bounds ----
-      const int tile = q_tiles - 1 - idx / per_tile;  // the last query tiles (longest under causal) first
-      const int b = (idx % per_tile) / P.num_kv_heads, hk = idx % P.num_kv_heads;
+      // request-major (the CTAs at work share a request's K/V in L2), its last query tiles (under causal
+      // masks the longest) first
+      const int b = idx / per_request, tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
+      const int hk = idx % P.num_kv_heads;
       const int q0 = P.qo_indptr[b], qo_len = P.qo_indptr[b + 1] - q0;
       const int rows_total = qo_len * group;
       const int row0 = tile * RQ;
@@ -203,8 +205,10 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     const int idx = work_index(round);
     if (idx >= items) break;
     // ---- work item idx: query tile, request, KV head; its KV range from the mask's bounds ----
-    const int tile = q_tiles - 1 - idx / per_tile;  // the last query tiles (longest under causal) first
-    const int b = (idx % per_tile) / P.num_kv_heads, hk = idx % P.num_kv_heads;
+    // request-major (the CTAs at work share a request's K/V in L2), its last query tiles (under causal
+    // masks the longest) first
+    const int b = idx / per_request, tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
+    const int hk = idx % P.num_kv_heads;
     const int q0 = P.qo_indptr[b], qo_len = P.qo_indptr[b + 1] - q0;
     const int rows_total = qo_len * group;
     const int row0 = tile * RQ;

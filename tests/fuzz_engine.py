@@ -189,7 +189,7 @@ class Case:
     injected: str = ""  # what non-finite value was written where ("" for none)
 
 
-def _params(variant: Variant, rng, qo_lens, kv_lens, n_qo: int) -> dict:
+def _params(variant: Variant, rng, qo_lens, kv_lens, n_qo: int, head_dim: int = HEAD_DIM) -> dict:
     out = {}
     names = {p.name for p in variant.params}
     if "fz_slopes" in names:
@@ -201,7 +201,7 @@ def _params(variant: Variant, rng, qo_lens, kv_lens, n_qo: int) -> dict:
     if "mask_bits" in names:
         out.update(pack_custom_mask([rng.random((a, b)) < 0.6 for a, b in zip(qo_lens, kv_lens)], kv_lens))
     if "fz_obias" in names:
-        out["fz_obias"] = rng.standard_normal((n_qo, HEAD_DIM)).astype(np.float32)
+        out["fz_obias"] = rng.standard_normal((n_qo, head_dim)).astype(np.float32)
     return out
 
 
@@ -211,7 +211,7 @@ def _inject(case: Case, rng, qo_lens, kv_lens) -> None:
     value = float(rng.choice([np.nan, np.inf, -np.inf]))
     spots = []
     for _ in range(int(rng.integers(1, 3))):
-        d = int(rng.integers(HEAD_DIM))
+        d = int(rng.integers(case.q.shape[2]))
         if where == "q":
             if case.q.shape[0] == 0:
                 return
@@ -239,7 +239,8 @@ def _inject(case: Case, rng, qo_lens, kv_lens) -> None:
     case.injected = f"{value} at " + ", ".join(spots)
 
 
-def make_case(variant: Variant, seed: int) -> Case:
+def make_case(variant: Variant, seed: int, head_dim: int = HEAD_DIM) -> Case:
+    """A random batch for ``variant`` from ``seed`` (float32 arrays; ``head_dim`` wide rows)."""
     rng = np.random.default_rng(seed)
     kind = str(rng.choice(["ragged", "paged", "decode"]))
     batch = int(rng.choice([0, 1, 2, 3, 4], p=[0.04, 0.24, 0.24, 0.24, 0.24]))
@@ -254,12 +255,12 @@ def make_case(variant: Variant, seed: int) -> Case:
     n_qo = n_kv * int(rng.integers(1, 4))
     layout = str(rng.choice(["NHD", "HND"]))
     page_size = int(rng.choice([1, 3, 4, 16]))
-    prob = random_problem(rng, qo_lens, kv_lens, n_qo, n_kv, HEAD_DIM, page_size=page_size, layout=layout,
+    prob = random_problem(rng, qo_lens, kv_lens, n_qo, n_kv, head_dim, page_size=page_size, layout=layout,
                           spare_pages=int(rng.integers(0, 4)))
-    params = _params(variant, rng, qo_lens, kv_lens, n_qo)
+    params = _params(variant, rng, qo_lens, kv_lens, n_qo, head_dim)
     kv = prob.ragged if kind == "ragged" else prob.paged
     case = Case(kind, prob.q, prob.qo_indptr, kv, [k.copy() for k in prob.keys], [v.copy() for v in prob.values],
-                params, float(rng.choice([1 / np.sqrt(HEAD_DIM), 0.05, 1.0])))
+                params, float(rng.choice([1 / np.sqrt(head_dim), 0.05, 1.0])))
     if rng.random() < 0.35:
         _inject(case, rng, qo_lens, kv_lens)
     return case
@@ -293,6 +294,7 @@ class Call:
 def apply_fault(case: Case, fault: str, rng) -> Call | None:
     """The call of ``case`` with ``fault``; None when the fault does not apply to the case."""
     call = Call(case.q, case.qo_indptr, case.kv, dict(case.params))
+    hd = case.q.shape[2]
     kv = case.kv
     paged = isinstance(kv, PagedKV)
     nb = len(case.qo_indptr) - 1
@@ -339,14 +341,14 @@ def apply_fault(case: Case, fault: str, rng) -> Call | None:
     elif fault == "q_float64":
         call.q = case.q.astype(np.float64)
     elif fault == "q_wrong_head_dim":
-        call.q = np.zeros(case.q.shape[:2] + (HEAD_DIM * 2,), np.float32)
+        call.q = np.zeros(case.q.shape[:2] + (hd * 2,), np.float32)
     elif fault == "q_not_contiguous":
-        wide = np.zeros(case.q.shape[:2] + (HEAD_DIM * 2,), np.float32)
+        wide = np.zeros(case.q.shape[:2] + (hd * 2,), np.float32)
         wide[..., ::2] = case.q
         call.q = wide[..., ::2]
     elif fault == "kv_heads_not_dividing":
         n_kv = kv.num_kv_heads
-        call.q = np.zeros((case.q.shape[0], n_kv * 2 + 1, HEAD_DIM), np.float32) if n_kv > 1 else None
+        call.q = np.zeros((case.q.shape[0], n_kv * 2 + 1, hd), np.float32) if n_kv > 1 else None
         if call.q is None:
             return None
     elif fault == "pages_float16":

@@ -1,6 +1,6 @@
 """fp8 K/V caches through the normal CUDA build and runtime: which configurations ``BuildConfig`` accepts
-and refuses, the exports the library's decode emitter writes, a decode-only build for sm_90a and sm_89
-compiled with nvcc (no GPU needed), and on a GPU ``CUDAAttention.decode`` over fp8 pages with k_scale /
+and refuses, the exports the library's decode emitter writes, a decode-only build for sm_89 compiled with
+nvcc (no GPU needed; tests/test_fp8_cuda_decode.py compiles sm_80 and sm_90a), and on a GPU ``CUDAAttention.decode`` over fp8 pages with k_scale /
 v_scale against the float64 reference on the dequantised cache (``pytest -m gpu``)."""
 import numpy as np
 import pytest
@@ -92,14 +92,14 @@ def test_scales_are_checked_without_reading_the_device():
 
 
 @requires_nvcc
-def test_fp8_decode_library_builds_for_sm90a_and_sm89(build_cache):
+def test_fp8_decode_library_builds_for_sm89(build_cache):
     """The build, then what of CUDAAttention and the exported entries runs without a GPU: the function lookup
     by the pages' dtype, and the entries' argument checks (every type before any device)."""
     import torch
 
     from attngen.runtime import AttentionArgumentError, CUDAAttention, PagedKV
 
-    cfg = fp8_decode_config(("sm_90a", "sm_89"))
+    cfg = fp8_decode_config(("sm_89",))
     variant = builtin("causal")
     res = run_pipeline(variant, cfg, cache=build_cache)
     assert res.manifest["functions"] == exported_functions(cfg)

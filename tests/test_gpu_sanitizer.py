@@ -1,5 +1,6 @@
 """GPU: compute-sanitizer over one configuration of each template (gpu_memcheck_case.py): memcheck finds no
-out-of-bounds or misaligned access, racecheck no shared-memory hazard (the split-KV merge path included)."""
+out-of-bounds or misaligned access, racecheck no shared-memory hazard (the split-KV merge path included),
+initcheck no read of uninitialised global memory."""
 import os
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ def built(tmp_path_factory):
     return exe, env
 
 
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "initcheck"])
 def test_sanitizer_clean(built, tool):
     exe, env = built
     p = subprocess.run([exe, "--tool", tool, "--error-exitcode", "3", sys.executable, str(CASE)], env=env,

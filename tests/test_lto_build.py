@@ -179,21 +179,20 @@ def test_one_constant_edit_reuses_template_and_glue(edited_builds):
     first, second, before, mid, after, _ = edited_builds
     assert not first.cache_hit and not second.cache_hit
     built = ("template_built", "launch_built", "exports_built")
-    assert [_delta(before, mid, k) for k in built] == [1, 1, 1]
+    assert [_delta(before, mid, k) for k in built] == [2, 1, 1]  # decode: its two parts
     assert [_delta(mid, after, k) for k in built] == [0, 0, 0]  # the edit compiled only the hooks
-    assert [_delta(mid, after, k) for k in ("template_reused", "launch_reused", "exports_reused")] == [1, 1, 1]
-    assert second.manifest["lto_reused"] == {"templates": [True], "launch": [True], "exports": True}
+    assert [_delta(mid, after, k) for k in ("template_reused", "launch_reused", "exports_reused")] == [2, 1, 1]
+    assert second.manifest["lto_reused"] == {"templates": [True, True], "launch": [True], "exports": True}
     assert first.manifest["link"] == "lto" and second.manifest["functions"] == first.manifest["functions"]
-    a = (first.directory / first.manifest["cubins"][0]).read_bytes()
-    b = (second.directory / second.manifest["cubins"][0]).read_bytes()
-    assert a != b  # the edit reached the kernels
+    for name in first.manifest["cubins"]:
+        assert (first.directory / name).read_bytes() != (second.directory / name).read_bytes()  # edit reached
 
 
 @requires_nvcc
 @requires_nvjitlink
 def test_new_parameter_list_compiles_only_the_exports(edited_builds):
     third = edited_builds[-1]
-    assert third.manifest["lto_reused"] == {"templates": [True], "launch": [True], "exports": False}
+    assert third.manifest["lto_reused"] == {"templates": [True, True], "launch": [True], "exports": False}
 
 
 @requires_nvcc
@@ -210,8 +209,8 @@ def test_linked_library_exports_the_entries_and_embeds_the_kernels(edited_builds
                                        "decode_tc_kernel<__half, 128, 1, __half>",
                                        "decode_tc_kernel<__half, 128, 2, __half>",
                                        "merge_decode_kernel<__half, 128>"]
-    cubin = (res.directory / res.manifest["cubins"][0]).read_bytes()
-    assert len(linked_cubin.cubin_kernels(cubin)) == 7
+    held = [linked_cubin.cubin_kernels((res.directory / c).read_bytes()) for c in res.manifest["cubins"]]
+    assert [len(h) for h in held] == [4, 3]  # CUDA-core kernels; tensor-core kernels and the merge
 
 
 @requires_nvcc
@@ -239,46 +238,62 @@ def test_linked_library_loads_and_checks_arguments_like_a_whole_one(edited_build
 @requires_nvjitlink
 def test_hooks_are_inlined_into_the_linked_kernels(edited_builds):
     res = edited_builds[0]
-    cubin_path = res.directory / res.manifest["cubins"][0]
-    cubin = cubin_path.read_bytes()
-    # neither the ABI functions nor the lowered hooks survive as functions of their own
-    assert b"attngen_abi_" not in cubin and b"softcap_scaled" not in cubin
+    paths = [res.directory / c for c in res.manifest["cubins"]]
+    for cubin in (p.read_bytes() for p in paths):
+        # neither the ABI functions nor the lowered hooks survive as functions of their own
+        assert b"attngen_abi_" not in cubin and b"softcap_scaled" not in cubin
     if CUOBJDUMP is None:
         pytest.skip("cuobjdump not found for the SASS check")
-    sass = subprocess.run([CUOBJDUMP, "-sass", str(cubin_path)], capture_output=True, text=True, check=True).stdout
-    kernels = sass.split("Function : ")[1:]
+    kernels = []
+    for cubin_path in paths:
+        sass = subprocess.run([CUOBJDUMP, "-sass", str(cubin_path)], capture_output=True, text=True, check=True).stdout
+        kernels += sass.split("Function : ")[1:]
+        elf = subprocess.run([CUOBJDUMP, "-elf", str(cubin_path)], capture_output=True, text=True, check=True).stdout
+        symtab = elf.split(".section .symtab")[1]
+        functions = [line.split()[-1] for line in symtab.splitlines()
+                     if len(line.split()) >= 6 and line.split()[3] in ("0x2", "0x12")]
+        # CALLs only reach the CUDA math library's internal helpers (as in whole-program builds)
+        assert all(f.startswith("$__internal_") for f in functions), functions
     assert len(kernels) == 7
     for k in kernels:
         name = k.split()[0]
         if "merge_decode_kernel" not in name:  # every attention kernel computes the soft-cap's tanh itself
             assert "MUFU.TANH" in k, name
-    elf = subprocess.run([CUOBJDUMP, "-elf", str(cubin_path)], capture_output=True, text=True, check=True).stdout
-    symtab = elf.split(".section .symtab")[1]
-    functions = [line.split()[-1] for line in symtab.splitlines()
-                 if len(line.split()) >= 6 and line.split()[3] in ("0x2", "0x12")]
-    # CALLs only reach the CUDA math library's internal helpers (as in whole-program builds)
-    assert all(f.startswith("$__internal_") for f in functions), functions
 
 
 @requires_nvcc
 @requires_nvjitlink
-def test_prefill_links_too(tmp_path):
-    from attngen.codegen.cache import BuildCache
-
-    res = build(scaled_softcap(1.0), lto_config(kernels=("prefill",)), cache=BuildCache(tmp_path))
-    assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
-    assert b"attngen_abi_" not in (res.directory / res.manifest["cubins"][0]).read_bytes()
-
-
-@requires_nvcc
-@requires_nvjitlink
-def test_each_arch_gets_its_cubin(tmp_path):
-    from attngen.codegen.cache import BuildCache
-
-    res = build(scaled_softcap(1.0), lto_config(archs=("sm_80", "sm_90a")), cache=BuildCache(tmp_path))
-    assert res.manifest["cubins"] == ["linked_sm_80.cubin", "linked_sm_90a.cubin"]
+def test_each_arch_gets_its_cubin(build_cache):
+    res = build(scaled_softcap(1.0), lto_config(archs=("sm_80", "sm_90a")), cache=build_cache)
+    assert res.manifest["cubins"] == ["linked_sm_80_0.cubin", "linked_sm_80_1.cubin", "linked_sm_90a_0.cubin",
+                                      "linked_sm_90a_1.cubin"]
     table = (res.directory / "linked_cubins.c").read_text()
-    assert "{attngen_cubin_0, 80}, {attngen_cubin_1, 90}, {0, 0}" in table  # by arch, for the device's pick
+    # by arch and part, for the device's pick
+    assert ("{attngen_cubin_0, 80, 0}, {attngen_cubin_1, 80, 1}, {attngen_cubin_2, 90, 0}, {attngen_cubin_3, 90, 1}, "
+            "{0, 0, 0}") in table
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_each_template_object_links_into_its_own_cubin(build_cache):
+    """Decode (two parts: CUDA-core kernels; tensor-core kernels and the merge) and prefill link in parallel,
+    one cubin each, the hooks inlined; the kernel table names the part holding each kernel."""
+    import re
+
+    res = build(scaled_softcap(1.0), lto_config(kernels=("decode", "prefill")), cache=build_cache)
+    assert res.manifest["cubins"] == ["linked_sm_80_0.cubin", "linked_sm_80_1.cubin", "linked_sm_80_2.cubin"]
+    assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
+    for c in res.manifest["cubins"]:
+        assert b"attngen_abi_" not in (res.directory / c).read_bytes()
+    held = [set(linked_cubin.cubin_kernels((res.directory / c).read_bytes())) for c in res.manifest["cubins"]]
+    assert all(held) and not (held[0] & held[1] or held[0] & held[2] or held[1] & held[2])
+    src = (res.directory / "linked_cubins.c").read_text()
+    pairs = re.findall(r'^  "([^"]+)", "([^"]+)",$', src, re.M)
+    parts = [int(x) for x in re.search(r"attngen_linked_kernel_parts\[\] = \{([^}]*)\}", src).group(1).split(",")]
+    assert parts[-1] == -1 and len(parts) == len(pairs) + 1 == len(res.manifest["kernels"]) + 1
+    for (key, mangled), part in zip(pairs, parts):
+        assert mangled in held[part], key
+        assert part == (0 if key.startswith("decode_kernel") else 2 if key.startswith("prefill") else 1), key
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
-"""What a linked library embeds beside its host code: each arch's cubin, and the table from each kernel's
-key (``decode_kernel<__half, 128, 4>``, as csrc/cubin_launch.h spells it) to its mangled name, read from
-the cubin's ELF sections and demangled by c++filt."""
+"""What a linked library embeds beside its host code: its cubins (one per template object and arch), and the
+table from each kernel's key (``decode_kernel<__half, 128, 4>``, as csrc/cubin_launch.h spells it) to its
+mangled name, read from the cubin's ELF sections and demangled by c++filt, and the part holding it."""
 from __future__ import annotations
 
 import re
@@ -61,16 +61,19 @@ def kernel_key(demangled: str) -> str:
     return f"{m.group(1)}<{', '.join(args[1:])}>"
 
 
-def link_object_source(cubins: list[tuple[Path, int]], table: dict[str, str]) -> str:
-    """C source embedding the cubins and the kernel table (hidden: each library keeps its own)."""
+def link_object_source(cubins: list[tuple[Path, int, int]], table: dict[str, tuple[str, int]]) -> str:
+    """C source embedding the cubins (path, arch as major * 10 + minor, part) and the kernel table (key ->
+    mangled name and the part of the cubin holding it); hidden: each library keeps its own."""
     lines = ['#define HIDDEN __attribute__((visibility("hidden")))']
-    for i, (path, _) in enumerate(cubins):
+    for i, (path, _, _) in enumerate(cubins):
         lines.append(f'__asm__(".section .rodata\\n.balign 128\\nattngen_cubin_{i}:\\n'
                      f'.incbin \\"{path}\\"\\n.byte 0\\n.previous\\n");')
         lines.append(f"extern const unsigned char attngen_cubin_{i}[];")
-    lines.append("struct AttngenLinkedCubin { const unsigned char* data; int sm; };")
-    rows = "".join(f"{{attngen_cubin_{i}, {sm}}}, " for i, (_, sm) in enumerate(cubins))
-    lines.append(f"HIDDEN const struct AttngenLinkedCubin attngen_linked_cubins[] = {{{rows}{{0, 0}}}};")
-    pairs = "".join(f'  "{k}", "{m}",\n' for k, m in sorted(table.items()))
+    lines.append("struct AttngenLinkedCubin { const unsigned char* data; int sm; int part; };")
+    rows = "".join(f"{{attngen_cubin_{i}, {sm}, {part}}}, " for i, (_, sm, part) in enumerate(cubins))
+    lines.append(f"HIDDEN const struct AttngenLinkedCubin attngen_linked_cubins[] = {{{rows}{{0, 0, 0}}}};")
+    pairs = "".join(f'  "{k}", "{m}",\n' for k, (m, _) in sorted(table.items()))
     lines.append(f"HIDDEN const char* const attngen_linked_kernels[] = {{\n{pairs}  0}};")
+    parts = ", ".join(str(p) for _, (_, p) in sorted(table.items()))
+    lines.append(f"HIDDEN const int attngen_linked_kernel_parts[] = {{{parts}{', ' if parts else ''}-1}};")
     return "\n".join(lines) + "\n"

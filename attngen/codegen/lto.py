@@ -24,10 +24,12 @@ Three kinds of pieces, each in the build cache under its own key:
 from __future__ import annotations
 
 import functools
+import os
 import re
 import subprocess
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -91,16 +93,21 @@ class Launcher:
     """A template record's part in link-time builds: the header holding its launcher, the explicit
     instantiations (``{V}``: the traits, ``{T}``: element type, ``{D}``, ``{G}``: the group bound) that
     reach every kernel the launcher may pick, and its exported functions (the record's exports, in the
-    launch object's and the exports' terms)."""
+    launch object's and the exports' terms). ``parts``: a line opening each template object the record is
+    compiled into (one each: they link into cubins of their own, in parallel), each selecting its share of
+    the kernels."""
     header: str
     instantiations: tuple[str, ...]
     exports: Callable[[BuildConfig, int, DtypePair], list[LinkedExport]]
+    parts: tuple[str, ...] = ("",)
 
 
 LAUNCHERS = {
     "decode": Launcher("decode_launch.cuh", (
         "template bool attngen::launch_decode<{V}, {T}, {D}, {G}>(const attngen::DecodeProblem&, "
-        "const {V}::Params&, cudaStream_t);",), _decode_exports),
+        "const {V}::Params&, cudaStream_t);",), _decode_exports,
+        # the CUDA-core kernels; the tensor-core ones with the merge (csrc/decode_launch.cuh)
+        ("#define ATTNGEN_DECODE_KERNELS 1", "#define ATTNGEN_DECODE_KERNELS 2")),
     "prefill": Launcher("prefill.cuh", (
         "template void attngen::launch_prefill<{V}, {T}, {D}>(const attngen::PrefillProblem&, int, "
         "const {V}::Params&, cudaStream_t);",), _prefill_exports),
@@ -157,17 +164,20 @@ def _csrc_hash() -> str:
 
 # ---- template objects ----
 
-def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int) -> str:
+def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int, part: int = 0) -> str:
     launcher = LAUNCHERS[record]
     fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "D": head_dim, "G": max_group}
-    return "\n".join([f'#include "abi_d{head_dim}.cuh"', f'#include "{launcher.header}"', '#include "tile_checks.h"',
-                      *(i.format(**fill) for i in launcher.instantiations)]) + "\n"
+    opening = [launcher.parts[part]] if launcher.parts[part] else []
+    return "\n".join([*opening, f'#include "abi_d{head_dim}.cuh"', f'#include "{launcher.header}"',
+                      '#include "tile_checks.h"', *(i.format(**fill) for i in launcher.instantiations)]) + "\n"
 
 
-def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str) -> str:
+def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
+                 part: int = 0) -> str:
     """The cache key of one template object: everything its LTO-IR depends on, and nothing of the
     variant beyond its hook signature (``abi``, the ABI traits' text)."""
-    return content_key({"lto_template": record, "source": template_source(record, head_dim, pair, cfg.max_group_size),
+    return content_key({"lto_template": record,
+                        "source": template_source(record, head_dim, pair, cfg.max_group_size, part),
                         "arch": arch, "head_dim": head_dim, "dtypes": [pair.q, pair.kv],
                         "max_group": cfg.max_group_size if record == "decode" else 0, "abi": abi,
                         "fast_math": cfg.fast_math, "csrc": _csrc_hash(), "tiles": tiles_header(),
@@ -175,9 +185,9 @@ def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: Bu
 
 
 def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
-                    cache: BuildCache) -> Path:
-    """The template object, built once per key."""
-    key = template_key(record, arch, head_dim, pair, cfg, abi)
+                    cache: BuildCache, part: int = 0) -> Path:
+    """The template object (of the record's part ``part``), built once per key."""
+    key = template_key(record, arch, head_dim, pair, cfg, abi, part)
     gencode, _ = lto_gencode(arch)
 
     def build(out: Path) -> None:
@@ -185,7 +195,7 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
         (out / "attngen_enums.h").write_text(enums_header())
         (out / HEADER_NAME).write_text(tiles_header())
         src = out / "template.cu"
-        src.write_text(template_source(record, head_dim, pair, cfg.max_group_size))
+        src.write_text(template_source(record, head_dim, pair, cfg.max_group_size, part))
         obj = out / "template.o"
         _run([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
               f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
@@ -353,9 +363,10 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
         for record in selected(cfg.kernels):
             for d in cfg.head_dims:
                 for pair in cfg.dtype_pairs:
-                    before = stats["template_reused"]
-                    objects[a].append(template_object(record.name, a, d, pair, cfg, abi[d], cache))
-                    reused["templates"].append(stats["template_reused"] > before)
+                    for part in range(len(LAUNCHERS[record.name].parts)):
+                        before = stats["template_reused"]
+                        objects[a].append(template_object(record.name, a, d, pair, cfg, abi[d], cache, part))
+                        reused["templates"].append(stats["template_reused"] > before)
     timings["templates"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -377,18 +388,32 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     timings["hooks"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    cubins = []
-    for a in cfg.archs:
-        _, sm = lto_gencode(a)
-        cubin = out / f"linked_{a}.cubin"
-        data = nvjitlink.link_cubin([hook_objects[a], *objects[a]], sm, cfg.fast_math)
+    # one cubin per template object and arch, the links run in parallel (each is one nvJitLink program:
+    # the hooks inline into its kernels); the kernel table names each kernel's cubin by its part
+    jobs = [(a, part, obj) for a in cfg.archs for part, obj in enumerate(objects[a])]
+
+    cores = os.cpu_count() or 1
+    workers = max(1, min(len(jobs), cores))
+
+    def link(job):  # the cores left over by the parallel links split each one's code generation
+        a, part, obj = job
+        return nvjitlink.link_cubin([hook_objects[a], obj], lto_gencode(a)[1], cfg.fast_math,
+                                    threads=max(1, cores // len(jobs)))
+
+    with ThreadPoolExecutor(workers) as pool:
+        linked = list(pool.map(link, jobs))
+    cubins, by_arch = [], {a: {} for a in cfg.archs}
+    for (a, part, _), data in zip(jobs, linked):
+        cubin = out / f"linked_{a}_{part}.cubin"
         cubin.write_bytes(data)
-        cubins.append((cubin, _sm_number(sm)))
-        kernels = kernel_table(cubin_kernels(data))
-        if table and kernels != table:
-            raise RuntimeError(f"the cubins of {cfg.archs} hold different kernels: {sorted(kernels)} vs "
+        cubins.append((cubin, _sm_number(lto_gencode(a)[1]), part))
+        for key, mangled in kernel_table(cubin_kernels(data)).items():
+            by_arch[a].setdefault(key, (mangled, part))  # a kernel two templates share: the first part's
+    table = by_arch[cfg.archs[0]]
+    for a in cfg.archs[1:]:
+        if {k: p for k, (_, p) in by_arch[a].items()} != {k: p for k, (_, p) in table.items()}:
+            raise RuntimeError(f"the cubins of {cfg.archs} hold different kernels: {sorted(by_arch[a])} vs "
                                f"{sorted(table)}")
-        table = kernels
     timings["link_cubin"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -404,6 +429,6 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
           "the link of the library")
     timings["link_library"] = time.perf_counter() - t
     return {"library": lib.name, "link": "lto", "objects": [o.name for o in hook_objects.values()],
-            "cubins": [c.name for c, _ in cubins], "lto_seconds": {k: round(v, 3) for k, v in timings.items()},
+            "cubins": [c.name for c, _, _ in cubins], "lto_seconds": {k: round(v, 3) for k, v in timings.items()},
             "lto_reused": reused,
             "kernels": sorted(table)}

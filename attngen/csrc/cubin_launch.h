@@ -1,8 +1,9 @@
 // Kernels of a linked cubin, by name, for the host glue of link-time builds (codegen/lto.py).
 //
-// The variant's library embeds its cubin (one per arch) and a table from each kernel's key, e.g.
-// "decode_kernel<__half, 128, 4>" (its template arguments after the traits, as c++filt prints them), to
-// its mangled name. The cubins load once per process (cudaLibraryLoadData, context-independent); a
+// The variant's library embeds its cubins (one per template object and arch, linked in parallel: the
+// parts) and a table from each kernel's key, e.g. "decode_kernel<__half, 128, 4>" (its template arguments
+// after the traits, as c++filt prints them), to its mangled name and part. Each part's cubin loads once
+// per process and device, when a kernel of it is first looked up (cudaLibraryLoadData, context-independent); a
 // kernel is then a cudaKernel_t, which the runtime API accepts wherever a __global__ function's
 // address goes (launch, attributes, occupancy), so the launchers run unchanged on it.
 #pragma once
@@ -11,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -18,14 +20,17 @@
 #include <unordered_map>
 
 extern "C" {
-// Defined by the variant's generated link object: the cubins and the arch (major * 10 + minor) each is
-// for, then the key -> mangled-name pairs; both lists end with a null entry.
+// Defined by the variant's generated link object: the cubins with the arch (major * 10 + minor) and the
+// part each is for, the key -> mangled-name pairs, and each pair's part; the lists end with a null entry
+// (the parts with -1).
 struct AttngenLinkedCubin {
   const unsigned char* data;
   int sm;
+  int part;
 };
 extern const AttngenLinkedCubin attngen_linked_cubins[];
 extern const char* const attngen_linked_kernels[];
+extern const int attngen_linked_kernel_parts[];
 }
 
 // A linked-library failure: a TVM-FFI error where the host glue has TVM-FFI (always, in a library).
@@ -66,8 +71,8 @@ std::string kernel_key(const char* name, Values... values) {
   return key + ">";
 }
 
-// The cubin for the current device: its exact arch, else the newest one of the same major below it.
-inline const unsigned char* linked_cubin_for_device() {
+// Part `part`'s cubin for the current device: its exact arch, else the newest one of the same major below it.
+inline const unsigned char* linked_cubin_for_device(int part) {
   int dev = 0, major = 0, minor = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -76,7 +81,7 @@ inline const unsigned char* linked_cubin_for_device() {
   const unsigned char* best = nullptr;
   int best_sm = -1;
   for (const AttngenLinkedCubin* c = attngen_linked_cubins; c->data; ++c) {
-    if (c->sm / 10 == major && c->sm <= sm && c->sm > best_sm) best = c->data, best_sm = c->sm;
+    if (c->part == part && c->sm / 10 == major && c->sm <= sm && c->sm > best_sm) best = c->data, best_sm = c->sm;
   }
   return best;
 }
@@ -86,7 +91,7 @@ namespace {
 // (a function-local static of an inline function would be one object for every library in the process).
 struct LinkedKernels {
   std::mutex mu;
-  std::unordered_map<int, cudaLibrary_t> libraries;  // by device: the cubin differs by arch
+  std::unordered_map<int64_t, cudaLibrary_t> libraries;  // by (device, part): the cubin differs by arch
   std::unordered_map<std::string, cudaKernel_t> kernels;
 };
 
@@ -110,21 +115,25 @@ Fn linked_kernel(const std::string& key) {
   const std::string slot = std::to_string(dev) + ":" + key;
   auto hit = kernels.find(slot);
   if (hit != kernels.end()) return reinterpret_cast<Fn>(hit->second);
-  auto lib = libraries.find(dev);
+  const char* mangled = nullptr;
+  int part = -1;
+  for (int i = 0; attngen_linked_kernels[2 * i]; ++i) {
+    if (key != attngen_linked_kernels[2 * i]) continue;
+    mangled = attngen_linked_kernels[2 * i + 1];
+    part = attngen_linked_kernel_parts[i];
+  }
+  if (!mangled) ATTNGEN_LINKED_FAIL("attngen: the linked cubins have no kernel " + key);
+  const int64_t lib_key = int64_t(dev) * 4096 + part;
+  auto lib = libraries.find(lib_key);
   if (lib == libraries.end()) {
-    const unsigned char* cubin = linked_cubin_for_device();
+    const unsigned char* cubin = linked_cubin_for_device(part);
     if (!cubin) ATTNGEN_LINKED_FAIL("attngen: this library holds no cubin for the current device's arch");
     cudaLibrary_t l = nullptr;
     cudaError_t err = cudaLibraryLoadData(&l, cubin, nullptr, nullptr, 0, nullptr, nullptr, 0);
     if (err != cudaSuccess)
       ATTNGEN_LINKED_FAIL(std::string("attngen: loading the linked cubin failed: ") + cudaGetErrorString(err));
-    lib = libraries.emplace(dev, l).first;
+    lib = libraries.emplace(lib_key, l).first;
   }
-  const char* mangled = nullptr;
-  for (const char* const* e = attngen_linked_kernels; *e; e += 2) {
-    if (key == e[0]) mangled = e[1];
-  }
-  if (!mangled) ATTNGEN_LINKED_FAIL("attngen: the linked cubin has no kernel " + key);
   cudaKernel_t k = nullptr;
   cudaError_t err = cudaLibraryGetKernel(&k, lib->second, mangled);
   if (err != cudaSuccess)

@@ -13,6 +13,14 @@
 
 namespace attngen {
 
+// Which kernels a link-time template object instantiates (codegen/lto.py compiles the decode record in
+// two parts that link in parallel): bit 1 the CUDA-core kernels, bit 2 the tensor-core ones and the merge.
+// The part's launcher is never run (the library's launch object finds every kernel by name), so the
+// kernels left out are null pointers there.
+#ifndef ATTNGEN_DECODE_KERNELS
+#define ATTNGEN_DECODE_KERNELS 3
+#endif
+
 // The launchers' kernels: the traits' own instantiations, or for linked traits (hook_abi.h) the
 // same instances by name from the linked cubin, without instantiating the kernel templates here.
 template <class V, class T, int D, int G>
@@ -20,6 +28,8 @@ auto decode_kernel_ref() {
   using Fn = void (*)(DecodeProblem, typename V::Params);
   if constexpr (linked_hooks<V>())
     return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_kernel", D, G, kernel_type_name<T>()); });
+  else if constexpr ((ATTNGEN_DECODE_KERNELS & 1) == 0)
+    return Fn(nullptr);
   else
     return Fn(decode_kernel<V, T, D, G>);
 }
@@ -29,6 +39,8 @@ auto decode_tc_kernel_ref() {
   using Fn = void (*)(DecodeProblem, typename V::Params);
   if constexpr (linked_hooks<V>())
     return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_tc_kernel", D, S, kernel_type_name<T>()); });
+  else if constexpr ((ATTNGEN_DECODE_KERNELS & 2) == 0)
+    return Fn(nullptr);
   else
     return Fn(decode_tc_kernel<V, T, D, S>);
 }
@@ -38,6 +50,8 @@ auto merge_decode_kernel_ref() {
   using Fn = void (*)(DecodeProblem, typename V::Params);
   if constexpr (linked_hooks<V>())
     return linked_kernel_cached<Fn>([] { return kernel_key<T>("merge_decode_kernel", D); });
+  else if constexpr ((ATTNGEN_DECODE_KERNELS & 2) == 0)
+    return Fn(nullptr);
   else
     return Fn(merge_decode_kernel<V, T, D>);
 }

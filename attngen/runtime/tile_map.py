@@ -12,7 +12,7 @@ take the class of the map tile they lie in); every layer that reuses the plan re
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from attngen.ir.hook_spec import HEADS
@@ -52,8 +52,15 @@ class TileMap:
     rows: int     # the tiling: packed query rows and keys per tile
     keys: int
     params_key: tuple  # the mask's tensor parameters the map was made from
-    counts: dict = field(default_factory=dict)  # tiles by class: empty, partial, full
-    build_ms: float = 0.0  # host wall time of the derivation (classifier, compaction, counts; synchronised)
+    class_counts: Any = None  # [3] int64 (device): tiles by class (empty, partial, full), read by `counts`
+    build_ms: float = 0.0  # host wall time of the derivation (classifier and compaction; synchronised)
+
+    @property
+    def counts(self) -> dict:
+        """Tiles by class, {"empty": n, "partial": n, "full": n} (a device read: for reports, not call paths)."""
+        if self.class_counts is None:
+            return {}
+        return dict(zip(("empty", "partial", "full"), (int(n) for n in self.class_counts.tolist())))
 
     def ffi_args(self) -> tuple:
         """What the prefill entries take after ``kernel`` (csrc/entry_prefill.h): indptr, entries, heads."""
@@ -94,6 +101,6 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     indptr[1:] = torch.cumsum(live.sum(1), 0)
     where = live.nonzero()
     entries = (where[:, 1] * 2 + (flat[where[:, 0], where[:, 1]] == 2)).to(torch.int32)
-    counts = {name: int((cls == c).sum().item()) for name, c in (("empty", 0), ("partial", 1), ("full", 2))}
-    return TileMap(indptr, entries.contiguous(), heads, rows, keys, params_key(variant, params), counts,
+    class_counts = torch.bincount(cls.reshape(-1), minlength=3)  # no host sync: read when reported
+    return TileMap(indptr, entries.contiguous(), heads, rows, keys, params_key(variant, params), class_counts,
                    (time.perf_counter() - start) * 1e3)

@@ -1,0 +1,193 @@
+"""Fuzzing the CUDA templates: the CPU fuzzer's random variants and batches (tests/fuzz_engine.py: hook
+fragments composed into variants; ragged, paged and decode batches with empty and one-token requests, GQA,
+both layouts, permuted pages with spare ones; NaN / Inf in q or k; malformed index arrays and arguments),
+built for CUDA at head_dim 64 / float16, each call through every template that serves it:
+
+- decode on CUDA cores and on tensor cores, whole (one chunk), split into chunks, and the load-balanced
+  plan (split-KV with the merge);
+- prefill on the mma.sync template at both tile widths and, on compute capability 9.0, the Hopper one.
+
+Each call must match the float64 reference computed on the float16-rounded inputs under the non-finite
+rules (tests/nonfinite.py), or be refused with attngen's own error naming the argument. Anything else (a
+crash, another exception, a wrong or accepted spoilt call) is a failure. A variant the CUDA build refuses
+(a configuration it does not serve) is counted, not failed: refusing at build time is the contract.
+
+NaN / Inf are not written into V: a tile template multiplies a masked key's value by weight 0 inside a
+partly masked tile, which the rules leave open (README, Reliability).
+
+    python benchmarks/fuzz_gpu.py --recipes 8 --cases 60 --out benchmarks/results
+    compute-sanitizer --tool memcheck --error-exitcode 3 python benchmarks/fuzz_gpu.py --recipes 2 --cases 8
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fuzz_engine import (ARG_NAMES, ATTNGEN_ERRORS, Case, _with_defaults, all_recipes,  # noqa: E402
+                               apply_fault, make_case, make_variant)
+from tests.nonfinite import compare_nonfinite  # noqa: E402
+
+HEAD_DIM = 64
+# the CPU fuzzer's faults that stay faults once the arrays are on the GPU in float16 (its float16 pages, meta
+# tensors and strided q are CPU-side probes)
+GPU_FAULTS = ("qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv_indptr_past_end",
+              "page_id_out_of_range", "page_id_negative", "last_page_len_zero", "last_page_len_too_big",
+              "last_page_len_count", "q_float64", "q_wrong_head_dim", "kv_heads_not_dividing", "layout_unknown",
+              "param_missing", "param_wrong_shape", "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype",
+              "kv_wrong_type")
+
+
+def templates(kind: str, hopper: bool) -> list[tuple[str, dict]]:
+    """(label, plan options) of every template path that serves a call of ``kind``."""
+    if kind == "decode":
+        return [("decode cuda-cores", dict(num_chunks=1, tensor_cores=False)),
+                ("decode cuda-cores split", dict(num_chunks=3, tensor_cores=False)),
+                ("decode tensor-cores", dict(num_chunks=1, tensor_cores=True)),
+                ("decode tensor-cores split", dict(num_chunks=3, tensor_cores=True)),
+                ("decode balanced", {})]
+    paths = [("prefill mma.sync 64 rows", dict(template="mma_sync", wide_tiles=False)),
+             ("prefill mma.sync 128 rows", dict(template="mma_sync", wide_tiles=True))]
+    return paths + ([("prefill hopper", dict(template="hopper"))] if hopper else [])
+
+
+def on_gpu(x, half: bool = True):
+    """numpy arrays (and views of them) as CUDA tensors; float32 data as float16 where ``half``."""
+    import torch
+
+    from attngen.runtime import PagedKV, RaggedKV
+
+    if isinstance(x, np.ndarray):
+        t = torch.from_numpy(np.ascontiguousarray(x))
+        return (t.half() if half and t.dtype == torch.float32 else t).cuda()
+    if isinstance(x, RaggedKV):
+        return RaggedKV(on_gpu(x.k), on_gpu(x.v), on_gpu(x.indptr))
+    if isinstance(x, PagedKV):
+        return PagedKV(on_gpu(x.pages), on_gpu(x.indptr), on_gpu(x.indices), on_gpu(x.last_page_len), x.layout)
+    if isinstance(x, tuple):
+        return tuple(on_gpu(a) for a in x)
+    return x
+
+
+def rounded(case: Case) -> tuple:
+    """q, keys and values as the GPU sees them (float16), in float32 for the reference."""
+    r = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+    return r(case.q), [r(k) for k in case.keys], [r(v) for v in case.values]
+
+
+def run_call(att, variant, case: Case, call, how: dict) -> tuple[str, str]:
+    """(outcome, detail): "ok", "refused:<Error>" or "fail" with the reason."""
+    import torch
+
+    from attngen.runtime import reference_attention
+
+    what = f"{variant.name} {case.kind} {how} injected=({case.injected})"
+    try:
+        q, kv = on_gpu(call.q), on_gpu(call.kv)
+        params = {k: on_gpu(v, half=False) for k, v in call.params.items()}
+        out = on_gpu(call.out) if call.out is not None else None
+        lse = on_gpu(call.lse, half=False) if call.lse is not None else None
+        if out is not None:
+            out.fill_(float("nan"))
+        if case.kind == "decode":
+            plan = att.plan_decode(kv, int(q.shape[1]), HEAD_DIM, **how)
+            o, l = att.decode(q, kv, plan=plan, sm_scale=case.sm_scale, params=params, out=out, lse=lse)
+        else:
+            qo = on_gpu(call.qo_indptr)
+            plan = att.plan_prefill(qo, kv, HEAD_DIM, **how)
+            o, l = att.prefill(q, kv, qo, plan=plan, sm_scale=case.sm_scale, params=params, out=out, lse=lse)
+        torch.cuda.synchronize()
+    except ATTNGEN_ERRORS as e:
+        msg = str(e)
+        if not any(a in msg for a in ARG_NAMES):
+            return "fail", f"{what}: the refusal names no argument: {msg!r}"
+        return f"refused:{type(e).__name__}", msg
+    except Exception as e:  # a crash, a CUDA error, an FFI error: never acceptable
+        return "fail", f"{what}: {type(e).__name__}: {e}"
+    q16, keys, values = rounded(case)
+    qo_ref = case.qo_indptr if case.kind != "decode" else np.arange(len(case.keys) + 1)
+    ref_o, ref_l = reference_attention(variant, q16, keys, values, qo_ref, case.sm_scale,
+                                       _with_defaults(variant, call.params))
+    fin = np.isfinite(ref_o)
+    scale = max(1.0, float(np.abs(ref_o[fin]).max()) if fin.any() else 1.0)
+    lfin = np.isfinite(ref_l)
+    try:
+        compare_nonfinite(o.float().cpu().numpy(), l.float().cpu().numpy(), ref_o, ref_l, tol=1e-2 * scale,
+                          lse_tol=1e-2 * max(1.0, float(np.abs(ref_l[lfin]).max(initial=0))), what=what)
+    except AssertionError as e:
+        return "fail", str(e)
+    return "ok", ""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipes", type=int, default=8, help="random recipes (variants) to build for CUDA")
+    ap.add_argument("--cases", type=int, default=60, help="random batches per recipe")
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--fault-share", type=float, default=0.4, help="share of batches also called spoilt")
+    ap.add_argument("--out", default=None, help="write fuzz_gpu_<date>.json here")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from attngen.runtime import CUDAAttention
+
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    rng = np.random.default_rng(args.seed)
+    space = list(all_recipes())
+    picks = [space[i] for i in rng.choice(len(space), size=min(args.recipes, len(space)), replace=False)]
+    counts, by_path, failures, build_refused = collections.Counter(), collections.Counter(), [], []
+    for recipe in picks:
+        variant = make_variant(recipe)
+        try:
+            att = CUDAAttention.build(variant, head_dims=(HEAD_DIM,), dtypes=("float16",), layouts=("NHD", "HND"))
+        except ATTNGEN_ERRORS as e:
+            build_refused.append(f"{variant.name}: {e}")
+            continue
+        for _ in range(args.cases):
+            seed = int(rng.integers(2**32))
+            case = make_case(variant, seed, head_dim=HEAD_DIM)
+            if "v[" in case.injected:  # see the module's docstring
+                counts["skipped: non-finite V"] += 1
+                continue
+            faults = ["none"] + ([str(rng.choice(GPU_FAULTS))] if rng.random() < args.fault_share else [])
+            for fault in faults:
+                call = apply_fault(case, fault, np.random.default_rng(seed + 1))
+                if call is None:
+                    continue
+                for label, how in templates(case.kind, hopper):
+                    outcome, detail = run_call(att, variant, case, call, how)
+                    if outcome == "ok" and fault != "none":
+                        outcome, detail = "fail", f"{variant.name} {label}: the spoilt call ({fault}) was accepted"
+                    if outcome.startswith("refused") and fault == "none":
+                        outcome, detail = "fail", f"{variant.name} {label}: a valid call was refused: {detail}"
+                    counts[outcome] += 1
+                    by_path[f"{label}: {outcome}"] += 1
+                    if outcome == "fail":
+                        failures.append({"recipe": recipe.name, "seed": seed, "fault": fault, "path": label,
+                                         "detail": detail[:2000]})
+    res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "seed": args.seed,
+           "recipes": [r.name for r in picks], "build_refused": build_refused, "calls": sum(
+               v for k, v in counts.items() if not k.startswith("skipped")), "outcomes": dict(counts),
+           "by_path": dict(sorted(by_path.items())), "failures": failures[:50], "failure_count": len(failures)}
+    print(json.dumps({k: res[k] for k in ("calls", "outcomes", "failure_count", "build_refused")}, indent=1))
+    for f in failures[:10]:
+        print("FAIL", f["path"], f["detail"][:400])
+    if args.out:
+        path = Path(args.out) / f"fuzz_gpu_{res['date']}.json"
+        path.write_text(json.dumps(res, indent=1))
+        print("wrote", path)
+    print("fuzz_gpu done")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

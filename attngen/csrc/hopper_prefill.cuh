@@ -5,11 +5,12 @@
 // share every K/V tile. The kernel is persistent: one CTA per SM walks the items request by request, the
 // last query tiles (under causal masks, the longest) first, in snake order over the CTAs; its stages and barrier phases run
 // on from item to item, so the producer loads the next item's K/V while the consumers finish this one's
-// softmax and epilogue (what short requests of a ragged batch lose without it). Three warpgroups:
-// - the producer (warpgroup 0, registers released to kProducerRegs) gathers K/V tiles from pages or
-//   ragged rows with cp.async into kStages shared-memory stages each for K and V, with their own
-//   barriers, and applies the key transform (hopper_producer.cuh);
-// - two consumers (64 rows each, registers raised to kConsumerRegs) load and transform their query rows,
+// softmax and epilogue (what short requests of a ragged batch lose without it); it also loads the next
+// item's query rows into a second Q buffer (D <= 128). Three warpgroups:
+// - the producer (warpgroup 0, registers released to kProducerRegs) copies each item's query rows into a
+//   Q buffer, gathers K/V tiles from pages or ragged rows with cp.async into kStages shared-memory stages
+//   each for K and V, with their own barriers, and applies the key transform (hopper_producer.cuh);
+// - two consumers (64 rows each, registers raised to kConsumerRegs) transform their query rows,
 //   then per KV tile: S = Q K^T (wgmma, both operands in shared memory), the logits hook, mask and
 //   online softmax on the fp32 accumulators in registers, O += P V (wgmma, P from registers), and the
 //   epilogue (normalise, lse base 2, output transform, store).
@@ -40,20 +41,24 @@ struct HopperTile {
   static constexpr int kRows = 64 * kConsumers;     // packed query rows per CTA
   static constexpr int kKeys = D == 256 ? 64 : 128;  // keys per K/V tile (S: 64 x kKeys per consumer)
   static constexpr int kStages = 2;
+  // query tiles in flight: two where shared memory holds them (the next item's rows land during this
+  // item's epilogue), one at D 256
+  static constexpr int kQBuffers = D <= 128 ? 2 : 1;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * (40 + 2 * 232) <= 64K registers
   static_assert(kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys, "tile maps are made in this tiling");
 };
 
-// Shared memory: [alignment slack][Q: kRows x D][K: kStages x kKeys x D][V: same][scratch fp32 rows, two of
-// D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers, kStages each].
+// Shared memory: [alignment slack][Q: kQBuffers x kRows x D][K: kStages x kKeys x D][V: same][scratch fp32
+// rows, two of D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers,
+// kStages each][full_q, empty_q mbarriers, kQBuffers each].
 // Tiles start 1024-byte aligned (the swizzle's period).
 template <class T, int D>
 constexpr size_t hopper_prefill_smem_bytes() {
   using Tile = HopperTile<D>;
-  return 1024 + size_t(Tile::kRows) * D * sizeof(T) + 2 * size_t(Tile::kStages) * Tile::kKeys * D * sizeof(T) +
-         size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) + 2 * Tile::kKeys * sizeof(int64_t) +
-         4 * Tile::kStages * sizeof(uint64_t);
+  return 1024 + size_t(Tile::kQBuffers) * Tile::kRows * D * sizeof(T) +
+         2 * size_t(Tile::kStages) * Tile::kKeys * D * sizeof(T) + size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) +
+         2 * Tile::kKeys * sizeof(int64_t) + 4 * Tile::kStages * sizeof(uint64_t) + 2 * Tile::kQBuffers * sizeof(uint64_t);
 }
 
 // Mapped: the CTA walks the plan's list of its non-empty key tiles (P.tiles, tile_map.cuh), running the
@@ -64,13 +69,13 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
                       int q_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tile = HopperTile<D>;
-  constexpr int RQ = Tile::kRows, TK = Tile::kKeys, NS = Tile::kStages;
+  constexpr int RQ = Tile::kRows, TK = Tile::kKeys, NS = Tile::kStages, NQ = Tile::kQBuffers;
   constexpr int NKT = TK / 8, NDT = D / 8;
   extern __shared__ __align__(16) unsigned char hopper_smem[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(hopper_smem) + 1023) & ~uintptr_t(1023));
-  T* sq = reinterpret_cast<T*>(smem);
-  T* sk = sq + RQ * D;            // [NS][TK * D]
+  T* sq = reinterpret_cast<T*>(smem);  // [NQ][RQ * D]
+  T* sk = sq + NQ * RQ * D;       // [NS][TK * D]
   T* sv = sk + NS * TK * D;       // [NS][TK * D]
   float* scratch_all = reinterpret_cast<float*>(sv + NS * TK * D);
   uint64_t* page_rows = reinterpret_cast<uint64_t*>(scratch_all + (Tile::kThreads / 32) * 2 * D);
@@ -78,6 +83,8 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   uint64_t* empty_k = full_k + NS;
   uint64_t* full_v = empty_k + NS;
   uint64_t* empty_v = full_v + NS;
+  uint64_t* full_q = empty_v + NS;
+  uint64_t* empty_q = full_q + NQ;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = tid / 128;
   float* scratch = scratch_all + warp * 2 * D;
@@ -97,6 +104,10 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
       mbar_init(&empty_k[s], 128 * Tile::kConsumers);
       mbar_init(&empty_v[s], 128 * Tile::kConsumers);
     }
+    for (int s = 0; s < NQ; ++s) {
+      mbar_init(&full_q[s], 128);
+      mbar_init(&empty_q[s], 128 * Tile::kConsumers);
+    }
   }
   __syncthreads();
 
@@ -105,6 +116,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     regs_release<Tile::kProducerRegs>();
     const int ptid = tid;
     int it = 0;  // K/V tiles this CTA has issued before the item (stages and phases run on across items)
+    int qn = 0;  // items whose query rows this CTA has loaded before
 #pragma unroll 1
     for (int round = 0;; ++round) {
       const int idx = work_index(round);
@@ -136,6 +148,22 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
       }
       // the first key of the item's kt-th tile, and whether every score of it is visible (mapped: a full tile)
       auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
+      {  // the item's query rows (zero past the end) into Q buffer qn % NQ, once the consumers released it
+        constexpr int CPR = D / 8;
+        const int qs = qn % NQ;
+        if (qn >= NQ) mbar_wait(&empty_q[qs], ((qn / NQ) - 1) & 1);
+        unsigned char* qb = reinterpret_cast<unsigned char*>(sq + qs * RQ * D);
+        for (int c = ptid; c < RQ * CPR; c += 128) {
+          const int r = c / CPR, l = c % CPR, pr = row0 + r;
+          const bool ok = pr < rows_total;
+          const T* src = static_cast<const T*>(P.q);
+          if (ok) src += (int64_t(q0 + pr / group) * P.num_qo_heads + hk * group + pr % group) * D + l * 8;
+          copy16_async(qb + sw128_offset(r, l * 8, RQ), src, ok);
+        }
+        copy_arrive_on(&full_q[qs]);
+        copy_commit();
+        ++qn;
+      }
       const KVGather<T, D, TK> gather{P.kv, P.kv.indptr[b], lo, hi, hk, P.kv.page_shift(),
                                       reinterpret_cast<const T**>(page_rows)};
       // ragged K / V with tensor maps: tiles whose keys all exist come by bulk copies that one thread issues
@@ -197,6 +225,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), ctid = tid - 128 * (cw + 1), cwarp = ctid / 32;
   const int wrow0 = 64 * cw;  // this consumer's first row in the tile
   int it = 0;  // K/V tiles this CTA has consumed before the item (stages and phases run on across items)
+  int qn = 0;  // items this CTA has run before (their Q buffers and phases)
   // the stage and phase of the item's kt-th tile
   auto stage = [&](int kt) { return (it + kt) % NS; };
   auto phase = [&](int kt) { return uint32_t((it + kt) / NS) & 1; };
@@ -232,19 +261,11 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     // the first key of the item's kt-th tile, and whether every score of it is visible (mapped: a full tile)
     auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
     auto tile_full = [&](int kt) { return Mapped && (tile_list[kt] & 1) != 0; };
-    // ---- Q rows of this consumer: load (zero rows past the end), query transform ------------
+    // ---- Q rows of this consumer: wait for the producer's copy, query transform ------------------
+    const int qs = qn % NQ;
     {
-      constexpr int CPR = D / 8;
-      unsigned char* qb = reinterpret_cast<unsigned char*>(sq);
-      for (int c = ctid; c < 64 * CPR; c += 128) {
-        const int r = wrow0 + c / CPR, l = c % CPR, pr = row0 + r;
-        const bool ok = pr < rows_total;
-        const T* src = static_cast<const T*>(P.q);
-        if (ok) src += (int64_t(q0 + pr / group) * P.num_qo_heads + hk * group + pr % group) * D + l * 8;
-        copy16_async(qb + sw128_offset(r, l * 8, RQ), src, ok);
-      }
-      copy_commit();
-      copy_wait<0>();
+      unsigned char* qb = reinterpret_cast<unsigned char*>(sq + qs * RQ * D);
+      mbar_wait(&full_q[qs], (qn / NQ) & 1);
       if constexpr (V::kHasQueryTransform) {
         named_sync(2 + cw, 128);
         for (int r = wrow0 + cwarp; r < wrow0 + 64; r += 4) {
@@ -317,7 +338,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     // straight-line code of a loop with uniform bounds: a conditional issue or wait makes the compiler
     // serialise every wgmma.
     constexpr int kTurnBar = 4;
-    const uint32_t q_addr = smem_addr(sq) + wrow0 * 128;
+    const uint32_t q_addr = smem_addr(sq + qs * RQ * D) + wrow0 * 128;
     // (mapped: every listed tile, the count broadcast so that the MMA loop's bounds are known uniform)
     const int n_active = Mapped ? __shfl_sync(0xffffffffu, num_kt, 0)
                                 : (cons_jmax >= lo ? min(num_kt, (cons_jmax - lo) / TK + 1) : 0);
@@ -469,6 +490,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
         mbar_arrive(&empty_v[stage(kt)]);
       }
     }
+    mbar_arrive(&empty_q[qs]);  // every S of the item has completed: its Q buffer may take another item's rows
 
     // ---- epilogue: normalise, lse, output transform, store --------------------------------
     float lse_row[2];
@@ -528,6 +550,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
       }
     }
     it += num_kt;
+    ++qn;
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }

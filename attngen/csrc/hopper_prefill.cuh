@@ -1,12 +1,16 @@
 // Hopper (sm_90a) batch prefill / append: warp-specialised, wgmma, ragged or paged KV.
 //
-// One CTA = (query tile of 128 packed rows, KV head, request); rows are the (token, head) pairs of one KV
-// head's group (row = token * group + head), as in the mma.sync template (prefill.cuh), so GQA groups share
-// every K/V tile. Three warpgroups:
-// - the producer (warpgroup 0, registers released to kProducerRegs) gathers K/V tiles from pages or
-//   ragged rows with cp.async into kStages shared-memory stages each for K and V, with their own
-//   barriers, and applies the key transform (hopper_producer.cuh);
-// - two consumers (64 rows each, registers raised to kConsumerRegs) load and transform their query rows,
+// One work item = (query tile of 128 packed rows, KV head, request); rows are the (token, head) pairs of
+// one KV head's group (row = token * group + head), as in the mma.sync template (prefill.cuh), so GQA groups
+// share every K/V tile. The kernel is persistent: one CTA per SM walks the items request by request, the
+// last query tiles (under causal masks, the longest) first, in snake order over the CTAs; its stages and barrier phases run
+// on from item to item, so the producer loads the next item's K/V while the consumers finish this one's
+// softmax and epilogue (what short requests of a ragged batch lose without it); it also loads the next
+// item's query rows into a second Q buffer (D <= 128). Three warpgroups:
+// - the producer (warpgroup 0, registers released to kProducerRegs) copies each item's query rows into a
+//   Q buffer, gathers K/V tiles from pages or ragged rows with cp.async into kStages shared-memory stages
+//   each for K and V, with their own barriers, and applies the key transform (hopper_producer.cuh);
+// - two consumers (64 rows each, registers raised to kConsumerRegs) transform their query rows,
 //   then per KV tile: S = Q K^T (wgmma, both operands in shared memory), the logits hook, mask and
 //   online softmax on the fp32 accumulators in registers, O += P V (wgmma, P from registers), and the
 //   epilogue (normalise, lse base 2, output transform, store).
@@ -37,36 +41,41 @@ struct HopperTile {
   static constexpr int kRows = 64 * kConsumers;     // packed query rows per CTA
   static constexpr int kKeys = D == 256 ? 64 : 128;  // keys per K/V tile (S: 64 x kKeys per consumer)
   static constexpr int kStages = 2;
+  // query tiles in flight: two where shared memory holds them (the next item's rows land during this
+  // item's epilogue), one at D 256
+  static constexpr int kQBuffers = D <= 128 ? 2 : 1;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * (40 + 2 * 232) <= 64K registers
   static_assert(kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys, "tile maps are made in this tiling");
 };
 
-// Shared memory: [alignment slack][Q: kRows x D][K: kStages x kKeys x D][V: same][scratch fp32 rows, two of
-// D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers, kStages each].
+// Shared memory: [alignment slack][Q: kQBuffers x kRows x D][K: kStages x kKeys x D][V: same][scratch fp32
+// rows, two of D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers,
+// kStages each][full_q, empty_q mbarriers, kQBuffers each].
 // Tiles start 1024-byte aligned (the swizzle's period).
 template <class T, int D>
 constexpr size_t hopper_prefill_smem_bytes() {
   using Tile = HopperTile<D>;
-  return 1024 + size_t(Tile::kRows) * D * sizeof(T) + 2 * size_t(Tile::kStages) * Tile::kKeys * D * sizeof(T) +
-         size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) + 2 * Tile::kKeys * sizeof(int64_t) +
-         4 * Tile::kStages * sizeof(uint64_t);
+  return 1024 + size_t(Tile::kQBuffers) * Tile::kRows * D * sizeof(T) +
+         2 * size_t(Tile::kStages) * Tile::kKeys * D * sizeof(T) + size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) +
+         2 * Tile::kKeys * sizeof(int64_t) + 4 * Tile::kStages * sizeof(uint64_t) + 2 * Tile::kQBuffers * sizeof(uint64_t);
 }
 
 // Mapped: the CTA walks the plan's list of its non-empty key tiles (P.tiles, tile_map.cuh), running the
 // full ones without the mask hook; else the key range the mask's bounds leave.
 template <class V, class T, int D, bool Mapped>
 __global__ void __launch_bounds__(HopperTile<D>::kThreads, 1)
-hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_constant__ HopperKVMaps maps) {
+hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_constant__ HopperKVMaps maps,
+                      int q_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tile = HopperTile<D>;
-  constexpr int RQ = Tile::kRows, TK = Tile::kKeys, NS = Tile::kStages;
+  constexpr int RQ = Tile::kRows, TK = Tile::kKeys, NS = Tile::kStages, NQ = Tile::kQBuffers;
   constexpr int NKT = TK / 8, NDT = D / 8;
   extern __shared__ __align__(16) unsigned char hopper_smem[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(hopper_smem) + 1023) & ~uintptr_t(1023));
-  T* sq = reinterpret_cast<T*>(smem);
-  T* sk = sq + RQ * D;            // [NS][TK * D]
+  T* sq = reinterpret_cast<T*>(smem);  // [NQ][RQ * D]
+  T* sk = sq + NQ * RQ * D;       // [NS][TK * D]
   T* sv = sk + NS * TK * D;       // [NS][TK * D]
   float* scratch_all = reinterpret_cast<float*>(sv + NS * TK * D);
   uint64_t* page_rows = reinterpret_cast<uint64_t*>(scratch_all + (Tile::kThreads / 32) * 2 * D);
@@ -74,37 +83,19 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   uint64_t* empty_k = full_k + NS;
   uint64_t* full_v = empty_k + NS;
   uint64_t* empty_v = full_v + NS;
+  uint64_t* full_q = empty_v + NS;
+  uint64_t* empty_q = full_q + NQ;
 
-  const int hk = blockIdx.x % P.num_kv_heads, b = blockIdx.z;
-  const int tile = (gridDim.x - 1 - blockIdx.x) / P.num_kv_heads;  // the last (longest under causal) first
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = tid / 128;
   float* scratch = scratch_all + warp * 2 * D;
   const int group = P.group;
-  const int q0 = P.qo_indptr[b], qo_len = P.qo_indptr[b + 1] - q0;
-  const int rows_total = qo_len * group;
-  const int row0 = tile * RQ;
-  if (row0 >= rows_total) return;
-  const int kv_len = P.kv.length(b);
-  const int pos_base = kv_len - qo_len;
-
-  // ---- KV range of this tile from the mask's bounds ------------------------------------
-  const int first_pos = pos_base + row0 / group;
-  const int last_pos = pos_base + (min(row0 + RQ, rows_total) - 1) / group;
-  long long lo64 = 0, hi64 = kv_len;
-  if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
-  if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
-  if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
-  const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
-  int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
-  const int32_t* tile_list = nullptr;
-  if constexpr (Mapped) {
-    const int l = P.tiles.list(b, hk, tile);
-    tile_list = P.tiles.entries + P.tiles.indptr[l];
-    num_kt = P.tiles.indptr[l + 1] - P.tiles.indptr[l];
-  }
-  // the first key of the CTA's kt-th tile, and whether every score of it is visible (mapped: a full tile)
-  auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
-  auto tile_full = [&](int kt) { return Mapped && (tile_list[kt] & 1) != 0; };
+  const int per_request = q_tiles * P.num_kv_heads, items = per_request * P.batch;
+  // the CTA's item of each round of gridDim.x items, in snake order (rounds alternate direction), so that
+  // over the descending item sizes every CTA gets about the same work
+  auto work_index = [&](int round) {
+    const int i = (round & 1) ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+    return round * int(gridDim.x) + i;
+  };
 
   if (tid == 0) {
     for (int s = 0; s < NS; ++s) {
@@ -113,6 +104,10 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
       mbar_init(&empty_k[s], 128 * Tile::kConsumers);
       mbar_init(&empty_v[s], 128 * Tile::kConsumers);
     }
+    for (int s = 0; s < NQ; ++s) {
+      mbar_init(&full_q[s], 128);
+      mbar_init(&empty_q[s], 128 * Tile::kConsumers);
+    }
   }
   __syncthreads();
 
@@ -120,52 +115,103 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     // ================= producer =================
     regs_release<Tile::kProducerRegs>();
     const int ptid = tid;
-    const KVGather<T, D, TK> gather{P.kv, P.kv.indptr[b], lo, hi, hk, P.kv.page_shift(),
-                                    reinterpret_cast<const T**>(page_rows)};
-    // ragged K / V with tensor maps: tiles whose keys all exist come by bulk copies that one thread issues
-    // (its arrival carries the bytes to expect, the other threads arrive plainly); the last, partial tile
-    // is gathered with its rows past `hi` zero-filled, so that no other request's values (maybe not finite)
-    // meet a masked 0 weight
-    const int bulk_row0 = P.kv.indptr[b];
-    auto bulk_tile = [&](const CUtensorMap* map, T* dst, int js, uint64_t* bar) {
-      if (ptid == 0) {
-        mbar_expect_bytes(bar, uint32_t(TK * D * sizeof(T)));
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c) tma_load_3d(dst + c * TK * 64, map, c * 64, hk, bulk_row0 + js, bar);
-      } else {
-        mbar_arrive(bar);
-      }
-    };
+    int it = 0;  // K/V tiles this CTA has issued before the item (stages and phases run on across items)
+    int qn = 0;  // items whose query rows this CTA has loaded before
 #pragma unroll 1
-    for (int kt = 0; kt < num_kt; ++kt) {
-      const int s = kt % NS;
-      const uint32_t drained = ((kt / NS) - 1) & 1;
-      const int js = tile_start(kt);
-      const bool bulk = maps.use && js + TK <= hi;  // uniform over the producer warpgroup
-      if (!bulk) gather.look_up(js, kt % 2, ptid);
-      if (kt >= NS) mbar_wait(&empty_k[s], drained);
-      if (bulk) {
-        bulk_tile(&maps.k, sk + s * TK * D, js, &full_k[s]);
-      } else {
-        gather.issue(js, kt % 2, sk + s * TK * D, 0, ptid);
-        if constexpr (!V::kHasKeyTransform) copy_arrive_on(&full_k[s]);
+    for (int round = 0;; ++round) {
+      const int idx = work_index(round);
+      if (idx >= items) break;
+      // ---- work item idx: query tile, request, KV head; its KV range from the mask's bounds ----
+      // request-major (the CTAs at work share a request's K/V in L2), its last query tiles (under causal
+      // masks the longest) first
+      const int b = idx / per_request, tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
+      const int hk = idx % P.num_kv_heads;
+      const int q0 = P.qo_indptr[b], qo_len = P.qo_indptr[b + 1] - q0;
+      const int rows_total = qo_len * group;
+      const int row0 = tile * RQ;
+      if (row0 >= rows_total) continue;  // (every role skips the same items)
+      const int kv_len = P.kv.length(b);
+      const int pos_base = kv_len - qo_len;
+      const int first_pos = pos_base + row0 / group;
+      const int last_pos = pos_base + (min(row0 + RQ, rows_total) - 1) / group;
+      long long lo64 = 0, hi64 = kv_len;
+      if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
+      if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
+      if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
+      const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
+      int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
+      const int32_t* tile_list = nullptr;
+      if constexpr (Mapped) {
+        const int l = P.tiles.list(b, hk, tile);
+        tile_list = P.tiles.entries + P.tiles.indptr[l];
+        num_kt = P.tiles.indptr[l + 1] - P.tiles.indptr[l];
+      }
+      // the first key of the item's kt-th tile, and whether every score of it is visible (mapped: a full tile)
+      auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
+      {  // the item's query rows (zero past the end) into Q buffer qn % NQ, once the consumers released it
+        constexpr int CPR = D / 8;
+        const int qs = qn % NQ;
+        if (qn >= NQ) mbar_wait(&empty_q[qs], ((qn / NQ) - 1) & 1);
+        unsigned char* qb = reinterpret_cast<unsigned char*>(sq + qs * RQ * D);
+        for (int c = ptid; c < RQ * CPR; c += 128) {
+          const int r = c / CPR, l = c % CPR, pr = row0 + r;
+          const bool ok = pr < rows_total;
+          const T* src = static_cast<const T*>(P.q);
+          if (ok) src += (int64_t(q0 + pr / group) * P.num_qo_heads + hk * group + pr % group) * D + l * 8;
+          copy16_async(qb + sw128_offset(r, l * 8, RQ), src, ok);
+        }
+        copy_arrive_on(&full_q[qs]);
         copy_commit();
+        ++qn;
       }
-      if (kt >= NS) mbar_wait(&empty_v[s], drained);
-      if (bulk) {
-        bulk_tile(&maps.v, sv + s * TK * D, js, &full_v[s]);
-      } else {
-        gather.issue(js, kt % 2, sv + s * TK * D, P.kv.stride_kv, ptid);
-        copy_arrive_on(&full_v[s]);
-        copy_commit();
+      const KVGather<T, D, TK> gather{P.kv, P.kv.indptr[b], lo, hi, hk, P.kv.page_shift(),
+                                      reinterpret_cast<const T**>(page_rows)};
+      // ragged K / V with tensor maps: tiles whose keys all exist come by bulk copies that one thread issues
+      // (its arrival carries the bytes to expect, the other threads arrive plainly); the last, partial tile
+      // is gathered with its rows past `hi` zero-filled, so that no other request's values (maybe not finite)
+      // meet a masked 0 weight
+      const int bulk_row0 = P.kv.indptr[b];
+      auto bulk_tile = [&](const CUtensorMap* map, T* dst, int js, uint64_t* bar) {
+        if (ptid == 0) {
+          mbar_expect_bytes(bar, uint32_t(TK * D * sizeof(T)));
+#pragma unroll
+          for (int c = 0; c < D / 64; ++c) tma_load_3d(dst + c * TK * 64, map, c * 64, hk, bulk_row0 + js, bar);
+        } else {
+          mbar_arrive(bar);
+        }
+      };
+#pragma unroll 1
+      for (int kt = 0; kt < num_kt; ++kt) {
+        const int n = it + kt, s = n % NS;  // the CTA's n-th K/V tile: its stage and (n >= NS) the phase
+        const uint32_t drained = ((n / NS) - 1) & 1;  // of the consumers' release to wait for
+        const int js = tile_start(kt);
+        const bool bulk = maps.use && js + TK <= hi;  // uniform over the producer warpgroup
+        if (!bulk) gather.look_up(js, n % 2, ptid);
+        if (n >= NS) mbar_wait(&empty_k[s], drained);
+        if (bulk) {
+          bulk_tile(&maps.k, sk + s * TK * D, js, &full_k[s]);
+        } else {
+          gather.issue(js, n % 2, sk + s * TK * D, 0, ptid);
+          if constexpr (!V::kHasKeyTransform) copy_arrive_on(&full_k[s]);
+          copy_commit();
+        }
+        if (n >= NS) mbar_wait(&empty_v[s], drained);
+        if (bulk) {
+          bulk_tile(&maps.v, sv + s * TK * D, js, &full_v[s]);
+        } else {
+          gather.issue(js, n % 2, sv + s * TK * D, P.kv.stride_kv, ptid);
+          copy_arrive_on(&full_v[s]);
+          copy_commit();
+        }
+        if constexpr (V::kHasKeyTransform) {
+          copy_wait<1>();      // this thread's K copies of tile kt have landed (its V copies may not have)
+          named_sync(1, 128);  // and every producer thread's
+          transform_key_tile<V, T, D, TK>(hp, sk + s * TK * D, js, hi, hk, scratch, warp, lane);
+          fence_proxy_async();
+          mbar_arrive(&full_k[s]);
+        }
       }
-      if constexpr (V::kHasKeyTransform) {
-        copy_wait<1>();      // this thread's K copies of tile kt have landed (its V copies may not have)
-        named_sync(1, 128);  // and every producer thread's
-        transform_key_tile<V, T, D, TK>(hp, sk + s * TK * D, js, hi, hk, scratch, warp, lane);
-        fence_proxy_async();
-        mbar_arrive(&full_k[s]);
-      }
+      it += num_kt;
     }
     copy_wait<0>();  // leave no copy in flight behind the exiting threads
     return;
@@ -178,300 +224,333 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   // it cannot prove uniform makes it wait for each wgmma right after issuing it)
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), ctid = tid - 128 * (cw + 1), cwarp = ctid / 32;
   const int wrow0 = 64 * cw;  // this consumer's first row in the tile
-  // ---- Q rows of this consumer: load (zero rows past the end), query transform ------------
-  {
-    constexpr int CPR = D / 8;
-    unsigned char* qb = reinterpret_cast<unsigned char*>(sq);
-    for (int c = ctid; c < 64 * CPR; c += 128) {
-      const int r = wrow0 + c / CPR, l = c % CPR, pr = row0 + r;
-      const bool ok = pr < rows_total;
-      const T* src = static_cast<const T*>(P.q);
-      if (ok) src += (int64_t(q0 + pr / group) * P.num_qo_heads + hk * group + pr % group) * D + l * 8;
-      copy16_async(qb + sw128_offset(r, l * 8, RQ), src, ok);
-    }
-    copy_commit();
-    copy_wait<0>();
-    if constexpr (V::kHasQueryTransform) {
-      named_sync(2 + cw, 128);
-      for (int r = wrow0 + cwarp; r < wrow0 + 64; r += 4) {
-        const int pr = row0 + r;
-        if (pr >= rows_total) continue;
-        const int qo_pos = pos_base + pr / group, qh = hk * group + pr % group;
-        for (int i = lane; i < D; i += 32) scratch[i] = to_float(*reinterpret_cast<T*>(qb + sw128_offset(r, i, RQ)));
-        __syncwarp();
-        warp_row_hook<D, V::kQueryElementwise>(
-            scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh); },
-            [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh); }, lane);
-        for (int i = lane; i < D; i += 32) *reinterpret_cast<T*>(qb + sw128_offset(r, i, RQ)) = from_float<T>(scratch[D + i]);
-        __syncwarp();
-      }
-    }
-    fence_proxy_async();
-    named_sync(2 + cw, 128);
-  }
-
-  // ---- per-thread state: rows g and g + 8 of this warp's 16 -------------------------------
-  const int g = lane / 4, t4 = lane % 4;
-  const int wrow = wrow0 + cwarp * 16;  // this warp's first row in the tile
-  float o_acc[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
-  float m_row[2] = {kNegInf, kNegInf}, d_row[2] = {0.f, 0.f};
-  const int prow0 = row0 + wrow + g;
-  const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
-  long long mask_lo = 0, mask_hi = 0;
-  if constexpr (V::kHasLower) mask_lo = V::mask_lower(hp);
-  if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);
-  // interior bounds of this consumer's 64 rows (see prefill.cuh; per consumer, not per warp, so that the
-  // branch is warpgroup-uniform): tile keys [js, js + TK) are interior iff js + TK - 1 <= int_jmax and
-  // js >= int_j0min
-  int int_jmax, int_j0min;
-  {
-    const int r0 = row0 + wrow0;
-    long long jmax = -1, j0min = 0;
-    if (V::kMaskExact && r0 + 64 <= rows_total) {
-      const long long first = pos_base + r0 / group, last = pos_base + (r0 + 63) / group;
-      jmax = hi - 1;
-      if (P.causal) jmax = min(jmax, first);
-      if constexpr (V::kHasLower) jmax = min(jmax, first - mask_lo);
-      if constexpr (V::kHasUpper) j0min = last - mask_hi;
-    }
-    int_jmax = int(max(jmax, -1LL));
-    int_j0min = int(min(max(j0min, -0x7fffffffLL), 0x7fffffffLL));
-  }
-  // the last key any row of this consumer may see: tiles past it skip their MMAs (warpgroup-uniform)
-  int cons_jmax;
-  {
-    const int last_row = min(row0 + wrow0 + 64, rows_total) - 1;
-    const long long last = pos_base + last_row / group;
-    long long jm = last_row < row0 + wrow0 ? -1 : hi - 1;
-    if (P.causal) jm = min(jm, last);
-    if constexpr (V::kHasLower) jm = min(jm, last - mask_lo);
-    cons_jmax = int(max(jm, -1LL));
-  }
-  constexpr bool kFoldScale = V::kSoftmax && !V::kHasLogits;
-  const bool fold = kFoldScale && scale > 0.f;
-
-  const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale};
-
-  // ---- mainloop: S_kt = Q K_kt^T issued with O += P_(kt-1) V_(kt-1) ----------------------------
-  // The softmax of tile kt runs while P V of tile kt - 1 is on the tensor cores (its P packed into `pk`
-  // beforehand; the new weights stay fp32 in `sacc` until that product completes, then O is rescaled and
-  // they are packed). The two consumers take turns issuing their MMAs (named barriers kTurnBar + cw), so
-  // one's softmax overlaps the other's MMAs. Tiles past the consumer's last visible key (a prefix of
-  // n_active tiles is visible) issue nothing but still wait for and release their stage. The MMAs sit in
-  // straight-line code of a loop with uniform bounds: a conditional issue or wait makes the compiler
-  // serialise every wgmma.
-  constexpr int kTurnBar = 4;
-  const uint32_t q_addr = smem_addr(sq) + wrow0 * 128;
-  // (mapped: every listed tile, the count broadcast so that the MMA loop's bounds are known uniform)
-  const int n_active = Mapped ? __shfl_sync(0xffffffffu, num_kt, 0)
-                              : (cons_jmax >= lo ? min(num_kt, (cons_jmax - lo) / TK + 1) : 0);
-  float sacc[TK / 2];
-  uint32_t pk[TK / 16][4];
-  float (&sfr)[NKT][4] = *reinterpret_cast<float (*)[NKT][4]>(sacc);
-  auto issue_s = [&](int stage) {
-    const uint32_t k_addr = smem_addr(sk + stage * TK * D);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
-      const uint32_t koff = (k % 4) * 32;  // 16 elements along the 128-byte row
-      wgmma_ss<T, TK>(sacc, desc_k_major(q_addr + (k / 4) * RQ * 128 + koff),
-                      desc_k_major(k_addr + (k / 4) * TK * 128 + koff), k > 0);
-    }
-    wgmma_commit();
-  };
-  auto issue_pv = [&](int stage) {
-    const uint32_t v_addr = smem_addr(sv + stage * TK * D);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < TK / 16; ++kk)
-      wgmma_rs<T, D>(o_acc, pk[kk], desc_mn_major(v_addr + kk * 16 * 128, TK * 128), 1);
-    wgmma_commit();
-  };
-  // hooks, mask and online softmax of tile kt's scores in sacc (fp32 weights left in place); returns
-  // the factors O must be rescaled by
-  auto softmax = [&](int kt, float (&rescale)[2]) {
-    const int js = tile_start(kt);
-    const bool interior = Mapped ? tile_full(kt) : (js + TK - 1 <= int_jmax && js >= int_j0min);
-    float mt_max[2] = {m_row[0], m_row[1]};
-    float sfac = 1.f;
-    if (interior && fold) {
-      float raw_max[2];
-      tile_row_reduce<NKT>(sfr, raw_max, [](float x, float y) { return fmaxf(x, y); });
-      mt_max[0] = fmaxf(mt_max[0], raw_max[0] * scale);
-      mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
-      sfac = scale;
-    } else if (interior) {
-      score_rules.apply(sfr, prow0, js, mt_max, false);
-    } else {
-      score_rules.apply(sfr, prow0, js, mt_max, true);
-    }
-    if constexpr (V::kSoftmax) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 1));
-        mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 2));
-        rescale[h] = mt_max[h] != m_row[h] ? fast_exp2(m_row[h] - mt_max[h]) : 1.f;
-        m_row[h] = mt_max[h];
-      }
-      const float msub[2] = {m_row[0] == kNegInf ? 0.f : m_row[0], m_row[1] == kNegInf ? 0.f : m_row[1]};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) d_row[h] *= rescale[h];
-#pragma unroll
-      for (int n = 0; n < NKT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sfr[n][e] = fast_exp2(fmaf(sfr[n][e], sfac, -msub[e / 2]));
-      float tile_sum[2];
-      tile_row_reduce<NKT>(sfr, tile_sum, [](float x, float y) { return x + y; });
-      d_row[0] += tile_sum[0];
-      d_row[1] += tile_sum[1];
-    }
-  };
-
-  // Turns: both consumers take num_kt + 1 of them, alternating (the first consumer first); the second
-  // hands none on after its last. A consumer's active tiles take n_active + 1 turns (S of the first
-  // tile; S of tile kt with P V of kt - 1; P V of the last), its other turns issue nothing.
-  const int turns = num_kt + 1;
-  int turn = 0;
-  auto turn_begin = [&]() { named_sync(kTurnBar + cw, 256); };
-  auto turn_end = [&]() {
-    if (cw == 0 || turn < turns - 1) named_arrive(kTurnBar + 1 - cw, 256);
-    ++turn;
-  };
-  auto pack_p = [&]() {
-#pragma unroll
-    for (int kk = 0; kk < TK / 16; ++kk) {
-      pk[kk][0] = pack2<T>(sfr[2 * kk][0], sfr[2 * kk][1]);
-      pk[kk][1] = pack2<T>(sfr[2 * kk][2], sfr[2 * kk][3]);
-      pk[kk][2] = pack2<T>(sfr[2 * kk + 1][0], sfr[2 * kk + 1][1]);
-      pk[kk][3] = pack2<T>(sfr[2 * kk + 1][2], sfr[2 * kk + 1][3]);
-    }
-  };
-  if (cw == 1) named_arrive(kTurnBar, 256);  // the first consumer takes the first turn
-  // A stage the tensor cores read next was written by cp.async or the key transform in the producer's
-  // threads: the barrier orders it, this fence hands it to the async proxy.
-  auto wait_k = [&](int kt) {
-    mbar_wait(&full_k[kt % NS], (kt / NS) & 1);
-    fence_proxy_async();
-  };
-  auto wait_v = [&](int kt) {
-    mbar_wait(&full_v[kt % NS], (kt / NS) & 1);
-    fence_proxy_async();
-  };
-  if (n_active > 0) {
-    float rescale[2] = {1.f, 1.f};  // a sum-state variant keeps them
-    wait_k(0);
-    turn_begin();
-    issue_s(0);
-    turn_end();
-    wgmma_wait<0>();
-    pin_registers(sacc);
-    mbar_arrive(&empty_k[0]);
-    softmax(0, rescale);  // O is still zero: nothing to rescale
-    pack_p();
+  int it = 0;  // K/V tiles this CTA has consumed before the item (stages and phases run on across items)
+  int qn = 0;  // items this CTA has run before (their Q buffers and phases)
+  // the stage and phase of the item's kt-th tile
+  auto stage = [&](int kt) { return (it + kt) % NS; };
+  auto phase = [&](int kt) { return uint32_t((it + kt) / NS) & 1; };
 #pragma unroll 1
-    for (int kt = 1; kt < n_active; ++kt) {
-      wait_k(kt);
-      wait_v(kt - 1);
-      turn_begin();
-      issue_s(kt % NS);
-      issue_pv((kt - 1) % NS);
-      turn_end();
-      wgmma_wait<1>();  // S of tile kt; P V of kt - 1 still runs
-      pin_registers(sacc);
-      mbar_arrive(&empty_k[kt % NS]);
-      softmax(kt, rescale);
-      wgmma_wait<0>();
-      pin_registers(o_acc);
-      mbar_arrive(&empty_v[(kt - 1) % NS]);
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o_acc[i] *= rescale[(i % 4) / 2];
-      pack_p();
+  for (int round = 0;; ++round) {
+    const int idx = work_index(round);
+    if (idx >= items) break;
+    // ---- work item idx: query tile, request, KV head; its KV range from the mask's bounds ----
+    // request-major (the CTAs at work share a request's K/V in L2), its last query tiles (under causal
+    // masks the longest) first
+    const int b = idx / per_request, tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
+    const int hk = idx % P.num_kv_heads;
+    const int q0 = P.qo_indptr[b], qo_len = P.qo_indptr[b + 1] - q0;
+    const int rows_total = qo_len * group;
+    const int row0 = tile * RQ;
+    if (row0 >= rows_total) continue;  // (every role skips the same items)
+    const int kv_len = P.kv.length(b);
+    const int pos_base = kv_len - qo_len;
+    const int first_pos = pos_base + row0 / group;
+    const int last_pos = pos_base + (min(row0 + RQ, rows_total) - 1) / group;
+    long long lo64 = 0, hi64 = kv_len;
+    if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
+    if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
+    if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
+    const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
+    int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
+    const int32_t* tile_list = nullptr;
+    if constexpr (Mapped) {
+      const int l = P.tiles.list(b, hk, tile);
+      tile_list = P.tiles.entries + P.tiles.indptr[l];
+      num_kt = P.tiles.indptr[l + 1] - P.tiles.indptr[l];
     }
-    wait_v(n_active - 1);
-    turn_begin();
-    issue_pv((n_active - 1) % NS);
-    turn_end();
-    wgmma_wait<0>();
-    pin_registers(o_acc);
-    mbar_arrive(&empty_v[(n_active - 1) % NS]);
-  }
-  // the remaining turns; tiles past this consumer's rows ride on them (tile kt on turn kt + 1, as the
-  // other consumer's P V of kt would): wait for its K and V stages, release them. Waiting for them all
-  // without taking turns would deadlock with the other consumer, whose turns need this one's.
-#pragma unroll 1
-  while (turn < turns) {
-    const int kt = turn - 1;
-    const bool tile = kt >= n_active && kt >= 0;
-    if (tile) {
-      mbar_wait(&full_k[kt % NS], (kt / NS) & 1);
-      mbar_wait(&full_v[kt % NS], (kt / NS) & 1);
-    }
-    turn_begin();
-    turn_end();
-    if (tile) {
-      mbar_arrive(&empty_k[kt % NS]);
-      mbar_arrive(&empty_v[kt % NS]);
-    }
-  }
-
-  // ---- epilogue: normalise, lse, output transform, store --------------------------------
-  float lse_row[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float dsum = d_row[h];
-    dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
-    dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
-    // dsum is 0 only for a row without a live key; a NaN or +inf score made it NaN, which must reach O and
-    // lse (the non-finite rules of the float64 reference, as in prefill.cuh)
-    const float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
-#pragma unroll
-    for (int n = 0; n < NDT; ++n) {
-      o_acc[4 * n + 2 * h] *= inv;
-      o_acc[4 * n + 2 * h + 1] *= inv;
-    }
-    lse_row[h] = V::kSoftmax ? (dsum != 0.f ? m_row[h] + log2f(dsum) : kNegInf) : 0.f;
-  }
-  if constexpr (!V::kHasOutputTransform) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int pr = prow0 + 8 * h;
-      if (pr >= rows_total) continue;
-      const int tok = q0 + pr / group, qh = hk * group + pr % group;
-      T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D + t4 * 2;
-#pragma unroll
-      for (int n = 0; n < NDT; ++n)
-        *reinterpret_cast<uint32_t*>(dst + n * 8) = pack2<T>(o_acc[4 * n + 2 * h], o_acc[4 * n + 2 * h + 1]);
-      const float l = lse_row[h];
-      if (t4 == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
-    }
-  } else {
-    // one row of the warp's 16 at a time through the warp's scratch rows: the quad holding it writes its
-    // fragments, the warp applies the hook and stores the row
-#pragma unroll 1
-    for (int rr = 0; rr < 16; ++rr) {
-      const int pr = row0 + wrow + rr;
-      if (pr >= rows_total) break;
-      const int h = rr / 8;
-      if (g == rr % 8) {
-#pragma unroll
-        for (int n = 0; n < NDT; ++n) {
-          scratch[n * 8 + t4 * 2] = o_acc[4 * n + 2 * h];
-          scratch[n * 8 + t4 * 2 + 1] = o_acc[4 * n + 2 * h + 1];
+    // the first key of the item's kt-th tile, and whether every score of it is visible (mapped: a full tile)
+    auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
+    auto tile_full = [&](int kt) { return Mapped && (tile_list[kt] & 1) != 0; };
+    // ---- Q rows of this consumer: wait for the producer's copy, query transform ------------------
+    const int qs = qn % NQ;
+    {
+      unsigned char* qb = reinterpret_cast<unsigned char*>(sq + qs * RQ * D);
+      mbar_wait(&full_q[qs], (qn / NQ) & 1);
+      if constexpr (V::kHasQueryTransform) {
+        named_sync(2 + cw, 128);
+        for (int r = wrow0 + cwarp; r < wrow0 + 64; r += 4) {
+          const int pr = row0 + r;
+          if (pr >= rows_total) continue;
+          const int qo_pos = pos_base + pr / group, qh = hk * group + pr % group;
+          for (int i = lane; i < D; i += 32) scratch[i] = to_float(*reinterpret_cast<T*>(qb + sw128_offset(r, i, RQ)));
+          __syncwarp();
+          warp_row_hook<D, V::kQueryElementwise>(
+              scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh); },
+              [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh); }, lane);
+          for (int i = lane; i < D; i += 32) *reinterpret_cast<T*>(qb + sw128_offset(r, i, RQ)) = from_float<T>(scratch[D + i]);
+          __syncwarp();
         }
       }
-      const float l = __shfl_sync(0xffffffffu, lse_row[h], (rr % 8) * 4);
-      __syncwarp();
-      const int tok = q0 + pr / group, qh = hk * group + pr % group, qo_pos = pos_base + pr / group;
-      warp_row_hook<D, V::kOutputElementwise>(
-          scratch, scratch + D, [&](float* row, int i) { return V::output_elem(hp, row, i, b, qo_pos, qh, l); },
-          [&](float* in, float* out) { V::output_row(hp, in, out, b, qo_pos, qh, l); }, lane);
-      T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
-      for (int i = lane; i < D; i += 32) dst[i] = from_float<T>(scratch[D + i]);
-      if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
-      __syncwarp();
+      fence_proxy_async();
+      named_sync(2 + cw, 128);
     }
+
+    // ---- per-thread state: rows g and g + 8 of this warp's 16 -------------------------------
+    const int g = lane / 4, t4 = lane % 4;
+    const int wrow = wrow0 + cwarp * 16;  // this warp's first row in the tile
+    float o_acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
+    float m_row[2] = {kNegInf, kNegInf}, d_row[2] = {0.f, 0.f};
+    const int prow0 = row0 + wrow + g;
+    const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
+    long long mask_lo = 0, mask_hi = 0;
+    if constexpr (V::kHasLower) mask_lo = V::mask_lower(hp);
+    if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);
+    // interior bounds of this consumer's 64 rows (see prefill.cuh; per consumer, not per warp, so that the
+    // branch is warpgroup-uniform): tile keys [js, js + TK) are interior iff js + TK - 1 <= int_jmax and
+    // js >= int_j0min
+    int int_jmax, int_j0min;
+    {
+      const int r0 = row0 + wrow0;
+      long long jmax = -1, j0min = 0;
+      if (V::kMaskExact && r0 + 64 <= rows_total) {
+        const long long first = pos_base + r0 / group, last = pos_base + (r0 + 63) / group;
+        jmax = hi - 1;
+        if (P.causal) jmax = min(jmax, first);
+        if constexpr (V::kHasLower) jmax = min(jmax, first - mask_lo);
+        if constexpr (V::kHasUpper) j0min = last - mask_hi;
+      }
+      int_jmax = int(max(jmax, -1LL));
+      int_j0min = int(min(max(j0min, -0x7fffffffLL), 0x7fffffffLL));
+    }
+    // the last key any row of this consumer may see: tiles past it skip their MMAs (warpgroup-uniform)
+    int cons_jmax;
+    {
+      const int last_row = min(row0 + wrow0 + 64, rows_total) - 1;
+      const long long last = pos_base + last_row / group;
+      long long jm = last_row < row0 + wrow0 ? -1 : hi - 1;
+      if (P.causal) jm = min(jm, last);
+      if constexpr (V::kHasLower) jm = min(jm, last - mask_lo);
+      cons_jmax = int(max(jm, -1LL));
+    }
+    constexpr bool kFoldScale = V::kSoftmax && !V::kHasLogits;
+    const bool fold = kFoldScale && scale > 0.f;
+
+    const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale};
+
+    // ---- mainloop: S_kt = Q K_kt^T issued with O += P_(kt-1) V_(kt-1) ----------------------------
+    // The softmax of tile kt runs while P V of tile kt - 1 is on the tensor cores (its P packed into `pk`
+    // beforehand; the new weights stay fp32 in `sacc` until that product completes, then O is rescaled and
+    // they are packed). The two consumers take turns issuing their MMAs (named barriers kTurnBar + cw), so
+    // one's softmax overlaps the other's MMAs. Tiles past the consumer's last visible key (a prefix of
+    // n_active tiles is visible) issue nothing but still wait for and release their stage. The MMAs sit in
+    // straight-line code of a loop with uniform bounds: a conditional issue or wait makes the compiler
+    // serialise every wgmma.
+    constexpr int kTurnBar = 4;
+    const uint32_t q_addr = smem_addr(sq + qs * RQ * D) + wrow0 * 128;
+    // (mapped: every listed tile, the count broadcast so that the MMA loop's bounds are known uniform)
+    const int n_active = Mapped ? __shfl_sync(0xffffffffu, num_kt, 0)
+                                : (cons_jmax >= lo ? min(num_kt, (cons_jmax - lo) / TK + 1) : 0);
+    float sacc[TK / 2];
+    uint32_t pk[TK / 16][4];
+    float (&sfr)[NKT][4] = *reinterpret_cast<float (*)[NKT][4]>(sacc);
+    auto issue_s = [&](int stage) {
+      const uint32_t k_addr = smem_addr(sk + stage * TK * D);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k) {
+        const uint32_t koff = (k % 4) * 32;  // 16 elements along the 128-byte row
+        wgmma_ss<T, TK>(sacc, desc_k_major(q_addr + (k / 4) * RQ * 128 + koff),
+                        desc_k_major(k_addr + (k / 4) * TK * 128 + koff), k > 0);
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int stage) {
+      const uint32_t v_addr = smem_addr(sv + stage * TK * D);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < TK / 16; ++kk)
+        wgmma_rs<T, D>(o_acc, pk[kk], desc_mn_major(v_addr + kk * 16 * 128, TK * 128), 1);
+      wgmma_commit();
+    };
+    // hooks, mask and online softmax of tile kt's scores in sacc (fp32 weights left in place); returns
+    // the factors O must be rescaled by
+    auto softmax = [&](int kt, float (&rescale)[2]) {
+      const int js = tile_start(kt);
+      const bool interior = Mapped ? tile_full(kt) : (js + TK - 1 <= int_jmax && js >= int_j0min);
+      float mt_max[2] = {m_row[0], m_row[1]};
+      float sfac = 1.f;
+      if (interior && fold) {
+        float raw_max[2];
+        tile_row_reduce<NKT>(sfr, raw_max, [](float x, float y) { return fmaxf(x, y); });
+        mt_max[0] = fmaxf(mt_max[0], raw_max[0] * scale);
+        mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
+        sfac = scale;
+      } else if (interior) {
+        score_rules.apply(sfr, prow0, js, mt_max, false);
+      } else {
+        score_rules.apply(sfr, prow0, js, mt_max, true);
+      }
+      if constexpr (V::kSoftmax) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 1));
+          mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 2));
+          rescale[h] = mt_max[h] != m_row[h] ? fast_exp2(m_row[h] - mt_max[h]) : 1.f;
+          m_row[h] = mt_max[h];
+        }
+        const float msub[2] = {m_row[0] == kNegInf ? 0.f : m_row[0], m_row[1] == kNegInf ? 0.f : m_row[1]};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) d_row[h] *= rescale[h];
+#pragma unroll
+        for (int n = 0; n < NKT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sfr[n][e] = fast_exp2(fmaf(sfr[n][e], sfac, -msub[e / 2]));
+        float tile_sum[2];
+        tile_row_reduce<NKT>(sfr, tile_sum, [](float x, float y) { return x + y; });
+        d_row[0] += tile_sum[0];
+        d_row[1] += tile_sum[1];
+      }
+    };
+
+    // Turns: both consumers take num_kt + 1 of them, alternating (the first consumer first); the second
+    // hands none on after its last. A consumer's active tiles take n_active + 1 turns (S of the first
+    // tile; S of tile kt with P V of kt - 1; P V of the last), its other turns issue nothing.
+    const int turns = num_kt + 1;
+    int turn = 0;
+    auto turn_begin = [&]() { named_sync(kTurnBar + cw, 256); };
+    auto turn_end = [&]() {
+      if (cw == 0 || turn < turns - 1) named_arrive(kTurnBar + 1 - cw, 256);
+      ++turn;
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < TK / 16; ++kk) {
+        pk[kk][0] = pack2<T>(sfr[2 * kk][0], sfr[2 * kk][1]);
+        pk[kk][1] = pack2<T>(sfr[2 * kk][2], sfr[2 * kk][3]);
+        pk[kk][2] = pack2<T>(sfr[2 * kk + 1][0], sfr[2 * kk + 1][1]);
+        pk[kk][3] = pack2<T>(sfr[2 * kk + 1][2], sfr[2 * kk + 1][3]);
+      }
+    };
+    if (cw == 1) named_arrive(kTurnBar, 256);  // the first consumer takes the first turn
+    // A stage the tensor cores read next was written by cp.async or the key transform in the producer's
+    // threads: the barrier orders it, this fence hands it to the async proxy.
+    auto wait_k = [&](int kt) {
+      mbar_wait(&full_k[stage(kt)], phase(kt));
+      fence_proxy_async();
+    };
+    auto wait_v = [&](int kt) {
+      mbar_wait(&full_v[stage(kt)], phase(kt));
+      fence_proxy_async();
+    };
+    if (n_active > 0) {
+      float rescale[2] = {1.f, 1.f};  // a sum-state variant keeps them
+      wait_k(0);
+      turn_begin();
+      issue_s(stage(0));
+      turn_end();
+      wgmma_wait<0>();
+      pin_registers(sacc);
+      mbar_arrive(&empty_k[stage(0)]);
+      softmax(0, rescale);  // O is still zero: nothing to rescale
+      pack_p();
+#pragma unroll 1
+      for (int kt = 1; kt < n_active; ++kt) {
+        wait_k(kt);
+        wait_v(kt - 1);
+        turn_begin();
+        issue_s(stage(kt));
+        issue_pv(stage(kt - 1));
+        turn_end();
+        wgmma_wait<1>();  // S of tile kt; P V of kt - 1 still runs
+        pin_registers(sacc);
+        mbar_arrive(&empty_k[stage(kt)]);
+        softmax(kt, rescale);
+        wgmma_wait<0>();
+        pin_registers(o_acc);
+        mbar_arrive(&empty_v[stage(kt - 1)]);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o_acc[i] *= rescale[(i % 4) / 2];
+        pack_p();
+      }
+      wait_v(n_active - 1);
+      turn_begin();
+      issue_pv(stage(n_active - 1));
+      turn_end();
+      wgmma_wait<0>();
+      pin_registers(o_acc);
+      mbar_arrive(&empty_v[stage(n_active - 1)]);
+    }
+    // the remaining turns; tiles past this consumer's rows ride on them (tile kt on turn kt + 1, as the
+    // other consumer's P V of kt would): wait for its K and V stages, release them. Waiting for them all
+    // without taking turns would deadlock with the other consumer, whose turns need this one's.
+#pragma unroll 1
+    while (turn < turns) {
+      const int kt = turn - 1;
+      const bool tile = kt >= n_active && kt >= 0;
+      if (tile) {
+        mbar_wait(&full_k[stage(kt)], phase(kt));
+        mbar_wait(&full_v[stage(kt)], phase(kt));
+      }
+      turn_begin();
+      turn_end();
+      if (tile) {
+        mbar_arrive(&empty_k[stage(kt)]);
+        mbar_arrive(&empty_v[stage(kt)]);
+      }
+    }
+    mbar_arrive(&empty_q[qs]);  // every S of the item has completed: its Q buffer may take another item's rows
+
+    // ---- epilogue: normalise, lse, output transform, store --------------------------------
+    float lse_row[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float dsum = d_row[h];
+      dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
+      dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
+      // dsum is 0 only for a row without a live key; a NaN or +inf score made it NaN, which must reach O and
+      // lse (the non-finite rules of the float64 reference, as in prefill.cuh)
+      const float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+#pragma unroll
+      for (int n = 0; n < NDT; ++n) {
+        o_acc[4 * n + 2 * h] *= inv;
+        o_acc[4 * n + 2 * h + 1] *= inv;
+      }
+      lse_row[h] = V::kSoftmax ? (dsum != 0.f ? m_row[h] + log2f(dsum) : kNegInf) : 0.f;
+    }
+    if constexpr (!V::kHasOutputTransform) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int pr = prow0 + 8 * h;
+        if (pr >= rows_total) continue;
+        const int tok = q0 + pr / group, qh = hk * group + pr % group;
+        T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D + t4 * 2;
+#pragma unroll
+        for (int n = 0; n < NDT; ++n)
+          *reinterpret_cast<uint32_t*>(dst + n * 8) = pack2<T>(o_acc[4 * n + 2 * h], o_acc[4 * n + 2 * h + 1]);
+        const float l = lse_row[h];
+        if (t4 == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
+      }
+    } else {
+      // one row of the warp's 16 at a time through the warp's scratch rows: the quad holding it writes its
+      // fragments, the warp applies the hook and stores the row
+#pragma unroll 1
+      for (int rr = 0; rr < 16; ++rr) {
+        const int pr = row0 + wrow + rr;
+        if (pr >= rows_total) break;
+        const int h = rr / 8;
+        if (g == rr % 8) {
+#pragma unroll
+          for (int n = 0; n < NDT; ++n) {
+            scratch[n * 8 + t4 * 2] = o_acc[4 * n + 2 * h];
+            scratch[n * 8 + t4 * 2 + 1] = o_acc[4 * n + 2 * h + 1];
+          }
+        }
+        const float l = __shfl_sync(0xffffffffu, lse_row[h], (rr % 8) * 4);
+        __syncwarp();
+        const int tok = q0 + pr / group, qh = hk * group + pr % group, qo_pos = pos_base + pr / group;
+        warp_row_hook<D, V::kOutputElementwise>(
+            scratch, scratch + D, [&](float* row, int i) { return V::output_elem(hp, row, i, b, qo_pos, qh, l); },
+            [&](float* in, float* out) { V::output_row(hp, in, out, b, qo_pos, qh, l); }, lane);
+        T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
+        for (int i = lane; i < D; i += 32) dst[i] = from_float<T>(scratch[D + i]);
+        if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
+        __syncwarp();
+      }
+    }
+    it += num_kt;
+    ++qn;
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
@@ -501,7 +580,11 @@ void launch_hopper_prefill(const PrefillProblem& P, int max_qo_len, const typena
   if (tiles == 0 || P.batch == 0) return;
   HopperKVMaps maps{};  // use = 0: every tile gathered
   if constexpr (!V::kHasKeyTransform) encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
-  kernel<<<dim3(tiles * P.num_kv_heads, 1, P.batch), Tile::kThreads, smem, stream>>>(P, hp, maps);
+  // persistent: one CTA per SM (or per item, where fewer) walks items blockIdx.x, + gridDim.x, ...; the
+  // producer runs ahead into the next item's K/V while the consumers finish the last one
+  const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;
+  const int ctas = int(std::min<int64_t>(items, device_sm_count()));
+  kernel<<<ctas, Tile::kThreads, smem, stream>>>(P, hp, maps, tiles);
 #endif
 }
 

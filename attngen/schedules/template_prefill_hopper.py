@@ -38,16 +38,20 @@ class HopperConfig:
     def stages(self) -> int:
         return STAGES
 
+    @property
+    def q_buffers(self) -> int:
+        return 2 if self.head_dim <= 128 else 1
+
     def describe(self) -> str:
         return " (Hopper tile)"
 
 
 def hopper_smem_bytes(cfg: HopperConfig, elems: ElementBytes) -> int:
-    """Alignment slack, query rows, K and V stages, two fp32 scratch rows per warp, two rows of paged key
-    offsets, the K and V stages' full / empty mbarriers."""
+    """Alignment slack, query row buffers, K and V stages, two fp32 scratch rows per warp, two rows of paged
+    key offsets, the K and V stages' and the query buffers' full / empty mbarriers."""
     d = cfg.head_dim
-    return (1024 + cfg.rows * d * elems.q + 2 * cfg.stages * cfg.keys * d * elems.kv + (THREADS // 32) * 2 * d * 4
-            + 2 * cfg.keys * 8 + 4 * cfg.stages * 8)
+    return (1024 + cfg.q_buffers * cfg.rows * d * elems.q + 2 * cfg.stages * cfg.keys * d * elems.kv
+            + (THREADS // 32) * 2 * d * 4 + 2 * cfg.keys * 8 + 4 * cfg.stages * 8 + 2 * cfg.q_buffers * 8)
 
 
 def configs(head_dim: int) -> tuple[HopperConfig, ...]:

@@ -79,6 +79,27 @@ def test_prefill_checks(att, rng):
         att.prefill(q[:4], ragged, qo, plan=plan, params={"alibi_slopes": torch.ones(8)})
 
 
+
+def test_a_kv_of_another_type_is_refused_by_name(att, rng):
+    """A tensor or a (k, v) tuple in place of a view is refused before any field of it is read."""
+    prob = random_problem(rng, [3, 2], [5, 6], 8, 2, D, page_size=16)
+    paged = _paged(prob)
+    k, v = torch.from_numpy(prob.ragged.k).half(), torch.from_numpy(prob.ragged.v).half()
+    ragged = RaggedKV(k, v, torch.from_numpy(prob.ragged.indptr))
+    qo = torch.from_numpy(prob.qo_indptr)
+    q = torch.from_numpy(prob.q).half()
+    plan = att.plan_prefill(qo, ragged, D)
+    for wrong in (paged.pages, (k, v)):
+        name = type(wrong).__name__
+        with pytest.raises(AttentionArgumentError, match=rf"kv: expected PagedKV or RaggedKV, got {name}"):
+            att.plan_prefill(qo, wrong, D)
+        with pytest.raises(AttentionArgumentError, match=rf"kv: expected PagedKV or RaggedKV, got {name}"):
+            att.prefill(q, wrong, qo, plan=plan)
+        with pytest.raises(AttentionArgumentError, match=rf"kv: expected PagedKV, got {name}"):
+            att.plan_decode(wrong, 8, D, num_chunks=1)
+    with pytest.raises(AttentionArgumentError, match=r"kv: expected PagedKV, got RaggedKV"):
+        att.decode(q[:2], ragged, plan=att.plan_decode(paged, 8, D, num_chunks=1))
+
 def test_group_above_the_build_bound_is_named(att, rng):
     prob = random_problem(rng, [1], [5], 16, 1, D, page_size=16)
     kv = _paged(prob)

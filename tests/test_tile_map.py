@@ -76,6 +76,28 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
     assert tm.ffi_args() == (tm.indptr, tm.entries, 1)
 
 
+
+@pytest.mark.parametrize("qo_lens,kv_lens", [([], []), ([3, 0], [0, 0]), ([0], [0])])
+def test_a_batch_without_keys_maps_to_empty_lists(qo_lens, kv_lens):
+    """No request, or requests without keys: no key tile, so every query tile's list is empty (no classifier
+    launch, no reshape of an empty map)."""
+    import torch
+
+    from attngen.runtime import RaggedKV
+    from attngen.runtime.tile_map import build_tile_map
+
+    def classify(*args):
+        raise AssertionError("the classifier runs on an empty map")
+
+    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32)
+    kv_indptr = torch.tensor(np.concatenate([[0], np.cumsum(kv_lens)]), dtype=torch.int32)
+    kv = RaggedKV(torch.zeros(0, 2, 64), torch.zeros(0, 2, 64), kv_indptr)
+    tm = build_tile_map(classify, example("document_mask"), qo_indptr, kv, max_qo_len=max(qo_lens, default=0),
+                        group=2, num_kv_heads=2, rows=128, keys=128, extras=(), params={})
+    q_tiles = -(-max(qo_lens, default=0) * 2 // 128)
+    assert tm.indptr.tolist() == [0] * (len(qo_lens) * q_tiles + 1)
+    assert tm.entries.numel() == 0 and tm.counts == {"empty": 0, "partial": 0, "full": 0}
+
 def test_map_provenance_follows_the_mask_tensors():
     """A plan keys its map by the mask's tensor parameters: another tensor or an in-place change is a new key."""
     import torch

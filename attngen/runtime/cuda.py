@@ -180,6 +180,13 @@ def choose_num_chunks(batch: int, num_kv_heads: int, max_kv_len: int, num_sms: i
     return max(1, min(math.ceil(2 * num_sms / ctas), math.ceil(max_kv_len / min_chunk)))
 
 
+def _check_kv_view(kv, *views) -> None:
+    """Refuse a ``kv`` of another type (a tensor, a tuple) by name, before any of its fields is read."""
+    if not isinstance(kv, views):
+        names = " or ".join(v.__name__ for v in views)
+        raise AttentionArgumentError(f"kv: expected {names}, got {type(kv).__name__}")
+
+
 class CUDAAttention(BuiltModule):
     """Attention of one variant on a CUDA GPU, from a library built by ``attngen.build``."""
 
@@ -259,6 +266,7 @@ class CUDAAttention(BuiltModule):
         its output directly, the merge kernel for an all-split batch)."""
         import torch
 
+        _check_kv_view(kv, PagedKV)
         dtype = dtype_name(kv.pages)
         check_tensor(kv.pages, "kv.pages", 5)
         if dtype not in DTYPE_SHORT:
@@ -328,6 +336,7 @@ class CUDAAttention(BuiltModule):
         ``k_scale``, ``v_scale``: an fp8 cache's scales (a float, or a float32 CUDA tensor of 1 or Hkv entries;
         ``device_kv_scales``)."""
         check_tensor(q, "q", 3)
+        _check_kv_view(kv, PagedKV)
         dt, d, batch = dtype_name(q), int(q.shape[2]), int(q.shape[0])
         if plan is None:
             plan = self.plan_decode(kv, int(q.shape[1]), d)
@@ -380,6 +389,7 @@ class CUDAAttention(BuiltModule):
         before capturing a CUDA graph); True requires it (refused where it cannot serve); False never."""
         kernel = _prefill_template(template, self.manifest["config"]["archs"],
                                    self.manifest["config"].get("link", "whole"))
+        _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
         kind = f"batch_prefill_paged_{kv.layout.lower()}" if isinstance(kv, PagedKV) else "batch_prefill_ragged"
         self.function(kind, dtype, head_dim)  # built for this case?
@@ -387,10 +397,8 @@ class CUDAAttention(BuiltModule):
         batch = len(qo) - 1
         if isinstance(kv, PagedKV):
             check_paged(kv, head_dim, dtype, batch)
-        elif isinstance(kv, RaggedKV):
-            check_ragged(kv, head_dim, dtype, batch)
         else:
-            raise AttentionArgumentError(f"kv: expected PagedKV or RaggedKV, got {type(kv).__name__}")
+            check_ragged(kv, head_dim, dtype, batch)
         if batch > MAX_GRID_BATCH:
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         if tile_map not in (None, True, False):
@@ -432,6 +440,7 @@ class CUDAAttention(BuiltModule):
         """Prefill / append: q [total_q, Hq, D] ragged by qo_indptr [B+1]; query row i of a request sits at
         position kv_len - qo_len + i. Returns (out [total_q, Hq, D], lse [total_q, Hq])."""
         check_tensor(q, "q", 3)
+        _check_kv_view(kv, PagedKV, RaggedKV)
         dt, d = dtype_name(q), int(q.shape[2])
         if plan is None:
             plan = self.plan_prefill(qo_indptr, kv, d)

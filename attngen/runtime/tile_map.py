@@ -94,7 +94,7 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     cls = torch.zeros((batch, heads, q_tiles, k_tiles), dtype=torch.uint8, device=qo_indptr.device)
     if cls.numel():
         classify(qo_indptr, kv_len, cls, group, num_kv_heads, 0, rows, keys, *extras)
-    flat = cls.reshape(-1, max(k_tiles, 1)) if k_tiles else cls.reshape(-1, 0)
+    flat = cls.reshape(batch * heads * q_tiles, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
     live = flat != 0
     indptr = torch.zeros(flat.shape[0] + 1, dtype=torch.int32, device=cls.device)
     indptr[1:] = torch.cumsum(live.sum(1), 0)

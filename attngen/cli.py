@@ -254,8 +254,17 @@ def cmd_inspect(args) -> int:
         print(func.script())
     print("## analysis")
     print(v.analysis.describe())
+    hs = lower_hooks_cuda(v, args.head_dim, args.arch, args.hook_math)
+    if hs.logits_split:
+        ls = hs.logits_split["split"]
+        how = "reassociated (approximate hook math), then hoisted" if ls.reassociated else "hoisted (precise math)"
+        print(f"\n## logits hook in the prefill templates: row terms {how}")
+        print("  once per query row: scale = sm_scale, post = log2 e for a base-2 softmax (else 1)")
+        for i, term in enumerate(ls.terms):
+            print(f"    rt[{i}] = {term}")
+        print(f"  per score, s the raw q.k: {ls.score.body.value}")
     print(f"\n## generated CUDA device code (head_dim {args.head_dim}, {args.arch})")
-    print(lower_hooks_cuda(v, args.head_dim, args.arch, args.hook_math).code)
+    print(hs.code)
     return 0
 
 

@@ -59,6 +59,13 @@ def test_inspect_shows_hooks_analysis_and_cuda(capsys):
     assert "ATTNGEN_HOOK void attngen_rope_sliding_window_d64_query_transform(" in text
 
 
+def test_inspect_shows_the_logits_hooks_row_terms(capsys):
+    assert main(["inspect", "logits_softcap"]) == 0
+    text = capsys.readouterr().out
+    assert "rt[0] = scale * (T.float32(1.0) / soft_cap)" in text and "rt[1] = soft_cap * post" in text
+    assert "per score, s the raw q.k: T.tanh(s * rt[0]) * rt[1]" in text
+
+
 def test_list(capsys):
     assert main(["list"]) == 0
     text = capsys.readouterr().out

@@ -172,6 +172,28 @@ def _scalar_hook(spec: HookSpec, hooks, hs) -> tuple[dict[str, str], list[Forwar
     return {flag: _b(spec.name in hooks)}, [Forward(member, ret, decl, call, f"return {identity};")]
 
 
+LOGITS_ROW_TERMS_DECL = "int batch, int qo_pos, int qo_head, int kv_head, float scale, float post, float* rt"
+LOGITS_FROM_TERMS_DECL = "float s, int batch, int qo_pos, int kv_pos, int qo_head, int kv_head, float* rt"
+
+
+def _arg_names(decl: str) -> str:
+    return ", ".join(part.split()[-1].lstrip("*") for part in decl.split(", "))
+
+
+def _logits_split_forwards(split: dict, hs) -> list[Forward]:
+    """``logits_row_terms`` (once per query row: the hook's row-invariant terms into ``rt``) and
+    ``logits_from_terms`` (per score, from the raw score: ``post * logits(s * scale, ...)``), see
+    codegen/logits_split.py; without a logits hook, the scaled score."""
+    row = score = None
+    if split:
+        row = HookCall("logits_row_terms", split["row"], LOGITS_ROW_TERMS_DECL, _arg_names(LOGITS_ROW_TERMS_DECL),
+                       tuple(hs.params[split["row"]]), None)
+        score = HookCall("logits_from_terms", split["score"], LOGITS_FROM_TERMS_DECL,
+                         _arg_names(LOGITS_FROM_TERMS_DECL), tuple(hs.params[split["score"]]), "float")
+    return [Forward("logits_row_terms", "void", LOGITS_ROW_TERMS_DECL, row, "rt[0] = scale * post;"),
+            Forward("logits_from_terms", "float", LOGITS_FROM_TERMS_DECL, score, "return s * rt[0];")]
+
+
 def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forward]]:
     """The traits' compile-time flags (which hooks exist, per-element forms, the state algebra, scale
     folding, the mask's bounds) and forwarding functions: what a template is compiled against, beyond
@@ -195,6 +217,9 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
         # the mask is exactly its bounds (causal, sliding window): a tile inside them skips the mask hook
         "kMaskExact": _b("logits_mask" not in hooks or a.mask.kind != MaskKind.ARBITRARY),
     })
+    split = hs.logits_split or {}
+    flags["kLogitsRowTerms"] = str(split.get("terms", 0))
+    fns += _logits_split_forwards(split, hs)
     for which in ("lower", "upper"):
         call = None
         if which in hs.bounds:
@@ -212,8 +237,8 @@ def _direct_call(call: HookCall) -> str:
 
 
 def _flag_lines(head_dim: int, flags: dict[str, str]) -> list[str]:
-    return [f"  static constexpr int kHeadDim = {head_dim};"] + [f"  static constexpr bool {k} = {v};"
-                                                                for k, v in flags.items()]
+    return [f"  static constexpr int kHeadDim = {head_dim};"] + [
+        f"  static constexpr {'int' if v.isdigit() else 'bool'} {k} = {v};" for k, v in flags.items()]
 
 
 def traits_source(variant, hs, head_dim: int) -> str:

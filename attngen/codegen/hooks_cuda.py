@@ -29,6 +29,7 @@ from attngen.ir import tir_utils as tu
 from attngen.ir.specialize import specialize_rows
 
 from .hook_math import approximate, check_mode
+from .logits_split import split_logits
 
 HEADER_PRELUDE = """\
 #pragma once
@@ -53,6 +54,9 @@ class HookSource:
     bounds: dict = None  # "lower"/"upper" -> (symbol, [param names]) of the mask's bounds on qo_pos - kv_pos
     params: dict = None  # C symbol -> names of the extra params it takes, in order
     dims: dict = None  # "<tensor>_dim<i>" -> (tensor, i): the tensor sizes the hooks take (after the pointer)
+    # the logits hook split into row terms and a per-score rest (logits_split.py): {"row": symbol,
+    # "score": symbol, "terms": number of row terms, "split": the LogitsSplit}
+    logits_split: dict = None
 
     def symbol(self, hook: str) -> str:
         return self.functions[hook]
@@ -181,6 +185,13 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
                 add(elementwise[name], elem, spec.n_standard)
         symbols[name] = hook_symbol(variant.name, head_dim, name)
         add(symbols[name], func, spec.n_standard)
+    split = None
+    if "logits_transform" in variant.hooks:  # templates run its row terms once per row, the rest per score
+        ls = split_logits(variant.hooks["logits_transform"], reassociate=math == "approx")
+        base = hook_symbol(variant.name, head_dim, "logits")
+        split = {"row": base + "_row_terms", "score": base + "_from_terms", "terms": ls.n_terms, "split": ls}
+        add(split["row"], ls.row, ls.n_standard)
+        add(split["score"], ls.score, ls.n_standard)
     masks = [f for h, f in variant.hooks.items() if HOOKS[h].site is Site.VISIBILITY]
     for mask in masks:  # the mask's classified bounds let templates skip whole tiles
         for which in ("lower", "upper"):
@@ -193,9 +204,11 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
         return HookSource(variant.name, head_dim, arch, {}, HEADER_PRELUDE, {}, {}, {}, {})
     owners = {sym: hook for hook, sym in list(symbols.items()) + list(elementwise.items())}
     owners.update({sym: "logits_mask" for sym, _ in bounds.values()})
+    if split:
+        owners.update({split["row"]: "logits_transform", split["score"]: "logits_transform"})
     src = _cuda_source(funcs, target, variant, owners, math)
     return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + _extract_functions(src),
-                      elementwise, bounds, params, dims)
+                      elementwise, bounds, params, dims, split)
 
 
 def _cuda_source(funcs: dict, target: Target, variant, owners: dict, math: str) -> str:

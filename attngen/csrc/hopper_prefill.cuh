@@ -328,6 +328,8 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     const bool fold = kFoldScale && scale > 0.f;
 
     const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale};
+    typename ScoreRules<V>::RowTerms row_terms;
+    score_rules.row_terms(prow0, row_terms);
 
     // ---- mainloop: S_kt = Q K_kt^T issued with O += P_(kt-1) V_(kt-1) ----------------------------
     // The softmax of tile kt runs while P V of tile kt - 1 is on the tensor cores (its P packed into `pk`
@@ -378,9 +380,9 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
         mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
         sfac = scale;
       } else if (interior) {
-        score_rules.apply(sfr, prow0, js, mt_max, false);
+        score_rules.apply(sfr, prow0, js, mt_max, false, row_terms);
       } else {
-        score_rules.apply(sfr, prow0, js, mt_max, true);
+        score_rules.apply(sfr, prow0, js, mt_max, true, row_terms);
       }
       if constexpr (V::kSoftmax) {
 #pragma unroll

@@ -304,6 +304,9 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
 
   // the scores of one m-tile off the folded fast path (score_rules.cuh)
   const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale};
+  typename ScoreRules<V>::RowTerms row_terms[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) score_rules.row_terms(prow0 + mt * 16, row_terms[mt]);
   if (num_kt > 0) load_kv(0, 0);
   copy_commit();
   for (int kt = 0; kt < num_kt; ++kt) {
@@ -395,9 +398,9 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
         mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
         sfac = scale;
       } else if (interior) {
-        score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, false);  // interior, scale not folded: no checks
+        score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, false, row_terms[mt]);  // interior: no checks
       } else {
-        score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, true);
+        score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, true, row_terms[mt]);
       }
       if constexpr (V::kSoftmax) {
         float rescale[2];

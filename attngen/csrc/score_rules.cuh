@@ -12,16 +12,37 @@ namespace attngen {
 
 template <class V>
 struct ScoreRules {
+  // The logits hook runs split (codegen/logits_split.py): its row terms once per query row and work item
+  // (row_terms, before the key loop), the rest per score from the raw score (logits_from_terms, which
+  // applies sm_scale and the base-2 factor itself).
+  static constexpr int kRowTerms = V::kLogitsRowTerms > 0 ? V::kLogitsRowTerms : 1;
+  using RowTerms = float[2][kRowTerms];  // rows prow and prow + 8 of a fragment
+
   const int& causal;  // the problem's run-time causal flag (read where tested, as a kernel parameter)
   const typename V::Params& hp;
   int batch, kv_head, group, rows_total, pos_base, hi, t4;
   float scale;  // sm_scale, times log2 e where the exponent is base 2 and no logits hook rescales
 
+  // The logits hook's row terms of rows prow and prow + 8 (zeros for rows past the request's).
+  __device__ __forceinline__ void row_terms(int prow, RowTerms& rt) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < kRowTerms; ++i) rt[h][i] = 0.f;
+      if constexpr (V::kHasLogits) {
+        const int pr = prow + 8 * h;
+        if (pr < rows_total)
+          V::logits_row_terms(hp, batch, pos_base + pr / group, kv_head * group + pr % group, kv_head, scale,
+                              V::kLogitsLog2e ? kLog2e : 1.f, rt[h]);
+      }
+    }
+  }
+
   // `check` false: a tile every score of which is visible (no mask hook, no tests). Called with a constant
   // `check`, so that an interior tile's copy carries no visibility state.
   template <int NKT>
-  __device__ __forceinline__ void apply(float (&sm)[NKT][4], int prow, int j0, float (&row_max)[2],
-                                        bool check) const {
+  __device__ __forceinline__ void apply(float (&sm)[NKT][4], int prow, int j0, float (&row_max)[2], bool check,
+                                        RowTerms& rt) const {
     int rpos[2], rhead[2];
     bool rvalid[2];
 #pragma unroll
@@ -36,11 +57,14 @@ struct ScoreRules {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
-        float x = sm[n][e] * scale;
         bool visible = true;
         if (check) visible = rvalid[h] && j < hi && (!causal || j <= rpos[h]);
+        float x;
         if constexpr (V::kHasLogits) {
-          if (visible) x = V::logits(hp, x, batch, rpos[h], j, rhead[h], kv_head) * (V::kLogitsLog2e ? kLog2e : 1.f);
+          x = sm[n][e];
+          if (visible) x = V::logits_from_terms(hp, x, batch, rpos[h], j, rhead[h], kv_head, rt[h]);
+        } else {
+          x = sm[n][e] * scale;
         }
         if constexpr (V::kHasMask) {
           if (check && visible) visible = V::mask(hp, batch, rpos[h], j, rhead[h], kv_head);

@@ -1,0 +1,107 @@
+"""The logits hook split into row terms and a per-score rest (codegen/logits_split.py): the pair computes
+``post * logits(s * scale, ...)`` on random inputs (float64 interpreter), hoists what is row-invariant, and
+leaves guarded reads in their branch."""
+import numpy as np
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+from attngen.codegen.hooks_cuda import lower_hooks_cuda
+from attngen.codegen.logits_split import MAX_TERMS, split_logits
+from attngen.ir import ScalarParam, TensorParam, Variant
+from attngen.ir import tir_utils as tu
+from attngen.ir.tir_eval import TIREvaluator, bind_params, eval_scalar_hook
+from attngen.variants import builtin
+
+N = 257  # scores per check
+
+
+@T.prim_func
+def head_table_bias(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                    kv_head: T.int32, table: T.Buffer((8, 64), "float32"), c: T.float32) -> T.float32:
+    u: T.let[T.float32] = s / c + table[qo_head, kv_pos % 64] * T.exp(table[qo_head, 0])
+    return c * T.tanh(u) - T.float32(0.5) * table[qo_head, 1] / c
+
+
+@T.prim_func
+def guarded_read(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                 kv_head: T.int32, bias: T.Buffer((8,), "float32")) -> T.float32:
+    return s + T.if_then_else(kv_pos > qo_pos, bias[qo_head], T.float32(0.0))
+
+
+def _variants():
+    custom = [
+        Variant("head_table_bias", logits_transform=head_table_bias,
+                params=[TensorParam("table", "float32", (8, 64)), ScalarParam("c", "float32", 3.0)]),
+        Variant("guarded_read", logits_transform=guarded_read, params=[TensorParam("bias", "float32", (8,))]),
+    ]
+    return [builtin("alibi"), builtin("logits_softcap"), builtin("sigmoid")] + custom
+
+
+def _extras(variant, rng):
+    out = {}
+    for p in variant.params:
+        if isinstance(p, TensorParam):
+            shape = tuple(8 if not isinstance(d, int) else d for d in p.shape)
+            out[p.name] = rng.uniform(0.2, 1.5, shape)
+        else:
+            out[p.name] = float(rng.uniform(2.0, 40.0))
+    return out
+
+
+@pytest.mark.parametrize("reassociate", [True, False])
+@pytest.mark.parametrize("variant", _variants(), ids=lambda v: v.name)
+def test_the_pair_computes_the_scaled_hook(variant, reassociate, rng):
+    func = variant.hooks["logits_transform"]
+    ls = split_logits(func, reassociate)
+    extras = _extras(variant, rng)
+    s = rng.normal(0, 30, N)
+    batch = np.zeros(N, np.int64)
+    qo_pos, kv_pos = rng.integers(0, 500, N), rng.integers(0, 500, N)
+    qo_head = rng.integers(0, 8, N)
+    kv_head = qo_head // 2
+    scale, post = 0.088, 1.4427
+    want = post * eval_scalar_hook(func, [s * scale, batch, qo_pos, kv_pos, qo_head, kv_head], extras)
+    ev = TIREvaluator(bind_params(ls.row, [batch, qo_pos, qo_head, kv_head, scale, post, None], extras))
+    rt = np.zeros((MAX_TERMS, N))
+    for i, term in enumerate(ls.terms):
+        rt[i] = ev.expr(term)
+    got = eval_scalar_hook(ls.score, [s, batch, qo_pos, kv_pos, qo_head, kv_head, rt], extras)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert ls.reassociated == reassociate
+
+
+def _loads_of(func, name):
+    return [x for x in tu.collect(func.body, tvm.ir.TensorLoad) if x.source.name == name]
+
+
+def test_softcap_per_score_is_one_multiply_tanh_multiply():
+    ls = split_logits(builtin("logits_softcap").hooks["logits_transform"], reassociate=True)
+    assert ls.n_terms == 2
+    assert not tu.collect(ls.score.body, tvm.tirx.Div)  # the division by the cap became a row term
+    code = lower_hooks_cuda(builtin("logits_softcap"), 128, "sm_90a").code
+    from_terms = code[code.rindex("logits_from_terms(float s"):]  # the definition, after the prototypes
+    from_terms = from_terms[from_terms.index("{"):from_terms.index("}")]
+    assert "__fdividef" not in from_terms and from_terms.count("__tanhf") == 1
+
+
+def test_alibi_reads_its_slope_once_per_row():
+    ls = split_logits(builtin("alibi").hooks["logits_transform"], reassociate=True)
+    assert not _loads_of(ls.score, "alibi_slopes")
+    assert [str(t) for t in ls.terms] == ["scale * post", "alibi_slopes[qo_head] * post"]
+
+
+def test_precise_math_only_hoists():
+    ls = split_logits(builtin("logits_softcap").hooks["logits_transform"], reassociate=False)
+    assert len(tu.collect(ls.score.body, tvm.tirx.Div)) == 1  # the IEEE division stays per score
+    assert [str(t) for t in ls.terms] == ["scale", "post"]
+
+
+def test_a_read_under_a_per_score_condition_stays_in_its_branch():
+    ls = split_logits(guarded_read, reassociate=True)
+    assert len(_loads_of(ls.score, "bias")) == 1
+    assert not any(_loads_of_expr(t, "bias") for t in ls.terms)
+
+
+def _loads_of_expr(e, name):
+    return [x for x in tu.collect(e, tvm.ir.TensorLoad) if x.source.name == name]

@@ -2,9 +2,12 @@
 sm_90 the Hopper one) per variant and hook-math mode, against the plain kernel, FlashInfer (fa2, fa3; its
 own soft-cap) and SDPA in the same run.
 
-bf16, D 128, Hq 32 / Hkv 8, one request of L 8k, full (non-causal) attention unless named; TFLOP/s
-of the visible work (4 * L^2 * D * Hq for full attention). ``approx`` / ``precise``: the build's
-``hook_math`` (hardware approximations in the hooks, or the CUDA math library).
+bf16, D 128, Hq 32 / Hkv 8, one request of L 8k; TFLOP/s of the visible work (4 * D * Hq per visible
+score). Two groups, each against its own plain row: full attention (plain, soft-cap, ALiBi) and causal
+attention (plain causal, a causal sliding window of 1024 keys with FlashInfer's window_left as its peer,
+a custom bit mask that shows every causal key: the tile map finds every tile below the diagonal full, so
+only the diagonal tiles read the mask). ``approx`` / ``precise``: the build's ``hook_math`` (hardware
+approximations in the hooks, or the CUDA math library).
 
     python benchmarks/bench_variants.py --out benchmarks/results --commit <sha>
 """
@@ -18,13 +21,36 @@ L, HQ, HKV, D = 8192, 32, 8, 128
 TEMPLATES = ["mma_sync"]  # plus "hopper" on compute capability 9.0 (set in main)
 KEYS = {"mma_sync": "attngen", "hopper": "attngen_hopper"}
 SOFT_CAP = 30.0
-# (row name, built-in variant, hook math, params)
+WINDOW = 1024  # keys visible before the query position (FlashInfer's window_left)
+# (row name, built-in variant, hook math, params, the plain row it is compared with)
 CASES = [
-    ("plain", "vanilla", "approx", {}),
-    ("soft-cap 30, approx", "logits_softcap", "approx", {"soft_cap": SOFT_CAP}),
-    ("soft-cap 30, precise", "logits_softcap", "precise", {"soft_cap": SOFT_CAP}),
-    ("ALiBi", "alibi", "approx", "alibi"),
+    ("plain", "vanilla", "approx", {}, "plain"),
+    ("soft-cap 30, approx", "logits_softcap", "approx", {"soft_cap": SOFT_CAP}, "plain"),
+    ("soft-cap 30, precise", "logits_softcap", "precise", {"soft_cap": SOFT_CAP}, "plain"),
+    ("ALiBi", "alibi", "approx", "alibi", "plain"),
+    ("causal", "causal", "approx", {}, "causal"),
+    (f"causal window {WINDOW}", "sliding_window_causal", "approx", {"window_left": WINDOW}, "causal"),
+    ("custom mask (causal bits)", "custom_mask", "approx", "causal_bits", "causal"),
 ]
+
+
+def visible_scores(variant: str) -> int:
+    """Scores the row's variant lets through, of the L x L square."""
+    if variant in ("causal", "custom_mask"):
+        return L * (L + 1) // 2
+    if variant == "sliding_window_causal":
+        return sum(min(i, WINDOW) + 1 for i in range(L))
+    return L * L
+
+
+def causal_bits():
+    """The custom mask's parameters for one causal request of L keys (packed on the host, then moved)."""
+    import numpy as np
+
+    from attngen.runtime.custom_mask import pack_custom_mask
+
+    packed = pack_custom_mask([np.tri(L, L, dtype=bool)], [L])
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).cuda() for k, v in packed.items()}
 
 
 def main():
@@ -40,53 +66,60 @@ def main():
     v = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
     indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
     kv = RaggedKV(k, v, indptr)
-    flops = 4 * L * L * D * HQ
     slopes = torch.tensor([2.0 ** (-8 * (h + 1) / HQ) for h in range(HQ)], device="cuda")
     fi, fi_version = load_flashinfer()
     TEMPLATES[:] = ["mma_sync"] + (["hopper"] if torch.cuda.get_device_capability()[0] == 9 else [])
     res = {**run_info(args.commit), "shape": {"L": L, "Hq": HQ, "Hkv": HKV, "D": D}}
     res["flashinfer"] = fi_version
     rows = []
-    for name, variant, math_mode, params in CASES:  # attngen first: FlashInfer's JIT may take minutes
+    by_name = {}
+    for name, variant, math_mode, params, plain in CASES:  # attngen first: FlashInfer's JIT may take minutes
         att = CUDAAttention.build(builtin(variant), head_dims=(D,), dtypes=("bfloat16",), layouts=("NHD",),
                                   kernels=("prefill",), hook_math=math_mode)
-        p = {"alibi_slopes": slopes} if params == "alibi" else params
+        p = {"alibi_slopes": slopes} if params == "alibi" else causal_bits() if params == "causal_bits" else params
         out = torch.full_like(q, float("nan"))
         lse = torch.empty(L, HQ, device="cuda")
-        row = {"case": name, "variant": variant}
+        flops = 4 * visible_scores(variant) * D * HQ
+        row = {"case": name, "variant": variant, "flops": flops, "plain": plain}
         for template in TEMPLATES:
             plan = att.plan_prefill(indptr, kv, D, template=template)
             ms = bench(lambda: att.prefill(q, kv, indptr, plan=plan, params=p, out=out, lse=lse), reps=20)
             row[KEYS[template]] = flops / ms / 1e9
-            row[f"vs_plain_{template}"] = row[KEYS[template]] / (rows[0][KEYS[template]] if rows else row[KEYS[template]])
+            base = by_name.get(plain, row)
+            row[f"vs_plain_{template}"] = row[KEYS[template]] / base[KEYS[template]]
         row["vs_plain"] = row["vs_plain_mma_sync"]
         rows.append(row)
+        by_name[name] = row
         print(rows[-1], flush=True)
     for row in rows if args.peers else ():
-        variant = row.pop("variant")
-        if fi is not None and variant in ("vanilla", "logits_softcap"):
+        variant, flops = row.pop("variant"), row["flops"]
+        if fi is not None and variant in ("vanilla", "logits_softcap", "causal", "sliding_window_causal"):
             cap = SOFT_CAP if variant == "logits_softcap" else None
+            causal = variant in ("causal", "sliding_window_causal")
+            window = WINDOW if variant == "sliding_window_causal" else -1
             for backend in ("fa2", "fa3"):
                 t = guarded(row, f"flashinfer_{backend}", lambda: bench(lambda: fi.single_prefill_with_kv_cache(
-                    q, k, v, causal=False, logits_soft_cap=cap, backend=backend), reps=20))
+                    q, k, v, causal=causal, logits_soft_cap=cap, window_left=window, backend=backend), reps=20))
                 if t is not None:
                     row[f"flashinfer_{backend}"] = flops / t / 1e9
-        if variant == "vanilla":
+        if variant in ("vanilla", "causal"):
             qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
             t = guarded(row, "sdpa", lambda: bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                qt, kt, vt, enable_gqa=True), reps=20))
+                qt, kt, vt, is_causal=variant == "causal", enable_gqa=True), reps=20))
             if t is not None:
                 row["sdpa"] = flops / t / 1e9
         print(row, flush=True)
     res["rows"] = rows
     lines = [f"# Variant cost in prefill — {res['gpu']}, {res['date']}, commit {args.commit}", "",
-             f"bf16, D {D}, Hq {HQ} / Hkv {HKV}, one request of L {L}, full attention; TFLOP/s. FlashInfer "
-             f"{fi_version} with its own logits_soft_cap where the row has one.", "",
+             f"bf16, D {D}, Hq {HQ} / Hkv {HKV}, one request of L {L}; TFLOP/s of the visible work; 'vs plain': "
+             f"against the row named in brackets. FlashInfer {fi_version} with its own logits_soft_cap and "
+             f"window_left where the row has one.", "",
              "| case | attngen mma.sync | vs plain | attngen Hopper | vs plain | FlashInfer fa2 | FlashInfer fa3 | SDPA |",
              "|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         hopper_vs = f"{r['vs_plain_hopper']:.2f}" if "vs_plain_hopper" in r else "—"
-        lines.append(f"| {r['case']} | {cell(r['attngen'])} | {r['vs_plain']:.2f} | {cell(r.get('attngen_hopper'))} | "
+        lines.append(f"| {r['case']} ({r['plain']}) | {cell(r['attngen'])} | {r['vs_plain']:.2f} | "
+                     f"{cell(r.get('attngen_hopper'))} | "
                      f"{hopper_vs} | {cell(r.get('flashinfer_fa2'))} | {cell(r.get('flashinfer_fa3'))} | "
                      f"{cell(r.get('sdpa'))} |")
     lines += error_lines(res["rows"], lambda r: r["case"])

@@ -73,6 +73,11 @@ def test_prefill_checks(att, rng):
         att.plan_prefill(torch.tensor([0, 5], dtype=torch.int32), ragged, D)
     plan = att.plan_prefill(qo, ragged, D)
     assert (plan.batch_size, plan.total_q, plan.max_qo_len) == (2, 5, 3)
+    assert att.plan_prefill(qo, ragged, D, max_qo_len=5).max_qo_len == 5  # a bound (CUDA graphs) sizes the grid
+    for bad in (2, 6, 4.0, True):
+        with pytest.raises(AttentionArgumentError, match=r"max_qo_len: .* from this batch's longest request \(3\) "
+                                                         r"to its total query rows \(5\)"):
+            att.plan_prefill(qo, ragged, D, max_qo_len=bad)
     with pytest.raises(AttentionArgumentError, match=r"q: must be a CUDA tensor"):
         att.prefill(q, ragged, qo, plan=plan, params={"alibi_slopes": torch.ones(8)})
     with pytest.raises(AttentionArgumentError, match=r"plan: made for 5 query rows, q has 4"):

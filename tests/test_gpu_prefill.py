@@ -146,3 +146,63 @@ def test_example_variants(example, template, build_cache, rng):
     for group, kv_mode in [(1, "ragged"), (4, "NHD"), (8, "HND")]:
         run_prefill(att, v, rng, group=group, head_dim=128, dtype="bfloat16", kv_mode=kv_mode,
                     qo_lens=[37, 0, 100, 3, 300], kv_lens=[37, 5, 180, 0, 300], template=template, make_params=make)
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_prefill_cuda_graph_replays_random_batches(template, build_cache, rng):
+    """Capture prefill once with a plan bounded by max_qo_len, then replay it for 40 random batches of the
+    same size and total rows (query lengths, KV lengths, page tables) written into the captured tensors:
+    bit-identical to eager runs of each batch's plan with the same bound, and within rounding of its
+    exact plan (a grid sized by its own longest request)."""
+    import torch
+
+    from attngen.runtime import PagedKV
+
+    skip_unless_runs(template)
+    att = cuda_module("causal", build_cache, head_dims=(128,), dtypes=("float16",), kernels=("prefill",))
+    batch, total, hq, hkv, d, num_pages = 5, 600, 16, 4, 128, 400
+    pages = torch.randn(num_pages, 2, 16, hkv, d, dtype=torch.float16, device="cuda")
+    q = torch.empty(total, hq, d, dtype=torch.float16, device="cuda")
+    qo_indptr = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
+    indptr = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
+    indices = torch.zeros(num_pages, dtype=torch.int32, device="cuda")
+    last = torch.ones(batch, dtype=torch.int32, device="cuda")
+    kv = PagedKV(pages, indptr, indices, last)
+
+    def refill():
+        cuts = np.sort(rng.integers(0, total + 1, size=batch - 1))
+        qo_lens = np.diff(np.concatenate([[0], cuts, [total]]))  # some may be 0
+        kv_lens = qo_lens + rng.integers(0, 300, size=batch)
+        n = (kv_lens + 15) // 16
+        qo_indptr.copy_(torch.from_numpy(np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)))
+        indptr.copy_(torch.from_numpy(np.concatenate([[0], np.cumsum(n)]).astype(np.int32)))
+        indices.copy_(torch.from_numpy(rng.permutation(num_pages).astype(np.int32)))
+        last.copy_(torch.from_numpy(np.where(n > 0, kv_lens - 16 * (n - 1), 1).astype(np.int32)))
+        q.copy_(torch.randn(total, hq, d, dtype=torch.float16))
+        return qo_lens
+
+    refill()
+    plan = att.plan_prefill(qo_indptr, kv, d, template=template, tile_map=False, max_qo_len=total)
+    out = torch.empty_like(q)
+    lse = torch.empty(total, hq, device="cuda")
+    att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse)  # warm-up outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse)
+    torch.cuda.current_stream().wait_stream(stream)
+    longest = set()
+    for _ in range(40):
+        longest.add(int(refill().max()))
+        out.fill_(float("nan"))
+        graph.replay()
+        bounded = att.plan_prefill(qo_indptr, kv, d, template=template, tile_map=False, max_qo_len=total)
+        eager_o, eager_l = att.prefill(q, kv, qo_indptr, plan=bounded)
+        exact_o, exact_l = att.prefill(q, kv, qo_indptr, plan=att.plan_prefill(qo_indptr, kv, d, template=template))
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager_o) and torch.equal(lse, eager_l)
+        # the bound changes only the grid (and on mma.sync perhaps the query tile), not what a row computes
+        torch.testing.assert_close(out, exact_o, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(lse, exact_l, atol=1e-3, rtol=1e-4)
+    assert len(longest) > 10  # the batches really changed

@@ -376,7 +376,7 @@ class CUDAAttention(BuiltModule):
 
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int, *,
                      wide_tiles: bool | None = None, template: str | None = None,
-                     tile_map: bool | None = None) -> PrefillPlan:
+                     tile_map: bool | None = None, max_qo_len: int | None = None) -> PrefillPlan:
         """Host-side checks of the batch's index arrays (host copies) and the grid size. ``wide_tiles``:
         None (default) or True: 128 query rows per CTA (4 warps x two m-tiles) when the longest request has
         at least 256 rows (tokens x group) at head_dim <= 128, halving the K/V traffic per FLOP; 64 rows
@@ -386,7 +386,12 @@ class CUDAAttention(BuiltModule):
         ``tile_map``: None (default) lets calls with a mask the static analysis cannot reduce to bounds
         derive the mask's tile structure on the device, which both templates walk (made on the first call
         with given mask parameters, kept in the plan for every later call with the same tensors; make it
-        before capturing a CUDA graph); True requires it (refused where it cannot serve); False never."""
+        before capturing a CUDA graph); True requires it (refused where it cannot serve); False never.
+        ``max_qo_len``: a bound on every request's query rows that sizes the launch instead of this batch's
+        longest request (at least that, at most the batch's total rows). A CUDA graph captured with such a
+        plan replays any later batch of the same size and total rows whose requests stay within the bound:
+        write its qo_indptr and page table into the captured tensors (page tables may keep spare entries)
+        and replay. Graph replays over changing batches need ``tile_map=False`` (a map is one batch's)."""
         kernel = _prefill_template(template, self.manifest["config"]["archs"],
                                    self.manifest["config"].get("link", "whole"))
         _check_kv_view(kv, PagedKV, RaggedKV)
@@ -406,7 +411,15 @@ class CUDAAttention(BuiltModule):
         why = self._tile_map_problem(dtype, head_dim) if tile_map is not False else "not asked for"
         if tile_map is True and why:
             raise AttentionArgumentError(f"tile_map: {why}; plan with tile_map=None or False")
-        return PrefillPlan(batch, int(qo[-1]), int(np.diff(qo).max(initial=0)), _tensor_key(qo_indptr),
+        longest = int(np.diff(qo).max(initial=0))
+        if max_qo_len is not None:
+            if isinstance(max_qo_len, bool) or not isinstance(max_qo_len, (int, np.integer)) \
+                    or not longest <= max_qo_len <= max(int(qo[-1]), longest):
+                raise AttentionArgumentError(
+                    f"max_qo_len: {max_qo_len!r} must be an integer from this batch's longest request ({longest}) "
+                    f"to its total query rows ({int(qo[-1])})")
+            longest = int(max_qo_len)
+        return PrefillPlan(batch, int(qo[-1]), longest, _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None)
 

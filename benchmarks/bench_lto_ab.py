@@ -125,12 +125,14 @@ def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0):
                      _to(prob.paged.last_page_len), "NHD")
         q, qo_indptr = _to(prob.q, dtype), _to(prob.qo_indptr)
         params = {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, prob).items()}
-        for wide in (False, True):
-            # the linked library carries the mma.sync template only: both libraries run it
-            plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template="mma_sync")
+        # both templates (the Hopper one where the library has sm_90a and the device is of compute capability 9.0)
+        hopper = "sm_90a" in att.manifest["config"]["archs"] and torch.cuda.get_device_capability()[0] == 9
+        for template, wide in [("mma_sync", False), ("mma_sync", True)] + ([("hopper", None)] if hopper else []):
+            plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template)
             out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
-            calls[f"prefill_wide={wide}"] = (lambda plan=plan, out=out, lse=lse, kv=kv, q=q, params=params:
-                                             att.prefill(q, kv, qo_indptr, plan=plan, params=params, out=out, lse=lse))
+            name = f"prefill_{template}" + ("" if wide is None else f"_wide={wide}")
+            calls[name] = (lambda plan=plan, out=out, lse=lse, kv=kv, q=q, params=params:
+                           att.prefill(q, kv, qo_indptr, plan=plan, params=params, out=out, lse=lse))
     return calls
 
 

@@ -276,24 +276,32 @@ def test_each_arch_gets_its_cubin(build_cache):
 @requires_nvcc
 @requires_nvjitlink
 def test_each_template_object_links_into_its_own_cubin(build_cache):
-    """Decode (two parts: CUDA-core kernels; tensor-core kernels and the merge) and prefill link in parallel,
-    one cubin each, the hooks inlined; the kernel table names the part holding each kernel."""
+    """Decode (two parts: CUDA-core kernels; tensor-core kernels and the merge) and prefill (two on sm_90a:
+    the mma.sync kernels; the Hopper ones) link in parallel, one cubin each, the hooks inlined; the kernel
+    table names the part holding each kernel, and the launch object routes to the Hopper template."""
+    import itertools
     import re
 
-    res = build(scaled_softcap(1.0), lto_config(kernels=("decode", "prefill")), cache=build_cache)
-    assert res.manifest["cubins"] == ["linked_sm_80_0.cubin", "linked_sm_80_1.cubin", "linked_sm_80_2.cubin"]
+    res = build(scaled_softcap(1.0), lto_config(kernels=("decode", "prefill"), archs=("sm_90a",)), cache=build_cache)
+    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)]
     assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
+    assert "hopper_prefill_kernel<__half, 128, false>" in res.manifest["kernels"]
     for c in res.manifest["cubins"]:
         assert b"attngen_abi_" not in (res.directory / c).read_bytes()
     held = [set(linked_cubin.cubin_kernels((res.directory / c).read_bytes())) for c in res.manifest["cubins"]]
-    assert all(held) and not (held[0] & held[1] or held[0] & held[2] or held[1] & held[2])
+    assert all(held) and not any(a & b for a, b in itertools.combinations(held, 2))
     src = (res.directory / "linked_cubins.c").read_text()
     pairs = re.findall(r'^  "([^"]+)", "([^"]+)",$', src, re.M)
     parts = [int(x) for x in re.search(r"attngen_linked_kernel_parts\[\] = \{([^}]*)\}", src).group(1).split(",")]
     assert parts[-1] == -1 and len(parts) == len(pairs) + 1 == len(res.manifest["kernels"]) + 1
     for (key, mangled), part in zip(pairs, parts):
         assert mangled in held[part], key
-        assert part == (0 if key.startswith("decode_kernel") else 2 if key.startswith("prefill") else 1), key
+        assert part == (0 if key.startswith("decode_kernel") else 3 if key.startswith("hopper")
+                        else 2 if key.startswith("prefill") else 1), key
+    sm90 = lto.launch_source(lto_config(kernels=("decode", "prefill"), archs=("sm_90a",)), 128)
+    assert sm90.startswith("#define ATTNGEN_WITH_PREFILL_HOPPER 1\n")
+    sm80 = lto.launch_source(lto_config(kernels=("decode", "prefill")), 128)
+    assert "ATTNGEN_WITH_PREFILL_HOPPER" not in sm80  # no sm_90a: no Hopper part, no route to it
 
 
 @pytest.mark.gpu

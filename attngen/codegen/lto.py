@@ -42,7 +42,7 @@ from attngen.schedules.arch import arch_spec
 from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DtypePair
 from attngen.schedules.ffi_enums import enums_header
-from attngen.schedules.registry import selected
+from attngen.schedules.registry import companion_macros, selected
 from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
 from . import nvcc, nvjitlink, nvrtc
@@ -100,6 +100,19 @@ class Launcher:
     instantiations: tuple[str, ...]
     exports: Callable[[BuildConfig, int, DtypePair], list[LinkedExport]]
     parts: tuple[str, ...] = ("",)
+    # per part, the instantiations in place of ``instantiations`` (empty: those), and the companion
+    # template's build macro a part needs (registry.companion_macros; None: always built)
+    part_instantiations: tuple[tuple[str, ...], ...] = ()
+    part_macros: tuple[str | None, ...] = ()
+
+    def instantiations_of(self, part: int) -> tuple[str, ...]:
+        return self.part_instantiations[part] if self.part_instantiations else self.instantiations
+
+    def parts_of(self, macros: list[str]) -> list[int]:
+        """The parts a build whose companion macros are ``macros`` compiles (for every arch alike: the
+        kernel table is the same on each)."""
+        return [i for i in range(len(self.parts))
+                if not self.part_macros or self.part_macros[i] is None or self.part_macros[i] in macros]
 
 
 LAUNCHERS = {
@@ -108,9 +121,15 @@ LAUNCHERS = {
         "const {V}::Params&, cudaStream_t);",), _decode_exports,
         # the CUDA-core kernels; the tensor-core ones with the merge (csrc/decode_launch.cuh)
         ("#define ATTNGEN_DECODE_KERNELS 1", "#define ATTNGEN_DECODE_KERNELS 2")),
-    "prefill": Launcher("prefill.cuh", (
-        "template void attngen::launch_prefill<{V}, {T}, {D}>(const attngen::PrefillProblem&, int, "
-        "const {V}::Params&, cudaStream_t);",), _prefill_exports),
+    "prefill": Launcher("prefill_dispatch.h", (), _prefill_exports,
+        # the mma.sync kernels; the Hopper ones where the build has sm_90a (on its other archs they compile
+        # to empty kernels, so that every arch's cubins hold the same kernels)
+        ("", "#define ATTNGEN_WITH_PREFILL_HOPPER 1"), (
+            ("template void attngen::launch_prefill<{V}, {T}, {D}>(const attngen::PrefillProblem&, int, "
+             "const {V}::Params&, cudaStream_t);",),
+            ("template void attngen::launch_hopper_prefill<{V}, {T}, {D}>(const attngen::PrefillProblem&, int, "
+             "const {V}::Params&, cudaStream_t);",)),
+        (None, "ATTNGEN_WITH_PREFILL_HOPPER")),
 }
 
 
@@ -150,6 +169,10 @@ def _common_flags(cfg: BuildConfig, out: Path) -> tuple[str, ...]:
             *(("--use_fast_math",) if cfg.fast_math else ()))
 
 
+def _companion_macros(cfg: BuildConfig) -> list[str]:
+    return companion_macros([arch_spec(a) for a in cfg.archs], cfg.kernels)
+
+
 def _run(cmd: list[str], what: str) -> None:
     """Run one compiler or linker command; its diagnostics in the error when it fails."""
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -169,7 +192,7 @@ def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int,
     fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "D": head_dim, "G": max_group}
     opening = [launcher.parts[part]] if launcher.parts[part] else []
     return "\n".join([*opening, f'#include "abi_d{head_dim}.cuh"', f'#include "{launcher.header}"',
-                      '#include "tile_checks.h"', *(i.format(**fill) for i in launcher.instantiations)]) + "\n"
+                      '#include "tile_checks.h"', *(i.format(**fill) for i in launcher.instantiations_of(part))]) + "\n"
 
 
 def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
@@ -210,7 +233,9 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
 def launch_source(cfg: BuildConfig, head_dim: int) -> str:
     """The launch object of one head dim: the records' entry templates over the block traits, one
     LinkedLaunch instance per export."""
-    parts = [f'#include "abi_d{head_dim}.cuh"', '#include "linked_entry.h"', '#include "problem_glue.h"']
+    # the companion templates' macros (the Hopper prefill where the build has sm_90a): the dispatch routes to them
+    parts = [f"#define {m} 1" for m in _companion_macros(cfg)]
+    parts += [f'#include "abi_d{head_dim}.cuh"', '#include "linked_entry.h"', '#include "problem_glue.h"']
     for record in selected(cfg.kernels):
         parts += [f'#include "{h}"' for h in record.headers]
     parts.append('#include "tile_checks.h"')
@@ -363,7 +388,7 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
         for record in selected(cfg.kernels):
             for d in cfg.head_dims:
                 for pair in cfg.dtype_pairs:
-                    for part in range(len(LAUNCHERS[record.name].parts)):
+                    for part in LAUNCHERS[record.name].parts_of(_companion_macros(cfg)):
                         before = stats["template_reused"]
                         objects[a].append(template_object(record.name, a, d, pair, cfg, abi[d], cache, part))
                         reused["templates"].append(stats["template_reused"] > before)

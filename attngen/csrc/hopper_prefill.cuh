@@ -567,14 +567,24 @@ inline bool hopper_prefill_runs_here() {
 #endif
 }
 
+// The kernel: the traits' own instantiation, or by name from a linked cubin (cubin_launch.h).
+template <class V, class T, int D>
+auto hopper_prefill_kernel_ref() {
+  using Fn = void (*)(PrefillProblem, typename V::Params, HopperKVMaps, int);
+  if constexpr (linked_hooks<V>())
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("hopper_prefill_kernel", D, false); });
+  else
+    return Fn(hopper_prefill_kernel<V, T, D, false>);
+}
+
 template <class V, class T, int D>
 void launch_hopper_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp,
                            cudaStream_t stream) {
 #if defined(ATTNGEN_WITH_PREFILL_HOPPER)
   using Tile = HopperTile<D>;
   constexpr size_t smem = hopper_prefill_smem_bytes<T, D>();
-  auto kernel = hopper_prefill_kernel<V, T, D, false>;
-  if constexpr (variant_maps_tiles<V>()) {
+  auto kernel = hopper_prefill_kernel_ref<V, T, D>();
+  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>()) {  // linked builds make no maps
     if (P.tiles.present()) kernel = hopper_prefill_kernel<V, T, D, true>;
   }
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -586,7 +596,7 @@ void launch_hopper_prefill(const PrefillProblem& P, int max_qo_len, const typena
   // producer runs ahead into the next item's K/V while the consumers finish the last one
   const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;
   const int ctas = int(std::min<int64_t>(items, device_sm_count()));
-  kernel<<<ctas, Tile::kThreads, smem, stream>>>(P, hp, maps, tiles);
+  launch_kernel(kernel, dim3(ctas), dim3(Tile::kThreads), smem, stream, P, hp, maps, tiles);
 #endif
 }
 

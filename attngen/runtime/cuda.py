@@ -148,16 +148,13 @@ PREFILL_TEMPLATES = {None: PrefillTemplate.AUTO, "mma_sync": PrefillTemplate.MMA
                      "hopper": PrefillTemplate.HOPPER}
 
 
-def _prefill_template(template: str | None, archs, link: str = "whole") -> PrefillTemplate:
+def _prefill_template(template: str | None, archs) -> PrefillTemplate:
     if template not in PREFILL_TEMPLATES:
         raise AttentionArgumentError(f"template: {template!r} is not a prefill template; use None (the library's "
                                      "choice), 'mma_sync' or 'hopper'")
     if template == "hopper" and "sm_90a" not in archs:
         raise AttentionArgumentError(f"template: 'hopper' needs a library built for sm_90a (this one: {list(archs)}); "
                                      "build with archs including sm_90a, or plan with template=None")
-    if template == "hopper" and link != "whole":
-        raise AttentionArgumentError(f"template: 'hopper' is compiled into whole-program builds only (this library: "
-                                     f"link={link!r}); build with link='whole', or plan with template=None")
     return PREFILL_TEMPLATES[template]
 
 
@@ -392,8 +389,7 @@ class CUDAAttention(BuiltModule):
         plan replays any later batch of the same size and total rows whose requests stay within the bound:
         write its qo_indptr and page table into the captured tensors (page tables may keep spare entries)
         and replay. Graph replays over changing batches need ``tile_map=False`` (a map is one batch's)."""
-        kernel = _prefill_template(template, self.manifest["config"]["archs"],
-                                   self.manifest["config"].get("link", "whole"))
+        kernel = _prefill_template(template, self.manifest["config"]["archs"])
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
         kind = f"batch_prefill_paged_{kv.layout.lower()}" if isinstance(kv, PagedKV) else "batch_prefill_ragged"

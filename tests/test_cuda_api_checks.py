@@ -105,6 +105,23 @@ def test_a_kv_of_another_type_is_refused_by_name(att, rng):
     with pytest.raises(AttentionArgumentError, match=r"kv: expected PagedKV, got RaggedKV"):
         att.decode(q[:2], ragged, plan=att.plan_decode(paged, 8, D, num_chunks=1))
 
+
+def test_float_key_positions_bound_the_requests(att, rng):
+    """ALiBi's hook takes key positions as floats in the prefill templates (approximate hook math): the plan
+    refuses a request of 2^23 keys or more by name, and serves one just below."""
+    assert att.manifest["float_position_limit"] == 2 ** 23
+    prob = random_problem(rng, [1], [5], 8, 2, D, page_size=16)
+    pages = torch.from_numpy(prob.paged.pages).half()
+    qo = torch.tensor([0, 1], dtype=torch.int32)
+    for n_pages, refused in ((2 ** 19, True), (2 ** 19 - 1, False)):  # 16-key pages: 2^23 keys, one page fewer
+        kv = PagedKV(pages, torch.tensor([0, n_pages], dtype=torch.int32), torch.zeros(n_pages, dtype=torch.int32),
+                     torch.tensor([16], dtype=torch.int32))
+        if refused:
+            with pytest.raises(AttentionArgumentError, match=r"kv: a request of 8388608 keys; .* hook_math='precise'"):
+                att.plan_prefill(qo, kv, D)
+        else:
+            assert att.plan_prefill(qo, kv, D).batch_size == 1
+
 def test_group_above_the_build_bound_is_named(att, rng):
     prob = random_problem(rng, [1], [5], 16, 1, D, page_size=16)
     kv = _paged(prob)

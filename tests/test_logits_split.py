@@ -29,11 +29,41 @@ def guarded_read(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32,
     return s + T.if_then_else(kv_pos > qo_pos, bias[qo_head], T.float32(0.0))
 
 
+@T.prim_func
+def offset_bias(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                kv_head: T.int32, offset: T.int32) -> T.float32:
+    return s + T.Cast("float32", kv_pos - offset) * T.float32(0.5)
+
+
+@T.prim_func
+def _within_window(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                   kv_head: T.int32) -> T.float32:
+    return s - T.float32(0.01) * T.Cast("float32", qo_pos - kv_pos + 7)
+
+
+def test_precise_math_only_hoists():
+    ls = split_logits(builtin("logits_softcap").hooks["logits_transform"], reassociate=False)
+    assert len(tu.collect(ls.score.body, tvm.tirx.Div)) == 1  # the IEEE division stays per score
+    assert [str(t) for t in ls.terms] == ["scale", "post"]
+
+
+def test_a_read_under_a_per_score_condition_stays_in_its_branch():
+    ls = split_logits(guarded_read, reassociate=True)
+    assert len(_loads_of(ls.score, "bias")) == 1
+    assert not any(_loads_of_expr(t, "bias") for t in ls.terms)
+
+
+def _loads_of_expr(e, name):
+    return [x for x in tu.collect(e, tvm.ir.TensorLoad) if x.source.name == name]
+
+
 def _variants():
     custom = [
         Variant("head_table_bias", logits_transform=head_table_bias,
                 params=[TensorParam("table", "float32", (8, 64)), ScalarParam("c", "float32", 3.0)]),
         Variant("guarded_read", logits_transform=guarded_read, params=[TensorParam("bias", "float32", (8,))]),
+        Variant("within_window", logits_transform=_within_window),
+        Variant("offset_bias", logits_transform=offset_bias, params=[ScalarParam("offset", "int32", 3)]),
     ]
     return [builtin("alibi"), builtin("logits_softcap"), builtin("sigmoid")] + custom
 
@@ -66,7 +96,8 @@ def test_the_pair_computes_the_scaled_hook(variant, reassociate, rng):
     rt = np.zeros((MAX_TERMS, N))
     for i, term in enumerate(ls.terms):
         rt[i] = ev.expr(term)
-    got = eval_scalar_hook(ls.score, [s, batch, qo_pos, kv_pos, qo_head, kv_head, rt], extras)
+    got = eval_scalar_hook(ls.score, [s, batch, qo_pos, kv_pos, kv_pos.astype(np.float64), qo_head, kv_head, rt],
+                           extras)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     assert ls.reassociated == reassociate
 
@@ -85,23 +116,19 @@ def test_softcap_per_score_is_one_multiply_tanh_multiply():
     assert "__fdividef" not in from_terms and from_terms.count("__tanhf") == 1
 
 
-def test_alibi_reads_its_slope_once_per_row():
+def test_alibi_reads_its_slope_once_per_row_and_takes_float_positions():
     ls = split_logits(builtin("alibi").hooks["logits_transform"], reassociate=True)
     assert not _loads_of(ls.score, "alibi_slopes")
-    assert [str(t) for t in ls.terms] == ["scale * post", "alibi_slopes[qo_head] * post"]
+    assert ls.float_positions and str(ls.score.body.value) == "s * rt[0] + (kv_pos_f * rt[1] + rt[2])"
+    assert [str(t) for t in ls.terms[:2]] == ["scale * post", "alibi_slopes[qo_head] * post"]
 
 
-def test_precise_math_only_hoists():
-    ls = split_logits(builtin("logits_softcap").hooks["logits_transform"], reassociate=False)
-    assert len(tu.collect(ls.score.body, tvm.tirx.Div)) == 1  # the IEEE division stays per score
-    assert [str(t) for t in ls.terms] == ["scale", "post"]
+def test_float_positions_only_where_exact():
+    """kv_pos +- qo_pos and small constants: rewritten; an int parameter (of any size) in the sum, or a
+    read of kv_pos other than the conversion: kept as the int conversion."""
+    assert split_logits(_within_window, reassociate=True).float_positions
+    assert not split_logits(offset_bias, reassociate=True).float_positions
+    assert not split_logits(head_table_bias, reassociate=True).float_positions  # table[qo_head, kv_pos % 64]
+    assert not split_logits(builtin("alibi").hooks["logits_transform"], reassociate=False).float_positions
 
 
-def test_a_read_under_a_per_score_condition_stays_in_its_branch():
-    ls = split_logits(guarded_read, reassociate=True)
-    assert len(_loads_of(ls.score, "bias")) == 1
-    assert not any(_loads_of_expr(t, "bias") for t in ls.terms)
-
-
-def _loads_of_expr(e, name):
-    return [x for x in tu.collect(e, tvm.ir.TensorLoad) if x.source.name == name]

@@ -173,7 +173,8 @@ def _scalar_hook(spec: HookSpec, hooks, hs) -> tuple[dict[str, str], list[Forwar
 
 
 LOGITS_ROW_TERMS_DECL = "int batch, int qo_pos, int qo_head, int kv_head, float scale, float post, float* rt"
-LOGITS_FROM_TERMS_DECL = "float s, int batch, int qo_pos, int kv_pos, int qo_head, int kv_head, float* rt"
+LOGITS_FROM_TERMS_DECL = ("float s, int batch, int qo_pos, int kv_pos, float kv_pos_f, int qo_head, int kv_head, "
+                          "float* rt")
 
 
 def _arg_names(decl: str) -> str:

@@ -190,8 +190,8 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
         ls = split_logits(variant.hooks["logits_transform"], reassociate=math == "approx")
         base = hook_symbol(variant.name, head_dim, "logits")
         split = {"row": base + "_row_terms", "score": base + "_from_terms", "terms": ls.n_terms, "split": ls}
-        add(split["row"], ls.row, ls.n_standard)
-        add(split["score"], ls.score, ls.n_standard)
+        add(split["row"], ls.row, ls.n_standard_row)
+        add(split["score"], ls.score, ls.n_standard_score)
     masks = [f for h, f in variant.hooks.items() if HOOKS[h].site is Site.VISIBILITY]
     for mask in masks:  # the mask's classified bounds let templates skip whole tiles
         for which in ("lower", "upper"):

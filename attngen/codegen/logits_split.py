@@ -9,14 +9,15 @@ head. This module finds those subexpressions (the *row terms*) and rewrites the 
 
 * ``row_terms(batch, qo_pos, qo_head, kv_head, scale, post, rt, ...)``: stores each term into ``rt[i]``;
   a template calls it once per query row and work item, before its loop over key tiles;
-* ``from_terms(s_raw, batch, qo_pos, kv_pos, qo_head, kv_head, rt, ...)``: the score, reading the terms.
+* ``from_terms(s_raw, batch, qo_pos, kv_pos, kv_pos_f, qo_head, kv_head, rt, ...)``: the score, reading the
+  terms (``kv_pos_f``: the key position as a float, see FLOAT_POSITION_LIMIT).
 
 With approximate hook math (``BuildConfig.hook_math == "approx"``) the products are first reassociated
 so that the terms absorb ``scale`` and ``post``: a product of two row-invariant factors becomes one term,
 ``x / c`` becomes ``x * (1 / c)``, and a row-invariant factor distributes over a sum whose parts fold it.
 Soft-cap, ``cap * tanh(s / cap)``, becomes ``tanh(s_raw * rt[0]) * rt[1]`` (one multiply, the tanh and
 one multiply per score, no division); ALiBi, ``s + slope * (kv_pos - qo_pos)``, becomes ``s_raw * rt[0] +
-float(kv_pos - qo_pos) * rt[1]``. Reassociation changes the float32 rounding by an ulp or so, below the
+(kv_pos_f * rt[1] - float(qo_pos) * rt[1])``, two FFMAs with the last product a row term. Reassociation changes the float32 rounding by an ulp or so, below the
 approximations' own error (hook_math.APPROX_MAX_ERROR). Precise hook math only hoists: the same
 operations on the same values, bit for bit.
 
@@ -42,21 +43,37 @@ _BINARY = (tir.Add, tir.Sub, tir.Mul, tir.Div, tir.Mod, tir.FloorDiv, tir.FloorM
            tir.EQ, tir.NE, tir.LT, tir.LE, tir.GT, tir.GE, tir.And, tir.Or)
 
 
+# Float key positions: with approximate math, ``float(kv_pos + r)`` (r a row-invariant sum of qo_pos and small
+# constants) becomes ``kv_pos_f + float(r)``, where the template passes ``kv_pos_f``, the key's position as a
+# float that it counts up per tile instead of converting per score. Exact (the same float as the
+# conversion of the int sum, which is rounded once either way) while both addends are below 2^24 in
+# magnitude: the runtime refuses key positions from FLOAT_POSITION_LIMIT on for such variants, and the
+# constants of r stay below CONSTANT_LIMIT together.
+FLOAT_POSITION_LIMIT = 1 << 23
+CONSTANT_LIMIT = 1 << 22
+
+
 @dataclass(frozen=True)
 class LogitsSplit:
     row: tir.PrimFunc  # (batch, qo_pos, qo_head, kv_head, scale, post, rt[n], <extras>) -> None
-    score: tir.PrimFunc  # (s, batch, qo_pos, kv_pos, qo_head, kv_head, rt[n], <extras>) -> float32
+    score: tir.PrimFunc  # (s, batch, qo_pos, kv_pos, kv_pos_f, qo_head, kv_head, rt[n], <extras>) -> float32
     terms: tuple  # the hoisted expressions, rt[i] = terms[i] (over the row function's parameters)
     reassociated: bool
+    float_positions: bool = False  # the per-score rest reads kv_pos_f (the key position as a float)
 
     @property
     def n_terms(self) -> int:
         return len(self.terms)
 
     @property
-    def n_standard(self) -> int:
-        """Leading parameters of either function before the variant's extras (the last is ``rt``)."""
+    def n_standard_row(self) -> int:
+        """Leading parameters of the row function before the variant's extras (the last is ``rt``)."""
         return 7
+
+    @property
+    def n_standard_score(self) -> int:
+        """Leading parameters of the per-score function before the variant's extras (the last is ``rt``)."""
+        return 8
 
 
 def _f32(v: float):
@@ -100,6 +117,13 @@ class _Splitter:
         """A product or quotient by a row-invariant factor (multiplying it by another folds)."""
         return isinstance(e, (tir.Mul, tir.Div)) and self.invariant(e.b) and not self.invariant(e.a)
 
+    def _foldable(self, e) -> bool:
+        """A sum whose every part takes a row-invariant factor in at no cost: invariant, a plain variable,
+        a product or quotient by an invariant, or such a sum."""
+        if isinstance(e, (tir.Add, tir.Sub)):
+            return self._foldable(e.a) and self._foldable(e.b)
+        return self.invariant(e) or isinstance(e, tvm.ir.Var) or self._scaled(e)
+
     def mul(self, a, b):
         if self.invariant(a) and not self.invariant(b):
             a, b = b, a
@@ -111,8 +135,8 @@ class _Splitter:
             return tir.Mul(a.a, tir.Div(b, a.b))
         if isinstance(a, tir.Div) and self.invariant(a.a):  # (c / x) * b -> (c * b) / x
             return tir.Div(tir.Mul(a.a, b), a.b)
-        if isinstance(a, (tir.Add, tir.Sub)) and all(self._scaled(x) or self.invariant(x) for x in (a.a, a.b)):
-            return type(a)(self.mul(a.a, b), self.mul(a.b, b))
+        if isinstance(a, (tir.Add, tir.Sub)) and self._foldable(a):
+            return type(a)(self.mul(a.a, b), self.mul(a.b, b))  # (x + c) * b -> x * b + c * b: FFMAs
         return tir.Mul(a, b)
 
     def reassociate(self, e):
@@ -142,14 +166,64 @@ class _Splitter:
         return not isinstance(e, (tir.FloatImm, tir.IntImm))
 
 
+def _kv_linear(e, kv_pos, qo_pos):
+    """``(sign, rest)`` with ``e == sign * kv_pos + rest`` when ``e`` is an int32 sum and difference of
+    ``kv_pos`` (once), ``qo_pos`` and constants below CONSTANT_LIMIT together; else None."""
+    budget = [CONSTANT_LIMIT]
+
+    def rest_ok(x) -> bool:
+        if isinstance(x, tir.IntImm):
+            budget[0] -= abs(int(x.value))
+            return budget[0] > 0
+        if isinstance(x, tvm.ir.Var):
+            return x.same_as(qo_pos)
+        if isinstance(x, (tir.Add, tir.Sub)):
+            return rest_ok(x.a) and rest_ok(x.b)
+        return False
+
+    def walk(x):
+        if isinstance(x, tvm.ir.Var) and x.same_as(kv_pos):
+            return 1, tir.IntImm("int32", 0)
+        if isinstance(x, (tir.Add, tir.Sub)):
+            left, right = walk(x.a), walk(x.b)
+            if left and not right and rest_ok(x.b):
+                return left[0], type(x)(left[1], x.b)
+            if right and not left and rest_ok(x.a):
+                sign = right[0] if isinstance(x, tir.Add) else -right[0]
+                return sign, type(x)(x.a, right[1])
+        return None
+
+    return walk(e) if str(e.ty) == "int32" else None
+
+
+def _float_positions(value, kv_pos, qo_pos, kv_f):
+    """``value`` with each float32 conversion of a sum linear in kv_pos rewritten onto ``kv_f``."""
+    hit = [False]
+
+    def conv(c):
+        if str(c.ty) != F32:
+            return c
+        lin = _kv_linear(c.value, kv_pos, qo_pos)
+        if lin is None:
+            return c
+        hit[0] = True
+        sign, rest = lin
+        rest_f = tir.Cast(F32, rest)
+        return tir.Add(kv_f, rest_f) if sign > 0 else tir.Sub(rest_f, kv_f)
+
+    out = tu.map_nodes(value, tir.Cast, conv)
+    return out, hit[0] and not any(tu.handle(v) == tu.handle(kv_pos) for v in tu.used_vars(out))
+
+
 def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
     """The row-terms / per-score pair of the logits hook ``func`` (standard parameters: s, batch,
     qo_pos, kv_pos, qo_head, kv_head; the variant's extras after them)."""
     s, batch, qo_pos, kv_pos, qo_head, kv_head = func.params[:6]
     extras = list(func.params[6:])
     s_raw = tir.Var("s", F32)
+    kv_f = tir.Var("kv_pos_f", F32)
     scale, post = (tir.Var(n, t) for n, t in ROW_EXTRA)
-    sp = _Splitter((s_raw, kv_pos), (scale, post))
+    sp = _Splitter((s_raw, kv_pos, kv_f), (scale, post))
     rt_row = tir.decl_buffer((MAX_TERMS,), F32, name="rt")
     rt_score = tir.decl_buffer((MAX_TERMS,), F32, name="rt")
 
@@ -168,12 +242,15 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
         value = tu.substitute(tu.substitute(value, mapping), {tu.handle(s): tir.Mul(s_raw, scale)})
         value = tir.Mul(value, post)
         reassoc = reassociate
+        float_pos = False
         if reassoc:
-            value = sp.reassociate(value)
+            # only where every read of kv_pos goes: a hook that also indexes by it keeps the int
+            rewritten, float_pos = _float_positions(value, kv_pos, qo_pos, kv_f)
+            value = sp.reassociate(rewritten if float_pos else value)
         score_body = tir.Return(sp.hoist(value, load))
     else:  # keep the body: the score scaled on the way in, the value multiplied on the way out
         sp.terms = [scale, post]
-        reassoc = False
+        reassoc = float_pos = False
         body = tu.substitute(func.body, {tu.handle(s): tir.Mul(s_raw, load(0))})
         score_body = tu.map_nodes(body, tir.Return, lambda r: tir.Return(tir.Mul(r.value, load(1))))
     terms = tuple(sp.terms)
@@ -182,6 +259,6 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
         stores = [tir.BufferStore(rt_row, _f32(0.0), [tir.IntImm("int32", 0)])]
     row = tir.PrimFunc([batch, qo_pos, qo_head, kv_head, scale, post, rt_row] + extras,
                        stores[0] if len(stores) == 1 else tir.SeqStmt(stores), None)
-    score = tir.PrimFunc([s_raw, batch, qo_pos, kv_pos, qo_head, kv_head, rt_score] + extras, score_body,
+    score = tir.PrimFunc([s_raw, batch, qo_pos, kv_pos, kv_f, qo_head, kv_head, rt_score] + extras, score_body,
                          tvm.ir.PrimType(F32))
-    return LogitsSplit(row, score, terms, reassoc)
+    return LogitsSplit(row, score, terms, reassoc, float_pos)

@@ -62,7 +62,9 @@ struct ScoreRules {
         float x;
         if constexpr (V::kHasLogits) {
           x = sm[n][e];
-          if (visible) x = V::logits_from_terms(hp, x, batch, rpos[h], j, rhead[h], kv_head, rt[h]);
+          // the key position as a float: one conversion per tile and thread, constants added per score
+          const float jf = float(j0 + t4 * 2) + float(n * 8 + (e % 2));
+          if (visible) x = V::logits_from_terms(hp, x, batch, rpos[h], j, jf, rhead[h], kv_head, rt[h]);
         } else {
           x = sm[n][e] * scale;
         }

@@ -402,6 +402,7 @@ class CUDAAttention(BuiltModule):
             check_ragged(kv, head_dim, dtype, batch)
         if batch > MAX_GRID_BATCH:
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
+        self._check_float_positions(kv)
         if tile_map not in (None, True, False):
             raise AttentionArgumentError(f"tile_map: expected None, True or False, got {tile_map!r}")
         why = self._tile_map_problem(dtype, head_dim) if tile_map is not False else "not asked for"
@@ -418,6 +419,23 @@ class CUDAAttention(BuiltModule):
         return PrefillPlan(batch, int(qo[-1]), longest, _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None)
+
+    def _check_float_positions(self, kv) -> None:
+        """This build's prefill passes key positions to the logits hook as floats (exact below the limit
+        recorded in the manifest, codegen/logits_split.py): refuse a batch with a longer request."""
+        limit = self.manifest.get("float_position_limit")
+        if not limit:
+            return
+        if isinstance(kv, PagedKV):
+            pages = np.diff(as_numpy(kv.indptr, "kv.indptr")).astype(np.int64)
+            last = as_numpy(kv.last_page_len, "kv.last_page_len").astype(np.int64)
+            longest = int(np.where(pages > 0, (pages - 1) * kv.page_size + last, 0).max(initial=0))
+        else:
+            longest = int(np.diff(as_numpy(kv.indptr, "kv.indptr")).max(initial=0))
+        if longest >= limit:
+            raise AttentionArgumentError(
+                f"kv: a request of {longest} keys; this library's logits hook takes key positions as float32, "
+                f"exact below {limit}: build it with hook_math='precise' for longer requests")
 
     def _tile_map_problem(self, dtype: str, head_dim: int) -> str | None:
         """Why calls of this library cannot walk a mask-derived tile map; None when they can."""

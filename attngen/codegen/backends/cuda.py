@@ -108,14 +108,19 @@ class CUDABackend(Backend):
 
     def compile(self, ctx: BuildContext) -> dict:
         from ..cuda_library import compile_library, exported_functions
+        from ..logits_split import FLOAT_POSITION_LIMIT
 
         out, cfg, sources = ctx.out_dir, ctx.config, ctx.artifacts["instantiate"]
         headers = sorted(f for f in sources if f.endswith(".cuh"))
+        split = next(iter(ctx.artifacts["lower_hooks"].values())).logits_split
+        # the prefill templates pass key positions as floats to this variant's logits hook: exact below
+        # the limit the runtime holds its batches to (codegen/logits_split.py)
+        limits = {"float_position_limit": FLOAT_POSITION_LIMIT} if split and split["split"].float_positions else {}
         if cfg.kernels and cfg.link == "lto":  # the hook objects are the linked build's own (LTO-IR)
             from ..lto import build_linked_library
 
             result = build_linked_library(ctx)
-            return {**result, "headers": headers, "functions": exported_functions(cfg)}
+            return {**result, "headers": headers, "functions": exported_functions(cfg), **limits}
         flags = ("-dc", "--use_fast_math") if cfg.fast_math else ("-dc",)
         jobs = [nvcc.NvccJob(out / f"hooks_{a}.cu", out / f"hooks_{a}.o", arch_spec(a).gencode, flags)
                 for a in cfg.archs]
@@ -125,4 +130,4 @@ class CUDABackend(Backend):
             tus = sorted(f for f in sources if f.startswith("attention_"))
             result["library"] = compile_library(out, tus, cfg, ctx.variant.name).name
             result["functions"] = exported_functions(cfg)
-        return result
+        return {**result, **limits}

@@ -263,6 +263,9 @@ def cmd_inspect(args) -> int:
         for i, term in enumerate(ls.terms):
             print(f"    rt[{i}] = {term}")
         print(f"  per score, s the raw q.k: {ls.score.body.value}")
+        if ls.float_positions:
+            print("  kv_pos_f: the key position as a float32, counted up per tile (exact below 2^23 keys; "
+                  "plan_prefill refuses longer requests)")
     print(f"\n## generated CUDA device code (head_dim {args.head_dim}, {args.arch})")
     print(hs.code)
     return 0

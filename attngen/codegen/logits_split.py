@@ -16,10 +16,11 @@ With approximate hook math (``BuildConfig.hook_math == "approx"``) the products 
 so that the terms absorb ``scale`` and ``post``: a product of two row-invariant factors becomes one term,
 ``x / c`` becomes ``x * (1 / c)``, and a row-invariant factor distributes over a sum whose parts fold it.
 Soft-cap, ``cap * tanh(s / cap)``, becomes ``tanh(s_raw * rt[0]) * rt[1]`` (one multiply, the tanh and
-one multiply per score, no division); ALiBi, ``s + slope * (kv_pos - qo_pos)``, becomes ``s_raw * rt[0] +
-(kv_pos_f * rt[1] - float(qo_pos) * rt[1])``, two FFMAs with the last product a row term. Reassociation changes the float32 rounding by an ulp or so, below the
-approximations' own error (hook_math.APPROX_MAX_ERROR). Precise hook math only hoists: the same
-operations on the same values, bit for bit.
+one multiply per score, no division); ALiBi, ``s + slope * (kv_pos - qo_pos)``, becomes
+``s_raw * rt[0] + (kv_pos_f * rt[1] + rt[2])``, two FFMAs (``rt[2]`` is ``-qo_pos * slope * post``).
+Reassociation changes the float32 rounding by an ulp or so, below the approximations' own error
+(hook_math.APPROX_MAX_ERROR). Precise hook math only hoists: the same operations on the same values,
+bit for bit.
 
 Nothing is hoisted out of an ``if_then_else`` branch (the branch may guard a read that is out of bounds
 when not taken); a hook whose body is not straight-line keeps its body, its score scaled and its

@@ -47,10 +47,18 @@ def test_precise_math_only_hoists():
     assert [str(t) for t in ls.terms] == ["scale", "post"]
 
 
+@T.prim_func
+def select_guarded(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                   kv_head: T.int32, bias: T.Buffer((8,), "float32")) -> T.float32:
+    return s + T.Select(kv_pos > qo_pos, bias[qo_head], T.float32(0.0))
+
+
 def test_a_read_under_a_per_score_condition_stays_in_its_branch():
-    ls = split_logits(guarded_read, reassociate=True)
-    assert len(_loads_of(ls.score, "bias")) == 1
-    assert not any(_loads_of_expr(t, "bias") for t in ls.terms)
+    """if_then_else and select (the generated C evaluates the taken value only) keep their reads."""
+    for hook in (guarded_read, select_guarded):
+        ls = split_logits(hook, reassociate=True)
+        assert len(_loads_of(ls.score, "bias")) == 1
+        assert not any(_loads_of_expr(t, "bias") for t in ls.terms)
 
 
 def _loads_of_expr(e, name):

@@ -22,8 +22,9 @@ Reassociation changes the float32 rounding by an ulp or so, below the approximat
 (hook_math.APPROX_MAX_ERROR). Precise hook math only hoists: the same operations on the same values,
 bit for bit.
 
-Nothing is hoisted out of an ``if_then_else`` branch (the branch may guard a read that is out of bounds
-when not taken); a hook whose body is not straight-line keeps its body, its score scaled and its
+Nothing is hoisted out of what the generated C evaluates only under a condition, an ``if_then_else``
+branch, a select's values or the right operand of ``and`` / ``or`` (the condition may guard a read that
+is out of bounds when not taken); a hook whose body is not straight-line keeps its body, its score scaled and its
 value multiplied through two terms.
 """
 from __future__ import annotations
@@ -81,9 +82,12 @@ def _f32(v: float):
     return tir.FloatImm(F32, v)
 
 
-def _children_mapped(e, f):
+def _children_mapped(e, f, lazy: bool = False):
     """``e`` rebuilt with ``f`` applied to each child expression (leaves and unknown nodes unchanged;
-    the branches of an if_then_else are left as they are)."""
+    the branches of an if_then_else are left as they are). ``lazy``: also leave alone what the generated
+    C evaluates only under a condition, a select's values and the right operand of ``&&`` / ``||``."""
+    if lazy and isinstance(e, (tir.And, tir.Or)):
+        return type(e)(f(e.a), e.b)
     if isinstance(e, _BINARY):
         return type(e)(f(e.a), f(e.b))
     if isinstance(e, tir.Not):
@@ -91,6 +95,8 @@ def _children_mapped(e, f):
     if isinstance(e, tir.Cast):
         return tir.Cast(str(e.ty), f(e.value))
     if isinstance(e, tir.Select):
+        if lazy:
+            return tir.Select(f(e.condition), e.true_value, e.false_value)
         return tir.Select(f(e.condition), f(e.true_value), f(e.false_value))
     if isinstance(e, tvm.ir.TensorLoad):
         return tir.BufferLoad(e.source, [f(i) for i in e.indices])
@@ -158,7 +164,7 @@ class _Splitter:
             if len(self.terms) < MAX_TERMS:
                 self.terms.append(e)
                 return load(len(self.terms) - 1)
-        return _children_mapped(e, lambda c: self.hoist(c, load))
+        return _children_mapped(e, lambda c: self.hoist(c, load), lazy=True)
 
     def _worth(self, e) -> bool:
         """Leaves stay (a parameter or a constant costs nothing), but for those only the row function has."""

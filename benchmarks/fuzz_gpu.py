@@ -55,8 +55,11 @@ def templates(kind: str, hopper: bool) -> list[tuple[str, dict]]:
                 ("decode tensor-cores split", dict(num_chunks=3, tensor_cores=True)),
                 ("decode balanced", {})]
     paths = [("prefill mma.sync 64 rows", dict(template="mma_sync", wide_tiles=False)),
-             ("prefill mma.sync 128 rows", dict(template="mma_sync", wide_tiles=True))]
-    return paths + ([("prefill hopper", dict(template="hopper"))] if hopper else [])
+             ("prefill mma.sync 128 rows", dict(template="mma_sync", wide_tiles=True)),
+             # the grid sized by a bound (the batch's total rows) as for CUDA graphs, not its longest request
+             ("prefill mma.sync bounded", dict(template="mma_sync", bounded=True))]
+    return paths + ([("prefill hopper", dict(template="hopper")),
+                     ("prefill hopper bounded", dict(template="hopper", bounded=True))] if hopper else [])
 
 
 def to_device(x, device: str, half: bool = True):
@@ -103,6 +106,10 @@ def run_call(att, variant, case: Case, call, how: dict, device: str = "cuda") ->
             o, l = att.decode(q, kv, plan=plan, sm_scale=case.sm_scale, params=params, out=out, lse=lse)
         else:
             qo = to_device(call.qo_indptr, device)
+            how = dict(how)
+            if how.pop("bounded", False):  # a bound of the call's total query rows (its own longest at least)
+                rows = np.diff(np.asarray(call.qo_indptr, np.int64))
+                how["max_qo_len"] = int(max(rows.sum(), rows.max(initial=0))) if rows.size else 0
             plan = att.plan_prefill(qo, kv, HEAD_DIM, **how)
             o, l = att.prefill(q, kv, qo, plan=plan, sm_scale=case.sm_scale, params=params, out=out, lse=lse)
         if device == "cuda":

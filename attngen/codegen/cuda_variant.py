@@ -195,6 +195,24 @@ def _logits_split_forwards(split: dict, hs) -> list[Forward]:
             Forward("logits_from_terms", "float", LOGITS_FROM_TERMS_DECL, score, "return s * rt[0];")]
 
 
+MASK_ROW_TERMS_DECL = "int batch, int qo_pos, int qo_head, int kv_head, int* rt"
+MASK_FROM_TERMS_DECL = "int batch, int qo_pos, int kv_pos, int qo_head, int kv_head, int* rt"
+
+
+def _mask_split_forwards(split: dict, hs) -> list[Forward]:
+    """``mask_row_terms`` (once per query row: the mask's row-invariant reads into ``rt``) and
+    ``mask_from_terms`` (per score), see codegen/mask_split.py; without a split, the mask itself."""
+    row = score = None
+    if split:
+        row = HookCall("mask_row_terms", split["row"], MASK_ROW_TERMS_DECL, _arg_names(MASK_ROW_TERMS_DECL),
+                       tuple(hs.params[split["row"]]), None)
+        score = HookCall("mask_from_terms", split["score"], MASK_FROM_TERMS_DECL, _arg_names(MASK_FROM_TERMS_DECL),
+                         tuple(hs.params[split["score"]]), "bool")
+    return [Forward("mask_row_terms", "void", MASK_ROW_TERMS_DECL, row, ""),
+            Forward("mask_from_terms", "bool", MASK_FROM_TERMS_DECL, score,
+                    "return mask(p, batch, qo_pos, kv_pos, qo_head, kv_head);")]
+
+
 def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forward]]:
     """The traits' compile-time flags (which hooks exist, per-element forms, the state algebra, scale
     folding, the mask's bounds) and forwarding functions: what a template is compiled against, beyond
@@ -221,6 +239,9 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
     split = hs.logits_split or {}
     flags["kLogitsRowTerms"] = str(split.get("terms", 0))
     fns += _logits_split_forwards(split, hs)
+    msplit = hs.mask_split or {}
+    flags["kMaskRowTerms"] = str(msplit.get("terms", 0))
+    fns += _mask_split_forwards(msplit, hs)
     for which in ("lower", "upper"):
         call = None
         if which in hs.bounds:

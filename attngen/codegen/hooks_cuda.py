@@ -30,6 +30,7 @@ from attngen.ir.specialize import specialize_rows
 
 from .hook_math import approximate, check_mode
 from .logits_split import split_logits
+from .mask_split import split_mask
 
 HEADER_PRELUDE = """\
 #pragma once
@@ -57,6 +58,7 @@ class HookSource:
     # the logits hook split into row terms and a per-score rest (logits_split.py): {"row": symbol,
     # "score": symbol, "terms": number of row terms, "split": the LogitsSplit}
     logits_split: dict = None
+    mask_split: dict = None  # the same for the mask hook (mask_split.py), where it has row-invariant reads
 
     def symbol(self, hook: str) -> str:
         return self.functions[hook]
@@ -192,6 +194,13 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
         split = {"row": base + "_row_terms", "score": base + "_from_terms", "terms": ls.n_terms, "split": ls}
         add(split["row"], ls.row, ls.n_standard_row)
         add(split["score"], ls.score, ls.n_standard_score)
+    msplit = None
+    ms = split_mask(variant.hooks["logits_mask"]) if "logits_mask" in variant.hooks else None
+    if ms is not None:
+        base = hook_symbol(variant.name, head_dim, "mask")
+        msplit = {"row": base + "_row_terms", "score": base + "_from_terms", "terms": ms.n_terms, "split": ms}
+        add(msplit["row"], ms.row, ms.n_standard_row)
+        add(msplit["score"], ms.score, ms.n_standard_score)
     masks = [f for h, f in variant.hooks.items() if HOOKS[h].site is Site.VISIBILITY]
     for mask in masks:  # the mask's classified bounds let templates skip whole tiles
         for which in ("lower", "upper"):
@@ -206,9 +215,11 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
     owners.update({sym: "logits_mask" for sym, _ in bounds.values()})
     if split:
         owners.update({split["row"]: "logits_transform", split["score"]: "logits_transform"})
+    if msplit:
+        owners.update({msplit["row"]: "logits_mask", msplit["score"]: "logits_mask"})
     src = _cuda_source(funcs, target, variant, owners, math)
     return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + _extract_functions(src),
-                      elementwise, bounds, params, dims, split)
+                      elementwise, bounds, params, dims, split, msplit)
 
 
 def _cuda_source(funcs: dict, target: Target, variant, owners: dict, math: str) -> str:

@@ -16,25 +16,35 @@ struct ScoreRules {
   // (row_terms, before the key loop), the rest per score from the raw score (logits_from_terms, which
   // applies sm_scale and the base-2 factor itself).
   static constexpr int kRowTerms = V::kLogitsRowTerms > 0 ? V::kLogitsRowTerms : 1;
-  using RowTerms = float[2][kRowTerms];  // rows prow and prow + 8 of a fragment
+  static constexpr int kMaskTerms = V::kMaskRowTerms > 0 ? V::kMaskRowTerms : 1;
+  // rows prow and prow + 8 of a fragment: the logits hook's terms, and the mask hook's (its row-invariant
+  // reads, codegen/mask_split.py)
+  struct RowTerms {
+    float logits[2][kRowTerms];
+    int mask[2][kMaskTerms];
+  };
 
   const int& causal;  // the problem's run-time causal flag (read where tested, as a kernel parameter)
   const typename V::Params& hp;
   int batch, kv_head, group, rows_total, pos_base, hi, t4;
   float scale;  // sm_scale, times log2 e where the exponent is base 2 and no logits hook rescales
 
-  // The logits hook's row terms of rows prow and prow + 8 (zeros for rows past the request's).
+  // The hooks' row terms of rows prow and prow + 8 (zeros for rows past the request's).
   __device__ __forceinline__ void row_terms(int prow, RowTerms& rt) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int i = 0; i < kRowTerms; ++i) rt[h][i] = 0.f;
-      if constexpr (V::kHasLogits) {
-        const int pr = prow + 8 * h;
-        if (pr < rows_total)
-          V::logits_row_terms(hp, batch, pos_base + pr / group, kv_head * group + pr % group, kv_head, scale,
-                              V::kLogitsLog2e ? kLog2e : 1.f, rt[h]);
-      }
+      for (int i = 0; i < kRowTerms; ++i) rt.logits[h][i] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kMaskTerms; ++i) rt.mask[h][i] = 0;
+      const int pr = prow + 8 * h;
+      if (pr >= rows_total) continue;
+      const int qo_pos = pos_base + pr / group, qo_head = kv_head * group + pr % group;
+      if constexpr (V::kHasLogits)
+        V::logits_row_terms(hp, batch, qo_pos, qo_head, kv_head, scale, V::kLogitsLog2e ? kLog2e : 1.f,
+                            rt.logits[h]);
+      if constexpr (V::kHasMask && V::kMaskRowTerms > 0)
+        V::mask_row_terms(hp, batch, qo_pos, qo_head, kv_head, rt.mask[h]);
     }
   }
 
@@ -64,12 +74,12 @@ struct ScoreRules {
           x = sm[n][e];
           // the key position as a float: one conversion per tile and thread, constants added per score
           const float jf = float(j0 + t4 * 2) + float(n * 8 + (e % 2));
-          if (visible) x = V::logits_from_terms(hp, x, batch, rpos[h], j, jf, rhead[h], kv_head, rt[h]);
+          if (visible) x = V::logits_from_terms(hp, x, batch, rpos[h], j, jf, rhead[h], kv_head, rt.logits[h]);
         } else {
           x = sm[n][e] * scale;
         }
         if constexpr (V::kHasMask) {
-          if (check && visible) visible = V::mask(hp, batch, rpos[h], j, rhead[h], kv_head);
+          if (check && visible) visible = V::mask_from_terms(hp, batch, rpos[h], j, rhead[h], kv_head, rt.mask[h]);
         }
         sm[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
         if constexpr (V::kSoftmax) row_max[h] = fmaxf(row_max[h], sm[n][e]);

@@ -1,0 +1,64 @@
+"""The mask hook split into row terms and a per-score rest (codegen/mask_split.py): the pair gives the
+hook's visibility on random inputs (float64 interpreter), reads each row-invariant value once per row,
+inside its tensor's bounds, and leaves masks without such reads whole."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+
+from attngen.codegen.hooks_cuda import lower_hooks_cuda
+from attngen.codegen.mask_split import MAX_TERMS, split_mask
+from attngen.ir import tir_utils as tu
+from attngen.ir.tir_eval import TIREvaluator, bind_params, eval_scalar_hook
+from attngen.variants import builtin
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+import document_mask  # noqa: E402
+import prefix_lm  # noqa: E402
+
+N = 301
+
+
+def _params(variant, rng, batch, length):
+    if variant.name == "document_mask":
+        return {"doc_ids": np.cumsum(rng.random((batch, length)) < 0.05, axis=1).astype(np.int32)}
+    return {"prefix_len": rng.integers(0, length, size=batch).astype(np.int32)}
+
+
+@pytest.mark.parametrize("variant", [document_mask.variant, prefix_lm.variant], ids=lambda v: v.name)
+def test_the_pair_gives_the_hooks_visibility(variant, rng):
+    func = variant.hooks["logits_mask"]
+    ms = split_mask(func)
+    assert ms is not None and ms.n_terms == 1
+    batch, length = 3, 200
+    extras = _params(variant, rng, batch, length)
+    b = rng.integers(0, batch, N)
+    qo_pos, kv_pos = rng.integers(0, length, N), rng.integers(0, length, N)
+    qo_head = rng.integers(0, 8, N)
+    kv_head = qo_head // 4
+    want = eval_scalar_hook(func, [b, qo_pos, kv_pos, qo_head, kv_head], extras)
+    ev = TIREvaluator(bind_params(ms.row, [b, qo_pos, qo_head, kv_head, None], extras))
+    ev.clip_loads = True  # the guarded read's untaken lane
+    rt = np.zeros((MAX_TERMS, N), np.int64)
+    for i, store in enumerate(tu.collect(ms.row.body, tvm.tirx.BufferStore)):
+        rt[i] = ev.expr(store.value)
+    got = eval_scalar_hook(ms.score, [b, qo_pos, kv_pos, qo_head, kv_head, rt], extras)
+    np.testing.assert_array_equal(np.asarray(got, bool), np.asarray(want, bool))
+    assert np.asarray(want, bool).any() and not np.asarray(want, bool).all()
+
+
+def test_the_row_read_is_bounded_and_leaves_the_per_score_rest():
+    ms = split_mask(document_mask.variant.hooks["logits_mask"])
+    assert str(ms.score.body.value) == "kv_pos <= qo_pos and doc_ids[batch, kv_pos] == rt[0]"
+    (store,) = tu.collect(ms.row.body, tvm.tirx.BufferStore)
+    assert "qo_pos < max_len" in str(store.value) and "if_then_else" in str(store.value)
+    code = lower_hooks_cuda(document_mask.variant, 128, "sm_90a").code
+    assert "attngen_document_mask_d128_mask_row_terms(" in code and "attngen_document_mask_d128_mask_from_terms(" in code
+
+
+@pytest.mark.parametrize("name", ["custom_mask", "sliding_window_causal", "causal"])
+def test_masks_without_row_invariant_reads_stay_whole(name):
+    v = builtin(name)
+    assert "logits_mask" not in v.hooks or split_mask(v.hooks["logits_mask"]) is None

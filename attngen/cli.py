@@ -266,6 +266,12 @@ def cmd_inspect(args) -> int:
         if ls.float_positions:
             print("  kv_pos_f: the key position as a float32, counted up per tile (exact below 2^23 keys; "
                   "plan_prefill refuses longer requests)")
+    if hs.mask_split:
+        ms = hs.mask_split["split"]
+        print("\n## mask hook in the prefill templates' checked tiles: row-invariant reads hoisted")
+        for i, term in enumerate(ms.terms):
+            print(f"    rt[{i}] = {term}  (once per query row; 0 outside the tensor's bounds)")
+        print(f"  per score: {ms.score.body.value}")
     print(f"\n## generated CUDA device code (head_dim {args.head_dim}, {args.arch})")
     print(hs.code)
     return 0

@@ -62,3 +62,11 @@ def test_the_row_read_is_bounded_and_leaves_the_per_score_rest():
 def test_masks_without_row_invariant_reads_stay_whole(name):
     v = builtin(name)
     assert "logits_mask" not in v.hooks or split_mask(v.hooks["logits_mask"]) is None
+
+
+def test_inspect_shows_the_masks_row_terms(capsys):
+    from attngen.cli import main
+
+    assert main(["inspect", str(Path(__file__).parents[1] / "examples" / "prefix_lm.py")]) == 0
+    text = capsys.readouterr().out
+    assert "rt[0] = prefix_len[batch]" in text and "per score: kv_pos < rt[0] or kv_pos <= qo_pos" in text

@@ -138,7 +138,7 @@ def test_both_sides_of_the_hook_abi_compile(name):
     v, d = builtin(name), 128
     hs = lower_hooks_cuda(v, d, "sm_80")
     _, fns = traits_parts(v, hs, d)
-    args = {"float*": "row", "int": "1", "float": "0.5f", "bool": "true"}
+    args = {"float*": "row", "int*": "(int*)row", "int": "1", "float": "0.5f", "bool": "true"}
     calls = []
     for f in fns:
         params = [x.strip().rsplit(" ", 1)[0] for x in f.decl.split(",") if x.strip()]

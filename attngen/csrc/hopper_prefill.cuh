@@ -25,6 +25,7 @@
 #include "device_info.cuh"
 #include "hopper_producer.cuh"
 #include "hopper_sync.cuh"
+#include "hopper_tile.cuh"
 #include "hopper_tma.cuh"
 #include "mma.cuh"
 #include "prefill.cuh"
@@ -33,33 +34,6 @@
 #include "wgmma_ops.cuh"
 
 namespace attngen {
-
-template <int D>
-struct HopperTile {
-  static_assert(D == 64 || D == 128 || D == 256, "the Hopper prefill supports head_dim 64, 128, 256");
-  static constexpr int kConsumers = 2;              // consumer warpgroups of 64 rows
-  static constexpr int kRows = 64 * kConsumers;     // packed query rows per CTA
-  static constexpr int kKeys = D == 256 ? 64 : 128;  // keys per K/V tile (S: 64 x kKeys per consumer)
-  static constexpr int kStages = 2;
-  // query tiles in flight: two where shared memory holds them (the next item's rows land during this
-  // item's epilogue), one at D 256
-  static constexpr int kQBuffers = D <= 128 ? 2 : 1;
-  static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * (40 + 2 * 232) <= 64K registers
-  static_assert(kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys, "tile maps are made in this tiling");
-};
-
-// Shared memory: [alignment slack][Q: kQBuffers x kRows x D][K: kStages x kKeys x D][V: same][scratch fp32
-// rows, two of D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers,
-// kStages each][full_q, empty_q mbarriers, kQBuffers each].
-// Tiles start 1024-byte aligned (the swizzle's period).
-template <class T, int D>
-constexpr size_t hopper_prefill_smem_bytes() {
-  using Tile = HopperTile<D>;
-  return 1024 + size_t(Tile::kQBuffers) * Tile::kRows * D * sizeof(T) +
-         2 * size_t(Tile::kStages) * Tile::kKeys * D * sizeof(T) + size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) +
-         2 * Tile::kKeys * sizeof(int64_t) + 4 * Tile::kStages * sizeof(uint64_t) + 2 * Tile::kQBuffers * sizeof(uint64_t);
-}
 
 // Mapped: the CTA walks the plan's list of its non-empty key tiles (P.tiles, tile_map.cuh), running the
 // full ones without the mask hook; else the key range the mask's bounds leave.
@@ -97,6 +71,38 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     return round * int(gridDim.x) + i;
   };
 
+  // work item idx (query tile, request, KV head) and its KV range from the mask's bounds, or its tile list;
+  // request-major (the CTAs at work share a request's K/V in L2), its last query tiles (under causal masks
+  // the longest) first. False: the tile holds none of the request's rows (every role skips it).
+  auto item_at = [&](int idx, HopperItem& w) {
+    w.b = idx / per_request;
+    w.tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
+    w.hk = idx % P.num_kv_heads;
+    w.q0 = P.qo_indptr[w.b];
+    const int qo_len = P.qo_indptr[w.b + 1] - w.q0;
+    w.rows_total = qo_len * group;
+    w.row0 = w.tile * RQ;
+    if (w.row0 >= w.rows_total) return false;
+    const int kv_len = P.kv.length(w.b);
+    w.pos_base = kv_len - qo_len;
+    const int first_pos = w.pos_base + w.row0 / group;
+    const int last_pos = w.pos_base + (min(w.row0 + RQ, w.rows_total) - 1) / group;
+    long long lo64 = 0, hi64 = kv_len;
+    if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
+    if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
+    if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
+    w.lo = int(min(lo64, (long long)kv_len));
+    w.hi = int(max(hi64, 0LL));
+    w.num_kt = w.hi > w.lo ? (w.hi - w.lo + TK - 1) / TK : 0;
+    w.tile_list = nullptr;
+    if constexpr (Mapped) {
+      const int l = P.tiles.list(w.b, w.hk, w.tile);
+      w.tile_list = P.tiles.entries + P.tiles.indptr[l];
+      w.num_kt = P.tiles.indptr[l + 1] - P.tiles.indptr[l];
+    }
+    return true;
+  };
+
   if (tid == 0) {
     for (int s = 0; s < NS; ++s) {
       mbar_init(&full_k[s], 128);
@@ -121,31 +127,11 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     for (int round = 0;; ++round) {
       const int idx = work_index(round);
       if (idx >= items) break;
-      // ---- work item idx: query tile, request, KV head; its KV range from the mask's bounds ----
-      // request-major (the CTAs at work share a request's K/V in L2), its last query tiles (under causal
-      // masks the longest) first
-      const int b = idx / per_request, tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
-      const int hk = idx % P.num_kv_heads;
-      const int q0 = P.qo_indptr[b], qo_len = P.qo_indptr[b + 1] - q0;
-      const int rows_total = qo_len * group;
-      const int row0 = tile * RQ;
-      if (row0 >= rows_total) continue;  // (every role skips the same items)
-      const int kv_len = P.kv.length(b);
-      const int pos_base = kv_len - qo_len;
-      const int first_pos = pos_base + row0 / group;
-      const int last_pos = pos_base + (min(row0 + RQ, rows_total) - 1) / group;
-      long long lo64 = 0, hi64 = kv_len;
-      if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
-      if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
-      if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
-      const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
-      int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
-      const int32_t* tile_list = nullptr;
-      if constexpr (Mapped) {
-        const int l = P.tiles.list(b, hk, tile);
-        tile_list = P.tiles.entries + P.tiles.indptr[l];
-        num_kt = P.tiles.indptr[l + 1] - P.tiles.indptr[l];
-      }
+      HopperItem w;
+      if (!item_at(idx, w)) continue;  // (every role skips the same items)
+      const int b = w.b, hk = w.hk, q0 = w.q0, rows_total = w.rows_total, row0 = w.row0, pos_base = w.pos_base;
+      const int lo = w.lo, hi = w.hi, num_kt = w.num_kt;
+      const int32_t* tile_list = w.tile_list;
       // the first key of the item's kt-th tile, and whether every score of it is visible (mapped: a full tile)
       auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
       {  // the item's query rows (zero past the end) into Q buffer qn % NQ, once the consumers released it
@@ -233,31 +219,11 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   for (int round = 0;; ++round) {
     const int idx = work_index(round);
     if (idx >= items) break;
-    // ---- work item idx: query tile, request, KV head; its KV range from the mask's bounds ----
-    // request-major (the CTAs at work share a request's K/V in L2), its last query tiles (under causal
-    // masks the longest) first
-    const int b = idx / per_request, tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
-    const int hk = idx % P.num_kv_heads;
-    const int q0 = P.qo_indptr[b], qo_len = P.qo_indptr[b + 1] - q0;
-    const int rows_total = qo_len * group;
-    const int row0 = tile * RQ;
-    if (row0 >= rows_total) continue;  // (every role skips the same items)
-    const int kv_len = P.kv.length(b);
-    const int pos_base = kv_len - qo_len;
-    const int first_pos = pos_base + row0 / group;
-    const int last_pos = pos_base + (min(row0 + RQ, rows_total) - 1) / group;
-    long long lo64 = 0, hi64 = kv_len;
-    if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
-    if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
-    if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
-    const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
-    int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
-    const int32_t* tile_list = nullptr;
-    if constexpr (Mapped) {
-      const int l = P.tiles.list(b, hk, tile);
-      tile_list = P.tiles.entries + P.tiles.indptr[l];
-      num_kt = P.tiles.indptr[l + 1] - P.tiles.indptr[l];
-    }
+    HopperItem w;
+    if (!item_at(idx, w)) continue;  // (every role skips the same items)
+    const int b = w.b, hk = w.hk, q0 = w.q0, rows_total = w.rows_total, row0 = w.row0, pos_base = w.pos_base;
+    const int lo = w.lo, hi = w.hi, num_kt = w.num_kt;
+    const int32_t* tile_list = w.tile_list;
     // the first key of the item's kt-th tile, and whether every score of it is visible (mapped: a full tile)
     auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
     auto tile_full = [&](int kt) { return Mapped && (tile_list[kt] & 1) != 0; };

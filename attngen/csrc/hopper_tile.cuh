@@ -1,0 +1,45 @@
+// The Hopper prefill's tiling (hopper_prefill.cuh): the CTA's warpgroups, rows and keys per tile, pipeline
+// stages and register split, its shared memory, and the work item a persistent CTA decodes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "tile_map.cuh"
+
+namespace attngen {
+
+template <int D>
+struct HopperTile {
+  static_assert(D == 64 || D == 128 || D == 256, "the Hopper prefill supports head_dim 64, 128, 256");
+  static constexpr int kConsumers = 2;              // consumer warpgroups of 64 rows
+  static constexpr int kRows = 64 * kConsumers;     // packed query rows per CTA
+  static constexpr int kKeys = D == 256 ? 64 : 128;  // keys per K/V tile (S: 64 x kKeys per consumer)
+  static constexpr int kStages = 2;
+  // query tiles in flight: two where shared memory holds them (the next item's rows land during this
+  // item's epilogue), one at D 256
+  static constexpr int kQBuffers = D <= 128 ? 2 : 1;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * (40 + 2 * 232) <= 64K registers
+  static_assert(kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys, "tile maps are made in this tiling");
+};
+
+// Shared memory: [alignment slack][Q: kQBuffers x kRows x D][K: kStages x kKeys x D][V: same][scratch fp32
+// rows, two of D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers,
+// kStages each][full_q, empty_q mbarriers, kQBuffers each].
+// Tiles start 1024-byte aligned (the swizzle's period).
+template <class T, int D>
+constexpr size_t hopper_prefill_smem_bytes() {
+  using Tile = HopperTile<D>;
+  return 1024 + size_t(Tile::kQBuffers) * Tile::kRows * D * sizeof(T) +
+         2 * size_t(Tile::kStages) * Tile::kKeys * D * sizeof(T) + size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) +
+         2 * Tile::kKeys * sizeof(int64_t) + 4 * Tile::kStages * sizeof(uint64_t) + 2 * Tile::kQBuffers * sizeof(uint64_t);
+}
+
+// One work item of a persistent CTA, as both roles decode it (hopper_prefill_kernel's item_at).
+struct HopperItem {
+  int b, tile, hk, q0, rows_total, row0, pos_base;  // request, query tile, KV head, rows
+  int lo, hi, num_kt;                               // the visible key range and its tiles
+  const int32_t* tile_list;                         // mapped: the tile map's list of the item's key tiles
+};
+
+}  // namespace attngen

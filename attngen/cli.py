@@ -271,7 +271,10 @@ def cmd_inspect(args) -> int:
         print("\n## mask hook in the prefill templates' checked tiles: row-invariant reads hoisted")
         for i, term in enumerate(ms.terms):
             print(f"    rt[{i}] = {term}  (once per query row; 0 outside the tensor's bounds)")
-        print(f"  per score: {ms.score.body.value}")
+        reads, rest = ms.per_score()
+        for var, read in reads:
+            print(f"    {var} = {read}  (per key, before the tests, inside the tensor's bounds)")
+        print(f"  per score: {rest}")
     print(f"\n## generated CUDA device code (head_dim {args.head_dim}, {args.arch})")
     print(hs.code)
     return 0

@@ -51,7 +51,11 @@ def test_the_pair_gives_the_hooks_visibility(variant, rng):
 
 def test_the_row_read_is_bounded_and_leaves_the_per_score_rest():
     ms = split_mask(document_mask.variant.hooks["logits_mask"])
-    assert str(ms.score.body.value) == "kv_pos <= qo_pos and doc_ids[batch, kv_pos] == rt[0]"
+    ((var, read),), rest = ms.per_score()
+    assert str(rest) == f"kv_pos <= qo_pos and {var} == rt[0]"
+    # the key's document id is read up front, inside the tensor's bounds: the mask may run for any key
+    assert "doc_ids[batch, kv_pos]" in str(read) and "kv_pos < max_len" in str(read) and "batch < nbatch" in str(read)
+    assert ms.total
     (store,) = tu.collect(ms.row.body, tvm.tirx.BufferStore)
     assert "qo_pos < max_len" in str(store.value) and "if_then_else" in str(store.value)
     code = lower_hooks_cuda(document_mask.variant, 128, "sm_90a").code
@@ -70,3 +74,23 @@ def test_inspect_shows_the_masks_row_terms(capsys):
     assert main(["inspect", str(Path(__file__).parents[1] / "examples" / "prefix_lm.py")]) == 0
     text = capsys.readouterr().out
     assert "rt[0] = prefix_len[batch]" in text and "per score: kv_pos < rt[0] or kv_pos <= qo_pos" in text
+
+
+def test_an_indirect_read_keeps_the_rest_lazy():
+    """A read through another read's value may lie out of bounds where the hook's own tests would not reach
+    it: the rest stays as the hook wrote it, and the templates evaluate it only for visible keys."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def indirect(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                 a_ptr: T.handle, b_ptr: T.handle) -> T.bool:
+        n = T.int32()
+        m = T.int32()
+        a = T.match_buffer(a_ptr, (n,), "int32")
+        b = T.match_buffer(b_ptr, (m,), "int32")
+        return kv_pos <= qo_pos and a[b[kv_pos]] == a[qo_pos]
+
+    ms = split_mask(indirect)
+    assert ms is not None and ms.n_terms == 1 and not ms.total
+    reads, rest = ms.per_score()
+    assert reads == [] and str(rest) == "kv_pos <= qo_pos and a[b[kv_pos]] == rt[0]"

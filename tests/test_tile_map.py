@@ -74,7 +74,11 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
     assert tm.counts == {"empty": int((ref == 0).sum()), "partial": int((ref == 1).sum()),
                          "full": int((ref == 2).sum())}
     assert tm.ffi_args() == (tm.indptr, tm.entries, 1)
-
+    # the work order: every (request, query tile) pair once, by its non-empty key tiles, most first
+    order = tm.order.numpy()
+    assert sorted(order.tolist()) == list(range(ref.shape[0] * ref.shape[2]))
+    live = (ref != 0).sum(3).sum(1).reshape(-1)
+    assert np.all(np.diff(live[order]) <= 0)
 
 
 @pytest.mark.parametrize("qo_lens,kv_lens", [([], []), ([3, 0], [0, 0]), ([0], [0])])
@@ -97,6 +101,7 @@ def test_a_batch_without_keys_maps_to_empty_lists(qo_lens, kv_lens):
     q_tiles = -(-max(qo_lens, default=0) * 2 // 128)
     assert tm.indptr.tolist() == [0] * (len(qo_lens) * q_tiles + 1)
     assert tm.entries.numel() == 0 and tm.counts == {"empty": 0, "partial": 0, "full": 0}
+    assert sorted(tm.order.tolist()) == list(range(len(qo_lens) * q_tiles))
 
 def test_map_provenance_follows_the_mask_tensors():
     """A plan keys its map by the mask's tensor parameters: another tensor or an in-place change is a new key."""

@@ -241,6 +241,9 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
     fns += _logits_split_forwards(split, hs)
     msplit = hs.mask_split or {}
     flags["kMaskRowTerms"] = str(msplit.get("terms", 0))
+    # the split mask reads only inside its tensors (codegen/mask_split.py): evaluated for every key of a
+    # checked tile, unconditionally, so that one read of a key's value serves both rows of a fragment
+    flags["kMaskTotal"] = _b(bool(msplit.get("total")))
     fns += _mask_split_forwards(msplit, hs)
     for which in ("lower", "upper"):
         call = None

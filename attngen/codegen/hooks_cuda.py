@@ -198,7 +198,8 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
     ms = split_mask(variant.hooks["logits_mask"]) if "logits_mask" in variant.hooks else None
     if ms is not None:
         base = hook_symbol(variant.name, head_dim, "mask")
-        msplit = {"row": base + "_row_terms", "score": base + "_from_terms", "terms": ms.n_terms, "split": ms}
+        msplit = {"row": base + "_row_terms", "score": base + "_from_terms", "terms": ms.n_terms, "split": ms,
+                  "total": ms.total}
         add(msplit["row"], ms.row, ms.n_standard_row)
         add(msplit["score"], ms.score, ms.n_standard_score)
     masks = [f for h, f in variant.hooks.items() if HOOKS[h].site is Site.VISIBILITY]

@@ -36,10 +36,21 @@ class MaskSplit:
     row: tir.PrimFunc  # (batch, qo_pos, qo_head, kv_head, rt[n] int32, <extras>) -> None
     score: tir.PrimFunc  # (batch, qo_pos, kv_pos, qo_head, kv_head, rt[n] int32, <extras>) -> bool
     terms: tuple  # rt[i] = terms[i]
+    # every read of the per-score rest lies inside its tensor's bounds whatever the positions: a template may
+    # evaluate it for any key of a tile, past the request's keys too, and combine it with its own tests
+    total: bool = False
 
     @property
     def n_terms(self) -> int:
         return len(self.terms)
+
+    def per_score(self) -> tuple[list, object]:
+        """The per-score rest as its up-front reads ([(var, guarded read)]) and the expression using them."""
+        e, reads = self.score.body.value, []
+        while isinstance(e, tir.Let):
+            reads.append((e.var, e.value))
+            e = e.body
+        return reads, e
 
     n_standard_row = 5  # leading parameters before the variant's extras (the last is rt)
     n_standard_score = 6
@@ -52,6 +63,33 @@ def _in_bounds(load):
         c = tir.And(tir.GE(idx, tir.IntImm(I32, 0)), tir.LT(idx, dim))
         cond = c if cond is None else tir.And(cond, c)
     return cond
+
+
+def _eager_reads(rest, rt) -> tuple:
+    """``rest`` with its tensor reads (other than the row terms ``rt``) bound first, each inside its tensor's
+    bounds: the generated C evaluates ``kv_pos <= qo_pos && ids[kv_pos] == rt[0]`` lazily, so the read of a
+    key's value waited for each score's own condition and was issued once per score; bound up front under
+    its bounds alone, it is one read per key for every row of a thread, free to start before the scores
+    exist. The value is the same wherever the hook would have read it (0 where it would not have). Returns
+    the rewritten rest and whether every read is so bound (else ``rest`` as it was)."""
+    reads: list = []
+
+    def bind(e):
+        if isinstance(e, tvm.ir.TensorLoad) and not e.source.same_as(rt) \
+                and all(not tu.collect(i, tvm.ir.TensorLoad) for i in e.indices):
+            for v, t in reads:
+                if tvm_ffi.structural_equal(t, e):
+                    return v
+            reads.append((tir.Var(f"{e.source.name}_read{len(reads)}", str(e.ty)), e))
+            return reads[-1][0]
+        return _children_mapped(e, bind)
+
+    body = bind(rest)
+    if any(not load.source.same_as(rt) for load in tu.collect(body, tvm.ir.TensorLoad)):
+        return rest, False  # a read left under a condition (an if_then_else branch, an indirect index)
+    for v, load in reversed(reads):
+        body = tir.Let(v, tir.if_then_else(_in_bounds(load), load, tir.const(0, str(load.ty))), body)
+    return body, True
 
 
 def split_mask(func: tir.PrimFunc) -> MaskSplit | None:
@@ -88,10 +126,11 @@ def split_mask(func: tir.PrimFunc) -> MaskSplit | None:
     rest = hoist(value)
     if not terms:
         return None
+    rest, total = _eager_reads(rest, rt_score)
     stores = [tir.BufferStore(rt_row, tir.if_then_else(_in_bounds(t), t, tir.IntImm(I32, 0)), [tir.IntImm(I32, i)])
               for i, t in enumerate(terms)]
     row = tir.PrimFunc([batch, qo_pos, qo_head, kv_head, rt_row] + extras,
                        stores[0] if len(stores) == 1 else tir.SeqStmt(stores), None)
     score = tir.PrimFunc([batch, qo_pos, kv_pos, qo_head, kv_head, rt_score] + extras, tir.Return(rest),
                          tvm.ir.PrimType("bool"))
-    return MaskSplit(row, score, tuple(terms))
+    return MaskSplit(row, score, tuple(terms), total)

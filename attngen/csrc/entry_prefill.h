@@ -12,7 +12,8 @@
 //   ... o [n, Hq, D], lse [n, Hq] f32, sm_scale, max_qo_len (sizes the grid), tile_rows (PrefillTileRows),
 //   kernel (PrefillTemplate: which template serves the call), tile_indptr / tile_entries (optional: the
 //   plan's mask-derived tile lists, tile_map.cuh) and tile_heads (their head rows: 1 or Hkv; 0 without),
-//   then the variant's extra parameters (V::ExtraArgs).
+//   work_order (optional: [B * q_tiles] int32, the plan's order of (request, query tile) pairs in the Hopper
+//   tiling, longest work first), then the variant's extra parameters (V::ExtraArgs).
 //
 // prefill_tile_map_<dtype>_d<D> (TileMapEntry) classifies the tiles of a launch for the plan:
 //   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, group, num_kv_heads, causal,
@@ -54,6 +55,18 @@ inline void fill_tile_list(PrefillProblem& P, const char* name, const OptionalTe
                      static_cast<int>(heads), static_cast<int>(lists / (int64_t(P.batch) * heads))};
 }
 
+// The plan's work order into P: one entry per (request, query tile) pair of the Hopper template's grid.
+template <int D>
+void fill_work_order(PrefillProblem& P, const char* name, const OptionalTensor& order, int64_t max_qo_len) {
+  if (!order.has_value()) return;
+  check_args(name, {{"work_order", *order, 1, dl_dtype<int32_t>()}});
+  const int64_t pairs = int64_t(P.batch) * ((max_qo_len * P.group + HopperTile<D>::kRows - 1) / HopperTile<D>::kRows);
+  if ((*order).size(0) != pairs)
+    TVM_FFI_THROW(ValueError) << name << ": work_order has " << (*order).size(0) << " entries, not batch x query "
+                              << "tiles (" << pairs << "): plan again for this batch";
+  P.work_order = static_cast<const int32_t*>(data_of(*order));
+}
+
 // The launch shared by the paged and ragged entries, once P holds the problem.
 template <class V, class T, int D>
 void run_prefill(const char* name, PrefillProblem& P, const tvm::ffi::TensorView& q, int64_t max_qo_len,
@@ -83,7 +96,7 @@ struct PrefillPagedEntry<V, T, D, L, Name, ArgList<X...>> {
                    tvm::ffi::TensorView indptr, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView qo_indptr,
                    tvm::ffi::TensorView o, tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len,
                    int64_t tile_rows, int64_t kernel, OptionalTensor tile_indptr, OptionalTensor tile_entries,
-                   int64_t tile_heads, X... extra) {
+                   int64_t tile_heads, OptionalTensor work_order, X... extra) {
     check_args(Name, {{"q", q, 3, dl_dtype<T>()},
                       {"pages", pages, 5, dl_dtype<T>()},
                       {"indices", indices, 1, dl_dtype<int32_t>()},
@@ -98,6 +111,7 @@ struct PrefillPagedEntry<V, T, D, L, Name, ArgList<X...>> {
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_pages<L>(P.kv, pages, indptr, indices, last_page_len),
                  Name);
     fill_tile_list(P, Name, tile_indptr, tile_entries, tile_heads);
+    fill_work_order<D>(P, Name, work_order, max_qo_len);
     run_prefill<V, T, D>(Name, P, q, max_qo_len, tile_rows, kernel, hp);
   }
 };
@@ -110,7 +124,8 @@ struct PrefillRaggedEntry<V, T, D, Name, ArgList<X...>> {
   static void call(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
                    tvm::ffi::TensorView kv_indptr, tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView o,
                    tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len, int64_t tile_rows, int64_t kernel,
-                   OptionalTensor tile_indptr, OptionalTensor tile_entries, int64_t tile_heads, X... extra) {
+                   OptionalTensor tile_indptr, OptionalTensor tile_entries, int64_t tile_heads,
+                   OptionalTensor work_order, X... extra) {
     check_args(Name, {{"q", q, 3, dl_dtype<T>()},
                       {"k", k, 3, dl_dtype<T>()},
                       {"v", v, 3, dl_dtype<T>()},
@@ -123,6 +138,7 @@ struct PrefillRaggedEntry<V, T, D, Name, ArgList<X...>> {
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<T>(P.kv, k, v, kv_indptr), Name);
     fill_tile_list(P, Name, tile_indptr, tile_entries, tile_heads);
+    fill_work_order<D>(P, Name, work_order, max_qo_len);
     run_prefill<V, T, D>(Name, P, q, max_qo_len, tile_rows, kernel, hp);
   }
 };

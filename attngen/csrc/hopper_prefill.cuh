@@ -72,12 +72,20 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   };
 
   // work item idx (query tile, request, KV head) and its KV range from the mask's bounds, or its tile list;
-  // request-major (the CTAs at work share a request's K/V in L2), its last query tiles (under causal masks
-  // the longest) first. False: the tile holds none of the request's rows (every role skips it).
+  // in the plan's order where it gives one (longest work first over the whole batch), else request-major
+  // (the CTAs at work share a request's K/V in L2), its last query tiles (under causal masks the longest)
+  // first. False: the tile holds none of the request's rows (every role skips it).
   auto item_at = [&](int idx, HopperItem& w) {
-    w.b = idx / per_request;
-    w.tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
     w.hk = idx % P.num_kv_heads;
+    if (P.work_order != nullptr) {  // the plan's order of (request, query tile) pairs
+      const int pair = P.work_order[idx / P.num_kv_heads];
+      if (pair < 0 || pair >= P.batch * q_tiles) return false;  // (an order not the plan's: never out of bounds)
+      w.b = pair / q_tiles;
+      w.tile = pair % q_tiles;
+    } else {
+      w.b = idx / per_request;
+      w.tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
+    }
     w.q0 = P.qo_indptr[w.b];
     const int qo_len = P.qo_indptr[w.b + 1] - w.q0;
     w.rows_total = qo_len * group;

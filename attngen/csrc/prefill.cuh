@@ -54,6 +54,9 @@ struct PrefillProblem {
   float sm_scale;
   KVRows kv;
   TileList tiles;  // the plan's mask-derived tile lists (tile_map.cuh); absent: each CTA walks its key range
+  // [B * q_tiles] or null: the plan's order of the (request, query tile) pairs, longest work first, which
+  // the persistent Hopper kernel deals out (each pair's KV heads in a row); null: request by request
+  const int32_t* work_order;
 };
 
 // Tile configurations: Q rows per CTA (4 warps x MT m-tiles of 16 rows), keys per tile, stages

@@ -78,7 +78,12 @@ struct ScoreRules {
         } else {
           x = sm[n][e] * scale;
         }
-        if constexpr (V::kHasMask) {
+        if constexpr (V::kHasMask && V::kMaskTotal) {  // no read depends on the tests: one per key
+          if (check) {
+            const bool admitted = V::mask_from_terms(hp, batch, rpos[h], j, rhead[h], kv_head, rt.mask[h]);
+            visible = visible && admitted;
+          }
+        } else if constexpr (V::kHasMask) {
           if (check && visible) visible = V::mask_from_terms(hp, batch, rpos[h], j, rhead[h], kv_head, rt.mask[h]);
         }
         sm[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);

@@ -30,6 +30,7 @@ from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
 from .tile_map import TileMap, build_tile_map, mask_needs_map, params_key
 from .views import PagedKV, RaggedKV, paged_lengths
+from .work_order import order_from_bounds
 
 
 def is_cuda(t) -> bool:
@@ -137,11 +138,40 @@ class PrefillPlan:
     tile_map: bool = False
     # the maps derived so far, by the mask's tensor parameters they were made from (made on first use)
     maps: dict = field(default_factory=dict, repr=False, compare=False)
+    # the batch's [B] query rows and keys per request (host), where calls deal the Hopper template's work
+    # longest first (runtime/work_order.py); None: request by request
+    lengths: tuple | None = field(default=None, repr=False, compare=False)
+    # the work orders made so far, by GQA group (made on first use)
+    orders: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def ffi_args(self, tile_map: TileMap | None = None) -> tuple:
+    def ffi_args(self, tile_map: TileMap | None = None, order=None) -> tuple:
         """What the prefill entry functions take after ``sm_scale`` (csrc/entry_prefill.h)."""
         tiles = tile_map.ffi_args() if tile_map is not None else (None, None, 0)
-        return (self.max_qo_len, self.tile_rows, self.kernel, *tiles)
+        return (self.max_qo_len, self.tile_rows, self.kernel, *tiles, order)
+
+    def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None):
+        """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
+        bounds, made on the first call of each GQA group), or None."""
+        if tile_map is not None:
+            return tile_map.order
+        if self.lengths is None:
+            return None
+        if group not in self.orders:
+            from attngen.schedules.template_prefill_hopper import HopperConfig
+
+            tile = HopperConfig(head_dim)
+            self.orders[group] = order_from_bounds(variant, *self.lengths, group=group,
+                                                   q_tiles=-(-self.max_qo_len * group // tile.rows),
+                                                   rows=tile.rows, keys=tile.keys, device=device)
+        return self.orders[group]
+
+
+def _kv_lengths(kv) -> np.ndarray:
+    """[B] keys of each request of a paged or ragged view, from host copies of its index arrays."""
+    if isinstance(kv, PagedKV):
+        pages = np.diff(as_numpy(kv.indptr, "kv.indptr")).astype(np.int64)
+        return paged_lengths(pages, as_numpy(kv.last_page_len, "kv.last_page_len").astype(np.int64), kv.page_size)
+    return np.diff(as_numpy(kv.indptr, "kv.indptr")).astype(np.int64)
 
 
 PREFILL_TEMPLATES = {None: PrefillTemplate.AUTO, "mma_sync": PrefillTemplate.MMA_SYNC,
@@ -373,7 +403,8 @@ class CUDAAttention(BuiltModule):
 
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int, *,
                      wide_tiles: bool | None = None, template: str | None = None,
-                     tile_map: bool | None = None, max_qo_len: int | None = None) -> PrefillPlan:
+                     tile_map: bool | None = None, max_qo_len: int | None = None,
+                     work_order: bool | None = None) -> PrefillPlan:
         """Host-side checks of the batch's index arrays (host copies) and the grid size. ``wide_tiles``:
         None (default) or True: 128 query rows per CTA (4 warps x two m-tiles) when the longest request has
         at least 256 rows (tokens x group) at head_dim <= 128, halving the K/V traffic per FLOP; 64 rows
@@ -388,7 +419,11 @@ class CUDAAttention(BuiltModule):
         longest request (at least that, at most the batch's total rows). A CUDA graph captured with such a
         plan replays any later batch of the same size and total rows whose requests stay within the bound:
         write its qo_indptr and page table into the captured tensors (page tables may keep spare entries)
-        and replay. Graph replays over changing batches need ``tile_map=False`` (a map is one batch's)."""
+        and replay. Graph replays over changing batches need ``tile_map=False`` (a map is one batch's).
+        ``work_order``: None (default) or True: the Hopper template deals the batch's work longest first
+        over all requests (runtime/work_order.py; made on the first call, so call once before capturing a
+        graph; later batches replayed within the bounds keep it, which changes no result); False: request by
+        request. It has no effect on the mma.sync template."""
         kernel = _prefill_template(template, self.manifest["config"]["archs"])
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
@@ -402,7 +437,12 @@ class CUDAAttention(BuiltModule):
             check_ragged(kv, head_dim, dtype, batch)
         if batch > MAX_GRID_BATCH:
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
-        self._check_float_positions(kv)
+        if work_order not in (None, True, False):
+            raise AttentionArgumentError(f"work_order: expected None, True or False, got {work_order!r}")
+        ordered = work_order is not False and "sm_90a" in self.manifest["config"]["archs"] \
+            and kernel != PrefillTemplate.MMA_SYNC
+        kv_lens = _kv_lengths(kv) if ordered or self.manifest.get("float_position_limit") else None
+        self._check_float_positions(kv_lens)
         if tile_map not in (None, True, False):
             raise AttentionArgumentError(f"tile_map: expected None, True or False, got {tile_map!r}")
         why = self._tile_map_problem(dtype, head_dim) if tile_map is not False else "not asked for"
@@ -418,20 +458,17 @@ class CUDAAttention(BuiltModule):
             longest = int(max_qo_len)
         return PrefillPlan(batch, int(qo[-1]), longest, _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
-                            False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None)
+                            False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None,
+                           lengths=(np.diff(qo), kv_lens) if ordered else None)
 
-    def _check_float_positions(self, kv) -> None:
+    def _check_float_positions(self, kv_lens) -> None:
         """This build's prefill passes key positions to the logits hook as floats (exact below the limit
-        recorded in the manifest, codegen/logits_split.py): refuse a batch with a longer request."""
+        recorded in the manifest, codegen/logits_split.py): refuse a batch with a longer request
+        (kv_lens: [B] keys per request, host)."""
         limit = self.manifest.get("float_position_limit")
         if not limit:
             return
-        if isinstance(kv, PagedKV):
-            pages = np.diff(as_numpy(kv.indptr, "kv.indptr")).astype(np.int64)
-            last = as_numpy(kv.last_page_len, "kv.last_page_len").astype(np.int64)
-            longest = int(np.where(pages > 0, (pages - 1) * kv.page_size + last, 0).max(initial=0))
-        else:
-            longest = int(np.diff(as_numpy(kv.indptr, "kv.indptr")).max(initial=0))
+        longest = int(kv_lens.max(initial=0))
         if longest >= limit:
             raise AttentionArgumentError(
                 f"kv: a request of {longest} keys; this library's logits hook takes key positions as float32, "
@@ -497,5 +534,6 @@ class CUDAAttention(BuiltModule):
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
         scale = resolve_sm_scale(sm_scale, d)
         tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras)
-        fn(q, *kv_args, qo_indptr, out, lse, scale, *plan.ffi_args(tiles), *extras)
+        order = plan.work_order(self.variant, int(q.shape[1]) // kv.num_kv_heads, d, q.device, tiles)
+        fn(q, *kv_args, qo_indptr, out, lse, scale, *plan.ffi_args(tiles, order), *extras)
         return out, lse

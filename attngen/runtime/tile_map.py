@@ -19,6 +19,7 @@ from attngen.ir.hook_spec import HEADS
 from attngen.ir.mask_class import MaskKind
 
 from .views import PagedKV
+from .work_order import order_from_map
 
 
 def mask_needs_map(variant) -> bool:
@@ -54,6 +55,7 @@ class TileMap:
     params_key: tuple  # the mask's tensor parameters the map was made from
     class_counts: Any = None  # [3] int64 (device): tiles by class (empty, partial, full), read by `counts`
     build_ms: float = 0.0  # host wall time of the derivation (classifier and compaction; synchronised)
+    order: Any = None  # [batch * q_tiles] int32 (device): the pairs by their tiles, longest first (work_order.py)
 
     @property
     def counts(self) -> dict:
@@ -101,5 +103,6 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     where = live.nonzero()
     entries = (where[:, 1] * 2 + (flat[where[:, 0], where[:, 1]] == 2)).to(torch.int32)
     class_counts = torch.bincount(cls.reshape(-1), minlength=3)  # no host sync: read when reported
+    order = order_from_map(indptr, batch=batch, heads=heads, q_tiles=q_tiles)
     return TileMap(indptr, entries.contiguous(), heads, rows, keys, params_key(variant, params), class_counts,
-                   (time.perf_counter() - start) * 1e3)
+                   (time.perf_counter() - start) * 1e3, order)

@@ -1,0 +1,82 @@
+"""Work order of the persistent Hopper prefill: which (request, query tile) pairs its CTAs take first.
+
+The kernel (csrc/hopper_prefill.cuh) deals its work items out round by round over the CTAs, rounds in
+alternating direction. Dealt longest first over the whole batch, the items of a round shrink together and
+every CTA finishes at about the same time (longest processing time first). Without an order the kernel
+walks request by request, each request's last query tiles first: right for one causal request, but the
+work of a mask-derived tile map follows the documents of a packed row, not the tile index, and a ragged
+batch's rounds mix long and short requests unevenly.
+
+An order is a permutation of the pairs ``request * q_tiles + tile`` of the Hopper tiling (each pair's KV
+heads are dealt in a row). Its costs are key tiles per pair plus one for the item's query rows and
+epilogue: from the mask's bounds on the host (``order_from_bounds``, at the first call of a plan) or from
+a tile map's list lengths on the device (``order_from_map``). Any permutation gives the same result, so a
+plan that serves later batches within its bounds (CUDA graphs) stays correct with its first batch's order.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from attngen.ir.mask_class import MaskKind
+
+
+def constant_bounds(variant) -> tuple[int | None, int | None]:
+    """The mask's bounds lower <= qo_pos - kv_pos <= upper where they are constants (None: unbounded, or
+    set by a parameter, which the estimate leaves out)."""
+    if "logits_mask" not in variant.hooks or variant.analysis.mask.kind == MaskKind.ARBITRARY:
+        return None, None
+
+    def const(e):
+        value = getattr(e, "value", None)
+        return int(value) if isinstance(value, (int, np.integer)) else None
+
+    return const(variant.analysis.mask.lower), const(variant.analysis.mask.upper)
+
+
+def pair_costs(qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int, q_tiles: int, rows: int, keys: int,
+               lower: int | None, upper: int | None) -> np.ndarray:
+    """[B, q_tiles] estimated cost of each pair (qo_lens, kv_lens: [B] query rows and keys per request):
+    the key tiles its rows may see under the bounds, plus one; 0 for a tile past the request's rows."""
+    qo = qo_lens.astype(np.int64)[:, None]
+    kv = kv_lens.astype(np.int64)[:, None]
+    row0 = np.arange(q_tiles, dtype=np.int64)[None, :] * rows
+    rows_total = qo * group
+    live = row0 < rows_total
+    last_row = np.maximum(np.minimum(row0 + rows, rows_total) - 1, 0)
+    base = kv - qo
+    hi = np.broadcast_to(kv, live.shape)
+    if lower is not None:
+        hi = np.minimum(hi, base + last_row // group - lower + 1)
+    lo = np.zeros_like(hi)
+    if upper is not None:
+        lo = np.clip(base + row0 // group - upper, 0, None)
+    hi = np.clip(hi, 0, None)
+    tiles = np.where(hi > lo, -(-hi // keys) - lo // keys, 0)
+    return np.where(live, tiles + 1, 0)
+
+
+def order_from_costs(costs: np.ndarray) -> np.ndarray:
+    """[B * q_tiles] int32: the pairs by descending cost (ties in pair order)."""
+    return np.argsort(-costs.reshape(-1), kind="stable").astype(np.int32)
+
+
+def order_from_bounds(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int, q_tiles: int, rows: int,
+                      keys: int, device):
+    """The order of a plan's pairs from the mask's constant bounds, as a device int32 tensor."""
+    import torch
+
+    lower, upper = constant_bounds(variant)
+    costs = pair_costs(qo_lens, kv_lens, group=group, q_tiles=q_tiles, rows=rows, keys=keys, lower=lower,
+                       upper=upper)
+    return torch.from_numpy(order_from_costs(costs)).to(device)
+
+
+def order_from_map(indptr, *, batch: int, heads: int, q_tiles: int):
+    """The order of a mapped launch's pairs from its tile map (indptr: [batch * heads * q_tiles + 1] device
+    int32): the pair's non-empty key tiles over its head rows, plus one. Stays on the device."""
+    import torch
+
+    if batch * q_tiles == 0:
+        return torch.zeros(0, dtype=torch.int32, device=indptr.device)
+    tiles = torch.diff(indptr).view(batch, heads, q_tiles).sum(1)
+    return torch.argsort(tiles.reshape(-1), descending=True, stable=True).to(torch.int32)

@@ -1,0 +1,53 @@
+"""The Hopper template's work order (runtime/work_order.py): cost estimates against a count of each pair's
+key tiles, orders as permutations by descending cost, and when plans carry one."""
+import numpy as np
+import pytest
+
+from attngen.runtime.work_order import constant_bounds, order_from_costs, pair_costs
+from attngen.variants import builtin
+
+
+def brute_costs(qo_lens, kv_lens, group, q_tiles, rows, keys, lower, upper):
+    """Each pair's key tiles holding a key some row of it may see under the bounds, plus one."""
+    out = np.zeros((len(qo_lens), q_tiles), np.int64)
+    for b, (qo, kv) in enumerate(zip(qo_lens, kv_lens)):
+        for t in range(q_tiles):
+            r = list(range(t * rows, min((t + 1) * rows, qo * group)))
+            if not r:
+                continue
+            seen = set()
+            for row in r:
+                pos = kv - qo + row // group
+                for j in range(kv):
+                    if (lower is None or pos - j >= lower) and (upper is None or pos - j <= upper):
+                        seen.add(j // keys)
+            out[b, t] = len(seen) + 1
+    return out
+
+
+@pytest.mark.parametrize("lower,upper", [(None, None), (0, None), (0, 40), (-3, 17), (2, None)])
+@pytest.mark.parametrize("group", [1, 4, 3])
+def test_costs_count_the_key_tiles_a_pair_may_see(lower, upper, group, rng):
+    qo_lens = np.array([0, 1, 37, 90, 5, 64])
+    kv_lens = np.array([0, 9, 37, 200, 130, 64])
+    rows, keys = 32, 16
+    q_tiles = -(-int(qo_lens.max()) * group // rows)
+    got = pair_costs(qo_lens, kv_lens, group=group, q_tiles=q_tiles, rows=rows, keys=keys, lower=lower, upper=upper)
+    want = brute_costs(qo_lens, kv_lens, group, q_tiles, rows, keys, lower, upper)
+    # a contiguous key range: the count of its tiles equals the brute count (rows past the request: 0)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_order_is_a_permutation_by_descending_cost(rng):
+    costs = rng.integers(0, 9, size=(7, 13))
+    order = order_from_costs(costs)
+    assert order.dtype == np.int32 and sorted(order.tolist()) == list(range(costs.size))
+    flat = costs.reshape(-1)[order]
+    assert np.all(np.diff(flat) <= 0)
+    ties = order[flat == flat[0]]
+    assert np.all(np.diff(ties) > 0)  # ties keep pair order
+
+
+def test_constant_bounds_of_builtin_masks():
+    assert constant_bounds(builtin("vanilla")) == (None, None)
+    assert constant_bounds(builtin("causal")) == (0, None)

@@ -22,9 +22,9 @@ using TV = tvm::ffi::TensorView;
 using DecodeOwnArgs = ArgList<TV, TV, TV, TV, TV, TV, TV, double, TV, TV, int64_t, int64_t, tvm::ffi::Optional<TV>,
                               int64_t, int64_t>;
 using PrefillPagedOwnArgs = ArgList<TV, TV, TV, TV, TV, TV, TV, TV, double, int64_t, int64_t, int64_t,
-                                    tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>, int64_t>;
+                                    tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>, int64_t, tvm::ffi::Optional<TV>>;
 using PrefillRaggedOwnArgs = ArgList<TV, TV, TV, TV, TV, TV, TV, double, int64_t, int64_t, int64_t,
-                                     tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>, int64_t>;
+                                     tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>, int64_t, tvm::ffi::Optional<TV>>;
 
 // The launch object's entry template instance of an export (specialised there, per Tag).
 template <class Tag>

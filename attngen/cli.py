@@ -93,9 +93,10 @@ def _add_config(b: argparse.ArgumentParser) -> None:
     b.add_argument("--hook-math", choices=HOOK_MATH_MODES, default="approx",
                    help="cuda: the hooks' float math: 'approx' (hardware approximations: tanh.approx, __expf, "
                         "__fdividef, ...) or 'precise' (the CUDA math library) (default: approx)")
-    b.add_argument("--link", choices=("whole", "lto"), default="whole",
+    b.add_argument("--link", choices=("whole", "lto", "check"), default="whole",
                    help="cuda: 'whole' compiles templates and hooks as one program; 'lto' links the hooks into "
-                        "template objects cached per hook signature (seconds per hook edit) (default: whole)")
+                        "template objects cached per hook signature (seconds per hook edit); 'check' compiles "
+                        "the kernels' device code for every arch and makes no library (default: whole)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -96,18 +96,24 @@ TEMPLATE_ARCHS = ("sm_75", "sm_80", "sm_90a")
 
 @requires_nvcc
 def test_cuda_library_compiles_for_every_arch(build_cache, tmp_path):
-    """The decode and prefill templates, for variants covering every hook kind, on every arch family."""
+    """The decode and prefill templates, for variants covering every hook kind, on every arch family (device
+    code alone for the family sweep, link="check"; one full library)."""
     from .row_hook_variants import make
 
-    for v, d, dtypes, archs in [(builtin("rope"), 64, ("float16",), TEMPLATE_ARCHS),
-                                (make(), 128, ("bfloat16",), ("sm_80", "sm_90a"))]:
-        res = run_pipeline(v, BuildConfig("cuda", (d,), dtypes, archs, layouts=("NHD",)), cache=build_cache)
-        assert res.library.is_file()
-        dt = "f16" if dtypes == ("float16",) else "bf16"
-        assert res.manifest["functions"] == [f"batch_decode_paged_nhd_{dt}_d{d}", f"batch_prefill_paged_nhd_{dt}_d{d}",
-                                             f"batch_prefill_ragged_{dt}_d{d}", f"prefill_tile_map_{dt}_d{d}"]
-        ldd = subprocess.run(["ldd", str(res.library)], capture_output=True, text=True).stdout
-        assert "libcudart" not in ldd  # static CUDA runtime; only the driver is needed at run time
+    check = run_pipeline(builtin("rope"), BuildConfig("cuda", (64,), ("float16",), TEMPLATE_ARCHS, layouts=("NHD",),
+                                                      link="check"), cache=build_cache)
+    assert check.manifest["cubins"] == [f"attention_d64_f16_{k}_{a}.cubin" for k in ("decode", "prefill")
+                                        for a in TEMPLATE_ARCHS]
+    assert check.library is None
+    res = run_pipeline(make(), BuildConfig("cuda", (128,), ("bfloat16",), ("sm_80", "sm_90a"), layouts=("NHD",)),
+                       cache=build_cache)
+    assert res.library.is_file()
+    assert res.manifest["functions"] == ["batch_decode_paged_nhd_bf16_d128", "batch_prefill_paged_nhd_bf16_d128",
+                                         "batch_prefill_ragged_bf16_d128", "prefill_tile_map_bf16_d128"]
+    ldd = subprocess.run(["ldd", str(res.library)], capture_output=True, text=True).stdout
+    assert "libcudart" not in ldd  # static CUDA runtime; only the driver is needed at run time
+    with pytest.raises(ConfigError, match=r"link='check' is for cuda builds"):
+        BuildConfig("cpu", (64,), ("float32",), link="check")
 
 
 def test_shared_memory_overflow_is_refused_at_build_time(build_cache):
@@ -196,9 +202,16 @@ INSTANTIATIONS = [(name, 128, "bfloat16") for name in BUILTINS] + [
 @requires_nvcc
 @pytest.mark.parametrize("name,head_dim,dtype", INSTANTIATIONS)
 def test_gpu_test_instantiations_compile(name, head_dim, dtype, build_cache):
-    """The GPU tests' libraries (decode and prefill, both layouts) compile for sm_90a, the GPU they run on."""
-    res = run_pipeline(builtin(name), BuildConfig("cuda", (head_dim,), (dtype,), ("sm_90a",)), cache=build_cache)
-    assert len(res.manifest["functions"]) == 6  # 2 decode + 3 prefill + tile map
+    """The GPU tests' kernels (decode and prefill, both layouts) compile for sm_90a, the GPU they run on:
+    device code only (link="check"; the host entries compile in the full builds of the other tests)."""
+    res = run_pipeline(builtin(name), BuildConfig("cuda", (head_dim,), (dtype,), ("sm_90a",), link="check"),
+                       cache=build_cache)
+    assert res.library is None
+    dt = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+    assert res.manifest["cubins"] == [f"attention_d{head_dim}_{dt}_{k}_sm_90a.cubin" for k in ("decode", "prefill")]
+    for cubin in res.manifest["cubins"]:
+        data = (res.directory / cubin).read_bytes()
+        assert data[:4] == b"\x7fELF" and (b"hopper_prefill_kernel" in data or "decode" in cubin)
 
 
 @requires_nvcc

@@ -83,14 +83,30 @@ def translation_units(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair)
     return units
 
 
+def _tu_flags(out_dir: Path, cfg: BuildConfig) -> tuple[str, ...]:
+    """nvcc flags of every TU but the gencodes: includes, the companion templates' macros (the Hopper
+    prefill, compiled in where some arch of the build runs it), fast math where asked."""
+    ffi_inc, dlpack_inc, _ = _ffi_paths()
+    defines = tuple(f"-D{m}" for m in companion_macros([arch_spec(a) for a in cfg.archs], cfg.kernels))
+    return (("-Xcompiler", "-fPIC", f"-I{CSRC}", f"-I{out_dir}", f"-I{ffi_inc}", f"-I{dlpack_inc}", *defines,
+             "--expt-relaxed-constexpr") + (("--use_fast_math",) if cfg.fast_math else ()))
+
+
+def compile_device_code(out_dir: Path, tus: list[str], cfg: BuildConfig) -> list[Path]:
+    """``link="check"``: each TU's device code alone, one cubin per (TU, arch), in parallel; no host code,
+    no library. Returns the cubins."""
+    flags = _tu_flags(out_dir, cfg)
+    jobs = [nvcc.NvccJob(out_dir / tu, out_dir / f"{Path(tu).stem}_{a}.cubin", arch_spec(a).gencode, flags,
+                         mode="-cubin") for tu in tus for a in cfg.archs]
+    nvcc.run_jobs(jobs)
+    return [j.output for j in jobs]
+
+
 def compile_library(out_dir: Path, tus: list[str], cfg: BuildConfig, name: str) -> Path:
     """nvcc every TU (all archs in each) in parallel, then link ``lib<name>_cuda.so``."""
-    ffi_inc, dlpack_inc, ffi_lib = _ffi_paths()
+    _, _, ffi_lib = _ffi_paths()
     gencodes = " ".join(arch_spec(a).gencode for a in cfg.archs).split()
-    # companion templates (the Hopper prefill) are compiled in where some arch of the build runs them
-    defines = tuple(f"-D{m}" for m in companion_macros([arch_spec(a) for a in cfg.archs], cfg.kernels))
-    flags = ("-Xcompiler", "-fPIC", f"-I{CSRC}", f"-I{out_dir}", f"-I{ffi_inc}", f"-I{dlpack_inc}",
-             *gencodes[1:], *defines, "--expt-relaxed-constexpr") + (("--use_fast_math",) if cfg.fast_math else ())
+    flags = (*gencodes[1:], *_tu_flags(out_dir, cfg))
     jobs = [nvcc.NvccJob(out_dir / tu, out_dir / (Path(tu).stem + ".o"), gencodes[0], flags) for tu in tus]
     nvcc.run_jobs(jobs)
     lib = out_dir / f"lib{name}_cuda.so"

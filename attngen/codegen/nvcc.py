@@ -50,9 +50,10 @@ class NvccJob:
     output: Path
     gencode: str
     flags: tuple[str, ...] = ()
+    mode: str = "-c"  # or "-cubin": the device code alone, for one arch
 
     def command(self, nvcc: str) -> list[str]:
-        return [nvcc, "-std=c++17", "-O3", self.gencode, *self.flags, "-c", str(self.source),
+        return [nvcc, "-std=c++17", "-O3", self.gencode, *self.flags, self.mode, str(self.source),
                 "-o", str(self.output)]
 
 

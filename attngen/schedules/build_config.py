@@ -19,7 +19,7 @@ HEAD_DIMS_CPU = (32, 64, 80, 96, 128, 256)
 LAYOUTS = ("NHD", "HND")
 HOOK_MATH_MODES = ("approx", "precise")  # BuildConfig.hook_math (codegen/hook_math.py)
 TARGETS = ("cpu", "cuda")
-LINKS = ("whole", "lto")  # BuildConfig.link
+LINKS = ("whole", "lto", "check")  # BuildConfig.link
 # cuda kernels that read fp8 K/V (csrc/entry_decode_fp8.h). Every arch attngen targets serves them: cuda_fp8.h
 # converts fp8 in hardware from sm_89 and in integer instructions before, and the tensor-core decode
 # dequantises into 16-bit tiles of the query dtype, so the arch's query dtypes (ArchSpec.dtypes) decide.
@@ -45,7 +45,9 @@ class BuildConfig:
     # kernel, on cuda for the decode template only (FP8_CUDA_KERNELS)
     kv_dtypes: tuple[str, ...] = ()
     # cuda: "whole" compiles templates and hooks as one program per variant; "lto" links the variant's
-    # hooks into template objects compiled once per hook signature and cached (codegen/lto.py)
+    # hooks into template objects compiled once per hook signature and cached (codegen/lto.py); "check"
+    # compiles the whole-program sources' device code to a cubin per arch and links no library (every
+    # template instance, hook, register and shared-memory limit checked, in about half the time)
     link: str = "whole"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -63,8 +65,8 @@ class BuildConfig:
             raise ConfigError(f"hook_math {self.hook_math!r} is not supported; use one of {list(HOOK_MATH_MODES)}")
         if self.link not in LINKS:
             raise ConfigError(f"link {self.link!r} is not supported; use one of {list(LINKS)}")
-        if self.link == "lto" and self.target != "cuda":
-            raise ConfigError("link='lto' is for cuda builds")
+        if self.link != "whole" and self.target != "cuda":
+            raise ConfigError(f"link={self.link!r} is for cuda builds")
         if not self.head_dims or not self.dtypes:
             raise ConfigError("a build needs at least one head_dim and one dtype")
         bad_layout = [x for x in self.layouts if x not in LAYOUTS]
@@ -115,7 +117,7 @@ class BuildConfig:
                 f"kv_dtypes: fp8 K/V ({kv}) are built for the cpu target only, except by the cuda decode template: "
                 f"kernels {list(self.kernels)} include {other}, which read K/V in the query dtype on cuda{prefill}. "
                 "Build the fp8 cache's cuda kernels with kernels=('decode',) (--kernels decode)")
-        if self.link != "whole":
+        if self.link == "lto":
             raise ConfigError(f"kv_dtypes: fp8 K/V ({kv}) on cuda are built with link='whole' only; the linked "
                               "(lto) build's template objects read K/V in the query dtype")
 

@@ -97,7 +97,7 @@ class TemplateRecord:
     def kinds(self, layouts: tuple[str, ...], link: str = "whole") -> list[str]:
         """Exported function kinds with each paged layout filled in (before the dtype and head_dim)."""
         out = []
-        for pattern in self.exports + (self.whole_exports if link == "whole" else ()):
+        for pattern in self.exports + (self.whole_exports if link != "lto" else ()):
             if "{layout}" in pattern:
                 out += [pattern.format(layout=layout.lower()) for layout in layouts]
             else:

@@ -92,7 +92,7 @@ class CUDABackend(Backend):
             for d in cfg.head_dims:
                 files[f"variant_d{d}.cuh"] = (f'#pragma once\n#include "hooks_{name}_d{d}_{first}.cuh"\n'
                                               + traits_source(ctx.variant, lowered[(first, d)], d))
-                if cfg.link == "whole":  # a linked build's sources are its cached objects' (codegen/lto.py)
+                if cfg.link != "lto":  # a linked build's sources are its cached objects' (codegen/lto.py)
                     for pair in cfg.dtype_pairs:
                         files.update(translation_units(ctx.variant, cfg, d, pair))
         for a in cfg.archs:
@@ -107,7 +107,7 @@ class CUDABackend(Backend):
         return files
 
     def compile(self, ctx: BuildContext) -> dict:
-        from ..cuda_library import compile_library, exported_functions
+        from ..cuda_library import compile_device_code, compile_library, exported_functions
         from ..logits_split import FLOAT_POSITION_LIMIT
 
         out, cfg, sources = ctx.out_dir, ctx.config, ctx.artifacts["instantiate"]
@@ -126,7 +126,10 @@ class CUDABackend(Backend):
                 for a in cfg.archs]
         nvcc.run_jobs(jobs)
         result = {"objects": [j.output.name for j in jobs], "headers": headers}
-        if cfg.kernels:
+        if cfg.kernels and cfg.link == "check":
+            tus = sorted(f for f in sources if f.startswith("attention_"))
+            result["cubins"] = [c.name for c in compile_device_code(out, tus, cfg)]
+        elif cfg.kernels:
             tus = sorted(f for f in sources if f.startswith("attention_"))
             result["library"] = compile_library(out, tus, cfg, ctx.variant.name).name
             result["functions"] = exported_functions(cfg)

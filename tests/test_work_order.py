@@ -51,3 +51,28 @@ def test_order_is_a_permutation_by_descending_cost(rng):
 def test_constant_bounds_of_builtin_masks():
     assert constant_bounds(builtin("vanilla")) == (None, None)
     assert constant_bounds(builtin("causal")) == (0, None)
+
+
+def test_plans_hand_out_their_order():
+    """A plan without lengths (work_order=False, or no Hopper template) passes none, even with a tile map;
+    with lengths, the order from the bounds, made once per GQA group, or the tile map's own."""
+    import torch
+
+    from attngen.runtime.cuda import PrefillPlan
+    from attngen.runtime.tile_map import TileMap
+
+    causal = builtin("causal")
+    qo, kv = np.array([300, 0, 40]), np.array([300, 5, 90])
+    tm = TileMap(None, None, 1, 128, 128, (), order=torch.arange(3, dtype=torch.int32))
+    plain = PrefillPlan(3, 340, 300, ())
+    assert plain.work_order(causal, 4, 128, "cpu") is None and plain.work_order(causal, 4, 128, "cpu", tm) is None
+    plan = PrefillPlan(3, 340, 300, (), lengths=(qo, kv))
+    order = plan.work_order(causal, 4, 128, "cpu")
+    q_tiles = -(-300 * 4 // 128)
+    assert sorted(order.tolist()) == list(range(3 * q_tiles))
+    empty = {q_tiles + t for t in range(q_tiles)} | {2 * q_tiles + t for t in range(2, q_tiles)}  # no rows
+    assert order[0].item() // q_tiles == 0 and set(order[-len(empty):].tolist()) == empty  # longest first
+    assert plan.work_order(causal, 4, 128, "cpu") is order  # made once per group
+    assert plan.work_order(causal, 1, 128, "cpu").numel() == 3 * -(-300 // 128)
+    assert plan.work_order(causal, 4, 128, "cpu", tm) is tm.order
+    assert plan.ffi_args(None, order)[-1] is order

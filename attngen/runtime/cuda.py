@@ -152,10 +152,10 @@ class PrefillPlan:
     def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None):
         """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
         bounds, made on the first call of each GQA group), or None."""
+        if self.lengths is None:  # not asked for, or no Hopper template in the library
+            return None
         if tile_map is not None:
             return tile_map.order
-        if self.lengths is None:
-            return None
         if group not in self.orders:
             from attngen.schedules.template_prefill_hopper import HopperConfig
 

@@ -105,7 +105,10 @@ def test_cuda_library_compiles_for_every_arch(build_cache, tmp_path):
     assert check.manifest["cubins"] == [f"attention_d64_f16_{k}_{a}.cubin" for k in ("decode", "prefill")
                                         for a in TEMPLATE_ARCHS]
     assert check.library is None
-    res = run_pipeline(make(), BuildConfig("cuda", (128,), ("bfloat16",), ("sm_80", "sm_90a"), layouts=("NHD",)),
+    rows = run_pipeline(make(), BuildConfig("cuda", (128,), ("bfloat16",), ("sm_90a",), layouts=("NHD",),
+                                            link="check"), cache=build_cache)
+    assert rows.manifest["cubins"] == [f"attention_d128_bf16_{k}_sm_90a.cubin" for k in ("decode", "prefill")]
+    res = run_pipeline(make(), BuildConfig("cuda", (128,), ("bfloat16",), ("sm_80",), layouts=("NHD",)),
                        cache=build_cache)
     assert res.library.is_file()
     assert res.manifest["functions"] == ["batch_decode_paged_nhd_bf16_d128", "batch_prefill_paged_nhd_bf16_d128",

@@ -1,7 +1,8 @@
 """Packed documents: several documents in one request's token row, causal inside each, the document of
 every position from a tensor parameter (examples/document_mask.py). attngen derives the mask's tile map on
-the device (runtime/tile_map.py) and its Hopper template walks it; against the same variant without the
-map, the same visible work as plain causal attention over the documents as separate requests (attngen's
+the device (runtime/tile_map.py) and its Hopper template walks it, dealt longest first (runtime/work_order.py)
+and in plain tile order (plan_prefill(work_order=False), which must give the same bits); against the same
+variant without the map, the same visible work as plain causal attention over the documents as separate requests (attngen's
 causal variant on a ragged batch: the ceiling a map can reach), FlashInfer fa3 on that ragged batch, and
 FlexAttention with its block mask (create_block_mask timed too) -- in the same run, same timer.
 
@@ -59,10 +60,13 @@ def main():
         params = {"doc_ids": ids}
         kv_one = RaggedKV(k, v, one)
         outs = {}
-        for label, tile_map in (("attngen_mapped", None), ("attngen_unmapped", False)):
-            if tile_map is None:  # a throwaway map first: the classifier's first launch loads its module
+        # mapped in tile order: the map's work dealt as the kernel walks it without a plan's order (A/B of
+        # runtime/work_order.py on the same map)
+        for label, tile_map, order in (("attngen_mapped", None, None), ("attngen_mapped_tile_order", None, False),
+                                       ("attngen_unmapped", False, None)):
+            if label == "attngen_mapped":  # a throwaway map first: the classifier's first launch loads its module
                 att_docs.prefill(q, kv_one, one, plan=att_docs.plan_prefill(one, kv_one, D), params=params)
-            plan = att_docs.plan_prefill(one, kv_one, D, tile_map=tile_map)
+            plan = att_docs.plan_prefill(one, kv_one, D, tile_map=tile_map, work_order=order)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             att_docs.prefill(q, kv_one, one, plan=plan, params=params)  # the map is derived here, once
@@ -71,10 +75,11 @@ def main():
             ms = bench(lambda: att_docs.prefill(q, kv_one, one, plan=plan, params=params), reps=10)
             row[label] = flops / ms / 1e9
             outs[label] = att_docs.prefill(q, kv_one, one, plan=plan, params=params)[0]
-            if tile_map is None:
+            if label == "attngen_mapped":
                 (tm,) = plan.maps.values()
                 row["map_counts"], row["map_build_ms"] = tm.counts, tm.build_ms
                 row["first_call_ms"], row["mapped_ms"] = first_ms, ms
+        row["order_changes_nothing"] = bool(torch.equal(outs["attngen_mapped"], outs["attngen_mapped_tile_order"]))
         row["mapped_vs_unmapped_maxdiff"] = float((outs["attngen_mapped"].float() - outs["attngen_unmapped"].float())
                                                   .abs().max())
         # the same visible work as plain causal attention: the documents as separate requests
@@ -119,7 +124,8 @@ def main():
         rows.append(row)
         print(row, flush=True)
     res["rows"] = rows
-    cols = ["attngen_mapped", "attngen_unmapped", "attngen_causal_ragged", "flashinfer_fa3_ragged", "flex"]
+    cols = ["attngen_mapped", "attngen_mapped_tile_order", "attngen_unmapped", "attngen_causal_ragged",
+            "flashinfer_fa3_ragged", "flex"]
     lines = [f"# Packed documents — {res['gpu']}, {res['date']}, commit {args.commit}", "",
              "TFLOP/s of the visible work (bf16, Hq 32 / Hkv 8, D 128; causal inside each document, document ids "
              "from a tensor parameter). attngen_causal_ragged: the same documents as separate requests of the "

@@ -157,6 +157,8 @@ class PrefillPlan:
         if tile_map is not None:
             return tile_map.order
         if group not in self.orders:
+            if _capturing(device):  # no host-to-device copy inside a CUDA graph capture: the kernel's own order
+                return None
             from attngen.schedules.template_prefill_hopper import HopperConfig
 
             tile = HopperConfig(head_dim)
@@ -164,6 +166,13 @@ class PrefillPlan:
                                                    q_tiles=-(-self.max_qo_len * group // tile.rows),
                                                    rows=tile.rows, keys=tile.keys, device=device)
         return self.orders[group]
+
+
+def _capturing(device) -> bool:
+    """Whether the current stream of ``device`` (a CUDA device) is capturing a CUDA graph."""
+    import torch
+
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _kv_lengths(kv) -> np.ndarray:
@@ -421,9 +430,10 @@ class CUDAAttention(BuiltModule):
         write its qo_indptr and page table into the captured tensors (page tables may keep spare entries)
         and replay. Graph replays over changing batches need ``tile_map=False`` (a map is one batch's).
         ``work_order``: None (default) or True: the Hopper template deals the batch's work longest first
-        over all requests (runtime/work_order.py; made on the first call, so call once before capturing a
-        graph; later batches replayed within the bounds keep it, which changes no result); False: request by
-        request. It has no effect on the mma.sync template."""
+        over all requests (runtime/work_order.py; made on the first call outside a CUDA graph capture: a
+        graph captured by a plan's first call runs request by request; later batches replayed within the
+        bounds keep the first batch's order, which changes no result); False: request by request. It has
+        no effect on the mma.sync template."""
         kernel = _prefill_template(template, self.manifest["config"]["archs"])
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)

@@ -94,3 +94,19 @@ def test_an_indirect_read_keeps_the_rest_lazy():
     assert ms is not None and ms.n_terms == 1 and not ms.total
     reads, rest = ms.per_score()
     assert reads == [] and str(rest) == "kv_pos <= qo_pos and a[b[kv_pos]] == rt[0]"
+
+
+def test_a_division_keeps_the_rest_lazy():
+    """Evaluated for every key and row, a division could meet a divisor the hook never saw (0 for rows past
+    a request): such a rest is not total."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def striped(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                a_ptr: T.handle) -> T.bool:
+        n = T.int32()
+        a = T.match_buffer(a_ptr, (n,), "int32")
+        return kv_pos <= qo_pos and kv_pos % a[qo_pos] == 0
+
+    ms = split_mask(striped)
+    assert ms is not None and ms.n_terms == 1 and not ms.total

@@ -72,7 +72,7 @@ def test_plans_hand_out_their_order():
     assert sorted(order.tolist()) == list(range(3 * q_tiles))
     empty = {q_tiles + t for t in range(q_tiles)} | {2 * q_tiles + t for t in range(2, q_tiles)}  # no rows
     assert order[0].item() // q_tiles == 0 and set(order[-len(empty):].tolist()) == empty  # longest first
-    assert plan.work_order(causal, 4, 128, "cpu") is order  # made once per group
+    assert plan.work_order(causal, 4, 128, "cpu") is order  # made once per (group, head_dim, device)
     assert plan.work_order(causal, 1, 128, "cpu").numel() == 3 * -(-300 // 128)
     assert plan.work_order(causal, 4, 128, "cpu", tm) is tm.order
     assert plan.ffi_args(None, order)[-1] is order

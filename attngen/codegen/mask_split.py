@@ -87,6 +87,8 @@ def _eager_reads(rest, rt) -> tuple:
     body = bind(rest)
     if any(not load.source.same_as(rt) for load in tu.collect(body, tvm.ir.TensorLoad)):
         return rest, False  # a read left under a condition (an if_then_else branch, an indirect index)
+    if any(tu.collect(body, op) for op in (tir.Div, tir.Mod, tir.FloorDiv, tir.FloorMod)):
+        return rest, False  # evaluated for any key or row, a division might divide by a 0 the hook never saw
     for v, load in reversed(reads):
         body = tir.Let(v, tir.if_then_else(_in_bounds(load), load, tir.const(0, str(load.ty))), body)
     return body, True

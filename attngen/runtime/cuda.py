@@ -141,7 +141,7 @@ class PrefillPlan:
     # the batch's [B] query rows and keys per request (host), where calls deal the Hopper template's work
     # longest first (runtime/work_order.py); None: request by request
     lengths: tuple | None = field(default=None, repr=False, compare=False)
-    # the work orders made so far, by GQA group (made on first use)
+    # the work orders made so far, by (GQA group, head_dim, device) (made on first use)
     orders: dict = field(default_factory=dict, repr=False, compare=False)
 
     def ffi_args(self, tile_map: TileMap | None = None, order=None) -> tuple:
@@ -151,28 +151,33 @@ class PrefillPlan:
 
     def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None):
         """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
-        bounds, made on the first call of each GQA group), or None."""
+        bounds, made on the first call of each GQA group, head dim and device), or None."""
         if self.lengths is None:  # not asked for, or no Hopper template in the library
             return None
         if tile_map is not None:
             return tile_map.order
-        if group not in self.orders:
+        key = (group, head_dim, str(device))
+        if key not in self.orders:
             if _capturing(device):  # no host-to-device copy inside a CUDA graph capture: the kernel's own order
                 return None
             from attngen.schedules.template_prefill_hopper import HopperConfig
 
             tile = HopperConfig(head_dim)
-            self.orders[group] = order_from_bounds(variant, *self.lengths, group=group,
+            self.orders[key] = order_from_bounds(variant, *self.lengths, group=group,
                                                    q_tiles=-(-self.max_qo_len * group // tile.rows),
                                                    rows=tile.rows, keys=tile.keys, device=device)
-        return self.orders[group]
+        return self.orders[key]
 
 
 def _capturing(device) -> bool:
     """Whether the current stream of ``device`` (a CUDA device) is capturing a CUDA graph."""
     import torch
 
-    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def _kv_lengths(kv) -> np.ndarray:

@@ -73,7 +73,8 @@ def order_from_bounds(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, grou
 
 def order_from_map(indptr, *, batch: int, heads: int, q_tiles: int):
     """The order of a mapped launch's pairs from its tile map (indptr: [batch * heads * q_tiles + 1] device
-    int32): the pair's non-empty key tiles over its head rows, plus one. Stays on the device."""
+    int32): by the pair's non-empty key tiles over its head rows (pairs without any, with or without rows,
+    last). Stays on the device."""
     import torch
 
     if batch * q_tiles == 0:

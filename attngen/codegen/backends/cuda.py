@@ -126,11 +126,10 @@ class CUDABackend(Backend):
                 for a in cfg.archs]
         nvcc.run_jobs(jobs)
         result = {"objects": [j.output.name for j in jobs], "headers": headers}
+        tus = sorted(f for f in sources if f.startswith("attention_"))
         if cfg.kernels and cfg.link == "check":
-            tus = sorted(f for f in sources if f.startswith("attention_"))
             result["cubins"] = [c.name for c in compile_device_code(out, tus, cfg)]
         elif cfg.kernels:
-            tus = sorted(f for f in sources if f.startswith("attention_"))
             result["library"] = compile_library(out, tus, cfg, ctx.variant.name).name
             result["functions"] = exported_functions(cfg)
         return {**result, **limits}

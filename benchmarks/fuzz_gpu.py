@@ -25,6 +25,7 @@ import collections
 import datetime
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--fault-share", type=float, default=0.4, help="share of batches also called spoilt")
     ap.add_argument("--out", default=None, help="write fuzz_gpu_<date>.json here")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="start no new recipe after this many seconds (the figures cover the recipes run)")
     args = ap.parse_args(argv)
 
     import torch
@@ -154,7 +157,11 @@ def main(argv=None) -> int:
     space = list(all_recipes())
     picks = [space[i] for i in rng.choice(len(space), size=min(args.recipes, len(space)), replace=False)]
     counts, by_path, failures, build_refused = collections.Counter(), collections.Counter(), [], []
+    start, ran = time.monotonic(), []
     for recipe in picks:
+        if args.seconds is not None and time.monotonic() - start > args.seconds:
+            break
+        ran.append(recipe.name)
         variant = make_variant(recipe)
         try:
             att = CUDAAttention.build(variant, head_dims=(HEAD_DIM,), dtypes=("float16",), layouts=("NHD", "HND"))
@@ -183,8 +190,9 @@ def main(argv=None) -> int:
                     if outcome == "fail":
                         failures.append({"recipe": recipe.name, "seed": seed, "fault": fault, "path": label,
                                          "detail": detail[:2000]})
+        print(f"{time.monotonic() - start:7.1f} s  {recipe.name}: {dict(counts)}", flush=True)
     res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "seed": args.seed,
-           "recipes": [r.name for r in picks], "build_refused": build_refused, "calls": sum(
+           "recipes": ran, "seconds": round(time.monotonic() - start, 1), "build_refused": build_refused, "calls": sum(
                v for k, v in counts.items() if not k.startswith("skipped")), "outcomes": dict(counts),
            "by_path": dict(sorted(by_path.items())), "failures": failures[:50], "failure_count": len(failures)}
     print(json.dumps({k: res[k] for k in ("calls", "outcomes", "failure_count", "build_refused")}, indent=1))

@@ -82,6 +82,14 @@ def test_prefill_checks(att, rng):
         att.prefill(q, ragged, qo, plan=plan, params={"alibi_slopes": torch.ones(8)})
     with pytest.raises(AttentionArgumentError, match=r"plan: made for 5 query rows, q has 4"):
         att.prefill(q[:4], ragged, qo, plan=plan, params={"alibi_slopes": torch.ones(8)})
+    # a dtype no build serves is named with its tensor (found by the GPU fuzzer: a KeyError before)
+    with pytest.raises(AttentionArgumentError, match=r"q: dtype float64 has no kernels"):
+        att.prefill(q.double(), ragged, qo, plan=plan, params={"alibi_slopes": torch.ones(8)})
+    paged = _paged(random_problem(rng, [3, 2], [5, 6], 8, 2, D, page_size=16))
+    with pytest.raises(AttentionArgumentError, match=r"q: dtype float64 has no kernels"):
+        att.prefill(q.double(), paged, qo, plan=att.plan_prefill(qo, paged, D))
+    with pytest.raises(AttentionArgumentError, match=r"kv: dtype float64 has no kernels"):
+        att.function("batch_decode_paged_nhd", "float16", D, kv_dtype="float64")
 
 
 

@@ -37,7 +37,7 @@ def test_classifier_matches_the_reference(group, build_cache, rng):
         for cut in np.sort(rng.integers(0, max(n, 1), size=3)):
             ids[b, cut:] += 1
     ref = reference_tile_classes(lambda b, qp, kp, qh, kh: kp <= qp and ids[b, kp] == ids[b, qp], qo_lens, kv_lens,
-                                 group=group, num_kv_heads=2, rows=128, keys=128, heads=1)
+                                 group=group, num_kv_heads=2, rows=128, keys=128, reads_heads=False)
     dev = torch.device("cuda")
     qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device=dev)
     kv_len = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
@@ -45,6 +45,66 @@ def test_classifier_matches_the_reference(group, build_cache, rng):
     att.function("prefill_tile_map", "bfloat16", 128)(qo_indptr, kv_len, out, group, 2, 0, 128, 128,
                                                       torch.from_numpy(ids).to(dev))
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
+
+
+def head_striped(build_cache):
+    """A causal mask whose query heads see alternate key tiles (head h: tiles k with (k + h) even): a head-reading
+    mask whose map must be evaluated per query head, also with a single KV head."""
+    if "head_striped" not in _libs:
+        import tvm
+        from tvm.script import tirx as T
+
+        from attngen import Variant
+        from attngen.runtime import CUDAAttention
+
+        mask = tvm.script.from_source(
+            "@T.prim_func\ndef striped(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, "
+            "kv_head: T.int32) -> T.bool:\n    return kv_pos <= qo_pos and (kv_pos // 128 + qo_head) % 2 == 0\n",
+            extra_vars={"T": T})
+        variant = Variant("head_striped", logits_mask=mask)
+        _libs["head_striped"] = CUDAAttention.build(variant, head_dims=(128,), dtypes=("bfloat16",),
+                                                    kernels=("prefill",), cache=build_cache)
+    return _libs["head_striped"]
+
+
+@pytest.mark.parametrize("num_kv,group", [(1, 2), (1, 4), (2, 3)])
+def test_a_head_reading_mask_is_classified_per_query_head(num_kv, group, build_cache):
+    """Found by the GPU fuzzer: with one KV head the classifier took a head-reading mask for a head-free one
+    (heads == 1) and evaluated head 0 only, so tiles only other heads see were skipped."""
+    import torch
+
+    att = head_striped(build_cache)
+    qo_lens, kv_lens = [300, 2, 77, 520], [300, 2, 200, 700]
+
+    def visible(b, qp, kp, qh, kh):
+        return kp <= qp and (kp // 128 + qh) % 2 == 0
+
+    ref = reference_tile_classes(visible, qo_lens, kv_lens, group=group, num_kv_heads=num_kv, rows=128, keys=128,
+                                 reads_heads=True)
+    dev = torch.device("cuda")
+    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device=dev)
+    kv_len = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+    out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
+    classify = att.function("prefill_tile_map", "bfloat16", 128)
+    classify(qo_indptr, kv_len, out, group, num_kv, 0, 128, 128)
+    np.testing.assert_array_equal(out.cpu().numpy(), ref)
+    with pytest.raises(Exception, match=r"map's head rows must be num_kv_heads \(the mask reads a head index\)"):
+        classify(qo_indptr, kv_len, torch.zeros((4, num_kv + 1) + ref.shape[2:], dtype=torch.uint8, device=dev),
+                 group, num_kv, 0, 128, 128)
+
+
+@pytest.mark.parametrize("template", ["hopper", "mma_sync"])
+@pytest.mark.parametrize("num_kv,group,kv_mode", [(1, 2, "ragged"), (1, 4, "NHD"), (2, 2, "HND")])
+def test_mapped_prefill_with_a_head_reading_mask(template, num_kv, group, kv_mode, build_cache, rng):
+    """Both templates walking a head-reading mask's map, against the float64 reference (one and two KV heads)."""
+    skip_unless_runs(template)
+    att = head_striped(build_cache)
+    plans = []
+    run_prefill(att, att.variant, rng, group=group, head_dim=128, dtype="bfloat16", kv_mode=kv_mode,
+                qo_lens=[300, 2, 600], kv_lens=[300, 2, 800], template=template, plans=plans, num_kv=num_kv)
+    for plan in plans:
+        (tm,) = plan.maps.values()
+        assert tm.heads == num_kv and tm.counts["empty"] > 0
 
 
 @pytest.mark.parametrize("template", ["hopper", "mma_sync"])

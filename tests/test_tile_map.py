@@ -28,6 +28,22 @@ def test_which_variants_get_a_map():
     assert mask_needs_map(example("prefix_lm"))
 
 
+def test_the_classifier_tells_head_reading_masks_by_a_trait():
+    """The classifier's per-token / per-head mode is a trait of the whole-program hooks (not heads == 1, which
+    a head-reading mask with one KV head also has: the GPU fuzzer's find), absent from the link-time traits."""
+    from attngen.codegen.cuda_variant import abi_traits_source, traits_source
+    from attngen.codegen.hooks_cuda import lower_hooks_cuda
+
+    from .fuzz_engine import Recipe, make_variant
+
+    striped = make_variant(Recipe((), ("stripe",), "none", "none", "none"))
+    for v, reads in [(striped, True), (example("document_mask"), False), (builtin("causal"), False)]:
+        assert v.analysis.mask_reads_heads == reads
+        hs = lower_hooks_cuda(v, 64, "sm_80")
+        assert f"static constexpr bool kMaskReadsHeads = {str(reads).lower()};" in traits_source(v, hs, 64)
+        assert "kMaskReadsHeads" not in abi_traits_source(v, hs, 64)
+
+
 def _doc_ids(rng, kv_lens):
     width = max(kv_lens)
     ids = np.zeros((len(kv_lens), width), np.int32)
@@ -54,7 +70,7 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
         return kp <= qp and ids[b, kp] == ids[b, qp]
 
     ref = reference_tile_classes(visible, qo_lens, kv_lens, group=group, num_kv_heads=2, rows=rows, keys=keys,
-                                 heads=1)
+                                 reads_heads=False)
     assert {0, 1, 2} <= set(np.unique(ref).tolist())  # the case exercises every class
 
     def classify(qo_indptr, kv_len, out, g, hkv, causal, r, k, *extras):

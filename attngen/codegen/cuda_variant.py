@@ -269,6 +269,9 @@ def _flag_lines(head_dim: int, flags: dict[str, str]) -> list[str]:
 def traits_source(variant, hs, head_dim: int) -> str:
     """C++ source of ``attngen_gen::Hooks_d<head_dim>`` (after the hooks header)."""
     flags, fns = traits_parts(variant, hs, head_dim)
+    # read by the tile-map classifier alone (csrc/tile_map.cuh, whole-program builds): kept out of the link-time
+    # traits so that it does not split the templates' objects
+    flags["kMaskReadsHeads"] = _b(variant.analysis.mask_reads_heads)
     lines = ['#include "variant_params.h"', f"namespace attngen_gen {{\nstruct Hooks_d{head_dim} {{",
              params_struct(variant, hs.dims or {}), ffi_params(variant, hs.dims or {})]
     lines += _flag_lines(head_dim, flags)

@@ -170,8 +170,10 @@ struct TileMapEntry<V, D, Name, ArgList<X...>> {
     M.k_tiles = static_cast<int>(map.size(3));
     if (kv_len.size(0) != M.batch || map.size(0) != M.batch)
       TVM_FFI_THROW(ValueError) << Name << ": kv_len and map need one entry per request (" << M.batch << ")";
-    if (M.heads != 1 && M.heads != M.num_kv_heads)
-      TVM_FFI_THROW(ValueError) << Name << ": map's head rows must be 1 or num_kv_heads";
+    if (M.heads != (V::kMaskReadsHeads ? M.num_kv_heads : 1))
+      TVM_FFI_THROW(ValueError) << Name << ": map's head rows must be "
+                                << (V::kMaskReadsHeads ? "num_kv_heads (the mask reads a head index)"
+                                                       : "1 (the mask reads no head index)");
     if (M.group < 1 || M.rows < 1 || M.keys < 1)
       TVM_FFI_THROW(ValueError) << Name << ": group, rows and keys must be positive";
     launch_tile_map<V>(M, hp, stream_of(qo_indptr));

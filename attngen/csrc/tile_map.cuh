@@ -9,8 +9,9 @@
 // tile's keys all exist, and the templates may run it without the mask hook or any check), else partial.
 // Rows past the request's end are no pair's: the templates compute them and store nothing.
 //
-// A mask that reads no head index gets one map for every KV head (heads = 1), evaluated per token: a
-// query tile's rows then cover tokens row0 / group .. last_row / group. Else each KV head has its own.
+// A mask that reads no head index (V::kMaskReadsHeads false) gets one map for every KV head (heads = 1),
+// evaluated per token: a query tile's rows then cover tokens row0 / group .. last_row / group. Else each KV
+// head has its own, evaluated per packed row (every query head of the group), also when there is one KV head.
 //
 // The plan (runtime/tile_map.py) compacts the map into per-row lists of the non-empty key tiles, each
 // entry key_tile * 2 + full, which the templates walk instead of their key range (TileList).
@@ -73,8 +74,9 @@ __global__ void tile_map_kernel(TileMapProblem M, typename V::Params hp) {
     return;
   }
   const int last_row = min(row0 + M.rows, rows_total) - 1;
-  // the pairs' rows: per token (a head-free mask, head 0 of the group stands for all) or per packed row
-  const bool per_token = M.heads == 1;
+  // the pairs' rows: per token (a head-free mask, head 0 of the group stands for all) or per packed row. The
+  // trait decides, not heads == 1: with one KV head a head-reading mask still differs between its query heads
+  constexpr bool per_token = !V::kMaskReadsHeads;
   const int r_first = per_token ? row0 / M.group : row0, r_last = per_token ? last_row / M.group : last_row;
   const int n_rows = r_last - r_first + 1;
   const int hk = per_token ? 0 : hm;

@@ -14,7 +14,7 @@ import tvm.tirx as tir
 
 from . import tir_utils as tu
 from .declarations import StateAlgebra
-from .hook_spec import HOOKS, ROW_ARGS, Site, hooks_at
+from .hook_spec import HEADS, HOOKS, ROW_ARGS, Site, hooks_at
 from .mask_class import MaskInfo, classify_mask
 
 
@@ -49,6 +49,12 @@ class VariantAnalysis:
     reads: dict[str, HookReads]
     mask: MaskInfo
     scale: ScaleFold
+
+    @property
+    def mask_reads_heads(self) -> bool:
+        """Whether the mask hook reads a head index (its visibility may differ between a group's heads)."""
+        reads = self.reads.get("logits_mask")
+        return reads is not None and any(i in HEADS for i in reads.indices)
 
     def describe(self) -> str:
         lines = [f"mask: {self.mask.describe()}", f"scale: {self.scale.describe()}"]

@@ -9,6 +9,7 @@ import numpy as np
 import tvm_ffi
 
 from attngen.schedules.build_config import symbol
+from attngen.schedules.dtypes import DTYPE_SHORT
 
 from .checks import AttentionArgumentError, check_tensor, dtype_name
 
@@ -53,6 +54,11 @@ class BuiltModule:
     def function(self, kind: str, dtype: str, head_dim: int, kv_dtype: str | None = None):
         """The exported function of ``kind`` for queries of ``dtype`` (and K/V of ``kv_dtype``, None or equal:
         the query's), or an error naming the build options that would export it."""
+        unknown = sorted({dtype, kv_dtype or dtype} - set(DTYPE_SHORT))
+        if unknown:  # no library of any build has kernels for these: name the tensor, not a symbol
+            tensor = "q" if dtype in unknown else "kv"
+            raise AttentionArgumentError(f"{tensor}: dtype {unknown[0]} has no kernels; attngen serves "
+                                         f"{sorted(DTYPE_SHORT)} (convert the tensor)")
         name = symbol(kind, dtype, head_dim, kv_dtype)
         if name not in self.functions:
             pairing = f" paired with kv_dtypes {kv_dtype}" if kv_dtype not in (None, dtype) else ""

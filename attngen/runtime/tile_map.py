@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attngen.ir.hook_spec import HEADS
 from attngen.ir.mask_class import MaskKind
 
 from .views import PagedKV
@@ -28,8 +27,7 @@ def mask_needs_map(variant) -> bool:
 
 
 def mask_reads_heads(variant) -> bool:
-    reads = variant.analysis.reads.get("logits_mask")
-    return reads is not None and any(i in HEADS for i in reads.indices)
+    return variant.analysis.mask_reads_heads
 
 
 def mask_params(variant) -> tuple[str, ...]:

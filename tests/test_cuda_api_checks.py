@@ -181,6 +181,10 @@ def test_entry_functions_name_themselves_in_argument_errors(att, rng):
         decode(*_decode_args(kv, q, num_chunks="two"))
     with pytest.raises(TypeError, match=rf"Mismatched type on argument #12 when calling: `{name}"):
         decode(*_decode_args(kv, q, plan=3))
+    strided = torch.zeros(2 * kv.indptr.numel(), dtype=torch.int32)[::2]
+    strided.copy_(kv.indptr)
+    with pytest.raises(ValueError, match=rf"{name}: indptr: must be contiguous"):
+        decode(*_decode_args(kv, q, indptr=strided))  # an index array is read at element offsets
     with pytest.raises(ValueError, match=rf"{name}: q: expected a CUDA tensor"):
         decode(*_decode_args(kv, q))  # the right kinds and types: the plan may be None
     with pytest.raises(TypeError, match=r"Expected 16 but got 15 arguments"):

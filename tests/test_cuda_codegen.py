@@ -110,6 +110,10 @@ def test_cuda_library_compiles_for_every_arch(build_cache, tmp_path):
     assert check.manifest["cubins"] == [f"attention_d64_f16_{k}_{a}.cubin" for k in ("decode", "prefill")
                                         for a in TEMPLATE_ARCHS]
     assert check.library is None
+    from attngen.runtime import CUDAAttention
+
+    with pytest.raises(ValueError, match=r"the build has no library to load .*link='check'"):
+        CUDAAttention(builtin("rope"), check.library, check.manifest)
     rows = run_pipeline(make(), BuildConfig("cuda", (128,), ("bfloat16",), ("sm_90a",), layouts=("NHD",),
                                             link="check"), cache=build_cache)
     assert rows.manifest["cubins"] == [f"attention_d128_bf16_{k}_sm_90a.cubin" for k in ("decode", "prefill")]

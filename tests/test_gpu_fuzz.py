@@ -43,6 +43,43 @@ def test_fuzz_calls_under_the_sanitizer(fuzz_env, tool):
     assert "fuzz_gpu done" in p.stdout and "ERROR SUMMARY: 0 errors" in p.stdout, p.stdout[-3000:]
 
 
+# the long GPU fuzz run's finds (benchmarks/results/fuzz_gpu_2026-12-01_long.json): (recipe, case seed, fault)
+FUZZ_FINDS = [
+    # a custom bit mask and a head-striped one over one KV head: the tile map's classifier took the head-reading
+    # mask for a head-free one and skipped the tiles only query head 1 sees (a wrong answer on every template)
+    (Recipe(("scale", "softcap"), ("custom", "stripe"), "none", "swap", "none", "sum"), 1818558866, "none"),
+    # a float64 query: a KeyError in the function lookup instead of attngen's error naming q
+    (Recipe(("scale", "softcap"), ("custom", "stripe"), "none", "swap", "none", "sum"), 1818558866, "q_float64"),
+]
+
+
+@pytest.mark.gpu
+def test_the_gpu_fuzzers_finds_stay_fixed(build_cache):
+    """Each find of the GPU fuzzer, through every template path that serves it: matches the reference (or is
+    refused by name, for a spoilt call)."""
+    import importlib.util
+
+    import numpy as np
+    import torch
+
+    from attngen.runtime import CUDAAttention
+
+    spec = importlib.util.spec_from_file_location("fuzz_gpu", FUZZ)
+    fg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fg)
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    for recipe, seed, fault in FUZZ_FINDS:
+        variant = fg.make_variant(recipe)
+        att = CUDAAttention.build(variant, head_dims=(fg.HEAD_DIM,), dtypes=("float16",), layouts=("NHD", "HND"),
+                                  cache=build_cache)
+        case = fg.make_case(variant, seed, head_dim=fg.HEAD_DIM)
+        call = fg.apply_fault(case, fault, np.random.default_rng(seed + 1))
+        for label, how in fg.templates(case.kind, hopper):
+            outcome, detail = fg.run_call(att, variant, case, call, how)
+            expected = "ok" if fault == "none" else "refused:AttentionArgumentError"
+            assert outcome == expected, (label, fault, detail)
+
+
 class _PlanlessCPU:
     """The CPU backend behind the CUDA module's plan / call methods (plans ignored)."""
 

@@ -59,8 +59,10 @@ struct TensorArg {
   DLDataType dtype;
 };
 
-// The exact element type and the rank of every argument, then their devices, each refusal naming the
-// function and the argument: a caller without a GPU learns of every wrong type first.
+// The exact element type and the rank of every argument (and a compact layout for integer ones: index arrays,
+// maps and orders are read at element offsets, while floating-point data carry their strides), then their
+// devices, all on the first one's GPU; each refusal names the function and the argument: a caller without a
+// GPU learns of every wrong type first.
 inline void check_args(const char* entry, std::initializer_list<TensorArg> args) {
   for (const TensorArg& a : args) {
     if (a.tensor.dtype() != a.dtype)
@@ -69,10 +71,18 @@ inline void check_args(const char* entry, std::initializer_list<TensorArg> args)
     if (a.ndim >= 0 && a.tensor.ndim() != a.ndim)
       TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": expected " << a.ndim << " dims, got "
                                 << a.tensor.ndim();
+    if ((a.dtype.code == kDLInt || a.dtype.code == kDLUInt) && !a.tensor.IsContiguous())
+      TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": must be contiguous (an index array is read at "
+                                << "element offsets)";
   }
-  for (const TensorArg& a : args)
+  for (const TensorArg& a : args) {
     if (a.tensor.device().device_type != kDLCUDA)
       TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": expected a CUDA tensor";
+    if (a.tensor.device().device_id != args.begin()->tensor.device().device_id)
+      TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": on cuda:" << a.tensor.device().device_id << ", "
+                                << args.begin()->name << " on cuda:" << args.begin()->tensor.device().device_id
+                                << " (one call runs on one GPU)";
+  }
 }
 
 inline void check_launch(const char* name) {

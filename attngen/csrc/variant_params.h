@@ -15,10 +15,14 @@ namespace attngen {
 template <class... X>
 struct ArgList {};
 
-// A tensor parameter's data pointer, once its element type, rank and device are the declared ones.
+// A tensor parameter's data pointer, once its element type, rank and device are the declared ones and its
+// layout is compact (a hook indexes it by its declared shape alone, whatever its element type).
 template <class Elem>
 Elem* tensor_param(const char* entry, const char* name, const tvm::ffi::TensorView& t, int ndim) {
   check_args(entry, {{name, t, ndim, dl_dtype<Elem>()}});
+  if (!t.IsContiguous())
+    TVM_FFI_THROW(ValueError) << entry << ": " << name << ": must be contiguous (a hook reads it by its declared "
+                              << "shape)";
   return static_cast<Elem*>(data_of(t));
 }
 

@@ -152,7 +152,7 @@ class PrefillPlan:
     def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None):
         """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
         bounds, made on the first call of each GQA group, head dim and device), or None."""
-        if self.lengths is None:  # not asked for, or no Hopper template in the library
+        if self.lengths is None or not _may_run_hopper(device):  # not asked for, or no Hopper template here
             return None
         if tile_map is not None:
             return tile_map.order
@@ -167,6 +167,16 @@ class PrefillPlan:
                                                    q_tiles=-(-self.max_qo_len * group // tile.rows),
                                                    rows=tile.rows, keys=tile.keys, device=device)
         return self.orders[key]
+
+
+def _may_run_hopper(device) -> bool:
+    """Whether a call on ``device`` may run the Hopper template (a GPU of compute capability 9.0; host tensors
+    stand for any device in the planning tests): elsewhere a multi-arch library runs mma.sync, which takes no
+    order."""
+    import torch
+
+    device = torch.device(device)
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def _capturing(device) -> bool:

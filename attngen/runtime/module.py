@@ -41,6 +41,10 @@ class BuiltModule:
 
     def __init__(self, variant, library: str | Path, manifest: dict | None = None):
         self.variant = variant
+        if library is None:  # BuildResult.library of a build that links nothing
+            raise ValueError(f"variant {variant.name!r}: the build has no library to load (a "
+                             "BuildConfig(link='check') build compiles device code only); build with link='whole' "
+                             "or link='lto' to run it")
         self.library = Path(library)
         if manifest is None:
             manifest = json.loads((self.library.parent / "manifest.json").read_text())

@@ -360,6 +360,14 @@ def test_tree_slot_refusals_name_what_is_not_served(rng):
             refusals[role](*([t] * tensors), 0, 1.0, 1e4, SM_SCALE, *tail)
 
 
+@pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
+def test_an_fp8_cache_is_refused_with_the_reason(fp8):
+    """TVM 0.27 would make the forward's q / k / v buffers fp8 too (one dtype for the cache and its buffers)."""
+    with pytest.raises(UnsupportedCacheFeature, match=rf"dtype {fp8}: TVM 0.27's PagedKVCache holds its pages "
+                                                       r"and its per-forward q / k / v / o buffers in one dtype"):
+        replace(SHAPE, dtype=fp8)
+
+
 def test_mla_is_refused_by_name():
     """TVM itself would create the cache and fail only at the first MLA forward (an empty slot)."""
     with pytest.raises(UnsupportedCacheFeature, match=r"layers \[1\] are 'mla' \(multi-head latent attention\)"):

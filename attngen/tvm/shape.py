@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attngen.schedules.dtypes import is_fp8
+
 ROPE_MODES = {"none": 0, "normal": 1, "inline": 2}  # TVM's RopeMode
 ATTN_KINDS = {"mha": 0, "mha_sliding": 3}  # TVM's AttnKind (MLA has no attngen slot)
 
@@ -26,6 +28,17 @@ def _refuse_mla(kinds: tuple) -> None:
             f"attn_kinds: layers {mla} are 'mla' (multi-head latent attention), which attngen does not serve: "
             "TVM's MLA slots (the MLA prefill, its KV append and merge) would stay empty; attngen fills the "
             "'mha' and 'mha_sliding' slots (and the token-tree slots) only")
+
+
+def _refuse_fp8(dtype: str) -> None:
+    """TVM 0.27's cache keeps one dtype for its pages and for the q, k, v and o buffers of every forward (the
+    fused-qkv split writes q in the cache's dtype), so an fp8 cache would turn the queries fp8 as well."""
+    if is_fp8(str(dtype)):
+        raise UnsupportedCacheFeature(
+            f"dtype {dtype}: TVM 0.27's PagedKVCache holds its pages and its per-forward q / k / v / o buffers in "
+            "one dtype, so an fp8 cache would quantise the queries too (attngen keeps queries in 16 or 32 bits); "
+            "use a 16-bit cache here, or attngen's own fp8 K/V API (kv_dtypes=, CPUAttention / "
+            "CUDAAttention.decode with k_scale / v_scale)")
 
 
 def rope_mode_code(rope_mode) -> int:
@@ -78,6 +91,7 @@ class CacheShape:
         if self.num_qo_heads % self.num_kv_heads:
             raise ValueError(f"num_qo_heads {self.num_qo_heads} is not a multiple of num_kv_heads "
                              f"{self.num_kv_heads}")
+        _refuse_fp8(self.dtype)
         kinds = tuple(self.attn_kinds) if self.attn_kinds is not None else ("mha",) * self.num_layers
         _refuse_mla(kinds)
         if len(kinds) != self.num_layers or any(k not in ATTN_KINDS for k in kinds):

@@ -16,6 +16,7 @@ The logits of every step are compared with the same model whose cache has TVM's 
 NumPy forward of the model that recomputes each sequence from its tokens.
 
     python examples/tvm_model_e2e.py
+    python examples/tvm_model_e2e.py --device cuda   # the Llama shape in float16 on a GPU (main_cuda)
 """
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ class ModelConfig:
     attn_soft_cap: float = 0.0  # > 0: soft-capped attention logits (attngen's logits_softcap variant)
     final_soft_cap: float = 0.0  # > 0: soft-capped output logits
     gemma_block: bool = False  # scaled embedding, post-attention / post-MLP norms, GeGLU instead of SwiGLU
+    # the cache's capacity
+    max_batch: int = 4
+    max_total_tokens: int = 512
+    prefill_chunk: int = 64
 
     @property
     def attn_kinds(self) -> tuple:
@@ -65,18 +70,21 @@ PAGE_SIZE = 16  # TVM's CPU tree kernels assume 16-token pages
 # the model in Relax
 
 
-def build_model(cfg: ModelConfig, kv_cache: str, cache=None):
+def build_model(cfg: ModelConfig, kv_cache: str, cache=None, device: str = "cpu", arch: str | None = None,
+                convention: str = "tirx"):
     """(IRModule with ``forward`` and ``create_kv_cache``, parameter names in order); ``kv_cache`` is
-    "attngen" or "tvm" (TVM's TIR kernels)."""
+    "attngen" or "tvm" (TVM's TIR kernels). On "cuda" the model is float16 and its kernels are built for
+    ``arch``; attngen's cache uses the slot ``convention`` ("tirx" or "flashinfer")."""
     from tvm import relax as rx
     from tvm.relax.frontend import nn
     from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
     from attngen.tvm import CacheShape, emit_paged_kv_cache
-    from attngen.tvm.baseline import emit_tvm_tir_cache_cpu
+    from attngen.tvm.baseline import emit_tvm_tir_cache_cpu, emit_tvm_tir_cache_cuda
     from attngen.variants import builtin
 
     hq, hkv, d = cfg.num_qo_heads, cfg.num_kv_heads, cfg.head_dim
+    external = []  # attngen's CUDA object, linked into the model library
 
     class Layer(nn.Module):
         def __init__(self):
@@ -121,25 +129,41 @@ def build_model(cfg: ModelConfig, kv_cache: str, cache=None):
 
         def create_kv_cache(self):
             shape = CacheShape(num_layers=cfg.num_layers, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
-                               max_batch=4, max_total_tokens=512, prefill_chunk=64, page_size=PAGE_SIZE,
-                               rope_mode="normal", rope_theta=cfg.rope_theta, attn_kinds=cfg.attn_kinds,
-                               sliding_window=cfg.sliding_window or 1024)
+                               max_batch=cfg.max_batch, max_total_tokens=cfg.max_total_tokens,
+                               prefill_chunk=cfg.prefill_chunk, page_size=PAGE_SIZE,
+                               dtype=model_dtype(device), rope_mode="normal", rope_theta=cfg.rope_theta,
+                               attn_kinds=cfg.attn_kinds, sliding_window=cfg.sliding_window or 1024)
             bb = rx.BlockBuilder.current()
             if kv_cache == "tvm":
                 # TVM's own kernels, each in its slot (TIRPagedKVCache swaps the CPU tree slots; baseline.py)
-                return PagedKVCache(_expr=emit_tvm_tir_cache_cpu(bb, shape), _name="kv_cache")
+                created = emit_tvm_tir_cache_cpu(bb, shape) if device == "cpu" else \
+                    emit_tvm_tir_cache_cuda(bb, shape, arch)
+                return PagedKVCache(_expr=created, _name="kv_cache")
             if cfg.attn_soft_cap:
                 variant, params = builtin("logits_softcap"), {"soft_cap": cfg.attn_soft_cap}
             else:
                 variant, params = builtin("vanilla"), None
-            emitted = emit_paged_kv_cache(bb, shape, variant, params=params, cache=cache)
+            emitted = emit_paged_kv_cache(bb, shape, variant, params=params, cache=cache, target=device, arch=arch,
+                                          convention=convention)
+            external.extend(emitted.external_mods)
             return PagedKVCache(_expr=emitted.cache, _name="kv_cache")
 
     spec = {"forward": {"input_ids": nn.spec.Tensor([1, "n"], "int32"), "kv": nn.spec.Object(object_type=PagedKVCache),
                         "$": {"param_mode": "packed", "effect_mode": "none"}},
             "create_kv_cache": {"$": {"param_mode": "none", "effect_mode": "none"}}}
-    mod, named_params = Decoder().export_tvm(spec=spec)
+    decoder = Decoder()
+    if device == "cuda":
+        decoder.to(model_dtype(device))
+    mod, named_params = decoder.export_tvm(spec=spec)
+    if external:
+        mod = mod.with_attr("external_mods", external)
     return mod, [name for name, _ in named_params]
+
+
+def model_dtype(device: str) -> str:
+    """The weights', activations' and cache's dtype: float32 on the CPU, float16 on CUDA (attngen's CUDA slots
+    serve 16-bit caches)."""
+    return "float16" if device == "cuda" else "float32"
 
 
 def random_weights(cfg: ModelConfig, names: list, seed: int) -> dict:
@@ -264,12 +288,13 @@ class ReferenceModel:
 class RunningModel:
     """A compiled model in the Relax VM with its cache."""
 
-    def __init__(self, executable, weights: dict, names: list):
+    def __init__(self, executable, weights: dict, names: list, device: str = "cpu"):
         import tvm
         from tvm import relax
 
-        self.vm = relax.VirtualMachine(executable, tvm.cpu())
-        self.params = [tvm.runtime.tensor(weights[n]) for n in names]
+        self.dev = tvm.cuda(0) if device == "cuda" else tvm.cpu()
+        self.vm = relax.VirtualMachine(executable, self.dev)
+        self.params = [tvm.runtime.tensor(weights[n].astype(model_dtype(device)), device=self.dev) for n in names]
         self.kv = self.vm["create_kv_cache"]()
 
     def builtin(self, name, *args):
@@ -285,12 +310,12 @@ class RunningModel:
         tree = (ShapeTuple([p for ps in parents for p in ps]),) if parents is not None else ()
         self.builtin("kv_state_begin_forward", ShapeTuple(ids), ShapeTuple(lens), *tree)
         ids_array = np.concatenate([np.asarray(t, np.int32) for t in tokens_per_seq])[None]
-        logits = self.vm["forward"](tvm.runtime.tensor(ids_array), self.kv, self.params).numpy()[0]
+        logits = self.vm["forward"](tvm.runtime.tensor(ids_array, device=self.dev), self.kv, self.params).numpy()[0]
         self.builtin("kv_state_end_forward")
         return logits.astype(np.float64)
 
 
-def script(rng, vocab: int, decode_steps: int):
+def script(rng, vocab: int, decode_steps: int, trees: bool = True):
     """The steps every model runs: (op, args) with the tokens drawn here.
 
     Sequence 1 grows past the Gemma-2 window (24) and stays unforked; sequence 0 and its fork stay within it.
@@ -307,8 +332,9 @@ def script(rng, vocab: int, decode_steps: int):
               ("step", [2, 0], [tokens(3), tokens(1)])]
     # a speculative step: sequence 2 drafts a tree of 6 tokens, sequence 1 a chain of 2; then the verifier
     # accepts the path to node 4 in sequence 2 and the first token of sequence 1
-    steps += [("tree", [1, 2], [tokens(2), tokens(6)], [[-1, 0], [-1, 0, 0, 1, 1, 2]]),
-              ("commit", [1, 2], [0, 4])]
+    if trees:  # (attngen's CUDA caches refuse token trees)
+        steps += [("tree", [1, 2], [tokens(2), tokens(6)], [[-1, 0], [-1, 0, 0, 1, 1, 2]]),
+                  ("commit", [1, 2], [0, 4])]
     steps += [("step", [0, 1, 2], [tokens(1), tokens(1), tokens(1)]) for _ in range(2)]
     return steps
 
@@ -348,15 +374,17 @@ def max_diff(a: list, b: list) -> float:
     return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
 
 
-def compile_model(cfg: ModelConfig, kv_cache: str, directory, cache=None):
-    """(the model library, loaded; parameter names): compiled for LLVM and exported to disk (the ahead-of-time
-    path), the Relax VM then runs it from that library alone."""
+def compile_model(cfg: ModelConfig, kv_cache: str, directory, cache=None, device: str = "cpu", arch: str | None = None,
+                  convention: str = "tirx"):
+    """(the model library, loaded; parameter names): compiled for LLVM (or CUDA ``arch``) and exported to disk
+    (the ahead-of-time path), the Relax VM then runs it from that library alone."""
     import tvm
 
     from attngen.tvm import export_model_library
 
-    mod, names = build_model(cfg, kv_cache, cache)
-    path = export_model_library(mod, directory / f"{cfg.name}_{kv_cache}_{cfg.attn_soft_cap}.so")
+    mod, names = build_model(cfg, kv_cache, cache, device, arch, convention)
+    path = export_model_library(mod, directory / f"{cfg.name}_{kv_cache}_{cfg.attn_soft_cap}_{device}_{convention}.so",
+                                target=device, arch=arch)
     return tvm.runtime.load_module(str(path)), names
 
 
@@ -392,5 +420,36 @@ def main(head_dim: int = 16, decode_steps: int = 4, seed: int = 0, cache=None, c
     return results
 
 
+def main_cuda(arch: str | None = None, decode_steps: int = 4, seed: int = 0, cache=None):
+    """The Llama-shaped model in float16 on this machine's GPU (head_dim 64: the CUDA slots' smallest), its cache
+    attngen's in both slot conventions and TVM's own CUDA kernels, through prefill, batch decode and a fork (no
+    token tree: attngen's CUDA caches refuse trees): each cache's logits against the float64 forward, attngen's
+    errors bounded by twice TVM's own (the same float16 model around a different attention) plus 1e-3."""
+    import tempfile
+    from pathlib import Path
+
+    from attngen.runtime.cuda import current_arch
+
+    arch = arch or current_arch()
+    cfg = llama(64)
+    steps = script(np.random.default_rng(seed), cfg.vocab, decode_steps, trees=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        models, names = {}, None
+        for kv_cache, convention in (("attngen", "tirx"), ("attngen", "flashinfer"), ("tvm", "tirx")):
+            executable, names = compile_model(cfg, kv_cache, Path(tmp), cache, "cuda", arch, convention)
+            models[f"{kv_cache} {convention}" if kv_cache == "attngen" else "tvm kernels"] = (executable, names)
+        weights = random_weights(cfg, names, seed)
+        running = {name: RunningModel(ex, weights, n, "cuda") for name, (ex, n) in models.items()}
+        out = run(running, ReferenceModel(cfg, weights), steps)
+    results = {name: {"out_err": max_diff(out[name], out["reference"])} for name in running}
+    for name, r in results.items():
+        print(f"{name:22s} vs float64: max |logit difference| {r['out_err']:.2e}")
+    bound = 2 * results["tvm kernels"]["out_err"] + 1e-3
+    assert all(r["out_err"] <= bound for r in results.values()), results
+    return results
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main_cuda() if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cuda" else main()

@@ -254,3 +254,16 @@ def test_example_decode_loop_on_cuda(build_cache):
     example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "tvm_paged_kv_cache.py"))
     results = example["main"](head_dim=64, cache=build_cache, device="cuda")
     assert results and all(r["out_err"] < 1e-2 for r in results.values())
+
+
+def test_example_model_on_cuda(build_cache):
+    """examples/tvm_model_e2e.py --device cuda: the Llama-shaped model in float16 as a CUDA model library whose
+    cache is attngen's (both slot conventions) or TVM's own kernels, through prefill, decode and a fork: attngen's
+    logits within twice TVM's own float16 error (against the float64 forward) plus 1e-3."""
+    import runpy
+    from pathlib import Path
+
+    example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "tvm_model_e2e.py"))
+    results = example["main_cuda"](decode_steps=3, cache=build_cache)
+    assert set(results) == {"attngen tirx", "attngen flashinfer", "tvm kernels"}
+    assert results["tvm kernels"]["out_err"] < 5e-2, results  # the float16 model itself stays close to float64

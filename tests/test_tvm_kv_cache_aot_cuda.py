@@ -71,6 +71,26 @@ def test_model_library_links_attngen_statically(build_cache, tmp_path, monkeypat
     assert blob.count(bytes.fromhex("50ed55ba")) >= 2  # fatbins: attngen's kernels and TVM's own
 
 
+@requires_nvcc
+def test_a_whole_model_compiles_for_cuda_with_attngens_cache(build_cache, tmp_path):
+    """examples/tvm_model_e2e.py's Llama-shaped model in float16 (nn.Module, fused qkv, the cache's RoPE) with
+    attngen's CUDA cache, compiled for sm_90a into one model library on a machine without a GPU
+    (test_gpu_tvm_kv_cache.py runs it, beside the same model on TVM's own CUDA kernels)."""
+    import runpy
+    from pathlib import Path
+
+    example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "tvm_model_e2e.py"))
+    cfg = example["llama"](64)
+    mod, names = example["build_model"](cfg, "attngen", build_cache, "cuda", "sm_90a")
+    assert names[0] == "embed.weight" and len(names) == 3 + 7 * cfg.num_layers
+    assert len(mod.attrs["external_mods"]) == 1  # attngen's object, linked statically
+    path = export_model_library(mod, tmp_path / "llama.so", **CUDA)
+    syms = _symbols(path, dynamic=True)
+    for name in ("attngen_tvm_decode_f16_d64", "attngen_tvm_prefill_paged_f16_d64", "attngen_merge_state_inplace_f16"):
+        assert syms.get(f"__tvm_ffi_{name}") == "T", name
+    assert "libcudart" not in subprocess.run(["ldd", str(path)], capture_output=True, text=True).stdout
+
+
 def test_model_library_refuses_what_the_cuda_slots_cannot_serve():
     with pytest.raises(ValueError, match="rope_mode 'inline'"):
         paged_kv_cache_module(replace(SHAPE, rope_mode="inline"), **CUDA)

@@ -2,6 +2,7 @@
 attention and merge kernels in every slot (what TVM's ``TIRPagedKVCache`` builds), for tests and benchmarks.
 
 - ``create_tvm_tir_cache_cuda``: on this machine's GPU, at run time;
+- ``emit_tvm_tir_cache_cuda``: TVM's CUDA kernels as PrimFuncs of a model, for a named arch;
 - ``emit_tvm_tir_cache_cpu``: TVM's CPU kernels as PrimFuncs of a model, the cache's create call emitted
   into a Relax function. Unlike ``TIRPagedKVCache`` for an LLVM target, which passes its two token-tree
   kernels in each other's slots (TVM 0.27: the ragged kernel where the runtime calls the paged one, so
@@ -14,33 +15,59 @@ from .helper_kernels import add_helpers, device_target, helper_functions
 from .shape import CacheShape
 
 
-def create_tvm_tir_cache_cuda(shape: CacheShape, device_id: int = 0):
-    """A CUDA PagedKVCache of ``shape`` (no sliding windows) built from TVM's own kernels alone."""
-    import tvm
+def tvm_cuda_kernels(shape: CacheShape, target) -> dict:
+    """Role ("prefill_ragged", "prefill", "decode", "merge") -> TVM's own CUDA PrimFunc for a cache of ``shape``
+    without sliding windows, scheduled for ``target``."""
     from tvm.relax.frontend.nn.llm import kv_cache as kvc
-
-    from attngen.runtime.cuda import current_arch
 
     if shape.support_sliding_window or "mha_sliding" in shape.attn_kinds:
         raise ValueError("the TVM baseline cache is built without sliding-window kernels; use a shape without "
                          "sliding windows")
-    target = device_target("cuda", current_arch())
     hkv, hq, d, dt = shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, shape.dtype
-    programs = {"ragged": kvc._attention_prefill_ragged(hkv, hq, d, d, dt, {}, target),
-                "prefill": kvc._attention_prefill(hkv, hq, d, dt, False, {}, target),
-                "decode": kvc._attention_decode(hkv, hq, d, dt, False, {}, target),
-                "merge": kvc._merge_state_inplace(hq, d, dt, target)}
+    return {"prefill_ragged": kvc._attention_prefill_ragged(hkv, hq, d, d, dt, {}, target),
+            "prefill": kvc._attention_prefill(hkv, hq, d, dt, False, {}, target),
+            "decode": kvc._attention_decode(hkv, hq, d, dt, False, {}, target),
+            "merge": kvc._merge_state_inplace(hq, d, dt, target)}
+
+
+def _cuda_attention(f: dict) -> dict:
+    # TVM never calls the sliding-window slots here: they hold the paged prefill and decode kernels
+    return {"prefill_ragged": ("tirx", f["prefill_ragged"]), "prefill": ("tirx", f["prefill"]),
+            "decode": ("tirx", f["decode"]), "prefill_sliding_window": ("tirx", f["prefill"]),
+            "decode_sliding_window": ("tirx", f["decode"])}
+
+
+def create_tvm_tir_cache_cuda(shape: CacheShape, device_id: int = 0):
+    """A CUDA PagedKVCache of ``shape`` (no sliding windows) built from TVM's own kernels alone."""
+    import tvm
+
+    from attngen.runtime.cuda import current_arch
+
+    target = device_target("cuda", current_arch())
+    programs = tvm_cuda_kernels(shape, target)
     mod = tvm.IRModule({tvm.ir.GlobalVar(f"tvm_{r}"): f.with_attr("global_symbol", f"tvm_{r}")
                         for r, f in programs.items()})
     with target:
         lib = tvm.tirx.build(mod, target=target)
     f = {r: lib[f"tvm_{r}"] for r in programs}
-    # TVM never calls the sliding-window slots here: they hold the paged prefill and decode kernels
-    attention = {"prefill_ragged": ("tirx", f["ragged"]), "prefill": ("tirx", f["prefill"]),
-                 "decode": ("tirx", f["decode"]), "prefill_sliding_window": ("tirx", f["prefill"]),
-                 "decode_sliding_window": ("tirx", f["decode"])}
-    parts = CacheParts(attention=attention, helpers=helper_functions(shape, target), merge=f["merge"])
+    parts = CacheParts(attention=_cuda_attention(f), helpers=helper_functions(shape, target), merge=f["merge"])
     return create_cache(shape, parts, tvm.cuda(device_id))
+
+
+def emit_tvm_tir_cache_cuda(bb, shape: CacheShape, arch: str, name_prefix: str = "tvm_tir"):
+    """Emit into ``bb``'s current function the create call of a CUDA cache of ``shape`` (no sliding windows) whose
+    every kernel is TVM's own, scheduled for ``arch``, as PrimFuncs of the model; returns the Relax var holding the
+    cache. (Its token-tree slots stay empty, as attngen's CUDA caches refuse trees.)"""
+    target = device_target("cuda", arch)
+    kernels = {role: bb.add_func(_without_symbol(f), f"{name_prefix}_{role}")
+               for role, f in tvm_cuda_kernels(shape, target).items()}
+    parts = CacheParts(attention=_cuda_attention(kernels), merge=kernels["merge"],
+                       helpers=add_helpers(bb, shape, target, name_prefix))
+    return emit_create(bb, shape, parts)
+
+
+def _without_symbol(func):
+    return func.without_attr("global_symbol") if func.attrs and "global_symbol" in func.attrs else func
 
 
 def tvm_cpu_kernels(shape: CacheShape) -> dict:
@@ -62,11 +89,8 @@ def tvm_cpu_kernels(shape: CacheShape) -> dict:
 def emit_tvm_tir_cache_cpu(bb, shape: CacheShape, name_prefix: str = "tvm_tir"):
     """Emit into ``bb``'s current function the create call of a CPU cache of ``shape`` whose every kernel is TVM's
     own; returns the Relax var holding the cache. (TVM's CPU tree kernels assume 16-token pages.)"""
-    def add(role, func):
-        func = func.without_attr("global_symbol") if func.attrs and "global_symbol" in func.attrs else func
-        return bb.add_func(func, f"{name_prefix}_{role}")
-
-    kernels = {role: add(role, f) for role, f in tvm_cpu_kernels(shape).items()}
+    kernels = {role: bb.add_func(_without_symbol(f), f"{name_prefix}_{role}")
+               for role, f in tvm_cpu_kernels(shape).items()}
     merge = kernels.pop("merge")
     parts = CacheParts(attention={role: ("tirx", f) for role, f in kernels.items()}, merge=merge,
                        helpers=add_helpers(bb, shape, device_target("cpu"), name_prefix))

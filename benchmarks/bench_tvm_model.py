@@ -1,0 +1,121 @@
+"""A model-level decode step on the GPU, its KV cache attngen's or TVM's own.
+
+The Llama-shaped decoder of examples/tvm_model_e2e.py at 7B-like layer sizes (hidden 4096, Hq 32 / Hkv 8,
+D 128, MLP 11008, float16, random weights; ``--layers``, default 4) is compiled into three CUDA model
+libraries that differ only in their cache: attngen's slots in the "tirx" and the "flashinfer" convention,
+and TVM's own TIR CUDA kernels. Each gets ``--batch`` sequences (default 32) of ``--context`` cached tokens
+(default 2048, prefilled in chunks), then decode steps of one token per sequence are timed end to end
+(``kv_state_begin_forward``, the forward, ``kv_state_end_forward``, then a device sync): medians after
+warm-up. The last step's logits of the three models are compared. Writes JSON and a Markdown table.
+
+    python benchmarks/bench_tvm_model.py --out benchmarks/results --commit <sha>
+"""
+from __future__ import annotations
+
+import json
+import runpy
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from common import cell, result_parser, run_info, write_results
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tvm_model_e2e.py"
+CACHES = (("attngen", "tirx"), ("attngen", "flashinfer"), ("tvm", "tirx"))
+
+
+def label(kv_cache: str, convention: str) -> str:
+    return f"attngen {convention}" if kv_cache == "attngen" else "tvm kernels"
+
+
+def fill(model, batch: int, context: int, chunk: int, rng, vocab: int) -> None:
+    """``batch`` sequences of ``context`` tokens, prefilled a few sequences per forward (at most ``chunk`` tokens)."""
+    for s in range(batch):
+        model.builtin("kv_state_add_sequence", s)
+    per = max(1, chunk // context)
+    for first in range(0, batch, per):
+        ids = list(range(first, min(batch, first + per)))
+        model.step(ids, [list(rng.integers(0, vocab, context)) for _ in ids])
+
+
+def time_steps(model, batch: int, steps: int, warmup: int, rng, vocab: int) -> tuple[list[float], np.ndarray]:
+    """Wall milliseconds of each timed decode step (after ``warmup`` untimed ones), and the last step's logits."""
+    ids = list(range(batch))
+    times, logits = [], None
+    for i in range(warmup + steps):
+        toks = [[int(t)] for t in rng.integers(0, vocab, batch)]
+        model.dev.sync()
+        t = time.perf_counter()
+        logits = model.step(ids, toks)  # (copies the logits to the host: part of a serving step too)
+        model.dev.sync()
+        if i >= warmup:
+            times.append((time.perf_counter() - t) * 1e3)
+    return times, logits
+
+
+def main():
+    ap = result_parser(__doc__)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--arch", default=None, help="the GPU's arch (default: this GPU's)")
+    args = ap.parse_args()
+
+    from attngen.runtime.cuda import current_arch
+
+    example = runpy.run_path(str(EXAMPLE))
+    chunk = 4096
+    cfg = replace(example["llama"](128), name="llama_7b_layers", vocab=1024, hidden=4096, num_layers=args.layers,
+                  num_qo_heads=32, num_kv_heads=8, intermediate=11008, max_batch=args.batch,
+                  max_total_tokens=args.batch * (args.context + args.steps + 16 + example["PAGE_SIZE"]),
+                  prefill_chunk=chunk)
+    res = run_info(args.commit) | {"model": {k: getattr(cfg, k) for k in ("hidden", "num_layers", "num_qo_heads",
+                                                                            "num_kv_heads", "head_dim", "intermediate",
+                                                                            "vocab")},
+                                   "batch": args.batch, "context": args.context, "rows": []}
+    logits, weights = {}, None
+    with tempfile.TemporaryDirectory() as tmp:
+        for kv_cache, convention in CACHES:
+            row = {"cache": label(kv_cache, convention)}
+            try:
+                t = time.perf_counter()
+                executable, names = example["compile_model"](cfg, kv_cache, Path(tmp), None, "cuda",
+                                                             args.arch or current_arch(), convention)
+                row["compile_s"] = time.perf_counter() - t
+                weights = weights or example["random_weights"](cfg, names, 0)
+                model = example["RunningModel"](executable, weights, names, "cuda")
+                rng = np.random.default_rng(1)
+                fill(model, args.batch, args.context, chunk, rng, cfg.vocab)
+                times, logits[row["cache"]] = time_steps(model, args.batch, args.steps, 5, rng, cfg.vocab)
+                row |= {"step_ms": float(np.median(times)), "step_ms_min": float(np.min(times))}
+                del model
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {e}"[:400]
+            res["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    ref = logits.get("tvm kernels")
+    for row in res["rows"]:
+        if ref is not None and row["cache"] in logits:
+            row["max_abs_logit_diff"] = float(np.abs(logits[row["cache"]] - ref).max())
+        if ref is not None and row.get("step_ms"):
+            tvm_ms = next(r.get("step_ms") for r in res["rows"] if r["cache"] == "tvm kernels")
+            row["tvm_over_this"] = tvm_ms / row["step_ms"] if tvm_ms else None
+    m = res["model"]
+    lines = [f"# Model-level decode step, Llama-shaped ({m['num_layers']} layers, hidden {m['hidden']}, Hq "
+             f"{m['num_qo_heads']} / Hkv {m['num_kv_heads']}, D {m['head_dim']}, float16), batch {args.batch}, "
+             f"context {args.context} — {res['gpu']}, {res['date']}, commit {res['commit']}", "",
+             "| cache | step ms (median) | min | TVM kernels / this | max abs logit diff vs TVM kernels |",
+             "|---|---|---|---|---|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['cache']} | {cell(r.get('step_ms'), '.3f')} | {cell(r.get('step_ms_min'), '.3f')} | "
+                     f"{cell(r.get('tvm_over_this'), '.2f')} | {cell(r.get('max_abs_logit_diff'), '.2e')} |")
+    lines += [f"- {r['cache']}: {r['error']}" for r in res["rows"] if "error" in r]
+    write_results(args.out, f"tvm_model_{res['date']}", res, lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -72,7 +72,7 @@ def main():
     cfg = replace(example["llama"](128), name="llama_7b_layers", vocab=1024, hidden=4096, num_layers=args.layers,
                   num_qo_heads=32, num_kv_heads=8, intermediate=11008, max_batch=args.batch,
                   max_total_tokens=args.batch * (args.context + args.steps + 16 + example["PAGE_SIZE"]),
-                  prefill_chunk=chunk)
+                  prefill_chunk=max(chunk, args.context))  # a forward holds one whole sequence at least
     res = run_info(args.commit) | {"model": {k: getattr(cfg, k) for k in ("hidden", "num_layers", "num_qo_heads",
                                                                             "num_kv_heads", "head_dim", "intermediate",
                                                                             "vocab")},

@@ -208,3 +208,19 @@ def test_entry_functions_name_themselves_in_argument_errors(att, rng):
         prefill(*args[:1], ragged.k.float(), *args[2:])
     with pytest.raises(ValueError, match=r"batch_prefill_ragged_f16_d64: q: expected a CUDA tensor"):
         prefill(*args)
+
+
+def test_one_call_runs_on_one_gpu():
+    """Tensors of a call on two GPUs are refused by name (stand-ins: the check reads .device alone)."""
+    from types import SimpleNamespace
+
+    from attngen.runtime.cuda import _check_on_device
+
+    def on(index):
+        return SimpleNamespace(detach=None, device=torch.device("cuda", index))
+
+    _check_on_device([("q", on(1)), ("kv.indptr", on(1))], torch.device("cuda", 1))
+    with pytest.raises(AttentionArgumentError, match=r"params\['slopes'\]: on cuda:0, q on cuda:1: one call runs on one"):
+        _check_on_device([("q", on(1)), ("params['slopes']", on(0))], torch.device("cuda", 1))
+    with pytest.raises(AttentionArgumentError, match=r"kv.indptr: must be a CUDA tensor"):
+        _check_on_device([("kv.indptr", torch.zeros(2))], torch.device("cuda", 1))

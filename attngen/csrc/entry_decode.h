@@ -61,7 +61,8 @@ void check_decode_args(const char* name, const DecodeArgs& a, const Own&... own)
                     own...,
                     {"part_o", a.split.part_o, -1, dl_dtype<float>()},
                     {"part_lse", a.split.part_lse, -1, dl_dtype<float>()}});
-  if (a.split.plan.has_value()) check_args(name, {{"plan", *a.split.plan, 1, dl_dtype<int32_t>()}});
+  if (a.split.plan.has_value())
+    check_args(name, {{"plan", *a.split.plan, 1, dl_dtype<int32_t>()}}, a.q.device().device_id);
 }
 
 // The split-KV arguments into P (any decode problem type) and their checks against the library's bounds;

@@ -35,15 +35,16 @@ inline bool is_prefill_tile_rows(int64_t v) {
 using OptionalTensor = tvm::ffi::Optional<tvm::ffi::TensorView>;
 
 // The plan's tile lists into P (both or neither; checked against the launch's grid).
-inline void fill_tile_list(PrefillProblem& P, const char* name, const OptionalTensor& indptr,
-                           const OptionalTensor& entries, int64_t heads) {
+inline void fill_tile_list(PrefillProblem& P, const char* name, const tvm::ffi::TensorView& q,
+                           const OptionalTensor& indptr, const OptionalTensor& entries, int64_t heads) {
   if (indptr.has_value() != entries.has_value())
     TVM_FFI_THROW(ValueError) << name << ": tile_indptr and tile_entries come together (a plan's tile map) or not at all";
   if (!indptr.has_value()) {
     if (heads != 0) TVM_FFI_THROW(ValueError) << name << ": tile_heads describes a tile map; without one pass 0";
     return;
   }
-  check_args(name, {{"tile_indptr", *indptr, 1, dl_dtype<int32_t>()}, {"tile_entries", *entries, 1, dl_dtype<int32_t>()}});
+  check_args(name, {{"tile_indptr", *indptr, 1, dl_dtype<int32_t>()}, {"tile_entries", *entries, 1, dl_dtype<int32_t>()}},
+             q.device().device_id);
   if (heads != 1 && heads != P.num_kv_heads)
     TVM_FFI_THROW(ValueError) << name << ": tile_heads must be 1 or the number of KV heads (" << P.num_kv_heads << ")";
   const int64_t lists = (*indptr).size(0) - 1;
@@ -57,9 +58,10 @@ inline void fill_tile_list(PrefillProblem& P, const char* name, const OptionalTe
 
 // The plan's work order into P: one entry per (request, query tile) pair of the Hopper template's grid.
 template <int D>
-void fill_work_order(PrefillProblem& P, const char* name, const OptionalTensor& order, int64_t max_qo_len) {
+void fill_work_order(PrefillProblem& P, const char* name, const tvm::ffi::TensorView& q, const OptionalTensor& order,
+                     int64_t max_qo_len) {
   if (!order.has_value()) return;
-  check_args(name, {{"work_order", *order, 1, dl_dtype<int32_t>()}});
+  check_args(name, {{"work_order", *order, 1, dl_dtype<int32_t>()}}, q.device().device_id);
   const int64_t pairs = int64_t(P.batch) * ((max_qo_len * P.group + HopperTile<D>::kRows - 1) / HopperTile<D>::kRows);
   if ((*order).size(0) != pairs)
     TVM_FFI_THROW(ValueError) << name << ": work_order has " << (*order).size(0) << " entries, not batch x query "
@@ -110,8 +112,8 @@ struct PrefillPagedEntry<V, T, D, L, Name, ArgList<X...>> {
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_pages<L>(P.kv, pages, indptr, indices, last_page_len),
                  Name);
-    fill_tile_list(P, Name, tile_indptr, tile_entries, tile_heads);
-    fill_work_order<D>(P, Name, work_order, max_qo_len);
+    fill_tile_list(P, Name, q, tile_indptr, tile_entries, tile_heads);
+    fill_work_order<D>(P, Name, q, work_order, max_qo_len);
     run_prefill<V, T, D>(Name, P, q, max_qo_len, tile_rows, kernel, hp);
   }
 };
@@ -137,8 +139,8 @@ struct PrefillRaggedEntry<V, T, D, Name, ArgList<X...>> {
     V::set_params(Name, hp, extra...);
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<T>(P.kv, k, v, kv_indptr), Name);
-    fill_tile_list(P, Name, tile_indptr, tile_entries, tile_heads);
-    fill_work_order<D>(P, Name, work_order, max_qo_len);
+    fill_tile_list(P, Name, q, tile_indptr, tile_entries, tile_heads);
+    fill_work_order<D>(P, Name, q, work_order, max_qo_len);
     run_prefill<V, T, D>(Name, P, q, max_qo_len, tile_rows, kernel, hp);
   }
 };

@@ -61,9 +61,10 @@ struct TensorArg {
 
 // The exact element type and the rank of every argument (and a compact layout for integer ones: index arrays,
 // maps and orders are read at element offsets, while floating-point data carry their strides), then their
-// devices, all on the first one's GPU; each refusal names the function and the argument: a caller without a
-// GPU learns of every wrong type first.
-inline void check_args(const char* entry, std::initializer_list<TensorArg> args) {
+// devices, all on one GPU: `device_id` (the call's, for a list checked apart from q), or the first one's when
+// it is -1. Each refusal names the function and the argument: a caller without a GPU learns of every wrong
+// type first.
+inline void check_args(const char* entry, std::initializer_list<TensorArg> args, int device_id = -1) {
   for (const TensorArg& a : args) {
     if (a.tensor.dtype() != a.dtype)
       TVM_FFI_THROW(TypeError) << entry << ": " << a.name << ": expected element type " << a.dtype << ", got "
@@ -78,10 +79,10 @@ inline void check_args(const char* entry, std::initializer_list<TensorArg> args)
   for (const TensorArg& a : args) {
     if (a.tensor.device().device_type != kDLCUDA)
       TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": expected a CUDA tensor";
-    if (a.tensor.device().device_id != args.begin()->tensor.device().device_id)
-      TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": on cuda:" << a.tensor.device().device_id << ", "
-                                << args.begin()->name << " on cuda:" << args.begin()->tensor.device().device_id
-                                << " (one call runs on one GPU)";
+    const int want = device_id >= 0 ? device_id : args.begin()->tensor.device().device_id;
+    if (a.tensor.device().device_id != want)
+      TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": on cuda:" << a.tensor.device().device_id
+                                << ", the call's tensors on cuda:" << want << " (one call runs on one GPU)";
   }
 }
 

@@ -37,6 +37,21 @@ def is_cuda(t) -> bool:
     return hasattr(t, "detach") and t.device.type == "cuda"
 
 
+def _check_on_device(named, device) -> None:
+    """Every (name, tensor) of ``named`` a CUDA tensor on ``device`` (q's): one call runs on one GPU."""
+    for name, t in named:
+        if not is_cuda(t):
+            raise AttentionArgumentError(f"{name}: must be a CUDA tensor")
+        if t.device != device:
+            raise AttentionArgumentError(f"{name}: on {t.device}, q on {device}: one call runs on one GPU "
+                                         "(move it with .to(q.device))")
+
+
+def _tensor_extras(variant, extras) -> list:
+    """(params['name'], tensor) of the resolved parameters that are tensors."""
+    return [(f"params['{p.name}']", v) for p, v in zip(variant.params, extras) if hasattr(v, "shape")]
+
+
 def current_arch() -> str:
     import torch
 
@@ -404,19 +419,16 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(
                 f"q: group size {int(q.shape[1]) // kv.num_kv_heads} (num_qo_heads / num_kv_heads) is above this "
                 f"library's max_group_size={max_group}; rebuild with a larger max_group_size")
-        for name, t in (("q", q), ("kv.pages", kv.pages), ("kv.indices", kv.indices), ("kv.indptr", kv.indptr),
-                        ("kv.last_page_len", kv.last_page_len)):
-            if not is_cuda(t):
-                raise AttentionArgumentError(f"{name}: must be a CUDA tensor")
+        _check_on_device((("q", q), ("kv.pages", kv.pages), ("kv.indices", kv.indices), ("kv.indptr", kv.indptr),
+                          ("kv.last_page_len", kv.last_page_len)), q.device)
         out, lse = self.outputs(q, batch, out, lse)
+        _check_on_device((("out", out), ("lse", lse)), q.device)
         for name, t in (("q", q), ("out", out), ("kv.pages", kv.pages)):
             _check_aligned(name, t)
         scales = self._scale_args(q, kv, k_scale, v_scale)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch)
-        for p, v in zip(self.variant.params, extras):
-            if hasattr(v, "shape") and not is_cuda(v):
-                raise AttentionArgumentError(f"params['{p.name}']: must be a CUDA tensor")
+        _check_on_device(_tensor_extras(self.variant, extras), q.device)
         scale = resolve_sm_scale(sm_scale, d)
         if plan.work is not None and plan.generation != plan.work.generation:
             raise AttentionArgumentError("plan: superseded by a later plan_decode of the same shape (they share "
@@ -549,14 +561,14 @@ class CUDAAttention(BuiltModule):
             kv_args = (kv.k, kv.v, kv.indptr)
             data = [("kv.k", kv.k), ("kv.v", kv.v)]
             index = [("kv.indptr", kv.indptr)]
-        for name, t in [("q", q), ("qo_indptr", qo_indptr)] + data + index:
-            if not is_cuda(t):
-                raise AttentionArgumentError(f"{name}: must be a CUDA tensor")
+        _check_on_device([("q", q), ("qo_indptr", qo_indptr)] + data + index, q.device)
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
+        _check_on_device((("out", out), ("lse", lse)), q.device)
         for name, t in [("q", q), ("out", out)] + data:
             _check_aligned(name, t)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
+        _check_on_device(_tensor_extras(self.variant, extras), q.device)
         scale = resolve_sm_scale(sm_scale, d)
         tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras)
         order = plan.work_order(self.variant, int(q.shape[1]) // kv.num_kv_heads, d, q.device, tiles)

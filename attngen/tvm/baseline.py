@@ -20,14 +20,18 @@ def tvm_cuda_kernels(shape: CacheShape, target) -> dict:
     without sliding windows, scheduled for ``target``."""
     from tvm.relax.frontend.nn.llm import kv_cache as kvc
 
-    if shape.support_sliding_window or "mha_sliding" in shape.attn_kinds:
-        raise ValueError("the TVM baseline cache is built without sliding-window kernels; use a shape without "
-                         "sliding windows")
+    _refuse_windows(shape)
     hkv, hq, d, dt = shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, shape.dtype
     return {"prefill_ragged": kvc._attention_prefill_ragged(hkv, hq, d, d, dt, {}, target),
             "prefill": kvc._attention_prefill(hkv, hq, d, dt, False, {}, target),
             "decode": kvc._attention_decode(hkv, hq, d, dt, False, {}, target),
             "merge": kvc._merge_state_inplace(hq, d, dt, target)}
+
+
+def _refuse_windows(shape: CacheShape) -> None:
+    if shape.support_sliding_window or "mha_sliding" in shape.attn_kinds:
+        raise ValueError("the TVM baseline cache is built without sliding-window kernels; use a shape without "
+                         "sliding windows")
 
 
 def _cuda_attention(f: dict) -> dict:
@@ -43,6 +47,7 @@ def create_tvm_tir_cache_cuda(shape: CacheShape, device_id: int = 0):
 
     from attngen.runtime.cuda import current_arch
 
+    _refuse_windows(shape)
     target = device_target("cuda", current_arch())
     programs = tvm_cuda_kernels(shape, target)
     mod = tvm.IRModule({tvm.ir.GlobalVar(f"tvm_{r}"): f.with_attr("global_symbol", f"tvm_{r}")

@@ -167,7 +167,7 @@ class PrefillPlan:
     def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None):
         """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
         bounds, made on the first call of each GQA group, head dim and device), or None."""
-        if self.lengths is None or not _may_run_hopper(device):  # not asked for, or no Hopper template here
+        if self.lengths is None:  # not asked for, or no Hopper template in the library or on the plan's GPU
             return None
         if tile_map is not None:
             return tile_map.order
@@ -185,9 +185,9 @@ class PrefillPlan:
 
 
 def _may_run_hopper(device) -> bool:
-    """Whether a call on ``device`` may run the Hopper template (a GPU of compute capability 9.0; host tensors
-    stand for any device in the planning tests): elsewhere a multi-arch library runs mma.sync, which takes no
-    order."""
+    """Whether a plan for ``device`` (its qo_indptr's) may run the Hopper template (a GPU of compute capability
+    9.0; host tensors stand for any device in the planning tests): elsewhere a multi-arch library runs
+    mma.sync, which takes no order. Decided once per plan, not per call."""
     import torch
 
     device = torch.device(device)
@@ -477,7 +477,7 @@ class CUDAAttention(BuiltModule):
         if work_order not in (None, True, False):
             raise AttentionArgumentError(f"work_order: expected None, True or False, got {work_order!r}")
         ordered = work_order is not False and "sm_90a" in self.manifest["config"]["archs"] \
-            and kernel != PrefillTemplate.MMA_SYNC
+            and kernel != PrefillTemplate.MMA_SYNC and _may_run_hopper(getattr(qo_indptr, "device", "cpu"))
         kv_lens = _kv_lengths(kv) if ordered or self.manifest.get("float_position_limit") else None
         self._check_float_positions(kv_lens)
         if tile_map not in (None, True, False):

@@ -17,10 +17,9 @@ from .shape import CacheShape
 
 def tvm_cuda_kernels(shape: CacheShape, target) -> dict:
     """Role ("prefill_ragged", "prefill", "decode", "merge") -> TVM's own CUDA PrimFunc for a cache of ``shape``
-    without sliding windows, scheduled for ``target``."""
+    (its callers refuse sliding windows), scheduled for ``target``."""
     from tvm.relax.frontend.nn.llm import kv_cache as kvc
 
-    _refuse_windows(shape)
     hkv, hq, d, dt = shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, shape.dtype
     return {"prefill_ragged": kvc._attention_prefill_ragged(hkv, hq, d, d, dt, {}, target),
             "prefill": kvc._attention_prefill(hkv, hq, d, dt, False, {}, target),
@@ -63,6 +62,7 @@ def emit_tvm_tir_cache_cuda(bb, shape: CacheShape, arch: str, name_prefix: str =
     """Emit into ``bb``'s current function the create call of a CUDA cache of ``shape`` (no sliding windows) whose
     every kernel is TVM's own, scheduled for ``arch``, as PrimFuncs of the model; returns the Relax var holding the
     cache. (Its token-tree slots stay empty, as attngen's CUDA caches refuse trees.)"""
+    _refuse_windows(shape)
     target = device_target("cuda", arch)
     kernels = {role: bb.add_func(_without_symbol(f), f"{name_prefix}_{role}")
                for role, f in tvm_cuda_kernels(shape, target).items()}

@@ -6,13 +6,18 @@ libraries that differ only in their cache: attngen's slots in the "tirx" and the
 and TVM's own TIR CUDA kernels. Each gets ``--batch`` sequences (default 32) of ``--context`` cached tokens
 (default 2048, prefilled in chunks), then decode steps of one token per sequence are timed end to end
 (``kv_state_begin_forward``, the forward, ``kv_state_end_forward``, then a device sync): medians after
-warm-up. The last step's logits of the three models are compared. Writes JSON and a Markdown table.
+warm-up. A few more steps run under torch.profiler, whose CUPTI trace holds every kernel of the process
+(TVM's included): the GPU time per step of all kernels and of the attention kernels (names that say
+decode, prefill, attention or merge; the KV append is counted apart), so the attention slots' own share is
+not hidden by the host-side cost of a step. The last step's logits of the three models are compared. Writes
+JSON and a Markdown table.
 
     python benchmarks/bench_tvm_model.py --out benchmarks/results --commit <sha>
 """
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import tempfile
 import time
@@ -56,6 +61,36 @@ def time_steps(model, batch: int, steps: int, warmup: int, rng, vocab: int) -> t
     return times, logits
 
 
+ATTENTION = re.compile(r"decode|prefill|attention|merge", re.IGNORECASE)
+APPEND = re.compile(r"append", re.IGNORECASE)
+
+
+def kernel_times(model, batch: int, steps: int, rng, vocab: int) -> dict:
+    """GPU microseconds per decode step: all kernels, attention kernels, KV append; the heaviest kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = list(range(batch))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            model.step(ids, [[int(t)] for t in rng.integers(0, vocab, batch)])
+        model.dev.sync()
+        torch.cuda.synchronize()
+    by_name: dict[str, float] = {}
+    launches: dict[str, int] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
+            by_name[ev.name] = by_name.get(ev.name, 0.0) + ev.device_time_total / steps
+            launches[ev.name] = launches.get(ev.name, 0) + 1
+    append = sum(t for n, t in by_name.items() if APPEND.search(n))
+    attention = sum(t for n, t in by_name.items() if ATTENTION.search(n) and not APPEND.search(n))
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    att = sorted(((n, t) for n, t in by_name.items() if ATTENTION.search(n)), key=lambda kv: -kv[1])
+    return {"gpu_us": sum(by_name.values()), "attention_us": attention, "append_us": append,
+            "top_kernels_us": [[n[:120], round(t, 1)] for n, t in top],
+            "attention_kernels_us": [[n[:200], round(t, 1), launches[n] / steps] for n, t in att]}
+
+
 def main():
     ap = result_parser(__doc__)
     ap.add_argument("--layers", type=int, default=4)
@@ -91,7 +126,9 @@ def main():
                 rng = np.random.default_rng(1)
                 fill(model, args.batch, args.context, chunk, rng, cfg.vocab)
                 times, logits[row["cache"]] = time_steps(model, args.batch, args.steps, 5, rng, cfg.vocab)
-                row |= {"step_ms": float(np.median(times)), "step_ms_min": float(np.min(times))}
+                row |= {"step_ms": float(np.median(times)), "step_ms_min": float(np.min(times)),
+                        "max_abs_logit": float(np.abs(logits[row["cache"]]).max())}
+                row |= kernel_times(model, args.batch, 5, rng, cfg.vocab)
                 del model
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {e}"[:400]
@@ -104,15 +141,27 @@ def main():
         if ref is not None and row.get("step_ms"):
             tvm_ms = next(r.get("step_ms") for r in res["rows"] if r["cache"] == "tvm kernels")
             row["tvm_over_this"] = tvm_ms / row["step_ms"] if tvm_ms else None
+            tvm_att = next(r.get("attention_us") for r in res["rows"] if r["cache"] == "tvm kernels")
+            row["tvm_attention_over_this"] = tvm_att / row["attention_us"] if tvm_att and row.get("attention_us") \
+                else None
     m = res["model"]
     lines = [f"# Model-level decode step, Llama-shaped ({m['num_layers']} layers, hidden {m['hidden']}, Hq "
              f"{m['num_qo_heads']} / Hkv {m['num_kv_heads']}, D {m['head_dim']}, float16), batch {args.batch}, "
              f"context {args.context} — {res['gpu']}, {res['date']}, commit {res['commit']}", "",
-             "| cache | step ms (median) | min | TVM kernels / this | max abs logit diff vs TVM kernels |",
-             "|---|---|---|---|---|"]
+             "| cache | step ms (median, wall) | TVM kernels / this (wall) | GPU us / step (all kernels) | "
+             "attention us / step | TVM kernels / this (attention) | KV append us / step | "
+             "max abs logit diff vs TVM kernels (max abs logit) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['cache']} | {cell(r.get('step_ms'), '.3f')} | {cell(r.get('step_ms_min'), '.3f')} | "
-                     f"{cell(r.get('tvm_over_this'), '.2f')} | {cell(r.get('max_abs_logit_diff'), '.2e')} |")
+        lines.append(f"| {r['cache']} | {cell(r.get('step_ms'), '.3f')} | {cell(r.get('tvm_over_this'), '.2f')} | "
+                     f"{cell(r.get('gpu_us'), '.0f')} | {cell(r.get('attention_us'), '.0f')} | "
+                     f"{cell(r.get('tvm_attention_over_this'), '.2f')} | {cell(r.get('append_us'), '.0f')} | "
+                     f"{cell(r.get('max_abs_logit_diff'), '.2e')} ({cell(r.get('max_abs_logit'), '.1f')}) |")
+    lines += ["", "Heaviest kernels per step (us):"] + [
+        f"- {r['cache']}: " + "; ".join(f"{n} {t}" for n, t in r.get("top_kernels_us", [])) for r in res["rows"]]
+    lines += ["", "Attention kernels per step (us):"] + [
+        f"- {r['cache']}: " + "; ".join(f"`{n}` {t} ({k:g} launches)" for n, t, k in r.get("attention_kernels_us", []))
+        for r in res["rows"]]
     lines += [f"- {r['cache']}: {r['error']}" for r in res["rows"] if "error" in r]
     write_results(args.out, f"tvm_model_{res['date']}", res, lines)
 

@@ -17,6 +17,9 @@ NumPy forward of the model that recomputes each sequence from its tokens.
 
     python examples/tvm_model_e2e.py
     python examples/tvm_model_e2e.py --device cuda   # the Llama shape in float16 on a GPU (main_cuda)
+
+On CUDA the model is the Llama shape at head_dim 64 with a sliding window (20 positions) on its first
+layer (``cuda_model``), so that the CUDA caches' sliding-window slots run too.
 """
 from __future__ import annotations
 
@@ -60,6 +63,13 @@ def llama(head_dim: int = 16) -> ModelConfig:
 def gemma2(head_dim: int = 16, attn_soft_cap: float = 5.0) -> ModelConfig:
     return ModelConfig("gemma2", head_dim=head_dim, num_layers=4, sliding_window=24, attn_soft_cap=attn_soft_cap,
                        final_soft_cap=3.0, gemma_block=True)
+
+
+def cuda_model(sliding_window: int = 20) -> ModelConfig:
+    """The CUDA run's model: the Llama shape at head_dim 64 (the CUDA slots' smallest), its first layer a
+    "mha_sliding" one when ``sliding_window`` > 0 (20: the script's longest chunk fits it, its forked sequences
+    stay within it and sequence 1 grows past it)."""
+    return ModelConfig("llama", head_dim=64, sliding_window=sliding_window)
 
 
 EPS = 1e-5
@@ -318,7 +328,8 @@ class RunningModel:
 def script(rng, vocab: int, decode_steps: int, trees: bool = True):
     """The steps every model runs: (op, args) with the tokens drawn here.
 
-    Sequence 1 grows past the Gemma-2 window (24) and stays unforked; sequence 0 and its fork stay within it.
+    Sequence 1 grows past the Gemma-2 window (24; the CUDA model's 20) and stays unforked; sequence 0 and its fork
+    stay within it.
     TVM 0.27's cache gives a sliding-window layer wrong key positions in a forked sequence's own blocks
     (``k_rope_pos_offset_sliding_window`` = max(0, block start + block length - window) where the first kept key
     sits at block start + max(0, block length - window)), which no kernel can undo; with windows that never
@@ -420,19 +431,21 @@ def main(head_dim: int = 16, decode_steps: int = 4, seed: int = 0, cache=None, c
     return results
 
 
-def main_cuda(arch: str | None = None, decode_steps: int = 4, seed: int = 0, cache=None):
-    """The Llama-shaped model in float16 on this machine's GPU (head_dim 64: the CUDA slots' smallest), its cache
-    attngen's in both slot conventions and TVM's own CUDA kernels, through prefill, batch decode and a fork (no
-    token tree: attngen's CUDA caches refuse trees): each cache's logits against the float64 forward of the
-    same float16-rounded weights, attngen's errors bounded by twice TVM's own (the same float16 model around
-    a different attention) plus 1e-3, and attngen's logits against TVM's."""
+def main_cuda(arch: str | None = None, decode_steps: int = 4, seed: int = 0, cache=None, sliding_window: int = 20):
+    """The Llama-shaped model in float16 on this machine's GPU (``cuda_model``: head_dim 64, a sliding window on
+    its first layer unless ``sliding_window`` is 0), its cache attngen's in both slot conventions and TVM's own
+    CUDA kernels, through prefill, batch decode and a fork (no token tree: attngen's CUDA caches refuse trees):
+    each cache's logits against the float64 forward of the same float16-rounded weights, attngen's errors
+    bounded by twice TVM's own (the same float16 model around a different attention) plus 1e-3, and attngen's
+    logits against TVM's. (Sequence 1 grows past the window, unforked; the forked ones stay within it.)"""
     import tempfile
+    from dataclasses import replace
     from pathlib import Path
 
     from attngen.runtime.cuda import current_arch
 
     arch = arch or current_arch()
-    cfg = llama(64)
+    cfg = cuda_model(sliding_window)
     steps = script(np.random.default_rng(seed), cfg.vocab, decode_steps, trees=False)
     with tempfile.TemporaryDirectory() as tmp:
         models, names = {}, None
@@ -443,6 +456,9 @@ def main_cuda(arch: str | None = None, decode_steps: int = 4, seed: int = 0, cac
         weights = {n: w.astype(np.float16).astype(np.float32) for n, w in random_weights(cfg, names, seed).items()}
         running = {name: RunningModel(ex, weights, n, "cuda") for name, (ex, n) in models.items()}
         out = run(running, ReferenceModel(cfg, weights), steps)
+    if cfg.sliding_window:  # the window bites: without it the logits differ
+        without = run({}, ReferenceModel(replace(cfg, sliding_window=0), weights), steps)["reference"]
+        assert max_diff(out["reference"], without) > 1e-2
     results = {name: {"out_err": max_diff(out[name], out["reference"]),
                       "vs_tvm": max_diff(out[name], out["tvm kernels"])} for name in running}
     for name, r in results.items():

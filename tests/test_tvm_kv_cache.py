@@ -395,8 +395,9 @@ def test_cuda_targets_are_routed_or_refused_clearly():
         attention_slot_functions(SHAPE, target="cuda")
     with pytest.raises(ValueError, match="rope_mode 'inline'.*CUDA slots"):
         create_paged_kv_cache(replace(SHAPE, dtype="float16", rope_mode="inline"), target="cuda")
-    with pytest.raises(ValueError, match="support_sliding_window=True.*CUDA slots"):
-        create_paged_kv_cache(replace(SHAPE, dtype="float16", support_sliding_window=True), target="cuda")
+    with pytest.raises(ValueError, match="support_sliding_window=True with rope_mode 'normal'.*CUDA slots"):
+        create_paged_kv_cache(replace(SHAPE, dtype="float16", support_sliding_window=True, rope_mode="normal"),
+                              target="cuda")
 
 
 def test_cache_shape_is_validated_once():

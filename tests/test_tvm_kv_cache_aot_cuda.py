@@ -37,7 +37,8 @@ def test_slot_object_exports_only_prefixed_functions(build_cache):
                              name_prefix="layer0", cache=build_cache)
     syms = _symbols(obj)
     exported = sorted(n for n, t in syms.items() if t.isupper() and n.startswith("__tvm_ffi_"))
-    names = [roles[r] for r in ("prefill_ragged", "prefill", "decode", "merge")]
+    names = [roles[r] for r in ("prefill_ragged", "prefill", "decode", "prefill_sliding_window",
+                                "decode_sliding_window", "merge")]
     names += [x for r in ("fi_prefill_ragged", "fi_prefill", "fi_decode") for x in roles[r]]
     assert exported == sorted({f"__tvm_ffi_{n}" for n in names})
     assert all(n.startswith("layer0_") for n in names)
@@ -94,10 +95,8 @@ def test_a_whole_model_compiles_for_cuda_with_attngens_cache(build_cache, tmp_pa
 def test_model_library_refuses_what_the_cuda_slots_cannot_serve():
     with pytest.raises(ValueError, match="rope_mode 'inline'"):
         paged_kv_cache_module(replace(SHAPE, rope_mode="inline"), **CUDA)
-    with pytest.raises(ValueError, match="attn_kinds 'mha_sliding'"):
-        paged_kv_cache_module(replace(SHAPE, attn_kinds=["mha", "mha_sliding"]), **CUDA)
-    with pytest.raises(ValueError, match="support_sliding_window=True"):
-        paged_kv_cache_module(replace(SHAPE, support_sliding_window=True), **CUDA)
+    with pytest.raises(ValueError, match="support_sliding_window=True with rope_mode 'normal'"):
+        paged_kv_cache_module(replace(SHAPE, support_sliding_window=True, rope_mode="normal"), **CUDA)
     with pytest.raises(ValueError, match="convention 'fa3'"):
         paged_kv_cache_module(SHAPE, convention="fa3", **CUDA)
     with pytest.raises(ValueError, match="arch: a CUDA model library is built for a named GPU arch"):

@@ -11,7 +11,8 @@ what the templates cannot know: a small ``Config`` struct (the variant's compile
 parameters, the exported names the errors cite, the decode cost model) and the export lines.
 
 The CUDA library built with ``kernels=("tvm", ...)`` exports, per (head_dim, dtype),
-``tvm_prefill_paged_<dt>_d<D>``, ``tvm_prefill_ragged_<dt>_d<D>`` and ``tvm_decode_<dt>_d<D>``
+``tvm_prefill_paged_<dt>_d<D>``, ``tvm_prefill_ragged_<dt>_d<D>``, ``tvm_decode_<dt>_d<D>`` and the
+sliding-window slots ``tvm_prefill_paged_sliding_window_<dt>_d<D>`` / ``tvm_decode_sliding_window_<dt>_d<D>``
 with exactly the argument lists TVM 0.27's runtime passes to those slots
 (src/runtime/vm/attn_backend.h, TIRPagedPrefillFunc / TIRRaggedPrefillFunc / TIRDecodeFunc):
 
@@ -23,6 +24,16 @@ with exactly the argument lists TVM 0.27's runtime passes to those slots
   k_rope_pos_offset, o, lse, causal, rotary_mode, rope_scale, rope_theta, sm_scale)
 * decode: (q [B, Hq, D], pages, page_indptr, page_indices, length_info, k_rope_pos_offset,
   q_rope_position, o, lse, rotary_mode, rope_scale, rope_theta, sm_scale)
+* the sliding-window forms: the paged prefill's and the decode's lists with length_info [3, B]
+  = (last page lengths, window offsets, sink sizes). Request b's keys are its sink rows, then its
+  rows from the window offset on: key j lies at row j < sink ? j : j - sink + offset of its pages,
+  (pages - 1) * page_size + last - offset + sink keys in all. ``BuildConfig.tvm_window`` W > 0 (the
+  window of "mha_sliding" layers) also hides key j from the query of position p unless
+  p - (k_rope_pos_offset[b] + j) < W, at TVM's positions (q_rope_position per query row), and
+  prefill's ``causal`` compares those positions too; with W = 0 (per-sequence windows) no position
+  is read. The kernels are instances of the templates with that view and mask compiled in
+  (``TvmWindowed`` traits, csrc/tvm_window.cuh), built only where tvm_window is given; without it
+  the two functions refuse a call by name.
 
 and ``tvm_fi_{decode_plan, decode_run, prefill_plan, prefill_paged_run, prefill_ragged_run}_<dt>_d<D>``
 with FlashInfer's plan and run argument lists.
@@ -34,7 +45,7 @@ so scalar parameters are compiled in (``BuildConfig.tvm_constants`` or their def
 tensor parameters are refused. Refused too, at build time: sum-state variants and output
 transforms (TVM merges a row's parts by lse), and hooks that read positions or the batch
 index (TVM calls a slot per prefix depth, where neither means what the variant expects).
-At run time: inline RoPE (rotary_mode 1) and sliding-window length_info [3, B] raise.
+At run time: inline RoPE (rotary_mode 1) raises, and so does length_info [3, B] in the plain slots.
 The grid of the prefill functions is sized from the query rows (TVM gives no host copy of
 qo_indptr); the "tirx" decode splits keys evenly by a batch-size heuristic into a per-device
 workspace, the "flashinfer" decode (and decode steps sent through paged prefill) follows the plan.
@@ -132,11 +143,13 @@ def _instantiation(template: str, functions: dict, variant, head_dim: int, dtype
     ]) + "\n"
 
 
-def tvm_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict) -> str:
-    """C++ of the three ("tirx", fn) slot functions for one (head_dim, dtype): TirxSlots (csrc/tvm_slots.h)
-    instantiated with the variant's compiled-in parameters, and its exports."""
-    return "\n" + _instantiation("attngen::tvm_slot::TirxSlots", TIRX_FUNCTIONS, variant,
-                                                           head_dim, dtype, constants)
+def tvm_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict, window: int | None = None) -> str:
+    """C++ of the ("tirx", fn) slot functions for one (head_dim, dtype): TirxSlots (csrc/tvm_slots.h)
+    instantiated with the variant's compiled-in parameters and what its sliding-window functions serve
+    (``window``: ``BuildConfig.tvm_window``; None is -1 there: they refuse a call), and its exports."""
+    served = f"  static constexpr int kSlidingWindow = {-1 if window is None else int(window)};"
+    return "\n" + _instantiation("attngen::tvm_slot::TirxSlots", TIRX_FUNCTIONS, variant, head_dim, dtype,
+                                 constants, (served,))
 
 
 def flashinfer_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict) -> str:

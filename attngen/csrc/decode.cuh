@@ -17,6 +17,7 @@
 #include "epilogue.cuh"
 #include "fp8_kv.cuh"
 #include "kv_rows.cuh"
+#include "tvm_window.cuh"
 
 namespace attngen {
 
@@ -49,6 +50,7 @@ struct DecodeProblem {
   __host__ __device__ float empty_lse() const { return tvm_conventions ? kTvmEmptyLse : kNegInf; }
   float sm_scale;
   KVRows kv;  // paged (page_size > 0)
+  PositionWindow win;  // TVM's positions and layer window: read by the windowed instances only (tvm_window.cuh)
 };
 
 // A decode problem over an fp8 cache: the scales its elements are stored with.
@@ -73,6 +75,23 @@ __device__ __forceinline__ KeyRange visible_keys(int kv_len, const typename V::P
   if constexpr (V::kHasUpper) lo64 = max(lo64, qo_pos - V::mask_upper(hp));
   if constexpr (V::kHasLower) hi64 = min(hi64, qo_pos - V::mask_lower(hp) + 1);
   return {int(min(lo64, (long long)kv_len)), int(max(hi64, 0LL))};
+}
+
+// Keys request b's decode query may see: visible_keys, and in windowed instances TVM's position window
+// (tvm_window.cuh; TVM's decode has no causal flag).
+template <class V>
+__device__ __forceinline__ KeyRange request_keys(const DecodeProblem& P, int b, int kv_len,
+                                                 const typename V::Params& hp) {
+  KeyRange r = visible_keys<V>(kv_len, hp);
+  if constexpr (tvm_windowed<V>()) {
+    if (P.win.limits_rows()) {
+      int lo, hi;
+      P.win.key_bounds(b, P.win.q_pos[b], lo, hi);
+      r.hi = min(r.hi, hi);
+      r.lo = min(max(r.lo, lo), r.hi);
+    }
+  }
+  return r;
 }
 
 // Piece `chunk` of `n` equal pieces of `vis`, as the planner cuts a request (planner.h chunk_end):
@@ -123,9 +142,9 @@ decode_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
   const int group = P.group, qh0 = hk * group, qh = qh0 + gy;
   const bool head_active = gy < group;
 
-  const int kv_len = P.kv.length(b);
+  const int kv_len = view_length<V>(P.kv, b);
   const int qo_pos = kv_len - 1;
-  const KeyRange mine = even_chunk(visible_keys<V>(kv_len, hp), chunk, P.num_chunks);
+  const KeyRange mine = even_chunk(request_keys<V>(P, b, kv_len, hp), chunk, P.num_chunks);
   const int start = mine.lo, end = mine.hi;
 
   // ---- this thread's 8 query elements: load, transform, scale ------------------------
@@ -169,6 +188,8 @@ decode_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
   float* kf = reinterpret_cast<float*>(smem_raw + size_t(S) * 2 * Tile::kTileElems * sizeof(KV));  // [2][TOK][D]
   const KV* pages = static_cast<const KV*>(P.kv.base);
   const int32_t* page_ids = P.kv.indices + P.kv.indptr[b];
+  SinkShift sinks{};  // windowed instances: TVM's sliding-window view of request b
+  if constexpr (tvm_windowed<V>()) sinks = P.kv.sinks(b);
   const int64_t head_off = int64_t(hk) * P.kv.stride_head;
   const int num_tiles = (end - start + TOK - 1) / TOK;
 
@@ -181,8 +202,9 @@ decode_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
       const bool ok = j < end;
       const KV* src = pages;
       if (ok) {
-        const int page = page_ids[j / P.kv.page_size];
-        src = pages + int64_t(page) * P.kv.stride_page + int64_t(j % P.kv.page_size) * P.kv.stride_slot +
+        const int jr = view_row<V>(sinks, j);
+        const int page = page_ids[jr / P.kv.page_size];
+        src = pages + int64_t(page) * P.kv.stride_page + int64_t(jr % P.kv.page_size) * P.kv.stride_slot +
               head_off + kv * P.kv.stride_kv + l * CE;
       }
       copy16_async(tiles + ((stage * 2 + kv) * TOK + r) * D + l * CE, src, ok);

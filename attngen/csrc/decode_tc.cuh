@@ -124,11 +124,11 @@ struct DecodeTCItems {
     if (work != nullptr) {
       const int32_t* item = work + 5 * i;  // request, query tile, kv start, kv end, partial slot
       const int b = item[0];
-      const KeyRange vis = visible_keys<V>(P.kv.length(b), hp);
+      const KeyRange vis = request_keys<V>(P, b, view_length<V>(P.kv, b), hp);
       return {b, max(item[2], vis.lo), min(item[3], vis.hi), item[4] < 0 ? -1 : int64_t(item[4]) * P.num_qo_heads};
     }
     const int chunk = blockIdx.x, b = blockIdx.z;
-    const KeyRange mine = even_chunk(visible_keys<V>(P.kv.length(b), hp), chunk, P.num_chunks);
+    const KeyRange mine = even_chunk(request_keys<V>(P, b, view_length<V>(P.kv, b), hp), chunk, P.num_chunks);
     return {b, mine.lo, mine.hi,
             P.num_chunks > 1 ? (int64_t(b) * P.num_chunks + chunk) * P.num_qo_heads : -1};
   }
@@ -178,6 +178,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   int l_item = -1, l_tile = 0, l_tiles = 0, loaded = 0, q_loaded = 0;
   DecodeTCItem l_cur{0, 0, 0, -1};
   const int32_t* l_page_ids = nullptr;
+  SinkShift l_sinks{};  // windowed instances: TVM's sliding-window view of the loader's request
   int pid[PASSES];
   bool l_have = false;  // pid holds the page ids of a tile still to issue
   auto advance = [&]() {  // to the stream's next tile (items without keys have none); read its page ids
@@ -188,6 +189,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         l_tiles = l_cur.end > l_cur.start ? (l_cur.end - l_cur.start + TK - 1) / TK : 0;
         l_tile = 0;
         l_page_ids = P.kv.indices + P.kv.indptr[l_cur.b];
+        if constexpr (tvm_windowed<V>()) l_sinks = P.kv.sinks(l_cur.b);
       }
     }
     l_have = l_item < items.count;
@@ -195,8 +197,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     const int t0 = l_cur.start + l_tile * TK;
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
-      const int j = t0 + wk + pass * RPW + lane / TPR;
-      pid[pass] = j < l_cur.end ? __ldg(l_page_ids + (ps_pow2 ? (j >> ps_shift) : j / ps)) : 0;
+      const int j = t0 + wk + pass * RPW + lane / TPR, jr = view_row<V>(l_sinks, j);
+      pid[pass] = j < l_cur.end ? __ldg(l_page_ids + (ps_pow2 ? (jr >> ps_shift) : jr / ps)) : 0;
     }
   };
   auto load_next = [&]() {  // issue the prefetched tile, then read the following tile's page ids
@@ -213,9 +215,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     }
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
-      const int r = wk + pass * RPW + lane / TPR, j = t0 + r;
+      const int r = wk + pass * RPW + lane / TPR, j = t0 + r, jr = view_row<V>(l_sinks, j);
       const bool ok = j < l_cur.end;
-      const int slot = ps_pow2 ? (j & (ps - 1)) : j % ps;
+      const int slot = ps_pow2 ? (jr & (ps - 1)) : jr % ps;
       if constexpr (kIsFp8<KV>) {  // a lane copies one 16-byte chunk (16 elements) of the K row and the V row
         const KV* pages8 = static_cast<const KV*>(P.kv.base);
         const KV* src = ok ? pages8 + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot +
@@ -254,7 +256,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   for (int it = 0; it < items.count; ++it) {
     const DecodeTCItem cur = items.get(it);
     const int b = cur.b, start = cur.start, end = cur.end;
-    const int qo_pos = P.kv.length(b) - 1;
+    const int qo_pos = view_length<V>(P.kv, b) - 1;
     const int num_tiles = end > start ? (end - start + TK - 1) / TK : 0;
     __syncthreads();  // the previous item's epilogue may still read the merge region
 

@@ -31,6 +31,7 @@
 #include "prefill.cuh"
 #include "row_hook.cuh"
 #include "score_rules.cuh"
+#include "tvm_window.cuh"
 #include "wgmma_ops.cuh"
 
 namespace attngen {
@@ -91,7 +92,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     w.rows_total = qo_len * group;
     w.row0 = w.tile * RQ;
     if (w.row0 >= w.rows_total) return false;
-    const int kv_len = P.kv.length(w.b);
+    const int kv_len = view_length<V>(P.kv, w.b);
     w.pos_base = kv_len - qo_len;
     const int first_pos = w.pos_base + w.row0 / group;
     const int last_pos = w.pos_base + (min(w.row0 + RQ, w.rows_total) - 1) / group;
@@ -158,8 +159,10 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
         copy_commit();
         ++qn;
       }
-      const KVGather<T, D, TK> gather{P.kv, P.kv.indptr[b], lo, hi, hk, P.kv.page_shift(),
-                                      reinterpret_cast<const T**>(page_rows)};
+      SinkShift sinks{};  // windowed instances: TVM's sliding-window view of request b
+      if constexpr (tvm_windowed<V>()) sinks = P.kv.sinks(b);
+      const KVGather<T, D, TK, tvm_windowed<V>()> gather{P.kv, P.kv.indptr[b], lo, hi, hk, P.kv.page_shift(),
+                                                           reinterpret_cast<const T**>(page_rows), sinks};
       // ragged K / V with tensor maps: tiles whose keys all exist come by bulk copies that one thread issues
       // (its arrival carries the bytes to expect, the other threads arrive plainly); the last, partial tile
       // is gathered with its rows past `hi` zero-filled, so that no other request's values (maybe not finite)
@@ -273,12 +276,13 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);
     // interior bounds of this consumer's 64 rows (see prefill.cuh; per consumer, not per warp, so that the
     // branch is warpgroup-uniform): tile keys [js, js + TK) are interior iff js + TK - 1 <= int_jmax and
-    // js >= int_j0min
+    // js >= int_j0min (windowed instances whose rows see different keys check every tile)
     int int_jmax, int_j0min;
     {
       const int r0 = row0 + wrow0;
       long long jmax = -1, j0min = 0;
-      if (V::kMaskExact && r0 + 64 <= rows_total) {
+      const bool rows_limited = tvm_windowed<V>() && P.win.limits_rows();
+      if (V::kMaskExact && r0 + 64 <= rows_total && !rows_limited) {
         const long long first = pos_base + r0 / group, last = pos_base + (r0 + 63) / group;
         jmax = hi - 1;
         if (P.causal) jmax = min(jmax, first);
@@ -301,7 +305,7 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     constexpr bool kFoldScale = V::kSoftmax && !V::kHasLogits;
     const bool fold = kFoldScale && scale > 0.f;
 
-    const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale};
+    const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale, P.win, q0};
     typename ScoreRules<V>::RowTerms row_terms;
     score_rules.row_terms(prow0, row_terms);
 
@@ -558,7 +562,8 @@ void launch_hopper_prefill(const PrefillProblem& P, int max_qo_len, const typena
   using Tile = HopperTile<D>;
   constexpr size_t smem = hopper_prefill_smem_bytes<T, D>();
   auto kernel = hopper_prefill_kernel_ref<V, T, D>();
-  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>()) {  // linked builds make no maps
+  // linked builds make no maps; TVM's windowed calls take none
+  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>()) {
     if (P.tiles.present()) kernel = hopper_prefill_kernel<V, T, D, true>;
   }
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));

@@ -33,12 +33,14 @@ __device__ __forceinline__ uint64_t ld_shared_u64(uint32_t addr) {
   return v;
 }
 
-// The producer's view of one CTA's KV range: what to copy and where to publish it.
-template <class T, int D, int Keys>
+// The producer's view of one CTA's KV range: what to copy and where to publish it. Windowed: the request's
+// keys through TVM's sliding-window view (tvm_window.cuh).
+template <class T, int D, int Keys, bool Windowed = false>
 struct KVGather {
   const KVRows& kv;
   int kv_start, lo, hi, hk, page_shift;
   const T** rows;  // paged: [2][Keys] row addresses of the tiles being issued (shared memory)
+  SinkShift sinks;  // windowed: the request's sink rows and window shift
   static constexpr int kCPR = D / 8, kRPP = 128 / kCPR;  // 16-byte chunks per row, rows per pass of 128 threads
   static_assert(Keys % kRPP == 0, "K/V rows split evenly over the producer warpgroup");
   static_assert(Keys <= 128, "one producer thread looks up each key row's page");
@@ -52,7 +54,8 @@ struct KVGather {
     const int j = js + ptid;
     const T* head = static_cast<const T*>(kv.base) + int64_t(hk) * kv.stride_head;
     if (ptid < Keys)
-      rows[buf * Keys + ptid] = j < hi ? head + kv.key_offset(kv_start, j, page_shift) : static_cast<const T*>(kv.base);
+      rows[buf * Keys + ptid] = j < hi ? head + kv.key_offset(kv_start, Windowed ? sinks.row(j) : j, page_shift)
+                                       : static_cast<const T*>(kv.base);
     named_sync(1, 128);
   }
 

@@ -1,9 +1,17 @@
 // The KV view every template reads: paged (a page table over a page pool, NHD or HND by
-// strides) or ragged (rows of a contiguous K/V tensor), addressed per request and key.
+// strides) or ragged (rows of a contiguous K/V tensor), addressed per request and key; and
+// TVM's sliding-window view of paged requests (sink rows, then the rows from a window offset on),
+// which only the windowed instances of the templates read (tvm_window.cuh).
 #pragma once
 #include <stdint.h>
 
 namespace attngen {
+
+// A request's keys in TVM's sliding-window view: key j lies at row j (j < sink) or j + shift.
+struct SinkShift {
+  int sink, shift;
+  __device__ __forceinline__ int row(int j) const { return j < sink ? j : j + shift; }
+};
 
 // Where row j of request b's keys (kv = 0) or values (kv = 1) lives.
 struct KVRows {
@@ -14,11 +22,22 @@ struct KVRows {
   int64_t stride_page, stride_kv, stride_slot, stride_head;  // ragged: stride_slot = row stride
   int page_size;                                             // 0: ragged
   int64_t rows;  // ragged: rows of the K / V tensors (bulk-copy descriptors' bounds), else 0
+  // paged, TVM's sliding-window view (length_info [3, B]): per request, the sink size and the row its
+  // window starts at; nullptr elsewhere (read by the windowed instances only)
+  const int32_t* sink;
+  const int32_t* window_offset;
   __device__ __forceinline__ int length(int b) const {
     if (page_size == 0) return indptr[b + 1] - indptr[b];
     int n = indptr[b + 1] - indptr[b];
     return n > 0 ? (n - 1) * page_size + last_page_len[b] : 0;
   }
+  // Keys of request b in the sliding-window view: its rows minus the window offset, plus its sinks (TVM's
+  // _get_kv_chunk_len).
+  __device__ __forceinline__ int window_length(int b) const {
+    const int n = indptr[b + 1] - indptr[b];
+    return n > 0 ? (n - 1) * page_size + last_page_len[b] - window_offset[b] + sink[b] : 0;
+  }
+  __device__ __forceinline__ SinkShift sinks(int b) const { return {sink[b], window_offset[b] - sink[b]}; }
   // log2(page_size) where it is a power of two, else -1: key_offset's page and slot without a division
   __device__ __forceinline__ int page_shift() const {
     return page_size > 0 && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;

@@ -90,7 +90,7 @@ __device__ __forceinline__ void merge_partial_rows(const DecodeProblem& P, const
     if (l == 0) lse_s[0] = lse;
   }
   __syncthreads();
-  const int qo_pos = P.kv.length(b) - 1;
+  const int qo_pos = view_length<V>(P.kv, b) - 1;
   finish_rows<V, T, D>(rows, rows + D, lse_s, 1, b, qo_pos, h, P.num_qo_heads, static_cast<T*>(P.o), P.lse, hp,
                        tid, NTH, P.empty_lse());
 }

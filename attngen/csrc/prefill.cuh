@@ -36,6 +36,7 @@
 #include "row_hook.cuh"
 #include "score_rules.cuh"
 #include "tile_map.cuh"
+#include "tvm_window.cuh"
 
 namespace attngen {
 
@@ -57,6 +58,7 @@ struct PrefillProblem {
   // [B * q_tiles] or null: the plan's order of the (request, query tile) pairs, longest work first, which
   // the persistent Hopper kernel deals out (each pair's KV heads in a row); null: request by request
   const int32_t* work_order;
+  PositionWindow win;  // TVM's positions and layer window: read by the windowed instances only (tvm_window.cuh)
 };
 
 // Tile configurations: Q rows per CTA (4 warps x MT m-tiles of 16 rows), keys per tile, stages
@@ -143,7 +145,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   const int rows_total = qo_len * group;
   const int row0 = tile * RQ;
   if (row0 >= rows_total) return;
-  const int kv_len = P.kv.length(b);
+  const int kv_len = view_length<V>(P.kv, b);
   const int pos_base = kv_len - qo_len;  // qo_pos of token i = pos_base + i
 
   // ---- Q tile: load (zero rows past the end), query transform, into smem --------------
@@ -204,6 +206,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   static_assert(NT % CPR == 0 && TK % RPP == 0, "K/V rows split evenly over the threads");
   const T* kv_col = kvbase + head_off + (tid % CPR) * 8;  // this thread's column of KV head hk
   const int page_shift = P.kv.page_shift();
+  const SinkShift sinks = tvm_windowed<V>() ? P.kv.sinks(b) : SinkShift{};  // windowed: TVM's view of request b
   auto load_kv = [&](int kt, int stage) {
     const int j0 = tile_start(kt) + tid / CPR;
     T* const dst_k = skv + stage * 2 * TK * D;
@@ -232,7 +235,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       for (int i = 0; i < TK / RPP; ++i) {
         const int j = j0 + i * RPP;
         const bool ok = j < hi;
-        const T* src = ok ? kv_col + P.kv.key_offset(kv_start, j, page_shift) : kvbase;
+        const T* src = ok ? kv_col + P.kv.key_offset(kv_start, view_row<V>(sinks, j), page_shift) : kvbase;
         T* dst = dst_at(i);
         copy16_async(dst, src, ok);
         copy16_async(dst + TK * D, ok ? src + P.kv.stride_kv : src, ok);
@@ -263,15 +266,15 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   long long mask_lo = 0, mask_hi = 0;
   if constexpr (V::kHasLower) mask_lo = V::mask_lower(hp);
   if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);
-  // The interior path's bounds per m-tile, computed once so that the KV loop divides by nothing: a KV
-  // tile [j0, j0 + TK) is interior (all 16 rows present, every (row, key) pair inside the mask's bounds,
-  // no mask hook needed) iff j0 + TK - 1 <= int_jmax[mt] and j0 >= int_j0min[mt].
+  // The interior path's bounds per m-tile, computed once so that the KV loop divides by nothing: a KV tile [j0, j0 +
+  // TK) is interior (all 16 rows present, every (row, key) pair inside the mask's bounds, no mask hook needed) iff
+  // j0 + TK - 1 <= int_jmax[mt] and j0 >= int_j0min[mt] (none in windowed instances whose rows see different keys).
   int int_jmax[MT], int_j0min[MT];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int r0 = row0 + wrow + mt * 16;
     long long jmax = -1, j0min = 0;
-    if (V::kMaskExact && r0 + 16 <= rows_total) {
+    if (V::kMaskExact && r0 + 16 <= rows_total && !(tvm_windowed<V>() && P.win.limits_rows())) {
       const long long first = pos_base + r0 / group, last = pos_base + (r0 + 15) / group;
       jmax = hi - 1;
       if (P.causal) jmax = min(jmax, first);
@@ -306,7 +309,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   }
 
   // the scores of one m-tile off the folded fast path (score_rules.cuh)
-  const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale};
+  const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale, P.win, q0};
   typename ScoreRules<V>::RowTerms row_terms[MT];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) score_rules.row_terms(prow0 + mt * 16, row_terms[mt]);
@@ -563,7 +566,7 @@ void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename
   using Tile = PrefillTile<D, Small, MT>;
   const size_t smem = prefill_smem_bytes<V, T, D, Small, MT>();
   auto kernel = prefill_kernel_ref<V, T, D, Small, MT>();
-  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>()) {  // linked builds make no maps
+  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>()) {  // (no maps for those)
     if (P.tiles.present()) kernel = prefill_kernel<V, T, D, Small, MT, true>;
   }
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -582,7 +585,7 @@ constexpr int kPrefillWideRows = 256;
 template <class V, class T, int D>
 void launch_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
   const size_t optin = size_t(device_smem_optin());
-  if constexpr (D <= 128) {
+  if constexpr (D <= 128 && !tvm_windowed<V>()) {  // (TVM's windowed instances: their 128-row tile spilled)
     if (P.tile_rows != 64 && int64_t(max_qo_len) * P.group >= kPrefillWideRows &&
         optin >= prefill_smem_bytes<V, T, D, false, 2>())
       return launch_prefill_tile<V, T, D, false, 2>(P, max_qo_len, hp, stream);

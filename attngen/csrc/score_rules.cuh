@@ -1,12 +1,14 @@
 // The per-score rules the tile templates (prefill.cuh, hopper_prefill.cuh) apply to a thread's fragment of
 // S = Q K^T: sm_scale, the logits hook and, where a tile needs checking, the row, key-range, causal and
-// mask-hook tests. Masked scores become -inf (0 for a non-softmax variant); a softmax variant's running
+// mask-hook tests (and, in TVM's windowed instances, the window and causal tests at TVM's positions:
+// tvm_window.cuh). Masked scores become -inf (0 for a non-softmax variant); a softmax variant's running
 // row maxima take the new scores in.
 //
 // Fragments are mma.sync / wgmma accumulators: sm[n][e] is row prow (e < 2) or prow + 8 (e >= 2), key
 // j0 + 8 n + 2 t4 + e % 2, where t4 is the thread's lane within its quad.
 #pragma once
 #include "common.cuh"
+#include "tvm_window.cuh"
 
 namespace attngen {
 
@@ -18,8 +20,9 @@ struct ScoreRules {
   static constexpr int kRowTerms = V::kLogitsRowTerms > 0 ? V::kLogitsRowTerms : 1;
   static constexpr int kMaskTerms = V::kMaskRowTerms > 0 ? V::kMaskRowTerms : 1;
   // rows prow and prow + 8 of a fragment: the logits hook's terms, and the mask hook's (its row-invariant
-  // reads, codegen/mask_split.py)
-  struct RowTerms {
+  // reads, codegen/mask_split.py); windowed instances: the rows' positions relative to the keys
+  // (set_row_positions)
+  struct RowTerms : RowPositions<tvm_windowed<V>()> {
     float logits[2][kRowTerms];
     int mask[2][kMaskTerms];
   };
@@ -28,9 +31,14 @@ struct ScoreRules {
   const typename V::Params& hp;
   int batch, kv_head, group, rows_total, pos_base, hi, t4;
   float scale;  // sm_scale, times log2 e where the exponent is base 2 and no logits hook rescales
+  // windowed instances only: the problem's TVM positions and window, the request's first query row in the call
+  const PositionWindow& win;
+  int q0;
 
-  // The hooks' row terms of rows prow and prow + 8 (zeros for rows past the request's).
+  // The hooks' row terms of rows prow and prow + 8 (zeros for rows past the request's), and in windowed
+  // instances the rows' positions.
   __device__ __forceinline__ void row_terms(int prow, RowTerms& rt) const {
+    if constexpr (tvm_windowed<V>()) set_row_positions(rt, win, batch, q0, prow, group, rows_total);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -69,6 +77,9 @@ struct ScoreRules {
         const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
         bool visible = true;
         if (check) visible = rvalid[h] && j < hi && (!causal || j <= rpos[h]);
+        if constexpr (tvm_windowed<V>()) {
+          if (check && win.limits_rows()) visible = visible && win.sees(rt.rel_pos[h] - j);
+        }
         float x;
         if constexpr (V::kHasLogits) {
           x = sm[n][e];

@@ -6,8 +6,11 @@
 //
 // A build instantiates TirxSlots<V, T, D, Config> per (head dim, element type) and exports its static
 // functions. TVM passes no variant parameters, so the generated Config carries what the call does not:
-// `static void fill(V::Params&)` (the variant's scalar parameters, compiled in) and the exported names the
-// errors cite (kPrefillPaged, kPrefillRagged, kDecode).
+// `static void fill(V::Params&)` (the variant's scalar parameters, compiled in), the exported names the
+// errors cite (kPrefillPaged, kPrefillRagged, kDecode, kPrefillPagedSlidingWindow, kDecodeSlidingWindow) and
+// what the sliding-window functions serve, kSlidingWindow: -1 nothing (they refuse a call and no windowed
+// kernel is instantiated), 0 per-sequence windows with attention sinks, W > 0 also the window of "mha_sliding"
+// layers (tvm_window.cuh).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +19,7 @@
 #include "decode_launch.cuh"
 #include "prefill_dispatch.h"
 #include "problem_glue.h"
+#include "tvm_window.cuh"
 
 namespace attngen {
 namespace tvm_slot {
@@ -34,6 +38,33 @@ inline void check_no_inline_rope(const char* name, int64_t rotary_mode) {
 inline void check_plain_length_info(const char* name, const TensorView& last_page_len) {
   if (last_page_len.ndim() != 1)
     TVM_FFI_THROW(ValueError) << name << ": length_info must be [batch] (sliding-window length_info is not served)";
+}
+
+// TVM's sliding-window view: length_info [3, B] int32 = (last page lengths, window offsets, sink sizes), whose
+// first row kv_from_pages takes as the last page lengths (checked before any other argument).
+inline void set_sliding_view(const char* name, KVRows& kv, const TensorView& length_info) {
+  if (length_info.ndim() != 2 || length_info.size(0) != 3 || length_info.dtype() != dl_dtype<int32_t>() ||
+      !length_info.IsContiguous())
+    TVM_FFI_THROW(ValueError) << name << ": length_info must be a contiguous int32 [3, batch] (last page lengths, "
+                                 "sliding-window offsets, sink sizes)";
+  const int32_t* rows = static_cast<const int32_t*>(data_of(length_info));
+  kv.window_offset = rows + length_info.size(1);
+  kv.sink = rows + 2 * length_info.size(1);
+}
+
+// TVM's positions of a sliding-window call: query rows at q_rope_position, key j of request b at
+// k_rope_pos_offset[b] + j; `window` > 0 hides keys that many positions or more before the query (the window of
+// "mha_sliding" layers), `causal` keys after it.
+inline PositionWindow position_window(const TensorView& q_rope_position, const TensorView& k_rope_pos_offset,
+                                      int window, bool causal) {
+  return {static_cast<const int32_t*>(data_of(q_rope_position)),
+          static_cast<const int32_t*>(data_of(k_rope_pos_offset)), window, causal ? 1 : 0};
+}
+
+inline void refuse_sliding_window(const char* name) {
+  TVM_FFI_THROW(ValueError) << name << ": this library was built without sliding-window kernels (BuildConfig."
+                               "tvm_window None); build it for the cache's windows (attngen.tvm does so from a "
+                               "CacheShape with support_sliding_window or 'mha_sliding' layers)";
 }
 
 // The variant's parameters as the build compiled them in.
@@ -133,6 +164,50 @@ struct TirxSlots {
     DecodeProblem P{};
     fill_decode(P, q, o, lse, sm_scale, kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, last_page_len), name);
     launch_tvm_decode<V, T, D>(name, P, hp, q, [name](DecodeProblem& p) { split_keys_evenly<D>(name, p); });
+  }
+
+  // prefill_paged's arguments with length_info [3, B]: request b's keys through TVM's sliding-window view, its
+  // query rows at TVM's positions, causal comparing those (tvm_window.cuh)
+  static void prefill_paged_sliding_window(TensorView q, TensorView qo_indptr, TensorView pages, TensorView indptr,
+                                           TensorView indices, TensorView length_info, TensorView k_rope_pos_offset,
+                                           TensorView q_rope_position, TensorView o, TensorView lse, int64_t causal,
+                                           int64_t rotary_mode, double rope_scale, double rope_theta,
+                                           double sm_scale) {
+    const char* name = Config::kPrefillPagedSlidingWindow;
+    if constexpr (Config::kSlidingWindow < 0) {
+      refuse_sliding_window(name);
+    } else {
+      check_no_inline_rope(name, rotary_mode);
+      const typename V::Params hp = compiled_params<V, Config>();
+      PrefillProblem P{};
+      set_sliding_view(name, P.kv, length_info);
+      fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
+                   kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
+      P.win = position_window(q_rope_position, k_rope_pos_offset, Config::kSlidingWindow, causal != 0);
+      // the causal flag applies at TVM's positions (P.win); the in-call one is off
+      launch_tvm_prefill<TvmWindowed<V>, T, D>(name, P, false, q.size(0), hp, q);
+    }
+  }
+
+  // decode's arguments with length_info [3, B] (see prefill_paged_sliding_window; no causal flag)
+  static void decode_sliding_window(TensorView q, TensorView pages, TensorView indptr, TensorView indices,
+                                    TensorView length_info, TensorView k_rope_pos_offset, TensorView q_rope_position,
+                                    TensorView o, TensorView lse, int64_t rotary_mode, double rope_scale,
+                                    double rope_theta, double sm_scale) {
+    const char* name = Config::kDecodeSlidingWindow;
+    if constexpr (Config::kSlidingWindow < 0) {
+      refuse_sliding_window(name);
+    } else {
+      check_no_inline_rope(name, rotary_mode);
+      const typename V::Params hp = compiled_params<V, Config>();
+      DecodeProblem P{};
+      set_sliding_view(name, P.kv, length_info);
+      fill_decode(P, q, o, lse, sm_scale,
+                  kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
+      P.win = position_window(q_rope_position, k_rope_pos_offset, Config::kSlidingWindow, false);
+      launch_tvm_decode<TvmWindowed<V>, T, D>(name, P, hp, q,
+                                              [name](DecodeProblem& p) { split_keys_evenly<D>(name, p); });
+    }
   }
 };
 

@@ -40,6 +40,10 @@ class BuildConfig:
     kernels: tuple[str, ...] = ("decode", "prefill")  # cuda: templates to instantiate (registry.KERNELS); () = hooks only
     max_group_size: int = 8  # cuda decode: largest num_qo_heads / num_kv_heads served
     tvm_constants: tuple = ()  # cuda "tvm" slots: ((param name, value), ...) compiled in (TVM passes no params)
+    # cuda "tvm" slots: what their sliding-window functions serve, compiled in (TVM's calls do not carry it).
+    # None: nothing (they refuse a call; no windowed kernels are built); 0: per-sequence windows with attention
+    # sinks; W > 0: also the window of "mha_sliding" layers, W positions (the query included)
+    tvm_window: int | None = None
     # K/V dtype of each query dtype, position by position; () = the query dtype. Besides equal pairs, fp8 K/V
     # caches (FP8_DTYPES, dequantised with k_scale / v_scale): on the CPU target for any query dtype and
     # kernel, on cuda for the decode template only (FP8_CUDA_KERNELS)
@@ -59,6 +63,8 @@ class BuildConfig:
         object.__setattr__(self, "layouts", tuple(x.upper() for x in self.layouts))
         object.__setattr__(self, "kernels", tuple(self.kernels))
         object.__setattr__(self, "tvm_constants", tuple(tuple(x) for x in self.tvm_constants))
+        if self.tvm_window is not None:
+            object.__setattr__(self, "tvm_window", int(self.tvm_window))
         if self.target not in TARGETS:
             raise ConfigError(f"target {self.target!r} is not supported; use 'cpu' or 'cuda'")
         if self.hook_math not in HOOK_MATH_MODES:
@@ -67,6 +73,9 @@ class BuildConfig:
             raise ConfigError(f"link {self.link!r} is not supported; use one of {list(LINKS)}")
         if self.link != "whole" and self.target != "cuda":
             raise ConfigError(f"link={self.link!r} is for cuda builds")
+        if self.tvm_window is not None and (self.tvm_window < 0 or "tvm" not in self.kernels):
+            raise ConfigError(f"tvm_window {self.tvm_window!r}: a window of 0 (per-sequence windows) or more "
+                              "positions, for builds with kernels=('tvm',)")
         if not self.head_dims or not self.dtypes:
             raise ConfigError("a build needs at least one head_dim and one dtype")
         bad_layout = [x for x in self.layouts if x not in LAYOUTS]
@@ -137,6 +146,8 @@ class BuildConfig:
         d.pop("extra")
         if d["link"] == "whole":  # the default leaves the keys of whole-program builds as they were
             d.pop("link")
+        if d["tvm_window"] is None:  # so does a build without sliding-window TVM slots
+            d.pop("tvm_window")
         return json.dumps(d, sort_keys=True)
 
 

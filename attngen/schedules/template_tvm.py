@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from .templates import ArchNeeds, TemplateRecord
 
-SLOT_KINDS = ("tvm_prefill_paged", "tvm_prefill_ragged", "tvm_decode")  # ("tirx", fn)
+# ("tirx", fn); the sliding-window slots serve what BuildConfig.tvm_window says (and refuse a call without it)
+SLOT_KINDS = ("tvm_prefill_paged", "tvm_prefill_ragged", "tvm_decode", "tvm_prefill_paged_sliding_window",
+              "tvm_decode_sliding_window")
 FLASHINFER_KINDS = ("tvm_fi_decode_plan", "tvm_fi_decode_run", "tvm_fi_prefill_plan", "tvm_fi_prefill_paged_run",
                     "tvm_fi_prefill_ragged_run")  # ("flashinfer", run, plan)
 

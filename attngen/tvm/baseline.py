@@ -2,7 +2,10 @@
 attention and merge kernels in every slot (what TVM's ``TIRPagedKVCache`` builds), for tests and benchmarks.
 
 - ``create_tvm_tir_cache_cuda``: on this machine's GPU, at run time;
-- ``emit_tvm_tir_cache_cuda``: TVM's CUDA kernels as PrimFuncs of a model, for a named arch;
+- ``emit_tvm_tir_cache_cuda``: TVM's CUDA kernels as PrimFuncs of a model, for a named arch. A shape with
+  sliding windows gets TVM's sliding-window kernels in those slots (the prefill one with the shape's layer
+  window compiled in); TVM's prefill kernel masks the window by in-call rows, which is right for a
+  sequence's own pages but not for a prefix shared by forks;
 - ``emit_tvm_tir_cache_cpu``: TVM's CPU kernels as PrimFuncs of a model, the cache's create call emitted
   into a Relax function. Unlike ``TIRPagedKVCache`` for an LLVM target, which passes its two token-tree
   kernels in each other's slots (TVM 0.27: the ragged kernel where the runtime calls the paged one, so
@@ -15,38 +18,42 @@ from .helper_kernels import add_helpers, device_target, helper_functions
 from .shape import CacheShape
 
 
+def _has_windows(shape: CacheShape) -> bool:
+    return shape.support_sliding_window or "mha_sliding" in shape.attn_kinds
+
+
 def tvm_cuda_kernels(shape: CacheShape, target) -> dict:
-    """Role ("prefill_ragged", "prefill", "decode", "merge") -> TVM's own CUDA PrimFunc for a cache of ``shape``
-    (its callers refuse sliding windows), scheduled for ``target``."""
+    """Role ("prefill_ragged", "prefill", "decode", "merge", and for a shape with sliding windows
+    "prefill_sliding_window", "decode_sliding_window") -> TVM's own CUDA PrimFunc for a cache of ``shape``,
+    scheduled for ``target``."""
     from tvm.relax.frontend.nn.llm import kv_cache as kvc
 
-    hkv, hq, d, dt = shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, shape.dtype
-    return {"prefill_ragged": kvc._attention_prefill_ragged(hkv, hq, d, d, dt, {}, target),
-            "prefill": kvc._attention_prefill(hkv, hq, d, dt, False, {}, target),
-            "decode": kvc._attention_decode(hkv, hq, d, dt, False, {}, target),
-            "merge": kvc._merge_state_inplace(hq, d, dt, target)}
-
-
-def _refuse_windows(shape: CacheShape) -> None:
-    if shape.support_sliding_window or "mha_sliding" in shape.attn_kinds:
-        raise ValueError("the TVM baseline cache is built without sliding-window kernels; use a shape without "
-                         "sliding windows")
+    hkv, hq, d, dt, ps = shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, shape.dtype, shape.page_size
+    kernels = {"prefill_ragged": kvc._attention_prefill_ragged(hkv, hq, d, d, dt, {}, target),
+               "prefill": kvc._attention_prefill(hkv, hq, d, dt, False, {}, target, page_size=ps),
+               "decode": kvc._attention_decode(hkv, hq, d, dt, False, {}, target, page_size=ps),
+               "merge": kvc._merge_state_inplace(hq, d, dt, target)}
+    if _has_windows(shape):
+        kernels["prefill_sliding_window"] = kvc._attention_prefill(
+            hkv, hq, d, dt, True, {}, target, page_size=ps, sliding_window_size=shape.sliding_window)
+        kernels["decode_sliding_window"] = kvc._attention_decode(hkv, hq, d, dt, True, {}, target, page_size=ps)
+    return kernels
 
 
 def _cuda_attention(f: dict) -> dict:
-    # TVM never calls the sliding-window slots here: they hold the paged prefill and decode kernels
+    # without windows TVM never calls the sliding-window slots: they hold the paged prefill and decode kernels
     return {"prefill_ragged": ("tirx", f["prefill_ragged"]), "prefill": ("tirx", f["prefill"]),
-            "decode": ("tirx", f["decode"]), "prefill_sliding_window": ("tirx", f["prefill"]),
-            "decode_sliding_window": ("tirx", f["decode"])}
+            "decode": ("tirx", f["decode"]),
+            "prefill_sliding_window": ("tirx", f.get("prefill_sliding_window", f["prefill"])),
+            "decode_sliding_window": ("tirx", f.get("decode_sliding_window", f["decode"]))}
 
 
 def create_tvm_tir_cache_cuda(shape: CacheShape, device_id: int = 0):
-    """A CUDA PagedKVCache of ``shape`` (no sliding windows) built from TVM's own kernels alone."""
+    """A CUDA PagedKVCache of ``shape`` built from TVM's own kernels alone."""
     import tvm
 
     from attngen.runtime.cuda import current_arch
 
-    _refuse_windows(shape)
     target = device_target("cuda", current_arch())
     programs = tvm_cuda_kernels(shape, target)
     mod = tvm.IRModule({tvm.ir.GlobalVar(f"tvm_{r}"): f.with_attr("global_symbol", f"tvm_{r}")
@@ -59,10 +66,9 @@ def create_tvm_tir_cache_cuda(shape: CacheShape, device_id: int = 0):
 
 
 def emit_tvm_tir_cache_cuda(bb, shape: CacheShape, arch: str, name_prefix: str = "tvm_tir"):
-    """Emit into ``bb``'s current function the create call of a CUDA cache of ``shape`` (no sliding windows) whose
-    every kernel is TVM's own, scheduled for ``arch``, as PrimFuncs of the model; returns the Relax var holding the
-    cache. (Its token-tree slots stay empty, as attngen's CUDA caches refuse trees.)"""
-    _refuse_windows(shape)
+    """Emit into ``bb``'s current function the create call of a CUDA cache of ``shape`` whose every kernel is TVM's
+    own, scheduled for ``arch``, as PrimFuncs of the model; returns the Relax var holding the cache. (Its token-tree
+    slots stay empty, as attngen's CUDA caches refuse trees.)"""
     target = device_target("cuda", arch)
     kernels = {role: bb.add_func(_without_symbol(f), f"{name_prefix}_{role}")
                for role, f in tvm_cuda_kernels(shape, target).items()}

@@ -8,7 +8,11 @@ linking into a model library (codegen/cuda_object.py). ``CUDABackend`` fills a c
 run time (functions of the loaded library) and ahead of time (``ExternFunc``s of the object, which
 ``tvm.compile`` + export link into the model, the way TVM links FlashInfer). Two slot conventions:
 "tirx" (one function per slot, even split-KV in decode) and "flashinfer" (run + plan: TVM plans
-once per step on the host, the decode plan is attngen's load-balanced work list).
+once per step on the host, the decode plan is attngen's load-balanced work list). The two
+sliding-window slots are "tirx" functions in both (as in TVM's own FlashInfer cache); a cache with
+windows (per-sequence windows with sinks, or "mha_sliding" layers) gets a library built for them
+(``slot_window``: ``BuildConfig.tvm_window``), any other a library whose sliding-window functions
+refuse a call (TVM never makes one there).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ CONVENTIONS = ("tirx", "flashinfer")
 # role -> the exported kind of its ("tirx", fn) function, or of its ("flashinfer", run, plan) pair ("fi_" roles)
 SLOT_FUNCTION_KINDS = {
     "prefill_ragged": "tvm_prefill_ragged", "prefill": "tvm_prefill_paged", "decode": "tvm_decode",
+    "prefill_sliding_window": "tvm_prefill_paged_sliding_window", "decode_sliding_window": "tvm_decode_sliding_window",
     "fi_prefill_ragged": ("tvm_fi_prefill_ragged_run", "tvm_fi_prefill_plan"),
     "fi_prefill": ("tvm_fi_prefill_paged_run", "tvm_fi_prefill_plan"),
     "fi_decode": ("tvm_fi_decode_run", "tvm_fi_decode_plan"),
@@ -41,20 +46,31 @@ SLOT_FUNCTION_KINDS = {
 
 def check_cuda_shape(shape: CacheShape, convention: str) -> None:
     """Refuse what attngen's CUDA slots cannot serve (for the run-time and the model-library cache alike)."""
-    if shape.support_sliding_window:
-        raise ValueError("support_sliding_window=True: attngen's CUDA slots do not serve per-sequence windows yet")
     if convention not in CONVENTIONS:
         raise ValueError(f"convention {convention!r}: use 'tirx' or 'flashinfer'")
     if shape.rope_mode == ROPE_MODES["inline"]:
         raise ValueError("rope_mode 'inline': attngen's CUDA slots do not apply RoPE inside attention; use "
                          "rope_mode='normal' (TVM's split + RoPE kernel before the cache) or 'none'")
-    if "mha_sliding" in shape.attn_kinds:
-        raise ValueError("attn_kinds 'mha_sliding': attngen's CUDA slots do not serve sliding-window layers yet")
+    if shape.inline_rope:  # per-sequence windows: TVM turns any RoPE mode into inline RoPE
+        mode = {code: name for name, code in ROPE_MODES.items()}[shape.rope_mode]
+        raise ValueError(f"support_sliding_window=True with rope_mode {mode!r}: TVM's cache "
+                         "then applies RoPE inside attention (inline), which attngen's CUDA slots do not; use "
+                         "rope_mode='none' and rotate q / k in the model, or the CPU slots (target='cpu'), which "
+                         "apply inline RoPE")
 
 
-def build_slot_library(variant, *, head_dim: int, dtype: str, params: dict | None, arch: str, cache=None):
-    """Build (cached) the variant's CUDA library with kernels=("tvm",), the scalar ``params`` compiled in;
-    returns the build's BuildResult."""
+def slot_window(shape: CacheShape) -> int | None:
+    """What the sliding-window slots of a cache of ``shape`` serve (``BuildConfig.tvm_window``): the window of its
+    "mha_sliding" layers, 0 for per-sequence windows (sinks), None where TVM never calls them."""
+    if shape.layer_window:
+        return shape.layer_window
+    return 0 if shape.support_sliding_window else None
+
+
+def build_slot_library(variant, *, head_dim: int, dtype: str, params: dict | None, arch: str, window: int | None = None,
+                       cache=None):
+    """Build (cached) the variant's CUDA library with kernels=("tvm",), the scalar ``params`` and what the
+    sliding-window slots serve (``window``, ``slot_window``) compiled in; returns the build's BuildResult."""
     if dtype not in CUDA_DTYPES:
         raise ValueError(f"dtype {dtype!r}: the CUDA slots serve {list(CUDA_DTYPES)}")
     names = {p.name for p in variant.params if isinstance(p, ScalarParam)}
@@ -62,7 +78,7 @@ def build_slot_library(variant, *, head_dim: int, dtype: str, params: dict | Non
     if unknown:
         raise ValueError(f"params: {unknown} are not scalar parameters of variant '{variant.name}'")
     cfg = BuildConfig("cuda", (head_dim,), (dtype,), (arch,), ("HND",), kernels=("tvm",),
-                      tvm_constants=tuple(sorted((params or {}).items())))
+                      tvm_constants=tuple(sorted((params or {}).items())), tvm_window=window)
     return build(variant, cfg, **({"cache": cache} if cache is not None else {}))
 
 
@@ -79,29 +95,29 @@ def attention_entries(roles: dict, convention: str) -> dict:
         entries = {role: ("tirx", roles[role]) for role in main}
     else:
         entries = {role: ("flashinfer", *roles[f"fi_{role}"]) for role in main}
-    # TVM never calls the sliding-window slots of a CUDA cache (sliding layers and per-sequence windows are
-    # refused): they hold the paged prefill and decode functions
-    entries["prefill_sliding_window"] = ("tirx", roles["prefill"])
-    entries["decode_sliding_window"] = ("tirx", roles["decode"])
+    for role in ("prefill_sliding_window", "decode_sliding_window"):  # "tirx" in both conventions
+        entries[role] = ("tirx", roles[role])
     return {role: entries[role] for role in SLOT_ROLES}
 
 
 def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | None = None, arch: str | None = None,
-                        cache=None) -> dict:
-    """Role -> function for the ("tirx", fn) slots TVM calls ("prefill_ragged", "prefill", "decode"), and
-    role -> (run, plan) for the ("flashinfer", run, plan) ones ("fi_prefill_ragged", "fi_prefill", "fi_decode")."""
+                        window: int | None = None, cache=None) -> dict:
+    """Role -> function for the ("tirx", fn) slots TVM calls ("prefill_ragged", "prefill", "decode",
+    "prefill_sliding_window", "decode_sliding_window": serving ``window``, see ``slot_window``), and role -> (run,
+    plan) for the ("flashinfer", run, plan) ones ("fi_prefill_ragged", "fi_prefill", "fi_decode")."""
     from attngen.runtime.cuda import current_arch
 
     built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch or current_arch(),
-                               cache=cache)
+                               window=window, cache=cache)
     library = load_library(built.library)
     return slot_roles(lambda kind: library[symbol(kind, dtype, head_dim)])
 
 
 def slot_object(variant, *, head_dim: int, dtype: str, arch: str, params: dict | None = None,
-                name_prefix: str = "attngen", cache=None) -> tuple[Path, dict]:
+                window: int | None = None, name_prefix: str = "attngen", cache=None) -> tuple[Path, dict]:
     """Build (cached) the object file; returns it and role -> exported name: the ``slot_roles`` and "merge"."""
-    built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch, cache=cache)
+    built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch, window=window,
+                               cache=cache)
     merge = merge_symbol("merge_state_inplace", dtype)
     exports = tvm_slot_functions((head_dim,), (dtype,)) + [merge]
     obj = build_slot_object(sorted(built.directory.glob("attention_*.o")), exports,
@@ -134,7 +150,7 @@ class CUDABackend:
             raise RuntimeError("target='cuda': this machine has no CUDA GPU (or torch has no CUDA); use target='cpu'")
         arch = current_arch()
         roles = cuda_slot_functions(variant, head_dim=shape.head_dim, dtype=shape.dtype,
-                                    params=params, arch=arch, cache=cache)
+                                    params=params, arch=arch, window=slot_window(shape), cache=cache)
         # token trees are not served yet: their slots refuse a tree by name (host functions)
         refusals = {role: ("tirx", fn) for role, fn in build_refusals(tree_refusals("CUDA")).items()}
         parts = CacheParts(attention=attention_entries(roles, convention) | refusals,
@@ -152,7 +168,7 @@ class CUDABackend:
         if not arch:
             raise ValueError("arch: a CUDA model library is built for a named GPU arch, e.g. arch='sm_90a'")
         obj, names = slot_object(variant, head_dim=shape.head_dim, dtype=shape.dtype, arch=arch,
-                                 params=params, name_prefix=name_prefix, cache=cache)
+                                 params=params, window=slot_window(shape), name_prefix=name_prefix, cache=cache)
         externs = {role: tuple(map(rx.ExternFunc, n)) if isinstance(n, tuple) else rx.ExternFunc(n)
                    for role, n in names.items()}
         refusals = {role: ("tirx", bb.add_func(f, f"{name_prefix}_refuse_{role}"))

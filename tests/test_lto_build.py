@@ -14,6 +14,7 @@ from attngen.codegen.cuda_variant import abi_hooks_source, abi_traits_source, li
 from attngen.codegen.hooks_cuda import lower_hooks_cuda
 from attngen.ir import ConfigError, ScalarParam, Variant
 from attngen.schedules import BuildConfig
+from attngen.schedules.arch import smem_floor_define, smem_optin_floor
 from attngen.schedules.dtypes import DtypePair
 from attngen.variants import BUILTINS, builtin
 
@@ -298,10 +299,26 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
         assert mangled in held[part], key
         assert part == (0 if key.startswith("decode_kernel") else 3 if key.startswith("hopper")
                         else 2 if key.startswith("prefill") else 1), key
+    # an sm_90a-only build runs on GPUs of 227 KB shared memory per block alone: the launchers' fallbacks for
+    # less (the one-stage tensor-core decode tile) are not compiled, so the links have less to generate
+    kernels = res.manifest["kernels"]
+    assert "decode_tc_kernel<__half, 128, 2, __half>" in kernels
+    assert not any(k.startswith("decode_tc_kernel<__half, 128, 1,") for k in kernels), kernels
     sm90 = lto.launch_source(lto_config(kernels=("decode", "prefill"), archs=("sm_90a",)), 128)
-    assert sm90.startswith("#define ATTNGEN_WITH_PREFILL_HOPPER 1\n")
+    assert sm90.startswith("#define ATTNGEN_WITH_PREFILL_HOPPER 1\n#define ATTNGEN_SMEM_OPTIN_FLOOR 232448\n")
     sm80 = lto.launch_source(lto_config(kernels=("decode", "prefill")), 128)
     assert "ATTNGEN_WITH_PREFILL_HOPPER" not in sm80  # no sm_90a: no Hopper part, no route to it
+    assert "ATTNGEN_SMEM_OPTIN_FLOOR" not in sm80  # sm_80 code also runs on sm_86 / sm_89 (99 KB): no floor
+
+
+def test_smem_floor_only_for_arch_specific_targets():
+    """sm_90a code runs on compute capability 9.0 alone (227 KB per block); sm_80 code also on 8.6 / 8.9."""
+    assert smem_optin_floor(("sm_90a",)) == 227 * 1024
+    assert smem_optin_floor(("sm_80",)) == smem_optin_floor(("sm_80", "sm_90a")) == smem_optin_floor(("sm_89",)) == 0
+    assert smem_floor_define(("sm_86",)) == ""
+    assert smem_floor_define(("sm_90",)) == "#define ATTNGEN_SMEM_OPTIN_FLOOR 232448"
+    src = lto.template_source("decode", 128, DtypePair("float16", "float16"), 8, 1, smem_floor_define(("sm_90a",)))
+    assert src.startswith("#define ATTNGEN_DECODE_KERNELS 2\n#define ATTNGEN_SMEM_OPTIN_FLOOR 232448\n")
 
 
 @pytest.mark.gpu

@@ -17,7 +17,7 @@ from pathlib import Path
 import tvm_ffi.libinfo
 
 import attngen
-from attngen.schedules.arch import arch_spec
+from attngen.schedules.arch import arch_spec, smem_optin_floor
 from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DtypePair
 from attngen.schedules.registry import companion_macros, selected
@@ -85,9 +85,12 @@ def translation_units(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair)
 
 def _tu_flags(out_dir: Path, cfg: BuildConfig) -> tuple[str, ...]:
     """nvcc flags of every TU but the gencodes: includes, the companion templates' macros (the Hopper
-    prefill, compiled in where some arch of the build runs it), fast math where asked."""
+    prefill, compiled in where some arch of the build runs it), the shared-memory floor of the build's
+    archs (arch.smem_optin_floor), fast math where asked."""
     ffi_inc, dlpack_inc, _ = _ffi_paths()
     defines = tuple(f"-D{m}" for m in companion_macros([arch_spec(a) for a in cfg.archs], cfg.kernels))
+    floor = smem_optin_floor(cfg.archs)
+    defines += (f"-DATTNGEN_SMEM_OPTIN_FLOOR={floor}",) if floor else ()
     return (("-Xcompiler", "-fPIC", f"-I{CSRC}", f"-I{out_dir}", f"-I{ffi_inc}", f"-I{dlpack_inc}", *defines,
              "--expt-relaxed-constexpr") + (("--use_fast_math",) if cfg.fast_math else ()))
 

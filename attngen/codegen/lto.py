@@ -38,7 +38,7 @@ import tvm_ffi.libinfo
 
 import attngen
 from attngen.ir import ConfigError
-from attngen.schedules.arch import arch_spec
+from attngen.schedules.arch import arch_spec, smem_floor_define
 from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DtypePair
 from attngen.schedules.ffi_enums import enums_header
@@ -187,10 +187,12 @@ def _csrc_hash() -> str:
 
 # ---- template objects ----
 
-def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int, part: int = 0) -> str:
+def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int, part: int = 0,
+                    floor: str = "") -> str:
+    """One template object's source; ``floor``: the build's smem floor line (arch.smem_floor_define)."""
     launcher = LAUNCHERS[record]
     fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "D": head_dim, "G": max_group}
-    opening = [launcher.parts[part]] if launcher.parts[part] else []
+    opening = [line for line in (launcher.parts[part], floor) if line]
     return "\n".join([*opening, f'#include "abi_d{head_dim}.cuh"', f'#include "{launcher.header}"',
                       '#include "tile_checks.h"', *(i.format(**fill) for i in launcher.instantiations_of(part))]) + "\n"
 
@@ -200,7 +202,8 @@ def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: Bu
     """The cache key of one template object: everything its LTO-IR depends on, and nothing of the
     variant beyond its hook signature (``abi``, the ABI traits' text)."""
     return content_key({"lto_template": record,
-                        "source": template_source(record, head_dim, pair, cfg.max_group_size, part),
+                        "source": template_source(record, head_dim, pair, cfg.max_group_size, part,
+                                                  smem_floor_define(cfg.archs)),
                         "arch": arch, "head_dim": head_dim, "dtypes": [pair.q, pair.kv],
                         "max_group": cfg.max_group_size if record == "decode" else 0, "abi": abi,
                         "fast_math": cfg.fast_math, "csrc": _csrc_hash(), "tiles": tiles_header(),
@@ -218,7 +221,7 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
         (out / "attngen_enums.h").write_text(enums_header())
         (out / HEADER_NAME).write_text(tiles_header())
         src = out / "template.cu"
-        src.write_text(template_source(record, head_dim, pair, cfg.max_group_size, part))
+        src.write_text(template_source(record, head_dim, pair, cfg.max_group_size, part, smem_floor_define(cfg.archs)))
         obj = out / "template.o"
         _run([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
               f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
@@ -234,7 +237,8 @@ def launch_source(cfg: BuildConfig, head_dim: int) -> str:
     """The launch object of one head dim: the records' entry templates over the block traits, one
     LinkedLaunch instance per export."""
     # the companion templates' macros (the Hopper prefill where the build has sm_90a): the dispatch routes to them
-    parts = [f"#define {m} 1" for m in _companion_macros(cfg)]
+    floor = smem_floor_define(cfg.archs)
+    parts = [f"#define {m} 1" for m in _companion_macros(cfg)] + ([floor] if floor else [])
     parts += [f'#include "abi_d{head_dim}.cuh"', '#include "linked_entry.h"', '#include "problem_glue.h"']
     for record in selected(cfg.kernels):
         parts += [f'#include "{h}"' for h in record.headers]

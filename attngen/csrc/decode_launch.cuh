@@ -120,10 +120,12 @@ bool try_launch_decode_tc(const DecodeProblem& P, const typename V::Params& hp, 
   constexpr int S = decode_tc_stages<D>();
   const size_t optin = size_t(device_smem_optin());
   if (optin >= decode_tc_smem_bytes<D, S>()) return launch_decode_tc_tile<V, T, D, S>(P, hp, stream), true;
-  if constexpr (S > 2) {
-    if (optin >= decode_tc_smem_bytes<D, 2>()) return launch_decode_tc_tile<V, T, D, 2>(P, hp, stream), true;
+  if constexpr (decode_tc_smem_bytes<D, S>() > kSmemOptinFloor) {  // fallbacks: devices below the floor only
+    if constexpr (S > 2) {
+      if (optin >= decode_tc_smem_bytes<D, 2>()) return launch_decode_tc_tile<V, T, D, 2>(P, hp, stream), true;
+    }
+    if (optin >= decode_tc_smem_bytes<D, 1>()) return launch_decode_tc_tile<V, T, D, 1>(P, hp, stream), true;
   }
-  if (optin >= decode_tc_smem_bytes<D, 1>()) return launch_decode_tc_tile<V, T, D, 1>(P, hp, stream), true;
   return false;
 }
 
@@ -141,12 +143,16 @@ int decode_tc_ctas_per_sm() {
   };
   if (optin >= decode_tc_smem_bytes<D, S>())
     return occupancy(decode_tc_kernel_ref<V, T, D, S>(), decode_tc_smem_bytes<D, S>(), DecodeTCTile<D, S>::kThreads);
-  if constexpr (S > 2) {
-    if (optin >= decode_tc_smem_bytes<D, 2>())
-      return occupancy(decode_tc_kernel_ref<V, T, D, 2>(), decode_tc_smem_bytes<D, 2>(), DecodeTCTile<D, 2>::kThreads);
+  if constexpr (decode_tc_smem_bytes<D, S>() > kSmemOptinFloor) {  // as try_launch_decode_tc
+    if constexpr (S > 2) {
+      if (optin >= decode_tc_smem_bytes<D, 2>())
+        return occupancy(decode_tc_kernel_ref<V, T, D, 2>(), decode_tc_smem_bytes<D, 2>(),
+                         DecodeTCTile<D, 2>::kThreads);
+    }
+    if (optin >= decode_tc_smem_bytes<D, 1>())
+      return occupancy(decode_tc_kernel_ref<V, T, D, 1>(), decode_tc_smem_bytes<D, 1>(),
+                       DecodeTCTile<D, 1>::kThreads);
   }
-  if (optin >= decode_tc_smem_bytes<D, 1>())
-    return occupancy(decode_tc_kernel_ref<V, T, D, 1>(), decode_tc_smem_bytes<D, 1>(), DecodeTCTile<D, 1>::kThreads);
   return 0;
 }
 

@@ -2,7 +2,16 @@
 #pragma once
 #include <cuda_runtime.h>
 
+// The least opt-in shared memory per block of every GPU the build's archs run on (bytes; the build defines
+// it for arch-specific targets, schedules/arch.py smem_optin_floor; 0: unknown). A launcher's tile
+// configuration that fits it is always picked, and its smaller fallbacks are not compiled at all.
+#ifndef ATTNGEN_SMEM_OPTIN_FLOOR
+#define ATTNGEN_SMEM_OPTIN_FLOOR 0
+#endif
+
 namespace attngen {
+
+constexpr size_t kSmemOptinFloor = ATTNGEN_SMEM_OPTIN_FLOOR;
 
 // An attribute of the current device, queried once per device and attribute (the launchers read these
 // on every launch, i.e. every layer; they depend only on the device).

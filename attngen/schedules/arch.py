@@ -71,3 +71,19 @@ def arch_spec(name: str) -> ArchSpec:
 def cuda_dtypes() -> tuple[str, ...]:
     """Every input dtype some arch's templates support, in a stable order."""
     return tuple(dict.fromkeys(d for a in ARCHS.values() for d in a.dtypes))
+
+
+def smem_optin_floor(archs) -> int:
+    """The least opt-in shared memory per block of every GPU that runs a build for ``archs`` (bytes; 0 when
+    unknown). An arch-specific target (sm_90a) runs on its own compute capability only, whose shared memory
+    is known; a portable one (sm_80) also runs on later minor versions with less (sm_86, sm_89), so it sets
+    no floor. The templates skip the smaller tile configurations that a device above the floor never picks
+    (csrc/device_info.cuh ``kSmemOptinFloor``)."""
+    return min((a.smem_per_block if a.name.endswith("a") else 0) for a in map(arch_spec, archs))
+
+
+def smem_floor_define(archs) -> str:
+    """The line defining ATTNGEN_SMEM_OPTIN_FLOOR for a build's sources ("" when there is no floor, so that
+    such sources stay as they were)."""
+    floor = smem_optin_floor(archs)
+    return f"#define ATTNGEN_SMEM_OPTIN_FLOOR {floor}" if floor else ""

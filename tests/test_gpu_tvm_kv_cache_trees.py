@@ -3,7 +3,7 @@
 - the two tree functions called directly against a float64 reference: random trees with branching (a forest,
   a single node, trees past one 64-row query tile and one 64-key tile), GQA, pages in random order, a
   committed prefix of up to several key tiles before the tree, trees longer than their queries (a tree
-  extended before its commit); the paged one also with length_info [3, B] on a library built for a layer
+  extended before its commit), a request without a tree (a block shared with a fork, more queries than keys); the paged one also with length_info [3, B] on a library built for a layer
   window (the sliding-window view and the window at TVM's positions); outputs poisoned with NaN;
 - whole caches through random token-tree scripts (tests/tvm_tree_model.py: interleaved prefills, a fork, a
   tree step of every sequence, commits of random accepted paths, trees extended before commit, decode), in
@@ -106,7 +106,8 @@ def _paged_call(fn, rng, requests, length_info_of, k_pos0, visible_of):
     tree_indptr = np.concatenate([[0], np.cumsum([len(p) for _, p, _ in requests])]).astype(np.int32)
     order = np.concatenate([tree_order(p) for _, p, _ in requests])
     q = rng.standard_normal((int(qo_indptr[-1]), HQ, D)).astype(np.float16)
-    q_pos = np.concatenate([prefix + np.array(depths(p))[len(p) - nq:] for prefix, p, nq in requests]).astype(np.int32)
+    q_pos = np.concatenate([prefix + (np.array(depths(p))[len(p) - nq:] if p else np.arange(nq))
+                            for prefix, p, nq in requests]).astype(np.int32)
     o, lse = _poisoned(len(q))
     fn(_cuda(q), _cuda(qo_indptr), _cuda(pool), _cuda(page_indptr), _cuda(page_indices), _cuda(length_info_of(last)),
        _cuda(k_pos0), _cuda(q_pos), o, lse, 0, 1.0, 1e4, SM, _cuda(tree_indptr), _cuda(order))
@@ -115,7 +116,8 @@ def _paged_call(fn, rng, requests, length_info_of, k_pos0, visible_of):
     assert np.isfinite(o).all() and np.isfinite(lse).all()
     for b, (prefix, parents, nq) in enumerate(requests):
         rows = slice(qo_indptr[b], qo_indptr[b + 1])
-        mask = tree_visible(parents, prefix, range(len(parents) - nq, len(parents)))
+        mask = tree_visible(parents, prefix, range(len(parents) - nq, len(parents))) if parents else \
+            np.ones((nq, prefix), bool)
         k, v, mask = visible_of(b, keys[b], mask, q_pos[rows])
         ref_o, ref_lse = attend(q[rows], k, v, mask, SM)
         assert np.abs(o[rows] - ref_o).max() < 2e-2, b
@@ -123,10 +125,12 @@ def _paged_call(fn, rng, requests, length_info_of, k_pos0, visible_of):
 
 
 def _tree_requests(rng):
-    """(committed prefix, the whole tree's parents, how many of its last nodes are the queries)."""
+    """(committed prefix, the whole tree's parents, how many of its last nodes are the queries); no parents: a
+    request whose tree lies in a deeper block of its sequence (TVM's paged tree slot carries such blocks shared with
+    a fork: tree_len 0, every key visible, more queries than keys)."""
     big = random_parents(rng, 40) + random_parents(rng, 30, 40, 40)
     return [(21, random_parents(rng, 8), 8), (0, [-1, 0, 1, 0], 4), (150, big, 30), (5, [-1, -1, 0, 1, 2, 0, 3], 3),
-            (16, [-1], 1), (63, random_parents(rng, 12), 12)]
+            (10, [], 14), (16, [-1], 1), (63, random_parents(rng, 12), 12)]
 
 
 def test_paged_tree_slot_matches_reference(slots, rng):

@@ -89,7 +89,7 @@ def test_tree_functions_refuse_what_they_do_not_serve(libraries):
         with pytest.raises(Exception, match=r"tree_mn_indptr must be a contiguous int32 \[batch \+ 1\]"):
             lib[RAGGED](*_ragged_args(tree_indptr=(0, 1, 3)))
         with pytest.raises(Exception, match=r"tree_order must be a contiguous int32 \[tree nodes, 2\]"):
-            lib[PAGED](*_paged_args(last, order=(0, 1, 2)))
+            lib[PAGED](*_paged_args(last, order=(0, 1, 2)))  # (an odd flat form)
         with pytest.raises(Exception, match="tree_mn_indptr and tree_order must be CUDA tensors"):
             lib[RAGGED](*_ragged_args())
 

@@ -178,12 +178,16 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   }
 
   // ---- KV range of this tile from the mask's bounds ------------------------------------
+  // The causal bound: TVM's run-time flag; in tree instances the tree's (a node's ancestors precede it), for a
+  // request with a tree in this call (one without, a shared block before its sequence's tree, sees every key)
+  const int tree_causal = tvm_tree<V>() ? int(P.tree.tree_len(b) > 0) : 0;
+  const int& causal = tvm_tree<V>() ? tree_causal : P.causal;
   const int first_pos = pos_base + row0 / group;
   const int last_pos = pos_base + (min(row0 + RQ, rows_total) - 1) / group;
   long long lo64 = 0, hi64 = kv_len;  // 64-bit so huge windows cannot wrap
   if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
   if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
-  if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
+  if (causal) hi64 = min(hi64, (long long)last_pos + 1);
   const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
   int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
   constexpr int kMapKeys = MapTile<D>::kKeys, kParts = kMapKeys / TK;
@@ -281,7 +285,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       jmax = hi - 1;
       // tree instances: only keys before the tree are visible to every row
       if constexpr (tvm_tree<V>()) jmax = min(jmax, (long long)(kv_len - P.tree.tree_len(b)) - 1);
-      if (P.causal) jmax = min(jmax, first);
+      if (causal) jmax = min(jmax, first);
       if constexpr (V::kHasLower) jmax = min(jmax, first - mask_lo);
       if constexpr (V::kHasUpper) j0min = last - mask_hi;
     }
@@ -295,7 +299,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     const int last_row = min(row0 + wrow + 16 * MT, rows_total) - 1;  // < row0 + wrow: no rows
     const long long last = pos_base + last_row / group;
     long long jm = last_row < row0 + wrow ? -1 : hi - 1;
-    if (P.causal) jm = min(jm, last);
+    if (causal) jm = min(jm, last);
     if constexpr (V::kHasLower) jm = min(jm, last - mask_lo);
     warp_jmax = int(max(jm, -1LL));
   }
@@ -313,7 +317,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   }
 
   // the scores of one m-tile off the folded fast path (score_rules.cuh)
-  const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale, P.win, q0};
+  const ScoreRules<V> score_rules{causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale, P.win, q0};
   typename ScoreRules<V>::RowTerms row_terms[MT];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {

@@ -90,28 +90,31 @@ void launch_tvm_prefill(const char* name, PrefillProblem& P, bool causal, int64_
 }
 
 // TVM's tree arrays: tree_mn_indptr int32 [B+1] (B + 1 = qo_indptr's length), tree_order int32 [nodes, 2]
-// (tvm_tree.cuh), CUDA tensors; checked before any other argument.
+// (tvm_tree.cuh), CUDA tensors; checked before any other argument but rotary_mode.
 inline TreeMask tree_mask(const char* name, const TensorView& qo_indptr, const TensorView& tree_mn_indptr,
                           const TensorView& tree_order) {
   if (tree_mn_indptr.ndim() != 1 || qo_indptr.ndim() != 1 || tree_mn_indptr.size(0) != qo_indptr.size(0) ||
       tree_mn_indptr.dtype() != dl_dtype<int32_t>() || !tree_mn_indptr.IsContiguous())
     TVM_FFI_THROW(ValueError) << name << ": tree_mn_indptr must be a contiguous int32 [batch + 1]";
-  if (tree_order.ndim() != 2 || tree_order.size(1) != 2 || tree_order.dtype() != dl_dtype<int32_t>() ||
-      !tree_order.IsContiguous())
-    TVM_FFI_THROW(ValueError) << name << ": tree_order must be a contiguous int32 [tree nodes, 2]";
+  // (TVM's CUDA cache passes [nodes, 2] views of its merged aux buffer; its plain aux manager a flat [2 * nodes])
+  const bool pairs = tree_order.ndim() == 2 ? tree_order.size(1) == 2
+                                            : tree_order.ndim() == 1 && tree_order.size(0) % 2 == 0;
+  if (!pairs || tree_order.dtype() != dl_dtype<int32_t>() || !tree_order.IsContiguous())
+    TVM_FFI_THROW(ValueError) << name << ": tree_order must be a contiguous int32 [tree nodes, 2] (or [2 * nodes])";
   if (tree_mn_indptr.device().device_type != kDLCUDA || tree_order.device().device_type != kDLCUDA)
     TVM_FFI_THROW(ValueError) << name << ": tree_mn_indptr and tree_order must be CUDA tensors";
   return {static_cast<const int32_t*>(data_of(tree_mn_indptr)), static_cast<const int32_t*>(data_of(tree_order))};
 }
 
 // Token-tree prefill (W: the traits, TvmWindowed<V> on "mha_sliding" layers) on the mma.sync template: TVM's tree
-// mask instead of a causal flag; its in-call causal bound, which the tree implies (a node's ancestors precede
-// it), lets the template skip the tiles past the diagonal. Tree forwards are small: no Hopper instance.
+// mask instead of a causal flag; the in-call causal bound the tree implies for a request with a tree (a node's
+// ancestors precede it) lets the template skip the tiles past the diagonal. Tree forwards are small: no Hopper
+// instance.
 template <class W, class T, int D>
 void launch_tvm_tree_prefill(const char* name, PrefillProblem& P, const TreeMask& tree, int64_t max_qo_len,
                              const typename W::Params& hp, const TensorView& q) {
   P.tree = tree;
-  P.causal = 1;
+  P.causal = 0;  // (the tree instances take their causal bound per request from the tree: prefill.cuh)
   P.tvm_conventions = 1;
   P.kernel = static_cast<int>(PrefillTemplate::kMmaSync);
   launch_prefill<TvmTree<W>, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));

@@ -9,7 +9,8 @@
 // slots' rule, codegen/cpu/attention_tir.py). A node's ancestors precede it, so a query at row i never sees a
 // key past keys - qo_len + i: the kernel runs with its in-call causal bound (tile and step skipping past the
 // diagonal) and tests each score against the tree only where the key lies in the tree (score_rules.cuh);
-// tiles before tree_start keep the interior path.
+// tiles before tree_start keep the interior path. TVM's paged tree slot also carries requests whose tree
+// lies in a deeper block of their sequence (tree_len 0 here): those see every key, without the causal bound.
 // The template compiles this in only for the traits TvmTree<V> (`if constexpr (tvm_tree<V>())`), which the tree
 // slots alone instantiate: every other instance is the plain kernel, unchanged. TvmTree<TvmWindowed<V>> serves
 // the paged tree slot on "mha_sliding" layers (length_info [3, B], tvm_window.cuh).
@@ -71,8 +72,10 @@ __device__ __forceinline__ void set_row_tree(Rows& rt, const TreeMask& tree, int
   rt.keys = tree.order + 2 * (base - rt.tree_start);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int pr = prow + 8 * h;
-    rt.node[h] = pr < rows_total ? tree.order[2 * (base + len - qo_len + pr / group)] : 0;
+    // (a request without a tree in this call, a block before its sequence's tree, has no node: keys are all
+    // before its tree_start, and no node is read)
+    const int pr = prow + 8 * h, node = len - qo_len + pr / group;
+    rt.node[h] = pr < rows_total && node >= 0 ? tree.order[2 * (base + node)] : 0;
   }
 }
 

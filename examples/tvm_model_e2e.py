@@ -19,7 +19,8 @@ NumPy forward of the model that recomputes each sequence from its tokens.
     python examples/tvm_model_e2e.py --device cuda   # the Llama shape in float16 on a GPU (main_cuda)
 
 On CUDA the model is the Llama shape at head_dim 64 with a sliding window (20 positions) on its first
-layer (``cuda_model``), so that the CUDA caches' sliding-window slots run too.
+layer (``cuda_model``), so that the CUDA caches' sliding-window slots run too, and the same steps, the
+token-tree step included (TVM's own CUDA tree kernels in the baseline's cache).
 """
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ def build_model(cfg: ModelConfig, kv_cache: str, cache=None, device: str = "cpu"
             if kv_cache == "tvm":
                 # TVM's own kernels, each in its slot (TIRPagedKVCache swaps the CPU tree slots; baseline.py)
                 created = emit_tvm_tir_cache_cpu(bb, shape) if device == "cpu" else \
-                    emit_tvm_tir_cache_cuda(bb, shape, arch)
+                    emit_tvm_tir_cache_cuda(bb, shape, arch, trees=True)
                 return PagedKVCache(_expr=created, _name="kv_cache")
             if cfg.attn_soft_cap:
                 variant, params = builtin("logits_softcap"), {"soft_cap": cfg.attn_soft_cap}
@@ -325,7 +326,7 @@ class RunningModel:
         return logits.astype(np.float64)
 
 
-def script(rng, vocab: int, decode_steps: int, trees: bool = True):
+def script(rng, vocab: int, decode_steps: int):
     """The steps every model runs: (op, args) with the tokens drawn here.
 
     Sequence 1 grows past the Gemma-2 window (24; the CUDA model's 20) and stays unforked; sequence 0 and its fork
@@ -343,9 +344,7 @@ def script(rng, vocab: int, decode_steps: int, trees: bool = True):
               ("step", [2, 0], [tokens(3), tokens(1)])]
     # a speculative step: sequence 2 drafts a tree of 6 tokens, sequence 1 a chain of 2; then the verifier
     # accepts the path to node 4 in sequence 2 and the first token of sequence 1
-    if trees:  # (attngen's CUDA caches refuse token trees)
-        steps += [("tree", [1, 2], [tokens(2), tokens(6)], [[-1, 0], [-1, 0, 0, 1, 1, 2]]),
-                  ("commit", [1, 2], [0, 4])]
+    steps += [("tree", [1, 2], [tokens(2), tokens(6)], [[-1, 0], [-1, 0, 0, 1, 1, 2]]), ("commit", [1, 2], [0, 4])]
     steps += [("step", [0, 1, 2], [tokens(1), tokens(1), tokens(1)]) for _ in range(2)]
     return steps
 
@@ -434,7 +433,7 @@ def main(head_dim: int = 16, decode_steps: int = 4, seed: int = 0, cache=None, c
 def main_cuda(arch: str | None = None, decode_steps: int = 4, seed: int = 0, cache=None, sliding_window: int = 20):
     """The Llama-shaped model in float16 on this machine's GPU (``cuda_model``: head_dim 64, a sliding window on
     its first layer unless ``sliding_window`` is 0), its cache attngen's in both slot conventions and TVM's own
-    CUDA kernels, through prefill, batch decode and a fork (no token tree: attngen's CUDA caches refuse trees):
+    CUDA kernels, through prefill, batch decode, a fork and a speculative token-tree step with its commit:
     each cache's logits against the float64 forward of the same float16-rounded weights, attngen's errors
     bounded by twice TVM's own (the same float16 model around a different attention) plus 1e-3, and attngen's
     logits against TVM's. (Sequence 1 grows past the window, unforked; the forked ones stay within it.)"""
@@ -446,7 +445,7 @@ def main_cuda(arch: str | None = None, decode_steps: int = 4, seed: int = 0, cac
 
     arch = arch or current_arch()
     cfg = cuda_model(sliding_window)
-    steps = script(np.random.default_rng(seed), cfg.vocab, decode_steps, trees=False)
+    steps = script(np.random.default_rng(seed), cfg.vocab, decode_steps)
     with tempfile.TemporaryDirectory() as tmp:
         models, names = {}, None
         for kv_cache, convention in (("attngen", "tirx"), ("attngen", "flashinfer"), ("tvm", "tirx")):

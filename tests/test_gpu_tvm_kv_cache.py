@@ -1,6 +1,5 @@
 """GPU: TVM's PagedKVCache on CUDA with attngen's CUDA slots.
 
-- a token-tree forward refused by the cache's tree slots, by name;
 - the three TVM-convention functions called directly (paged / ragged prefill with TVM's causal
   flag on and off, decode) against a float64 reference: random ragged batches, an empty request,
   random page order, outputs poisoned with NaN, rows with no key giving lse -5e4;
@@ -8,6 +7,7 @@
   ("tirx", fn) and in the ("flashinfer", run, plan) convention, created at run time or from a model
   library that links attngen's object statically: against a cache built from TVM's own CUDA kernels
   and against a float64 model of the cache.
+(test_gpu_tvm_kv_cache_trees.py runs token-tree forwards.)
 """
 from __future__ import annotations
 
@@ -157,29 +157,6 @@ def test_cuda_model_library_cache_matches_tvm_kernels_and_reference(build_cache,
     path = export_model_library(mod, tmp_path / "model.so", target="cuda", arch=arch)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cuda())
     _check_script({"attngen": vm["create_kv_cache"](), "tvm": _tvm_cache(build_cache, "tvm")}, rng)
-
-
-@pytest.mark.parametrize("convention", ["tirx", "flashinfer"])
-def test_cuda_cache_refuses_token_trees_by_name(build_cache, rng, convention):
-    """A forward given a token tree reaches the cache's tree slots, which refuse it by name (TVM's own message
-    for an empty slot would be 'Function "f_attention_prefill_with_tree_mask_" is not defined')."""
-    import tvm
-    from tvm.runtime import ShapeTuple
-
-    G = tvm.get_global_func
-    kv = _tvm_cache(build_cache, "attngen" if convention == "tirx" else "attngen_fi")
-    G("vm.builtin.kv_state_add_sequence")(kv, 0)
-    for lens, tree in (([12], ()), ([4], (ShapeTuple([-1, 0, 0, 1]),))):
-        n = sum(lens)
-        qkv = tvm.runtime.tensor(rng.standard_normal((n, HQ + 2 * HKV, D)).astype(np.float16), device=tvm.cuda())
-        out = tvm.runtime.empty((n, HQ, D), "float16", device=tvm.cuda())
-        G("vm.builtin.kv_state_begin_forward")(kv, ShapeTuple([0]), ShapeTuple(lens), *tree)
-        if not tree:
-            G("vm.builtin.attention_kv_cache_attention_with_fused_qkv")(kv, 0, SM, qkv, out)
-            G("vm.builtin.kv_state_end_forward")(kv)
-            continue
-        with pytest.raises(Exception, match="token-tree attention .* is not served by attngen's CUDA slots"):
-            G("vm.builtin.attention_kv_cache_attention_with_fused_qkv")(kv, 0, SM, qkv, out)
 
 
 def _check_script(caches: dict, rng):

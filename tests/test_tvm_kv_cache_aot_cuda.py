@@ -38,7 +38,7 @@ def test_slot_object_exports_only_prefixed_functions(build_cache):
     syms = _symbols(obj)
     exported = sorted(n for n, t in syms.items() if t.isupper() and n.startswith("__tvm_ffi_"))
     names = [roles[r] for r in ("prefill_ragged", "prefill", "decode", "prefill_sliding_window",
-                                "decode_sliding_window", "merge")]
+                                "decode_sliding_window", "prefill_tree_mask", "prefill_tree_mask_paged", "merge")]
     names += [x for r in ("fi_prefill_ragged", "fi_prefill", "fi_decode") for x in roles[r]]
     assert exported == sorted({f"__tvm_ffi_{n}" for n in names})
     assert all(n.startswith("layer0_") for n in names)
@@ -60,9 +60,8 @@ def test_model_library_links_attngen_statically(build_cache, tmp_path, monkeypat
     syms = _symbols(path, dynamic=True)
     wanted = ["attngen_tvm_fi_decode_run_f16_d64", "attngen_tvm_fi_decode_plan_f16_d64"] if convention == "flashinfer" \
         else ["attngen_tvm_decode_f16_d64", "attngen_tvm_prefill_paged_f16_d64"]
-    # the token-tree slots' refusing host functions (token trees are not served on CUDA yet)
-    refusals = ["attngen_refuse_prefill_tree_mask", "attngen_refuse_prefill_tree_mask_paged"]
-    for name in wanted + refusals + ["attngen_merge_state_inplace_f16", "attngen_tvm_transpose_append"]:
+    trees = ["attngen_tvm_prefill_ragged_tree_f16_d64", "attngen_tvm_prefill_paged_tree_f16_d64"]  # both conventions
+    for name in wanted + trees + ["attngen_merge_state_inplace_f16", "attngen_tvm_transpose_append"]:
         assert syms.get(f"__tvm_ffi_{name}") == "T", name
     assert not any(n.startswith("cuda") for n in syms)  # the CUDA runtime stays private to attngen's object
     ldd = subprocess.run(["ldd", str(path)], capture_output=True, text=True).stdout

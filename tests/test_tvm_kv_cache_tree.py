@@ -347,19 +347,6 @@ def test_soft_capped_tree_cache_matches_reference(kernel_cache, rng):
     assert_close(outs, "attngen", "reference", 2e-5)
 
 
-def test_tree_slot_refusals_name_what_is_not_served(rng):
-    """What a CUDA cache holds in its token-tree slots: host functions with TVM's argument lists that refuse
-    the call by name (TVM's own message for an empty slot is 'Function ... is not defined')."""
-    from attngen.tvm.refusals import build_refusals, tree_refusals
-
-    refusals = build_refusals(tree_refusals("CUDA"))
-    t = tensor(np.zeros(4, np.int32))
-    for role, tensors in (("prefill_tree_mask", 10), ("prefill_tree_mask_paged", 10)):
-        tail = (t, t) if role.endswith("paged") else ()
-        with pytest.raises(Exception, match="token-tree attention .* is not served by attngen's CUDA slots"):
-            refusals[role](*([t] * tensors), 0, 1.0, 1e4, SM_SCALE, *tail)
-
-
 @pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
 def test_an_fp8_cache_is_refused_with_the_reason(fp8):
     """TVM 0.27 would make the forward's q / k / v buffers fp8 too (one dtype for the cache and its buffers)."""

@@ -11,10 +11,11 @@ what the templates cannot know: a small ``Config`` struct (the variant's compile
 parameters, the exported names the errors cite, the decode cost model) and the export lines.
 
 The CUDA library built with ``kernels=("tvm", ...)`` exports, per (head_dim, dtype),
-``tvm_prefill_paged_<dt>_d<D>``, ``tvm_prefill_ragged_<dt>_d<D>``, ``tvm_decode_<dt>_d<D>`` and the
-sliding-window slots ``tvm_prefill_paged_sliding_window_<dt>_d<D>`` / ``tvm_decode_sliding_window_<dt>_d<D>``
+``tvm_prefill_paged_<dt>_d<D>``, ``tvm_prefill_ragged_<dt>_d<D>``, ``tvm_decode_<dt>_d<D>``, the
+token-tree slots and the sliding-window slots ``tvm_prefill_paged_sliding_window_<dt>_d<D>`` / ``tvm_decode_sliding_window_<dt>_d<D>``
 with exactly the argument lists TVM 0.27's runtime passes to those slots
-(src/runtime/vm/attn_backend.h, TIRPagedPrefillFunc / TIRRaggedPrefillFunc / TIRDecodeFunc):
+(src/runtime/vm/attn_backend.h, TIRPagedPrefillFunc / TIRRaggedPrefillFunc / TIRDecodeFunc and the
+tree-mask functions):
 
 * paged prefill: (q [n, Hq, D], qo_indptr [B+1], pages [P, 2, Hkv, S, D], page_indptr [B+1],
   page_indices [nnz], length_info [B] (last page lengths), k_rope_pos_offset [B],
@@ -34,6 +35,17 @@ with exactly the argument lists TVM 0.27's runtime passes to those slots
   is read. The kernels are instances of the templates with that view and mask compiled in
   (``TvmWindowed`` traits, csrc/tvm_window.cuh), built only where tvm_window is given; without it
   the two functions refuse a call by name.
+* the token-tree slots (speculative decoding; TVM 0.27's TIRRaggedPrefillTreeMaskFunc and
+  TIRPagedPrefillTreeMaskFunc), ``tvm_prefill_ragged_tree_<dt>_d<D>``: (q, qo_indptr, k, v, kv_indptr,
+  q_rope_position, tree_mn_indptr [B+1], tree_order [nodes, 2], o, lse, rotary_mode, rope_scale,
+  rope_theta, sm_scale), and ``tvm_prefill_paged_tree_<dt>_d<D>``: the paged prefill's list without
+  ``causal``, then tree_mn_indptr and tree_order. Request b's tree is its last
+  tree_mn_indptr[b+1] - tree_mn_indptr[b] keys, its query rows the tree's last nodes; a query sees
+  every key before the tree and, inside it, its own node and its ancestors (tree_order's (DFS order,
+  end of subtree) pairs), and what the variant's mask admits. They run instances of the mma.sync
+  prefill template with that mask compiled in (``TvmTree`` traits, csrc/tvm_tree.cuh). The paged one
+  reads length_info [B], or [3, B] on "mha_sliding" layers (the sliding-window view and the layer
+  window at TVM's positions) in a library built for the layer window; elsewhere it refuses that call.
 
 and ``tvm_fi_{decode_plan, decode_run, prefill_plan, prefill_paged_run, prefill_ragged_run}_<dt>_d<D>``
 with FlashInfer's plan and run argument lists.

@@ -36,6 +36,7 @@
 #include "row_hook.cuh"
 #include "score_rules.cuh"
 #include "tile_map.cuh"
+#include "tvm_tree.cuh"
 #include "tvm_window.cuh"
 
 namespace attngen {
@@ -59,6 +60,7 @@ struct PrefillProblem {
   // the persistent Hopper kernel deals out (each pair's KV heads in a row); null: request by request
   const int32_t* work_order;
   PositionWindow win;  // TVM's positions and layer window: read by the windowed instances only (tvm_window.cuh)
+  TreeMask tree;       // TVM's token trees: read by the tree instances only (tvm_tree.cuh)
 };
 
 // Tile configurations: Q rows per CTA (4 warps x MT m-tiles of 16 rows), keys per tile, stages
@@ -176,12 +178,16 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   }
 
   // ---- KV range of this tile from the mask's bounds ------------------------------------
+  // The causal bound: TVM's run-time flag; in tree instances the tree's (a node's ancestors precede it), for a
+  // request with a tree in this call (one without, a shared block before its sequence's tree, sees every key)
+  const int tree_causal = tvm_tree<V>() ? int(P.tree.tree_len(b) > 0) : 0;
+  const int& causal = tvm_tree<V>() ? tree_causal : P.causal;
   const int first_pos = pos_base + row0 / group;
   const int last_pos = pos_base + (min(row0 + RQ, rows_total) - 1) / group;
   long long lo64 = 0, hi64 = kv_len;  // 64-bit so huge windows cannot wrap
   if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
   if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
-  if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
+  if (causal) hi64 = min(hi64, (long long)last_pos + 1);
   const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
   int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
   constexpr int kMapKeys = MapTile<D>::kKeys, kParts = kMapKeys / TK;
@@ -277,7 +283,9 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     if (V::kMaskExact && r0 + 16 <= rows_total && !(tvm_windowed<V>() && P.win.limits_rows())) {
       const long long first = pos_base + r0 / group, last = pos_base + (r0 + 15) / group;
       jmax = hi - 1;
-      if (P.causal) jmax = min(jmax, first);
+      // tree instances: only keys before the tree are visible to every row
+      if constexpr (tvm_tree<V>()) jmax = min(jmax, (long long)(kv_len - P.tree.tree_len(b)) - 1);
+      if (causal) jmax = min(jmax, first);
       if constexpr (V::kHasLower) jmax = min(jmax, first - mask_lo);
       if constexpr (V::kHasUpper) j0min = last - mask_hi;
     }
@@ -291,7 +299,7 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     const int last_row = min(row0 + wrow + 16 * MT, rows_total) - 1;  // < row0 + wrow: no rows
     const long long last = pos_base + last_row / group;
     long long jm = last_row < row0 + wrow ? -1 : hi - 1;
-    if (P.causal) jm = min(jm, last);
+    if (causal) jm = min(jm, last);
     if constexpr (V::kHasLower) jm = min(jm, last - mask_lo);
     warp_jmax = int(max(jm, -1LL));
   }
@@ -309,10 +317,14 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   }
 
   // the scores of one m-tile off the folded fast path (score_rules.cuh)
-  const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale, P.win, q0};
+  const ScoreRules<V> score_rules{causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale, P.win, q0};
   typename ScoreRules<V>::RowTerms row_terms[MT];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) score_rules.row_terms(prow0 + mt * 16, row_terms[mt]);
+  for (int mt = 0; mt < MT; ++mt) {
+    score_rules.row_terms(prow0 + mt * 16, row_terms[mt]);
+    if constexpr (tvm_tree<V>())
+      set_row_tree(row_terms[mt], P.tree, b, qo_len, kv_len, prow0 + mt * 16, group, rows_total);
+  }
   if (num_kt > 0) load_kv(0, 0);
   copy_commit();
   for (int kt = 0; kt < num_kt; ++kt) {
@@ -566,7 +578,7 @@ void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename
   using Tile = PrefillTile<D, Small, MT>;
   const size_t smem = prefill_smem_bytes<V, T, D, Small, MT>();
   auto kernel = prefill_kernel_ref<V, T, D, Small, MT>();
-  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>()) {  // (no maps for those)
+  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>() && !tvm_tree<V>()) {  // (no maps for those)
     if (P.tiles.present()) kernel = prefill_kernel<V, T, D, Small, MT, true>;
   }
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -585,7 +597,8 @@ constexpr int kPrefillWideRows = 256;
 template <class V, class T, int D>
 void launch_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
   const size_t optin = size_t(device_smem_optin());
-  if constexpr (D <= 128 && !tvm_windowed<V>()) {  // (TVM's windowed instances: their 128-row tile spilled)
+  // (TVM's windowed instances: their 128-row tile spilled; tree forwards are small: one tile size fewer to build)
+  if constexpr (D <= 128 && !tvm_windowed<V>() && !tvm_tree<V>()) {
     if (P.tile_rows != 64 && int64_t(max_qo_len) * P.group >= kPrefillWideRows &&
         optin >= prefill_smem_bytes<V, T, D, false, 2>())
       return launch_prefill_tile<V, T, D, false, 2>(P, max_qo_len, hp, stream);

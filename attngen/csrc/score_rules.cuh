@@ -1,13 +1,14 @@
 // The per-score rules the tile templates (prefill.cuh, hopper_prefill.cuh) apply to a thread's fragment of
 // S = Q K^T: sm_scale, the logits hook and, where a tile needs checking, the row, key-range, causal and
 // mask-hook tests (and, in TVM's windowed instances, the window and causal tests at TVM's positions:
-// tvm_window.cuh). Masked scores become -inf (0 for a non-softmax variant); a softmax variant's running
+// tvm_window.cuh; in TVM's tree instances, the token-tree test on keys inside the tree: tvm_tree.cuh). Masked scores become -inf (0 for a non-softmax variant); a softmax variant's running
 // row maxima take the new scores in.
 //
 // Fragments are mma.sync / wgmma accumulators: sm[n][e] is row prow (e < 2) or prow + 8 (e >= 2), key
 // j0 + 8 n + 2 t4 + e % 2, where t4 is the thread's lane within its quad.
 #pragma once
 #include "common.cuh"
+#include "tvm_tree.cuh"
 #include "tvm_window.cuh"
 
 namespace attngen {
@@ -21,8 +22,8 @@ struct ScoreRules {
   static constexpr int kMaskTerms = V::kMaskRowTerms > 0 ? V::kMaskRowTerms : 1;
   // rows prow and prow + 8 of a fragment: the logits hook's terms, and the mask hook's (its row-invariant
   // reads, codegen/mask_split.py); windowed instances: the rows' positions relative to the keys
-  // (set_row_positions)
-  struct RowTerms : RowPositions<tvm_windowed<V>()> {
+  // (set_row_positions); tree instances: the request's tree and the rows' nodes (set_row_tree)
+  struct RowTerms : RowPositions<tvm_windowed<V>()>, RowTree<tvm_tree<V>()> {
     float logits[2][kRowTerms];
     int mask[2][kMaskTerms];
   };
@@ -79,6 +80,9 @@ struct ScoreRules {
         if (check) visible = rvalid[h] && j < hi && (!causal || j <= rpos[h]);
         if constexpr (tvm_windowed<V>()) {
           if (check && win.limits_rows()) visible = visible && win.sees(rt.rel_pos[h] - j);
+        }
+        if constexpr (tvm_tree<V>()) {
+          if (check) visible = visible && rt.sees(h, j);  // (after the row and key tests: no read past the tree)
         }
         float x;
         if constexpr (V::kHasLogits) {

@@ -10,7 +10,9 @@
 // errors cite (kPrefillPaged, kPrefillRagged, kDecode, kPrefillPagedSlidingWindow, kDecodeSlidingWindow) and
 // what the sliding-window functions serve, kSlidingWindow: -1 nothing (they refuse a call and no windowed
 // kernel is instantiated), 0 per-sequence windows with attention sinks, W > 0 also the window of "mha_sliding"
-// layers (tvm_window.cuh).
+// layers (tvm_window.cuh). The two token-tree functions (kPrefillRaggedTree, kPrefillPagedTree) run instances
+// with TVM's tree mask compiled in (tvm_tree.cuh) on the mma.sync template; the paged one serves "mha_sliding"
+// layers (length_info [3, B]) where kSlidingWindow > 0.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include "decode_launch.cuh"
 #include "prefill_dispatch.h"
 #include "problem_glue.h"
+#include "tvm_tree.cuh"
 #include "tvm_window.cuh"
 
 namespace attngen {
@@ -83,6 +86,38 @@ void launch_tvm_prefill(const char* name, PrefillProblem& P, bool causal, int64_
   P.causal = causal;
   P.tvm_conventions = 1;
   launch_prefill_any<V, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));
+  check_launch(name);
+}
+
+// TVM's tree arrays: tree_mn_indptr int32 [B+1] (B + 1 = qo_indptr's length), tree_order int32 [nodes, 2]
+// (tvm_tree.cuh), CUDA tensors; checked before any other argument but rotary_mode.
+inline TreeMask tree_mask(const char* name, const TensorView& qo_indptr, const TensorView& tree_mn_indptr,
+                          const TensorView& tree_order) {
+  if (tree_mn_indptr.ndim() != 1 || qo_indptr.ndim() != 1 || tree_mn_indptr.size(0) != qo_indptr.size(0) ||
+      tree_mn_indptr.dtype() != dl_dtype<int32_t>() || !tree_mn_indptr.IsContiguous())
+    TVM_FFI_THROW(ValueError) << name << ": tree_mn_indptr must be a contiguous int32 [batch + 1]";
+  // (TVM's CUDA cache passes [nodes, 2] views of its merged aux buffer; its plain aux manager a flat [2 * nodes])
+  const bool pairs = tree_order.ndim() == 2 ? tree_order.size(1) == 2
+                                            : tree_order.ndim() == 1 && tree_order.size(0) % 2 == 0;
+  if (!pairs || tree_order.dtype() != dl_dtype<int32_t>() || !tree_order.IsContiguous())
+    TVM_FFI_THROW(ValueError) << name << ": tree_order must be a contiguous int32 [tree nodes, 2] (or [2 * nodes])";
+  if (tree_mn_indptr.device().device_type != kDLCUDA || tree_order.device().device_type != kDLCUDA)
+    TVM_FFI_THROW(ValueError) << name << ": tree_mn_indptr and tree_order must be CUDA tensors";
+  return {static_cast<const int32_t*>(data_of(tree_mn_indptr)), static_cast<const int32_t*>(data_of(tree_order))};
+}
+
+// Token-tree prefill (W: the traits, TvmWindowed<V> on "mha_sliding" layers) on the mma.sync template: TVM's tree
+// mask instead of a causal flag; the in-call causal bound the tree implies for a request with a tree (a node's
+// ancestors precede it) lets the template skip the tiles past the diagonal. Tree forwards are small: no Hopper
+// instance.
+template <class W, class T, int D>
+void launch_tvm_tree_prefill(const char* name, PrefillProblem& P, const TreeMask& tree, int64_t max_qo_len,
+                             const typename W::Params& hp, const TensorView& q) {
+  P.tree = tree;
+  P.causal = 0;  // (the tree instances take their causal bound per request from the tree: prefill.cuh)
+  P.tvm_conventions = 1;
+  P.kernel = static_cast<int>(PrefillTemplate::kMmaSync);
+  launch_prefill<TvmTree<W>, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));
   check_launch(name);
 }
 
@@ -186,6 +221,53 @@ struct TirxSlots {
       P.win = position_window(q_rope_position, k_rope_pos_offset, Config::kSlidingWindow, causal != 0);
       // the causal flag applies at TVM's positions (P.win); the in-call one is off
       launch_tvm_prefill<TvmWindowed<V>, T, D>(name, P, false, q.size(0), hp, q);
+    }
+  }
+
+  // (q, qo_indptr, k, v, kv_indptr, q_rope_position, tree_mn_indptr [B+1], tree_order [nodes, 2], o, lse,
+  //  rotary_mode, rope_scale, rope_theta, sm_scale): request b's k / v rows end with its tree, its query rows are
+  //  the tree's last nodes (tvm_tree.cuh). The variant's hooks read no positions: q_rope_position is not read.
+  static void prefill_ragged_tree(TensorView q, TensorView qo_indptr, TensorView k, TensorView v,
+                                  TensorView kv_indptr, TensorView q_rope_position, TensorView tree_mn_indptr,
+                                  TensorView tree_order, TensorView o, TensorView lse, int64_t rotary_mode,
+                                  double rope_scale, double rope_theta, double sm_scale) {
+    const char* name = Config::kPrefillRaggedTree;
+    check_no_inline_rope(name, rotary_mode);
+    const TreeMask tree = tree_mask(name, qo_indptr, tree_mn_indptr, tree_order);
+    const typename V::Params hp = compiled_params<V, Config>();
+    PrefillProblem P{};
+    fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<T>(P.kv, k, v, kv_indptr), name);
+    launch_tvm_tree_prefill<V, T, D>(name, P, tree, q.size(0), hp, q);
+  }
+
+  // (q, qo_indptr, pages, page_indptr, page_indices, length_info, k_rope_pos_offset, q_rope_position, o, lse,
+  //  rotary_mode, rope_scale, rope_theta, sm_scale, tree_mn_indptr, tree_order): the tree is the last keys of
+  //  request b's pages. TVM calls it for every layer: length_info [B] ("mha"), or [3, B] ("mha_sliding": the
+  //  sliding-window view and the layer window at TVM's positions, as prefill_paged_sliding_window).
+  static void prefill_paged_tree(TensorView q, TensorView qo_indptr, TensorView pages, TensorView indptr,
+                                 TensorView indices, TensorView length_info, TensorView k_rope_pos_offset,
+                                 TensorView q_rope_position, TensorView o, TensorView lse, int64_t rotary_mode,
+                                 double rope_scale, double rope_theta, double sm_scale, TensorView tree_mn_indptr,
+                                 TensorView tree_order) {
+    const char* name = Config::kPrefillPagedTree;
+    check_no_inline_rope(name, rotary_mode);
+    if (length_info.ndim() != 1 && Config::kSlidingWindow <= 0)
+      TVM_FFI_THROW(ValueError) << name << ": length_info [3, batch] (an 'mha_sliding' layer) needs tree kernels "
+                                   "with the layer window; build the library with BuildConfig.tvm_window = the "
+                                   "window (attngen.tvm does so from a CacheShape with 'mha_sliding' layers)";
+    const TreeMask tree = tree_mask(name, qo_indptr, tree_mn_indptr, tree_order);
+    const typename V::Params hp = compiled_params<V, Config>();
+    PrefillProblem P{};
+    if (length_info.ndim() == 1) {
+      fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
+                   kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
+      launch_tvm_tree_prefill<V, T, D>(name, P, tree, q.size(0), hp, q);
+    } else if constexpr (Config::kSlidingWindow > 0) {
+      set_sliding_view(name, P.kv, length_info);
+      fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
+                   kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
+      P.win = position_window(q_rope_position, k_rope_pos_offset, Config::kSlidingWindow, false);
+      launch_tvm_tree_prefill<TvmWindowed<V>, T, D>(name, P, tree, q.size(0), hp, q);
     }
   }
 

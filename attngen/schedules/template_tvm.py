@@ -1,15 +1,16 @@
 """The TVM PagedKVCache slot family (attngen/codegen/cuda_tvm_slots.py): functions with TVM 0.27's
 attention-slot calling conventions, ("tirx", fn) and ("flashinfer", run, plan), running attngen's prefill
-template and its decode entry (tensor cores, falling back to CUDA cores). No tiles of its own: what it
+template (the token-tree slots on its mma.sync form) and its decode entry (tensor cores, falling back to CUDA cores). No tiles of its own: what it
 launches is checked and instantiated through ``requires``.
 """
 from __future__ import annotations
 
 from .templates import ArchNeeds, TemplateRecord
 
-# ("tirx", fn); the sliding-window slots serve what BuildConfig.tvm_window says (and refuse a call without it)
+# ("tirx", fn); the sliding-window slots serve what BuildConfig.tvm_window says (and refuse a call without it); the
+# token-tree slots (speculative decoding) run on the mma.sync prefill template
 SLOT_KINDS = ("tvm_prefill_paged", "tvm_prefill_ragged", "tvm_decode", "tvm_prefill_paged_sliding_window",
-              "tvm_decode_sliding_window")
+              "tvm_decode_sliding_window", "tvm_prefill_ragged_tree", "tvm_prefill_paged_tree")
 FLASHINFER_KINDS = ("tvm_fi_decode_plan", "tvm_fi_decode_run", "tvm_fi_prefill_plan", "tvm_fi_prefill_paged_run",
                     "tvm_fi_prefill_ragged_run")  # ("flashinfer", run, plan)
 

@@ -9,8 +9,7 @@ cache from the model library alone.
 
 Modules: ``shape`` (CacheShape), ``create_call`` (the create call's argument list, at run time and
 in Relax), ``cache`` (the core), ``cpu`` / ``cuda`` (each device's kernels), ``helper_kernels``
-(TVM's own data-moving kernels), ``refusals`` (slot functions that refuse what a backend does not
-serve, by name), ``cuda_link`` (linking a CUDA model library), ``baseline`` (caches of TVM's own
+(TVM's own data-moving kernels), ``cuda_link`` (linking a CUDA model library), ``baseline`` (caches of TVM's own
 kernels, CUDA and CPU, to compare with).
 """
 from .cache import EmittedCache, create_paged_kv_cache, emit_paged_kv_cache, export_model_library, paged_kv_cache_module

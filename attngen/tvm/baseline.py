@@ -1,7 +1,7 @@
 """The baselines a cache with attngen's slots is compared with: the same PagedKVCache with TVM's own TIR
 attention and merge kernels in every slot (what TVM's ``TIRPagedKVCache`` builds), for tests and benchmarks.
 
-- ``create_tvm_tir_cache_cuda``: on this machine's GPU, at run time;
+- ``create_tvm_tir_cache_cuda``: on this machine's GPU, at run time (TVM's token-tree kernels on request);
 - ``emit_tvm_tir_cache_cuda``: TVM's CUDA kernels as PrimFuncs of a model, for a named arch. A shape with
   sliding windows gets TVM's sliding-window kernels in those slots (the prefill one with the shape's layer
   window compiled in); TVM's prefill kernel masks the window by in-call rows, which is right for a
@@ -13,7 +13,7 @@ attention and merge kernels in every slot (what TVM's ``TIRPagedKVCache`` builds
 """
 from __future__ import annotations
 
-from .create_call import CacheParts, create_cache, emit_create
+from .create_call import TREE_ROLES, CacheParts, create_cache, emit_create
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .shape import CacheShape
 
@@ -22,10 +22,10 @@ def _has_windows(shape: CacheShape) -> bool:
     return shape.support_sliding_window or "mha_sliding" in shape.attn_kinds
 
 
-def tvm_cuda_kernels(shape: CacheShape, target) -> dict:
-    """Role ("prefill_ragged", "prefill", "decode", "merge", and for a shape with sliding windows
-    "prefill_sliding_window", "decode_sliding_window") -> TVM's own CUDA PrimFunc for a cache of ``shape``,
-    scheduled for ``target``."""
+def tvm_cuda_kernels(shape: CacheShape, target, trees: bool = False) -> dict:
+    """Role ("prefill_ragged", "prefill", "decode", "merge", for a shape with sliding windows
+    "prefill_sliding_window", "decode_sliding_window", and with ``trees`` the two token-tree slots) -> TVM's own
+    CUDA PrimFunc for a cache of ``shape``, scheduled for ``target``."""
     from tvm.relax.frontend.nn.llm import kv_cache as kvc
 
     hkv, hq, d, dt, ps = shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, shape.dtype, shape.page_size
@@ -37,25 +37,30 @@ def tvm_cuda_kernels(shape: CacheShape, target) -> dict:
         kernels["prefill_sliding_window"] = kvc._attention_prefill(
             hkv, hq, d, dt, True, {}, target, page_size=ps, sliding_window_size=shape.sliding_window)
         kernels["decode_sliding_window"] = kvc._attention_decode(hkv, hq, d, dt, True, {}, target, page_size=ps)
+    if trees:
+        kernels["prefill_tree_mask_paged"] = kvc.tree_attn_with_paged_kv_cache(hkv, hq, d, dt, {}, target)
+        kernels["prefill_tree_mask"] = kvc.tree_attn(hkv, hq, d, dt, {}, target)
     return kernels
 
 
 def _cuda_attention(f: dict) -> dict:
     # without windows TVM never calls the sliding-window slots: they hold the paged prefill and decode kernels
+    trees = {role: ("tirx", f[role]) for role in TREE_ROLES if role in f}
     return {"prefill_ragged": ("tirx", f["prefill_ragged"]), "prefill": ("tirx", f["prefill"]),
             "decode": ("tirx", f["decode"]),
             "prefill_sliding_window": ("tirx", f.get("prefill_sliding_window", f["prefill"])),
-            "decode_sliding_window": ("tirx", f.get("decode_sliding_window", f["decode"]))}
+            "decode_sliding_window": ("tirx", f.get("decode_sliding_window", f["decode"]))} | trees
 
 
-def create_tvm_tir_cache_cuda(shape: CacheShape, device_id: int = 0):
-    """A CUDA PagedKVCache of ``shape`` built from TVM's own kernels alone."""
+def create_tvm_tir_cache_cuda(shape: CacheShape, device_id: int = 0, trees: bool = False):
+    """A CUDA PagedKVCache of ``shape`` built from TVM's own kernels alone (with ``trees``, its token-tree
+    kernels too)."""
     import tvm
 
     from attngen.runtime.cuda import current_arch
 
     target = device_target("cuda", current_arch())
-    programs = tvm_cuda_kernels(shape, target)
+    programs = tvm_cuda_kernels(shape, target, trees)
     mod = tvm.IRModule({tvm.ir.GlobalVar(f"tvm_{r}"): f.with_attr("global_symbol", f"tvm_{r}")
                         for r, f in programs.items()})
     with target:
@@ -65,13 +70,13 @@ def create_tvm_tir_cache_cuda(shape: CacheShape, device_id: int = 0):
     return create_cache(shape, parts, tvm.cuda(device_id))
 
 
-def emit_tvm_tir_cache_cuda(bb, shape: CacheShape, arch: str, name_prefix: str = "tvm_tir"):
+def emit_tvm_tir_cache_cuda(bb, shape: CacheShape, arch: str, name_prefix: str = "tvm_tir", trees: bool = False):
     """Emit into ``bb``'s current function the create call of a CUDA cache of ``shape`` whose every kernel is TVM's
     own, scheduled for ``arch``, as PrimFuncs of the model; returns the Relax var holding the cache. (Its token-tree
-    slots stay empty, as attngen's CUDA caches refuse trees.)"""
+    slots stay empty unless ``trees``.)"""
     target = device_target("cuda", arch)
     kernels = {role: bb.add_func(_without_symbol(f), f"{name_prefix}_{role}")
-               for role, f in tvm_cuda_kernels(shape, target).items()}
+               for role, f in tvm_cuda_kernels(shape, target, trees).items()}
     parts = CacheParts(attention=_cuda_attention(kernels), merge=kernels["merge"],
                        helpers=add_helpers(bb, shape, target, name_prefix))
     return emit_create(bb, shape, parts)

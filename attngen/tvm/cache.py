@@ -10,8 +10,7 @@ cache from that library alone (no attngen, no Python callbacks).
 
 A cache is used through TVM's ordinary builtins (``vm.builtin.kv_state_add_sequence``,
 ``kv_state_begin_forward``, ``attention_kv_cache_attention_with_fused_qkv``, ...). Token-tree
-attention (speculative decoding) is served on the CPU (its two slots filled; on CUDA they hold host
-functions that refuse a token-tree forward by name, :mod:`.refusals`); MLA layers are refused when the CacheShape is
+attention (speculative decoding) is served on both devices (its two slots filled); MLA layers are refused when the CacheShape is
 made (``UnsupportedCacheFeature``).
 """
 from __future__ import annotations

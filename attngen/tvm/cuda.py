@@ -9,7 +9,8 @@ run time (functions of the loaded library) and ahead of time (``ExternFunc``s of
 ``tvm.compile`` + export link into the model, the way TVM links FlashInfer). Two slot conventions:
 "tirx" (one function per slot, even split-KV in decode) and "flashinfer" (run + plan: TVM plans
 once per step on the host, the decode plan is attngen's load-balanced work list). The two
-sliding-window slots are "tirx" functions in both (as in TVM's own FlashInfer cache); a cache with
+sliding-window slots and the two token-tree slots (speculative decoding) are "tirx" functions in both
+(as in TVM's own FlashInfer cache, and TVM 0.27 converts tree slots of that form only); a cache with
 windows (per-sequence windows with sinks, or "mha_sliding" layers) gets a library built for them
 (``slot_window``: ``BuildConfig.tvm_window``), any other a library whose sliding-window functions
 refuse a call (TVM never makes one there).
@@ -25,11 +26,10 @@ from attngen.ir import ScalarParam
 from attngen.schedules.arch import arch_spec
 from attngen.schedules.build_config import BuildConfig, merge_symbol, symbol
 
-from .create_call import SLOT_ROLES, CacheParts
+from .create_call import SLOT_ROLES, TREE_ROLES, CacheParts
 from .cuda_link import export_cuda_model_library
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
-from .refusals import build_refusals, tree_refusals
 from .shape import ROPE_MODES, CacheShape
 
 CUDA_DTYPES = ("float16", "bfloat16")
@@ -38,6 +38,7 @@ CONVENTIONS = ("tirx", "flashinfer")
 SLOT_FUNCTION_KINDS = {
     "prefill_ragged": "tvm_prefill_ragged", "prefill": "tvm_prefill_paged", "decode": "tvm_decode",
     "prefill_sliding_window": "tvm_prefill_paged_sliding_window", "decode_sliding_window": "tvm_decode_sliding_window",
+    "prefill_tree_mask": "tvm_prefill_ragged_tree", "prefill_tree_mask_paged": "tvm_prefill_paged_tree",
     "fi_prefill_ragged": ("tvm_fi_prefill_ragged_run", "tvm_fi_prefill_plan"),
     "fi_prefill": ("tvm_fi_prefill_paged_run", "tvm_fi_prefill_plan"),
     "fi_decode": ("tvm_fi_decode_run", "tvm_fi_decode_plan"),
@@ -89,15 +90,15 @@ def slot_roles(lookup) -> dict:
 
 
 def attention_entries(roles: dict, convention: str) -> dict:
-    """The create call's five attention slots (``SLOT_ROLES``) from ``slot_roles``' functions."""
+    """The create call's seven attention slots (``SLOT_ROLES``, ``TREE_ROLES``) from ``slot_roles``' functions."""
     main = ("prefill_ragged", "prefill", "decode")
     if convention == "tirx":
         entries = {role: ("tirx", roles[role]) for role in main}
     else:
         entries = {role: ("flashinfer", *roles[f"fi_{role}"]) for role in main}
-    for role in ("prefill_sliding_window", "decode_sliding_window"):  # "tirx" in both conventions
+    for role in ("prefill_sliding_window", "decode_sliding_window", *TREE_ROLES):  # "tirx" in both conventions
         entries[role] = ("tirx", roles[role])
-    return {role: entries[role] for role in SLOT_ROLES}
+    return {role: entries[role] for role in SLOT_ROLES + TREE_ROLES}
 
 
 def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | None = None, arch: str | None = None,
@@ -151,9 +152,7 @@ class CUDABackend:
         arch = current_arch()
         roles = cuda_slot_functions(variant, head_dim=shape.head_dim, dtype=shape.dtype,
                                     params=params, arch=arch, window=slot_window(shape), cache=cache)
-        # token trees are not served yet: their slots refuse a tree by name (host functions)
-        refusals = {role: ("tirx", fn) for role, fn in build_refusals(tree_refusals("CUDA")).items()}
-        parts = CacheParts(attention=attention_entries(roles, convention) | refusals,
+        parts = CacheParts(attention=attention_entries(roles, convention),
                            merge=merge_function(shape.dtype, arch),
                            helpers=helper_functions(shape, device_target("cuda", arch)))
         return parts, tvm.cuda(0)  # the GPU current_arch() describes
@@ -171,9 +170,7 @@ class CUDABackend:
                                  params=params, window=slot_window(shape), name_prefix=name_prefix, cache=cache)
         externs = {role: tuple(map(rx.ExternFunc, n)) if isinstance(n, tuple) else rx.ExternFunc(n)
                    for role, n in names.items()}
-        refusals = {role: ("tirx", bb.add_func(f, f"{name_prefix}_refuse_{role}"))
-                    for role, f in tree_refusals("CUDA").items()}
-        parts = CacheParts(attention=attention_entries(externs, convention) | refusals, merge=externs["merge"],
+        parts = CacheParts(attention=attention_entries(externs, convention), merge=externs["merge"],
                            helpers=add_helpers(bb, shape, device_target("cuda", arch), name_prefix))
         exported = sorted({x for n in names.values() for x in (n if isinstance(n, tuple) else (n,))})
         return parts, [tvm.runtime.load_static_library(str(obj), exported)]

@@ -79,7 +79,7 @@ def _add_config(b: argparse.ArgumentParser) -> None:
     b.add_argument("--kv-dtype", type=_csv, default=(),
                    help="comma-separated K/V dtypes, one per --dtype (default: each query dtype); fp8 caches, "
                         "float8_e4m3fn or float8_e5m2, whose calls take k_scale and v_scale, build for cpu, and "
-                        "for cuda with --kernels decode")
+                        "for cuda with --kernels decode and/or prefill")
     b.add_argument("--layout", type=_csv, default=("NHD", "HND"),
                    help="paged-KV layouts to instantiate: NHD, HND (default: both)")
     b.add_argument("--kernels", type=lambda s: () if s == "none" else _csv(s), default=("decode", "prefill"),

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import bench, cell, error_lines, guarded, load_flashinfer, result_parser, run_info, write_results
+from common import (bench, case_parser, cell, error_lines, guarded, load_flashinfer, run_info, selected_cases,
+                    write_results)
 
 
 @dataclass(frozen=True)
@@ -144,12 +145,8 @@ def plot(rows: list[dict], path) -> None:
 
 
 def main():
-    ap = result_parser(__doc__)
-    ap.add_argument("--no-peers", dest="peers", action="store_false", help="time attngen's templates only")
-    ap.add_argument("--tag", default="", help="suffix of the result files")
-    ap.add_argument("--cases", default="", help="comma-separated prefixes of the case names to run (default: all)")
-    args = ap.parse_args()
-    cases = [c for c in CASES if not args.cases or any(c.name.startswith(p) for p in args.cases.split(","))]
+    args = case_parser(__doc__, "time attngen's templates only").parse_args()
+    cases = selected_cases(CASES, args.cases)
     from attngen.runtime import CUDAAttention
     from attngen.variants import builtin
 

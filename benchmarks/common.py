@@ -75,6 +75,22 @@ def result_parser(doc: str) -> argparse.ArgumentParser:
     return ap
 
 
+def case_parser(doc: str, peers_help: str) -> argparse.ArgumentParser:
+    """``result_parser`` and the options of the benchmarks that run a table of named cases: --no-peers (help:
+    ``peers_help``), --tag and --cases (see ``selected_cases``)."""
+    ap = result_parser(doc)
+    ap.add_argument("--no-peers", dest="peers", action="store_false", help=peers_help)
+    ap.add_argument("--tag", default="", help="suffix of the result files")
+    ap.add_argument("--cases", default="", help="comma-separated prefixes of the case names to run (default: all)")
+    return ap
+
+
+def selected_cases(cases: list, prefixes: str) -> list:
+    """The cases (objects with a ``name``) whose names start with one of the comma-separated ``prefixes``; all for
+    an empty string."""
+    return [c for c in cases if not prefixes or any(c.name.startswith(p) for p in prefixes.split(","))]
+
+
 def run_info(commit: str) -> dict:
     """The heading of every result file: GPU, date, commit and library versions."""
     import torch

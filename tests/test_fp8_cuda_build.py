@@ -1,7 +1,8 @@
 """fp8 K/V caches through the normal CUDA build and runtime: which configurations ``BuildConfig`` accepts
 and refuses, the exports the library's decode emitter writes, a decode-only build for sm_89 compiled with
-nvcc (no GPU needed; tests/test_fp8_cuda_decode.py compiles sm_80 and sm_90a), and on a GPU ``CUDAAttention.decode`` over fp8 pages with k_scale /
-v_scale against the float64 reference on the dequantised cache (``pytest -m gpu``)."""
+nvcc (no GPU needed; tests/test_fp8_cuda_decode.py compiles sm_80 and sm_90a), and on a GPU
+``CUDAAttention.decode`` over fp8 pages with k_scale / v_scale against the float64 reference on the dequantised
+cache (``pytest -m gpu``). Prefill over fp8 caches: tests/test_fp8_cuda_prefill.py."""
 import numpy as np
 import pytest
 
@@ -25,6 +26,19 @@ def fp8_decode_config(archs, dtypes=("float16", "bfloat16"), kv_dtypes=FP8, **kw
     return BuildConfig("cuda", (HEAD_DIM,), dtypes, archs, kernels=("decode",), kv_dtypes=kv_dtypes, **kwargs)
 
 
+def loaded_fp8_library(variant, cfg: BuildConfig, build_cache):
+    """``variant``'s library of ``cfg`` (fp8 pairs only) built and loaded as a ``CUDAAttention``, after checking
+    that it exports what the config says, each an fp8 function."""
+    from attngen.runtime import CUDAAttention
+
+    res = run_pipeline(variant, cfg, cache=build_cache)
+    assert res.manifest["functions"] == exported_functions(cfg)
+    att = CUDAAttention(variant, res.library, res.manifest)
+    for name in res.manifest["functions"]:
+        assert "_kve" in name and att._mod[name] is not None
+    return att
+
+
 def test_cuda_accepts_fp8_caches_for_decode_on_every_arch():
     for arch in ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90a"):  # cuda_fp8.h converts in software before sm_89
         cfg = fp8_decode_config((arch,), ("float16",), ("float8_e4m3fn",))
@@ -35,15 +49,18 @@ def test_cuda_accepts_fp8_caches_for_decode_on_every_arch():
         fp8_decode_config(("sm_75",), ("bfloat16",), ("float8_e4m3fn",))
 
 
-def test_cuda_refuses_fp8_caches_outside_the_decode_template():
-    with pytest.raises(ConfigError, match=r"kv_dtypes: fp8 K/V \(float8_e4m3fn\) are built for the cpu target only, "
-                                          r"except by the cuda decode template: kernels \['decode', 'prefill'\] include "
-                                          r"\['prefill'\], .*prefill with fp8 K/V runs on the cpu target only for now"):
-        BuildConfig("cuda", (HEAD_DIM,), ("float16",), ("sm_90a",), kv_dtypes=("float8_e4m3fn",))
-    with pytest.raises(ConfigError, match=r"include \['tvm'\], which read K/V in the query dtype on cuda\. Build "
-                                          r"the fp8 cache's cuda kernels with kernels=\('decode',\)"):
+def test_cuda_refuses_fp8_caches_outside_the_decode_and_prefill_templates():
+    with pytest.raises(ConfigError, match=r"kv_dtypes: fp8 K/V \(float8_e4m3fn\) on cuda are read by the decode and "
+                                          r"prefill templates only: kernels \['decode', 'tvm'\] include \['tvm'\], "
+                                          r"which read K/V in the query dtype on cuda\. Build the fp8 cache's cuda "
+                                          r"kernels with kernels=\('decode',\) \(--kernels decode\)"):
+        BuildConfig("cuda", (HEAD_DIM,), ("float16",), ("sm_90a",), kernels=("decode", "tvm"),
+                    kv_dtypes=("float8_e4m3fn",))
+    with pytest.raises(ConfigError, match=r"include \['tvm'\], .*kernels=\('decode', 'prefill'\) "
+                                          r"\(--kernels decode,prefill\)"):
         BuildConfig("cuda", (HEAD_DIM,), ("float16",), ("sm_90a",), kernels=("tvm",), kv_dtypes=("float8_e5m2",))
-    with pytest.raises(ConfigError, match=r"fp8 K/V \(float8_e5m2\) on cuda are built with link='whole' only"):
+    with pytest.raises(ConfigError, match=r"fp8 K/V \(float8_e5m2\) on cuda are built with link='whole' only; .*"
+                                          r"build with link='whole'"):
         fp8_decode_config(("sm_90a",), ("float16",), ("float8_e5m2",), link="lto")
     with pytest.raises(ConfigError, match=r"K/V dtype float16 with query dtype bfloat16 is not supported"):
         fp8_decode_config(("sm_90a",), ("bfloat16",), ("float16",))
@@ -64,8 +81,9 @@ def test_decode_emitter_writes_fp8_entries():
 
 
 def test_cli_kv_dtype_reaches_the_cuda_build(capsys):
-    assert main(["build", "vanilla", "--target", "cuda", "--arch", "sm_90a", "--kv-dtype", "float8_e4m3fn"]) == 2
-    assert "prefill with fp8 K/V runs on the cpu target only for now" in capsys.readouterr().err
+    assert main(["build", "vanilla", "--target", "cuda", "--arch", "sm_90a", "--kv-dtype", "float8_e4m3fn",
+                 "--kernels", "tvm"]) == 2
+    assert "are read by the decode and prefill templates only" in capsys.readouterr().err
     from attngen.cli import _config, parser
 
     args = parser().parse_args(["build", "vanilla", "--target", "cuda", "--arch", "sm_89", "--kernels", "decode",
@@ -97,15 +115,9 @@ def test_fp8_decode_library_builds_for_sm89(build_cache):
     by the pages' dtype, and the entries' argument checks (every type before any device)."""
     import torch
 
-    from attngen.runtime import AttentionArgumentError, CUDAAttention, PagedKV
+    from attngen.runtime import AttentionArgumentError, PagedKV
 
-    cfg = fp8_decode_config(("sm_89",))
-    variant = builtin("causal")
-    res = run_pipeline(variant, cfg, cache=build_cache)
-    assert res.manifest["functions"] == exported_functions(cfg)
-    att = CUDAAttention(variant, res.library, res.manifest)
-    for name in res.manifest["functions"]:
-        assert "_kve" in name and att._mod[name] is not None
+    att = loaded_fp8_library(builtin("causal"), fp8_decode_config(("sm_89",)), build_cache)
 
     pages = torch.zeros(4, 2, 16, 2, HEAD_DIM).to(torch.float8_e4m3fn)
     i32 = dict(dtype=torch.int32)

@@ -36,13 +36,16 @@ def fp8_module(name, build_cache):
 
 
 def quantised_problem(rng, kv_dtype, q_dtype, *, qo_lens, kv_lens, num_qo_heads, num_kv_heads, layout,
-                      page_size=4, spread=1.0, head_dim=HEAD_DIM):
+                      page_size=4, spread=1.0, head_dim=HEAD_DIM, per_tensor=False):
     """A random problem whose ragged and paged K/V are stored as ``kv_dtype`` with per-head scales
-    (from each head's largest value, times random factors so that rows are not all in range)."""
+    (from each head's largest value, times random factors so that rows are not all in range), or with one
+    scale (a float: the largest head's) for the whole cache where ``per_tensor``."""
     prob = random_problem(rng, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, page_size=page_size,
                           dtype="float32", layout="NHD")
     k_scale = kv_scale_for(prob.paged.pages[:, 0].reshape(-1, num_kv_heads, head_dim), kv_dtype) * spread
     v_scale = kv_scale_for(prob.paged.pages[:, 1].reshape(-1, num_kv_heads, head_dim), kv_dtype) * spread
+    if per_tensor:
+        k_scale, v_scale = float(k_scale.max()), float(v_scale.max())
     pages = np.stack([quantize_kv(prob.paged.pages[:, 0], kv_dtype, k_scale),
                       quantize_kv(prob.paged.pages[:, 1], kv_dtype, v_scale)], axis=1)
     if layout == "HND":
@@ -200,8 +203,9 @@ def test_build_config_and_symbols():
     with pytest.raises(ConfigError, match="dtype float8_e4m3fn is a K/V cache storage format, not a query/output "
                                           "dtype; keep the query dtype in dtypes and give float8_e4m3fn in kv_dtypes"):
         BuildConfig("cpu", (64,), ("float8_e4m3fn",))
-    with pytest.raises(ConfigError, match=r"kv_dtypes: fp8 K/V \(float8_e5m2\) are built for the cpu target only"):
-        BuildConfig("cuda", (128,), ("float16",), ("sm_90a",), kv_dtypes=("float8_e5m2",))
+    with pytest.raises(ConfigError, match=r"kv_dtypes: fp8 K/V \(float8_e5m2\) on cuda are read by the decode and "
+                                          r"prefill templates only"):
+        BuildConfig("cuda", (128,), ("float16",), ("sm_90a",), kernels=("tvm",), kv_dtypes=("float8_e5m2",))
     with pytest.raises(ConfigError, match=r"K/V dtype int8 with query dtype float16 is not supported; the cpu kernels "
                                           r"read K/V in the query dtype \(kv_dtypes=\(\) or equal to dtypes\) or in fp8"):
         BuildConfig("cpu", (64,), ("float16",), kv_dtypes=("int8",))
@@ -213,7 +217,7 @@ def test_ml_dtypes_and_torch_name_the_formats_alike():
         assert str(getattr(torch, dtype)).replace("torch.", "") == dtype
 
 
-def test_cli_builds_fp8_functions_and_refuses_fp8_on_cuda(tmp_path, capsys):
+def test_cli_builds_fp8_functions_and_refuses_fp8_tvm_slots_on_cuda(tmp_path, capsys):
     from attngen.cli import main
 
     assert main(["build", "vanilla", "--head-dim", "32", "--layout", "HND", "--dtype", "float16",
@@ -221,8 +225,10 @@ def test_cli_builds_fp8_functions_and_refuses_fp8_on_cuda(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "dtype ['float16'], kv_dtype ['float8_e5m2']" in text
     assert "function batch_decode_paged_hnd_f16_kve5m2_d32" in text
-    assert main(["build", "vanilla", "--target", "cuda", "--arch", "sm_90a", "--kv-dtype", "float8_e4m3fn"]) == 2
-    assert "fp8 K/V (float8_e4m3fn) are built for the cpu target only" in capsys.readouterr().err
+    assert main(["build", "vanilla", "--target", "cuda", "--arch", "sm_90a", "--kv-dtype", "float8_e4m3fn",
+                 "--kernels", "decode,tvm"]) == 2
+    assert "fp8 K/V (float8_e4m3fn) on cuda are read by the decode and prefill templates only" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["causal", "rope"])

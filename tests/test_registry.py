@@ -64,7 +64,12 @@ def test_shared_memory_takes_element_sizes_from_the_dtypes():
     tc, pf = DecodeTCConfig(128, 2), PrefillConfig(128, False)
     # K/V of one byte halve the K/V stages only; the query rows keep the query's size
     assert DECODE_TC.smem_bytes(tc, HALF) - DECODE_TC.smem_bytes(tc, ElementBytes(2, 1)) == 2 * 2 * 64 * 128
-    assert PREFILL.smem_bytes(pf, HALF) - PREFILL.smem_bytes(pf, ElementBytes(2, 1)) == 2 * 2 * 64 * 128
+    # the prefill template stages one-byte K/V: one 16-bit K/V tile and one staging tile instead of two 16-bit
+    # stages (csrc/kv_staging.cuh), whatever the configuration's stage count
+    tile = 2 * 64 * 128  # K and V elements of one tile
+    assert PREFILL.smem_bytes(pf, HALF) - PREFILL.smem_bytes(pf, ElementBytes(2, 1)) == 2 * 2 * tile - 3 * tile
+    small = PrefillConfig(128, True)  # one stage: the staging tile comes on top
+    assert PREFILL.smem_bytes(small, ElementBytes(2, 1)) - PREFILL.smem_bytes(small, HALF) == tile
 
 
 def test_fit_problems_name_template_config_and_arch():

@@ -1,8 +1,8 @@
 """The exported entry functions of attngen's own calling convention (decode, prefill / append): one
 explicit export per (head_dim, dtype pair, layout) of the C++ entry templates in csrc/entry_decode.h,
-csrc/entry_decode_fp8.h (decode over an fp8 cache, with k_scale / v_scale) and csrc/entry_prefill.h (the
-decode and prefill records' headers, included by the translation unit), which hold the calling
-convention, the argument checks and the launch.
+csrc/entry_prefill.h (the decode and prefill records' headers, included by the translation unit) and, over an
+fp8 cache with k_scale / v_scale, csrc/entry_decode_fp8.h and csrc/entry_prefill_fp8.h, which hold the
+calling convention, the argument checks and the launch.
 
 Each export names its function once more as a ``constexpr char`` array beside it, the entry's
 ``Name`` template argument, so that every error the entry raises names the exported function.
@@ -40,19 +40,22 @@ def decode_wrapper(head_dim: int, pair: DtypePair, layout: str, max_group: int) 
     return _export(name, entry)
 
 
-def prefill_wrapper(head_dim: int, dtype: str, layout: str | None) -> str:
-    """``batch_prefill_ragged_<dtype>_d<D>`` (``layout`` None) or ``batch_prefill_paged_<layout>_...``."""
-    traits = f"attngen_gen::Hooks_d{head_dim}, {C_TYPES[dtype]}, {head_dim}"
-    if layout is None:
-        name = symbol("batch_prefill_ragged", dtype, head_dim)
-        entry = f"attngen::PrefillRaggedEntry<{traits}, {{name}}>"
-    else:
-        name = symbol(f"batch_prefill_paged_{layout.lower()}", dtype, head_dim)
-        entry = f"attngen::PrefillPagedEntry<{traits}, {LAYOUT_ENUMS[layout]}, {{name}}>"
+def prefill_wrapper(head_dim: int, pair: DtypePair, layout: str | None) -> str:
+    """``batch_prefill_ragged_<dtype>_d<D>`` (``layout`` None) or ``batch_prefill_paged_<layout>_...``; for an fp8
+    cache (``pair.kv_scaled``) ``..._<dtype>_kv<fp8>_d<D>``, which takes k_scale / v_scale."""
+    kind = "batch_prefill_ragged" if layout is None else f"batch_prefill_paged_{layout.lower()}"
+    name = symbol(kind, pair.q, head_dim, pair.kv)
+    hooks, q_type = f"attngen_gen::Hooks_d{head_dim}", C_TYPES[pair.q]
+    scaled = "FP8" if pair.kv_scaled else ""
+    types = f"{q_type}, {FP8_C_TYPES[pair.kv]}" if pair.kv_scaled else q_type
+    layout_arg = "" if layout is None else f"{LAYOUT_ENUMS[layout]}, "
+    entry = (f"attngen::Prefill{'Ragged' if layout is None else 'Paged'}{scaled}Entry<{hooks}, {types}, {head_dim}, "
+             f"{layout_arg}{{name}}>")
     return _export(name, entry)
 
 
-def tile_map_wrapper(head_dim: int, dtype: str) -> str:
-    """``prefill_tile_map_<dtype>_d<D>``: the plan's classifier of a launch's tiles (csrc/tile_map.cuh)."""
-    name = symbol("prefill_tile_map", dtype, head_dim)
+def tile_map_wrapper(head_dim: int, pair: DtypePair) -> str:
+    """``prefill_tile_map_<dtype>_d<D>`` (``..._kv<fp8>_d<D>`` beside an fp8 cache's prefill functions): the
+    plan's classifier of a launch's tiles (csrc/tile_map.cuh), which reads no K/V."""
+    name = symbol("prefill_tile_map", pair.q, head_dim, pair.kv)
     return _export(name, f"attngen::TileMapEntry<attngen_gen::Hooks_d{head_dim}, {head_dim}, {{name}}>")

@@ -39,8 +39,8 @@ def _decode_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -
 
 
 def _prefill_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
-    return [prefill_wrapper(head_dim, pair.q, lay) for lay in (None, *cfg.layouts)] + [  # None: ragged
-        tile_map_wrapper(head_dim, pair.q)]
+    return [prefill_wrapper(head_dim, pair, lay) for lay in (None, *cfg.layouts)] + [  # None: ragged
+        tile_map_wrapper(head_dim, pair)]
 
 
 def _tvm_slots(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
@@ -49,8 +49,8 @@ def _tvm_slots(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> lis
             flashinfer_slot_wrappers(variant, head_dim, pair.q, constants)]
 
 
-# TemplateRecord.emitter keys -> (variant, config, head_dim, dtype pair) -> C++ of the record's exports. Only the
-# decode emitter reads the pair's K/V dtype: BuildConfig admits fp8 K/V on cuda for decode-only builds.
+# TemplateRecord.emitter keys -> (variant, config, head_dim, dtype pair) -> C++ of the record's exports. The decode
+# and prefill emitters read the pair's K/V dtype: BuildConfig admits fp8 K/V on cuda for those templates only.
 ENTRY_EMITTERS = {
     "decode_entries": _decode_entries,
     "prefill_entries": _prefill_entries,
@@ -59,7 +59,7 @@ ENTRY_EMITTERS = {
 
 
 # the entry headers a record's translation unit adds for an fp8 cache (dequantising loads, k_scale / v_scale)
-SCALED_KV_HEADERS = {"decode": ("entry_decode_fp8.h",)}
+SCALED_KV_HEADERS = {"decode": ("entry_decode_fp8.h",), "prefill": ("entry_prefill_fp8.h",)}
 
 
 def exported_functions(cfg: BuildConfig) -> list[str]:

@@ -11,14 +11,10 @@
 //                                     attngen::KVLayout::kNHD, 8, kName>::call));
 #pragma once
 #include "entry_decode.h"
+#include "fp8_ffi.h"
 #include "fp8_kv.cuh"
 
 namespace attngen {
-
-template <>
-constexpr DLDataType dl_dtype<__nv_fp8_e4m3>() { return {static_cast<uint8_t>(kDLFloat8_e4m3fn), 8, 1}; }
-template <>
-constexpr DLDataType dl_dtype<__nv_fp8_e5m2>() { return {static_cast<uint8_t>(kDLFloat8_e5m2), 8, 1}; }
 
 template <class V, class T, class KV, int D, int G>
 void launch_decode_fp8_tile(const ScaledDecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
@@ -74,9 +70,7 @@ void decode_paged_fp8(const char* name, const DecodeArgs& a, tvm::ffi::TensorVie
   ScaledDecodeProblem P{};
   fill_decode(P, a.q, a.o, a.lse, a.sm_scale,
               kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len, 8), name);
-  if (k_scale.size(0) != P.num_kv_heads || v_scale.size(0) != P.num_kv_heads)
-    TVM_FFI_THROW(ValueError) << name << ": k_scale / v_scale need one entry per KV head (" << P.num_kv_heads << ")";
-  P.scales = KVScales{static_cast<const float*>(data_of(k_scale)), static_cast<const float*>(data_of(v_scale))};
+  P.scales = kv_scales_of(name, k_scale, v_scale, P.num_kv_heads);
   if (!fill_decode_split<D, MaxG>(P, a.split, name)) return;
   check_decode_launch(name, launch_decode_fp8<V, T, KV, D, MaxG>(P, hp, stream_of(a.q)));
 }

@@ -33,6 +33,7 @@ inline bool is_prefill_tile_rows(int64_t v) {
 }
 
 using OptionalTensor = tvm::ffi::Optional<tvm::ffi::TensorView>;
+using TV = tvm::ffi::TensorView;
 
 // The plan's tile lists into P (both or neither; checked against the launch's grid).
 inline void fill_tile_list(PrefillProblem& P, const char* name, const tvm::ffi::TensorView& q,
@@ -69,23 +70,70 @@ void fill_work_order(PrefillProblem& P, const char* name, const tvm::ffi::Tensor
   P.work_order = static_cast<const int32_t*>(data_of(*order));
 }
 
-// The launch shared by the paged and ragged entries, once P holds the problem.
-template <class V, class T, int D>
-void run_prefill(const char* name, PrefillProblem& P, const tvm::ffi::TensorView& q, int64_t max_qo_len,
-                 int64_t tile_rows, int64_t kernel, const typename V::Params& hp) {
-  if (!is_prefill_tile_rows(tile_rows))
+// The plan's part of a prefill call, the arguments after sm_scale (runtime/cuda.py PrefillPlan.ffi_args).
+struct PrefillLaunchArgs {
+  int64_t max_qo_len, tile_rows, kernel;
+  OptionalTensor tile_indptr, tile_entries;
+  int64_t tile_heads;
+  OptionalTensor work_order;
+};
+
+// Element types, ranks and devices of a paged call's tensors: q and o of T, pages of KV (T, or an fp8 format:
+// entry_prefill_fp8.h), then the entry's own tensors after lse (an fp8 entry's scales).
+template <class T, class KV = T, class... Own>
+void check_paged_prefill_args(const char* name, const TV& q, const TV& pages, const TV& indices, const TV& indptr,
+                              const TV& last_page_len, const TV& qo_indptr, const TV& o, const TV& lse,
+                              const Own&... own) {
+  check_args(name, {{"q", q, 3, dl_dtype<T>()},
+                    {"pages", pages, 5, dl_dtype<KV>()},
+                    {"indices", indices, 1, dl_dtype<int32_t>()},
+                    {"indptr", indptr, 1, dl_dtype<int32_t>()},
+                    {"last_page_len", last_page_len, 1, dl_dtype<int32_t>()},
+                    {"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
+                    {"o", o, 3, dl_dtype<T>()},
+                    {"lse", lse, 2, dl_dtype<float>()},
+                    own...});
+}
+
+// As check_paged_prefill_args for a ragged call: k and v of KV.
+template <class T, class KV = T, class... Own>
+void check_ragged_prefill_args(const char* name, const TV& q, const TV& k, const TV& v, const TV& kv_indptr,
+                               const TV& qo_indptr, const TV& o, const TV& lse, const Own&... own) {
+  check_args(name, {{"q", q, 3, dl_dtype<T>()},
+                    {"k", k, 3, dl_dtype<KV>()},
+                    {"v", v, 3, dl_dtype<KV>()},
+                    {"kv_indptr", kv_indptr, 1, dl_dtype<int32_t>()},
+                    {"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
+                    {"o", o, 3, dl_dtype<T>()},
+                    {"lse", lse, 2, dl_dtype<float>()},
+                    own...});
+}
+
+// The plan's part of a call into P (any prefill problem type, once it holds the problem), checked.
+template <class V, int D>
+void fill_prefill_launch(const char* name, PrefillProblem& P, const TV& q, const PrefillLaunchArgs& a) {
+  fill_tile_list(P, name, q, a.tile_indptr, a.tile_entries, a.tile_heads);
+  fill_work_order<D>(P, name, q, a.work_order, a.max_qo_len);
+  if (!is_prefill_tile_rows(a.tile_rows))
     TVM_FFI_THROW(ValueError) << name << ": tile_rows must be 0 (the library's choice), 64 or 128";
-  if (!is_prefill_template(kernel))
+  if (!is_prefill_template(a.kernel))
     TVM_FFI_THROW(ValueError) << name << ": kernel must be a PrefillTemplate (0 auto, 1 mma.sync, 2 Hopper)";
-  if (const char* why = prefill_template_problem(static_cast<int>(kernel)))
+  if (const char* why = prefill_template_problem(static_cast<int>(a.kernel)))
     TVM_FFI_THROW(ValueError) << name << ": " << why << "; plan with the default template";
-  P.tile_rows = static_cast<int>(tile_rows);
-  P.kernel = static_cast<int>(kernel);
+  P.tile_rows = static_cast<int>(a.tile_rows);
+  P.kernel = static_cast<int>(a.kernel);
   if (P.tiles.present()) {
-    if (const char* why = tile_list_problem<V, D>(P, static_cast<int>(max_qo_len)))
+    if (const char* why = tile_list_problem<V, D>(P, static_cast<int>(a.max_qo_len)))
       TVM_FFI_THROW(ValueError) << name << ": " << why << "; plan again";
   }
-  launch_prefill_any<V, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));
+}
+
+// The launch shared by the paged and ragged entries, once P holds the problem.
+template <class V, class T, int D>
+void run_prefill(const char* name, PrefillProblem& P, const TV& q, const PrefillLaunchArgs& a,
+                 const typename V::Params& hp) {
+  fill_prefill_launch<V, D>(name, P, q, a);
+  launch_prefill_any<V, T, D>(P, static_cast<int>(a.max_qo_len), hp, stream_of(q));
   check_launch(name);
 }
 
@@ -94,27 +142,17 @@ struct PrefillPagedEntry;
 
 template <class V, class T, int D, KVLayout L, const char* Name, class... X>
 struct PrefillPagedEntry<V, T, D, L, Name, ArgList<X...>> {
-  static void call(tvm::ffi::TensorView q, tvm::ffi::TensorView pages, tvm::ffi::TensorView indices,
-                   tvm::ffi::TensorView indptr, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView qo_indptr,
-                   tvm::ffi::TensorView o, tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len,
-                   int64_t tile_rows, int64_t kernel, OptionalTensor tile_indptr, OptionalTensor tile_entries,
-                   int64_t tile_heads, OptionalTensor work_order, X... extra) {
-    check_args(Name, {{"q", q, 3, dl_dtype<T>()},
-                      {"pages", pages, 5, dl_dtype<T>()},
-                      {"indices", indices, 1, dl_dtype<int32_t>()},
-                      {"indptr", indptr, 1, dl_dtype<int32_t>()},
-                      {"last_page_len", last_page_len, 1, dl_dtype<int32_t>()},
-                      {"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
-                      {"o", o, 3, dl_dtype<T>()},
-                      {"lse", lse, 2, dl_dtype<float>()}});
+  static void call(TV q, TV pages, TV indices, TV indptr, TV last_page_len, TV qo_indptr, TV o, TV lse,
+                   double sm_scale, int64_t max_qo_len, int64_t tile_rows, int64_t kernel, OptionalTensor tile_indptr,
+                   OptionalTensor tile_entries, int64_t tile_heads, OptionalTensor work_order, X... extra) {
+    check_paged_prefill_args<T>(Name, q, pages, indices, indptr, last_page_len, qo_indptr, o, lse);
     typename V::Params hp{};
     V::set_params(Name, hp, extra...);
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_pages<L>(P.kv, pages, indptr, indices, last_page_len),
                  Name);
-    fill_tile_list(P, Name, q, tile_indptr, tile_entries, tile_heads);
-    fill_work_order<D>(P, Name, q, work_order, max_qo_len);
-    run_prefill<V, T, D>(Name, P, q, max_qo_len, tile_rows, kernel, hp);
+    run_prefill<V, T, D>(Name, P, q,
+                         {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order}, hp);
   }
 };
 
@@ -123,25 +161,16 @@ struct PrefillRaggedEntry;
 
 template <class V, class T, int D, const char* Name, class... X>
 struct PrefillRaggedEntry<V, T, D, Name, ArgList<X...>> {
-  static void call(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
-                   tvm::ffi::TensorView kv_indptr, tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView o,
-                   tvm::ffi::TensorView lse, double sm_scale, int64_t max_qo_len, int64_t tile_rows, int64_t kernel,
-                   OptionalTensor tile_indptr, OptionalTensor tile_entries, int64_t tile_heads,
-                   OptionalTensor work_order, X... extra) {
-    check_args(Name, {{"q", q, 3, dl_dtype<T>()},
-                      {"k", k, 3, dl_dtype<T>()},
-                      {"v", v, 3, dl_dtype<T>()},
-                      {"kv_indptr", kv_indptr, 1, dl_dtype<int32_t>()},
-                      {"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
-                      {"o", o, 3, dl_dtype<T>()},
-                      {"lse", lse, 2, dl_dtype<float>()}});
+  static void call(TV q, TV k, TV v, TV kv_indptr, TV qo_indptr, TV o, TV lse, double sm_scale, int64_t max_qo_len,
+                   int64_t tile_rows, int64_t kernel, OptionalTensor tile_indptr, OptionalTensor tile_entries,
+                   int64_t tile_heads, OptionalTensor work_order, X... extra) {
+    check_ragged_prefill_args<T>(Name, q, k, v, kv_indptr, qo_indptr, o, lse);
     typename V::Params hp{};
     V::set_params(Name, hp, extra...);
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<T>(P.kv, k, v, kv_indptr), Name);
-    fill_tile_list(P, Name, q, tile_indptr, tile_entries, tile_heads);
-    fill_work_order<D>(P, Name, q, work_order, max_qo_len);
-    run_prefill<V, T, D>(Name, P, q, max_qo_len, tile_rows, kernel, hp);
+    run_prefill<V, T, D>(Name, P, q,
+                         {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order}, hp);
   }
 };
 

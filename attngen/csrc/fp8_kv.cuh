@@ -4,6 +4,7 @@
 // a value for v * v_scale[head] (attngen/runtime/fp8.py): templates fold k_scale into the query's scale
 // (or apply it before a key hook) and v_scale into the output row, so the hot loop adds no multiply.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
@@ -40,6 +41,28 @@ __device__ __forceinline__ void load8_shared(const __nv_fp8_e4m3* ptr, float (&o
 }
 __device__ __forceinline__ void load8_shared(const __nv_fp8_e5m2* ptr, float (&out)[8]) {
   convert8_fp8<__nv_fp8_e5m2>(*reinterpret_cast<const uint2*>(ptr), out);
+}
+
+// 8 fp8 elements (8 bytes) -> 8 elements of the 16-bit type T (16 bytes), exactly: half pairs straight from
+// the conversion, bfloat16 pairs through float (every fp8 value is a bfloat16 value too)
+template <class T, class KV>
+__device__ __forceinline__ uint4 widen8_fp8(const uint2& raw) {
+  static_assert(kIsFp8<KV>, "widen8_fp8 reads fp8 elements");
+  constexpr __nv_fp8_interpretation_t kKind = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+  uint4 out;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(pairs[i], kKind));
+    if constexpr (std::is_same_v<T, half>) {
+      w[i] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+      w[i] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+  }
+  return out;
 }
 
 // Per-KV-head scales of an fp8 cache, float32 [Hkv] each on the device

@@ -23,6 +23,13 @@
 // Without an output hook each thread stores its output fragments straight from registers;
 // with one, rows go through shared memory to the hook. (H200, causal L 4k / 16k: the
 // register epilogue and the single barrier took 316 / 370 to 349 / 370 TFLOP/s.)
+// fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, fp8_kv.cuh; the 16-bit instantiations have KV = T and compile as
+// before): the loader copies each tile's fp8 rows into a staging area (kv_staging.cuh), and after its own
+// copies land each thread widens the chunks it copied into one 16-bit K/V tile; the next tile's copies are
+// issued right after that tile is published, so they stay in flight through this tile's compute, with two
+// barriers per tile (one 16-bit tile plus the staging area: less shared memory than two 16-bit stages).
+// k_scale multiplies the score scale (or the key hook's input), v_scale the normalised output rows, as on the
+// CPU backend.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
@@ -31,6 +38,7 @@
 #include "device_info.cuh"
 #include "hook_abi.h"
 #include "kv_rows.cuh"
+#include "kv_staging.cuh"
 #include "kv_tile_layout.cuh"
 #include "mma.cuh"
 #include "row_hook.cuh"
@@ -63,6 +71,21 @@ struct PrefillProblem {
   TreeMask tree;       // TVM's token trees: read by the tree instances only (tvm_tree.cuh)
 };
 
+// The problem of a prefill over an fp8 cache: its per-KV-head scales (fp8_kv.cuh)
+struct ScaledPrefillProblem : PrefillProblem {
+  KVScales scales;
+};
+
+// The problem a prefill kernel reading K/V of type KV takes.
+template <class KV>
+using PrefillProblemOf = std::conditional_t<kIsFp8<KV>, ScaledPrefillProblem, PrefillProblem>;
+
+// K/V narrower than the query dtype (fp8) are staged and widened into 16-bit tiles (kv_staging.cuh).
+template <class T, class KV>
+constexpr bool kv_staged() {
+  return sizeof(KV) < sizeof(T);
+}
+
 // Tile configurations: Q rows per CTA (4 warps x MT m-tiles of 16 rows), keys per tile, stages
 // (1 = no double buffer). MT = 2 (128 rows) halves the K/V traffic from memory and from shared
 // memory per FLOP of long prefills; MT = 1 serves short ones and D = 256.
@@ -80,11 +103,15 @@ struct PrefillTile {
   static constexpr int kThreads = 32 * kWarps;
 };
 
-template <class V, class T, int D, bool Small, int MT = 1>
+// Staged K/V (kv_staged): one 16-bit K/V tile whatever kStages says, then the staging area of one tile.
+template <class V, class T, int D, bool Small, int MT = 1, class KV = T>
 constexpr size_t prefill_smem_bytes() {
   using Tile = PrefillTile<D, Small, MT>;
   // the K/V tiles follow the query rows on a 128-byte boundary (RQ * kStride elements are a multiple of 128 bytes)
   size_t qk = (size_t(Tile::kRows) * Tile::kStride + 2 * Tile::kStages * Tile::kKeys * D) * sizeof(T);
+  if constexpr (kv_staged<T, KV>())
+    qk = (size_t(Tile::kRows) * Tile::kStride + 2 * Tile::kKeys * D) * sizeof(T) +
+         size_t(2) * Tile::kKeys * D * sizeof(KV);
   size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
   size_t out = size_t(Tile::kRows) * D * sizeof(float) + Tile::kRows * sizeof(float);
   return (qk > out ? qk : out) + scratch;
@@ -116,12 +143,15 @@ __device__ __forceinline__ void row_tree(const float (&s)[N][4], float (&out)[2]
 
 // Mapped: the CTA walks the plan's list of non-empty key tiles of the map tile its rows lie in (P.tiles,
 // tile_map.cuh), each split into this tile's key steps, running the full ones without the mask hook; else
-// the key range the mask's bounds leave.
-template <class V, class T, int D, bool Small, int MT, bool Mapped = false>
+// the key range the mask's bounds leave. KV: the cache's element type (fp8: staged, see the file comment).
+template <class V, class T, int D, bool Small, int MT, bool Mapped = false, class KV = T>
 __global__ void __launch_bounds__(PrefillTile<D, Small, MT>::kThreads)
-prefill_kernel(PrefillProblem P, typename V::Params hp) {
+prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   using Tile = PrefillTile<D, Small, MT>;
-  constexpr int RQ = Tile::kRows, TK = Tile::kKeys, ST = Tile::kStride, NS = Tile::kStages;
+  constexpr bool kStaged = kv_staged<T, KV>();
+  static_assert(std::is_same_v<KV, T> || (kStaged && kIsFp8<KV>), "K/V in the query dtype, or fp8");
+  // staged K/V: one 16-bit tile (the loop below), whatever the tile's stage count
+  constexpr int RQ = Tile::kRows, TK = Tile::kKeys, ST = Tile::kStride, NS = kStaged ? 1 : Tile::kStages;
   constexpr int NT = Tile::kThreads;
   // keys per compute step (a KV tile is loaded whole; a step forms, softmaxes and multiplies its scores into
   // O). One step per tile: at MT = 2 its 16 independent Q K^T accumulator chains cost 72 bytes of spill,
@@ -134,7 +164,8 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   T* skv = sq + RQ * ST;                    // [NS][2][TK][D], kv_tile_at
   static_assert(RQ * ST * sizeof(T) % 128 == 0, "the K/V tiles start 128-byte aligned");
   float* scratch_all = reinterpret_cast<float*>(
-      smem_raw + (prefill_smem_bytes<V, T, D, Small, MT>() - size_t(Tile::kWarps) * 2 * D * sizeof(float)));
+      smem_raw + (prefill_smem_bytes<V, T, D, Small, MT, KV>() - size_t(Tile::kWarps) * 2 * D * sizeof(float)));
+  using Staged = StagedKVTile<T, KV, D, TK, Tile::kThreads>;  // staged K/V only
 
   // blockIdx.x runs over (query tile, KV head) with the head fastest and the last query tiles first: under
   // a causal mask those see the most keys, so the long CTAs of every head start before any short one
@@ -268,7 +299,8 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   }
   // row pr = prow0 + 16 mt + 8 h of the request (recomputed where used: registers are scarce at MT = 2)
   const int prow0 = row0 + wrow + g;
-  const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
+  float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
+  if constexpr (kStaged && !V::kHasKeyTransform) scale *= P.scales.k[hk];  // (q . k) s = q . (k s)
   long long mask_lo = 0, mask_hi = 0;
   if constexpr (V::kHasLower) mask_lo = V::mask_lower(hp);
   if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);
@@ -325,19 +357,39 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     if constexpr (tvm_tree<V>())
       set_row_tree(row_terms[mt], P.tree, b, qo_len, kv_len, prow0 + mt * 16, group, rows_total);
   }
-  if (num_kt > 0) load_kv(0, 0);
+  // staged K/V: the staging area after the 16-bit tile (named only in the staged branches)
+  constexpr size_t kStagingOffset = (size_t(RQ) * ST + 2 * size_t(TK) * D) * sizeof(T);
+  if constexpr (kStaged) {
+    if (num_kt > 0)
+      Staged::load(reinterpret_cast<KV*>(smem_raw + kStagingOffset), tid, P.kv, hk, kv_start, page_shift,
+                   tile_start(0), hi);
+  } else {
+    if (num_kt > 0) load_kv(0, 0);
+  }
   copy_commit();
   for (int kt = 0; kt < num_kt; ++kt) {
     const int stage = NS == 1 ? 0 : kt % 2;
-    // One barrier per tile with two stages: once every thread has passed it, tile kt has landed and the other
-    // stage (tile kt - 1) is no longer read, so tile kt + 1 is issued into it right after. A single buffer is
-    // refilled after the previous tile's closing barrier instead.
-    if (NS == 1 && kt > 0) load_kv(kt, 0);
-    if (NS == 1) copy_commit();
-    copy_wait<0>();
-    __syncthreads();
-    if (NS == 2 && kt + 1 < num_kt) load_kv(kt + 1, (kt + 1) % 2);
-    if (NS == 2) copy_commit();
+    if constexpr (kStaged) {
+      // Tile kt's staged chunks of this thread have landed, and every warp has passed the previous tile's
+      // closing barrier: widen them into the 16-bit tile. Once the barrier publishes it (every thread's
+      // staged reads are done), tile kt + 1 is issued into the staging area, in flight through this tile.
+      KV* staged = reinterpret_cast<KV*>(smem_raw + kStagingOffset);
+      copy_wait<0>();
+      Staged::widen(staged, skv, tid);
+      __syncthreads();
+      if (kt + 1 < num_kt) Staged::load(staged, tid, P.kv, hk, kv_start, page_shift, tile_start(kt + 1), hi);
+      copy_commit();
+    } else {
+      // One barrier per tile with two stages: once every thread has passed it, tile kt has landed and the
+      // other stage (tile kt - 1) is no longer read, so tile kt + 1 is issued into it right after. A single
+      // buffer is refilled after the previous tile's closing barrier instead.
+      if (NS == 1 && kt > 0) load_kv(kt, 0);
+      if (NS == 1) copy_commit();
+      copy_wait<0>();
+      __syncthreads();
+      if (NS == 2 && kt + 1 < num_kt) load_kv(kt + 1, (kt + 1) % 2);
+      if (NS == 2) copy_commit();
+    }
     T* sk = skv + (stage * 2 + 0) * TK * D;
     T* sv = skv + (stage * 2 + 1) * TK * D;
     const int j0 = tile_start(kt);
@@ -347,6 +399,10 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
         const int j = j0 + r;
         if (j >= hi) continue;
         for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[kv_tile_at<D>(r, i)]);
+        if constexpr (kStaged) {  // the key hook sees dequantised keys
+          const float k_scale = P.scales.k[hk];
+          for (int i = lane; i < D; i += 32) scratch[i] *= k_scale;
+        }
         __syncwarp();
         warp_row_hook<D, V::kKeyElementwise>(
             scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
@@ -494,7 +550,8 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
       dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
       // dsum is 0 only for a row without a live key; a NaN or +inf score made it NaN (the exponent base
       // msub keeps a NaN score's weight NaN even on a -inf max), and NaN must reach O and lse: "== 0"
-      const float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+      float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+      if constexpr (kStaged) inv *= P.scales.v[hk];  // sum_j p_j (v_j s) = s sum_j p_j v_j
 #pragma unroll
       for (int n = 0; n < NDT; ++n) {
         o_acc[mt][n][2 * h] *= inv;
@@ -560,53 +617,6 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     for (int i = lane; i < D; i += 32) dst[i] = from_float<T>(src[i]);
     if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = slse[r] == kNegInf ? P.empty_lse() : slse[r];
     __syncwarp();
-  }
-}
-
-// The kernel: the traits' own instantiation, or by name from a linked cubin (decode_launch.cuh).
-template <class V, class T, int D, bool Small, int MT>
-auto prefill_kernel_ref() {
-  using Fn = void (*)(PrefillProblem, typename V::Params);
-  if constexpr (linked_hooks<V>())
-    return linked_kernel_cached<Fn>([] { return kernel_key<T>("prefill_kernel", D, Small, MT, false); });
-  else
-    return Fn(prefill_kernel<V, T, D, Small, MT>);
-}
-
-template <class V, class T, int D, bool Small, int MT>
-void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
-  using Tile = PrefillTile<D, Small, MT>;
-  const size_t smem = prefill_smem_bytes<V, T, D, Small, MT>();
-  auto kernel = prefill_kernel_ref<V, T, D, Small, MT>();
-  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>() && !tvm_tree<V>()) {  // (no maps for those)
-    if (P.tiles.present()) kernel = prefill_kernel<V, T, D, Small, MT, true>;
-  }
-  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
-  if (tiles == 0 || P.batch == 0) return;
-  launch_kernel(kernel, dim3(tiles * P.num_kv_heads, 1, P.batch), dim3(Tile::kThreads), smem, stream, P, hp);
-}
-
-// Rows (tokens x group heads) of the longest request from which the wide tile is used.
-constexpr int kPrefillWideRows = 256;
-
-// The 128-row tile unless 64-row tiles are asked for (P.tile_rows == 64), where the requests are
-// long enough and D <= 128 (on the H200 it ran causal prefill at L 4k / 16k 1.30x / 1.31x faster than
-// the 64-row tile); else the big 64-row configuration where the device's opt-in shared memory holds
-// it, else the small one.
-template <class V, class T, int D>
-void launch_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
-  const size_t optin = size_t(device_smem_optin());
-  // (TVM's windowed instances: their 128-row tile spilled; tree forwards are small: one tile size fewer to build)
-  if constexpr (D <= 128 && !tvm_windowed<V>() && !tvm_tree<V>()) {
-    if (P.tile_rows != 64 && int64_t(max_qo_len) * P.group >= kPrefillWideRows &&
-        optin >= prefill_smem_bytes<V, T, D, false, 2>())
-      return launch_prefill_tile<V, T, D, false, 2>(P, max_qo_len, hp, stream);
-  }
-  if (optin >= prefill_smem_bytes<V, T, D, false>()) {
-    launch_prefill_tile<V, T, D, false, 1>(P, max_qo_len, hp, stream);
-  } else {
-    launch_prefill_tile<V, T, D, true, 1>(P, max_qo_len, hp, stream);
   }
 }
 

@@ -7,7 +7,7 @@
 #pragma once
 #include "attngen_enums.h"
 #include "hopper_prefill.cuh"
-#include "prefill.cuh"
+#include "prefill_launch.cuh"
 
 namespace attngen {
 

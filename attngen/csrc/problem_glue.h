@@ -57,12 +57,14 @@ int kv_from_page_views(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi
   return static_cast<int>(k.size(1));
 }
 
-// Ragged K and V [rows, Hkv, D] with the same strides; returns the number of KV heads.
+// Ragged K and V [rows, Hkv, D] of element type T (16-bit, or an fp8 format) with the same strides; returns
+// the number of KV heads.
 template <class T>
 int kv_from_ragged(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v,
                    const tvm::ffi::TensorView& kv_indptr) {
-  check_tensor(k, "k", 3, {kDLFloat, 16, 1});
-  check_tensor(v, "v", 3, {kDLFloat, 16, 1});
+  constexpr DLDataType bits{kDLFloat, static_cast<uint8_t>(8 * sizeof(T)), 1};
+  check_tensor(k, "k", 3, bits);
+  check_tensor(v, "v", 3, bits);
   if (k.stride(0) != v.stride(0) || k.stride(1) != v.stride(1))
     TVM_FFI_THROW(ValueError) << "k, v: must have the same strides";
   kv.base = data_of(k);

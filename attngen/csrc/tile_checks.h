@@ -11,7 +11,7 @@
 #include "decode.cuh"
 #include "decode_tc.cuh"
 #include "hopper_prefill.cuh"
-#include "prefill.cuh"
+#include "prefill_launch.cuh"
 
 namespace attngen {
 namespace tile_checks {
@@ -79,13 +79,14 @@ constexpr bool decode_tc_rows(std::index_sequence<I...>) {
   return (decode_tc_row<t[I].head_dim, t[I].stages, t[I].elem_bytes, t[I].keys, t[I].smem_bytes>() && ...);
 }
 
-template <int D, bool Small, int MT, int E, int Rows, int Keys, int Stages, unsigned long long Smem>
+// E: bytes of a query element, KVE: of a K/V element (smaller: staged fp8 K/V)
+template <int D, bool Small, int MT, int E, int KVE, int Rows, int Keys, int Stages, unsigned long long Smem>
 constexpr bool prefill_row() {
   using Tile = PrefillTile<D, Small, MT>;
   static_assert(Tile::kRows == Rows, "PrefillTile<D, Small, MT>::kRows differs from the prefill record");
   static_assert(Tile::kKeys == Keys, "PrefillTile<D, Small, MT>::kKeys differs from the prefill record");
   static_assert(Tile::kStages == Stages, "PrefillTile<D, Small, MT>::kStages differs from the prefill record");
-  static_assert(prefill_smem_bytes<Traits<false>, Element<E>, D, Small, MT>() == Smem,
+  static_assert(prefill_smem_bytes<Traits<false>, Element<E>, D, Small, MT, Element<KVE>>() == Smem,
                 "prefill_smem_bytes differs from the prefill record");
   return true;
 }
@@ -93,8 +94,8 @@ constexpr bool prefill_row() {
 template <std::size_t... I>
 constexpr bool prefill_rows(std::index_sequence<I...>) {
   constexpr auto& t = tiles::kPrefill;
-  return (prefill_row<t[I].head_dim, t[I].small, t[I].m_tiles, t[I].elem_bytes, t[I].rows, t[I].keys, t[I].stages,
-                      t[I].smem_bytes>() && ...);
+  return (prefill_row<t[I].head_dim, t[I].small, t[I].m_tiles, t[I].elem_bytes, t[I].kv_bytes, t[I].rows, t[I].keys,
+                      t[I].stages, t[I].smem_bytes>() && ...);
 }
 
 static_assert(decode_rows(std::make_index_sequence<rows_of(tiles::kDecode)>()), "decode tiles");

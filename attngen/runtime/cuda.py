@@ -7,9 +7,10 @@ load-balanced planner replaces it later) and allocates the partial-state
 workspace. ``decode`` runs per layer: it checks shapes, dtypes and devices only,
 never synchronises, and launches on the current CUDA stream.
 
-An fp8 paged cache (torch ``float8_e4m3fn`` / ``float8_e5m2``, see ``fp8.py``) is read by the decode
-functions built for that K/V dtype (``BuildConfig.kv_dtypes``, decode only on cuda), whose calls take
-``k_scale`` and ``v_scale`` as on the CPU backend; the plan is the 16-bit cache's.
+An fp8 cache (torch ``float8_e4m3fn`` / ``float8_e5m2``, see ``fp8.py``: paged pages, or ragged k / v for
+prefill) is read by the decode and prefill functions built for that K/V dtype (``BuildConfig.kv_dtypes``), whose
+calls take ``k_scale`` and ``v_scale`` as on the CPU backend. Decode plans are the 16-bit cache's; prefill plans
+of an fp8 cache run the mma.sync template (the Hopper one reads K/V in the query dtype only).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillT
 
 from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads,
                      check_ragged, check_tensor, dtype_name)
-from .fp8 import SCALE_HELP, scale_args
+from .fp8 import device_kv_scales, scale_args
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
 from .tile_map import TileMap, build_tile_map, mask_needs_map, params_key
@@ -57,32 +58,6 @@ def current_arch() -> str:
 
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
-
-
-def device_kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like):
-    """``scale`` of a ``kv_dtype`` cache as the fp8 decode functions' float32 [Hkv] on ``like``'s device, without
-    a host round trip (decode never synchronises): a float is checked on the host and filled on the device; a
-    float32 CUDA tensor of [], [1] or [Hkv] entries on that device is broadcast there, its values unread (a
-    non-positive or non-finite scale gives non-finite outputs)."""
-    import torch
-
-    if scale is None:
-        raise AttentionArgumentError(f"{name}: the KV cache is fp8 ({kv_dtype}) and needs {name}: pass "
-                                     f"{name}= with {SCALE_HELP}")
-    if isinstance(scale, (int, float, np.floating, np.integer)):
-        if not (math.isfinite(float(scale)) and float(scale) > 0):
-            raise AttentionArgumentError(f"{name}: scales must be finite and positive, got {float(scale)}")
-        return torch.full((num_kv_heads,), float(scale), dtype=torch.float32, device=like.device)
-    if not hasattr(scale, "shape"):
-        raise AttentionArgumentError(f"{name}: expected {SCALE_HELP}; got {type(scale).__name__}")
-    if dtype_name(scale) != "float32":
-        raise AttentionArgumentError(f"{name}: expected a float32 tensor, got {dtype_name(scale)}")
-    if not is_cuda(scale) or scale.device != like.device:
-        raise AttentionArgumentError(f"{name}: must be a CUDA tensor on q's device ({like.device}), or a float")
-    if len(scale.shape) > 1 or scale.numel() not in (1, num_kv_heads):
-        raise AttentionArgumentError(f"{name}: shape {tuple(scale.shape)}; expected [] or [1] (one scale) or "
-                                     f"[num_kv_heads={num_kv_heads}] (one per KV head)")
-    return scale.reshape(-1).expand(num_kv_heads).contiguous()
 
 
 @dataclass(frozen=True)
@@ -217,10 +192,16 @@ PREFILL_TEMPLATES = {None: PrefillTemplate.AUTO, "mma_sync": PrefillTemplate.MMA
                      "hopper": PrefillTemplate.HOPPER}
 
 
-def _prefill_template(template: str | None, archs) -> PrefillTemplate:
+def _prefill_template(template: str | None, archs, kv_dtype: str) -> PrefillTemplate:
+    """The template a plan runs; an fp8 cache (``kv_dtype``) always the mma.sync one."""
     if template not in PREFILL_TEMPLATES:
         raise AttentionArgumentError(f"template: {template!r} is not a prefill template; use None (the library's "
                                      "choice), 'mma_sync' or 'hopper'")
+    if is_fp8(kv_dtype):
+        if template == "hopper":
+            raise AttentionArgumentError(f"template: 'hopper' does not read fp8 K/V (the cache is {kv_dtype}); plan "
+                                         "with template=None or 'mma_sync': fp8 caches run on the mma.sync template")
+        return PrefillTemplate.MMA_SYNC
     if template == "hopper" and "sm_90a" not in archs:
         raise AttentionArgumentError(f"template: 'hopper' needs a library built for sm_90a (this one: {list(archs)}); "
                                      "build with archs including sm_90a, or plan with template=None")
@@ -263,7 +244,7 @@ class CUDAAttention(BuiltModule):
         """Build (or take from the cache) the variant's CUDA library for this GPU's arch unless ``archs`` is
         given; ``hook_math``: "approx" (hardware approximations in the hooks) or "precise" (BuildConfig).
         ``kv_dtypes``: the K/V dtype of each query dtype (() = the query's; an fp8 format for an fp8 cache,
-        with kernels=("decode",))."""
+        read by the decode and prefill kernels; not with kernels=("tvm",))."""
         cfg = BuildConfig("cuda", tuple(head_dims), tuple(dtypes), tuple(archs or (current_arch(),)),
                           tuple(layouts), kernels=tuple(kernels), max_group_size=max_group_size,
                           hook_math=hook_math, kv_dtypes=tuple(kv_dtypes))
@@ -294,22 +275,31 @@ class CUDAAttention(BuiltModule):
                                                resident_slots=per_sm * props.multi_processor_count)
         return ws
 
-    def _decode_names(self, kv: PagedKV, head_dim: int) -> list[str]:
-        """The decode functions that read this cache (its layout and dtype) at ``head_dim``: the 16-bit cache's
-        one, or for an fp8 cache one per query dtype the library pairs with it."""
-        kind, kv_dt = f"batch_decode_paged_{kv.layout.lower()}", kv.kv_dtype
-        if not is_fp8(kv_dt):
-            return [symbol(kind, kv_dt, head_dim)]
-        return [name for q in self.manifest["config"]["dtypes"] if (name := symbol(kind, q, head_dim, kv_dt))
+    def _cache_functions(self, kind: str, kv_dtype: str, head_dim: int) -> list[str]:
+        """The functions of ``kind`` that read a ``kv_dtype`` cache at ``head_dim``: the 16-bit cache's one (built
+        or not), or for an fp8 cache the built ones, one per query dtype the library pairs with it."""
+        if not is_fp8(kv_dtype):
+            return [symbol(kind, kv_dtype, head_dim)]
+        return [name for q in self.manifest["config"]["dtypes"] if (name := symbol(kind, q, head_dim, kv_dtype))
                 in self.functions]
 
     def has_decode(self, kv: PagedKV, head_dim: int) -> bool:
         """Whether the library holds the decode kernel for this cache's layout and dtype at ``head_dim``."""
-        return any(name in self.functions for name in self._decode_names(kv, head_dim))
+        kind = f"batch_decode_paged_{kv.layout.lower()}"
+        return any(name in self.functions for name in self._cache_functions(kind, kv.kv_dtype, head_dim))
+
+    def _require_fp8_functions(self, kind: str, kv, head_dim: int, what: str) -> None:
+        """Refuse an fp8 cache that no function of ``kind`` reads at ``head_dim``, naming the rebuild."""
+        if not self._cache_functions(kind, kv.kv_dtype, head_dim):
+            layout = f" {kv.layout}" if isinstance(kv, PagedKV) else " ragged"
+            raise AttentionArgumentError(
+                f"{self.library.name} has no {what} function over a{layout} {kv.kv_dtype} cache at head_dim "
+                f"{head_dim}: it was built for {sorted(self.functions)}; rebuild with kv_dtypes including "
+                f"{kv.kv_dtype}, kernels including {what}, head_dims including {head_dim} and the needed layout")
 
     @staticmethod
-    def _scale_args(q, kv: PagedKV, k_scale, v_scale) -> tuple:
-        """The fp8 decode functions' (k_scale [Hkv], v_scale [Hkv]) float32 on q's device; () for a 16-bit cache."""
+    def _scale_args(q, kv: PagedKV | RaggedKV, k_scale, v_scale) -> tuple:
+        """The fp8 functions' (k_scale [Hkv], v_scale [Hkv]) float32 on q's device; () for a 16-bit cache."""
         return scale_args(kv.kv_dtype, k_scale, v_scale, lambda scale, name: device_kv_scales(
             scale, name, kv_dtype=kv.kv_dtype, num_kv_heads=kv.num_kv_heads, like=q))
 
@@ -339,11 +329,7 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(f"kv.pages: dtype {dtype} is no K/V dtype of the decode functions "
                                          f"({', '.join(DTYPE_SHORT)}){FP8_BITS_HINT if dtype == 'uint8' else ''}")
         if is_fp8(dtype):  # built for this case? (the query dtype is the call's)
-            if not self.has_decode(kv, head_dim):
-                raise AttentionArgumentError(
-                    f"{self.library.name} has no decode function over a {kv.layout} {dtype} cache at head_dim "
-                    f"{head_dim}: it was built for {sorted(self.functions)}; rebuild with kv_dtypes including "
-                    f"{dtype}, head_dims including {head_dim} and the needed layout")
+            self._require_fp8_functions(f"batch_decode_paged_{kv.layout.lower()}", kv, head_dim, "decode")
         else:
             self.function(f"batch_decode_paged_{kv.layout.lower()}", dtype, head_dim)
         batch = check_paged(kv, head_dim, dtype, None)
@@ -460,12 +446,16 @@ class CUDAAttention(BuiltModule):
         over all requests (runtime/work_order.py; made on the first call outside a CUDA graph capture: a
         graph captured by a plan's first call runs request by request; later batches replayed within the
         bounds keep the first batch's order, which changes no result); False: request by request. It has
-        no effect on the mma.sync template."""
-        kernel = _prefill_template(template, self.manifest["config"]["archs"])
+        no effect on the mma.sync template. An fp8 cache is planned for the mma.sync template: ``template``
+        None or "mma_sync" ("hopper" is refused), no work order."""
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
+        kernel = _prefill_template(template, self.manifest["config"]["archs"], dtype)
         kind = f"batch_prefill_paged_{kv.layout.lower()}" if isinstance(kv, PagedKV) else "batch_prefill_ragged"
-        self.function(kind, dtype, head_dim)  # built for this case?
+        if is_fp8(dtype):  # built for this case? (the query dtype is the call's)
+            self._require_fp8_functions(kind, kv, head_dim, "prefill")
+        else:
+            self.function(kind, dtype, head_dim)
         qo = check_indptr(qo_indptr, "qo_indptr", None)
         batch = len(qo) - 1
         if isinstance(kv, PagedKV):
@@ -512,15 +502,16 @@ class CUDAAttention(BuiltModule):
                 f"exact below {limit}: build it with hook_math='precise' for longer requests")
 
     def _tile_map_problem(self, dtype: str, head_dim: int) -> str | None:
-        """Why calls of this library cannot walk a mask-derived tile map; None when they can."""
+        """Why calls of this library over a ``dtype`` cache cannot walk a mask-derived tile map; None when they
+        can."""
         if not mask_needs_map(self.variant):
             return f"variant '{self.variant.name}' has no mask beyond its bounds: there is nothing to map"
-        if symbol("prefill_tile_map", dtype, head_dim) not in self.functions:
+        if not any(name in self.functions for name in self._cache_functions("prefill_tile_map", dtype, head_dim)):
             return "this library has no tile-map classifier (link='lto' builds lack it)"
         return None
 
     def _tile_map(self, plan: PrefillPlan, q, kv, qo_indptr, dtype: str, head_dim: int, params: dict | None,
-                  extras: tuple) -> TileMap | None:
+                  extras: tuple, kv_dtype: str | None = None) -> TileMap | None:
         """The plan's map for these mask parameters (derived on first use), or None where none serves."""
         if not plan.tile_map:
             return None
@@ -531,18 +522,22 @@ class CUDAAttention(BuiltModule):
             tile = HopperConfig(head_dim)  # the maps' tiling (csrc/tile_map.cuh MapTile) is the Hopper tile
             plan.maps.clear()  # one map at a time: a plan serves one batch's parameters
             plan.maps[key] = build_tile_map(
-                self.function("prefill_tile_map", dtype, head_dim), self.variant, qo_indptr, kv,
+                self.function("prefill_tile_map", dtype, head_dim, kv_dtype), self.variant, qo_indptr, kv,
                 max_qo_len=plan.max_qo_len, group=int(q.shape[1]) // kv.num_kv_heads,
                 num_kv_heads=kv.num_kv_heads, rows=tile.rows, keys=tile.keys, extras=extras, params=params)
         return plan.maps[key]
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, plan: PrefillPlan | None = None,
-                sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):
+                sm_scale: float | None = None, params: dict | None = None, out=None, lse=None, k_scale=None,
+                v_scale=None):
         """Prefill / append: q [total_q, Hq, D] ragged by qo_indptr [B+1]; query row i of a request sits at
-        position kv_len - qo_len + i. Returns (out [total_q, Hq, D], lse [total_q, Hq])."""
+        position kv_len - qo_len + i. Returns (out [total_q, Hq, D], lse [total_q, Hq]). ``k_scale``,
+        ``v_scale``: an fp8 cache's scales (a float, or a float32 CUDA tensor of 1 or Hkv entries;
+        ``device_kv_scales``)."""
         check_tensor(q, "q", 3)
         _check_kv_view(kv, PagedKV, RaggedKV)
         dt, d = dtype_name(q), int(q.shape[2])
+        fp8 = kv.kv_dtype if is_fp8(kv.kv_dtype) else None  # the function's K/V dtype: None for the query's
         if plan is None:
             plan = self.plan_prefill(qo_indptr, kv, d)
         if plan.total_q != int(q.shape[0]):
@@ -552,12 +547,12 @@ class CUDAAttention(BuiltModule):
                                          "this batch's qo_indptr")
         check_qkv_heads(q, kv.num_kv_heads, d)
         if isinstance(kv, PagedKV):
-            fn = self.function(f"batch_prefill_paged_{kv.layout.lower()}", dt, d)
+            fn = self.function(f"batch_prefill_paged_{kv.layout.lower()}", dt, d, fp8)
             kv_args = (kv.pages, kv.indices, kv.indptr, kv.last_page_len)
             data = [("kv.pages", kv.pages)]
             index = [("kv.indices", kv.indices), ("kv.indptr", kv.indptr), ("kv.last_page_len", kv.last_page_len)]
         else:
-            fn = self.function("batch_prefill_ragged", dt, d)
+            fn = self.function("batch_prefill_ragged", dt, d, fp8)
             kv_args = (kv.k, kv.v, kv.indptr)
             data = [("kv.k", kv.k), ("kv.v", kv.v)]
             index = [("kv.indptr", kv.indptr)]
@@ -566,11 +561,12 @@ class CUDAAttention(BuiltModule):
         _check_on_device((("out", out), ("lse", lse)), q.device)
         for name, t in [("q", q), ("out", out)] + data:
             _check_aligned(name, t)
+        scales = self._scale_args(q, kv, k_scale, v_scale)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size,
                                 num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
         _check_on_device(_tensor_extras(self.variant, extras), q.device)
         scale = resolve_sm_scale(sm_scale, d)
-        tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras)
+        tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras, fp8)
         order = plan.work_order(self.variant, int(q.shape[1]) // kv.num_kv_heads, d, q.device, tiles)
-        fn(q, *kv_args, qo_indptr, out, lse, scale, *plan.ffi_args(tiles, order), *extras)
+        fn(q, *kv_args, qo_indptr, out, lse, *scales, scale, *plan.ffi_args(tiles, order), *extras)
         return out, lse

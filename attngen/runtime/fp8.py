@@ -18,6 +18,7 @@ max).to(torch.float8_*)`` gives.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,25 +83,32 @@ def _check_fp8(dtype: str, name: str) -> FP8Format:
     return FP8_FORMATS[dtype]
 
 
-def kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like: Tensor) -> Tensor:
-    """``scale`` (a float, or a tensor of 1 or ``num_kv_heads`` entries) of a ``kv_dtype`` cache as the
-    kernels' float32 [Hkv], in the library and on the device of ``like``; refuses a missing, misshapen,
-    non-finite or non-positive scale."""
+def _check_scale(scale, name: str, *, kv_dtype: str, num_kv_heads: int) -> bool:
+    """Refuse a missing scale, or a scale of another type, dtype or shape (the host and device forms alike);
+    True for a number (one scale for the cache), False for a float32 tensor of [], [1] or [Hkv] entries."""
     if scale is None:
         raise AttentionArgumentError(f"{name}: the KV cache is fp8 ({kv_dtype}) and needs {name}: pass "
                                      f"{name}= with {SCALE_HELP}")
     if isinstance(scale, (int, float, np.floating, np.integer)):
+        return True
+    if not hasattr(scale, "shape"):
+        raise AttentionArgumentError(f"{name}: expected {SCALE_HELP}; got {type(scale).__name__}")
+    if dtype_name(scale) != "float32":
+        raise AttentionArgumentError(f"{name}: expected a float32 tensor, got {dtype_name(scale)}")
+    if len(scale.shape) > 1 or int(np.prod(scale.shape)) not in (1, num_kv_heads):
+        raise AttentionArgumentError(f"{name}: shape {tuple(scale.shape)}; expected [] or [1] (one scale) or "
+                                     f"[num_kv_heads={num_kv_heads}] (one per KV head)")
+    return False
+
+
+def kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like: Tensor) -> Tensor:
+    """``scale`` (a float, or a tensor of 1 or ``num_kv_heads`` entries) of a ``kv_dtype`` cache as the
+    kernels' float32 [Hkv], in the library and on the device of ``like``; refuses a missing, misshapen,
+    non-finite or non-positive scale."""
+    if _check_scale(scale, name, kv_dtype=kv_dtype, num_kv_heads=num_kv_heads):
         values = np.full(num_kv_heads, float(scale), np.float32)
     else:
-        if not hasattr(scale, "shape"):
-            raise AttentionArgumentError(f"{name}: expected {SCALE_HELP}; got {type(scale).__name__}")
-        if dtype_name(scale) != "float32":
-            raise AttentionArgumentError(f"{name}: expected a float32 tensor, got {dtype_name(scale)}")
-        flat = as_numpy(scale, name).reshape(-1)
-        if flat.shape[0] not in (1, num_kv_heads) or len(scale.shape) > 1:
-            raise AttentionArgumentError(f"{name}: shape {tuple(scale.shape)}; expected [] or [1] (one scale) or "
-                                         f"[num_kv_heads={num_kv_heads}] (one per KV head)")
-        values = np.broadcast_to(flat, (num_kv_heads,)).astype(np.float32)
+        values = np.broadcast_to(as_numpy(scale, name).reshape(-1), (num_kv_heads,)).astype(np.float32)
     if not np.all(np.isfinite(values) & (values > 0)):
         raise AttentionArgumentError(f"{name}: scales must be finite and positive, got {values.tolist()}")
     if _is_torch(like):
@@ -108,6 +116,23 @@ def kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like: Tenso
 
         return torch.from_numpy(values).to(like.device)
     return values
+
+
+def device_kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like):
+    """``scale`` of a ``kv_dtype`` cache as the CUDA fp8 functions' float32 [Hkv] on ``like``'s device (a torch
+    CUDA tensor), without a host round trip (decode and prefill never synchronise): a float is checked on the
+    host and filled on the device; a float32 CUDA tensor of [], [1] or [Hkv] entries on that device is
+    broadcast there, its values unread (a non-positive or non-finite scale gives non-finite outputs)."""
+    import torch
+
+    if _check_scale(scale, name, kv_dtype=kv_dtype, num_kv_heads=num_kv_heads):
+        if not (math.isfinite(float(scale)) and float(scale) > 0):
+            raise AttentionArgumentError(f"{name}: scales must be finite and positive, got {float(scale)}")
+        return torch.full((num_kv_heads,), float(scale), dtype=torch.float32, device=like.device)
+    device = getattr(scale, "device", None)
+    if getattr(device, "type", None) != "cuda" or device != like.device:
+        raise AttentionArgumentError(f"{name}: must be a CUDA tensor on q's device ({like.device}), or a float")
+    return scale.reshape(-1).expand(num_kv_heads).contiguous()
 
 
 def check_no_scales(kv_dtype: str, k_scale, v_scale) -> None:

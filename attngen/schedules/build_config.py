@@ -20,10 +20,12 @@ LAYOUTS = ("NHD", "HND")
 HOOK_MATH_MODES = ("approx", "precise")  # BuildConfig.hook_math (codegen/hook_math.py)
 TARGETS = ("cpu", "cuda")
 LINKS = ("whole", "lto", "check")  # BuildConfig.link
-# cuda kernels that read fp8 K/V (csrc/entry_decode_fp8.h). Every arch attngen targets serves them: cuda_fp8.h
-# converts fp8 in hardware from sm_89 and in integer instructions before, and the tensor-core decode
-# dequantises into 16-bit tiles of the query dtype, so the arch's query dtypes (ArchSpec.dtypes) decide.
-FP8_CUDA_KERNELS = ("decode",)
+# cuda kernels that read fp8 K/V (csrc/entry_decode_fp8.h, csrc/entry_prefill_fp8.h). Every arch attngen targets
+# serves them: cuda_fp8.h converts fp8 in hardware from sm_89 and in integer instructions before, and the
+# tensor-core decode and the mma.sync prefill dequantise into 16-bit tiles of the query dtype, so the arch's
+# query dtypes (ArchSpec.dtypes) decide; the Hopper prefill template does not read fp8 (its entries run
+# mma.sync on sm_90 too). The TVM slots read K/V in the query dtype.
+FP8_CUDA_KERNELS = ("decode", "prefill")
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class BuildConfig:
     tvm_window: int | None = None
     # K/V dtype of each query dtype, position by position; () = the query dtype. Besides equal pairs, fp8 K/V
     # caches (FP8_DTYPES, dequantised with k_scale / v_scale): on the CPU target for any query dtype and
-    # kernel, on cuda for the decode template only (FP8_CUDA_KERNELS)
+    # kernel, on cuda for the decode and prefill templates (FP8_CUDA_KERNELS), whole-program builds
     kv_dtypes: tuple[str, ...] = ()
     # cuda: "whole" compiles templates and hooks as one program per variant; "lto" links the variant's
     # hooks into template objects compiled once per hook signature and cached (codegen/lto.py); "check"
@@ -113,22 +115,22 @@ class BuildConfig:
             if not is_fp8(kv):
                 raise ConfigError(f"kv_dtypes: K/V dtype {kv} with query dtype {q} is not supported; the "
                                   f"{self.target} kernels read K/V in the query dtype (kv_dtypes=() or equal "
-                                  f"to dtypes) or in fp8 {list(FP8_DTYPES)} (cpu; cuda decode only)")
+                                  f"to dtypes) or in fp8 {list(FP8_DTYPES)} (cpu; cuda decode and prefill)")
             if self.target == "cuda":
                 self._check_cuda_fp8(kv)
 
     def _check_cuda_fp8(self, kv: str) -> None:
-        """fp8 K/V on cuda: decode-only, whole-program builds."""
+        """fp8 K/V on cuda: the decode and prefill templates, whole-program (or check) builds."""
         other = [k for k in self.kernels if k not in FP8_CUDA_KERNELS]
         if other:
-            prefill = (" (prefill with fp8 K/V runs on the cpu target only for now)" if "prefill" in other else "")
+            keep = tuple(k for k in self.kernels if k in FP8_CUDA_KERNELS) or FP8_CUDA_KERNELS
             raise ConfigError(
-                f"kv_dtypes: fp8 K/V ({kv}) are built for the cpu target only, except by the cuda decode template: "
-                f"kernels {list(self.kernels)} include {other}, which read K/V in the query dtype on cuda{prefill}. "
-                "Build the fp8 cache's cuda kernels with kernels=('decode',) (--kernels decode)")
+                f"kv_dtypes: fp8 K/V ({kv}) on cuda are read by the decode and prefill templates only: kernels "
+                f"{list(self.kernels)} include {other}, which read K/V in the query dtype on cuda. Build the fp8 "
+                f"cache's cuda kernels with kernels={keep} (--kernels {','.join(keep)})")
         if self.link == "lto":
             raise ConfigError(f"kv_dtypes: fp8 K/V ({kv}) on cuda are built with link='whole' only; the linked "
-                              "(lto) build's template objects read K/V in the query dtype")
+                              "(lto) build's template objects read K/V in the query dtype: build with link='whole'")
 
     @property
     def dtype_pairs(self) -> tuple[DtypePair, ...]:

@@ -1,5 +1,5 @@
-"""The FA2-class prefill / append template (csrc/prefill.cuh: PrefillTile<D, Small, MT>, prefill_smem_bytes,
-kPrefillWideRows, launch_prefill's choice).
+"""The FA2-class prefill / append template (csrc/prefill.cuh: PrefillTile<D, Small, MT>, prefill_smem_bytes;
+csrc/prefill_launch.cuh: kPrefillWideRows, launch_prefill's choice).
 
 Four warps, each owning MT m-tiles of 16 query rows (the rows are the (token, head) pairs of a KV head's
 group); K/V tiles gathered by cp.async, double-buffered where shared memory allows; query rows padded by
@@ -11,19 +11,26 @@ scratch rows for row hooks. The launcher's configurations, in its order:
   where shared memory holds it (H200 causal prefill at L 4k / 16k: 1.30x / 1.31x the 64-row tile);
 - big: 64 rows, 64 keys (32 at D 256), 2 stages, where shared memory holds it;
 - small: 64 rows, 64 keys (16 at D 256), 1 stage (2 at D 64): the last resort, which must fit.
+
+K/V narrower than the query (fp8 caches) are staged: each configuration holds one 16-bit K/V tile, whatever
+its stage count, plus a staging area of one tile in the cache's bytes, into which the next tile is copied
+while this one is computed (csrc/kv_staging.cuh). That is less than two 16-bit stages, so on sm_86 / sm_89
+(99 KB per block) an fp8 cache gets the wide tile at D 128 and the big one at D 256, which a 16-bit one does not;
+the small configuration (one stage) grows by the staging tile.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .cxx_tables import cxx_constant, cxx_table
-from .dtypes import ElementBytes
+from .dtypes import DTYPE_BYTES, FP8_DTYPES, ElementBytes
 from .templates import ArchNeeds, FitQuery, TemplateRecord
 
 HEAD_DIMS = (64, 128, 256)
 WARPS = 4
 ROW_PAD = 8  # elements of padding per query row
 WIDE_ROWS = 256  # rows (tokens x group heads) of the longest request from which the wide tile is used
+FP8_BYTES = DTYPE_BYTES[FP8_DTYPES[0]]  # bytes of a staged K/V element
 WIDE_MAX_HEAD_DIM = 128  # two m-tiles' output accumulators are D fp32 registers per thread (255 at most)
 
 
@@ -55,11 +62,20 @@ class PrefillConfig:
         return ""
 
 
+def kv_bytes(cfg: PrefillConfig, elems: ElementBytes) -> int:
+    """Shared memory of the K/V tiles: ``stages`` 16-bit K and V tiles, or for staged K/V (narrower than the
+    query) one 16-bit tile and one staging tile in the cache's element size."""
+    tile = 2 * cfg.keys * cfg.head_dim
+    if elems.kv < elems.q:
+        return tile * (elems.q + elems.kv)
+    return cfg.stages * tile * elems.kv
+
+
 def prefill_smem_bytes(cfg: PrefillConfig, elems: ElementBytes) -> int:
-    """Query rows and K/V stages, or the fp32 output rows of the epilogue (they share the buffer), plus
+    """Query rows and K/V tiles, or the fp32 output rows of the epilogue (they share the buffer), plus
     the scratch rows."""
     d = cfg.head_dim
-    qk = cfg.rows * cfg.stride * elems.q + 2 * cfg.stages * cfg.keys * d * elems.kv
+    qk = cfg.rows * cfg.stride * elems.q + kv_bytes(cfg, elems)
     out = cfg.rows * d * 4 + cfg.rows * 4
     return max(qk, out) + WARPS * 2 * d * 4
 
@@ -74,13 +90,15 @@ def must_fit(query: FitQuery) -> tuple[PrefillConfig, ...]:
 
 
 def header_section(element_sizes: tuple[int, ...]) -> str:
-    rows = [(c.head_dim, c.small, c.m_tiles, e, c.rows, c.keys, c.stages, prefill_smem_bytes(c, ElementBytes(e, e)))
-            for d in HEAD_DIMS for c in configs(d) for e in element_sizes]
+    """Rows per configuration and (query, K/V) element sizes: K/V in the query's size, and staged fp8 K/V."""
+    sizes = [(e, e) for e in element_sizes] + [(e, FP8_BYTES) for e in element_sizes if e > FP8_BYTES]
+    rows = [(c.head_dim, c.small, c.m_tiles, e, kv, c.rows, c.keys, c.stages,
+             prefill_smem_bytes(c, ElementBytes(e, kv))) for d in HEAD_DIMS for c in configs(d) for e, kv in sizes]
     return (cxx_constant("int", "kPrefillWideRows", WIDE_ROWS, "prefill: kPrefillWideRows") + "\n"
-            + cxx_table("Prefill", "prefill: PrefillTile<D, Small, MT> and prefill_smem_bytes, per element size",
-                        (("int", "head_dim"), ("bool", "small"), ("int", "m_tiles"), ("int", "elem_bytes"),
-                         ("int", "rows"), ("int", "keys"), ("int", "stages"), ("unsigned long long", "smem_bytes")),
-                        rows))
+            + cxx_table("Prefill", "prefill: PrefillTile<D, Small, MT> and prefill_smem_bytes, per query and K/V "
+                        "element size", (("int", "head_dim"), ("bool", "small"), ("int", "m_tiles"),
+                                         ("int", "elem_bytes"), ("int", "kv_bytes"), ("int", "rows"), ("int", "keys"),
+                                         ("int", "stages"), ("unsigned long long", "smem_bytes")), rows))
 
 
 PREFILL = TemplateRecord(

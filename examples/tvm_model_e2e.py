@@ -458,7 +458,8 @@ def main_cuda(arch: str | None = None, decode_steps: int = 4, seed: int = 0, cac
     if cfg.sliding_window:  # the window bites: without it the logits differ
         without = run({}, ReferenceModel(replace(cfg, sliding_window=0), weights), steps)["reference"]
         assert max_diff(out["reference"], without) > 1e-2
-    results = {name: {"out_err": max_diff(out[name], out["reference"]),
+    ref_scale = max(float(np.abs(np.asarray(x)).max()) for x in out["reference"])
+    results = {name: {"out_err": max_diff(out[name], out["reference"]), "max_ref_logit": ref_scale,
                       "vs_tvm": max_diff(out[name], out["tvm kernels"])} for name in running}
     for name, r in results.items():
         print(f"{name:22s} max |logit difference| vs float64 {r['out_err']:.2e}, vs TVM's kernels {r['vs_tvm']:.2e}")

@@ -51,13 +51,15 @@ inline float* device_scratch(size_t floats) {
   return buf_by_device[dev & 63];
 }
 
-// Even split-KV chunks when the key lengths are not known on the host: enough CTAs to fill the
-// device about twice from the batch and KV heads alone, at most 16 chunks.
-inline int even_decode_chunks(int batch, int num_kv_heads) {
-  const int ctas = batch * num_kv_heads, target = 2 * device_sm_count();
-  if (ctas >= target) return 1;
-  const int chunks = (target + ctas - 1) / ctas;
-  return chunks < 16 ? chunks : 16;
+// Even split-KV chunks when the key lengths are not known on the host: as many chunks of each (request, KV
+// head) as fill the device's resident CTA slots (ctas_per_sm x SMs; twice the SMs where it is unknown) once,
+// at most 16. One wave of equal chunks: a rounded-up count would start a second, partial wave that leaves
+// SMs idle while it runs (B 32 x 8 KV heads in the H200's 264 slots made two chunks per request, 1.94 waves).
+inline int even_decode_chunks(int batch, int num_kv_heads, int ctas_per_sm) {
+  const int ctas = batch * num_kv_heads;
+  const int slots = (ctas_per_sm > 0 ? ctas_per_sm : 2) * device_sm_count();
+  const int chunks = ctas > 0 ? slots / ctas : 1;
+  return chunks < 1 ? 1 : (chunks < 16 ? chunks : 16);
 }
 
 }  // namespace attngen

@@ -139,11 +139,26 @@ void launch_tvm_decode(const char* name, DecodeProblem& P, const typename V::Par
   check_launch(name);
 }
 
-// TVM's "tirx" decode gives no key lengths on the host: keys split evenly by a batch-size heuristic, the
-// partial states in a per-device scratch buffer.
-template <int D>
+// Resident CTAs per SM of the tensor-core decode kernel on the current device, asked once per device.
+template <class V, class T, int D>
+int decode_tc_ctas_per_sm_cached() {
+  static int by_device[64] = {0};  // 0: not asked yet; -1: no tile fits
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int& n = by_device[dev & 63];
+  if (n == 0) {
+    const int m = decode_tc_ctas_per_sm<V, T, D>();
+    n = m > 0 ? m : -1;
+  }
+  return n > 0 ? n : 0;
+}
+
+// TVM's "tirx" decode gives no key lengths on the host: keys split evenly into as many chunks as fill the
+// device's CTA slots once (device_info.cuh even_decode_chunks), the partial states in a per-device scratch
+// buffer. V: the variant type the decode kernel is launched with.
+template <class V, class T, int D>
 void split_keys_evenly(const char* name, DecodeProblem& P) {
-  P.num_chunks = even_decode_chunks(P.batch, P.num_kv_heads);
+  P.num_chunks = even_decode_chunks(P.batch, P.num_kv_heads, decode_tc_ctas_per_sm_cached<V, T, D>());
   if (P.num_chunks > 1) {
     float* ws = device_scratch(size_t(P.batch) * P.num_chunks * P.num_qo_heads * (D + 1));
     if (ws == nullptr)
@@ -198,7 +213,7 @@ struct TirxSlots {
     const typename V::Params hp = compiled_params<V, Config>();
     DecodeProblem P{};
     fill_decode(P, q, o, lse, sm_scale, kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, last_page_len), name);
-    launch_tvm_decode<V, T, D>(name, P, hp, q, [name](DecodeProblem& p) { split_keys_evenly<D>(name, p); });
+    launch_tvm_decode<V, T, D>(name, P, hp, q, [name](DecodeProblem& p) { split_keys_evenly<V, T, D>(name, p); });
   }
 
   // prefill_paged's arguments with length_info [3, B]: request b's keys through TVM's sliding-window view, its
@@ -288,7 +303,9 @@ struct TirxSlots {
                   kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
       P.win = position_window(q_rope_position, k_rope_pos_offset, Config::kSlidingWindow, false);
       launch_tvm_decode<TvmWindowed<V>, T, D>(name, P, hp, q,
-                                              [name](DecodeProblem& p) { split_keys_evenly<D>(name, p); });
+                                              [name](DecodeProblem& p) {
+                                                split_keys_evenly<TvmWindowed<V>, T, D>(name, p);
+                                              });
     }
   }
 };

@@ -10,8 +10,8 @@ warm-up. A few more steps run under torch.profiler, whose CUPTI trace holds ever
 (TVM's included): the GPU time per step of all kernels and of the attention kernels (names that say
 decode, prefill, attention or merge, as the union of their spans: a split-KV merge launched as a
 programmatic dependent runs beside the decode kernel; the KV append is counted apart), so the
-attention slots' own share is not hidden by the host-side cost of a step. The last step's logits of the three models are compared. Writes
-JSON and a Markdown table.
+attention slots' own share is not hidden by the host-side cost of a step. The last step's logits of the
+three models are compared. Writes JSON and a Markdown table.
 
     python benchmarks/bench_tvm_model.py --out benchmarks/results --commit <sha>
 """

@@ -36,6 +36,7 @@
 #include "row_hook.cuh"
 #include "score_rules.cuh"
 #include "tile_map.cuh"
+#include "tvm_rope.cuh"
 #include "tvm_tree.cuh"
 #include "tvm_window.cuh"
 
@@ -61,6 +62,7 @@ struct PrefillProblem {
   const int32_t* work_order;
   PositionWindow win;  // TVM's positions and layer window: read by the windowed instances only (tvm_window.cuh)
   TreeMask tree;       // TVM's token trees: read by the tree instances only (tvm_tree.cuh)
+  RopeFreq rope;       // TVM's inline RoPE at P.win's positions: read by the RoPE instances only (tvm_rope.cuh)
 };
 
 // Tile configurations: Q rows per CTA (4 warps x MT m-tiles of 16 rows), keys per tile, stages
@@ -161,6 +163,15 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
   copy_commit();
   copy_wait<0>();
   __syncthreads();
+  if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE, before the variant's query transform
+    for (int r = warp; r < RQ; r += Tile::kWarps) {
+      const int pr = row0 + r;
+      if (pr >= rows_total) continue;
+      rope_rotate_row<D>([&](int i) -> T& { return sq[r * ST + i]; }, scratch, P.win.q_pos[q0 + pr / group], P.rope,
+                         lane);
+    }
+    __syncthreads();
+  }
   if constexpr (V::kHasQueryTransform) {
     for (int r = warp; r < RQ; r += Tile::kWarps) {
       const int pr = row0 + r;
@@ -342,6 +353,15 @@ prefill_kernel(PrefillProblem P, typename V::Params hp) {
     T* sv = skv + (stage * 2 + 1) * TK * D;
     const int j0 = tile_start(kt);
     const bool full_tile = tile_full(kt);
+    if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE at the keys' positions, before the key transform
+      for (int r = warp; r < TK; r += Tile::kWarps) {
+        const int j = j0 + r;
+        if (j >= hi) continue;
+        rope_rotate_row<D>([&](int i) -> T& { return sk[kv_tile_at<D>(r, i)]; }, scratch, P.win.k_pos0[b] + j,
+                           P.rope, lane);
+      }
+      __syncthreads();
+    }
     if constexpr (V::kHasKeyTransform) {
       for (int r = warp; r < TK; r += Tile::kWarps) {
         const int j = j0 + r;
@@ -578,7 +598,8 @@ void launch_prefill_tile(const PrefillProblem& P, int max_qo_len, const typename
   using Tile = PrefillTile<D, Small, MT>;
   const size_t smem = prefill_smem_bytes<V, T, D, Small, MT>();
   auto kernel = prefill_kernel_ref<V, T, D, Small, MT>();
-  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>() && !tvm_tree<V>()) {  // (no maps for those)
+  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>() && !tvm_tree<V>() &&
+                !tvm_rope<V>()) {  // (no maps for those)
     if (P.tiles.present()) kernel = prefill_kernel<V, T, D, Small, MT, true>;
   }
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -597,8 +618,9 @@ constexpr int kPrefillWideRows = 256;
 template <class V, class T, int D>
 void launch_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
   const size_t optin = size_t(device_smem_optin());
-  // (TVM's windowed instances: their 128-row tile spilled; tree forwards are small: one tile size fewer to build)
-  if constexpr (D <= 128 && !tvm_windowed<V>() && !tvm_tree<V>()) {
+  // (TVM's windowed instances: their 128-row tile spilled; tree forwards are small and RoPE instances rare: one
+  // tile size fewer to build)
+  if constexpr (D <= 128 && !tvm_windowed<V>() && !tvm_tree<V>() && !tvm_rope<V>()) {
     if (P.tile_rows != 64 && int64_t(max_qo_len) * P.group >= kPrefillWideRows &&
         optin >= prefill_smem_bytes<V, T, D, false, 2>())
       return launch_prefill_tile<V, T, D, false, 2>(P, max_qo_len, hp, stream);

@@ -393,11 +393,12 @@ def test_variants_tvm_cannot_merge_are_refused(variant, why):
 def test_cuda_targets_are_routed_or_refused_clearly():
     with pytest.raises(NotImplementedError, match=r"create_paged_kv_cache\(\.\.\., target='cuda'\)"):
         attention_slot_functions(SHAPE, target="cuda")
-    with pytest.raises(ValueError, match="rope_mode 'inline'.*CUDA slots"):
-        create_paged_kv_cache(replace(SHAPE, dtype="float16", rope_mode="inline"), target="cuda")
-    with pytest.raises(ValueError, match="support_sliding_window=True with rope_mode 'normal'.*CUDA slots"):
+    with pytest.raises(ValueError, match="rope_mode 'inline'.*use convention='tirx'"):
+        create_paged_kv_cache(replace(SHAPE, dtype="float16", rope_mode="inline"), target="cuda",
+                              convention="flashinfer")
+    with pytest.raises(ValueError, match="rope_mode 'normal' .support_sliding_window=True makes it inline.*tirx"):
         create_paged_kv_cache(replace(SHAPE, dtype="float16", support_sliding_window=True, rope_mode="normal"),
-                              target="cuda")
+                              target="cuda", convention="flashinfer")
 
 
 def test_cache_shape_is_validated_once():

@@ -92,10 +92,11 @@ def test_a_whole_model_compiles_for_cuda_with_attngens_cache(build_cache, tmp_pa
 
 
 def test_model_library_refuses_what_the_cuda_slots_cannot_serve():
-    with pytest.raises(ValueError, match="rope_mode 'inline'"):
-        paged_kv_cache_module(replace(SHAPE, rope_mode="inline"), **CUDA)
-    with pytest.raises(ValueError, match="support_sliding_window=True with rope_mode 'normal'"):
-        paged_kv_cache_module(replace(SHAPE, support_sliding_window=True, rope_mode="normal"), **CUDA)
+    with pytest.raises(ValueError, match="rope_mode 'inline'.*convention='tirx'"):
+        paged_kv_cache_module(replace(SHAPE, rope_mode="inline"), convention="flashinfer", **CUDA)
+    with pytest.raises(ValueError, match="support_sliding_window=True makes it inline"):
+        paged_kv_cache_module(replace(SHAPE, support_sliding_window=True, rope_mode="normal"), convention="flashinfer",
+                              **CUDA)
     with pytest.raises(ValueError, match="convention 'fa3'"):
         paged_kv_cache_module(SHAPE, convention="fa3", **CUDA)
     with pytest.raises(ValueError, match="arch: a CUDA model library is built for a named GPU arch"):

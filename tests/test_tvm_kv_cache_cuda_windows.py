@@ -2,7 +2,7 @@
 
 - which build a cache's sliding-window slots get (``slot_window``: the layer window of "mha_sliding"
   layers, 0 for per-sequence windows, none for a cache without windows), and what is refused when the
-  cache is made (per-sequence windows turn TVM's RoPE inline);
+  cache is made (per-sequence windows turn TVM's RoPE inline, which the "flashinfer" convention cannot serve);
 - the slot library built for a layer window (nvcc, sm_90a): its sliding-window functions compiled
   with the window and the windowed kernel instances, a library without windows free of them, and
   the functions' refusals, which run before any CUDA call (the library loads without a driver);
@@ -46,14 +46,15 @@ def test_build_config_takes_a_window_for_tvm_slot_builds_only():
             BuildConfig("cuda", (64,), ("float16",), ("sm_90a",), **bad)
 
 
-def test_per_sequence_windows_with_rope_are_refused_by_name():
-    """TVM turns any RoPE mode into inline RoPE for a cache with per-sequence windows; attngen's CUDA slots apply
-    no RoPE inside attention, so that cache is refused when it is made (run time and ahead of time)."""
+def test_per_sequence_windows_with_rope_are_refused_by_name_in_the_flashinfer_convention():
+    """TVM turns any RoPE mode into inline RoPE for a cache with per-sequence windows; the "flashinfer" run functions
+    get no positions to rotate at, so that cache is refused there when it is made (run time and ahead of time); the
+    "tirx" slots serve it (test_tvm_kv_cache_cuda_rope.py)."""
     shape = replace(SHAPE, support_sliding_window=True, rope_mode="normal")
-    with pytest.raises(ValueError, match="support_sliding_window=True with rope_mode 'normal'.*rope_mode='none'"):
-        create_paged_kv_cache(shape, target="cuda")
-    with pytest.raises(ValueError, match="support_sliding_window=True with rope_mode 'normal'"):
-        paged_kv_cache_module(shape, target="cuda", arch="sm_90a")
+    with pytest.raises(ValueError, match="support_sliding_window=True makes it inline.*convention='tirx'"):
+        create_paged_kv_cache(shape, target="cuda", convention="flashinfer")
+    with pytest.raises(ValueError, match="support_sliding_window=True makes it inline"):
+        paged_kv_cache_module(shape, target="cuda", arch="sm_90a", convention="flashinfer")
 
 
 @pytest.fixture(scope="module")

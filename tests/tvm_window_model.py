@@ -6,7 +6,9 @@ self-attention part is never windowed); a sequence with a per-sequence window ke
 latest tokens after each step (positions renumbered, as TVM does). ``run_script`` drives caches and
 the model through the same steps. test_gpu_tvm_kv_cache_windows.py compares attngen's CUDA caches with
 it; test_tvm_kv_cache_cuda_windows.py checks it against attngen's CPU cache (whose sliding windows were
-checked against TVM's CPU kernels) and that its windows bite on the scripts.
+checked against TVM's CPU kernels) and that its windows bite on the scripts. A shape whose RoPE TVM applies inside
+attention (``inline_rope``) makes the model rotate queries and keys at their positions in the kept sequence
+(test_gpu_tvm_kv_cache_rope.py, test_tvm_kv_cache_cuda_rope.py), with TVM's RoPE scalars per part.
 """
 from __future__ import annotations
 
@@ -37,6 +39,14 @@ SEQUENCE_SCRIPT = [("add", 0), ("window", 0, 24, 4), ("add", 1), ("window", 1, 2
                    ("step", [0, 1, 2], [20, 9, 33]), ("step", [0], [5]), ("step", [0, 1, 2], [1, 1, 1]),
                    ("step", [0, 1], [9, 14]), *[("step", [0, 1, 2], [1, 1, 1])] * 4, ("step", [1, 0, 2], [1, 3, 6]),
                    *[("step", [2, 1, 0], [1, 1, 1])] * 3]
+
+
+def rope(x, pos, scale: float, theta: float):
+    """TVM's rotate-half RoPE of rows x [n, H, D] at positions pos [n], in float64."""
+    d = x.shape[-1]
+    angle = np.asarray(pos, np.float64)[:, None, None] * scale / theta ** ((2 * np.arange(d) % d) / d)
+    partner = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], -1)
+    return np.cos(angle) * x + np.sin(angle) * partner
 
 
 def attend(q, k, v, visible, sm_scale):
@@ -73,6 +83,19 @@ class CacheModel:
         else:  # "window": (sequence, window, sink)
             self.windows[args[0]] = args[1:]
 
+    def _rotate(self, q, k, qp, kp, cached: int, sliding: bool):
+        """q and k rotated at TVM's positions (the tokens' places in the kept sequence). TVM passes the paged part
+        of a "mha_sliding" layer (the cached keys) rope_scale 1 and rope_theta 1e4, whatever the cache's: there
+        q and k take two rotations, [q_paged, q_step] against [k_cached, 0] and [0, k_step]."""
+        sc, th = self.shape.rope_scale, self.shape.rope_theta
+        if not sliding:
+            return rope(q, qp, sc, th), rope(k, kp, sc, th)
+        zeros = np.zeros_like(k)
+        k_paged = np.where(kp[:, None, None] < cached, rope(k, kp, 1.0, 1e4), zeros)
+        k_step = np.where(kp[:, None, None] >= cached, rope(k, kp, sc, th), zeros)
+        return (np.concatenate([rope(q, qp, 1.0, 1e4), rope(q, qp, sc, th)], -1),
+                np.concatenate([k_paged, k_step], -1))
+
     def step(self, ids, lens, qkvs) -> list:
         """Per layer the step's outputs [sum(lens), Hq, D]; appends the tokens (and slides per-sequence windows)."""
         hq, hkv, layers = self.hq, self.hkv, self.shape.num_layers
@@ -87,7 +110,10 @@ class CacheModel:
                 vis = kp[None] <= qp[:, None]
                 if self.shape.attn_kinds[layer] == "mha_sliding":
                     vis &= (qp[:, None] - kp[None] < self.shape.sliding_window) | (kp[None] >= len(hist_k))
-                outs[layer].append(attend(x[:, :hq], k, v, vis, self.d ** -0.5)[0])
+                q, kr = x[:, :hq], k
+                if self.shape.inline_rope:
+                    q, kr = self._rotate(q, k, qp, kp, len(hist_k), self.shape.attn_kinds[layer] == "mha_sliding")
+                outs[layer].append(attend(q, kr, v, vis, self.d ** -0.5)[0])
                 if s in self.windows and len(k) > self.windows[s][0]:
                     window, sink = self.windows[s]
                     k, v = (np.concatenate([a[:sink], a[len(a) - (window - sink):]]) for a in (k, v))

@@ -45,7 +45,7 @@ def _prefill_entries(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) 
 
 def _tvm_slots(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str]:
     constants = dict(cfg.tvm_constants)
-    return [tvm_slot_wrappers(variant, head_dim, pair.q, constants, cfg.tvm_window),
+    return [tvm_slot_wrappers(variant, head_dim, pair.q, constants, cfg.tvm_window, cfg.tvm_rope),
             flashinfer_slot_wrappers(variant, head_dim, pair.q, constants)]
 
 

@@ -57,7 +57,15 @@ so scalar parameters are compiled in (``BuildConfig.tvm_constants`` or their def
 tensor parameters are refused. Refused too, at build time: sum-state variants and output
 transforms (TVM merges a row's parts by lse), and hooks that read positions or the batch
 index (TVM calls a slot per prefix depth, where neither means what the variant expects).
-At run time: inline RoPE (rotary_mode 1) raises, and so does length_info [3, B] in the plain slots.
+* inline RoPE (TVM's RopeMode INLINE, rotary_mode 1), in libraries built with ``BuildConfig.tvm_rope``:
+  the paged and ragged prefill, decode and sliding-window functions rotate each query row at
+  q_rope_position and key j of request b at k_rope_pos_offset[b] + j (j in the sliding-window view)
+  by TVM's rotate-half RoPE with the call's rope_scale and rope_theta, before the variant's
+  transforms. The kernels are instances with the rotation compiled in (``TvmRope`` traits,
+  csrc/tvm_rope.cuh) on the mma.sync prefill and tensor-core decode templates, built only there;
+  elsewhere rotary_mode 1 raises. The token-tree functions refuse it always (as TVM's cache does).
+
+At run time: length_info [3, B] in the plain slots raises.
 The grid of the prefill functions is sized from the query rows (TVM gives no host copy of
 qo_indptr); the "tirx" decode splits keys evenly by a batch-size heuristic into a per-device
 workspace, the "flashinfer" decode (and decode steps sent through paged prefill) follows the plan.
@@ -155,13 +163,16 @@ def _instantiation(template: str, functions: dict, variant, head_dim: int, dtype
     ]) + "\n"
 
 
-def tvm_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict, window: int | None = None) -> str:
+def tvm_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict, window: int | None = None,
+                      rope: bool = False) -> str:
     """C++ of the ("tirx", fn) slot functions for one (head_dim, dtype): TirxSlots (csrc/tvm_slots.h)
-    instantiated with the variant's compiled-in parameters and what its sliding-window functions serve
-    (``window``: ``BuildConfig.tvm_window``; None is -1 there: they refuse a call), and its exports."""
-    served = f"  static constexpr int kSlidingWindow = {-1 if window is None else int(window)};"
+    instantiated with the variant's compiled-in parameters, what its sliding-window functions serve
+    (``window``: ``BuildConfig.tvm_window``; None is -1 there: they refuse a call) and whether it serves
+    inline RoPE (``rope``: ``BuildConfig.tvm_rope``), and its exports."""
+    served = (f"  static constexpr int kSlidingWindow = {-1 if window is None else int(window)};",
+              f"  static constexpr bool kInlineRope = {'true' if rope else 'false'};")
     return "\n" + _instantiation("attngen::tvm_slot::TirxSlots", TIRX_FUNCTIONS, variant, head_dim, dtype,
-                                 constants, (served,))
+                                 constants, served)
 
 
 def flashinfer_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict) -> str:

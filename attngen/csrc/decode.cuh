@@ -17,6 +17,7 @@
 #include "epilogue.cuh"
 #include "fp8_kv.cuh"
 #include "kv_rows.cuh"
+#include "tvm_rope.cuh"
 #include "tvm_window.cuh"
 
 namespace attngen {
@@ -51,6 +52,7 @@ struct DecodeProblem {
   float sm_scale;
   KVRows kv;  // paged (page_size > 0)
   PositionWindow win;  // TVM's positions and layer window: read by the windowed instances only (tvm_window.cuh)
+  RopeFreq rope;       // TVM's inline RoPE at win's positions: read by the RoPE instances only (tvm_rope.cuh)
 };
 
 // A decode problem over an fp8 cache: the scales its elements are stored with.

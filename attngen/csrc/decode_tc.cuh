@@ -296,6 +296,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         __syncwarp();
       }
       if (tile == 0) {  // the query rows arrived with this tile: query transform, then the fragments
+        if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE, before the variant's query transform
+          for (int r = warp; r < group; r += NW)
+            rope_rotate_row<D>([&](int i) -> T& { return sq[r * ST + i]; }, scratch, P.win.q_pos[b], P.rope, lane);
+          __syncthreads();
+        }
         if constexpr (V::kHasQueryTransform) {
           for (int r = warp; r < group; r += NW) {
             for (int i = lane; i < D; i += 32) scratch[i] = to_float(sq[r * ST + i]);
@@ -315,6 +320,14 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         }
       }
       const int j0 = start + tile * TK + wk;  // this warp's first key
+      if constexpr (tvm_rope<V>()) {  // this warp's rows at TVM's key positions, before the key transform
+        for (int r = 0; r < Tile::kKeysPerWarp; ++r) {
+          const int j = j0 + r;
+          if (j >= end) break;
+          rope_rotate_row<D>([&](int i) -> T& { return sk[kv_tile_at<D>(wk + r, i)]; }, scratch, P.win.k_pos0[b] + j,
+                             P.rope, lane);
+        }
+      }
       if constexpr (V::kHasKeyTransform) {  // this warp's 16 rows only: no CTA barrier needed
         for (int r = 0; r < Tile::kKeysPerWarp; ++r) {
           const int j = j0 + r;

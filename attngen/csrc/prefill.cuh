@@ -44,6 +44,7 @@
 #include "row_hook.cuh"
 #include "score_rules.cuh"
 #include "tile_map.cuh"
+#include "tvm_rope.cuh"
 #include "tvm_tree.cuh"
 #include "tvm_window.cuh"
 
@@ -69,6 +70,7 @@ struct PrefillProblem {
   const int32_t* work_order;
   PositionWindow win;  // TVM's positions and layer window: read by the windowed instances only (tvm_window.cuh)
   TreeMask tree;       // TVM's token trees: read by the tree instances only (tvm_tree.cuh)
+  RopeFreq rope;       // TVM's inline RoPE at P.win's positions: read by the RoPE instances only (tvm_rope.cuh)
 };
 
 // The problem of a prefill over an fp8 cache: its per-KV-head scales (fp8_kv.cuh)
@@ -192,6 +194,15 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   copy_commit();
   copy_wait<0>();
   __syncthreads();
+  if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE, before the variant's query transform
+    for (int r = warp; r < RQ; r += Tile::kWarps) {
+      const int pr = row0 + r;
+      if (pr >= rows_total) continue;
+      rope_rotate_row<D>([&](int i) -> T& { return sq[r * ST + i]; }, scratch, P.win.q_pos[q0 + pr / group], P.rope,
+                         lane);
+    }
+    __syncthreads();
+  }
   if constexpr (V::kHasQueryTransform) {
     for (int r = warp; r < RQ; r += Tile::kWarps) {
       const int pr = row0 + r;
@@ -394,6 +405,15 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
     T* sv = skv + (stage * 2 + 1) * TK * D;
     const int j0 = tile_start(kt);
     const bool full_tile = tile_full(kt);
+    if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE at the keys' positions, before the key transform
+      for (int r = warp; r < TK; r += Tile::kWarps) {
+        const int j = j0 + r;
+        if (j >= hi) continue;
+        rope_rotate_row<D>([&](int i) -> T& { return sk[kv_tile_at<D>(r, i)]; }, scratch, P.win.k_pos0[b] + j,
+                           P.rope, lane);
+      }
+      __syncthreads();
+    }
     if constexpr (V::kHasKeyTransform) {
       for (int r = warp; r < TK; r += Tile::kWarps) {
         const int j = j0 + r;

@@ -12,7 +12,10 @@
 // kernel is instantiated), 0 per-sequence windows with attention sinks, W > 0 also the window of "mha_sliding"
 // layers (tvm_window.cuh). The two token-tree functions (kPrefillRaggedTree, kPrefillPagedTree) run instances
 // with TVM's tree mask compiled in (tvm_tree.cuh) on the mma.sync template; the paged one serves "mha_sliding"
-// layers (length_info [3, B]) where kSlidingWindow > 0.
+// layers (length_info [3, B]) where kSlidingWindow > 0. kInlineRope: whether the library serves TVM's inline
+// RoPE (rotary_mode 1) in the prefill, decode and sliding-window functions, with TvmRope<V> instances on the
+// mma.sync prefill and tensor-core decode templates (tvm_rope.cuh); without it those refuse rotary_mode 1. The
+// tree functions never serve it (TVM refuses token trees under inline RoPE).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +24,7 @@
 #include "decode_launch.cuh"
 #include "prefill_dispatch.h"
 #include "problem_glue.h"
+#include "tvm_rope.cuh"
 #include "tvm_tree.cuh"
 #include "tvm_window.cuh"
 
@@ -32,11 +36,26 @@ using tvm::ffi::TensorView;
 // The decode functions serve groups of up to this many query heads per KV head.
 constexpr int kMaxGroup = 8;
 
+// The tree functions: TVM's cache refuses token trees under inline RoPE, and so do they.
 inline void check_no_inline_rope(const char* name, int64_t rotary_mode) {
   if (rotary_mode != 0)
     TVM_FFI_THROW(ValueError) << name << ": rotary_mode " << rotary_mode << " (inline RoPE) is not served by "
-        "attngen's CUDA slots; create the cache with RoPE applied before attention (RopeMode NORMAL or NONE)";
+        "attngen's token-tree slots (TVM's cache refuses token trees under inline RoPE); create the cache with "
+        "RoPE applied before attention (RopeMode NORMAL or NONE)";
 }
+
+// Whether a call asks for TVM's inline RoPE (rotary_mode 1), which only a library built for it serves.
+template <class Config>
+bool wants_inline_rope(const char* name, int64_t rotary_mode) {
+  if (rotary_mode != 0 && rotary_mode != 1)
+    TVM_FFI_THROW(ValueError) << name << ": rotary_mode " << rotary_mode << " is not TVM's (0 none, 1 inline)";
+  if (rotary_mode == 1 && !Config::kInlineRope)
+    TVM_FFI_THROW(ValueError) << name << ": rotary_mode 1 (inline RoPE) is not served by this library: it was "
+        "built without RoPE kernels (BuildConfig.tvm_rope False); build it for the cache's RoPE (attngen.tvm "
+        "does so from a CacheShape whose inline_rope is set)";
+  return rotary_mode == 1;
+}
+
 
 inline void check_plain_length_info(const char* name, const TensorView& last_page_len) {
   if (last_page_len.ndim() != 1)
@@ -64,6 +83,14 @@ inline PositionWindow position_window(const TensorView& q_rope_position, const T
           static_cast<const int32_t*>(data_of(k_rope_pos_offset)), window, causal ? 1 : 0};
 }
 
+// TVM's positions and run-time RoPE scalars of an inline-RoPE call (the layer window and causal flag as given).
+template <class Problem>
+void set_rope(Problem& P, const TensorView& q_rope_position, const TensorView& k_rope_pos_offset, double rope_scale,
+              double rope_theta, int window = 0, bool causal = false) {
+  P.win = position_window(q_rope_position, k_rope_pos_offset, window, causal);
+  P.rope = {float(rope_scale), float(rope_theta)};
+}
+
 inline void refuse_sliding_window(const char* name) {
   TVM_FFI_THROW(ValueError) << name << ": this library was built without sliding-window kernels (BuildConfig."
                                "tvm_window None); build it for the cache's windows (attngen.tvm does so from a "
@@ -86,6 +113,18 @@ void launch_tvm_prefill(const char* name, PrefillProblem& P, bool causal, int64_
   P.causal = causal;
   P.tvm_conventions = 1;
   launch_prefill_any<V, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));
+  check_launch(name);
+}
+
+// Inline-RoPE prefill (W: the traits, TvmWindowed<V> for the sliding-window function) on the mma.sync template
+// (no Hopper instance), P.win and P.rope set (set_rope).
+template <class W, class T, int D>
+void launch_tvm_rope_prefill(const char* name, PrefillProblem& P, bool causal, int64_t max_qo_len,
+                             const typename W::Params& hp, const TensorView& q) {
+  P.causal = causal;
+  P.tvm_conventions = 1;
+  P.kernel = static_cast<int>(PrefillTemplate::kMmaSync);
+  launch_prefill<TvmRope<W>, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));
   check_launch(name);
 }
 
@@ -134,7 +173,10 @@ void launch_tvm_decode(const char* name, DecodeProblem& P, const typename V::Par
   P.tvm_conventions = 1;
   cudaStream_t stream = stream_of(q);  // also makes q's device current for what follows
   set_split(P);
-  if (!launch_decode<V, T, D, kMaxGroup>(P, hp, stream))
+  bool launched;
+  if constexpr (tvm_rope<V>()) launched = try_launch_decode_tc<V, T, D>(P, hp, stream);  // (no CUDA-core instance)
+  else launched = launch_decode<V, T, D, kMaxGroup>(P, hp, stream);
+  if (!launched)
     TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory";
   check_launch(name);
 }
@@ -170,6 +212,12 @@ void split_keys_evenly(const char* name, DecodeProblem& P) {
 
 template <class V, class T, int D, class Config>
 struct TirxSlots {
+  // The "tirx" decode's even split-KV (split_keys_evenly) for a launch of the variant type W.
+  template <class W>
+  static auto even_split(const char* name) {
+    return [name](DecodeProblem& p) { split_keys_evenly<W, T, D>(name, p); };
+  }
+
   // (q [n, Hq, D], qo_indptr [B+1], pages [P, 2, Hkv, S, D], page_indptr [B+1], page_indices [nnz],
   //  length_info [B] (last page lengths), k_rope_pos_offset [B], q_rope_position [n], o [n, Hq, D], lse [n, Hq],
   //  causal, rotary_mode, rope_scale, rope_theta, sm_scale)
@@ -178,13 +226,19 @@ struct TirxSlots {
                             TensorView q_rope_position, TensorView o, TensorView lse, int64_t causal,
                             int64_t rotary_mode, double rope_scale, double rope_theta, double sm_scale) {
     const char* name = Config::kPrefillPaged;
-    check_no_inline_rope(name, rotary_mode);
+    [[maybe_unused]] const bool rope = wants_inline_rope<Config>(name, rotary_mode);
     check_plain_length_info(name, last_page_len);
     const typename V::Params hp = compiled_params<V, Config>();
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
                  kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, last_page_len), name);  // TVM's pages are HND
     // TVM gives no host copy of qo_indptr: the grid is sized for the longest possible request (all rows)
+    if constexpr (Config::kInlineRope) {
+      if (rope) {
+        set_rope(P, q_rope_position, k_rope_pos_offset, rope_scale, rope_theta);
+        return launch_tvm_rope_prefill<V, T, D>(name, P, causal != 0, q.size(0), hp, q);
+      }
+    }
     launch_tvm_prefill<V, T, D>(name, P, causal != 0, q.size(0), hp, q);
   }
 
@@ -195,10 +249,16 @@ struct TirxSlots {
                              int64_t causal, int64_t rotary_mode, double rope_scale, double rope_theta,
                              double sm_scale) {
     const char* name = Config::kPrefillRagged;
-    check_no_inline_rope(name, rotary_mode);
+    [[maybe_unused]] const bool rope = wants_inline_rope<Config>(name, rotary_mode);
     const typename V::Params hp = compiled_params<V, Config>();
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<T>(P.kv, k, v, kv_indptr), name);
+    if constexpr (Config::kInlineRope) {
+      if (rope) {  // key j of request b at k_rope_pos_offset[b] + j, as in the paged function
+        set_rope(P, q_rope_position, k_rope_pos_offset, rope_scale, rope_theta);
+        return launch_tvm_rope_prefill<V, T, D>(name, P, causal != 0, q.size(0), hp, q);
+      }
+    }
     launch_tvm_prefill<V, T, D>(name, P, causal != 0, q.size(0), hp, q);
   }
 
@@ -208,12 +268,18 @@ struct TirxSlots {
                      TensorView k_rope_pos_offset, TensorView q_rope_position, TensorView o, TensorView lse,
                      int64_t rotary_mode, double rope_scale, double rope_theta, double sm_scale) {
     const char* name = Config::kDecode;
-    check_no_inline_rope(name, rotary_mode);
+    [[maybe_unused]] const bool rope = wants_inline_rope<Config>(name, rotary_mode);
     check_plain_length_info(name, last_page_len);
     const typename V::Params hp = compiled_params<V, Config>();
     DecodeProblem P{};
     fill_decode(P, q, o, lse, sm_scale, kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, last_page_len), name);
-    launch_tvm_decode<V, T, D>(name, P, hp, q, [name](DecodeProblem& p) { split_keys_evenly<V, T, D>(name, p); });
+    if constexpr (Config::kInlineRope) {
+      if (rope) {
+        set_rope(P, q_rope_position, k_rope_pos_offset, rope_scale, rope_theta);
+        return launch_tvm_decode<TvmRope<V>, T, D>(name, P, hp, q, even_split<TvmRope<V>>(name));
+      }
+    }
+    launch_tvm_decode<V, T, D>(name, P, hp, q, even_split<V>(name));
   }
 
   // prefill_paged's arguments with length_info [3, B]: request b's keys through TVM's sliding-window view, its
@@ -227,13 +293,19 @@ struct TirxSlots {
     if constexpr (Config::kSlidingWindow < 0) {
       refuse_sliding_window(name);
     } else {
-      check_no_inline_rope(name, rotary_mode);
+      [[maybe_unused]] const bool rope = wants_inline_rope<Config>(name, rotary_mode);
       const typename V::Params hp = compiled_params<V, Config>();
       PrefillProblem P{};
       set_sliding_view(name, P.kv, length_info);
       fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
                    kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
       P.win = position_window(q_rope_position, k_rope_pos_offset, Config::kSlidingWindow, causal != 0);
+      if constexpr (Config::kInlineRope) {
+        if (rope) {  // keys rotated at their positions in the view
+          set_rope(P, q_rope_position, k_rope_pos_offset, rope_scale, rope_theta, Config::kSlidingWindow, causal != 0);
+          return launch_tvm_rope_prefill<TvmWindowed<V>, T, D>(name, P, false, q.size(0), hp, q);
+        }
+      }
       // the causal flag applies at TVM's positions (P.win); the in-call one is off
       launch_tvm_prefill<TvmWindowed<V>, T, D>(name, P, false, q.size(0), hp, q);
     }
@@ -295,17 +367,21 @@ struct TirxSlots {
     if constexpr (Config::kSlidingWindow < 0) {
       refuse_sliding_window(name);
     } else {
-      check_no_inline_rope(name, rotary_mode);
+      [[maybe_unused]] const bool rope = wants_inline_rope<Config>(name, rotary_mode);
       const typename V::Params hp = compiled_params<V, Config>();
       DecodeProblem P{};
       set_sliding_view(name, P.kv, length_info);
       fill_decode(P, q, o, lse, sm_scale,
                   kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
       P.win = position_window(q_rope_position, k_rope_pos_offset, Config::kSlidingWindow, false);
-      launch_tvm_decode<TvmWindowed<V>, T, D>(name, P, hp, q,
-                                              [name](DecodeProblem& p) {
-                                                split_keys_evenly<TvmWindowed<V>, T, D>(name, p);
-                                              });
+      if constexpr (Config::kInlineRope) {
+        if (rope) {
+          set_rope(P, q_rope_position, k_rope_pos_offset, rope_scale, rope_theta, Config::kSlidingWindow, false);
+          return launch_tvm_decode<TvmRope<TvmWindowed<V>>, T, D>(name, P, hp, q,
+                                                                  even_split<TvmRope<TvmWindowed<V>>>(name));
+        }
+      }
+      launch_tvm_decode<TvmWindowed<V>, T, D>(name, P, hp, q, even_split<TvmWindowed<V>>(name));
     }
   }
 };

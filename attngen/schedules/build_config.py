@@ -46,6 +46,9 @@ class BuildConfig:
     # None: nothing (they refuse a call; no windowed kernels are built); 0: per-sequence windows with attention
     # sinks; W > 0: also the window of "mha_sliding" layers, W positions (the query included)
     tvm_window: int | None = None
+    # cuda "tvm" slots: also TVM's inline RoPE (rotary_mode 1) in the prefill, decode and sliding-window functions
+    # (RoPE kernel instances, csrc/tvm_rope.cuh); False: those refuse rotary_mode 1 and no RoPE kernel is built
+    tvm_rope: bool = False
     # K/V dtype of each query dtype, position by position; () = the query dtype. Besides equal pairs, fp8 K/V
     # caches (FP8_DTYPES, dequantised with k_scale / v_scale): on the CPU target for any query dtype and
     # kernel, on cuda for the decode and prefill templates (FP8_CUDA_KERNELS), whole-program builds
@@ -78,6 +81,8 @@ class BuildConfig:
         if self.tvm_window is not None and (self.tvm_window < 0 or "tvm" not in self.kernels):
             raise ConfigError(f"tvm_window {self.tvm_window!r}: a window of 0 (per-sequence windows) or more "
                               "positions, for builds with kernels=('tvm',)")
+        if self.tvm_rope and "tvm" not in self.kernels:
+            raise ConfigError("tvm_rope: inline RoPE is built into the TVM slots only (kernels=('tvm',))")
         if not self.head_dims or not self.dtypes:
             raise ConfigError("a build needs at least one head_dim and one dtype")
         bad_layout = [x for x in self.layouts if x not in LAYOUTS]
@@ -150,6 +155,8 @@ class BuildConfig:
             d.pop("link")
         if d["tvm_window"] is None:  # so does a build without sliding-window TVM slots
             d.pop("tvm_window")
+        if not d["tvm_rope"]:  # and one without RoPE kernels
+            d.pop("tvm_rope")
         return json.dumps(d, sort_keys=True)
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from .templates import ArchNeeds, TemplateRecord
 
-# ("tirx", fn); the sliding-window slots serve what BuildConfig.tvm_window says (and refuse a call without it); the
+# ("tirx", fn); the sliding-window slots serve what BuildConfig.tvm_window says (and refuse a call without it), the
+# prefill, decode and sliding-window slots inline RoPE where BuildConfig.tvm_rope says so (else they refuse it); the
 # token-tree slots (speculative decoding) run on the mma.sync prefill template
 SLOT_KINDS = ("tvm_prefill_paged", "tvm_prefill_ragged", "tvm_decode", "tvm_prefill_paged_sliding_window",
               "tvm_decode_sliding_window", "tvm_prefill_ragged_tree", "tvm_prefill_paged_tree")

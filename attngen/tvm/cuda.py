@@ -13,7 +13,9 @@ sliding-window slots and the two token-tree slots (speculative decoding) are "ti
 (as in TVM's own FlashInfer cache, and TVM 0.27 converts tree slots of that form only); a cache with
 windows (per-sequence windows with sinks, or "mha_sliding" layers) gets a library built for them
 (``slot_window``: ``BuildConfig.tvm_window``), any other a library whose sliding-window functions
-refuse a call (TVM never makes one there).
+refuse a call (TVM never makes one there). A cache whose RoPE TVM applies inside attention (``inline_rope``:
+RopeMode INLINE, or any RoPE with per-sequence windows) gets a library built with ``BuildConfig.tvm_rope``, in
+the "tirx" convention only (TVM passes the "flashinfer" run functions no positions).
 """
 from __future__ import annotations
 
@@ -49,15 +51,12 @@ def check_cuda_shape(shape: CacheShape, convention: str) -> None:
     """Refuse what attngen's CUDA slots cannot serve (for the run-time and the model-library cache alike)."""
     if convention not in CONVENTIONS:
         raise ValueError(f"convention {convention!r}: use 'tirx' or 'flashinfer'")
-    if shape.rope_mode == ROPE_MODES["inline"]:
-        raise ValueError("rope_mode 'inline': attngen's CUDA slots do not apply RoPE inside attention; use "
-                         "rope_mode='normal' (TVM's split + RoPE kernel before the cache) or 'none'")
-    if shape.inline_rope:  # per-sequence windows: TVM turns any RoPE mode into inline RoPE
+    if shape.inline_rope and convention != "tirx":
         mode = {code: name for name, code in ROPE_MODES.items()}[shape.rope_mode]
-        raise ValueError(f"support_sliding_window=True with rope_mode {mode!r}: TVM's cache "
-                         "then applies RoPE inside attention (inline), which attngen's CUDA slots do not; use "
-                         "rope_mode='none' and rotate q / k in the model, or the CPU slots (target='cpu'), which "
-                         "apply inline RoPE")
+        why = "" if shape.rope_mode == ROPE_MODES["inline"] else " (support_sliding_window=True makes it inline)"
+        raise ValueError(f"rope_mode {mode!r}{why}: TVM applies this RoPE inside attention, and its \"flashinfer\" "
+                         "run functions get no token positions to rotate at; use convention='tirx', whose CUDA "
+                         "slots apply inline RoPE, or rope_mode='normal' without per-sequence windows")
 
 
 def slot_window(shape: CacheShape) -> int | None:
@@ -69,9 +68,10 @@ def slot_window(shape: CacheShape) -> int | None:
 
 
 def build_slot_library(variant, *, head_dim: int, dtype: str, params: dict | None, arch: str, window: int | None = None,
-                       cache=None):
-    """Build (cached) the variant's CUDA library with kernels=("tvm",), the scalar ``params`` and what the
-    sliding-window slots serve (``window``, ``slot_window``) compiled in; returns the build's BuildResult."""
+                       rope: bool = False, cache=None):
+    """Build (cached) the variant's CUDA library with kernels=("tvm",), the scalar ``params``, what the
+    sliding-window slots serve (``window``, ``slot_window``) and whether the slots apply inline RoPE (``rope``:
+    ``CacheShape.inline_rope``) compiled in; returns the build's BuildResult."""
     if dtype not in CUDA_DTYPES:
         raise ValueError(f"dtype {dtype!r}: the CUDA slots serve {list(CUDA_DTYPES)}")
     names = {p.name for p in variant.params if isinstance(p, ScalarParam)}
@@ -79,7 +79,7 @@ def build_slot_library(variant, *, head_dim: int, dtype: str, params: dict | Non
     if unknown:
         raise ValueError(f"params: {unknown} are not scalar parameters of variant '{variant.name}'")
     cfg = BuildConfig("cuda", (head_dim,), (dtype,), (arch,), ("HND",), kernels=("tvm",),
-                      tvm_constants=tuple(sorted((params or {}).items())), tvm_window=window)
+                      tvm_constants=tuple(sorted((params or {}).items())), tvm_window=window, tvm_rope=rope)
     return build(variant, cfg, **({"cache": cache} if cache is not None else {}))
 
 
@@ -102,23 +102,24 @@ def attention_entries(roles: dict, convention: str) -> dict:
 
 
 def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | None = None, arch: str | None = None,
-                        window: int | None = None, cache=None) -> dict:
+                        window: int | None = None, rope: bool = False, cache=None) -> dict:
     """Role -> function for the ("tirx", fn) slots TVM calls ("prefill_ragged", "prefill", "decode",
     "prefill_sliding_window", "decode_sliding_window": serving ``window``, see ``slot_window``), and role -> (run,
     plan) for the ("flashinfer", run, plan) ones ("fi_prefill_ragged", "fi_prefill", "fi_decode")."""
     from attngen.runtime.cuda import current_arch
 
     built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch or current_arch(),
-                               window=window, cache=cache)
+                               window=window, rope=rope, cache=cache)
     library = load_library(built.library)
     return slot_roles(lambda kind: library[symbol(kind, dtype, head_dim)])
 
 
 def slot_object(variant, *, head_dim: int, dtype: str, arch: str, params: dict | None = None,
-                window: int | None = None, name_prefix: str = "attngen", cache=None) -> tuple[Path, dict]:
+                window: int | None = None, rope: bool = False, name_prefix: str = "attngen",
+                cache=None) -> tuple[Path, dict]:
     """Build (cached) the object file; returns it and role -> exported name: the ``slot_roles`` and "merge"."""
     built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch, window=window,
-                               cache=cache)
+                               rope=rope, cache=cache)
     merge = merge_symbol("merge_state_inplace", dtype)
     exports = tvm_slot_functions((head_dim,), (dtype,)) + [merge]
     obj = build_slot_object(sorted(built.directory.glob("attention_*.o")), exports,
@@ -151,7 +152,8 @@ class CUDABackend:
             raise RuntimeError("target='cuda': this machine has no CUDA GPU (or torch has no CUDA); use target='cpu'")
         arch = current_arch()
         roles = cuda_slot_functions(variant, head_dim=shape.head_dim, dtype=shape.dtype,
-                                    params=params, arch=arch, window=slot_window(shape), cache=cache)
+                                    params=params, arch=arch, window=slot_window(shape), rope=shape.inline_rope,
+                                    cache=cache)
         parts = CacheParts(attention=attention_entries(roles, convention),
                            merge=merge_function(shape.dtype, arch),
                            helpers=helper_functions(shape, device_target("cuda", arch)))
@@ -167,7 +169,8 @@ class CUDABackend:
         if not arch:
             raise ValueError("arch: a CUDA model library is built for a named GPU arch, e.g. arch='sm_90a'")
         obj, names = slot_object(variant, head_dim=shape.head_dim, dtype=shape.dtype, arch=arch,
-                                 params=params, window=slot_window(shape), name_prefix=name_prefix, cache=cache)
+                                 params=params, window=slot_window(shape), rope=shape.inline_rope,
+                                 name_prefix=name_prefix, cache=cache)
         externs = {role: tuple(map(rx.ExternFunc, n)) if isinstance(n, tuple) else rx.ExternFunc(n)
                    for role, n in names.items()}
         parts = CacheParts(attention=attention_entries(externs, convention), merge=externs["merge"],

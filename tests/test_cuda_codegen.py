@@ -235,7 +235,8 @@ def test_tvm_slot_library_builds_and_refuses(build_cache):
     res = run_pipeline(builtin("logits_softcap"), cfg, cache=build_cache)
     assert res.manifest["functions"] == sorted(
         ["tvm_decode_f16_d128", "tvm_prefill_paged_f16_d128", "tvm_prefill_ragged_f16_d128",
-         "tvm_decode_sliding_window_f16_d128", "tvm_prefill_paged_sliding_window_f16_d128"]
+         "tvm_decode_sliding_window_f16_d128", "tvm_prefill_paged_sliding_window_f16_d128",
+         "tvm_prefill_ragged_tree_f16_d128", "tvm_prefill_paged_tree_f16_d128"]
         + [f"tvm_fi_{k}_f16_d128" for k in ("decode_plan", "decode_run", "prefill_plan", "prefill_paged_run",
                                             "prefill_ragged_run")])
     src = (res.library.parent / "attention_d128_f16_tvm.cu").read_text()

@@ -68,15 +68,20 @@ def _pages(rng):
 
 
 def _reference(q, q_pos, keys, k_pos0, qo_indptr, causal, window=0, rotary=True):
-    """float64 (o, lse) of every request: q and k rotated at TVM's positions (unless not ``rotary``)."""
+    """float64 (o, lse) of every request: q and k rotated at TVM's positions (unless not ``rotary``); ``causal``
+    by in-call rows as TVM's plain kernels apply it, by positions in the windowed ones (they differ on the shared
+    prefix's rows of request 2)."""
     turn = (lambda x, p: rope(x, p, SCALE, THETA)) if rotary else (lambda x, p: x)  # noqa: E731
     outs = []
     for b, (k, v) in enumerate(keys):
         rows = slice(qo_indptr[b], qo_indptr[b + 1])
         kp = k_pos0[b] + np.arange(len(k))
-        vis = np.ones((rows.stop - rows.start, len(k)), bool)
-        if causal:
+        n, m = rows.stop - rows.start, len(k)
+        vis = np.ones((n, m), bool)
+        if causal and window:  # the windowed kernels hide keys by TVM's positions
             vis &= kp[None] <= q_pos[rows, None]
+        elif causal:  # TVM's causal flag elsewhere: in-call rows, key j visible to row i when j <= m - n + i
+            vis &= np.arange(m)[None] <= (m - n + np.arange(n))[:, None]
         if window:
             vis &= q_pos[rows, None] - kp[None] < window
         outs.append(attend(turn(q[rows].astype(np.float64), q_pos[rows]), turn(k, kp), v, vis, SM))

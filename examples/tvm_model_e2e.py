@@ -1,4 +1,4 @@
-"""A whole model on the CPU whose KV cache is attngen's: Llama- and Gemma-2-shaped decoders in TVM's Relax.
+"""A whole model whose KV cache is attngen's (CPU or CUDA): Llama- and Gemma-2-shaped decoders in TVM's Relax.
 
 The model is written with ``tvm.relax.frontend.nn`` (random weights): embedding, per layer
 RMSNorm -> fused qkv -> ``PagedKVCache.attention_with_fused_qkv`` (RoPE applied by the cache,
@@ -16,15 +16,18 @@ The logits of every step are compared with the same model whose cache has TVM's 
 NumPy forward of the model that recomputes each sequence from its tokens.
 
     python examples/tvm_model_e2e.py
-    python examples/tvm_model_e2e.py --device cuda   # the Llama shape in float16 on a GPU (main_cuda)
+    python examples/tvm_model_e2e.py --device cuda                  # the Llama shape in float16 on a GPU
+    python examples/tvm_model_e2e.py --device cuda --model gemma2   # the Gemma-2 shape in float16 on a GPU
 
-On CUDA the model is the Llama shape at head_dim 64 with a sliding window (20 positions) on its first
-layer (``cuda_model``), so that the CUDA caches' sliding-window slots run too, and the same steps, the
-token-tree step included (TVM's own CUDA tree kernels in the baseline's cache).
+On CUDA (``main_cuda``) the models are float16 at head_dim 64 (the CUDA slots serve 64, 128 and 256): the
+Llama shape with a sliding window (20 positions) on its first layer (``cuda_model``), so that the CUDA caches'
+sliding-window slots run too, or the Gemma-2 shape with the same window on every other layer and soft-capped
+attention logits (``cuda_gemma2``), through the same steps, the token-tree step included (TVM's own CUDA tree
+kernels in the baseline's cache).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -71,6 +74,12 @@ def cuda_model(sliding_window: int = 20) -> ModelConfig:
     "mha_sliding" one when ``sliding_window`` > 0 (20: the script's longest chunk fits it, its forked sequences
     stay within it and sequence 1 grows past it)."""
     return ModelConfig("llama", head_dim=64, sliding_window=sliding_window)
+
+
+def cuda_gemma2(sliding_window: int = 20) -> ModelConfig:
+    """The CUDA run's Gemma-2 shape: ``gemma2`` at head_dim 64, its even layers "mha_sliding" ones with the CUDA
+    Llama's window (so that both models' caches without soft cap share one CUDA slot library)."""
+    return replace(gemma2(head_dim=64), sliding_window=sliding_window)
 
 
 EPS = 1e-5
@@ -329,7 +338,7 @@ class RunningModel:
 def script(rng, vocab: int, decode_steps: int):
     """The steps every model runs: (op, args) with the tokens drawn here.
 
-    Sequence 1 grows past the Gemma-2 window (24; the CUDA model's 20) and stays unforked; sequence 0 and its fork
+    Sequence 1 grows past the Gemma-2 window (24; the CUDA models' 20) and stays unforked; sequence 0 and its fork
     stay within it.
     TVM 0.27's cache gives a sliding-window layer wrong key positions in a forked sequence's own blocks
     (``k_rope_pos_offset_sliding_window`` = max(0, block start + block length - window) where the first kept key
@@ -400,7 +409,6 @@ def compile_model(cfg: ModelConfig, kv_cache: str, directory, cache=None, device
 
 def main(head_dim: int = 16, decode_steps: int = 4, seed: int = 0, cache=None, compare_tvm: bool = True):
     import tempfile
-    from dataclasses import replace
     from pathlib import Path
 
     results = {}
@@ -430,39 +438,64 @@ def main(head_dim: int = 16, decode_steps: int = 4, seed: int = 0, cache=None, c
     return results
 
 
-def main_cuda(arch: str | None = None, decode_steps: int = 4, seed: int = 0, cache=None, sliding_window: int = 20):
-    """The Llama-shaped model in float16 on this machine's GPU (``cuda_model``: head_dim 64, a sliding window on
-    its first layer unless ``sliding_window`` is 0), its cache attngen's in both slot conventions and TVM's own
-    CUDA kernels, through prefill, batch decode, a fork and a speculative token-tree step with its commit:
-    each cache's logits against the float64 forward of the same float16-rounded weights, attngen's errors
-    bounded by twice TVM's own (the same float16 model around a different attention) plus 1e-3, and attngen's
-    logits against TVM's. (Sequence 1 grows past the window, unforked; the forked ones stay within it.)"""
+CUDA_MODELS = {"llama": cuda_model, "gemma2": cuda_gemma2}
+
+
+def main_cuda(arch: str | None = None, decode_steps: int = 4, seed: int = 0, cache=None, sliding_window: int = 20,
+              model: str = "llama", conventions: tuple = ("tirx", "flashinfer")):
+    """A model of ``CUDA_MODELS`` in float16 on this machine's GPU (head_dim 64, a sliding window of
+    ``sliding_window`` positions on its first layer, or every other layer for "gemma2"; none when 0), its cache
+    attngen's in each slot convention of ``conventions`` and TVM's own CUDA kernels, through prefill, batch
+    decode, a fork and a speculative token-tree step with its commit: each cache's logits against the float64
+    forward of the same float16-rounded weights, attngen's errors bounded by twice TVM's own (the same float16
+    model around a different attention) plus 1e-3, and attngen's logits against TVM's. (Sequence 1 grows past
+    the window, unforked; the forked ones stay within it.)
+
+    TVM's kernels have no attention soft-cap, so for "gemma2" TVM's cache runs the model without it, and so does
+    one more attngen cache per convention ("attngen <convention> no soft cap": the comparison with TVM's
+    logits). The soft-capped models, which TVM cannot run, are held to the same bound: TVM's float16 error on
+    the model without the cap is a measurement in the same dtype of the same model (every matmul, norm and
+    activation, the float16 K/V the attention reads) but for the cap, which only squashes the scores (its
+    slope is at most 1)."""
     import tempfile
-    from dataclasses import replace
     from pathlib import Path
 
     from attngen.runtime.cuda import current_arch
 
     arch = arch or current_arch()
-    cfg = cuda_model(sliding_window)
+    cfg = CUDA_MODELS[model](sliding_window)
+    plain = replace(cfg, attn_soft_cap=0.0)  # the model TVM's kernels can run
+    builds = {f"attngen {c}": (cfg, "attngen", c) for c in conventions}
+    if plain != cfg:
+        builds |= {f"attngen {c} no soft cap": (plain, "attngen", c) for c in conventions}
+    builds["tvm kernels"] = (plain, "tvm", "tirx")
     steps = script(np.random.default_rng(seed), cfg.vocab, decode_steps)
+    out, reference = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        models, names = {}, None
-        for kv_cache, convention in (("attngen", "tirx"), ("attngen", "flashinfer"), ("tvm", "tirx")):
-            executable, names = compile_model(cfg, kv_cache, Path(tmp), cache, "cuda", arch, convention)
-            models[f"{kv_cache} {convention}" if kv_cache == "attngen" else "tvm kernels"] = (executable, names)
+        compiled = {name: compile_model(c, kv_cache, Path(tmp), cache, "cuda", arch, convention)
+                    for name, (c, kv_cache, convention) in builds.items()}
         # the float64 forward on the weights the GPU models hold (rounded to float16): only the forward differs
+        names = compiled["tvm kernels"][1]
         weights = {n: w.astype(np.float16).astype(np.float32) for n, w in random_weights(cfg, names, seed).items()}
-        running = {name: RunningModel(ex, weights, n, "cuda") for name, (ex, n) in models.items()}
-        out = run(running, ReferenceModel(cfg, weights), steps)
-    if cfg.sliding_window:  # the window bites: without it the logits differ
-        without = run({}, ReferenceModel(replace(cfg, sliding_window=0), weights), steps)["reference"]
-        assert max_diff(out["reference"], without) > 1e-2
-    ref_scale = max(float(np.abs(np.asarray(x)).max()) for x in out["reference"])
-    results = {name: {"out_err": max_diff(out[name], out["reference"]), "max_ref_logit": ref_scale,
-                      "vs_tvm": max_diff(out[name], out["tvm kernels"])} for name in running}
+        for c in dict.fromkeys((cfg, plain)):  # the models of one config run beside its float64 forward
+            group = {name: RunningModel(compiled[name][0], weights, compiled[name][1], "cuda")
+                     for name, (model_cfg, _, _) in builds.items() if model_cfg == c}
+            got = run(group, ReferenceModel(c, weights), steps)
+            reference[c] = got.pop("reference")
+            out |= got
+    # the window and the soft cap bite: without them the logits differ
+    for feature in ("sliding_window", "attn_soft_cap"):
+        if getattr(cfg, feature):
+            without = run({}, ReferenceModel(replace(cfg, **{feature: 0}), weights), steps)["reference"]
+            assert max_diff(reference[cfg], without) > 1e-2, feature
+    results = {}
+    for name, (c, _, _) in builds.items():
+        results[name] = {"out_err": max_diff(out[name], reference[c]), "attn_soft_cap": c.attn_soft_cap,
+                         "max_ref_logit": max(float(np.abs(x).max()) for x in reference[c]),
+                         "vs_tvm": max_diff(out[name], out["tvm kernels"]) if c == plain else None}
     for name, r in results.items():
-        print(f"{name:22s} max |logit difference| vs float64 {r['out_err']:.2e}, vs TVM's kernels {r['vs_tvm']:.2e}")
+        vs_tvm = "n/a (soft cap)" if r["vs_tvm"] is None else f"{r['vs_tvm']:.2e}"
+        print(f"{name:32s} max |logit difference| vs float64 {r['out_err']:.2e}, vs TVM's kernels {vs_tvm}")
     bound = 2 * results["tvm kernels"]["out_err"] + 1e-3
     assert all(r["out_err"] <= bound for r in results.values()), results
     return results
@@ -473,4 +506,6 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    main_cuda() if ap.parse_args().device == "cuda" else main()
+    ap.add_argument("--model", choices=tuple(CUDA_MODELS), default="llama", help="the CUDA run's model")
+    args = ap.parse_args()
+    main_cuda(model=args.model) if args.device == "cuda" else main()

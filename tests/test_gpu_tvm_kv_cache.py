@@ -6,7 +6,8 @@
 - whole caches through add / prefill / append / decode / fork / pop-n, with attngen's slots in the
   ("tirx", fn) and in the ("flashinfer", run, plan) convention, created at run time or from a model
   library that links attngen's object statically: against a cache built from TVM's own CUDA kernels
-  and against a float64 model of the cache.
+  and against a float64 model of the cache;
+- the example's Llama- and Gemma-2-shaped models (examples/tvm_model_e2e.py) as CUDA model libraries.
 (test_gpu_tvm_kv_cache_trees.py runs token-tree forwards.)
 """
 from __future__ import annotations
@@ -234,5 +235,25 @@ def test_example_model_on_cuda(build_cache):
     assert set(results) == {"attngen tirx", "attngen flashinfer", "tvm kernels"}
     # the float16 model itself stays close to float64: within 3% of the largest logit (TVM's kernels: 0.067 of
     # 3.74, 1.8%, on the H200 with the window layer and the tree step)
+    tvm = results["tvm kernels"]
+    assert tvm["out_err"] < 3e-2 * tvm["max_ref_logit"], results
+
+
+@pytest.mark.parametrize("convention", ["tirx", "flashinfer"])
+def test_example_gemma2_model_on_cuda(build_cache, convention):
+    """examples/tvm_model_e2e.py --device cuda --model gemma2: the Gemma-2-shaped model in float16 (soft-capped
+    attention logits through attngen's logits_softcap variant, every other layer a sliding-window one, post-norms,
+    GeGLU, a soft-capped final logit) as a CUDA model library whose cache is attngen's in one slot convention,
+    through prefill, decode past the window, a fork and a token-tree step with its commit. TVM's kernels have no
+    attention soft-cap: they run the model without it beside an attngen cache without it; every attngen model
+    (with the cap or without) within twice TVM's own float16 error (against the float64 forward) plus 1e-3."""
+    import runpy
+    from pathlib import Path
+
+    example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "tvm_model_e2e.py"))
+    results = example["main_cuda"](decode_steps=3, cache=build_cache, model="gemma2", conventions=(convention,))
+    assert set(results) == {f"attngen {convention}", f"attngen {convention} no soft cap", "tvm kernels"}
+    assert results[f"attngen {convention}"]["attn_soft_cap"] > 0 and results["tvm kernels"]["attn_soft_cap"] == 0
+    # the float16 model itself stays close to float64 (the sanity bound of test_example_model_on_cuda)
     tvm = results["tvm kernels"]
     assert tvm["out_err"] < 3e-2 * tvm["max_ref_logit"], results

@@ -19,11 +19,8 @@
 // prefill.cuh. The mask's bounds restrict the KV range of each tile (causal / sliding-window tile
 // skipping), a consumer whose rows see none of a tile's keys skips its MMAs, and a warp whose 16 rows see
 // every key of a tile takes the interior path (no mask hook, no checks).
-// fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2; the 16-bit instantiations have KV = T): the producer copies each
-// tile's stored bytes into its stage's upper half, waits for them and widens them in place into the query
-// dtype's tile (hopper_fp8_stage.cuh, which also says how the scales are applied and why); V of tile kt is
-// widened after K of tile kt + 1 has been issued, so that one tile's copies are in flight while the other is
-// widened. k_scale joins the score scale (or the key hook's input), v_scale the output rows' normaliser.
+// fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2; KV = T for 16-bit caches): the producer stages each tile's bytes in
+// its stage and widens them in place (produce_fp8_tiles; hopper_fp8_stage.cuh says how, and how the scales apply).
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
@@ -150,8 +147,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       const int32_t* tile_list = w.tile_list;
       // the first key of the item's kt-th tile, and whether every score of it is visible (mapped: a full tile)
       auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
-      // fp8: the thread index opaque per item, so that the query copies' offsets are formed per item rather
-      // than held in registers across items (the fp8 producer keeps more state within the 40 it has)
+      // fp8: the thread index opaque per item (query copy offsets formed per item, not held across items: spills)
       int ptid = tid;
       if constexpr (kStaged) asm volatile("" : "+r"(ptid));
       {  // the item's query rows (zero past the end) into Q buffer qn % NQ, once the consumers released it

@@ -1,8 +1,8 @@
-"""Prefill / append over an fp8 KV cache: attngen's mma.sync template reading float8_e4m3fn pages (the staged
-loader, csrc/kv_staging.cuh) against attngen over the same cache in bfloat16 (the library's template: Hopper on
-sm_90a, and the mma.sync one, which isolates what fp8 costs or saves in the same template) and FlashInfer's
-prefill over fp8 pages (fa2 backend, when flashinfer imports), in the same run with the same timer (CUDA events,
-warm-up, medians: common.bench).
+"""Prefill / append over an fp8 KV cache: attngen reading float8_e4m3fn pages on each template (Hopper:
+csrc/hopper_fp8_stage.cuh, on sm_90a; mma.sync: csrc/kv_staging.cuh) against attngen over the same cache in
+bfloat16 on the same two templates (which isolates what fp8 costs or saves in each) and FlashInfer's prefill over
+fp8 pages (fa2 backend, when flashinfer imports), in the same run with the same timer (CUDA events, warm-up,
+medians: common.bench).
 
 Cases (bf16 queries, Hq 32 / Hkv 8, D 128 unless named, paged NHD cache of 16-token pages in a random
 permutation, causal): one prompt of 4k and of 16k tokens, a 512-token chunk appended to 8k of context, D 64 at
@@ -10,7 +10,7 @@ permutation, causal): one prompt of 4k and of 16k tokens, a 512-token chunk appe
 floats: the power of two that maps the largest magnitude into e4m3's range), which every implementation takes;
 the bf16 cache holds the dequantised values exactly (fp8 times a power of two), so every implementation sees the
 same keys and values. TFLOP/s of the visible work: 4 * D * Hq * (visible query-key pairs), and the largest
-difference of each output from attngen's fp8 output. Writes ``fp8_prefill_<date>.{json,md}``.
+difference of each output from attngen's fp8 output on the mma.sync template. Writes ``fp8_prefill_<date>.{json,md}``.
 
     python benchmarks/bench_fp8_prefill.py --out benchmarks/results --commit <sha> [--no-peers]
 """
@@ -56,7 +56,7 @@ CASES = [
     Case("causal L8k D64 Hq=Hkv=16", (8192,), (8192,), hq=16, hkv=16, d=64),
     Case("ragged 64 prompts 64-1024", _short_prompts(), _short_prompts()),
 ]
-IMPLS = ("attngen_fp8", "attngen_bf16", "attngen_bf16_mma_sync", "flashinfer_fp8")
+IMPLS = ("attngen_fp8_hopper", "attngen_fp8_mma_sync", "attngen_bf16", "attngen_bf16_mma_sync", "flashinfer_fp8")
 
 
 def make_inputs(case: Case, gen: torch.Generator):
@@ -116,10 +116,13 @@ def build_libraries(cases: list[Case]) -> dict:
 def run_case(case: Case, libs: dict, fi, gen: torch.Generator) -> dict:
     q, pages, fp8, k_scale, v_scale, table = make_inputs(case, gen)
     att, flops, row = libs[case.d], case.flops(), {"case": case.name}
-    ms, ref = time_attngen(att, case, q, fp8, table, scales=dict(k_scale=k_scale, v_scale=v_scale))
-    row["attngen_fp8"], row["attngen_fp8_ms"] = flops / ms / 1e9, ms
-    for key, template in (("attngen_bf16", None), ("attngen_bf16_mma_sync", "mma_sync")):  # None: Hopper on sm_90
-        got = guarded(row, key, lambda: time_attngen(att, case, q, pages, table, template=template))
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
+    ms, ref = time_attngen(att, case, q, fp8, table, template="mma_sync", scales=scales)
+    row["attngen_fp8_mma_sync"], row["attngen_fp8_mma_sync_ms"] = flops / ms / 1e9, ms
+    for key, cache, template, sc in (("attngen_fp8_hopper", fp8, "hopper", scales),  # refused off sm_90a
+                                     ("attngen_bf16", pages, None, None),  # None: Hopper on sm_90
+                                     ("attngen_bf16_mma_sync", pages, "mma_sync", None)):
+        got = guarded(row, key, lambda: time_attngen(att, case, q, cache, table, template=template, scales=sc))
         if got:
             row[key], row[f"{key}_ms"] = flops / got[0] / 1e9, got[0]
             row[f"{key}_maxdiff"] = float((got[1].float() - ref.float()).abs().max())
@@ -136,18 +139,23 @@ def markdown(res: dict, rows: list[dict], commit: str) -> list[str]:
     lines = [f"# Prefill over an fp8 (e4m3) KV cache — {res['gpu']}, {res['date']}, commit {commit}", "",
              f"TFLOP/s of the visible work (device time, host ahead; medians of 20). torch {res['torch']}, "
              f"FlashInfer {res['flashinfer']}. bf16 queries, paged NHD cache (16-token pages, random order), causal; "
-             "attngen fp8: the mma.sync template over e4m3 pages; attngen bf16: the library's template over the "
-             "same values in bf16 (Hopper on sm_90a), and the mma.sync one; FlashInfer fp8: its paged prefill "
+             "attngen fp8: each template over e4m3 pages (Hopper on sm_90a); attngen bf16: the library's template "
+             "over the same values in bf16 (Hopper on sm_90a), and the mma.sync one; FlashInfer fp8: its paged prefill "
              "(fa2) over the same e4m3 pages. The bf16 cache holds the same values; max diff: the largest |difference| "
-             "from attngen fp8's output.", "",
-             "| case | attngen fp8 | attngen bf16 | attngen bf16 mma.sync | FlashInfer fp8 | fp8 / bf16 mma.sync | "
-             "max diff bf16 mma.sync | max diff FlashInfer |", "|---|---|---|---|---|---|---|---|"]
+             "from attngen fp8's output on the mma.sync template.", "",
+             "| case | attngen fp8 Hopper | attngen fp8 mma.sync | attngen bf16 | attngen bf16 mma.sync | "
+             "FlashInfer fp8 | fp8 / bf16 Hopper | fp8 / bf16 mma.sync | max diff fp8 Hopper | "
+             "max diff bf16 mma.sync | max diff FlashInfer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(r, fp8, bf16):
+        return f"{r[fp8] / r[bf16]:.2f}" if r.get(fp8) and r.get(bf16) else "—"
+
     for r in rows:
-        same = r.get("attngen_bf16_mma_sync")
-        ratio = f"{r['attngen_fp8'] / same:.2f}" if same else "—"
-        lines.append(f"| {r['case']} | " + " | ".join(cell(r.get(k)) for k in IMPLS) + f" | {ratio} | "
-                     f"{cell(r.get('attngen_bf16_mma_sync_maxdiff'), '.3g')} | "
-                     f"{cell(r.get('flashinfer_fp8_maxdiff'), '.3g')} |")
+        lines.append(f"| {r['case']} | " + " | ".join(cell(r.get(k)) for k in IMPLS) + " | "
+                     f"{ratio(r, 'attngen_fp8_hopper', 'attngen_bf16')} | "
+                     f"{ratio(r, 'attngen_fp8_mma_sync', 'attngen_bf16_mma_sync')} | "
+                     + " | ".join(cell(r.get(f"{k}_maxdiff"), ".3g")
+                                  for k in ("attngen_fp8_hopper", "attngen_bf16_mma_sync", "flashinfer_fp8")) + " |")
     return lines + error_lines(rows, lambda r: r["case"])
 
 

@@ -1,7 +1,8 @@
 """Configurations run under compute-sanitizer by test_gpu_sanitizer.py: each decode template (CUDA cores,
 tensor cores) whole and split (the merge path), and prefill over ragged and paged KV with both query
-tiles of the mma.sync template and, on compute capability 9.0, the Hopper template. ``--hopper``: the
-Hopper prefill alone, on the rope variant (query and key transforms)."""
+tiles of the mma.sync template and, on compute capability 9.0, the Hopper template, over a 16-bit cache and over
+an fp8 one (the producer's in-place widening, csrc/hopper_fp8_stage.cuh). ``--hopper``: the Hopper prefill
+alone, on the rope variant (query and key transforms)."""
 import sys
 
 import numpy as np
@@ -46,8 +47,22 @@ def main(hopper_only: bool = False):
         for kv in (paged, ragged):
             for how in plans:
                 att.prefill(q, kv, qo_indptr, plan=att.plan_prefill(qo_indptr, kv, 128, **how), params=params)
+        if hopper:
+            hopper_fp8(v, q, qo_indptr, paged, ragged, params)
     torch.cuda.synchronize()
     print("sanitizer case done")
+
+
+def hopper_fp8(v, q, qo_indptr, paged, ragged, params):
+    """The Hopper prefill over the same caches rounded to e4m3 (paged and ragged, per-tensor scales)."""
+    fp8 = torch.float8_e4m3fn
+    att = CUDAAttention.build(v, head_dims=(128,), dtypes=("float16",), kv_dtypes=("float8_e4m3fn",),
+                              layouts=("NHD",), kernels=("prefill",))
+    caches = (PagedKV(paged.pages.to(fp8), paged.indptr, paged.indices, paged.last_page_len),
+              RaggedKV(ragged.k.to(fp8), ragged.v.to(fp8), ragged.indptr))
+    for kv in caches:
+        att.prefill(q, kv, qo_indptr, plan=att.plan_prefill(qo_indptr, kv, 128, template="hopper"), params=params,
+                    k_scale=0.5, v_scale=2.0)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,19 @@
-"""fp8 K/V caches on the mma.sync prefill template (``csrc/kv_staging.cuh``, ``csrc/entry_prefill_fp8.h``).
+"""fp8 K/V caches on both prefill templates: mma.sync (``csrc/kv_staging.cuh``) and Hopper
+(``csrc/hopper_fp8_stage.cuh``), through ``csrc/entry_prefill_fp8.h``.
 
 Without a GPU: the build configurations accepted and refused (each refusal naming the argument and the fix),
 the exports and translation units, the shared-memory figures of the staged tiles, a prefill library for sm_89
-and sm_90a compiled with nvcc and the refusals its runtime makes before any launch, and the hook paths
-(key, output and tile-map kernels) compiled for each arch. On a GPU (``pytest -m gpu``): ``CUDAAttention.prefill``
-over fp8 caches against the float64 reference on the dequantised values (``reference_attention(...,
-k_scale=, v_scale=)``; the problems of tests/test_fp8_kv.py): ragged, paged NHD and HND with random page
-permutations, empty and odd-length requests, causal and non-causal, GQA, head_dim 64 and 128, float16 and
-bfloat16 queries, e4m3 and e5m2, per-tensor and per-head scales, both query tiles, outputs pre-filled with NaN.
+and sm_90a compiled with nvcc and the plans and refusals its runtime makes before any launch, and the hook paths
+(key, output and tile-map kernels) compiled for each arch, the Hopper template's fp8 instances on sm_90a. On a GPU
+(``pytest -m gpu``), for each template (Hopper on compute capability 9.0 only): ``CUDAAttention.prefill`` over fp8
+caches against the float64 reference on the dequantised values (``reference_attention(..., k_scale=,
+v_scale=)``; the problems of tests/test_fp8_kv.py): ragged, paged NHD and HND with random page permutations,
+empty and odd-length requests, causal and non-causal, GQA, head_dim 64 and 128, float16 and bfloat16 queries,
+e4m3 and e5m2, per-tensor and per-head scales, both query tiles of the mma.sync template, outputs pre-filled
+with NaN.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -20,6 +25,7 @@ from attngen.schedules.arch import arch_spec
 from attngen.schedules.dtypes import ElementBytes
 from attngen.schedules.registry import fit_problems
 from attngen.schedules.template_prefill import PREFILL, PrefillConfig
+from attngen.schedules.template_prefill_hopper import PREFILL_HOPPER, HopperConfig
 from attngen.variants import builtin
 
 from .conftest import requires_nvcc
@@ -34,6 +40,7 @@ KV_LENS = [700, 17, 37, 1, 0, 301]
 # the variants the GPU test runs: non-causal, causal, a key hook (k_scale before it), an output hook (v_scale
 # before it), a mask walked through tile maps, and the unnormalised sum state
 GPU_VARIANTS = ("vanilla", "causal", "rope", "attention_sink", "custom_mask", "sigmoid")
+TEMPLATES = ("mma_sync", "hopper")
 
 
 def fp8_prefill_config(archs, dtypes=("float16", "bfloat16"), kv_dtypes=FP8, head_dims=(128,), **kwargs):
@@ -96,6 +103,17 @@ def test_staged_tiles_count_the_staging_area():
         "prefill head_dim 128 needs 70656 B of shared memory, sm_75 has 65536 B"]
 
 
+def test_hopper_fp8_tiles_are_staged_inside_the_stages():
+    """The Hopper template widens fp8 rows in place in the upper half of their 16-bit stage
+    (csrc/hopper_fp8_stage.cuh): an fp8 cache needs a 16-bit cache's shared memory, which sm_90a holds at every
+    head_dim."""
+    for d in PREFILL_HOPPER.head_dims:
+        cfg = HopperConfig(d)
+        assert PREFILL_HOPPER.smem_bytes(cfg, ElementBytes(2, 1)) == PREFILL_HOPPER.smem_bytes(cfg, ElementBytes(2, 2))
+    pairs = (DtypePair("float16", "float8_e4m3fn"), DtypePair("bfloat16", "float8_e5m2"))
+    assert fit_problems(arch_spec("sm_90a"), ("prefill",), (64, 128, 256), pairs, 8, False) == []
+
+
 def _host_kv(rng, kv_dtype, *, ragged=False, head_dim=128):
     """A small fp8 cache in host torch tensors (planning reads host copies), and its qo_indptr."""
     import torch
@@ -115,9 +133,9 @@ def _host_kv(rng, kv_dtype, *, ragged=False, head_dim=128):
 
 @requires_nvcc
 def test_fp8_prefill_library_builds_for_sm89_and_sm90a(build_cache, rng):
-    """The build, then what of CUDAAttention and the exported entries runs without a GPU: planning (the mma.sync
-    template, "hopper" refused by name), the function lookup by the cache's dtype, and the entries' argument
-    checks (every type before any device)."""
+    """The build, then what of CUDAAttention and the exported entries runs without a GPU: planning (the library's
+    choice with the Hopper template's work order, or either template forced), the function lookup by the cache's
+    dtype, and the entries' argument checks (every type before any device)."""
     import torch
 
     from attngen.runtime import AttentionArgumentError
@@ -126,12 +144,11 @@ def test_fp8_prefill_library_builds_for_sm89_and_sm90a(build_cache, rng):
     att = loaded_fp8_library(builtin("causal"), fp8_prefill_config(("sm_89", "sm_90a")), build_cache)
 
     kv, qo_indptr = _host_kv(rng, "float8_e4m3fn")
-    plan = att.plan_prefill(qo_indptr, kv, 128)
-    assert plan.kernel == PrefillTemplate.MMA_SYNC and plan.lengths is None  # no Hopper template, no work order
-    assert att.plan_prefill(qo_indptr, kv, 128, template="mma_sync").kernel == PrefillTemplate.MMA_SYNC
-    with pytest.raises(AttentionArgumentError, match=r"template: 'hopper' does not read fp8 K/V \(the cache is "
-                                                     r"float8_e4m3fn\); plan with template=None or 'mma_sync'"):
-        att.plan_prefill(qo_indptr, kv, 128, template="hopper")
+    plan = att.plan_prefill(qo_indptr, kv, 128)  # host tensors stand for any device: the Hopper one may run
+    assert plan.kernel == PrefillTemplate.AUTO and plan.lengths is not None
+    forced = att.plan_prefill(qo_indptr, kv, 128, template="mma_sync")
+    assert forced.kernel == PrefillTemplate.MMA_SYNC and forced.lengths is None  # mma.sync takes no work order
+    assert att.plan_prefill(qo_indptr, kv, 128, template="hopper").kernel == PrefillTemplate.HOPPER
     ragged, _ = _host_kv(rng, "float8_e5m2", ragged=True, head_dim=64)
     with pytest.raises(AttentionArgumentError, match=r"no prefill function over a ragged float8_e5m2 cache at "
                                                      r"head_dim 64: .*rebuild with kv_dtypes including float8_e5m2, "
@@ -162,14 +179,20 @@ def test_fp8_prefill_library_builds_for_sm89_and_sm90a(build_cache, rng):
 
 
 @requires_nvcc
-@pytest.mark.parametrize("name,arch", [("rope", "sm_80"), ("attention_sink", "sm_86"), ("custom_mask", "sm_89"),
-                                       ("sigmoid", "sm_90a")])
+@pytest.mark.parametrize("name,arch", [("sigmoid", "sm_80"), ("attention_sink", "sm_86"), ("custom_mask", "sm_89"),
+                                       ("rope", "sm_90a")])
 def test_fp8_prefill_hook_paths_compile(name, arch, build_cache):
     """Every kernel instance of a variant with a key hook, an output hook, a tile-mapped mask or a sum state,
-    at head_dim 64 and 256, compiled to device code (link='check': no library)."""
+    at head_dim 64 and 256, compiled to device code (link='check': no library); on sm_90a the Hopper template's
+    fp8 instances among them (the key hook there: the producer widens the keys, then applies k_scale and the
+    hook)."""
     cfg = fp8_prefill_config((arch,), ("bfloat16",), ("float8_e5m2",), head_dims=(64, 256), link="check")
     res = run_pipeline(builtin(name), cfg, cache=build_cache)
     assert set(res.manifest["cubins"]) == {f"attention_d{d}_bf16_kve5m2_prefill_{arch}.cubin" for d in (64, 256)}
+    for d in (64, 256):
+        cubin = (res.directory / f"attention_d{d}_bf16_kve5m2_prefill_{arch}.cubin").read_bytes()
+        hopper = re.search(rb"hopper_prefill_kernel\w*__nv_fp8_e5m2", cubin)
+        assert (hopper is not None) == (arch == "sm_90a")
 
 
 # ---- GPU -----------------------------------------------------------------------------------------------------
@@ -219,9 +242,18 @@ def fp8_case(rng, q_dtype, kv_dtype, *, kv_mode, head_dim, group, per_tensor, nu
     return prob, k_scale, v_scale, kv
 
 
+def skip_unless_template_runs(template: str) -> None:
+    """The Hopper template runs on devices of compute capability 9.0 only."""
+    import torch
+
+    if template == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper prefill template needs a GPU of compute capability 9.0")
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("name", GPU_VARIANTS)
-def test_fp8_prefill_matches_the_reference_on_dequantised_values(name, build_cache, rng):
+def test_fp8_prefill_matches_the_reference_on_dequantised_values(name, template, build_cache, rng):
     import torch
 
     from attngen.runtime import reference_attention
@@ -230,6 +262,7 @@ def test_fp8_prefill_matches_the_reference_on_dequantised_values(name, build_cac
 
     from .test_gpu_decode import to_torch
 
+    skip_unless_template_runs(template)
     att = fp8_prefill_module(name, build_cache)
     variant = att.variant
     for q_dtype, kv_dtype in zip(Q_DTYPES, KV_DTYPES):
@@ -247,9 +280,11 @@ def test_fp8_prefill_matches_the_reference_on_dequantised_values(name, build_cac
                 dev_params = {k: (to_torch(x) if isinstance(x, np.ndarray) else x) for k, x in params.items()}
                 scales = (dict(k_scale=k_scale, v_scale=v_scale) if per_tensor else
                           dict(k_scale=torch.from_numpy(k_scale).cuda(), v_scale=torch.from_numpy(v_scale).cuda()))
-                plans = [dict(wide_tiles=False), dict(wide_tiles=True)]
-                if mask_needs_map(variant):
-                    plans.append(dict(tile_map=False))  # the mask hook on every tile instead of the map
+                # the mma.sync template's two query tiles; the Hopper template has one
+                plans = [dict(template=template, wide_tiles=wide) for wide in
+                         ((False, True) if template == "mma_sync" else (None,))]
+                if mask_needs_map(variant):  # the mask hook on every tile instead of the map
+                    plans.append(dict(template=template, tile_map=False))
                 # the tolerances of tests/test_fp8_cuda_decode.py: the output's rounding to the query dtype, and
                 # keys rounded to it after a key hook (the lse moves by up to one unit at the largest lse)
                 finite = np.abs(ref_l[np.isfinite(ref_l)])
@@ -263,12 +298,12 @@ def test_fp8_prefill_matches_the_reference_on_dequantised_values(name, build_cac
                                 lse=lse, **scales)
                     torch.cuda.synchronize()
                     compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=tol, lse_tol=lse_tol,
-                            what=f"{name} {q_dtype} {kv_dtype} {kv_mode} d{head_dim} g{group} "
+                            what=f"{name} {template} {q_dtype} {kv_dtype} {kv_mode} d{head_dim} g{group} "
                                  f"{'per-tensor' if per_tensor else 'per-head'} {plan_args}")
 
 
 @pytest.mark.gpu
-def test_fp8_prefill_refuses_missing_scales_and_the_hopper_template(build_cache, rng):
+def test_fp8_prefill_refuses_missing_scales_and_serves_either_template(build_cache, rng):
     import torch
 
     from attngen.runtime import AttentionArgumentError
@@ -281,21 +316,34 @@ def test_fp8_prefill_refuses_missing_scales_and_the_hopper_template(build_cache,
                                           per_tensor=True)
     q, qo_indptr = to_torch(prob.q, "float16"), to_torch(prob.qo_indptr)
     plan = att.plan_prefill(qo_indptr, kv, 128)
-    assert plan.kernel == PrefillTemplate.MMA_SYNC
+    assert plan.kernel == PrefillTemplate.AUTO  # the library's choice, as for a 16-bit cache
     with pytest.raises(AttentionArgumentError, match=r"k_scale: the KV cache is fp8 \(float8_e4m3fn\) and needs"):
         att.prefill(q, kv, qo_indptr, plan=plan, v_scale=v_scale)
     with pytest.raises(AttentionArgumentError, match=r"v_scale: shape \(3,\); expected \[\] or \[1\]"):
         att.prefill(q, kv, qo_indptr, plan=plan, k_scale=k_scale, v_scale=torch.ones(3, device="cuda"))
-    with pytest.raises(AttentionArgumentError, match=r"template: 'hopper' does not read fp8 K/V"):
-        att.plan_prefill(qo_indptr, kv, 128, template="hopper")
     half = type(kv)(kv.pages.half(), kv.indptr, kv.indices, kv.last_page_len, kv.layout)  # a 16-bit cache
     with pytest.raises(AttentionArgumentError, match=r"k_scale/v_scale: the KV cache is float16, not fp8"):
         att.prefill(q, half, qo_indptr, plan=att.plan_prefill(qo_indptr, half, 128), k_scale=1.0, v_scale=1.0)
-    # the entry itself refuses the Hopper template for an fp8 cache (a plan made for a 16-bit cache may ask for it)
-    fn = att._mod["batch_prefill_paged_nhd_f16_kve4m3_d128"]
-    scales = torch.full((2,), k_scale, device="cuda"), torch.full((2,), v_scale, device="cuda")
-    hopper = plan.ffi_args()[:2] + (PrefillTemplate.HOPPER,) + plan.ffi_args()[3:]
-    with pytest.raises(ValueError, match=r"kernel: the Hopper prefill template does not read fp8 K/V; plan with "
-                                         r"template None or 'mma_sync'"):
-        fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, qo_indptr, torch.empty_like(q),
-           torch.empty(q.shape[:2], device="cuda"), *scales, 128 ** -0.5, *hopper)
+    if torch.cuda.get_device_capability() != (9, 0):
+        # the entry refuses the Hopper template where it cannot run, saying why
+        fn = att._mod["batch_prefill_paged_nhd_f16_kve4m3_d128"]
+        scales = torch.full((2,), k_scale, device="cuda"), torch.full((2,), v_scale, device="cuda")
+        hopper = plan.ffi_args()[:2] + (PrefillTemplate.HOPPER,) + plan.ffi_args()[3:]
+        with pytest.raises(ValueError, match=r"kernel: the Hopper prefill template needs a library built for sm_90a "
+                                             r"and a device of compute capability 9.0"):
+            fn(q, kv.pages, kv.indices, kv.indptr, kv.last_page_len, qo_indptr, torch.empty_like(q),
+               torch.empty(q.shape[:2], device="cuda"), *scales, 128 ** -0.5, *hopper)
+        return
+    # both templates over the same fp8 cache: the same values up to the rounding of the output
+    outs = {}
+    for template in TEMPLATES:
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+        att.prefill(q, kv, qo_indptr, plan=att.plan_prefill(qo_indptr, kv, 128, template=template), out=out, lse=lse,
+                    k_scale=k_scale, v_scale=v_scale)
+        outs[template] = out.float(), lse
+    (o_m, l_m), (o_h, l_h) = outs["mma_sync"], outs["hopper"]
+    assert torch.isfinite(o_h).all() and torch.equal(torch.isinf(l_h), torch.isinf(l_m))
+    assert float((o_h - o_m).abs().max()) <= 4e-3 * max(1.0, float(o_m.abs().max()))
+    finite = torch.isfinite(l_m)
+    assert float((l_h[finite] - l_m[finite]).abs().max()) <= 2e-2

@@ -286,7 +286,7 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
     res = build(scaled_softcap(1.0), lto_config(kernels=("decode", "prefill"), archs=("sm_90a",)), cache=build_cache)
     assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)]
     assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
-    assert "hopper_prefill_kernel<__half, 128, false>" in res.manifest["kernels"]
+    assert "hopper_prefill_kernel<__half, 128, false, __half>" in res.manifest["kernels"]  # K/V of the query dtype
     for c in res.manifest["cubins"]:
         assert b"attngen_abi_" not in (res.directory / c).read_bytes()
     held = [set(linked_cubin.cubin_kernels((res.directory / c).read_bytes())) for c in res.manifest["cubins"]]

@@ -1,9 +1,9 @@
 // The exported prefill / append entries over fp8 K/V (float8_e4m3fn / float8_e5m2), attngen's calling
 // convention with the cache's scales: as PrefillPagedEntry / PrefillRaggedEntry (entry_prefill.h) with
 //   k_scale [Hkv] f32, v_scale [Hkv] f32 (the runtime expands a per-tensor scale)
-// after lse. They run the mma.sync template (prefill.cuh stages the fp8 rows and widens them into 16-bit tiles)
-// on every arch: the Hopper template reads K/V in the query dtype only, so kernel = Hopper is refused and the
-// library's choice is mma.sync, on sm_90 too. Python emits, per (D, dtype, K/V dtype, layout):
+// after lse. Both templates serve them, chosen as for a 16-bit cache (prefill_dispatch.h): the Hopper one
+// (hopper_fp8_stage.cuh) on sm_90a, the mma.sync one (kv_staging.cuh) elsewhere; each stages the fp8 rows and
+// widens them into 16-bit tiles. Python emits, per (D, dtype, K/V dtype, layout):
 //
 //   TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_prefill_paged_nhd_f16_kve4m3_d128,
 //       (attngen::PrefillPagedFP8Entry<attngen_gen::Hooks_d128, half, __nv_fp8_e4m3, 128,
@@ -19,12 +19,9 @@ template <class V, class T, class KV, int D>
 void run_prefill_fp8(const char* name, ScaledPrefillProblem& P, const TV& q, const TV& k_scale, const TV& v_scale,
                      const PrefillLaunchArgs& a, const typename V::Params& hp) {
   static_assert(kIsFp8<KV>, "run_prefill_fp8 reads an fp8 cache");
-  if (a.kernel == int64_t(PrefillTemplate::kHopper))
-    TVM_FFI_THROW(ValueError) << name << ": kernel: the Hopper prefill template does not read fp8 K/V; plan with "
-                              << "template None or 'mma_sync' (fp8 caches run on the mma.sync template)";
   P.scales = kv_scales_of(name, k_scale, v_scale, P.num_kv_heads);
   fill_prefill_launch<V, D>(name, P, q, a);
-  launch_prefill<V, T, D, KV>(P, static_cast<int>(a.max_qo_len), hp, stream_of(q));
+  launch_prefill_any<V, T, D, KV>(P, static_cast<int>(a.max_qo_len), hp, stream_of(q));
   check_launch(name);
 }
 

@@ -19,6 +19,8 @@
 // prefill.cuh. The mask's bounds restrict the KV range of each tile (causal / sliding-window tile
 // skipping), a consumer whose rows see none of a tile's keys skips its MMAs, and a warp whose 16 rows see
 // every key of a tile takes the interior path (no mask hook, no checks).
+// fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2; KV = T for 16-bit caches): the producer stages each tile's bytes in
+// its stage and widens them in place (produce_fp8_tiles; hopper_fp8_stage.cuh says how, and how the scales apply).
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
@@ -37,12 +39,15 @@
 namespace attngen {
 
 // Mapped: the CTA walks the plan's list of its non-empty key tiles (P.tiles, tile_map.cuh), running the
-// full ones without the mask hook; else the key range the mask's bounds leave.
-template <class V, class T, int D, bool Mapped>
+// full ones without the mask hook; else the key range the mask's bounds leave. KV: the cache's element type
+// (fp8: staged and widened by the producer, see the file comment).
+template <class V, class T, int D, bool Mapped, class KV = T>
 __global__ void __launch_bounds__(HopperTile<D>::kThreads, 1)
-hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_constant__ HopperKVMaps maps,
+hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __grid_constant__ HopperKVMaps maps,
                       int q_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kStaged = kv_staged<T, KV>();
+  static_assert(std::is_same_v<KV, T> || (kStaged && kIsFp8<KV>), "K/V in the query dtype, or fp8");
   using Tile = HopperTile<D>;
   constexpr int RQ = Tile::kRows, TK = Tile::kKeys, NS = Tile::kStages, NQ = Tile::kQBuffers;
   constexpr int NKT = TK / 8, NDT = D / 8;
@@ -129,7 +134,6 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
   if (wg == 0) {
     // ================= producer =================
     regs_release<Tile::kProducerRegs>();
-    const int ptid = tid;
     int it = 0;  // K/V tiles this CTA has issued before the item (stages and phases run on across items)
     int qn = 0;  // items whose query rows this CTA has loaded before
 #pragma unroll 1
@@ -138,11 +142,14 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
       if (idx >= items) break;
       HopperItem w;
       if (!item_at(idx, w)) continue;  // (every role skips the same items)
-      const int b = w.b, hk = w.hk, q0 = w.q0, rows_total = w.rows_total, row0 = w.row0, pos_base = w.pos_base;
+      const int b = w.b, hk = w.hk, q0 = w.q0, rows_total = w.rows_total, row0 = w.row0;
       const int lo = w.lo, hi = w.hi, num_kt = w.num_kt;
       const int32_t* tile_list = w.tile_list;
       // the first key of the item's kt-th tile, and whether every score of it is visible (mapped: a full tile)
       auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
+      // fp8: the thread index opaque per item (query copy offsets formed per item, not held across items: spills)
+      int ptid = tid;
+      if constexpr (kStaged) asm volatile("" : "+r"(ptid));
       {  // the item's query rows (zero past the end) into Q buffer qn % NQ, once the consumers released it
         constexpr int CPR = D / 8;
         const int qs = qn % NQ;
@@ -161,8 +168,15 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
       }
       SinkShift sinks{};  // windowed instances: TVM's sliding-window view of request b
       if constexpr (tvm_windowed<V>()) sinks = P.kv.sinks(b);
-      const KVGather<T, D, TK, tvm_windowed<V>()> gather{P.kv, P.kv.indptr[b], lo, hi, hk, P.kv.page_shift(),
-                                                           reinterpret_cast<const T**>(page_rows), sinks};
+      const KVGather<KV, D, TK, tvm_windowed<V>()> gather{P.kv, P.kv.indptr[b], lo, hi, hk, P.kv.page_shift(),
+                                                            reinterpret_cast<const KV**>(page_rows), sinks};
+      if constexpr (kStaged) {
+        produce_fp8_tiles<V, T, KV, D, TK, NS>(gather, KVStageRing<T>{sk, sv, full_k, empty_k, full_v, empty_v}, it,
+                                               num_kt, tile_start, hp, V::kHasKeyTransform ? P.scales.k[hk] : 1.f,
+                                               scratch, warp, lane, ptid);
+        it += num_kt;
+        continue;
+      }
       // ragged K / V with tensor maps: tiles whose keys all exist come by bulk copies that one thread issues
       // (its arrival carries the bytes to expect, the other threads arrive plainly); the last, partial tile
       // is gathered with its rows past `hi` zero-filled, so that no other request's values (maybe not finite)
@@ -270,7 +284,8 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
     for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
     float m_row[2] = {kNegInf, kNegInf}, d_row[2] = {0.f, 0.f};
     const int prow0 = row0 + wrow + g;
-    const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
+    float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
+    if constexpr (kStaged && !V::kHasKeyTransform) scale *= P.scales.k[hk];  // (q . k) s = q . (k s)
     long long mask_lo = 0, mask_hi = 0;
     if constexpr (V::kHasLower) mask_lo = V::mask_lower(hp);
     if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);
@@ -481,7 +496,8 @@ hopper_prefill_kernel(PrefillProblem P, typename V::Params hp, const __grid_cons
       dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
       // dsum is 0 only for a row without a live key; a NaN or +inf score made it NaN, which must reach O and
       // lse (the non-finite rules of the float64 reference, as in prefill.cuh)
-      const float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+      float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+      if constexpr (kStaged) inv *= P.scales.v[hk];  // sum_j p_j (v_j s) = s sum_j p_j v_j
 #pragma unroll
       for (int n = 0; n < NDT; ++n) {
         o_acc[4 * n + 2 * h] *= inv;
@@ -546,31 +562,36 @@ inline bool hopper_prefill_runs_here() {
 }
 
 // The kernel: the traits' own instantiation, or by name from a linked cubin (cubin_launch.h).
-template <class V, class T, int D>
+template <class V, class T, int D, class KV = T>
 auto hopper_prefill_kernel_ref() {
-  using Fn = void (*)(PrefillProblem, typename V::Params, HopperKVMaps, int);
-  if constexpr (linked_hooks<V>())
-    return linked_kernel_cached<Fn>([] { return kernel_key<T>("hopper_prefill_kernel", D, false); });
-  else
-    return Fn(hopper_prefill_kernel<V, T, D, false>);
+  using Fn = void (*)(PrefillProblemOf<KV>, typename V::Params, HopperKVMaps, int);
+  if constexpr (linked_hooks<V>()) {
+    static_assert(std::is_same_v<KV, T>, "linked builds read K/V in the query dtype");
+    return linked_kernel_cached<Fn>(
+        [] { return kernel_key<T>("hopper_prefill_kernel", D, false, kernel_type_name<T>()); });
+  } else {
+    return Fn(hopper_prefill_kernel<V, T, D, false, KV>);
+  }
 }
 
-template <class V, class T, int D>
-void launch_hopper_prefill(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp,
+// KV: the cache's element type (fp8 caches: the same shared memory, the tiles staged inside the stages).
+template <class V, class T, int D, class KV = T>
+void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
                            cudaStream_t stream) {
 #if defined(ATTNGEN_WITH_PREFILL_HOPPER)
   using Tile = HopperTile<D>;
   constexpr size_t smem = hopper_prefill_smem_bytes<T, D>();
-  auto kernel = hopper_prefill_kernel_ref<V, T, D>();
+  auto kernel = hopper_prefill_kernel_ref<V, T, D, KV>();
   // linked builds make no maps; TVM's windowed calls take none
   if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>()) {
-    if (P.tiles.present()) kernel = hopper_prefill_kernel<V, T, D, true>;
+    if (P.tiles.present()) kernel = hopper_prefill_kernel<V, T, D, true, KV>;
   }
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;
-  HopperKVMaps maps{};  // use = 0: every tile gathered
-  if constexpr (!V::kHasKeyTransform) encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
+  HopperKVMaps maps{};  // use = 0: every tile gathered (always for fp8 caches, whose tiles are widened)
+  if constexpr (!V::kHasKeyTransform && std::is_same_v<KV, T>)
+    encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
   // persistent: one CTA per SM (or per item, where fewer) walks items blockIdx.x, + gridDim.x, ...; the
   // producer runs ahead into the next item's K/V while the consumers finish the last one
   const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;

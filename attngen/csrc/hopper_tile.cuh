@@ -26,7 +26,8 @@ struct HopperTile {
 // Shared memory: [alignment slack][Q: kQBuffers x kRows x D][K: kStages x kKeys x D][V: same][scratch fp32
 // rows, two of D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers,
 // kStages each][full_q, empty_q mbarriers, kQBuffers each].
-// Tiles start 1024-byte aligned (the swizzle's period).
+// Tiles start 1024-byte aligned (the swizzle's period). T: the query dtype, whatever the cache's: an fp8 cache's
+// rows are staged in the upper half of their K / V stage and widened there (hopper_fp8_stage.cuh).
 template <class T, int D>
 constexpr size_t hopper_prefill_smem_bytes() {
   using Tile = HopperTile<D>;

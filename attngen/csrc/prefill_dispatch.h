@@ -38,14 +38,16 @@ const char* tile_list_problem(const PrefillProblem& P, int max_qo_len) {
   return nullptr;
 }
 
-template <class V, class T, int D>
-void launch_prefill_any(const PrefillProblem& P, int max_qo_len, const typename V::Params& hp, cudaStream_t stream) {
+// KV: the cache's element type; fp8 caches take the same choice (both templates widen their tiles).
+template <class V, class T, int D, class KV = T>
+void launch_prefill_any(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
+                        cudaStream_t stream) {
   const bool hopper = P.kernel == int(PrefillTemplate::kHopper) ||
                       (P.kernel == int(PrefillTemplate::kAuto) && hopper_prefill_preferred<D>() && hopper_prefill_runs_here());
   if (hopper) {
-    launch_hopper_prefill<V, T, D>(P, max_qo_len, hp, stream);
+    launch_hopper_prefill<V, T, D, KV>(P, max_qo_len, hp, stream);
   } else {
-    launch_prefill<V, T, D>(P, max_qo_len, hp, stream);
+    launch_prefill<V, T, D, KV>(P, max_qo_len, hp, stream);
   }
 }
 

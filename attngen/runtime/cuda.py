@@ -9,8 +9,8 @@ never synchronises, and launches on the current CUDA stream.
 
 An fp8 cache (torch ``float8_e4m3fn`` / ``float8_e5m2``, see ``fp8.py``: paged pages, or ragged k / v for
 prefill) is read by the decode and prefill functions built for that K/V dtype (``BuildConfig.kv_dtypes``), whose
-calls take ``k_scale`` and ``v_scale`` as on the CPU backend. Decode plans are the 16-bit cache's; prefill plans
-of an fp8 cache run the mma.sync template (the Hopper one reads K/V in the query dtype only).
+calls take ``k_scale`` and ``v_scale`` as on the CPU backend. Decode and prefill plans are the 16-bit cache's: both
+prefill templates read fp8 caches (the Hopper one on sm_90a, the mma.sync one everywhere), widening them exactly.
 """
 from __future__ import annotations
 
@@ -192,16 +192,11 @@ PREFILL_TEMPLATES = {None: PrefillTemplate.AUTO, "mma_sync": PrefillTemplate.MMA
                      "hopper": PrefillTemplate.HOPPER}
 
 
-def _prefill_template(template: str | None, archs, kv_dtype: str) -> PrefillTemplate:
-    """The template a plan runs; an fp8 cache (``kv_dtype``) always the mma.sync one."""
+def _prefill_template(template: str | None, archs) -> PrefillTemplate:
+    """The template a plan runs (16-bit and fp8 caches alike)."""
     if template not in PREFILL_TEMPLATES:
         raise AttentionArgumentError(f"template: {template!r} is not a prefill template; use None (the library's "
                                      "choice), 'mma_sync' or 'hopper'")
-    if is_fp8(kv_dtype):
-        if template == "hopper":
-            raise AttentionArgumentError(f"template: 'hopper' does not read fp8 K/V (the cache is {kv_dtype}); plan "
-                                         "with template=None or 'mma_sync': fp8 caches run on the mma.sync template")
-        return PrefillTemplate.MMA_SYNC
     if template == "hopper" and "sm_90a" not in archs:
         raise AttentionArgumentError(f"template: 'hopper' needs a library built for sm_90a (this one: {list(archs)}); "
                                      "build with archs including sm_90a, or plan with template=None")
@@ -446,11 +441,10 @@ class CUDAAttention(BuiltModule):
         over all requests (runtime/work_order.py; made on the first call outside a CUDA graph capture: a
         graph captured by a plan's first call runs request by request; later batches replayed within the
         bounds keep the first batch's order, which changes no result); False: request by request. It has
-        no effect on the mma.sync template. An fp8 cache is planned for the mma.sync template: ``template``
-        None or "mma_sync" ("hopper" is refused), no work order."""
+        no effect on the mma.sync template. An fp8 cache is planned as a 16-bit one (both templates read it)."""
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
-        kernel = _prefill_template(template, self.manifest["config"]["archs"], dtype)
+        kernel = _prefill_template(template, self.manifest["config"]["archs"])
         kind = f"batch_prefill_paged_{kv.layout.lower()}" if isinstance(kv, PagedKV) else "batch_prefill_ragged"
         if is_fp8(dtype):  # built for this case? (the query dtype is the call's)
             self._require_fp8_functions(kind, kv, head_dim, "prefill")

@@ -22,9 +22,9 @@ TARGETS = ("cpu", "cuda")
 LINKS = ("whole", "lto", "check")  # BuildConfig.link
 # cuda kernels that read fp8 K/V (csrc/entry_decode_fp8.h, csrc/entry_prefill_fp8.h). Every arch attngen targets
 # serves them: cuda_fp8.h converts fp8 in hardware from sm_89 and in integer instructions before, and the
-# tensor-core decode and the mma.sync prefill dequantise into 16-bit tiles of the query dtype, so the arch's
-# query dtypes (ArchSpec.dtypes) decide; the Hopper prefill template does not read fp8 (its entries run
-# mma.sync on sm_90 too). The TVM slots read K/V in the query dtype.
+# tensor-core decode and both prefill templates (mma.sync, and Hopper on sm_90a) widen them into 16-bit tiles
+# of the query dtype, so the arch's query dtypes (ArchSpec.dtypes) decide. The TVM slots read K/V in the query
+# dtype.
 FP8_CUDA_KERNELS = ("decode", "prefill")
 
 

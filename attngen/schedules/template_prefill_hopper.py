@@ -7,6 +7,10 @@ are 128-byte swizzled (their own 1024-byte alignment slack is counted); keys per
 64 and 128, 64 at 256 (the 64 x 256 fp32 output accumulators take half a consumer thread's registers).
 The prefill record's entries launch it on devices of compute capability 9.0 when the library was built
 for sm_90a (a companion of ``prefill``), so it exports nothing itself.
+
+The K/V stages hold tiles of the query dtype whatever the cache's: an fp8 cache's rows are copied into the
+upper half of their stage and widened there (csrc/hopper_fp8_stage.cuh), so its shared memory is a 16-bit
+cache's (a separate staging area would not fit at head_dim 128 with two query buffers, nor at 256).
 """
 from __future__ import annotations
 
@@ -47,10 +51,11 @@ class HopperConfig:
 
 
 def hopper_smem_bytes(cfg: HopperConfig, elems: ElementBytes) -> int:
-    """Alignment slack, query row buffers, K and V stages, two fp32 scratch rows per warp, two rows of paged
-    key offsets, the K and V stages' and the query buffers' full / empty mbarriers."""
+    """Alignment slack, query row buffers, K and V stages (of the query dtype: fp8 rows are staged inside
+    them), two fp32 scratch rows per warp, two rows of paged key offsets, the K and V stages' and the query
+    buffers' full / empty mbarriers."""
     d = cfg.head_dim
-    return (1024 + cfg.q_buffers * cfg.rows * d * elems.q + 2 * cfg.stages * cfg.keys * d * elems.kv
+    return (1024 + cfg.q_buffers * cfg.rows * d * elems.q + 2 * cfg.stages * cfg.keys * d * elems.q
             + (THREADS // 32) * 2 * d * 4 + 2 * cfg.keys * 8 + 4 * cfg.stages * 8 + 2 * cfg.q_buffers * 8)
 
 

@@ -1,0 +1,164 @@
+"""Decode over an fp8 KV cache: attngen reading float8_e4m3fn pages (the tensor-core decode template with its
+load-balanced plan, csrc/decode_tc.cuh) against attngen over the same values in bfloat16 and FlashInfer's decode
+over the same fp8 pages (its CUDA-core and tensor-core paths, the faster reported), in the same run with the same
+timer (CUDA events, warm-up, medians: common.bench), beside the GPU's copy bandwidth measured in the same run.
+
+Cases (bf16 queries, D 128 unless named, paged NHD cache of 16-token pages in a random permutation): the
+memory-bound shapes of bench_decode.py. One scale per cache (k_scale, v_scale floats: the power of two that maps
+the largest magnitude into e4m3's range); the bf16 cache holds the dequantised values exactly. Bandwidth counts
+the bytes each implementation reads (K/V in its cache's element size, plus q and the output); "fp8 / bf16" is the
+ratio of the two caches' attngen throughputs (time of bf16 over time of fp8: the target is 1.9 or more).
+Writes ``fp8_decode_<date>.{json,md}``.
+
+    python benchmarks/bench_fp8_decode.py --out benchmarks/results --commit <sha> [--no-peers]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from common import (bench, case_parser, cell, copy_bandwidth, error_lines, guarded, load_flashinfer, run_info,
+                    selected_cases, write_results)
+
+PAGE = 16
+FP8 = "float8_e4m3fn"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    kv_lens: tuple[int, ...]
+    hq: int = 32
+    hkv: int = 8
+    d: int = 128
+
+    def kv_elements(self) -> int:
+        return 2 * sum(self.kv_lens) * self.hkv * self.d
+
+    def bytes_read(self, kv_bytes: int) -> int:
+        return self.kv_elements() * kv_bytes + 2 * len(self.kv_lens) * self.hq * self.d * 2
+
+
+CASES = [
+    Case("gqa B64 L4k", (4096,) * 64),
+    Case("gqa B16 L16k", (16384,) * 16),
+    Case("gqa B1 L64k", (65536,)),
+    Case("mha B32 L4k", (4096,) * 32, hq=32, hkv=32),
+    Case("gqa B32 L8k D256", (8192,) * 32, hq=16, hkv=8, d=256),
+    Case("skewed 1x32k + 63x512", (32768,) + (512,) * 63),
+]
+IMPLS = ("attngen_fp8", "attngen_bf16", "flashinfer_fp8")
+
+
+def make_inputs(case: Case, gen: torch.Generator):
+    """q [B, Hq, D] bf16, the bf16 pages [P, 2, PAGE, Hkv, D] in a random page order, their fp8 copy, the scales
+    and the page table (device tensors)."""
+    n_pages = [-(-k // PAGE) for k in case.kv_lens]
+    total = sum(n_pages)
+    q = torch.randn(len(case.kv_lens), case.hq, case.d, dtype=torch.bfloat16, device="cuda", generator=gen)
+    pages = torch.randn(total, 2, PAGE, case.hkv, case.d, dtype=torch.bfloat16, device="cuda", generator=gen)
+    k_scale, v_scale = (2.0 ** float(np.ceil(np.log2(float(pages[:, i].abs().max()) / 448.0))) for i in (0, 1))
+    scale = torch.tensor([k_scale, v_scale], device="cuda").view(1, 2, 1, 1, 1)
+    fp8 = (pages.float() / scale).clamp(-448.0, 448.0).to(getattr(torch, FP8))
+    pages = (fp8.float() * scale).to(torch.bfloat16)  # exact: an fp8 value times a power of two
+    i32 = dict(dtype=torch.int32, device="cuda")
+    table = dict(indptr=torch.tensor(np.concatenate([[0], np.cumsum(n_pages)]), **i32),
+                 indices=torch.randperm(total, device="cuda", generator=gen).to(torch.int32),
+                 last_page_len=torch.tensor([k - (p - 1) * PAGE for k, p in zip(case.kv_lens, n_pages)], **i32))
+    return q, pages, fp8, k_scale, v_scale, table
+
+
+def time_attngen(att, case: Case, q, pages, table, scales=None):
+    """(ms, out) of attngen's decode over ``pages`` (fp8 with ``scales``, or bf16), the automatic plan."""
+    from attngen.runtime import PagedKV
+
+    kv = PagedKV(pages, table["indptr"], table["indices"], table["last_page_len"])
+    plan = att.plan_decode(kv, case.hq, case.d)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.empty(q.shape[:2], device="cuda")
+    fn = lambda: att.decode(q, kv, plan=plan, out=out, lse=lse, **(scales or {}))  # noqa: E731
+    return bench(fn), out
+
+
+def time_flashinfer_fp8(fi, case: Case, q, fp8, k_scale, v_scale, table, ref, row):
+    """FlashInfer's decode over the fp8 pages: its CUDA-core and tensor-core paths; the faster one's ms."""
+    ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    best = None
+    for tc in (False, True):
+        def one():
+            w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
+            w.plan(table["indptr"], table["indices"], table["last_page_len"], case.hq, case.hkv, case.d, PAGE,
+                   q_data_type=q.dtype, kv_data_type=fp8.dtype)
+            fn = lambda: w.run(q, fp8, k_scale=k_scale, v_scale=v_scale)  # noqa: E731
+            return bench(fn), float((fn().float() - ref.float()).abs().max())
+        got = guarded(row, f"flashinfer_fp8_{'tc' if tc else 'cuda_core'}", one)
+        if got:
+            row[f"flashinfer_fp8_{'tc' if tc else 'cuda_core'}_ms"] = got[0]
+            best = got if best is None or got[0] < best[0] else best
+    return best
+
+
+def run_case(case: Case, libs: dict, fi, gen: torch.Generator) -> dict:
+    q, pages, fp8, k_scale, v_scale, table = make_inputs(case, gen)
+    att, row = libs[case.d], {"case": case.name}
+    ms, ref = time_attngen(att, case, q, fp8, table, scales=dict(k_scale=k_scale, v_scale=v_scale))
+    row["attngen_fp8_ms"], row["attngen_fp8"] = ms, case.bytes_read(1) / ms / 1e6
+    got = guarded(row, "attngen_bf16", lambda: time_attngen(att, case, q, pages, table))
+    if got:
+        row["attngen_bf16_ms"], row["attngen_bf16"] = got[0], case.bytes_read(2) / got[0] / 1e6
+        row["attngen_bf16_maxdiff"] = float((got[1].float() - ref.float()).abs().max())
+    if fi is not None:
+        got = time_flashinfer_fp8(fi, case, q, fp8, k_scale, v_scale, table, ref, row)
+        if got:
+            row["flashinfer_fp8_ms"], row["flashinfer_fp8"] = got[0], case.bytes_read(1) / got[0] / 1e6
+            row["flashinfer_fp8_maxdiff"] = got[1]
+    return row
+
+
+def markdown(res: dict, rows: list[dict], commit: str) -> list[str]:
+    copy = res["copy_GBps"]
+    lines = [f"# Decode over an fp8 (e4m3) KV cache — {res['gpu']}, {res['date']}, commit {commit}", "",
+             f"GB/s of the bytes each implementation reads (device time, host ahead; medians). Copy bandwidth in the "
+             f"same run: {copy:.0f} GB/s. torch {res['torch']}, FlashInfer {res['flashinfer']}. bf16 queries, paged "
+             "NHD cache (16-token pages, random order). attngen fp8: the tensor-core decode over e4m3 pages; attngen "
+             "bf16: the same library over the same values in bf16; FlashInfer fp8: its decode over the same e4m3 "
+             "pages (the faster of its CUDA-core and tensor-core paths). fp8 / bf16: attngen's bf16 time over its "
+             "fp8 time.", "",
+             "| case | attngen fp8 GB/s (% copy) | attngen bf16 GB/s | FlashInfer fp8 GB/s | fp8 / bf16 (time) | "
+             "attngen fp8 / FlashInfer fp8 (time) | max diff bf16 | max diff FlashInfer |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        speed = (f"{r['attngen_bf16_ms'] / r['attngen_fp8_ms']:.2f}" if r.get("attngen_bf16_ms") else "—")
+        vs_fi = (f"{r['flashinfer_fp8_ms'] / r['attngen_fp8_ms']:.2f}" if r.get("flashinfer_fp8_ms") else "—")
+        lines.append(f"| {r['case']} | {r['attngen_fp8']:.0f} ({100 * r['attngen_fp8'] / copy:.0f}%) | "
+                     f"{cell(r.get('attngen_bf16'))} | {cell(r.get('flashinfer_fp8'))} | {speed} | {vs_fi} | "
+                     f"{cell(r.get('attngen_bf16_maxdiff'), '.3g')} | {cell(r.get('flashinfer_fp8_maxdiff'), '.3g')} |")
+    return lines + error_lines(rows, lambda r: r["case"])
+
+
+def main():
+    args = case_parser(__doc__, "time attngen only").parse_args()
+    cases = selected_cases(CASES, args.cases)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    res = run_info(args.commit) | {"copy_GBps": copy_bandwidth()}
+    fi = load_flashinfer()[0] if args.peers else None
+    from attngen.runtime import CUDAAttention
+    from attngen.variants import builtin
+
+    dims = tuple(sorted({c.d for c in cases}))
+    att = CUDAAttention.build(builtin("vanilla"), head_dims=dims, dtypes=("bfloat16", "bfloat16"),
+                              kv_dtypes=("bfloat16", FP8), layouts=("NHD",), kernels=("decode",))
+    libs = {d: att for d in dims}
+    rows = []
+    for case in cases:
+        rows.append(run_case(case, libs, fi, gen))
+        print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
+    res["rows"] = rows
+    write_results(args.out, f"fp8_decode_{res['date']}{args.tag}", res, markdown(res, rows, args.commit))
+
+
+if __name__ == "__main__":
+    main()

@@ -240,7 +240,8 @@ def test_tvm_slot_library_builds_and_refuses(build_cache):
         + [f"tvm_fi_{k}_f16_d128" for k in ("decode_plan", "decode_run", "prefill_plan", "prefill_paged_run",
                                             "prefill_ragged_run")])
     src = (res.library.parent / "attention_d128_f16_tvm.cu").read_text()
-    assert "hp.soft_cap = static_cast<float>(0x1.e000000000000p+4);" in src
+    assert "attngen_gen::Hooks_d128::set_params(entry, hp, 0x1.e000000000000p+4);" in src
+    assert "using TensorArgs = attngen::ArgList<>;" in src  # no tensor parameters: TVM's argument lists exactly
     for name, why in [("sigmoid", "unnormalised sum"), ("alibi", r"reads \['kv_pos', 'qo_pos'\]"),
                       ("attention_sink", "output_transform"), ("rope", r"reads \['qo_pos'\]")]:
         with pytest.raises(ConfigError, match=why):

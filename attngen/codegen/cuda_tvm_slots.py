@@ -7,8 +7,9 @@ page-locked buffer and copied to its int workspace; prefill's plan records the l
 the grid fits the batch, and makes a paged step of one query per request a split-KV decode plan
 that the paged prefill run executes on the decode template: TVM routes decode steps of GQA groups
 >= 4 through paged prefill in this convention). This module writes, per (head_dim, dtype), only
-what the templates cannot know: a small ``Config`` struct (the variant's compiled-in scalar
-parameters, the exported names the errors cite, the decode cost model) and the export lines.
+what the templates cannot know: a small ``Config`` struct (the variant's parameters: scalars
+compiled in, tensors from the trailing arguments, csrc/tvm_slot_params.h; the exported names the
+errors cite, the decode cost model) and the export lines.
 
 The CUDA library built with ``kernels=("tvm", ...)`` exports, per (head_dim, dtype),
 ``tvm_prefill_paged_<dt>_d<D>``, ``tvm_prefill_ragged_<dt>_d<D>``, ``tvm_decode_<dt>_d<D>``, the
@@ -53,10 +54,16 @@ with FlashInfer's plan and run argument lists.
 They run attngen's prefill and tensor-core decode templates with the variant's hooks; TVM's
 ``causal`` flag applies on top of the variant's mask (in-call positions, as TVM's own kernels
 use); rows that see no key store lse = -5e4 as TVM expects. TVM passes no variant parameters,
-so scalar parameters are compiled in (``BuildConfig.tvm_constants`` or their defaults) and
-tensor parameters are refused. Refused too, at build time: sum-state variants and output
-transforms (TVM merges a row's parts by lse), and hooks that read positions or the batch
-index (TVM calls a slot per prefix depth, where neither means what the variant expects).
+so scalar parameters are compiled in (``BuildConfig.tvm_constants`` or their defaults), and a
+variant with tensor parameters makes every function but the two "flashinfer" plans take them as
+trailing TensorView arguments after TVM's, in declaration order (attngen.tvm binds them to each
+call); each is checked per call before any kernel runs: element type, rank, contiguity, on q's
+GPU, and its declared dims against the call (``num_qo_heads`` / ``num_kv_heads`` / ``head_dim`` /
+numbers exactly, ``batch_size`` / ``total_q`` and ``name>=B`` at least: TVM calls a slot per
+prefix depth with part of the batch). Variants without tensor parameters keep TVM's argument
+lists exactly. Refused at build time: sum-state variants and output transforms (TVM merges a
+row's parts by lse), and hooks that read positions or the batch index (TVM calls a slot per
+prefix depth, where neither means what the variant expects).
 * inline RoPE (TVM's RopeMode INLINE, rotary_mode 1), in libraries built with ``BuildConfig.tvm_rope``:
   the paged and ragged prefill, decode and sliding-window functions rotate each query row at
   q_rope_position and key j of request b at k_rope_pos_offset[b] + j (j in the sliding-window view)
@@ -72,6 +79,7 @@ workspace, the "flashinfer" decode (and decode steps sent through paged prefill)
 """
 from __future__ import annotations
 
+import json
 import math
 
 from attngen.ir import ConfigError, ScalarParam, TensorParam
@@ -89,29 +97,37 @@ TIRX_FUNCTIONS = {kind: kind.removeprefix("tvm_") for kind in SLOT_KINDS}
 FLASHINFER_FUNCTIONS = {kind: kind.removeprefix("tvm_fi_") for kind in FLASHINFER_KINDS}
 
 
-def check_tvm_slot_variant(variant, constants: dict) -> None:
-    """Refuse, at build time, variants whose results inside TVM's cache would be silently wrong: what the
-    CPU slots refuse (cpu/tvm_slots.py), and hooks reading positions or tensor parameters."""
-    name = variant.name
+def check_tvm_slot_hooks(variant) -> None:
+    """Refuse variants whose results inside TVM's cache would be silently wrong: what the CPU slots refuse
+    (cpu/tvm_slots.py), and hooks reading positions or the batch index."""
     check_slot_variant(variant)
     for hook, reads in variant.analysis.reads.items():
         bad = sorted(set(reads.indices) & {"batch", "qo_pos", "kv_pos"})
         if bad:
-            raise ConfigError(f"variant '{name}', hook '{hook}': reads {bad}; TVM calls an attention slot per "
-                              "prefix depth, where the batch index and in-call positions are not the sequence's, "
+            raise ConfigError(f"variant '{variant.name}', hook '{hook}': reads {bad}; TVM calls an attention slot "
+                              "per prefix depth, where the batch index and in-call positions are not the sequence's, "
                               "so the CUDA slots serve position-free variants (use the CPU slots for others)")
+
+
+def check_tvm_slot_variant(variant, constants: dict) -> None:
+    """Refuse, at build time, what ``check_tvm_slot_hooks`` refuses, and ``constants``
+    (``BuildConfig.tvm_constants``) that do not give every scalar parameter a value."""
+    name = variant.name
+    check_tvm_slot_hooks(variant)
+    tensors = sorted(p.name for p in variant.params if isinstance(p, TensorParam))
     for p in variant.params:
-        if isinstance(p, TensorParam):
-            raise ConfigError(f"variant '{name}': tensor parameter '{p.name}' cannot be passed through TVM's "
-                              "slot calls; the CUDA slots serve variants with scalar parameters only")
-        if p.name not in constants and p.default is None:
+        if isinstance(p, ScalarParam) and p.name not in constants and p.default is None:
             raise ConfigError(f"variant '{name}': scalar parameter '{p.name}' has no default; give its value "
                               "in tvm_constants")
+    bound = sorted(set(constants) & set(tensors))
+    if bound:
+        raise ConfigError(f"tvm_constants: {bound} are tensor parameters of variant '{name}', which the slot "
+                          "functions take as trailing arguments of every call, not compiled in")
     unknown = sorted(set(constants) - {p.name for p in variant.params})
     if unknown:
         raise ConfigError(f"tvm_constants: {unknown} are not parameters of variant '{name}'")
     for p in variant.params:  # compiled in as C++ literals: a value outside the dtype would wrap silently
-        if p.name in constants:
+        if isinstance(p, ScalarParam) and p.name in constants:
             _, problem = scalar_value(p.dtype, constants[p.name])
             if problem:
                 raise ConfigError(f"tvm_constants['{p.name}'] ({p.dtype}): {problem}")
@@ -137,23 +153,58 @@ def _name_constant(function: str) -> str:
     return "k" + "".join(part.capitalize() for part in function.split("_"))
 
 
+# CALL_SIZES name -> attngen::tvm_slot::CallSize (csrc/tvm_slot_params.h)
+_CALL_SIZES = {"batch_size": "kBatchSize", "num_qo_heads": "kNumQoHeads", "num_kv_heads": "kNumKvHeads",
+               "head_dim": "kHeadDim", "total_q": "kTotalQ"}
+
+
+def _declared_dim(dim) -> str:
+    """One ``attngen::tvm_slot::DeclaredDim`` initializer: what a TensorParam's dim declares of its length."""
+    bound = dim.fixed if dim.fixed is not None else dim.call_size or dim.at_least
+    size = _CALL_SIZES[bound] if isinstance(bound, str) else "kNone"
+    fixed = bound if isinstance(bound, int) else -1
+    return (f"{{{json.dumps(dim.text)}, {fixed}, attngen::tvm_slot::CallSize::{size}, "
+            f"{'true' if dim.at_least is not None else 'false'}}}")
+
+
+def _fill(variant, hooks: str, constants: dict) -> list[str]:
+    """The Config's ``TensorArgs`` and ``fill`` (csrc/tvm_slot_params.h): the traits' set_params with the scalar
+    parameters as literals and the tensor parameters from the trailing arguments t0, t1, ..., each checked against
+    the call."""
+    tensors = [p for p in variant.params if isinstance(p, TensorParam)]
+    args, checks = [], []
+    for p in variant.params:
+        if isinstance(p, TensorParam):
+            t = f"t{tensors.index(p)}"
+            args.append(t)
+            dims = ", ".join(_declared_dim(d) for d in p.dims)
+            checks.append(f'    attngen::tvm_slot::check_slot_tensor(entry, "{p.name}", {t}, call, {{{dims}}});')
+        else:
+            args.append(cxx_literal(p.dtype, constants.get(p.name, p.default)))
+    views = "".join(f", tvm::ffi::TensorView t{i}" for i in range(len(tensors)))
+    return [
+        f"  using TensorArgs = attngen::ArgList<{', '.join(['tvm::ffi::TensorView'] * len(tensors))}>;",
+        f"  static void fill(const char* entry, {'' if tensors else '[[maybe_unused]] '}const attngen::tvm_slot::"
+        f"SlotCall& call, {hooks}::Params& hp{views}) {{",
+        f"    {hooks}::set_params(entry, hp{''.join(', ' + a for a in args)});", *checks, "  }"]
+
+
 def _instantiation(template: str, functions: dict, variant, head_dim: int, dtype: str, constants: dict,
                    extra_members: tuple[str, ...] = ()) -> str:
-    """The generated Config of ``template`` (the variant's scalar parameters in ``fill``, the exported name of
-    every function, ``extra_members``), the template's instance for (head_dim, dtype) and its export lines."""
+    """The generated Config of ``template`` (the variant's parameters: ``_fill``, the exported name of every
+    function, ``extra_members``), the template's instance for (head_dim, dtype) and its export lines."""
     stem = template.rsplit("::", 1)[-1]
     tag = f"{DTYPE_SHORT[dtype]}_d{head_dim}"
     config, instance = f"{stem}Config_{tag}", f"{stem}_{tag}"
     hooks = f"attngen_gen::Hooks_d{head_dim}"
-    fill = [f"    hp.{p.name} = static_cast<{C_TYPES[p.dtype]}>({cxx_literal(p.dtype, constants.get(p.name, p.default))});"
-            for p in variant.params if isinstance(p, ScalarParam)]
     names = [f'  static constexpr const char* {_name_constant(fn)} = "{symbol(kind, dtype, head_dim)}";'
              for kind, fn in functions.items()]
     return "\n".join([
         "namespace {",
-        "// what TVM's calls do not carry: the variant's scalar parameters (compiled in) and the exported names",
+        "// what TVM's calls do not carry: the variant's parameters (scalars compiled in, tensors trailing TVM's",
+        "// arguments) and the exported names",
         f"struct {config} {{",
-        f"  static void fill({hooks}::Params& hp) {{", *fill, "  }",
+        *_fill(variant, hooks, constants),
         *names, *extra_members,
         "};",
         f"using {instance} = {template}<{hooks}, {C_TYPES[dtype]}, {head_dim}, {config}>;",

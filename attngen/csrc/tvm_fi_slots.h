@@ -8,10 +8,11 @@
 // decode template (TVM routes decode steps of GQA groups >= 4 through paged prefill in this convention).
 //
 // A build instantiates FlashInferSlots<V, T, D, Config> per (head dim, element type) and exports its static
-// functions. The generated Config carries `static void fill(V::Params&)` (the variant's scalar parameters),
-// the decode cost model the planner weighs work with (kDecodeCostAlpha, kDecodeCostBeta, kDecodeMinChunk:
-// attngen/schedules/cost_model.py) and the exported names the errors cite (kDecodePlan, kDecodeRun,
-// kPrefillPlan, kPrefillPagedRun, kPrefillRaggedRun).
+// functions. The generated Config carries `TensorArgs` and `fill` (tvm_slot_params.h: the variant's scalar
+// parameters compiled in; its tensor parameters, if any, as trailing arguments of the run functions, after TVM's,
+// in declaration order; the plan functions take none), the decode cost model the planner weighs work with
+// (kDecodeCostAlpha, kDecodeCostBeta, kDecodeMinChunk: attngen/schedules/cost_model.py) and the exported names the
+// errors cite (kDecodePlan, kDecodeRun, kPrefillPlan, kPrefillPagedRun, kPrefillRaggedRun).
 #pragma once
 #include <algorithm>
 #include <array>
@@ -55,8 +56,12 @@ inline void check_prefill_run(const char* name, int64_t mask_mode, const PlanInf
   if (plan_info.size() < 1) TVM_FFI_THROW(ValueError) << name << ": plan_info is not from this library's plan";
 }
 
-template <class V, class T, int D, class Config>
-struct FlashInferSlots {
+template <class V, class T, int D, class Config, class Tensors = typename Config::TensorArgs>
+struct FlashInferSlots;
+
+// X: a TensorView per tensor parameter of the variant, the trailing arguments of the run functions
+template <class V, class T, int D, class Config, class... X>
+struct FlashInferSlots<V, T, D, Config, ArgList<X...>> {
   // attngen's load-balanced split-KV decode plan for requests of kv_len[b] keys (one query each), packed into
   // the page-locked buffer and copied to the int workspace; returns [CTAs per KV head, merges, partial states],
   // or all zeros where no tensor-core decode tile fits the device (nothing is planned then).
@@ -113,14 +118,14 @@ struct FlashInferSlots {
   static void decode_run(TensorView float_ws, TensorView int_ws, PlanInfo plan_info, TensorView q, TensorView k,
                          TensorView v, TensorView indptr, TensorView indices, TensorView last_page_len, TensorView o,
                          TensorView lse, int64_t layout, int64_t window_left, bool enable_pdl, double sm_scale,
-                         double rope_rcp_scale, double rope_rcp_theta) {
+                         double rope_rcp_scale, double rope_rcp_theta, X... extra) {
     const char* name = Config::kDecodeRun;
     check_run_layout(name, layout, 1, "paged KV must be HND", window_left);
     if (plan_info.size() != 4 || plan_info[3] != q.size(1))
       TVM_FFI_THROW(ValueError) << name << ": plan_info is not from this library's decode plan for these heads";
-    const typename V::Params hp = compiled_params<V, Config>();
     DecodeProblem P{};
     fill_decode(P, q, o, lse, sm_scale, kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len), name);
+    const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
     launch_tvm_decode<V, T, D>(name, P, hp, q, [&](DecodeProblem& p) {
       split_keys_by_plan<D>(p, float_ws, int_ws, plan_info, 0);
     });
@@ -156,16 +161,16 @@ struct FlashInferSlots {
                                 TensorView k, TensorView v, TensorView qo_indptr, TensorView indptr,
                                 TensorView indices, TensorView last_page_len, TensorView o, TensorView lse,
                                 int64_t mask_mode, int64_t layout, int64_t window_left, bool enable_pdl,
-                                double sm_scale, double rope_rcp_scale, double rope_rcp_theta) {
+                                double sm_scale, double rope_rcp_scale, double rope_rcp_theta, X... extra) {
     const char* name = Config::kPrefillPagedRun;
     check_run_layout(name, layout, 1, "paged KV must be HND", window_left);
     check_prefill_run(name, mask_mode, plan_info);
-    const typename V::Params hp = compiled_params<V, Config>();
     if (plan_info.size() == kDecodeInPrefillPlanInfo) {  // a decode step planned as split-KV decode
       if (plan_info[4] != q.size(1) || q.size(0) != qo_indptr.size(0) - 1)
         TVM_FFI_THROW(ValueError) << name << ": the decode plan_info is not for this batch and these heads";
       DecodeProblem P{};
       fill_decode(P, q, o, lse, sm_scale, kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len), name);
+      const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
       launch_tvm_decode<V, T, D>(name, P, hp, q, [&](DecodeProblem& p) {
         split_keys_by_plan<D>(p, float_ws, int_ws, plan_info, 1);
       });
@@ -174,19 +179,21 @@ struct FlashInferSlots {
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
                  kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len), name);
+    const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
     launch_tvm_prefill<V, T, D>(name, P, mask_mode == 1, plan_info[0], hp, q);
   }
 
   static void prefill_ragged_run(TensorView float_ws, TensorView int_ws, PlanInfo plan_info, TensorView q,
                                  TensorView k, TensorView v, TensorView qo_indptr, TensorView kv_indptr, TensorView o,
                                  TensorView lse, int64_t mask_mode, int64_t layout, int64_t window_left,
-                                 bool enable_pdl, double sm_scale, double rope_rcp_scale, double rope_rcp_theta) {
+                                 bool enable_pdl, double sm_scale, double rope_rcp_scale, double rope_rcp_theta,
+                                 X... extra) {
     const char* name = Config::kPrefillRaggedRun;
     check_run_layout(name, layout, 0, "ragged K/V must be NHD", window_left);
     check_prefill_run(name, mask_mode, plan_info);
-    const typename V::Params hp = compiled_params<V, Config>();
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<T>(P.kv, k, v, kv_indptr), name);
+    const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
     launch_tvm_prefill<V, T, D>(name, P, mask_mode == 1, plan_info[0], hp, q);
   }
 };

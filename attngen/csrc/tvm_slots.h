@@ -6,7 +6,8 @@
 //
 // A build instantiates TirxSlots<V, T, D, Config> per (head dim, element type) and exports its static
 // functions. TVM passes no variant parameters, so the generated Config carries what the call does not:
-// `static void fill(V::Params&)` (the variant's scalar parameters, compiled in), the exported names the
+// `TensorArgs` and `fill` (tvm_slot_params.h: the variant's scalar parameters compiled in; its tensor parameters,
+// if any, as trailing arguments of every function, after TVM's, in declaration order), the exported names the
 // errors cite (kPrefillPaged, kPrefillRagged, kDecode, kPrefillPagedSlidingWindow, kDecodeSlidingWindow) and
 // what the sliding-window functions serve, kSlidingWindow: -1 nothing (they refuse a call and no windowed
 // kernel is instantiated), 0 per-sequence windows with attention sinks, W > 0 also the window of "mha_sliding"
@@ -25,6 +26,7 @@
 #include "prefill_dispatch.h"
 #include "problem_glue.h"
 #include "tvm_rope.cuh"
+#include "tvm_slot_params.h"
 #include "tvm_tree.cuh"
 #include "tvm_window.cuh"
 
@@ -97,11 +99,13 @@ inline void refuse_sliding_window(const char* name) {
                                "CacheShape with support_sliding_window or 'mha_sliding' layers)";
 }
 
-// The variant's parameters as the build compiled them in.
-template <class V, class Config>
-typename V::Params compiled_params() {
+// The variant's parameters for one call (Config::fill): the compiled-in scalars and the call's trailing tensors,
+// checked against the call's sizes (P filled from TVM's arguments, q its query rows).
+template <class V, class Config, int D, class Problem, class... X>
+typename V::Params slot_params(const char* name, const Problem& P, const TensorView& q, const X&... tensors) {
   typename V::Params hp{};
-  Config::fill(hp);
+  Config::fill(name, SlotCall{q.device().device_id, P.batch, P.num_qo_heads, P.num_kv_heads, D, q.size(0)}, hp,
+               tensors...);
   return hp;
 }
 
@@ -210,8 +214,12 @@ void split_keys_evenly(const char* name, DecodeProblem& P) {
   }
 }
 
-template <class V, class T, int D, class Config>
-struct TirxSlots {
+template <class V, class T, int D, class Config, class Tensors = typename Config::TensorArgs>
+struct TirxSlots;
+
+// X: a TensorView per tensor parameter of the variant, the trailing arguments of every function
+template <class V, class T, int D, class Config, class... X>
+struct TirxSlots<V, T, D, Config, ArgList<X...>> {
   // The "tirx" decode's even split-KV (split_keys_evenly) for a launch of the variant type W.
   template <class W>
   static auto even_split(const char* name) {
@@ -224,14 +232,14 @@ struct TirxSlots {
   static void prefill_paged(TensorView q, TensorView qo_indptr, TensorView pages, TensorView indptr,
                             TensorView indices, TensorView last_page_len, TensorView k_rope_pos_offset,
                             TensorView q_rope_position, TensorView o, TensorView lse, int64_t causal,
-                            int64_t rotary_mode, double rope_scale, double rope_theta, double sm_scale) {
+                            int64_t rotary_mode, double rope_scale, double rope_theta, double sm_scale, X... extra) {
     const char* name = Config::kPrefillPaged;
     [[maybe_unused]] const bool rope = wants_inline_rope<Config>(name, rotary_mode);
     check_plain_length_info(name, last_page_len);
-    const typename V::Params hp = compiled_params<V, Config>();
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
                  kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, last_page_len), name);  // TVM's pages are HND
+    const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
     // TVM gives no host copy of qo_indptr: the grid is sized for the longest possible request (all rows)
     if constexpr (Config::kInlineRope) {
       if (rope) {
@@ -247,12 +255,12 @@ struct TirxSlots {
   static void prefill_ragged(TensorView q, TensorView qo_indptr, TensorView k, TensorView v, TensorView kv_indptr,
                              TensorView q_rope_position, TensorView k_rope_pos_offset, TensorView o, TensorView lse,
                              int64_t causal, int64_t rotary_mode, double rope_scale, double rope_theta,
-                             double sm_scale) {
+                             double sm_scale, X... extra) {
     const char* name = Config::kPrefillRagged;
     [[maybe_unused]] const bool rope = wants_inline_rope<Config>(name, rotary_mode);
-    const typename V::Params hp = compiled_params<V, Config>();
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<T>(P.kv, k, v, kv_indptr), name);
+    const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
     if constexpr (Config::kInlineRope) {
       if (rope) {  // key j of request b at k_rope_pos_offset[b] + j, as in the paged function
         set_rope(P, q_rope_position, k_rope_pos_offset, rope_scale, rope_theta);
@@ -266,13 +274,13 @@ struct TirxSlots {
   //  rotary_mode, rope_scale, rope_theta, sm_scale)
   static void decode(TensorView q, TensorView pages, TensorView indptr, TensorView indices, TensorView last_page_len,
                      TensorView k_rope_pos_offset, TensorView q_rope_position, TensorView o, TensorView lse,
-                     int64_t rotary_mode, double rope_scale, double rope_theta, double sm_scale) {
+                     int64_t rotary_mode, double rope_scale, double rope_theta, double sm_scale, X... extra) {
     const char* name = Config::kDecode;
     [[maybe_unused]] const bool rope = wants_inline_rope<Config>(name, rotary_mode);
     check_plain_length_info(name, last_page_len);
-    const typename V::Params hp = compiled_params<V, Config>();
     DecodeProblem P{};
     fill_decode(P, q, o, lse, sm_scale, kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, last_page_len), name);
+    const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
     if constexpr (Config::kInlineRope) {
       if (rope) {
         set_rope(P, q_rope_position, k_rope_pos_offset, rope_scale, rope_theta);
@@ -288,17 +296,17 @@ struct TirxSlots {
                                            TensorView indices, TensorView length_info, TensorView k_rope_pos_offset,
                                            TensorView q_rope_position, TensorView o, TensorView lse, int64_t causal,
                                            int64_t rotary_mode, double rope_scale, double rope_theta,
-                                           double sm_scale) {
+                                           double sm_scale, X... extra) {
     const char* name = Config::kPrefillPagedSlidingWindow;
     if constexpr (Config::kSlidingWindow < 0) {
       refuse_sliding_window(name);
     } else {
       [[maybe_unused]] const bool rope = wants_inline_rope<Config>(name, rotary_mode);
-      const typename V::Params hp = compiled_params<V, Config>();
       PrefillProblem P{};
       set_sliding_view(name, P.kv, length_info);
       fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
                    kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
+      const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
       P.win = position_window(q_rope_position, k_rope_pos_offset, Config::kSlidingWindow, causal != 0);
       if constexpr (Config::kInlineRope) {
         if (rope) {  // keys rotated at their positions in the view
@@ -317,13 +325,13 @@ struct TirxSlots {
   static void prefill_ragged_tree(TensorView q, TensorView qo_indptr, TensorView k, TensorView v,
                                   TensorView kv_indptr, TensorView q_rope_position, TensorView tree_mn_indptr,
                                   TensorView tree_order, TensorView o, TensorView lse, int64_t rotary_mode,
-                                  double rope_scale, double rope_theta, double sm_scale) {
+                                  double rope_scale, double rope_theta, double sm_scale, X... extra) {
     const char* name = Config::kPrefillRaggedTree;
     check_no_inline_rope(name, rotary_mode);
     const TreeMask tree = tree_mask(name, qo_indptr, tree_mn_indptr, tree_order);
-    const typename V::Params hp = compiled_params<V, Config>();
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<T>(P.kv, k, v, kv_indptr), name);
+    const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
     launch_tvm_tree_prefill<V, T, D>(name, P, tree, q.size(0), hp, q);
   }
 
@@ -335,7 +343,7 @@ struct TirxSlots {
                                  TensorView indices, TensorView length_info, TensorView k_rope_pos_offset,
                                  TensorView q_rope_position, TensorView o, TensorView lse, int64_t rotary_mode,
                                  double rope_scale, double rope_theta, double sm_scale, TensorView tree_mn_indptr,
-                                 TensorView tree_order) {
+                                 TensorView tree_order, X... extra) {
     const char* name = Config::kPrefillPagedTree;
     check_no_inline_rope(name, rotary_mode);
     if (length_info.ndim() != 1 && Config::kSlidingWindow <= 0)
@@ -343,16 +351,17 @@ struct TirxSlots {
                                    "with the layer window; build the library with BuildConfig.tvm_window = the "
                                    "window (attngen.tvm does so from a CacheShape with 'mha_sliding' layers)";
     const TreeMask tree = tree_mask(name, qo_indptr, tree_mn_indptr, tree_order);
-    const typename V::Params hp = compiled_params<V, Config>();
     PrefillProblem P{};
     if (length_info.ndim() == 1) {
       fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
                    kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
+      const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
       launch_tvm_tree_prefill<V, T, D>(name, P, tree, q.size(0), hp, q);
     } else if constexpr (Config::kSlidingWindow > 0) {
       set_sliding_view(name, P.kv, length_info);
       fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
                    kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
+      const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
       P.win = position_window(q_rope_position, k_rope_pos_offset, Config::kSlidingWindow, false);
       launch_tvm_tree_prefill<TvmWindowed<V>, T, D>(name, P, tree, q.size(0), hp, q);
     }
@@ -362,17 +371,17 @@ struct TirxSlots {
   static void decode_sliding_window(TensorView q, TensorView pages, TensorView indptr, TensorView indices,
                                     TensorView length_info, TensorView k_rope_pos_offset, TensorView q_rope_position,
                                     TensorView o, TensorView lse, int64_t rotary_mode, double rope_scale,
-                                    double rope_theta, double sm_scale) {
+                                    double rope_theta, double sm_scale, X... extra) {
     const char* name = Config::kDecodeSlidingWindow;
     if constexpr (Config::kSlidingWindow < 0) {
       refuse_sliding_window(name);
     } else {
       [[maybe_unused]] const bool rope = wants_inline_rope<Config>(name, rotary_mode);
-      const typename V::Params hp = compiled_params<V, Config>();
       DecodeProblem P{};
       set_sliding_view(name, P.kv, length_info);
       fill_decode(P, q, o, lse, sm_scale,
                   kv_from_pages<KVLayout::kHND>(P.kv, pages, indptr, indices, length_info), name);
+      const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
       P.win = position_window(q_rope_position, k_rope_pos_offset, Config::kSlidingWindow, false);
       if constexpr (Config::kInlineRope) {
         if (rope) {

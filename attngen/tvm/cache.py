@@ -57,9 +57,11 @@ def create_paged_kv_cache(shape: CacheShape, variant=None, *, params: dict | Non
     """A TVM PagedKVCache of ``shape`` whose attention slots run ``variant`` (default vanilla) and whose merge
     slot is attngen's merge; its data-moving kernels are TVM's own.
 
-    params: values of the variant's extra parameters (defaults apply). target "cpu" or "cuda" (this machine's
-    GPU); convention (CUDA): "tirx" (one function per slot, even split-KV in decode) or "flashinfer" (run +
-    plan: TVM plans once per step on the host, the decode plan is attngen's load-balanced work list).
+    params: values of the variant's extra parameters (defaults apply): scalars are compiled into the kernels,
+    tensors bound to every call (on CUDA a torch tensor on the cache's GPU is shared, so that changing it in place
+    changes the next calls; other values are copied once). target "cpu" or "cuda" (this machine's GPU);
+    convention (CUDA): "tirx" (one function per slot, even split-KV in decode) or "flashinfer" (run + plan: TVM
+    plans once per step on the host, the decode plan is attngen's load-balanced work list).
     cache: the BuildCache of the kernels' builds.
     """
     backend = _backend(target)
@@ -80,10 +82,11 @@ def emit_paged_kv_cache(bb, shape: CacheShape, variant=None, *, params: dict | N
     """Emit the cache's create call into ``bb``'s current function, every kernel added to the model.
 
     Arguments as ``create_paged_kv_cache``. On the CPU the kernels become PrimFuncs of the model (the variant's
-    hooks inlined, scalar parameters compiled in from ``params`` or their defaults; variants with tensor
-    parameters are refused). On CUDA attngen's functions are built for ``arch`` (e.g. "sm_90a") into one
-    object file whose only global functions are ``__tvm_ffi_<name_prefix>_*`` (one prefix per cache of a
-    model), which the create call names as ``ExternFunc``s; TVM's own kernels are PrimFuncs of the model.
+    hooks inlined, scalar parameters compiled in from ``params`` or their defaults). On CUDA attngen's functions
+    are built for ``arch`` (e.g. "sm_90a") into one object file whose only global functions are
+    ``__tvm_ffi_<name_prefix>_*`` (one prefix per cache of a model), which the create call names as
+    ``ExternFunc``s; TVM's own kernels are PrimFuncs of the model. A model library has no tensors to bind to a
+    call: variants with tensor parameters are refused on both devices.
     """
     backend = _backend(target)
     backend.check(shape, convention)

@@ -23,8 +23,6 @@ from pathlib import Path
 from attngen.build import support_library
 from attngen.codegen.cpu.merge_tir import CPU_MERGE_DTYPES, merge_functions
 from attngen.codegen.cpu.tvm_slots import build_slot_library, check_slot_variant, lower_slot, slot_specs
-from attngen.ir import TensorParam
-from attngen.runtime.params import resolve_params
 from attngen.schedules.build_config import merge_symbol
 from attngen.variants import builtin
 
@@ -32,6 +30,7 @@ from .create_call import SLOT_ROLES, TREE_ROLES, CacheParts
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
 from .shape import CacheShape
+from .slot_params import bind_trailing, refuse_tensor_params, split_params
 
 # the common-subexpression pass binds float subexpressions of the inlined hooks in a way LLVM's
 # lowering rejects (see attngen/codegen/cpu/build.py); every build of these kernels turns it off
@@ -54,31 +53,13 @@ def _check_target(target: str) -> None:
         raise ValueError(f"target {target!r}: attngen fills TVM PagedKVCache slots for target='cpu' or 'cuda'")
 
 
-def _bind_trailing(fn, tensors: list):
-    """``fn`` with the variant's tensor parameters appended to TVM's arguments on every call."""
-    import tvm
-
-    def call(*args):
-        return fn(*args, *tensors)
-
-    return tvm.runtime.convert(call)
-
-
-def _split_params(variant, params: dict | None, shape: CacheShape) -> tuple[dict, list]:
-    """(scalar values by name, tensor values in declaration order as CPU tvm tensors)."""
+def _host_tensor(value):
+    """A tensor parameter's value as a CPU tvm tensor (a copy)."""
     import numpy as np
     import tvm
 
-    values = resolve_params(variant, params, num_qo_heads=shape.num_qo_heads, batch_size=shape.max_batch,
-                            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
-    scalars, tensors = {}, []
-    for decl, value in zip(variant.params, values):
-        if isinstance(decl, TensorParam):
-            array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
-            tensors.append(tvm.runtime.tensor(np.ascontiguousarray(array), device=tvm.cpu()))
-        else:
-            scalars[decl.name] = value
-    return scalars, tensors
+    array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+    return tvm.runtime.tensor(np.ascontiguousarray(array), device=tvm.cpu())
 
 
 def attention_slot_functions(shape: CacheShape, variant=None, *, params: dict | None = None, target: str = "cpu",
@@ -89,7 +70,8 @@ def attention_slot_functions(shape: CacheShape, variant=None, *, params: dict | 
     _check_target(target)
     variant = variant if variant is not None else builtin("vanilla")
     check_slot_variant(variant)
-    scalars, tensors = _split_params(variant, params, shape)
+    scalars, values = split_params(variant, params, shape)
+    tensors = [_host_tensor(v) for v in values]
     specs = slot_specs(variant, shape.head_dim, shape.dtype, inline_rope=shape.inline_rope,
                        window=shape.layer_window)
     kwargs = {"cache": cache} if cache is not None else {}
@@ -97,7 +79,7 @@ def attention_slot_functions(shape: CacheShape, variant=None, *, params: dict | 
     out = {}
     for role in SLOT_ROLES + TREE_ROLES:
         fn = library[specs[role].func_name]
-        out[role] = _bind_trailing(fn, tensors) if tensors else fn
+        out[role] = bind_trailing(fn, tensors) if tensors else fn
     return out
 
 
@@ -122,13 +104,8 @@ class CPUBackend:
                     cache):
         """(the cache's functions as PrimFuncs added to ``bb``'s module, no external modules)."""
         check_slot_variant(variant)
-        tensors = [p.name for p in variant.params if isinstance(p, TensorParam)]
-        if tensors:
-            raise ValueError(f"variant '{variant.name}': tensor parameters {tensors} cannot be compiled into a "
-                             "model library; use create_paged_kv_cache (run-time binding) for this variant")
-        values = resolve_params(variant, params, num_qo_heads=shape.num_qo_heads, batch_size=shape.max_batch,
-                            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
-        scalars = {p.name: v for p, v in zip(variant.params, values)}
+        refuse_tensor_params(variant)
+        scalars, _ = split_params(variant, params, shape)
         specs = slot_specs(variant, shape.head_dim, shape.dtype, inline_rope=shape.inline_rope,
                            window=shape.layer_window)
 

@@ -16,6 +16,12 @@ windows (per-sequence windows with sinks, or "mha_sliding" layers) gets a librar
 refuse a call (TVM never makes one there). A cache whose RoPE TVM applies inside attention (``inline_rope``:
 RopeMode INLINE, or any RoPE with per-sequence windows) gets a library built with ``BuildConfig.tvm_rope``, in
 the "tirx" convention only (TVM passes the "flashinfer" run functions no positions).
+
+The variant's parameters (slot_params.py): scalars compiled into the build. Tensor parameters, at run time,
+become tvm tensors on the cache's GPU (``device_tensor``: a torch CUDA tensor there is shared, so in-place
+changes reach the next call) bound as trailing arguments of every "tirx" function and "flashinfer" run
+function (``bind_tensor_params``); the C++ checks them per call. A model library has no per-call tensors:
+``slot_object`` refuses variants with tensor parameters.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from pathlib import Path
 
 from attngen.build import build, support_library
 from attngen.codegen.cuda_object import build_slot_object
-from attngen.codegen.cuda_tvm_slots import tvm_slot_functions
+from attngen.codegen.cuda_tvm_slots import check_tvm_slot_hooks, tvm_slot_functions
 from attngen.ir import ScalarParam
 from attngen.schedules.arch import arch_spec
 from attngen.schedules.build_config import BuildConfig, merge_symbol, symbol
@@ -33,6 +39,7 @@ from .cuda_link import export_cuda_model_library
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
 from .shape import ROPE_MODES, CacheShape
+from .slot_params import bind_trailing, refuse_tensor_params, split_params
 
 CUDA_DTYPES = ("float16", "bfloat16")
 CONVENTIONS = ("tirx", "flashinfer")
@@ -71,7 +78,8 @@ def build_slot_library(variant, *, head_dim: int, dtype: str, params: dict | Non
                        rope: bool = False, cache=None):
     """Build (cached) the variant's CUDA library with kernels=("tvm",), the scalar ``params``, what the
     sliding-window slots serve (``window``, ``slot_window``) and whether the slots apply inline RoPE (``rope``:
-    ``CacheShape.inline_rope``) compiled in; returns the build's BuildResult."""
+    ``CacheShape.inline_rope``) compiled in; returns the build's BuildResult. Tensor parameters are no part of the
+    build (nor of its cache key): its functions take them as trailing arguments."""
     if dtype not in CUDA_DTYPES:
         raise ValueError(f"dtype {dtype!r}: the CUDA slots serve {list(CUDA_DTYPES)}")
     names = {p.name for p in variant.params if isinstance(p, ScalarParam)}
@@ -105,7 +113,9 @@ def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | No
                         window: int | None = None, rope: bool = False, cache=None) -> dict:
     """Role -> function for the ("tirx", fn) slots TVM calls ("prefill_ragged", "prefill", "decode",
     "prefill_sliding_window", "decode_sliding_window": serving ``window``, see ``slot_window``), and role -> (run,
-    plan) for the ("flashinfer", run, plan) ones ("fi_prefill_ragged", "fi_prefill", "fi_decode")."""
+    plan) for the ("flashinfer", run, plan) ones ("fi_prefill_ragged", "fi_prefill", "fi_decode"). ``params``: the
+    scalar parameters' values; a variant's tensor parameters are the functions' trailing arguments (unbound here:
+    ``bind_tensor_params``)."""
     from attngen.runtime.cuda import current_arch
 
     built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch or current_arch(),
@@ -114,10 +124,39 @@ def cuda_slot_functions(variant, *, head_dim: int, dtype: str, params: dict | No
     return slot_roles(lambda kind: library[symbol(kind, dtype, head_dim)])
 
 
+def bind_tensor_params(roles: dict, tensors: list) -> dict:
+    """``slot_roles``' functions with the variant's tensor parameters (tvm tensors on the cache's GPU, in
+    declaration order) appended to TVM's arguments of every call: each "tirx" function and each "flashinfer" run
+    function (the plans take none)."""
+    if not tensors:
+        return roles
+    return {role: (bind_trailing(fn[0], tensors), fn[1]) if isinstance(fn, tuple) else bind_trailing(fn, tensors)
+            for role, fn in roles.items()}
+
+
+def device_tensor(value, name: str, device):
+    """A tensor parameter's value as a tvm tensor on the cache's GPU ``device``: a torch CUDA tensor on that GPU is
+    shared (no copy: its later in-place changes reach the next call), any other value copied there once."""
+    import numpy as np
+    import tvm
+
+    if hasattr(value, "__dlpack__") and hasattr(value, "detach"):  # torch
+        if value.device.type == "cuda" and value.device.index != device.index:
+            raise ValueError(f"params['{name}']: on {value.device}, the cache on cuda:{device.index}; give the "
+                             "parameter on the cache's GPU")
+        if value.device.type != "cuda":
+            value = value.to(f"cuda:{device.index}")
+        return tvm.runtime.from_dlpack(value.detach())
+    return tvm.runtime.tensor(np.ascontiguousarray(np.asarray(value)), device=device)
+
+
 def slot_object(variant, *, head_dim: int, dtype: str, arch: str, params: dict | None = None,
                 window: int | None = None, rope: bool = False, name_prefix: str = "attngen",
                 cache=None) -> tuple[Path, dict]:
-    """Build (cached) the object file; returns it and role -> exported name: the ``slot_roles`` and "merge"."""
+    """Build (cached) the object file; returns it and role -> exported name: the ``slot_roles`` and "merge". A model
+    library binds nothing to a call: variants with tensor parameters are refused (after what no slot serves)."""
+    check_tvm_slot_hooks(variant)
+    refuse_tensor_params(variant)
     built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch, window=window,
                                rope=rope, cache=cache)
     merge = merge_symbol("merge_state_inplace", dtype)
@@ -148,16 +187,20 @@ class CUDABackend:
 
         from attngen.runtime.cuda import current_arch
 
+        scalars, values = split_params(variant, params, shape)  # (checked before anything needs a GPU)
         if not torch.cuda.is_available():
             raise RuntimeError("target='cuda': this machine has no CUDA GPU (or torch has no CUDA); use target='cpu'")
         arch = current_arch()
+        device = tvm.cuda(0)  # the GPU current_arch() describes
+        tensors = [device_tensor(v, p.name, device) for p, v in zip(variant.tensor_params, values)]
+        given = {name: v for name, v in scalars.items() if name in (params or {})}  # (defaults: the build's own)
         roles = cuda_slot_functions(variant, head_dim=shape.head_dim, dtype=shape.dtype,
-                                    params=params, arch=arch, window=slot_window(shape), rope=shape.inline_rope,
+                                    params=given, arch=arch, window=slot_window(shape), rope=shape.inline_rope,
                                     cache=cache)
-        parts = CacheParts(attention=attention_entries(roles, convention),
+        parts = CacheParts(attention=attention_entries(bind_tensor_params(roles, tensors), convention),
                            merge=merge_function(shape.dtype, arch),
                            helpers=helper_functions(shape, device_target("cuda", arch)))
-        return parts, tvm.cuda(0)  # the GPU current_arch() describes
+        return parts, device
 
     def model_parts(self, bb, variant, shape: CacheShape, *, params, convention: str, arch: str | None,
                     name_prefix: str, cache):

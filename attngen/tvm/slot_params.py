@@ -1,0 +1,47 @@
+"""A variant's parameters in a cache's attention slots, for both devices.
+
+TVM's slot calls carry no variant parameters. Scalar parameters are compiled into the slot kernels;
+tensor parameters are bound to every call of a cache created at run time, appended to TVM's arguments
+in declaration order (``bind_trailing``). A model library has no per-call tensors to bind, so its
+caches refuse variants with tensor parameters (``refuse_tensor_params``). ``split_params`` resolves
+the values against the cache's sizes (attngen.runtime.params: dtypes, ranks, declared dims, every
+read the hooks make) before anything is built.
+"""
+from __future__ import annotations
+
+from attngen.ir import TensorParam
+from attngen.runtime.params import resolve_params
+
+from .shape import CacheShape
+
+
+def split_params(variant, params: dict | None, shape: CacheShape) -> tuple[dict, list]:
+    """(scalar values by name, tensor values in declaration order as given), checked for a cache of ``shape``
+    (the batch size of its largest call: ``max_batch``)."""
+    values = resolve_params(variant, params, num_qo_heads=shape.num_qo_heads, batch_size=shape.max_batch,
+                            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
+    scalars, tensors = {}, []
+    for decl, value in zip(variant.params, values):
+        if isinstance(decl, TensorParam):
+            tensors.append(value)
+        else:
+            scalars[decl.name] = value
+    return scalars, tensors
+
+
+def bind_trailing(fn, tensors: list):
+    """``fn`` with the variant's tensor parameters appended to TVM's arguments on every call."""
+    import tvm
+
+    def call(*args):
+        return fn(*args, *tensors)
+
+    return tvm.runtime.convert(call)
+
+
+def refuse_tensor_params(variant) -> None:
+    """ValueError for a model library's cache of a variant with tensor parameters."""
+    tensors = [p.name for p in variant.tensor_params]
+    if tensors:
+        raise ValueError(f"variant '{variant.name}': tensor parameters {tensors} cannot be compiled into a "
+                         "model library; use create_paged_kv_cache (run-time binding) for this variant")

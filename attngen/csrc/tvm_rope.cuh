@@ -10,32 +10,17 @@
 // both before the variant's own query / key transform. The angle's power and sine / cosine are taken in double
 // from TVM's float32 angle, so `--use_fast_math` cannot turn them into approximations (angles reach thousands
 // of radians).
-// The templates compile this in only for the traits TvmRope<V> (`if constexpr (tvm_rope<V>())`), which the
-// slots instantiate only in libraries built for inline RoPE: every other instance is the plain kernel, unchanged.
+// The templates compile this in only for the traits TvmRope<V> (tvm_traits.cuh; `if constexpr (tvm_rope<V>())`),
+// which the slots instantiate only in libraries built for inline RoPE: every other instance is the plain kernel, unchanged.
 #pragma once
 #include <stdint.h>
 
 #include <type_traits>
 
 #include "mma.cuh"
+#include "tvm_traits.cuh"
 
 namespace attngen {
-
-// The variant's traits V with TVM's inline RoPE compiled into the templates.
-template <class V>
-struct TvmRope : V {
-  static constexpr bool kTvmRope = true;
-};
-
-template <class V, class = void>
-struct IsTvmRope : std::false_type {};
-template <class V>
-struct IsTvmRope<V, std::void_t<decltype(V::kTvmRope)>> : std::bool_constant<V::kTvmRope> {};
-
-template <class V>
-constexpr bool tvm_rope() {
-  return IsTvmRope<V>::value;
-}
 
 // TVM's run-time RoPE scalars (read by the RoPE instances only).
 struct RopeFreq {

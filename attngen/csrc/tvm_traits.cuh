@@ -1,7 +1,7 @@
 // The traits wrappers that compile TVM PagedKVCache's conventions into attngen's templates, for the "tirx" slots
 // (tvm_slots.h): TvmWindowed<V> (sliding windows, tvm_window.cuh), TvmTree<V> (token trees, tvm_tree.cuh) and
 // TvmRope<V> (inline RoPE, tvm_rope.cuh), each a flag over the variant's traits V that the templates test with
-// `if constexpr`; every other instance is the plain kernel, unchanged.
+// `if constexpr` (tvm_instance<V>(): any of them); every other instance is the plain kernel, unchanged.
 #pragma once
 #include <type_traits>
 
@@ -47,6 +47,13 @@ constexpr bool tvm_tree() {
 template <class V>
 constexpr bool tvm_rope() {
   return trait_flag<V, TvmRopeFlag>();
+}
+
+// Whether any of TVM's conventions is compiled into the traits V: such instances make no tile maps and keep
+// to fewer tile configurations (prefill_launch.cuh).
+template <class V>
+constexpr bool tvm_instance() {
+  return tvm_windowed<V>() || tvm_tree<V>() || tvm_rope<V>();
 }
 
 }  // namespace attngen

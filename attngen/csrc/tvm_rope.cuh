@@ -11,7 +11,8 @@
 // from TVM's float32 angle, so `--use_fast_math` cannot turn them into approximations (angles reach thousands
 // of radians).
 // The templates compile this in only for the traits TvmRope<V> (tvm_traits.cuh; `if constexpr (tvm_rope<V>())`),
-// which the slots instantiate only in libraries built for inline RoPE: every other instance is the plain kernel, unchanged.
+// which the slots instantiate only in libraries built for inline RoPE: every other instance is the plain kernel,
+// unchanged.
 #pragma once
 #include <stdint.h>
 
@@ -54,6 +55,19 @@ __device__ __forceinline__ void rope_rotate_row(At at, float* scratch, int pos, 
     at(i) = from_float<T>(c * scratch[i] + s * partner);
   }
   __syncwarp();
+}
+
+// Rotate the rows r < Rows of a tile in shared memory (row r's element i at at(r, i)) that live(r) keeps, row r at
+// position pos(r), the CTA's Warps warps a row each in turn; then a barrier publishes the tile. `scratch` holds D
+// floats of this warp.
+template <int D, int Rows, int Warps, class At, class Live, class Pos>
+__device__ __forceinline__ void rope_rotate_tile(At at, Live live, Pos pos, float* scratch, const RopeFreq& rope,
+                                                 int warp, int lane) {
+  for (int r = warp; r < Rows; r += Warps) {
+    if (!live(r)) continue;
+    rope_rotate_row<D>([&](int i) -> decltype(at(r, i)) { return at(r, i); }, scratch, pos(r), rope, lane);
+  }
+  __syncthreads();
 }
 
 }  // namespace attngen

@@ -27,6 +27,10 @@ struct TreeMask {
   const int32_t* order;   // tree_order [nodes, 2]: (DFS order, end of the subtree's orders)
 
   __device__ __forceinline__ int tree_len(int b) const { return indptr[b + 1] - indptr[b]; }
+
+  // The causal bound of request b's rows (1: no key past a row's own): a node's ancestors precede it, for a
+  // request with a tree in this call; one without (a shared block before its sequence's tree) sees every key.
+  __device__ __forceinline__ int causal(int b) const { return int(tree_len(b) > 0); }
 };
 
 // Per query row of a tree instance's score rules: the first key of the request's tree, the (order, end) pairs

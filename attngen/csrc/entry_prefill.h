@@ -19,6 +19,9 @@
 //   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, group, num_kv_heads, causal,
 //   rows, keys (the template's tile), then the variant's extra parameters.
 #pragma once
+#include <array>
+#include <tuple>
+
 #include "attngen_enums.h"
 #include "prefill_dispatch.h"
 #include "problem_glue.h"
@@ -78,35 +81,44 @@ struct PrefillLaunchArgs {
   OptionalTensor work_order;
 };
 
-// Element types, ranks and devices of a paged call's tensors: q and o of T, pages of KV (T, or an fp8 format:
-// entry_prefill_fp8.h), then the entry's own tensors after lse (an fp8 entry's scales).
+// Element types, ranks and devices of a prefill call's tensors, one check_args list in the entry's argument
+// order: q, the K/V source's tensors (`kv`: paged or ragged), qo_indptr, o, lse, then the entry's own tensors
+// after lse (an fp8 entry's scales). q and o are of T.
+template <class T, size_t N, class... Own>
+void check_prefill_args(const char* name, const TV& q, const std::array<TensorArg, N>& kv, const TV& qo_indptr,
+                        const TV& o, const TV& lse, const Own&... own) {
+  std::apply(
+      [&](const auto&... source) {
+        check_args(name, {{"q", q, 3, dl_dtype<T>()},
+                          source...,
+                          {"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
+                          {"o", o, 3, dl_dtype<T>()},
+                          {"lse", lse, 2, dl_dtype<float>()},
+                          own...});
+      },
+      kv);
+}
+
+// check_prefill_args of a paged call: pages of KV (T, or an fp8 format: entry_prefill_fp8.h).
 template <class T, class KV = T, class... Own>
 void check_paged_prefill_args(const char* name, const TV& q, const TV& pages, const TV& indices, const TV& indptr,
                               const TV& last_page_len, const TV& qo_indptr, const TV& o, const TV& lse,
                               const Own&... own) {
-  check_args(name, {{"q", q, 3, dl_dtype<T>()},
-                    {"pages", pages, 5, dl_dtype<KV>()},
-                    {"indices", indices, 1, dl_dtype<int32_t>()},
-                    {"indptr", indptr, 1, dl_dtype<int32_t>()},
-                    {"last_page_len", last_page_len, 1, dl_dtype<int32_t>()},
-                    {"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
-                    {"o", o, 3, dl_dtype<T>()},
-                    {"lse", lse, 2, dl_dtype<float>()},
-                    own...});
+  const std::array<TensorArg, 4> kv{{{"pages", pages, 5, dl_dtype<KV>()},
+                                     {"indices", indices, 1, dl_dtype<int32_t>()},
+                                     {"indptr", indptr, 1, dl_dtype<int32_t>()},
+                                     {"last_page_len", last_page_len, 1, dl_dtype<int32_t>()}}};
+  check_prefill_args<T>(name, q, kv, qo_indptr, o, lse, own...);
 }
 
-// As check_paged_prefill_args for a ragged call: k and v of KV.
+// check_prefill_args of a ragged call: k and v of KV.
 template <class T, class KV = T, class... Own>
 void check_ragged_prefill_args(const char* name, const TV& q, const TV& k, const TV& v, const TV& kv_indptr,
                                const TV& qo_indptr, const TV& o, const TV& lse, const Own&... own) {
-  check_args(name, {{"q", q, 3, dl_dtype<T>()},
-                    {"k", k, 3, dl_dtype<KV>()},
-                    {"v", v, 3, dl_dtype<KV>()},
-                    {"kv_indptr", kv_indptr, 1, dl_dtype<int32_t>()},
-                    {"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
-                    {"o", o, 3, dl_dtype<T>()},
-                    {"lse", lse, 2, dl_dtype<float>()},
-                    own...});
+  const std::array<TensorArg, 3> kv{{{"k", k, 3, dl_dtype<KV>()},
+                                     {"v", v, 3, dl_dtype<KV>()},
+                                     {"kv_indptr", kv_indptr, 1, dl_dtype<int32_t>()}}};
+  check_prefill_args<T>(name, q, kv, qo_indptr, o, lse, own...);
 }
 
 // The plan's part of a call into P (any prefill problem type, once it holds the problem), checked.

@@ -8,6 +8,8 @@
 #ifndef __CUDACC_RTC__  // the hook objects compiled by nvrtc need only the block
 #include <cstring>
 #include <type_traits>
+
+#include "trait_flag.h"
 #endif
 
 namespace attngen {
@@ -34,14 +36,12 @@ void pack_params(ParamBlock& block, const P& params) {
 // Whether the traits V launch kernels from a linked cubin (V::kLinked) rather than their own
 // instantiations: the launchers pick the kernel by name then, and the kernel templates are never
 // instantiated in the host glue.
-template <class V, class = void>
-struct LinkedHooks : std::false_type {};
 template <class V>
-struct LinkedHooks<V, std::void_t<decltype(V::kLinked)>> : std::bool_constant<V::kLinked> {};
+using LinkedFlag = std::bool_constant<V::kLinked>;
 
 template <class V>
 constexpr bool linked_hooks() {
-  return LinkedHooks<V>::value;
+  return trait_flag<V, LinkedFlag>();
 }
 #endif
 

@@ -17,6 +17,12 @@
 
 namespace attngen {
 
+// K/V narrower than the query dtype (fp8) are staged and widened into 16-bit tiles.
+template <class T, class KV>
+constexpr bool kv_staged() {
+  return sizeof(KV) < sizeof(T);
+}
+
 // A K/V tile of TK keys at head_dim D, staged as KV (fp8) and widened to T, by NT threads.
 template <class T, class KV, int D, int TK, int NT>
 struct StagedKVTile {

@@ -41,6 +41,7 @@
 #include "kv_staging.cuh"
 #include "kv_tile_layout.cuh"
 #include "mma.cuh"
+#include "prefill_problem.cuh"
 #include "row_hook.cuh"
 #include "score_rules.cuh"
 #include "tile_map.cuh"
@@ -49,44 +50,6 @@
 #include "tvm_window.cuh"
 
 namespace attngen {
-
-struct PrefillProblem {
-  const void* q;             // [total_q, Hq, D]
-  void* o;                   // [total_q, Hq, D]
-  float* lse;                // [total_q, Hq]
-  const int32_t* qo_indptr;  // [B+1]
-  int batch, num_qo_heads, num_kv_heads, group;
-  int tile_rows;   // 0: the library's choice (128 rows for long requests); 128: the wide tile where it
-                   // serves (D <= 128, long requests); 64: the 64-row tiles
-  int kernel;      // PrefillTemplate (attngen_enums.h): 0 the library's choice, 1 mma.sync, 2 Hopper
-  int causal;      // 1: also hide keys after the query's position (TVM's run-time causal flag)
-  int tvm_conventions;  // 1: rows with no key store lse = -5e4 (TVM PagedKVCache); 0: -inf
-  __host__ __device__ float empty_lse() const { return tvm_conventions ? kTvmEmptyLse : kNegInf; }
-  float sm_scale;
-  KVRows kv;
-  TileList tiles;  // the plan's mask-derived tile lists (tile_map.cuh); absent: each CTA walks its key range
-  // [B * q_tiles] or null: the plan's order of the (request, query tile) pairs, longest work first, which
-  // the persistent Hopper kernel deals out (each pair's KV heads in a row); null: request by request
-  const int32_t* work_order;
-  PositionWindow win;  // TVM's positions and layer window: read by the windowed instances only (tvm_window.cuh)
-  TreeMask tree;       // TVM's token trees: read by the tree instances only (tvm_tree.cuh)
-  RopeFreq rope;       // TVM's inline RoPE at P.win's positions: read by the RoPE instances only (tvm_rope.cuh)
-};
-
-// The problem of a prefill over an fp8 cache: its per-KV-head scales (fp8_kv.cuh)
-struct ScaledPrefillProblem : PrefillProblem {
-  KVScales scales;
-};
-
-// The problem a prefill kernel reading K/V of type KV takes.
-template <class KV>
-using PrefillProblemOf = std::conditional_t<kIsFp8<KV>, ScaledPrefillProblem, PrefillProblem>;
-
-// K/V narrower than the query dtype (fp8) are staged and widened into 16-bit tiles (kv_staging.cuh).
-template <class T, class KV>
-constexpr bool kv_staged() {
-  return sizeof(KV) < sizeof(T);
-}
 
 // Tile configurations: Q rows per CTA (4 warps x MT m-tiles of 16 rows), keys per tile, stages
 // (1 = no double buffer). MT = 2 (128 rows) halves the K/V traffic from memory and from shared
@@ -195,13 +158,10 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   copy_wait<0>();
   __syncthreads();
   if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE, before the variant's query transform
-    for (int r = warp; r < RQ; r += Tile::kWarps) {
-      const int pr = row0 + r;
-      if (pr >= rows_total) continue;
-      rope_rotate_row<D>([&](int i) -> T& { return sq[r * ST + i]; }, scratch, P.win.q_pos[q0 + pr / group], P.rope,
-                         lane);
-    }
-    __syncthreads();
+    // (the row bounds by value: captured by reference, they reorder the kernel's row arithmetic in the PTX)
+    rope_rotate_tile<D, RQ, Tile::kWarps>(
+        [&](int r, int i) -> T& { return sq[r * ST + i]; }, [row0, rows_total](int r) { return row0 + r < rows_total; },
+        [&P, q0, row0, group](int r) { return P.win.q_pos[q0 + (row0 + r) / group]; }, scratch, P.rope, warp, lane);
   }
   if constexpr (V::kHasQueryTransform) {
     for (int r = warp; r < RQ; r += Tile::kWarps) {
@@ -220,9 +180,8 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   }
 
   // ---- KV range of this tile from the mask's bounds ------------------------------------
-  // The causal bound: TVM's run-time flag; in tree instances the tree's (a node's ancestors precede it), for a
-  // request with a tree in this call (one without, a shared block before its sequence's tree, sees every key)
-  const int tree_causal = tvm_tree<V>() ? int(P.tree.tree_len(b) > 0) : 0;
+  // The causal bound: TVM's run-time flag, or in tree instances the tree's (TreeMask::causal)
+  const int tree_causal = tvm_tree<V>() ? P.tree.causal(b) : 0;
   const int& causal = tvm_tree<V>() ? tree_causal : P.causal;
   const int first_pos = pos_base + row0 / group;
   const int last_pos = pos_base + (min(row0 + RQ, rows_total) - 1) / group;
@@ -406,13 +365,9 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
     const int j0 = tile_start(kt);
     const bool full_tile = tile_full(kt);
     if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE at the keys' positions, before the key transform
-      for (int r = warp; r < TK; r += Tile::kWarps) {
-        const int j = j0 + r;
-        if (j >= hi) continue;
-        rope_rotate_row<D>([&](int i) -> T& { return sk[kv_tile_at<D>(r, i)]; }, scratch, P.win.k_pos0[b] + j,
-                           P.rope, lane);
-      }
-      __syncthreads();
+      rope_rotate_tile<D, TK, Tile::kWarps>(
+          [&](int r, int i) -> T& { return sk[kv_tile_at<D>(r, i)]; }, [&](int r) { return j0 + r < hi; },
+          [&](int r) { return P.win.k_pos0[b] + (j0 + r); }, scratch, P.rope, warp, lane);
     }
     if constexpr (V::kHasKeyTransform) {
       for (int r = warp; r < TK; r += Tile::kWarps) {

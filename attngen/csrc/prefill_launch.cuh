@@ -7,6 +7,7 @@
 #include "device_info.cuh"
 #include "hook_abi.h"
 #include "prefill.cuh"
+#include "tvm_traits.cuh"
 
 namespace attngen {
 
@@ -30,8 +31,7 @@ void launch_prefill_tile(const PrefillProblemOf<KV>& P, int max_qo_len, const ty
   const size_t smem = prefill_smem_bytes<V, T, D, Small, MT, KV>();
   auto kernel = prefill_kernel_ref<V, T, D, Small, MT, KV>();
   // linked builds and TVM's windowed / tree / RoPE instances make no maps
-  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>() && !tvm_tree<V>() &&
-                !tvm_rope<V>()) {
+  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_instance<V>()) {
     if (P.tiles.present()) kernel = prefill_kernel<V, T, D, Small, MT, true, KV>;
   }
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -54,7 +54,7 @@ void launch_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typenam
   const size_t optin = size_t(device_smem_optin());
   // (TVM's windowed instances: their 128-row tile spilled; tree forwards are small and RoPE instances rare: one
   // tile size fewer to build)
-  if constexpr (D <= 128 && !tvm_windowed<V>() && !tvm_tree<V>() && !tvm_rope<V>()) {
+  if constexpr (D <= 128 && !tvm_instance<V>()) {
     if (P.tile_rows != 64 && int64_t(max_qo_len) * P.group >= kPrefillWideRows &&
         optin >= prefill_smem_bytes<V, T, D, false, 2, KV>())
       return launch_prefill_tile<V, T, D, false, 2, KV>(P, max_qo_len, hp, stream);

@@ -10,32 +10,18 @@
 // both before the variant's own query / key transform. The angle's power and sine / cosine are taken in double
 // from TVM's float32 angle, so `--use_fast_math` cannot turn them into approximations (angles reach thousands
 // of radians).
-// The templates compile this in only for the traits TvmRope<V> (`if constexpr (tvm_rope<V>())`), which the
-// slots instantiate only in libraries built for inline RoPE: every other instance is the plain kernel, unchanged.
+// The templates compile this in only for the traits TvmRope<V> (tvm_traits.cuh; `if constexpr (tvm_rope<V>())`),
+// which the slots instantiate only in libraries built for inline RoPE: every other instance is the plain kernel,
+// unchanged.
 #pragma once
 #include <stdint.h>
 
 #include <type_traits>
 
 #include "mma.cuh"
+#include "tvm_traits.cuh"
 
 namespace attngen {
-
-// The variant's traits V with TVM's inline RoPE compiled into the templates.
-template <class V>
-struct TvmRope : V {
-  static constexpr bool kTvmRope = true;
-};
-
-template <class V, class = void>
-struct IsTvmRope : std::false_type {};
-template <class V>
-struct IsTvmRope<V, std::void_t<decltype(V::kTvmRope)>> : std::bool_constant<V::kTvmRope> {};
-
-template <class V>
-constexpr bool tvm_rope() {
-  return IsTvmRope<V>::value;
-}
 
 // TVM's run-time RoPE scalars (read by the RoPE instances only).
 struct RopeFreq {
@@ -69,6 +55,19 @@ __device__ __forceinline__ void rope_rotate_row(At at, float* scratch, int pos, 
     at(i) = from_float<T>(c * scratch[i] + s * partner);
   }
   __syncwarp();
+}
+
+// Rotate the rows r < Rows of a tile in shared memory (row r's element i at at(r, i)) that live(r) keeps, row r at
+// position pos(r), the CTA's Warps warps a row each in turn; then a barrier publishes the tile. `scratch` holds D
+// floats of this warp.
+template <int D, int Rows, int Warps, class At, class Live, class Pos>
+__device__ __forceinline__ void rope_rotate_tile(At at, Live live, Pos pos, float* scratch, const RopeFreq& rope,
+                                                 int warp, int lane) {
+  for (int r = warp; r < Rows; r += Warps) {
+    if (!live(r)) continue;
+    rope_rotate_row<D>([&](int i) -> decltype(at(r, i)) { return at(r, i); }, scratch, pos(r), rope, lane);
+  }
+  __syncthreads();
 }
 
 }  // namespace attngen

@@ -11,31 +11,15 @@
 // diagonal) and tests each score against the tree only where the key lies in the tree (score_rules.cuh);
 // tiles before tree_start keep the interior path. TVM's paged tree slot also carries requests whose tree
 // lies in a deeper block of their sequence (tree_len 0 here): those see every key, without the causal bound.
-// The template compiles this in only for the traits TvmTree<V> (`if constexpr (tvm_tree<V>())`), which the tree
-// slots alone instantiate: every other instance is the plain kernel, unchanged. TvmTree<TvmWindowed<V>> serves
-// the paged tree slot on "mha_sliding" layers (length_info [3, B], tvm_window.cuh).
+// The template compiles this in only for the traits TvmTree<V> (tvm_traits.cuh; `if constexpr (tvm_tree<V>())`),
+// which the tree slots alone instantiate: every other instance is the plain kernel, unchanged.
+// TvmTree<TvmWindowed<V>> serves the paged tree slot on "mha_sliding" layers (length_info [3, B], tvm_window.cuh).
 #pragma once
 #include <stdint.h>
 
-#include <type_traits>
+#include "tvm_traits.cuh"
 
 namespace attngen {
-
-// The variant's traits V with TVM's token-tree mask compiled into the prefill template.
-template <class V>
-struct TvmTree : V {
-  static constexpr bool kTvmTree = true;
-};
-
-template <class V, class = void>
-struct IsTvmTree : std::false_type {};
-template <class V>
-struct IsTvmTree<V, std::void_t<decltype(V::kTvmTree)>> : std::bool_constant<V::kTvmTree> {};
-
-template <class V>
-constexpr bool tvm_tree() {
-  return IsTvmTree<V>::value;
-}
 
 // TVM's tree arrays of a tree call (null elsewhere; read by the tree instances only).
 struct TreeMask {
@@ -43,6 +27,10 @@ struct TreeMask {
   const int32_t* order;   // tree_order [nodes, 2]: (DFS order, end of the subtree's orders)
 
   __device__ __forceinline__ int tree_len(int b) const { return indptr[b + 1] - indptr[b]; }
+
+  // The causal bound of request b's rows (1: no key past a row's own): a node's ancestors precede it, for a
+  // request with a tree in this call; one without (a shared block before its sequence's tree) sees every key.
+  __device__ __forceinline__ int causal(int b) const { return int(tree_len(b) > 0); }
 };
 
 // Per query row of a tree instance's score rules: the first key of the request's tree, the (order, end) pairs

@@ -11,32 +11,15 @@
 //   beyond the window where a shared prefix or a step's history is attended.) Prefill tests each score at
 //   its row's position (score_rules.cuh; every tile is checked where rows see different keys); decode, one
 //   query per request, narrows the request's key range instead (decode.cuh, request_keys).
-// The templates compile either in only for the traits TvmWindowed<V> (`if constexpr (tvm_windowed<V>())`):
-// every other instance is the plain kernel, unchanged.
+// The templates compile either in only for the traits TvmWindowed<V> (tvm_traits.cuh;
+// `if constexpr (tvm_windowed<V>())`): every other instance is the plain kernel, unchanged.
 #pragma once
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "kv_rows.cuh"
+#include "tvm_traits.cuh"
 
 namespace attngen {
-
-// The variant's traits V with TVM's sliding-window view and position window compiled into the templates.
-template <class V>
-struct TvmWindowed : V {
-  static constexpr bool kTvmWindowed = true;
-};
-
-template <class V, class = void>
-struct IsTvmWindowed : std::false_type {};
-template <class V>
-struct IsTvmWindowed<V, std::void_t<decltype(V::kTvmWindowed)>> : std::bool_constant<V::kTvmWindowed> {};
-
-template <class V>
-constexpr bool tvm_windowed() {
-  return IsTvmWindowed<V>::value;
-}
 
 // Keys of request b: through TVM's sliding-window view in windowed instances, else the plain count.
 template <class V>

@@ -5,9 +5,10 @@ kernels' times, through the same runtime.
 ``--compile-only`` (any machine with nvcc and libnvJitLink) times the builds alone: the whole-program
 build, the first linked build (template objects and host glue compiled, or taken from the cache), a
 one-constant edit of a hook body (only the hooks compiled and linked), and a new variant of the same hook
-signature.
+signature. ``--kv-dtype`` builds both over an fp8 K/V cache (the calls pass k_scale / v_scale).
 
     python benchmarks/bench_lto_ab.py --variant logits_softcap --kernels decode,prefill
+    python benchmarks/bench_lto_ab.py --kv-dtype float8_e4m3fn --kernels decode,prefill
     python benchmarks/bench_lto_ab.py --compile-only --arch sm_80 --kernels decode
 """
 from __future__ import annotations
@@ -26,9 +27,10 @@ from attngen.build import build  # noqa: E402
 from attngen.schedules import BuildConfig  # noqa: E402
 
 
-def _config(link: str, kernels, head_dim: int, dtype: str, arch: str) -> BuildConfig:
+def _config(link: str, kernels, head_dim: int, dtype: str, arch: str, kv_dtype: str | None = None) -> BuildConfig:
+    """``kv_dtype``: the cache's K/V dtype (None: the query's; an fp8 format: the fp8 entries)."""
     return BuildConfig(target="cuda", head_dims=(head_dim,), dtypes=(dtype,), archs=(arch,), kernels=tuple(kernels),
-                       link=link)
+                       kv_dtypes=(kv_dtype or dtype,), link=link)
 
 
 def _timed_build(variant, cfg, cache):
@@ -66,7 +68,7 @@ def softcap_two_params():
                    params=[ScalarParam("cap", "float32", 30.0), ScalarParam("scale", "float32", 1.0)])
 
 
-def compile_times(kernels, head_dim: int, dtype: str, arch: str, cache=None) -> dict:
+def compile_times(kernels, head_dim: int, dtype: str, arch: str, cache=None, kv_dtype: str | None = None) -> dict:
     """Seconds of, in a fresh build cache unless ``cache`` is given: the whole-program build, the first
     linked build (template objects, launch object and exports compiled), a one-constant edit of the hook
     (only the hooks compiled, then linked), a new variant of the same signature and parameter list, and
@@ -78,13 +80,14 @@ def compile_times(kernels, head_dim: int, dtype: str, arch: str, cache=None) -> 
 
     cache = cache or BuildCache(tempfile.mkdtemp(prefix="attngen-lto-bench-"))
     rows, results = {}, {}
-    _, rows["whole"] = _timed_build(scaled_softcap(1.0), _config("whole", kernels, head_dim, dtype, arch), cache)
-    cfg = _config("lto", kernels, head_dim, dtype, arch)
+    _, rows["whole"] = _timed_build(scaled_softcap(1.0), _config("whole", kernels, head_dim, dtype, arch, kv_dtype),
+                                    cache)
+    cfg = _config("lto", kernels, head_dim, dtype, arch, kv_dtype)
     for label, variant in [("lto_first", scaled_softcap(1.0)), ("lto_hook_edit", scaled_softcap(2.0)),
                            ("lto_new_variant", scaled_softcap(3.0, name="softcap_other")),
                            ("lto_new_params", softcap_two_params())]:
         results[label], rows[label] = _timed_build(variant, cfg, cache)
-    return {"kernels": list(kernels), "arch": arch, "head_dim": head_dim, "dtype": dtype,
+    return {"kernels": list(kernels), "arch": arch, "head_dim": head_dim, "dtype": dtype, "kv_dtype": kv_dtype or dtype,
             "seconds": {k: round(v, 2) for k, v in rows.items()},
             "steps": {k: r.manifest["lto_seconds"] for k, r in results.items()},
             "reused": {k: r.manifest["lto_reused"] for k, r in results.items()}, "stats": dict(lto.stats)}
@@ -97,19 +100,22 @@ def _to(x, dtype=None):
     return (t.to(getattr(torch, dtype)) if dtype else t).cuda()
 
 
-def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0):
-    """name -> a function running one call of the module on fixed random inputs, returning its outputs."""
+def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_dtype: str | None = None):
+    """name -> a function running one call of the module on fixed random inputs, returning its outputs.
+    ``kv_dtype``: an fp8 format stores K/V rounded to it, read with fixed k_scale / v_scale."""
     import torch
 
-    from attngen.runtime import PagedKV
+    from attngen.runtime import PagedKV, RaggedKV
     from attngen.testing import random_params, random_problem
 
     rng = np.random.default_rng(seed)
+    kv_dtype = kv_dtype or dtype
+    scales = {} if kv_dtype == dtype else {"k_scale": 0.5, "v_scale": 2.0}
     calls = {}
     if "decode" in kernels:
         kv_lens = [37, 0, 300, 1, 129, 4000, 2048, 700]
         prob = random_problem(rng, [1] * len(kv_lens), kv_lens, 32, 8, head_dim, page_size=16)
-        kv = PagedKV(_to(prob.paged.pages, dtype), _to(prob.paged.indptr), _to(prob.paged.indices),
+        kv = PagedKV(_to(prob.paged.pages, kv_dtype), _to(prob.paged.indptr), _to(prob.paged.indices),
                      _to(prob.paged.last_page_len), "NHD")
         q = _to(prob.q, dtype)
         params = {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, prob).items()}
@@ -117,22 +123,26 @@ def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0):
             plan = att.plan_decode(kv, q.shape[1], head_dim, tensor_cores=tc)
             out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
             calls[f"decode_tc={tc}"] = (lambda plan=plan, out=out, lse=lse, kv=kv, q=q, params=params:
-                                        att.decode(q, kv, plan=plan, params=params, out=out, lse=lse))
+                                        att.decode(q, kv, plan=plan, params=params, out=out, lse=lse, **scales))
     if "prefill" in kernels:
         qo_lens, kv_lens = [1, 17, 300, 1024], [1, 40, 300, 3000]
         prob = random_problem(rng, qo_lens, kv_lens, 32, 8, head_dim, page_size=16)
-        kv = PagedKV(_to(prob.paged.pages, dtype), _to(prob.paged.indptr), _to(prob.paged.indices),
-                     _to(prob.paged.last_page_len), "NHD")
+        paged = PagedKV(_to(prob.paged.pages, kv_dtype), _to(prob.paged.indptr), _to(prob.paged.indices),
+                        _to(prob.paged.last_page_len), "NHD")
+        ragged = RaggedKV(_to(prob.ragged.k, kv_dtype), _to(prob.ragged.v, kv_dtype), _to(prob.ragged.indptr))
         q, qo_indptr = _to(prob.q, dtype), _to(prob.qo_indptr)
         params = {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, prob).items()}
         # both templates (the Hopper one where the library has sm_90a and the device is of compute capability 9.0)
         hopper = "sm_90a" in att.manifest["config"]["archs"] and torch.cuda.get_device_capability()[0] == 9
-        for template, wide in [("mma_sync", False), ("mma_sync", True)] + ([("hopper", None)] if hopper else []):
+        runs = [("mma_sync", False, paged), ("mma_sync", True, paged), ("mma_sync", False, ragged)]
+        runs += [("hopper", None, paged), ("hopper", None, ragged)] if hopper else []
+        for template, wide, kv in runs:
             plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template)
             out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
-            name = f"prefill_{template}" + ("" if wide is None else f"_wide={wide}")
+            name = (f"prefill_{template}" + ("" if wide is None else f"_wide={wide}")
+                    + ("_ragged" if kv is ragged else ""))
             calls[name] = (lambda plan=plan, out=out, lse=lse, kv=kv, q=q, params=params:
-                           att.prefill(q, kv, qo_indptr, plan=plan, params=params, out=out, lse=lse))
+                           att.prefill(q, kv, qo_indptr, plan=plan, params=params, out=out, lse=lse, **scales))
     return calls
 
 
@@ -144,9 +154,10 @@ def _bits(t):
 
 
 def compare_builds(variant, *, kernels=("decode", "prefill"), head_dim: int = 128, dtype: str = "float16",
-                   arch: str | None = None, cache=None, repeats: int = 30) -> dict:
-    """Build ``variant`` both ways for this GPU, run every call of :func:`_calls` on both libraries, and
-    report whether the outputs are bit-identical and each call's median milliseconds."""
+                   kv_dtype: str | None = None, arch: str | None = None, cache=None, repeats: int = 30) -> dict:
+    """Build ``variant`` both ways for this GPU (over a ``kv_dtype`` cache: None for the query dtype), run every
+    call of :func:`_calls` on both libraries, and report whether the outputs are bit-identical and each call's
+    median milliseconds."""
     import torch
 
     from attngen.runtime import CUDAAttention
@@ -155,13 +166,14 @@ def compare_builds(variant, *, kernels=("decode", "prefill"), head_dim: int = 12
     from common import bench
 
     arch = arch or current_arch()
-    report = {"variant": variant.name, "arch": arch, "kernels": list(kernels), "build_seconds": {}, "calls": {}}
+    report = {"variant": variant.name, "arch": arch, "kernels": list(kernels), "kv_dtype": kv_dtype or dtype,
+              "build_seconds": {}, "calls": {}}
     libs = {}
     for link in ("whole", "lto"):
-        res, secs = _timed_build(variant, _config(link, kernels, head_dim, dtype, arch), cache)
+        res, secs = _timed_build(variant, _config(link, kernels, head_dim, dtype, arch, kv_dtype), cache)
         report["build_seconds"][link] = round(secs, 2)
         libs[link] = CUDAAttention(variant, res.library, res.manifest)
-    calls = {link: _calls(att, variant, kernels, head_dim, dtype) for link, att in libs.items()}
+    calls = {link: _calls(att, variant, kernels, head_dim, dtype, kv_dtype=kv_dtype) for link, att in libs.items()}
     identical = True
     for name in calls["whole"]:
         outs = {}
@@ -187,6 +199,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default="decode,prefill")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--kv-dtype", default=None, help="the cache's K/V dtype, e.g. float8_e4m3fn (default: --dtype)")
     ap.add_argument("--arch", default=None, help="default: this GPU's (required with --compile-only)")
     ap.add_argument("--compile-only", action="store_true", help="time the builds only (no GPU needed)")
     ap.add_argument("--repeats", type=int, default=30)
@@ -196,12 +209,12 @@ def main(argv=None) -> int:
     if args.compile_only:
         if not args.arch:
             ap.error("--compile-only needs --arch")
-        report = compile_times(kernels, args.head_dim, args.dtype, args.arch)
+        report = compile_times(kernels, args.head_dim, args.dtype, args.arch, kv_dtype=args.kv_dtype)
     else:
         from attngen.variants import builtin
 
         report = compare_builds(builtin(args.variant), kernels=kernels, head_dim=args.head_dim, dtype=args.dtype,
-                                arch=args.arch, repeats=args.repeats)
+                                kv_dtype=args.kv_dtype, arch=args.arch, repeats=args.repeats)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

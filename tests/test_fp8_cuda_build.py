@@ -39,6 +39,17 @@ def loaded_fp8_library(variant, cfg: BuildConfig, build_cache):
     return att
 
 
+def test_cuda_accepts_fp8_caches_in_linked_builds():
+    """link='lto' builds serve fp8 caches (tests/test_lto_build.py builds one); other templates stay refused."""
+    def linked(kernels):
+        return BuildConfig("cuda", (HEAD_DIM,), ("float16",), ("sm_90a",), kernels=kernels,
+                           kv_dtypes=("float8_e5m2",), link="lto")
+
+    assert linked(("decode", "prefill")).dtype_pairs == (DtypePair("float16", "float8_e5m2"),)
+    with pytest.raises(ConfigError, match=r"read by the decode and prefill templates only"):
+        linked(("tvm",))
+
+
 def test_cuda_accepts_fp8_caches_for_decode_on_every_arch():
     for arch in ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90a"):  # cuda_fp8.h converts in software before sm_89
         cfg = fp8_decode_config((arch,), ("float16",), ("float8_e4m3fn",))
@@ -59,9 +70,6 @@ def test_cuda_refuses_fp8_caches_outside_the_decode_and_prefill_templates():
     with pytest.raises(ConfigError, match=r"include \['tvm'\], .*kernels=\('decode', 'prefill'\) "
                                           r"\(--kernels decode,prefill\)"):
         BuildConfig("cuda", (HEAD_DIM,), ("float16",), ("sm_90a",), kernels=("tvm",), kv_dtypes=("float8_e5m2",))
-    with pytest.raises(ConfigError, match=r"fp8 K/V \(float8_e5m2\) on cuda are built with link='whole' only; .*"
-                                          r"build with link='whole'"):
-        fp8_decode_config(("sm_90a",), ("float16",), ("float8_e5m2",), link="lto")
     with pytest.raises(ConfigError, match=r"K/V dtype float16 with query dtype bfloat16 is not supported"):
         fp8_decode_config(("sm_90a",), ("bfloat16",), ("float16",))
 

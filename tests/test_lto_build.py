@@ -1,5 +1,7 @@
 """Link-time CUDA builds (BuildConfig.link="lto", attngen/codegen/lto.py): template objects cached per hook
-signature, host glue per parameter list, a variant's hooks linked in by nvJitLink and inlined."""
+signature, host glue per parameter list, a variant's hooks linked in by nvJitLink and inlined; over fp8 K/V
+caches too (template objects of the cache's type, the fp8 entries)."""
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -321,14 +323,135 @@ def test_smem_floor_only_for_arch_specific_targets():
     assert src.startswith("#define ATTNGEN_DECODE_KERNELS 2\n#define ATTNGEN_SMEM_OPTIN_FLOOR 232448\n")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("kernels", [("decode",), ("prefill",)])
-def test_linked_and_whole_libraries_agree_on_the_gpu(kernels, build_cache):
-    """The same variant built both ways runs through the same runtime with bit-identical outputs."""
+# ---- fp8 K/V caches ----
+
+def fp8_lto_config(**kw) -> BuildConfig:
+    """Decode and prefill over an e4m3 cache for sm_90a (the Hopper prefill's part too), one layout."""
+    base = dict(kernels=("decode", "prefill"), archs=("sm_90a",), kv_dtypes=("float8_e4m3fn",), layouts=("NHD",))
+    return lto_config(**{**base, **kw})
+
+
+def test_template_objects_are_keyed_by_the_kv_dtype():
+    """A template object instantiates its launcher over the cache's element type: the source names it and the
+    key differs between a bf16 cache and each fp8 one."""
+    v, d, cfg = builtin("logits_softcap"), 128, fp8_lto_config(dtypes=("bfloat16",))
+    abi = abi_traits_source(v, lower_hooks_cuda(v, d, "sm_90a"), d)
+    pairs = [DtypePair("bfloat16", kv) for kv in ("bfloat16", "float8_e4m3fn", "float8_e5m2")]
+    for record, part in (("decode", 0), ("decode", 1), ("prefill", 0), ("prefill", 1)):
+        sources = [lto.template_source(record, d, pair, 8, part) for pair in pairs]
+        assert "__nv_fp8" not in sources[0]
+        assert "DecodeProblemOf<__nv_fp8_e4m3>" in sources[1] or "PrefillProblemOf<__nv_fp8_e4m3>" in sources[1]
+        assert "__nv_fp8_e5m2" in sources[2]
+        keys = {lto.template_key(record, "sm_90a", d, pair, cfg, abi, part) for pair in pairs}
+        assert len(keys) == 3, record
+
+
+def test_linked_fp8_exports_are_the_whole_builds():
+    """The linked build's fp8 exports: the whole-program build's names (a linked build has no tile-map classifier,
+    whatever the cache), each over the whole build's fp8 entry template, with the entry's own arguments."""
+    cfg = fp8_lto_config(layouts=("NHD", "HND"))
+    names = sorted(e.name for pair in cfg.dtype_pairs for e in lto.linked_exports(cfg, 128, pair))
+    whole = exported_functions(dataclasses.replace(cfg, link="whole"))
+    assert names == exported_functions(cfg) == [n for n in whole if not n.startswith("prefill_tile_map_")]
+    assert len(names) == 5 and all("_f16_kve4m3_d128" in n for n in names)
+    launch = lto.launch_source(cfg, 128)
+    assert '#include "entry_decode_fp8.h"' in launch and '#include "entry_prefill_fp8.h"' in launch
+    block = "attngen::BlockHooks<attngen_gen::Hooks_d128>"
+    assert (f"attngen::DecodePagedFP8Entry<{block}, half, __nv_fp8_e4m3, 128, attngen::KVLayout::kHND, 8, "
+            "attngen_linked::kName_batch_decode_paged_hnd_f16_kve4m3_d128>") in launch
+    assert (f"attngen::PrefillRaggedFP8Entry<{block}, half, __nv_fp8_e4m3, 128, "
+            "attngen_linked::kName_batch_prefill_ragged_f16_kve4m3_d128>") in launch
+    exports = lto.exports_source(builtin("causal"), cfg, {128: linked_params_source(
+        builtin("causal"), lower_hooks_cuda(builtin("causal"), 128, "sm_90a"), 128)})
+    for own in ("DecodeFP8OwnArgs", "PrefillPagedFP8OwnArgs", "PrefillRaggedFP8OwnArgs"):
+        assert f"attngen::{own}>::call" in exports, own
+    # a cache in the query dtype keeps its entries and argument lists
+    plain = lto.launch_source(fp8_lto_config(kv_dtypes=()), 128)
+    assert "fp8" not in plain.lower() and "FP8OwnArgs" not in plain
+
+
+@pytest.fixture(scope="module")
+def fp8_linked(build_cache):
+    """The linked build of :func:`fp8_lto_config` (decode and prefill, both prefill templates)."""
+    return build(builtin("logits_softcap"), fp8_lto_config(), cache=build_cache)
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_linked_fp8_library_exports_and_embeds_the_fp8_kernels(fp8_linked):
+    res = fp8_linked
+    assert res.manifest["link"] == "lto" and res.manifest["functions"] == exported_functions(fp8_lto_config())
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(res.library)], capture_output=True, text=True).stdout
+    for fn in res.manifest["functions"]:
+        assert f"__tvm_ffi_{fn}" in syms
+    kernels = res.manifest["kernels"]
+    # every attention kernel reads the e4m3 cache (the key's last argument); the merge reads float32 states
+    assert all(k.endswith(", __nv_fp8_e4m3>") for k in kernels if not k.startswith("merge_")), kernels
+    for k in ("decode_kernel<__half, 128, 1, __nv_fp8_e4m3>", "decode_kernel<__half, 128, 8, __nv_fp8_e4m3>",
+              "decode_tc_kernel<__half, 128, 2, __nv_fp8_e4m3>", "merge_decode_kernel<__half, 128>",
+              "hopper_prefill_kernel<__half, 128, false, __nv_fp8_e4m3>"):
+        assert k in kernels, k
+    assert any(k.startswith("prefill_kernel<__half, 128,") for k in kernels), kernels
+    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)]
+    for c in res.manifest["cubins"]:
+        cubin = (res.directory / c).read_bytes()
+        assert linked_cubin.cubin_kernels(cubin) and b"attngen_abi_" not in cubin
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_linked_fp8_library_checks_arguments_like_a_whole_one(fp8_linked):
+    """On the CPU: the fp8 exports take the whole build's arguments (k_scale, v_scale after lse) and reach the
+    fp8 entries' checks through the launch object."""
+    import torch
+    import tvm_ffi
+
+    mod = tvm_ffi.load_module(str(fp8_linked.library))
+    name = "batch_decode_paged_nhd_f16_kve4m3_d128"
+    q = torch.zeros(2, 8, 128, dtype=torch.float16)
+    pages = torch.zeros(4, 2, 16, 2, 128).to(torch.float8_e4m3fn)
+    i32 = torch.zeros(3, dtype=torch.int32)
+    scale = torch.ones(2)
+    own = [q, pages, i32, i32, i32, torch.zeros_like(q), torch.zeros(2, 8), scale, scale, 0.1, torch.zeros(1),
+           torch.zeros(1), 1, 0, None, 0, 0]
+    with pytest.raises(TypeError, match=rf"{name}: pages: expected element type float8_e4m3fn, got float16"):
+        mod[name](*own[:1], pages.half(), *own[2:], 30.0)
+    with pytest.raises(TypeError, match=rf"{name}: v_scale: expected element type float32, got float16"):
+        mod[name](*own[:8], scale.half(), *own[9:], 30.0)
+    with pytest.raises(ValueError, match=rf"{name}: q: expected a CUDA tensor"):
+        mod[name](*own, 30.0)
+    with pytest.raises(TypeError, match=r"Mismatched number of arguments .*17: float\) -> void"):
+        mod[name](*own)
+    ragged = "batch_prefill_ragged_f16_kve4m3_d128"
+    k = torch.zeros(5, 2, 128).to(torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match=rf"{ragged}: k: expected element type float8_e4m3fn, got float16"):
+        mod[ragged](q, k.half(), k, i32, i32, torch.zeros_like(q), torch.zeros(2, 8), scale, scale, 0.1, 1, 0, 0,
+                    None, None, 0, None, 30.0)
+
+
+def _compare_builds():
     import sys
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     from bench_lto_ab import compare_builds
 
-    report = compare_builds(builtin("logits_softcap"), kernels=kernels, cache=build_cache, repeats=3)
+    return compare_builds
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", [("decode",), ("prefill",)])
+def test_linked_and_whole_libraries_agree_on_the_gpu(kernels, build_cache):
+    """The same variant built both ways runs through the same runtime with bit-identical outputs."""
+    report = _compare_builds()(builtin("logits_softcap"), kernels=kernels, cache=build_cache, repeats=3)
+    assert report["identical"], report
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_linked_and_whole_fp8_libraries_agree_on_the_gpu(kv_dtype, build_cache):
+    """Over an fp8 cache (k_scale / v_scale): decode on both decode templates, paged and ragged prefill on the
+    mma.sync template and, on compute capability 9.0, the Hopper one, bit-identical both ways."""
+    report = _compare_builds()(builtin("logits_softcap"), kernels=("decode", "prefill"), kv_dtype=kv_dtype,
+                               cache=build_cache, repeats=3)
+    assert report["kv_dtype"] == kv_dtype and len(report["calls"]) >= 5, report
     assert report["identical"], report

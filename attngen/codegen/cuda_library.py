@@ -23,7 +23,7 @@ from attngen.schedules.dtypes import DtypePair
 from attngen.schedules.registry import companion_macros, selected
 
 from . import nvcc
-from .cuda_entries import decode_wrapper, prefill_wrapper, tile_map_wrapper
+from .cuda_entries import SCALED_KV_HEADERS, decode_wrapper, prefill_wrapper, tile_map_wrapper
 from .cuda_tvm_slots import flashinfer_slot_wrappers, tvm_slot_wrappers
 
 CSRC = Path(attngen.__file__).parent / "csrc"
@@ -56,10 +56,6 @@ ENTRY_EMITTERS = {
     "prefill_entries": _prefill_entries,
     "tvm_slots": _tvm_slots,
 }
-
-
-# the entry headers a record's translation unit adds for an fp8 cache (dequantising loads, k_scale / v_scale)
-SCALED_KV_HEADERS = {"decode": ("entry_decode_fp8.h",), "prefill": ("entry_prefill_fp8.h",)}
 
 
 def exported_functions(cfg: BuildConfig) -> list[str]:

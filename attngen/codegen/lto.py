@@ -3,7 +3,8 @@
 Three kinds of pieces, each in the build cache under its own key:
 
 - a **template object** per (template record, arch, head dim, dtype pair, group bound, hook signature):
-  the record's launcher instantiated over the ABI traits (:func:`.cuda_variant.abi_traits_source`,
+  the record's launcher instantiated over the pair's K/V type (the query's, or an fp8 cache's, whose
+  kernels dequantise with k_scale / v_scale) and the ABI traits (:func:`.cuda_variant.abi_traits_source`,
   whose text is the signature: which hooks exist, their per-element forms, the state algebra, scale
   folding, the mask's bounds), compiled by ``nvcc -dc`` to LTO-IR (``code=lto_XX``). Its kernels take
   the variant's parameters as an ``attngen::ParamBlock`` (csrc/hook_abi.h) and call each hook as an
@@ -17,7 +18,8 @@ Three kinds of pieces, each in the build cache under its own key:
   variant's Params; LTO-IR by NVRTC, or ``nvcc -dc`` without it), the **cubin** per arch (nvJitLink
   ``-lto`` of the hook object with the template objects: the hooks inline into the kernels), and the
   library: the host glue linked with the embedded cubins and their kernel table (key
-  ``decode_kernel<__half, 128, 4>`` -> mangled name, :mod:`.linked_cubin`).
+  ``decode_kernel<__half, 128, 4, __nv_fp8_e4m3>``, the last argument the K/V type -> mangled name,
+  :mod:`.linked_cubin`).
 
 ``stats`` counts the cached pieces built and reused in this process (tests and logs).
 """
@@ -47,7 +49,7 @@ from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
 from . import nvcc, nvjitlink, nvrtc
 from .cache import BuildCache, content_key, hash_files
-from .cuda_entries import LAYOUT_ENUMS
+from .cuda_entries import SCALED_KV_HEADERS, decode_entry, kv_c_type, prefill_entry, prefill_kind
 from .cuda_variant import C_TYPES, abi_hooks_source, abi_traits_source, linked_params_source, params_bytes
 from .host_library import host_cxx
 from .linked_cubin import cubin_kernels, kernel_table, link_object_source
@@ -74,26 +76,24 @@ class LinkedExport:
 
 
 def _decode_exports(cfg: BuildConfig, d: int, pair: DtypePair) -> list[LinkedExport]:
-    return [LinkedExport(symbol(f"batch_decode_paged_{lay.lower()}", pair.q, d), "attngen::DecodeOwnArgs",
-                         f"attngen::DecodePagedEntry<{{V}}, {C_TYPES[pair.q]}, {d}, {LAYOUT_ENUMS[lay]}, "
-                         f"{cfg.max_group_size}, {{N}}>") for lay in cfg.layouts]
+    own = "attngen::DecodeFP8OwnArgs" if pair.kv_scaled else "attngen::DecodeOwnArgs"
+    return [LinkedExport(symbol(f"batch_decode_paged_{lay.lower()}", pair.q, d, pair.kv), own,
+                         decode_entry("{V}", d, pair, lay, cfg.max_group_size, "{N}")) for lay in cfg.layouts]
 
 
 def _prefill_exports(cfg: BuildConfig, d: int, pair: DtypePair) -> list[LinkedExport]:
-    t = C_TYPES[pair.q]
-    return [LinkedExport(symbol("batch_prefill_ragged", pair.q, d), "attngen::PrefillRaggedOwnArgs",
-                         f"attngen::PrefillRaggedEntry<{{V}}, {t}, {d}, {{N}}>")] + [
-        LinkedExport(symbol(f"batch_prefill_paged_{lay.lower()}", pair.q, d), "attngen::PrefillPagedOwnArgs",
-                     f"attngen::PrefillPagedEntry<{{V}}, {t}, {d}, {LAYOUT_ENUMS[lay]}, {{N}}>")
-        for lay in cfg.layouts]
+    fp8 = "FP8" if pair.kv_scaled else ""
+    return [LinkedExport(symbol(prefill_kind(lay), pair.q, d, pair.kv),
+                         f"attngen::Prefill{'Ragged' if lay is None else 'Paged'}{fp8}OwnArgs",
+                         prefill_entry("{V}", d, pair, lay, "{N}")) for lay in (None, *cfg.layouts)]  # None: ragged
 
 
 @dataclass(frozen=True)
 class Launcher:
     """A template record's part in link-time builds: the header holding its launcher, the explicit
-    instantiations (``{V}``: the traits, ``{T}``: element type, ``{D}``, ``{G}``: the group bound) that
-    reach every kernel the launcher may pick, and its exported functions (the record's exports, in the
-    launch object's and the exports' terms). ``parts``: a line opening each template object the record is
+    instantiations (``{V}``: the traits, ``{T}``: element type, ``{KV}``: the cache's, ``{D}``, ``{G}``: the
+    group bound) that reach every kernel the launcher may pick, and its exported functions (the record's
+    exports, in the launch object's and the exports' terms). ``parts``: a line opening each template object the record is
     compiled into (one each: they link into cubins of their own, in parallel), each selecting its share of
     the kernels."""
     header: str
@@ -117,7 +117,7 @@ class Launcher:
 
 LAUNCHERS = {
     "decode": Launcher("decode_launch.cuh", (
-        "template bool attngen::launch_decode<{V}, {T}, {D}, {G}>(const attngen::DecodeProblem&, "
+        "template bool attngen::launch_decode<{V}, {T}, {D}, {G}, {KV}>(const attngen::DecodeProblemOf<{KV}>&, "
         "const {V}::Params&, cudaStream_t);",), _decode_exports,
         # the CUDA-core kernels; the tensor-core ones with the merge (csrc/decode_launch.cuh)
         ("#define ATTNGEN_DECODE_KERNELS 1", "#define ATTNGEN_DECODE_KERNELS 2")),
@@ -125,10 +125,10 @@ LAUNCHERS = {
         # the mma.sync kernels; the Hopper ones where the build has sm_90a (on its other archs they compile
         # to empty kernels, so that every arch's cubins hold the same kernels)
         ("", "#define ATTNGEN_WITH_PREFILL_HOPPER 1"), (
-            ("template void attngen::launch_prefill<{V}, {T}, {D}>(const attngen::PrefillProblem&, int, "
-             "const {V}::Params&, cudaStream_t);",),
-            ("template void attngen::launch_hopper_prefill<{V}, {T}, {D}>(const attngen::PrefillProblem&, int, "
-             "const {V}::Params&, cudaStream_t);",)),
+            ("template void attngen::launch_prefill<{V}, {T}, {D}, {KV}>(const attngen::PrefillProblemOf<{KV}>&, "
+             "int, const {V}::Params&, cudaStream_t);",),
+            ("template void attngen::launch_hopper_prefill<{V}, {T}, {D}, {KV}>(const "
+             "attngen::PrefillProblemOf<{KV}>&, int, const {V}::Params&, cudaStream_t);",)),
         (None, "ATTNGEN_WITH_PREFILL_HOPPER")),
 }
 
@@ -191,7 +191,8 @@ def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int,
                     floor: str = "") -> str:
     """One template object's source; ``floor``: the build's smem floor line (arch.smem_floor_define)."""
     launcher = LAUNCHERS[record]
-    fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "D": head_dim, "G": max_group}
+    fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "KV": kv_c_type(pair), "D": head_dim,
+            "G": max_group}
     opening = [line for line in (launcher.parts[part], floor) if line]
     return "\n".join([*opening, f'#include "abi_d{head_dim}.cuh"', f'#include "{launcher.header}"',
                       '#include "tile_checks.h"', *(i.format(**fill) for i in launcher.instantiations_of(part))]) + "\n"
@@ -240,8 +241,10 @@ def launch_source(cfg: BuildConfig, head_dim: int) -> str:
     floor = smem_floor_define(cfg.archs)
     parts = [f"#define {m} 1" for m in _companion_macros(cfg)] + ([floor] if floor else [])
     parts += [f'#include "abi_d{head_dim}.cuh"', '#include "linked_entry.h"', '#include "problem_glue.h"']
+    scaled = any(pair.kv_scaled for pair in cfg.dtype_pairs)
     for record in selected(cfg.kernels):
         parts += [f'#include "{h}"' for h in record.headers]
+        parts += [f'#include "{h}"' for h in SCALED_KV_HEADERS.get(record.name, ()) if scaled]
     parts.append('#include "tile_checks.h"')
     traits = f"attngen::BlockHooks<attngen_gen::Hooks_d{head_dim}>"
     for pair in cfg.dtype_pairs:

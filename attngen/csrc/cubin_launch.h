@@ -9,6 +9,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -58,6 +59,9 @@ template <class T> constexpr const char* kernel_type_name();
 template <> constexpr const char* kernel_type_name<float>() { return "float"; }
 template <> constexpr const char* kernel_type_name<half>() { return "__half"; }
 template <> constexpr const char* kernel_type_name<__nv_bfloat16>() { return "__nv_bfloat16"; }
+// fp8 caches' element types (fp8_kv.cuh): a kernel's last template argument, K/V's type
+template <> constexpr const char* kernel_type_name<__nv_fp8_e4m3>() { return "__nv_fp8_e4m3"; }
+template <> constexpr const char* kernel_type_name<__nv_fp8_e5m2>() { return "__nv_fp8_e5m2"; }
 
 inline void append_kernel_arg(std::string& key, int v) { key += ", " + std::to_string(v); }
 inline void append_kernel_arg(std::string& key, bool v) { key += v ? ", true" : ", false"; }

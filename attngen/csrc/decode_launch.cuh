@@ -22,27 +22,28 @@ namespace attngen {
 #endif
 
 // The launchers' kernels: the traits' own instantiations, or for linked traits (hook_abi.h) the
-// same instances by name from the linked cubin, without instantiating the kernel templates here.
-template <class V, class T, int D, int G>
+// same instances by name from the linked cubin, without instantiating the kernel templates here. KV: the
+// cache's element type (T, or an fp8 format: entry_decode_fp8.h), the key's last argument.
+template <class V, class T, int D, int G, class KV = T>
 auto decode_kernel_ref() {
-  using Fn = void (*)(DecodeProblem, typename V::Params);
+  using Fn = void (*)(DecodeProblemOf<KV>, typename V::Params);
   if constexpr (linked_hooks<V>())
-    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_kernel", D, G, kernel_type_name<T>()); });
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_kernel", D, G, kernel_type_name<KV>()); });
   else if constexpr ((ATTNGEN_DECODE_KERNELS & 1) == 0)
     return Fn(nullptr);
   else
-    return Fn(decode_kernel<V, T, D, G>);
+    return Fn(decode_kernel<V, T, D, G, KV>);
 }
 
-template <class V, class T, int D, int S>
+template <class V, class T, int D, int S, class KV = T>
 auto decode_tc_kernel_ref() {
-  using Fn = void (*)(DecodeProblem, typename V::Params);
+  using Fn = void (*)(DecodeProblemOf<KV>, typename V::Params);
   if constexpr (linked_hooks<V>())
-    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_tc_kernel", D, S, kernel_type_name<T>()); });
+    return linked_kernel_cached<Fn>([] { return kernel_key<T>("decode_tc_kernel", D, S, kernel_type_name<KV>()); });
   else if constexpr ((ATTNGEN_DECODE_KERNELS & 2) == 0)
     return Fn(nullptr);
   else
-    return Fn(decode_tc_kernel<V, T, D, S>);
+    return Fn(decode_tc_kernel<V, T, D, S, KV>);
 }
 
 template <class V, class T, int D>
@@ -79,7 +80,7 @@ void launch_dependent(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStr
   }
 }
 
-// The merge of split chunks, launched as a programmatic dependent of the decode kernel on sm_90+: its
+// The merge of split chunks (partial states are float32 whatever the cache holds), launched as a programmatic dependent of the decode kernel on sm_90+: its
 // launch overlaps the decode kernel's last CTAs, and its blocks wait (grid_dependency_wait) for the
 // partial states.
 template <class V, class T, int D>
@@ -92,39 +93,40 @@ void launch_decode_merge(const DecodeProblem& P, const typename V::Params& hp, c
                    stream, P, hp);
 }
 
-template <class V, class T, int D, int G>
-void launch_decode_tile(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+template <class V, class T, int D, int G, class KV = T>
+void launch_decode_tile(const DecodeProblemOf<KV>& P, const typename V::Params& hp, cudaStream_t stream) {
   using Tile = DecodeTile<D, G>;
-  const size_t smem = decode_smem_bytes<V, T, D, G>();
-  auto kernel = decode_kernel_ref<V, T, D, G>();
+  const size_t smem = decode_smem_bytes<V, T, D, G, KV>();
+  auto kernel = decode_kernel_ref<V, T, D, G, KV>();
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   launch_kernel(kernel, dim3(P.num_chunks, P.num_kv_heads, P.batch), dim3(Tile::kLanes, G, Tile::kZ), smem, stream,
                 P, hp);
   launch_decode_merge<V, T, D>(P, hp, stream);
 }
 
-template <class V, class T, int D, int S>
-void launch_decode_tc_tile(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
-  const size_t smem = decode_tc_smem_bytes<D, S>();
-  auto kernel = decode_tc_kernel_ref<V, T, D, S>();
+template <class V, class T, int D, int S, class KV = T>
+void launch_decode_tc_tile(const DecodeProblemOf<KV>& P, const typename V::Params& hp, cudaStream_t stream) {
+  const size_t smem = decode_tc_smem_bytes<D, S, kIsFp8<KV>>();
+  auto kernel = decode_tc_kernel_ref<V, T, D, S, KV>();
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const dim3 grid = P.plan ? dim3(P.plan_ctas, P.num_kv_heads, 1) : dim3(P.num_chunks, P.num_kv_heads, P.batch);
   launch_dependent(kernel, grid, dim3(DecodeTCTile<D, S>::kThreads), smem, stream, P, hp);
   launch_decode_merge<V, T, D>(P, hp, stream);
 }
 
-// Tensor cores with the deepest pipeline the device's shared memory holds; false when none fits
-// (then the CUDA-core template serves the call).
-template <class V, class T, int D>
-bool try_launch_decode_tc(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
+// Tensor cores with the deepest pipeline the device's shared memory holds (an fp8 cache's staging area
+// included); false when none fits (then the CUDA-core template serves the call).
+template <class V, class T, int D, class KV = T>
+bool try_launch_decode_tc(const DecodeProblemOf<KV>& P, const typename V::Params& hp, cudaStream_t stream) {
   constexpr int S = decode_tc_stages<D>();
+  constexpr bool kFp8 = kIsFp8<KV>;
   const size_t optin = size_t(device_smem_optin());
-  if (optin >= decode_tc_smem_bytes<D, S>()) return launch_decode_tc_tile<V, T, D, S>(P, hp, stream), true;
-  if constexpr (decode_tc_smem_bytes<D, S>() > kSmemOptinFloor) {  // fallbacks: devices below the floor only
+  if (optin >= decode_tc_smem_bytes<D, S, kFp8>()) return launch_decode_tc_tile<V, T, D, S, KV>(P, hp, stream), true;
+  if constexpr (decode_tc_smem_bytes<D, S, kFp8>() > kSmemOptinFloor) {  // fallbacks: devices below the floor only
     if constexpr (S > 2) {
-      if (optin >= decode_tc_smem_bytes<D, 2>()) return launch_decode_tc_tile<V, T, D, 2>(P, hp, stream), true;
+      if (optin >= decode_tc_smem_bytes<D, 2, kFp8>()) return launch_decode_tc_tile<V, T, D, 2, KV>(P, hp, stream), true;
     }
-    if (optin >= decode_tc_smem_bytes<D, 1>()) return launch_decode_tc_tile<V, T, D, 1>(P, hp, stream), true;
+    if (optin >= decode_tc_smem_bytes<D, 1, kFp8>()) return launch_decode_tc_tile<V, T, D, 1, KV>(P, hp, stream), true;
   }
   return false;
 }
@@ -162,16 +164,17 @@ inline bool decode_wants_tensor_cores(const DecodeProblem& P) {
   return P.plan != nullptr || DecodeBackend(P.backend) != DecodeBackend::kCudaCores;
 }
 
-// MaxG: the build's max_group_size; groups above it were refused before the launch.
+// MaxG: the build's max_group_size; groups above it were refused before the launch. KV: the cache's
+// element type (an fp8 cache's problem carries its scales, DecodeProblemOf).
 // Returns false when a plan-mode call cannot be served (no tensor-core tile fits the device).
-template <class V, class T, int D, int MaxG>
-bool launch_decode(const DecodeProblem& P, const typename V::Params& hp, cudaStream_t stream) {
-  if (decode_wants_tensor_cores(P) && try_launch_decode_tc<V, T, D>(P, hp, stream)) return true;
+template <class V, class T, int D, int MaxG, class KV = T>
+bool launch_decode(const DecodeProblemOf<KV>& P, const typename V::Params& hp, cudaStream_t stream) {
+  if (decode_wants_tensor_cores(P) && try_launch_decode_tc<V, T, D, KV>(P, hp, stream)) return true;
   if (P.plan != nullptr) return false;
-  if (P.group <= 1) return launch_decode_tile<V, T, D, 1>(P, hp, stream), true;
-  if constexpr (MaxG >= 2) if (P.group <= 2) return launch_decode_tile<V, T, D, 2>(P, hp, stream), true;
-  if constexpr (MaxG >= 4) if (P.group <= 4) return launch_decode_tile<V, T, D, 4>(P, hp, stream), true;
-  if constexpr (MaxG >= 8) launch_decode_tile<V, T, D, 8>(P, hp, stream);
+  if (P.group <= 1) return launch_decode_tile<V, T, D, 1, KV>(P, hp, stream), true;
+  if constexpr (MaxG >= 2) if (P.group <= 2) return launch_decode_tile<V, T, D, 2, KV>(P, hp, stream), true;
+  if constexpr (MaxG >= 4) if (P.group <= 4) return launch_decode_tile<V, T, D, 4, KV>(P, hp, stream), true;
+  if constexpr (MaxG >= 8) launch_decode_tile<V, T, D, 8, KV>(P, hp, stream);
   return true;
 }
 

@@ -566,9 +566,8 @@ template <class V, class T, int D, class KV = T>
 auto hopper_prefill_kernel_ref() {
   using Fn = void (*)(PrefillProblemOf<KV>, typename V::Params, HopperKVMaps, int);
   if constexpr (linked_hooks<V>()) {
-    static_assert(std::is_same_v<KV, T>, "linked builds read K/V in the query dtype");
     return linked_kernel_cached<Fn>(
-        [] { return kernel_key<T>("hopper_prefill_kernel", D, false, kernel_type_name<T>()); });
+        [] { return kernel_key<T>("hopper_prefill_kernel", D, false, kernel_type_name<KV>()); });
   } else {
     return Fn(hopper_prefill_kernel<V, T, D, false, KV>);
   }

@@ -2,8 +2,9 @@
 // list recompiles only a small host-only file:
 //
 // - the launch object (nvcc, once per hook signature, head dim, dtypes, layouts) instantiates the entry
-//   templates (entry_decode.h, entry_prefill.h) over BlockHooks<Hooks_d<D>>, whose one extra parameter
-//   is the packed ParamBlock, and defines LinkedLaunch<Tag, Own>::run(own arguments..., block) per export;
+//   templates (entry_decode.h, entry_prefill.h; over fp8 caches entry_decode_fp8.h, entry_prefill_fp8.h)
+//   over BlockHooks<Hooks_d<D>>, whose one extra parameter is the packed ParamBlock, and defines
+//   LinkedLaunch<Tag, Own>::run(own arguments..., block) per export;
 // - the exports file (the host C++ compiler alone, per parameter list) exports LinkedEntry<...>::call,
 //   with the same typed signature as a whole-program build's export (the entry's own arguments, then
 //   the variant's), which packs the variant's parameters and calls run.
@@ -18,13 +19,21 @@ namespace attngen {
 using TV = tvm::ffi::TensorView;
 
 // Each entry kind's own arguments, as its entry template's call takes them (the launch object
-// static_asserts the agreement).
-using DecodeOwnArgs = ArgList<TV, TV, TV, TV, TV, TV, TV, double, TV, TV, int64_t, int64_t, tvm::ffi::Optional<TV>,
-                              int64_t, int64_t>;
-using PrefillPagedOwnArgs = ArgList<TV, TV, TV, TV, TV, TV, TV, TV, double, int64_t, int64_t, int64_t,
-                                    tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>, int64_t, tvm::ffi::Optional<TV>>;
-using PrefillRaggedOwnArgs = ArgList<TV, TV, TV, TV, TV, TV, TV, double, int64_t, int64_t, int64_t,
-                                     tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>, int64_t, tvm::ffi::Optional<TV>>;
+// static_asserts the agreement): the tensors up to lse, then (fp8 caches' entries, entry_decode_fp8.h and
+// entry_prefill_fp8.h) k_scale and v_scale, then the scalars and optional tensors.
+template <class... Tensors>
+using DecodeOwnArgsWith = ArgList<Tensors..., double, TV, TV, int64_t, int64_t, tvm::ffi::Optional<TV>, int64_t,
+                                  int64_t>;
+template <class... Tensors>
+using PrefillOwnArgsWith = ArgList<Tensors..., double, int64_t, int64_t, int64_t, tvm::ffi::Optional<TV>,
+                                   tvm::ffi::Optional<TV>, int64_t, tvm::ffi::Optional<TV>>;
+
+using DecodeOwnArgs = DecodeOwnArgsWith<TV, TV, TV, TV, TV, TV, TV>;
+using DecodeFP8OwnArgs = DecodeOwnArgsWith<TV, TV, TV, TV, TV, TV, TV, TV, TV>;
+using PrefillPagedOwnArgs = PrefillOwnArgsWith<TV, TV, TV, TV, TV, TV, TV, TV>;
+using PrefillPagedFP8OwnArgs = PrefillOwnArgsWith<TV, TV, TV, TV, TV, TV, TV, TV, TV, TV>;
+using PrefillRaggedOwnArgs = PrefillOwnArgsWith<TV, TV, TV, TV, TV, TV, TV>;
+using PrefillRaggedFP8OwnArgs = PrefillOwnArgsWith<TV, TV, TV, TV, TV, TV, TV, TV, TV>;
 
 // The launch object's entry template instance of an export (specialised there, per Tag).
 template <class Tag>

@@ -11,14 +11,14 @@
 
 namespace attngen {
 
-// The kernel: the traits' own instantiation, or by name from a linked cubin (decode_launch.cuh).
+// The kernel: the traits' own instantiation, or by name from a linked cubin (decode_launch.cuh), whose key
+// ends in the cache's element type.
 template <class V, class T, int D, bool Small, int MT, class KV = T>
 auto prefill_kernel_ref() {
   using Fn = void (*)(PrefillProblemOf<KV>, typename V::Params);
   if constexpr (linked_hooks<V>()) {
-    static_assert(std::is_same_v<KV, T>, "linked builds read K/V in the query dtype");
     return linked_kernel_cached<Fn>(
-        [] { return kernel_key<T>("prefill_kernel", D, Small, MT, false, kernel_type_name<T>()); });
+        [] { return kernel_key<T>("prefill_kernel", D, Small, MT, false, kernel_type_name<KV>()); });
   } else {
     return Fn(prefill_kernel<V, T, D, Small, MT, false, KV>);
   }

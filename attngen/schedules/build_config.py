@@ -51,7 +51,7 @@ class BuildConfig:
     tvm_rope: bool = False
     # K/V dtype of each query dtype, position by position; () = the query dtype. Besides equal pairs, fp8 K/V
     # caches (FP8_DTYPES, dequantised with k_scale / v_scale): on the CPU target for any query dtype and
-    # kernel, on cuda for the decode and prefill templates (FP8_CUDA_KERNELS), whole-program builds
+    # kernel, on cuda for the decode and prefill templates (FP8_CUDA_KERNELS), whole-program and linked builds
     kv_dtypes: tuple[str, ...] = ()
     # cuda: "whole" compiles templates and hooks as one program per variant; "lto" links the variant's
     # hooks into template objects compiled once per hook signature and cached (codegen/lto.py); "check"
@@ -125,7 +125,8 @@ class BuildConfig:
                 self._check_cuda_fp8(kv)
 
     def _check_cuda_fp8(self, kv: str) -> None:
-        """fp8 K/V on cuda: the decode and prefill templates, whole-program (or check) builds."""
+        """fp8 K/V on cuda: the decode and prefill templates (whole-program, check and linked builds alike:
+        codegen/lto.py instantiates its template objects over the cache's type)."""
         other = [k for k in self.kernels if k not in FP8_CUDA_KERNELS]
         if other:
             keep = tuple(k for k in self.kernels if k in FP8_CUDA_KERNELS) or FP8_CUDA_KERNELS
@@ -133,9 +134,6 @@ class BuildConfig:
                 f"kv_dtypes: fp8 K/V ({kv}) on cuda are read by the decode and prefill templates only: kernels "
                 f"{list(self.kernels)} include {other}, which read K/V in the query dtype on cuda. Build the fp8 "
                 f"cache's cuda kernels with kernels={keep} (--kernels {','.join(keep)})")
-        if self.link == "lto":
-            raise ConfigError(f"kv_dtypes: fp8 K/V ({kv}) on cuda are built with link='whole' only; the linked "
-                              "(lto) build's template objects read K/V in the query dtype: build with link='whole'")
 
     @property
     def dtype_pairs(self) -> tuple[DtypePair, ...]:

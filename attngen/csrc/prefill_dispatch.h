@@ -6,7 +6,7 @@
 // of short prompts 226 / 220 -- the Hopper template at every head dim.
 #pragma once
 #include "attngen_enums.h"
-#include "hopper_prefill.cuh"
+#include "hopper_launch.cuh"
 #include "prefill_launch.cuh"
 
 namespace attngen {

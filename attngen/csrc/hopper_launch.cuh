@@ -1,0 +1,57 @@
+// The Hopper prefill's host side (hopper_prefill.cuh holds the kernel): whether this build and device run
+// it, the kernel of a traits type (its own instantiation or, in linked builds, from the cubin), and the
+// persistent launch (one CTA per SM, or per work item where fewer).
+#pragma once
+#include "hopper_prefill.cuh"
+
+namespace attngen {
+
+// Whether the Hopper kernels are in this build (the library was compiled for sm_90a) and the device runs
+// them (compute capability 9.0).
+inline bool hopper_prefill_runs_here() {
+#if defined(ATTNGEN_WITH_PREFILL_HOPPER)
+  return device_cc_major() == 9;
+#else
+  return false;
+#endif
+}
+
+// The kernel: the traits' own instantiation, or by name from a linked cubin (cubin_launch.h).
+template <class V, class T, int D, class KV = T>
+auto hopper_prefill_kernel_ref() {
+  using Fn = void (*)(PrefillProblemOf<KV>, typename V::Params, HopperKVMaps, int);
+  if constexpr (linked_hooks<V>()) {
+    return linked_kernel_cached<Fn>(
+        [] { return kernel_key<T>("hopper_prefill_kernel", D, false, kernel_type_name<KV>()); });
+  } else {
+    return Fn(hopper_prefill_kernel<V, T, D, false, KV>);
+  }
+}
+
+// KV: the cache's element type (fp8 caches: the same shared memory, the tiles staged inside the stages).
+template <class V, class T, int D, class KV = T>
+void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
+                           cudaStream_t stream) {
+#if defined(ATTNGEN_WITH_PREFILL_HOPPER)
+  using Tile = HopperTile<D>;
+  constexpr size_t smem = hopper_prefill_smem_bytes<T, D>();
+  auto kernel = hopper_prefill_kernel_ref<V, T, D, KV>();
+  // linked builds make no maps; TVM's windowed calls take none
+  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>()) {
+    if (P.tiles.present()) kernel = hopper_prefill_kernel<V, T, D, true, KV>;
+  }
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
+  if (tiles == 0 || P.batch == 0) return;
+  HopperKVMaps maps{};  // use = 0: every tile gathered (always for fp8 caches, whose tiles are widened)
+  if constexpr (!V::kHasKeyTransform && std::is_same_v<KV, T>)
+    encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
+  // persistent: one CTA per SM (or per item, where fewer) walks items blockIdx.x, + gridDim.x, ...; the
+  // producer runs ahead into the next item's K/V while the consumers finish the last one
+  const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;
+  const int ctas = int(std::min<int64_t>(items, device_sm_count()));
+  launch_kernel(kernel, dim3(ctas), dim3(Tile::kThreads), smem, stream, P, hp, maps, tiles);
+#endif
+}
+
+}  // namespace attngen

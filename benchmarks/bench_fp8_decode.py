@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (bench, case_parser, cell, copy_bandwidth, error_lines, guarded, load_flashinfer, run_info,
-                    selected_cases, write_results)
+from common import (bench, case_parser, cell, copy_bandwidth, error_lines, guarded, load_flashinfer, run_cases,
+                    run_info, selected_cases, write_results)
 
 PAGE = 16
 FP8 = "float8_e4m3fn"
@@ -151,11 +151,7 @@ def main():
     att = CUDAAttention.build(builtin("vanilla"), head_dims=dims, dtypes=("bfloat16", "bfloat16"),
                               kv_dtypes=("bfloat16", FP8), layouts=("NHD",), kernels=("decode",))
     libs = {d: att for d in dims}
-    rows = []
-    for case in cases:
-        rows.append(run_case(case, libs, fi, gen))
-        print(rows[-1], flush=True)
-        torch.cuda.empty_cache()
+    rows = run_cases(cases, lambda case: run_case(case, libs, fi, gen))
     res["rows"] = rows
     write_results(args.out, f"fp8_decode_{res['date']}{args.tag}", res, markdown(res, rows, args.commit))
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (bench, case_parser, cell, error_lines, guarded, load_flashinfer, run_info, selected_cases,
-                    write_results)
+from common import (bench, case_parser, cell, error_lines, guarded, load_flashinfer, run_cases, run_info,
+                    selected_cases, write_results)
 
 PAGE = 16
 FP8 = "float8_e4m3fn"
@@ -166,11 +166,7 @@ def main():
     res = run_info(args.commit)
     fi = load_flashinfer()[0] if args.peers else None
     libs = build_libraries(cases)
-    rows = []
-    for case in cases:
-        rows.append(run_case(case, libs, fi, gen))
-        print(rows[-1], flush=True)
-        torch.cuda.empty_cache()
+    rows = run_cases(cases, lambda case: run_case(case, libs, fi, gen))
     res["rows"] = rows
     write_results(args.out, f"fp8_prefill_{res['date']}{args.tag}", res, markdown(res, rows, args.commit))
 

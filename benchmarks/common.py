@@ -130,6 +130,19 @@ def error_lines(rows: list[dict], label) -> list[str]:
     return ["", "Errors:", ""] + errors if errors else []
 
 
+def run_cases(cases: list, run) -> list[dict]:
+    """``run(case)`` for each case in turn: its row printed as it completes (a run cut short keeps what it
+    measured in its log), the CUDA caching allocator emptied between cases."""
+    import torch
+
+    rows = []
+    for case in cases:
+        rows.append(run(case))
+        print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
 def write_results(out_dir, stem: str, results: dict, md_lines: list[str]) -> None:
     """``<out_dir>/<stem>.json`` (everything measured) and ``<stem>.md`` (the summary tables), and the
     summary on stdout."""

@@ -118,8 +118,8 @@ void launch_decode_tc_tile(const DecodeProblemOf<KV>& P, const typename V::Param
 // included); false when none fits (then the CUDA-core template serves the call).
 template <class V, class T, int D, class KV = T>
 bool try_launch_decode_tc(const DecodeProblemOf<KV>& P, const typename V::Params& hp, cudaStream_t stream) {
-  constexpr int S = decode_tc_stages<D>();
   constexpr bool kFp8 = kIsFp8<KV>;
+  constexpr int S = decode_tc_stages<D, kFp8>();
   const size_t optin = size_t(device_smem_optin());
   if (optin >= decode_tc_smem_bytes<D, S, kFp8>()) return launch_decode_tc_tile<V, T, D, S, KV>(P, hp, stream), true;
   if constexpr (decode_tc_smem_bytes<D, S, kFp8>() > kSmemOptinFloor) {  // fallbacks: devices below the floor only
@@ -132,10 +132,11 @@ bool try_launch_decode_tc(const DecodeProblemOf<KV>& P, const typename V::Params
 }
 
 // Resident CTAs per SM of the tensor-core decode kernel the launcher would pick on this device
-// (0 when none fits): the planner's CTA count for plan-mode grids.
-template <class V, class T, int D>
+// (0 when none fits): the planner's CTA count for plan-mode grids. KV: the cache's element type.
+template <class V, class T, int D, class KV = T>
 int decode_tc_ctas_per_sm() {
-  constexpr int S = decode_tc_stages<D>();
+  constexpr bool kFp8 = kIsFp8<KV>;
+  constexpr int S = decode_tc_stages<D, kFp8>();
   const size_t optin = size_t(device_smem_optin());
   auto occupancy = [](auto kernel, size_t smem, int threads) {
     if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -143,16 +144,17 @@ int decode_tc_ctas_per_sm() {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem);
     return n;
   };
-  if (optin >= decode_tc_smem_bytes<D, S>())
-    return occupancy(decode_tc_kernel_ref<V, T, D, S>(), decode_tc_smem_bytes<D, S>(), DecodeTCTile<D, S>::kThreads);
-  if constexpr (decode_tc_smem_bytes<D, S>() > kSmemOptinFloor) {  // as try_launch_decode_tc
+  if (optin >= decode_tc_smem_bytes<D, S, kFp8>())
+    return occupancy(decode_tc_kernel_ref<V, T, D, S, KV>(), decode_tc_smem_bytes<D, S, kFp8>(),
+                     DecodeTCTile<D, S>::kThreads);
+  if constexpr (decode_tc_smem_bytes<D, S, kFp8>() > kSmemOptinFloor) {  // as try_launch_decode_tc
     if constexpr (S > 2) {
-      if (optin >= decode_tc_smem_bytes<D, 2>())
-        return occupancy(decode_tc_kernel_ref<V, T, D, 2>(), decode_tc_smem_bytes<D, 2>(),
+      if (optin >= decode_tc_smem_bytes<D, 2, kFp8>())
+        return occupancy(decode_tc_kernel_ref<V, T, D, 2, KV>(), decode_tc_smem_bytes<D, 2, kFp8>(),
                          DecodeTCTile<D, 2>::kThreads);
     }
-    if (optin >= decode_tc_smem_bytes<D, 1>())
-      return occupancy(decode_tc_kernel_ref<V, T, D, 1>(), decode_tc_smem_bytes<D, 1>(),
+    if (optin >= decode_tc_smem_bytes<D, 1, kFp8>())
+      return occupancy(decode_tc_kernel_ref<V, T, D, 1, KV>(), decode_tc_smem_bytes<D, 1, kFp8>(),
                        DecodeTCTile<D, 1>::kThreads);
   }
   return 0;

@@ -15,10 +15,11 @@
 // transform in the epilogue (or after the split-KV merge, merge.cuh). With the plan's merge counters
 // (fused merge) the CTA that writes a split request's last partial state merges the request itself, so
 // no merge kernel runs.
-// fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, fp8_kv.cuh): the loader copies the fp8 rows into a staging
-// area, and each warp dequantises its own 16 rows of a stage into the 16-bit tile (exact: every fp8 value
-// is a half and a bfloat16 value) before its ldmatrix reads them; k_scale scales the scores (or the key
-// hook's input), v_scale the accumulated rows.
+// fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, fp8_kv.cuh): the S stages hold the fp8 rows as the loader
+// copied them (half the bytes of a 16-bit stage, so S is deeper at the same bytes in flight), and one
+// 16-bit tile serves as scratch: each warp dequantises its own 16 key rows into it (exact: every fp8 value
+// is a half and a bfloat16 value) before its ldmatrix reads them for Q K^T, then its 16 value rows over
+// them for P V. k_scale scales the scores (or the key hook's input), v_scale the accumulated rows.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
@@ -74,9 +75,11 @@ struct DecodeTCTile {
 };
 
 // Default stage counts (the launcher falls back to fewer where shared memory is short): two CTAs
-// per SM at D 64 and 128 (each loads S - 1 tiles ahead across its work items), one at D 256.
-template <int D>
-constexpr int decode_tc_stages() { return D == 64 ? 4 : 2; }
+// per SM at D 64 and 128 (each loads S - 1 tiles ahead across its work items), one at D 256. An fp8
+// cache's stages are half as large: 2 (S16 - 1) + 1 of them keep as many bytes in flight as S16 16-bit
+// stages, at the same CTAs per SM.
+template <int D, bool kFp8 = false>
+constexpr int decode_tc_stages() { return kFp8 ? (D == 64 ? 7 : 3) : (D == 64 ? 4 : 2); }
 
 // Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the
 // cross-warp merge region, then the K/V stages. The merge region has its own space so the next
@@ -92,17 +95,36 @@ constexpr size_t decode_tc_tiles_offset() {
   return (q + scratch + merge + 127) / 128 * 128;
 }
 
-// kFp8: an fp8 cache, whose rows are staged before the 16-bit tiles (one byte per element)
+// kFp8: an fp8 cache: one 16-bit scratch tile (keys, then values), then the S stages of fp8 rows (one
+// byte per element)
 template <int D, int S, bool kFp8 = false>
 constexpr size_t decode_tc_smem_bytes() {
-  return decode_tc_tiles_offset<D, S>() + size_t(S) * 2 * DecodeTCTile<D, S>::kKeys * D * (kFp8 ? 3 : 2);
+  constexpr size_t kTile = size_t(DecodeTCTile<D, S>::kKeys) * D;
+  return decode_tc_tiles_offset<D, S>() + (kFp8 ? kTile * 2 + size_t(S) * 2 * kTile : size_t(S) * 2 * kTile * 2);
 }
 
-// fp8 caches: the rows as the loader copied them, [S][2][TK][D] unswizzled, after the 16-bit tiles. (Only
-// the fp8 branches name it: a pointer computed beside the 16-bit path changed that path's code.)
+// fp8 caches: the rows as the loader copied them, [S][2][TK][D] unswizzled, after the 16-bit scratch tile.
+// (Only the fp8 branches name it: a pointer computed beside the 16-bit path changed that path's code.)
 template <int D, int S, class KV>
 __device__ __forceinline__ KV* decode_tc_staged(unsigned char* smem_raw) {
-  return reinterpret_cast<KV*>(smem_raw + decode_tc_tiles_offset<D, S>() + size_t(S) * 2 * DecodeTCTile<D, S>::kKeys * D * 2);
+  return reinterpret_cast<KV*>(smem_raw + decode_tc_tiles_offset<D, S>() + size_t(DecodeTCTile<D, S>::kKeys) * D * 2);
+}
+
+// fp8 caches: this warp's rows [wk, wk + 16) of one half (0 keys, 1 values) of a staged stage, dequantised
+// into the same rows of the 16-bit tile `dst` (kv_tile_at layout)
+template <class T, int D, int S, class KV>
+__device__ __forceinline__ void decode_tc_widen_rows(unsigned char* smem_raw, int stage, int half, int wk, T* dst,
+                                                     int lane) {
+  constexpr int TK = DecodeTCTile<D, S>::kKeys;
+  constexpr int CH = D / 8, ROWS = DecodeTCTile<D, S>::kKeysPerWarp * CH;  // 8-element chunks per row, per warp
+  const KV* src = decode_tc_staged<D, S, KV>(smem_raw) + ((stage * 2 + half) * TK) * D;
+#pragma unroll 4
+  for (int c = lane; c < ROWS; c += 32) {
+    const int r = wk + c / CH, col = (c % CH) * 8;
+    const uint4 w = widen8_fp8<T, KV>(*reinterpret_cast<const uint2*>(src + r * D + col));
+    *reinterpret_cast<uint4*>(dst + kv_tile_at<D>(r, col)) = w;
+  }
+  __syncwarp();
 }
 
 // One work item: request b, keys [start, end). part_row0 < 0: write the final output (after the
@@ -283,18 +305,10 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       if (tile == 0) __syncthreads(); else __syncwarp();
       const int stage = consumed % S;
       ++consumed;
-      T* sk = tiles + (stage * 2 + 0) * TK * D;
-      T* sv = tiles + (stage * 2 + 1) * TK * D;
-      if constexpr (kIsFp8<KV>) {  // this warp's staged K and V rows, dequantised into its rows of the tiles
-        constexpr int CH = D / 8, ROWS = Tile::kKeysPerWarp * CH;  // 8-element chunks per row, per warp and half
-        for (int c = lane; c < 2 * ROWS; c += 32) {
-          const int half = c / ROWS, r = wk + (c % ROWS) / CH, col = (c % CH) * 8;
-          float f[8];
-          load8_shared(decode_tc_staged<D, S, KV>(smem_raw) + ((stage * 2 + half) * TK + r) * D + col, f);
-          store8<T>((half ? sv : sk) + kv_tile_at<D>(r, col), f);
-        }
-        __syncwarp();
-      }
+      // fp8: one scratch tile, keys now and values after Q K^T
+      T* sk = tiles + (kIsFp8<KV> ? 0 : (stage * 2 + 0) * TK * D);
+      T* sv = tiles + (kIsFp8<KV> ? 0 : (stage * 2 + 1) * TK * D);
+      if constexpr (kIsFp8<KV>) decode_tc_widen_rows<T, D, S, KV>(smem_raw, stage, 0, wk, sk, lane);
       if (tile == 0) {  // the query rows arrived with this tile: query transform, then the fragments
         if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE, before the variant's query transform
           for (int r = warp; r < group; r += NW)
@@ -409,6 +423,10 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
             o_acc[n][1] *= rescale;
           }
         }
+      }
+      if constexpr (kIsFp8<KV>) {  // the values over the keys this warp's ldmatrix has read
+        __syncwarp();
+        decode_tc_widen_rows<T, D, S, KV>(smem_raw, stage, 1, wk, sv, lane);
       }
       // O += P V over this warp's 16 keys
       uint32_t a[4];

@@ -51,32 +51,35 @@ constexpr bool decode_rows(std::index_sequence<I...>) {
                      t[I].threads, t[I].smem_bytes>() && ...);
 }
 
-template <int D, int Stages>
+// KVE: bytes of a K/V element (1: an fp8 cache, its own stage count and layout)
+template <int D, int KVE, int Stages>
 constexpr bool decode_tc_default_row() {
-  static_assert(decode_tc_stages<D>() == Stages, "decode_tc_stages<D>() differs from the decode_tc record");
+  static_assert(decode_tc_stages<D, KVE == 1>() == Stages, "decode_tc_stages<D, kFp8>() differs from the decode_tc record");
   return true;
 }
 
 template <std::size_t... I>
 constexpr bool decode_tc_default_rows(std::index_sequence<I...>) {
   constexpr auto& t = tiles::kDecodeTCStages;
-  return (decode_tc_default_row<t[I].head_dim, t[I].stages>() && ...);
+  return (decode_tc_default_row<t[I].head_dim, t[I].kv_bytes, t[I].stages>() && ...);
 }
 
-// decode_tc_smem_bytes<D, S>() is written for 16-bit elements: a row of another size fails here until it
-// takes the element type
-template <int D, int S, int E, int Keys, unsigned long long Smem>
+// E: bytes of a query element (decode_tc_smem_bytes takes 16-bit queries), KVE: of a K/V element
+template <int D, int S, int E, int KVE, int Keys, unsigned long long Smem>
 constexpr bool decode_tc_row() {
+  static_assert(E == 2, "decode_tc_smem_bytes<D, S>() is written for 16-bit queries");
   static_assert(DecodeTCTile<D, S>::kKeys == Keys, "DecodeTCTile<D, S>::kKeys differs from the decode_tc record");
   static_assert(DecodeTCTile<D, S>::kStages == S, "DecodeTCTile<D, S>::kStages differs from the decode_tc record");
-  static_assert(decode_tc_smem_bytes<D, S>() == Smem, "decode_tc_smem_bytes<D, S>() differs from the decode_tc record");
+  static_assert(decode_tc_smem_bytes<D, S, KVE == 1>() == Smem,
+                "decode_tc_smem_bytes<D, S, kFp8>() differs from the decode_tc record");
   return true;
 }
 
 template <std::size_t... I>
 constexpr bool decode_tc_rows(std::index_sequence<I...>) {
   constexpr auto& t = tiles::kDecodeTC;
-  return (decode_tc_row<t[I].head_dim, t[I].stages, t[I].elem_bytes, t[I].keys, t[I].smem_bytes>() && ...);
+  return (decode_tc_row<t[I].head_dim, t[I].stages, t[I].elem_bytes, t[I].kv_bytes, t[I].keys, t[I].smem_bytes>() &&
+          ...);
 }
 
 // E: bytes of a query element, KVE: of a K/V element (smaller: staged fp8 K/V)

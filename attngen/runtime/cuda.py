@@ -21,7 +21,7 @@ import numpy as np
 
 from attngen.build import build as build_library
 from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
-from attngen.schedules.dtypes import is_fp8
+from attngen.schedules.dtypes import DTYPE_BYTES, is_fp8
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 
 from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads,
@@ -247,20 +247,21 @@ class CUDAAttention(BuiltModule):
         return cls(variant, res.library, res.manifest)
 
     def _decode_workspace(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int, items: int,
-                          device, counters: bool = True):
+                          device, counters: bool = True, kv_bytes: int = 2):
         """The load-balanced decode workspace of this shape, grown when a batch (or a fixed-chunk plan's
-        work items) exceeds its bounds; ``counters``: with the fused merge's arrival counters."""
+        work items) exceeds its bounds; ``counters``: with the fused merge's arrival counters; ``kv_bytes``:
+        bytes per cache element (1: fp8, whose tiles leave a different number of CTAs per SM)."""
         import torch
 
         from .decode_plan import DecodeBounds, DecodeWorkspace, decode_tc_ctas_per_sm
 
-        key = (str(device), num_qo_heads, num_kv_heads, head_dim, counters)
+        key = (str(device), num_qo_heads, num_kv_heads, head_dim, counters, kv_bytes)
         spaces = self.__dict__.setdefault("_decode_spaces", {})
         ws = spaces.get(key)
         if ws is None or batch > ws.bounds.max_batch or items > ws.bounds.max_work_items:
             props = torch.cuda.get_device_properties(device)
             per_sm = decode_tc_ctas_per_sm(head_dim, props.shared_memory_per_multiprocessor,
-                                           props.shared_memory_per_block_optin)
+                                           props.shared_memory_per_block_optin, kv_bytes)
             ctas = max(1, per_sm * props.multi_processor_count // num_kv_heads)
             # a power of two, within the merge kernel's grid limit
             max_batch = min(MAX_GRID_BATCH, max(64, 1 << max(batch - 1, 0).bit_length()))
@@ -340,15 +341,17 @@ class CUDAAttention(BuiltModule):
 
         if fixed_chunk < 0:
             raise AttentionArgumentError(f"fixed_chunk: must be 0 (off) or a positive key count, got {fixed_chunk}")
+        kv_bytes = DTYPE_BYTES[dtype]
         balanced = num_chunks is None and tensor_cores is not False and decode_tc_fits(
-            head_dim, torch.cuda.get_device_properties(kv.pages.device).shared_memory_per_block_optin)
+            head_dim, torch.cuda.get_device_properties(kv.pages.device).shared_memory_per_block_optin, kv_bytes)
         if not balanced and (graph_safe or fixed_chunk):
             raise AttentionArgumentError(
                 "graph_safe / fixed_chunk: need the load-balanced plan (tensor-core template, no num_chunks, a "
                 "tensor-core tile that fits this GPU); drop num_chunks / tensor_cores=False")
         if balanced:
             ws = self._decode_workspace(num_qo_heads, kv.num_kv_heads, head_dim, batch,
-                                        items_needed(lens, fixed_chunk), kv.pages.device, fused_merge is not False)
+                                        items_needed(lens, fixed_chunk), kv.pages.device, fused_merge is not False,
+                                        kv_bytes)
             split = ws.split(lens.astype(np.int32), num_qo_heads // kv.num_kv_heads, fixed_chunk=fixed_chunk)
             automatic = tensor_cores is None and not graph_safe and not fixed_chunk and fused_merge is None
             grid = grid_chunks_for_uniform_batch(lens, split, kv.num_kv_heads, ws.resident_slots) if automatic else 0

@@ -159,20 +159,23 @@ def workspace_ints(bounds: DecodeBounds, num_kv_heads: int = 0, *, cache=None) -
 
 
 # The tensor-core decode template's tiles, as the launcher picks them, from the decode_tc record
-# (attngen/schedules/template_decode_tc.py); the CUDA decode serves 16-bit queries and K/V (fp16, bf16).
-DECODE_TC_ELEMENT_BYTES = ElementBytes(q=2, kv=2)
+# (attngen/schedules/template_decode_tc.py); the CUDA decode serves 16-bit queries over a 16-bit or an fp8
+# cache (``kv_bytes`` 2 or 1: an fp8 cache has its own stage counts and layout).
+def decode_tc_element_bytes(kv_bytes: int = 2) -> ElementBytes:
+    return ElementBytes(q=2, kv=kv_bytes)
 
 
-def decode_tc_fits(head_dim: int, smem_optin: int) -> bool:
+def decode_tc_fits(head_dim: int, smem_optin: int, kv_bytes: int = 2) -> bool:
     """Whether the tensor-core decode template's smallest tile fits a block's shared memory."""
-    smallest = DECODE_TC.configs(head_dim)[-1]
-    return DECODE_TC.smem_bytes(smallest, DECODE_TC_ELEMENT_BYTES) <= smem_optin
+    smallest = DECODE_TC.configs(head_dim, kv_bytes)[-1]
+    return DECODE_TC.smem_bytes(smallest, decode_tc_element_bytes(kv_bytes)) <= smem_optin
 
 
-def decode_tc_ctas_per_sm(head_dim: int, smem_per_sm: int, smem_optin: int) -> int:
+def decode_tc_ctas_per_sm(head_dim: int, smem_per_sm: int, smem_optin: int, kv_bytes: int = 2) -> int:
     """Resident CTAs per SM of the tensor-core decode template (shared memory bound) for the stage count the
     launcher picks (csrc/decode_launch.cuh): the record's configurations, in the launcher's order."""
-    needs = [DECODE_TC.smem_bytes(c, DECODE_TC_ELEMENT_BYTES) for c in DECODE_TC.configs(head_dim)]
+    elems = decode_tc_element_bytes(kv_bytes)
+    needs = [DECODE_TC.smem_bytes(c, elems) for c in DECODE_TC.configs(head_dim, kv_bytes)]
     return resident_ctas(needs, smem_per_sm, smem_optin)
 
 
@@ -189,6 +192,6 @@ def resident_ctas(needs: list[int], smem_per_sm: int, smem_optin: int) -> int:
     return 1
 
 
-def decode_tc_stages(head_dim: int) -> int:
+def decode_tc_stages(head_dim: int, kv_bytes: int = 2) -> int:
     """The default stage count: the first configuration the launcher tries."""
-    return DECODE_TC.configs(head_dim)[0].stages
+    return DECODE_TC.configs(head_dim, kv_bytes)[0].stages

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cxx_tables import cxx_table
-from .dtypes import ElementBytes
+from .dtypes import DTYPE_BYTES, FP8_DTYPES, ElementBytes
 from .templates import ArchNeeds, FitQuery, TemplateRecord
 
 HEAD_DIMS = (64, 128, 256)
@@ -21,12 +21,17 @@ WARPS = 4
 KEYS_PER_WARP = 16
 KEYS = WARPS * KEYS_PER_WARP  # keys per stage
 QUERY_ROWS = 16  # the MMA tile's rows
+FP8_BYTES = DTYPE_BYTES[FP8_DTYPES[0]]  # bytes of an fp8 K/V element
 MAX_GROUP = 8  # rows of the 16-row tile that hold query heads
 ROW_PAD = 8  # elements of padding per query row
 # default stages per head dim (the launcher falls back to fewer where shared memory is short): four at
 # D 64 and two at D 128 keep two CTAs per SM on the H200 (each loads S - 1 tiles ahead across its work
 # items); at D 256 two stages already allow only one
 STAGES = {64: 4, 128: 2, 256: 2}
+# an fp8 cache's stages hold one byte per element and its rows are widened into one 16-bit scratch tile
+# (keys, then values): 2 (S - 1) + 1 fp8 stages keep the 16-bit stages' bytes in flight at the same CTAs
+# per SM (H200: two at D 64 and 128, one at D 256)
+FP8_STAGES = {d: 2 * (s - 1) + 1 for d, s in STAGES.items()}
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,11 @@ def decode_tc_tiles_offset(cfg: DecodeTCConfig, elems: ElementBytes) -> int:
 
 
 def decode_tc_smem_bytes(cfg: DecodeTCConfig, elems: ElementBytes) -> int:
-    return decode_tc_tiles_offset(cfg, elems) + cfg.stages * 2 * KEYS * cfg.head_dim * elems.kv
+    """The whole block: the K/V stages after the offset; with an fp8 cache (one-byte K/V) the 16-bit
+    scratch tile the warps widen their rows into comes first."""
+    tile = KEYS * cfg.head_dim
+    stages = cfg.stages * 2 * tile * elems.kv
+    return decode_tc_tiles_offset(cfg, elems) + stages + (tile * elems.q if elems.kv == FP8_BYTES else 0)
 
 
 def stage_order(stages: int) -> list[int]:
@@ -64,9 +73,11 @@ def stage_order(stages: int) -> list[int]:
     return list(dict.fromkeys((stages, 2, 1)))
 
 
-def configs(head_dim: int) -> tuple[DecodeTCConfig, ...]:
-    """The configurations the launcher tries for ``head_dim``, in its order."""
-    return tuple(DecodeTCConfig(head_dim, s) for s in stage_order(STAGES[head_dim]))
+def configs(head_dim: int, kv_bytes: int = 2) -> tuple[DecodeTCConfig, ...]:
+    """The configurations the launcher tries for ``head_dim`` over a cache of ``kv_bytes`` per element, in
+    its order."""
+    table = FP8_STAGES if kv_bytes == FP8_BYTES else STAGES
+    return tuple(DecodeTCConfig(head_dim, s) for s in stage_order(table[head_dim]))
 
 
 def must_fit(query: FitQuery) -> tuple:
@@ -74,14 +85,16 @@ def must_fit(query: FitQuery) -> tuple:
 
 
 def header_section(element_sizes: tuple[int, ...]) -> str:
-    stages = cxx_table("DecodeTCStages", "decode_tc (tensor cores): decode_tc_stages<D>(), the default stage count",
-                       (("int", "head_dim"), ("int", "stages")), [(d, STAGES[d]) for d in HEAD_DIMS])
-    rows = [(c.head_dim, c.stages, e, c.keys, decode_tc_smem_bytes(c, ElementBytes(e, e)))
-            for d in HEAD_DIMS for c in configs(d) for e in element_sizes]
-    tiles = cxx_table("DecodeTC", "decode_tc: DecodeTCTile<D, S> and decode_tc_smem_bytes<D, S>() of every stage "
-                      "count the launcher tries, per element size",
-                      (("int", "head_dim"), ("int", "stages"), ("int", "elem_bytes"), ("int", "keys"),
-                       ("unsigned long long", "smem_bytes")), rows)
+    stages = cxx_table("DecodeTCStages", "decode_tc (tensor cores): decode_tc_stages<D, kFp8>(), the default stage "
+                       "count per K/V element size", (("int", "head_dim"), ("int", "kv_bytes"), ("int", "stages")),
+                       [(d, kv, configs(d, kv)[0].stages) for d in HEAD_DIMS for kv in (2, FP8_BYTES)])
+    sizes = [(e, e) for e in element_sizes if e == 2] + [(2, FP8_BYTES)]
+    rows = [(c.head_dim, c.stages, e, kv, c.keys, decode_tc_smem_bytes(c, ElementBytes(e, kv)))
+            for d in HEAD_DIMS for e, kv in sizes for c in configs(d, kv)]
+    tiles = cxx_table("DecodeTC", "decode_tc: DecodeTCTile<D, S> and decode_tc_smem_bytes<D, S, kFp8>() of every "
+                      "stage count the launcher tries, per query and K/V element size",
+                      (("int", "head_dim"), ("int", "stages"), ("int", "elem_bytes"), ("int", "kv_bytes"),
+                       ("int", "keys"), ("unsigned long long", "smem_bytes")), rows)
     return stages + "\n" + tiles
 
 

@@ -111,18 +111,32 @@ __device__ __forceinline__ KV* decode_tc_staged(unsigned char* smem_raw) {
 }
 
 // fp8 caches: this warp's rows [wk, wk + 16) of one half (0 keys, 1 values) of a staged stage, dequantised
-// into the same rows of the 16-bit tile `dst` (kv_tile_at layout)
+// into the same rows of the 16-bit tile `dst` (kv_tile_at layout). A lane's loads are issued in batches
+// before any of its stores: the compiler may not move a shared load above a shared store it cannot prove
+// disjoint, and load -> widen -> store one chunk at a time serialised the warp on shared-memory latency.
 template <class T, int D, int S, class KV>
 __device__ __forceinline__ void decode_tc_widen_rows(unsigned char* smem_raw, int stage, int half, int wk, T* dst,
                                                      int lane) {
   constexpr int TK = DecodeTCTile<D, S>::kKeys;
-  constexpr int CH = D / 8, ROWS = DecodeTCTile<D, S>::kKeysPerWarp * CH;  // 8-element chunks per row, per warp
+  constexpr int CH = D / 8;                                  // 8-element chunks per row
+  constexpr int PER_LANE = DecodeTCTile<D, S>::kKeysPerWarp * CH / 32;  // chunks per lane
+  constexpr int BATCH = PER_LANE < 8 ? PER_LANE : 8;
+  constexpr int kUnroll = D >= 256 ? 1 : PER_LANE / BATCH;  // D 256: unrolled batches spill registers
+  static_assert(PER_LANE % BATCH == 0, "a lane's chunks split into whole batches");
   const KV* src = decode_tc_staged<D, S, KV>(smem_raw) + ((stage * 2 + half) * TK) * D;
-#pragma unroll 4
-  for (int c = lane; c < ROWS; c += 32) {
-    const int r = wk + c / CH, col = (c % CH) * 8;
-    const uint4 w = widen8_fp8<T, KV>(*reinterpret_cast<const uint2*>(src + r * D + col));
-    *reinterpret_cast<uint4*>(dst + kv_tile_at<D>(r, col)) = w;
+#pragma unroll kUnroll
+  for (int b0 = 0; b0 < PER_LANE; b0 += BATCH) {
+    uint2 raw[BATCH];
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      const int c = lane + 32 * (b0 + i);
+      raw[i] = *reinterpret_cast<const uint2*>(src + (wk + c / CH) * D + (c % CH) * 8);
+    }
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      const int c = lane + 32 * (b0 + i);
+      *reinterpret_cast<uint4*>(dst + kv_tile_at<D>(wk + c / CH, (c % CH) * 8)) = widen8_fp8<T, KV>(raw[i]);
+    }
   }
   __syncwarp();
 }

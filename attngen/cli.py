@@ -4,8 +4,9 @@ Starting it is cheap: TVM (and with tvm-ffi, torch) is imported by the subcomman
 not here. ``attngen build`` first looks for a finished build by the request's source key (the variant's
 file text or built-in name, the config, attngen's sources, the tools and the Python environment; see
 :func:`attngen.codegen.pipeline.request_key`), and only on a miss loads the variant and runs the
-pipeline, whose own key is the variant's IR; ``attngen list`` keeps its table in the build cache, keyed
-by attngen's sources and the environment.
+pipeline, whose own key is the variant's IR; ``attngen list`` prints the table the package ships
+(``attngen.builtin_listing``) while it is current, else computes it once into the build cache, keyed by
+attngen's sources and the environment.
 """
 from __future__ import annotations
 
@@ -282,19 +283,22 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from attngen.codegen.pipeline import PACKAGE, package_files
+    from attngen.builtin_listing import compute_rows, shipped_rows
 
-    # the table is a function of attngen's sources (the built-ins, their analyses) and the installed TVM
-    cache = BuildCache()
-    key = content_key({"listing": hash_files(package_files(), root=PACKAGE), "python": python_environment()})
-    seen = cache.read_record(key)
-    if seen is None:
-        from attngen.variants import BUILTINS, builtin
+    rows = shipped_rows()  # the package's own table, while its key holds: no TVM to import
+    if rows is None:
+        from attngen.codegen.pipeline import PACKAGE, package_files
 
-        variants = [builtin(name) for name in BUILTINS]
-        seen = {"rows": [[name, v.analysis.mask.kind.value, v.doc] for name, v in zip(BUILTINS, variants)]}
-        cache.write_record(key, seen)
-    for name, mask, doc in seen["rows"]:
+        # else the table, a function of attngen's sources (the built-ins, their analyses) and the installed TVM,
+        # computed once into the build cache
+        cache = BuildCache()
+        key = content_key({"listing": hash_files(package_files(), root=PACKAGE), "python": python_environment()})
+        seen = cache.read_record(key)
+        if seen is None:
+            seen = {"rows": compute_rows()}
+            cache.write_record(key, seen)
+        rows = seen["rows"]
+    for name, mask, doc in rows:
         print(f"{name:24s} {mask:15s} {doc}")
     return 0
 

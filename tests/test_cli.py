@@ -74,6 +74,24 @@ def test_list(capsys):
         assert name in text
 
 
+def test_the_shipped_listing_is_current_and_a_stale_one_is_not_printed(tmp_path, monkeypatch, capsys):
+    """``attngen list`` prints the package's table without importing TVM while its key holds; the table must
+    equal the one the analyses compute (else: ``python -m attngen.builtin_listing``)."""
+    import json
+
+    from attngen import builtin_listing
+
+    assert builtin_listing.shipped_rows() == builtin_listing.compute_rows(), \
+        "variants/listing.json is stale: run python -m attngen.builtin_listing"
+    stale = tmp_path / "listing.json"
+    stale.write_text(json.dumps({"key": "an older key", "rows": [["not_a_builtin", "none", "stale"]]}))
+    monkeypatch.setattr(builtin_listing, "LISTING", stale)
+    assert builtin_listing.shipped_rows() is None
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    assert "not_a_builtin" not in text and "vanilla" in text
+
+
 def test_errors_are_reported_not_raised(tmp_path, capsys):
     bad = tmp_path / "bad.py"
     bad.write_text("from tvm.script import tirx as T\nfrom attngen import Variant\n"

@@ -19,7 +19,9 @@
 // copied them (half the bytes of a 16-bit stage, so S is deeper at the same bytes in flight), and one
 // 16-bit tile serves as scratch: each warp dequantises its own 16 key rows into it (exact: every fp8 value
 // is a half and a bfloat16 value) before its ldmatrix reads them for Q K^T, then its 16 value rows over
-// them for P V. k_scale scales the scores (or the key hook's input), v_scale the accumulated rows.
+// them for P V. Without a key hook the tiles and MMAs are half whatever the query's type (fp8 -> half is
+// one instruction per pair, exact; the query rows are scaled into half's range by a power of two:
+// decode_tc_half_mma). k_scale scales the scores (or the key hook's input), v_scale the accumulated rows.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
@@ -141,6 +143,31 @@ __device__ __forceinline__ void decode_tc_widen_rows(unsigned char* smem_raw, in
   __syncwarp();
 }
 
+// fp8 caches run their MMAs on half when no hook transforms the keys: the widened keys and values are exact
+// in half, the probabilities are finer in it than in bfloat16, and the query rows are scaled into its range
+// (half_query_row). A key hook's output has no such bound, so it keeps the query's type.
+template <class V, class KV>
+constexpr bool decode_tc_half_mma() {
+  return kIsFp8<KV> && !V::kHasKeyTransform && !tvm_rope<V>();
+}
+
+// One query row of T, converted to half in place (one warp): scaled by 2^-e, e >= 0 the least exponent that
+// brings its largest magnitude below 2^15 (half's largest finite value is 65504; e is 0 but for rows past
+// 32768, and a row holding an infinity or NaN keeps e = 0 and propagates them). 2^e goes to *up (lane 0).
+template <class T, int D>
+__device__ __forceinline__ void half_query_row(T* row, float* up, int lane) {
+  float mx = 0.f;
+  for (int i = lane; i < D; i += 32) mx = fmaxf(mx, fabsf(to_float(row[i])));
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const int e = (isfinite(mx) && mx >= 32768.f) ? ilogbf(mx) - 14 : 0;
+  const float down = ldexpf(1.f, -e);
+  half* out = reinterpret_cast<half*>(row);
+  for (int i = lane; i < D; i += 32) out[i] = __float2half_rn(to_float(row[i]) * down);  // read, then write: one lane
+  if (lane == 0) *up = ldexpf(1.f, e);
+  __syncwarp();
+}
+
 // One work item: request b, keys [start, end). part_row0 < 0: write the final output (after the
 // output transform); else the normalised partial state goes to rows part_row0 + head of
 // part_o / part_lse for a merge kernel.
@@ -190,13 +217,16 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   static_assert(Tile::kKeysPerWarp % RPW == 0, "a warp's rows split evenly over its passes");
   constexpr int HALF = D / 2;
   constexpr int G8 = Tile::kMaxGroup;
+  // the tiles' and MMAs' element type: T, or half for an fp8 cache whose keys no hook transforms (fp8 widens
+  // to half in one instruction per pair, to bfloat16 in four; the query rows are scaled into half's range)
+  using MT = std::conditional_t<decode_tc_half_mma<V, KV>(), half, T>;
   T* sq_all = reinterpret_cast<T*>(smem_raw);                                          // [S][16][ST]
   float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(S) * 16 * ST * 2);  // [NW][2D]
   float* wstate = scratch_all + NW * 2 * D;  // [NW][G8][2]
   float* wacc = wstate + NW * G8 * 2;        // [NW][G8][D]
   float* rows = wacc + NW * G8 * D;          // [G8][D] final rows, then [G8][D] scratch
   float* row_lse = rows + 2 * G8 * D;        // [G8]
-  T* tiles = reinterpret_cast<T*>(smem_raw + decode_tc_tiles_offset<D, S>());  // [S][2][TK][D] (kv_tile_at)
+  MT* tiles = reinterpret_cast<MT*>(smem_raw + decode_tc_tiles_offset<D, S>());  // [S][2][TK][D] (kv_tile_at)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* scratch = scratch_all + warp * 2 * D;
@@ -267,7 +297,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       // a row past the item reads nothing; its address (page 0) only has to lie in the cache
       const T* src = ok ? pages + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot + head_off
                         : pages;
-      T* dst_k = tiles + (stage * 2) * TK * D;
+      MT* dst_k = tiles + (stage * 2) * TK * D;
       const int lo = kv_tile_at<D>(r, (lane % TPR) * 8), hi = kv_tile_at<D>(r, (lane % TPR) * 8 + HALF);
       copy16_async(dst_k + lo, src, ok);
       copy16_async(dst_k + hi, src + HALF, ok);
@@ -301,6 +331,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     constexpr bool kQInRegs = D <= 128;
     uint32_t qfrag[kQInRegs ? D / 16 : 1][4];
     T* sq = sq_all + (num_tiles > 0 ? q_consumed++ % S : 0) * 16 * ST;
+    float q_up = 1.f;  // half MMAs: the power of two row g's query was scaled down by
 
     // ---- per-thread state: rows g (a query head when g < group) and g + 8 (padding) --------
     float o_acc[NDT][4];
@@ -320,9 +351,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       const int stage = consumed % S;
       ++consumed;
       // fp8: one scratch tile, keys now and values after Q K^T
-      T* sk = tiles + (kIsFp8<KV> ? 0 : (stage * 2 + 0) * TK * D);
-      T* sv = tiles + (kIsFp8<KV> ? 0 : (stage * 2 + 1) * TK * D);
-      if constexpr (kIsFp8<KV>) decode_tc_widen_rows<T, D, S, KV>(smem_raw, stage, 0, wk, sk, lane);
+      MT* sk = tiles + (kIsFp8<KV> ? 0 : (stage * 2 + 0) * TK * D);
+      MT* sv = tiles + (kIsFp8<KV> ? 0 : (stage * 2 + 1) * TK * D);
+      if constexpr (kIsFp8<KV>) decode_tc_widen_rows<MT, D, S, KV>(smem_raw, stage, 0, wk, sk, lane);
       if (tile == 0) {  // the query rows arrived with this tile: query transform, then the fragments
         if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE, before the variant's query transform
           for (int r = warp; r < group; r += NW)
@@ -341,6 +372,12 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           }
           __syncthreads();
         }
+        if constexpr (!std::is_same_v<MT, T>) {  // the query rows as half, in place; row_lse (free until the
+          // epilogue) carries each row's scale to the threads of its MMA row
+          for (int r = warp; r < group; r += NW) half_query_row<T, D>(sq + r * ST, row_lse + r, lane);
+          __syncthreads();
+          q_up = row_valid ? row_lse[g] : 1.f;
+        }
         if constexpr (kQInRegs) {
 #pragma unroll
           for (int k0 = 0; k0 < D; k0 += 16)
@@ -352,7 +389,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         for (int r = 0; r < Tile::kKeysPerWarp; ++r) {
           const int j = j0 + r;
           if (j >= end) break;
-          rope_rotate_row<D>([&](int i) -> T& { return sk[kv_tile_at<D>(wk + r, i)]; }, scratch, P.win.k_pos0[b] + j,
+          rope_rotate_row<D>([&](int i) -> MT& { return sk[kv_tile_at<D>(wk + r, i)]; }, scratch, P.win.k_pos0[b] + j,
                              P.rope, lane);
         }
       }
@@ -368,7 +405,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           warp_row_hook<D, V::kKeyElementwise>(
               scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
               [&](float* in, float* out) { V::key_row(hp, in, out, j, hk); }, lane);
-          for (int i = lane; i < D; i += 32) sk[kv_tile_at<D>(wk + r, i)] = from_float<T>(scratch[D + i]);
+          for (int i = lane; i < D; i += 32) sk[kv_tile_at<D>(wk + r, i)] = from_float<MT>(scratch[D + i]);
           __syncwarp();
         }
       }
@@ -384,11 +421,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           ldmatrix_x4(a, sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
         }
         ldmatrix_x4(bk, sk + kv_tile_at<D>(wk + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
-        mma16816<T>(s[0], a, bk[0], bk[1]);
-        mma16816<T>(s[1], a, bk[2], bk[3]);
+        mma16816<MT>(s[0], a, bk[0], bk[1]);
+        mma16816<MT>(s[1], a, bk[2], bk[3]);
       }
       if constexpr (kIsFp8<KV> && !V::kHasKeyTransform) {  // (q . k) s = q . (k s); with a key hook it scaled the keys
-        const float ks = scales.k[hk];
+        const float ks = scales.k[hk] * q_up;
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -440,20 +477,20 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       }
       if constexpr (kIsFp8<KV>) {  // the values over the keys this warp's ldmatrix has read
         __syncwarp();
-        decode_tc_widen_rows<T, D, S, KV>(smem_raw, stage, 1, wk, sv, lane);
+        decode_tc_widen_rows<MT, D, S, KV>(smem_raw, stage, 1, wk, sv, lane);
       }
       // O += P V over this warp's 16 keys
       uint32_t a[4];
-      a[0] = pack2<T>(s[0][0], s[0][1]);
-      a[1] = pack2<T>(s[0][2], s[0][3]);
-      a[2] = pack2<T>(s[1][0], s[1][1]);
-      a[3] = pack2<T>(s[1][2], s[1][3]);
+      a[0] = pack2<MT>(s[0][0], s[0][1]);
+      a[1] = pack2<MT>(s[0][2], s[0][3]);
+      a[2] = pack2<MT>(s[1][0], s[1][1]);
+      a[3] = pack2<MT>(s[1][2], s[1][3]);
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, sv + kv_tile_at<D>(wk + (lane % 8) + ((lane / 8) % 2) * 8, n * 8 + (lane / 16) * 8));
-        mma16816<T>(o_acc[n], a, bv[0], bv[1]);
-        mma16816<T>(o_acc[n + 1], a, bv[2], bv[3]);
+        mma16816<MT>(o_acc[n], a, bv[0], bv[1]);
+        mma16816<MT>(o_acc[n + 1], a, bv[2], bv[3]);
       }
       __syncwarp();  // the warp's rows of the stage are refilled by its own later prefetch
     }

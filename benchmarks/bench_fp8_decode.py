@@ -45,6 +45,7 @@ CASES = [
     Case("gqa B64 L4k", (4096,) * 64),
     Case("gqa B16 L16k", (16384,) * 16),
     Case("gqa B1 L64k", (65536,)),
+    Case("gqa B64 L4k D64", (4096,) * 64, d=64),
     Case("mha B32 L4k", (4096,) * 32, hq=32, hkv=32),
     Case("gqa B32 L8k D256", (8192,) * 32, hq=16, hkv=8, d=256),
     Case("skewed 1x32k + 63x512", (32768,) + (512,) * 63),
@@ -70,12 +71,13 @@ def make_inputs(case: Case, gen: torch.Generator):
     return q, pages, fp8, k_scale, v_scale, table
 
 
-def time_attngen(att, case: Case, q, pages, table, scales=None):
-    """(ms, out) of attngen's decode over ``pages`` (fp8 with ``scales``, or bf16), the automatic plan."""
+def time_attngen(att, case: Case, q, pages, table, scales=None, tensor_cores=None):
+    """(ms, out) of attngen's decode over ``pages`` (fp8 with ``scales``, or bf16), the automatic plan (or the
+    template ``tensor_cores`` forces)."""
     from attngen.runtime import PagedKV
 
     kv = PagedKV(pages, table["indptr"], table["indices"], table["last_page_len"])
-    plan = att.plan_decode(kv, case.hq, case.d)
+    plan = att.plan_decode(kv, case.hq, case.d, tensor_cores=tensor_cores)
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(q.shape[:2], device="cuda")
     fn = lambda: att.decode(q, kv, plan=plan, out=out, lse=lse, **(scales or {}))  # noqa: E731
@@ -105,6 +107,11 @@ def run_case(case: Case, libs: dict, fi, gen: torch.Generator) -> dict:
     att, row = libs[case.d], {"case": case.name}
     ms, ref = time_attngen(att, case, q, fp8, table, scales=dict(k_scale=k_scale, v_scale=v_scale))
     row["attngen_fp8_ms"], row["attngen_fp8"] = ms, case.bytes_read(1) / ms / 1e6
+    got = guarded(row, "attngen_fp8_cuda_cores", lambda: time_attngen(
+        att, case, q, fp8, table, scales=dict(k_scale=k_scale, v_scale=v_scale), tensor_cores=False))
+    if got:  # the CUDA-core template over the same fp8 pages (the automatic plan takes tensor cores)
+        row["attngen_fp8_cc_ms"], row["attngen_fp8_cc"] = got[0], case.bytes_read(1) / got[0] / 1e6
+        row["attngen_fp8_cc_maxdiff"] = float((got[1].float() - ref.float()).abs().max())
     got = guarded(row, "attngen_bf16", lambda: time_attngen(att, case, q, pages, table))
     if got:
         row["attngen_bf16_ms"], row["attngen_bf16"] = got[0], case.bytes_read(2) / got[0] / 1e6
@@ -125,16 +132,20 @@ def markdown(res: dict, rows: list[dict], commit: str) -> list[str]:
              "NHD cache (16-token pages, random order). attngen fp8: the tensor-core decode over e4m3 pages; attngen "
              "bf16: the same library over the same values in bf16; FlashInfer fp8: its decode over the same e4m3 "
              "pages (the faster of its CUDA-core and tensor-core paths). fp8 / bf16: attngen's bf16 time over its "
-             "fp8 time.", "",
-             "| case | attngen fp8 GB/s (% copy) | attngen bf16 GB/s | FlashInfer fp8 GB/s | fp8 / bf16 (time) | "
-             "attngen fp8 / FlashInfer fp8 (time) | max diff bf16 | max diff FlashInfer |",
-             "|---|---|---|---|---|---|---|---|"]
+             "fp8 time. attngen fp8, CUDA cores: the same library's CUDA-core template (tensor_cores=False) over "
+             "the fp8 pages.", "",
+             "| case | attngen fp8 GB/s (% copy) | attngen fp8, CUDA cores GB/s | attngen bf16 GB/s | "
+             "FlashInfer fp8 GB/s | fp8 / bf16 (time) | attngen fp8 / FlashInfer fp8 (time) | max diff bf16 | "
+             "max diff CUDA cores | max diff FlashInfer |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speed = (f"{r['attngen_bf16_ms'] / r['attngen_fp8_ms']:.2f}" if r.get("attngen_bf16_ms") else "—")
         vs_fi = (f"{r['flashinfer_fp8_ms'] / r['attngen_fp8_ms']:.2f}" if r.get("flashinfer_fp8_ms") else "—")
         lines.append(f"| {r['case']} | {r['attngen_fp8']:.0f} ({100 * r['attngen_fp8'] / copy:.0f}%) | "
-                     f"{cell(r.get('attngen_bf16'))} | {cell(r.get('flashinfer_fp8'))} | {speed} | {vs_fi} | "
-                     f"{cell(r.get('attngen_bf16_maxdiff'), '.3g')} | {cell(r.get('flashinfer_fp8_maxdiff'), '.3g')} |")
+                     f"{cell(r.get('attngen_fp8_cc'))} | {cell(r.get('attngen_bf16'))} | "
+                     f"{cell(r.get('flashinfer_fp8'))} | {speed} | {vs_fi} | "
+                     f"{cell(r.get('attngen_bf16_maxdiff'), '.3g')} | {cell(r.get('attngen_fp8_cc_maxdiff'), '.3g')} | "
+                     f"{cell(r.get('flashinfer_fp8_maxdiff'), '.3g')} |")
     return lines + error_lines(rows, lambda r: r["case"])
 
 

@@ -151,6 +151,30 @@ constexpr bool decode_tc_half_mma() {
   return kIsFp8<KV> && !V::kHasKeyTransform && !tvm_rope<V>();
 }
 
+// Direct keys (half MMAs): the warps read their staged fp8 key rows into B fragments themselves, 16 bytes a
+// lane, no 16-bit tile between. A lane (g, t4) of n-tile n reads key row 8n + g, bytes [64b + 16 t4, + 16) of
+// each 64-element block b, and feeds k-step 4b + s the four keys' dims 64b + 16 t4 + 4s + {0, 1} (b0) and
+// {2, 3} (b1): a permutation of the dims of the dot product, which the query fragments follow
+// (decode_tc_direct_qfrag), so q . k is unchanged. Rows of 128 bytes or more swap their two 64-byte halves
+// on odd rows (16-byte chunk c -> c ^ 4) so the eight lanes of a 16-byte shared load hit distinct banks.
+template <int D>
+__device__ __forceinline__ int staged_key_chunk(int row, int chunk) {
+  return D >= 128 ? chunk ^ ((row & 1) << 2) : chunk;
+}
+
+// Half query fragments (A, rows g and g + 8 of the 16-row tile) for k-step k of the direct-key dims
+// permutation: rows g + 8 never hold a query head (at most 8), so a1 = a3 = 0.
+template <int D>
+__device__ __forceinline__ void decode_tc_direct_qfrag(uint32_t (&a)[4], const half* sq, int st, int k, int g,
+                                                       int t4) {
+  const int d0 = 64 * (k / 4) + 16 * t4 + 4 * (k % 4);
+  const uint2 w = *reinterpret_cast<const uint2*>(sq + g * st + d0);
+  a[0] = w.x;
+  a[1] = 0u;
+  a[2] = w.y;
+  a[3] = 0u;
+}
+
 // One query row of T, converted to half in place (one warp): scaled by 2^-e, e >= 0 the least exponent that
 // brings its largest magnitude below 2^15 (half's largest finite value is 65504; e is 0 but for rows past
 // 32768, and a row holding an infinity or NaN keeps e = 0 and propagates them). 2^e goes to *up (lane 0).
@@ -220,6 +244,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   // the tiles' and MMAs' element type: T, or half for an fp8 cache whose keys no hook transforms (fp8 widens
   // to half in one instruction per pair, to bfloat16 in four; the query rows are scaled into half's range)
   using MT = std::conditional_t<decode_tc_half_mma<V, KV>(), half, T>;
+  // keys straight from the fp8 stage into fragments (D 256 spills its registers so)
+  constexpr bool kDirectK = decode_tc_half_mma<V, KV>() && D <= 128;
   T* sq_all = reinterpret_cast<T*>(smem_raw);                                          // [S][16][ST]
   float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(S) * 16 * ST * 2);  // [NW][2D]
   float* wstate = scratch_all + NW * 2 * D;  // [NW][G8][2]
@@ -289,9 +315,10 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         const KV* src = ok ? pages8 + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot +
                                  int64_t(hk) * P.kv.stride_head + (lane % TPR) * 16
                            : pages8;
-        KV* dst = decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 * TK + r) * D + (lane % TPR) * 16;
-        copy16_async(dst, src, ok);
-        copy16_async(dst + TK * D, src + P.kv.stride_kv, ok);
+        KV* dst = decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 * TK + r) * D;
+        const int kc = kDirectK ? staged_key_chunk<D>(r, lane % TPR) : lane % TPR;
+        copy16_async(dst + kc * 16, src, ok);
+        copy16_async(dst + TK * D + (lane % TPR) * 16, src + P.kv.stride_kv, ok);
         continue;
       }
       // a row past the item reads nothing; its address (page 0) only has to lie in the cache
@@ -353,7 +380,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       // fp8: one scratch tile, keys now and values after Q K^T
       MT* sk = tiles + (kIsFp8<KV> ? 0 : (stage * 2 + 0) * TK * D);
       MT* sv = tiles + (kIsFp8<KV> ? 0 : (stage * 2 + 1) * TK * D);
-      if constexpr (kIsFp8<KV>) decode_tc_widen_rows<MT, D, S, KV>(smem_raw, stage, 0, wk, sk, lane);
+      if constexpr (kIsFp8<KV> && !kDirectK) decode_tc_widen_rows<MT, D, S, KV>(smem_raw, stage, 0, wk, sk, lane);
       if (tile == 0) {  // the query rows arrived with this tile: query transform, then the fragments
         if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE, before the variant's query transform
           for (int r = warp; r < group; r += NW)
@@ -378,7 +405,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           __syncthreads();
           q_up = row_valid ? row_lse[g] : 1.f;
         }
-        if constexpr (kQInRegs) {
+        if constexpr (kQInRegs && kDirectK) {
+#pragma unroll
+          for (int k = 0; k < D / 16; ++k)
+            decode_tc_direct_qfrag<D>(qfrag[k], reinterpret_cast<const half*>(sq), ST, k, g, t4);
+        } else if constexpr (kQInRegs) {
 #pragma unroll
           for (int k0 = 0; k0 < D; k0 += 16)
             ldmatrix_x4(qfrag[k0 / 16], sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
@@ -411,8 +442,32 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       }
       // S = Q K^T: 16 rows x this warp's 16 keys (two n-tiles)
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      if constexpr (kDirectK) {  // this warp's staged fp8 key rows straight into B fragments
+        const KV* krows = decode_tc_staged<D, S, KV>(smem_raw) + size_t(stage) * 2 * TK * D;
 #pragma unroll
-      for (int k0 = 0; k0 < D; k0 += 16) {
+        for (int n = 0; n < 2; ++n) {
+          const int r = wk + 8 * n + g;
+#pragma unroll
+          for (int blk = 0; blk < D / 64; ++blk) {
+            const uint4 w = *reinterpret_cast<const uint4*>(krows + r * D + staged_key_chunk<D>(r, 4 * blk + t4) * 16);
+            const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int s4 = 0; s4 < 4; ++s4) {
+              uint32_t a[4];
+              if constexpr (kQInRegs) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) a[i] = qfrag[4 * blk + s4][i];
+              } else {
+                decode_tc_direct_qfrag<D>(a, reinterpret_cast<const half*>(sq), ST, 4 * blk + s4, g, t4);
+              }
+              mma16816<half>(s[n], a, fp8x2_to_half2_bits<KV>(words[s4] & 0xffffu),
+                             fp8x2_to_half2_bits<KV>(words[s4] >> 16));
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int k0 = 0; k0 < (kDirectK ? 0 : D); k0 += 16) {
         uint32_t a[4], bk[4];
         if constexpr (kQInRegs) {
 #pragma unroll

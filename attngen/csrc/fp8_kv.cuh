@@ -65,6 +65,15 @@ __device__ __forceinline__ uint4 widen8_fp8(const uint2& raw) {
   return out;
 }
 
+// Two fp8 elements (the low 16 bits of pair) -> a half2's bits (low half: the first element), exactly
+template <class KV>
+__device__ __forceinline__ uint32_t fp8x2_to_half2_bits(uint32_t pair) {
+  static_assert(kIsFp8<KV>, "fp8x2_to_half2_bits reads fp8 elements");
+  constexpr __nv_fp8_interpretation_t kKind = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), kKind);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
 // Per-KV-head scales of an fp8 cache, float32 [Hkv] each on the device
 struct KVScales {
   const float* k = nullptr;

@@ -170,7 +170,11 @@ def test_build_refuses_a_tile_table_the_templates_disagree_with(tmp_path, monkey
     assert ok.returncode == 0, ok.stderr
     monkeypatch.setitem(template_decode_tc.STAGES, 128, 3)
     wrong = compile_tile_checks(tmp_path, tiles_header())
-    assert wrong.returncode != 0 and "decode_tc_stages<D>() differs from the decode_tc record" in wrong.stderr
+    assert wrong.returncode != 0 and "decode_tc_stages<D, kFp8>() differs from the decode_tc record" in wrong.stderr
+    monkeypatch.undo()
+    monkeypatch.setitem(template_decode_tc.FP8_STAGES, 128, 2)  # the fp8 rows are checked too
+    wrong = compile_tile_checks(tmp_path, tiles_header())
+    assert wrong.returncode != 0 and "decode_tc_stages<D, kFp8>() differs from the decode_tc record" in wrong.stderr
     monkeypatch.undo()
     monkeypatch.setattr(template_prefill, "ROW_PAD", 0)  # a shared-memory function that forgets the padding
     wrong = compile_tile_checks(tmp_path, tiles_header())

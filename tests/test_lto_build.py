@@ -387,8 +387,9 @@ def test_linked_fp8_library_exports_and_embeds_the_fp8_kernels(fp8_linked):
     kernels = res.manifest["kernels"]
     # every attention kernel reads the e4m3 cache (the key's last argument); the merge reads float32 states
     assert all(k.endswith(", __nv_fp8_e4m3>") for k in kernels if not k.startswith("merge_")), kernels
+    # the tensor-core decode at the fp8 stage count of the decode_tc record (3 at D 128: deeper, half-size stages)
     for k in ("decode_kernel<__half, 128, 1, __nv_fp8_e4m3>", "decode_kernel<__half, 128, 8, __nv_fp8_e4m3>",
-              "decode_tc_kernel<__half, 128, 2, __nv_fp8_e4m3>", "merge_decode_kernel<__half, 128>",
+              "decode_tc_kernel<__half, 128, 3, __nv_fp8_e4m3>", "merge_decode_kernel<__half, 128>",
               "hopper_prefill_kernel<__half, 128, false, __nv_fp8_e4m3>"):
         assert k in kernels, k
     assert any(k.startswith("prefill_kernel<__half, 128,") for k in kernels), kernels

@@ -105,10 +105,11 @@ def time_flashinfer_fp8(fi, case: Case, q, fp8, k_scale, v_scale, table, ref, ro
 def run_case(case: Case, libs: dict, fi, gen: torch.Generator) -> dict:
     q, pages, fp8, k_scale, v_scale, table = make_inputs(case, gen)
     att, row = libs[case.d], {"case": case.name}
-    ms, ref = time_attngen(att, case, q, fp8, table, scales=dict(k_scale=k_scale, v_scale=v_scale))
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
+    ms, ref = time_attngen(att, case, q, fp8, table, scales=scales)
     row["attngen_fp8_ms"], row["attngen_fp8"] = ms, case.bytes_read(1) / ms / 1e6
-    got = guarded(row, "attngen_fp8_cuda_cores", lambda: time_attngen(
-        att, case, q, fp8, table, scales=dict(k_scale=k_scale, v_scale=v_scale), tensor_cores=False))
+    got = guarded(row, "attngen_fp8_cuda_cores",
+                  lambda: time_attngen(att, case, q, fp8, table, scales=scales, tensor_cores=False))
     if got:  # the CUDA-core template over the same fp8 pages (the automatic plan takes tensor cores)
         row["attngen_fp8_cc_ms"], row["attngen_fp8_cc"] = got[0], case.bytes_read(1) / got[0] / 1e6
         row["attngen_fp8_cc_maxdiff"] = float((got[1].float() - ref.float()).abs().max())

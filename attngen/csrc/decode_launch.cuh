@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "attngen_enums.h"
 #include "cubin_launch.h"
 #include "decode.cuh"
@@ -114,21 +116,29 @@ void launch_decode_tc_tile(const DecodeProblemOf<KV>& P, const typename V::Param
   launch_decode_merge<V, T, D>(P, hp, stream);
 }
 
+// The stage count the tensor-core launcher picks on a device with `optin` bytes of shared memory per block: the
+// default, else (devices below the floor only) 2, then 1. Calls pick(std::integral_constant<int, S>{}) with it;
+// false when none fits. One rule for the launch and for the planner's occupancy query.
+template <int D, bool kFp8, class Pick>
+bool with_decode_tc_stages(size_t optin, Pick&& pick) {
+  constexpr int S = decode_tc_stages<D, kFp8>();
+  if (optin >= decode_tc_smem_bytes<D, S, kFp8>()) return pick(std::integral_constant<int, S>{}), true;
+  if constexpr (decode_tc_smem_bytes<D, S, kFp8>() > kSmemOptinFloor) {
+    if constexpr (S > 2) {
+      if (optin >= decode_tc_smem_bytes<D, 2, kFp8>()) return pick(std::integral_constant<int, 2>{}), true;
+    }
+    if (optin >= decode_tc_smem_bytes<D, 1, kFp8>()) return pick(std::integral_constant<int, 1>{}), true;
+  }
+  return false;
+}
+
 // Tensor cores with the deepest pipeline the device's shared memory holds (an fp8 cache's staging area
 // included); false when none fits (then the CUDA-core template serves the call).
 template <class V, class T, int D, class KV = T>
 bool try_launch_decode_tc(const DecodeProblemOf<KV>& P, const typename V::Params& hp, cudaStream_t stream) {
-  constexpr bool kFp8 = kIsFp8<KV>;
-  constexpr int S = decode_tc_stages<D, kFp8>();
-  const size_t optin = size_t(device_smem_optin());
-  if (optin >= decode_tc_smem_bytes<D, S, kFp8>()) return launch_decode_tc_tile<V, T, D, S, KV>(P, hp, stream), true;
-  if constexpr (decode_tc_smem_bytes<D, S, kFp8>() > kSmemOptinFloor) {  // fallbacks: devices below the floor only
-    if constexpr (S > 2) {
-      if (optin >= decode_tc_smem_bytes<D, 2, kFp8>()) return launch_decode_tc_tile<V, T, D, 2, KV>(P, hp, stream), true;
-    }
-    if (optin >= decode_tc_smem_bytes<D, 1, kFp8>()) return launch_decode_tc_tile<V, T, D, 1, KV>(P, hp, stream), true;
-  }
-  return false;
+  return with_decode_tc_stages<D, kIsFp8<KV>>(size_t(device_smem_optin()), [&](auto stages) {
+    launch_decode_tc_tile<V, T, D, decltype(stages)::value, KV>(P, hp, stream);
+  });
 }
 
 // Resident CTAs per SM of the tensor-core decode kernel the launcher would pick on this device
@@ -136,28 +146,15 @@ bool try_launch_decode_tc(const DecodeProblemOf<KV>& P, const typename V::Params
 template <class V, class T, int D, class KV = T>
 int decode_tc_ctas_per_sm() {
   constexpr bool kFp8 = kIsFp8<KV>;
-  constexpr int S = decode_tc_stages<D, kFp8>();
-  const size_t optin = size_t(device_smem_optin());
-  auto occupancy = [](auto kernel, size_t smem, int threads) {
+  int n = 0;
+  with_decode_tc_stages<D, kFp8>(size_t(device_smem_optin()), [&](auto stages) {
+    constexpr int S = decltype(stages)::value;
+    constexpr size_t smem = decode_tc_smem_bytes<D, S, kFp8>();
+    auto kernel = decode_tc_kernel_ref<V, T, D, S, KV>();
     if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem);
-    return n;
-  };
-  if (optin >= decode_tc_smem_bytes<D, S, kFp8>())
-    return occupancy(decode_tc_kernel_ref<V, T, D, S, KV>(), decode_tc_smem_bytes<D, S, kFp8>(),
-                     DecodeTCTile<D, S>::kThreads);
-  if constexpr (decode_tc_smem_bytes<D, S, kFp8>() > kSmemOptinFloor) {  // as try_launch_decode_tc
-    if constexpr (S > 2) {
-      if (optin >= decode_tc_smem_bytes<D, 2, kFp8>())
-        return occupancy(decode_tc_kernel_ref<V, T, D, 2, KV>(), decode_tc_smem_bytes<D, 2, kFp8>(),
-                         DecodeTCTile<D, 2>::kThreads);
-    }
-    if (optin >= decode_tc_smem_bytes<D, 1, kFp8>())
-      return occupancy(decode_tc_kernel_ref<V, T, D, 1, KV>(), decode_tc_smem_bytes<D, 1, kFp8>(),
-                       DecodeTCTile<D, 1>::kThreads);
-  }
-  return 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, DecodeTCTile<D, S>::kThreads, smem);
+  });
+  return n;
 }
 
 // Automatic choice: tensor cores (measured faster on the H200 for every group size, MHA included);

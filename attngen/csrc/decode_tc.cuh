@@ -81,7 +81,10 @@ struct DecodeTCTile {
 // cache's stages are half as large: 2 (S16 - 1) + 1 of them keep as many bytes in flight as S16 16-bit
 // stages, at the same CTAs per SM.
 template <int D, bool kFp8 = false>
-constexpr int decode_tc_stages() { return kFp8 ? (D == 64 ? 7 : 3) : (D == 64 ? 4 : 2); }
+constexpr int decode_tc_stages() {
+  constexpr int kStages16 = D == 64 ? 4 : 2;
+  return kFp8 ? 2 * (kStages16 - 1) + 1 : kStages16;
+}
 
 // Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the
 // cross-warp merge region, then the K/V stages. The merge region has its own space so the next

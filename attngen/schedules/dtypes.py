@@ -13,6 +13,7 @@ DTYPE_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float8_e
                "float8_e5m2": "e5m2"}
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")  # K/V storage formats that need scales
+FP8_BYTES = DTYPE_BYTES[FP8_DTYPES[0]]  # bytes of an fp8 K/V element (every format of FP8_DTYPES)
 
 
 def is_fp8(dtype: str) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cxx_tables import cxx_table
-from .dtypes import DTYPE_BYTES, FP8_DTYPES, ElementBytes
+from .dtypes import FP8_BYTES, ElementBytes
 from .templates import ArchNeeds, FitQuery, TemplateRecord
 
 HEAD_DIMS = (64, 128, 256)
@@ -21,7 +21,6 @@ WARPS = 4
 KEYS_PER_WARP = 16
 KEYS = WARPS * KEYS_PER_WARP  # keys per stage
 QUERY_ROWS = 16  # the MMA tile's rows
-FP8_BYTES = DTYPE_BYTES[FP8_DTYPES[0]]  # bytes of an fp8 K/V element
 MAX_GROUP = 8  # rows of the 16-row tile that hold query heads
 ROW_PAD = 8  # elements of padding per query row
 # default stages per head dim (the launcher falls back to fewer where shared memory is short): four at

@@ -23,14 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cxx_tables import cxx_constant, cxx_table
-from .dtypes import DTYPE_BYTES, FP8_DTYPES, ElementBytes
+from .dtypes import FP8_BYTES, ElementBytes
 from .templates import ArchNeeds, FitQuery, TemplateRecord
 
 HEAD_DIMS = (64, 128, 256)
 WARPS = 4
 ROW_PAD = 8  # elements of padding per query row
 WIDE_ROWS = 256  # rows (tokens x group heads) of the longest request from which the wide tile is used
-FP8_BYTES = DTYPE_BYTES[FP8_DTYPES[0]]  # bytes of a staged K/V element
 WIDE_MAX_HEAD_DIM = 128  # two m-tiles' output accumulators are D fp32 registers per thread (255 at most)
 
 

@@ -262,6 +262,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   const int group = P.group, qh0 = hk * group;
   const T* pages = static_cast<const T*>(P.kv.base);
   const int64_t head_off = int64_t(hk) * P.kv.stride_head + (lane % TPR) * 8;
+  // fp8 caches: this head's rows at the lane's 16-byte chunk, once per CTA (the loader adds page and slot)
+  [[maybe_unused]] const KV* head8 = static_cast<const KV*>(P.kv.base) + int64_t(hk) * P.kv.stride_head + (lane % TPR) * 16;
   const int wk = warp * Tile::kKeysPerWarp;  // this warp's first key row of every tile
   const int ps = P.kv.page_size;
   const bool ps_pow2 = (ps & (ps - 1)) == 0;
@@ -314,10 +316,10 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       const bool ok = j < l_cur.end;
       const int slot = ps_pow2 ? (jr & (ps - 1)) : jr % ps;
       if constexpr (kIsFp8<KV>) {  // a lane copies one 16-byte chunk (16 elements) of the K row and the V row
-        const KV* pages8 = static_cast<const KV*>(P.kv.base);
-        const KV* src = ok ? pages8 + int64_t(pid[pass]) * P.kv.stride_page + int64_t(slot) * P.kv.stride_slot +
-                                 int64_t(hk) * P.kv.stride_head + (lane % TPR) * 16
-                           : pages8;
+        // (a row past the item has page id 0 and a slot inside the page: its address lies in the cache, and it
+        // reads nothing; page id and slot are non-negative, so unsigned 32 x 64-bit products serve)
+        const KV* src = head8 + uint64_t(uint32_t(pid[pass])) * uint64_t(P.kv.stride_page) +
+                        uint64_t(uint32_t(slot)) * uint64_t(P.kv.stride_slot);
         KV* dst = decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 * TK + r) * D;
         const int kc = kDirectK ? staged_key_chunk<D>(r, lane % TPR) : lane % TPR;
         copy16_async(dst + kc * 16, src, ok);

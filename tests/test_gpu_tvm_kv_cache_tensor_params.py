@@ -4,7 +4,8 @@
 through create_paged_kv_cache(target="cuda") in both slot conventions: prefill, decode (keys split and merged) and a
 fork against the float64 model of the cache; head_scale given as a torch CUDA tensor (shared with the cache, so
 changing it in place changes the next calls' outputs: no stale copy), kv_scale as a NumPy array (copied to the GPU
-once), temperature compiled in. The slot functions called directly refuse a tensor sized for other heads.
+once), temperature compiled in; and the same variant in a model library, its tensors constants of the model.
+The slot functions called directly refuse a tensor sized for other heads.
 (test_tvm_kv_cache_cuda_tensor_params.py builds the library and checks the model without a GPU.)
 """
 from __future__ import annotations
@@ -54,6 +55,32 @@ def test_cuda_cache_with_tensor_parameters_matches_reference(build_cache, rng, c
     assert max_err(after, "attngen", "reference") < 2e-2
     old = run_script({}, stale, SCRIPT_AFTER, np.random.default_rng(seed))
     assert _differ(after["attngen"], old["reference"]) > 0.05
+
+
+def test_cuda_model_library_binds_tensor_parameters(build_cache, rng, tmp_path):
+    """Ahead of time: the tensors as constants of a model library (copied to the GPU at the first call by the
+    model's binding function), the cache created by the Relax VM from that library alone; against the float64
+    model."""
+    import torch
+    import tvm
+    from tvm import relax
+
+    from attngen.runtime.cuda import current_arch
+    from attngen.tvm import export_model_library, paged_kv_cache_module
+
+    head_scale = np.linspace(0.5, 2.0, HQ).astype(np.float32)
+    arch = current_arch()
+    mod = paged_kv_cache_module(SHAPE, head_scaled(), target="cuda", arch=arch, cache=build_cache,
+                                params={"head_scale": head_scale, "kv_scale": KV_SCALE, "temperature": TEMPERATURE})
+    path = export_model_library(mod, tmp_path / "model.so", target="cuda", arch=arch)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cuda())
+    model = ScaledModel(SHAPE, head_factors(head_scale, KV_SCALE, TEMPERATURE))
+    seed = int(rng.integers(1 << 31))
+    outs = run_script({"attngen": vm["create_kv_cache"]()}, model, SCRIPT, np.random.default_rng(seed))
+    torch.cuda.synchronize()
+    assert max_err(outs, "attngen", "reference") < 2e-2
+    plain = run_script({}, CacheModel(SHAPE), SCRIPT, np.random.default_rng(seed))
+    assert _differ(outs["attngen"], plain["reference"]) > 0.05  # the scales bite
 
 
 def test_slot_functions_refuse_a_tensor_sized_for_other_heads(build_cache, rng):

@@ -3,18 +3,19 @@
 The model library is built (tvm.compile + export_library), loaded back as a plain shared
 library, and the Relax VM creates the cache from it; that cache gives the same results as the
 run-time-built one and the float64 reference through prefill, append, forks, batch decode and
-pop-n, and through token-tree steps. A variant whose tensors cannot be compiled in is refused.
+pop-n, and through token-tree steps; a variant's tensor parameters become constants of the model.
 """
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import tvm
 
 from attngen.tvm import export_model_library, paged_kv_cache_module
 from attngen.variants import builtin
 
-from .test_tvm_kv_cache import (MHA_SCRIPT, SHAPE, ReferenceCache, Semantics, _softcap, assert_close,
-                                attngen_cache, kernel_cache, run_flow)  # noqa: F401
+from .test_tvm_kv_cache import (MHA_SCRIPT, SHAPE, ReferenceCache, Semantics, _alibi, _softcap, assert_close,
+                                attngen_cache, kernel_cache, max_err, run_flow)  # noqa: F401
 
 
 @pytest.mark.parametrize("rope_mode", ["none", "inline"])
@@ -36,9 +37,35 @@ def test_model_library_cache_matches_runtime_cache_and_reference(kernel_cache, t
     assert_close(outs, "model_library", "reference", 2e-5)
 
 
-def test_model_library_refuses_tensor_parameters():
-    with pytest.raises(ValueError, match=r"variant 'alibi': tensor parameters \['alibi_slopes'\] cannot be compiled"):
-        paged_kv_cache_module(SHAPE, builtin("alibi"))
+def test_model_library_binds_tensor_parameters(kernel_cache, tmp_path, rng):
+    """ALiBi's slopes (a tensor parameter) as constants of the model library, bound to its slot functions by the
+    model's own binding function: the same results as the run-time cache (which binds them per call from Python)
+    and the float64 reference, and clearly not vanilla's. A second model with other slopes differs."""
+    from tvm import relax
+
+    variant = builtin("alibi")
+    slopes = (2.0 ** -np.arange(1, SHAPE.num_qo_heads + 1)).astype("float32")
+    mod = paged_kv_cache_module(SHAPE, variant, params={"alibi_slopes": slopes})
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(export_model_library(mod, tmp_path / "m.so"))), tvm.cpu())
+    other = paged_kv_cache_module(SHAPE, variant, params={"alibi_slopes": slopes[::-1].copy()})
+    vm2 = relax.VirtualMachine(tvm.runtime.load_module(str(export_model_library(other, tmp_path / "o.so"))),
+                               tvm.cpu())
+    caches = {"model_library": vm["create_kv_cache"](), "other": vm2["create_kv_cache"](),
+              "runtime": attngen_cache(variant, kernel_cache, params={"alibi_slopes": slopes})}
+    seed = int(rng.integers(1 << 31))
+    outs = run_flow(caches, ReferenceCache(Semantics(logits=_alibi(slopes))), MHA_SCRIPT, np.random.default_rng(seed))
+    assert_close(outs, "model_library", "runtime", 1e-6)
+    assert_close(outs, "model_library", "reference", 2e-5)
+    vanilla = run_flow({}, ReferenceCache(Semantics()), MHA_SCRIPT, np.random.default_rng(seed))["reference"]
+    assert max_err(outs["model_library"], vanilla) > 0.05
+    assert max_err(outs["model_library"], outs["other"]) > 0.05
+
+
+def test_model_library_checks_tensor_parameters_when_emitted():
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        paged_kv_cache_module(SHAPE, builtin("alibi"))  # no value given, no default
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        paged_kv_cache_module(SHAPE, builtin("alibi"), params={"alibi_slopes": np.ones(3, "float32")})
 
 
 def test_model_library_cache_serves_token_trees(tmp_path, rng):

@@ -6,7 +6,8 @@
 - those functions refuse, before any CUDA call, a call without the tensors and tensors of the wrong element type,
   rank, layout, device or size (DLPack tensors that claim a CUDA device, tests/fake_cuda.py);
 - create_paged_kv_cache(target="cuda") checks the values against the cache's sizes before it needs a GPU, the
-  build never sees a tensor (its cache key cannot depend on one), and a model library refuses the variant;
+  build never sees a tensor (its cache key cannot depend on one), and a model library binds them as its
+  constants (sm_90a, compiled without a GPU);
 - the float64 model the GPU test compares with matches attngen's CPU cache running the variant, and the scales
   bite. (test_gpu_tvm_kv_cache_tensor_params.py runs the CUDA cache on a GPU.)
 """
@@ -144,16 +145,30 @@ def test_create_checks_the_values_before_it_needs_a_gpu():
             create_paged_kv_cache(SHAPE, variant, params=params, target="cuda")
 
 
-def test_a_model_library_refuses_tensor_parameters():
-    from attngen.tvm.cuda import slot_object
+@requires_nvcc
+def test_a_model_library_binds_tensor_parameters(build_cache, tmp_path):
+    """A model library for sm_90a (no GPU needed) holds the tensors as constants of its cache-creating function,
+    bound to the "tirx" slots by the model's own binding function (part of attngen's object, exported under the
+    cache's prefix); missing or mis-sized values are refused when the module is built."""
+    import subprocess
 
-    why = (r"variant 'head_scaled': tensor parameters \['head_scale', 'kv_scale'\] cannot be compiled into a model "
-           r"library; use create_paged_kv_cache \(run-time binding\)")
-    with pytest.raises(ValueError, match=why):
+    from attngen.tvm import export_model_library
+
+    mod = paged_kv_cache_module(SHAPE, head_scaled(), target="cuda", arch="sm_90a", cache=build_cache,
+                                params={"head_scale": HEAD_SCALE, "kv_scale": KV_SCALE, "temperature": 0.8})
+    assert len(mod.attrs["external_mods"]) == 1  # attngen's object, the binding inside
+    script = mod["create_kv_cache"].script()
+    assert script.count("attngen_bind_tensor_params") == 7  # the seven "tirx" slots
+    path = export_model_library(mod, tmp_path / "model.so", target="cuda", arch="sm_90a")
+    out = subprocess.run(["nm", "--defined-only", "-D", str(path)], capture_output=True, text=True, check=True).stdout
+    syms = {p[2]: p[1] for p in (line.split() for line in out.splitlines()) if len(p) == 3}
+    for name in ("attngen_bind_tensor_params", "attngen_tvm_decode_f16_d64", "attngen_tvm_prefill_paged_f16_d64"):
+        assert syms.get(f"__tvm_ffi_{name}") == "T", name
+    with pytest.raises(ValueError, match="head_scale"):
+        paged_kv_cache_module(SHAPE, head_scaled(), target="cuda", arch="sm_90a", params={"kv_scale": KV_SCALE})
+    with pytest.raises(ValueError, match="kv_scale"):
         paged_kv_cache_module(SHAPE, head_scaled(), target="cuda", arch="sm_90a",
-                              params={"head_scale": HEAD_SCALE, "kv_scale": KV_SCALE})
-    with pytest.raises(ValueError, match=why):
-        slot_object(head_scaled(), head_dim=D, dtype="float16", arch="sm_90a")
+                              params={"head_scale": HEAD_SCALE, "kv_scale": np.ones(5, np.float32)})
 
 
 def test_the_gpu_tests_model_matches_attngens_cpu_cache_and_the_scales_bite(build_cache, rng):

@@ -9,9 +9,9 @@
   backend (:mod:`attngen.codegen.cpu.tvm_slots` says what they compute). The variant's scalar
   parameters are compiled in, its tensor parameters bound to every call.
 - ``CPUBackend``: those kernels for a cache created at run time (built libraries) and ahead of
-  time (PrimFuncs of the model, the variant's hooks inlined; variants with tensor parameters are
-  refused there, since a model library has no per-call tensors to bind them to), and the export of
-  a model library by LLVM.
+  time (PrimFuncs of the model, the variant's hooks inlined; tensor parameters become constants of the
+  model, bound to the slots by the model's own binding function: bind_params.py), and the export of a
+  model library by LLVM.
 
 The variant's hooks see TVM's token positions; TVM's ``causal`` flag and sliding windows apply on
 top of the variant's own mask.
@@ -30,7 +30,10 @@ from .create_call import SLOT_ROLES, TREE_ROLES, CacheParts
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
 from .shape import CacheShape
-from .slot_params import bind_trailing, refuse_tensor_params, split_params
+from .bind_params import emit_bound_slots, host_values
+from .bind_params import static_library as bind_static_library
+from .cuda_link import create_shared_with_libstdcxx
+from .slot_params import bind_trailing, split_params
 
 # the common-subexpression pass binds float subexpressions of the inlined hooks in a way LLVM's
 # lowering rejects (see attngen/codegen/cpu/build.py); every build of these kernels turns it off
@@ -104,8 +107,7 @@ class CPUBackend:
                     cache):
         """(the cache's functions as PrimFuncs added to ``bb``'s module, no external modules)."""
         check_slot_variant(variant)
-        refuse_tensor_params(variant)
-        scalars, _ = split_params(variant, params, shape)
+        scalars, values = split_params(variant, params, shape)
         specs = slot_specs(variant, shape.head_dim, shape.dtype, inline_rope=shape.inline_rope,
                            window=shape.layer_window)
 
@@ -114,13 +116,16 @@ class CPUBackend:
                                else func, name)
 
         merge = merge_functions(shape.dtype)[merge_symbol("merge_state_inplace", shape.dtype)]
-        parts = CacheParts(
-            attention={role: ("tirx", add(lower_slot(specs[role], variant, scalars), f"{name_prefix}_{role}"))
-                       for role in SLOT_ROLES + TREE_ROLES},
-            merge=add(merge, f"{name_prefix}_merge_state"),
-            # scheduled as TVM schedules them for a CPU target
-            helpers=add_helpers(bb, shape, device_target("cpu"), name_prefix))
-        return parts, []
+        attention = {role: ("tirx", add(lower_slot(specs[role], variant, scalars), f"{name_prefix}_{role}"))
+                     for role in SLOT_ROLES + TREE_ROLES}
+        external = []
+        if values:  # the tensors as constants of the model, bound to the slots by the model's own binding function
+            attention = emit_bound_slots(bb, attention, host_values(variant, values), name_prefix)
+            external.append(bind_static_library(name_prefix, cache))
+        parts = CacheParts(attention=attention, merge=add(merge, f"{name_prefix}_merge_state"),
+                           # scheduled as TVM schedules them for a CPU target
+                           helpers=add_helpers(bb, shape, device_target("cpu"), name_prefix))
+        return parts, external
 
     def export(self, mod, path: str | Path, arch: str | None) -> Path:
         """Compile a model IRModule holding attngen's kernels for the CPU and export it as a shared library."""
@@ -129,5 +134,6 @@ class CPUBackend:
         path = Path(path)
         with tvm.transform.PassContext(config=MODEL_BUILD_CONFIG):
             executable = tvm.compile(mod, target=device_target("cpu"))
-        executable.export_library(str(path))
+        # (a tensor-parameter binding in the model is C++: the link names the shared C++ runtime)
+        executable.export_library(str(path), fcompile=create_shared_with_libstdcxx)
         return path

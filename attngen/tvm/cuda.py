@@ -20,8 +20,8 @@ the "tirx" convention only (TVM passes the "flashinfer" run functions no positio
 The variant's parameters (slot_params.py): scalars compiled into the build. Tensor parameters, at run time,
 become tvm tensors on the cache's GPU (``device_tensor``: a torch CUDA tensor there is shared, so in-place
 changes reach the next call) bound as trailing arguments of every "tirx" function and "flashinfer" run
-function (``bind_tensor_params``); the C++ checks them per call. A model library has no per-call tensors:
-``slot_object`` refuses variants with tensor parameters.
+function (``bind_tensor_params``); the C++ checks them per call. In a model library they are constants of the
+model, copied to the GPU at the first call and bound by the model's own binding function (bind_params.py).
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ from .cuda_link import export_cuda_model_library
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
 from .shape import ROPE_MODES, CacheShape
-from .slot_params import bind_trailing, refuse_tensor_params, split_params
+from .bind_params import UNPREFIXED, bind_function_name, bind_object, emit_bound_slots, host_values
+from .slot_params import bind_trailing, split_params
 
 CUDA_DTYPES = ("float16", "bfloat16")
 CONVENTIONS = ("tirx", "flashinfer")
@@ -153,18 +154,23 @@ def device_tensor(value, name: str, device):
 def slot_object(variant, *, head_dim: int, dtype: str, arch: str, params: dict | None = None,
                 window: int | None = None, rope: bool = False, name_prefix: str = "attngen",
                 cache=None) -> tuple[Path, dict]:
-    """Build (cached) the object file; returns it and role -> exported name: the ``slot_roles`` and "merge". A model
-    library binds nothing to a call: variants with tensor parameters are refused (after what no slot serves)."""
+    """Build (cached) the object file; returns it and role -> exported name: the ``slot_roles`` and "merge". The
+    functions take a variant's tensor parameters as trailing arguments (a model binds them: bind_params.py)."""
     check_tvm_slot_hooks(variant)
-    refuse_tensor_params(variant)
     built = build_slot_library(variant, head_dim=head_dim, dtype=dtype, params=params, arch=arch, window=window,
                                rope=rope, cache=cache)
     merge = merge_symbol("merge_state_inplace", dtype)
     exports = tvm_slot_functions((head_dim,), (dtype,)) + [merge]
-    obj = build_slot_object(sorted(built.directory.glob("attention_*.o")), exports,
-                            gencodes=arch_spec(arch).gencode.split(), prefix=name_prefix, cache=cache)
+    objects = sorted(built.directory.glob("attention_*.o"))
+    if variant.tensor_params:  # the model's binding of them, in the same object
+        objects.append(bind_object(UNPREFIXED, cache))
+        exports.append(UNPREFIXED)
+    obj = build_slot_object(objects, exports, gencodes=arch_spec(arch).gencode.split(), prefix=name_prefix,
+                            cache=cache)
     roles = slot_roles(lambda kind: f"{name_prefix}_{symbol(kind, dtype, head_dim)}")
     roles["merge"] = f"{name_prefix}_{merge}"
+    if variant.tensor_params:
+        roles["bind"] = bind_function_name(name_prefix)
     return obj, roles
 
 
@@ -211,14 +217,20 @@ class CUDABackend:
 
         if not arch:
             raise ValueError("arch: a CUDA model library is built for a named GPU arch, e.g. arch='sm_90a'")
+        check_tvm_slot_hooks(variant)
+        scalars, values = split_params(variant, params, shape)  # (checked before anything is compiled)
+        given = {name: v for name, v in scalars.items() if name in (params or {})}  # (defaults: the build's own)
         obj, names = slot_object(variant, head_dim=shape.head_dim, dtype=shape.dtype, arch=arch,
-                                 params=params, window=slot_window(shape), rope=shape.inline_rope,
+                                 params=given, window=slot_window(shape), rope=shape.inline_rope,
                                  name_prefix=name_prefix, cache=cache)
         externs = {role: tuple(map(rx.ExternFunc, n)) if isinstance(n, tuple) else rx.ExternFunc(n)
                    for role, n in names.items()}
-        parts = CacheParts(attention=attention_entries(externs, convention), merge=externs["merge"],
-                           helpers=add_helpers(bb, shape, device_target("cuda", arch), name_prefix))
+        attention = attention_entries(externs, convention)
+        if values:  # constants of the model, copied to the GPU at the first call and bound by the object's binding
+            attention = emit_bound_slots(bb, attention, host_values(variant, values), name_prefix)
         exported = sorted({x for n in names.values() for x in (n if isinstance(n, tuple) else (n,))})
+        parts = CacheParts(attention=attention, merge=externs["merge"],
+                           helpers=add_helpers(bb, shape, device_target("cuda", arch), name_prefix))
         return parts, [tvm.runtime.load_static_library(str(obj), exported)]
 
     def export(self, mod, path: str | Path, arch: str | None) -> Path:

@@ -24,11 +24,11 @@ def export_cuda_model_library(mod, path: str | Path, arch: str) -> Path:
     target = Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
     with _tvm_nvcc_precise(), target:
         executable = tvm.compile(mod, target=target)
-    executable.export_library(str(path), fcompile=_create_shared_with_libstdcxx)
+    executable.export_library(str(path), fcompile=create_shared_with_libstdcxx)
     return path
 
 
-def _create_shared_with_libstdcxx(output: str, objects: list[str], **kwargs) -> None:
+def create_shared_with_libstdcxx(output: str, objects: list[str], **kwargs) -> None:
     """TVM's shared-library link with the shared C++ runtime named after the objects: after them, it satisfies
     their references even under ``--as-needed``."""
     from tvm.support import cc

@@ -2,8 +2,8 @@
 
 TVM's slot calls carry no variant parameters. Scalar parameters are compiled into the slot kernels;
 tensor parameters are bound to every call of a cache created at run time, appended to TVM's arguments
-in declaration order (``bind_trailing``). A model library has no per-call tensors to bind, so its
-caches refuse variants with tensor parameters (``refuse_tensor_params``). ``split_params`` resolves
+in declaration order (``bind_trailing``); a model library's cache binds them as constants of the model
+(bind_params.py). ``split_params`` resolves
 the values against the cache's sizes (attngen.runtime.params: dtypes, ranks, declared dims, every
 read the hooks make) before anything is built.
 """
@@ -37,11 +37,3 @@ def bind_trailing(fn, tensors: list):
         return fn(*args, *tensors)
 
     return tvm.runtime.convert(call)
-
-
-def refuse_tensor_params(variant) -> None:
-    """ValueError for a model library's cache of a variant with tensor parameters."""
-    tensors = [p.name for p in variant.tensor_params]
-    if tensors:
-        raise ValueError(f"variant '{variant.name}': tensor parameters {tensors} cannot be compiled into a "
-                         "model library; use create_paged_kv_cache (run-time binding) for this variant")

@@ -55,10 +55,11 @@ def load_variants(source: str) -> list[Variant]:
     """Variants from a built-in name, or from a Python file's module-level Variant objects
     (a ``VARIANTS`` list wins; a ``make()`` factory is called when the file has no Variant)."""
     from attngen.ir import Variant
-    from attngen.variants import BUILTINS, builtin
 
     path = Path(source)
     if path.suffix != ".py":
+        from attngen.variants import BUILTINS, builtin
+
         if source in BUILTINS:
             return [builtin(source)]
         raise FileNotFoundError(f"{source!r} is neither a .py file nor a built-in variant "

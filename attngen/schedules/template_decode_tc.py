@@ -1,4 +1,4 @@
-"""The tensor-core decode template (csrc/decode_tc.cuh: DecodeTCTile<D, S>, decode_tc_stages,
+"""The tensor-core decode template (csrc/decode_tc.cuh; csrc/decode_tc_tile.cuh: DecodeTCTile<D, S>, decode_tc_stages,
 decode_tc_smem_bytes) and the launcher's stage fallback (csrc/decode_launch.cuh try_launch_decode_tc).
 
 Four warps x 16 keys per stage (64 keys), the query heads of a KV head's group as the rows of one 16-row

@@ -26,13 +26,13 @@ from attngen.codegen.cpu.tvm_slots import build_slot_library, check_slot_variant
 from attngen.schedules.build_config import merge_symbol
 from attngen.variants import builtin
 
+from .bind_params import emit_bound_slots, host_values
+from .bind_params import static_library as bind_static_library
 from .create_call import SLOT_ROLES, TREE_ROLES, CacheParts
+from .cuda_link import create_shared_with_libstdcxx
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
 from .shape import CacheShape
-from .bind_params import emit_bound_slots, host_values
-from .bind_params import static_library as bind_static_library
-from .cuda_link import create_shared_with_libstdcxx
 from .slot_params import bind_trailing, split_params
 
 # the common-subexpression pass binds float subexpressions of the inlined hooks in a way LLVM's
@@ -56,25 +56,18 @@ def _check_target(target: str) -> None:
         raise ValueError(f"target {target!r}: attngen fills TVM PagedKVCache slots for target='cpu' or 'cuda'")
 
 
-def _host_tensor(value):
-    """A tensor parameter's value as a CPU tvm tensor (a copy)."""
-    import numpy as np
-    import tvm
-
-    array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
-    return tvm.runtime.tensor(np.ascontiguousarray(array), device=tvm.cpu())
-
-
 def attention_slot_functions(shape: CacheShape, variant=None, *, params: dict | None = None, target: str = "cpu",
                              cache=None) -> dict:
     """Role -> function for the create call's seven attention slots of a cache of ``shape`` (``SLOT_ROLES`` and
     ``TREE_ROLES``; wrap each as ``["tirx", fn]``); ``variant`` defaults to vanilla, ``params`` gives its
     parameters' values."""
+    import tvm
+
     _check_target(target)
     variant = variant if variant is not None else builtin("vanilla")
     check_slot_variant(variant)
     scalars, values = split_params(variant, params, shape)
-    tensors = [_host_tensor(v) for v in values]
+    tensors = [tvm.runtime.tensor(a, device=tvm.cpu()) for a in host_values(variant, values)]
     specs = slot_specs(variant, shape.head_dim, shape.dtype, inline_rope=shape.inline_rope,
                        window=shape.layer_window)
     kwargs = {"cache": cache} if cache is not None else {}
@@ -105,7 +98,8 @@ class CPUBackend:
 
     def model_parts(self, bb, variant, shape: CacheShape, *, params, convention: str, arch, name_prefix: str,
                     cache):
-        """(the cache's functions as PrimFuncs added to ``bb``'s module, no external modules)."""
+        """(the cache's functions as PrimFuncs added to ``bb``'s module, [the tensor-parameter binding's object, for
+        a variant that has them])."""
         check_slot_variant(variant)
         scalars, values = split_params(variant, params, shape)
         specs = slot_specs(variant, shape.head_dim, shape.dtype, inline_rope=shape.inline_rope,

@@ -34,13 +34,13 @@ from attngen.ir import ScalarParam
 from attngen.schedules.arch import arch_spec
 from attngen.schedules.build_config import BuildConfig, merge_symbol, symbol
 
+from .bind_params import UNPREFIXED, bind_function_name, bind_object, emit_bound_slots, host_values
 from .create_call import SLOT_ROLES, TREE_ROLES, CacheParts
 from .cuda_link import export_cuda_model_library
 from .helper_kernels import add_helpers, device_target, helper_functions
 from .loading import load_library
 from .shape import ROPE_MODES, CacheShape
-from .bind_params import UNPREFIXED, bind_function_name, bind_object, emit_bound_slots, host_values
-from .slot_params import bind_trailing, split_params
+from .slot_params import bind_trailing, given_scalars, split_params
 
 CUDA_DTYPES = ("float16", "bfloat16")
 CONVENTIONS = ("tirx", "flashinfer")
@@ -199,7 +199,7 @@ class CUDABackend:
         arch = current_arch()
         device = tvm.cuda(0)  # the GPU current_arch() describes
         tensors = [device_tensor(v, p.name, device) for p, v in zip(variant.tensor_params, values)]
-        given = {name: v for name, v in scalars.items() if name in (params or {})}  # (defaults: the build's own)
+        given = given_scalars(scalars, params)
         roles = cuda_slot_functions(variant, head_dim=shape.head_dim, dtype=shape.dtype,
                                     params=given, arch=arch, window=slot_window(shape), rope=shape.inline_rope,
                                     cache=cache)
@@ -219,7 +219,7 @@ class CUDABackend:
             raise ValueError("arch: a CUDA model library is built for a named GPU arch, e.g. arch='sm_90a'")
         check_tvm_slot_hooks(variant)
         scalars, values = split_params(variant, params, shape)  # (checked before anything is compiled)
-        given = {name: v for name, v in scalars.items() if name in (params or {})}  # (defaults: the build's own)
+        given = given_scalars(scalars, params)
         obj, names = slot_object(variant, head_dim=shape.head_dim, dtype=shape.dtype, arch=arch,
                                  params=given, window=slot_window(shape), rope=shape.inline_rope,
                                  name_prefix=name_prefix, cache=cache)

@@ -37,3 +37,9 @@ def bind_trailing(fn, tensors: list):
         return fn(*args, *tensors)
 
     return tvm.runtime.convert(call)
+
+
+def given_scalars(scalars: dict, params: dict | None) -> dict:
+    """The scalar values ``params`` names (``split_params``' scalars less the defaults, which a build compiles in
+    itself, so that they stay out of its cache key)."""
+    return {name: v for name, v in scalars.items() if name in (params or {})}

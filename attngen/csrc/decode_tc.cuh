@@ -133,7 +133,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   const T* pages = static_cast<const T*>(P.kv.base);
   const int64_t head_off = int64_t(hk) * P.kv.stride_head + (lane % TPR) * 8;
   // fp8 caches: this head's rows at the lane's 16-byte chunk, once per CTA (the loader adds page and slot)
-  [[maybe_unused]] const KV* head8 = static_cast<const KV*>(P.kv.base) + int64_t(hk) * P.kv.stride_head + (lane % TPR) * 16;
+  [[maybe_unused]] const KV* head8 =
+      static_cast<const KV*>(P.kv.base) + int64_t(hk) * P.kv.stride_head + (lane % TPR) * 16;
   const int wk = warp * Tile::kKeysPerWarp;  // this warp's first key row of every tile
   const int ps = P.kv.page_size;
   const bool ps_pow2 = (ps & (ps - 1)) == 0;
@@ -242,6 +243,10 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_acc[n][e] = 0.f;
     float m_row = kNegInf, d_row = 0.f;  // row g; row g + 8 never holds a head
+    // direct keys (S^T = K Q^T, kDirectK): the softmax state of query rows 2 t4 and 2 t4 + 1, each thread's
+    // sum over its own keys until the epilogue; their query scales
+    float m2[2] = {kNegInf, kNegInf}, d2[2] = {0.f, 0.f};
+    float qk2[2] = {1.f, 1.f};  // the rows' score factors: k_scale, their query scale and sm_scale
 
     for (int tile = 0; tile < num_tiles; ++tile) {
       load_next();  // S - 1 tiles ahead in the stream, possibly the next items'
@@ -279,6 +284,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           for (int r = warp; r < group; r += NW) half_query_row<T, D>(sq + r * ST, row_lse + r, lane);
           __syncthreads();
           q_up = row_valid ? row_lse[g] : 1.f;
+          if constexpr (kDirectK) {  // (q . k) s = q . (k s), and the query row was scaled down
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+              qk2[c] = scales.k[hk] * (2 * t4 + c < group ? row_lse[2 * t4 + c] : 1.f) * scale;
+          }
         }
         if constexpr (kQInRegs && kDirectK) {
 #pragma unroll
@@ -315,106 +325,158 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           __syncwarp();
         }
       }
-      // S = Q K^T: 16 rows x this warp's 16 keys (two n-tiles)
-      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      if constexpr (kDirectK) {  // this warp's staged fp8 key rows straight into B fragments
+      // the product's A fragment of P (rows g and g + 8 of the 16-row tile: query heads, then padding)
+      uint32_t a[4];
+      if constexpr (kDirectK) {
+        // S^T = K Q^T over this warp's 16 keys, the staged fp8 key rows straight into A fragments (keys g and
+        // 8 + g) and the query rows as the B fragment (its 8 columns: at most 8 heads), so no MMA row is
+        // padding; then the scores, hooks and online softmax in that layout (a thread holds keys g, 8 + g of
+        // query rows 2 t4, 2 t4 + 1), and P transposed into the A layout of O += P V (movmatrix)
         const KV* krows = decode_tc_staged<D, S, KV>(smem_raw) + size_t(stage) * 2 * TK * D;
+        float st[4] = {0.f, 0.f, 0.f, 0.f};  // [key g | 8 + g][query row 2 t4 | 2 t4 + 1]
+        const int r0 = wk + g, r1 = wk + 8 + g;
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          const int r = wk + 8 * n + g;
+        for (int blk = 0; blk < D / 64; ++blk) {
+          const uint4 w0 =
+              *reinterpret_cast<const uint4*>(krows + r0 * D + staged_key_chunk<D>(r0, 4 * blk + t4) * 16);
+          const uint4 w1 =
+              *reinterpret_cast<const uint4*>(krows + r1 * D + staged_key_chunk<D>(r1, 4 * blk + t4) * 16);
+          const uint32_t lo[4] = {w0.x, w0.y, w0.z, w0.w}, hi[4] = {w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
-          for (int blk = 0; blk < D / 64; ++blk) {
-            const uint4 w = *reinterpret_cast<const uint4*>(krows + r * D + staged_key_chunk<D>(r, 4 * blk + t4) * 16);
-            const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+          for (int s4 = 0; s4 < 4; ++s4) {
+            const uint32_t ka[4] = {
+                fp8x2_to_half2_bits<KV>(lo[s4] & 0xffffu), fp8x2_to_half2_bits<KV>(hi[s4] & 0xffffu),
+                fp8x2_to_half2_bits<KV>(lo[s4] >> 16), fp8x2_to_half2_bits<KV>(hi[s4] >> 16)};
+            mma16816<half>(st, ka, qfrag[4 * blk + s4][0], qfrag[4 * blk + s4][2]);
+          }
+        }
+        float mt2[2] = {m2[0], m2[1]};
 #pragma unroll
-            for (int s4 = 0; s4 < 4; ++s4) {
-              uint32_t a[4];
-              if constexpr (kQInRegs) {
+        for (int i = 0; i < 4; ++i) {
+          const int c = i & 1, qrow = 2 * t4 + c, j = j0 + g + 8 * (i >> 1);
+          float x = st[i] * qk2[c];
+          bool visible = qrow < group && j < end;
+          if constexpr (V::kHasLogits) {
+            if (visible) x = V::logits(hp, x, b, qo_pos, j, qh0 + qrow, hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
+          }
+          if constexpr (V::kHasMask) {
+            if (visible) visible = V::mask(hp, b, qo_pos, j, qh0 + qrow, hk);
+          }
+          st[i] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
+          if constexpr (V::kSoftmax) mt2[c] = fmax_nan(mt2[c], st[i]);  // a NaN score must reach the state
+        }
+        if constexpr (V::kSoftmax) {
+          float rescale2[2];
+          bool grew = false;
 #pragma unroll
-                for (int i = 0; i < 4; ++i) a[i] = qfrag[4 * blk + s4][i];
-              } else {
-                decode_tc_direct_qfrag<D>(a, reinterpret_cast<const half*>(sq), ST, 4 * blk + s4, g, t4);
-              }
-              mma16816<half>(s[n], a, fp8x2_to_half2_bits<KV>(words[s4] & 0xffffu),
-                             fp8x2_to_half2_bits<KV>(words[s4] >> 16));
+          for (int c = 0; c < 2; ++c) {
+#pragma unroll
+            for (int o = 4; o < 32; o *= 2) mt2[c] = fmax_nan(mt2[c], __shfl_xor_sync(0xffffffffu, mt2[c], o));
+            const bool up = mt2[c] != m2[c];
+            rescale2[c] = up ? fast_exp2(m2[c] - mt2[c]) : 1.f;
+            d2[c] *= rescale2[c];
+            m2[c] = mt2[c];
+            grew = grew || up;
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float p = m2[i & 1] != kNegInf ? fast_exp2(st[i] - m2[i & 1]) : 0.f;
+            st[i] = p;
+            d2[i & 1] += p;
+          }
+          if (__any_sync(0xffffffffu, grew)) {  // row g's factor from lane g / 2 (its rows 2 t4 + c)
+            const float r0f = __shfl_sync(0xffffffffu, rescale2[0], g >> 1);
+            const float r1f = __shfl_sync(0xffffffffu, rescale2[1], g >> 1);
+            const float rescale = (g & 1) ? r1f : r0f;
+#pragma unroll
+            for (int n = 0; n < NDT; ++n) {
+              o_acc[n][0] *= rescale;
+              o_acc[n][1] *= rescale;
             }
           }
         }
-      }
+        a[0] = movmatrix_trans(pack2<MT>(st[0], st[1]));  // query row g, keys 2 t4, 2 t4 + 1
+        a[1] = 0u;
+        a[2] = movmatrix_trans(pack2<MT>(st[2], st[3]));  // keys 8 + 2 t4, 8 + 2 t4 + 1
+        a[3] = 0u;
+      } else {
+        // S = Q K^T: 16 rows x this warp's 16 keys (two n-tiles)
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-      for (int k0 = 0; k0 < (kDirectK ? 0 : D); k0 += 16) {
-        uint32_t a[4], bk[4];
-        if constexpr (kQInRegs) {
+        for (int k0 = 0; k0 < D; k0 += 16) {
+          uint32_t a[4], bk[4];
+          if constexpr (kQInRegs) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) a[i] = qfrag[k0 / 16][i];
-        } else {
-          ldmatrix_x4(a, sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+            for (int i = 0; i < 4; ++i) a[i] = qfrag[k0 / 16][i];
+          } else {
+            ldmatrix_x4(a, sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+          }
+          ldmatrix_x4(bk, sk + kv_tile_at<D>(wk + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
+          mma16816<MT>(s[0], a, bk[0], bk[1]);
+          mma16816<MT>(s[1], a, bk[2], bk[3]);
         }
-        ldmatrix_x4(bk, sk + kv_tile_at<D>(wk + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
-        mma16816<MT>(s[0], a, bk[0], bk[1]);
-        mma16816<MT>(s[1], a, bk[2], bk[3]);
-      }
-      if constexpr (kIsFp8<KV> && !V::kHasKeyTransform) {  // (q . k) s = q . (k s); with a key hook it scaled the keys
-        const float ks = scales.k[hk] * q_up;
+        // (q . k) s = q . (k s); with a key hook it scaled the keys
+        if constexpr (kIsFp8<KV> && !V::kHasKeyTransform) {
+          const float ks = scales.k[hk] * q_up;
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+          for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[n][e] *= ks;
-      }
-      float mt = m_row;
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = j0 + n * 8 + t4 * 2 + (e % 2);
-          float x = s[n][e] * scale;
-          bool visible = e < 2 && row_valid && j < end;
-          if constexpr (V::kHasLogits) {
-            if (visible) x = V::logits(hp, x, b, qo_pos, j, qh, hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
-          }
-          if constexpr (V::kHasMask) {
-            if (visible) visible = V::mask(hp, b, qo_pos, j, qh, hk);
-          }
-          s[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
-          if constexpr (V::kSoftmax) {
-            if (e < 2) mt = fmax_nan(mt, s[n][e]);  // a NaN score must reach m_row (merge_scales)
-          }
+            for (int e = 0; e < 4; ++e) s[n][e] *= ks;
         }
-      }
-      if constexpr (V::kSoftmax) {
-        mt = fmax_nan(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-        mt = fmax_nan(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-        // then mt is finite, +inf or NaN (a poisoned row: every later rescale and p is NaN); m_row may be -inf
-        const bool grew = mt != m_row;
-        const float rescale = grew ? fast_exp2(m_row - mt) : 1.f;
-        d_row *= rescale;
-        m_row = mt;
+        float mt = m_row;
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int n = 0; n < 2; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float p = (e < 2 && m_row != kNegInf) ? fast_exp2(s[n][e] - m_row) : 0.f;
-            s[n][e] = p;
-            d_row += p;
-          }
-        if (__any_sync(0xffffffffu, grew)) {  // the output is rescaled only when a row's max grew
-#pragma unroll
-          for (int n = 0; n < NDT; ++n) {
-            o_acc[n][0] *= rescale;
-            o_acc[n][1] *= rescale;
+            const int j = j0 + n * 8 + t4 * 2 + (e % 2);
+            float x = s[n][e] * scale;
+            bool visible = e < 2 && row_valid && j < end;
+            if constexpr (V::kHasLogits) {
+              if (visible) x = V::logits(hp, x, b, qo_pos, j, qh, hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
+            }
+            if constexpr (V::kHasMask) {
+              if (visible) visible = V::mask(hp, b, qo_pos, j, qh, hk);
+            }
+            s[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
+            if constexpr (V::kSoftmax) {
+              if (e < 2) mt = fmax_nan(mt, s[n][e]);  // a NaN score must reach m_row (merge_scales)
+            }
           }
         }
+        if constexpr (V::kSoftmax) {
+          mt = fmax_nan(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+          mt = fmax_nan(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+          // then mt is finite, +inf or NaN (a poisoned row: every later rescale and p is NaN); m_row may be -inf
+          const bool grew = mt != m_row;
+          const float rescale = grew ? fast_exp2(m_row - mt) : 1.f;
+          d_row *= rescale;
+          m_row = mt;
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float p = (e < 2 && m_row != kNegInf) ? fast_exp2(s[n][e] - m_row) : 0.f;
+              s[n][e] = p;
+              d_row += p;
+            }
+          if (__any_sync(0xffffffffu, grew)) {  // the output is rescaled only when a row's max grew
+#pragma unroll
+            for (int n = 0; n < NDT; ++n) {
+              o_acc[n][0] *= rescale;
+              o_acc[n][1] *= rescale;
+            }
+          }
+        }
+        a[0] = pack2<MT>(s[0][0], s[0][1]);
+        a[1] = pack2<MT>(s[0][2], s[0][3]);
+        a[2] = pack2<MT>(s[1][0], s[1][1]);
+        a[3] = pack2<MT>(s[1][2], s[1][3]);
       }
       if constexpr (kIsFp8<KV>) {  // the values over the keys this warp's ldmatrix has read
         __syncwarp();
         decode_tc_widen_rows<MT, D, S, KV>(smem_raw, stage, 1, wk, sv, lane);
       }
       // O += P V over this warp's 16 keys
-      uint32_t a[4];
-      a[0] = pack2<MT>(s[0][0], s[0][1]);
-      a[1] = pack2<MT>(s[0][2], s[0][3]);
-      a[2] = pack2<MT>(s[1][0], s[1][1]);
-      a[3] = pack2<MT>(s[1][2], s[1][3]);
 #pragma unroll
       for (int n = 0; n < NDT; n += 2) {
         uint32_t bv[4];
@@ -433,13 +495,25 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         for (int e = 0; e < 4; ++e) o_acc[n][e] *= vs;
     }
     // ---- merge the four warps' states, normalise (own region: the next tiles stay in flight) --
-    d_row += __shfl_xor_sync(0xffffffffu, d_row, 1);
-    d_row += __shfl_xor_sync(0xffffffffu, d_row, 2);
-    if (row_valid) {
-      if (t4 == 0) {
+    if constexpr (kDirectK) {  // query rows 2 t4 + c: sums over the keys of the eight lanes g
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int o = 4; o < 32; o *= 2) d2[c] += __shfl_xor_sync(0xffffffffu, d2[c], o);
+        if (g == 0 && 2 * t4 + c < group) {
+          wstate[(warp * G8 + 2 * t4 + c) * 2] = m2[c];
+          wstate[(warp * G8 + 2 * t4 + c) * 2 + 1] = d2[c];
+        }
+      }
+    } else {
+      d_row += __shfl_xor_sync(0xffffffffu, d_row, 1);
+      d_row += __shfl_xor_sync(0xffffffffu, d_row, 2);
+      if (row_valid && t4 == 0) {
         wstate[(warp * G8 + g) * 2] = m_row;
         wstate[(warp * G8 + g) * 2 + 1] = d_row;
       }
+    }
+    if (row_valid) {
 #pragma unroll
       for (int n = 0; n < NDT; ++n) {
         wacc[(warp * G8 + g) * D + n * 8 + t4 * 2] = o_acc[n][0];

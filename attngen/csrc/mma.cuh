@@ -22,6 +22,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
 }
 
+// The transpose of an 8x8 matrix of 16-bit elements held as an MMA fragment (lane l: row l / 4, columns
+// 2 (l % 4) and + 1, the first in the low half), returned in the same layout (sm_75 on)
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // d += a(16x16, row) * b(16x8, col); a: 4 regs, b: 2 regs, d: 4 fp32
 template <class T>
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

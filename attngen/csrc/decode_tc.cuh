@@ -284,10 +284,12 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           for (int r = warp; r < group; r += NW) half_query_row<T, D>(sq + r * ST, row_lse + r, lane);
           __syncthreads();
           q_up = row_valid ? row_lse[g] : 1.f;
-          if constexpr (kDirectK) {  // (q . k) s = q . (k s), and the query row was scaled down
+        }
+        if constexpr (kDirectK) {  // (q . k) s = q . (k s), and a query of another type was scaled into half's range
 #pragma unroll
-            for (int c = 0; c < 2; ++c)
-              qk2[c] = scales.k[hk] * (2 * t4 + c < group ? row_lse[2 * t4 + c] : 1.f) * scale;
+          for (int c = 0; c < 2; ++c) {
+            const bool scaled = !std::is_same_v<MT, T> && 2 * t4 + c < group;
+            qk2[c] = scales.k[hk] * (scaled ? row_lse[2 * t4 + c] : 1.f) * scale;
           }
         }
         if constexpr (kQInRegs && kDirectK) {

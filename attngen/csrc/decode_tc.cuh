@@ -117,8 +117,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   // the tiles' and MMAs' element type: T, or half for an fp8 cache whose keys no hook transforms (fp8 widens
   // to half in one instruction per pair, to bfloat16 in four; the query rows are scaled into half's range)
   using MT = std::conditional_t<decode_tc_half_mma<V, KV>(), half, T>;
-  // keys straight from the fp8 stage into fragments (D 256 spills its registers so)
-  constexpr bool kDirectK = decode_tc_half_mma<V, KV>() && D <= 128;
+  // keys straight from the fp8 stage into fragments (the transposed product S^T = K Q^T, every head dim)
+  constexpr bool kDirectK = decode_tc_half_mma<V, KV>();
   T* sq_all = reinterpret_cast<T*>(smem_raw);                                          // [S][16][ST]
   float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(S) * 16 * ST * 2);  // [NW][2D]
   float* wstate = scratch_all + NW * 2 * D;  // [NW][G8][2]
@@ -349,7 +349,13 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
             const uint32_t ka[4] = {
                 fp8x2_to_half2_bits<KV>(lo[s4] & 0xffffu), fp8x2_to_half2_bits<KV>(hi[s4] & 0xffffu),
                 fp8x2_to_half2_bits<KV>(lo[s4] >> 16), fp8x2_to_half2_bits<KV>(hi[s4] >> 16)};
-            mma16816<half>(st, ka, qfrag[4 * blk + s4][0], qfrag[4 * blk + s4][2]);
+            if constexpr (kQInRegs) {
+              mma16816<half>(st, ka, qfrag[4 * blk + s4][0], qfrag[4 * blk + s4][2]);
+            } else {  // (D 256: the query's B fragment from its shared row, two words)
+              uint32_t qb[4];
+              decode_tc_direct_qfrag<D>(qb, reinterpret_cast<const half*>(sq), ST, 4 * blk + s4, g, t4);
+              mma16816<half>(st, ka, qb[0], qb[2]);
+            }
           }
         }
         float mt2[2] = {m2[0], m2[1]};

@@ -214,12 +214,18 @@ def _check_aligned(name: str, t) -> None:
 
 
 def choose_num_chunks(batch: int, num_kv_heads: int, max_kv_len: int, num_sms: int,
-                      min_chunk: int = 256) -> int:
-    """Even split: enough CTAs to fill the GPU about twice, never chunks shorter than ``min_chunk``."""
-    ctas = max(batch * num_kv_heads, 1)
-    if ctas >= 2 * num_sms or max_kv_len <= min_chunk:
+                      min_chunk: int = 256, total_kv_len: int | None = None) -> int:
+    """Even split (every request into the same number of chunks): enough CTAs to fill the GPU about twice,
+    never chunks shorter than ``min_chunk``, and no chunk of the longest request longer than the batch's
+    mean work per CTA slot, so that a skewed batch (one long request among short ones) spreads its long
+    request over the GPU instead of running it on one CTA per head after the rest have finished.
+    ``total_kv_len``: the batch's sum of KV lengths (default: a uniform batch, batch x max_kv_len)."""
+    if max_kv_len <= min_chunk:
         return 1
-    return max(1, min(math.ceil(2 * num_sms / ctas), math.ceil(max_kv_len / min_chunk)))
+    total = batch * max_kv_len if total_kv_len is None else total_kv_len
+    slots = 2 * num_sms  # CTAs in flight, about two per SM
+    per_slot = max(min_chunk, math.ceil(total * max(num_kv_heads, 1) / slots))
+    return max(1, min(math.ceil(max_kv_len / per_slot), math.ceil(max_kv_len / min_chunk)))
 
 
 def _check_kv_view(kv, *views) -> None:
@@ -367,7 +373,8 @@ class CUDAAttention(BuiltModule):
                                   fused)
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
-            num_chunks = choose_num_chunks(batch, kv.num_kv_heads, int(lens.max(initial=0)), sms)
+            num_chunks = choose_num_chunks(batch, kv.num_kv_heads, int(lens.max(initial=0)), sms,
+                                           total_kv_len=int(lens.sum()))
         if num_chunks < 1:
             raise AttentionArgumentError(f"num_chunks: must be at least 1, got {num_chunks}")
         dev = kv.pages.device

@@ -119,6 +119,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   using MT = std::conditional_t<decode_tc_half_mma<V, KV>(), half, T>;
   // keys straight from the fp8 stage into fragments (the transposed product S^T = K Q^T, every head dim)
   constexpr bool kDirectK = decode_tc_half_mma<V, KV>();
+  // the output accumulator's tiles: O (16 rows, NDT n-tiles), or with direct keys O^T = V^T P^T (D / 16
+  // m-tiles of dims by the 8 query rows: half the MMAs of O += P V, whose rows 8-15 were padding)
+  constexpr int NOA = kDirectK ? D / 16 : NDT;
   T* sq_all = reinterpret_cast<T*>(smem_raw);                                          // [S][16][ST]
   float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(S) * 16 * ST * 2);  // [NW][2D]
   float* wstate = scratch_all + NW * 2 * D;  // [NW][G8][2]
@@ -236,10 +239,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     T* sq = sq_all + (num_tiles > 0 ? q_consumed++ % S : 0) * 16 * ST;
     float q_up = 1.f;  // half MMAs: the power of two row g's query was scaled down by
 
-    // ---- per-thread state: rows g (a query head when g < group) and g + 8 (padding) --------
-    float o_acc[NDT][4];
+    // ---- per-thread state: rows g (a query head when g < group) and g + 8 (padding); direct keys: the
+    // transposed output O^T (m-tile i: dims 16 i + g and + 8 of query rows 2 t4 and 2 t4 + 1, no padding)
+    float o_acc[NOA][4];
 #pragma unroll
-    for (int n = 0; n < NDT; ++n)
+    for (int n = 0; n < NOA; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_acc[n][e] = 0.f;
     float m_row = kNegInf, d_row = 0.f;  // row g; row g + 8 never holds a head
@@ -327,13 +331,14 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           __syncwarp();
         }
       }
-      // the product's A fragment of P (rows g and g + 8 of the 16-row tile: query heads, then padding)
+      // P as the A fragment of O += P V (rows g and g + 8 of the 16-row tile: query heads, then padding), or
+      // with direct keys P^T as the B fragment of O^T += V^T P^T (a[0], a[2])
       uint32_t a[4];
       if constexpr (kDirectK) {
         // S^T = K Q^T over this warp's 16 keys, the staged fp8 key rows straight into A fragments (keys g and
         // 8 + g) and the query rows as the B fragment (its 8 columns: at most 8 heads), so no MMA row is
         // padding; then the scores, hooks and online softmax in that layout (a thread holds keys g, 8 + g of
-        // query rows 2 t4, 2 t4 + 1), and P transposed into the A layout of O += P V (movmatrix)
+        // query rows 2 t4, 2 t4 + 1), and P transposed into the B layout of O^T += V^T P^T (movmatrix)
         const KV* krows = decode_tc_staged<D, S, KV>(smem_raw) + size_t(stage) * 2 * TK * D;
         float st[4] = {0.f, 0.f, 0.f, 0.f};  // [key g | 8 + g][query row 2 t4 | 2 t4 + 1]
         const int r0 = wk + g, r1 = wk + 8 + g;
@@ -392,21 +397,20 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
             st[i] = p;
             d2[i & 1] += p;
           }
-          if (__any_sync(0xffffffffu, grew)) {  // row g's factor from lane g / 2 (its rows 2 t4 + c)
-            const float r0f = __shfl_sync(0xffffffffu, rescale2[0], g >> 1);
-            const float r1f = __shfl_sync(0xffffffffu, rescale2[1], g >> 1);
-            const float rescale = (g & 1) ? r1f : r0f;
+          if (grew) {  // O^T's columns are this thread's query rows 2 t4 + c
 #pragma unroll
-            for (int n = 0; n < NDT; ++n) {
-              o_acc[n][0] *= rescale;
-              o_acc[n][1] *= rescale;
+            for (int i = 0; i < NOA; ++i) {
+              o_acc[i][0] *= rescale2[0];
+              o_acc[i][1] *= rescale2[1];
+              o_acc[i][2] *= rescale2[0];
+              o_acc[i][3] *= rescale2[1];
             }
           }
         }
-        a[0] = movmatrix_trans(pack2<MT>(st[0], st[1]));  // query row g, keys 2 t4, 2 t4 + 1
-        a[1] = 0u;
-        a[2] = movmatrix_trans(pack2<MT>(st[2], st[3]));  // keys 8 + 2 t4, 8 + 2 t4 + 1
-        a[3] = 0u;
+        // P^T as the B fragment of O^T += V^T P^T (query row g, keys 2 t4, 2 t4 + 1 and 8 + 2 t4, + 1)
+        a[0] = movmatrix_trans(pack2<MT>(st[0], st[1]));
+        a[2] = movmatrix_trans(pack2<MT>(st[2], st[3]));
+        a[1] = a[3] = 0u;
       } else {
         // S = Q K^T: 16 rows x this warp's 16 keys (two n-tiles)
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -484,13 +488,21 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         __syncwarp();
         decode_tc_widen_rows<MT, D, S, KV>(smem_raw, stage, 1, wk, sv, lane);
       }
-      // O += P V over this warp's 16 keys
+      if constexpr (kDirectK) {  // O^T += V^T P^T: m-tile i is V^T's dims 16 i .. + 15 (A by ldmatrix.trans)
 #pragma unroll
-      for (int n = 0; n < NDT; n += 2) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sv + kv_tile_at<D>(wk + (lane % 8) + ((lane / 8) % 2) * 8, n * 8 + (lane / 16) * 8));
-        mma16816<MT>(o_acc[n], a, bv[0], bv[1]);
-        mma16816<MT>(o_acc[n + 1], a, bv[2], bv[3]);
+        for (int i = 0; i < NOA; ++i) {
+          uint32_t av[4];
+          ldmatrix_x4_trans(av, sv + kv_tile_at<D>(wk + (lane % 8) + (lane / 16) * 8, 16 * i + ((lane / 8) % 2) * 8));
+          mma16816<MT>(o_acc[i], av, a[0], a[2]);
+        }
+      } else {  // O += P V over this warp's 16 keys
+#pragma unroll
+        for (int n = 0; n < NDT; n += 2) {
+          uint32_t bv[4];
+          ldmatrix_x4_trans(bv, sv + kv_tile_at<D>(wk + (lane % 8) + ((lane / 8) % 2) * 8, n * 8 + (lane / 16) * 8));
+          mma16816<MT>(o_acc[n], a, bv[0], bv[1]);
+          mma16816<MT>(o_acc[n + 1], a, bv[2], bv[3]);
+        }
       }
       __syncwarp();  // the warp's rows of the stage are refilled by its own later prefetch
     }
@@ -498,7 +510,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     if constexpr (kIsFp8<KV>) {  // sum_j p_j (v_j s) = s sum_j p_j v_j
       const float vs = scales.v[hk];
 #pragma unroll
-      for (int n = 0; n < NDT; ++n)
+      for (int n = 0; n < NOA; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o_acc[n][e] *= vs;
     }
@@ -508,9 +520,17 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       for (int c = 0; c < 2; ++c) {
 #pragma unroll
         for (int o = 4; o < 32; o *= 2) d2[c] += __shfl_xor_sync(0xffffffffu, d2[c], o);
-        if (g == 0 && 2 * t4 + c < group) {
-          wstate[(warp * G8 + 2 * t4 + c) * 2] = m2[c];
-          wstate[(warp * G8 + 2 * t4 + c) * 2 + 1] = d2[c];
+        const int q = 2 * t4 + c;
+        if (q < group) {
+          if (g == 0) {
+            wstate[(warp * G8 + q) * 2] = m2[c];
+            wstate[(warp * G8 + q) * 2 + 1] = d2[c];
+          }
+#pragma unroll
+          for (int i = 0; i < NOA; ++i) {
+            wacc[(warp * G8 + q) * D + 16 * i + g] = o_acc[i][c];
+            wacc[(warp * G8 + q) * D + 16 * i + 8 + g] = o_acc[i][2 + c];
+          }
         }
       }
     } else {
@@ -520,12 +540,12 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         wstate[(warp * G8 + g) * 2] = m_row;
         wstate[(warp * G8 + g) * 2 + 1] = d_row;
       }
-    }
-    if (row_valid) {
+      if (row_valid) {
 #pragma unroll
-      for (int n = 0; n < NDT; ++n) {
-        wacc[(warp * G8 + g) * D + n * 8 + t4 * 2] = o_acc[n][0];
-        wacc[(warp * G8 + g) * D + n * 8 + t4 * 2 + 1] = o_acc[n][1];
+        for (int n = 0; n < NDT; ++n) {
+          wacc[(warp * G8 + g) * D + n * 8 + t4 * 2] = o_acc[n][0];
+          wacc[(warp * G8 + g) * D + n * 8 + t4 * 2 + 1] = o_acc[n][1];
+        }
       }
     }
     __syncthreads();

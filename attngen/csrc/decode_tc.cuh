@@ -128,7 +128,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   float* wacc = wstate + NW * G8 * 2;        // [NW][G8][D]
   float* rows = wacc + NW * G8 * D;          // [G8][D] final rows, then [G8][D] scratch
   float* row_lse = rows + 2 * G8 * D;        // [G8]
-  MT* tiles = reinterpret_cast<MT*>(smem_raw + decode_tc_tiles_offset<D, S>());  // [S][2][TK][D] (kv_tile_at)
+  // [S][2][TK][D] (kv_tile_at); an fp8 cache: one [TK][D] tile of widened rows over wacc (warp w's rows are
+  // its own accumulator rows, written after its last tile of an item)
+  MT* tiles = kIsFp8<KV> ? reinterpret_cast<MT*>(wacc) : reinterpret_cast<MT*>(smem_raw + decode_tc_tiles_offset<D, S>());
+  static_assert(!kIsFp8<KV> || size_t(TK) * D * sizeof(MT) == size_t(NW) * G8 * D * sizeof(float),
+                "the widened tile is the merge region's accumulator rows");
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* scratch = scratch_all + warp * 2 * D;
@@ -594,7 +598,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 // Grid mode (no plan): grid (num_chunks, Hkv, B), an even split of each request's visible keys.
 // Plan mode (P.plan set): grid (num_ctas, Hkv); CTA x runs its work items of the plan in order.
 template <class V, class T, int D, int S, class KV = T>
-__global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
+__global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads, decode_tc_min_blocks<D, kIsFp8<KV>>())
 decode_tc_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   allow_dependent_launch();  // the split-KV merge may launch now; it waits for this grid's writes

@@ -25,7 +25,14 @@ struct DecodeTCTile {
 template <int D, bool kFp8 = false>
 constexpr int decode_tc_stages() {
   constexpr int kStages16 = D == 64 ? 4 : 2;
-  return kFp8 ? 2 * (kStages16 - 1) + 1 : kStages16;
+  if constexpr (kFp8) return D == 64 ? 5 : D == 128 ? 2 : 3;  // three CTAs per SM at D 64 and 128
+  return kStages16;
+}
+// CTAs per SM the kernel's registers are bounded for (__launch_bounds__): three with an fp8 cache at D 64
+// and 128 (their shared memory allows three), else as the compiler chooses
+template <int D, bool kFp8>
+constexpr int decode_tc_min_blocks() {
+  return kFp8 && D <= 128 ? 3 : 1;
 }
 
 // Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the
@@ -42,12 +49,13 @@ constexpr size_t decode_tc_tiles_offset() {
   return (q + scratch + merge + 127) / 128 * 128;
 }
 
-// kFp8: an fp8 cache: one 16-bit scratch tile (keys, then values), then the S stages of fp8 rows (one
-// byte per element)
+// kFp8: an fp8 cache: the S stages of fp8 rows (one byte per element); the 16-bit tile its warps widen
+// rows into is the merge region's per-warp accumulator rows (decode_tc.cuh: warp w's 16 rows of D 16-bit
+// elements are exactly its [kMaxGroup][D] floats, which it writes only after its last tile)
 template <int D, int S, bool kFp8 = false>
 constexpr size_t decode_tc_smem_bytes() {
   constexpr size_t kTile = size_t(DecodeTCTile<D, S>::kKeys) * D;
-  return decode_tc_tiles_offset<D, S>() + (kFp8 ? kTile * 2 + size_t(S) * 2 * kTile : size_t(S) * 2 * kTile * 2);
+  return decode_tc_tiles_offset<D, S>() + (kFp8 ? size_t(S) * 2 * kTile : size_t(S) * 2 * kTile * 2);
 }
 
 }  // namespace attngen

@@ -27,10 +27,10 @@ ROW_PAD = 8  # elements of padding per query row
 # D 64 and two at D 128 keep two CTAs per SM on the H200 (each loads S - 1 tiles ahead across its work
 # items); at D 256 two stages already allow only one
 STAGES = {64: 4, 128: 2, 256: 2}
-# an fp8 cache's stages hold one byte per element and its rows are widened into one 16-bit scratch tile
-# (keys, then values): 2 (S - 1) + 1 fp8 stages keep the 16-bit stages' bytes in flight at the same CTAs
-# per SM (H200: two at D 64 and 128, one at D 256)
-FP8_STAGES = {d: 2 * (s - 1) + 1 for d, s in STAGES.items()}
+# an fp8 cache's stages hold one byte per element and its rows are widened into the merge region's
+# accumulator rows (no tile of their own): five stages at D 64 and two at D 128 leave three CTAs per SM on
+# the H200 (the kernel's registers are bounded for three, decode_tc_min_blocks), three at D 256 one
+FP8_STAGES = {64: 5, 128: 2, 256: 3}
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,10 @@ def decode_tc_tiles_offset(cfg: DecodeTCConfig, elems: ElementBytes) -> int:
 
 
 def decode_tc_smem_bytes(cfg: DecodeTCConfig, elems: ElementBytes) -> int:
-    """The whole block: the K/V stages after the offset; with an fp8 cache (one-byte K/V) the 16-bit
-    scratch tile the warps widen their rows into comes first."""
+    """The whole block: the K/V stages after the offset (an fp8 cache widens its rows into the merge
+    region, no tile of its own)."""
     tile = KEYS * cfg.head_dim
-    stages = cfg.stages * 2 * tile * elems.kv
-    return decode_tc_tiles_offset(cfg, elems) + stages + (tile * elems.q if elems.kv == FP8_BYTES else 0)
+    return decode_tc_tiles_offset(cfg, elems) + cfg.stages * 2 * tile * elems.kv
 
 
 def stage_order(stages: int) -> list[int]:

@@ -25,14 +25,13 @@ struct DecodeTCTile {
 template <int D, bool kFp8 = false>
 constexpr int decode_tc_stages() {
   constexpr int kStages16 = D == 64 ? 4 : 2;
-  if constexpr (kFp8) return D == 64 ? 5 : D == 128 ? 2 : 3;  // three CTAs per SM at D 64 and 128
+  if constexpr (kFp8) return D == 64 ? 7 : 3;  // two CTAs per SM at D 64 and 128
   return kStages16;
 }
-// CTAs per SM the kernel's registers are bounded for (__launch_bounds__): three with an fp8 cache at D 64
-// and 128 (their shared memory allows three), else as the compiler chooses
+// CTAs per SM the kernel's registers are bounded for (__launch_bounds__): as the compiler chooses
 template <int D, bool kFp8>
 constexpr int decode_tc_min_blocks() {
-  return kFp8 && D <= 128 ? 3 : 1;
+  return 1;
 }
 
 // Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the

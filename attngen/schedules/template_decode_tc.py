@@ -30,7 +30,7 @@ STAGES = {64: 4, 128: 2, 256: 2}
 # an fp8 cache's stages hold one byte per element and its rows are widened into the merge region's
 # accumulator rows (no tile of their own): five stages at D 64 and two at D 128 leave three CTAs per SM on
 # the H200 (the kernel's registers are bounded for three, decode_tc_min_blocks), three at D 256 one
-FP8_STAGES = {64: 5, 128: 2, 256: 3}
+FP8_STAGES = {64: 7, 128: 3, 256: 3}
 
 
 @dataclass(frozen=True)

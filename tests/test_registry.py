@@ -90,8 +90,8 @@ def test_tile_header_holds_every_table():
     for table in ("kDecode[]", "kDecodeTC[]", "kDecodeTCStages[]", "kPrefill[]", "kPrefillWideRows = 256"):
         assert table in text
     assert "{128, 2, 2, 2, 64, 103296}," in text  # decode_tc D 128, 2 stages, 16-bit: two CTAs per SM on the H200
-    assert "{128, 2, 2, 1, 64, 70528}," in text  # the same over an fp8 cache: 2 stages, three CTAs per SM
-    assert "{128, 1, 2}," in text  # decode_tc_stages<128, true>()
+    assert "{128, 3, 2, 1, 64, 91264}," in text  # the same over an fp8 cache: 3 stages, two CTAs per SM
+    assert "{128, 1, 3}," in text  # decode_tc_stages<128, true>()
 
 
 def test_cuda_build_writes_the_tile_header_and_every_unit_checks_it():
@@ -136,10 +136,10 @@ def test_runtime_planner_reads_the_decode_tc_record(monkeypatch):
     h200_per_sm, h200_optin = 228 * 1024, 227 * 1024
     assert [decode_plan.decode_tc_stages(d) for d in (64, 128, 256)] == [4, 2, 2]
     assert [decode_plan.decode_tc_ctas_per_sm(d, h200_per_sm, h200_optin) for d in (64, 128, 256)] == [2, 2, 1]
-    # an fp8 cache: stages of half the bytes, no widened tile of their own: three CTAs per SM at D 64 and 128
-    # (the planner must not count the 16-bit figures for it: it would plan other CTA counts than fit)
-    assert [decode_plan.decode_tc_stages(d, 1) for d in (64, 128, 256)] == [5, 2, 3]
-    assert [decode_plan.decode_tc_ctas_per_sm(d, h200_per_sm, h200_optin, 1) for d in (64, 128, 256)] == [3, 3, 1]
+    # an fp8 cache: deeper stages of half the bytes, at the same CTAs per SM (the planner must not count the
+    # 16-bit figures for it: it would plan twice the CTAs that fit)
+    assert [decode_plan.decode_tc_stages(d, 1) for d in (64, 128, 256)] == [7, 3, 3]
+    assert [decode_plan.decode_tc_ctas_per_sm(d, h200_per_sm, h200_optin, 1) for d in (64, 128, 256)] == [2, 2, 1]
     assert decode_plan.decode_tc_stage_order(4) == [4, 2, 1] and decode_plan.decode_tc_stage_order(2) == [2, 1]
     assert decode_plan.decode_tc_fits(128, DECODE_TC.smem_bytes(DecodeTCConfig(128, 1), HALF))
     assert not decode_plan.decode_tc_fits(128, DECODE_TC.smem_bytes(DecodeTCConfig(128, 1), HALF) - 1)

@@ -598,7 +598,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 // Grid mode (no plan): grid (num_chunks, Hkv, B), an even split of each request's visible keys.
 // Plan mode (P.plan set): grid (num_ctas, Hkv); CTA x runs its work items of the plan in order.
 template <class V, class T, int D, int S, class KV = T>
-__global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads, decode_tc_min_blocks<D, kIsFp8<KV>>())
+__global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
 decode_tc_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   allow_dependent_launch();  // the split-KV merge may launch now; it waits for this grid's writes

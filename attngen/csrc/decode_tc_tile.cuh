@@ -25,13 +25,7 @@ struct DecodeTCTile {
 template <int D, bool kFp8 = false>
 constexpr int decode_tc_stages() {
   constexpr int kStages16 = D == 64 ? 4 : 2;
-  if constexpr (kFp8) return D == 64 ? 7 : 3;  // two CTAs per SM at D 64 and 128
-  return kStages16;
-}
-// CTAs per SM the kernel's registers are bounded for (__launch_bounds__): as the compiler chooses
-template <int D, bool kFp8>
-constexpr int decode_tc_min_blocks() {
-  return 1;
+  return kFp8 ? 2 * (kStages16 - 1) + 1 : kStages16;
 }
 
 // Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the

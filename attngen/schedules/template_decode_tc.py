@@ -28,9 +28,12 @@ ROW_PAD = 8  # elements of padding per query row
 # items); at D 256 two stages already allow only one
 STAGES = {64: 4, 128: 2, 256: 2}
 # an fp8 cache's stages hold one byte per element and its rows are widened into the merge region's
-# accumulator rows (no tile of their own): five stages at D 64 and two at D 128 leave three CTAs per SM on
-# the H200 (the kernel's registers are bounded for three, decode_tc_min_blocks), three at D 256 one
-FP8_STAGES = {64: 7, 128: 3, 256: 3}
+# accumulator rows (no tile of their own): 2 (S - 1) + 1 fp8 stages keep the 16-bit stages' bytes in flight
+# at the same CTAs per SM (H200: two at D 64 and 128, one at D 256). Three CTAs per SM (five stages at
+# D 64, two at D 128, registers bounded to 168) were faster where each CTA streams one long item (B 16 L 16k
+# 3834 against 3456 GB/s, B 1 L 64k 2724 / 2315, MHA 3817 / 3686) and slower where plans pack several items
+# per CTA (B 64 L 4k 2513 / 3567, D 64 1988 / 2571): fp8_decode_2026-12-02_occupancy.md / _twocta.md
+FP8_STAGES = {d: 2 * (s - 1) + 1 for d, s in STAGES.items()}
 
 
 @dataclass(frozen=True)

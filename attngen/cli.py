@@ -98,6 +98,10 @@ def _add_config(b: argparse.ArgumentParser) -> None:
                    help="cuda: 'whole' compiles templates and hooks as one program; 'lto' links the hooks into "
                         "template objects cached per hook signature (seconds per hook edit); 'check' compiles "
                         "the kernels' device code for every arch and makes no library (default: whole)")
+    b.add_argument("--link-alternatives", action="store_true",
+                   help="--link lto: also link up front the templates the runtime takes on an arch only when a "
+                        "plan asks for them (sm_90a: the CUDA-core decode, the mma.sync prefill); by default "
+                        "they are linked on first use")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -212,7 +216,8 @@ def _config(args) -> BuildConfig:
     dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
     return BuildConfig(target=args.target, head_dims=args.head_dim, dtypes=dtypes, kv_dtypes=args.kv_dtype,
                        archs=args.arch, layouts=args.layout, fast_math=args.fast_math, kernels=args.kernels,
-                       max_group_size=args.max_group_size, hook_math=args.hook_math, link=args.link)
+                       max_group_size=args.max_group_size, hook_math=args.hook_math, link=args.link,
+                       defer_alternatives=not args.link_alternatives)
 
 
 def cmd_prebuild(args) -> int:

@@ -92,8 +92,9 @@ def bench_arch(arch: str, work: Path, head_dim: int, dtype: str, link: str) -> l
     cache = Path(tempfile.mkdtemp(prefix=f"cache-{arch}-", dir=work))
     variant = cache.parent / f"softcap_{cache.name}.py"
     variant.write_text(SOFTCAP_FILE.format(cap="30.0"))
+    # "lto-all": a link-time build that links up front the templates its runtime takes only on request too
     build = ["build", "--target", "cuda", "--arch", arch, "--head-dim", str(head_dim), "--dtype", dtype,
-             "--link", link]
+             "--link", link.removesuffix("-all")] + (["--link-alternatives"] if link.endswith("-all") else [])
     rows = []
     for name, source, cap in [("cold cache", variant, None), ("cache hit (new process)", variant, None),
                               ("new variant (causal, warm cache)", "causal", None),
@@ -116,8 +117,8 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_80,sm_90a", help="comma-separated archs (default: sm_80,sm_90a)")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--link", default="whole,lto", help="comma-separated build kinds (BuildConfig.link; default: "
-                                                        "whole,lto)")
+    ap.add_argument("--link", default="whole,lto", help="comma-separated build kinds (BuildConfig.link, or lto-all: "
+                                                        "lto with --link-alternatives; default: whole,lto)")
     ap.add_argument("--tag", default="", help="suffix of the result file")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder of the result file")
     ap.add_argument("--repeat", type=int, default=3, help="passes of every row, each build pass into a fresh "

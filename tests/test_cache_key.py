@@ -53,7 +53,7 @@ def test_key_covers_the_variant(variant):
 CONFIG_CHANGES = {
     "head_dims": (64,), "dtypes": ("bfloat16",), "archs": ("sm_90a",), "layouts": ("NHD",), "fast_math": True,
     "hook_math": "precise", "kernels": ("decode",), "max_group_size": 4, "tvm_constants": (("gain", 2.0),),
-    "link": "lto", "tvm_window": 16, "tvm_rope": True,
+    "link": "lto", "tvm_window": 16, "tvm_rope": True, "defer_alternatives": False,
 }
 
 
@@ -61,6 +61,8 @@ CONFIG_CHANGES = {
 def test_key_covers_each_config_field(field):
     # a TVM-slot build's fields
     base = dataclasses.replace(CUDA, kernels=("tvm",)) if field in ("tvm_window", "tvm_rope") else CUDA
+    if field == "defer_alternatives":  # a link-time build's field
+        base = dataclasses.replace(CUDA, link="lto")
     # kv_dtypes=(): K/V follow the query dtypes (the only pairs built today)
     changed = dataclasses.replace(base, kv_dtypes=(), **{field: CONFIG_CHANGES[field]})
     assert cache_key(softcap_variant(), changed) != cache_key(softcap_variant(), base)
@@ -70,13 +72,14 @@ def test_every_config_field_is_in_the_key():
     """A field added to BuildConfig enters the key unless it is ``extra`` (which the build does not read);
     K/V dtypes are keyed apart from the query dtypes although only equal pairs are built today. ``link``,
     ``tvm_window`` and ``tvm_rope`` enter it when not their defaults (builds keep the keys they had before those
-    fields)."""
+    fields), ``defer_alternatives`` in link-time builds."""
     keyed = json.loads(CUDA.key())
-    later = {"link", "tvm_window", "tvm_rope"}
+    later = {"link", "tvm_window", "tvm_rope", "defer_alternatives"}
     assert set(keyed) == {f.name for f in dataclasses.fields(BuildConfig)} - {"extra"} - later
     assert "link" in json.loads(dataclasses.replace(CUDA, link="lto").key())
     assert "tvm_window" in json.loads(dataclasses.replace(CUDA, kernels=("tvm",), tvm_window=0).key())
     assert "tvm_rope" in json.loads(dataclasses.replace(CUDA, kernels=("tvm",), tvm_rope=True).key())
+    assert "defer_alternatives" in json.loads(dataclasses.replace(CUDA, link="lto").key())
     assert set(CONFIG_CHANGES) | {"target", "kv_dtypes"} == set(keyed) | later
     assert keyed["kv_dtypes"] == ["float16"]
     on_cpu = BuildConfig("cpu", (64,), ("float16",), ("sm_80",))

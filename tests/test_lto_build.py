@@ -268,12 +268,15 @@ def test_hooks_are_inlined_into_the_linked_kernels(edited_builds):
 @requires_nvjitlink
 def test_each_arch_gets_its_cubin(build_cache):
     res = build(scaled_softcap(1.0), lto_config(archs=("sm_80", "sm_90a")), cache=build_cache)
-    assert res.manifest["cubins"] == ["linked_sm_80_0.cubin", "linked_sm_80_1.cubin", "linked_sm_90a_0.cubin",
-                                      "linked_sm_90a_1.cubin"]
+    # sm_90a links its CUDA-core decode kernels on first use (every tensor-core tile fits there); sm_80 code
+    # also runs on GPUs of 99 KB per block, where the tensor-core tile of D 256 does not: it links them
+    assert res.manifest["cubins"] == ["linked_sm_80_0.cubin", "linked_sm_80_1.cubin", "linked_sm_90a_1.cubin"]
+    assert [(e["arch"], e["part"]) for e in res.manifest["deferred"]] == [("sm_90a", 0)]
     table = (res.directory / "linked_cubins.c").read_text()
     # by arch and part, for the device's pick
-    assert ("{attngen_cubin_0, 80, 0}, {attngen_cubin_1, 80, 1}, {attngen_cubin_2, 90, 0}, {attngen_cubin_3, 90, 1}, "
-            "{0, 0, 0}") in table
+    assert "{attngen_cubin_0, 80, 0}, {attngen_cubin_1, 80, 1}, {attngen_cubin_2, 90, 1}, {0, 0, 0}" in table
+    # the CUDA-core kernels are in the table (from sm_80's cubin) although sm_90a links them later
+    assert any(k.startswith("decode_kernel<") for k in res.manifest["kernels"])
 
 
 @requires_nvcc
@@ -285,8 +288,9 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
     import itertools
     import re
 
-    res = build(scaled_softcap(1.0), lto_config(kernels=("decode", "prefill"), archs=("sm_90a",)), cache=build_cache)
-    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)]
+    res = build(scaled_softcap(1.0), lto_config(kernels=("decode", "prefill"), archs=("sm_90a",),
+                                                defer_alternatives=False), cache=build_cache)
+    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)] and not res.manifest["deferred"]
     assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
     assert "hopper_prefill_kernel<__half, 128, false, __half>" in res.manifest["kernels"]  # K/V of the query dtype
     for c in res.manifest["cubins"]:
@@ -372,8 +376,8 @@ def test_linked_fp8_exports_are_the_whole_builds():
 
 @pytest.fixture(scope="module")
 def fp8_linked(build_cache):
-    """The linked build of :func:`fp8_lto_config` (decode and prefill, both prefill templates)."""
-    return build(builtin("logits_softcap"), fp8_lto_config(), cache=build_cache)
+    """The linked build of :func:`fp8_lto_config` (decode and prefill, both prefill templates, all linked up front)."""
+    return build(builtin("logits_softcap"), fp8_lto_config(defer_alternatives=False), cache=build_cache)
 
 
 @requires_nvcc
@@ -381,6 +385,7 @@ def fp8_linked(build_cache):
 def test_linked_fp8_library_exports_and_embeds_the_fp8_kernels(fp8_linked):
     res = fp8_linked
     assert res.manifest["link"] == "lto" and res.manifest["functions"] == exported_functions(fp8_lto_config())
+    assert not res.manifest["deferred"]
     syms = subprocess.run(["nm", "-D", "--defined-only", str(res.library)], capture_output=True, text=True).stdout
     for fn in res.manifest["functions"]:
         assert f"__tvm_ffi_{fn}" in syms
@@ -456,3 +461,45 @@ def test_linked_and_whole_fp8_libraries_agree_on_the_gpu(kv_dtype, build_cache):
                                cache=build_cache, repeats=3)
     assert report["kv_dtype"] == kv_dtype and len(report["calls"]) >= 5, report
     assert report["identical"], report
+
+
+# ---- parts linked on first use ----
+
+@requires_nvcc
+@requires_nvjitlink
+def test_alternatives_link_on_first_use(build_cache):
+    """On sm_90a the CUDA-core decode and the mma.sync prefill serve only plans that ask for them: the build
+    links the tensor-core decode and the Hopper prefill, and names the two others in its manifest; linked later
+    from the hook object and the cached template objects, they hold those kernels with the hooks inlined, and the
+    library takes them through its registration function (the launchers find them there, on the GPU:
+    test_linked_and_whole_libraries_agree_on_the_gpu forces both)."""
+    import tvm_ffi
+
+    cfg = lto_config(kernels=("decode", "prefill"), archs=("sm_90a",))
+    assert cfg.defer_alternatives and lto.deferred_part(cfg, "sm_90a", "decode", 0)
+    assert not lto.deferred_part(cfg, "sm_90a", "decode", 1) and not lto.deferred_part(cfg, "sm_80", "decode", 0)
+    res = build(scaled_softcap(1.0), cfg, cache=build_cache)
+    assert res.manifest["cubins"] == ["linked_sm_90a_1.cubin", "linked_sm_90a_3.cubin"]
+    assert [(e["arch"], e["part"]) for e in res.manifest["deferred"]] == [("sm_90a", 0), ("sm_90a", 2)]
+    kernels = res.manifest["kernels"]
+    assert not any(k.startswith(("decode_kernel<", "prefill_kernel<")) for k in kernels), kernels
+    assert "decode_tc_kernel<__half, 128, 2, __half>" in kernels
+    assert "hopper_prefill_kernel<__half, 128, false, __half>" in kernels
+    assert lto.link_deferred(res.directory, res.manifest, 80) == []  # no deferred part for sm_8x devices
+    parts = lto.link_deferred(res.directory, res.manifest, 90)
+    assert [sm for _, sm, _ in parts] == [90, 90]
+    assert all(k.startswith("decode_kernel<__half, 128, ") for k in parts[0][2]) and len(parts[0][2]) == 4
+    assert parts[1][2] and all(k.startswith("prefill_kernel<__half, 128") for k in parts[1][2])
+    for cubin, _, table in parts:
+        assert b"attngen_abi_" not in cubin and sorted(table.values()) == linked_cubin.cubin_kernels(cubin)
+    # kept beside the library: a later process reads them instead of linking again
+    kept = sorted(p.name for p in res.directory.glob("deferred_*.cubin"))
+    assert kept == ["deferred_sm_90a_0.cubin", "deferred_sm_90a_2.cubin"]
+    assert [c for c, _, _ in lto.link_deferred(res.directory, res.manifest, 90)] == [c for c, _, _ in parts]
+    register = tvm_ffi.load_module(str(res.library))["attngen_register_linked_cubin"]
+    for i, (cubin, sm, table) in enumerate(parts):
+        assert register(cubin, sm, [x for kv in sorted(table.items()) for x in kv]) == i + 1
+    with pytest.raises(ValueError, match="key / mangled-name pairs"):
+        register(parts[0][0], 90, ["decode_kernel<__half, 128, 1, __half>"])
+    # a build that links everything up front keys apart and defers nothing
+    assert dataclasses.replace(cfg, defer_alternatives=False).key() != cfg.key()

@@ -76,4 +76,43 @@ def link_object_source(cubins: list[tuple[Path, int, int]], table: dict[str, tup
     lines.append(f"HIDDEN const char* const attngen_linked_kernels[] = {{\n{pairs}  0}};")
     parts = ", ".join(str(p) for _, (_, p) in sorted(table.items()))
     lines.append(f"HIDDEN const int attngen_linked_kernel_parts[] = {{{parts}{', ' if parts else ''}-1}};")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + EXTRA_CUBINS_SOURCE
+
+
+# The registry of cubins linked on first use (codegen/lto.py link_deferred), appended to the link object: the
+# exports' attngen_register_linked_cubin (csrc/linked_register.h) copies one in; csrc/cubin_launch.h reads
+# attngen_extra_count (acquire) and the entries below it, which never change once published.
+EXTRA_CUBINS_SOURCE = """#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+struct AttngenExtraCubin { const unsigned char* data; int sm; int num_kernels; const char* const* kernels; };
+#define ATTNGEN_MAX_EXTRA_CUBINS 64
+HIDDEN struct AttngenExtraCubin attngen_extra_cubins[ATTNGEN_MAX_EXTRA_CUBINS];
+HIDDEN int attngen_extra_count = 0;
+static pthread_mutex_t attngen_extra_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Copies the cubin (128-byte aligned, as the embedded ones) and its key / mangled-name pairs; returns the
+   number of registered cubins, or -1 when the registry is full or memory is short. */
+HIDDEN int attngen_register_extra_cubin(const unsigned char* data, unsigned long size, int sm,
+                                        const char* const* kernels, int num_kernels) {
+  pthread_mutex_lock(&attngen_extra_mu);
+  int n = attngen_extra_count;
+  unsigned char* copy = n < ATTNGEN_MAX_EXTRA_CUBINS ? aligned_alloc(128, (size + 127) / 128 * 128) : 0;
+  const char** names = copy ? malloc(sizeof(char*) * (2 * (size_t)num_kernels + 1)) : 0;
+  if (!names) {
+    free(copy);
+    pthread_mutex_unlock(&attngen_extra_mu);
+    return -1;
+  }
+  memcpy(copy, data, size);
+  for (int i = 0; i < 2 * num_kernels; ++i) names[i] = strdup(kernels[i]);
+  names[2 * num_kernels] = 0;
+  attngen_extra_cubins[n].data = copy;
+  attngen_extra_cubins[n].sm = sm;
+  attngen_extra_cubins[n].num_kernels = num_kernels;
+  attngen_extra_cubins[n].kernels = names;
+  __atomic_store_n(&attngen_extra_count, n + 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&attngen_extra_mu);
+  return n + 1;
+}
+"""

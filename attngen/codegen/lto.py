@@ -133,6 +133,26 @@ LAUNCHERS = {
 }
 
 
+# the parts a plan reaches on an arch only when it asks for them (record, part): on sm_90a (whose shared
+# memory is known: every tensor-core decode tile fits) the CUDA-core decode kernels serve only
+# plan_decode(tensor_cores=False), and the mma.sync prefill kernels only plan_prefill(template="mma_sync")
+# (csrc/prefill_dispatch.h prefers the Hopper template at every head dim it serves)
+ALTERNATIVE_PARTS = {"sm_90a": (("decode", 0), ("prefill", 0))}
+
+
+def deferred_part(cfg: BuildConfig, arch: str, record: str, part: int) -> bool:
+    """Whether a link-time build links this part on first use (``BuildConfig.defer_alternatives``) rather
+    than with the library: an alternative on ``arch`` the automatic choice never takes. The CUDA-core
+    decode is one only for groups the tensor-core tile holds (``max_group_size`` <= its rows)."""
+    if not cfg.defer_alternatives or (record, part) not in ALTERNATIVE_PARTS.get(arch, ()):
+        return False
+    if record == "decode":
+        from attngen.schedules.template_decode_tc import MAX_GROUP
+
+        return cfg.max_group_size <= MAX_GROUP
+    return "ATTNGEN_WITH_PREFILL_HOPPER" in _companion_macros(cfg)
+
+
 def linked_exports(cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[LinkedExport]:
     return [e for record in selected(cfg.kernels) for e in LAUNCHERS[record.name].exports(cfg, head_dim, pair)]
 
@@ -260,7 +280,7 @@ def launch_source(cfg: BuildConfig, head_dim: int) -> str:
 
 def exports_source(variant, cfg: BuildConfig, params: dict[int, str]) -> str:
     """The exports of every head dim (``params``: head dim -> its LinkedParams source)."""
-    parts = ['#include "linked_entry.h"']
+    parts = ['#include "linked_entry.h"', '#include "linked_register.h"']
     for d in cfg.head_dims:
         parts.append(params[d])
         for pair in cfg.dtype_pairs:
@@ -379,6 +399,44 @@ def _sm_number(sm: str) -> int:
     return int(re.match(r"\d+", sm).group())
 
 
+def link_deferred(directory: Path, manifest: dict, device_sm: int,
+                  cache: BuildCache | None = None) -> list[tuple[bytes, int, dict[str, str]]]:
+    """The deferred parts of the linked library in ``directory`` (its ``manifest``) for a device of compute
+    capability ``device_sm`` (major * 10 + minor), as (cubin, arch number, key -> mangled name): each part's
+    hook object (in the library's directory) linked with its template object (found by key in the library's
+    cache, else ``cache`` or the shipped caches) in one nvJitLink program, as the build links the others. A
+    cubin linked once is kept beside the library where that directory is writable, and read from there later."""
+    cache = cache or BuildCache()
+    fast_math = bool(manifest["config"].get("fast_math"))
+    out = []
+    for entry in manifest.get("deferred", []):
+        arch = entry["arch"]
+        sm = _sm_number(lto_gencode(arch)[1])
+        if sm // 10 != device_sm // 10 or sm > device_sm:
+            continue
+        kept = Path(directory) / f"deferred_{arch}_{entry['part']}.cubin"
+        if kept.is_file():
+            data = kept.read_bytes()
+        else:
+            # the library's own cache first (its directory is <root>/<key[:2]>/<key>), then the default and shipped ones
+            roots = (Path(directory).parent.parent, cache.root, *cache.prebuilt)
+            template = next((p for p in (r / entry["template"][:2] / entry["template"] / "template.o" for r in roots)
+                             if p.is_file()), None)
+            if template is None:
+                raise FileNotFoundError(f"{directory}: the template object {entry['template']} of a part this library "
+                                        "links on first use is in no build cache; rebuild the variant (or build it with "
+                                        "defer_alternatives=False)")
+            data = nvjitlink.link_cubin([Path(directory) / entry["hooks"], template], lto_gencode(arch)[1], fast_math)
+            try:
+                tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, kept)
+            except OSError:  # a read-only (shipped) cache: link again in the next process
+                pass
+        out.append((data, sm, kernel_table(cubin_kernels(data))))
+    return out
+
+
 def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     """The link-time build of ``ctx`` (the CUDA backend's compile stage with link="lto"): the manifest's
     entries, with the seconds each step took and which cached objects were reused."""
@@ -390,14 +448,15 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     first = cfg.archs[0]
     check_params_fit(variant, lowered[(first, cfg.head_dims[0])])
     abi = {d: abi_traits_source(variant, lowered[(first, d)], d) for d in cfg.head_dims}
-    objects = {a: [] for a in cfg.archs}
+    objects = {a: [] for a in cfg.archs}  # (template object, deferred) in part order
     for a in cfg.archs:
         for record in selected(cfg.kernels):
             for d in cfg.head_dims:
                 for pair in cfg.dtype_pairs:
                     for part in LAUNCHERS[record.name].parts_of(_companion_macros(cfg)):
                         before = stats["template_reused"]
-                        objects[a].append(template_object(record.name, a, d, pair, cfg, abi[d], cache, part))
+                        obj = template_object(record.name, a, d, pair, cfg, abi[d], cache, part)
+                        objects[a].append((obj, deferred_part(cfg, a, record.name, part)))
                         reused["templates"].append(stats["template_reused"] > before)
     timings["templates"] = time.perf_counter() - t
 
@@ -421,8 +480,12 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
 
     t = time.perf_counter()
     # one cubin per template object and arch, the links run in parallel (each is one nvJitLink program:
-    # the hooks inline into its kernels); the kernel table names each kernel's cubin by its part
-    jobs = [(a, part, obj) for a in cfg.archs for part, obj in enumerate(objects[a])]
+    # the hooks inline into its kernels); the kernel table names each kernel's cubin by its part. Deferred
+    # parts are linked on first use (link_deferred), from the hook object and the template object
+    jobs = [(a, part, obj) for a in cfg.archs for part, (obj, later) in enumerate(objects[a]) if not later]
+    # (the template object by its cache key: a cache shipped elsewhere, ATTNGEN_PREBUILT_DIRS, still finds it)
+    deferred = [{"arch": a, "part": part, "hooks": hook_objects[a].name, "template": obj.parent.name}
+                for a in cfg.archs for part, (obj, later) in enumerate(objects[a]) if later]
 
     cores = os.cpu_count() or 1
     workers = max(1, min(len(jobs), cores))
@@ -441,11 +504,18 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
         cubins.append((cubin, _sm_number(lto_gencode(a)[1]), part))
         for key, mangled in kernel_table(cubin_kernels(data)).items():
             by_arch[a].setdefault(key, (mangled, part))  # a kernel two templates share: the first part's
-    table = by_arch[cfg.archs[0]]
-    for a in cfg.archs[1:]:
-        if {k: p for k, (_, p) in by_arch[a].items()} != {k: p for k, (_, p) in table.items()}:
-            raise RuntimeError(f"the cubins of {cfg.archs} hold different kernels: {sorted(by_arch[a])} vs "
-                               f"{sorted(table)}")
+    # every arch holds the same kernels in the parts it links up front (a part deferred on one arch is in
+    # the table from the archs that link it)
+    linked = {a: {part for b, part, _ in jobs if b == a} for a in cfg.archs}
+    table = {}
+    for a in cfg.archs:
+        for key, (mangled, part) in by_arch[a].items():
+            table.setdefault(key, (mangled, part))
+    for a in cfg.archs:
+        mine = {k: p for k, (_, p) in by_arch[a].items()}
+        expected = {k: p for k, (_, p) in table.items() if p in linked[a]}
+        if mine != expected:
+            raise RuntimeError(f"the cubins of {cfg.archs} hold different kernels: {sorted(mine)} vs {sorted(expected)}")
     timings["link_cubin"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -461,6 +531,7 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
           "the link of the library")
     timings["link_library"] = time.perf_counter() - t
     return {"library": lib.name, "link": "lto", "objects": [o.name for o in hook_objects.values()],
-            "cubins": [c.name for c, _, _ in cubins], "lto_seconds": {k: round(v, 3) for k, v in timings.items()},
+            "cubins": [c.name for c, _, _ in cubins], "deferred": deferred,
+            "lto_seconds": {k: round(v, 3) for k, v in timings.items()},
             "lto_reused": reused,
             "kernels": sorted(table)}

@@ -32,6 +32,16 @@ struct AttngenLinkedCubin {
 extern const AttngenLinkedCubin attngen_linked_cubins[];
 extern const char* const attngen_linked_kernels[];
 extern const int attngen_linked_kernel_parts[];
+// Cubins of parts linked on first use (codegen/lto.py link_deferred), registered at run time by the exports'
+// attngen_register_linked_cubin (csrc/linked_register.h); entries below attngen_extra_count never change.
+struct AttngenExtraCubin {
+  const unsigned char* data;
+  int sm;
+  int num_kernels;
+  const char* const* kernels;  // key, mangled name, ...
+};
+extern AttngenExtraCubin attngen_extra_cubins[];
+extern int attngen_extra_count;
 }
 
 // A linked-library failure: a TVM-FFI error where the host glue has TVM-FFI (always, in a library).
@@ -126,12 +136,30 @@ Fn linked_kernel(const std::string& key) {
     mangled = attngen_linked_kernels[2 * i + 1];
     part = attngen_linked_kernel_parts[i];
   }
-  if (!mangled) ATTNGEN_LINKED_FAIL("attngen: the linked cubins have no kernel " + key);
-  const int64_t lib_key = int64_t(dev) * 4096 + part;
+  const unsigned char* cubin = mangled ? linked_cubin_for_device(part) : nullptr;
+  int64_t lib_key = int64_t(dev) * 4096 + part;
+  if (!cubin) {  // a part linked on first use: the registered cubin of the device's arch that holds the kernel
+    const int n = __atomic_load_n(&attngen_extra_count, __ATOMIC_ACQUIRE);
+    int major = 0, minor = 0, best_sm = -1;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    for (int i = 0; i < n; ++i) {
+      const AttngenExtraCubin& c = attngen_extra_cubins[i];
+      if (c.sm / 10 != major || c.sm > major * 10 + minor || c.sm <= best_sm) continue;
+      for (int j = 0; j < c.num_kernels; ++j) {
+        if (key != c.kernels[2 * j]) continue;
+        cubin = c.data, mangled = c.kernels[2 * j + 1], best_sm = c.sm, lib_key = int64_t(dev) * 4096 + 2048 + i;
+        break;
+      }
+    }
+  }
+  if (!cubin)
+    ATTNGEN_LINKED_FAIL("attngen: this library holds no cubin with kernel " + key + " for the current device's arch "
+                        "(a template it links on first use is linked by attngen's runtime when a plan asks for it: "
+                        "plan_decode(tensor_cores=False), plan_prefill(template='mma_sync'); or build with "
+                        "defer_alternatives=False)");
   auto lib = libraries.find(lib_key);
   if (lib == libraries.end()) {
-    const unsigned char* cubin = linked_cubin_for_device(part);
-    if (!cubin) ATTNGEN_LINKED_FAIL("attngen: this library holds no cubin for the current device's arch");
     cudaLibrary_t l = nullptr;
     cudaError_t err = cudaLibraryLoadData(&l, cubin, nullptr, nullptr, 0, nullptr, nullptr, 0);
     if (err != cudaSuccess)

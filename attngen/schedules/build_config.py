@@ -58,6 +58,10 @@ class BuildConfig:
     # compiles the whole-program sources' device code to a cubin per arch and links no library (every
     # template instance, hook, register and shared-memory limit checked, in about half the time)
     link: str = "whole"
+    # link="lto": the template parts the runtime picks on an arch only when a plan asks for them (sm_90a: the
+    # CUDA-core decode, tensor_cores=False; the mma.sync prefill, template="mma_sync") are linked on first
+    # use instead of with the library (codegen/lto.py deferred_parts); False links every part up front
+    defer_alternatives: bool = True
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -149,6 +153,8 @@ class BuildConfig:
     def key(self) -> str:
         d = asdict(self)
         d.pop("extra")
+        if d["link"] != "lto":  # only link-time builds defer parts
+            d.pop("defer_alternatives")
         if d["link"] == "whole":  # the default leaves the keys of whole-program builds as they were
             d.pop("link")
         if d["tvm_window"] is None:  # so does a build without sliding-window TVM slots

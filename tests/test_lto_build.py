@@ -480,6 +480,7 @@ def test_alternatives_link_on_first_use(build_cache):
     assert not lto.deferred_part(cfg, "sm_90a", "decode", 1) and not lto.deferred_part(cfg, "sm_80", "decode", 0)
     res = build(scaled_softcap(1.0), cfg, cache=build_cache)
     assert res.manifest["cubins"] == ["linked_sm_90a_1.cubin", "linked_sm_90a_3.cubin"]
+    assert len(res.manifest["lto_reused"]["templates"]) == 2  # the deferred parts' templates are not compiled either
     assert [(e["arch"], e["part"]) for e in res.manifest["deferred"]] == [("sm_90a", 0), ("sm_90a", 2)]
     kernels = res.manifest["kernels"]
     assert not any(k.startswith(("decode_kernel<", "prefill_kernel<")) for k in kernels), kernels
@@ -501,5 +502,11 @@ def test_alternatives_link_on_first_use(build_cache):
         assert register(cubin, sm, [x for kv in sorted(table.items()) for x in kv]) == i + 1
     with pytest.raises(ValueError, match="key / mangled-name pairs"):
         register(parts[0][0], 90, ["decode_kernel<__half, 128, 1, __half>"])
+    # a deferred part's template object: found by key, or compiled from the hook signature kept beside the
+    # library when this attngen makes the same object; a library of other sources is refused
+    entry = res.manifest["deferred"][0]
+    assert lto._deferred_template(res.directory, res.manifest, entry, build_cache).parent.name == entry["template"]
+    with pytest.raises(ConfigError, match="built by another attngen"):
+        lto._deferred_template(res.directory, res.manifest, {**entry, "template": "0" * 64}, build_cache)
     # a build that links everything up front keys apart and defers nothing
     assert dataclasses.replace(cfg, defer_alternatives=False).key() != cfg.key()

@@ -21,6 +21,11 @@ Three kinds of pieces, each in the build cache under its own key:
   ``decode_kernel<__half, 128, 4, __nv_fp8_e4m3>``, the last argument the K/V type -> mangled name,
   :mod:`.linked_cubin`).
 
+Parts the runtime takes on an arch only when a plan asks for them (:data:`ALTERNATIVE_PARTS`: on sm_90a the
+CUDA-core decode and the mma.sync prefill) are deferred by default (``BuildConfig.defer_alternatives``): the
+build neither compiles their template objects nor links them, and names them in the manifest;
+:func:`link_deferred` compiles and links one when a plan first asks for it (runtime/deferred_parts.py).
+
 ``stats`` counts the cached pieces built and reused in this process (tests and logs).
 """
 from __future__ import annotations
@@ -32,7 +37,7 @@ import subprocess
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
@@ -399,13 +404,33 @@ def _sm_number(sm: str) -> int:
     return int(re.match(r"\d+", sm).group())
 
 
+def _deferred_template(directory: Path, manifest: dict, entry: dict, cache: BuildCache) -> Path:
+    """A deferred part's template object: from the library's own cache (its directory is
+    <root>/<key[:2]>/<key>), the default or a shipped one, else compiled into ``cache`` now, from the hook
+    signature the build kept beside the library, when this attngen makes the same object (same key)."""
+    key = entry["template"]
+    for root in (directory.parent.parent, cache.root, *cache.prebuilt):
+        obj = root / key[:2] / key / "template.o"
+        if obj.is_file():
+            return obj
+    known = {f.name for f in fields(BuildConfig)}
+    cfg = BuildConfig(**{k: v for k, v in manifest["config"].items() if k in known})
+    d, pair = entry["head_dim"], DtypePair(*entry["dtypes"])
+    abi = (directory / f"deferred_abi_d{d}.cuh").read_text()
+    if template_key(entry["record"], entry["arch"], d, pair, cfg, abi, entry["record_part"]) != key:
+        raise ConfigError(f"{directory}: this library was built by another attngen (its templates' sources differ): "
+                          "rebuild the variant to run the template it links on first use")
+    return template_object(entry["record"], entry["arch"], d, pair, cfg, abi, cache, entry["record_part"])
+
+
 def link_deferred(directory: Path, manifest: dict, device_sm: int,
                   cache: BuildCache | None = None) -> list[tuple[bytes, int, dict[str, str]]]:
     """The deferred parts of the linked library in ``directory`` (its ``manifest``) for a device of compute
     capability ``device_sm`` (major * 10 + minor), as (cubin, arch number, key -> mangled name): each part's
     hook object (in the library's directory) linked with its template object (found by key in the library's
-    cache, else ``cache`` or the shipped caches) in one nvJitLink program, as the build links the others. A
-    cubin linked once is kept beside the library where that directory is writable, and read from there later."""
+    cache, else ``cache`` or the shipped caches; compiled first where none has it, as a build defers its compile
+    too) in one nvJitLink program, as the build links the others. A cubin linked once is kept beside the
+    library where that directory is writable, and read from there later."""
     cache = cache or BuildCache()
     fast_math = bool(manifest["config"].get("fast_math"))
     out = []
@@ -418,14 +443,7 @@ def link_deferred(directory: Path, manifest: dict, device_sm: int,
         if kept.is_file():
             data = kept.read_bytes()
         else:
-            # the library's own cache first (its directory is <root>/<key[:2]>/<key>), then the default and shipped ones
-            roots = (Path(directory).parent.parent, cache.root, *cache.prebuilt)
-            template = next((p for p in (r / entry["template"][:2] / entry["template"] / "template.o" for r in roots)
-                             if p.is_file()), None)
-            if template is None:
-                raise FileNotFoundError(f"{directory}: the template object {entry['template']} of a part this library "
-                                        "links on first use is in no build cache; rebuild the variant (or build it with "
-                                        "defer_alternatives=False)")
+            template = _deferred_template(Path(directory), manifest, entry, cache)
             data = nvjitlink.link_cubin([Path(directory) / entry["hooks"], template], lto_gencode(arch)[1], fast_math)
             try:
                 tmp = kept.with_suffix(f".{os.getpid()}.tmp")
@@ -448,15 +466,21 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     first = cfg.archs[0]
     check_params_fit(variant, lowered[(first, cfg.head_dims[0])])
     abi = {d: abi_traits_source(variant, lowered[(first, d)], d) for d in cfg.head_dims}
-    objects = {a: [] for a in cfg.archs}  # (template object, deferred) in part order
+    # per arch in part order: the template object, or for a deferred part (compiled and linked on first use,
+    # link_deferred) what its template object is made of
+    objects = {a: [] for a in cfg.archs}
     for a in cfg.archs:
         for record in selected(cfg.kernels):
             for d in cfg.head_dims:
                 for pair in cfg.dtype_pairs:
                     for part in LAUNCHERS[record.name].parts_of(_companion_macros(cfg)):
+                        if deferred_part(cfg, a, record.name, part):
+                            objects[a].append({"record": record.name, "record_part": part, "head_dim": d,
+                                               "dtypes": [pair.q, pair.kv],
+                                               "template": template_key(record.name, a, d, pair, cfg, abi[d], part)})
+                            continue
                         before = stats["template_reused"]
-                        obj = template_object(record.name, a, d, pair, cfg, abi[d], cache, part)
-                        objects[a].append((obj, deferred_part(cfg, a, record.name, part)))
+                        objects[a].append(template_object(record.name, a, d, pair, cfg, abi[d], cache, part))
                         reused["templates"].append(stats["template_reused"] > before)
     timings["templates"] = time.perf_counter() - t
 
@@ -482,10 +506,12 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     # one cubin per template object and arch, the links run in parallel (each is one nvJitLink program:
     # the hooks inline into its kernels); the kernel table names each kernel's cubin by its part. Deferred
     # parts are linked on first use (link_deferred), from the hook object and the template object
-    jobs = [(a, part, obj) for a in cfg.archs for part, (obj, later) in enumerate(objects[a]) if not later]
-    # (the template object by its cache key: a cache shipped elsewhere, ATTNGEN_PREBUILT_DIRS, still finds it)
-    deferred = [{"arch": a, "part": part, "hooks": hook_objects[a].name, "template": obj.parent.name}
-                for a in cfg.archs for part, (obj, later) in enumerate(objects[a]) if later]
+    jobs = [(a, part, obj) for a in cfg.archs for part, obj in enumerate(objects[a]) if isinstance(obj, Path)]
+    deferred = [{"arch": a, "part": part, "hooks": hook_objects[a].name, **obj}
+                for a in cfg.archs for part, obj in enumerate(objects[a]) if isinstance(obj, dict)]
+    for d in cfg.head_dims:  # the hook signature the deferred template objects are compiled against
+        if deferred:
+            (out / f"deferred_abi_d{d}.cuh").write_text(abi[d])
 
     cores = os.cpu_count() or 1
     workers = max(1, min(len(jobs), cores))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.abc
 import os
 import shutil
 import sys
@@ -171,6 +172,24 @@ def _announce(name: str, cfg: BuildConfig) -> None:
           f"layouts {list(cfg.layouts)}")
 
 
+class _NoTorchInTvmImport(importlib.abc.MetaPathFinder):
+    """Refuses ``import torch`` while tvm_ffi or tvm initialise: both import torch eagerly where it is installed
+    (for their DLPack interop: 2.5 of the 5 s ``import tvm`` takes on a 2-core machine) and take an ImportError
+    as "no torch". The commands that build and inspect never touch a tensor; torch stays importable for anything
+    else (a variant file may use it; TVM then takes torch tensors through the standard DLPack protocol)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and any(getattr(getattr(sys.modules.get(m), "__spec__", None), "_initializing", False)
+                                   for m in ("tvm_ffi", "tvm")):
+            raise ModuleNotFoundError("torch is not imported while TVM initialises for attngen's build", name="torch")
+        return None
+
+
+def _skip_torch_in_tvm_import() -> None:
+    if "tvm" not in sys.modules and not any(isinstance(f, _NoTorchInTvmImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoTorchInTvmImport())
+
+
 def cmd_build(args) -> int:
     from attngen.codegen.pipeline import PACKAGE, request_key
 
@@ -310,6 +329,8 @@ def cmd_list(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command in ("build", "inspect", "prebuild"):
+        _skip_torch_in_tvm_import()
     try:
         return {"build": cmd_build, "inspect": cmd_inspect, "list": cmd_list, "prebuild": cmd_prebuild}[args.command](args)
     except (VariantError, ConfigError, NvccError, FileNotFoundError, ValueError) as e:

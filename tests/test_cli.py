@@ -116,3 +116,22 @@ def test_help_explains_options(capsys):
                 "--cache-dir", "--dump", "--kernels", "--max-group-size"]:
         assert opt in text
     assert "decode, prefill, tvm" in text  # the templates a build may name, from the registry
+
+
+def test_build_commands_import_tvm_without_torch():
+    """The build and inspect commands keep TVM from importing torch while it initialises (its DLPack interop,
+    half of `import tvm`'s time); torch stays importable and working afterwards."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from attngen.cli import _skip_torch_in_tvm_import\n"
+            "_skip_torch_in_tvm_import()\n"
+            "import tvm\n"
+            "from tvm.script import tirx\n"
+            "assert 'torch' not in sys.modules, 'TVM imported torch'\n"
+            "import torch\n"
+            "print(float(torch.arange(4.0).sum()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "6.0"

@@ -519,7 +519,7 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     def link(job):  # the cores left over by the parallel links split each one's code generation
         a, part, obj = job
         return nvjitlink.link_cubin([hook_objects[a], obj], lto_gencode(a)[1], cfg.fast_math,
-                                    threads=max(1, cores // len(jobs)))
+                                    threads=cores)
 
     with ThreadPoolExecutor(workers) as pool:
         linked = list(pool.map(link, jobs))

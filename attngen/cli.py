@@ -179,6 +179,10 @@ class _NoTorchInTvmImport(importlib.abc.MetaPathFinder):
     else (a variant file may use it; TVM then takes torch tensors through the standard DLPack protocol)."""
 
     def find_spec(self, name, path=None, target=None):
+        tvm = sys.modules.get("tvm")
+        if tvm is not None and not getattr(getattr(tvm, "__spec__", None), "_initializing", False):
+            sys.meta_path.remove(self)  # TVM is imported: nothing left to do
+            return None
         if name == "torch" and any(getattr(getattr(sys.modules.get(m), "__spec__", None), "_initializing", False)
                                    for m in ("tvm_ffi", "tvm")):
             raise ModuleNotFoundError("torch is not imported while TVM initialises for attngen's build", name="torch")
@@ -186,7 +190,9 @@ class _NoTorchInTvmImport(importlib.abc.MetaPathFinder):
 
 
 def _skip_torch_in_tvm_import() -> None:
-    if "tvm" not in sys.modules and not any(isinstance(f, _NoTorchInTvmImport) for f in sys.meta_path):
+    """Install the finder where neither TVM nor torch is imported yet (a process that has torch keeps it for TVM)."""
+    if not {"tvm", "tvm_ffi", "torch"} & set(sys.modules) and \
+            not any(isinstance(f, _NoTorchInTvmImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _NoTorchInTvmImport())
 
 
@@ -253,6 +259,11 @@ def cmd_prebuild(args) -> int:
     for name in names:
         res = build(builtin(name), cfg, cache=cache)
         print(f"attngen prebuild: {name}: {'cached' if res.cache_hit else 'built'} in {res.seconds:.1f}s")
+        if res.manifest.get("deferred"):  # the templates its runtime compiles on first use, compiled now
+            from attngen.codegen.lto import deferred_template
+
+            for entry in res.manifest["deferred"]:
+                deferred_template(res.directory, res.manifest, entry, cache)
     print(f"attngen prebuild: {len(names)} variants in {time.perf_counter() - t0:.1f}s into {cache.root}; use it "
           f"with {PREBUILT_ENV}={cache.root}")
     return 0

@@ -11,6 +11,7 @@ from tvm.script import tirx as T
 
 from attngen.build import build
 from attngen.codegen import linked_cubin, lto, nvjitlink, nvrtc
+from attngen.codegen.cache import entry_is_sealed
 from attngen.codegen.cuda_library import exported_functions
 from attngen.codegen.cuda_variant import abi_hooks_source, abi_traits_source, linked_params_source, traits_parts
 from attngen.codegen.hooks_cuda import lower_hooks_cuda
@@ -486,17 +487,17 @@ def test_alternatives_link_on_first_use(build_cache):
     assert not any(k.startswith(("decode_kernel<", "prefill_kernel<")) for k in kernels), kernels
     assert "decode_tc_kernel<__half, 128, 2, __half>" in kernels
     assert "hopper_prefill_kernel<__half, 128, false, __half>" in kernels
-    assert lto.link_deferred(res.directory, res.manifest, 80) == []  # no deferred part for sm_8x devices
-    parts = lto.link_deferred(res.directory, res.manifest, 90)
+    assert lto.link_deferred(res.directory, res.manifest, 80, build_cache) == []  # none for sm_8x devices
+    parts = lto.link_deferred(res.directory, res.manifest, 90, build_cache)
     assert [sm for _, sm, _ in parts] == [90, 90]
     assert all(k.startswith("decode_kernel<__half, 128, ") for k in parts[0][2]) and len(parts[0][2]) == 4
     assert parts[1][2] and all(k.startswith("prefill_kernel<__half, 128") for k in parts[1][2])
     for cubin, _, table in parts:
         assert b"attngen_abi_" not in cubin and sorted(table.values()) == linked_cubin.cubin_kernels(cubin)
-    # kept beside the library: a later process reads them instead of linking again
-    kept = sorted(p.name for p in res.directory.glob("deferred_*.cubin"))
-    assert kept == ["deferred_sm_90a_0.cubin", "deferred_sm_90a_2.cubin"]
-    assert [c for c, _, _ in lto.link_deferred(res.directory, res.manifest, 90)] == [c for c, _, _ in parts]
+    # cache entries of their own (a later process reads them); the library's entry stays sealed as built
+    assert entry_is_sealed(res.directory)
+    again = lto.link_deferred(res.directory, res.manifest, 90, build_cache, records=("prefill",))
+    assert [c for c, _, _ in again] == [parts[1][0]]  # one record's parts only
     register = tvm_ffi.load_module(str(res.library))["attngen_register_linked_cubin"]
     for i, (cubin, sm, table) in enumerate(parts):
         assert register(cubin, sm, [x for kv in sorted(table.items()) for x in kv]) == i + 1
@@ -505,8 +506,8 @@ def test_alternatives_link_on_first_use(build_cache):
     # a deferred part's template object: found by key, or compiled from the hook signature kept beside the
     # library when this attngen makes the same object; a library of other sources is refused
     entry = res.manifest["deferred"][0]
-    assert lto._deferred_template(res.directory, res.manifest, entry, build_cache).parent.name == entry["template"]
-    with pytest.raises(ConfigError, match="built by another attngen"):
-        lto._deferred_template(res.directory, res.manifest, {**entry, "template": "0" * 64}, build_cache)
+    assert lto.deferred_template(res.directory, res.manifest, entry, build_cache).parent.name == entry["template"]
+    with pytest.raises(ConfigError, match="cannot compile the same object"):
+        lto.deferred_template(res.directory, res.manifest, {**entry, "template": "0" * 64}, build_cache)
     # a build that links everything up front keys apart and defers nothing
     assert dataclasses.replace(cfg, defer_alternatives=False).key() != cfg.key()

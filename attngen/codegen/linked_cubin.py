@@ -105,8 +105,16 @@ HIDDEN int attngen_register_extra_cubin(const unsigned char* data, unsigned long
     return -1;
   }
   memcpy(copy, data, size);
-  for (int i = 0; i < 2 * num_kernels; ++i) names[i] = strdup(kernels[i]);
+  int ok = 1;
+  for (int i = 0; i < 2 * num_kernels; ++i) ok &= (names[i] = strdup(kernels[i])) != 0;
   names[2 * num_kernels] = 0;
+  if (!ok) {
+    for (int i = 0; i < 2 * num_kernels; ++i) free((void*)names[i]);
+    free(names);
+    free(copy);
+    pthread_mutex_unlock(&attngen_extra_mu);
+    return -1;
+  }
   attngen_extra_cubins[n].data = copy;
   attngen_extra_cubins[n].sm = sm;
   attngen_extra_cubins[n].num_kernels = num_kernels;

@@ -404,10 +404,10 @@ def _sm_number(sm: str) -> int:
     return int(re.match(r"\d+", sm).group())
 
 
-def _deferred_template(directory: Path, manifest: dict, entry: dict, cache: BuildCache) -> Path:
+def deferred_template(directory: Path, manifest: dict, entry: dict, cache: BuildCache) -> Path:
     """A deferred part's template object: from the library's own cache (its directory is
     <root>/<key[:2]>/<key>), the default or a shipped one, else compiled into ``cache`` now, from the hook
-    signature the build kept beside the library, when this attngen makes the same object (same key)."""
+    signature the build kept beside the library, when this attngen and nvcc make the same object (same key)."""
     key = entry["template"]
     for root in (directory.parent.parent, cache.root, *cache.prebuilt):
         obj = root / key[:2] / key / "template.o"
@@ -418,39 +418,41 @@ def _deferred_template(directory: Path, manifest: dict, entry: dict, cache: Buil
     d, pair = entry["head_dim"], DtypePair(*entry["dtypes"])
     abi = (directory / f"deferred_abi_d{d}.cuh").read_text()
     if template_key(entry["record"], entry["arch"], d, pair, cfg, abi, entry["record_part"]) != key:
-        raise ConfigError(f"{directory}: this library was built by another attngen (its templates' sources differ): "
-                          "rebuild the variant to run the template it links on first use")
+        raise ConfigError(f"{directory}: the {entry['record']} template this library links on first use is in no "
+                          f"build cache, and this machine cannot compile the same object (nvcc here: "
+                          f"{nvcc.nvcc_version()}; or attngen's sources differ from the build's): rebuild the "
+                          "variant here, or build it with defer_alternatives=False (--link-alternatives)")
     return template_object(entry["record"], entry["arch"], d, pair, cfg, abi, cache, entry["record_part"])
 
 
-def link_deferred(directory: Path, manifest: dict, device_sm: int,
-                  cache: BuildCache | None = None) -> list[tuple[bytes, int, dict[str, str]]]:
+def link_deferred(directory: Path, manifest: dict, device_sm: int, cache: BuildCache | None = None,
+                  records: tuple[str, ...] | None = None) -> list[tuple[bytes, int, dict[str, str]]]:
     """The deferred parts of the linked library in ``directory`` (its ``manifest``) for a device of compute
-    capability ``device_sm`` (major * 10 + minor), as (cubin, arch number, key -> mangled name): each part's
-    hook object (in the library's directory) linked with its template object (found by key in the library's
-    cache, else ``cache`` or the shipped caches; compiled first where none has it, as a build defers its compile
-    too) in one nvJitLink program, as the build links the others. A cubin linked once is kept beside the
-    library where that directory is writable, and read from there later."""
+    capability ``device_sm`` (major * 10 + minor), those of the template records ``records`` (None: all), as
+    (cubin, arch number, key -> mangled name): each part's hook object (in the library's directory) linked with
+    its template object (found by key in the library's cache, else ``cache`` or the shipped caches; compiled
+    first where none has it, as a build defers its compile too) in one nvJitLink program, as the build links the
+    others. Each linked cubin is an entry of ``cache`` of its own (the library's sealed entry stays as built),
+    keyed by the library's entry, the part, the template object and the linker, and read from there later."""
     cache = cache or BuildCache()
+    directory = Path(directory)
     fast_math = bool(manifest["config"].get("fast_math"))
     out = []
     for entry in manifest.get("deferred", []):
         arch = entry["arch"]
         sm = _sm_number(lto_gencode(arch)[1])
-        if sm // 10 != device_sm // 10 or sm > device_sm:
+        if sm // 10 != device_sm // 10 or sm > device_sm or (records is not None and entry["record"] not in records):
             continue
-        kept = Path(directory) / f"deferred_{arch}_{entry['part']}.cubin"
-        if kept.is_file():
-            data = kept.read_bytes()
-        else:
-            template = _deferred_template(Path(directory), manifest, entry, cache)
-            data = nvjitlink.link_cubin([Path(directory) / entry["hooks"], template], lto_gencode(arch)[1], fast_math)
-            try:
-                tmp = kept.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, kept)
-            except OSError:  # a read-only (shipped) cache: link again in the next process
-                pass
+        key = content_key({"lto_deferred_cubin": directory.name, "part": entry["part"], "arch": arch,
+                           "template": entry["template"], "fast_math": fast_math, "nvjitlink": nvjitlink.version()})
+
+        def build(out_dir: Path, entry=entry, arch=arch) -> None:
+            template = deferred_template(directory, manifest, entry, cache)
+            (out_dir / "part.cubin").write_bytes(
+                nvjitlink.link_cubin([directory / entry["hooks"], template], lto_gencode(arch)[1], fast_math))
+
+        found, _ = cache.get_or_build(key, build)
+        data = (found / "part.cubin").read_bytes()
         out.append((data, sm, kernel_table(cubin_kernels(data))))
     return out
 

@@ -153,11 +153,17 @@ Fn linked_kernel(const std::string& key) {
       }
     }
   }
-  if (!cubin)
+  if (!cubin) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    bool arch_built = false;
+    for (const AttngenLinkedCubin* c = attngen_linked_cubins; c->data; ++c) arch_built |= c->sm / 10 == major;
+    if (!arch_built) ATTNGEN_LINKED_FAIL("attngen: this library holds no cubin for the current device's arch");
     ATTNGEN_LINKED_FAIL("attngen: this library holds no cubin with kernel " + key + " for the current device's arch "
                         "(a template it links on first use is linked by attngen's runtime when a plan asks for it: "
                         "plan_decode(tensor_cores=False), plan_prefill(template='mma_sync'); or build with "
-                        "defer_alternatives=False)");
+                        "defer_alternatives=False / --link-alternatives)");
+  }
   auto lib = libraries.find(lib_key);
   if (lib == libraries.end()) {
     cudaLibrary_t l = nullptr;

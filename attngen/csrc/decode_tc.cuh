@@ -16,12 +16,14 @@
 // (fused merge) the CTA that writes a split request's last partial state merges the request itself, so
 // no merge kernel runs.
 // fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, fp8_kv.cuh): the S stages hold the fp8 rows as the loader
-// copied them (half the bytes of a 16-bit stage, so S is deeper at the same bytes in flight), and one
-// 16-bit tile serves as scratch: each warp dequantises its own 16 key rows into it (exact: every fp8 value
-// is a half and a bfloat16 value) before its ldmatrix reads them for Q K^T, then its 16 value rows over
-// them for P V. Without a key hook the tiles and MMAs are half whatever the query's type (fp8 -> half is
-// one instruction per pair, exact; the query rows are scaled into half's range by a power of two:
-// decode_tc_half_mma). k_scale scales the scores (or the key hook's input), v_scale the accumulated rows.
+// copied them (half the bytes of a 16-bit stage, so S is deeper at the same bytes in flight), and each warp
+// dequantises its own 16 rows into its rows of a 16-bit tile laid over its merge-region accumulator rows
+// (exact: every fp8 value is a half and a bfloat16 value) for ldmatrix. Without a key hook the MMAs are half
+// whatever the query's type (fp8 -> half is one instruction per pair, exact; the query rows are scaled into
+// half's range by a power of two: decode_tc_half_mma) and run transposed: S^T = K Q^T with the staged key
+// rows read straight into A fragments (only the value rows are widened), then O^T = V^T P^T. With a key hook
+// the key rows are widened too, for the hook and for Q K^T. k_scale scales the scores (or the key hook's
+// input), v_scale the accumulated rows.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"

@@ -9,7 +9,8 @@
 
 namespace attngen {
 
-// fp8 caches: the rows as the loader copied them, [S][2][TK][D] unswizzled, after the 16-bit scratch tile.
+// fp8 caches: the rows as the loader copied them, [S][2][TK][D] (direct keys: key chunks staged_key_chunk),
+// where the 16-bit stages of a 16-bit cache start.
 // (Only the fp8 branches name it: a pointer computed beside the 16-bit path changed that path's code.)
 template <int D, int S, class KV>
 __device__ __forceinline__ KV* decode_tc_staged(unsigned char* smem_raw) {
@@ -55,10 +56,10 @@ constexpr bool decode_tc_half_mma() {
   return kIsFp8<KV> && !V::kHasKeyTransform && !tvm_rope<V>();
 }
 
-// Direct keys (half MMAs): the warps read their staged fp8 key rows into B fragments themselves, 16 bytes a
-// lane, no 16-bit tile between. A lane (g, t4) of n-tile n reads key row 8n + g, bytes [64b + 16 t4, + 16) of
-// each 64-element block b, and feeds k-step 4b + s the four keys' dims 64b + 16 t4 + 4s + {0, 1} (b0) and
-// {2, 3} (b1): a permutation of the dims of the dot product, which the query fragments follow
+// Direct keys (half MMAs, S^T = K Q^T): the warps read their staged fp8 key rows into A fragments themselves,
+// 16 bytes a lane, no 16-bit tile between. A lane (g, t4) reads key rows g and 8 + g, bytes [64b + 16 t4, + 16)
+// of each 64-element block b, and feeds k-step 4b + s those keys' dims 64b + 16 t4 + 4s + {0, 1} and {2, 3}:
+// a permutation of the dims of the dot product, which the query fragments follow
 // (decode_tc_direct_qfrag), so q . k is unchanged. Rows of 128 bytes or more swap their two 64-byte halves
 // on odd rows (16-byte chunk c -> c ^ 4) so the eight lanes of a 16-byte shared load hit distinct banks.
 template <int D>
@@ -66,8 +67,9 @@ __device__ __forceinline__ int staged_key_chunk(int row, int chunk) {
   return D >= 128 ? chunk ^ ((row & 1) << 2) : chunk;
 }
 
-// Half query fragments (A, rows g and g + 8 of the 16-row tile) for k-step k of the direct-key dims
-// permutation: rows g + 8 never hold a query head (at most 8), so a1 = a3 = 0.
+// Half query fragments for k-step k of the direct-key dims permutation, in the A layout of rows g and g + 8
+// (rows g + 8 never hold a query head, so a1 = a3 = 0); S^T = K Q^T takes a0 and a2 as its B fragment
+// (query g's dims 2 t4, + 1 and 8 + 2 t4, + 1 of the step).
 template <int D>
 __device__ __forceinline__ void decode_tc_direct_qfrag(uint32_t (&a)[4], const half* sq, int st, int k, int g,
                                                        int t4) {

@@ -15,7 +15,7 @@
 extern "C" int attngen_register_extra_cubin(const unsigned char* data, unsigned long size, int sm,
                                             const char* const* kernels, int num_kernels);
 
-namespace attngen {
+namespace {  // this library's own (the exports are compiled without hidden visibility)
 
 // (cubin bytes, its arch as major * 10 + minor, [key, mangled name, key, mangled name, ...]) -> the number
 // of cubins registered so far
@@ -26,10 +26,11 @@ inline int64_t register_linked_cubin(tvm::ffi::Bytes cubin, int64_t sm, tvm::ffi
   for (const std::string& n : names) ptrs.push_back(n.c_str());
   const int n = attngen_register_extra_cubin(reinterpret_cast<const unsigned char*>(cubin.data()), cubin.size(),
                                              int(sm), ptrs.data(), int(ptrs.size() / 2));
-  if (n < 0) TVM_FFI_THROW(RuntimeError) << "attngen: this library holds as many cubins linked on use as it can";
+  if (n < 0)
+    TVM_FFI_THROW(RuntimeError) << "attngen: the library could not take another cubin (64 at most, or memory is short)";
   return n;
 }
 
-}  // namespace attngen
+}  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(attngen_register_linked_cubin, attngen::register_linked_cubin);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(attngen_register_linked_cubin, register_linked_cubin);

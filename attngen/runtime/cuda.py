@@ -26,7 +26,7 @@ from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillT
 
 from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads,
                      check_ragged, check_tensor, dtype_name)
-from .deferred_parts import device_sm, link_deferred_parts
+from .deferred_parts import link_deferred_parts
 from .fp8 import device_kv_scales, scale_args
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
@@ -386,7 +386,7 @@ class CUDAAttention(BuiltModule):
         backend = {None: DecodeBackend.AUTO, True: DecodeBackend.TENSOR_CORES,
                    False: DecodeBackend.CUDA_CORES}[tensor_cores]
         if tensor_cores is False:  # a link-time build may link the CUDA-core kernels on first use
-            link_deferred_parts(self, device_sm(dev))
+            link_deferred_parts(self, dev, "decode")
         return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim,
                           DecodeLaunch(part_o, part_lse, num_chunks, backend))
 
@@ -473,9 +473,8 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         if work_order not in (None, True, False):
             raise AttentionArgumentError(f"work_order: expected None, True or False, got {work_order!r}")
-        kv_device = (kv.pages if isinstance(kv, PagedKV) else kv.k).device
-        if kernel == PrefillTemplate.MMA_SYNC and kv_device.type == "cuda":  # linked on first use, if deferred
-            link_deferred_parts(self, device_sm(kv_device))
+        if kernel == PrefillTemplate.MMA_SYNC:  # a link-time build may link the mma.sync kernels on first use
+            link_deferred_parts(self, (kv.pages if isinstance(kv, PagedKV) else kv.k).device, "prefill")
         ordered = work_order is not False and "sm_90a" in self.manifest["config"]["archs"] \
             and kernel != PrefillTemplate.MMA_SYNC and _may_run_hopper(getattr(qo_indptr, "device", "cpu"))
         kv_lens = _kv_lengths(kv) if ordered or self.manifest.get("float_position_limit") else None

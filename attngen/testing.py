@@ -118,6 +118,23 @@ def tolerance(problem: Problem, ref_out: np.ndarray, dtype: str, sm_scale: float
 FLOORS = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
+def check_decode_plans(att, q, kv, head_dim: int, plans, ref_out, ref_lse, *, tol: float, lse_eps: float, what: str,
+                       **call) -> None:
+    """On the GPU: for each ``plan_decode`` keyword set of ``plans``, decode (``call``: params, scales) into
+    NaN-filled outputs and compare with the reference; lse within max(2e-2, lse_eps x its largest finite |value|)."""
+    import torch
+
+    finite = np.abs(ref_lse[np.isfinite(ref_lse)])
+    for plan_args in plans:
+        plan = att.plan_decode(kv, q.shape[1], head_dim, **plan_args)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:2], float("nan"), device=q.device)
+        att.decode(q, kv, plan=plan, out=out, lse=lse, **call)
+        torch.cuda.synchronize()
+        compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_out, ref_lse, tol=tol,
+                lse_tol=max(2e-2, lse_eps * float(finite.max())), what=f"{what} {plan_args}")
+
+
 def compare(out, lse, ref_out, ref_lse, *, tol: float, lse_tol: float, what: str) -> dict:
     """Assert closeness to the reference; empty rows must be exactly O = 0, lse = -inf (no NaN)."""
     out = np.asarray(out, dtype=np.float64)

@@ -182,7 +182,7 @@ def test_cuda_attention_decodes_fp8_caches(name, build_cache, rng):
 
     from attngen.runtime import CUDAAttention, PagedKV, reference_attention
     from attngen.runtime.reference import gather_pages
-    from attngen.testing import compare
+    from attngen.testing import check_decode_plans
 
     variant = builtin(name)
     att = CUDAAttention.build(variant, head_dims=(HEAD_DIM,), dtypes=Q_DTYPES, kv_dtypes=KV_DTYPES,
@@ -210,18 +210,12 @@ def test_cuda_attention_decodes_fp8_caches(name, build_cache, rng):
                          torch.from_numpy(indptr).to(dev), torch.from_numpy(ids).to(dev),
                          torch.from_numpy(last).to(dev), layout)
             scales = dict(k_scale=torch.from_numpy(k_scale).to(dev), v_scale=torch.from_numpy(v_scale).to(dev))
-            for plan_args in ({}, {"tensor_cores": False}, {"num_chunks": 3, "tensor_cores": True}):
-                plan = att.plan_decode(kv, q.shape[1], HEAD_DIM, **plan_args)
-                out = torch.full_like(q, float("nan"))
-                lse = torch.full(q.shape[:2], float("nan"), device=dev)
-                att.decode(q, kv, plan=plan, out=out, lse=lse, params=params, **scales)
-                torch.cuda.synchronize()
-                # tolerances of test_fp8_cuda_decode.py; the empty request must give O = 0, lse = -inf
-                finite = np.abs(ref_l[np.isfinite(ref_l)])
-                compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l,
-                        tol=(2e-3 if q_dtype == "float16" else 1.6e-2) * max(1.0, float(np.abs(ref_o).max())),
-                        lse_tol=max(2e-2, float(torch.finfo(getattr(torch, q_dtype)).eps) * float(finite.max())),
-                        what=f"{name} {q_dtype} {kv_dtype} {layout} {plan_args}")
+            # tolerances of test_fp8_cuda_decode.py; the empty request must give O = 0, lse = -inf
+            plans = ({}, {"tensor_cores": False}, {"num_chunks": 3, "tensor_cores": True})
+            check_decode_plans(att, q, kv, HEAD_DIM, plans, ref_o, ref_l,
+                               tol=(2e-3 if q_dtype == "float16" else 1.6e-2) * max(1.0, float(np.abs(ref_o).max())),
+                               lse_eps=float(torch.finfo(getattr(torch, q_dtype)).eps),
+                               what=f"{name} {q_dtype} {kv_dtype} {layout}", params=params, **scales)
 
 
 @pytest.mark.gpu

@@ -31,7 +31,7 @@ def test_fp8_tensor_core_decode_with_hooks_and_groups(name, build_cache, rng):
 
     from attngen.runtime import CUDAAttention, PagedKV, reference_attention
     from attngen.runtime.reference import gather_pages
-    from attngen.testing import compare
+    from attngen.testing import check_decode_plans
 
     variant, params = builtin(name), PARAMS[name]
     att = CUDAAttention.build(variant, head_dims=HEAD_DIMS, dtypes=("bfloat16",), kv_dtypes=("float8_e4m3fn",),
@@ -58,14 +58,7 @@ def test_fp8_tensor_core_decode_with_hooks_and_groups(name, build_cache, rng):
                          torch.from_numpy(indptr).to(dev), torch.from_numpy(ids).to(dev),
                          torch.from_numpy(last).to(dev), "NHD")
             scales = dict(k_scale=torch.from_numpy(k_scale).to(dev), v_scale=torch.from_numpy(v_scale).to(dev))
-            for plan_args in ({"tensor_cores": True}, {"num_chunks": 3, "tensor_cores": True}):
-                plan = att.plan_decode(kv, q.shape[1], d, **plan_args)
-                out = torch.full_like(q, float("nan"))
-                lse = torch.full(q.shape[:2], float("nan"), device=dev)
-                att.decode(q, kv, plan=plan, out=out, lse=lse, params=params, **scales)
-                torch.cuda.synchronize()
-                finite = np.abs(ref_l[np.isfinite(ref_l)])
-                compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l,
-                        tol=1.6e-2 * max(1.0, float(np.abs(ref_o).max())),
-                        lse_tol=max(2e-2, float(torch.finfo(torch.bfloat16).eps) * float(finite.max())),
-                        what=f"{name} D{d} group {group} {plan_args}")
+            check_decode_plans(att, q, kv, d, ({"tensor_cores": True}, {"num_chunks": 3, "tensor_cores": True}),
+                               ref_o, ref_l, tol=1.6e-2 * max(1.0, float(np.abs(ref_o).max())),
+                               lse_eps=float(torch.finfo(torch.bfloat16).eps), what=f"{name} D{d} group {group}",
+                               params=params, **scales)

@@ -147,15 +147,12 @@ ALTERNATIVE_PARTS = {"sm_90a": (("decode", 0), ("prefill", 0))}
 
 def deferred_part(cfg: BuildConfig, arch: str, record: str, part: int) -> bool:
     """Whether a link-time build links this part on first use (``BuildConfig.defer_alternatives``) rather
-    than with the library: an alternative on ``arch`` the automatic choice never takes. The CUDA-core
-    decode is one only for groups the tensor-core tile holds (``max_group_size`` <= its rows)."""
+    than with the library: an alternative on ``arch`` the automatic choice never takes (every group size a
+    build accepts fits the tensor-core decode tile's 8 rows; the mma.sync prefill where the Hopper part is
+    built)."""
     if not cfg.defer_alternatives or (record, part) not in ALTERNATIVE_PARTS.get(arch, ()):
         return False
-    if record == "decode":
-        from attngen.schedules.template_decode_tc import MAX_GROUP
-
-        return cfg.max_group_size <= MAX_GROUP
-    return "ATTNGEN_WITH_PREFILL_HOPPER" in _companion_macros(cfg)
+    return record == "decode" or "ATTNGEN_WITH_PREFILL_HOPPER" in _companion_macros(cfg)
 
 
 def linked_exports(cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[LinkedExport]:

@@ -132,7 +132,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   float* row_lse = rows + 2 * G8 * D;        // [G8]
   // [S][2][TK][D] (kv_tile_at); an fp8 cache: one [TK][D] tile of widened rows over wacc (warp w's rows are
   // its own accumulator rows, written after its last tile of an item)
-  MT* tiles = kIsFp8<KV> ? reinterpret_cast<MT*>(wacc) : reinterpret_cast<MT*>(smem_raw + decode_tc_tiles_offset<D, S>());
+  MT* tiles = kIsFp8<KV> ? reinterpret_cast<MT*>(wacc)
+                         : reinterpret_cast<MT*>(smem_raw + decode_tc_tiles_offset<D, S>());
   static_assert(!kIsFp8<KV> || size_t(TK) * D * sizeof(MT) == size_t(NW) * G8 * D * sizeof(float),
                 "the widened tile is the merge region's accumulator rows");
 
@@ -345,30 +346,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         // 8 + g) and the query rows as the B fragment (its 8 columns: at most 8 heads), so no MMA row is
         // padding; then the scores, hooks and online softmax in that layout (a thread holds keys g, 8 + g of
         // query rows 2 t4, 2 t4 + 1), and P transposed into the B layout of O^T += V^T P^T (movmatrix)
-        const KV* krows = decode_tc_staged<D, S, KV>(smem_raw) + size_t(stage) * 2 * TK * D;
-        float st[4] = {0.f, 0.f, 0.f, 0.f};  // [key g | 8 + g][query row 2 t4 | 2 t4 + 1]
-        const int r0 = wk + g, r1 = wk + 8 + g;
-#pragma unroll
-        for (int blk = 0; blk < D / 64; ++blk) {
-          const uint4 w0 =
-              *reinterpret_cast<const uint4*>(krows + r0 * D + staged_key_chunk<D>(r0, 4 * blk + t4) * 16);
-          const uint4 w1 =
-              *reinterpret_cast<const uint4*>(krows + r1 * D + staged_key_chunk<D>(r1, 4 * blk + t4) * 16);
-          const uint32_t lo[4] = {w0.x, w0.y, w0.z, w0.w}, hi[4] = {w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-          for (int s4 = 0; s4 < 4; ++s4) {
-            const uint32_t ka[4] = {
-                fp8x2_to_half2_bits<KV>(lo[s4] & 0xffffu), fp8x2_to_half2_bits<KV>(hi[s4] & 0xffffu),
-                fp8x2_to_half2_bits<KV>(lo[s4] >> 16), fp8x2_to_half2_bits<KV>(hi[s4] >> 16)};
-            if constexpr (kQInRegs) {
-              mma16816<half>(st, ka, qfrag[4 * blk + s4][0], qfrag[4 * blk + s4][2]);
-            } else {  // (D 256: the query's B fragment from its shared row, two words)
-              uint32_t qb[4];
-              decode_tc_direct_qfrag<D>(qb, reinterpret_cast<const half*>(sq), ST, 4 * blk + s4, g, t4);
-              mma16816<half>(st, ka, qb[0], qb[2]);
-            }
-          }
-        }
+        float st[4];  // [key g | 8 + g][query row 2 t4 | 2 t4 + 1]
+        decode_tc_direct_scores<D, S, KV>(st, smem_raw, stage, wk, g, t4, qfrag, reinterpret_cast<const half*>(sq),
+                                          ST);
         float mt2[2] = {m2[0], m2[1]};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -384,35 +364,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           st[i] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
           if constexpr (V::kSoftmax) mt2[c] = fmax_nan(mt2[c], st[i]);  // a NaN score must reach the state
         }
-        if constexpr (V::kSoftmax) {
-          float rescale2[2];
-          bool grew = false;
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-#pragma unroll
-            for (int o = 4; o < 32; o *= 2) mt2[c] = fmax_nan(mt2[c], __shfl_xor_sync(0xffffffffu, mt2[c], o));
-            const bool up = mt2[c] != m2[c];
-            rescale2[c] = up ? fast_exp2(m2[c] - mt2[c]) : 1.f;
-            d2[c] *= rescale2[c];
-            m2[c] = mt2[c];
-            grew = grew || up;
-          }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float p = m2[i & 1] != kNegInf ? fast_exp2(st[i] - m2[i & 1]) : 0.f;
-            st[i] = p;
-            d2[i & 1] += p;
-          }
-          if (grew) {  // O^T's columns are this thread's query rows 2 t4 + c
-#pragma unroll
-            for (int i = 0; i < NOA; ++i) {
-              o_acc[i][0] *= rescale2[0];
-              o_acc[i][1] *= rescale2[1];
-              o_acc[i][2] *= rescale2[0];
-              o_acc[i][3] *= rescale2[1];
-            }
-          }
-        }
+        if constexpr (V::kSoftmax) direct_online_softmax(st, mt2, m2, d2, o_acc);
         // P^T as the B fragment of O^T += V^T P^T (query row g, keys 2 t4, 2 t4 + 1 and 8 + 2 t4, + 1)
         a[0] = movmatrix_trans(pack2<MT>(st[0], st[1]));
         a[2] = movmatrix_trans(pack2<MT>(st[2], st[3]));

@@ -1,10 +1,11 @@
 // The tensor-core decode over fp8 caches (decode_tc.cuh): where the loader's fp8 rows lie, their widening
-// into the 16-bit scratch tile, and the half-MMA path (direct keys, half query rows).
+// into 16-bit rows, and the half-MMA path (direct keys, half query rows, the transposed scores' softmax).
 #pragma once
 #include "common.cuh"
 #include "decode_tc_tile.cuh"
 #include "fp8_kv.cuh"
 #include "kv_tile_layout.cuh"
+#include "mma.cuh"
 #include "tvm_traits.cuh"
 
 namespace attngen {
@@ -96,6 +97,76 @@ __device__ __forceinline__ void half_query_row(T* row, float* up, int lane) {
   for (int i = lane; i < D; i += 32) out[i] = __float2half_rn(to_float(row[i]) * down);  // read, then write: one lane
   if (lane == 0) *up = ldexpf(1.f, e);
   __syncwarp();
+}
+
+// S^T = K Q^T over a warp's 16 keys (rows wk .. wk + 15 of the stage): the staged fp8 key rows straight into
+// A fragments (keys g and 8 + g), the query rows as the B fragment (its 8 columns: at most 8 heads), so no MMA
+// row is padding. st: [key g | 8 + g][query row 2 t4 | 2 t4 + 1]. qfrag: the query's fragments
+// (decode_tc_direct_qfrag) where they fit in registers (NQ = D / 16), else (NQ = 1) read from its shared
+// rows sq (stride st_q) per k-step.
+template <int D, int S, class KV, int NQ>
+__device__ __forceinline__ void decode_tc_direct_scores(float (&st)[4], unsigned char* smem_raw, int stage, int wk,
+                                                        int g, int t4, const uint32_t (&qfrag)[NQ][4],
+                                                        const half* sq, int st_q) {
+  constexpr int TK = DecodeTCTile<D, S>::kKeys;
+  constexpr bool kQInRegs = NQ == D / 16;
+  const KV* krows = decode_tc_staged<D, S, KV>(smem_raw) + size_t(stage) * 2 * TK * D;
+  st[0] = st[1] = st[2] = st[3] = 0.f;
+  const int r0 = wk + g, r1 = wk + 8 + g;
+#pragma unroll
+  for (int blk = 0; blk < D / 64; ++blk) {
+    const uint4 w0 = *reinterpret_cast<const uint4*>(krows + r0 * D + staged_key_chunk<D>(r0, 4 * blk + t4) * 16);
+    const uint4 w1 = *reinterpret_cast<const uint4*>(krows + r1 * D + staged_key_chunk<D>(r1, 4 * blk + t4) * 16);
+    const uint32_t lo[4] = {w0.x, w0.y, w0.z, w0.w}, hi[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int s4 = 0; s4 < 4; ++s4) {
+      const uint32_t ka[4] = {fp8x2_to_half2_bits<KV>(lo[s4] & 0xffffu), fp8x2_to_half2_bits<KV>(hi[s4] & 0xffffu),
+                              fp8x2_to_half2_bits<KV>(lo[s4] >> 16), fp8x2_to_half2_bits<KV>(hi[s4] >> 16)};
+      if constexpr (kQInRegs) {
+        mma16816<half>(st, ka, qfrag[4 * blk + s4][0], qfrag[4 * blk + s4][2]);
+      } else {  // (D 256: the query's B fragment from its shared row, two words)
+        uint32_t qb[4];
+        decode_tc_direct_qfrag<D>(qb, sq, st_q, 4 * blk + s4, g, t4);
+        mma16816<half>(st, ka, qb[0], qb[2]);
+      }
+    }
+  }
+}
+
+// The online softmax of the transposed scores (decode_tc_direct_scores, hooks applied; mt2: the tile's running
+// maxima of query rows 2 t4 + c over this thread's keys): the rows' maxima over the warp's 16 keys (lanes of
+// one t4), the states m2 / d2 rescaled, st turned into probabilities, and the accumulator O^T (NOA m-tiles
+// whose columns are the same query rows) rescaled where a row's maximum grew.
+template <int NOA>
+__device__ __forceinline__ void direct_online_softmax(float (&st)[4], float (&mt2)[2], float (&m2)[2], float (&d2)[2],
+                                                      float (&o_acc)[NOA][4]) {
+  float rescale2[2];
+  bool grew = false;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+#pragma unroll
+    for (int o = 4; o < 32; o *= 2) mt2[c] = fmax_nan(mt2[c], __shfl_xor_sync(0xffffffffu, mt2[c], o));
+    const bool up = mt2[c] != m2[c];
+    rescale2[c] = up ? fast_exp2(m2[c] - mt2[c]) : 1.f;
+    d2[c] *= rescale2[c];
+    m2[c] = mt2[c];
+    grew = grew || up;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float p = m2[i & 1] != kNegInf ? fast_exp2(st[i] - m2[i & 1]) : 0.f;
+    st[i] = p;
+    d2[i & 1] += p;
+  }
+  if (grew) {
+#pragma unroll
+    for (int i = 0; i < NOA; ++i) {
+      o_acc[i][0] *= rescale2[0];
+      o_acc[i][1] *= rescale2[1];
+      o_acc[i][2] *= rescale2[0];
+      o_acc[i][3] *= rescale2[1];
+    }
+  }
 }
 
 }  // namespace attngen

@@ -50,12 +50,13 @@ def run(args) -> None:
     assert Path(attngen.__file__).resolve().is_relative_to(tree), f"imported {attngen.__file__}, not {tree}"
     res = {"label": args.label, "tree": str(tree), "gpu": torch.cuda.get_device_name(),
            "date": datetime.date.today().isoformat(), "prefill": {}, "decode": {}}
+    kinds = set(args.kinds.split(","))
     pre = {causal: CUDAAttention.build(builtin("causal" if causal else "vanilla"), head_dims=(HEAD_DIM,),
                                        dtypes=("bfloat16",), layouts=("NHD",), kernels=("prefill",))
-           for causal in (True, False)}
+           for causal in (True, False)} if "prefill" in kinds else {}
     dec = CUDAAttention.build(builtin("vanilla"), head_dims=(HEAD_DIM,), dtypes=("bfloat16",), layouts=("NHD",),
-                              kernels=("decode",))
-    for case in PREFILL_CASES:
+                              kernels=("decode",)) if "decode" in kinds else None
+    for case in PREFILL_CASES if pre else ():
         if case.d != HEAD_DIM or case.dtype != "bfloat16":
             continue  # the A/B builds one head dim and dtype
         torch.manual_seed(0)
@@ -69,7 +70,7 @@ def run(args) -> None:
         res["prefill"][case.name] = {"tflops": case.flops() / ms / 1e9, "out": _digest(out), "lse": _digest(lse)}
         print(args.label, case.name, f"{case.flops() / ms / 1e9:.1f} TFLOP/s", flush=True)
         del q, k, v, kv, out
-    for name, kv_lens, hq, hkv in DECODE_CASES:
+    for name, kv_lens, hq, hkv in DECODE_CASES if dec is not None else ():
         torch.manual_seed(0)
         q, pages, indptr, indices, last = make_decode_case(kv_lens, hq, hkv)
         kv = PagedKV(pages, indptr, indices, last, "NHD")
@@ -97,6 +98,8 @@ def report(args) -> None:
              "over that tree's runs, then every run in brackets. 'same output': the SHA-256 of out and lse is "
              "identical across every run of every tree.", ""]
     for kind, unit in (("prefill", "tflops"), ("decode", "GBps")):
+        if not runs[0][kind]:
+            continue
         lines += [f"{kind} ({'TFLOP/s' if unit == 'tflops' else 'GB/s'}):", "",
                   "| case | " + " | ".join(labels) + f" | {labels[-1]} / {labels[0]} | same output |",
                   "|---|" + "---|" * (len(labels) + 2)]
@@ -126,6 +129,7 @@ def main():
     r.add_argument("--label", required=True)
     r.add_argument("--json", required=True)
     r.add_argument("--reps", type=int, default=30)
+    r.add_argument("--kinds", default="prefill,decode", help="what to build and time: prefill, decode or both")
     p = sub.add_parser("report", help="the table of several runs")
     p.add_argument("json", nargs="+")
     p.add_argument("--out", default=str(HERE / "results"))

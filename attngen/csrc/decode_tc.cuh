@@ -560,15 +560,16 @@ decode_tc_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
   // overlapped that kernel's tail; its q, cache and plan may come from it, so wait before reading any
   grid_dependency_wait();
   const int hk = blockIdx.y;
+  // one inlined copy of the item loop for both modes (grid mode: one item, found from the block index)
+  const int32_t* work = nullptr;
+  int count = 1;
   if (P.plan != nullptr) {
     const DecodePlanView plan(P.plan);
     const int w0 = plan.cta_indptr[blockIdx.x];
-    const DecodeTCItems<V> items{P, hp, plan.work + 5 * w0, plan.cta_indptr[blockIdx.x + 1] - w0};
-    if constexpr (kIsFp8<KV>) decode_tc_items<V, T, D, S, KV>(P, hp, smem_raw, hk, items, P.scales);
-    else decode_tc_items<V, T, D, S>(P, hp, smem_raw, hk, items);
-    return;
+    work = plan.work + 5 * w0;
+    count = plan.cta_indptr[blockIdx.x + 1] - w0;
   }
-  const DecodeTCItems<V> items{P, hp, nullptr, 1};
+  const DecodeTCItems<V> items{P, hp, work, count};
   if constexpr (kIsFp8<KV>) decode_tc_items<V, T, D, S, KV>(P, hp, smem_raw, hk, items, P.scales);
   else decode_tc_items<V, T, D, S>(P, hp, smem_raw, hk, items);
 }

@@ -77,8 +77,8 @@ class CUDABackend(Backend):
         return {(a, d): lower_hooks_cuda(ctx.variant, d, a, cfg.hook_math) for a in cfg.archs for d in cfg.head_dims}
 
     def instantiate(self, ctx: BuildContext) -> dict[str, str]:
-        """Template instances (traits per head_dim, one TU per template, head_dim and dtype pair) and the
-        hook objects per arch."""
+        """Template instances (traits per head_dim, one TU per template, head_dim and dtype pair), the
+        lowered hooks' headers per arch and, for a hooks-only build (no kernels), the hook objects' sources."""
         from ..cuda_library import translation_units
         from ..cuda_variant import traits_source
 
@@ -101,9 +101,10 @@ class CUDABackend(Backend):
                 header = f"hooks_{name}_d{d}_{a}.cuh"
                 files[header] = lowered[(a, d)].code
                 includes.append(f'#include "{header}"')
-            files[f"hooks_{a}.cu"] = (
-                "// Hook object for link-time inlining into the prebuilt templates.\n"
-                '#define ATTNGEN_HOOK extern "C" __device__\n' + "\n".join(includes) + "\n")
+            if not cfg.kernels:  # a hooks-only build's product: relocatable hook objects per arch
+                files[f"hooks_{a}.cu"] = (
+                    "// Hook object for link-time inlining into the user's own templates.\n"
+                    '#define ATTNGEN_HOOK extern "C" __device__\n' + "\n".join(includes) + "\n")
         return files
 
     def compile(self, ctx: BuildContext) -> dict:
@@ -121,11 +122,13 @@ class CUDABackend(Backend):
 
             result = build_linked_library(ctx)
             return {**result, "headers": headers, "functions": exported_functions(cfg), **limits}
-        flags = ("-dc", "--use_fast_math") if cfg.fast_math else ("-dc",)
-        jobs = [nvcc.NvccJob(out / f"hooks_{a}.cu", out / f"hooks_{a}.o", arch_spec(a).gencode, flags)
-                for a in cfg.archs]
-        nvcc.run_jobs(jobs)
-        result = {"objects": [j.output.name for j in jobs], "headers": headers}
+        result = {"headers": headers}
+        if not cfg.kernels:  # the hook objects are the product; with templates, the kernels compile the hooks
+            flags = ("-dc", "--use_fast_math") if cfg.fast_math else ("-dc",)
+            jobs = [nvcc.NvccJob(out / f"hooks_{a}.cu", out / f"hooks_{a}.o", arch_spec(a).gencode, flags)
+                    for a in cfg.archs]
+            nvcc.run_jobs(jobs)
+            result["objects"] = [j.output.name for j in jobs]
         tus = sorted(f for f in sources if f.startswith("attention_"))
         if cfg.kernels and cfg.link == "check":
             result["cubins"] = [c.name for c in compile_device_code(out, tus, cfg)]

@@ -6,7 +6,11 @@ body holds the cap 30; D 128, bf16, the default templates and layouts):
 
   cold cache        the first build, into a fresh ATTNGEN_CACHE_DIR
   cache hit         the same command again (a new process)
-  new variant       another variant (the built-in ``causal``) into the now warm cache
+  new variant, same hook signature
+                    another file's variant (``tanh(s) * 4``: a logits hook of the soft-cap's signature, so
+                    its template objects are cached) into the now warm cache
+  new variant, new signature
+                    another variant (the built-in ``causal``: a mask hook, its own template objects)
   one-constant edit the file's cap edited to 31 in the hook body, built again
 
 and, once, ``attngen --help`` and ``attngen list`` (the first ``list`` into a fresh cache, then again).
@@ -44,6 +48,12 @@ def softcap(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_h
 
 variant = Variant("bench_softcap", logits_transform=softcap)
 '''
+
+# a different logits hook whose hook signature (the ABI traits: the hooks present, their row terms, the flags)
+# is the soft-cap's: a link-time build takes the soft-cap's template objects from the cache
+TANH_FILE = SOFTCAP_FILE.replace("T.float32({cap}) * T.tanh(s / T.float32({cap}))", "T.tanh(s) * T.float32(4.0)"
+                                 ).replace("bench_softcap", "bench_tanh4").replace(
+    "Soft-capped logits, the cap a constant of the hook body.", "Logits tanh(s) * 4.")
 
 
 def attngen(args: list[str], cache_dir: Path) -> tuple[float, str]:
@@ -92,12 +102,15 @@ def bench_arch(arch: str, work: Path, head_dim: int, dtype: str, link: str) -> l
     cache = Path(tempfile.mkdtemp(prefix=f"cache-{arch}-", dir=work))
     variant = cache.parent / f"softcap_{cache.name}.py"
     variant.write_text(SOFTCAP_FILE.format(cap="30.0"))
+    other = cache.parent / f"tanh4_{cache.name}.py"
+    other.write_text(TANH_FILE)
     # "lto-all": a link-time build that links up front the templates its runtime takes only on request too
     build = ["build", "--target", "cuda", "--arch", arch, "--head-dim", str(head_dim), "--dtype", dtype,
              "--link", link.removesuffix("-all")] + (["--link-alternatives"] if link.endswith("-all") else [])
     rows = []
     for name, source, cap in [("cold cache", variant, None), ("cache hit (new process)", variant, None),
-                              ("new variant (causal, warm cache)", "causal", None),
+                              ("new variant, same hook signature (tanh(s) * 4)", other, None),
+                              ("new variant, new signature (causal)", "causal", None),
                               ("one-constant edit (cap 30 -> 31)", variant, "31.0")]:
         if cap is not None:
             variant.write_text(SOFTCAP_FILE.format(cap=cap))

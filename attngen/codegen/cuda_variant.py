@@ -282,12 +282,25 @@ def traits_source(variant, hs, head_dim: int) -> str:
 
 # ---- link-time builds (codegen/lto.py, csrc/hook_abi.h) ----
 
+ROW_TERMS_BUCKET = 4
+
+
+def abi_row_terms(terms: int) -> int:
+    """The row-term count a linked template is compiled for: ``terms`` rounded up to a multiple of
+    ``ROW_TERMS_BUCKET`` (0 stays 0), so that hooks of 1-4 row terms (soft-cap's 2, ALiBi's 3) share one
+    template object. The entries past the hook's own are zeroed and never read: once the hooks inline at the
+    link, they are dead code (csrc/score_rules.cuh RowTerms)."""
+    return -(-terms // ROW_TERMS_BUCKET) * ROW_TERMS_BUCKET
+
+
 def abi_traits_source(variant, hs, head_dim: int) -> str:
     """The traits a prebuilt template is compiled against: ``attngen_gen::Hooks_d<head_dim>`` with the
     variant's flags, ``Params`` = ``attngen::ParamBlock`` and each present hook forwarded to its extern
     "C" ABI function. Its text is the template's hook signature: two variants with the same text share
     the template's object."""
     flags, fns = traits_parts(variant, hs, head_dim)
+    for k in ("kLogitsRowTerms", "kMaskRowTerms"):
+        flags[k] = str(abi_row_terms(int(flags[k])))
     calls = [f.call for f in fns if f.call is not None]
 
     def invoke(call: HookCall) -> str:

@@ -27,6 +27,7 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -120,6 +121,7 @@ class BuildCache:
         self.prebuilt = tuple(Path(p) for p in (prebuilt_dirs() if prebuilt is None else prebuilt))
         self._memory: dict[str, Path] = {}
         self.builds = 0  # how many times this cache ran a build function (for tests and logs)
+        self._builds_lock = threading.Lock()  # a linked build compiles its pieces in threads
 
     def path_for(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -175,7 +177,8 @@ class BuildCache:
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-            self.builds += 1
+            with self._builds_lock:
+                self.builds += 1
         self._memory[key] = final
         return final, False
 

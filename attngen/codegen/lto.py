@@ -236,6 +236,14 @@ def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: Bu
 def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
                     cache: BuildCache, part: int = 0) -> Path:
     """The template object (of the record's part ``part``), built once per key."""
+    path, hit = cached_template_object(record, arch, head_dim, pair, cfg, abi, cache, part)
+    stats["template_reused" if hit else "template_built"] += 1
+    return path
+
+
+def cached_template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
+                           cache: BuildCache, part: int = 0) -> tuple[Path, bool]:
+    """:func:`template_object` and whether the cache had it (``stats`` untouched: safe in worker threads)."""
     key = template_key(record, arch, head_dim, pair, cfg, abi, part)
     gencode, _ = lto_gencode(arch)
 
@@ -250,8 +258,7 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
               f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
 
     directory, hit = cache.get_or_build(key, build)
-    stats["template_reused" if hit else "template_built"] += 1
-    return directory / "template.o"
+    return directory / "template.o", hit
 
 
 # ---- host glue: the launch object (per signature) and the exports (per parameter list) ----
@@ -301,9 +308,10 @@ def _ffi_includes() -> list[str]:
     return [f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}"]
 
 
-def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) -> Path:
+def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) -> tuple[Path, bool]:
     """The launch object of one head dim (nvcc; no kernel is instantiated in it), keyed by its source and
-    the hook signature: shared by every variant of that signature, whatever its parameters."""
+    the hook signature: shared by every variant of that signature, whatever its parameters; and whether the
+    cache had it."""
     src_text = launch_source(cfg, head_dim)
     key = content_key({"lto_launch": src_text, "abi": abi, "csrc": _csrc_hash(), "tiles": tiles_header(),
                        "enums": enums_header(), "nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1],
@@ -324,13 +332,12 @@ def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) 
               f"nvcc of the launch object (d{head_dim})")
 
     directory, hit = cache.get_or_build(key, build)
-    stats["launch_reused" if hit else "launch_built"] += 1
-    return directory / "launch.o"
+    return directory / "launch.o", hit
 
 
-def exports_object(variant, cfg: BuildConfig, params: dict[int, str], cache: BuildCache) -> Path:
+def exports_object(variant, cfg: BuildConfig, params: dict[int, str], cache: BuildCache) -> tuple[Path, bool]:
     """The exports (the host C++ compiler alone, about a second), keyed by their source: the parameter
-    lists, names, dtypes and layouts, never a hook body."""
+    lists, names, dtypes and layouts, never a hook body; and whether the cache had them."""
     src_text = exports_source(variant, cfg, params)
     cxx, cxx_version = host_cxx()
     key = content_key({"lto_exports": src_text, "csrc": _csrc_hash(), "cxx": cxx_version,
@@ -344,8 +351,7 @@ def exports_object(variant, cfg: BuildConfig, params: dict[int, str], cache: Bui
               "the exports' compile")
 
     directory, hit = cache.get_or_build(key, build)
-    stats["exports_reused" if hit else "exports_built"] += 1
-    return directory / "exports.o"
+    return directory / "exports.o", hit
 
 
 # ---- the variant's part ----
@@ -458,7 +464,7 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     """The link-time build of ``ctx`` (the CUDA backend's compile stage with link="lto"): the manifest's
     entries, with the seconds each step took and which cached objects were reused."""
     cache = cache or ctx.cache or BuildCache()
-    variant, cfg, out = ctx.variant, ctx.config, ctx.out_dir
+    variant, cfg = ctx.variant, ctx.config
     lowered = ctx.artifacts["lower_hooks"]
     timings, reused = {}, {"templates": [], "launch": []}
     t = time.perf_counter()
@@ -466,8 +472,11 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     check_params_fit(variant, lowered[(first, cfg.head_dims[0])])
     abi = {d: abi_traits_source(variant, lowered[(first, d)], d) for d in cfg.head_dims}
     # per arch in part order: the template object, or for a deferred part (compiled and linked on first use,
-    # link_deferred) what its template object is made of
+    # link_deferred) what its template object is made of. The template objects, the launch objects and the
+    # exports are independent compiles (each cached under its own key): they run side by side
+    cores = os.cpu_count() or 1
     objects = {a: [] for a in cfg.archs}
+    templates = []  # (arch, slot in objects[arch], record, head dim, pair, part)
     for a in cfg.archs:
         for record in selected(cfg.kernels):
             for d in cfg.head_dims:
@@ -478,24 +487,44 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
                                                "dtypes": [pair.q, pair.kv],
                                                "template": template_key(record.name, a, d, pair, cfg, abi[d], part)})
                             continue
-                        before = stats["template_reused"]
-                        objects[a].append(template_object(record.name, a, d, pair, cfg, abi[d], cache, part))
-                        reused["templates"].append(stats["template_reused"] > before)
-    timings["templates"] = time.perf_counter() - t
+                        templates.append((a, len(objects[a]), record.name, d, pair, part))
+                        objects[a].append(None)
 
-    t = time.perf_counter()
-    glue = []
-    for d in cfg.head_dims:
-        before = stats["launch_reused"]
-        glue.append(launch_object(cfg, d, abi[d], cache))
-        reused["launch"].append(stats["launch_reused"] > before)
-    timings["launch"] = time.perf_counter() - t
-    t = time.perf_counter()
-    before = stats["exports_reused"]
-    glue.append(exports_object(variant, cfg, {d: linked_params_source(variant, lowered[(first, d)], d)
-                                              for d in cfg.head_dims}, cache))
-    reused["exports"] = stats["exports_reused"] > before
-    timings["exports"] = time.perf_counter() - t
+    def timed(fn, *args):
+        t0 = time.perf_counter()
+        path, hit = fn(*args)
+        return path, hit, time.perf_counter() - t0
+
+    def template(job):
+        a, _, record, d, pair, part = job
+        return timed(cached_template_object, record, a, d, pair, cfg, abi[d], cache, part)
+
+    params = {d: linked_params_source(variant, lowered[(first, d)], d) for d in cfg.head_dims}
+    # the host glue (the launch objects, host C++ over the entry templates: the longest compile; the exports) is
+    # needed by the library's final link alone: it compiles beside the template objects and the cubins' links
+    glue_pool = ThreadPoolExecutor(len(cfg.head_dims) + 1)
+    try:
+        launch_jobs = [glue_pool.submit(timed, launch_object, cfg, d, abi[d], cache) for d in cfg.head_dims]
+        exports_job = glue_pool.submit(timed, exports_object, variant, cfg, params, cache)
+        with ThreadPoolExecutor(max(1, cores - 1)) as pool:  # a core left to the glue
+            built_templates = list(pool.map(template, templates))
+        for (a, slot, *_), (path, hit, _) in zip(templates, built_templates):
+            objects[a][slot] = path
+            reused["templates"].append(hit)
+            stats["template_reused" if hit else "template_built"] += 1
+        timings["templates"] = time.perf_counter() - t
+        return _link_library(ctx, abi, objects, reused, timings, launch_jobs, exports_job)
+    finally:
+        glue_pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _link_library(ctx, abi: dict, objects: dict, reused: dict, timings: dict, launch_jobs: list,
+                  exports_job) -> dict:
+    """The rest of :func:`build_linked_library` once the template objects are there: the hook objects, the
+    cubins' links, then (with the host glue compiled beside them) the library's."""
+    variant, cfg, out = ctx.variant, ctx.config, ctx.out_dir
+    lowered = ctx.artifacts["lower_hooks"]
+    cores = os.cpu_count() or 1
 
     t = time.perf_counter()
     hook_objects = {a: compile_hooks(out, cfg, a, hook_unit(variant, cfg, a, lowered)) for a in cfg.archs}
@@ -512,7 +541,6 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
         if deferred:
             (out / f"deferred_abi_d{d}.cuh").write_text(abi[d])
 
-    cores = os.cpu_count() or 1
     workers = max(1, min(len(jobs), cores))
 
     def link(job):  # the cores left over by the parallel links split each one's code generation
@@ -549,6 +577,18 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     cxx = host_cxx()[0]
     _run([cxx, "-x", "c", "-c", "-fPIC", str(link_src), "-o", str(out / "linked_cubins.o")],
           "the embedded cubins' object")
+    glue, waited = [], time.perf_counter()
+    for job in launch_jobs:
+        path, hit, seconds = job.result()
+        glue.append(path)
+        reused["launch"].append(hit)
+        stats["launch_reused" if hit else "launch_built"] += 1
+        timings["launch"] = max(timings.get("launch", 0.0), seconds)
+    path, hit, timings["exports"] = exports_job.result()
+    glue.append(path)
+    reused["exports"] = hit
+    stats["exports_reused" if hit else "exports_built"] += 1
+    timings["glue_wait"] = time.perf_counter() - waited  # how long the library's link waited for the glue
     lib = out / f"lib{variant.name}_cuda.so"
     ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi())
     _run([cxx, "-shared", "-o", str(lib), *map(str, glue), str(out / "linked_cubins.o"), str(_cudart_static()),

@@ -49,6 +49,7 @@ def test_build_cuda_objects(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "function batch_decode_paged_hnd_bf16_d64" in text and "libcausal_cuda.so" in text
     assert "function batch_prefill_ragged_bf16_d64" in text
+    assert "object hooks_" not in text  # a build with kernels compiles the hooks into them, no hook objects
 
 
 def test_inspect_shows_hooks_analysis_and_cuda(capsys):

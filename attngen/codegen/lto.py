@@ -26,17 +26,15 @@ CUDA-core decode and the mma.sync prefill) are deferred by default (``BuildConfi
 build neither compiles their template objects nor links them, and names them in the manifest;
 :func:`link_deferred` compiles and links one when a plan first asks for it (runtime/deferred_parts.py).
 
-``stats`` counts the cached pieces built and reused in this process (tests and logs).
+``stats`` counts the cached pieces built and reused in this process (tests and logs). The library of a build
+is put together by :mod:`.lto_library`.
 """
 from __future__ import annotations
 
 import functools
-import os
 import re
 import subprocess
-import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
@@ -55,15 +53,20 @@ from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 from . import nvcc, nvjitlink, nvrtc
 from .cache import BuildCache, content_key, hash_files
 from .cuda_entries import SCALED_KV_HEADERS, decode_entry, kv_c_type, prefill_entry, prefill_kind
-from .cuda_variant import C_TYPES, abi_hooks_source, abi_traits_source, linked_params_source, params_bytes
+from .cuda_variant import C_TYPES, abi_hooks_source, params_bytes
 from .host_library import host_cxx
-from .linked_cubin import cubin_kernels, kernel_table, link_object_source
+from .linked_cubin import cubin_kernels, kernel_table
 
 CSRC = Path(attngen.__file__).parent / "csrc"
 
 # how many template objects, launch objects and exports this process built and took from the cache:
 # "template_built" / "template_reused", "launch_built" / ..., "exports_built" / ...
 stats: Counter = Counter()
+
+
+def count(kind: str, hit: bool) -> None:
+    """Count one cached piece (``kind``: "template", "launch" or "exports") built or reused."""
+    stats[f"{kind}_{'reused' if hit else 'built'}"] += 1
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,7 @@ def deferred_part(cfg: BuildConfig, arch: str, record: str, part: int) -> bool:
     built)."""
     if not cfg.defer_alternatives or (record, part) not in ALTERNATIVE_PARTS.get(arch, ()):
         return False
-    return record == "decode" or "ATTNGEN_WITH_PREFILL_HOPPER" in _companion_macros(cfg)
+    return record == "decode" or "ATTNGEN_WITH_PREFILL_HOPPER" in build_macros(cfg)
 
 
 def linked_exports(cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[LinkedExport]:
@@ -191,11 +194,12 @@ def _common_flags(cfg: BuildConfig, out: Path) -> tuple[str, ...]:
             *(("--use_fast_math",) if cfg.fast_math else ()))
 
 
-def _companion_macros(cfg: BuildConfig) -> list[str]:
+def build_macros(cfg: BuildConfig) -> list[str]:
+    """The companion templates' build macros of ``cfg`` (the Hopper prefill's where it has sm_90a)."""
     return companion_macros([arch_spec(a) for a in cfg.archs], cfg.kernels)
 
 
-def _run(cmd: list[str], what: str) -> None:
+def run_tool(cmd: list[str], what: str) -> None:
     """Run one compiler or linker command; its diagnostics in the error when it fails."""
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
@@ -234,16 +238,10 @@ def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: Bu
 
 
 def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
-                    cache: BuildCache, part: int = 0) -> Path:
-    """The template object (of the record's part ``part``), built once per key."""
-    path, hit = cached_template_object(record, arch, head_dim, pair, cfg, abi, cache, part)
-    stats["template_reused" if hit else "template_built"] += 1
-    return path
-
-
-def cached_template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
-                           cache: BuildCache, part: int = 0) -> tuple[Path, bool]:
-    """:func:`template_object` and whether the cache had it (``stats`` untouched: safe in worker threads)."""
+                    cache: BuildCache, part: int = 0) -> tuple[Path, bool]:
+    """The template object (of the record's part ``part``), built once per key; and whether the cache had it.
+    Like the launch object and the exports, it leaves ``stats`` to the caller (:func:`count`): these compile
+    in worker threads."""
     key = template_key(record, arch, head_dim, pair, cfg, abi, part)
     gencode, _ = lto_gencode(arch)
 
@@ -254,7 +252,7 @@ def cached_template_object(record: str, arch: str, head_dim: int, pair: DtypePai
         src = out / "template.cu"
         src.write_text(template_source(record, head_dim, pair, cfg.max_group_size, part, smem_floor_define(cfg.archs)))
         obj = out / "template.o"
-        _run([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
+        run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
               f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
 
     directory, hit = cache.get_or_build(key, build)
@@ -268,7 +266,7 @@ def launch_source(cfg: BuildConfig, head_dim: int) -> str:
     LinkedLaunch instance per export."""
     # the companion templates' macros (the Hopper prefill where the build has sm_90a): the dispatch routes to them
     floor = smem_floor_define(cfg.archs)
-    parts = [f"#define {m} 1" for m in _companion_macros(cfg)] + ([floor] if floor else [])
+    parts = [f"#define {m} 1" for m in build_macros(cfg)] + ([floor] if floor else [])
     parts += [f'#include "abi_d{head_dim}.cuh"', '#include "linked_entry.h"', '#include "problem_glue.h"']
     scaled = any(pair.kv_scaled for pair in cfg.dtype_pairs)
     for record in selected(cfg.kernels):
@@ -327,7 +325,7 @@ def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) 
         # hidden: its template instances (same names in every library of the signature) and their static
         # caches stay this library's; a default-visibility static of a template would be one object for
         # the whole process (GNU unique), whichever library asked first
-        _run([nvcc.require_nvcc(), gencode.replace("code=lto_", "code=compute_"), *_common_flags(cfg, out),
+        run_tool([nvcc.require_nvcc(), gencode.replace("code=lto_", "code=compute_"), *_common_flags(cfg, out),
                "-Xcompiler", "-fvisibility=hidden", *_ffi_includes(), "-c", str(src), "-o", str(out / "launch.o")],
               f"nvcc of the launch object (d{head_dim})")
 
@@ -346,7 +344,7 @@ def exports_object(variant, cfg: BuildConfig, params: dict[int, str], cache: Bui
     def build(out: Path) -> None:
         src = out / "exports.cc"
         src.write_text(src_text)
-        _run([cxx, "-std=c++17", "-O2", "-fPIC", f"-I{CSRC}", *_ffi_includes(),
+        run_tool([cxx, "-std=c++17", "-O2", "-fPIC", f"-I{CSRC}", *_ffi_includes(),
                *(f"-I{d}" for d in cuda_include_dirs()), "-c", str(src), "-o", str(out / "exports.o")],
               "the exports' compile")
 
@@ -392,18 +390,12 @@ def compile_hooks(out: Path, cfg: BuildConfig, arch: str, source: str) -> Path:
         obj.write_bytes(nvrtc.compile_ltoir(source, src.name, sm, [out, CSRC, *cuda_include_dirs()], cfg.fast_math))
         return obj
     obj = out / f"abi_hooks_{arch}.o"
-    _run([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
+    run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
           f"nvcc of the hooks (LTO-IR, {arch})")
     return obj
 
 
-@functools.lru_cache(maxsize=None)
-def _cudart_static() -> Path:
-    from .cuda_object import cudart_static
-    return cudart_static()
-
-
-def _sm_number(sm: str) -> int:
+def sm_number(sm: str) -> int:
     return int(re.match(r"\d+", sm).group())
 
 
@@ -425,7 +417,9 @@ def deferred_template(directory: Path, manifest: dict, entry: dict, cache: Build
                           f"build cache, and this machine cannot compile the same object (nvcc here: "
                           f"{nvcc.nvcc_version()}; or attngen's sources differ from the build's): rebuild the "
                           "variant here, or build it with defer_alternatives=False (--link-alternatives)")
-    return template_object(entry["record"], entry["arch"], d, pair, cfg, abi, cache, entry["record_part"])
+    path, hit = template_object(entry["record"], entry["arch"], d, pair, cfg, abi, cache, entry["record_part"])
+    count("template", hit)
+    return path
 
 
 def link_deferred(directory: Path, manifest: dict, device_sm: int, cache: BuildCache | None = None,
@@ -443,7 +437,7 @@ def link_deferred(directory: Path, manifest: dict, device_sm: int, cache: BuildC
     out = []
     for entry in manifest.get("deferred", []):
         arch = entry["arch"]
-        sm = _sm_number(lto_gencode(arch)[1])
+        sm = sm_number(lto_gencode(arch)[1])
         if sm // 10 != device_sm // 10 or sm > device_sm or (records is not None and entry["record"] not in records):
             continue
         key = content_key({"lto_deferred_cubin": directory.name, "part": entry["part"], "arch": arch,
@@ -458,145 +452,3 @@ def link_deferred(directory: Path, manifest: dict, device_sm: int, cache: BuildC
         data = (found / "part.cubin").read_bytes()
         out.append((data, sm, kernel_table(cubin_kernels(data))))
     return out
-
-
-def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
-    """The link-time build of ``ctx`` (the CUDA backend's compile stage with link="lto"): the manifest's
-    entries, with the seconds each step took and which cached objects were reused."""
-    cache = cache or ctx.cache or BuildCache()
-    variant, cfg = ctx.variant, ctx.config
-    lowered = ctx.artifacts["lower_hooks"]
-    timings, reused = {}, {"templates": [], "launch": []}
-    t = time.perf_counter()
-    first = cfg.archs[0]
-    check_params_fit(variant, lowered[(first, cfg.head_dims[0])])
-    abi = {d: abi_traits_source(variant, lowered[(first, d)], d) for d in cfg.head_dims}
-    # per arch in part order: the template object, or for a deferred part (compiled and linked on first use,
-    # link_deferred) what its template object is made of. The template objects, the launch objects and the
-    # exports are independent compiles (each cached under its own key): they run side by side
-    cores = os.cpu_count() or 1
-    objects = {a: [] for a in cfg.archs}
-    templates = []  # (arch, slot in objects[arch], record, head dim, pair, part)
-    for a in cfg.archs:
-        for record in selected(cfg.kernels):
-            for d in cfg.head_dims:
-                for pair in cfg.dtype_pairs:
-                    for part in LAUNCHERS[record.name].parts_of(_companion_macros(cfg)):
-                        if deferred_part(cfg, a, record.name, part):
-                            objects[a].append({"record": record.name, "record_part": part, "head_dim": d,
-                                               "dtypes": [pair.q, pair.kv],
-                                               "template": template_key(record.name, a, d, pair, cfg, abi[d], part)})
-                            continue
-                        templates.append((a, len(objects[a]), record.name, d, pair, part))
-                        objects[a].append(None)
-
-    def timed(fn, *args):
-        t0 = time.perf_counter()
-        path, hit = fn(*args)
-        return path, hit, time.perf_counter() - t0
-
-    def template(job):
-        a, _, record, d, pair, part = job
-        return timed(cached_template_object, record, a, d, pair, cfg, abi[d], cache, part)
-
-    params = {d: linked_params_source(variant, lowered[(first, d)], d) for d in cfg.head_dims}
-    # the host glue (the launch objects, host C++ over the entry templates: the longest compile; the exports) is
-    # needed by the library's final link alone: it compiles beside the template objects and the cubins' links
-    glue_pool = ThreadPoolExecutor(len(cfg.head_dims) + 1)
-    try:
-        launch_jobs = [glue_pool.submit(timed, launch_object, cfg, d, abi[d], cache) for d in cfg.head_dims]
-        exports_job = glue_pool.submit(timed, exports_object, variant, cfg, params, cache)
-        with ThreadPoolExecutor(max(1, cores - 1)) as pool:  # a core left to the glue
-            built_templates = list(pool.map(template, templates))
-        for (a, slot, *_), (path, hit, _) in zip(templates, built_templates):
-            objects[a][slot] = path
-            reused["templates"].append(hit)
-            stats["template_reused" if hit else "template_built"] += 1
-        timings["templates"] = time.perf_counter() - t
-        return _link_library(ctx, abi, objects, reused, timings, launch_jobs, exports_job)
-    finally:
-        glue_pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _link_library(ctx, abi: dict, objects: dict, reused: dict, timings: dict, launch_jobs: list,
-                  exports_job) -> dict:
-    """The rest of :func:`build_linked_library` once the template objects are there: the hook objects, the
-    cubins' links, then (with the host glue compiled beside them) the library's."""
-    variant, cfg, out = ctx.variant, ctx.config, ctx.out_dir
-    lowered = ctx.artifacts["lower_hooks"]
-    cores = os.cpu_count() or 1
-
-    t = time.perf_counter()
-    hook_objects = {a: compile_hooks(out, cfg, a, hook_unit(variant, cfg, a, lowered)) for a in cfg.archs}
-    timings["hooks"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    # one cubin per template object and arch, the links run in parallel (each is one nvJitLink program:
-    # the hooks inline into its kernels); the kernel table names each kernel's cubin by its part. Deferred
-    # parts are linked on first use (link_deferred), from the hook object and the template object
-    jobs = [(a, part, obj) for a in cfg.archs for part, obj in enumerate(objects[a]) if isinstance(obj, Path)]
-    deferred = [{"arch": a, "part": part, "hooks": hook_objects[a].name, **obj}
-                for a in cfg.archs for part, obj in enumerate(objects[a]) if isinstance(obj, dict)]
-    for d in cfg.head_dims:  # the hook signature the deferred template objects are compiled against
-        if deferred:
-            (out / f"deferred_abi_d{d}.cuh").write_text(abi[d])
-
-    workers = max(1, min(len(jobs), cores))
-
-    def link(job):  # the cores left over by the parallel links split each one's code generation
-        a, part, obj = job
-        return nvjitlink.link_cubin([hook_objects[a], obj], lto_gencode(a)[1], cfg.fast_math,
-                                    threads=cores)
-
-    with ThreadPoolExecutor(workers) as pool:
-        linked = list(pool.map(link, jobs))
-    cubins, by_arch = [], {a: {} for a in cfg.archs}
-    for (a, part, _), data in zip(jobs, linked):
-        cubin = out / f"linked_{a}_{part}.cubin"
-        cubin.write_bytes(data)
-        cubins.append((cubin, _sm_number(lto_gencode(a)[1]), part))
-        for key, mangled in kernel_table(cubin_kernels(data)).items():
-            by_arch[a].setdefault(key, (mangled, part))  # a kernel two templates share: the first part's
-    # every arch holds the same kernels in the parts it links up front (a part deferred on one arch is in
-    # the table from the archs that link it)
-    linked = {a: {part for b, part, _ in jobs if b == a} for a in cfg.archs}
-    table = {}
-    for a in cfg.archs:
-        for key, (mangled, part) in by_arch[a].items():
-            table.setdefault(key, (mangled, part))
-    for a in cfg.archs:
-        mine = {k: p for k, (_, p) in by_arch[a].items()}
-        expected = {k: p for k, (_, p) in table.items() if p in linked[a]}
-        if mine != expected:
-            raise RuntimeError(f"the cubins of {cfg.archs} hold different kernels: {sorted(mine)} vs {sorted(expected)}")
-    timings["link_cubin"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    link_src = out / "linked_cubins.c"
-    link_src.write_text(link_object_source(cubins, table))
-    cxx = host_cxx()[0]
-    _run([cxx, "-x", "c", "-c", "-fPIC", str(link_src), "-o", str(out / "linked_cubins.o")],
-          "the embedded cubins' object")
-    glue, waited = [], time.perf_counter()
-    for job in launch_jobs:
-        path, hit, seconds = job.result()
-        glue.append(path)
-        reused["launch"].append(hit)
-        stats["launch_reused" if hit else "launch_built"] += 1
-        timings["launch"] = max(timings.get("launch", 0.0), seconds)
-    path, hit, timings["exports"] = exports_job.result()
-    glue.append(path)
-    reused["exports"] = hit
-    stats["exports_reused" if hit else "exports_built"] += 1
-    timings["glue_wait"] = time.perf_counter() - waited  # how long the library's link waited for the glue
-    lib = out / f"lib{variant.name}_cuda.so"
-    ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi())
-    _run([cxx, "-shared", "-o", str(lib), *map(str, glue), str(out / "linked_cubins.o"), str(_cudart_static()),
-           "-ldl", "-lpthread", "-lrt", f"-L{ffi_lib.parent}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib.parent}"],
-          "the link of the library")
-    timings["link_library"] = time.perf_counter() - t
-    return {"library": lib.name, "link": "lto", "objects": [o.name for o in hook_objects.values()],
-            "cubins": [c.name for c, _, _ in cubins], "deferred": deferred,
-            "lto_seconds": {k: round(v, 3) for k, v in timings.items()},
-            "lto_reused": reused,
-            "kernels": sorted(table)}

@@ -118,7 +118,7 @@ class CUDABackend(Backend):
         # the limit the runtime holds its batches to (codegen/logits_split.py)
         limits = {"float_position_limit": FLOAT_POSITION_LIMIT} if split and split["split"].float_positions else {}
         if cfg.kernels and cfg.link == "lto":  # the hook objects are the linked build's own (LTO-IR)
-            from ..lto import build_linked_library
+            from ..lto_library import build_linked_library
 
             result = build_linked_library(ctx)
             return {**result, "headers": headers, "functions": exported_functions(cfg), **limits}

@@ -33,7 +33,7 @@ def _export(name: str, entry: str) -> str:
     ``{name}`` standing for the name array)."""
     name_array = f"kEntryName_{name}"
     return f"""static constexpr char {name_array}[] = "{name}";
-TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, ({entry.format(name=name_array)}::call));
+ATTNGEN_EXPORT_TYPED_FUNC({name}, ({entry.format(name=name_array)}::call));
 """
 
 

@@ -16,6 +16,7 @@ import attngen
 
 from . import nvcc
 from .cache import BuildCache, content_key, hash_files
+from .host_library import csrc_hash
 
 CSRC = Path(attngen.__file__).parent / "csrc"
 OBJECT_NAME = "attngen_tvm_slots.o"
@@ -54,8 +55,7 @@ def build_slot_object(objects: list[Path], exports: list[str], *, gencodes: list
     if not prefix.isidentifier():
         raise ValueError(f"name_prefix {prefix!r}: must be a C identifier")
     cache = cache or BuildCache()
-    key = content_key({"slot_object": hash_files(objects), "merge": hash_files([CSRC / "merge_states.cu",
-                                                                                CSRC / "ffi_glue.h"]),
+    key = content_key({"slot_object": hash_files(objects), "merge": csrc_hash(),
                        "exports": sorted(exports), "prefix": prefix, "gencodes": gencodes,
                        "nvcc": nvcc.nvcc_version(), "attngen": attngen.__version__})
 

@@ -209,7 +209,7 @@ def _instantiation(template: str, functions: dict, variant, head_dim: int, dtype
         "};",
         f"using {instance} = {template}<{hooks}, {C_TYPES[dtype]}, {head_dim}, {config}>;",
         "}  // namespace",
-        *(f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({symbol(kind, dtype, head_dim)}, {instance}::{fn});"
+        *(f"ATTNGEN_EXPORT_TYPED_FUNC({symbol(kind, dtype, head_dim)}, {instance}::{fn});"
           for kind, fn in functions.items()),
     ]) + "\n"
 

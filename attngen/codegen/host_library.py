@@ -13,7 +13,13 @@ import attngen
 from .cache import BuildCache, content_key, hash_files
 
 CSRC = Path(attngen.__file__).parent / "csrc"
-PLANNER_SOURCES = ("planner.h", "decode_plan_pack.h", "planner_ffi.cc")
+
+
+@functools.lru_cache(maxsize=None)
+def csrc_hash() -> str:
+    """The digest of every file in attngen/csrc: the key part of a build compiling any of them (a header
+    one includes may include others, so the whole directory is hashed)."""
+    return hash_files(sorted(p for p in CSRC.iterdir() if p.is_file()), root=CSRC)
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,7 +38,7 @@ def build_planner_library(cache: BuildCache | None = None) -> Path:
 
     cxx, version = host_cxx()
     cache = cache or BuildCache()
-    key = content_key({"planner": hash_files([CSRC / s for s in PLANNER_SOURCES]), "cxx": version,
+    key = content_key({"planner": csrc_hash(), "cxx": version,
                        "attngen": attngen.__version__})
     ffi_lib = Path(li.find_libtvm_ffi())
 
@@ -58,7 +64,7 @@ def build_merge_cuda_library(archs: tuple[str, ...], cache: BuildCache | None = 
 
     cache = cache or BuildCache()
     gencodes = [arch_spec(a).gencode for a in archs]
-    key = content_key({"merge_cuda": hash_files([CSRC / "merge_states.cu", CSRC / "ffi_glue.h"]),
+    key = content_key({"merge_cuda": csrc_hash(),
                        "nvcc": nvcc.nvcc_version(), "archs": gencodes, "attngen": attngen.__version__})
     ffi_lib = Path(li.find_libtvm_ffi())
 

@@ -54,7 +54,7 @@ from . import nvcc, nvjitlink, nvrtc
 from .cache import BuildCache, content_key, hash_files
 from .cuda_entries import SCALED_KV_HEADERS, decode_entry, kv_c_type, prefill_entry, prefill_kind
 from .cuda_variant import C_TYPES, abi_hooks_source, params_bytes
-from .host_library import host_cxx
+from .host_library import csrc_hash, host_cxx
 from .linked_cubin import cubin_kernels, kernel_table
 
 CSRC = Path(attngen.__file__).parent / "csrc"
@@ -206,11 +206,6 @@ def run_tool(cmd: list[str], what: str) -> None:
         raise nvcc.NvccError(f"{what} failed:\n$ {' '.join(cmd)}\n{p.stderr[-6000:]}")
 
 
-@functools.lru_cache(maxsize=None)
-def _csrc_hash() -> str:
-    return hash_files(sorted(p for p in CSRC.iterdir() if p.is_file()), root=CSRC)
-
-
 # ---- template objects ----
 
 def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int, part: int = 0,
@@ -233,7 +228,7 @@ def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: Bu
                                                   smem_floor_define(cfg.archs)),
                         "arch": arch, "head_dim": head_dim, "dtypes": [pair.q, pair.kv],
                         "max_group": cfg.max_group_size if record == "decode" else 0, "abi": abi,
-                        "fast_math": cfg.fast_math, "csrc": _csrc_hash(), "tiles": tiles_header(),
+                        "fast_math": cfg.fast_math, "csrc": csrc_hash(), "tiles": tiles_header(),
                         "enums": enums_header(), "nvcc": nvcc.nvcc_version(), "attngen": attngen.__version__})
 
 
@@ -296,7 +291,7 @@ def exports_source(variant, cfg: BuildConfig, params: dict[int, str]) -> str:
                 parts += [f"namespace attngen_linked {{ struct tag_{e.name}; }}",
                           f"extern template struct attngen::LinkedLaunch<{e.tag}, {e.own}>;",
                           f'static constexpr char {name_array}[] = "{e.name}";',
-                          f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({e.name}, (attngen::LinkedEntry<{name_array}, "
+                          f"ATTNGEN_EXPORT_TYPED_FUNC({e.name}, (attngen::LinkedEntry<{name_array}, "
                           f"attngen_gen::LinkedParams_d{d}, {e.tag}, {e.own}>::call));"]
     return "\n".join(parts) + "\n"
 
@@ -311,7 +306,7 @@ def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) 
     the hook signature: shared by every variant of that signature, whatever its parameters; and whether the
     cache had it."""
     src_text = launch_source(cfg, head_dim)
-    key = content_key({"lto_launch": src_text, "abi": abi, "csrc": _csrc_hash(), "tiles": tiles_header(),
+    key = content_key({"lto_launch": src_text, "abi": abi, "csrc": csrc_hash(), "tiles": tiles_header(),
                        "enums": enums_header(), "nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1],
                        "tvm_ffi": tvm_ffi.__version__, "fast_math": cfg.fast_math, "attngen": attngen.__version__})
 
@@ -338,7 +333,7 @@ def exports_object(variant, cfg: BuildConfig, params: dict[int, str], cache: Bui
     lists, names, dtypes and layouts, never a hook body; and whether the cache had them."""
     src_text = exports_source(variant, cfg, params)
     cxx, cxx_version = host_cxx()
-    key = content_key({"lto_exports": src_text, "csrc": _csrc_hash(), "cxx": cxx_version,
+    key = content_key({"lto_exports": src_text, "csrc": csrc_hash(), "cxx": cxx_version,
                        "tvm_ffi": tvm_ffi.__version__, "attngen": attngen.__version__})
 
     def build(out: Path) -> None:

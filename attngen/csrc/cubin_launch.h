@@ -46,7 +46,8 @@ extern int attngen_extra_count;
 
 // A linked-library failure: a TVM-FFI error where the host glue has TVM-FFI (always, in a library).
 #ifdef TVM_FFI_THROW
-#define ATTNGEN_LINKED_FAIL(msg) TVM_FFI_THROW(RuntimeError) << (msg)
+#include "host_error.h"
+#define ATTNGEN_LINKED_FAIL(msg) ATTNGEN_THROW(RuntimeError) << (msg)
 #else
 #define ATTNGEN_LINKED_FAIL(msg) throw std::runtime_error(msg)
 #endif

@@ -3,7 +3,7 @@
 // build's group bound MaxG and the exported name (for error messages). Python emits one explicit
 // export per (D, dtype, layout) (codegen/cuda_entries.py):
 //
-//   TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_decode_paged_nhd_f16_d128,
+//   ATTNGEN_EXPORT_TYPED_FUNC(batch_decode_paged_nhd_f16_d128,
 //       (attngen::DecodePagedEntry<attngen_gen::Hooks_d128, half, 128, attngen::KVLayout::kNHD, 8, kName>::call));
 //
 // Arguments, all tensors on one CUDA device (the current stream is used):
@@ -75,31 +75,31 @@ bool fill_decode_split(Problem& P, const DecodeSplitArgs& split, const char* nam
   P.backend = static_cast<int>(split.backend);
   if (split.plan.has_value()) {
     if (split.plan_ctas < 1 || split.plan_merges < 0)
-      TVM_FFI_THROW(ValueError) << name << ": with a plan, plan_ctas must be at least 1 and plan_merges at least 0";
+      ATTNGEN_THROW(ValueError) << name << ": with a plan, plan_ctas must be at least 1 and plan_merges at least 0";
     P.plan = static_cast<const int32_t*>(data_of(*split.plan));
     P.plan_ctas = static_cast<int>(split.plan_ctas);
     P.plan_max_merges = static_cast<int>(split.plan_merges);
   } else if (split.plan_ctas != 0 || split.plan_merges != 0) {
-    TVM_FFI_THROW(ValueError) << name << ": plan_ctas / plan_merges describe a plan; without one pass 0";
+    ATTNGEN_THROW(ValueError) << name << ": plan_ctas / plan_merges describe a plan; without one pass 0";
   }
   if (P.group > MaxG)
-    TVM_FFI_THROW(ValueError) << name << ": group size " << P.num_qo_heads << "/" << P.num_kv_heads
+    ATTNGEN_THROW(ValueError) << name << ": group size " << P.num_qo_heads << "/" << P.num_kv_heads
                               << " is not served; this library was built with max_group_size=" << MaxG;
   if (P.batch == 0) return false;
-  if (P.num_chunks < 1) TVM_FFI_THROW(ValueError) << name << ": num_chunks must be at least 1";
+  if (P.num_chunks < 1) ATTNGEN_THROW(ValueError) << name << ": num_chunks must be at least 1";
   if (!is_decode_backend(split.backend))
-    TVM_FFI_THROW(ValueError) << name << ": backend must be 0 (automatic), 1 (CUDA cores) or 2 (tensor cores)";
+    ATTNGEN_THROW(ValueError) << name << ": backend must be 0 (automatic), 1 (CUDA cores) or 2 (tensor cores)";
   if (!P.plan && P.num_chunks > 1 &&
       (split.part_o.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads * D ||
        split.part_lse.numel() < int64_t(P.batch) * P.num_chunks * P.num_qo_heads))
-    TVM_FFI_THROW(ValueError) << name << ": part_o / part_lse are smaller than batch x num_chunks x heads";
+    ATTNGEN_THROW(ValueError) << name << ": part_o / part_lse are smaller than batch x num_chunks x heads";
   return true;
 }
 
 // After a decode launcher ran (launched: whether it found a template for the call): the errors of the launch.
 inline void check_decode_launch(const char* name, bool launched) {
   if (!launched)
-    TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
+    ATTNGEN_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
                                          "split-KV plan needs one; plan with tensor_cores=False";
   check_launch(name);
 }

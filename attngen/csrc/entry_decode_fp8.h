@@ -7,7 +7,7 @@
 // DecodePagedEntry, in whole-program and linked builds alike. Python emits, per (D, dtype, K/V dtype,
 // layout):
 //
-//   TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_decode_paged_nhd_f16_kve4m3_d128,
+//   ATTNGEN_EXPORT_TYPED_FUNC(batch_decode_paged_nhd_f16_kve4m3_d128,
 //       (attngen::DecodePagedFP8Entry<attngen_gen::Hooks_d128, half, __nv_fp8_e4m3, 128,
 //                                     attngen::KVLayout::kNHD, 8, kName>::call));
 #pragma once

@@ -3,7 +3,7 @@
 // (paged K/V) and the exported name (for error messages). Python emits one explicit export per
 // (D, dtype, K/V source) (codegen/cuda_entries.py):
 //
-//   TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_prefill_ragged_f16_d128,
+//   ATTNGEN_EXPORT_TYPED_FUNC(batch_prefill_ragged_f16_d128,
 //       (attngen::PrefillRaggedEntry<attngen_gen::Hooks_d128, half, 128, kName>::call));
 //
 // Arguments, all tensors on one CUDA device (the current stream is used):
@@ -42,19 +42,19 @@ using TV = tvm::ffi::TensorView;
 inline void fill_tile_list(PrefillProblem& P, const char* name, const tvm::ffi::TensorView& q,
                            const OptionalTensor& indptr, const OptionalTensor& entries, int64_t heads) {
   if (indptr.has_value() != entries.has_value())
-    TVM_FFI_THROW(ValueError) << name << ": tile_indptr and tile_entries come together (a plan's tile map) or not at all";
+    ATTNGEN_THROW(ValueError) << name << ": tile_indptr and tile_entries come together (a plan's tile map) or not at all";
   if (!indptr.has_value()) {
-    if (heads != 0) TVM_FFI_THROW(ValueError) << name << ": tile_heads describes a tile map; without one pass 0";
+    if (heads != 0) ATTNGEN_THROW(ValueError) << name << ": tile_heads describes a tile map; without one pass 0";
     return;
   }
   check_args(name, {{"tile_indptr", *indptr, 1, dl_dtype<int32_t>()}, {"tile_entries", *entries, 1, dl_dtype<int32_t>()}},
              q.device().device_id);
   if (heads != 1 && heads != P.num_kv_heads)
-    TVM_FFI_THROW(ValueError) << name << ": tile_heads must be 1 or the number of KV heads (" << P.num_kv_heads << ")";
+    ATTNGEN_THROW(ValueError) << name << ": tile_heads must be 1 or the number of KV heads (" << P.num_kv_heads << ")";
   const int64_t lists = (*indptr).size(0) - 1;
   if (P.batch == 0) return;  // nothing to launch
   if (lists % (int64_t(P.batch) * heads) != 0)
-    TVM_FFI_THROW(ValueError) << name << ": tile_indptr has " << lists << " lists, not batch x tile_heads x query "
+    ATTNGEN_THROW(ValueError) << name << ": tile_indptr has " << lists << " lists, not batch x tile_heads x query "
                               << "tiles: plan again for this batch";
   P.tiles = TileList{static_cast<const int32_t*>(data_of(*indptr)), static_cast<const int32_t*>(data_of(*entries)),
                      static_cast<int>(heads), static_cast<int>(lists / (int64_t(P.batch) * heads))};
@@ -68,7 +68,7 @@ void fill_work_order(PrefillProblem& P, const char* name, const tvm::ffi::Tensor
   check_args(name, {{"work_order", *order, 1, dl_dtype<int32_t>()}}, q.device().device_id);
   const int64_t pairs = int64_t(P.batch) * ((max_qo_len * P.group + HopperTile<D>::kRows - 1) / HopperTile<D>::kRows);
   if ((*order).size(0) != pairs)
-    TVM_FFI_THROW(ValueError) << name << ": work_order has " << (*order).size(0) << " entries, not batch x query "
+    ATTNGEN_THROW(ValueError) << name << ": work_order has " << (*order).size(0) << " entries, not batch x query "
                               << "tiles (" << pairs << "): plan again for this batch";
   P.work_order = static_cast<const int32_t*>(data_of(*order));
 }
@@ -127,16 +127,16 @@ void fill_prefill_launch(const char* name, PrefillProblem& P, const TV& q, const
   fill_tile_list(P, name, q, a.tile_indptr, a.tile_entries, a.tile_heads);
   fill_work_order<D>(P, name, q, a.work_order, a.max_qo_len);
   if (!is_prefill_tile_rows(a.tile_rows))
-    TVM_FFI_THROW(ValueError) << name << ": tile_rows must be 0 (the library's choice), 64 or 128";
+    ATTNGEN_THROW(ValueError) << name << ": tile_rows must be 0 (the library's choice), 64 or 128";
   if (!is_prefill_template(a.kernel))
-    TVM_FFI_THROW(ValueError) << name << ": kernel must be a PrefillTemplate (0 auto, 1 mma.sync, 2 Hopper)";
+    ATTNGEN_THROW(ValueError) << name << ": kernel must be a PrefillTemplate (0 auto, 1 mma.sync, 2 Hopper)";
   if (const char* why = prefill_template_problem(static_cast<int>(a.kernel)))
-    TVM_FFI_THROW(ValueError) << name << ": " << why << "; plan with the default template";
+    ATTNGEN_THROW(ValueError) << name << ": " << why << "; plan with the default template";
   P.tile_rows = static_cast<int>(a.tile_rows);
   P.kernel = static_cast<int>(a.kernel);
   if (P.tiles.present()) {
     if (const char* why = tile_list_problem<V, D>(P, static_cast<int>(a.max_qo_len)))
-      TVM_FFI_THROW(ValueError) << name << ": " << why << "; plan again";
+      ATTNGEN_THROW(ValueError) << name << ": " << why << "; plan again";
   }
 }
 
@@ -212,13 +212,13 @@ struct TileMapEntry<V, D, Name, ArgList<X...>> {
     M.q_tiles = static_cast<int>(map.size(2));
     M.k_tiles = static_cast<int>(map.size(3));
     if (kv_len.size(0) != M.batch || map.size(0) != M.batch)
-      TVM_FFI_THROW(ValueError) << Name << ": kv_len and map need one entry per request (" << M.batch << ")";
+      ATTNGEN_THROW(ValueError) << Name << ": kv_len and map need one entry per request (" << M.batch << ")";
     if (M.heads != (V::kMaskReadsHeads ? M.num_kv_heads : 1))
-      TVM_FFI_THROW(ValueError) << Name << ": map's head rows must be "
+      ATTNGEN_THROW(ValueError) << Name << ": map's head rows must be "
                                 << (V::kMaskReadsHeads ? "num_kv_heads (the mask reads a head index)"
                                                        : "1 (the mask reads no head index)");
     if (M.group < 1 || M.rows < 1 || M.keys < 1)
-      TVM_FFI_THROW(ValueError) << Name << ": group, rows and keys must be positive";
+      ATTNGEN_THROW(ValueError) << Name << ": group, rows and keys must be positive";
     launch_tile_map<V>(M, hp, stream_of(qo_indptr));
     check_launch(Name);
   }

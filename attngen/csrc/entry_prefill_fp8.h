@@ -5,7 +5,7 @@
 // (hopper_fp8_stage.cuh) on sm_90a, the mma.sync one (kv_staging.cuh) elsewhere; each stages the fp8 rows and
 // widens them into 16-bit tiles. Python emits, per (D, dtype, K/V dtype, layout):
 //
-//   TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_prefill_paged_nhd_f16_kve4m3_d128,
+//   ATTNGEN_EXPORT_TYPED_FUNC(batch_prefill_paged_nhd_f16_kve4m3_d128,
 //       (attngen::PrefillPagedFP8Entry<attngen_gen::Hooks_d128, half, __nv_fp8_e4m3, 128,
 //                                      attngen::KVLayout::kNHD, kName>::call));
 #pragma once

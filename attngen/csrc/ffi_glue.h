@@ -14,6 +14,9 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "ffi_export.h"
+#include "host_error.h"
+
 namespace attngen {
 
 inline void* data_of(const tvm::ffi::TensorView& t) {
@@ -28,11 +31,11 @@ inline cudaStream_t stream_of(const tvm::ffi::TensorView& t) {
 
 inline void check_tensor(const tvm::ffi::TensorView& t, const char* name, int ndim, DLDataType bits) {
   if (t.ndim() != ndim)
-    TVM_FFI_THROW(ValueError) << name << ": expected " << ndim << " dims, got " << t.ndim();
+    ATTNGEN_THROW(ValueError) << name << ": expected " << ndim << " dims, got " << t.ndim();
   if (t.device().device_type != kDLCUDA)
-    TVM_FFI_THROW(ValueError) << name << ": expected a CUDA tensor";
+    ATTNGEN_THROW(ValueError) << name << ": expected a CUDA tensor";
   if (t.dtype().bits != bits.bits)
-    TVM_FFI_THROW(ValueError) << name << ": expected a " << int(bits.bits) << "-bit element type";
+    ATTNGEN_THROW(ValueError) << name << ": expected a " << int(bits.bits) << "-bit element type";
 }
 
 // The DLPack element type of a C++ element type the templates are instantiated with.
@@ -67,28 +70,28 @@ struct TensorArg {
 inline void check_args(const char* entry, std::initializer_list<TensorArg> args, int device_id = -1) {
   for (const TensorArg& a : args) {
     if (a.tensor.dtype() != a.dtype)
-      TVM_FFI_THROW(TypeError) << entry << ": " << a.name << ": expected element type " << a.dtype << ", got "
+      ATTNGEN_THROW(TypeError) << entry << ": " << a.name << ": expected element type " << a.dtype << ", got "
                                << a.tensor.dtype();
     if (a.ndim >= 0 && a.tensor.ndim() != a.ndim)
-      TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": expected " << a.ndim << " dims, got "
+      ATTNGEN_THROW(ValueError) << entry << ": " << a.name << ": expected " << a.ndim << " dims, got "
                                 << a.tensor.ndim();
     if ((a.dtype.code == kDLInt || a.dtype.code == kDLUInt) && !a.tensor.IsContiguous())
-      TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": must be contiguous (an index array is read at "
+      ATTNGEN_THROW(ValueError) << entry << ": " << a.name << ": must be contiguous (an index array is read at "
                                 << "element offsets)";
   }
   for (const TensorArg& a : args) {
     if (a.tensor.device().device_type != kDLCUDA)
-      TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": expected a CUDA tensor";
+      ATTNGEN_THROW(ValueError) << entry << ": " << a.name << ": expected a CUDA tensor";
     const int want = device_id >= 0 ? device_id : args.begin()->tensor.device().device_id;
     if (a.tensor.device().device_id != want)
-      TVM_FFI_THROW(ValueError) << entry << ": " << a.name << ": on cuda:" << a.tensor.device().device_id
+      ATTNGEN_THROW(ValueError) << entry << ": " << a.name << ": on cuda:" << a.tensor.device().device_id
                                 << ", the call's tensors on cuda:" << want << " (one call runs on one GPU)";
   }
 }
 
 inline void check_launch(const char* name) {
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) TVM_FFI_THROW(RuntimeError) << name << ": CUDA launch failed: " << cudaGetErrorString(err);
+  if (err != cudaSuccess) ATTNGEN_THROW(RuntimeError) << name << ": CUDA launch failed: " << cudaGetErrorString(err);
 }
 
 }  // namespace attngen

@@ -17,7 +17,7 @@ constexpr DLDataType dl_dtype<__nv_fp8_e5m2>() { return {static_cast<uint8_t>(kD
 inline KVScales kv_scales_of(const char* name, const tvm::ffi::TensorView& k_scale,
                              const tvm::ffi::TensorView& v_scale, int num_kv_heads) {
   if (k_scale.size(0) != num_kv_heads || v_scale.size(0) != num_kv_heads)
-    TVM_FFI_THROW(ValueError) << name << ": k_scale / v_scale need one entry per KV head (" << num_kv_heads << ")";
+    ATTNGEN_THROW(ValueError) << name << ": k_scale / v_scale need one entry per KV head (" << num_kv_heads << ")";
   return KVScales{static_cast<const float*>(data_of(k_scale)), static_cast<const float*>(data_of(v_scale))};
 }
 

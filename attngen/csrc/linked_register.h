@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "host_error.h"
+
 extern "C" int attngen_register_extra_cubin(const unsigned char* data, unsigned long size, int sm,
                                             const char* const* kernels, int num_kernels);
 
@@ -20,14 +22,14 @@ namespace {  // this library's own (the exports are compiled without hidden visi
 // (cubin bytes, its arch as major * 10 + minor, [key, mangled name, key, mangled name, ...]) -> the number
 // of cubins registered so far
 inline int64_t register_linked_cubin(tvm::ffi::Bytes cubin, int64_t sm, tvm::ffi::Array<tvm::ffi::String> table) {
-  if (table.size() % 2 != 0) TVM_FFI_THROW(ValueError) << "table: key / mangled-name pairs expected";
+  if (table.size() % 2 != 0) ATTNGEN_THROW(ValueError) << "table: key / mangled-name pairs expected";
   std::vector<std::string> names(table.begin(), table.end());
   std::vector<const char*> ptrs;
   for (const std::string& n : names) ptrs.push_back(n.c_str());
   const int n = attngen_register_extra_cubin(reinterpret_cast<const unsigned char*>(cubin.data()), cubin.size(),
                                              int(sm), ptrs.data(), int(ptrs.size() / 2));
   if (n < 0)
-    TVM_FFI_THROW(RuntimeError) << "attngen: the library could not take another cubin (64 at most, or memory is short)";
+    ATTNGEN_THROW(RuntimeError) << "attngen: the library could not take another cubin (64 at most, or memory is short)";
   return n;
 }
 

@@ -100,12 +100,12 @@ void merge_state_inplace_ffi(tvm::ffi::TensorView v, tvm::ffi::TensorView s, tvm
 }  // namespace
 }  // namespace attngen
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_states_f32, attngen::merge_states_ffi<float>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_states_f16, attngen::merge_states_ffi<half>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_states_bf16, attngen::merge_states_ffi<__nv_bfloat16>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_states_sum_f32, attngen::merge_states_sum_ffi<float>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_states_sum_f16, attngen::merge_states_sum_ffi<half>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_states_sum_bf16, attngen::merge_states_sum_ffi<__nv_bfloat16>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_state_inplace_f32, attngen::merge_state_inplace_ffi<float>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_state_inplace_f16, attngen::merge_state_inplace_ffi<half>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_state_inplace_bf16, attngen::merge_state_inplace_ffi<__nv_bfloat16>);
+ATTNGEN_EXPORT_TYPED_FUNC(merge_states_f32, attngen::merge_states_ffi<float>);
+ATTNGEN_EXPORT_TYPED_FUNC(merge_states_f16, attngen::merge_states_ffi<half>);
+ATTNGEN_EXPORT_TYPED_FUNC(merge_states_bf16, attngen::merge_states_ffi<__nv_bfloat16>);
+ATTNGEN_EXPORT_TYPED_FUNC(merge_states_sum_f32, attngen::merge_states_sum_ffi<float>);
+ATTNGEN_EXPORT_TYPED_FUNC(merge_states_sum_f16, attngen::merge_states_sum_ffi<half>);
+ATTNGEN_EXPORT_TYPED_FUNC(merge_states_sum_bf16, attngen::merge_states_sum_ffi<__nv_bfloat16>);
+ATTNGEN_EXPORT_TYPED_FUNC(merge_state_inplace_f32, attngen::merge_state_inplace_ffi<float>);
+ATTNGEN_EXPORT_TYPED_FUNC(merge_state_inplace_f16, attngen::merge_state_inplace_ffi<half>);
+ATTNGEN_EXPORT_TYPED_FUNC(merge_state_inplace_bf16, attngen::merge_state_inplace_ffi<__nv_bfloat16>);

@@ -35,6 +35,8 @@
 #include <vector>
 
 #include "decode_plan_pack.h"
+#include "ffi_export.h"
+#include "host_error.h"
 #include "planner.h"
 
 namespace {
@@ -56,33 +58,33 @@ class NamedOptions {
   int64_t integer(const char* key) {
     const Any v = get(key);
     if (std::optional<int64_t> x = v.as<int64_t>()) return *x;
-    TVM_FFI_THROW(TypeError) << what_ << "['" << key << "']: expected an integer, got " << v.GetTypeKey();
+    ATTNGEN_THROW(TypeError) << what_ << "['" << key << "']: expected an integer, got " << v.GetTypeKey();
   }
   std::optional<int64_t> optional_integer(const char* key) {
     const Any v = get(key);
     if (v == nullptr) return std::nullopt;
     if (std::optional<int64_t> x = v.as<int64_t>()) return x;
-    TVM_FFI_THROW(TypeError) << what_ << "['" << key << "']: expected an integer or None, got " << v.GetTypeKey();
+    ATTNGEN_THROW(TypeError) << what_ << "['" << key << "']: expected an integer or None, got " << v.GetTypeKey();
   }
   double real(const char* key) {
     const Any v = get(key);
     if (std::optional<double> x = v.try_cast<double>()) return *x;
-    TVM_FFI_THROW(TypeError) << what_ << "['" << key << "']: expected a number, got " << v.GetTypeKey();
+    ATTNGEN_THROW(TypeError) << what_ << "['" << key << "']: expected a number, got " << v.GetTypeKey();
   }
   bool flag(const char* key) {
     const Any v = get(key);
     if (std::optional<bool> x = v.as<bool>()) return *x;
-    TVM_FFI_THROW(TypeError) << what_ << "['" << key << "']: expected a bool, got " << v.GetTypeKey();
+    ATTNGEN_THROW(TypeError) << what_ << "['" << key << "']: expected a bool, got " << v.GetTypeKey();
   }
   std::string text(const char* key) {
     const Any v = get(key);
     if (std::optional<String> x = v.as<String>()) return std::string(*x);
-    TVM_FFI_THROW(TypeError) << what_ << "['" << key << "']: expected a string, got " << v.GetTypeKey();
+    ATTNGEN_THROW(TypeError) << what_ << "['" << key << "']: expected a string, got " << v.GetTypeKey();
   }
   Tensor tensor(const char* key) {
     const Any v = get(key);
     if (std::optional<Tensor> x = v.as<Tensor>()) return *x;
-    TVM_FFI_THROW(TypeError) << what_ << "['" << key << "']: expected a tensor, got " << v.GetTypeKey();
+    ATTNGEN_THROW(TypeError) << what_ << "['" << key << "']: expected a tensor, got " << v.GetTypeKey();
   }
   // Every key of the map was read.
   void done() const {
@@ -90,14 +92,14 @@ class NamedOptions {
     for (const auto& kv : map_) {
       const std::string key(kv.first);
       if (std::find(read_.begin(), read_.end(), key) == read_.end())
-        TVM_FFI_THROW(TypeError) << what_ << ": unknown key '" << key << "'";
+        ATTNGEN_THROW(TypeError) << what_ << ": unknown key '" << key << "'";
     }
   }
 
  private:
   Any get(const char* key) {
     auto it = map_.find(String(key));
-    if (it == map_.end()) TVM_FFI_THROW(TypeError) << what_ << ": missing key '" << key << "'";
+    if (it == map_.end()) ATTNGEN_THROW(TypeError) << what_ << ": missing key '" << key << "'";
     read_.emplace_back(key);
     return (*it).second;
   }
@@ -107,7 +109,7 @@ class NamedOptions {
 };
 
 int as_int(int64_t v, const char* what, const char* key) {
-  if (v < INT32_MIN || v > INT32_MAX) TVM_FFI_THROW(ValueError) << what << "['" << key << "']: " << v << " is past int32";
+  if (v < INT32_MIN || v > INT32_MAX) ATTNGEN_THROW(ValueError) << what << "['" << key << "']: " << v << " is past int32";
   return int(v);
 }
 
@@ -162,12 +164,12 @@ Layout read_layout(Options map) {
   Layout l;
   const std::string mode = o.text("mode");
   if (mode != "compact" && mode != "bounded")
-    TVM_FFI_THROW(ValueError) << "layout['mode']: expected \"compact\" or \"bounded\", got \"" << mode << "\"";
+    ATTNGEN_THROW(ValueError) << "layout['mode']: expected \"compact\" or \"bounded\", got \"" << mode << "\"";
   l.bounded = mode == "bounded";
   l.merge_counter_heads = o.integer("merge_counter_heads");
   l.fused_merge = o.flag("fused_merge");
   o.done();
-  if (l.merge_counter_heads < 0) TVM_FFI_THROW(ValueError) << "layout['merge_counter_heads']: must be >= 0";
+  if (l.merge_counter_heads < 0) ATTNGEN_THROW(ValueError) << "layout['merge_counter_heads']: must be >= 0";
   return l;
 }
 
@@ -183,9 +185,9 @@ bool is_host_int32_vector(TensorView t) {
 }
 
 int32_t* host_int32(TensorView t, const char* name, int64_t need) {
-  if (!is_host_int32_vector(t)) TVM_FFI_THROW(ValueError) << name << ": expected a contiguous 1-D int32 host tensor";
+  if (!is_host_int32_vector(t)) ATTNGEN_THROW(ValueError) << name << ": expected a contiguous 1-D int32 host tensor";
   if (t.size(0) < need)
-    TVM_FFI_THROW(ValueError) << name << ": holds " << t.size(0) << " entries, the plan needs " << need;
+    ATTNGEN_THROW(ValueError) << name << ": holds " << t.size(0) << " entries, the plan needs " << need;
   return reinterpret_cast<int32_t*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
 }
 
@@ -201,7 +203,7 @@ const int32_t* lengths(TensorView t) {
 void check_lengths(TensorView qo_len, TensorView kv_len) {
   for (const TensorView* t : {&qo_len, &kv_len}) {
     if (!is_host_int32_vector(*t) || t->size(0) != qo_len.size(0))
-      TVM_FFI_THROW(ValueError) << "qo_len, kv_len: expected two [batch_size] int32 host vectors of the same length";
+      ATTNGEN_THROW(ValueError) << "qo_len, kv_len: expected two [batch_size] int32 host vectors of the same length";
   }
 }
 
@@ -209,7 +211,7 @@ attngen::Plan run_planner(const attngen::PlanInput& in, const attngen::PlanCapac
   try {
     return attngen::plan_split_kv(in, cap);
   } catch (const std::exception& e) {
-    TVM_FFI_THROW(ValueError) << e.what();
+    ATTNGEN_THROW(ValueError) << e.what();
   }
 }
 
@@ -240,10 +242,10 @@ Counts plan_into(const Capacity& cap, Options request, TensorView qo_len, Tensor
   in.kv_len = lengths(kv_len);
   in.batch = int(qo_len.size(0));
   if (in.batch > cap.max_batch)
-    TVM_FFI_THROW(ValueError) << "max_batch: the batch has " << in.batch << " requests, the planner was sized for "
+    ATTNGEN_THROW(ValueError) << "max_batch: the batch has " << in.batch << " requests, the planner was sized for "
                               << cap.max_batch;
   if (in.num_ctas <= 0 || in.num_ctas > cap.max_ctas)
-    TVM_FFI_THROW(ValueError) << "num_ctas: " << in.num_ctas << " is outside 1..max_ctas=" << cap.max_ctas;
+    ATTNGEN_THROW(ValueError) << "num_ctas: " << in.num_ctas << " is outside 1..max_ctas=" << cap.max_ctas;
   *p = attngen::Plan();
   *p = run_planner(in, cap.plan);
   std::vector<int32_t> w;
@@ -287,14 +289,14 @@ struct PlannerState {
 Counts pack(PlannerState& s, TensorView buf, Options layout_options) {
   const Layout layout = read_layout(std::move(layout_options));
   std::lock_guard<std::mutex> guard(s.lock);
-  if (s.latest.cta_indptr.empty()) TVM_FFI_THROW(ValueError) << "pack: no plan to pack (plan first)";
+  if (s.latest.cta_indptr.empty()) ATTNGEN_THROW(ValueError) << "pack: no plan to pack (plan first)";
   const int ctas = int(s.latest.cta_indptr.size()) - 1;
   const attngen::DecodePlanLayout l = place(layout, s.cap, s.latest, ctas);
   int32_t* out = host_int32(buf, "buf", l.ints);
   try {
     attngen::write_decode_plan(s.latest, ctas, l, layout.fused_merge, out);
   } catch (const std::exception& e) {
-    TVM_FFI_THROW(ValueError) << e.what();
+    ATTNGEN_THROW(ValueError) << e.what();
   }
   return Counts({{"ints", l.ints}, {"merges", int64_t(s.latest.merge_request.size())}});
 }
@@ -314,7 +316,7 @@ tvm::ffi::Map<String, Function> split_kv_planner(Options capacity, Options outpu
 int64_t plan_layout_ints(Options capacity, Options layout_options) {
   const Capacity cap = read_capacity(std::move(capacity));
   const Layout layout = read_layout(std::move(layout_options));
-  if (!layout.bounded) TVM_FFI_THROW(ValueError) << "layout['mode']: a compact layout's size depends on the plan";
+  if (!layout.bounded) ATTNGEN_THROW(ValueError) << "layout['mode']: a compact layout's size depends on the plan";
   return attngen::bounded_plan_layout(cap.max_ctas, cap.plan, layout.merge_counter_heads).ints;
 }
 
@@ -323,13 +325,13 @@ Counts plan_decode_packed(Options request, Options capacity, TensorView kv_len, 
   const Capacity cap = read_capacity(std::move(capacity));
   check_lengths(kv_len, kv_len);
   if (in.tile_rows != 16 || in.mask_lower || in.mask_upper)
-    TVM_FFI_THROW(ValueError) << "plan_decode_packed: a decode plan has 16-row tiles and no mask bounds";
+    ATTNGEN_THROW(ValueError) << "plan_decode_packed: a decode plan has 16-row tiles and no mask bounds";
   attngen::Plan p;
   try {
     p = attngen::plan_decode(lengths(kv_len), int(kv_len.size(0)), in.group, in.num_ctas, in.alpha, in.beta,
                              in.fixed_chunk, in.min_chunk, cap.plan);
   } catch (const std::exception& e) {
-    TVM_FFI_THROW(ValueError) << e.what();
+    ATTNGEN_THROW(ValueError) << e.what();
   }
   const int64_t need = attngen::pack_decode_plan(p, in.num_ctas, nullptr);
   attngen::pack_decode_plan(p, in.num_ctas, host_int32(buf, "buf", need));
@@ -338,7 +340,7 @@ Counts plan_decode_packed(Options request, Options capacity, TensorView kv_len, 
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(plan_split_kv, plan_split_kv);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(split_kv_planner, split_kv_planner);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(plan_layout_ints, plan_layout_ints);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(plan_decode_packed, plan_decode_packed);
+ATTNGEN_EXPORT_TYPED_FUNC(plan_split_kv, plan_split_kv);
+ATTNGEN_EXPORT_TYPED_FUNC(split_kv_planner, split_kv_planner);
+ATTNGEN_EXPORT_TYPED_FUNC(plan_layout_ints, plan_layout_ints);
+ATTNGEN_EXPORT_TYPED_FUNC(plan_decode_packed, plan_decode_packed);

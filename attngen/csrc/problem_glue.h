@@ -66,7 +66,7 @@ int kv_from_ragged(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi::Te
   check_tensor(k, "k", 3, bits);
   check_tensor(v, "v", 3, bits);
   if (k.stride(0) != v.stride(0) || k.stride(1) != v.stride(1))
-    TVM_FFI_THROW(ValueError) << "k, v: must have the same strides";
+    ATTNGEN_THROW(ValueError) << "k, v: must have the same strides";
   kv.base = data_of(k);
   kv.indptr = static_cast<const int32_t*>(data_of(kv_indptr));
   kv.stride_kv = (static_cast<const char*>(data_of(v)) - static_cast<const char*>(data_of(k))) / int64_t(sizeof(T));
@@ -90,7 +90,7 @@ void fill_common(Problem& P, const tvm::ffi::TensorView& q, const tvm::ffi::Tens
   P.group = num_kv_heads > 0 ? P.num_qo_heads / num_kv_heads : 0;
   P.sm_scale = static_cast<float>(sm_scale);
   if (num_kv_heads <= 0 || P.group * num_kv_heads != P.num_qo_heads)
-    TVM_FFI_THROW(ValueError) << name << ": num_qo_heads " << P.num_qo_heads << " is not a multiple of num_kv_heads "
+    ATTNGEN_THROW(ValueError) << name << ": num_qo_heads " << P.num_qo_heads << " is not a multiple of num_kv_heads "
                               << num_kv_heads;
 }
 

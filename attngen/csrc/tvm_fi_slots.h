@@ -46,14 +46,14 @@ void split_keys_by_plan(DecodeProblem& P, const TensorView& float_ws, const Tens
 
 inline void check_run_layout(const char* name, int64_t layout, int64_t expected, const char* what,
                              int64_t window_left) {
-  if (layout != expected) TVM_FFI_THROW(ValueError) << name << ": " << what << " (layout code " << expected << ")";
-  if (window_left != -1) TVM_FFI_THROW(ValueError) << name << ": sliding windows are not served";
+  if (layout != expected) ATTNGEN_THROW(ValueError) << name << ": " << what << " (layout code " << expected << ")";
+  if (window_left != -1) ATTNGEN_THROW(ValueError) << name << ": sliding windows are not served";
 }
 
 inline void check_prefill_run(const char* name, int64_t mask_mode, const PlanInfo& plan_info) {
   if (mask_mode != 0 && mask_mode != 1)
-    TVM_FFI_THROW(ValueError) << name << ": mask mode " << mask_mode << " is not served (0: none, 1: causal)";
-  if (plan_info.size() < 1) TVM_FFI_THROW(ValueError) << name << ": plan_info is not from this library's plan";
+    ATTNGEN_THROW(ValueError) << name << ": mask mode " << mask_mode << " is not served (0: none, 1: causal)";
+  if (plan_info.size() < 1) ATTNGEN_THROW(ValueError) << name << ": plan_info is not from this library's plan";
 }
 
 template <class V, class T, int D, class Config, class Tensors = typename Config::TensorArgs>
@@ -78,15 +78,15 @@ struct FlashInferSlots<V, T, D, Config, ArgList<X...>> {
       p = plan_decode(kv_len, int(batch), int(num_qo_heads / num_kv_heads), ctas, Config::kDecodeCostAlpha,
                       Config::kDecodeCostBeta, 0, Config::kDecodeMinChunk, {batch + ctas, batch + ctas, batch});
     } catch (const std::exception& e) {
-      TVM_FFI_THROW(ValueError) << name << ": " << e.what();
+      ATTNGEN_THROW(ValueError) << name << ": " << e.what();
     }
     const int64_t ints = pack_decode_plan(p, ctas, nullptr);
     const int64_t partials = int64_t(p.merge_partials.size());
     if (int_ws.numel() * (int_ws.dtype().bits / 8) < ints * 4 ||
         locked_ws.numel() * (locked_ws.dtype().bits / 8) < ints * 4)
-      TVM_FFI_THROW(ValueError) << name << ": the int workspaces hold fewer than the plan's " << ints * 4 << " bytes";
+      ATTNGEN_THROW(ValueError) << name << ": the int workspaces hold fewer than the plan's " << ints * 4 << " bytes";
     if (float_ws.numel() * (float_ws.dtype().bits / 8) < partials * num_qo_heads * (D + 1) * 4)
-      TVM_FFI_THROW(ValueError) << name << ": the float workspace is smaller than the plan's partial states";
+      ATTNGEN_THROW(ValueError) << name << ": the float workspace is smaller than the plan's partial states";
     int32_t* host = static_cast<int32_t*>(data_of(locked_ws));
     pack_decode_plan(p, ctas, host);
     cudaMemcpyAsync(data_of(int_ws), host, size_t(ints) * 4, cudaMemcpyHostToDevice, stream_of(float_ws));
@@ -100,18 +100,18 @@ struct FlashInferSlots<V, T, D, Config, ArgList<X...>> {
                               int64_t qk_head_dim, int64_t v_head_dim, TensorView empty_q, TensorView empty_kv) {
     const char* name = Config::kDecodePlan;
     if (qk_head_dim != D || v_head_dim != D)
-      TVM_FFI_THROW(ValueError) << name << ": built for head_dim " << D << ", asked for " << qk_head_dim;
+      ATTNGEN_THROW(ValueError) << name << ": built for head_dim " << D << ", asked for " << qk_head_dim;
     if (window_left != -1 || logits_soft_cap != 0.0)
-      TVM_FFI_THROW(ValueError) << name << ": sliding windows and FlashInfer's soft cap are not served (write the "
+      ATTNGEN_THROW(ValueError) << name << ": sliding windows and FlashInfer's soft cap are not served (write the "
                                    "soft cap as the variant's logits hook)";
     if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads || num_qo_heads / num_kv_heads > kMaxGroup)
-      TVM_FFI_THROW(ValueError) << name << ": groups of 1 to " << kMaxGroup << " query heads per KV head are served";
+      ATTNGEN_THROW(ValueError) << name << ": groups of 1 to " << kMaxGroup << " query heads per KV head are served";
     const int32_t* ip = static_cast<const int32_t*>(data_of(page_indptr));
     std::vector<int32_t> kv_len(batch);
     for (int64_t b = 0; b < batch; ++b) kv_len[b] = (ip[b + 1] - ip[b]) * int32_t(page_size);  // keys <= pages x size
     const auto info = plan_split_decode(name, float_ws, int_ws, locked_ws, kv_len.data(), batch, num_qo_heads,
                                         num_kv_heads);
-    if (info[0] == 0) TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device";
+    if (info[0] == 0) ATTNGEN_THROW(ValueError) << name << ": no tensor-core decode tile fits this device";
     return PlanInfo({info[0], info[1], info[2], num_qo_heads});
   }
 
@@ -122,7 +122,7 @@ struct FlashInferSlots<V, T, D, Config, ArgList<X...>> {
     const char* name = Config::kDecodeRun;
     check_run_layout(name, layout, 1, "paged KV must be HND", window_left);
     if (plan_info.size() != 4 || plan_info[3] != q.size(1))
-      TVM_FFI_THROW(ValueError) << name << ": plan_info is not from this library's decode plan for these heads";
+      ATTNGEN_THROW(ValueError) << name << ": plan_info is not from this library's decode plan for these heads";
     DecodeProblem P{};
     fill_decode(P, q, o, lse, sm_scale, kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len), name);
     const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
@@ -139,8 +139,8 @@ struct FlashInferSlots<V, T, D, Config, ArgList<X...>> {
                                int64_t qk_head_dim, int64_t v_head_dim, bool causal, int64_t window_left,
                                int64_t fixed_split_size, bool disable_split_kv, int64_t num_colocated_ctas) {
     const char* name = Config::kPrefillPlan;
-    if (qk_head_dim != D || v_head_dim != D) TVM_FFI_THROW(ValueError) << name << ": built for head_dim " << D;
-    if (window_left != -1) TVM_FFI_THROW(ValueError) << name << ": sliding windows are not served";
+    if (qk_head_dim != D || v_head_dim != D) ATTNGEN_THROW(ValueError) << name << ": built for head_dim " << D;
+    if (window_left != -1) ATTNGEN_THROW(ValueError) << name << ": sliding windows are not served";
     const int32_t* qo = static_cast<const int32_t*>(data_of(qo_indptr));
     int64_t longest = 0;
     for (int64_t b = 0; b < batch; ++b) longest = std::max<int64_t>(longest, qo[b + 1] - qo[b]);
@@ -167,7 +167,7 @@ struct FlashInferSlots<V, T, D, Config, ArgList<X...>> {
     check_prefill_run(name, mask_mode, plan_info);
     if (plan_info.size() == kDecodeInPrefillPlanInfo) {  // a decode step planned as split-KV decode
       if (plan_info[4] != q.size(1) || q.size(0) != qo_indptr.size(0) - 1)
-        TVM_FFI_THROW(ValueError) << name << ": the decode plan_info is not for this batch and these heads";
+        ATTNGEN_THROW(ValueError) << name << ": the decode plan_info is not for this batch and these heads";
       DecodeProblem P{};
       fill_decode(P, q, o, lse, sm_scale, kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len), name);
       const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);

@@ -68,7 +68,7 @@ inline int64_t call_size(const SlotCall& call, CallSize s) {
 inline void check_slot_tensor(const char* entry, const char* name, const tvm::ffi::TensorView& t,
                               const SlotCall& call, std::initializer_list<DeclaredDim> dims) {
   if (t.device().device_id != call.device_id)
-    TVM_FFI_THROW(ValueError) << entry << ": tensor parameter '" << name << "' is on cuda:" << t.device().device_id
+    ATTNGEN_THROW(ValueError) << entry << ": tensor parameter '" << name << "' is on cuda:" << t.device().device_id
                               << ", the call's tensors on cuda:" << call.device_id
                               << "; give create_paged_kv_cache the parameter on the cache's GPU";
   int i = 0;
@@ -78,7 +78,7 @@ inline void check_slot_tensor(const char* entry, const char* name, const tvm::ff
     const int64_t want = d.size != CallSize::kNone ? call_size(call, d.size) : d.fixed;
     const bool at_least = d.at_least || per_call;
     if (want >= 0 && (at_least ? got < want : got != want))
-      TVM_FFI_THROW(ValueError) << entry << ": tensor parameter '" << name << "': dim " << i << " (" << d.text
+      ATTNGEN_THROW(ValueError) << entry << ": tensor parameter '" << name << "': dim " << i << " (" << d.text
                                 << ") is " << got << ", must be " << (at_least ? "at least " : "")
                                 << (d.size != CallSize::kNone ? "the call's " : "") << call_size_name(d.size)
                                 << (d.size != CallSize::kNone ? " " : "") << want

@@ -41,7 +41,7 @@ constexpr int kMaxGroup = 8;
 // The tree functions: TVM's cache refuses token trees under inline RoPE, and so do they.
 inline void check_no_inline_rope(const char* name, int64_t rotary_mode) {
   if (rotary_mode != 0)
-    TVM_FFI_THROW(ValueError) << name << ": rotary_mode " << rotary_mode << " (inline RoPE) is not served by "
+    ATTNGEN_THROW(ValueError) << name << ": rotary_mode " << rotary_mode << " (inline RoPE) is not served by "
         "attngen's token-tree slots (TVM's cache refuses token trees under inline RoPE); create the cache with "
         "RoPE applied before attention (RopeMode NORMAL or NONE)";
 }
@@ -50,9 +50,9 @@ inline void check_no_inline_rope(const char* name, int64_t rotary_mode) {
 template <class Config>
 bool wants_inline_rope(const char* name, int64_t rotary_mode) {
   if (rotary_mode != 0 && rotary_mode != 1)
-    TVM_FFI_THROW(ValueError) << name << ": rotary_mode " << rotary_mode << " is not TVM's (0 none, 1 inline)";
+    ATTNGEN_THROW(ValueError) << name << ": rotary_mode " << rotary_mode << " is not TVM's (0 none, 1 inline)";
   if (rotary_mode == 1 && !Config::kInlineRope)
-    TVM_FFI_THROW(ValueError) << name << ": rotary_mode 1 (inline RoPE) is not served by this library: it was "
+    ATTNGEN_THROW(ValueError) << name << ": rotary_mode 1 (inline RoPE) is not served by this library: it was "
         "built without RoPE kernels (BuildConfig.tvm_rope False); build it for the cache's RoPE (attngen.tvm "
         "does so from a CacheShape whose inline_rope is set)";
   return rotary_mode == 1;
@@ -61,7 +61,7 @@ bool wants_inline_rope(const char* name, int64_t rotary_mode) {
 
 inline void check_plain_length_info(const char* name, const TensorView& last_page_len) {
   if (last_page_len.ndim() != 1)
-    TVM_FFI_THROW(ValueError) << name << ": length_info must be [batch] (sliding-window length_info is not served)";
+    ATTNGEN_THROW(ValueError) << name << ": length_info must be [batch] (sliding-window length_info is not served)";
 }
 
 // TVM's sliding-window view: length_info [3, B] int32 = (last page lengths, window offsets, sink sizes), whose
@@ -69,7 +69,7 @@ inline void check_plain_length_info(const char* name, const TensorView& last_pag
 inline void set_sliding_view(const char* name, KVRows& kv, const TensorView& length_info) {
   if (length_info.ndim() != 2 || length_info.size(0) != 3 || length_info.dtype() != dl_dtype<int32_t>() ||
       !length_info.IsContiguous())
-    TVM_FFI_THROW(ValueError) << name << ": length_info must be a contiguous int32 [3, batch] (last page lengths, "
+    ATTNGEN_THROW(ValueError) << name << ": length_info must be a contiguous int32 [3, batch] (last page lengths, "
                                  "sliding-window offsets, sink sizes)";
   const int32_t* rows = static_cast<const int32_t*>(data_of(length_info));
   kv.window_offset = rows + length_info.size(1);
@@ -94,7 +94,7 @@ void set_rope(Problem& P, const TensorView& q_rope_position, const TensorView& k
 }
 
 inline void refuse_sliding_window(const char* name) {
-  TVM_FFI_THROW(ValueError) << name << ": this library was built without sliding-window kernels (BuildConfig."
+  ATTNGEN_THROW(ValueError) << name << ": this library was built without sliding-window kernels (BuildConfig."
                                "tvm_window None); build it for the cache's windows (attngen.tvm does so from a "
                                "CacheShape with support_sliding_window or 'mha_sliding' layers)";
 }
@@ -138,14 +138,14 @@ inline TreeMask tree_mask(const char* name, const TensorView& qo_indptr, const T
                           const TensorView& tree_order) {
   if (tree_mn_indptr.ndim() != 1 || qo_indptr.ndim() != 1 || tree_mn_indptr.size(0) != qo_indptr.size(0) ||
       tree_mn_indptr.dtype() != dl_dtype<int32_t>() || !tree_mn_indptr.IsContiguous())
-    TVM_FFI_THROW(ValueError) << name << ": tree_mn_indptr must be a contiguous int32 [batch + 1]";
+    ATTNGEN_THROW(ValueError) << name << ": tree_mn_indptr must be a contiguous int32 [batch + 1]";
   // (TVM's CUDA cache passes [nodes, 2] views of its merged aux buffer; its plain aux manager a flat [2 * nodes])
   const bool pairs = tree_order.ndim() == 2 ? tree_order.size(1) == 2
                                             : tree_order.ndim() == 1 && tree_order.size(0) % 2 == 0;
   if (!pairs || tree_order.dtype() != dl_dtype<int32_t>() || !tree_order.IsContiguous())
-    TVM_FFI_THROW(ValueError) << name << ": tree_order must be a contiguous int32 [tree nodes, 2] (or [2 * nodes])";
+    ATTNGEN_THROW(ValueError) << name << ": tree_order must be a contiguous int32 [tree nodes, 2] (or [2 * nodes])";
   if (tree_mn_indptr.device().device_type != kDLCUDA || tree_order.device().device_type != kDLCUDA)
-    TVM_FFI_THROW(ValueError) << name << ": tree_mn_indptr and tree_order must be CUDA tensors";
+    ATTNGEN_THROW(ValueError) << name << ": tree_mn_indptr and tree_order must be CUDA tensors";
   return {static_cast<const int32_t*>(data_of(tree_mn_indptr)), static_cast<const int32_t*>(data_of(tree_order))};
 }
 
@@ -170,7 +170,7 @@ template <class V, class T, int D, class SetSplit>
 void launch_tvm_decode(const char* name, DecodeProblem& P, const typename V::Params& hp, const TensorView& q,
                        SetSplit&& set_split) {
   if (P.group > kMaxGroup)
-    TVM_FFI_THROW(ValueError) << name << ": " << P.num_qo_heads << " query heads over " << P.num_kv_heads
+    ATTNGEN_THROW(ValueError) << name << ": " << P.num_qo_heads << " query heads over " << P.num_kv_heads
                               << " KV heads; groups of 1 to " << kMaxGroup << " are served";
   if (P.batch == 0) return;
   P.backend = static_cast<int>(DecodeBackend::kTensorCores);
@@ -181,7 +181,7 @@ void launch_tvm_decode(const char* name, DecodeProblem& P, const typename V::Par
   if constexpr (tvm_rope<V>()) launched = try_launch_decode_tc<V, T, D>(P, hp, stream);  // (no CUDA-core instance)
   else launched = launch_decode<V, T, D, kMaxGroup>(P, hp, stream);
   if (!launched)
-    TVM_FFI_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory";
+    ATTNGEN_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory";
   check_launch(name);
 }
 
@@ -208,7 +208,7 @@ void split_keys_evenly(const char* name, DecodeProblem& P) {
   if (P.num_chunks > 1) {
     float* ws = device_scratch(size_t(P.batch) * P.num_chunks * P.num_qo_heads * (D + 1));
     if (ws == nullptr)
-      TVM_FFI_THROW(RuntimeError) << name << ": could not allocate the split-KV scratch buffer on the GPU";
+      ATTNGEN_THROW(RuntimeError) << name << ": could not allocate the split-KV scratch buffer on the GPU";
     P.part_o = ws;
     P.part_lse = ws + size_t(P.batch) * P.num_chunks * P.num_qo_heads * D;
   }
@@ -347,7 +347,7 @@ struct TirxSlots<V, T, D, Config, ArgList<X...>> {
     const char* name = Config::kPrefillPagedTree;
     check_no_inline_rope(name, rotary_mode);
     if (length_info.ndim() != 1 && Config::kSlidingWindow <= 0)
-      TVM_FFI_THROW(ValueError) << name << ": length_info [3, batch] (an 'mha_sliding' layer) needs tree kernels "
+      ATTNGEN_THROW(ValueError) << name << ": length_info [3, batch] (an 'mha_sliding' layer) needs tree kernels "
                                    "with the layer window; build the library with BuildConfig.tvm_window = the "
                                    "window (attngen.tvm does so from a CacheShape with 'mha_sliding' layers)";
     const TreeMask tree = tree_mask(name, qo_indptr, tree_mn_indptr, tree_order);

@@ -21,7 +21,7 @@ template <class Elem>
 Elem* tensor_param(const char* entry, const char* name, const tvm::ffi::TensorView& t, int ndim) {
   check_args(entry, {{name, t, ndim, dl_dtype<Elem>()}});
   if (!t.IsContiguous())
-    TVM_FFI_THROW(ValueError) << entry << ": " << name << ": must be contiguous (a hook reads it by its declared "
+    ATTNGEN_THROW(ValueError) << entry << ": " << name << ": must be contiguous (a hook reads it by its declared "
                               << "shape)";
   return static_cast<Elem*>(data_of(t));
 }

@@ -51,7 +51,7 @@ from attngen.schedules.registry import companion_macros, selected
 from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
 from . import nvcc, nvjitlink, nvrtc
-from .cache import BuildCache, content_key, hash_files
+from .cache import BuildCache, content_key
 from .cuda_entries import SCALED_KV_HEADERS, decode_entry, kv_c_type, prefill_entry, prefill_kind
 from .cuda_variant import C_TYPES, abi_hooks_source, params_bytes
 from .host_library import csrc_hash, host_cxx

@@ -46,12 +46,27 @@ def _run(cmd: list[str], what: str) -> None:
         raise RuntimeError(f"{what} failed:\n$ {' '.join(cmd)}\n{p.stderr[-4000:]}")
 
 
+def merge_object(gencodes: list[str], cache: BuildCache) -> Path:
+    """The state-merge kernels and their exports (csrc/merge_states.cu) as one -fPIC object for ``gencodes``,
+    cached apart from the slot objects that link it (every variant's slot object has the same one)."""
+    import tvm_ffi.libinfo as li
+
+    key = content_key({"merge_object": csrc_hash(), "gencodes": gencodes, "nvcc": nvcc.nvcc_version(),
+                       "attngen": attngen.__version__})
+
+    def build(out: Path) -> None:
+        _run([nvcc.require_nvcc(), "-std=c++17", "-O3", "-c", "-Xcompiler", "-fPIC", *gencodes, f"-I{CSRC}",
+              f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}", str(CSRC / "merge_states.cu"),
+              "-o", str(out / "merge_states.o")], "nvcc of the merge kernels")
+
+    directory, _ = cache.get_or_build(key, build)
+    return directory / "merge_states.o"
+
+
 def build_slot_object(objects: list[Path], exports: list[str], *, gencodes: list[str], prefix: str,
                       cache: BuildCache | None = None) -> Path:
     """Join ``objects`` (nvcc -fPIC objects of TVM-slot TUs), the merge kernels and the static CUDA runtime
     into one object whose only global functions are ``__tvm_ffi_<prefix>_<e>`` for ``e`` in ``exports``."""
-    import tvm_ffi.libinfo as li
-
     if not prefix.isidentifier():
         raise ValueError(f"name_prefix {prefix!r}: must be a C identifier")
     cache = cache or BuildCache()
@@ -60,10 +75,7 @@ def build_slot_object(objects: list[Path], exports: list[str], *, gencodes: list
                        "nvcc": nvcc.nvcc_version(), "attngen": attngen.__version__})
 
     def build(out: Path) -> None:
-        merge = out / "merge_states.o"
-        _run([nvcc.require_nvcc(), "-std=c++17", "-O3", "-c", "-Xcompiler", "-fPIC", *gencodes, f"-I{CSRC}",
-              f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}", str(CSRC / "merge_states.cu"),
-              "-o", str(merge)], "nvcc of the merge kernels")
+        merge = merge_object(gencodes, cache)
         joined = out / "joined.o"
         _run(["ld", "-r", "-o", str(joined), *map(str, objects), str(merge), str(cudart_static())],
              "ld -r of the slot objects")

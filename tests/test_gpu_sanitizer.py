@@ -14,11 +14,12 @@ CASE = Path(__file__).with_name("gpu_memcheck_case.py")
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(build_cache):
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         pytest.skip("compute-sanitizer is not installed on this GPU machine")
-    env = dict(os.environ, ATTNGEN_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
+    # the session's build cache: the workers running the three tools build the case's libraries once
+    env = dict(os.environ, ATTNGEN_CACHE_DIR=str(build_cache.root))
     subprocess.run([sys.executable, str(CASE)], env=env, check=True)  # build (and run) outside the sanitizer
     return exe, env
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import attngen
 
+from . import nvcc
 from .cache import BuildCache, content_key, hash_files
 
 CSRC = Path(attngen.__file__).parent / "csrc"
@@ -54,13 +55,28 @@ def build_planner_library(cache: BuildCache | None = None) -> Path:
     return directory / "libattngen_planner.so"
 
 
+def merge_object(gencodes: list[str], cache: BuildCache) -> Path:
+    """The state-merge kernels and their exports (csrc/merge_states.cu) as one -fPIC object for ``gencodes``:
+    the merge library links it, and so does every variant's TVM slot object."""
+    import tvm_ffi.libinfo as li
+
+    key = content_key({"merge_object": csrc_hash(), "gencodes": gencodes, "nvcc": nvcc.nvcc_version(),
+                       "attngen": attngen.__version__})
+
+    def build(out: Path) -> None:
+        nvcc.run_tool([nvcc.require_nvcc(), "-std=c++17", "-O3", "-c", "-Xcompiler", "-fPIC", *gencodes, f"-I{CSRC}",
+                       f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}",
+                       str(CSRC / "merge_states.cu"), "-o", str(out / "merge_states.o")], "nvcc of the merge kernels")
+
+    directory, _ = cache.get_or_build(key, build)
+    return directory / "merge_states.o"
+
+
 def build_merge_cuda_library(archs: tuple[str, ...], cache: BuildCache | None = None) -> Path:
     """``libattngen_merge_cuda.so``: merge_state_inplace / merge_states / merge_states_sum for the archs."""
     import tvm_ffi.libinfo as li
 
     from attngen.schedules.arch import arch_spec
-
-    from . import nvcc
 
     cache = cache or BuildCache()
     gencodes = [arch_spec(a).gencode for a in archs]
@@ -69,13 +85,10 @@ def build_merge_cuda_library(archs: tuple[str, ...], cache: BuildCache | None = 
     ffi_lib = Path(li.find_libtvm_ffi())
 
     def build(out: Path) -> None:
-        cmd = [nvcc.require_nvcc(), "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC", "-cudart", "static",
-               *gencodes, f"-I{CSRC}", f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}",
-               str(CSRC / "merge_states.cu"), "-o", str(out / "libattngen_merge_cuda.so"), f"-L{ffi_lib.parent}",
-               "-ltvm_ffi", f"-Xlinker=-rpath={ffi_lib.parent}"]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise nvcc.NvccError(f"merge kernels failed to build:\n$ {' '.join(cmd)}\n{p.stderr}")
+        nvcc.run_tool([nvcc.require_nvcc(), "-shared", "-cudart", "static", *gencodes, "-o",
+                       str(out / "libattngen_merge_cuda.so"), str(merge_object(gencodes, cache)),
+                       f"-L{ffi_lib.parent}", "-ltvm_ffi", f"-Xlinker=-rpath={ffi_lib.parent}"],
+                      "the link of the merge library")
 
     directory, _ = cache.get_or_build(key, build)
     return directory / "libattngen_merge_cuda.so"

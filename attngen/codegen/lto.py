@@ -31,9 +31,7 @@ is put together by :mod:`.lto_library`.
 """
 from __future__ import annotations
 
-import functools
 import re
-import subprocess
 from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -199,13 +197,6 @@ def build_macros(cfg: BuildConfig) -> list[str]:
     return companion_macros([arch_spec(a) for a in cfg.archs], cfg.kernels)
 
 
-def run_tool(cmd: list[str], what: str) -> None:
-    """Run one compiler or linker command; its diagnostics in the error when it fails."""
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise nvcc.NvccError(f"{what} failed:\n$ {' '.join(cmd)}\n{p.stderr[-6000:]}")
-
-
 # ---- template objects ----
 
 def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int, part: int = 0,
@@ -247,8 +238,8 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
         src = out / "template.cu"
         src.write_text(template_source(record, head_dim, pair, cfg.max_group_size, part, smem_floor_define(cfg.archs)))
         obj = out / "template.o"
-        run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
-              f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
+        nvcc.run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
+                      f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
 
     directory, hit = cache.get_or_build(key, build)
     return directory / "template.o", hit
@@ -320,9 +311,10 @@ def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) 
         # hidden: its template instances (same names in every library of the signature) and their static
         # caches stay this library's; a default-visibility static of a template would be one object for
         # the whole process (GNU unique), whichever library asked first
-        run_tool([nvcc.require_nvcc(), gencode.replace("code=lto_", "code=compute_"), *_common_flags(cfg, out),
-               "-Xcompiler", "-fvisibility=hidden", *_ffi_includes(), "-c", str(src), "-o", str(out / "launch.o")],
-              f"nvcc of the launch object (d{head_dim})")
+        nvcc.run_tool([nvcc.require_nvcc(), gencode.replace("code=lto_", "code=compute_"), *_common_flags(cfg, out),
+                       "-Xcompiler", "-fvisibility=hidden", *_ffi_includes(), "-c", str(src), "-o",
+                       str(out / "launch.o")],
+                      f"nvcc of the launch object (d{head_dim})")
 
     directory, hit = cache.get_or_build(key, build)
     return directory / "launch.o", hit
@@ -339,9 +331,9 @@ def exports_object(variant, cfg: BuildConfig, params: dict[int, str], cache: Bui
     def build(out: Path) -> None:
         src = out / "exports.cc"
         src.write_text(src_text)
-        run_tool([cxx, "-std=c++17", "-O2", "-fPIC", f"-I{CSRC}", *_ffi_includes(),
-               *(f"-I{d}" for d in cuda_include_dirs()), "-c", str(src), "-o", str(out / "exports.o")],
-              "the exports' compile")
+        nvcc.run_tool([cxx, "-std=c++17", "-O2", "-fPIC", f"-I{CSRC}", *_ffi_includes(),
+                       *(f"-I{d}" for d in nvcc.cuda_include_dirs()), "-c", str(src), "-o", str(out / "exports.o")],
+                      "the exports' compile")
 
     directory, hit = cache.get_or_build(key, build)
     return directory / "exports.o", hit
@@ -359,19 +351,10 @@ def hook_unit(variant, cfg: BuildConfig, arch: str, lowered: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-@functools.lru_cache(maxsize=None)
-def cuda_include_dirs() -> tuple[Path, ...]:
-    """The CUDA toolkit's header directories, as nvcc names them (nvcc may be a wrapper script)."""
-    out = subprocess.run([nvcc.require_nvcc(), "--dryrun", "-x", "cu", "-c", "/dev/null", "-o", "/dev/null"],
-                         capture_output=True, text=True).stderr
-    m = re.search(r'INCLUDES="([^"]*)"', out)
-    return tuple(Path(d) for d in re.findall(r"-I(\S+)", m.group(1).replace('"', ""))) if m else ()
-
-
 def compile_hooks_source_check(source: str, arch: str = "sm_80") -> bytes:
     """LTO-IR of a source using the hook ABI, by NVRTC (tests: both sides of the ABI compile)."""
     _, sm = lto_gencode(arch)
-    return nvrtc.compile_ltoir(source, "check.cu", sm, [CSRC, *cuda_include_dirs()], False)
+    return nvrtc.compile_ltoir(source, "check.cu", sm, [CSRC, *nvcc.cuda_include_dirs()], False)
 
 
 def compile_hooks(out: Path, cfg: BuildConfig, arch: str, source: str) -> Path:
@@ -382,11 +365,12 @@ def compile_hooks(out: Path, cfg: BuildConfig, arch: str, source: str) -> Path:
     gencode, sm = lto_gencode(arch)
     if nvrtc.available():
         obj = out / f"abi_hooks_{arch}.ltoir"
-        obj.write_bytes(nvrtc.compile_ltoir(source, src.name, sm, [out, CSRC, *cuda_include_dirs()], cfg.fast_math))
+        include_dirs = [out, CSRC, *nvcc.cuda_include_dirs()]
+        obj.write_bytes(nvrtc.compile_ltoir(source, src.name, sm, include_dirs, cfg.fast_math))
         return obj
     obj = out / f"abi_hooks_{arch}.o"
-    run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
-          f"nvcc of the hooks (LTO-IR, {arch})")
+    nvcc.run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
+                  f"nvcc of the hooks (LTO-IR, {arch})")
     return obj
 
 

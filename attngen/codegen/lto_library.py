@@ -6,7 +6,6 @@ shared library. Deferred parts are named in the manifest and linked on first use
 """
 from __future__ import annotations
 
-import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,19 +15,13 @@ import tvm_ffi.libinfo
 
 from attngen.schedules.registry import selected
 
-from . import nvjitlink
+from . import nvcc, nvjitlink
 from .cache import BuildCache
 from .cuda_variant import abi_traits_source, linked_params_source
 from .host_library import host_cxx
 from .linked_cubin import cubin_kernels, kernel_table, link_object_source
 from .lto import (LAUNCHERS, build_macros, check_params_fit, compile_hooks, count, deferred_part, exports_object,
-                  hook_unit, launch_object, lto_gencode, run_tool, sm_number, template_key, template_object)
-
-
-@functools.lru_cache(maxsize=None)
-def _cudart_static() -> Path:
-    from .cuda_object import cudart_static
-    return cudart_static()
+                  hook_unit, launch_object, lto_gencode, sm_number, template_key, template_object)
 
 
 def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
@@ -145,8 +138,8 @@ def _link_library(ctx, abi: dict, objects: dict, reused: dict, timings: dict, la
     link_src = out / "linked_cubins.c"
     link_src.write_text(link_object_source(cubins, table))
     cxx = host_cxx()[0]
-    run_tool([cxx, "-x", "c", "-c", "-fPIC", str(link_src), "-o", str(out / "linked_cubins.o")],
-          "the embedded cubins' object")
+    nvcc.run_tool([cxx, "-x", "c", "-c", "-fPIC", str(link_src), "-o", str(out / "linked_cubins.o")],
+                  "the embedded cubins' object")
     glue, waited = [], time.perf_counter()
     for job in launch_jobs:
         path, hit, seconds = job.result()
@@ -161,9 +154,10 @@ def _link_library(ctx, abi: dict, objects: dict, reused: dict, timings: dict, la
     timings["glue_wait"] = time.perf_counter() - waited  # how long the library's link waited for the glue
     lib = out / f"lib{variant.name}_cuda.so"
     ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi())
-    run_tool([cxx, "-shared", "-o", str(lib), *map(str, glue), str(out / "linked_cubins.o"), str(_cudart_static()),
-           "-ldl", "-lpthread", "-lrt", f"-L{ffi_lib.parent}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib.parent}"],
-          "the link of the library")
+    nvcc.run_tool([cxx, "-shared", "-o", str(lib), *map(str, glue), str(out / "linked_cubins.o"),
+                   str(nvcc.cudart_static()), "-ldl", "-lpthread", "-lrt", f"-L{ffi_lib.parent}", "-ltvm_ffi",
+                   f"-Wl,-rpath,{ffi_lib.parent}"],
+                  "the link of the library")
     timings["link_library"] = time.perf_counter() - t
     return {"library": lib.name, "link": "lto", "objects": [o.name for o in hook_objects.values()],
             "cubins": [c.name for c, _, _ in cubins], "deferred": deferred,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,42 @@ def nvcc_version() -> str:
         return "none"
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     return out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+@functools.lru_cache(maxsize=None)
+def _dry_run() -> str:
+    """What nvcc would run for an empty CUDA file (nvcc may be a wrapper script: its real toolkit's directories
+    are read from here)."""
+    return subprocess.run([require_nvcc(), "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                          capture_output=True, text=True).stderr
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_include_dirs() -> tuple[Path, ...]:
+    """The CUDA toolkit's header directories, as nvcc names them."""
+    m = re.search(r'INCLUDES="([^"]*)"', _dry_run())
+    return tuple(Path(d) for d in re.findall(r"-I(\S+)", m.group(1).replace('"', ""))) if m else ()
+
+
+@functools.lru_cache(maxsize=None)
+def cudart_static() -> Path:
+    """The CUDA runtime's static archive of the toolkit nvcc belongs to."""
+    out = _dry_run()
+    dirs = [Path(d) for d in re.findall(r'"-L([^"]+)"', out)]
+    tops = [Path(t.strip()) for t in re.findall(r"TOP=(.+)", out)]
+    dirs += [t / sub for t in tops for sub in ("lib64", "lib", "targets/x86_64-linux/lib")]
+    for d in dirs:
+        if (d / "libcudart_static.a").is_file():
+            return (d / "libcudart_static.a").resolve()
+    raise RuntimeError(f"libcudart_static.a not found in nvcc's library directories {[str(d) for d in dirs]}: "
+                       "the CUDA toolkit's static runtime is needed to link attngen's kernels into a library")
+
+
+def run_tool(cmd: list[str], what: str) -> None:
+    """Run one compiler or linker command; its diagnostics in the error when it fails."""
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise NvccError(f"{what} failed:\n$ {' '.join(cmd)}\n{p.stderr[-6000:]}")
 
 
 @dataclass(frozen=True)

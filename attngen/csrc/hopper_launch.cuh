@@ -46,6 +46,7 @@ void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const 
   HopperKVMaps maps{};  // use = 0: every tile gathered (always for fp8 caches, whose tiles are widened)
   if constexpr (!V::kHasKeyTransform && std::is_same_v<KV, T>)
     encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
+  encode_query_map<T, D, Tile::kRows>(maps, P.q, P.q_rows, P.num_kv_heads, P.group);
   // persistent: one CTA per SM (or per item, where fewer) walks items blockIdx.x, + gridDim.x, ...; the
   // producer runs ahead into the next item's K/V while the consumers finish the last one
   const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;

@@ -8,7 +8,8 @@
 // softmax and epilogue (what short requests of a ragged batch lose without it); it also loads the next
 // item's query rows into a second Q buffer (D <= 128). Three warpgroups:
 // - the producer (warpgroup 0, registers released to kProducerRegs) copies each item's query rows into a
-//   Q buffer, gathers K/V tiles from pages or ragged rows with cp.async into kStages shared-memory stages
+//   Q buffer (one thread's bulk tensor copy where the GQA group divides the tile's rows, hopper_tma.cuh;
+//   per-thread copies had held the next item's rows back on batches of short prompts), gathers K/V tiles from pages or ragged rows with cp.async into kStages shared-memory stages
 //   each for K and V, with their own barriers, and applies the key transform (hopper_producer.cuh);
 // - two consumers (64 rows each, registers raised to kConsumerRegs) transform their query rows,
 //   then per KV tile: S = Q K^T (wgmma, both operands in shared memory), the logits hook, mask and
@@ -150,20 +151,32 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       // fp8: the thread index opaque per item (query copy offsets formed per item, not held across items: spills)
       int ptid = tid;
       if constexpr (kStaged) asm volatile("" : "+r"(ptid));
-      {  // the item's query rows (zero past the end) into Q buffer qn % NQ, once the consumers released it
+      {  // the item's query rows into Q buffer qn % NQ, once the consumers released it: by one thread's bulk
+        // tensor copies (maps.q), else by cp.async, zero past the end
         constexpr int CPR = D / 8;
         const int qs = qn % NQ;
         if (qn >= NQ) mbar_wait(&empty_q[qs], ((qn / NQ) - 1) & 1);
         unsigned char* qb = reinterpret_cast<unsigned char*>(sq + qs * RQ * D);
-        for (int c = ptid; c < RQ * CPR; c += 128) {
-          const int r = c / CPR, l = c % CPR, pr = row0 + r;
-          const bool ok = pr < rows_total;
-          const T* src = static_cast<const T*>(P.q);
-          if (ok) src += (int64_t(q0 + pr / group) * P.num_qo_heads + hk * group + pr % group) * D + l * 8;
-          copy16_async(qb + sw128_offset(r, l * 8, RQ), src, ok);
+        if (maps.use_q) {
+          if (ptid == 0) {
+            mbar_expect_bytes(&full_q[qs], uint32_t(RQ * D * sizeof(T)));
+#pragma unroll
+            for (int c = 0; c < D / 64; ++c)
+              tma_load_4d(qb + c * RQ * 128, &maps.q, c * 64, 0, hk, q0 + row0 / group, &full_q[qs]);
+          } else {
+            mbar_arrive(&full_q[qs]);
+          }
+        } else {
+          for (int c = ptid; c < RQ * CPR; c += 128) {
+            const int r = c / CPR, l = c % CPR, pr = row0 + r;
+            const bool ok = pr < rows_total;
+            const T* src = static_cast<const T*>(P.q);
+            if (ok) src += (int64_t(q0 + pr / group) * P.num_qo_heads + hk * group + pr % group) * D + l * 8;
+            copy16_async(qb + sw128_offset(r, l * 8, RQ), src, ok);
+          }
+          copy_arrive_on(&full_q[qs]);
+          copy_commit();
         }
-        copy_arrive_on(&full_q[qs]);
-        copy_commit();
         ++qn;
       }
       SinkShift sinks{};  // windowed instances: TVM's sliding-window view of request b
@@ -237,6 +250,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   const int wrow0 = 64 * cw;  // this consumer's first row in the tile
   int it = 0;  // K/V tiles this CTA has consumed before the item (stages and phases run on across items)
   int qn = 0;  // items this CTA has run before (their Q buffers and phases)
+  constexpr int kTurnBar = 4;  // named barriers kTurnBar + cw: the consumers' turns at issuing MMAs
+  if (cw == 1) named_arrive(kTurnBar, 256);  // the first consumer takes the first turn
   // the stage and phase of the item's kt-th tile
   auto stage = [&](int kt) { return (it + kt) % NS; };
   auto phase = [&](int kt) { return uint32_t((it + kt) / NS) & 1; };
@@ -332,7 +347,6 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     // n_active tiles is visible) issue nothing but still wait for and release their stage. The MMAs sit in
     // straight-line code of a loop with uniform bounds: a conditional issue or wait makes the compiler
     // serialise every wgmma.
-    constexpr int kTurnBar = 4;
     const uint32_t q_addr = smem_addr(sq + qs * RQ * D) + wrow0 * 128;
     // (mapped: every listed tile, the count broadcast so that the MMA loop's bounds are known uniform)
     const int n_active = Mapped ? __shfl_sync(0xffffffffu, num_kt, 0)
@@ -399,14 +413,16 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       }
     };
 
-    // Turns: both consumers take num_kt + 1 of them, alternating (the first consumer first); the second
-    // hands none on after its last. A consumer's active tiles take n_active + 1 turns (S of the first
-    // tile; S of tile kt with P V of kt - 1; P V of the last), its other turns issue nothing.
+    // Turns: both consumers take num_kt + 1 of them, alternating (the first consumer first). The second
+    // consumer's last turn of an item hands on to the first one's first turn of the next item, so that the
+    // first starts the next item while the second runs this one's epilogue (the first absorbs the last
+    // hand-on after its last item). A consumer's active tiles take n_active + 1 turns (S of the first tile;
+    // S of tile kt with P V of kt - 1; P V of the last), its other turns issue nothing.
     const int turns = num_kt + 1;
     int turn = 0;
     auto turn_begin = [&]() { named_sync(kTurnBar + cw, 256); };
     auto turn_end = [&]() {
-      if (cw == 0 || turn < turns - 1) named_arrive(kTurnBar + 1 - cw, 256);
+      named_arrive(kTurnBar + 1 - cw, 256);
       ++turn;
     };
     auto pack_p = [&]() {
@@ -418,7 +434,6 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         pk[kk][3] = pack2<T>(sfr[2 * kk + 1][2], sfr[2 * kk + 1][3]);
       }
     };
-    if (cw == 1) named_arrive(kTurnBar, 256);  // the first consumer takes the first turn
     // A stage the tensor cores read next was written by cp.async or the key transform in the producer's
     // threads: the barrier orders it, this fence hands it to the async proxy.
     auto wait_k = [&](int kt) {
@@ -548,6 +563,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     it += num_kt;
     ++qn;
   }
+  if (cw == 0) named_sync(kTurnBar, 256);  // the second consumer's hand-on after its last turn
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 

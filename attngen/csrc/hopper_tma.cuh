@@ -19,16 +19,27 @@
 
 namespace attngen {
 
-// The kernel's by-value descriptors (__grid_constant__): `use` is 0 when the producer gathers with cp.async.
+// The kernel's by-value descriptors (__grid_constant__): `use` is 0 when the producer gathers K / V with
+// cp.async, `use_q` 0 when it copies the query rows with cp.async.
 struct HopperKVMaps {  // CUtensorMap carries its own alignment
-  CUtensorMap k, v;
-  int use;
+  CUtensorMap k, v, q;
+  int use, use_q;
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                : "memory");
+}
+
+// Box (c0 columns, c1 head in the group, c2 KV head, c3 tokens) of a query map into `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(smem_addr(bar))
+      : "memory");
 }
 
 // Box (c0 columns, c1 head, c2 rows) of `map` into shared memory at `dst`, completing on `bar`.
@@ -40,24 +51,57 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
 }
 #endif
 
-// Encodes the K and V maps of a ragged problem (rows known on the host); false (use = 0) where the driver
-// entry point is missing or refuses the tensor, so that the caller falls back to the cp.async gather.
-template <class T, int D, int Keys>
-bool encode_ragged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_heads) {
-  maps.use = 0;
-  if (kv.page_size != 0 || kv.rows <= 0) return false;
-  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static Encode encode = []() -> Encode {
+using TensorMapEncode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's cuTensorMapEncodeTiled, or nullptr where the driver lacks it.
+inline TensorMapEncode tensor_map_encoder() {
+  static TensorMapEncode encode = []() -> TensorMapEncode {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult status{};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status) !=
             cudaSuccess ||
         status != cudaDriverEntryPointSuccess)
       return nullptr;
-    return reinterpret_cast<Encode>(fn);
+    return reinterpret_cast<TensorMapEncode>(fn);
   }();
+  return encode;
+}
+
+// Encodes the query map: q [q_rows, Hq, D] seen as (D, group, Hkv, q_rows), so that a box of 64 columns x
+// `group` heads x 1 KV head x Rows / group tokens lands as a query tile's packed rows (row = token * group +
+// head), 128-byte swizzled like the K / V tiles; rows past the tensor's end arrive as zeros, rows of the
+// next request as they are (their outputs are never stored, and no other row reads them). False (use_q = 0)
+// where the group does not divide the tile's rows or the driver refuses: the producer copies with cp.async.
+template <class T, int D, int Rows>
+bool encode_query_map(HopperKVMaps& maps, const void* q, int64_t q_rows, int num_kv_heads, int group) {
+  maps.use_q = 0;
+  TensorMapEncode encode = tensor_map_encoder();
+  if (encode == nullptr || q_rows <= 0 || group <= 0 || Rows % group != 0 ||
+      reinterpret_cast<uintptr_t>(q) % 16 != 0)
+    return false;
+  const CUtensorMapDataType type =
+      std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(group), cuuint64_t(num_kv_heads), cuuint64_t(q_rows)};
+  const cuuint64_t strides[3] = {cuuint64_t(D) * sizeof(T), cuuint64_t(group) * D * sizeof(T),
+                                 cuuint64_t(group) * num_kv_heads * D * sizeof(T)};
+  const cuuint32_t box[4] = {64, cuuint32_t(group), 1, cuuint32_t(Rows / group)}, unit[4] = {1, 1, 1, 1};
+  if (encode(&maps.q, type, 4, const_cast<void*>(q), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return false;
+  maps.use_q = 1;
+  return true;
+}
+
+// Encodes the K and V maps of a ragged problem (rows known on the host); false (use = 0) where the driver
+// entry point is missing or refuses the tensor, so that the caller falls back to the cp.async gather.
+template <class T, int D, int Keys>
+bool encode_ragged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_heads) {
+  maps.use = 0;
+  if (kv.page_size != 0 || kv.rows <= 0) return false;
+  TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const CUtensorMapDataType type =
       std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;

@@ -22,6 +22,7 @@ struct PrefillProblem {
   void* o;                   // [total_q, Hq, D]
   float* lse;                // [total_q, Hq]
   const int32_t* qo_indptr;  // [B+1]
+  int64_t q_rows;            // total_q (host side: the extent of the Hopper kernel's query tensor map)
   int batch, num_qo_heads, num_kv_heads, group;
   int tile_rows;   // 0: the library's choice (128 rows for long requests); 128: the wide tile where it
                    // serves (D <= 128, long requests); 64: the 64-row tiles

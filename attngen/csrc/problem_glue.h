@@ -100,6 +100,7 @@ inline void fill_prefill(PrefillProblem& P, const tvm::ffi::TensorView& q, const
                          int num_kv_heads, const char* name) {
   fill_common(P, q, o, lse, sm_scale, num_kv_heads, name);
   P.qo_indptr = static_cast<const int32_t*>(data_of(qo_indptr));
+  P.q_rows = q.size(0);
   P.batch = static_cast<int>(qo_indptr.size(0)) - 1;
 }
 

@@ -1,0 +1,108 @@
+"""SASS statistics of the Hopper prefill kernel, per source tree, on a machine without a GPU.
+
+Builds the device code of one variant's prefill (``link="check"``: cubins only, sm_90a) from each tree
+given, disassembles the cubin with ``nvdisasm`` and counts, in the Hopper prefill kernel, the instructions
+that say how its mainloop was scheduled: HGMMA (wgmma), WARPGROUP.DEPBAR (waits for wgmma groups), R2UR
+(register -> uniform register moves; inside the span of the HGMMAs they mean values the wgmma
+descriptors or barriers need were not known warp-uniform, and cost latency per tile), global and shared
+stores, local-memory traffic. A change to the kernel can be read here before it is timed on a GPU.
+
+``nvdisasm`` comes from the CUDA toolkit or the ``nvidia-cuda-nvdisasm`` wheel (``--nvdisasm PATH``).
+
+    python benchmarks/sass_stats.py --tree main=/path/to/a --tree new=/path/to/b [--variant causal]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BUILD = """
+import sys
+from attngen.codegen.pipeline import run_pipeline
+from attngen.schedules.build_config import BuildConfig
+from attngen.variants import builtin
+cfg = BuildConfig("cuda", ({d},), ("{dtype}",), ("sm_90a",), layouts=("NHD",), kernels=("prefill",), link="check")
+print(run_pipeline(builtin("{variant}"), cfg).directory)
+"""
+COUNTED = {"HGMMA": r"\bHGMMA\b", "DEPBAR": r"WARPGROUP\.DEPBAR", "R2UR": r"\bR2UR\b", "STG": r"\bSTG\b",
+           "STS": r"\bSTS\b", "LDS": r"\bLDS\b", "ST/LD generic": r"\b(ST|LD)\.E", "LDL/STL": r"\b(LDL|STL)\b", "BAR": r"\bBAR\."}
+
+
+def find_nvdisasm(given: str | None) -> str:
+    if given:
+        return given
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    try:  # the nvidia-cuda-nvdisasm wheel
+        import nvidia
+
+        for base in nvidia.__path__:
+            for cand in Path(base).glob("cu*/bin/nvdisasm"):
+                return str(cand)
+    except ImportError:
+        pass
+    raise SystemExit("nvdisasm not found: put it on PATH, pass --nvdisasm, or pip install nvidia-cuda-nvdisasm")
+
+
+def kernel_sass(sass: str, pattern: str) -> list[str]:
+    """The lines of the functions whose section names match `pattern` (the non-mapped instance by default)."""
+    out, keep = [], False
+    for line in sass.splitlines():
+        if line.startswith("//--------------------- .text."):
+            keep = re.search(pattern, line) is not None
+        if keep:
+            out.append(line)
+    return out
+
+
+def stats(lines: list[str]) -> dict:
+    res = {name: sum(1 for ln in lines if re.search(rx, ln)) for name, rx in COUNTED.items()}
+    mma = [i for i, ln in enumerate(lines) if "HGMMA" in ln]
+    res["R2UR in HGMMA span"] = sum(1 for ln in lines[mma[0]:mma[-1] + 1] if "R2UR" in ln) if mma else 0
+    res["instructions"] = sum(1 for ln in lines if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln))
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", action="append", required=True, help="LABEL=PATH of a tree holding attngen/")
+    ap.add_argument("--variant", default="causal")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--kernel", default=r"hopper_prefill_kernel.*Lb0E", help="regex on the function's section name")
+    ap.add_argument("--nvdisasm")
+    args = ap.parse_args()
+    nvdisasm = find_nvdisasm(args.nvdisasm)
+    rows = {}
+    for spec in args.tree:
+        label, _, path = spec.partition("=")
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "PYTHONPATH": str(Path(path).resolve()), "ATTNGEN_CACHE_DIR": cache}
+            code = BUILD.format(d=args.head_dim, dtype=args.dtype, variant=args.variant)
+            out = subprocess.run([sys.executable, "-c", code], env=env, cwd=path, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"{label}: the build failed:\n{out.stderr[-2000:]}")
+            directory = Path(out.stdout.strip().splitlines()[-1])
+            cubin = next(directory.glob("*_prefill_sm_90a.cubin"))
+            sass = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+        lines = kernel_sass(sass, args.kernel)
+        if not lines:
+            raise SystemExit(f"{label}: no function matches {args.kernel!r}")
+        rows[label] = stats(lines)
+    keys = list(next(iter(rows.values())))
+    print(f"{args.variant}, D {args.head_dim}, {args.dtype}, sm_90a; kernel /{args.kernel}/\n")
+    print("| tree | " + " | ".join(keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for label, r in rows.items():
+        print(f"| {label} | " + " | ".join(str(r[k]) for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -2,10 +2,10 @@
 
 Builds the device code of one variant's prefill (``link="check"``: cubins only, sm_90a) from each tree
 given, disassembles the cubin with ``nvdisasm`` and counts, in the Hopper prefill kernel, the instructions
-that say how its mainloop was scheduled: HGMMA (wgmma), WARPGROUP.DEPBAR (waits for wgmma groups), R2UR
-(register -> uniform register moves; inside the span of the HGMMAs they mean values the wgmma
-descriptors or barriers need were not known warp-uniform, and cost latency per tile), global and shared
-stores, local-memory traffic. A change to the kernel can be read here before it is timed on a GPU.
+that say how its mainloop was scheduled: HGMMA (wgmma), WARPGROUP.DEPBAR (waits for wgmma groups), MUFU
+(ex2, tanh, rcp: 16 results per SM and clock), R2UR (register -> uniform register moves; inside the span
+of the HGMMAs they mean values the wgmma descriptors or barriers need were not known warp-uniform, and
+cost latency per tile), global and shared stores, local-memory traffic. A change to the kernel can be read here before it is timed on a GPU.
 
 ``nvdisasm`` comes from the CUDA toolkit or the ``nvidia-cuda-nvdisasm`` wheel (``--nvdisasm PATH``).
 
@@ -31,7 +31,8 @@ cfg = BuildConfig("cuda", ({d},), ("{dtype}",), ("sm_90a",), layouts=("NHD",), k
 print(run_pipeline(builtin("{variant}"), cfg).directory)
 """
 COUNTED = {"HGMMA": r"\bHGMMA\b", "DEPBAR": r"WARPGROUP\.DEPBAR", "R2UR": r"\bR2UR\b", "STG": r"\bSTG\b",
-           "STS": r"\bSTS\b", "LDS": r"\bLDS\b", "ST/LD generic": r"\b(ST|LD)\.E", "LDL/STL": r"\b(LDL|STL)\b", "BAR": r"\bBAR\."}
+           "STS": r"\bSTS\b", "LDS": r"\bLDS\b", "ST/LD generic": r"\b(ST|LD)\.E",
+           "LDL/STL": r"\b(LDL|STL)\b", "BAR": r"\bBAR\.", "MUFU": r"\bMUFU\."}
 
 
 def find_nvdisasm(given: str | None) -> str:

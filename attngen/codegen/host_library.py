@@ -44,12 +44,10 @@ def build_planner_library(cache: BuildCache | None = None) -> Path:
     ffi_lib = Path(li.find_libtvm_ffi())
 
     def build(out: Path) -> None:
-        cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", f"-I{li.find_include_path()}",
-               f"-I{li.find_dlpack_include_path()}", str(CSRC / "planner_ffi.cc"), "-o",
-               str(out / "libattngen_planner.so"), f"-L{ffi_lib.parent}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib.parent}"]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise RuntimeError(f"planner build failed:\n$ {' '.join(cmd)}\n{p.stderr}")
+        nvcc.run_tool([cxx, "-std=c++17", "-O2", "-shared", "-fPIC", f"-I{li.find_include_path()}",
+                       f"-I{li.find_dlpack_include_path()}", str(CSRC / "planner_ffi.cc"), "-o",
+                       str(out / "libattngen_planner.so"), f"-L{ffi_lib.parent}", "-ltvm_ffi",
+                       f"-Wl,-rpath,{ffi_lib.parent}"], "planner build")
 
     directory, _ = cache.get_or_build(key, build)
     return directory / "libattngen_planner.so"

@@ -9,8 +9,9 @@
 // item's query rows into a second Q buffer (D <= 128). Three warpgroups:
 // - the producer (warpgroup 0, registers released to kProducerRegs) copies each item's query rows into a
 //   Q buffer (one thread's bulk tensor copy where the GQA group divides the tile's rows, hopper_tma.cuh;
-//   per-thread copies had held the next item's rows back on batches of short prompts), gathers K/V tiles from pages or ragged rows with cp.async into kStages shared-memory stages
-//   each for K and V, with their own barriers, and applies the key transform (hopper_producer.cuh);
+//   per-thread copies had held the next item's rows back on batches of short prompts), gathers K/V tiles
+//   from pages or ragged rows with cp.async into kStages shared-memory stages each for K and V, with their
+//   own barriers, and applies the key transform (hopper_producer.cuh);
 // - two consumers (64 rows each, registers raised to kConsumerRegs) transform their query rows,
 //   then per KV tile: S = Q K^T (wgmma, both operands in shared memory), the logits hook, mask and
 //   online softmax on the fp32 accumulators in registers, O += P V (wgmma, P from registers), and the

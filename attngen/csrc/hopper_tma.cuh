@@ -36,7 +36,8 @@ __device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, uint32_t bytes)
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
                                             uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
       ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
       "r"(smem_addr(bar))
       : "memory");
@@ -54,6 +55,12 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
 using TensorMapEncode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                      const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                      CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The tensor-map element type of T (half or bfloat16).
+template <class T>
+constexpr CUtensorMapDataType tensor_map_type() {
+  return std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
 
 // The driver's cuTensorMapEncodeTiled, or nullptr where the driver lacks it.
 inline TensorMapEncode tensor_map_encoder() {
@@ -81,14 +88,12 @@ bool encode_query_map(HopperKVMaps& maps, const void* q, int64_t q_rows, int num
   if (encode == nullptr || q_rows <= 0 || group <= 0 || Rows % group != 0 ||
       reinterpret_cast<uintptr_t>(q) % 16 != 0)
     return false;
-  const CUtensorMapDataType type =
-      std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(group), cuuint64_t(num_kv_heads), cuuint64_t(q_rows)};
   const cuuint64_t strides[3] = {cuuint64_t(D) * sizeof(T), cuuint64_t(group) * D * sizeof(T),
                                  cuuint64_t(group) * num_kv_heads * D * sizeof(T)};
   const cuuint32_t box[4] = {64, cuuint32_t(group), 1, cuuint32_t(Rows / group)}, unit[4] = {1, 1, 1, 1};
-  if (encode(&maps.q, type, 4, const_cast<void*>(q), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+  if (encode(&maps.q, tensor_map_type<T>(), 4, const_cast<void*>(q), dims, strides, box, unit,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return false;
   maps.use_q = 1;
@@ -103,8 +108,6 @@ bool encode_ragged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_head
   if (kv.page_size != 0 || kv.rows <= 0) return false;
   TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return false;
-  const CUtensorMapDataType type =
-      std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(num_kv_heads), cuuint64_t(kv.rows)};
   const cuuint64_t strides[2] = {cuuint64_t(kv.stride_head) * sizeof(T), cuuint64_t(kv.stride_slot) * sizeof(T)};
   const cuuint32_t box[3] = {64, 1, Keys}, unit[3] = {1, 1, 1};
@@ -112,7 +115,7 @@ bool encode_ragged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_head
   for (int which = 0; which < 2; ++which) {
     const T* base = which == 0 ? k : k + kv.stride_kv;
     if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
-    if (encode(which == 0 ? &maps.k : &maps.v, type, 3, const_cast<T*>(base), dims, strides, box, unit,
+    if (encode(which == 0 ? &maps.k : &maps.v, tensor_map_type<T>(), 3, const_cast<T*>(base), dims, strides, box, unit,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return false;

@@ -57,12 +57,30 @@ def tvm_kernels():
                                                     sliding_window_size=LAYER_WINDOW)),
         decode_sw=build(kvc._attention_decode_cpu(HKV, HQ, D, DTYPE, True, rs)),
         tree=build(kvc.tree_attn_cpu(HKV, HQ, D, DTYPE, rs)),
-        tree_paged=build(kvc.tree_attn_with_paged_kv_cache_cpu(HKV, HQ, D, DTYPE, rs)),
+        tree_paged=guarded_tree_order(build(kvc.tree_attn_with_paged_kv_cache_cpu(HKV, HQ, D, DTYPE, rs))),
         merge=build(kvc._merge_state_inplace_cpu(DTYPE)),
         rope=build(kvc.llama_rope_with_position_map(1e4, 1.0, D, HQ, HKV, DTYPE, rs)),
         copy=build(kvc._copy_single_page_cpu(HKV, PS, D, DTYPE)),
         compact=build(kvc._compact_kv_copy_cpu(HKV, D, DTYPE)),
     )
+
+
+def guarded_tree_order(kernel):
+    """TVM's paged tree kernel with guard rows in front of ``tree_order``.
+
+    TVM 0.27's ``_check_tree_order`` evaluates both sides of ``any(col < tree_start, ...)``, so for every
+    committed key (col < tree_start) it loads ``tree_order[indptr + col - tree_start]``: up to the sequence's
+    length rows before the array. The runtime hands the kernel a view into its own host buffer, and where
+    that view starts a page, the load faults (a segfault in roughly one random tree script in nine). The
+    loaded values are discarded, so a copy with readable rows in front gives TVM's intended result."""
+    def call(*args):
+        order = args[15].numpy()  # [tree nodes, 2]
+        pad = 2 * SHAPE.max_total_tokens
+        padded = tensor(np.concatenate([np.zeros(pad, np.int32), order.ravel()]))
+        view = padded._create_view(order.shape, "int32", relative_byte_offset=4 * pad)
+        kernel(*args[:15], view)
+
+    return tvm.runtime.convert(call)
 
 
 def make_cache(k, merge, *, attn=None, kinds=("mha",) * L, support_sliding_window=False, rope_mode=0):

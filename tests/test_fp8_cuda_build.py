@@ -1,6 +1,6 @@
 """fp8 K/V caches through the normal CUDA build and runtime: which configurations ``BuildConfig`` accepts
-and refuses, the exports the library's decode emitter writes, a decode-only build for sm_89 compiled with
-nvcc (no GPU needed; tests/test_fp8_cuda_decode.py compiles sm_80 and sm_90a), and on a GPU
+and refuses, the exports the library's decode emitter writes, a decode-only build for sm_80, sm_89 and sm_90a
+compiled with nvcc (no GPU needed; the build tests/test_fp8_cuda_decode.py calls), and on a GPU
 ``CUDAAttention.decode`` over fp8 pages with k_scale / v_scale against the float64 reference on the dequantised
 cache (``pytest -m gpu``). Prefill over fp8 caches: tests/test_fp8_cuda_prefill.py."""
 import numpy as np
@@ -14,6 +14,7 @@ from attngen.schedules import BuildConfig, DtypePair
 from attngen.variants import builtin
 
 from .conftest import requires_nvcc
+from .test_fp8_cuda_decode import BUILD_ARCHS
 
 HEAD_DIM = 128
 FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -118,14 +119,14 @@ def test_scales_are_checked_without_reading_the_device():
 
 
 @requires_nvcc
-def test_fp8_decode_library_builds_for_sm89(build_cache):
+def test_fp8_decode_library_builds_and_checks_arguments(build_cache):
     """The build, then what of CUDAAttention and the exported entries runs without a GPU: the function lookup
     by the pages' dtype, and the entries' argument checks (every type before any device)."""
     import torch
 
     from attngen.runtime import AttentionArgumentError, PagedKV
 
-    att = loaded_fp8_library(builtin("causal"), fp8_decode_config(("sm_89",)), build_cache)
+    att = loaded_fp8_library(builtin("causal"), fp8_decode_config(BUILD_ARCHS), build_cache)
 
     pages = torch.zeros(4, 2, 16, 2, HEAD_DIM).to(torch.float8_e4m3fn)
     i32 = dict(dtype=torch.int32)

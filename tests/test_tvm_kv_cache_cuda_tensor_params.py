@@ -30,6 +30,7 @@ from .tvm_window_model import SHAPE, CacheModel, max_err, run_script
 HQ, HKV, D = SHAPE.num_qo_heads, SHAPE.num_kv_heads, SHAPE.head_dim
 HEAD_SCALE = np.linspace(0.5, 2.0, HQ).astype(np.float32)
 KV_SCALE = np.array([1.5, 0.75], np.float32)
+TEMPERATURE = 0.8  # compiled in (a scalar parameter)
 
 
 def test_declared_dims_become_the_checks_of_each_call():
@@ -57,13 +58,14 @@ def test_tensor_parameters_are_never_compiled_in():
 
 @pytest.fixture(scope="module")
 def library(build_cache):
-    """The head_scaled() slot library's build (sm_90a, head_dim 64, float16, the scalar's default)."""
+    """The head_scaled() slot library's build (sm_90a, head_dim 64, float16, temperature compiled in): the build
+    the model library of test_a_model_library_binds_tensor_parameters links (one compile for both)."""
     if requires_nvcc.args[0]:
         pytest.skip("nvcc is not on PATH")
     from attngen.tvm.cuda import build_slot_library
 
-    return build_slot_library(head_scaled(), head_dim=D, dtype="float16", params=None, arch="sm_90a",
-                              cache=build_cache)
+    return build_slot_library(head_scaled(), head_dim=D, dtype="float16", params={"temperature": TEMPERATURE},
+                              arch="sm_90a", cache=build_cache)
 
 
 def test_the_slot_library_takes_the_tensors_after_tvms_arguments(library):
@@ -71,7 +73,7 @@ def test_the_slot_library_takes_the_tensors_after_tvms_arguments(library):
     for config in ("TirxSlotsConfig_f16_d64", "FlashInferSlotsConfig_f16_d64"):
         block = source[source.index(f"struct {config}"):]
         assert "using TensorArgs = attngen::ArgList<tvm::ffi::TensorView, tvm::ffi::TensorView>;" in block
-        assert "attngen_gen::Hooks_d64::set_params(entry, hp, t0, 0x1.0000000000000p+0, t1);" in block
+        assert f"attngen_gen::Hooks_d64::set_params(entry, hp, t0, {TEMPERATURE.hex()}, t1);" in block
         assert ('check_slot_tensor(entry, "kv_scale", t1, call, {{"num_kv_heads", -1, '
                 "attngen::tvm_slot::CallSize::kNumKvHeads, false}});") in block
     vanilla = BuildConfig("cuda", (D,), ("float16",), ("sm_90a",), ("HND",), kernels=("tvm",))
@@ -155,7 +157,7 @@ def test_a_model_library_binds_tensor_parameters(build_cache, tmp_path):
     from attngen.tvm import export_model_library
 
     mod = paged_kv_cache_module(SHAPE, head_scaled(), target="cuda", arch="sm_90a", cache=build_cache,
-                                params={"head_scale": HEAD_SCALE, "kv_scale": KV_SCALE, "temperature": 0.8})
+                                params={"head_scale": HEAD_SCALE, "kv_scale": KV_SCALE, "temperature": TEMPERATURE})
     assert len(mod.attrs["external_mods"]) == 1  # attngen's object, the binding inside
     script = mod["create_kv_cache"].script()
     assert script.count("attngen_bind_tensor_params") == 7  # the seven "tirx" slots
@@ -175,8 +177,8 @@ def test_the_gpu_tests_model_matches_attngens_cpu_cache_and_the_scales_bite(buil
     shape = replace(SHAPE, dtype="float32")
     seed = int(rng.integers(1 << 31))
     cpu = create_paged_kv_cache(shape, head_scaled(), cache=build_cache,
-                                params={"head_scale": HEAD_SCALE, "kv_scale": KV_SCALE, "temperature": 0.8})
-    model = ScaledModel(shape, head_factors(HEAD_SCALE, KV_SCALE, 0.8))
+                                params={"head_scale": HEAD_SCALE, "kv_scale": KV_SCALE, "temperature": TEMPERATURE})
+    model = ScaledModel(shape, head_factors(HEAD_SCALE, KV_SCALE, TEMPERATURE))
     outs = run_script({"attngen cpu": cpu}, model, SCRIPT, np.random.default_rng(seed), device="cpu")
     assert max_err(outs, "attngen cpu", "reference") < 2e-5
     plain = run_script({}, CacheModel(shape), SCRIPT, np.random.default_rng(seed), device="cpu")

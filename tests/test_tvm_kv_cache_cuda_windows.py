@@ -29,8 +29,10 @@ from .tvm_window_model import FORK_SCRIPT, LAYER_SCRIPT, LAYERS, PER_SEQUENCE, S
 
 SHAPE = CacheShape(num_layers=2, num_qo_heads=8, num_kv_heads=2, head_dim=64, dtype="float16", page_size=16,
                    max_batch=8, max_total_tokens=2048, prefill_chunk=512)
-WINDOW = 16
-SLIDING = replace(SHAPE, attn_kinds=("mha_sliding", "mha"), sliding_window=WINDOW)  # (a build apart from the GPU one's)
+# the window of examples/tvm_model_e2e.py's cuda_model(): these libraries are the build that model links
+# (test_a_model_with_a_sliding_window_layer_compiles_for_cuda), apart from the GPU tests' window
+WINDOW = 20
+SLIDING = replace(SHAPE, attn_kinds=("mha_sliding", "mha"), sliding_window=WINDOW)
 
 
 def test_each_cache_gets_the_sliding_window_build_it_needs():
@@ -124,6 +126,7 @@ def test_a_model_with_a_sliding_window_layer_compiles_for_cuda(build_cache, tmp_
     example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "tvm_model_e2e.py"))
     cfg = example["cuda_model"]()
     assert cfg.attn_kinds[0] == "mha_sliding" and "mha" in cfg.attn_kinds
+    assert cfg.sliding_window == WINDOW  # the libraries fixture's windowed build serves the model
     mod, _ = example["build_model"](cfg, "attngen", build_cache, "cuda", "sm_90a")
     path = export_model_library(mod, tmp_path / "model.so", target="cuda", arch="sm_90a")
     out = subprocess.run(["nm", "--defined-only", "-D", str(path)], capture_output=True, text=True, check=True).stdout

@@ -1,9 +1,15 @@
 """Shared fixtures: one build cache per test session (shared by a run's pytest-xdist workers, or kept across
-sessions), seeded RNGs, the gpu marker's skip rule."""
+sessions), seeded RNGs, the gpu marker's skip rule.
+
+Random inputs are fresh on every run: the run draws a seed (or takes ``ATTNGEN_TEST_SEED``), which the header
+and every failure report print, and each test's ``rng`` is seeded by it and the test's id, so
+``ATTNGEN_TEST_SEED=<seed> pytest <test id>`` draws a failing test's inputs again."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
+import zlib
 
 import numpy as np
 import pytest
@@ -46,9 +52,34 @@ def build_cache(tmp_path_factory) -> BuildCache:
     return BuildCache(tmp_path_factory.mktemp("attngen-cache"))
 
 
+SEED_VARIABLE = "ATTNGEN_TEST_SEED"
+
+
+def pytest_configure(config):
+    # set before pytest-xdist starts its workers, which inherit the environment: one seed for the whole run
+    os.environ.setdefault(SEED_VARIABLE, str(random.SystemRandom().randrange(2**32)))
+
+
+def run_seed() -> int:
+    return int(os.environ[SEED_VARIABLE])
+
+
+def pytest_report_header(config):
+    return f"random inputs: {SEED_VARIABLE}={run_seed()} (set it to draw this run's inputs again)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        report.sections.append(("random inputs", f"{SEED_VARIABLE}={run_seed()} pytest '{item.nodeid}'"))
+
+
 @pytest.fixture
 def rng(request) -> np.random.Generator:
-    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+    """Fresh per run, reproducible from the run's seed and the test's id."""
+    return np.random.default_rng([run_seed(), zlib.crc32(request.node.nodeid.encode())])
 
 
 requires_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

@@ -1,6 +1,6 @@
 """fp8 K/V caches through the normal CUDA build and runtime: which configurations ``BuildConfig`` accepts
-and refuses, the exports the library's decode emitter writes, a decode-only build for sm_80, sm_89 and sm_90a
-compiled with nvcc (no GPU needed; the build tests/test_fp8_cuda_decode.py calls), and on a GPU
+and refuses, the exports the library's decode emitter writes, a decode-only build for sm_80 and sm_90a compiled
+with nvcc (no GPU needed; the build tests/test_fp8_cuda_decode.py calls), and on a GPU
 ``CUDAAttention.decode`` over fp8 pages with k_scale / v_scale against the float64 reference on the dequantised
 cache (``pytest -m gpu``). Prefill over fp8 caches: tests/test_fp8_cuda_prefill.py."""
 import numpy as np

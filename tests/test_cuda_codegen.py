@@ -214,7 +214,8 @@ def test_merge_and_planner_libraries_build(build_cache):
 
 # Every built-in at head_dim 128 / bf16 (its hooks in every template code path), and for the plain variant
 # and the row-hook one every head dim (what differs per head dim: tiles, shared memory, the row hooks'
-# scratch at 256), each dtype at some head dim of each (the GPU suite builds the whole matrix on the device).
+# scratch at 256), each dtype at some head dim of each (the GPU suite builds tests/test_gpu_decode.py's
+# VARIANT_CONFIGS on the device).
 EXTRA_CONFIGS = {"vanilla": [(64, "float16"), (256, "bfloat16")], "rope": [(64, "bfloat16"), (256, "float16")]}
 INSTANTIATIONS = [(name, 128, "bfloat16") for name in BUILTINS] + [
     (name, d, dt) for name, configs in EXTRA_CONFIGS.items() for d, dt in configs]

@@ -2,7 +2,7 @@
 
 Ragged and paged (NHD, HND) KV with random page permutations, append (qo_len < kv_len),
 a zero-length request and a request without keys, GQA ratios 1, 4, 8, 5, fp16 and bf16,
-head dims 64/128/256, outputs poisoned with NaN; every case on both templates: the mma.sync one on both
+head dims 64/128/256 (test_gpu_decode.py's ``VARIANT_CONFIGS``), outputs poisoned with NaN; every case on both templates: the mma.sync one on both
 query tiles (64 rows, and the 128-row tile (two m-tiles per warp) that long requests may ask for), and
 the Hopper one (sm_90a; skipped on other devices).
 """
@@ -13,9 +13,8 @@ import pytest
 
 from attngen.runtime.reference import gather_pages, reference_attention
 from attngen.testing import Problem, compare, random_params, random_problem, tolerance
-from attngen.variants import BUILTINS
 
-from .test_gpu_decode import DTYPES, HEAD_DIMS, cuda_module, to_torch, variant
+from .test_gpu_decode import VARIANT_CONFIGS, cuda_module, to_torch, variant
 
 pytestmark = pytest.mark.gpu
 
@@ -79,9 +78,7 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("name", list(BUILTINS) + ["whole_row_hooks"])
+@pytest.mark.parametrize("name,head_dim,dtype", VARIANT_CONFIGS)
 def test_prefill_matches_reference(name, head_dim, dtype, template, build_cache, rng):
     skip_unless_runs(template)
     att = cuda_module(name, build_cache, (head_dim,), (dtype,), ("prefill",))

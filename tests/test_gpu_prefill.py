@@ -2,9 +2,9 @@
 
 Ragged and paged (NHD, HND) KV with random page permutations, append (qo_len < kv_len),
 a zero-length request and a request without keys, GQA ratios 1, 4, 8, 5, fp16 and bf16,
-head dims 64/128/256 (test_gpu_decode.py's ``VARIANT_CONFIGS``), outputs poisoned with NaN; every case on both templates: the mma.sync one on both
-query tiles (64 rows, and the 128-row tile (two m-tiles per warp) that long requests may ask for), and
-the Hopper one (sm_90a; skipped on other devices).
+head dims 64/128/256 (test_gpu_decode.py's ``VARIANT_CONFIGS``), outputs poisoned with NaN; every case on both
+templates: the mma.sync one on both query tiles (64 rows, and the 128-row tile (two m-tiles per warp) that long
+requests may ask for), and the Hopper one (sm_90a; skipped on other devices).
 """
 from pathlib import Path
 

@@ -26,9 +26,11 @@ CONFIGS = [(d, dt) for d in HEAD_DIMS for dt in DTYPES]
 # more configuration in turn, so that every configuration serves several of them. (A library per case: the
 # device's build time is most of the suite's.)
 EVERY_CONFIG = ("vanilla", "rope", "whole_row_hooks", "custom_mask")
+HOME = (128, "bfloat16")
+OTHER_CONFIGS = [c for c in CONFIGS if c != HOME]
 VARIANT_CONFIGS = [(name, d, dt) for name in EVERY_CONFIG for d, dt in CONFIGS] + [
     (name, d, dt) for i, name in enumerate(n for n in BUILTINS if n not in EVERY_CONFIG)
-    for d, dt in dict.fromkeys([(128, "bfloat16"), [c for c in CONFIGS if c != (128, "bfloat16")][i % 5]])]
+    for d, dt in (HOME, OTHER_CONFIGS[i % len(OTHER_CONFIGS)])]
 _libs = {}
 
 

@@ -74,11 +74,7 @@ def guarded_tree_order(kernel):
     that view starts a page, the load faults (a segfault in roughly one random tree script in nine). The
     loaded values are discarded, so a copy with readable rows in front gives TVM's intended result."""
     def call(*args):
-        order = args[15].numpy()  # [tree nodes, 2]
-        pad = 2 * SHAPE.max_total_tokens
-        padded = tensor(np.concatenate([np.zeros(pad, np.int32), order.ravel()]))
-        view = padded._create_view(order.shape, "int32", relative_byte_offset=4 * pad)
-        kernel(*args[:15], view)
+        kernel(*args[:15], offset_view(args[15].numpy(), pad=2 * SHAPE.max_total_tokens))  # [tree nodes, 2]
 
     return tvm.runtime.convert(call)
 

@@ -40,6 +40,26 @@
 
 namespace attngen {
 
+// An item read from shared memory, every field broadcast from lane 0: the compiler then knows the item (and
+// every bound and branch derived from it, the mainloop's included) is warp-uniform, as it knew of the item
+// each consumer had decoded from global memory, and keeps the asynchronous MMAs in flight.
+__device__ __forceinline__ HopperItem warp_uniform_item(const HopperItem& in) {
+  HopperItem w;
+  w.b = __shfl_sync(0xffffffffu, in.b, 0);
+  w.tile = __shfl_sync(0xffffffffu, in.tile, 0);
+  w.hk = __shfl_sync(0xffffffffu, in.hk, 0);
+  w.q0 = __shfl_sync(0xffffffffu, in.q0, 0);
+  w.rows_total = __shfl_sync(0xffffffffu, in.rows_total, 0);
+  w.row0 = __shfl_sync(0xffffffffu, in.row0, 0);
+  w.pos_base = __shfl_sync(0xffffffffu, in.pos_base, 0);
+  w.lo = __shfl_sync(0xffffffffu, in.lo, 0);
+  w.hi = __shfl_sync(0xffffffffu, in.hi, 0);
+  w.num_kt = __shfl_sync(0xffffffffu, in.num_kt, 0);
+  w.tile_list = reinterpret_cast<const int32_t*>(
+      __shfl_sync(0xffffffffu, reinterpret_cast<long long>(in.tile_list), 0));
+  return w;
+}
+
 // Mapped: the CTA walks the plan's list of its non-empty key tiles (P.tiles, tile_map.cuh), running the
 // full ones without the mask hook; else the key range the mask's bounds leave. KV: the cache's element type
 // (fp8: staged and widened by the producer, see the file comment).
@@ -67,6 +87,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   uint64_t* empty_v = full_v + NS;
   uint64_t* full_q = empty_v + NS;
   uint64_t* empty_q = full_q + NQ;
+  HopperItem* ring = reinterpret_cast<HopperItem*>(empty_q + NQ);  // [NQ]: the item of each Q buffer
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = tid / 128;
   float* scratch = scratch_all + warp * 2 * D;
@@ -82,7 +103,10 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   // work item idx (query tile, request, KV head) and its KV range from the mask's bounds, or its tile list;
   // in the plan's order where it gives one (longest work first over the whole batch), else request-major
   // (the CTAs at work share a request's K/V in L2), its last query tiles (under causal masks the longest)
-  // first. False: the tile holds none of the request's rows (every role skips it).
+  // first. False: the tile holds none of the request's rows (the producer skips it). Only the producer
+  // decodes items: it hands each one to the consumers in shared memory with the item's query rows (the
+  // consumers' own decoding, dependent loads of the work order and the indptr arrays, had cost ~1k cycles
+  // at every item).
   auto item_at = [&](int idx, HopperItem& w) {
     w.hk = idx % P.num_kv_heads;
     if (P.work_order != nullptr) {  // the plan's order of (request, query tile) pairs
@@ -127,7 +151,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       mbar_init(&empty_v[s], 128 * Tile::kConsumers);
     }
     for (int s = 0; s < NQ; ++s) {
-      mbar_init(&full_q[s], 128);
+      mbar_init(&full_q[s], 128 + 1);  // the producer's copies, and its thread 0 publishing the item
       mbar_init(&empty_q[s], 128 * Tile::kConsumers);
     }
   }
@@ -143,7 +167,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       const int idx = work_index(round);
       if (idx >= items) break;
       HopperItem w;
-      if (!item_at(idx, w)) continue;  // (every role skips the same items)
+      if (!item_at(idx, w)) continue;  // (the consumers never see it)
       const int b = w.b, hk = w.hk, q0 = w.q0, rows_total = w.rows_total, row0 = w.row0;
       const int lo = w.lo, hi = w.hi, num_kt = w.num_kt;
       const int32_t* tile_list = w.tile_list;
@@ -157,6 +181,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         constexpr int CPR = D / 8;
         const int qs = qn % NQ;
         if (qn >= NQ) mbar_wait(&empty_q[qs], ((qn / NQ) - 1) & 1);
+        if (ptid == 0) ring[qs] = w;  // the consumers read the item with its rows (no decoding of their own)
         unsigned char* qb = reinterpret_cast<unsigned char*>(sq + qs * RQ * D);
         if (maps.use_q) {
           if (ptid == 0) {
@@ -178,6 +203,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
           copy_arrive_on(&full_q[qs]);
           copy_commit();
         }
+        if (ptid == 0) mbar_arrive(&full_q[qs]);  // (release: the item written above is seen with the rows)
         ++qn;
       }
       SinkShift sinks{};  // windowed instances: TVM's sliding-window view of request b
@@ -238,6 +264,15 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       }
       it += num_kt;
     }
+    {  // no more items: a sentinel in the next Q buffer's slot ends the consumers' loop
+      const int qs = qn % NQ;
+      if (qn >= NQ) mbar_wait(&empty_q[qs], ((qn / NQ) - 1) & 1);
+      if (tid == 0) {
+        ring[qs].b = -1;
+        mbar_arrive(&full_q[qs]);
+      }
+      mbar_arrive(&full_q[qs]);
+    }
     copy_wait<0>();  // leave no copy in flight behind the exiting threads
     return;
   }
@@ -257,22 +292,21 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   auto stage = [&](int kt) { return (it + kt) % NS; };
   auto phase = [&](int kt) { return uint32_t((it + kt) / NS) & 1; };
 #pragma unroll 1
-  for (int round = 0;; ++round) {
-    const int idx = work_index(round);
-    if (idx >= items) break;
-    HopperItem w;
-    if (!item_at(idx, w)) continue;  // (every role skips the same items)
+  for (;;) {
+    // the next item, as the producer decoded it, with its query rows
+    const int qs = qn % NQ;
+    mbar_wait(&full_q[qs], (qn / NQ) & 1);
+    const HopperItem w = warp_uniform_item(ring[qs]);
+    if (w.b < 0) break;  // the producer's sentinel: no more items
     const int b = w.b, hk = w.hk, q0 = w.q0, rows_total = w.rows_total, row0 = w.row0, pos_base = w.pos_base;
     const int lo = w.lo, hi = w.hi, num_kt = w.num_kt;
     const int32_t* tile_list = w.tile_list;
     // the first key of the item's kt-th tile, and whether every score of it is visible (mapped: a full tile)
     auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
     auto tile_full = [&](int kt) { return Mapped && (tile_list[kt] & 1) != 0; };
-    // ---- Q rows of this consumer: wait for the producer's copy, query transform ------------------
-    const int qs = qn % NQ;
+    // ---- Q rows of this consumer (landed with the item): query transform ----------------------
     {
       unsigned char* qb = reinterpret_cast<unsigned char*>(sq + qs * RQ * D);
-      mbar_wait(&full_q[qs], (qn / NQ) & 1);
       if constexpr (V::kHasQueryTransform) {
         named_sync(2 + cw, 128);
         for (int r = wrow0 + cwarp; r < wrow0 + 64; r += 4) {

@@ -23,9 +23,17 @@ struct HopperTile {
   static_assert(kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys, "tile maps are made in this tiling");
 };
 
+// One work item of a persistent CTA, as the producer decodes it (hopper_prefill_kernel's item_at) and
+// hands it to the consumers in shared memory beside the item's query rows.
+struct HopperItem {
+  int b, tile, hk, q0, rows_total, row0, pos_base;  // request, query tile, KV head, rows
+  int lo, hi, num_kt;                               // the visible key range and its tiles
+  const int32_t* tile_list;                         // mapped: the tile map's list of the item's key tiles
+};
+
 // Shared memory: [alignment slack][Q: kQBuffers x kRows x D][K: kStages x kKeys x D][V: same][scratch fp32
 // rows, two of D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers,
-// kStages each][full_q, empty_q mbarriers, kQBuffers each].
+// kStages each][full_q, empty_q mbarriers, kQBuffers each][the work item of each Q buffer].
 // Tiles start 1024-byte aligned (the swizzle's period). T: the query dtype, whatever the cache's: an fp8 cache's
 // rows are staged in the upper half of their K / V stage and widened there (hopper_fp8_stage.cuh).
 template <class T, int D>
@@ -33,14 +41,8 @@ constexpr size_t hopper_prefill_smem_bytes() {
   using Tile = HopperTile<D>;
   return 1024 + size_t(Tile::kQBuffers) * Tile::kRows * D * sizeof(T) +
          2 * size_t(Tile::kStages) * Tile::kKeys * D * sizeof(T) + size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) +
-         2 * Tile::kKeys * sizeof(int64_t) + 4 * Tile::kStages * sizeof(uint64_t) + 2 * Tile::kQBuffers * sizeof(uint64_t);
+         2 * Tile::kKeys * sizeof(int64_t) + 4 * Tile::kStages * sizeof(uint64_t) + 2 * Tile::kQBuffers * sizeof(uint64_t) +
+         Tile::kQBuffers * sizeof(HopperItem);
 }
-
-// One work item of a persistent CTA, as both roles decode it (hopper_prefill_kernel's item_at).
-struct HopperItem {
-  int b, tile, hk, q0, rows_total, row0, pos_base;  // request, query tile, KV head, rows
-  int lo, hi, num_kt;                               // the visible key range and its tiles
-  const int32_t* tile_list;                         // mapped: the tile map's list of the item's key tiles
-};
 
 }  // namespace attngen

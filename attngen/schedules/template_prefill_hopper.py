@@ -24,6 +24,7 @@ HEAD_DIMS = (64, 128, 256)
 CONSUMERS = 2  # consumer warpgroups of 64 rows
 STAGES = 2
 THREADS = 128 * (1 + CONSUMERS)
+ITEM_BYTES = 48  # csrc/hopper_tile.cuh HopperItem: ten ints and a pointer, 8-byte aligned
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,11 @@ class HopperConfig:
 def hopper_smem_bytes(cfg: HopperConfig, elems: ElementBytes) -> int:
     """Alignment slack, query row buffers, K and V stages (of the query dtype: fp8 rows are staged inside
     them), two fp32 scratch rows per warp, two rows of paged key offsets, the K and V stages' and the query
-    buffers' full / empty mbarriers."""
+    buffers' full / empty mbarriers, and the work item of each query buffer (the producer's hand-on)."""
     d = cfg.head_dim
     return (1024 + cfg.q_buffers * cfg.rows * d * elems.q + 2 * cfg.stages * cfg.keys * d * elems.q
-            + (THREADS // 32) * 2 * d * 4 + 2 * cfg.keys * 8 + 4 * cfg.stages * 8 + 2 * cfg.q_buffers * 8)
+            + (THREADS // 32) * 2 * d * 4 + 2 * cfg.keys * 8 + 4 * cfg.stages * 8 + 2 * cfg.q_buffers * 8
+            + cfg.q_buffers * ITEM_BYTES)
 
 
 def configs(head_dim: int) -> tuple[HopperConfig, ...]:

@@ -146,7 +146,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write fuzz_gpu_<date>.json here")
     ap.add_argument("--seconds", type=float, default=None,
                     help="start no new recipe after this many seconds (the figures cover the recipes run)")
+    ap.add_argument("--part", default="0/1", metavar="I/N",
+                    help="run only the drawn recipes whose index is I modulo N (parallel shards of one draw)")
     args = ap.parse_args(argv)
+    part, parts = (int(x) for x in args.part.split("/"))
+    if not 0 <= part < parts:
+        ap.error(f"--part {args.part}: I must lie in [0, N)")
 
     import torch
 
@@ -158,7 +163,9 @@ def main(argv=None) -> int:
     picks = [space[i] for i in rng.choice(len(space), size=min(args.recipes, len(space)), replace=False)]
     counts, by_path, failures, build_refused = collections.Counter(), collections.Counter(), [], []
     start, ran = time.monotonic(), []
-    for recipe in picks:
+    for index, recipe in enumerate(picks):
+        if index % parts != part:
+            continue
         if args.seconds is not None and time.monotonic() - start > args.seconds:
             break
         ran.append(recipe.name)
@@ -168,13 +175,15 @@ def main(argv=None) -> int:
         except ATTNGEN_ERRORS as e:
             build_refused.append(f"{variant.name}: {e}")
             continue
+        case_rng = np.random.default_rng([args.seed, index])  # a recipe's cases do not depend on the shard
         for _ in range(args.cases):
-            seed = int(rng.integers(2**32))
+            seed = int(case_rng.integers(2**32))
             case = make_case(variant, seed, head_dim=HEAD_DIM)
             if "v[" in case.injected:  # see the module's docstring
                 counts["skipped: non-finite V"] += 1
                 continue
-            faults = ["none"] + ([str(rng.choice(GPU_FAULTS))] if rng.random() < args.fault_share else [])
+            spoil = case_rng.random() < args.fault_share
+            faults = ["none"] + ([str(case_rng.choice(GPU_FAULTS))] if spoil else [])
             for fault in faults:
                 call = apply_fault(case, fault, np.random.default_rng(seed + 1))
                 if call is None:

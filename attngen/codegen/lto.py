@@ -6,7 +6,8 @@ Three kinds of pieces, each in the build cache under its own key:
   the record's launcher instantiated over the pair's K/V type (the query's, or an fp8 cache's, whose
   kernels dequantise with k_scale / v_scale) and the ABI traits (:func:`.cuda_variant.abi_traits_source`,
   whose text is the signature: which hooks exist, their per-element forms, the state algebra, scale
-  folding, the mask's bounds), compiled by ``nvcc -dc`` to LTO-IR (``code=lto_XX``). Its kernels take
+  folding, the mask's bounds), compiled by ``nvcc -rdc=true -fatbin`` to LTO-IR (``code=lto_XX``; device
+  code alone, no host side). Its kernels take
   the variant's parameters as an ``attngen::ParamBlock`` (csrc/hook_abi.h) and call each hook as an
   extern "C" device function, so every variant of that signature shares it.
 - the host glue in two parts (csrc/linked_entry.h): a **launch object** per hook signature (nvcc: the
@@ -199,6 +200,12 @@ def build_macros(cfg: BuildConfig) -> list[str]:
 
 # ---- template objects ----
 
+# A template object is device code alone: relocatable LTO-IR in a fatbinary, which nvJitLink links and nothing
+# launches through a host stub (the library launches its cubins by the driver), so nvcc compiles no host side
+# (a third of the time of "-dc", which also runs cudafe++ and the host compiler over the template's headers)
+TEMPLATE_MODE = ("-rdc=true", "-fatbin")
+TEMPLATE_FILE = "template.fatbin"
+
 def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int, part: int = 0,
                     floor: str = "") -> str:
     """One template object's source; ``floor``: the build's smem floor line (arch.smem_floor_define)."""
@@ -214,7 +221,7 @@ def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: Bu
                  part: int = 0) -> str:
     """The cache key of one template object: everything its LTO-IR depends on, and nothing of the
     variant beyond its hook signature (``abi``, the ABI traits' text)."""
-    return content_key({"lto_template": record,
+    return content_key({"lto_template": record, "mode": [*TEMPLATE_MODE, TEMPLATE_FILE],
                         "source": template_source(record, head_dim, pair, cfg.max_group_size, part,
                                                   smem_floor_define(cfg.archs)),
                         "arch": arch, "head_dim": head_dim, "dtypes": [pair.q, pair.kv],
@@ -237,12 +244,12 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
         (out / HEADER_NAME).write_text(tiles_header())
         src = out / "template.cu"
         src.write_text(template_source(record, head_dim, pair, cfg.max_group_size, part, smem_floor_define(cfg.archs)))
-        obj = out / "template.o"
-        nvcc.run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), "-dc", str(src), "-o", str(obj)],
-                      f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
+        obj = out / TEMPLATE_FILE
+        nvcc.run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), *TEMPLATE_MODE, str(src), "-o",
+                       str(obj)], f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
 
     directory, hit = cache.get_or_build(key, build)
-    return directory / "template.o", hit
+    return directory / TEMPLATE_FILE, hit
 
 
 # ---- host glue: the launch object (per signature) and the exports (per parameter list) ----
@@ -384,7 +391,7 @@ def deferred_template(directory: Path, manifest: dict, entry: dict, cache: Build
     signature the build kept beside the library, when this attngen and nvcc make the same object (same key)."""
     key = entry["template"]
     for root in (directory.parent.parent, cache.root, *cache.prebuilt):
-        obj = root / key[:2] / key / "template.o"
+        obj = root / key[:2] / key / TEMPLATE_FILE
         if obj.is_file():
             return obj
     known = {f.name for f in fields(BuildConfig)}

@@ -43,7 +43,7 @@ def version() -> str:
 
 def link_cubin(inputs: list[Path], sm: str, fast_math: bool = False, threads: int | None = None) -> bytes:
     """The cubin for ``sm`` (e.g. "80", "90a") of the LTO-IR objects ``inputs`` (nvcc -dc -dlto host
-    objects, or bare LTO-IR), optimised and linked as one program; ``threads``: the code generator's
+    objects, fatbinaries of relocatable LTO-IR, or bare LTO-IR), optimised and linked as one program; ``threads``: the code generator's
     (default: the machine's cores, at most 8)."""
     nv = _module()
     options = [f"-arch=sm_{sm}", "-lto", "-O3"]

@@ -18,13 +18,24 @@ def cuda(x, half=False):
     return (t.half() if half else t).cuda()
 
 
+VARIANTS = ("rope", "custom_mask", "attention_sink")
+
+
+def build(name: str, hopper_only: bool = False, fp8: bool = False):
+    """The library the case runs ``name`` on (its 16-bit cache, or with ``fp8`` the Hopper fp8-KV one)."""
+    if fp8:
+        return CUDAAttention.build(builtin(name), head_dims=(128,), dtypes=("float16",), kv_dtypes=("float8_e4m3fn",),
+                                   layouts=("NHD",), kernels=("prefill",))
+    return CUDAAttention.build(builtin(name), head_dims=(128,), dtypes=("float16",), layouts=("NHD",),
+                               kernels=("prefill",) if hopper_only else ("decode", "prefill"))
+
+
 def main(hopper_only: bool = False):
     rng = np.random.default_rng(0)
     hopper = torch.cuda.get_device_capability()[0] == 9
-    for name in ("rope",) if hopper_only else ("rope", "custom_mask", "attention_sink"):
+    for name in ("rope",) if hopper_only else VARIANTS:
         v = builtin(name)
-        att = CUDAAttention.build(v, head_dims=(128,), dtypes=("float16",), layouts=("NHD",),
-                                  kernels=("prefill",) if hopper_only else ("decode", "prefill"))
+        att = build(name, hopper_only)
         prob = random_problem(rng, [1, 1, 1], [700, 0, 33], 8, 2, 128, page_size=16)
         kv = PagedKV(cuda(prob.paged.pages, True), cuda(prob.paged.indptr), cuda(prob.paged.indices),
                      cuda(prob.paged.last_page_len))
@@ -48,16 +59,15 @@ def main(hopper_only: bool = False):
             for how in plans:
                 att.prefill(q, kv, qo_indptr, plan=att.plan_prefill(qo_indptr, kv, 128, **how), params=params)
         if hopper:
-            hopper_fp8(v, q, qo_indptr, paged, ragged, params)
+            hopper_fp8(name, q, qo_indptr, paged, ragged, params)
     torch.cuda.synchronize()
     print("sanitizer case done")
 
 
-def hopper_fp8(v, q, qo_indptr, paged, ragged, params):
+def hopper_fp8(name, q, qo_indptr, paged, ragged, params):
     """The Hopper prefill over the same caches rounded to e4m3 (paged and ragged, per-tensor scales)."""
     fp8 = torch.float8_e4m3fn
-    att = CUDAAttention.build(v, head_dims=(128,), dtypes=("float16",), kv_dtypes=("float8_e4m3fn",),
-                              layouts=("NHD",), kernels=("prefill",))
+    att = build(name, fp8=True)
     caches = (PagedKV(paged.pages.to(fp8), paged.indptr, paged.indices, paged.last_page_len),
               RaggedKV(ragged.k.to(fp8), ragged.v.to(fp8), ragged.indptr))
     for kv in caches:
@@ -66,4 +76,10 @@ def hopper_fp8(v, q, qo_indptr, paged, ragged, params):
 
 
 if __name__ == "__main__":
-    main(hopper_only="--hopper" in sys.argv)
+    if "--build" in sys.argv:  # build one variant's libraries and run nothing (the test's builds, side by side)
+        name = sys.argv[sys.argv.index("--build") + 1]
+        build(name)
+        if torch.cuda.get_device_capability()[0] == 9:
+            build(name, fp8=True)
+    else:
+        main(hopper_only="--hopper" in sys.argv)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from .gpu_memcheck_case import VARIANTS
+
 pytestmark = pytest.mark.gpu
 CASE = Path(__file__).with_name("gpu_memcheck_case.py")
 
@@ -20,7 +22,10 @@ def built(build_cache):
         pytest.skip("compute-sanitizer is not installed on this GPU machine")
     # the session's build cache: the workers running the three tools build the case's libraries once
     env = dict(os.environ, ATTNGEN_CACHE_DIR=str(build_cache.root))
-    subprocess.run([sys.executable, str(CASE)], env=env, check=True)  # build (and run) outside the sanitizer
+    # each variant's libraries in a process of its own, side by side; then the case once outside the sanitizer
+    builds = [subprocess.Popen([sys.executable, str(CASE), "--build", name], env=env) for name in VARIANTS]
+    assert [p.wait() for p in builds] == [0] * len(builds)
+    subprocess.run([sys.executable, str(CASE)], env=env, check=True)
     return exe, env
 
 

@@ -33,8 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fuzz_engine import (ARG_NAMES, ATTNGEN_ERRORS, Case, _with_defaults, all_recipes,  # noqa: E402
-                               apply_fault, make_case, make_variant)
+from tests.fuzz_engine import (ARG_NAMES, ATTNGEN_ERRORS, Case, Recipe, _with_defaults,  # noqa: E402
+                               all_recipes, apply_fault, make_case, make_variant)
 from tests.nonfinite import compare_nonfinite  # noqa: E402
 
 HEAD_DIM = 64
@@ -137,6 +137,14 @@ def run_call(att, variant, case: Case, call, how: dict, device: str = "cuda") ->
     return "ok", ""
 
 
+def shard(seed: int, recipes: int, part: int = 0, parts: int = 1) -> list[tuple[int, Recipe]]:
+    """(index, recipe) of the ``recipes`` recipes drawn with ``seed`` whose index is ``part`` modulo ``parts``:
+    the shards of one draw are disjoint and together the whole draw."""
+    space = list(all_recipes())
+    picks = np.random.default_rng(seed).choice(len(space), size=min(recipes, len(space)), replace=False)
+    return [(i, space[k]) for i, k in enumerate(picks) if i % parts == part]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipes", type=int, default=8, help="random recipes (variants) to build for CUDA")
@@ -158,14 +166,9 @@ def main(argv=None) -> int:
     from attngen.runtime import CUDAAttention
 
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    rng = np.random.default_rng(args.seed)
-    space = list(all_recipes())
-    picks = [space[i] for i in rng.choice(len(space), size=min(args.recipes, len(space)), replace=False)]
     counts, by_path, failures, build_refused = collections.Counter(), collections.Counter(), [], []
     start, ran = time.monotonic(), []
-    for index, recipe in enumerate(picks):
-        if index % parts != part:
-            continue
+    for index, recipe in shard(args.seed, args.recipes, part, parts):
         if args.seconds is not None and time.monotonic() - start > args.seconds:
             break
         ran.append(recipe.name)
@@ -175,7 +178,7 @@ def main(argv=None) -> int:
         except ATTNGEN_ERRORS as e:
             build_refused.append(f"{variant.name}: {e}")
             continue
-        case_rng = np.random.default_rng([args.seed, index])  # a recipe's cases do not depend on the shard
+        case_rng = np.random.default_rng([args.seed, index])  # the recipe's own stream: the same in every shard
         for _ in range(args.cases):
             seed = int(case_rng.integers(2**32))
             case = make_case(variant, seed, head_dim=HEAD_DIM)

@@ -17,6 +17,16 @@ from .fuzz_engine import Recipe
 FUZZ = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_gpu.py"
 
 
+def _fuzz_gpu_module():
+    """benchmarks/fuzz_gpu.py as a module (a script beside the package, not in it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fuzz_gpu", FUZZ)
+    fg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fg)
+    return fg
+
+
 @pytest.fixture(scope="module")
 def fuzz_env(build_cache):
     return dict(os.environ, ATTNGEN_CACHE_DIR=str(build_cache.root))
@@ -62,16 +72,12 @@ FUZZ_FINDS = [
 def test_the_gpu_fuzzers_finds_stay_fixed(build_cache):
     """Each find of the GPU fuzzer, through every template path that serves it: matches the reference (or is
     refused by name, for a spoilt call)."""
-    import importlib.util
-
     import numpy as np
     import torch
 
     from attngen.runtime import CUDAAttention
 
-    spec = importlib.util.spec_from_file_location("fuzz_gpu", FUZZ)
-    fg = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fg)
+    fg = _fuzz_gpu_module()
     hopper = torch.cuda.get_device_capability() == (9, 0)
     for recipe, seed, fault in FUZZ_FINDS:
         variant = fg.make_variant(recipe)
@@ -83,6 +89,21 @@ def test_the_gpu_fuzzers_finds_stay_fixed(build_cache):
             outcome, detail = fg.run_call(att, variant, case, call, how)
             expected = "ok" if fault == "none" else "refused:AttentionArgumentError"
             assert outcome == expected, (label, fault, detail)
+
+
+def test_the_gpu_fuzzers_shards_partition_one_draw():
+    """--part I/N: the shards of one draw are disjoint and together the whole draw, in its order; a bad part is
+    refused before anything runs."""
+    fg = _fuzz_gpu_module()
+    whole = fg.shard(7, 6)
+    assert [i for i, _ in whole] == list(range(6)) and len({r for _, r in whole}) == 6
+    shards = [fg.shard(7, 6, part, 4) for part in range(4)]
+    assert sorted(sum(shards, []), key=lambda ir: ir[0]) == whole
+    assert [len(s) for s in shards] == [2, 2, 1, 1]
+    assert fg.shard(8, 6) != whole  # another seed draws other recipes
+    for bad in ("4/4", "-1/2"):
+        with pytest.raises(SystemExit):
+            fg.main(["--part", bad])
 
 
 class _PlanlessCPU:
@@ -107,15 +128,11 @@ class _PlanlessCPU:
 def test_the_gpu_fuzzers_oracle_on_the_cpu_backend(build_cache):
     """The GPU fuzzer's conversion, refusal rules and float16 comparison, run on the CPU backend (float16 in):
     valid calls match, spoilt ones are refused by name (keeps the GPU-only harness honest in CI)."""
-    import importlib.util
-
     import numpy as np
 
     from attngen.runtime import CPUAttention
 
-    spec = importlib.util.spec_from_file_location("fuzz_gpu", FUZZ)
-    fg = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fg)
+    fg = _fuzz_gpu_module()
     rng = np.random.default_rng(5)
     recipe = Recipe(("alibi", "softcap"), ("causal", "custom"), "affine", "scale", "head_bias")
     variant = fg.make_variant(recipe)

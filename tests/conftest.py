@@ -58,6 +58,10 @@ SEED_VARIABLE = "ATTNGEN_TEST_SEED"
 def pytest_configure(config):
     # set before pytest-xdist starts its workers, which inherit the environment: one seed for the whole run
     os.environ.setdefault(SEED_VARIABLE, str(random.SystemRandom().randrange(2**32)))
+    # a pytest-xdist worker's builds keep its share of the cores busy (nvcc's threads, parallel links), not all
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        os.environ.setdefault("ATTNGEN_BUILD_CORES", str(max(1, (os.cpu_count() or 1) // workers)))
 
 
 def run_seed() -> int:

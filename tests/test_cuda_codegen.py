@@ -212,6 +212,52 @@ def test_merge_and_planner_libraries_build(build_cache):
     assert callable(tvm_ffi.load_module(str(build_planner_library(build_cache)))["plan_split_kv"])
 
 
+def test_build_cores_come_from_the_environment_or_the_machine(monkeypatch):
+    import os
+
+    from attngen.codegen.nvcc import NvccError, build_cores
+
+    monkeypatch.delenv("ATTNGEN_BUILD_CORES", raising=False)
+    assert build_cores() == (os.cpu_count() or 1)
+    monkeypatch.setenv("ATTNGEN_BUILD_CORES", "3")
+    assert build_cores() == 3
+    monkeypatch.setenv("ATTNGEN_BUILD_CORES", "0")
+    assert build_cores() == 1
+    monkeypatch.setenv("ATTNGEN_BUILD_CORES", "many")
+    with pytest.raises(NvccError, match="ATTNGEN_BUILD_CORES='many': give a whole number of cores"):
+        build_cores()
+
+
+@requires_nvcc
+def test_nvccs_own_threads_leave_the_code_as_it_was(tmp_path):
+    """run_jobs gives each job its share of the cores as nvcc threads (--threads across archs, --split-compile
+    across kernels); the machine code of every kernel is byte for byte a serial compile's (so the flags stay out
+    of cache keys), here on merge_states.cu's nine kernels for two archs."""
+    import tvm_ffi.libinfo as li
+
+    from attngen.codegen import nvcc
+    from attngen.codegen.host_library import CSRC
+    from attngen.codegen.linked_cubin import cubin_code
+    from attngen.codegen.nvcc import NvccJob, thread_flags
+
+    two_archs = ("-gencode=arch=compute_90a,code=sm_90a",)
+    job = NvccJob(CSRC / "merge_states.cu", tmp_path / "x", "-gencode=arch=compute_80,code=sm_80", two_archs)
+    assert thread_flags(job, 1) == ()
+    assert thread_flags(job, 2) == ("--threads=2",)
+    assert thread_flags(job, 16) == ("--threads=2", "--split-compile=8")
+    one_arch = NvccJob(job.source, job.output, job.gencode, mode="-cubin")
+    assert thread_flags(one_arch, 3) == ("--split-compile=3",)
+    code = []
+    for cores in (1, 2):
+        out = tmp_path / f"merge_{cores}.cubin"
+        includes = (f"-I{CSRC}", f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}")
+        cmd = NvccJob(job.source, out, job.gencode, includes, mode="-cubin").command(nvcc.require_nvcc(), cores)
+        assert ("--split-compile=2" in cmd) == (cores == 2)
+        subprocess.run(cmd, check=True, capture_output=True)
+        code.append(cubin_code(out.read_bytes()))
+    assert len(code[0]) == 9 and code[0] == code[1]
+
+
 # Every built-in at head_dim 128 / bf16 (its hooks in every template code path), and for the plain variant
 # and the row-hook one every head dim (what differs per head dim: tiles, shared memory, the row hooks'
 # scratch at 256), each dtype at some head dim of each (the GPU suite builds tests/test_gpu_decode.py's

@@ -9,18 +9,30 @@ import subprocess
 from pathlib import Path
 
 
-def cubin_section_names(cubin: bytes) -> list[str]:
-    """The section names of an ELF64 cubin."""
+def _section_headers(cubin: bytes) -> list[tuple[str, int, int, int]]:
+    """(name, type, offset, size) of each section of an ELF64 cubin."""
     shoff, = struct.unpack_from("<Q", cubin, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
 
-    def header(i):  # (name offset, offset, size)
+    def header(i):  # (name offset, type, offset, size)
         base = shoff + i * shentsize
-        return struct.unpack_from("<I", cubin, base)[0], *struct.unpack_from("<QQ", cubin, base + 0x18)
+        return (*struct.unpack_from("<II", cubin, base), *struct.unpack_from("<QQ", cubin, base + 0x18))
 
-    _, str_off, str_size = header(shstrndx)
+    _, _, str_off, str_size = header(shstrndx)
     strtab = cubin[str_off:str_off + str_size]
-    return [strtab[n:strtab.index(b"\0", n)].decode() for n, _, _ in (header(i) for i in range(shnum))]
+    return [(strtab[n:strtab.index(b"\0", n)].decode(), kind, off, size)
+            for n, kind, off, size in (header(i) for i in range(shnum))]
+
+
+def cubin_section_names(cubin: bytes) -> list[str]:
+    """The section names of an ELF64 cubin."""
+    return [name for name, _, _, _ in _section_headers(cubin)]
+
+
+def cubin_code(cubin: bytes) -> dict[str, bytes]:
+    """Each kernel's and device function's machine code: its ``.text.<name>`` section's bytes."""
+    return {name[len(".text."):]: cubin[off:off + size] for name, _, off, size in _section_headers(cubin)
+            if name.startswith(".text.")}
 
 
 def cubin_kernels(cubin: bytes) -> list[str]:

@@ -6,7 +6,6 @@ shared library. Deferred parts are named in the manifest and linked on first use
 """
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,7 +37,7 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
     # per arch in part order: the template object, or for a deferred part (compiled and linked on first use,
     # link_deferred) what its template object is made of. The template objects, the launch objects and the
     # exports are independent compiles (each cached under its own key): they run side by side
-    cores = os.cpu_count() or 1
+    cores = nvcc.build_cores()
     objects = {a: [] for a in cfg.archs}
     templates = []  # (arch, slot in objects[arch], record, head dim, pair, part)
     for a in cfg.archs:

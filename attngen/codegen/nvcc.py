@@ -89,18 +89,49 @@ class NvccJob:
     flags: tuple[str, ...] = ()
     mode: str = "-c"  # or "-cubin": the device code alone, for one arch
 
-    def command(self, nvcc: str) -> list[str]:
-        return [nvcc, "-std=c++17", "-O3", self.gencode, *self.flags, self.mode, str(self.source),
-                "-o", str(self.output)]
+    def command(self, nvcc: str, cores: int = 1) -> list[str]:
+        """The nvcc command, using up to ``cores`` threads (:func:`thread_flags`)."""
+        return [nvcc, "-std=c++17", "-O3", self.gencode, *self.flags, *thread_flags(self, cores), self.mode,
+                str(self.source), "-o", str(self.output)]
+
+    @property
+    def arch_count(self) -> int:
+        return 1 + sum(f.startswith("-gencode") for f in self.flags)
+
+
+def build_cores() -> int:
+    """The cores a build may keep busy: ``ATTNGEN_BUILD_CORES``, else the machine's (a test runner with several
+    workers gives each its share). It changes how fast a build runs, never what it makes: no cache key holds it."""
+    value = os.environ.get("ATTNGEN_BUILD_CORES")
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise NvccError(f"ATTNGEN_BUILD_CORES={value!r}: give a whole number of cores") from None
+    return os.cpu_count() or 1
+
+
+def thread_flags(job: NvccJob, cores: int) -> tuple[str, ...]:
+    """nvcc's own parallelism for a job given ``cores``: its archs side by side (``--threads``), then each
+    arch's kernels optimised and code-generated side by side (``--split-compile``). Neither changes the
+    code: the kernels' .text sections are byte for byte those of a serial compile (tests/test_cuda_codegen.py),
+    so neither enters a cache key; a build on a 16-core machine finishes its few translation units in a
+    fraction of the time, one on 2 cores with 2 units compiles as before."""
+    threads = max(1, min(job.arch_count, cores))
+    split = cores // threads
+    return ((f"--threads={threads}",) if threads > 1 else ()) + ((f"--split-compile={split}",) if split > 1 else ())
 
 
 def run_jobs(jobs: list[NvccJob], parallel: int | None = None) -> None:
-    """Compile every job; raise one NvccError listing each failing command and its diagnostics."""
+    """Compile every job (the machine's cores shared among them); raise one NvccError listing each failing
+    command and its diagnostics."""
     nvcc = require_nvcc()
-    workers = parallel or max(1, min(len(jobs), os.cpu_count() or 1))
+    cores = build_cores()
+    workers = parallel or max(1, min(len(jobs), cores))
+    per_job = max(1, cores // max(1, len(jobs)))
 
     def run(job: NvccJob):
-        cmd = job.command(nvcc)
+        cmd = job.command(nvcc, per_job)
         p = subprocess.run(cmd, capture_output=True, text=True)
         return job, cmd, p
 

@@ -6,8 +6,9 @@ nvlink, but needs the toolkit's ``nvvm/lib64``, which wheel-assembled toolkits l
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
+
+from . import nvcc
 
 
 class LinkError(RuntimeError):
@@ -43,11 +44,11 @@ def version() -> str:
 
 def link_cubin(inputs: list[Path], sm: str, fast_math: bool = False, threads: int | None = None) -> bytes:
     """The cubin for ``sm`` (e.g. "80", "90a") of the LTO-IR objects ``inputs`` (nvcc -dc -dlto host
-    objects, fatbinaries of relocatable LTO-IR, or bare LTO-IR), optimised and linked as one program; ``threads``: the code generator's
-    (default: the machine's cores, at most 8)."""
+    objects, fatbinaries of relocatable LTO-IR, or bare LTO-IR), optimised and linked as one program;
+    ``threads``: the code generator's (default: the build's cores, nvcc.build_cores, at most 8)."""
     nv = _module()
     options = [f"-arch=sm_{sm}", "-lto", "-O3"]
-    threads = min(threads or os.cpu_count() or 1, 8)
+    threads = min(threads or nvcc.build_cores(), 8)
     if threads >= 2:  # kernels code-generated in parallel: the same cubin, bit for bit (4.3 -> 3.4 s on 2 cores)
         options.append(f"-split-compile={threads}")
     if fast_math:  # what nvcc --use_fast_math asks of the code generator

@@ -157,7 +157,10 @@ def main(argv=None) -> int:
     ap.add_argument("--part", default="0/1", metavar="I/N",
                     help="run only the drawn recipes whose index is I modulo N (parallel shards of one draw)")
     args = ap.parse_args(argv)
-    part, parts = (int(x) for x in args.part.split("/"))
+    try:
+        part, parts = (int(x) for x in args.part.split("/"))
+    except ValueError:
+        ap.error(f"--part {args.part}: give I/N, two whole numbers")
     if not 0 <= part < parts:
         ap.error(f"--part {args.part}: I must lie in [0, N)")
 

@@ -86,13 +86,13 @@ def test_every_config_field_is_in_the_key():
     assert cache_key(softcap_variant(), on_cpu) != cache_key(softcap_variant(), dataclasses.replace(on_cpu, target="cuda"))
 
 
-@pytest.mark.parametrize("patch", ["nvcc", "host_cxx", "tvm", "tvm_ffi", "machine", *pipeline.COMPILER_ENV])
+@pytest.mark.parametrize("patch", ["nvcc", "host_cxx", "tvm", "tvm_ffi", "machine", *nvcc.COMPILER_ENV])
 def test_key_covers_the_tools(patch, monkeypatch):
     v = softcap_variant()
-    for name in pipeline.COMPILER_ENV:
+    for name in nvcc.COMPILER_ENV:
         monkeypatch.delenv(name, raising=False)
     before = {cfg.target: cache_key(v, cfg) for cfg in (CUDA, CPU)}
-    if patch in pipeline.COMPILER_ENV:  # nvcc's flags or host compiler, set from outside
+    if patch in nvcc.COMPILER_ENV:  # nvcc's flags or host compiler, set from outside
         monkeypatch.setenv(patch, "-lineinfo" if patch.endswith("FLAGS") else "/usr/bin/g++-13")
         targets = ["cuda", "cpu"]
     elif patch == "nvcc":

@@ -101,7 +101,7 @@ def test_the_gpu_fuzzers_shards_partition_one_draw():
     assert sorted(sum(shards, []), key=lambda ir: ir[0]) == whole
     assert [len(s) for s in shards] == [2, 2, 1, 1]
     assert fg.shard(8, 6) != whole  # another seed draws other recipes
-    for bad in ("4/4", "-1/2"):
+    for bad in ("4/4", "-1/2", "a/b", "1/2/3"):
         with pytest.raises(SystemExit):
             fg.main(["--part", bad])
 

@@ -340,6 +340,55 @@ def fp8_lto_config(**kw) -> BuildConfig:
     return lto_config(**{**base, **kw})
 
 
+class _KeyOnly:
+    """A cache that records the key it is asked for and builds nothing."""
+
+    def get_or_build(self, key, build):
+        raise _Keyed(key)
+
+
+class _Keyed(Exception):
+    pass
+
+
+def _key_of(make, *args) -> str:
+    with pytest.raises(_Keyed) as e:
+        make(*args, _KeyOnly())
+    return e.value.args[0]
+
+
+def test_object_keys_cover_the_compilers_flags_environment_and_host_compiler(monkeypatch):
+    """The template, launch and merge objects' keys change with nvcc's flags, the environment variables nvcc
+    reads and the host compiler (which preprocesses even a device-only compile), and not with where attngen is
+    installed (a cache built elsewhere serves)."""
+    from attngen.codegen import host_library, nvcc
+
+    d, pair, cfg = 128, DtypePair("float16", "float16"), lto_config()
+    abi = abi_traits_source(builtin("causal"), lower_hooks_cuda(builtin("causal"), d, "sm_80"), d)
+    merge_gencodes = ["-gencode=arch=compute_80,code=sm_80"]
+
+    def keys():
+        return (lto.template_key("decode", "sm_80", d, pair, cfg, abi), _key_of(lto.launch_object, cfg, d, abi),
+                _key_of(host_library.merge_object, merge_gencodes))
+
+    for name in nvcc.COMPILER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    base = keys()
+    assert all("/" not in flag for flag in lto.flag_text(cfg))  # directories as placeholders
+    with monkeypatch.context() as m:
+        m.setenv("NVCC_APPEND_FLAGS", "-lineinfo")
+        assert all(k != b for k, b in zip(keys(), base))
+    with monkeypatch.context() as m:
+        m.setattr(host_library, "host_cxx", lambda: ("g++", "g++ (GCC) 99.1"))
+        m.setattr(lto, "host_cxx", lambda: ("g++", "g++ (GCC) 99.1"))
+        assert all(k != b for k, b in zip(keys(), base))
+    with monkeypatch.context() as m:
+        m.setattr(lto, "TEMPLATE_MODE", ("-rdc=true", "-fatbin", "-lineinfo"))
+        m.setattr(lto, "LAUNCH_FLAGS", ("-Xcompiler", "-fvisibility=default"))
+        assert keys()[0] != base[0] and keys()[1] != base[1] and keys()[2] == base[2]
+    assert keys() == base
+
+
 def test_template_objects_are_keyed_by_the_kv_dtype():
     """A template object instantiates its launcher over the cache's element type: the source names it and the
     key differs between a bf16 cache and each fp8 one."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import attngen
 
 from . import nvcc
-from .cache import BuildCache, content_key, hash_files
+from .cache import BuildCache, content_key, hash_files, package_version
 
 CSRC = Path(attngen.__file__).parent / "csrc"
 
@@ -58,13 +58,15 @@ def merge_object(gencodes: list[str], cache: BuildCache) -> Path:
     the merge library links it, and so does every variant's TVM slot object."""
     import tvm_ffi.libinfo as li
 
-    key = content_key({"merge_object": csrc_hash(), "gencodes": gencodes, "nvcc": nvcc.nvcc_version(),
-                       "attngen": attngen.__version__})
+    flags = ("-std=c++17", "-O3", "-c", "-Xcompiler", "-fPIC", *gencodes)
+    key = content_key({"merge_object": csrc_hash(), "flags": flags, "nvcc": nvcc.nvcc_version(),
+                       "compiler_env": nvcc.compiler_env(), "host_cxx": host_cxx()[1],
+                       "tvm_ffi": package_version("apache-tvm-ffi"), "attngen": attngen.__version__})
 
     def build(out: Path) -> None:
-        nvcc.run_tool([nvcc.require_nvcc(), "-std=c++17", "-O3", "-c", "-Xcompiler", "-fPIC", *gencodes, f"-I{CSRC}",
-                       f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}",
-                       str(CSRC / "merge_states.cu"), "-o", str(out / "merge_states.o")], "nvcc of the merge kernels")
+        nvcc.run_tool([nvcc.require_nvcc(), *flags, f"-I{CSRC}", f"-I{li.find_include_path()}",
+                       f"-I{li.find_dlpack_include_path()}", str(CSRC / "merge_states.cu"), "-o",
+                       str(out / "merge_states.o")], "nvcc of the merge kernels")
 
     directory, _ = cache.get_or_build(key, build)
     return directory / "merge_states.o"

@@ -50,7 +50,7 @@ from attngen.schedules.registry import companion_macros, selected
 from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
 from . import nvcc, nvjitlink, nvrtc
-from .cache import BuildCache, content_key
+from .cache import BuildCache, content_key, entry_is_sealed
 from .cuda_entries import SCALED_KV_HEADERS, decode_entry, kv_c_type, prefill_entry, prefill_kind
 from .cuda_variant import C_TYPES, abi_hooks_source, params_bytes
 from .host_library import csrc_hash, host_cxx
@@ -188,9 +188,22 @@ def lto_gencode(arch: str) -> tuple[str, str]:
     return f"-gencode=arch=compute_{sm},code=lto_{sm}", sm
 
 
-def _common_flags(cfg: BuildConfig, out: Path) -> tuple[str, ...]:
-    return ("-std=c++17", "-O3", "-Xcompiler", "-fPIC", f"-I{CSRC}", f"-I{out}", "--expt-relaxed-constexpr",
+def _common_flags(cfg: BuildConfig, out: Path, csrc: Path = CSRC) -> tuple[str, ...]:
+    return ("-std=c++17", "-O3", "-Xcompiler", "-fPIC", f"-I{csrc}", f"-I{out}", "--expt-relaxed-constexpr",
             *(("--use_fast_math",) if cfg.fast_math else ()))
+
+
+def _tool_key(flags: tuple[str, ...]) -> dict:
+    """What of an nvcc command a cache key holds beside the sources: its flags (``flag_text``: directories as
+    placeholders, so that a cache built elsewhere serves here), nvcc's version, the environment variables nvcc
+    reads (nvcc.COMPILER_ENV) and the host compiler, which preprocesses even a device-only compile."""
+    return {"flags": list(flags), "nvcc": nvcc.nvcc_version(), "compiler_env": nvcc.compiler_env(),
+            "host_cxx": host_cxx()[1]}
+
+
+def flag_text(cfg: BuildConfig) -> tuple[str, ...]:
+    """:func:`_common_flags` with its directories as placeholders (for cache keys)."""
+    return _common_flags(cfg, Path("<out>"), Path("<csrc>"))
 
 
 def build_macros(cfg: BuildConfig) -> list[str]:
@@ -201,8 +214,9 @@ def build_macros(cfg: BuildConfig) -> list[str]:
 # ---- template objects ----
 
 # A template object is device code alone: relocatable LTO-IR in a fatbinary, which nvJitLink links and nothing
-# launches through a host stub (the library launches its cubins by the driver), so nvcc compiles no host side
-# (a third of the time of "-dc", which also runs cudafe++ and the host compiler over the template's headers)
+# launches through a host stub (the library launches its cubins by the driver), so nvcc makes no host side
+# (a third of the time of "-dc", which also runs cudafe++'s host output through the host compiler; the host
+# compiler still preprocesses the device pass)
 TEMPLATE_MODE = ("-rdc=true", "-fatbin")
 TEMPLATE_FILE = "template.fatbin"
 
@@ -221,13 +235,14 @@ def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: Bu
                  part: int = 0) -> str:
     """The cache key of one template object: everything its LTO-IR depends on, and nothing of the
     variant beyond its hook signature (``abi``, the ABI traits' text)."""
-    return content_key({"lto_template": record, "mode": [*TEMPLATE_MODE, TEMPLATE_FILE],
+    return content_key({"lto_template": record, "file": TEMPLATE_FILE,
                         "source": template_source(record, head_dim, pair, cfg.max_group_size, part,
                                                   smem_floor_define(cfg.archs)),
                         "arch": arch, "head_dim": head_dim, "dtypes": [pair.q, pair.kv],
                         "max_group": cfg.max_group_size if record == "decode" else 0, "abi": abi,
                         "fast_math": cfg.fast_math, "csrc": csrc_hash(), "tiles": tiles_header(),
-                        "enums": enums_header(), "nvcc": nvcc.nvcc_version(), "attngen": attngen.__version__})
+                        "enums": enums_header(), "attngen": attngen.__version__,
+                        **_tool_key((lto_gencode(arch)[0], *flag_text(cfg), *TEMPLATE_MODE))})
 
 
 def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
@@ -299,14 +314,21 @@ def _ffi_includes() -> list[str]:
     return [f"-I{li.find_include_path()}", f"-I{li.find_dlpack_include_path()}"]
 
 
+# hidden: the launch object's template instances (same names in every library of the signature) and their static
+# caches stay this library's; a default-visibility static of a template would be one object for the whole
+# process (GNU unique), whichever library asked first
+LAUNCH_FLAGS = ("-Xcompiler", "-fvisibility=hidden")
+
+
 def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) -> tuple[Path, bool]:
     """The launch object of one head dim (nvcc; no kernel is instantiated in it), keyed by its source and
     the hook signature: shared by every variant of that signature, whatever its parameters; and whether the
     cache had it."""
     src_text = launch_source(cfg, head_dim)
+    gencode = lto_gencode(cfg.archs[0])[0].replace("code=lto_", "code=compute_")  # PTX of the first arch
     key = content_key({"lto_launch": src_text, "abi": abi, "csrc": csrc_hash(), "tiles": tiles_header(),
-                       "enums": enums_header(), "nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1],
-                       "tvm_ffi": tvm_ffi.__version__, "fast_math": cfg.fast_math, "attngen": attngen.__version__})
+                       "enums": enums_header(), "tvm_ffi": tvm_ffi.__version__, "attngen": attngen.__version__,
+                       **_tool_key((gencode, *flag_text(cfg), *LAUNCH_FLAGS))})
 
     def build(out: Path) -> None:
         (out / f"abi_d{head_dim}.cuh").write_text(abi)
@@ -314,14 +336,9 @@ def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) 
         (out / HEADER_NAME).write_text(tiles_header())
         src = out / "launch.cu"
         src.write_text(src_text)
-        gencode, _ = lto_gencode(cfg.archs[0])  # its device pass compiles nothing: PTX of the first arch
-        # hidden: its template instances (same names in every library of the signature) and their static
-        # caches stay this library's; a default-visibility static of a template would be one object for
-        # the whole process (GNU unique), whichever library asked first
-        nvcc.run_tool([nvcc.require_nvcc(), gencode.replace("code=lto_", "code=compute_"), *_common_flags(cfg, out),
-                       "-Xcompiler", "-fvisibility=hidden", *_ffi_includes(), "-c", str(src), "-o",
-                       str(out / "launch.o")],
-                      f"nvcc of the launch object (d{head_dim})")
+        # its device pass compiles nothing
+        nvcc.run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), *LAUNCH_FLAGS, *_ffi_includes(),
+                       "-c", str(src), "-o", str(out / "launch.o")], f"nvcc of the launch object (d{head_dim})")
 
     directory, hit = cache.get_or_build(key, build)
     return directory / "launch.o", hit
@@ -392,7 +409,7 @@ def deferred_template(directory: Path, manifest: dict, entry: dict, cache: Build
     key = entry["template"]
     for root in (directory.parent.parent, cache.root, *cache.prebuilt):
         obj = root / key[:2] / key / TEMPLATE_FILE
-        if obj.is_file():
+        if obj.is_file() and entry_is_sealed(obj.parent):  # a damaged or half-written entry is not served
             return obj
     known = {f.name for f in fields(BuildConfig)}
     cfg = BuildConfig(**{k: v for k, v in manifest["config"].items() if k in known})

@@ -15,6 +15,15 @@ class NvccError(RuntimeError):
     pass
 
 
+# environment variables nvcc reads that change what it makes: every cache key of an nvcc output holds them
+COMPILER_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
+
+
+def compiler_env() -> dict[str, str]:
+    """The set ones of :data:`COMPILER_ENV`."""
+    return {name: os.environ[name] for name in COMPILER_ENV if name in os.environ}
+
+
 @functools.lru_cache(maxsize=None)
 def find_nvcc() -> str | None:
     """ATTNGEN_NVCC, then PATH, then CUDA_HOME/bin, then /usr/local/cuda/bin."""

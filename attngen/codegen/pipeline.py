@@ -22,6 +22,7 @@ from attngen.schedules.build_config import BuildConfig
 
 from .backends import BuildContext, backend_for
 from .cache import BuildCache, content_key, hash_files, package_version, python_environment
+from .nvcc import compiler_env
 
 if TYPE_CHECKING:  # a Variant's module imports TVM
     from attngen.ir import Variant
@@ -33,7 +34,6 @@ PACKAGE = Path(attngen.__file__).parent
 BUILD_SOURCES = ("ir", "schedules", "codegen", "csrc", "build.py")
 # Environment variables that change what the compilers do without a flag of ours: nvcc's extra flags and
 # its host compiler.
-COMPILER_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
 
 
 @dataclass(frozen=True)
@@ -123,14 +123,14 @@ def build_inputs(cfg: BuildConfig, *, package: Path = PACKAGE) -> dict:
     """Every input of a build but the variant: the config (target, archs, head dims, dtypes and K/V dtypes,
     layouts, kernels, flags, hook math), attngen's build sources, TVM (whose LLVM builds the CPU target and
     whose printer makes the IR text), the target's tools and the environment variables they read
-    (``COMPILER_ENV``), and the host's machine type."""
+    (``nvcc.COMPILER_ENV``), and the host's machine type."""
     return {
         "config": cfg.key(),
         "sources": hash_files(build_source_files(package), root=package),
         "tvm": package_version("apache-tvm"),
         "tvm_ffi": package_version("apache-tvm-ffi"),
         "tools": backend_for(cfg.target).tool_versions(cfg),
-        "compiler_env": {name: os.environ[name] for name in COMPILER_ENV if name in os.environ},
+        "compiler_env": compiler_env(),
         "machine": platform.machine(),
         "attngen": attngen.__version__,
     }

@@ -40,26 +40,6 @@
 
 namespace attngen {
 
-// An item read from shared memory, every field broadcast from lane 0: the compiler then knows the item (and
-// every bound and branch derived from it, the mainloop's included) is warp-uniform, as it knew of the item
-// each consumer had decoded from global memory, and keeps the asynchronous MMAs in flight.
-__device__ __forceinline__ HopperItem warp_uniform_item(const HopperItem& in) {
-  HopperItem w;
-  w.b = __shfl_sync(0xffffffffu, in.b, 0);
-  w.tile = __shfl_sync(0xffffffffu, in.tile, 0);
-  w.hk = __shfl_sync(0xffffffffu, in.hk, 0);
-  w.q0 = __shfl_sync(0xffffffffu, in.q0, 0);
-  w.rows_total = __shfl_sync(0xffffffffu, in.rows_total, 0);
-  w.row0 = __shfl_sync(0xffffffffu, in.row0, 0);
-  w.pos_base = __shfl_sync(0xffffffffu, in.pos_base, 0);
-  w.lo = __shfl_sync(0xffffffffu, in.lo, 0);
-  w.hi = __shfl_sync(0xffffffffu, in.hi, 0);
-  w.num_kt = __shfl_sync(0xffffffffu, in.num_kt, 0);
-  w.tile_list = reinterpret_cast<const int32_t*>(
-      __shfl_sync(0xffffffffu, reinterpret_cast<long long>(in.tile_list), 0));
-  return w;
-}
-
 // Mapped: the CTA walks the plan's list of its non-empty key tiles (P.tiles, tile_map.cuh), running the
 // full ones without the mask hook; else the key range the mask's bounds leave. KV: the cache's element type
 // (fp8: staged and widened by the producer, see the file comment).

@@ -33,6 +33,14 @@ def host_cxx() -> tuple[str, str]:
     return cxx, version
 
 
+def nvcc_key(flags) -> dict:
+    """What of an nvcc command a cache key holds beside its sources: its flags (directories left out or as
+    placeholders, so that a cache built elsewhere serves here), nvcc's version, the environment variables nvcc
+    reads (nvcc.COMPILER_ENV) and the host compiler, which preprocesses even a device-only compile."""
+    return {"flags": list(flags), "nvcc": nvcc.nvcc_version(), "compiler_env": nvcc.compiler_env(),
+            "host_cxx": host_cxx()[1]}
+
+
 def build_planner_library(cache: BuildCache | None = None) -> Path:
     """``libattngen_planner.so`` for this machine, from the build cache when the sources are unchanged."""
     import tvm_ffi.libinfo as li
@@ -59,9 +67,8 @@ def merge_object(gencodes: list[str], cache: BuildCache) -> Path:
     import tvm_ffi.libinfo as li
 
     flags = ("-std=c++17", "-O3", "-c", "-Xcompiler", "-fPIC", *gencodes)
-    key = content_key({"merge_object": csrc_hash(), "flags": flags, "nvcc": nvcc.nvcc_version(),
-                       "compiler_env": nvcc.compiler_env(), "host_cxx": host_cxx()[1],
-                       "tvm_ffi": package_version("apache-tvm-ffi"), "attngen": attngen.__version__})
+    key = content_key({"merge_object": csrc_hash(), "tvm_ffi": package_version("apache-tvm-ffi"),
+                       "attngen": attngen.__version__, **nvcc_key(flags)})
 
     def build(out: Path) -> None:
         nvcc.run_tool([nvcc.require_nvcc(), *flags, f"-I{CSRC}", f"-I{li.find_include_path()}",

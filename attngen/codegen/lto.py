@@ -53,7 +53,7 @@ from . import nvcc, nvjitlink, nvrtc
 from .cache import BuildCache, content_key, entry_is_sealed
 from .cuda_entries import SCALED_KV_HEADERS, decode_entry, kv_c_type, prefill_entry, prefill_kind
 from .cuda_variant import C_TYPES, abi_hooks_source, params_bytes
-from .host_library import csrc_hash, host_cxx
+from .host_library import csrc_hash, host_cxx, nvcc_key
 from .linked_cubin import cubin_kernels, kernel_table
 
 CSRC = Path(attngen.__file__).parent / "csrc"
@@ -193,14 +193,6 @@ def _common_flags(cfg: BuildConfig, out: Path, csrc: Path = CSRC) -> tuple[str, 
             *(("--use_fast_math",) if cfg.fast_math else ()))
 
 
-def _tool_key(flags: tuple[str, ...]) -> dict:
-    """What of an nvcc command a cache key holds beside the sources: its flags (``flag_text``: directories as
-    placeholders, so that a cache built elsewhere serves here), nvcc's version, the environment variables nvcc
-    reads (nvcc.COMPILER_ENV) and the host compiler, which preprocesses even a device-only compile."""
-    return {"flags": list(flags), "nvcc": nvcc.nvcc_version(), "compiler_env": nvcc.compiler_env(),
-            "host_cxx": host_cxx()[1]}
-
-
 def flag_text(cfg: BuildConfig) -> tuple[str, ...]:
     """:func:`_common_flags` with its directories as placeholders (for cache keys)."""
     return _common_flags(cfg, Path("<out>"), Path("<csrc>"))
@@ -242,7 +234,7 @@ def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: Bu
                         "max_group": cfg.max_group_size if record == "decode" else 0, "abi": abi,
                         "fast_math": cfg.fast_math, "csrc": csrc_hash(), "tiles": tiles_header(),
                         "enums": enums_header(), "attngen": attngen.__version__,
-                        **_tool_key((lto_gencode(arch)[0], *flag_text(cfg), *TEMPLATE_MODE))})
+                        **nvcc_key((lto_gencode(arch)[0], *flag_text(cfg), *TEMPLATE_MODE))})
 
 
 def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
@@ -328,7 +320,7 @@ def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) 
     gencode = lto_gencode(cfg.archs[0])[0].replace("code=lto_", "code=compute_")  # PTX of the first arch
     key = content_key({"lto_launch": src_text, "abi": abi, "csrc": csrc_hash(), "tiles": tiles_header(),
                        "enums": enums_header(), "tvm_ffi": tvm_ffi.__version__, "attngen": attngen.__version__,
-                       **_tool_key((gencode, *flag_text(cfg), *LAUNCH_FLAGS))})
+                       **nvcc_key((gencode, *flag_text(cfg), *LAUNCH_FLAGS))})
 
     def build(out: Path) -> None:
         (out / f"abi_d{head_dim}.cuh").write_text(abi)

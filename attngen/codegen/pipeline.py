@@ -32,8 +32,6 @@ PACKAGE = Path(attngen.__file__).parent
 # and template records, the code generators, the C++ templates, and the build entry point. A variant's
 # own definition enters the key through its IR text.
 BUILD_SOURCES = ("ir", "schedules", "codegen", "csrc", "build.py")
-# Environment variables that change what the compilers do without a flag of ours: nvcc's extra flags and
-# its host compiler.
 
 
 @dataclass(frozen=True)

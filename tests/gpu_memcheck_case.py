@@ -21,6 +21,11 @@ def cuda(x, half=False):
 VARIANTS = ("rope", "custom_mask", "attention_sink")
 
 
+def on_hopper() -> bool:
+    """Compute capability 9.0: the case also runs the Hopper template (16-bit and fp8 caches)."""
+    return torch.cuda.get_device_capability()[0] == 9
+
+
 def build(name: str, hopper_only: bool = False, fp8: bool = False):
     """The library the case runs ``name`` on (its 16-bit cache, or with ``fp8`` the Hopper fp8-KV one)."""
     if fp8:
@@ -32,7 +37,7 @@ def build(name: str, hopper_only: bool = False, fp8: bool = False):
 
 def main(hopper_only: bool = False):
     rng = np.random.default_rng(0)
-    hopper = torch.cuda.get_device_capability()[0] == 9
+    hopper = on_hopper()
     for name in ("rope",) if hopper_only else VARIANTS:
         v = builtin(name)
         att = build(name, hopper_only)
@@ -79,7 +84,7 @@ if __name__ == "__main__":
     if "--build" in sys.argv:  # build one variant's libraries and run nothing (the test's builds, side by side)
         name = sys.argv[sys.argv.index("--build") + 1]
         build(name)
-        if torch.cuda.get_device_capability()[0] == 9:
+        if on_hopper():
             build(name, fp8=True)
     else:
         main(hopper_only="--hopper" in sys.argv)

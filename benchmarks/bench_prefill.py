@@ -190,11 +190,18 @@ def main():
                 row["flex"], row["flex_maxdiff"] = flops / got[0] / 1e9, got[1]
         rows.append(row)
         print(row, flush=True)
+        report(args, res, rows)
         q = k = v = None  # free this case's tensors before the next
         torch.cuda.empty_cache()
+    report(args, res, rows)
+
+
+def report(args, res: dict, rows: list[dict]) -> None:
+    """Write the JSON, the Markdown table and the plot of the rows measured so far (called after every case, so a
+    run cut off by a time limit keeps what it measured)."""
     res["rows"] = rows
     stem = f"prefill_{res['date']}{args.tag}"
-    lines = [f"# Prefill — {res['gpu']}, {res['date']}, commit {args.commit}", "",
+    lines = [f"# Prefill — {res['gpu']}, {res['date']}, commit {res['commit']}", "",
              f"TFLOP/s of the visible work (device time, host ahead; medians). torch {res['torch']}, FlashInfer "
              f"{res['flashinfer']}. cuDNN: SDPA on its cuDNN backend (K/V heads repeated for it); flex: "
              "FlexAttention compiled, with its block mask.", "",
@@ -208,7 +215,6 @@ def main():
     lines += error_lines(rows, lambda r: r["case"])
     write_results(args.out, stem, res, lines)
     guarded(res, "plot", lambda: plot(rows, args.out / f"{stem}.png"))
-
 
 if __name__ == "__main__":
     main()

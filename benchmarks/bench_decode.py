@@ -7,7 +7,6 @@ GPU is measured in the same run as the ceiling. Writes JSON and a Markdown table
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import shutil
@@ -15,41 +14,51 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from common import bench, copy_bandwidth, host_us
+from common import bench, case_parser, copy_bandwidth, host_us, selected_cases
 
-CASES = [  # (name, kv lengths, num_qo_heads, num_kv_heads)
-    ("gqa B64 L1k", [1024] * 64, 32, 8),
-    ("gqa B64 L4k", [4096] * 64, 32, 8),
-    ("gqa B16 L16k", [16384] * 16, 32, 8),
-    ("gqa B1 L64k", [65536], 32, 8),
-    ("mha B32 L4k", [4096] * 32, 32, 32),
-    ("skewed 1x32k + 63x512", [32768] + [512] * 63, 32, 8),
+class Case(NamedTuple):
+    name: str
+    kv_lens: list  # keys per request
+    hq: int  # query heads
+    hkv: int  # key/value heads
+    d: int = 128  # head dim
+
+
+CASES = [
+    Case("gqa B64 L1k", [1024] * 64, 32, 8),
+    Case("gqa B64 L4k", [4096] * 64, 32, 8),
+    Case("gqa B16 L16k", [16384] * 16, 32, 8),
+    Case("gqa B1 L64k", [65536], 32, 8),
+    Case("gqa B1 L2k", [2048], 32, 8),
+    Case("mha B32 L4k", [4096] * 32, 32, 32),
+    Case("skewed 1x32k + 63x512", [32768] + [512] * 63, 32, 8),
+    Case("D64 gqa B64 L4k", [4096] * 64, 32, 8, 64),
+    Case("D64 gqa B1 L2k", [2048], 32, 8, 64),
+    Case("D256 gqa B64 L4k Hq16/Hkv8", [4096] * 64, 16, 8, 256),
+    Case("D256 gqa B1 L2k Hq16/Hkv8", [2048], 16, 8, 256),
 ]
-HEAD_DIM, PAGE = 128, 16
+HEAD_DIM, PAGE = 128, 16  # the head dim of the cold-build timing; the page size of every case
 
 
-def make_case(kv_lens, hq, hkv, dtype=torch.bfloat16):
+def make_case(kv_lens, hq, hkv, head_dim=HEAD_DIM, dtype=torch.bfloat16):
     """Random pages in a random order; request b holds kv_lens[b] keys."""
     batch = len(kv_lens)
     pages_per = [(n + PAGE - 1) // PAGE for n in kv_lens]
     n_pages = sum(pages_per)
-    pages = torch.randn(n_pages, 2, PAGE, hkv, HEAD_DIM, dtype=dtype, device="cuda")
+    pages = torch.randn(n_pages, 2, PAGE, hkv, head_dim, dtype=dtype, device="cuda")
     indices = torch.randperm(n_pages, device="cuda", dtype=torch.int32)
     indptr = torch.tensor([0] + list(__import__("itertools").accumulate(pages_per)), dtype=torch.int32, device="cuda")
     last = torch.tensor([n - (p - 1) * PAGE for n, p in zip(kv_lens, pages_per)], dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, hq, HEAD_DIM, dtype=dtype, device="cuda")
+    q = torch.randn(batch, hq, head_dim, dtype=dtype, device="cuda")
     return q, pages, indptr, indices, last
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--tag", default="", help="suffix of the result file names")
-    args = ap.parse_args()
+    args = case_parser(__doc__, "(decode always times FlashInfer and SDPA where they load)").parse_args()
     from attngen.runtime import CUDAAttention, PagedKV
     from attngen.runtime.cuda import choose_num_chunks
     from attngen.codegen.cache import BuildCache
@@ -65,6 +74,7 @@ def main():
                               cache=BuildCache(cold))  # decode + prefill templates, one head dim, one arch
     results["attngen_cold_build_s"] = time.perf_counter() - t0
     shutil.rmtree(cold, ignore_errors=True)
+    libs = {HEAD_DIM: att}
     try:
         import flashinfer
         results["flashinfer"] = flashinfer.__version__
@@ -72,19 +82,23 @@ def main():
         flashinfer = None
         results["flashinfer"] = f"unavailable: {e}"
     fi_jit_s = None
-    for name, kv_lens, hq, hkv in CASES:
+    for name, kv_lens, hq, hkv, d in selected_cases(CASES, args.cases):
+        if d not in libs:
+            libs[d] = CUDAAttention.build(builtin("vanilla"), head_dims=(d,), dtypes=("bfloat16",), layouts=("NHD",),
+                                          kernels=("decode",))
+        att = libs[d]
         batch = len(kv_lens)
-        q, pages, indptr, indices, last = make_case(kv_lens, hq, hkv)
+        q, pages, indptr, indices, last = make_case(kv_lens, hq, hkv, d)
         kv = PagedKV(pages, indptr, indices, last, "NHD")
-        nbytes = sum(kv_lens) * hkv * HEAD_DIM * 2 * 2 + 2 * q.numel() * 2
-        row = {"case": name, "bytes": nbytes}
+        nbytes = sum(kv_lens) * hkv * d * 2 * 2 + 2 * q.numel() * 2
+        row = {"case": name, "bytes": nbytes, "head_dim": d}
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], device="cuda")
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         even = choose_num_chunks(batch, hkv, max(kv_lens), sms)
         for key, tc, chunks in (("attngen_cuda_core", False, None), ("attngen_tc_even", True, even),
                                 ("attngen_tc_balanced", True, None), ("attngen", None, None)):  # automatic last
-            plan = att.plan_decode(kv, hq, HEAD_DIM, tensor_cores=tc, num_chunks=chunks)
+            plan = att.plan_decode(kv, hq, d, tensor_cores=tc, num_chunks=chunks)
             row[f"{key}_chunks"] = plan.num_chunks
             row[f"{key}_grid"] = plan.work is None  # the even-split grid launch (no work list)
             row[f"{key}_ms"] = bench(lambda: att.decode(q, kv, plan=plan, out=out, lse=lse))
@@ -96,7 +110,7 @@ def main():
                 try:
                     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
                     t1 = time.perf_counter()
-                    w.plan(indptr, indices, last, hq, hkv, HEAD_DIM, PAGE, q_data_type=torch.bfloat16,
+                    w.plan(indptr, indices, last, hq, hkv, d, PAGE, q_data_type=torch.bfloat16,
                            kv_data_type=torch.bfloat16)
                     w.run(q, pages)
                     torch.cuda.synchronize()
@@ -113,8 +127,8 @@ def main():
             if len(set(kv_lens)) != 1:
                 raise ValueError("dense SDPA needs equal lengths")
             kv_len = kv_lens[0]
-            kd = pages[indices.long()][:, 0].reshape(batch, -1, hkv, HEAD_DIM)[:, :kv_len].transpose(1, 2).contiguous()
-            vd = pages[indices.long()][:, 1].reshape(batch, -1, hkv, HEAD_DIM)[:, :kv_len].transpose(1, 2).contiguous()
+            kd = pages[indices.long()][:, 0].reshape(batch, -1, hkv, d)[:, :kv_len].transpose(1, 2).contiguous()
+            vd = pages[indices.long()][:, 1].reshape(batch, -1, hkv, d)[:, :kv_len].transpose(1, 2).contiguous()
             qd = q.unsqueeze(2)
             row["sdpa_ms"] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
                 qd, kd, vd, enable_gqa=hq != hkv), reps=20)
@@ -129,11 +143,19 @@ def main():
         print(json.dumps(row), flush=True)
         del q, pages, kv
         torch.cuda.empty_cache()
-    results["flashinfer_first_call_s"] = fi_jit_s
+        results["flashinfer_first_call_s"] = fi_jit_s
+        report(args, results)
+
+
+def report(args, results: dict) -> None:
+    """The JSON and the Markdown table of the cases measured so far (written after every case: a run cut off by
+    its time limit keeps what it measured)."""
+    fi_jit_s, gpu = results["flashinfer_first_call_s"], results["gpu"]
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"decode_{results['date']}{args.tag}"
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2))
-    lines = [f"# Paged decode, bf16, page {PAGE}, D {HEAD_DIM} — {gpu}, {results['date']}, commit {args.commit}", "",
+    lines = [f"# Paged decode, bf16, page {PAGE}, D 128 unless named — {gpu}, {results['date']}, commit {args.commit}",
+             "",
              f"Copy bandwidth measured in the same run: {results['copy_GBps']:.0f} GB/s. "
              f"attngen cold build (vanilla, decode + prefill, 1 head dim, 1 arch): {results['attngen_cold_build_s']:.1f} s; "
              f"FlashInfer first plan+run (JIT or cached): {fi_jit_s if fi_jit_s is None else round(fi_jit_s, 1)} s.", "",

@@ -54,6 +54,12 @@ def cuda_module(name, build_cache, head_dims=HEAD_DIMS, dtypes=DTYPES, kernels=(
     return _libs[key]
 
 
+def plain_decode_module(build_cache):
+    """The plain variant's decode library of the planner, argument-check and CUDA-graph tests below: float16
+    at head dims 64 and 128 (what they run), decode kernels only."""
+    return cuda_module("vanilla", build_cache, (64, 128), ("float16",), ("decode",))
+
+
 def to_torch(x, dtype=None):
     import torch
 
@@ -116,7 +122,7 @@ def test_decode_long_sequences_split(build_cache, rng):
 def test_decode_rejects_bad_page_index(build_cache, rng):
     from attngen.runtime import AttentionArgumentError, PagedKV
 
-    att = cuda_module("vanilla", build_cache)
+    att = plain_decode_module(build_cache)
     prob = random_problem(rng, [1, 1], [20, 30], 8, 2, 128, page_size=16)
     bad = prob.paged.indices.copy()
     bad[-1] = prob.paged.pages.shape[0] + 5
@@ -131,7 +137,7 @@ def test_decode_refuses_group_above_build_bound(build_cache, rng):
 
     from attngen.runtime import PagedKV
 
-    att = cuda_module("vanilla", build_cache)
+    att = plain_decode_module(build_cache)
     prob = random_problem(rng, [1], [20], 16, 1, 64, page_size=16)
     kv = PagedKV(to_torch(prob.paged.pages, "float16"), to_torch(prob.paged.indptr), to_torch(prob.paged.indices),
                  to_torch(prob.paged.last_page_len))
@@ -173,7 +179,7 @@ def test_decode_balanced_plan_skewed_and_superseded(build_cache, rng, fused_merg
 
     from attngen.runtime import AttentionArgumentError
 
-    att = cuda_module("vanilla", build_cache)
+    att = plain_decode_module(build_cache)
     lens = [9000] + list(rng.integers(0, 300, size=15))
     q, kv, refill = _static_batch(rng, 16, 1024, 16, 2, 128)
     refill(lens)
@@ -209,7 +215,7 @@ def test_decode_merge_choice_of_an_all_split_batch(build_cache, rng):
     a graph-safe plan, or fused_merge=True, fuses the merge; all three give the same output."""
     import torch
 
-    att = cuda_module("vanilla", build_cache)
+    att = plain_decode_module(build_cache)
     q, kv, refill = _static_batch(rng, 1, 1024, 16, 2, 128)
     refill([12000])
     outs = []
@@ -234,7 +240,7 @@ def test_decode_uniform_batch_takes_the_grid_launch_the_rule_picks(build_cache, 
     from attngen.runtime.decode_plan import grid_chunks_for_uniform_batch
     from attngen.schedules.ffi_enums import DecodeBackend
 
-    att = cuda_module("vanilla", build_cache)
+    att = plain_decode_module(build_cache)
     q, kv, refill = _static_batch(rng, 1, 1024, 16, 2, 128)
     refill([12000])
     balanced = att.plan_decode(kv, 16, 128, tensor_cores=True)
@@ -255,7 +261,7 @@ def test_decode_fixed_chunk_is_batch_invariant(build_cache, rng):
     """With fixed_chunk, a request's output is bit-identical whatever else is in the batch."""
     import torch
 
-    att = cuda_module("vanilla", build_cache)
+    att = plain_decode_module(build_cache)
     q, kv, refill = _static_batch(rng, 6, 1024, 8, 2, 64)
     refill([3000, 10, 500, 0, 2000, 64])
     plan = att.plan_decode(kv, 8, 64, fixed_chunk=512)
@@ -277,7 +283,7 @@ def test_decode_cuda_graph_replays_100_random_batches(build_cache, rng):
     tables, split decisions) planned into the same workspace: bit-identical to eager runs."""
     import torch
 
-    att = cuda_module("vanilla", build_cache)
+    att = plain_decode_module(build_cache)
     batch, hq, hkv, d = 8, 16, 2, 128
     q, kv, refill = _static_batch(rng, batch, 2048, hq, hkv, d)
     refill([100] * batch)

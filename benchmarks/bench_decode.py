@@ -96,9 +96,12 @@ def main():
         lse = torch.empty(q.shape[:2], device="cuda")
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         even = choose_num_chunks(batch, hkv, max(kv_lens), sms)
-        for key, tc, chunks in (("attngen_cuda_core", False, None), ("attngen_tc_even", True, even),
-                                ("attngen_tc_balanced", True, None), ("attngen", None, None)):  # automatic last
-            plan = att.plan_decode(kv, hq, d, tensor_cores=tc, num_chunks=chunks)
+        for key, tc, chunks, fused in (("attngen_cuda_core", False, None, None), ("attngen_tc_even", True, even, None),
+                                       ("attngen_tc_balanced_fused", True, None, True),
+                                       ("attngen_tc_balanced_merge_kernel", True, None, False),
+                                       ("attngen_tc_balanced", True, None, None),
+                                       ("attngen", None, None, None)):  # automatic last
+            plan = att.plan_decode(kv, hq, d, tensor_cores=tc, num_chunks=chunks, fused_merge=fused)
             row[f"{key}_chunks"] = plan.num_chunks
             row[f"{key}_grid"] = plan.work is None  # the even-split grid launch (no work list)
             row[f"{key}_ms"] = bench(lambda: att.decode(q, kv, plan=plan, out=out, lse=lse))
@@ -162,7 +165,10 @@ def report(args, results: dict) -> None:
              "attngen columns: automatic choice (% of copy); CUDA-core template, even split; tensor-core template, "
              "even split; tensor-core template, load-balanced plan. The automatic choice is the load-balanced plan "
              "except for uniform batches it serves no better (decode_plan.grid_chunks_for_uniform_batch). Times: device time per call with the host "
-             "ahead of the GPU (benchmarks/common.py bench); the Python call's host time is `*_host_us` in the JSON.",
+             "ahead of the GPU (benchmarks/common.py bench); the Python call's host time is `*_host_us` in the JSON. "
+             "The balanced plan's split requests merged by the decode kernel itself (fused) and by the merge kernel: "
+             "`attngen_tc_balanced_fused_GBps` / `attngen_tc_balanced_merge_kernel_GBps` in the JSON, and the "
+             "microseconds of every column (`*_ms`).",
              "",
              "| case | attngen GB/s (% copy) | attngen CUDA-core | attngen TC even | attngen TC balanced "
              "| FI cuda-core GB/s | FI tensor-core GB/s | SDPA GB/s | attngen / best FI |",

@@ -201,7 +201,8 @@ def report(args, res: dict, rows: list[dict]) -> None:
     run cut off by a time limit keeps what it measured)."""
     res["rows"] = rows
     stem = f"prefill_{res['date']}{args.tag}"
-    lines = [f"# Prefill — {res['gpu']}, {res['date']}, commit {res['commit']}", "",
+    head = f"# Prefill — {res['gpu']}, {res['date']}, commit {res['commit']}"
+    lines = [head, "",
              f"TFLOP/s of the visible work (device time, host ahead; medians). torch {res['torch']}, FlashInfer "
              f"{res['flashinfer']}. cuDNN: SDPA on its cuDNN backend (K/V heads repeated for it); flex: "
              "FlexAttention compiled, with its block mask.", "",

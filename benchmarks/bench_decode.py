@@ -10,15 +10,13 @@ from __future__ import annotations
 import datetime
 import json
 import shutil
-import subprocess
 import tempfile
 import time
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from common import bench, case_parser, copy_bandwidth, host_us, selected_cases
+from common import bench, case_parser, copy_bandwidth, host_us, selected_cases, write_results
 
 class Case(NamedTuple):
     name: str
@@ -58,7 +56,7 @@ def make_case(kv_lens, hq, hkv, head_dim=HEAD_DIM, dtype=torch.bfloat16):
 
 
 def main():
-    args = case_parser(__doc__, "(decode always times FlashInfer and SDPA where they load)").parse_args()
+    args = case_parser(__doc__, "time attngen alone (no FlashInfer, no SDPA)").parse_args()
     from attngen.runtime import CUDAAttention, PagedKV
     from attngen.runtime.cuda import choose_num_chunks
     from attngen.codegen.cache import BuildCache
@@ -76,6 +74,8 @@ def main():
     shutil.rmtree(cold, ignore_errors=True)
     libs = {HEAD_DIM: att}
     try:
+        if not args.peers:
+            raise ImportError("not timed (--no-peers)")
         import flashinfer
         results["flashinfer"] = flashinfer.__version__
     except Exception as e:  # noqa: BLE001
@@ -126,19 +126,20 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     row[key] = None
                     row[key.replace("_ms", "_error")] = str(e)[:300]
-        try:
-            if len(set(kv_lens)) != 1:
-                raise ValueError("dense SDPA needs equal lengths")
-            kv_len = kv_lens[0]
-            kd = pages[indices.long()][:, 0].reshape(batch, -1, hkv, d)[:, :kv_len].transpose(1, 2).contiguous()
-            vd = pages[indices.long()][:, 1].reshape(batch, -1, hkv, d)[:, :kv_len].transpose(1, 2).contiguous()
-            qd = q.unsqueeze(2)
-            row["sdpa_ms"] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                qd, kd, vd, enable_gqa=hq != hkv), reps=20)
-            del kd, vd
-        except Exception as e:  # noqa: BLE001
-            row["sdpa_ms"] = None
-            row["sdpa_error"] = str(e)[:300]
+        if args.peers:
+            try:
+                if len(set(kv_lens)) != 1:
+                    raise ValueError("dense SDPA needs equal lengths")
+                kv_len = kv_lens[0]
+                kd = pages[indices.long()][:, 0].reshape(batch, -1, hkv, d)[:, :kv_len].transpose(1, 2).contiguous()
+                vd = pages[indices.long()][:, 1].reshape(batch, -1, hkv, d)[:, :kv_len].transpose(1, 2).contiguous()
+                qd = q.unsqueeze(2)
+                row["sdpa_ms"] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    qd, kd, vd, enable_gqa=hq != hkv), reps=20)
+                del kd, vd
+            except Exception as e:  # noqa: BLE001
+                row["sdpa_ms"] = None
+                row["sdpa_error"] = str(e)[:300]
         for k in [k for k in list(row) if k.endswith("_ms") and row[k]]:
             row[k.replace("_ms", "_GBps")] = nbytes / (row[k] * 1e-3) / 1e9
         row["attngen_pct_of_copy"] = 100 * row["attngen_GBps"] / results["copy_GBps"]
@@ -154,9 +155,7 @@ def report(args, results: dict) -> None:
     """The JSON and the Markdown table of the cases measured so far (written after every case: a run cut off by
     its time limit keeps what it measured)."""
     fi_jit_s, gpu = results["flashinfer_first_call_s"], results["gpu"]
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = f"decode_{results['date']}{args.tag}"
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2))
     lines = [f"# Paged decode, bf16, page {PAGE}, D 128 unless named — {gpu}, {results['date']}, commit {args.commit}",
              "",
              f"Copy bandwidth measured in the same run: {results['copy_GBps']:.0f} GB/s. "
@@ -181,8 +180,7 @@ def report(args, results: dict) -> None:
                      f"{r['attngen_tc_balanced_GBps']:.0f} | "
                      f"{fi[0] or float('nan'):.0f} | {fi[1] or float('nan'):.0f} | {r.get('sdpa_GBps') or float('nan'):.0f} | "
                      f"{r['attngen_GBps'] / best:.2f} |")
-    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, stem, results, lines)
 
 
 if __name__ == "__main__":

@@ -193,7 +193,6 @@ def main():
         report(args, res, rows)
         q = k = v = None  # free this case's tensors before the next
         torch.cuda.empty_cache()
-    report(args, res, rows)
 
 
 def report(args, res: dict, rows: list[dict]) -> None:
@@ -216,6 +215,7 @@ def report(args, res: dict, rows: list[dict]) -> None:
     lines += error_lines(rows, lambda r: r["case"])
     write_results(args.out, stem, res, lines)
     guarded(res, "plot", lambda: plot(rows, args.out / f"{stem}.png"))
+
 
 if __name__ == "__main__":
     main()

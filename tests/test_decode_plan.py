@@ -10,8 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attngen.runtime import AttentionArgumentError
-from attngen.runtime.decode_plan import MIN_CHUNK, DecodeBounds, items_needed, workspace_ints
+from attngen.runtime.decode_plan import DecodeBounds, items_needed, workspace_ints
 from attngen.runtime.planner import PackedLayout, PlannerCapacity, SplitKVPlanner, plan_layout_ints
+from attngen.schedules.cost_model import decode_min_chunk
+
+MIN_CHUNK = decode_min_chunk(128)  # the decode planner's floor at head dim 128
 
 BOUNDED, COMPACT = PackedLayout("bounded"), PackedLayout("compact")
 

@@ -21,14 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attngen.schedules.cost_model import DECODE_MIN_CHUNK
+from attngen.schedules.cost_model import decode_min_chunk
 from attngen.schedules.dtypes import ElementBytes
 from attngen.schedules.template_decode_tc import DECODE_TC, stage_order
 
 from .checks import AttentionArgumentError
 from .planner import PackedLayout, PlannerCapacity, SplitKVPlanner, plan_layout_ints
-
-MIN_CHUNK = DECODE_MIN_CHUNK
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,8 @@ class DecodeWorkspace:
             raise AttentionArgumentError(f"max_batch: the batch has {len(kv_lens)} requests, the decode workspace "
                                          f"was sized for {b.max_batch}")
         return self.planner.plan(np.ones(len(kv_lens), np.int32), kv_lens, num_ctas=b.num_ctas, group=group,
-                                 tile_rows=16, fixed_chunk=fixed_chunk, min_chunk=MIN_CHUNK)
+                                 tile_rows=16, fixed_chunk=fixed_chunk,
+                                 min_chunk=decode_min_chunk(self.head_dim))
 
     def fill(self, plan, *, fused_merge: bool | None = None, graph_safe: bool = False):
         """Copy ``plan`` (this step's host plan, from ``split``) to the device; returns (number of merges,

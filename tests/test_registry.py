@@ -134,8 +134,14 @@ def test_symbols_carry_the_kv_dtype_only_when_it_differs():
 
 def test_runtime_planner_reads_the_decode_tc_record(monkeypatch):
     h200_per_sm, h200_optin = 228 * 1024, 227 * 1024
-    assert [decode_plan.decode_tc_stages(d) for d in (64, 128, 256)] == [4, 2, 2]
-    assert [decode_plan.decode_tc_ctas_per_sm(d, h200_per_sm, h200_optin) for d in (64, 128, 256)] == [2, 2, 1]
+    assert [decode_plan.decode_tc_stages(d) for d in (64, 128, 256)] == [4, 2, 1]
+    # D 256: the warps merge in a stage and the query tiles hold 8 rows, so two one-stage CTAs fit an SM
+    assert [decode_plan.decode_tc_ctas_per_sm(d, h200_per_sm, h200_optin) for d in (64, 128, 256)] == [2, 2, 2]
+    # 8 query rows of 264 elements, four warps' fp32 scratch rows, states and row lse (288 B), aligned to 128 B;
+    # then one stage of 64 key and 64 value rows
+    head = -(-(8 * 264 * 2 + 4 * 2 * 256 * 4 + 288) // 128) * 128
+    assert DECODE_TC.smem_bytes(DecodeTCConfig(256, 1), HALF) == head + 64 * 256 * 2 * 2 < h200_per_sm // 2 - 1024
+    assert decode_plan.decode_tc_stage_order(1) == [1]
     # an fp8 cache: deeper stages of half the bytes, at the same CTAs per SM (the planner must not count the
     # 16-bit figures for it: it would plan twice the CTAs that fit)
     assert [decode_plan.decode_tc_stages(d, 1) for d in (64, 128, 256)] == [7, 3, 3]

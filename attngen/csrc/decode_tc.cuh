@@ -124,16 +124,23 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   // the output accumulator's tiles: O (16 rows, NDT n-tiles), or with direct keys O^T = V^T P^T (D / 16
   // m-tiles of dims by the 8 query rows: half the MMAs of O += P V, whose rows 8-15 were padding)
   constexpr int NOA = kDirectK ? D / 16 : NDT;
-  T* sq_all = reinterpret_cast<T*>(smem_raw);                                          // [S][16][ST]
-  float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(S) * 16 * ST * 2);  // [NW][2D]
+  // D 256 over a 16-bit cache: the warps merge in the stage the loader fills next and the query tiles hold 8 rows
+  // (decode_tc_merge_in_stage), which leaves room for a second CTA per SM
+  constexpr bool kMergeInStage = decode_tc_merge_in_stage<D, kIsFp8<KV>>();
+  constexpr int QR = decode_tc_query_rows<D, kIsFp8<KV>>();  // rows of a query tile (8: the MMA's rows 8-15 read 0-7)
+  T* sq_all = reinterpret_cast<T*>(smem_raw);                                          // [S][QR][ST]
+  float* scratch_all = reinterpret_cast<float*>(smem_raw + size_t(S) * QR * ST * 2);  // [NW][2D]
   float* wstate = scratch_all + NW * 2 * D;  // [NW][G8][2]
-  float* wacc = wstate + NW * G8 * 2;        // [NW][G8][D]
-  float* rows = wacc + NW * G8 * D;          // [G8][D] final rows, then [G8][D] scratch
-  float* row_lse = rows + 2 * G8 * D;        // [G8]
+  // the cross-warp merge: wacc [NW][G8][D] per-warp accumulator rows, rows [G8][D] final rows then [G8][D]
+  // scratch, row_lse [G8]: a region of their own after wstate, or (kMergeInStage) row_lse after wstate and wacc
+  // and rows in the stage the loader fills next, set after each item's last tile
+  float* wacc = wstate + NW * G8 * 2;
+  float* rows = wacc + NW * G8 * D;
+  float* row_lse = kMergeInStage ? wstate + NW * G8 * 2 : rows + 2 * G8 * D;
   // [S][2][TK][D] (kv_tile_at); an fp8 cache: one [TK][D] tile of widened rows over wacc (warp w's rows are
   // its own accumulator rows, written after its last tile of an item)
   MT* tiles = kIsFp8<KV> ? reinterpret_cast<MT*>(wacc)
-                         : reinterpret_cast<MT*>(smem_raw + decode_tc_tiles_offset<D, S>());
+                         : reinterpret_cast<MT*>(smem_raw + decode_tc_tiles_offset<D, S, kIsFp8<KV>>());
   static_assert(!kIsFp8<KV> || size_t(TK) * D * sizeof(MT) == size_t(NW) * G8 * D * sizeof(float),
                 "the widened tile is the merge region's accumulator rows");
 
@@ -183,9 +190,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     if (!l_have) return;
     const int t0 = l_cur.start + l_tile * TK, stage = loaded % S;
     if (l_tile == 0) {  // the item's query rows (zero rows past the group) join its first tile's group
-      T* sq = sq_all + (q_loaded % S) * 16 * ST;
+      T* sq = sq_all + (q_loaded % S) * QR * ST;
       const T* q = static_cast<const T*>(P.q) + (int64_t(l_cur.b) * P.num_qo_heads + qh0) * D;
-      for (int c = tid; c < 16 * CPR; c += NT) {
+      for (int c = tid; c < QR * CPR; c += NT) {
         const int r = c / CPR, l = c % CPR;
         copy16_async(sq + r * ST + l * 8, r < group ? q + r * D + l * 8 : q, r < group);
       }
@@ -229,6 +236,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 
   int consumed = 0, q_consumed = 0;
   const int g = lane / 4, t4 = lane % 4;
+  // the query row whose address this lane gives ldmatrix for the 16-row A tile (rows 8-15: padding)
+  const int q_lane_row = (lane % 8) + (QR == 16 ? ((lane / 8) % 2) * 8 : 0);
   const bool row_valid = g < group;
   const int qh = qh0 + g;
   const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
@@ -243,7 +252,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     // item's first tile, in the query buffer of its place among the items with keys
     constexpr bool kQInRegs = D <= 128;
     uint32_t qfrag[kQInRegs ? D / 16 : 1][4];
-    T* sq = sq_all + (num_tiles > 0 ? q_consumed++ % S : 0) * 16 * ST;
+    T* sq = sq_all + (num_tiles > 0 ? q_consumed++ % S : 0) * QR * ST;
     float q_up = 1.f;  // half MMAs: the power of two row g's query was scaled down by
 
     // ---- per-thread state: rows g (a query head when g < group) and g + 8 (padding); direct keys: the
@@ -310,7 +319,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         } else if constexpr (kQInRegs) {
 #pragma unroll
           for (int k0 = 0; k0 < D; k0 += 16)
-            ldmatrix_x4(qfrag[k0 / 16], sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+            ldmatrix_x4(qfrag[k0 / 16], sq + q_lane_row * ST + k0 + (lane / 16) * 8);
         }
       }
       const int j0 = start + tile * TK + wk;  // this warp's first key
@@ -379,7 +388,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 #pragma unroll
             for (int i = 0; i < 4; ++i) a[i] = qfrag[k0 / 16][i];
           } else {
-            ldmatrix_x4(a, sq + ((lane % 8) + ((lane / 8) % 2) * 8) * ST + k0 + (lane / 16) * 8);
+            ldmatrix_x4(a, sq + q_lane_row * ST + k0 + (lane / 16) * 8);
           }
           ldmatrix_x4(bk, sk + kv_tile_at<D>(wk + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
           mma16816<MT>(s[0], a, bk[0], bk[1]);
@@ -472,7 +481,17 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 #pragma unroll
         for (int e = 0; e < 4; ++e) o_acc[n][e] *= vs;
     }
-    // ---- merge the four warps' states, normalise (own region: the next tiles stay in flight) --
+    // ---- merge the four warps' states, normalise (the next tiles stay in flight) --------------------
+    if constexpr (kMergeInStage) {  // the stage the loader fills next: free until the next item's first tile
+      // (the loader is at most S - 1 tiles ahead of the consumer), and warp w's accumulator rows lie over key
+      // rows [16 w, 16 w + 16) of it, which only warp w reads: no barrier before they are written
+      static_assert(sizeof(float) * NW * G8 * D == sizeof(MT) * TK * D &&
+                        2 * G8 * D * sizeof(float) <= sizeof(MT) * TK * D,
+                    "the merge region fits a stage: accumulator rows over the keys, final rows over the values");
+      MT* free_stage = tiles + (loaded % S) * 2 * TK * D;
+      wacc = reinterpret_cast<float*>(free_stage);
+      rows = reinterpret_cast<float*>(free_stage + TK * D);
+    }
     if constexpr (kDirectK) {  // query rows 2 t4 + c: sums over the keys of the eight lanes g
 #pragma unroll
       for (int c = 0; c < 2; ++c) {

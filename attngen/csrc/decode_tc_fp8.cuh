@@ -15,7 +15,7 @@ namespace attngen {
 // (Only the fp8 branches name it: a pointer computed beside the 16-bit path changed that path's code.)
 template <int D, int S, class KV>
 __device__ __forceinline__ KV* decode_tc_staged(unsigned char* smem_raw) {
-  return reinterpret_cast<KV*>(smem_raw + decode_tc_tiles_offset<D, S>());
+  return reinterpret_cast<KV*>(smem_raw + decode_tc_tiles_offset<D, S, true>());
 }
 
 // fp8 caches: this warp's rows [wk, wk + 16) of one half (0 keys, 1 values) of a staged stage, dequantised

@@ -18,28 +18,45 @@ struct DecodeTCTile {
   static constexpr int kStride = D + 8;  // query rows: padded
 };
 
-// Default stage counts (the launcher falls back to fewer where shared memory is short): two CTAs
-// per SM at D 64 and 128 (each loads S - 1 tiles ahead across its work items), one at D 256. An fp8
-// cache's stages are half as large: 2 (S16 - 1) + 1 of them keep as many bytes in flight as S16 16-bit
-// stages, at the same CTAs per SM.
+// Default stage counts (the launcher falls back to fewer where shared memory is short; the decode_tc record's
+// STAGES / FP8_STAGES): two CTAs per SM at every head dim on the H200. At D 64 and 128 each CTA loads S - 1 tiles
+// ahead across its work items; at D 256 one stage each, the SM's second CTA loading while the first computes (with
+// two stages, one CTA per SM: 566 against 490 us at B 64, L 4k; ab_trees_2026-12-03_decode_d256.md). An fp8
+// cache's stages are half as large: 7, 3 and 3 of them keep the bytes in flight of 4, 2 and 2 16-bit stages.
 template <int D, bool kFp8 = false>
 constexpr int decode_tc_stages() {
-  constexpr int kStages16 = D == 64 ? 4 : 2;
-  return kFp8 ? 2 * (kStages16 - 1) + 1 : kStages16;
+  if constexpr (kFp8) return D == 64 ? 7 : 3;
+  return D == 64 ? 4 : D == 128 ? 2 : 1;
 }
 
-// Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the
-// cross-warp merge region, then the K/V stages. The merge region has its own space so the next
-// work item's tiles can be in flight while this item's epilogue runs.
-// The K/V stages start on a 128-byte boundary (see kv_tile_at).
-template <int D, int S>
+// Where the warps' merge lies: a 16-bit cache at D 256 merges an item's warps in the stage the loader fills next
+// (free from the end of the item's last tile until the next item's first; warp w's accumulator rows over its own
+// key rows, which only it reads, the merged rows over the values) and stages its query tiles as 8 rows (the MMA
+// tile's rows 8-15 are padding, read from rows 0-7 and masked): without the 49 KB merge region and half the query
+// rows, two CTAs fit an SM. Elsewhere the merge region has its own space, so the next item's tiles stay in flight
+// during an item's epilogue (an fp8 cache also widens its rows there).
+template <int D, bool kFp8>
+constexpr bool decode_tc_merge_in_stage() {
+  return !kFp8 && D == 256;
+}
+
+template <int D, bool kFp8>
+constexpr int decode_tc_query_rows() {
+  return decode_tc_merge_in_stage<D, kFp8>() ? 8 : 16;
+}
+
+// Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the warps' softmax states
+// and row log-sum-exps, the merge region's rows unless they lie in a stage (decode_tc_merge_in_stage), then the
+// K/V stages, which start on a 128-byte boundary (see kv_tile_at).
+template <int D, int S, bool kFp8 = false>
 constexpr size_t decode_tc_tiles_offset() {
   using Tile = DecodeTCTile<D, S>;
-  const size_t q = size_t(S) * 16 * Tile::kStride * 2;
+  const size_t q = size_t(S) * decode_tc_query_rows<D, kFp8>() * Tile::kStride * 2;
   const size_t scratch = size_t(Tile::kWarps) * 2 * D * sizeof(float);
-  const size_t merge = (size_t(Tile::kWarps) * Tile::kMaxGroup * (D + 2) + 2 * size_t(Tile::kMaxGroup) * D +
-                        Tile::kMaxGroup) * sizeof(float);
-  return (q + scratch + merge + 127) / 128 * 128;
+  const size_t states = (size_t(Tile::kWarps) * Tile::kMaxGroup * 2 + Tile::kMaxGroup) * sizeof(float);
+  const size_t rows =
+      decode_tc_merge_in_stage<D, kFp8>() ? 0 : (size_t(Tile::kWarps) + 2) * Tile::kMaxGroup * D * sizeof(float);
+  return (q + scratch + states + rows + 127) / 128 * 128;
 }
 
 // kFp8: an fp8 cache: the S stages of fp8 rows (one byte per element); the 16-bit tile its warps widen
@@ -48,7 +65,7 @@ constexpr size_t decode_tc_tiles_offset() {
 template <int D, int S, bool kFp8 = false>
 constexpr size_t decode_tc_smem_bytes() {
   constexpr size_t kTile = size_t(DecodeTCTile<D, S>::kKeys) * D;
-  return decode_tc_tiles_offset<D, S>() + (kFp8 ? size_t(S) * 2 * kTile : size_t(S) * 2 * kTile * 2);
+  return decode_tc_tiles_offset<D, S, kFp8>() + (kFp8 ? size_t(S) * 2 * kTile : size_t(S) * 2 * kTile * 2);
 }
 
 }  // namespace attngen

@@ -23,17 +23,19 @@ KEYS = WARPS * KEYS_PER_WARP  # keys per stage
 QUERY_ROWS = 16  # the MMA tile's rows
 MAX_GROUP = 8  # rows of the 16-row tile that hold query heads
 ROW_PAD = 8  # elements of padding per query row
-# default stages per head dim (the launcher falls back to fewer where shared memory is short): four at
-# D 64 and two at D 128 keep two CTAs per SM on the H200 (each loads S - 1 tiles ahead across its work
-# items); at D 256 two stages already allow only one
-STAGES = {64: 4, 128: 2, 256: 2}
+# default stages per head dim (the launcher falls back to fewer where shared memory is short): two CTAs per SM
+# on the H200 at every head dim. Four at D 64 and two at D 128 (each CTA loads S - 1 tiles ahead across its work
+# items); one at D 256, where the warps merge in a stage and the query tiles hold 8 rows (merge_in_stage), so
+# that the SM's second CTA loads while the first computes (two stages, one CTA per SM: 566 against 490 us at
+# B 64, L 4k, ab_trees_2026-12-03_decode_d256.md)
+STAGES = {64: 4, 128: 2, 256: 1}
 # an fp8 cache's stages hold one byte per element and its rows are widened into the merge region's
-# accumulator rows (no tile of their own): 2 (S - 1) + 1 fp8 stages keep the 16-bit stages' bytes in flight
-# at the same CTAs per SM (H200: two at D 64 and 128, one at D 256). Three CTAs per SM (five stages at
+# accumulator rows (no tile of their own): 2 (S - 1) + 1 fp8 stages keep the bytes in flight of S = 4, 2 and 2
+# 16-bit stages with a merge region of their own (H200: two CTAs per SM at D 64 and 128, one at D 256). Three CTAs per SM (five stages at
 # D 64, two at D 128, registers bounded to 168) were faster where each CTA streams one long item (B 16 L 16k
 # 3834 against 3456 GB/s, B 1 L 64k 2724 / 2315, MHA 3817 / 3686) and slower where plans pack several items
 # per CTA (B 64 L 4k 2513 / 3567, D 64 1988 / 2571): fp8_decode_2026-12-02_occupancy.md / _twocta.md
-FP8_STAGES = {d: 2 * (s - 1) + 1 for d, s in STAGES.items()}
+FP8_STAGES = {64: 7, 128: 3, 256: 3}
 
 
 @dataclass(frozen=True)
@@ -53,13 +55,22 @@ class DecodeTCConfig:
         return f" ({self.stages} stages)"
 
 
+def merge_in_stage(head_dim: int, kv_bytes: int) -> bool:
+    """Whether the warps merge in the stage the loader fills next, with 8-row query tiles (a 16-bit cache at
+    D 256: csrc/decode_tc_tile.cuh decode_tc_merge_in_stage); elsewhere the merge region has its own space."""
+    return kv_bytes != FP8_BYTES and head_dim == 256
+
+
 def decode_tc_tiles_offset(cfg: DecodeTCConfig, elems: ElementBytes) -> int:
-    """Bytes before the K/V stages: a query tile per stage, the scratch rows and the merge region."""
+    """Bytes before the K/V stages: a query tile per stage, the scratch rows, the warps' softmax states and row
+    log-sum-exps, and the merge region's rows unless they lie in a stage."""
     d = cfg.head_dim
-    q = cfg.stages * QUERY_ROWS * cfg.stride * elems.q
+    in_stage = merge_in_stage(d, elems.kv)
+    q = cfg.stages * (MAX_GROUP if in_stage else QUERY_ROWS) * cfg.stride * elems.q
     scratch = WARPS * 2 * d * 4
-    merge = (WARPS * MAX_GROUP * (d + 2) + 2 * MAX_GROUP * d + MAX_GROUP) * 4
-    return -(-(q + scratch + merge) // 128) * 128
+    states = (WARPS * MAX_GROUP * 2 + MAX_GROUP) * 4
+    rows = 0 if in_stage else (WARPS + 2) * MAX_GROUP * d * 4
+    return -(-(q + scratch + states + rows) // 128) * 128
 
 
 def decode_tc_smem_bytes(cfg: DecodeTCConfig, elems: ElementBytes) -> int:
@@ -70,8 +81,9 @@ def decode_tc_smem_bytes(cfg: DecodeTCConfig, elems: ElementBytes) -> int:
 
 
 def stage_order(stages: int) -> list[int]:
-    """The stage counts the launcher tries, deepest first: the default, then 2, then 1."""
-    return list(dict.fromkeys((stages, 2, 1)))
+    """The stage counts the launcher tries, deepest first: the default, then 2, then 1 (none deeper than the
+    default)."""
+    return [s for s in dict.fromkeys((stages, 2, 1)) if s <= stages]
 
 
 def configs(head_dim: int, kv_bytes: int = 2) -> tuple[DecodeTCConfig, ...]:

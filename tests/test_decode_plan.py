@@ -180,6 +180,26 @@ def test_grid_launch_chosen_only_for_uniform_batches_it_serves(cache, lens, hkv,
             assert items == grid
 
 
+@pytest.mark.parametrize("head_dim,slots,expect", [(64, 264, 32), (128, 264, 16), (256, 264, 16)])
+def test_short_batches_split_down_to_the_head_dims_shortest_chunk(cache, head_dim, slots, expect):
+    """One request of 2k keys (H200 shapes: 264 CTA slots, 8 KV heads): the chunk limit stops at the head dim's
+    shortest chunk (64 keys at D 64, 128 at D 128 and 256: decode_2026-12-03_chunks.md), each chunk on a CTA of
+    its own, so the grid launch takes the same partition; a batch with more work per column than that is planned
+    by work per column alone."""
+    from attngen.runtime.decode_plan import grid_chunks_for_uniform_batch
+
+    hkv = 8
+    bounds = DecodeBounds(max_batch=64, num_ctas=slots // hkv)
+    planner = planner_for(bounds, cache)
+    one = planner.plan(np.ones(1, np.int32), np.array([2048], np.int32), num_ctas=bounds.num_ctas, group=4,
+                       tile_rows=16, min_chunk=decode_min_chunk(head_dim))
+    assert one.chunk_limit == decode_min_chunk(head_dim) and len(one.work) == expect
+    assert grid_chunks_for_uniform_batch(np.array([2048]), one, hkv, slots) == expect
+    busy = planner.plan(np.ones(4, np.int32), np.full(4, 2048, np.int32), num_ctas=bounds.num_ctas, group=4,
+                        tile_rows=16, min_chunk=decode_min_chunk(head_dim))
+    assert busy.chunk_limit >= -(-4 * 2048 // bounds.num_ctas) > decode_min_chunk(head_dim)
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_packer_writes_what_the_plan_arrays_say(cache, data):

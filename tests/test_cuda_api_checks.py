@@ -1,5 +1,7 @@
 """The CUDA API's argument checks, on a machine without a GPU: the library loads (static CUDA
 runtime, no driver call until a launch) and every check runs before any launch."""
+import subprocess
+
 import pytest
 import torch
 
@@ -34,6 +36,8 @@ def _paged(prob, **over):
 def test_library_exports_decode_and_prefill(att):
     assert att.functions == {"batch_decode_paged_nhd_f16_d64", "batch_prefill_paged_nhd_f16_d64",
                              "batch_prefill_ragged_f16_d64", "prefill_tile_map_f16_d64"}
+    ldd = subprocess.run(["ldd", str(att.library)], capture_output=True, text=True).stdout
+    assert "libtvm_ffi" in ldd and "libcudart" not in ldd  # static CUDA runtime: only the driver at run time
 
 
 def test_plan_checks_the_page_table(att, rng):

@@ -8,7 +8,9 @@
 // K/V element is read from memory once for the whole group. A stage holds 64 keys;
 // warp w owns keys [16w, 16w + 16) of every stage, copies those rows itself (so the tiles
 // need no CTA barrier; the warps meet once per item) and keeps its own online-softmax
-// state (fp32, base 2); the four states are merged through shared memory at the end.
+// state (fp32, base 2); the four states are merged through shared memory at the end (a merge region of its own,
+// or at D 256 over a 16-bit cache the stage the loader fills next, so that two one-stage CTAs share an SM:
+// decode_tc_merge_in_stage).
 // K/V rows are gathered from their pages with cp.async, S stages deep, rows padded by
 // 8 elements so ldmatrix is conflict-free. Every hook runs: query / key transforms
 // row by row on a per-warp fp32 scratch row, logits and mask per score, the output

@@ -27,9 +27,35 @@ def _has_gpu() -> tuple[bool, str]:
     return True, ""
 
 
+def _templates_apart(items: list) -> None:
+    """Cases of one test function parametrized over the prefill ``template`` build the same library for each
+    template, so the two cases of a pair, collected side by side, started together on two pytest-xdist workers:
+    one built the library while the other waited on the build cache's lock (in the GPU suite of 2026-12-02 about
+    60 such pairs, both halves about 30 s each). Every case of a function's first template now runs before any
+    case of its next (a stable reordering within the function's place in the run), so a pair's second case finds
+    the library built."""
+    first, ranks = {}, {}
+    for i, item in enumerate(items):
+        fn = item.nodeid.split("[")[0]
+        first.setdefault(fn, i)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "template" in callspec.params:
+            ranks.setdefault(fn, {}).setdefault(callspec.params["template"], len(ranks.get(fn, {})))
+
+    def key(pair):
+        i, item = pair
+        fn = item.nodeid.split("[")[0]
+        callspec = getattr(item, "callspec", None)
+        rank = ranks[fn][callspec.params["template"]] if fn in ranks else 0
+        return first[fn], rank, i
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
+
+
 def pytest_collection_modifyitems(config, items):
     ok, why = _has_gpu()
     if ok:
+        _templates_apart(items)
         return
     skip = pytest.mark.skip(reason=why)
     for item in items:

@@ -3,11 +3,13 @@
 ``ab_libraries.py`` loads every revision's library with the current runtime, which breaks when a change
 moves the FFI between Python and the entry functions. This script instead runs one process per tree
 (``run``): that process imports the ``attngen`` package of the tree it is given, builds the causal prefill
-and vanilla decode libraries (bf16, D 128, NHD) through the public API, and times the cases of
-``bench_prefill.py`` and ``bench_decode.py`` on inputs drawn from a fixed seed. It records each case's
-speed and a SHA-256 of the output bytes, so ``report`` can say whether two trees compute bit-identical
-results as well as whether they run at the same speed. Run the trees alternately (A, B, A, B): the spread
-between two runs of one tree is the noise the difference is read against.
+(bf16, D 128, NHD) and vanilla decode libraries (bf16, NHD, one per head dim the decode cases use) through
+the public API, and times the cases of ``bench_prefill.py`` and ``bench_decode.py`` (``--cases``: name
+prefixes) on inputs drawn from a fixed seed. It records each case's speed and a SHA-256 of the output bytes,
+so ``report`` can say whether two trees compute bit-identical results as well as whether they run at the
+same speed; ``--peers`` also times FlashInfer's two decode paths on each decode case in the same process.
+Run the trees alternately (A, B, A, B): the spread between two runs of one tree is the noise the difference
+is read against.
 
     python benchmarks/ab_trees.py run --tree /path/to/before --label before --json ab/before_1.json
     python benchmarks/ab_trees.py report ab/*.json --out benchmarks/results --tag registry
@@ -40,9 +42,9 @@ def run(args) -> None:
     import torch
 
     import attngen
-    from bench_decode import CASES as DECODE_CASES, HEAD_DIM, make_case as make_decode_case
+    from bench_decode import CASES as DECODE_CASES, HEAD_DIM, flashinfer_decode, make_case as make_decode_case
     from bench_prefill import CASES as PREFILL_CASES, make_inputs as make_prefill_inputs
-    from common import bench
+    from common import bench, load_flashinfer, selected_cases
 
     from attngen.runtime import CUDAAttention, PagedKV, RaggedKV
     from attngen.variants import builtin
@@ -54,9 +56,13 @@ def run(args) -> None:
     pre = {causal: CUDAAttention.build(builtin("causal" if causal else "vanilla"), head_dims=(HEAD_DIM,),
                                        dtypes=("bfloat16",), layouts=("NHD",), kernels=("prefill",))
            for causal in (True, False)} if "prefill" in kinds else {}
-    dec = CUDAAttention.build(builtin("vanilla"), head_dims=(HEAD_DIM,), dtypes=("bfloat16",), layouts=("NHD",),
-                              kernels=("decode",)) if "decode" in kinds else None
-    for case in PREFILL_CASES if pre else ():
+    decode_cases = selected_cases(DECODE_CASES, args.cases) if "decode" in kinds else []
+    dec = {d: CUDAAttention.build(builtin("vanilla"), head_dims=(d,), dtypes=("bfloat16",), layouts=("NHD",),
+                                  kernels=("decode",)) for d in dict.fromkeys(c.d for c in decode_cases)}
+    flashinfer = load_flashinfer()[0] if args.peers else None
+    if args.peers:
+        res["flashinfer"] = load_flashinfer()[1]
+    for case in selected_cases(PREFILL_CASES, args.cases) if pre else ():
         if case.d != HEAD_DIM or case.dtype != "bfloat16":
             continue  # the A/B builds one head dim and dtype
         torch.manual_seed(0)
@@ -70,17 +76,23 @@ def run(args) -> None:
         res["prefill"][case.name] = {"tflops": case.flops() / ms / 1e9, "out": _digest(out), "lse": _digest(lse)}
         print(args.label, case.name, f"{case.flops() / ms / 1e9:.1f} TFLOP/s", flush=True)
         del q, k, v, kv, out
-    for name, kv_lens, hq, hkv in DECODE_CASES if dec is not None else ():
+    ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda") if flashinfer is not None else None
+    for name, kv_lens, hq, hkv, d in decode_cases:
         torch.manual_seed(0)
-        q, pages, indptr, indices, last = make_decode_case(kv_lens, hq, hkv)
+        q, pages, indptr, indices, last = make_decode_case(kv_lens, hq, hkv, d)
         kv = PagedKV(pages, indptr, indices, last, "NHD")
-        plan = dec.plan_decode(kv, hq, HEAD_DIM)
+        plan = dec[d].plan_decode(kv, hq, d)
         out = torch.full_like(q, float("nan"))
         lse = torch.empty(q.shape[:2], device="cuda")
-        ms = bench(lambda: dec.decode(q, kv, plan=plan, out=out, lse=lse), reps=args.reps)
-        nbytes = sum(kv_lens) * hkv * HEAD_DIM * 2 * 2 + 2 * q.numel() * 2
-        res["decode"][name] = {"GBps": nbytes / (ms * 1e-3) / 1e9, "out": _digest(out), "lse": _digest(lse)}
-        print(args.label, name, f"{nbytes / (ms * 1e-3) / 1e9:.0f} GB/s", flush=True)
+        ms = bench(lambda: dec[d].decode(q, kv, plan=plan, out=out, lse=lse), reps=args.reps)
+        nbytes = sum(kv_lens) * hkv * d * 2 * 2 + 2 * q.numel() * 2
+        row = res["decode"][name] = {"GBps": nbytes / (ms * 1e-3) / 1e9, "us": ms * 1e3, "chunks": plan.num_chunks,
+                                     "out": _digest(out), "lse": _digest(lse)}
+        if flashinfer is not None:  # FlashInfer's best decode path on the same inputs
+            paths = [flashinfer_decode(flashinfer, ws, tc, indptr, indices, last, hq, hkv, d) for tc in (False, True)]
+            row["flashinfer_us"] = min(bench(lambda: w.run(q, pages), reps=args.reps) * 1e3 for w in paths)
+            row["flashinfer_maxdiff"] = max(float((w.run(q, pages).float() - out.float()).abs().max()) for w in paths)
+        print(args.label, name, f"{row['GBps']:.0f} GB/s", flush=True)
         del q, pages, kv, out
         torch.cuda.empty_cache()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -100,9 +112,11 @@ def report(args) -> None:
     for kind, unit in (("prefill", "tflops"), ("decode", "GBps")):
         if not runs[0][kind]:
             continue
+        peers = any("flashinfer_us" in row for r in runs for row in r[kind].values())
         lines += [f"{kind} ({'TFLOP/s' if unit == 'tflops' else 'GB/s'}):", "",
-                  "| case | " + " | ".join(labels) + f" | {labels[-1]} / {labels[0]} | same output |",
-                  "|---|" + "---|" * (len(labels) + 2)]
+                  "| case | " + " | ".join(labels) + f" | {labels[-1]} / {labels[0]} | same output |"
+                  + (" FlashInfer's best, us (median of the runs timing it) |" if peers else ""),
+                  "|---|" + "---|" * (len(labels) + 2 + peers)]
         for case in runs[0][kind]:
             meds, cells = {}, []
             for lab in labels:
@@ -110,8 +124,10 @@ def report(args) -> None:
                 meds[lab] = statistics.median(vals)
                 cells.append(f"{meds[lab]:.0f} [" + ", ".join(f"{v:.0f}" for v in vals) + "]")
             same = len({(r[kind][case]["out"], r[kind][case]["lse"]) for r in runs}) == 1
+            fi = [r[kind][case]["flashinfer_us"] for r in runs if "flashinfer_us" in r[kind][case]]
             lines.append(f"| {case} | " + " | ".join(cells) + f" | {meds[labels[-1]] / meds[labels[0]]:.3f} | "
-                         + ("yes" if same else "no") + " |")
+                         + ("yes" if same else "no") + " |"
+                         + (f" {statistics.median(fi):.2f} |" if fi else " — |" if peers else ""))
         lines.append("")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,6 +146,8 @@ def main():
     r.add_argument("--json", required=True)
     r.add_argument("--reps", type=int, default=30)
     r.add_argument("--kinds", default="prefill,decode", help="what to build and time: prefill, decode or both")
+    r.add_argument("--cases", default="", help="comma-separated prefixes of the case names to time (default: all)")
+    r.add_argument("--peers", action="store_true", help="also time FlashInfer's decode paths on each decode case")
     p = sub.add_parser("report", help="the table of several runs")
     p.add_argument("json", nargs="+")
     p.add_argument("--out", default=str(HERE / "results"))

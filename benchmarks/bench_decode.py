@@ -55,6 +55,14 @@ def make_case(kv_lens, hq, hkv, head_dim=HEAD_DIM, dtype=torch.bfloat16):
     return q, pages, indptr, indices, last
 
 
+def flashinfer_decode(flashinfer, ws, tensor_cores: bool, indptr, indices, last, hq: int, hkv: int, head_dim: int):
+    """FlashInfer's paged decode (CUDA-core or tensor-core path) planned for one bf16 case over NHD pages of PAGE
+    slots; ``ws``: its float workspace. Call ``.run(q, pages)``."""
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tensor_cores)
+    w.plan(indptr, indices, last, hq, hkv, head_dim, PAGE, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    return w
+
+
 def main():
     args = case_parser(__doc__, "time attngen alone (no FlashInfer, no SDPA)").parse_args()
     from attngen.runtime import CUDAAttention, PagedKV
@@ -111,10 +119,8 @@ def main():
             for tc in (False, True):
                 key = "flashinfer_tc_ms" if tc else "flashinfer_cuda_core_ms"
                 try:
-                    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
                     t1 = time.perf_counter()
-                    w.plan(indptr, indices, last, hq, hkv, d, PAGE, q_data_type=torch.bfloat16,
-                           kv_data_type=torch.bfloat16)
+                    w = flashinfer_decode(flashinfer, ws, tc, indptr, indices, last, hq, hkv, d)
                     w.run(q, pages)
                     torch.cuda.synchronize()
                     if fi_jit_s is None:

@@ -13,7 +13,7 @@ import torch
 import attngen.runtime.decode_plan as decode_plan
 from attngen.runtime import CUDAAttention, PagedKV
 from attngen.variants import builtin
-from bench_decode import make_case
+from bench_decode import flashinfer_decode, make_case
 from common import bench
 
 # (head dim, query heads, KV heads, keys per request)
@@ -49,8 +49,7 @@ def sweep(att, flashinfer, ws, d, hq, hkv, lens) -> dict:
         if lens[0] // n >= 32:
             timed(f"cc{n}", att.plan_decode(kv, hq, d, tensor_cores=False, num_chunks=n))
     for tc in (False, True):
-        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
-        w.plan(indptr, indices, last, hq, hkv, d, 16, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        w = flashinfer_decode(flashinfer, ws, tc, indptr, indices, last, hq, hkv, d)
         key = f"fi_{'tc' if tc else 'cc'}"
         res[f"{key}_diff"] = float((w.run(q, pages).float() - out.float()).abs().max())
         res[key] = round(bench(lambda: w.run(q, pages), reps=40) * 1e3, 2)

@@ -40,7 +40,8 @@ def _templates_apart(items: list) -> None:
         first.setdefault(fn, i)
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "template" in callspec.params:
-            ranks.setdefault(fn, {}).setdefault(callspec.params["template"], len(ranks.get(fn, {})))
+            order = ranks.setdefault(fn, {})  # the function's templates in the order they first appear
+            order.setdefault(callspec.params["template"], len(order))
 
     def key(pair):
         i, item = pair

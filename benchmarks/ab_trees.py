@@ -106,25 +106,27 @@ def report(args) -> None:
     for r in runs:
         by_label[r["label"]].append(r)
     lines = [f"# A/B of source trees — {runs[0]['gpu']}, {runs[0]['date']}", "",
-             f"Trees: {', '.join(labels)}; {len(runs)} runs in one GPU call, alternating. Each cell: the median "
-             "over that tree's runs, then every run in brackets. 'same output': the SHA-256 of out and lse is "
-             "identical across every run of every tree.", ""]
+             f"Trees: {', '.join(labels)}; {len(runs)} runs, alternating. Each cell: the median over that tree's "
+             "runs of the case, then every run in brackets (runs may time different cases). 'same output': the "
+             "SHA-256 of out and lse is identical across every run of every tree.", ""]
     for kind, unit in (("prefill", "tflops"), ("decode", "GBps")):
-        if not runs[0][kind]:
+        cases = list(dict.fromkeys(case for r in runs for case in r[kind]))
+        if not cases:
             continue
         peers = any("flashinfer_us" in row for r in runs for row in r[kind].values())
         lines += [f"{kind} ({'TFLOP/s' if unit == 'tflops' else 'GB/s'}):", "",
                   "| case | " + " | ".join(labels) + f" | {labels[-1]} / {labels[0]} | same output |"
                   + (" FlashInfer's best, us (median of the runs timing it) |" if peers else ""),
                   "|---|" + "---|" * (len(labels) + 2 + peers)]
-        for case in runs[0][kind]:
+        for case in cases:
             meds, cells = {}, []
             for lab in labels:
-                vals = [r[kind][case][unit] for r in by_label[lab]]
+                vals = [r[kind][case][unit] for r in by_label[lab] if case in r[kind]]
                 meds[lab] = statistics.median(vals)
                 cells.append(f"{meds[lab]:.0f} [" + ", ".join(f"{v:.0f}" for v in vals) + "]")
-            same = len({(r[kind][case]["out"], r[kind][case]["lse"]) for r in runs}) == 1
-            fi = [r[kind][case]["flashinfer_us"] for r in runs if "flashinfer_us" in r[kind][case]]
+            timed = [r[kind][case] for r in runs if case in r[kind]]
+            same = len({(row["out"], row["lse"]) for row in timed}) == 1
+            fi = [row["flashinfer_us"] for row in timed if "flashinfer_us" in row]
             lines.append(f"| {case} | " + " | ".join(cells) + f" | {meds[labels[-1]] / meds[labels[0]]:.3f} | "
                          + ("yes" if same else "no") + " |"
                          + (f" {statistics.median(fi):.2f} |" if fi else " — |" if peers else ""))

@@ -61,11 +61,9 @@ __device__ void merge_if_last(const DecodeProblem& P, const typename V::Params& 
   if (tid == 0) s_last = atomicAdd(counter, 1) == count - 1;
   __syncthreads();
   if (!s_last) return;
-  __threadfence();  // the other CTAs' partial rows, read around L1 by merge_partial_rows
-  for (int r = 0; r < group; ++r) {
-    merge_partial_rows<V, T, D, NT>(P, hp, b, qh0 + r, plan.merge_partials + first, count, sm, tid);
-    __syncthreads();  // sm serves the next head
-  }
+  __threadfence();  // the other CTAs' partial rows, read around L1 by merge_partial_heads
+  // the group's heads at once: every head's partial loads in flight together (merge_partial_heads)
+  merge_partial_heads<V, T, D, NT>(P, hp, b, qh0, group, plan.merge_partials + first, count, sm, tid);
   if (tid == 0) *counter = 0;
 }
 
@@ -559,7 +557,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       }
       if (P.plan != nullptr) {
         const DecodePlanView plan(P.plan);
-        static_assert(merge_partial_rows_floats<D, NT>() <= NW * G8 * D, "the fused merge fits the merge region");
+        static_assert(merge_partial_heads_floats<D, NT>() <= NW * G8 * D, "the fused merge fits the merge region");
         if (plan.merge_counters != nullptr) merge_if_last<V, T, D, NT>(P, hp, plan, b, hk, qh0, group, wacc, tid);
       }
     } else {

@@ -95,6 +95,100 @@ __device__ __forceinline__ void merge_partial_rows(const DecodeProblem& P, const
                        tid, NTH, P.empty_lse());
 }
 
+// Row groups merge_partial_heads uses: D / 8 lanes each, at most 8 (one per head of the largest group).
+template <int D, int NTH>
+constexpr int merge_heads_groups() {
+  return NTH / (D / 8) < 8 ? NTH / (D / 8) : 8;
+}
+
+// Floats of `sm` merge_partial_heads needs: an accumulator row and its state per row group, then the merged rows
+// of up to 8 heads, their output-transform scratch rows and log-sum-exps.
+template <int D, int NTH>
+constexpr int merge_partial_heads_floats() {
+  return merge_heads_groups<D, NTH>() * (D + 2) + 2 * 8 * D + 8;
+}
+
+// The merged rows of `heads` query heads h0 .. h0 + heads - 1 (at most 8) of request b from the same `count`
+// partial states each (the fused merge: a KV head's group), all heads' loads in flight at once: the block's row
+// groups (merge_heads_groups) split over the heads of a round (every head when they are no more than the groups),
+// each group taking chunks part, part + sub, ... of its head (sub: the groups per head), kBatch loaded before any
+// is merged; then one thread row per head merges its groups in order and the output transform runs on all rows.
+// Every thread of the block calls it.
+template <class V, class T, int D, int NTH, int kBatch = 4>
+__device__ __forceinline__ void merge_partial_heads(const DecodeProblem& P, const typename V::Params& hp, int b,
+                                                    int h0, int heads, const int32_t* slots, int count, float* sm,
+                                                    int tid) {
+  constexpr int L = D / 8, NG = merge_heads_groups<D, NTH>();
+  static_assert(NTH % L == 0 && NG >= 1, "whole row groups");
+  float* g_acc = sm;                 // [NG][D]
+  float* g_m = g_acc + NG * D;       // [NG]
+  float* g_den = g_m + NG;           // [NG]
+  float* rows = g_den + NG;          // [8][D] merged rows, then [8][D] output-transform scratch
+  float* lse_s = rows + 2 * 8 * D;   // [8]
+  const int l = tid % L, grp = tid / L;
+  for (int hb = 0; hb < heads; hb += NG) {
+    const int hh = min(NG, heads - hb), sub = NG / hh;  // heads of this round, row groups per head
+    const int hi = grp % hh, part = grp / hh;
+    if (grp < hh * sub) {
+      float m = kNegInf, den = 0.f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      const int h = h0 + hb + hi;
+      for (int c0 = part; c0 < count; c0 += kBatch * sub) {
+        float lc[kBatch];
+        float4 x[kBatch], y[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int c = c0 + u * sub;
+          if (c < count) {
+            const int64_t slot = slots ? int64_t(__ldcg(slots + c)) : int64_t(b) * P.num_chunks + c;
+            const int64_t r = slot * P.num_qo_heads + h;
+            lc[u] = __ldcg(P.part_lse + r);
+            const float4* src = reinterpret_cast<const float4*>(P.part_o + r * D + l * 8);
+            x[u] = __ldcg(src);
+            y[u] = __ldcg(src + 1);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (c0 + u * sub >= count) break;
+          const float oc[8] = {x[u].x, x[u].y, x[u].z, x[u].w, y[u].x, y[u].y, y[u].z, y[u].w};
+          fold_state8<V::kSoftmax>(m, den, acc, lc[u], 1.f, [&](int e) { return oc[e]; });
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g_acc[grp * D + l * 8 + e] = acc[e];
+      if (l == 0) {
+        g_m[grp] = m;
+        g_den[grp] = den;
+      }
+    }
+    __syncthreads();
+    if (grp < hh) {  // head hb + grp: its row groups grp, grp + hh, ... in order
+      float m = kNegInf, den = 0.f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int p = 0; p < sub; ++p) {
+        const int g2 = grp + p * hh;
+        if constexpr (V::kSoftmax) {
+          MergeScales ms = merge_scales(m, g_m[g2]);
+          den = den * ms.a + g_den[g2] * ms.b;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = acc[e] * ms.a + g_acc[g2 * D + l * 8 + e] * ms.b;
+          m = ms.m;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] += g_acc[g2 * D + l * 8 + e];
+        }
+      }
+      const float lse = normalise_state8<V::kSoftmax>(m, den, acc);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) rows[(hb + grp) * D + l * 8 + e] = acc[e];
+      if (l == 0) lse_s[hb + grp] = lse;
+    }
+    __syncthreads();  // g_acc serves the next round; rows are complete for the output transform
+  }
+  const int qo_pos = view_length<V>(P.kv, b) - 1;
+  finish_rows<V, T, D>(rows, rows + 8 * D, lse_s, heads, b, qo_pos, h0, P.num_qo_heads, static_cast<T*>(P.o), P.lse,
+                       hp, tid, NTH, P.empty_lse());
+}
+
 template <int D, int NTH>
 constexpr int merge_partial_rows_floats() {
   return (NTH / (D / 8) + 2) * D + 2 * (NTH / (D / 8)) + 1;

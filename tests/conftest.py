@@ -16,6 +16,8 @@ import pytest
 
 from attngen.codegen.cache import BuildCache
 
+from .gpu_suite_order import order_gpu_suite
+
 
 def _has_gpu() -> tuple[bool, str]:
     try:
@@ -27,36 +29,10 @@ def _has_gpu() -> tuple[bool, str]:
     return True, ""
 
 
-def _templates_apart(items: list) -> None:
-    """Cases of one test function parametrized over the prefill ``template`` build the same library for each
-    template, so the two cases of a pair, collected side by side, started together on two pytest-xdist workers:
-    one built the library while the other waited on the build cache's lock (in the GPU suite of 2026-12-02 about
-    60 such pairs, both halves about 30 s each). Every case of a function's first template now runs before any
-    case of its next (a stable reordering within the function's place in the run), so a pair's second case finds
-    the library built."""
-    first, ranks = {}, {}
-    for i, item in enumerate(items):
-        fn = item.nodeid.split("[")[0]
-        first.setdefault(fn, i)
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and "template" in callspec.params:
-            order = ranks.setdefault(fn, {})  # the function's templates in the order they first appear
-            order.setdefault(callspec.params["template"], len(order))
-
-    def key(pair):
-        i, item = pair
-        fn = item.nodeid.split("[")[0]
-        callspec = getattr(item, "callspec", None)
-        rank = ranks[fn][callspec.params["template"]] if fn in ranks else 0
-        return first[fn], rank, i
-
-    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
-
-
 def pytest_collection_modifyitems(config, items):
     ok, why = _has_gpu()
     if ok:
-        _templates_apart(items)
+        order_gpu_suite(items)
         return
     skip = pytest.mark.skip(reason=why)
     for item in items:
@@ -89,6 +65,17 @@ def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         os.environ.setdefault("ATTNGEN_BUILD_CORES", str(max(1, (os.cpu_count() or 1) // workers)))
+
+
+def pytest_runtest_logreport(report):
+    """``ATTNGEN_TEST_TIMES=<file>``: one line per finished test phase that took time (seconds, phase, node id),
+    appended as it finishes, so a run cut short still says where its time went."""
+    path = os.environ.get("ATTNGEN_TEST_TIMES")
+    # under pytest-xdist the controller receives each worker's report again (with the worker as ``node``):
+    # the workers write, the controller does not
+    if path and getattr(report, "node", None) is None and report.duration >= 0.5:
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f} {report.when} {report.nodeid}\n")
 
 
 def run_seed() -> int:

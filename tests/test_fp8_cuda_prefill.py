@@ -9,8 +9,8 @@ and sm_90a compiled with nvcc and the plans and refusals its runtime makes befor
 caches against the float64 reference on the dequantised values (``reference_attention(..., k_scale=,
 v_scale=)``; the problems of tests/test_fp8_kv.py): ragged, paged NHD and HND with random page permutations,
 empty and odd-length requests, causal and non-causal, GQA, head_dim 64 and 128, float16 and bfloat16 queries,
-e4m3 and e5m2, per-tensor and per-head scales, both query tiles of the mma.sync template, outputs pre-filled
-with NaN.
+e4m3 and e5m2 (two of the four pairs per variant, all four across them), per-tensor and per-head scales, both
+query tiles of the mma.sync template, outputs pre-filled with NaN.
 """
 import re
 
@@ -40,6 +40,14 @@ KV_LENS = [700, 17, 37, 1, 0, 301]
 # the variants the GPU test runs: non-causal, causal, a key hook (k_scale before it), an output hook (v_scale
 # before it), a mask walked through tile maps, and the unnormalised sum state
 GPU_VARIANTS = ("vanilla", "causal", "rope", "attention_sink", "custom_mask", "sigmoid")
+
+
+def gpu_pairs(name: str) -> tuple[tuple[str, str], ...]:
+    """The (query dtype, fp8 format) pairs the GPU test builds for a variant: both query dtypes, each with
+    another format, the formats swapped from one variant to the next, so that every pair of Q_DTYPES x FP8
+    runs (on three variants) while a library holds two pairs instead of four."""
+    swap = GPU_VARIANTS.index(name) % 2
+    return ("float16", FP8[swap]), ("bfloat16", FP8[1 - swap])
 TEMPLATES = ("mma_sync", "hopper")
 
 
@@ -176,6 +184,11 @@ def test_fp8_prefill_library_builds_for_sm89_and_sm90a(build_cache, rng):
         call()
 
 
+def test_gpu_test_pairs_cover_every_query_and_fp8_format():
+    assert {pair for name in GPU_VARIANTS for pair in gpu_pairs(name)} == set(zip(Q_DTYPES, KV_DTYPES))
+    assert all(len({q for q, _ in gpu_pairs(n)}) == 2 for n in GPU_VARIANTS)
+
+
 @requires_nvcc
 @pytest.mark.parametrize("name,arch", [("sigmoid", "sm_80"), ("attention_sink", "sm_86"), ("custom_mask", "sm_89"),
                                        ("rope", "sm_90a")])
@@ -261,9 +274,10 @@ def test_fp8_prefill_matches_the_reference_on_dequantised_values(name, template,
     from .test_gpu_decode import to_torch
 
     skip_unless_template_runs(template)
-    att = fp8_prefill_module(name, build_cache)
+    pairs = gpu_pairs(name)
+    att = fp8_prefill_module(name, build_cache, tuple(q for q, _ in pairs), tuple(kv for _, kv in pairs))
     variant = att.variant
-    for q_dtype, kv_dtype in zip(Q_DTYPES, KV_DTYPES):
+    for q_dtype, kv_dtype in pairs:
         for head_dim, group in ((64, 5), (128, 4)):
             for kv_mode in ("ragged", "NHD", "HND"):
                 per_tensor = (head_dim == 64) != (kv_mode == "HND")  # both kinds for every pair and view

@@ -4,7 +4,7 @@ import subprocess
 import pytest
 from tvm.script import tirx as T
 
-from attngen.codegen.hook_math import APPROX_CALLS, APPROX_DIVIDE, APPROX_MAX_ERROR
+from attngen.codegen.hook_math import APPROX_CALLS, APPROX_DIVIDE, APPROX_MAX_ERROR, pair_sin_cos
 from attngen.codegen.hooks_cuda import lower_hooks_cuda
 from attngen.codegen.pipeline import cache_key
 from attngen.ir import ConfigError, ScalarParam, Variant
@@ -38,6 +38,35 @@ def test_approx_mode_replaces_every_library_call_and_division():
     assert APPROX_DIVIDE + "(s, c)" in approx and "(s / c)" in precise
     for kept in ("sqrtf(c)", "exp2f(s)", "sinf(s)", "cosf(s)", "powf(c, s)"):  # no approximation chosen: unchanged
         assert kept in approx
+
+
+@pytest.mark.parametrize("mode", ["approx", "precise"])
+def test_ropes_sine_and_cosine_come_from_one_sincosf(mode):
+    """RoPE's hooks (the whole-row transforms and their per-element forms, queries and keys) take the sine and
+    cosine of one angle: each of the four computes the pair with one sincosf, and no sinf / cosf is left."""
+    import re
+
+    code = lower_hooks_cuda(builtin("rope"), 128, "sm_90a", mode).code
+    assert code.count("sincosf(angle, &angle_sin, &angle_cos);") == 4
+    assert not re.search(r"(?<![\w.])(sinf|cosf)\(", code)
+
+
+def test_sin_cos_pairing_leaves_what_it_cannot_pair():
+    pairable = "  float a = x * 2.0f;\n  y = sinf(a) + cosf(a);\n"
+    assert pair_sin_cos(pairable) == ("  float a = x * 2.0f;\n  float a_sin, a_cos;\n  sincosf(a, &a_sin, &a_cos);\n"
+                                      "  y = a_sin + a_cos;\n")
+    for kept in ("  float a = x;\n  y = sinf(a) + sinf(a);\n",  # no cosine
+                 "  float a = x;\n  a = a * 2.0f;\n  y = sinf(a) + cosf(a);\n",  # assigned again
+                 "  float a = x;\n  float a_sin = 1.0f;\n  y = sinf(a) + cosf(a) + a_sin;\n",  # name taken
+                 "  float a = x;\n  y = __sinf(a) + __cosf(a) + asinf(a) + acosf(a);\n",  # other functions
+                 "  {\n    float a = x;\n    y = sinf(a);\n  }\n  z = cosf(a);\n"):  # the cosine out of a's scope
+        assert pair_sin_cos(kept) == kept
+    # each function's local on its own: two scopes of one name
+    two = ("void f() {\n  float a = x;\n  y = sinf(a) * cosf(a);\n}\n"
+           "void g() {\n  float a = z;\n  w = cosf(a) - sinf(a);\n}\n")
+    paired = pair_sin_cos(two)
+    assert paired.count("sincosf(a, &a_sin, &a_cos);") == 2 and "y = a_sin * a_cos;" in paired
+    assert "w = a_cos - a_sin;" in paired
 
 
 def test_every_approximation_has_its_error_documented():

@@ -28,7 +28,7 @@ from attngen.ir import HOOKS, Site, VariantError
 from attngen.ir import tir_utils as tu
 from attngen.ir.specialize import specialize_rows
 
-from .hook_math import approximate, check_mode
+from .hook_math import approximate, check_mode, pair_sin_cos
 from .logits_split import split_logits
 from .mask_split import split_mask
 
@@ -219,7 +219,7 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
     if msplit:
         owners.update({msplit["row"]: "logits_mask", msplit["score"]: "logits_mask"})
     src = _cuda_source(funcs, target, variant, owners, math)
-    return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + _extract_functions(src),
+    return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + pair_sin_cos(_extract_functions(src)),
                       elementwise, bounds, params, dims, split, msplit)
 
 

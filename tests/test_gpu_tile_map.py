@@ -16,21 +16,23 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 _libs = {}
 
 
-def example(name, build_cache):
+def example(name, build_cache, link="whole"):
+    """The example's variant and its prefill library (``link``: whole-program or linked, BuildConfig.link)."""
     module = runpy.run_path(str(EXAMPLES / f"{name}.py"))
-    if name not in _libs:
+    if (name, link) not in _libs:
         from attngen.runtime import CUDAAttention
 
-        _libs[name] = CUDAAttention.build(module["variant"], head_dims=(128,), dtypes=("bfloat16",),
-                                          kernels=("prefill",), cache=build_cache)
-    return module, _libs[name]
+        _libs[name, link] = CUDAAttention.build(module["variant"], head_dims=(128,), dtypes=("bfloat16",),
+                                                kernels=("prefill",), cache=build_cache, link=link)
+    return module, _libs[name, link]
 
 
-@pytest.mark.parametrize("group", [1, 4, 3])
-def test_classifier_matches_the_reference(group, build_cache, rng):
+@pytest.mark.parametrize("group,link", [(1, "whole"), (4, "whole"), (3, "whole"), (4, "lto")])
+def test_classifier_matches_the_reference(group, link, build_cache, rng):
+    """The classifier of a whole-program build and of a linked one (its kernel from the linked cubin)."""
     import torch
 
-    module, att = example("document_mask", build_cache)
+    module, att = example("document_mask", build_cache, link)
     qo_lens, kv_lens = [300, 0, 77, 520, 5], [300, 9, 200, 520, 0]
     ids = np.zeros((len(kv_lens), max(kv_lens)), np.int32)
     for b, n in enumerate(kv_lens):
@@ -127,6 +129,21 @@ def test_mapped_prefill_matches_the_reference(template, name, group, kv_mode, bu
                 assert tm.counts["empty"] > 0 and tm.counts["full"] > 0, tm.counts
             else:
                 assert not plan.maps
+
+
+@pytest.mark.parametrize("template", ["hopper", "mma_sync"])
+def test_linked_build_walks_the_map(template, build_cache, rng):
+    """link="lto": the plan's map from the linked classifier, the mapped kernels taken from the linked cubins by
+    name (the mma.sync one from the part linked on first use on sm_90a), against the float64 reference."""
+    skip_unless_runs(template)
+    module, att = example("document_mask", build_cache, link="lto")
+    plans = []
+    run_prefill(att, module["variant"], rng, group=4, head_dim=128, dtype="bfloat16", kv_mode="NHD",
+                qo_lens=[700, 0, 1000, 33], kv_lens=[700, 12, 1300, 33], template=template,
+                make_params=module["packed_documents"], plans=plans)
+    for plan in plans:
+        (tm,) = plan.maps.values()
+        assert tm.counts["empty"] > 0 and tm.counts["full"] > 0, tm.counts
 
 
 def test_a_plan_derives_a_new_map_for_new_mask_tensors(build_cache, rng):

@@ -287,15 +287,16 @@ def test_each_arch_gets_its_cubin(build_cache):
 @requires_nvcc
 @requires_nvjitlink
 def test_each_template_object_links_into_its_own_cubin(build_cache):
-    """Decode (two parts: CUDA-core kernels; tensor-core kernels and the merge) and prefill (two on sm_90a:
-    the mma.sync kernels; the Hopper ones) link in parallel, one cubin each, the hooks inlined; the kernel
-    table names the part holding each kernel, and the launch object routes to the Hopper template."""
+    """Decode (two parts: CUDA-core kernels; tensor-core kernels and the merge) and prefill (three on sm_90a:
+    the mma.sync kernels; the Hopper ones; the tile-map classifier) link in parallel, one cubin each, the hooks
+    inlined; the kernel table names the part holding each kernel, and the launch object routes to the Hopper
+    template."""
     import itertools
     import re
 
     res = build(scaled_softcap(1.0), lto_config(kernels=("decode", "prefill"), archs=("sm_90a",),
                                                 defer_alternatives=False), cache=build_cache)
-    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)] and not res.manifest["deferred"]
+    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(5)] and not res.manifest["deferred"]
     assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
     assert "hopper_prefill_kernel<__half, 128, false, __half>" in res.manifest["kernels"]  # K/V of the query dtype
     for c in res.manifest["cubins"]:
@@ -309,7 +310,8 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
     for (key, mangled), part in zip(pairs, parts):
         assert mangled in held[part], key
         assert part == (0 if key.startswith("decode_kernel") else 3 if key.startswith("hopper")
-                        else 2 if key.startswith("prefill") else 1), key
+                        else 2 if key.startswith("prefill") else 4 if key.startswith("tile_map") else 1), key
+    assert "tile_map_kernel<128>" in res.manifest["kernels"]
     # an sm_90a-only build runs on GPUs of 227 KB shared memory per block alone: the launchers' fallbacks for
     # less (the one-stage tensor-core decode tile) are not compiled, so the links have less to generate
     kernels = res.manifest["kernels"]
@@ -320,6 +322,27 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
     sm80 = lto.launch_source(lto_config(kernels=("decode", "prefill")), 128)
     assert "ATTNGEN_WITH_PREFILL_HOPPER" not in sm80  # no sm_90a: no Hopper part, no route to it
     assert "ATTNGEN_SMEM_OPTIN_FLOOR" not in sm80  # sm_80 code also runs on sm_86 / sm_89 (99 KB): no floor
+
+
+def test_the_tile_map_part_is_compiled_once_per_head_dim():
+    """The classifier reads no K/V: its part is compiled with the build's first dtype pair alone (csrc/tile_map.cuh
+    keys it by head dim, tile_map_kernel<128>), and never deferred; the ABI traits carry the flag it reads only
+    for masks beyond their bounds, so that the flag splits no other variant's template objects."""
+    prefill = lto.LAUNCHERS["prefill"]
+    assert prefill.parts_of(["ATTNGEN_WITH_PREFILL_HOPPER"]) == [0, 1, 2]
+    assert prefill.parts_of(["ATTNGEN_WITH_PREFILL_HOPPER"], first_pair=False) == [0, 1]
+    assert prefill.parts_of([], first_pair=False) == [0]
+    src = lto.template_source("prefill", 128, DtypePair("bfloat16", "bfloat16"), 8, part=2)
+    assert "launch_tile_map<attngen_gen::Hooks_d128>" in src and "launch_prefill" not in src
+    cfg = lto_config(kernels=("prefill",), archs=("sm_90a",))
+    assert not lto.deferred_part(cfg, "sm_90a", "prefill", 2)
+    heads = builtin("custom_mask")  # a bit mask over (batch, query head, ...): beyond its bounds
+    for variant, reads in ((builtin("causal"), "false"), (builtin("vanilla"), "false")):
+        abi = abi_traits_source(variant, lower_hooks_cuda(variant, 128, "sm_90a"), 128)
+        assert f"kMaskReadsHeads = {reads};" in abi
+    abi = abi_traits_source(heads, lower_hooks_cuda(heads, 128, "sm_90a"), 128)
+    assert f"kMaskReadsHeads = {'true' if heads.analysis.mask_reads_heads else 'false'};" in abi
+    assert "kMaskExact = false;" in abi
 
 
 def test_smem_floor_only_for_arch_specific_targets():
@@ -405,13 +428,13 @@ def test_template_objects_are_keyed_by_the_kv_dtype():
 
 
 def test_linked_fp8_exports_are_the_whole_builds():
-    """The linked build's fp8 exports: the whole-program build's names (a linked build has no tile-map classifier,
-    whatever the cache), each over the whole build's fp8 entry template, with the entry's own arguments."""
+    """The linked build's fp8 exports: the whole-program build's names (the tile-map classifier among them), each
+    over the whole build's fp8 entry template, with the entry's own arguments."""
     cfg = fp8_lto_config(layouts=("NHD", "HND"))
     names = sorted(e.name for pair in cfg.dtype_pairs for e in lto.linked_exports(cfg, 128, pair))
     whole = exported_functions(dataclasses.replace(cfg, link="whole"))
-    assert names == exported_functions(cfg) == [n for n in whole if not n.startswith("prefill_tile_map_")]
-    assert len(names) == 5 and all("_f16_kve4m3_d128" in n for n in names)
+    assert names == exported_functions(cfg) == whole
+    assert len(names) == 6 and all("_f16_kve4m3_d128" in n for n in names)
     launch = lto.launch_source(cfg, 128)
     assert '#include "entry_decode_fp8.h"' in launch and '#include "entry_prefill_fp8.h"' in launch
     block = "attngen::BlockHooks<attngen_gen::Hooks_d128>"
@@ -444,15 +467,17 @@ def test_linked_fp8_library_exports_and_embeds_the_fp8_kernels(fp8_linked):
     for fn in res.manifest["functions"]:
         assert f"__tvm_ffi_{fn}" in syms
     kernels = res.manifest["kernels"]
-    # every attention kernel reads the e4m3 cache (the key's last argument); the merge reads float32 states
-    assert all(k.endswith(", __nv_fp8_e4m3>") for k in kernels if not k.startswith("merge_")), kernels
+    # every attention kernel reads the e4m3 cache (the key's last argument); the merge reads float32 states, the
+    # tile-map classifier no K/V
+    assert all(k.endswith(", __nv_fp8_e4m3>") for k in kernels if not k.startswith(("merge_", "tile_map_"))), kernels
+    assert "tile_map_kernel<128>" in kernels
     # the tensor-core decode at the fp8 stage count of the decode_tc record (3 at D 128: deeper, half-size stages)
     for k in ("decode_kernel<__half, 128, 1, __nv_fp8_e4m3>", "decode_kernel<__half, 128, 8, __nv_fp8_e4m3>",
               "decode_tc_kernel<__half, 128, 3, __nv_fp8_e4m3>", "merge_decode_kernel<__half, 128>",
               "hopper_prefill_kernel<__half, 128, false, __nv_fp8_e4m3>"):
         assert k in kernels, k
     assert any(k.startswith("prefill_kernel<__half, 128,") for k in kernels), kernels
-    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)]
+    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(5)]
     for c in res.manifest["cubins"]:
         cubin = (res.directory / c).read_bytes()
         assert linked_cubin.cubin_kernels(cubin) and b"attngen_abi_" not in cubin
@@ -533,8 +558,9 @@ def test_alternatives_link_on_first_use(build_cache):
     assert cfg.defer_alternatives and lto.deferred_part(cfg, "sm_90a", "decode", 0)
     assert not lto.deferred_part(cfg, "sm_90a", "decode", 1) and not lto.deferred_part(cfg, "sm_80", "decode", 0)
     res = build(scaled_softcap(1.0), cfg, cache=build_cache)
-    assert res.manifest["cubins"] == ["linked_sm_90a_1.cubin", "linked_sm_90a_3.cubin"]
-    assert len(res.manifest["lto_reused"]["templates"]) == 2  # the deferred parts' templates are not compiled either
+    # the tensor-core decode, the Hopper prefill, the tile-map classifier (never an alternative)
+    assert res.manifest["cubins"] == ["linked_sm_90a_1.cubin", "linked_sm_90a_3.cubin", "linked_sm_90a_4.cubin"]
+    assert len(res.manifest["lto_reused"]["templates"]) == 3  # the deferred parts' templates are not compiled either
     assert [(e["arch"], e["part"]) for e in res.manifest["deferred"]] == [("sm_90a", 0), ("sm_90a", 2)]
     kernels = res.manifest["kernels"]
     assert not any(k.startswith(("decode_kernel<", "prefill_kernel<")) for k in kernels), kernels

@@ -29,10 +29,13 @@ def test_which_variants_get_a_map():
 
 
 def test_the_classifier_tells_head_reading_masks_by_a_trait():
-    """The classifier's per-token / per-head mode is a trait of the whole-program hooks (not heads == 1, which
-    a head-reading mask with one KV head also has: the GPU fuzzer's find), absent from the link-time traits."""
+    """The classifier's per-token / per-head mode is a trait of the hooks (not heads == 1, which a head-reading
+    mask with one KV head also has: the GPU fuzzer's find); the link-time traits carry it for masks beyond their
+    bounds (the classifier's only users) and say false for the others (causal: the same template objects as
+    before the classifier had a linked part)."""
     from attngen.codegen.cuda_variant import abi_traits_source, traits_source
     from attngen.codegen.hooks_cuda import lower_hooks_cuda
+    from attngen.ir.mask_class import MaskKind
 
     from .fuzz_engine import Recipe, make_variant
 
@@ -41,7 +44,8 @@ def test_the_classifier_tells_head_reading_masks_by_a_trait():
         assert v.analysis.mask_reads_heads == reads
         hs = lower_hooks_cuda(v, 64, "sm_80")
         assert f"static constexpr bool kMaskReadsHeads = {str(reads).lower()};" in traits_source(v, hs, 64)
-        assert "kMaskReadsHeads" not in abi_traits_source(v, hs, 64)
+        maps = v.analysis.mask.kind is MaskKind.ARBITRARY
+        assert f"kMaskReadsHeads = {str(reads and maps).lower()};" in abi_traits_source(v, hs, 64)
 
 
 def _doc_ids(rng, kv_lens):

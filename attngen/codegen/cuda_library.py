@@ -62,7 +62,7 @@ def exported_functions(cfg: BuildConfig) -> list[str]:
     """Every function the library of ``cfg`` exports, sorted: the selected records' exports per head_dim
     and dtype pair."""
     return sorted(symbol(kind, pair.q, d, pair.kv) for record in selected(cfg.kernels) for d in cfg.head_dims
-                  for pair in cfg.dtype_pairs for kind in record.kinds(cfg.layouts, cfg.link))
+                  for pair in cfg.dtype_pairs for kind in record.kinds(cfg.layouts))
 
 
 def translation_units(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> dict[str, str]:

@@ -269,9 +269,7 @@ def _flag_lines(head_dim: int, flags: dict[str, str]) -> list[str]:
 def traits_source(variant, hs, head_dim: int) -> str:
     """C++ source of ``attngen_gen::Hooks_d<head_dim>`` (after the hooks header)."""
     flags, fns = traits_parts(variant, hs, head_dim)
-    # read by the tile-map classifier alone (csrc/tile_map.cuh, whole-program builds): kept out of the link-time
-    # traits so that it does not split the templates' objects
-    flags["kMaskReadsHeads"] = _b(variant.analysis.mask_reads_heads)
+    flags["kMaskReadsHeads"] = _b(variant.analysis.mask_reads_heads)  # read by the tile-map classifier alone
     lines = ['#include "variant_params.h"', f"namespace attngen_gen {{\nstruct Hooks_d{head_dim} {{",
              params_struct(variant, hs.dims or {}), ffi_params(variant, hs.dims or {})]
     lines += _flag_lines(head_dim, flags)
@@ -301,6 +299,10 @@ def abi_traits_source(variant, hs, head_dim: int) -> str:
     flags, fns = traits_parts(variant, hs, head_dim)
     for k in ("kLogitsRowTerms", "kMaskRowTerms"):
         flags[k] = str(abi_row_terms(int(flags[k])))
+    # read by the tile-map classifier alone (csrc/tile_map.cuh), which serves only masks beyond their bounds:
+    # false for every other variant, so that the flag splits no template object of theirs
+    maps_tiles = flags["kHasMask"] == "true" and flags["kMaskExact"] == "false"
+    flags["kMaskReadsHeads"] = _b(maps_tiles and variant.analysis.mask_reads_heads)
     calls = [f.call for f in fns if f.call is not None]
 
     def invoke(call: HookCall) -> str:

@@ -92,7 +92,10 @@ def _prefill_exports(cfg: BuildConfig, d: int, pair: DtypePair) -> list[LinkedEx
     fp8 = "FP8" if pair.kv_scaled else ""
     return [LinkedExport(symbol(prefill_kind(lay), pair.q, d, pair.kv),
                          f"attngen::Prefill{'Ragged' if lay is None else 'Paged'}{fp8}OwnArgs",
-                         prefill_entry("{V}", d, pair, lay, "{N}")) for lay in (None, *cfg.layouts)]  # None: ragged
+                         prefill_entry("{V}", d, pair, lay, "{N}")) for lay in (None, *cfg.layouts)] + [  # None: ragged
+        # the tile-map classifier (its kernel in the shared part, csrc/tile_map.cuh)
+        LinkedExport(symbol("prefill_tile_map", pair.q, d, pair.kv), "attngen::TileMapOwnArgs",
+                     f"attngen::TileMapEntry<{{V}}, {d}, {{N}}>")]
 
 
 @dataclass(frozen=True)
@@ -111,15 +114,20 @@ class Launcher:
     # template's build macro a part needs (registry.companion_macros; None: always built)
     part_instantiations: tuple[tuple[str, ...], ...] = ()
     part_macros: tuple[str | None, ...] = ()
+    # parts whose kernels do not depend on the dtype pair: compiled once per (arch, head dim), with the
+    # build's first pair, and linked once
+    shared_parts: tuple[int, ...] = ()
 
     def instantiations_of(self, part: int) -> tuple[str, ...]:
         return self.part_instantiations[part] if self.part_instantiations else self.instantiations
 
-    def parts_of(self, macros: list[str]) -> list[int]:
+    def parts_of(self, macros: list[str], first_pair: bool = True) -> list[int]:
         """The parts a build whose companion macros are ``macros`` compiles (for every arch alike: the
-        kernel table is the same on each)."""
+        kernel table is the same on each); ``first_pair``: for the build's first dtype pair (the shared
+        parts are compiled with it alone)."""
         return [i for i in range(len(self.parts))
-                if not self.part_macros or self.part_macros[i] is None or self.part_macros[i] in macros]
+                if (not self.part_macros or self.part_macros[i] is None or self.part_macros[i] in macros)
+                and (first_pair or i not in self.shared_parts)]
 
 
 LAUNCHERS = {
@@ -130,13 +138,16 @@ LAUNCHERS = {
         ("#define ATTNGEN_DECODE_KERNELS 1", "#define ATTNGEN_DECODE_KERNELS 2")),
     "prefill": Launcher("prefill_dispatch.h", (), _prefill_exports,
         # the mma.sync kernels; the Hopper ones where the build has sm_90a (on its other archs they compile
-        # to empty kernels, so that every arch's cubins hold the same kernels)
-        ("", "#define ATTNGEN_WITH_PREFILL_HOPPER 1"), (
+        # to empty kernels, so that every arch's cubins hold the same kernels); the tile-map classifier
+        # (csrc/tile_map.cuh: the mask hook alone, the same kernel for every dtype pair)
+        ("", "#define ATTNGEN_WITH_PREFILL_HOPPER 1", "// the tile-map classifier"), (
             ("template void attngen::launch_prefill<{V}, {T}, {D}, {KV}>(const attngen::PrefillProblemOf<{KV}>&, "
              "int, const {V}::Params&, cudaStream_t);",),
             ("template void attngen::launch_hopper_prefill<{V}, {T}, {D}, {KV}>(const "
-             "attngen::PrefillProblemOf<{KV}>&, int, const {V}::Params&, cudaStream_t);",)),
-        (None, "ATTNGEN_WITH_PREFILL_HOPPER")),
+             "attngen::PrefillProblemOf<{KV}>&, int, const {V}::Params&, cudaStream_t);",),
+            ("template void attngen::launch_tile_map<{V}>(const attngen::TileMapProblem&, const {V}::Params&, "
+             "cudaStream_t);",)),
+        (None, "ATTNGEN_WITH_PREFILL_HOPPER", None), shared_parts=(2,)),
 }
 
 

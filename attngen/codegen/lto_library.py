@@ -44,7 +44,7 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
         for record in selected(cfg.kernels):
             for d in cfg.head_dims:
                 for pair in cfg.dtype_pairs:
-                    for part in LAUNCHERS[record.name].parts_of(build_macros(cfg)):
+                    for part in LAUNCHERS[record.name].parts_of(build_macros(cfg), pair == cfg.dtype_pairs[0]):
                         if deferred_part(cfg, a, record.name, part):
                             objects[a].append({"record": record.name, "record_part": part, "head_dim": d,
                                                "dtypes": [pair.q, pair.kv],

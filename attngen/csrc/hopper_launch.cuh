@@ -17,14 +17,14 @@ inline bool hopper_prefill_runs_here() {
 }
 
 // The kernel: the traits' own instantiation, or by name from a linked cubin (cubin_launch.h).
-template <class V, class T, int D, class KV = T>
+template <class V, class T, int D, class KV = T, bool Mapped = false>
 auto hopper_prefill_kernel_ref() {
   using Fn = void (*)(PrefillProblemOf<KV>, typename V::Params, HopperKVMaps, int);
   if constexpr (linked_hooks<V>()) {
     return linked_kernel_cached<Fn>(
-        [] { return kernel_key<T>("hopper_prefill_kernel", D, false, kernel_type_name<KV>()); });
+        [] { return kernel_key<T>("hopper_prefill_kernel", D, Mapped, kernel_type_name<KV>()); });
   } else {
-    return Fn(hopper_prefill_kernel<V, T, D, false, KV>);
+    return Fn(hopper_prefill_kernel<V, T, D, Mapped, KV>);
   }
 }
 
@@ -36,9 +36,9 @@ void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const 
   using Tile = HopperTile<D>;
   constexpr size_t smem = hopper_prefill_smem_bytes<T, D>();
   auto kernel = hopper_prefill_kernel_ref<V, T, D, KV>();
-  // linked builds make no maps; TVM's windowed calls take none
-  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_windowed<V>()) {
-    if (P.tiles.present()) kernel = hopper_prefill_kernel<V, T, D, true, KV>;
+  // the instance walking a tile map (TVM's windowed calls take none)
+  if constexpr (variant_maps_tiles<V>() && !tvm_windowed<V>()) {
+    if (P.tiles.present()) kernel = hopper_prefill_kernel_ref<V, T, D, KV, true>();
   }
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;

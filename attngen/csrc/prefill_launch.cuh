@@ -13,14 +13,14 @@ namespace attngen {
 
 // The kernel: the traits' own instantiation, or by name from a linked cubin (decode_launch.cuh), whose key
 // ends in the cache's element type.
-template <class V, class T, int D, bool Small, int MT, class KV = T>
+template <class V, class T, int D, bool Small, int MT, class KV = T, bool Mapped = false>
 auto prefill_kernel_ref() {
   using Fn = void (*)(PrefillProblemOf<KV>, typename V::Params);
   if constexpr (linked_hooks<V>()) {
     return linked_kernel_cached<Fn>(
-        [] { return kernel_key<T>("prefill_kernel", D, Small, MT, false, kernel_type_name<KV>()); });
+        [] { return kernel_key<T>("prefill_kernel", D, Small, MT, Mapped, kernel_type_name<KV>()); });
   } else {
-    return Fn(prefill_kernel<V, T, D, Small, MT, false, KV>);
+    return Fn(prefill_kernel<V, T, D, Small, MT, Mapped, KV>);
   }
 }
 
@@ -30,9 +30,9 @@ void launch_prefill_tile(const PrefillProblemOf<KV>& P, int max_qo_len, const ty
   using Tile = PrefillTile<D, Small, MT>;
   const size_t smem = prefill_smem_bytes<V, T, D, Small, MT, KV>();
   auto kernel = prefill_kernel_ref<V, T, D, Small, MT, KV>();
-  // linked builds and TVM's windowed / tree / RoPE instances make no maps
-  if constexpr (variant_maps_tiles<V>() && !linked_hooks<V>() && !tvm_instance<V>()) {
-    if (P.tiles.present()) kernel = prefill_kernel<V, T, D, Small, MT, true, KV>;
+  // the instance walking a tile map (TVM's windowed / tree / RoPE instances make no maps)
+  if constexpr (variant_maps_tiles<V>() && !tvm_instance<V>()) {
+    if (P.tiles.present()) kernel = prefill_kernel_ref<V, T, D, Small, MT, KV, true>();
   }
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;

@@ -18,7 +18,11 @@
 #pragma once
 #include <stdint.h>
 
+#include <string>
+
 #include "common.cuh"
+#include "cubin_launch.h"
+#include "hook_abi.h"
 
 namespace attngen {
 
@@ -61,8 +65,9 @@ struct TileMapProblem {
   int rows, keys, q_tiles, k_tiles, heads;
 };
 
-// One CTA per (query tile, head row, request); its threads share each key tile's pairs and vote.
-template <class V>
+// One CTA per (query tile, head row, request); its threads share each key tile's pairs and vote. D (the
+// traits' head dim) names the kernel in a linked cubin's table: tile_map_kernel<128>.
+template <class V, int D = V::kHeadDim>
 __global__ void tile_map_kernel(TileMapProblem M, typename V::Params hp) {
   const int tile = blockIdx.x, hm = blockIdx.y, b = blockIdx.z;
   uint8_t* out = M.map + ((int64_t(b) * M.heads + hm) * M.q_tiles + tile) * M.k_tiles;
@@ -106,10 +111,18 @@ __global__ void tile_map_kernel(TileMapProblem M, typename V::Params hp) {
   }
 }
 
+// The classifier: the traits' own instance, or in linked builds the one of the cubin (cubin_launch.h).
 template <class V>
 void launch_tile_map(const TileMapProblem& M, const typename V::Params& hp, cudaStream_t stream) {
   if (M.batch == 0 || M.q_tiles == 0 || M.k_tiles == 0) return;
-  tile_map_kernel<V><<<dim3(M.q_tiles, M.heads, M.batch), 256, 0, stream>>>(M, hp);
+  using Fn = void (*)(TileMapProblem, typename V::Params);
+  Fn kernel;
+  if constexpr (linked_hooks<V>()) {
+    kernel = linked_kernel_cached<Fn>([] { return "tile_map_kernel<" + std::to_string(V::kHeadDim) + ">"; });
+  } else {
+    kernel = tile_map_kernel<V>;
+  }
+  launch_kernel(kernel, dim3(M.q_tiles, M.heads, M.batch), dim3(256), 0, stream, M, hp);
 }
 
 }  // namespace attngen

@@ -242,14 +242,16 @@ class CUDAAttention(BuiltModule):
     @classmethod
     def build(cls, variant, head_dims=(128,), dtypes=("float16",), archs=None, layouts=("NHD", "HND"),
               max_group_size: int = 8, kernels=("decode", "prefill"), hook_math: str = "approx", kv_dtypes=(),
-              **kwargs):
+              link: str = "whole", **kwargs):
         """Build (or take from the cache) the variant's CUDA library for this GPU's arch unless ``archs`` is
         given; ``hook_math``: "approx" (hardware approximations in the hooks) or "precise" (BuildConfig).
         ``kv_dtypes``: the K/V dtype of each query dtype (() = the query's; an fp8 format for an fp8 cache,
-        read by the decode and prefill kernels; not with kernels=("tvm",))."""
+        read by the decode and prefill kernels; not with kernels=("tvm",)). ``link``: "whole" (templates and
+        hooks compiled as one program) or "lto" (the hooks linked into template objects cached per hook
+        signature: an edited hook rebuilds in seconds; BuildConfig.link)."""
         cfg = BuildConfig("cuda", tuple(head_dims), tuple(dtypes), tuple(archs or (current_arch(),)),
                           tuple(layouts), kernels=tuple(kernels), max_group_size=max_group_size,
-                          hook_math=hook_math, kv_dtypes=tuple(kv_dtypes))
+                          hook_math=hook_math, kv_dtypes=tuple(kv_dtypes), link=link)
         res = build_library(variant, cfg, **kwargs)
         return cls(variant, res.library, res.manifest)
 
@@ -516,7 +518,8 @@ class CUDAAttention(BuiltModule):
         if not mask_needs_map(self.variant):
             return f"variant '{self.variant.name}' has no mask beyond its bounds: there is nothing to map"
         if not any(name in self.functions for name in self._cache_functions("prefill_tile_map", dtype, head_dim)):
-            return "this library has no tile-map classifier (link='lto' builds lack it)"
+            return ("this library has no tile-map classifier (a linked build by an attngen older than 2026-12-03): "
+                    "rebuild it")
         return None
 
     def _tile_map(self, plan: PrefillPlan, q, kv, qo_indptr, dtype: str, head_dim: int, params: dict | None,

@@ -110,9 +110,8 @@ PREFILL = TemplateRecord(
     must_fit=must_fit,
     header_section=header_section,
     headers=("entry_prefill.h",),
-    exports=("batch_prefill_ragged", "batch_prefill_paged_{layout}"),
-    # the classifier of mask-derived tile maps (csrc/tile_map.cuh), walked by the Hopper template
-    whole_exports=("prefill_tile_map",),
+    # and the classifier of mask-derived tile maps (csrc/tile_map.cuh), whose maps both templates walk
+    exports=("batch_prefill_ragged", "batch_prefill_paged_{layout}", "prefill_tile_map"),
     emitter="prefill_entries",
     companions=("prefill_hopper",),  # csrc/prefill_dispatch.h picks it on compute capability 9.0
 )

@@ -74,7 +74,6 @@ class TemplateRecord:
     header_section: Callable[[tuple[int, ...]], str]  # element sizes -> C++ tables for attngen_tiles.h
     headers: tuple[str, ...] = ()  # csrc headers its translation unit includes
     exports: tuple[str, ...] = ()  # exported function kinds, e.g. "batch_decode_paged_{layout}"
-    whole_exports: tuple[str, ...] = ()  # kinds only whole-program builds export (link="lto" builds lack them)
     emitter: str | None = None  # key of the C++ emitter of its exported functions (CUDA backend)
     variant_check: str | None = None  # key of a build-time check of the variant (CUDA backend)
     requires: tuple[str, ...] = ()  # templates its entries launch
@@ -94,10 +93,10 @@ class TemplateRecord:
         missing = self.needs.missing(arch)
         return f"the {self.name} template needs {', '.join(missing)}, which {arch.name} lacks" if missing else None
 
-    def kinds(self, layouts: tuple[str, ...], link: str = "whole") -> list[str]:
+    def kinds(self, layouts: tuple[str, ...]) -> list[str]:
         """Exported function kinds with each paged layout filled in (before the dtype and head_dim)."""
         out = []
-        for pattern in self.exports + (self.whole_exports if link != "lto" else ()):
+        for pattern in self.exports:
             if "{layout}" in pattern:
                 out += [pattern.format(layout=layout.lower()) for layout in layouts]
             else:

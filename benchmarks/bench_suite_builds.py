@@ -17,7 +17,6 @@ import datetime
 import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from common import git_commit, write_results  # noqa: E402
 
 
 def cpu_seconds() -> float:
@@ -60,8 +61,7 @@ def main() -> None:
         totals[link] = (time.perf_counter() - wall0, cpu_seconds() - cpu0)
 
     links = list(totals)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = git_commit()
     lines = [f"# The GPU tests' builds, whole-program against linked — {datetime.date.today().isoformat()}", "",
              f"`python benchmarks/bench_suite_builds.py --arch {args.arch} --cores {args.cores}` at {commit} on "
              f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), load average "
@@ -73,11 +73,9 @@ def main() -> None:
                      + " |")
     lines.append("| **all** | | | " + " | ".join(f"**{totals[k][0]:.1f} / {totals[k][1]:.1f}**" for k in links)
                  + " |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"suite_builds_{datetime.date.today().isoformat()}.md"
-    path.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    results = {"commit": commit, "arch": args.arch, "cores": args.cores, "totals": totals,
+               "builds": [{"variant": n, "head_dim": d, "dtype": dt, **by} for (n, d, dt), by in rows.items()]}
+    write_results(args.out, f"suite_builds_{datetime.date.today().isoformat()}", results, lines)
 
 
 if __name__ == "__main__":

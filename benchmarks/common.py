@@ -94,6 +94,14 @@ def selected_cases(cases: list, prefixes: str) -> list:
     return [c for i, c in enumerate(picked) if c not in picked[:i]]
 
 
+def git_commit() -> str:
+    """The short hash of the checkout's HEAD (results name the commit they measured)."""
+    import subprocess
+
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                          capture_output=True, text=True).stdout.strip()
+
+
 def run_info(commit: str) -> dict:
     """The heading of every result file: GPU, date, commit and library versions."""
     import torch

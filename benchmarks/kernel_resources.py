@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from common import git_commit, write_results  # noqa: E402
+
 ENTRY = re.compile(r"(?:Compiling entry function|Function properties for) '?(_Z\w+)'?")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 REGS = re.compile(r"Used (\d+) registers")
@@ -76,36 +78,19 @@ def linked_resources(variant, cfg, cache) -> dict[str, dict]:
     from attngen.codegen import nvjitlink
     from attngen.codegen.pipeline import run_pipeline
 
-    logs = []
+    reports = []
     plain = nvjitlink.link_cubin
 
-    def verbose_link(inputs, sm, fast_math=False, threads=None):
-        nv = nvjitlink._module()
-        options = [f"-arch=sm_{sm}", "-lto", "-O3", "-Xptxas=-v"]
-        if fast_math:
-            options += ["-ftz=true", "-prec-div=false", "-prec-sqrt=false", "-fma=true"]
-        handle = nv.create(len(options), options)
-        try:
-            for path in inputs:
-                data = Path(path).read_bytes()
-                nv.add_data(handle, nv.InputType.ANY, data, len(data), Path(path).name)
-            nv.complete(handle)
-            size = nv.get_info_log_size(handle)
-            buf = bytearray(size)
-            if size:
-                nv.get_info_log(handle, buf)
-            logs.append(bytes(buf).decode(errors="replace"))
-        finally:
-            nv.destroy(handle)
-        return plain(inputs, sm, fast_math, threads)  # the build's own link makes the cubin it keeps
+    def reporting_link(*args, **kwargs):  # the build's own links, each asked for ptxas's report
+        return plain(*args, **kwargs, ptxas_report=reports)
 
-    nvjitlink.link_cubin = verbose_link
+    nvjitlink.link_cubin = reporting_link
     try:
         run_pipeline(variant, dataclasses.replace(cfg, link="lto", defer_alternatives=False), cache=cache)
     finally:
         nvjitlink.link_cubin = plain
     found = {}
-    for log in logs:
+    for log in reports:
         found.update(parse_ptxas(log))
     return by_key(found)
 
@@ -133,8 +118,7 @@ def main() -> None:
             return "—"
         return f"{r['regs']} / {r['frame']} / {r['spill_stores']} / {r['spill_loads']}"
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = git_commit()
     lines = [f"# Kernel resources, whole-program against linked — {args.variant}, D {args.head_dim}, {args.dtype}, "
              f"{args.arch} ({datetime.date.today().isoformat()}, {commit})", "",
              "`python benchmarks/kernel_resources.py` (ptxas -v through nvcc and through nvJitLink). Each cell: "
@@ -143,11 +127,10 @@ def main() -> None:
     for key in sorted(set(whole) | set(linked)):
         w, lk = whole.get(key), linked.get(key)
         lines.append(f"| `{key}` | {cell(w)} | {cell(lk)} | {'yes' if w == lk else 'no'} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"kernel_resources_{datetime.date.today().isoformat()}_{args.variant}_{args.arch}.md"
-    path.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    stem = f"kernel_resources_{datetime.date.today().isoformat()}_{args.variant}_{args.arch}"
+    write_results(args.out, stem, {"commit": commit, "variant": args.variant, "arch": args.arch,
+                                   "head_dim": args.head_dim, "dtype": args.dtype, "whole": whole,
+                                   "linked": linked}, lines)
 
 
 if __name__ == "__main__":

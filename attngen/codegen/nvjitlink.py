@@ -42,12 +42,15 @@ def version() -> str:
         return "none"
 
 
-def link_cubin(inputs: list[Path], sm: str, fast_math: bool = False, threads: int | None = None) -> bytes:
+def link_cubin(inputs: list[Path], sm: str, fast_math: bool = False, threads: int | None = None,
+               ptxas_report: list[str] | None = None) -> bytes:
     """The cubin for ``sm`` (e.g. "80", "90a") of the LTO-IR objects ``inputs`` (nvcc -dc -dlto host
     objects, fatbinaries of relocatable LTO-IR, or bare LTO-IR), optimised and linked as one program;
-    ``threads``: the code generator's (default: the build's cores, nvcc.build_cores, at most 8)."""
+    ``threads``: the code generator's (default: the build's cores, nvcc.build_cores, at most 8);
+    ``ptxas_report``: a list that gets ptxas's report of each kernel's registers, stack frame and spills
+    (``-Xptxas=-v``, which changes no code)."""
     nv = _module()
-    options = [f"-arch=sm_{sm}", "-lto", "-O3"]
+    options = [f"-arch=sm_{sm}", "-lto", "-O3"] + (["-Xptxas=-v"] if ptxas_report is not None else [])
     threads = min(threads or nvcc.build_cores(), 8)
     if threads >= 2:  # kernels code-generated in parallel: the same cubin, bit for bit (4.3 -> 3.4 s on 2 cores)
         options.append(f"-split-compile={threads}")
@@ -64,6 +67,12 @@ def link_cubin(inputs: list[Path], sm: str, fast_math: bool = False, threads: in
             raise LinkError(f"nvJitLink failed for sm_{sm}: {e}\n{_log(nv, handle)}") from None
         cubin = bytearray(nv.get_linked_cubin_size(handle))
         nv.get_linked_cubin(handle, cubin)
+        if ptxas_report is not None:
+            size = nv.get_info_log_size(handle)
+            info = bytearray(size)
+            if size:
+                nv.get_info_log(handle, info)
+            ptxas_report.append(bytes(info).decode(errors="replace").rstrip("\x00"))
         return bytes(cubin)
     finally:
         nv.destroy(handle)

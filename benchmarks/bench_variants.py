@@ -3,7 +3,8 @@ sm_90 the Hopper one) per variant and hook-math mode, against the plain kernel, 
 own soft-cap) and SDPA in the same run.
 
 bf16, D 128, Hq 32 / Hkv 8, one request of L 8k; TFLOP/s of the visible work (4 * D * Hq per visible
-score). Two groups, each against its own plain row: full attention (plain, soft-cap, ALiBi) and causal
+score). Two groups, each against its own plain row: full attention (plain, soft-cap, ALiBi, RoPE applied by the
+query and key hooks) and causal
 attention (plain causal, a causal sliding window of 1024 keys with FlashInfer's window_left as its peer,
 a custom bit mask that shows every causal key: the tile map finds every tile below the diagonal full, so
 only the diagonal tiles read the mask). ``approx`` / ``precise``: the build's ``hook_math`` (hardware
@@ -28,6 +29,7 @@ CASES = [
     ("soft-cap 30, approx", "logits_softcap", "approx", {"soft_cap": SOFT_CAP}, "plain"),
     ("soft-cap 30, precise", "logits_softcap", "precise", {"soft_cap": SOFT_CAP}, "plain"),
     ("ALiBi", "alibi", "approx", "alibi", "plain"),
+    ("RoPE in the query / key hooks", "rope", "approx", {"rope_scale": 1.0, "rope_theta": 1e4}, "plain"),
     ("causal", "causal", "approx", {}, "causal"),
     (f"causal window {WINDOW}", "sliding_window_causal", "approx", {"window_left": WINDOW}, "causal"),
     ("custom mask (causal bits)", "custom_mask", "approx", "causal_bits", "causal"),
@@ -102,6 +104,11 @@ def main():
                     q, k, v, causal=causal, logits_soft_cap=cap, window_left=window, backend=backend), reps=20))
                 if t is not None:
                     row[f"flashinfer_{backend}"] = flops / t / 1e9
+        if fi is not None and variant == "rope":  # FlashInfer's fused RoPE (fa2; its fa3 path has none)
+            t = guarded(row, "flashinfer_fa2", lambda: bench(lambda: fi.single_prefill_with_kv_cache(
+                q, k, v, pos_encoding_mode="ROPE_LLAMA", rope_scale=1.0, rope_theta=1e4, backend="fa2"), reps=20))
+            if t is not None:
+                row["flashinfer_fa2"] = flops / t / 1e9
         if variant in ("vanilla", "causal"):
             qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
             t = guarded(row, "sdpa", lambda: bench(lambda: torch.nn.functional.scaled_dot_product_attention(

@@ -6,7 +6,13 @@ NHD and HND pages with
 random permutations and spare pages, a request with no keys, split-KV forced and
 automatic, outputs poisoned with NaN before each run; every case runs on both decode templates
 (CUDA cores and tensor cores).
+
+``ATTNGEN_TEST_LINK=lto`` builds this file's libraries and tests/test_gpu_prefill.py's (``cuda_module``) as
+linked builds (BuildConfig.link) instead of whole-program ones: the same cases then check the linked kernels
+of every built-in, the alternatives linked on first use among them.
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -32,6 +38,7 @@ VARIANT_CONFIGS = [(name, d, dt) for name in EVERY_CONFIG for d, dt in CONFIGS] 
     (name, d, dt) for i, name in enumerate(n for n in BUILTINS if n not in EVERY_CONFIG)
     for d, dt in (HOME, OTHER_CONFIGS[i % len(OTHER_CONFIGS)])]
 _libs = {}
+TEST_LINK = os.environ.get("ATTNGEN_TEST_LINK", "whole")  # BuildConfig.link of cuda_module's libraries
 
 
 def variant(name):
@@ -50,7 +57,7 @@ def cuda_module(name, build_cache, head_dims=HEAD_DIMS, dtypes=DTYPES, kernels=(
     key = (name, tuple(head_dims), tuple(dtypes), tuple(kernels))
     if key not in _libs:
         _libs[key] = CUDAAttention.build(variant(name), head_dims=head_dims, dtypes=dtypes, kernels=kernels,
-                                         cache=build_cache)
+                                         cache=build_cache, link=TEST_LINK)
     return _libs[key]
 
 

@@ -1,5 +1,7 @@
 """Hook lowering to CUDA: the generated device code compiles with nvcc for every target arch."""
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 from tvm.script import tirx as T
@@ -277,6 +279,40 @@ def test_gpu_test_instantiations_compile(name, head_dim, dtype, build_cache):
     for cubin in res.manifest["cubins"]:
         data = (res.directory / cubin).read_bytes()
         assert data[:4] == b"\x7fELF" and (b"hopper_prefill_kernel" in data or "decode" in cubin)
+
+
+@requires_nvcc
+@pytest.mark.parametrize("name,cfg", [
+    ("custom_mask", BuildConfig("cuda", (128,), ("bfloat16",), ("sm_90a",), link="check")),  # an instantiation above
+    ("rope", BuildConfig("cuda", (64, 256), ("bfloat16",), ("sm_90a",), kernels=("prefill",), link="check",
+                         kv_dtypes=("float8_e5m2",)))])  # tests/test_fp8_cuda_prefill.py's sm_90a hook paths
+def test_split_units_compile_to_the_unsplit_units_kernels(name, cfg, build_cache):
+    """The decode and prefill units' device pass sees the launchers' explicit instances instead of the host glue
+    (cuda_library.translation_units): every kernel's machine code is byte for byte that of the unit unsplit."""
+    from attngen.codegen import nvcc
+    from attngen.codegen.cuda_library import _tu_flags, translation_units
+    from attngen.codegen.linked_cubin import cubin_code
+    from attngen.schedules.arch import arch_spec
+
+    res = run_pipeline(builtin(name), cfg, cache=build_cache)  # split units (a cache hit after the tests above)
+    d, pair = cfg.head_dims[0], cfg.dtype_pairs[0]
+    split = translation_units(builtin(name), cfg, d, pair)
+    unsplit = translation_units(builtin(name), cfg, d, pair, split=False)
+    for unit, text in unsplit.items():
+        assert "#ifdef __CUDA_ARCH__" in split[unit] and "#ifdef __CUDA_ARCH__" not in text
+        device = split[unit].split("#ifdef __CUDA_ARCH__")[1].split("#else")[0]
+        assert "template " in device and "problem_glue.h" not in device and "EXPORT" not in device
+        out = Path(res.directory)
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / unit
+            src.write_text(text)
+            cubin = Path(tmp) / "unsplit.cubin"
+            subprocess.run([nvcc.require_nvcc(), "-std=c++17", "-O3", arch_spec("sm_90a").gencode,
+                            *_tu_flags(out, cfg), "-cubin", str(src), "-o", str(cubin)], check=True,
+                           capture_output=True)
+            whole = cubin_code(cubin.read_bytes())
+        kept = cubin_code((out / f"{Path(unit).stem}_sm_90a.cubin").read_bytes())
+        assert whole and kept == whole, unit
 
 
 @requires_nvcc

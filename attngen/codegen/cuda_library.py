@@ -23,8 +23,9 @@ from attngen.schedules.dtypes import DtypePair
 from attngen.schedules.registry import companion_macros, selected
 
 from . import nvcc
-from .cuda_entries import SCALED_KV_HEADERS, decode_wrapper, prefill_wrapper, tile_map_wrapper
+from .cuda_entries import SCALED_KV_HEADERS, decode_wrapper, kv_c_type, prefill_wrapper, tile_map_wrapper
 from .cuda_tvm_slots import flashinfer_slot_wrappers, tvm_slot_wrappers
+from .cuda_variant import C_TYPES
 
 CSRC = Path(attngen.__file__).parent / "csrc"
 
@@ -65,18 +66,45 @@ def exported_functions(cfg: BuildConfig) -> list[str]:
                   for pair in cfg.dtype_pairs for kind in record.kinds(cfg.layouts))
 
 
-def translation_units(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> dict[str, str]:
+def translation_units(variant, cfg: BuildConfig, head_dim: int, pair: DtypePair, split: bool = True) -> dict[str, str]:
     """One source per selected template record of one (head_dim, dtype pair), so that nvcc compiles them in
-    parallel: file name -> source."""
+    parallel: file name -> source.
+
+    The decode and prefill units are split by pass: nvcc's device pass (``__CUDA_ARCH__``) sees the kernels'
+    launchers, explicitly instantiated as the entries instantiate them (the link-time build's instantiation
+    lists, codegen/lto.py ``LAUNCHERS``), and not the host glue, whose TVM-FFI headers took a fifth of the
+    device pass (per arch) to parse; the host pass sees the unit as before. The kernels' machine code is
+    byte for byte that of an unsplit unit (``split=False``; tests/test_cuda_codegen.py)."""
     units = {}
     for record in selected(cfg.kernels):
-        parts = [f'#include "variant_d{head_dim}.cuh"', '#include "problem_glue.h"']
-        parts += [f'#include "{h}"' for h in record.headers]
-        parts += [f'#include "{h}"' for h in SCALED_KV_HEADERS.get(record.name, ()) if pair.kv_scaled]
-        parts.append('#include "tile_checks.h"')
-        parts += ENTRY_EMITTERS[record.emitter](variant, cfg, head_dim, pair)
+        host = [f'#include "variant_d{head_dim}.cuh"', '#include "problem_glue.h"']
+        host += [f'#include "{h}"' for h in record.headers]
+        host += [f'#include "{h}"' for h in SCALED_KV_HEADERS.get(record.name, ()) if pair.kv_scaled]
+        host.append('#include "tile_checks.h"')
+        host += ENTRY_EMITTERS[record.emitter](variant, cfg, head_dim, pair)
+        device = device_pass_lines(record.name, cfg, head_dim, pair) if split else None
+        if device is None:
+            parts = host
+        else:
+            parts = ["#define ATTNGEN_DEVICE_SPLIT 1", f'#include "variant_d{head_dim}.cuh"', "#ifdef __CUDA_ARCH__",
+                     *device, "#else", *host[1:], "#endif  // __CUDA_ARCH__"]
         units[f"attention_d{head_dim}_{pair.short}_{record.name}.cu"] = "\n".join(parts) + "\n"
     return units
+
+
+def device_pass_lines(record: str, cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[str] | None:
+    """A split unit's device pass: its launchers' header and their explicit instances over the whole-program
+    traits (every part of the record, the companion templates' included: they compile to nothing without
+    their build macro); None for records without a launcher list (the TVM slots)."""
+    from .lto import LAUNCHERS
+
+    launcher = LAUNCHERS.get(record)
+    if launcher is None:
+        return None
+    fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "KV": kv_c_type(pair), "D": head_dim,
+            "G": cfg.max_group_size}
+    instances = [i.format(**fill) for part in range(len(launcher.parts)) for i in launcher.instantiations_of(part)]
+    return [f'#include "{launcher.header}"', '#include "tile_checks.h"', *dict.fromkeys(instances)]
 
 
 def _tu_flags(out_dir: Path, cfg: BuildConfig) -> tuple[str, ...]:

@@ -270,8 +270,12 @@ def traits_source(variant, hs, head_dim: int) -> str:
     """C++ source of ``attngen_gen::Hooks_d<head_dim>`` (after the hooks header)."""
     flags, fns = traits_parts(variant, hs, head_dim)
     flags["kMaskReadsHeads"] = _b(variant.analysis.mask_reads_heads)  # read by the tile-map classifier alone
-    lines = ['#include "variant_params.h"', f"namespace attngen_gen {{\nstruct Hooks_d{head_dim} {{",
-             params_struct(variant, hs.dims or {}), ffi_params(variant, hs.dims or {})]
+    # the host glue's part (TVM-FFI argument types, set_params) is left out of a split unit's device pass
+    # (cuda_library.translation_units): it parses no TVM-FFI header
+    host_only = ("#if !defined(__CUDA_ARCH__) || !defined(ATTNGEN_DEVICE_SPLIT)", "#endif")
+    lines = [host_only[0], '#include "variant_params.h"', host_only[1],
+             f"namespace attngen_gen {{\nstruct Hooks_d{head_dim} {{", params_struct(variant, hs.dims or {}),
+             host_only[0], ffi_params(variant, hs.dims or {}), host_only[1]]
     lines += _flag_lines(head_dim, flags)
     lines += [f.source(_direct_call) for f in fns]
     lines.append("};\n}  // namespace attngen_gen\n")

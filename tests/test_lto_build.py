@@ -319,6 +319,8 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
     assert not any(k.startswith("decode_tc_kernel<__half, 128, 1,") for k in kernels), kernels
     sm90 = lto.launch_source(lto_config(kernels=("decode", "prefill"), archs=("sm_90a",)), 128)
     assert sm90.startswith("#define ATTNGEN_WITH_PREFILL_HOPPER 1\n#define ATTNGEN_SMEM_OPTIN_FLOOR 232448\n")
+    # host code alone: nvcc's device pass parses none of it (the library links the kernels from the cubins)
+    assert "\n#ifndef __CUDA_ARCH__\n" in sm90 and sm90.endswith("#endif  // __CUDA_ARCH__\n")
     sm80 = lto.launch_source(lto_config(kernels=("decode", "prefill")), 128)
     assert "ATTNGEN_WITH_PREFILL_HOPPER" not in sm80  # no sm_90a: no Hopper part, no route to it
     assert "ATTNGEN_SMEM_OPTIN_FLOOR" not in sm80  # sm_80 code also runs on sm_86 / sm_89 (99 KB): no floor

@@ -278,6 +278,8 @@ def launch_source(cfg: BuildConfig, head_dim: int) -> str:
     # the companion templates' macros (the Hopper prefill where the build has sm_90a): the dispatch routes to them
     floor = smem_floor_define(cfg.archs)
     parts = [f"#define {m} 1" for m in build_macros(cfg)] + ([floor] if floor else [])
+    # host code alone: nvcc's device pass, which would instantiate nothing, skips parsing it (a fifth of the compile)
+    parts += ["#ifndef __CUDA_ARCH__"]
     parts += [f'#include "abi_d{head_dim}.cuh"', '#include "linked_entry.h"', '#include "problem_glue.h"']
     scaled = any(pair.kv_scaled for pair in cfg.dtype_pairs)
     for record in selected(cfg.kernels):
@@ -293,6 +295,7 @@ def launch_source(cfg: BuildConfig, head_dim: int) -> str:
                       f"template <> struct attngen::LaunchEntryOf<{e.tag}> {{ using type = "
                       f"{e.entry.format(V=traits, N=name_array)}; }};",
                       f"template struct attngen::LinkedLaunch<{e.tag}, {e.own}>;"]
+    parts.append("#endif  // __CUDA_ARCH__")
     return "\n".join(parts) + "\n"
 
 
@@ -339,7 +342,7 @@ def launch_object(cfg: BuildConfig, head_dim: int, abi: str, cache: BuildCache) 
         (out / HEADER_NAME).write_text(tiles_header())
         src = out / "launch.cu"
         src.write_text(src_text)
-        # its device pass compiles nothing
+        # its device pass sees no code (launch_source)
         nvcc.run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), *LAUNCH_FLAGS, *_ffi_includes(),
                        "-c", str(src), "-o", str(out / "launch.o")], f"nvcc of the launch object (d{head_dim})")
 

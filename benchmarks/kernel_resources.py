@@ -67,9 +67,9 @@ def whole_resources(variant, cfg, cache) -> dict[str, dict]:
     found = {}
     for tu in sorted(res.directory.glob("*.cu")):
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [nvcc.require_nvcc(), "-std=c++17", "-O3", arch_spec(cfg.archs[0]).gencode,
-                   *_tu_flags(res.directory, cfg), "-Xptxas", "-v", "-cubin", str(tu), "-o", f"{tmp}/x.cubin"]
-            p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            job = nvcc.NvccJob(tu, Path(tmp) / "x.cubin", arch_spec(cfg.archs[0]).gencode,
+                               (*_tu_flags(res.directory, cfg), "-Xptxas", "-v"), mode="-cubin")
+            p = subprocess.run(job.command(nvcc.require_nvcc()), capture_output=True, text=True, check=True)
         found.update(parse_ptxas(p.stderr))
     return by_key(found)
 

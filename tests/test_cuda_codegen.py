@@ -307,9 +307,8 @@ def test_split_units_compile_to_the_unsplit_units_kernels(name, cfg, build_cache
             src = Path(tmp) / unit
             src.write_text(text)
             cubin = Path(tmp) / "unsplit.cubin"
-            subprocess.run([nvcc.require_nvcc(), "-std=c++17", "-O3", arch_spec("sm_90a").gencode,
-                            *_tu_flags(out, cfg), "-cubin", str(src), "-o", str(cubin)], check=True,
-                           capture_output=True)
+            nvcc.run_jobs([nvcc.NvccJob(src, cubin, arch_spec("sm_90a").gencode, _tu_flags(out, cfg),
+                                        mode="-cubin")])
             whole = cubin_code(cubin.read_bytes())
         kept = cubin_code((out / f"{Path(unit).stem}_sm_90a.cubin").read_bytes())
         assert whole and kept == whole, unit

@@ -23,9 +23,8 @@ from attngen.schedules.dtypes import DtypePair
 from attngen.schedules.registry import companion_macros, selected
 
 from . import nvcc
-from .cuda_entries import SCALED_KV_HEADERS, decode_wrapper, kv_c_type, prefill_wrapper, tile_map_wrapper
+from .cuda_entries import SCALED_KV_HEADERS, decode_wrapper, prefill_wrapper, tile_map_wrapper
 from .cuda_tvm_slots import flashinfer_slot_wrappers, tvm_slot_wrappers
-from .cuda_variant import C_TYPES
 
 CSRC = Path(attngen.__file__).parent / "csrc"
 
@@ -101,9 +100,8 @@ def device_pass_lines(record: str, cfg: BuildConfig, head_dim: int, pair: DtypeP
     launcher = LAUNCHERS.get(record)
     if launcher is None:
         return None
-    fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "KV": kv_c_type(pair), "D": head_dim,
-            "G": cfg.max_group_size}
-    instances = [i.format(**fill) for part in range(len(launcher.parts)) for i in launcher.instantiations_of(part)]
+    instances = [i for part in range(len(launcher.parts))
+                 for i in launcher.instances(part, head_dim, pair, cfg.max_group_size)]
     return [f'#include "{launcher.header}"', '#include "tile_checks.h"', *dict.fromkeys(instances)]
 
 

@@ -121,6 +121,13 @@ class Launcher:
     def instantiations_of(self, part: int) -> tuple[str, ...]:
         return self.part_instantiations[part] if self.part_instantiations else self.instantiations
 
+    def instances(self, part: int, head_dim: int, pair: DtypePair, max_group: int) -> list[str]:
+        """Part ``part``'s explicit instantiations over ``attngen_gen::Hooks_d<head_dim>`` (the link-time ABI
+        traits in a template object, the variant's own traits in a whole-program unit's device pass)."""
+        fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "KV": kv_c_type(pair), "D": head_dim,
+                "G": max_group}
+        return [i.format(**fill) for i in self.instantiations_of(part)]
+
     def parts_of(self, macros: list[str], first_pair: bool = True) -> list[int]:
         """The parts a build whose companion macros are ``macros`` compiles (for every arch alike: the
         kernel table is the same on each); ``first_pair``: for the build's first dtype pair (the shared
@@ -227,11 +234,9 @@ def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int,
                     floor: str = "") -> str:
     """One template object's source; ``floor``: the build's smem floor line (arch.smem_floor_define)."""
     launcher = LAUNCHERS[record]
-    fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "KV": kv_c_type(pair), "D": head_dim,
-            "G": max_group}
     opening = [line for line in (launcher.parts[part], floor) if line]
     return "\n".join([*opening, f'#include "abi_d{head_dim}.cuh"', f'#include "{launcher.header}"',
-                      '#include "tile_checks.h"', *(i.format(**fill) for i in launcher.instantiations_of(part))]) + "\n"
+                      '#include "tile_checks.h"', *launcher.instances(part, head_dim, pair, max_group)]) + "\n"
 
 
 def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,

@@ -2,9 +2,10 @@
 
 ``ab_libraries.py`` loads every revision's library with the current runtime, which breaks when a change
 moves the FFI between Python and the entry functions. This script instead runs one process per tree
-(``run``): that process imports the ``attngen`` package of the tree it is given, builds the causal prefill
-(bf16, D 128, NHD) and vanilla decode libraries (bf16, NHD, one per head dim the decode cases use) through
-the public API, and times the cases of ``bench_prefill.py`` and ``bench_decode.py`` (``--cases``: name
+(``run``): that process imports the ``attngen`` package of the tree it is given, builds the causal or full
+prefill libraries (NHD, one per head dim and dtype the prefill cases use; ``--variant``: a built-in variant on
+the full-attention cases instead) and vanilla decode libraries (bf16, NHD, one per head dim the decode cases
+use) through the public API, and times the cases of ``bench_prefill.py`` and ``bench_decode.py`` (``--cases``: name
 prefixes) on inputs drawn from a fixed seed. It records each case's speed and a SHA-256 of the output bytes,
 so ``report`` can say whether two trees compute bit-identical results as well as whether they run at the
 same speed; ``--peers`` also times FlashInfer's two decode paths on each decode case in the same process.
@@ -35,6 +36,18 @@ def _digest(t) -> str:
     return hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
 
 
+# scalar parameters of the built-ins ``--variant`` may name (the rest take none)
+VARIANT_PARAMS = {"rope": {"rope_scale": 1.0, "rope_theta": 1e4}, "logits_softcap": {"soft_cap": 30.0}}
+
+
+def variant_params(name: str) -> dict:
+    """The run-time parameters ``--variant name``'s prefill calls pass."""
+    if name and name not in VARIANT_PARAMS and name not in ("vanilla", "sigmoid"):
+        raise SystemExit(f"--variant {name}: the A/B knows the parameters of "
+                         f"{', '.join(['vanilla', 'sigmoid', *VARIANT_PARAMS])} only")
+    return VARIANT_PARAMS.get(name, {})
+
+
 def run(args) -> None:
     tree = Path(args.tree).resolve()
     sys.path.insert(0, str(tree))  # this tree's attngen, not an installed one
@@ -42,7 +55,7 @@ def run(args) -> None:
     import torch
 
     import attngen
-    from bench_decode import CASES as DECODE_CASES, HEAD_DIM, flashinfer_decode, make_case as make_decode_case
+    from bench_decode import CASES as DECODE_CASES, flashinfer_decode, make_case as make_decode_case
     from bench_prefill import CASES as PREFILL_CASES, make_inputs as make_prefill_inputs
     from common import bench, load_flashinfer, selected_cases
 
@@ -51,28 +64,36 @@ def run(args) -> None:
 
     assert Path(attngen.__file__).resolve().is_relative_to(tree), f"imported {attngen.__file__}, not {tree}"
     res = {"label": args.label, "tree": str(tree), "gpu": torch.cuda.get_device_name(),
-           "date": datetime.date.today().isoformat(), "prefill": {}, "decode": {}}
+           "date": datetime.date.today().isoformat(), "variant": args.variant, "prefill": {}, "decode": {}}
     kinds = set(args.kinds.split(","))
-    pre = {causal: CUDAAttention.build(builtin("causal" if causal else "vanilla"), head_dims=(HEAD_DIM,),
-                                       dtypes=("bfloat16",), layouts=("NHD",), kernels=("prefill",))
-           for causal in (True, False)} if "prefill" in kinds else {}
+    pre = {}  # (causal, head dim, dtype) -> the prefill library, built when a case first needs it
+
+    def prefill_library(case):
+        key = (case.causal, case.d, case.dtype)
+        if key not in pre:
+            name = args.variant or ("causal" if case.causal else "vanilla")
+            pre[key] = CUDAAttention.build(builtin(name), head_dims=(case.d,), dtypes=(case.dtype,),
+                                           layouts=("NHD",), kernels=("prefill",))
+        return pre[key]
+
+    params = variant_params(args.variant)
     decode_cases = selected_cases(DECODE_CASES, args.cases) if "decode" in kinds else []
     dec = {d: CUDAAttention.build(builtin("vanilla"), head_dims=(d,), dtypes=("bfloat16",), layouts=("NHD",),
                                   kernels=("decode",)) for d in dict.fromkeys(c.d for c in decode_cases)}
     flashinfer = load_flashinfer()[0] if args.peers else None
     if args.peers:
         res["flashinfer"] = load_flashinfer()[1]
-    for case in selected_cases(PREFILL_CASES, args.cases) if pre else ():
-        if case.d != HEAD_DIM or case.dtype != "bfloat16":
-            continue  # the A/B builds one head dim and dtype
+    for case in selected_cases(PREFILL_CASES, args.cases) if "prefill" in kinds else ():
+        if args.variant and case.causal:
+            continue  # a named variant brings its own mask: the full-attention cases time it
         torch.manual_seed(0)
         q, k, v, indptr = make_prefill_inputs(case)
         kv = RaggedKV(k, v, indptr)
-        att = pre[case.causal]
-        plan = att.plan_prefill(indptr, kv, HEAD_DIM)
+        att = prefill_library(case)
+        plan = att.plan_prefill(indptr, kv, case.d)
         out = torch.full_like(q, float("nan"))
         lse = torch.empty(q.shape[:2], device="cuda")
-        ms = bench(lambda: att.prefill(q, kv, indptr, plan=plan, out=out, lse=lse), reps=args.reps)
+        ms = bench(lambda: att.prefill(q, kv, indptr, plan=plan, params=params, out=out, lse=lse), reps=args.reps)
         res["prefill"][case.name] = {"tflops": case.flops() / ms / 1e9, "out": _digest(out), "lse": _digest(lse)}
         print(args.label, case.name, f"{case.flops() / ms / 1e9:.1f} TFLOP/s", flush=True)
         del q, k, v, kv, out
@@ -148,6 +169,8 @@ def main():
     r.add_argument("--json", required=True)
     r.add_argument("--reps", type=int, default=30)
     r.add_argument("--kinds", default="prefill,decode", help="what to build and time: prefill, decode or both")
+    r.add_argument("--variant", default="", help="a built-in variant the prefill cases run (full-attention "
+                   "cases only) instead of plain causal / full attention")
     r.add_argument("--cases", default="", help="comma-separated prefixes of the case names to time (default: all)")
     r.add_argument("--peers", action="store_true", help="also time FlashInfer's decode paths on each decode case")
     p = sub.add_parser("report", help="the table of several runs")

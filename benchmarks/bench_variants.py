@@ -58,6 +58,8 @@ def causal_bits():
 def main():
     ap = result_parser(__doc__)
     ap.add_argument("--no-peers", dest="peers", action="store_false", help="time attngen's rows only")
+    ap.add_argument("--cases", default="", help="comma-separated prefixes of the row names to time (default: all; "
+                    "a row whose plain row is left out is compared with itself)")
     args = ap.parse_args()
     from attngen.runtime import CUDAAttention, RaggedKV
     from attngen.variants import builtin
@@ -75,7 +77,8 @@ def main():
     res["flashinfer"] = fi_version
     rows = []
     by_name = {}
-    for name, variant, math_mode, params, plain in CASES:  # attngen first: FlashInfer's JIT may take minutes
+    picked = [c for c in CASES if not args.cases or any(c[0].startswith(p) for p in args.cases.split(","))]
+    for name, variant, math_mode, params, plain in picked:  # attngen first: FlashInfer's JIT may take minutes
         att = CUDAAttention.build(builtin(variant), head_dims=(D,), dtypes=("bfloat16",), layouts=("NHD",),
                                   kernels=("prefill",), hook_math=math_mode)
         p = {"alibi_slopes": slopes} if params == "alibi" else causal_bits() if params == "causal_bits" else params

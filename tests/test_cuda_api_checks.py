@@ -199,8 +199,12 @@ def test_entry_functions_name_themselves_in_argument_errors(att, rng):
     prefill = att.function("batch_prefill_ragged", "float16", D)
     qo = torch.from_numpy(prob.qo_indptr)
     plan = att.plan_prefill(qo, ragged, D, wide_tiles=False)
-    assert plan.ffi_args() == (plan.max_qo_len, PrefillTileRows.ROWS_64, PrefillTemplate.AUTO, None, None, 0, None)
+    assert plan.ffi_args() == (plan.max_qo_len, PrefillTileRows.ROWS_64, PrefillTemplate.AUTO, None, None, 0, None, None)
     assert plan.lengths is None  # no sm_90a in this library: no work order for the Hopper template
+    with pytest.raises(AttentionArgumentError, match=r"hook_pass: variant 'alibi' has no key or query transform"):
+        att.plan_prefill(qo, ragged, D, hook_pass=True)
+    with pytest.raises(AttentionArgumentError, match=r"hook_pass: expected None, True or False, got 'yes'"):
+        att.plan_prefill(qo, ragged, D, hook_pass="yes")
     with pytest.raises(AttentionArgumentError, match=r"template: 'hopper' needs a library built for sm_90a"):
         att.plan_prefill(qo, ragged, D, template="hopper")
     with pytest.raises(AttentionArgumentError, match=r"template: 'fa3' is not a prefill template"):

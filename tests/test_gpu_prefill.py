@@ -30,9 +30,10 @@ def skip_unless_runs(template: str) -> None:
 
 
 def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_lens, template="mma_sync",
-                make_params=random_params, tile_map=None, plans=None, num_kv=2):
+                make_params=random_params, tile_map=None, plans=None, num_kv=2, hook_pass=None, outputs=None):
     """Runs the case (``num_kv`` KV heads, ``group`` query heads each) against the float64 reference;
-    ``plans`` (a list) collects the plans used."""
+    ``plans`` (a list) collects the plans used, ``outputs`` (a list) each plan's (out, lse); ``hook_pass``: the
+    plans' row-hook pass choice."""
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
@@ -65,13 +66,16 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
     results = []
     # mma.sync: the 64-row and the 128-row (two m-tiles per warp) tiles on the same inputs
     for wide in ((False, True) if template == "mma_sync" else (None,)):
-        plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template, tile_map=tile_map)
+        plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template, tile_map=tile_map,
+                                hook_pass=hook_pass)
         if plans is not None:
             plans.append(plan)
         out = torch.full_like(q, float("nan"))
         lse = torch.full(q.shape[:2], float("nan"), device="cuda")
         att.prefill(q, kv, qo_indptr, plan=plan, sm_scale=sm_scale, params=dev_params, out=out, lse=lse)
         torch.cuda.synchronize()
+        if outputs is not None:
+            outputs.append((out, lse))
         results.append(compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=tol, lse_tol=2e-2,
                                what=f"{v.name} prefill {template} {kv_mode} {dtype} d{head_dim} g{group} wide={wide}"))
     return results

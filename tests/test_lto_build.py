@@ -310,8 +310,10 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
     for (key, mangled), part in zip(pairs, parts):
         assert mangled in held[part], key
         assert part == (0 if key.startswith("decode_kernel") else 3 if key.startswith("hopper")
-                        else 2 if key.startswith("prefill") else 4 if key.startswith("tile_map") else 1), key
-    assert "tile_map_kernel<128>" in res.manifest["kernels"]
+                        else 2 if key.startswith("prefill") else 4 if key.startswith(("tile_map", "hook_pass"))
+                        else 1), key
+    # (the row-hook pass: soft-cap has no key or query transform, so no kernel: test_linked_row_hook_pass_kernel)
+    assert "tile_map_kernel<128>" in res.manifest["kernels"] and "hook_pass_kernel<128>" not in res.manifest["kernels"]
     # an sm_90a-only build runs on GPUs of 227 KB shared memory per block alone: the launchers' fallbacks for
     # less (the one-stage tensor-core decode tile) are not compiled, so the links have less to generate
     kernels = res.manifest["kernels"]
@@ -513,7 +515,7 @@ def test_linked_fp8_library_checks_arguments_like_a_whole_one(fp8_linked):
     k = torch.zeros(5, 2, 128).to(torch.float8_e4m3fn)
     with pytest.raises(TypeError, match=rf"{ragged}: k: expected element type float8_e4m3fn, got float16"):
         mod[ragged](q, k.half(), k, i32, i32, torch.zeros_like(q), torch.zeros(2, 8), scale, scale, 0.1, 1, 0, 0,
-                    None, None, 0, None, 30.0)
+                    None, None, 0, None, None, 30.0)
 
 
 def _compare_builds():
@@ -592,3 +594,13 @@ def test_alternatives_link_on_first_use(build_cache):
         lto.deferred_template(res.directory, res.manifest, {**entry, "template": "0" * 64}, build_cache)
     # a build that links everything up front keys apart and defers nothing
     assert dataclasses.replace(cfg, defer_alternatives=False).key() != cfg.key()
+
+
+@requires_nvcc
+@requires_nvjitlink
+def test_linked_row_hook_pass_kernel(build_cache):
+    """A variant with key / query transforms links the row-hook pass (csrc/hook_pass.cuh) into the classifier's
+    part, one kernel per head dim whatever the dtype (it reads the element type from a flag)."""
+    res = build(builtin("rope"), lto_config(kernels=("prefill",), archs=("sm_90a",), dtypes=("float16", "bfloat16")),
+                cache=build_cache)
+    assert [k for k in res.manifest["kernels"] if k.startswith("hook_pass")] == ["hook_pass_kernel<128>"]

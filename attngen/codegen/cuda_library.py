@@ -101,7 +101,7 @@ def device_pass_lines(record: str, cfg: BuildConfig, head_dim: int, pair: DtypeP
     if launcher is None:
         return None
     instances = [i for part in range(len(launcher.parts))
-                 for i in launcher.instances(part, head_dim, pair, cfg.max_group_size)]
+                 for i in launcher.instances(part, head_dim, pair, cfg.max_group_size, device_pass=True)]
     return [f'#include "{launcher.header}"', '#include "tile_checks.h"', *dict.fromkeys(instances)]
 
 

@@ -117,16 +117,22 @@ class Launcher:
     # parts whose kernels do not depend on the dtype pair: compiled once per (arch, head dim), with the
     # build's first pair, and linked once
     shared_parts: tuple[int, ...] = ()
+    # instantiations only 16-bit caches' entries reach: a whole-program unit of an fp8 pair leaves them out of
+    # its device pass (its host glue never instantiates them)
+    unscaled_only: tuple[str, ...] = ()
 
     def instantiations_of(self, part: int) -> tuple[str, ...]:
         return self.part_instantiations[part] if self.part_instantiations else self.instantiations
 
-    def instances(self, part: int, head_dim: int, pair: DtypePair, max_group: int) -> list[str]:
+    def instances(self, part: int, head_dim: int, pair: DtypePair, max_group: int,
+                  device_pass: bool = False) -> list[str]:
         """Part ``part``'s explicit instantiations over ``attngen_gen::Hooks_d<head_dim>`` (the link-time ABI
-        traits in a template object, the variant's own traits in a whole-program unit's device pass)."""
+        traits in a template object, the variant's own traits in a whole-program unit's device pass:
+        ``device_pass``, which for an fp8 pair leaves out ``unscaled_only``)."""
         fill = {"V": f"attngen_gen::Hooks_d{head_dim}", "T": C_TYPES[pair.q], "KV": kv_c_type(pair), "D": head_dim,
                 "G": max_group}
-        return [i.format(**fill) for i in self.instantiations_of(part)]
+        return [i.format(**fill) for i in self.instantiations_of(part)
+                if not (device_pass and pair.kv_scaled and i in self.unscaled_only)]
 
     def parts_of(self, macros: list[str], first_pair: bool = True) -> list[int]:
         """The parts a build whose companion macros are ``macros`` compiles (for every arch alike: the
@@ -137,6 +143,10 @@ class Launcher:
                 and (first_pair or i not in self.shared_parts)]
 
 
+# the row-hook pass (csrc/hook_pass.cuh), which only 16-bit caches' prefill entries run
+HOOK_PASS_INSTANCE = ("template void attngen::launch_hook_pass<{V}>(const attngen::HookPassProblem&, "
+                      "const {V}::Params&, cudaStream_t);")
+
 LAUNCHERS = {
     "decode": Launcher("decode_launch.cuh", (
         "template bool attngen::launch_decode<{V}, {T}, {D}, {G}, {KV}>(const attngen::DecodeProblemOf<{KV}>&, "
@@ -146,15 +156,16 @@ LAUNCHERS = {
     "prefill": Launcher("prefill_dispatch.h", (), _prefill_exports,
         # the mma.sync kernels; the Hopper ones where the build has sm_90a (on its other archs they compile
         # to empty kernels, so that every arch's cubins hold the same kernels); the tile-map classifier
-        # (csrc/tile_map.cuh: the mask hook alone, the same kernel for every dtype pair)
-        ("", "#define ATTNGEN_WITH_PREFILL_HOPPER 1", "// the tile-map classifier"), (
+        # (csrc/tile_map.cuh: the mask hook alone, the same kernel for every dtype pair) and the row-hook pass
+        # (csrc/hook_pass.cuh: the key / query hooks, the element type a flag)
+        ("", "#define ATTNGEN_WITH_PREFILL_HOPPER 1", "// the tile-map classifier and the row-hook pass"), (
             ("template void attngen::launch_prefill<{V}, {T}, {D}, {KV}>(const attngen::PrefillProblemOf<{KV}>&, "
              "int, const {V}::Params&, cudaStream_t);",),
             ("template void attngen::launch_hopper_prefill<{V}, {T}, {D}, {KV}>(const "
              "attngen::PrefillProblemOf<{KV}>&, int, const {V}::Params&, cudaStream_t);",),
             ("template void attngen::launch_tile_map<{V}>(const attngen::TileMapProblem&, const {V}::Params&, "
-             "cudaStream_t);",)),
-        (None, "ATTNGEN_WITH_PREFILL_HOPPER", None), shared_parts=(2,)),
+             "cudaStream_t);", HOOK_PASS_INSTANCE)),
+        (None, "ATTNGEN_WITH_PREFILL_HOPPER", None), shared_parts=(2,), unscaled_only=(HOOK_PASS_INSTANCE,)),
 }
 
 

@@ -13,7 +13,9 @@
 //   kernel (PrefillTemplate: which template serves the call), tile_indptr / tile_entries (optional: the
 //   plan's mask-derived tile lists, tile_map.cuh) and tile_heads (their head rows: 1 or Hkv; 0 without),
 //   work_order (optional: [B * q_tiles] int32, the plan's order of (request, query tile) pairs in the Hopper
-//   tiling, longest work first), then the variant's extra parameters (V::ExtraArgs).
+//   tiling, longest work first), hook_workspace (optional: uint8 bytes for the row-hook pass, hook_pass.cuh:
+//   the variant's key and query transforms applied once per row ahead of the prefill), then the variant's
+//   extra parameters (V::ExtraArgs).
 //
 // prefill_tile_map_<dtype>_d<D> (TileMapEntry) classifies the tiles of a launch for the plan:
 //   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, group, num_kv_heads, causal,
@@ -23,6 +25,7 @@
 #include <tuple>
 
 #include "attngen_enums.h"
+#include "hook_pass.cuh"
 #include "prefill_dispatch.h"
 #include "problem_glue.h"
 #include "tile_map.cuh"
@@ -79,6 +82,7 @@ struct PrefillLaunchArgs {
   OptionalTensor tile_indptr, tile_entries;
   int64_t tile_heads;
   OptionalTensor work_order;
+  OptionalTensor hook_workspace;
 };
 
 // Element types, ranks and devices of a prefill call's tensors, one check_args list in the entry's argument
@@ -140,11 +144,77 @@ void fill_prefill_launch(const char* name, PrefillProblem& P, const TV& q, const
   }
 }
 
-// The launch shared by the paged and ragged entries, once P holds the problem.
+// The row-hook pass (hook_pass.cuh) where the call brings its workspace: the variant's key and query
+// transforms applied once per row into it, then P reads its keys (and a paged view's values, through an
+// identity page table) and queries from there. kv_units: rows of a ragged k, entries of a page table.
+template <class V, class T, int D>
+void apply_hook_pass(const char* name, PrefillProblem& P, const TV& q, const OptionalTensor& ws, int64_t kv_units,
+                     const typename V::Params& hp) {
+  if (!ws.has_value()) return;
+  if constexpr (!V::kHasKeyTransform && !V::kHasQueryTransform) {
+    ATTNGEN_THROW(ValueError) << name << ": hook_workspace: the variant has no key or query transform to apply "
+                              << "ahead of the prefill; pass None";
+  } else {
+    check_args(name, {{"hook_workspace", *ws, 1, dl_dtype<uint8_t>()}}, q.device().device_id);
+    KVRows& kv = P.kv;
+    const bool paged = kv.page_size > 0;
+    int64_t key_bytes = 0;
+    if (V::kHasKeyTransform && kv_units > 0) {
+      if (paged) {  // each page's K and V rows within its stride, which the workspace's pages keep
+        const int64_t span = kv.stride_kv + int64_t(kv.page_size - 1) * kv.stride_slot +
+                             int64_t(P.num_kv_heads - 1) * kv.stride_head + D;
+        if (kv.stride_kv < 0 || kv.stride_slot < 0 || kv.stride_head < 0 || span > kv.stride_page)
+          ATTNGEN_THROW(ValueError) << name << ": hook_workspace: the page pool's pages do not lie within its page "
+                                    << "stride; pass None (the kernels apply the hooks per tile)";
+        key_bytes = kv_units * kv.stride_page * int64_t(sizeof(T));
+      } else {
+        key_bytes = ((kv_units - 1) * kv.stride_slot + int64_t(P.num_kv_heads - 1) * kv.stride_head + D) *
+                    int64_t(sizeof(T));
+      }
+    }
+    const int64_t query_bytes = V::kHasQueryTransform ? P.q_rows * P.num_qo_heads * D * int64_t(sizeof(T)) : 0;
+    const HookPassLayout l = hook_pass_layout(key_bytes, query_bytes, paged && V::kHasKeyTransform ? kv_units : 0);
+    if ((*ws).size(0) < l.bytes)
+      ATTNGEN_THROW(ValueError) << name << ": hook_workspace: " << (*ws).size(0) << " bytes, the row-hook pass of "
+                                << "this call needs " << l.bytes << "; size it for this call's q and K/V";
+    unsigned char* base = static_cast<unsigned char*>(data_of(*ws));
+    HookPassProblem H{};
+    H.kv = kv;
+    H.k_out = V::kHasKeyTransform ? base + l.keys : nullptr;
+    H.page_ids = paged && V::kHasKeyTransform ? reinterpret_cast<int32_t*>(base + l.page_ids) : nullptr;
+    H.q = P.q;
+    H.q_out = V::kHasQueryTransform ? base + l.queries : nullptr;
+    H.qo_indptr = P.qo_indptr;
+    H.kv_units = kv_units;
+    H.q_rows = P.q_rows;
+    H.batch = P.batch;
+    H.num_kv_heads = P.num_kv_heads;
+    H.num_qo_heads = P.num_qo_heads;
+    H.bf16 = std::is_same_v<T, __nv_bfloat16>;
+    launch_hook_pass<V>(H, hp, stream_of(q));
+    if constexpr (V::kHasKeyTransform) {
+      if (paged) {
+        kv.indices = H.page_ids;  // the workspace's page i holds entry i's page
+      } else {  // the keys from the workspace, the values where they were
+        const char* v = static_cast<const char*>(kv.base) + kv.stride_kv * int64_t(sizeof(T));
+        kv.stride_kv = (v - reinterpret_cast<const char*>(H.k_out)) / int64_t(sizeof(T));
+      }
+      kv.base = H.k_out;
+      P.hooks_applied |= kKeysApplied;
+    }
+    if constexpr (V::kHasQueryTransform) {
+      P.q = H.q_out;
+      P.hooks_applied |= kQueriesApplied;
+    }
+  }
+}
+
+// The launch shared by the paged and ragged entries, once P holds the problem (kv_units: apply_hook_pass).
 template <class V, class T, int D>
 void run_prefill(const char* name, PrefillProblem& P, const TV& q, const PrefillLaunchArgs& a,
-                 const typename V::Params& hp) {
+                 const typename V::Params& hp, int64_t kv_units) {
   fill_prefill_launch<V, D>(name, P, q, a);
+  apply_hook_pass<V, T, D>(name, P, q, a.hook_workspace, kv_units, hp);
   launch_prefill_any<V, T, D>(P, static_cast<int>(a.max_qo_len), hp, stream_of(q));
   check_launch(name);
 }
@@ -156,15 +226,18 @@ template <class V, class T, int D, KVLayout L, const char* Name, class... X>
 struct PrefillPagedEntry<V, T, D, L, Name, ArgList<X...>> {
   static void call(TV q, TV pages, TV indices, TV indptr, TV last_page_len, TV qo_indptr, TV o, TV lse,
                    double sm_scale, int64_t max_qo_len, int64_t tile_rows, int64_t kernel, OptionalTensor tile_indptr,
-                   OptionalTensor tile_entries, int64_t tile_heads, OptionalTensor work_order, X... extra) {
+                   OptionalTensor tile_entries, int64_t tile_heads, OptionalTensor work_order,
+                   OptionalTensor hook_workspace, X... extra) {
     check_paged_prefill_args<T>(Name, q, pages, indices, indptr, last_page_len, qo_indptr, o, lse);
     typename V::Params hp{};
     V::set_params(Name, hp, extra...);
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_pages<L>(P.kv, pages, indptr, indices, last_page_len),
                  Name);
-    run_prefill<V, T, D>(Name, P, q,
-                         {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order}, hp);
+    run_prefill<V, T, D>(
+        Name, P, q,
+        {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order, hook_workspace}, hp,
+        indices.size(0));
   }
 };
 
@@ -175,14 +248,16 @@ template <class V, class T, int D, const char* Name, class... X>
 struct PrefillRaggedEntry<V, T, D, Name, ArgList<X...>> {
   static void call(TV q, TV k, TV v, TV kv_indptr, TV qo_indptr, TV o, TV lse, double sm_scale, int64_t max_qo_len,
                    int64_t tile_rows, int64_t kernel, OptionalTensor tile_indptr, OptionalTensor tile_entries,
-                   int64_t tile_heads, OptionalTensor work_order, X... extra) {
+                   int64_t tile_heads, OptionalTensor work_order, OptionalTensor hook_workspace, X... extra) {
     check_ragged_prefill_args<T>(Name, q, k, v, kv_indptr, qo_indptr, o, lse);
     typename V::Params hp{};
     V::set_params(Name, hp, extra...);
     PrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<T>(P.kv, k, v, kv_indptr), Name);
-    run_prefill<V, T, D>(Name, P, q,
-                         {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order}, hp);
+    run_prefill<V, T, D>(
+        Name, P, q,
+        {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order, hook_workspace}, hp,
+        k.size(0));
   }
 };
 

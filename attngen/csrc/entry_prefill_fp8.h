@@ -20,6 +20,9 @@ void run_prefill_fp8(const char* name, ScaledPrefillProblem& P, const TV& q, con
                      const PrefillLaunchArgs& a, const typename V::Params& hp) {
   static_assert(kIsFp8<KV>, "run_prefill_fp8 reads an fp8 cache");
   P.scales = kv_scales_of(name, k_scale, v_scale, P.num_kv_heads);
+  if (a.hook_workspace.has_value())
+    ATTNGEN_THROW(ValueError) << name << ": hook_workspace: a prefill over an fp8 cache applies the row hooks in its "
+                              << "kernels (they see dequantised rows); pass None";
   fill_prefill_launch<V, D>(name, P, q, a);
   launch_prefill_any<V, T, D, KV>(P, static_cast<int>(a.max_qo_len), hp, stream_of(q));
   check_launch(name);
@@ -33,7 +36,7 @@ struct PrefillPagedFP8Entry<V, T, KV, D, L, Name, ArgList<X...>> {
   static void call(TV q, TV pages, TV indices, TV indptr, TV last_page_len, TV qo_indptr, TV o, TV lse, TV k_scale,
                    TV v_scale, double sm_scale, int64_t max_qo_len, int64_t tile_rows, int64_t kernel,
                    OptionalTensor tile_indptr, OptionalTensor tile_entries, int64_t tile_heads,
-                   OptionalTensor work_order, X... extra) {
+                   OptionalTensor work_order, OptionalTensor hook_workspace, X... extra) {
     check_paged_prefill_args<T, KV>(Name, q, pages, indices, indptr, last_page_len, qo_indptr, o, lse,
                                     TensorArg{"k_scale", k_scale, 1, dl_dtype<float>()},
                                     TensorArg{"v_scale", v_scale, 1, dl_dtype<float>()});
@@ -43,7 +46,9 @@ struct PrefillPagedFP8Entry<V, T, KV, D, L, Name, ArgList<X...>> {
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
                  kv_from_pages<L>(P.kv, pages, indptr, indices, last_page_len, 8), Name);
     run_prefill_fp8<V, T, KV, D>(Name, P, q, k_scale, v_scale,
-                                 {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order}, hp);
+                                 {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order,
+                                  hook_workspace},
+                                 hp);
   }
 };
 
@@ -54,7 +59,8 @@ template <class V, class T, class KV, int D, const char* Name, class... X>
 struct PrefillRaggedFP8Entry<V, T, KV, D, Name, ArgList<X...>> {
   static void call(TV q, TV k, TV v, TV kv_indptr, TV qo_indptr, TV o, TV lse, TV k_scale, TV v_scale,
                    double sm_scale, int64_t max_qo_len, int64_t tile_rows, int64_t kernel, OptionalTensor tile_indptr,
-                   OptionalTensor tile_entries, int64_t tile_heads, OptionalTensor work_order, X... extra) {
+                   OptionalTensor tile_entries, int64_t tile_heads, OptionalTensor work_order,
+                   OptionalTensor hook_workspace, X... extra) {
     check_ragged_prefill_args<T, KV>(Name, q, k, v, kv_indptr, qo_indptr, o, lse,
                                      TensorArg{"k_scale", k_scale, 1, dl_dtype<float>()},
                                      TensorArg{"v_scale", v_scale, 1, dl_dtype<float>()});
@@ -63,7 +69,9 @@ struct PrefillRaggedFP8Entry<V, T, KV, D, Name, ArgList<X...>> {
     ScaledPrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_ragged<KV>(P.kv, k, v, kv_indptr), Name);
     run_prefill_fp8<V, T, KV, D>(Name, P, q, k_scale, v_scale,
-                                 {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order}, hp);
+                                 {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order,
+                                  hook_workspace},
+                                 hp);
   }
 };
 

@@ -44,8 +44,11 @@ void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const 
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;
   HopperKVMaps maps{};  // use = 0: every tile gathered (always for fp8 caches, whose tiles are widened)
-  if constexpr (!V::kHasKeyTransform && std::is_same_v<KV, T>)
-    encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
+  // (keys a key transform changes per tile are gathered, unless the row-hook pass applied it)
+  if constexpr (std::is_same_v<KV, T>) {
+    if (!V::kHasKeyTransform || (P.hooks_applied & kKeysApplied))
+      encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
+  }
   encode_query_map<T, D, Tile::kRows>(maps, P.q, P.q_rows, P.num_kv_heads, P.group);
   // persistent: one CTA per SM (or per item, where fewer) walks items blockIdx.x, + gridDim.x, ...; the
   // producer runs ahead into the next item's K/V while the consumers finish the last one

@@ -140,6 +140,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   if (wg == 0) {
     // ================= producer =================
     regs_release<Tile::kProducerRegs>();
+    // the key transform on each tile, unless the row-hook pass applied it (hook_pass.cuh)
+    const bool hook_keys = V::kHasKeyTransform && !(P.hooks_applied & kKeysApplied);
     int it = 0;  // K/V tiles this CTA has issued before the item (stages and phases run on across items)
     int qn = 0;  // items whose query rows this CTA has loaded before
 #pragma unroll 1
@@ -223,7 +225,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
           bulk_tile(&maps.k, sk + s * TK * D, js, &full_k[s]);
         } else {
           gather.issue(js, n % 2, sk + s * TK * D, 0, ptid);
-          if constexpr (!V::kHasKeyTransform) copy_arrive_on(&full_k[s]);
+          if (!hook_keys) copy_arrive_on(&full_k[s]);
           copy_commit();
         }
         if (n >= NS) mbar_wait(&empty_v[s], drained);
@@ -234,7 +236,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
           copy_arrive_on(&full_v[s]);
           copy_commit();
         }
-        if constexpr (V::kHasKeyTransform) {
+        if (hook_keys) {
           copy_wait<1>();      // this thread's K copies of tile kt have landed (its V copies may not have)
           named_sync(1, 128);  // and every producer thread's
           transform_key_tile<V, T, D, TK>(hp, sk + s * TK * D, js, hi, hk, scratch, warp, lane);
@@ -287,7 +289,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     // ---- Q rows of this consumer (landed with the item): query transform ----------------------
     {
       unsigned char* qb = reinterpret_cast<unsigned char*>(sq + qs * RQ * D);
-      if constexpr (V::kHasQueryTransform) {
+      if (V::kHasQueryTransform && !(P.hooks_applied & kQueriesApplied)) {
         named_sync(2 + cw, 128);
         for (int r = wrow0 + cwarp; r < wrow0 + 64; r += 4) {
           const int pr = row0 + r;

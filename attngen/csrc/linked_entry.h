@@ -26,7 +26,7 @@ using DecodeOwnArgsWith = ArgList<Tensors..., double, TV, TV, int64_t, int64_t, 
                                   int64_t>;
 template <class... Tensors>
 using PrefillOwnArgsWith = ArgList<Tensors..., double, int64_t, int64_t, int64_t, tvm::ffi::Optional<TV>,
-                                   tvm::ffi::Optional<TV>, int64_t, tvm::ffi::Optional<TV>>;
+                                   tvm::ffi::Optional<TV>, int64_t, tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>>;
 
 using DecodeOwnArgs = DecodeOwnArgsWith<TV, TV, TV, TV, TV, TV, TV>;
 using DecodeFP8OwnArgs = DecodeOwnArgsWith<TV, TV, TV, TV, TV, TV, TV, TV, TV>;

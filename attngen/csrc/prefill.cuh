@@ -163,7 +163,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
         [&](int r, int i) -> T& { return sq[r * ST + i]; }, [row0, rows_total](int r) { return row0 + r < rows_total; },
         [&P, q0, row0, group](int r) { return P.win.q_pos[q0 + (row0 + r) / group]; }, scratch, P.rope, warp, lane);
   }
-  if constexpr (V::kHasQueryTransform) {
+  if (V::kHasQueryTransform && !(P.hooks_applied & kQueriesApplied)) {
     for (int r = warp; r < RQ; r += Tile::kWarps) {
       const int pr = row0 + r;
       if (pr >= rows_total) continue;
@@ -369,7 +369,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
           [&](int r, int i) -> T& { return sk[kv_tile_at<D>(r, i)]; }, [&](int r) { return j0 + r < hi; },
           [&](int r) { return P.win.k_pos0[b] + (j0 + r); }, scratch, P.rope, warp, lane);
     }
-    if constexpr (V::kHasKeyTransform) {
+    if (V::kHasKeyTransform && !(P.hooks_applied & kKeysApplied)) {
       for (int r = warp; r < TK; r += Tile::kWarps) {
         const int j = j0 + r;
         if (j >= hi) continue;

@@ -6,6 +6,7 @@
 // of short prompts 226 / 220 -- the Hopper template at every head dim.
 #pragma once
 #include "attngen_enums.h"
+#include "hook_pass.cuh"
 #include "hopper_launch.cuh"
 #include "prefill_launch.cuh"
 

@@ -17,6 +17,9 @@
 
 namespace attngen {
 
+// PrefillProblem::hooks_applied: the row hooks the call's keys / queries already carry (hook_pass.cuh)
+enum HookApplied : int { kKeysApplied = 1, kQueriesApplied = 2 };
+
 struct PrefillProblem {
   const void* q;             // [total_q, Hq, D]
   void* o;                   // [total_q, Hq, D]
@@ -28,6 +31,7 @@ struct PrefillProblem {
                    // serves (D <= 128, long requests); 64: the 64-row tiles
   int kernel;      // PrefillTemplate (attngen_enums.h): 0 the library's choice, 1 mma.sync, 2 Hopper
   int causal;      // 1: also hide keys after the query's position (TVM's run-time causal flag)
+  int hooks_applied;  // HookApplied bits (hook_pass.cuh): the keys / queries already carry the row hooks
   int tvm_conventions;  // 1: rows with no key store lse = -5e4 (TVM PagedKVCache); 0: -inf
   __host__ __device__ float empty_lse() const { return tvm_conventions ? kTvmEmptyLse : kNegInf; }
   float sm_scale;

@@ -26,6 +26,7 @@ from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillT
 
 from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads,
                      check_ragged, check_tensor, dtype_name)
+from . import hook_pass as hook_pass_module
 from .deferred_parts import link_deferred_parts
 from .fp8 import device_kv_scales, scale_args
 from .module import BuiltModule, resolve_sm_scale
@@ -134,11 +135,13 @@ class PrefillPlan:
     lengths: tuple | None = field(default=None, repr=False, compare=False)
     # the work orders made so far, by (GQA group, head_dim, device) (made on first use)
     orders: dict = field(default_factory=dict, repr=False, compare=False)
+    # the row-hook pass (runtime/hook_pass.py): None the library's choice, True / False as asked
+    hook_pass: bool | None = None
 
-    def ffi_args(self, tile_map: TileMap | None = None, order=None) -> tuple:
+    def ffi_args(self, tile_map: TileMap | None = None, order=None, hook_workspace=None) -> tuple:
         """What the prefill entry functions take after ``sm_scale`` (csrc/entry_prefill.h)."""
         tiles = tile_map.ffi_args() if tile_map is not None else (None, None, 0)
-        return (self.max_qo_len, self.tile_rows, self.kernel, *tiles, order)
+        return (self.max_qo_len, self.tile_rows, self.kernel, *tiles, order, hook_workspace)
 
     def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None):
         """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
@@ -436,7 +439,7 @@ class CUDAAttention(BuiltModule):
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int, *,
                      wide_tiles: bool | None = None, template: str | None = None,
                      tile_map: bool | None = None, max_qo_len: int | None = None,
-                     work_order: bool | None = None) -> PrefillPlan:
+                     work_order: bool | None = None, hook_pass: bool | None = None) -> PrefillPlan:
         """Host-side checks of the batch's index arrays (host copies) and the grid size. ``wide_tiles``:
         None (default) or True: 128 query rows per CTA (4 warps x two m-tiles) when the longest request has
         at least 256 rows (tokens x group) at head_dim <= 128, halving the K/V traffic per FLOP; 64 rows
@@ -456,7 +459,13 @@ class CUDAAttention(BuiltModule):
         over all requests (runtime/work_order.py; made on the first call outside a CUDA graph capture: a
         graph captured by a plan's first call runs request by request; later batches replayed within the
         bounds keep the first batch's order, which changes no result); False: request by request. It has
-        no effect on the mma.sync template. An fp8 cache is planned as a 16-bit one (both templates read it)."""
+        no effect on the mma.sync template. ``hook_pass``: None (default) applies a variant's key and query
+        transforms once per row ahead of the prefill (csrc/hook_pass.cuh, into a workspace of about the size of
+        the call's keys and queries) where the variant has a key transform and a request spans 64 or more
+        packed query rows (tokens x GQA group); else the kernels apply them on every tile. True always, False
+        never (the results agree to rounding). Over an fp8 cache the kernels apply them (they see dequantised
+        rows).
+        An fp8 cache is planned as a 16-bit one (both templates read it)."""
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
         kernel = _prefill_template(template, self.manifest["config"]["archs"])
@@ -475,6 +484,11 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         if work_order not in (None, True, False):
             raise AttentionArgumentError(f"work_order: expected None, True or False, got {work_order!r}")
+        if hook_pass not in (None, True, False):
+            raise AttentionArgumentError(f"hook_pass: expected None, True or False, got {hook_pass!r}")
+        if hook_pass and not any(hook_pass_module.row_hooks(self.variant)):
+            raise AttentionArgumentError(f"hook_pass: variant '{self.variant.name}' has no key or query transform "
+                                         "to apply ahead; plan with hook_pass=None or False")
         if kernel == PrefillTemplate.MMA_SYNC:  # a link-time build may link the mma.sync kernels on first use
             link_deferred_parts(self, (kv.pages if isinstance(kv, PagedKV) else kv.k).device, "prefill")
         ordered = work_order is not False and "sm_90a" in self.manifest["config"]["archs"] \
@@ -497,7 +511,7 @@ class CUDAAttention(BuiltModule):
         return PrefillPlan(batch, int(qo[-1]), longest, _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None,
-                           lengths=(np.diff(qo), kv_lens) if ordered else None)
+                           lengths=(np.diff(qo), kv_lens) if ordered else None, hook_pass=hook_pass)
 
     def _check_float_positions(self, kv_lens) -> None:
         """This build's prefill passes key positions to the logits hook as floats (exact below the limit
@@ -579,6 +593,22 @@ class CUDAAttention(BuiltModule):
         _check_on_device(_tensor_extras(self.variant, extras), q.device)
         scale = resolve_sm_scale(sm_scale, d)
         tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras, fp8)
-        order = plan.work_order(self.variant, int(q.shape[1]) // kv.num_kv_heads, d, q.device, tiles)
-        fn(q, *kv_args, qo_indptr, out, lse, *scales, scale, *plan.ffi_args(tiles, order), *extras)
+        group = int(q.shape[1]) // kv.num_kv_heads
+        order = plan.work_order(self.variant, group, d, q.device, tiles)
+        workspace = self._hook_workspace(plan, q, kv, d, group, fp8)
+        fn(q, *kv_args, qo_indptr, out, lse, *scales, scale, *plan.ffi_args(tiles, order, workspace), *extras)
         return out, lse
+
+    def _hook_workspace(self, plan: PrefillPlan, q, kv, head_dim: int, group: int, fp8):
+        """The row-hook pass's workspace where this call applies it (runtime/hook_pass.py), else None."""
+        if fp8 is not None or not hook_pass_module.wanted(self.variant, plan.hook_pass, plan.max_qo_len * group):
+            return None
+        nbytes = hook_pass_module.workspace_bytes(self.variant, q, kv, head_dim)
+        if nbytes is None:
+            if plan.hook_pass:
+                raise AttentionArgumentError("hook_pass: the page pool's pages do not lie within its page stride; "
+                                             "plan with hook_pass=None or False")
+            return None
+        import torch
+
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)

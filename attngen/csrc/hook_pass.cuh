@@ -1,0 +1,182 @@
+// The row-hook pass: a variant's key and query transforms applied once per row ahead of a prefill, into a
+// workspace the prefill then reads as its keys and queries (PrefillProblem::hooks_applied tells both templates
+// to skip the hooks they would otherwise apply per tile).
+//
+// Inside the templates the key transform runs on every K/V tile an item reads, so a request of n query tiles
+// transforms each of its keys n times (the producer warpgroup of the Hopper template alone, a latency-bound
+// loop): RoPE in the query / key hooks ran a full L 8k prefill at 22 TFLOP/s on the H200 against 633 plain
+// (benchmarks/results/variants_2026-12-03_rope.md); with the pass, 563 (variants_2026-12-03_hook_pass.md). The
+// pass transforms each (key, KV head) row once, one warp per row, over the whole GPU, and rounds its rows to the
+// cache's element type as the templates round their transformed tiles. The results agree with the per-tile
+// hooks' to rounding, not bit for bit: the compiler may contract the hook's float math into FMAs differently
+// in the two kernels, so a few transformed elements differ in their last bit.
+//
+// Workspace (hook_pass_layout): [keys][queries][page ids], each part 256-byte aligned:
+// - keys, where the variant has a key transform: a ragged view's K rows at their own offsets (the values
+//   stay where they are); a paged view's pages, K and V, page i of the workspace holding the page of entry
+//   i of the page table, in the pool's strides (the prefill reads them through an identity page table);
+// - queries [q_rows, Hq, D], where it has a query transform;
+// - page ids (paged views): the identity page table, written by the pass.
+// The kernel reads the cache's 16-bit element type from a flag, not a template argument, so that linked
+// builds compile one instance per head dim (the classifier's part, codegen/lto.py).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <string>
+
+#include "common.cuh"
+#include "cubin_launch.h"
+#include "device_info.cuh"
+#include "hook_abi.h"
+#include "kv_rows.cuh"
+#include "row_hook.cuh"
+
+namespace attngen {
+
+struct HookPassProblem {
+  KVRows kv;                 // the call's view
+  unsigned char* k_out;      // keys (and a paged view's values) in the view's strides, or null
+  int32_t* page_ids;         // paged: the identity page table [kv_units]
+  const void* q;             // [q_rows, Hq, D]
+  void* q_out;               // like q, or null
+  const int32_t* qo_indptr;  // [B+1]
+  int64_t kv_units;          // ragged: rows of k; paged: entries of the page table
+  int64_t q_rows;
+  int batch, num_kv_heads, num_qo_heads, bf16;
+};
+
+// Byte offsets of the workspace's parts and its size (the Python side mirrors it: runtime/hook_pass.py).
+struct HookPassLayout {
+  int64_t keys, queries, page_ids, bytes;
+};
+
+inline int64_t hook_pass_align(int64_t n) { return (n + 255) / 256 * 256; }
+
+// key_bytes: the keys part (0 without a key transform); query_bytes likewise; units: paged entries (0: ragged).
+inline HookPassLayout hook_pass_layout(int64_t key_bytes, int64_t query_bytes, int64_t units) {
+  HookPassLayout l{};
+  l.keys = 0;
+  l.queries = hook_pass_align(key_bytes);
+  l.page_ids = l.queries + hook_pass_align(query_bytes);
+  l.bytes = l.page_ids + units * int64_t(sizeof(int32_t));
+  return l;
+}
+
+__device__ __forceinline__ float hook_pass_load(const void* p, int64_t i, bool bf16) {
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : __half2float(static_cast<const __half*>(p)[i]);
+}
+
+__device__ __forceinline__ void hook_pass_store(void* p, int64_t i, float x, bool bf16) {
+  if (bf16) {
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+  } else {
+    static_cast<__half*>(p)[i] = __float2half_rn(x);
+  }
+}
+
+// The request holding entry `u` of indptr [B+1] (the last b with indptr[b] <= u), or -1 outside them all.
+__device__ __forceinline__ int hook_pass_request(const int32_t* indptr, int batch, int64_t u) {
+  if (batch <= 0 || u < indptr[0] || u >= indptr[batch]) return -1;
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (indptr[mid] <= u) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// One warp per row: (unit, slot, KV head) rows of the keys, then (query row, head) rows of the queries. D (the
+// traits' head dim) names the kernel in a linked cubin's table: hook_pass_kernel<128>.
+template <class V, int D = V::kHeadDim>
+__global__ void __launch_bounds__(256) hook_pass_kernel(HookPassProblem H, typename V::Params hp) {
+  __shared__ float rows[8][2 * D];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* scratch = rows[warp];
+  const bool bf16 = H.bf16 != 0;
+  const KVRows& kv = H.kv;
+  const bool paged = kv.page_size > 0;
+  const int per_unit = paged ? kv.page_size : 1;
+  const int64_t key_rows = H.k_out ? H.kv_units * per_unit * H.num_kv_heads : 0;
+  const int64_t q_rows = H.q_out ? H.q_rows * H.num_qo_heads : 0;
+  const int64_t stride = int64_t(gridDim.x) * 8;
+  if (paged && H.page_ids) {
+    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < H.kv_units; u += stride * 32)
+      H.page_ids[u] = int32_t(u);
+  }
+  const int shift = kv.page_shift();
+  for (int64_t t = int64_t(blockIdx.x) * 8 + warp; t < key_rows + q_rows; t += stride) {
+    if (t < key_rows) {
+      if constexpr (V::kHasKeyTransform) {
+        const int64_t u = t / (int64_t(per_unit) * H.num_kv_heads);
+        const int slot = int(t / H.num_kv_heads % per_unit), hk = int(t % H.num_kv_heads);
+        const int b = hook_pass_request(kv.indptr, H.batch, u);
+        if (b < 0) continue;
+        const int start = kv.indptr[b];
+        const int j = int(u - start) * per_unit + slot;  // the key's index in its request
+        if (j >= kv.length(b)) continue;
+        const int64_t src = kv.key_offset(start, j, shift) + int64_t(hk) * kv.stride_head;
+        // the workspace keeps the view's strides; a paged view's page id becomes the entry's position
+        const int64_t dst = paged ? u * kv.stride_page + int64_t(slot) * kv.stride_slot + int64_t(hk) * kv.stride_head
+                                  : src;
+        for (int i = lane; i < D; i += 32) scratch[i] = hook_pass_load(kv.base, src + i, bf16);
+        __syncwarp();
+        warp_row_hook<D, V::kKeyElementwise>(
+            scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
+            [&](float* in, float* out) { V::key_row(hp, in, out, j, hk); }, lane);
+        for (int i = lane; i < D; i += 32) hook_pass_store(H.k_out, dst + i, scratch[D + i], bf16);
+        if (paged) {  // the value row moves with its page
+          const uint16_t* vs = static_cast<const uint16_t*>(kv.base) + src + kv.stride_kv;
+          uint16_t* vd = reinterpret_cast<uint16_t*>(H.k_out) + dst + kv.stride_kv;
+          for (int i = lane; i < D; i += 32) vd[i] = vs[i];
+        }
+        __syncwarp();
+      }
+    } else {
+      if constexpr (V::kHasQueryTransform) {
+        const int64_t r = t - key_rows, tok = r / H.num_qo_heads;
+        const int qh = int(r % H.num_qo_heads);
+        const int b = hook_pass_request(H.qo_indptr, H.batch, tok);
+        if (b < 0) continue;
+        const int q0 = H.qo_indptr[b], qo_len = H.qo_indptr[b + 1] - q0;
+        const int qo_pos = kv.length(b) - qo_len + int(tok - q0);
+        const int64_t off = r * D;
+        for (int i = lane; i < D; i += 32) scratch[i] = hook_pass_load(H.q, off + i, bf16);
+        __syncwarp();
+        warp_row_hook<D, V::kQueryElementwise>(
+            scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh); },
+            [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh); }, lane);
+        for (int i = lane; i < D; i += 32) hook_pass_store(H.q_out, off + i, scratch[D + i], bf16);
+        __syncwarp();
+      }
+    }
+  }
+}
+
+template <class V>
+void launch_hook_pass_kernel(const HookPassProblem& H, const typename V::Params& hp, cudaStream_t stream) {
+  using Fn = void (*)(HookPassProblem, typename V::Params);
+  Fn kernel;
+  if constexpr (linked_hooks<V>()) {
+    kernel = linked_kernel_cached<Fn>([] { return "hook_pass_kernel<" + std::to_string(V::kHeadDim) + ">"; });
+  } else {
+    kernel = hook_pass_kernel<V>;
+  }
+  const int per_unit = H.kv.page_size > 0 ? H.kv.page_size : 1;
+  const int64_t rows = (H.k_out ? H.kv_units * per_unit * H.num_kv_heads : 0) +
+                       (H.q_out ? H.q_rows * H.num_qo_heads : 0);
+  if (rows == 0 && !H.page_ids) return;
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, int64_t(device_sm_count()) * 16));
+  launch_kernel(kernel, dim3(unsigned(blocks)), dim3(256), 0, stream, H, hp);
+}
+
+// The pass's kernel: the traits' own instance, or in linked builds the one of the cubin (cubin_launch.h).
+// Traits without a key or query transform have none (nothing calls it: entry_prefill.h apply_hook_pass).
+template <class V>
+void launch_hook_pass(const HookPassProblem& H, const typename V::Params& hp, cudaStream_t stream) {
+  if constexpr (V::kHasKeyTransform || V::kHasQueryTransform) launch_hook_pass_kernel<V>(H, hp, stream);
+}
+
+}  // namespace attngen

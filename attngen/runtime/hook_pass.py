@@ -1,0 +1,57 @@
+"""The row-hook pass of a prefill call: where it serves, and its workspace (csrc/hook_pass.cuh).
+
+A variant's key transform runs, inside the prefill templates, on every K/V tile each query tile reads: a
+request of n query tiles transforms each of its keys n times. The pass applies the key (and query) transform
+once per row into a workspace ahead of the prefill, which then reads plain keys and queries. The rows are
+rounded to the cache's element type as the templates round their transformed tiles; results agree with the
+per-tile hooks' to rounding (the hook's float math may contract into FMAs differently in the two kernels).
+"""
+from __future__ import annotations
+
+from attngen.runtime.views import PagedKV, RaggedKV
+
+# the workspace's parts start 256-byte aligned (csrc/hook_pass.cuh hook_pass_layout)
+_ALIGN = 256
+# the automatic choice applies the pass once a request spans this many packed query rows (tokens x GQA group):
+# below it a call's items read each key about once anyway
+AUTO_MIN_ROWS = 64
+
+
+def _align(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def row_hooks(variant) -> tuple[bool, bool]:
+    """Whether the variant has a key transform and a query transform."""
+    return "key_transform" in variant.hooks, "query_transform" in variant.hooks
+
+
+def workspace_bytes(variant, q, kv: PagedKV | RaggedKV, head_dim: int) -> int | None:
+    """Bytes of the pass's workspace for this call (q [n, Hq, D], a 16-bit cache), or None where the pass
+    cannot serve it (a page pool whose pages do not lie within its page stride)."""
+    keys, queries = row_hooks(variant)
+    elem = q.element_size()
+    key_bytes = units = 0
+    if keys and isinstance(kv, PagedKV):
+        p = kv.pages
+        hnd = kv.layout == "HND"
+        slot, head = (p.stride(3), p.stride(2)) if hnd else (p.stride(2), p.stride(3))
+        span = p.stride(1) + (kv.page_size - 1) * slot + (kv.num_kv_heads - 1) * head + head_dim
+        if min(p.stride(1), slot, head) < 0 or span > p.stride(0):
+            return None
+        units = int(kv.indices.shape[0])
+        key_bytes = units * p.stride(0) * elem
+    elif keys and int(kv.k.shape[0]) > 0:
+        k = kv.k
+        key_bytes = ((k.shape[0] - 1) * k.stride(0) + (k.shape[1] - 1) * k.stride(1) + head_dim) * elem
+    query_bytes = int(q.shape[0]) * int(q.shape[1]) * head_dim * elem if queries else 0
+    return _align(key_bytes) + _align(query_bytes) + units * 4
+
+
+def wanted(variant, choice: bool | None, longest_rows: int) -> bool:
+    """Whether a call applies the pass: ``choice`` True / False as planned, None (automatic) for variants
+    with a key transform once a request spans at least AUTO_MIN_ROWS packed query rows (``longest_rows``)."""
+    keys, queries = row_hooks(variant)
+    if choice is not None:
+        return choice and (keys or queries)
+    return keys and longest_rows >= AUTO_MIN_ROWS

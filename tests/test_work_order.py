@@ -75,4 +75,4 @@ def test_plans_hand_out_their_order():
     assert plan.work_order(causal, 4, 128, "cpu") is order  # made once per (group, head_dim, device)
     assert plan.work_order(causal, 1, 128, "cpu").numel() == 3 * -(-300 // 128)
     assert plan.work_order(causal, 4, 128, "cpu", tm) is tm.order
-    assert plan.ffi_args(None, order)[-1] is order
+    assert plan.ffi_args(None, order)[-2] is order and plan.ffi_args(None, order)[-1] is None  # (no hook pass)

@@ -3,9 +3,9 @@
 ``ab_libraries.py`` loads every revision's library with the current runtime, which breaks when a change
 moves the FFI between Python and the entry functions. This script instead runs one process per tree
 (``run``): that process imports the ``attngen`` package of the tree it is given, builds the causal or full
-prefill libraries (NHD, one per head dim and dtype the prefill cases use; ``--variant``: a built-in variant on
-the full-attention cases instead) and vanilla decode libraries (bf16, NHD, one per head dim the decode cases
-use) through the public API, and times the cases of ``bench_prefill.py`` and ``bench_decode.py`` (``--cases``: name
+prefill libraries (NHD, one per head dim and dtype the prefill cases use) and vanilla decode libraries (bf16,
+NHD, one per head dim the decode cases use; ``--variant``: a built-in variant on the decode and full-attention
+prefill cases instead) through the public API, and times the cases of ``bench_prefill.py`` and ``bench_decode.py`` (``--cases``: name
 prefixes) on inputs drawn from a fixed seed. It records each case's speed and a SHA-256 of the output bytes,
 so ``report`` can say whether two trees compute bit-identical results as well as whether they run at the
 same speed; ``--peers`` also times FlashInfer's two decode paths on each decode case in the same process.
@@ -77,9 +77,11 @@ def run(args) -> None:
         return pre[key]
 
     params = variant_params(args.variant)
+    if args.variant and args.peers:
+        raise SystemExit("--peers times FlashInfer's plain decode: not with --variant")
     decode_cases = selected_cases(DECODE_CASES, args.cases) if "decode" in kinds else []
-    dec = {d: CUDAAttention.build(builtin("vanilla"), head_dims=(d,), dtypes=("bfloat16",), layouts=("NHD",),
-                                  kernels=("decode",)) for d in dict.fromkeys(c.d for c in decode_cases)}
+    dec = {d: CUDAAttention.build(builtin(args.variant or "vanilla"), head_dims=(d,), dtypes=("bfloat16",),
+                                  layouts=("NHD",), kernels=("decode",)) for d in dict.fromkeys(c.d for c in decode_cases)}
     flashinfer = load_flashinfer()[0] if args.peers else None
     if args.peers:
         res["flashinfer"] = load_flashinfer()[1]
@@ -105,7 +107,7 @@ def run(args) -> None:
         plan = dec[d].plan_decode(kv, hq, d)
         out = torch.full_like(q, float("nan"))
         lse = torch.empty(q.shape[:2], device="cuda")
-        ms = bench(lambda: dec[d].decode(q, kv, plan=plan, out=out, lse=lse), reps=args.reps)
+        ms = bench(lambda: dec[d].decode(q, kv, plan=plan, params=params, out=out, lse=lse), reps=args.reps)
         nbytes = sum(kv_lens) * hkv * d * 2 * 2 + 2 * q.numel() * 2
         row = res["decode"][name] = {"GBps": nbytes / (ms * 1e-3) / 1e9, "us": ms * 1e3, "chunks": plan.num_chunks,
                                      "out": _digest(out), "lse": _digest(lse)}
@@ -169,8 +171,8 @@ def main():
     r.add_argument("--json", required=True)
     r.add_argument("--reps", type=int, default=30)
     r.add_argument("--kinds", default="prefill,decode", help="what to build and time: prefill, decode or both")
-    r.add_argument("--variant", default="", help="a built-in variant the prefill cases run (full-attention "
-                   "cases only) instead of plain causal / full attention")
+    r.add_argument("--variant", default="", help="a built-in variant the decode cases and the full-attention "
+                   "prefill cases run instead of plain attention (the causal prefill cases are skipped)")
     r.add_argument("--cases", default="", help="comma-separated prefixes of the case names to time (default: all)")
     r.add_argument("--peers", action="store_true", help="also time FlashInfer's decode paths on each decode case")
     p = sub.add_parser("report", help="the table of several runs")

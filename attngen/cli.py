@@ -312,6 +312,20 @@ def cmd_inspect(args) -> int:
         for var, read in reads:
             print(f"    {var} = {read}  (per key, before the tests, inside the tensor's bounds)")
         print(f"  per score: {rest}")
+    keys, queries = ("key_transform" in v.hooks), ("query_transform" in v.hooks)
+    if keys or queries:
+        from attngen.runtime.hook_pass import AUTO_MIN_ROWS
+
+        which = " and ".join(n for n, has in (("key", keys), ("query", queries)) if has)
+        print(f"\n## {which} transform in prefill: the row-hook pass (csrc/hook_pass.cuh)")
+        if keys:
+            print(f"  plan_prefill(hook_pass=None): applied once per row ahead of the kernels (into a workspace) when a "
+                  f"request spans {AUTO_MIN_ROWS} or more packed query rows; else on every K/V tile (the key "
+                  "transform) / every query tile (the query transform); hook_pass=True / False forces either")
+        else:
+            print("  plan_prefill(hook_pass=True): applied once per row ahead of the kernels; by default per query "
+                  "tile in the kernels (it runs once per row there too)")
+        print("  fp8 caches and the TVM slots: in the kernels")
     print(f"\n## generated CUDA device code (head_dim {args.head_dim}, {args.arch})")
     print(hs.code)
     return 0

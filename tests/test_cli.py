@@ -58,6 +58,7 @@ def test_inspect_shows_hooks_analysis_and_cuda(capsys):
     assert "### query_transform" in text and "### logits_mask" in text
     assert "mask: causal_window" in text and "qo_pos - kv_pos <= window_left" in text
     assert "ATTNGEN_HOOK void attngen_rope_sliding_window_d64_query_transform(" in text
+    assert "## key and query transform in prefill: the row-hook pass" in text and "spans 64 or more packed" in text
 
 
 def test_inspect_shows_the_logits_hooks_row_terms(capsys):
@@ -65,6 +66,7 @@ def test_inspect_shows_the_logits_hooks_row_terms(capsys):
     text = capsys.readouterr().out
     assert "rt[0] = scale * (T.float32(1.0) / soft_cap)" in text and "rt[1] = soft_cap * post" in text
     assert "per score, s the raw q.k: T.tanh(s * rt[0]) * rt[1]" in text
+    assert "row-hook pass" not in text  # no key or query transform
 
 
 def test_list(capsys):

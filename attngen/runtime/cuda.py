@@ -484,11 +484,7 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         if work_order not in (None, True, False):
             raise AttentionArgumentError(f"work_order: expected None, True or False, got {work_order!r}")
-        if hook_pass not in (None, True, False):
-            raise AttentionArgumentError(f"hook_pass: expected None, True or False, got {hook_pass!r}")
-        if hook_pass and not any(hook_pass_module.row_hooks(self.variant)):
-            raise AttentionArgumentError(f"hook_pass: variant '{self.variant.name}' has no key or query transform "
-                                         "to apply ahead; plan with hook_pass=None or False")
+        hook_pass_module.check_choice(self.variant, hook_pass)
         if kernel == PrefillTemplate.MMA_SYNC:  # a link-time build may link the mma.sync kernels on first use
             link_deferred_parts(self, (kv.pages if isinstance(kv, PagedKV) else kv.k).device, "prefill")
         ordered = work_order is not False and "sm_90a" in self.manifest["config"]["archs"] \
@@ -595,20 +591,7 @@ class CUDAAttention(BuiltModule):
         tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras, fp8)
         group = int(q.shape[1]) // kv.num_kv_heads
         order = plan.work_order(self.variant, group, d, q.device, tiles)
-        workspace = self._hook_workspace(plan, q, kv, d, group, fp8)
+        workspace = None if fp8 is not None else hook_pass_module.workspace_for(
+            self.variant, plan.hook_pass, plan.max_qo_len * group, q, kv, d)
         fn(q, *kv_args, qo_indptr, out, lse, *scales, scale, *plan.ffi_args(tiles, order, workspace), *extras)
         return out, lse
-
-    def _hook_workspace(self, plan: PrefillPlan, q, kv, head_dim: int, group: int, fp8):
-        """The row-hook pass's workspace where this call applies it (runtime/hook_pass.py), else None."""
-        if fp8 is not None or not hook_pass_module.wanted(self.variant, plan.hook_pass, plan.max_qo_len * group):
-            return None
-        nbytes = hook_pass_module.workspace_bytes(self.variant, q, kv, head_dim)
-        if nbytes is None:
-            if plan.hook_pass:
-                raise AttentionArgumentError("hook_pass: the page pool's pages do not lie within its page stride; "
-                                             "plan with hook_pass=None or False")
-            return None
-        import torch
-
-        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)

@@ -8,6 +8,7 @@ per-tile hooks' to rounding (the hook's float math may contract into FMAs differ
 """
 from __future__ import annotations
 
+from attngen.runtime.checks import AttentionArgumentError
 from attngen.runtime.views import PagedKV, RaggedKV
 
 # the workspace's parts start 256-byte aligned (csrc/hook_pass.cuh hook_pass_layout)
@@ -46,6 +47,30 @@ def workspace_bytes(variant, q, kv: PagedKV | RaggedKV, head_dim: int) -> int | 
         key_bytes = ((k.shape[0] - 1) * k.stride(0) + (k.shape[1] - 1) * k.stride(1) + head_dim) * elem
     query_bytes = int(q.shape[0]) * int(q.shape[1]) * head_dim * elem if queries else 0
     return _align(key_bytes) + _align(query_bytes) + units * 4
+
+
+def check_choice(variant, choice) -> None:
+    """plan_prefill's ``hook_pass``: None, True or False, and True only for a variant with a row hook."""
+    if choice not in (None, True, False):
+        raise AttentionArgumentError(f"hook_pass: expected None, True or False, got {choice!r}")
+    if choice and not any(row_hooks(variant)):
+        raise AttentionArgumentError(f"hook_pass: variant '{variant.name}' has no key or query transform to apply "
+                                     "ahead; plan with hook_pass=None or False")
+
+
+def workspace_for(variant, choice: bool | None, longest_rows: int, q, kv: PagedKV | RaggedKV, head_dim: int):
+    """The workspace of a call (16-bit cache) that applies the pass (``wanted``), else None."""
+    if not wanted(variant, choice, longest_rows):
+        return None
+    nbytes = workspace_bytes(variant, q, kv, head_dim)
+    if nbytes is None:
+        if choice:
+            raise AttentionArgumentError("hook_pass: the page pool's pages do not lie within its page stride; plan "
+                                         "with hook_pass=None or False")
+        return None
+    import torch
+
+    return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
 
 
 def wanted(variant, choice: bool | None, longest_rows: int) -> bool:

@@ -36,12 +36,10 @@ def _digest(t) -> str:
     return hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
 
 
-# scalar parameters of the built-ins ``--variant`` may name (the rest take none)
-VARIANT_PARAMS = {"rope": {"rope_scale": 1.0, "rope_theta": 1e4}, "logits_softcap": {"soft_cap": 30.0}}
-
-
 def variant_params(name: str) -> dict:
-    """The run-time parameters ``--variant name``'s prefill calls pass."""
+    """The run-time parameters ``--variant name``'s calls pass (common.VARIANT_PARAMS; the others take none)."""
+    from common import VARIANT_PARAMS  # (run put benchmarks/ on the path)
+
     if name and name not in VARIANT_PARAMS and name not in ("vanilla", "sigmoid"):
         raise SystemExit(f"--variant {name}: the A/B knows the parameters of "
                          f"{', '.join(['vanilla', 'sigmoid', *VARIANT_PARAMS])} only")

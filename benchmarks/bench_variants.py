@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from common import bench, cell, error_lines, guarded, load_flashinfer, result_parser, run_info, write_results
+from common import (VARIANT_PARAMS, bench, cell, error_lines, guarded, load_flashinfer, result_parser, run_info,
+                    write_results)
 
 L, HQ, HKV, D = 8192, 32, 8, 128
 TEMPLATES = ["mma_sync"]  # plus "hopper" on compute capability 9.0 (set in main)
 KEYS = {"mma_sync": "attngen", "hopper": "attngen_hopper"}
-SOFT_CAP = 30.0
+SOFT_CAP = VARIANT_PARAMS["logits_softcap"]["soft_cap"]
+ROPE = VARIANT_PARAMS["rope"]
 WINDOW = 1024  # keys visible before the query position (FlashInfer's window_left)
 # (row name, built-in variant, hook math, params, the plain row it is compared with)
 CASES = [
@@ -29,7 +31,7 @@ CASES = [
     ("soft-cap 30, approx", "logits_softcap", "approx", {"soft_cap": SOFT_CAP}, "plain"),
     ("soft-cap 30, precise", "logits_softcap", "precise", {"soft_cap": SOFT_CAP}, "plain"),
     ("ALiBi", "alibi", "approx", "alibi", "plain"),
-    ("RoPE in the query / key hooks", "rope", "approx", {"rope_scale": 1.0, "rope_theta": 1e4}, "plain"),
+    ("RoPE in the query / key hooks", "rope", "approx", ROPE, "plain"),
     ("causal", "causal", "approx", {}, "causal"),
     (f"causal window {WINDOW}", "sliding_window_causal", "approx", {"window_left": WINDOW}, "causal"),
     ("custom mask (causal bits)", "custom_mask", "approx", "causal_bits", "causal"),
@@ -109,7 +111,7 @@ def main():
                     row[f"flashinfer_{backend}"] = flops / t / 1e9
         if fi is not None and variant == "rope":  # FlashInfer's fused RoPE (fa2; its fa3 path has none)
             t = guarded(row, "flashinfer_fa2", lambda: bench(lambda: fi.single_prefill_with_kv_cache(
-                q, k, v, pos_encoding_mode="ROPE_LLAMA", rope_scale=1.0, rope_theta=1e4, backend="fa2"), reps=20))
+                q, k, v, pos_encoding_mode="ROPE_LLAMA", **ROPE, backend="fa2"), reps=20))
             if t is not None:
                 row["flashinfer_fa2"] = flops / t / 1e9
         if variant in ("vanilla", "causal"):

@@ -85,6 +85,10 @@ def case_parser(doc: str, peers_help: str) -> argparse.ArgumentParser:
     return ap
 
 
+# the scalar parameters the benchmarks run the built-ins with (bench_variants.py rows, ab_trees.py --variant)
+VARIANT_PARAMS = {"rope": {"rope_scale": 1.0, "rope_theta": 1e4}, "logits_softcap": {"soft_cap": 30.0}}
+
+
 def selected_cases(cases: list, prefixes: str) -> list:
     """The cases (objects with a ``name``) whose names start with one of the comma-separated ``prefixes``, in the
     order of the prefixes (a run with a time limit measures first what is named first); all for an empty string."""

@@ -46,6 +46,12 @@ struct HookPassProblem {
   int64_t kv_units;          // ragged: rows of k; paged: entries of the page table
   int64_t q_rows;
   int batch, num_kv_heads, num_qo_heads, bf16;
+
+  // the pass's rows (a warp each): (unit, slot, KV head) of the keys where k_out is set, then (query row,
+  // head) of the queries where q_out is
+  __host__ __device__ int rows_per_unit() const { return kv.page_size > 0 ? kv.page_size : 1; }
+  __host__ __device__ int64_t key_rows(int per_unit) const { return k_out ? kv_units * per_unit * num_kv_heads : 0; }
+  __host__ __device__ int64_t query_rows() const { return q_out ? q_rows * num_qo_heads : 0; }
 };
 
 // Byte offsets of the workspace's parts and its size (the Python side mirrors it: runtime/hook_pass.py).
@@ -88,6 +94,18 @@ __device__ __forceinline__ int hook_pass_request(const int32_t* indptr, int batc
   return lo;
 }
 
+// One row through a row hook with one warp: elements src_off ... of `src` into scratch (D floats, then D more for
+// the result), the hook (elem: the element-wise form, whole: the whole-row form), the result to dst_off ... of
+// `dst` in the cache's 16-bit type.
+template <int D, bool Elementwise, class Elem, class Whole>
+__device__ __forceinline__ void hook_pass_row(float* scratch, const void* src, int64_t src_off, void* dst,
+                                              int64_t dst_off, bool bf16, Elem elem, Whole whole, int lane) {
+  for (int i = lane; i < D; i += 32) scratch[i] = hook_pass_load(src, src_off + i, bf16);
+  __syncwarp();
+  warp_row_hook<D, Elementwise>(scratch, scratch + D, elem, whole, lane);
+  for (int i = lane; i < D; i += 32) hook_pass_store(dst, dst_off + i, scratch[D + i], bf16);
+}
+
 // One warp per row: (unit, slot, KV head) rows of the keys, then (query row, head) rows of the queries. D (the
 // traits' head dim) names the kernel in a linked cubin's table: hook_pass_kernel<128>.
 template <class V, int D = V::kHeadDim>
@@ -99,8 +117,7 @@ __global__ void __launch_bounds__(256) hook_pass_kernel(HookPassProblem H, typen
   const KVRows& kv = H.kv;
   const bool paged = kv.page_size > 0;
   const int per_unit = paged ? kv.page_size : 1;
-  const int64_t key_rows = H.k_out ? H.kv_units * per_unit * H.num_kv_heads : 0;
-  const int64_t q_rows = H.q_out ? H.q_rows * H.num_qo_heads : 0;
+  const int64_t key_rows = H.key_rows(per_unit), q_rows = H.query_rows();
   const int64_t stride = int64_t(gridDim.x) * 8;
   if (paged && H.page_ids) {
     for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < H.kv_units; u += stride * 32)
@@ -121,12 +138,9 @@ __global__ void __launch_bounds__(256) hook_pass_kernel(HookPassProblem H, typen
         // the workspace keeps the view's strides; a paged view's page id becomes the entry's position
         const int64_t dst = paged ? u * kv.stride_page + int64_t(slot) * kv.stride_slot + int64_t(hk) * kv.stride_head
                                   : src;
-        for (int i = lane; i < D; i += 32) scratch[i] = hook_pass_load(kv.base, src + i, bf16);
-        __syncwarp();
-        warp_row_hook<D, V::kKeyElementwise>(
-            scratch, scratch + D, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
+        hook_pass_row<D, V::kKeyElementwise>(
+            scratch, kv.base, src, H.k_out, dst, bf16, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
             [&](float* in, float* out) { V::key_row(hp, in, out, j, hk); }, lane);
-        for (int i = lane; i < D; i += 32) hook_pass_store(H.k_out, dst + i, scratch[D + i], bf16);
         if (paged) {  // the value row moves with its page
           const uint16_t* vs = static_cast<const uint16_t*>(kv.base) + src + kv.stride_kv;
           uint16_t* vd = reinterpret_cast<uint16_t*>(H.k_out) + dst + kv.stride_kv;
@@ -143,12 +157,10 @@ __global__ void __launch_bounds__(256) hook_pass_kernel(HookPassProblem H, typen
         const int q0 = H.qo_indptr[b], qo_len = H.qo_indptr[b + 1] - q0;
         const int qo_pos = kv.length(b) - qo_len + int(tok - q0);
         const int64_t off = r * D;
-        for (int i = lane; i < D; i += 32) scratch[i] = hook_pass_load(H.q, off + i, bf16);
-        __syncwarp();
-        warp_row_hook<D, V::kQueryElementwise>(
-            scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh); },
+        hook_pass_row<D, V::kQueryElementwise>(
+            scratch, H.q, off, H.q_out, off, bf16,
+            [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh); },
             [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh); }, lane);
-        for (int i = lane; i < D; i += 32) hook_pass_store(H.q_out, off + i, scratch[D + i], bf16);
         __syncwarp();
       }
     }
@@ -164,9 +176,7 @@ void launch_hook_pass_kernel(const HookPassProblem& H, const typename V::Params&
   } else {
     kernel = hook_pass_kernel<V>;
   }
-  const int per_unit = H.kv.page_size > 0 ? H.kv.page_size : 1;
-  const int64_t rows = (H.k_out ? H.kv_units * per_unit * H.num_kv_heads : 0) +
-                       (H.q_out ? H.q_rows * H.num_qo_heads : 0);
+  const int64_t rows = H.key_rows(H.rows_per_unit()) + H.query_rows();
   if (rows == 0 && !H.page_ids) return;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, int64_t(device_sm_count()) * 16));
   launch_kernel(kernel, dim3(unsigned(blocks)), dim3(256), 0, stream, H, hp);

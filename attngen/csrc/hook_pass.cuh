@@ -6,8 +6,8 @@
 // transforms each of its keys n times (the producer warpgroup of the Hopper template alone, a latency-bound
 // loop): RoPE in the query / key hooks ran a full L 8k prefill at 22 TFLOP/s on the H200 against 633 plain
 // (benchmarks/results/variants_2026-12-03_rope.md); with the pass, 563 (variants_2026-12-03_hook_pass.md). The
-// pass transforms each (key, KV head) row once, one warp per row, over the whole GPU, and rounds its rows to the
-// cache's element type as the templates round their transformed tiles. The results agree with the per-tile
+// pass transforms each (key, KV head) row once, one warp per position and chunk of heads (hook_pass_heads), over
+// the whole GPU, and rounds its rows to the cache's element type as the templates round their transformed tiles. The results agree with the per-tile
 // hooks' to rounding, not bit for bit: the compiler may contract the hook's float math into FMAs differently
 // in the two kernels, so a few transformed elements differ in their last bit.
 //
@@ -47,11 +47,14 @@ struct HookPassProblem {
   int64_t q_rows;
   int batch, num_kv_heads, num_qo_heads, bf16;
 
-  // the pass's rows (a warp each): (unit, slot, KV head) of the keys where k_out is set, then (query row,
-  // head) of the queries where q_out is
+  // the pass's tasks (a warp each): (unit, slot, chunk of `hc` KV heads) of the keys where k_out is set, then
+  // (query row, chunk of `hc` heads) of the queries where q_out is
   __host__ __device__ int rows_per_unit() const { return kv.page_size > 0 ? kv.page_size : 1; }
-  __host__ __device__ int64_t key_rows(int per_unit) const { return k_out ? kv_units * per_unit * num_kv_heads : 0; }
-  __host__ __device__ int64_t query_rows() const { return q_out ? q_rows * num_qo_heads : 0; }
+  __host__ __device__ static int chunks(int heads, int hc) { return (heads + hc - 1) / hc; }
+  __host__ __device__ int64_t key_tasks(int per_unit, int hc) const {
+    return k_out ? kv_units * per_unit * chunks(num_kv_heads, hc) : 0;
+  }
+  __host__ __device__ int64_t query_tasks(int hc) const { return q_out ? q_rows * chunks(num_qo_heads, hc) : 0; }
 };
 
 // Byte offsets of the workspace's parts and its size (the Python side mirrors it: runtime/hook_pass.py).
@@ -94,73 +97,105 @@ __device__ __forceinline__ int hook_pass_request(const int32_t* indptr, int batc
   return lo;
 }
 
-// One row through a row hook with one warp: elements src_off ... of `src` into scratch (D floats, then D more for
-// the result), the hook (elem: the element-wise form, whole: the whole-row form), the result to dst_off ... of
-// `dst` in the cache's 16-bit type.
-template <int D, bool Elementwise, class Elem, class Whole>
-__device__ __forceinline__ void hook_pass_row(float* scratch, const void* src, int64_t src_off, void* dst,
-                                              int64_t dst_off, bool bf16, Elem elem, Whole whole, int lane) {
-  for (int i = lane; i < D; i += 32) scratch[i] = hook_pass_load(src, src_off + i, bf16);
-  __syncwarp();
-  warp_row_hook<D, Elementwise>(scratch, scratch + D, elem, whole, lane);
-  for (int i = lane; i < D; i += 32) hook_pass_store(dst, dst_off + i, scratch[D + i], bf16);
+// Heads one warp transforms at one position: an element-wise hook's terms that depend on the position and the
+// element but not on the head (RoPE's angle, its power, sine and cosine) are computed once for them all (the
+// hook is inlined into an unrolled loop over the heads, whose common subexpressions the compiler shares), not
+// once per head.
+template <int D>
+constexpr int hook_pass_heads() {
+  return D <= 128 ? 8 : 4;
 }
 
-// One warp per row: (unit, slot, KV head) rows of the keys, then (query row, head) rows of the queries. D (the
-// traits' head dim) names the kernel in a linked cubin's table: hook_pass_kernel<128>.
+// Up to HC (n) rows of one position through a row hook with one warp: element i of row h from src at
+// src_off + h * head_stride + i, the result to dst likewise in the cache's 16-bit type; elem(row, i, h) is the
+// element-wise form, whole(in, out, h) the whole-row form. rows: HC x D floats of this warp.
+template <int D, int HC, bool Elementwise, class Elem, class Whole>
+__device__ __forceinline__ void hook_pass_rows(float (*rows)[D], int n, const void* src, int64_t src_off, void* dst,
+                                               int64_t dst_off, int64_t head_stride, bool bf16, Elem elem,
+                                               Whole whole, int lane) {
+  if constexpr (Elementwise) {
+#pragma unroll
+    for (int h = 0; h < HC; ++h)
+      if (h < n)
+        for (int i = lane; i < D; i += 32) rows[h][i] = hook_pass_load(src, src_off + h * head_stride + i, bf16);
+    __syncwarp();
+    for (int i = lane; i < D; i += 32) {
+#pragma unroll
+      for (int h = 0; h < HC; ++h)
+        if (h == 0 || h < n) hook_pass_store(dst, dst_off + h * head_stride + i, elem(rows[h], i, h), bf16);
+    }
+  } else {
+    for (int h = 0; h < n; ++h) {
+      for (int i = lane; i < D; i += 32) rows[0][i] = hook_pass_load(src, src_off + h * head_stride + i, bf16);
+      __syncwarp();
+      warp_row_hook<D, false>(rows[0], rows[1], [](float*, int) { return 0.f; },
+                              [&](float* in, float* out) { whole(in, out, h); }, lane);
+      for (int i = lane; i < D; i += 32) hook_pass_store(dst, dst_off + h * head_stride + i, rows[1][i], bf16);
+      __syncwarp();
+    }
+  }
+}
+
+// One warp per position and chunk of heads: (unit, slot) of the keys, then query rows. D (the traits' head dim)
+// names the kernel in a linked cubin's table: hook_pass_kernel<128>.
 template <class V, int D = V::kHeadDim>
 __global__ void __launch_bounds__(256) hook_pass_kernel(HookPassProblem H, typename V::Params hp) {
-  __shared__ float rows[8][2 * D];
+  constexpr int HC = hook_pass_heads<D>();
+  static_assert(HC >= 2, "the whole-row form takes two rows of scratch");
+  __shared__ float rows[8][HC][D];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* scratch = rows[warp];
   const bool bf16 = H.bf16 != 0;
   const KVRows& kv = H.kv;
   const bool paged = kv.page_size > 0;
   const int per_unit = paged ? kv.page_size : 1;
-  const int64_t key_rows = H.key_rows(per_unit), q_rows = H.query_rows();
+  const int k_chunks = HookPassProblem::chunks(H.num_kv_heads, HC), q_chunks = HookPassProblem::chunks(H.num_qo_heads, HC);
+  const int64_t key_tasks = H.key_tasks(per_unit, HC), q_tasks = H.query_tasks(HC);
   const int64_t stride = int64_t(gridDim.x) * 8;
   if (paged && H.page_ids) {
     for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < H.kv_units; u += stride * 32)
       H.page_ids[u] = int32_t(u);
   }
   const int shift = kv.page_shift();
-  for (int64_t t = int64_t(blockIdx.x) * 8 + warp; t < key_rows + q_rows; t += stride) {
-    if (t < key_rows) {
+  for (int64_t t = int64_t(blockIdx.x) * 8 + warp; t < key_tasks + q_tasks; t += stride) {
+    if (t < key_tasks) {
       if constexpr (V::kHasKeyTransform) {
-        const int64_t u = t / (int64_t(per_unit) * H.num_kv_heads);
-        const int slot = int(t / H.num_kv_heads % per_unit), hk = int(t % H.num_kv_heads);
+        const int64_t u = t / (int64_t(per_unit) * k_chunks);
+        const int slot = int(t / k_chunks % per_unit), hk0 = int(t % k_chunks) * HC;
+        const int n = min(HC, H.num_kv_heads - hk0);
         const int b = hook_pass_request(kv.indptr, H.batch, u);
         if (b < 0) continue;
         const int start = kv.indptr[b];
         const int j = int(u - start) * per_unit + slot;  // the key's index in its request
         if (j >= kv.length(b)) continue;
-        const int64_t src = kv.key_offset(start, j, shift) + int64_t(hk) * kv.stride_head;
+        const int64_t sh = kv.stride_head;
+        const int64_t src = kv.key_offset(start, j, shift) + int64_t(hk0) * sh;
         // the workspace keeps the view's strides; a paged view's page id becomes the entry's position
-        const int64_t dst = paged ? u * kv.stride_page + int64_t(slot) * kv.stride_slot + int64_t(hk) * kv.stride_head
-                                  : src;
-        hook_pass_row<D, V::kKeyElementwise>(
-            scratch, kv.base, src, H.k_out, dst, bf16, [&](float* row, int i) { return V::key_elem(hp, row, i, j, hk); },
-            [&](float* in, float* out) { V::key_row(hp, in, out, j, hk); }, lane);
-        if (paged) {  // the value row moves with its page
+        const int64_t dst = paged ? u * kv.stride_page + int64_t(slot) * kv.stride_slot + int64_t(hk0) * sh : src;
+        hook_pass_rows<D, HC, V::kKeyElementwise>(
+            rows[warp], n, kv.base, src, H.k_out, dst, sh, bf16,
+            [&](float* row, int i, int h) { return V::key_elem(hp, row, i, j, hk0 + h); },
+            [&](float* in, float* out, int h) { V::key_row(hp, in, out, j, hk0 + h); }, lane);
+        if (paged) {  // the value rows move with their page
           const uint16_t* vs = static_cast<const uint16_t*>(kv.base) + src + kv.stride_kv;
           uint16_t* vd = reinterpret_cast<uint16_t*>(H.k_out) + dst + kv.stride_kv;
-          for (int i = lane; i < D; i += 32) vd[i] = vs[i];
+          for (int h = 0; h < n; ++h)
+            for (int i = lane; i < D; i += 32) vd[h * sh + i] = vs[h * sh + i];
         }
         __syncwarp();
       }
     } else {
       if constexpr (V::kHasQueryTransform) {
-        const int64_t r = t - key_rows, tok = r / H.num_qo_heads;
-        const int qh = int(r % H.num_qo_heads);
+        const int64_t r = t - key_tasks, tok = r / q_chunks;
+        const int qh0 = int(r % q_chunks) * HC, n = min(HC, H.num_qo_heads - qh0);
         const int b = hook_pass_request(H.qo_indptr, H.batch, tok);
         if (b < 0) continue;
         const int q0 = H.qo_indptr[b], qo_len = H.qo_indptr[b + 1] - q0;
         const int qo_pos = kv.length(b) - qo_len + int(tok - q0);
-        const int64_t off = r * D;
-        hook_pass_row<D, V::kQueryElementwise>(
-            scratch, H.q, off, H.q_out, off, bf16,
-            [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh); },
-            [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh); }, lane);
+        const int64_t off = (tok * H.num_qo_heads + qh0) * D;
+        hook_pass_rows<D, HC, V::kQueryElementwise>(
+            rows[warp], n, H.q, off, H.q_out, off, D, bf16,
+            [&](float* row, int i, int h) { return V::query_elem(hp, row, i, qo_pos, qh0 + h); },
+            [&](float* in, float* out, int h) { V::query_row(hp, in, out, qo_pos, qh0 + h); }, lane);
         __syncwarp();
       }
     }
@@ -176,9 +211,10 @@ void launch_hook_pass_kernel(const HookPassProblem& H, const typename V::Params&
   } else {
     kernel = hook_pass_kernel<V>;
   }
-  const int64_t rows = H.key_rows(H.rows_per_unit()) + H.query_rows();
-  if (rows == 0 && !H.page_ids) return;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, int64_t(device_sm_count()) * 16));
+  constexpr int HC = hook_pass_heads<V::kHeadDim>();
+  const int64_t tasks = H.key_tasks(H.rows_per_unit(), HC) + H.query_tasks(HC);
+  if (tasks == 0 && !H.page_ids) return;
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((tasks + 7) / 8, int64_t(device_sm_count()) * 16));
   launch_kernel(kernel, dim3(unsigned(blocks)), dim3(256), 0, stream, H, hp);
 }
 

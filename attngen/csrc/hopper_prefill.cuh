@@ -139,7 +139,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
 
   if (wg == 0) {
     // ================= producer =================
-    regs_release<Tile::kProducerRegs>();
+    regs_release<hopper_producer_regs<V, D>()>();
     // the key transform on each tile, unless the row-hook pass applied it (hook_pass.cuh)
     const bool hook_keys = V::kHasKeyTransform && !(P.hooks_applied & kKeysApplied);
     int it = 0;  // K/V tiles this CTA has issued before the item (stages and phases run on across items)
@@ -260,7 +260,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   }
 
   // ================= consumers =================
-  regs_claim<Tile::kConsumerRegs>();
+  regs_claim<hopper_consumer_regs<V, D>()>();
   // the consumer index broadcast from lane 0: the compiler then knows it (and every branch on it, the
   // mainloop's included) is uniform, and keeps the asynchronous MMAs in flight across that code (a branch
   // it cannot prove uniform makes it wait for each wgmma right after issuing it)

@@ -51,6 +51,26 @@ __device__ __forceinline__ HopperItem warp_uniform_item(const HopperItem& in) {
   return w;
 }
 
+// A 4 x 4 transpose of 32-bit words within each quad of lanes (t4 = lane % 4): afterwards word j of lane t4
+// is what word t4 of lane j was. Two butterfly rounds (lanes t4 ^ 2, then t4 ^ 1), two shuffles each; every
+// lane of the warp takes part.
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int t4) {
+  const bool hi2 = (t4 & 2) != 0;  // lanes 2, 3 trade their words 0, 1 for words 2, 3 of lanes 0, 1
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi2 ? a[0] : a[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi2 ? a[1] : a[3], 2);
+  a[0] = hi2 ? r0 : a[0];
+  a[1] = hi2 ? r1 : a[1];
+  a[2] = hi2 ? a[2] : r0;
+  a[3] = hi2 ? a[3] : r1;
+  const bool hi1 = (t4 & 1) != 0;  // odd lanes trade their words 0, 2 for words 1, 3 of even lanes
+  r0 = __shfl_xor_sync(0xffffffffu, hi1 ? a[0] : a[1], 1);
+  r1 = __shfl_xor_sync(0xffffffffu, hi1 ? a[2] : a[3], 1);
+  a[0] = hi1 ? r0 : a[0];
+  a[2] = hi1 ? r1 : a[2];
+  a[1] = hi1 ? a[1] : r0;
+  a[3] = hi1 ? a[3] : r1;
+}
+
 // Shared memory: [alignment slack][Q: kQBuffers x kRows x D][K: kStages x kKeys x D][V: same][scratch fp32
 // rows, two of D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers,
 // kStages each][full_q, empty_q mbarriers, kQBuffers each][the work item of each Q buffer].

@@ -139,7 +139,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
 
   if (wg == 0) {
     // ================= producer =================
-    regs_release<Tile::kProducerRegs>();
+    regs_release<hopper_producer_regs<V, D>()>();
     // the key transform on each tile, unless the row-hook pass applied it (hook_pass.cuh)
     const bool hook_keys = V::kHasKeyTransform && !(P.hooks_applied & kKeysApplied);
     int it = 0;  // K/V tiles this CTA has issued before the item (stages and phases run on across items)
@@ -260,7 +260,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   }
 
   // ================= consumers =================
-  regs_claim<Tile::kConsumerRegs>();
+  regs_claim<hopper_consumer_regs<V, D>()>();
   // the consumer index broadcast from lane 0: the compiler then knows it (and every branch on it, the
   // mainloop's included) is uniform, and keeps the asynchronous MMAs in flight across that code (a branch
   // it cannot prove uniform makes it wait for each wgmma right after issuing it)
@@ -538,17 +538,27 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       lse_row[h] = V::kSoftmax ? (dsum != 0.f ? m_row[h] + log2f(dsum) : kNegInf) : 0.f;
     }
     if constexpr (!V::kHasOutputTransform) {
+      // each row's fragments (two columns of every 8-column block per lane of its quad) regrouped within the quad
+      // so that a lane stores whole 8-column blocks in 16 bytes: a quarter of the store instructions, each
+      // touching a row's 64 contiguous bytes instead of 4 (quad_transpose; every lane shuffles, valid row or not)
+      static_assert(NDT % 4 == 0, "the quad's blocks of four 8-column blocks");
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int pr = prow0 + 8 * h;
-        if (pr >= rows_total) continue;
+        const bool valid = pr < rows_total;
         const int tok = q0 + pr / group, qh = hk * group + pr % group;
-        T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D + t4 * 2;
+        T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
 #pragma unroll
-        for (int n = 0; n < NDT; ++n)
-          *reinterpret_cast<uint32_t*>(dst + n * 8) = pack2<T>(o_acc[4 * n + 2 * h], o_acc[4 * n + 2 * h + 1]);
+        for (int m = 0; m < NDT / 4; ++m) {
+          uint32_t w[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            w[j] = pack2<T>(o_acc[4 * (4 * m + j) + 2 * h], o_acc[4 * (4 * m + j) + 2 * h + 1]);
+          quad_transpose(w, t4);
+          if (valid) *reinterpret_cast<uint4*>(dst + (4 * m + t4) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
         const float l = lse_row[h];
-        if (t4 == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
+        if (valid && t4 == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
       }
     } else {
       // one row of the warp's 16 at a time through the warp's scratch rows: the quad holding it writes its

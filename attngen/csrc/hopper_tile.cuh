@@ -19,9 +19,28 @@ struct HopperTile {
   // item's epilogue), one at D 256
   static constexpr int kQBuffers = D <= 128 ? 2 : 1;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * (40 + 2 * 232) <= 64K registers
+  // 128 * (producer + 2 * consumer) <= 384 * 168 registers: what the CTA holds at launch (__launch_bounds__(384, 1)
+  // caps a thread at 168); setmaxnreg.inc waits until the registers it asks for are free, so a split summing to
+  // the SM's whole 64K never starts its consumers. At D 256 the consumers' 64 x 256 accumulators take 8 more
+  // (ptxas: 56 / 88 bytes of spill stores / loads with 40 / 232)
+  static constexpr int kProducerRegs = D == 256 ? 24 : 40, kConsumerRegs = D == 256 ? 240 : 232;
+  static constexpr int kRegsPerThreadRow = 384 * 168 / 128;  // 504: producer + 2 x consumer at most
   static_assert(kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys, "tile maps are made in this tiling");
 };
+
+// The register split of a variant's kernel. A key hook runs in the producer (hopper_producer.cuh
+// transform_key_tile), where 40 registers spilled RoPE's rows (ptxas: 208 / 376 bytes of spill stores / loads
+// at D 128); with a key hook the producer gets 96 registers (72 at D 256, whose consumers hold 64 x 256
+// accumulators) and the consumers what is left of the SM's 64K (RoPE: 4 / 4 bytes at D 128, 0 at D 64).
+template <class V, int D>
+constexpr int hopper_producer_regs() {
+  return V::kHasKeyTransform ? (D == 256 ? 72 : 96) : HopperTile<D>::kProducerRegs;
+}
+template <class V, int D>
+constexpr int hopper_consumer_regs() {  // 128 threads per warpgroup, setmaxnreg counts in multiples of 8
+  return V::kHasKeyTransform ? (HopperTile<D>::kRegsPerThreadRow - hopper_producer_regs<V, D>()) / 2 / 8 * 8
+                             : HopperTile<D>::kConsumerRegs;
+}
 
 // One work item of a persistent CTA, as the producer decodes it (hopper_prefill_kernel's item_at) and
 // hands it to the consumers in shared memory beside the item's query rows.
@@ -49,6 +68,26 @@ __device__ __forceinline__ HopperItem warp_uniform_item(const HopperItem& in) {
   w.tile_list = reinterpret_cast<const int32_t*>(
       __shfl_sync(0xffffffffu, reinterpret_cast<long long>(in.tile_list), 0));
   return w;
+}
+
+// A 4 x 4 transpose of 32-bit words within each quad of lanes (t4 = lane % 4): afterwards word j of lane t4
+// is what word t4 of lane j was. Two butterfly rounds (lanes t4 ^ 2, then t4 ^ 1), two shuffles each; every
+// lane of the warp takes part.
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int t4) {
+  const bool hi2 = (t4 & 2) != 0;  // lanes 2, 3 trade their words 0, 1 for words 2, 3 of lanes 0, 1
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi2 ? a[0] : a[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi2 ? a[1] : a[3], 2);
+  a[0] = hi2 ? r0 : a[0];
+  a[1] = hi2 ? r1 : a[1];
+  a[2] = hi2 ? a[2] : r0;
+  a[3] = hi2 ? a[3] : r1;
+  const bool hi1 = (t4 & 1) != 0;  // odd lanes trade their words 0, 2 for words 1, 3 of even lanes
+  r0 = __shfl_xor_sync(0xffffffffu, hi1 ? a[0] : a[1], 1);
+  r1 = __shfl_xor_sync(0xffffffffu, hi1 ? a[2] : a[3], 1);
+  a[0] = hi1 ? r0 : a[0];
+  a[2] = hi1 ? r1 : a[2];
+  a[1] = hi1 ? a[1] : r0;
+  a[3] = hi1 ? a[3] : r1;
 }
 
 // Shared memory: [alignment slack][Q: kQBuffers x kRows x D][K: kStages x kKeys x D][V: same][scratch fp32

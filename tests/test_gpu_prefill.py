@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tvm.script import tirx as T
 
 from attngen.runtime.reference import gather_pages, reference_attention
 from attngen.testing import Problem, compare, random_params, random_problem, tolerance
@@ -207,3 +208,36 @@ def test_prefill_cuda_graph_replays_100_random_batches(template, build_cache, rn
         torch.testing.assert_close(out, exact_o, atol=2e-3, rtol=2e-3)
         torch.testing.assert_close(lse, exact_l, atol=1e-3, rtol=1e-4)
     assert len(longest) > 30  # the batches really changed
+
+
+@T.prim_func
+def _signed_distance_bias(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                          kv_head: T.int32, w_ptr: T.handle, slope_ptr: T.handle) -> T.float32:
+    n = T.int32()
+    w = T.match_buffer(w_ptr, (n,), "float32")
+    slope = T.match_buffer(slope_ptr, (n,), "float32")
+    return s * w[qo_head] + slope[qo_head] * T.float32(kv_pos - qo_pos)
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_affine_logits_hook_with_scales_of_either_sign(template, build_cache, rng):
+    """An affine logits hook (codegen/logits_split.py) whose score factor is negative for some heads: warps
+    whose rows all scale by a positive factor take the interior fast path (csrc/score_rules.cuh), the others
+    the general one; long requests so that interior tiles exist, GQA groups mixing both kinds of rows."""
+    from attngen.ir import TensorParam, Variant
+    from attngen.runtime import CUDAAttention
+
+    skip_unless_runs(template)
+    v = Variant("signed_distance_bias", logits_transform=_signed_distance_bias,
+                params=[TensorParam("w", "float32", ("num_qo_heads",)),
+                        TensorParam("slope", "float32", ("num_qo_heads",))])
+    att = CUDAAttention.build(v, head_dims=(128,), dtypes=("bfloat16",), kernels=("prefill",), cache=build_cache)
+
+    def params(variant, rng_, problem):
+        hq = problem.q.shape[1]
+        w = rng_.uniform(0.3, 1.5, hq) * np.where(np.arange(hq) % 3 == 1, -1.0, 1.0)
+        return {"w": w.astype("float32"), "slope": rng_.uniform(0.0, 0.1, hq).astype("float32")}
+
+    for group, kv_mode in [(1, "ragged"), (4, "NHD"), (3, "HND")]:
+        run_prefill(att, v, rng, group=group, head_dim=128, dtype="bfloat16", kv_mode=kv_mode,
+                    qo_lens=[300, 0, 7, 129], kv_lens=[420, 3, 7, 700], template=template, make_params=params)

@@ -41,6 +41,12 @@ def _within_window(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int3
     return s - T.float32(0.01) * T.Cast("float32", qo_pos - kv_pos + 7)
 
 
+@T.prim_func
+def _head_scale(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                kv_head: T.int32, w: T.Buffer((8,), "float32")) -> T.float32:
+    return s * w[qo_head] - w[qo_head]
+
+
 def test_precise_math_only_hoists():
     ls = split_logits(builtin("logits_softcap").hooks["logits_transform"], reassociate=False)
     assert len(tu.collect(ls.score.body, tvm.tirx.Div)) == 1  # the IEEE division stays per score
@@ -72,6 +78,7 @@ def _variants():
         Variant("guarded_read", logits_transform=guarded_read, params=[TensorParam("bias", "float32", (8,))]),
         Variant("within_window", logits_transform=_within_window),
         Variant("offset_bias", logits_transform=offset_bias, params=[ScalarParam("offset", "int32", 3)]),
+        Variant("head_scale", logits_transform=_head_scale, params=[TensorParam("w", "float32", (8,))]),
     ]
     return [builtin("alibi"), builtin("logits_softcap"), builtin("sigmoid")] + custom
 
@@ -140,3 +147,29 @@ def test_float_positions_only_where_exact():
     assert not split_logits(builtin("alibi").hooks["logits_transform"], reassociate=False).float_positions
 
 
+
+
+def test_affine_hooks_keep_a_canonical_form():
+    """ALiBi and a linear distance bias: rt[0] * s + (rt[1] * kv_pos_f + rt[2]), their terms in that order
+    (the templates' interior fast path reads them by position); a tanh, a table read by key or an int
+    offset parameter in the position: not affine."""
+    alibi = split_logits(builtin("alibi").hooks["logits_transform"], reassociate=True)
+    assert alibi.affine and alibi.affine_kv and alibi.n_terms == 3
+    assert str(alibi.terms[0]) == "scale * post"
+    window = split_logits(_within_window, reassociate=True)  # s - 0.01 * (qo_pos - kv_pos + 7)
+    assert window.affine and window.affine_kv and str(window.terms[1]) == "T.float32(0.01) * post"
+    for func in (builtin("logits_softcap").hooks["logits_transform"], head_table_bias, offset_bias, guarded_read):
+        assert not split_logits(func, reassociate=True).affine
+    assert not alibi_precise_affine()
+
+
+def alibi_precise_affine() -> bool:
+    """Precise hook math keeps the hook's own operations: no canonical form."""
+    return split_logits(builtin("alibi").hooks["logits_transform"], reassociate=False).affine
+
+
+def test_affine_hook_without_a_key_term():
+    ls = split_logits(_head_scale, reassociate=True)
+    assert ls.affine and not ls.affine_kv and str(ls.score.body.value) == "s * rt[0] + rt[2]"
+    assert str(ls.terms[1]) == "T.float32(0.0)"
+    assert "T.float32(-1.0)" in str(ls.terms[2])

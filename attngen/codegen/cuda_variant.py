@@ -238,6 +238,11 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
     })
     split = hs.logits_split or {}
     flags["kLogitsRowTerms"] = str(split.get("terms", 0))
+    # an affine logits hook (rt[0] * s + rt[1] * kv_pos_f + rt[2]): a softmax template folds rt[0] into the
+    # exponent and the key term into one FFMA per score on interior tiles (csrc/score_rules.cuh)
+    affine = split.get("split") is not None and split["split"].affine and variant.state == StateAlgebra.SOFTMAX
+    flags["kLogitsAffine"] = _b(affine)
+    flags["kLogitsAffineKv"] = _b(affine and split["split"].affine_kv)
     fns += _logits_split_forwards(split, hs)
     msplit = hs.mask_split or {}
     flags["kMaskRowTerms"] = str(msplit.get("terms", 0))

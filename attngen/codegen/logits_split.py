@@ -22,6 +22,13 @@ Reassociation changes the float32 rounding by an ulp or so, below the approximat
 (hook_math.APPROX_MAX_ERROR). Precise hook math only hoists: the same operations on the same values,
 bit for bit.
 
+An *affine* hook, one whose per-score rest is ``s_raw * a + kv_pos_f * b + c`` with row terms ``a``, ``b``,
+``c`` (ALiBi, a bias by head, a scale by head), keeps its terms in that order (``rt[0] = a``, ``rt[1] = b``,
+``rt[2] = c``; ``LogitsSplit.affine``): a softmax template then takes the row max of
+``y = s_raw + (b / a) * (key - the thread's first key of the tile)`` on an interior tile, one FFMA per score
+with a compile-time column offset, and applies ``a`` and the tile's ``b * first key + c`` in the exponent's
+FFMA (csrc/score_rules.cuh, ``a > 0`` in every row of a warp, else the general path).
+
 Nothing is hoisted out of what the generated C evaluates only under a condition, an ``if_then_else``
 branch, a select's values or the right operand of ``and`` / ``or`` (the condition may guard a read that
 is out of bounds when not taken); a hook whose body is not straight-line keeps its body, its score scaled and its
@@ -62,6 +69,9 @@ class LogitsSplit:
     terms: tuple  # the hoisted expressions, rt[i] = terms[i] (over the row function's parameters)
     reassociated: bool
     float_positions: bool = False  # the per-score rest reads kv_pos_f (the key position as a float)
+    # the per-score rest is s * rt[0] + (kv_pos_f * rt[1] + rt[2]) (affine_kv) or s * rt[0] + rt[2]
+    affine: bool = False
+    affine_kv: bool = False
 
     @property
     def n_terms(self) -> int:
@@ -222,6 +232,56 @@ def _float_positions(value, kv_pos, qo_pos, kv_f):
     return out, hit[0] and not any(tu.handle(v) == tu.handle(kv_pos) for v in tu.used_vars(out))
 
 
+def _affine_parts(e, s_raw, kv_f, invariant):
+    """``{"s": coef, "kv": coef, "c": const}`` (coefficients row-invariant, absent parts left out) when ``e``
+    is a sum and difference of ``s_raw`` and ``kv_f`` times row-invariant factors and row-invariant terms;
+    else None."""
+    def parts(x, sign):
+        if isinstance(x, tir.Add):
+            left, right = parts(x.a, sign), parts(x.b, sign)
+            return None if left is None or right is None else left + right
+        if isinstance(x, tir.Sub):
+            left, right = parts(x.a, sign), parts(x.b, -sign)
+            return None if left is None or right is None else left + right
+        for var, kind in ((s_raw, "s"), (kv_f, "kv")):
+            if isinstance(x, tvm.ir.Var) and x.same_as(var):
+                return [(kind, sign, _f32(1.0))]
+            if isinstance(x, tir.Mul):
+                for v, c in ((x.a, x.b), (x.b, x.a)):
+                    if isinstance(v, tvm.ir.Var) and v.same_as(var) and invariant(c):
+                        return [(kind, sign, c)]
+        if str(x.ty) == F32 and invariant(x):
+            return [("c", sign, x)]
+        return None
+
+    found = parts(e, 1) if str(e.ty) == F32 else None
+    if not found or not any(kind == "s" for kind, _, _ in found):
+        return None
+    out: dict = {}
+    for kind, sign, coef in found:
+        term = coef if sign > 0 else tir.Mul(_f32(-1.0), coef)
+        out[kind] = tir.Add(out[kind], term) if kind in out else term
+    return out
+
+
+def _affine_split(score_value, terms, s_raw, kv_f, invariant, rt, load):
+    """The canonical affine form of a hoisted per-score value (``_affine_parts``; ``invariant``: reads no
+    per-score variable): its row terms [a, b, c] over the row function's parameters, the per-score rest
+    reading them and whether it has a key term; None where it is not affine."""
+    found = _affine_parts(score_value, s_raw, kv_f, invariant)
+    if found is None:
+        return None
+    def row_expr(coef):  # rt[i] loads back to the row function's expressions
+        return tu.map_nodes(coef, tvm.ir.TensorLoad,
+                            lambda b: terms[int(b.indices[0])] if b.source.same_as(rt) else b)
+
+    new_terms = (row_expr(found["s"]), row_expr(found["kv"]) if "kv" in found else _f32(0.0),
+                 row_expr(found["c"]) if "c" in found else _f32(0.0))
+    rest = tir.Mul(s_raw, load(0))
+    rest = tir.Add(rest, tir.Add(tir.Mul(kv_f, load(1)), load(2))) if "kv" in found else tir.Add(rest, load(2))
+    return new_terms, rest, "kv" in found
+
+
 def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
     """The row-terms / per-score pair of the logits hook ``func`` (standard parameters: s, batch,
     qo_pos, kv_pos, qo_head, kv_head; the variant's extras after them)."""
@@ -254,12 +314,18 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
             # only where every read of kv_pos goes: a hook that also indexes by it keeps the int
             rewritten, float_pos = _float_positions(value, kv_pos, qo_pos, kv_f)
             value = sp.reassociate(rewritten if float_pos else value)
-        score_body = tir.Return(sp.hoist(value, load))
+        score_value = sp.hoist(value, load)
+        affine = _affine_split(score_value, sp.terms, s_raw, kv_f, sp.invariant, rt_score, load) if reassoc else None
+        if affine is not None:
+            sp.terms, score_value, affine_kv = list(affine[0]), affine[1], affine[2]
+        score_body = tir.Return(score_value)
     else:  # keep the body: the score scaled on the way in, the value multiplied on the way out
         sp.terms = [scale, post]
         reassoc = float_pos = False
         body = tu.substitute(func.body, {tu.handle(s): tir.Mul(s_raw, load(0))})
         score_body = tu.map_nodes(body, tir.Return, lambda r: tir.Return(tir.Mul(r.value, load(1))))
+    if not straight:
+        affine = None
     terms = tuple(sp.terms)
     stores = [tir.BufferStore(rt_row, t, [tir.IntImm("int32", i)]) for i, t in enumerate(terms)]
     if not stores:  # nothing row-invariant: the function still has a body
@@ -268,4 +334,4 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
                        stores[0] if len(stores) == 1 else tir.SeqStmt(stores), None)
     score = tir.PrimFunc([s_raw, batch, qo_pos, kv_pos, kv_f, qo_head, kv_head, rt_score] + extras, score_body,
                          tvm.ir.PrimType(F32))
-    return LogitsSplit(row, score, terms, reassoc, float_pos)
+    return LogitsSplit(row, score, terms, reassoc, float_pos, affine is not None, affine is not None and affine_kv)

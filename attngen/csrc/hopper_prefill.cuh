@@ -355,6 +355,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     const ScoreRules<V> score_rules{P.causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale, P.win, q0};
     typename ScoreRules<V>::RowTerms row_terms;
     score_rules.row_terms(prow0, row_terms);
+    const bool affine = V::kLogitsAffine && score_rules.affine_rows(row_terms);  // (warp-uniform)
 
     // ---- mainloop: S_kt = Q K_kt^T issued with O += P_(kt-1) V_(kt-1) ----------------------------
     // The softmax of tile kt runs while P V of tile kt - 1 is on the tensor cores (its P packed into `pk`
@@ -396,13 +397,18 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       const int js = tile_start(kt);
       const bool interior = Mapped ? tile_full(kt) : (js + TK - 1 <= int_jmax && js >= int_j0min);
       float mt_max[2] = {m_row[0], m_row[1]};
-      float sfac = 1.f;
+      float sfac[2] = {1.f, 1.f}, koff[2] = {0.f, 0.f};  // the exponent: 2^(s * sfac + koff - m)
       if (interior && fold) {
         float raw_max[2];
         tile_row_reduce<NKT>(sfr, raw_max, [](float x, float y) { return fmaxf(x, y); });
         mt_max[0] = fmaxf(mt_max[0], raw_max[0] * scale);
         mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
-        sfac = scale;
+        sfac[0] = sfac[1] = scale;
+      } else if (V::kLogitsAffine && interior && affine) {
+        score_rules.affine_scores(sfr, row_terms);
+        float raw_max[2];
+        tile_row_reduce<NKT>(sfr, raw_max, [](float x, float y) { return fmaxf(x, y); });
+        score_rules.affine_max(js, row_terms, raw_max, mt_max, sfac, koff);
       } else if (interior) {
         score_rules.apply(sfr, prow0, js, mt_max, false, row_terms);
       } else {
@@ -416,13 +422,17 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
           rescale[h] = mt_max[h] != m_row[h] ? fast_exp2(m_row[h] - mt_max[h]) : 1.f;
           m_row[h] = mt_max[h];
         }
-        const float msub[2] = {m_row[0] == kNegInf ? 0.f : m_row[0], m_row[1] == kNegInf ? 0.f : m_row[1]};
+        float msub[2] = {m_row[0] == kNegInf ? 0.f : m_row[0], m_row[1] == kNegInf ? 0.f : m_row[1]};
+        if constexpr (V::kLogitsAffine) {
+          msub[0] -= koff[0];
+          msub[1] -= koff[1];
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[h] *= rescale[h];
 #pragma unroll
         for (int n = 0; n < NKT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sfr[n][e] = fast_exp2(fmaf(sfr[n][e], sfac, -msub[e / 2]));
+          for (int e = 0; e < 4; ++e) sfr[n][e] = fast_exp2(fmaf(sfr[n][e], sfac[e / 2], -msub[e / 2]));
         float tile_sum[2];
         tile_row_reduce<NKT>(sfr, tile_sum, [](float x, float y) { return x + y; });
         d_row[0] += tile_sum[0];

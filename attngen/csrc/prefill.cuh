@@ -321,11 +321,13 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   // the scores of one m-tile off the folded fast path (score_rules.cuh)
   const ScoreRules<V> score_rules{causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale, P.win, q0};
   typename ScoreRules<V>::RowTerms row_terms[MT];
+  bool affine[MT];  // an affine logits hook's interior path (score_rules.cuh), per warp and m-tile
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     score_rules.row_terms(prow0 + mt * 16, row_terms[mt]);
     if constexpr (tvm_tree<V>())
       set_row_tree(row_terms[mt], P.tree, b, qo_len, kv_len, prow0 + mt * 16, group, rows_total);
+    affine[mt] = V::kLogitsAffine && score_rules.affine_rows(row_terms[mt]);
   }
   // staged K/V: the staging area after the 16-bit tile (named only in the staged branches)
   constexpr size_t kStagingOffset = (size_t(RQ) * ST + 2 * size_t(TK) * D) * sizeof(T);
@@ -439,13 +441,19 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
     for (int mt = 0; mt < MT; ++mt) {
       const bool interior = Mapped ? full_tile : (j_last <= int_jmax[mt] && js >= int_j0min[mt]);
       float mt_max[2] = {m_row[mt][0], m_row[mt][1]};
-      float sfac = 1.f;  // the factor still to apply to s in the exponent
+      // the factor still to apply to s in the exponent, and an offset: 2^(s * sfac + koff - m)
+      float sfac[2] = {1.f, 1.f}, koff[2] = {0.f, 0.f};
       if (interior && fold) {
         float raw_max[2];
         row_tree<NKT>(s[mt], raw_max, [](float x, float y) { return fmaxf(x, y); });
         mt_max[0] = fmaxf(mt_max[0], raw_max[0] * scale);
         mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
-        sfac = scale;
+        sfac[0] = sfac[1] = scale;
+      } else if (V::kLogitsAffine && interior && affine[mt]) {
+        score_rules.affine_scores(s[mt], row_terms[mt]);
+        float raw_max[2];
+        row_tree<NKT>(s[mt], raw_max, [](float x, float y) { return fmaxf(x, y); });
+        score_rules.affine_max(js, row_terms[mt], raw_max, mt_max, sfac, koff);
       } else if (interior) {
         score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, false, row_terms[mt]);  // interior: no checks
       } else {
@@ -464,14 +472,17 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
           m_row[mt][h] = mt_max[h];
         }
         // a row whose max is -inf has only -inf scores: 2^(-inf - 0) = 0 without a per-score test
-        const float msub[2] = {m_row[mt][0] == kNegInf ? 0.f : m_row[mt][0],
-                               m_row[mt][1] == kNegInf ? 0.f : m_row[mt][1]};
+        float msub[2] = {m_row[mt][0] == kNegInf ? 0.f : m_row[mt][0], m_row[mt][1] == kNegInf ? 0.f : m_row[mt][1]};
+        if constexpr (V::kLogitsAffine) {
+          msub[0] -= koff[0];
+          msub[1] -= koff[1];
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[mt][h] *= rescale[h];
 #pragma unroll
         for (int n = 0; n < NKT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], sfac, -msub[e / 2]));
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], sfac[e / 2], -msub[e / 2]));
         float tile_sum[2];
         row_tree<NKT>(s[mt], tile_sum, [](float x, float y) { return x + y; });
         d_row[mt][0] += tile_sum[0];

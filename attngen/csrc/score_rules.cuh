@@ -26,6 +26,7 @@ struct ScoreRules {
   struct RowTerms : RowPositions<tvm_windowed<V>()>, RowTree<tvm_tree<V>()> {
     float logits[2][kRowTerms];
     int mask[2][kMaskTerms];
+    float key_ratio[2];  // affine logits hooks: rt[1] / rt[0] (affine_scores)
   };
 
   const int& causal;  // the problem's run-time causal flag (read where tested, as a kernel parameter)
@@ -52,8 +53,48 @@ struct ScoreRules {
       if constexpr (V::kHasLogits)
         V::logits_row_terms(hp, batch, qo_pos, qo_head, kv_head, scale, V::kLogitsLog2e ? kLog2e : 1.f,
                             rt.logits[h]);
+      if constexpr (V::kLogitsAffineKv) rt.key_ratio[h] = rt.logits[h][1] / rt.logits[h][0];
       if constexpr (V::kHasMask && V::kMaskRowTerms > 0)
         V::mask_row_terms(hp, batch, qo_pos, qo_head, kv_head, rt.mask[h]);
+    }
+  }
+
+  // Affine logits hooks (V::kLogitsAffine, codegen/logits_split.py: rt[0] * s + rt[1] * kv_pos_f + rt[2]) on
+  // an interior tile, where every row of the warp has rt[0] > 0 (affine_rows, warp-uniform): the score becomes
+  // y = s + (rt[1] / rt[0]) * (key - the thread's first key of the tile), one FFMA with a compile-time
+  // offset (affine_scores), and the logit is rt[0] * y + k, where k = rt[1] * (first key) + rt[2] per row
+  // and tile (affine_max: the row max rt[0] * max(y) + k; the exponent's FFMA then takes rt[0] and k in).
+  // Against the hook's two FFMAs and the key's conversion per score, one FFMA.
+  __device__ __forceinline__ bool affine_rows(const RowTerms& rt) const {
+    bool ok = true;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      ok = ok && rt.logits[h][0] > 0.f;
+      if constexpr (V::kLogitsAffineKv) ok = ok && isfinite(rt.key_ratio[h]);
+    }
+    return __all_sync(0xffffffffu, ok);
+  }
+
+  template <int NKT>
+  __device__ __forceinline__ void affine_scores(float (&sm)[NKT][4], const RowTerms& rt) const {
+    if constexpr (V::kLogitsAffineKv) {
+#pragma unroll
+      for (int n = 0; n < NKT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sm[n][e] = fmaf(float(n * 8 + (e % 2)), rt.key_ratio[e / 2], sm[n][e]);
+    }
+  }
+
+  // raw_max: the rows' max of y over the thread's scores; row_max takes the logits' max in, fac and k
+  // the exponent's factor and offset
+  __device__ __forceinline__ void affine_max(int j0, const RowTerms& rt, const float (&raw_max)[2],
+                                             float (&row_max)[2], float (&fac)[2], float (&k)[2]) const {
+    const float first = float(j0 + 2 * t4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      fac[h] = rt.logits[h][0];
+      k[h] = V::kLogitsAffineKv ? fmaf(first, rt.logits[h][1], rt.logits[h][2]) : rt.logits[h][2];
+      row_max[h] = fmaxf(row_max[h], fmaf(raw_max[h], fac[h], k[h]));
     }
   }
 

@@ -300,6 +300,9 @@ def cmd_inspect(args) -> int:
         for i, term in enumerate(ls.terms):
             print(f"    rt[{i}] = {term}")
         print(f"  per score, s the raw q.k: {ls.score.body.value}")
+        if ls.affine:
+            print("  affine (rt[0] * s + rt[1] * kv_pos_f + rt[2]): on interior tiles of warps whose rows all have "
+                  "rt[0] > 0, one FFMA per score, rt[0] and the key term folded into the exponent")
         if ls.float_positions:
             print("  kv_pos_f: the key position as a float32, counted up per tile (exact below 2^23 keys; "
                   "plan_prefill refuses longer requests)")

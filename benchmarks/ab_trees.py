@@ -38,11 +38,13 @@ def _digest(t) -> str:
 
 def variant_params(name: str) -> dict:
     """The run-time parameters ``--variant name``'s calls pass (common.VARIANT_PARAMS; the others take none)."""
-    from common import VARIANT_PARAMS  # (run put benchmarks/ on the path)
+    from common import VARIANT_PARAMS, alibi_slopes  # (run put benchmarks/ on the path)
 
+    if name == "alibi":  # the full-attention prefill cases have 32 query heads
+        return {"alibi_slopes": alibi_slopes(32)}
     if name and name not in VARIANT_PARAMS and name not in ("vanilla", "sigmoid"):
         raise SystemExit(f"--variant {name}: the A/B knows the parameters of "
-                         f"{', '.join(['vanilla', 'sigmoid', *VARIANT_PARAMS])} only")
+                         f"{', '.join(['vanilla', 'sigmoid', 'alibi', *VARIANT_PARAMS])} only")
     return VARIANT_PARAMS.get(name, {})
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from common import (VARIANT_PARAMS, bench, cell, error_lines, guarded, load_flashinfer, result_parser, run_info,
-                    write_results)
+from common import (VARIANT_PARAMS, alibi_slopes, bench, cell, error_lines, guarded, load_flashinfer, result_parser,
+                    run_info, write_results)
 
 L, HQ, HKV, D = 8192, 32, 8, 128
 TEMPLATES = ["mma_sync"]  # plus "hopper" on compute capability 9.0 (set in main)
@@ -72,7 +72,7 @@ def main():
     v = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
     indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
     kv = RaggedKV(k, v, indptr)
-    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / HQ) for h in range(HQ)], device="cuda")
+    slopes = alibi_slopes(HQ)
     fi, fi_version = load_flashinfer()
     TEMPLATES[:] = ["mma_sync"] + (["hopper"] if torch.cuda.get_device_capability()[0] == 9 else [])
     res = {**run_info(args.commit), "shape": {"L": L, "Hq": HQ, "Hkv": HKV, "D": D}}

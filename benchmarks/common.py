@@ -89,6 +89,14 @@ def case_parser(doc: str, peers_help: str) -> argparse.ArgumentParser:
 VARIANT_PARAMS = {"rope": {"rope_scale": 1.0, "rope_theta": 1e4}, "logits_softcap": {"soft_cap": 30.0}}
 
 
+def alibi_slopes(num_heads: int):
+    """ALiBi's slopes 2^(-8 (h + 1) / H) of H query heads, a float32 tensor on the GPU (the built-in alibi's
+    ``alibi_slopes``)."""
+    import torch
+
+    return torch.tensor([2.0 ** (-8 * (h + 1) / num_heads) for h in range(num_heads)], device="cuda")
+
+
 def selected_cases(cases: list, prefixes: str) -> list:
     """The cases (objects with a ``name``) whose names start with one of the comma-separated ``prefixes``, in the
     order of the prefixes (a run with a time limit measures first what is named first); all for an empty string."""

@@ -67,6 +67,9 @@ def test_inspect_shows_the_logits_hooks_row_terms(capsys):
     assert "rt[0] = scale * (T.float32(1.0) / soft_cap)" in text and "rt[1] = soft_cap * post" in text
     assert "per score, s the raw q.k: T.tanh(s * rt[0]) * rt[1]" in text
     assert "row-hook pass" not in text  # no key or query transform
+    assert "affine" not in text  # tanh: not affine in the score
+    assert main(["inspect", "alibi"]) == 0
+    assert "affine (rt[0] * s + rt[1] * kv_pos_f + rt[2])" in capsys.readouterr().out
 
 
 def test_list(capsys):

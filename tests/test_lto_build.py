@@ -87,9 +87,13 @@ def test_template_key_depends_on_the_hook_signature_only():
     assert key(scaled_softcap(1.0, name="other")) == key(a)  # another variant, same signature
     assert key(softcap_two_params()) == key(a)  # another parameter list, same signature
     assert key(builtin("logits_softcap")) == key(a)
-    # ALiBi's logits hook has three row terms, the soft-cap's two: both round up to the same count
+    # ALiBi's logits hook has three row terms, the soft-cap's two: both round up to the same count, and its
+    # affine form (read by the prefill templates alone) leaves the decode template shared
     assert key(builtin("alibi")) == key(a)
-    assert "kLogitsRowTerms = 4;" in abi(builtin("alibi"))
+    assert "kLogitsRowTerms = 4;" in abi(builtin("alibi")) and "kLogitsAffine = true;" in abi(builtin("alibi"))
+    prefill_key = lambda v: lto.template_key("prefill", "sm_80", d, pair, cfg, abi(v))  # noqa: E731
+    assert prefill_key(builtin("alibi")) != prefill_key(a)
+    assert prefill_key(scaled_softcap(2.0, name="other")) == prefill_key(a)
     assert "kLogitsRowTerms = 0;" in abi(builtin("causal"))  # no logits hook: no row terms
     assert key(builtin("causal")) != key(a)  # a mask instead of a logits transform
     assert key(builtin("sigmoid")) != key(a)  # another state algebra

@@ -250,10 +250,26 @@ def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int,
                       '#include "tile_checks.h"', *launcher.instances(part, head_dim, pair, max_group)]) + "\n"
 
 
+# traits flags only the prefill templates read (csrc/score_rules.cuh): a decode template object compiles with them
+# false, so that signatures differing in them alone share it
+PREFILL_ONLY_FLAGS = ("kLogitsAffine", "kLogitsAffineKv")
+
+
+def record_abi(record: str, abi: str) -> str:
+    """The ABI traits' text a template object of ``record`` compiles against: ``abi`` with the flags no kernel
+    of the record reads (PREFILL_ONLY_FLAGS outside prefill) set false."""
+    if record == "prefill":
+        return abi
+    for flag in PREFILL_ONLY_FLAGS:
+        abi = abi.replace(f"static constexpr bool {flag} = true;", f"static constexpr bool {flag} = false;")
+    return abi
+
+
 def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: BuildConfig, abi: str,
                  part: int = 0) -> str:
     """The cache key of one template object: everything its LTO-IR depends on, and nothing of the
-    variant beyond its hook signature (``abi``, the ABI traits' text)."""
+    variant beyond its hook signature (``abi``, the ABI traits' text, as the record reads it: record_abi)."""
+    abi = record_abi(record, abi)
     return content_key({"lto_template": record, "file": TEMPLATE_FILE,
                         "source": template_source(record, head_dim, pair, cfg.max_group_size, part,
                                                   smem_floor_define(cfg.archs)),
@@ -270,6 +286,7 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
     Like the launch object and the exports, it leaves ``stats`` to the caller (:func:`count`): these compile
     in worker threads."""
     key = template_key(record, arch, head_dim, pair, cfg, abi, part)
+    abi = record_abi(record, abi)
     gencode, _ = lto_gencode(arch)
 
     def build(out: Path) -> None:

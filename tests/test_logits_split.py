@@ -173,3 +173,22 @@ def test_affine_hook_without_a_key_term():
     assert ls.affine and not ls.affine_kv and str(ls.score.body.value) == "s * rt[0] + rt[2]"
     assert str(ls.terms[1]) == "T.float32(0.0)"
     assert "T.float32(-1.0)" in str(ls.terms[2])
+
+
+def test_traits_flag_the_affine_path_for_softmax_variants_only():
+    """kLogitsAffine (csrc/score_rules.cuh's interior path) for an affine hook of a softmax variant; not for a
+    'sum' state variant with the same hook (no running max to fold into), nor for soft-cap."""
+    from attngen.codegen.cuda_variant import traits_parts
+
+    def flags(v):
+        return traits_parts(v, lower_hooks_cuda(v, 128, "sm_90a"), 128)[0]
+
+    alibi = builtin("alibi")
+    assert flags(alibi)["kLogitsAffine"] == "true" and flags(alibi)["kLogitsAffineKv"] == "true"
+    head_scale = Variant("head_scale", logits_transform=_head_scale, params=[TensorParam("w", "float32", (8,))])
+    assert flags(head_scale)["kLogitsAffine"] == "true" and flags(head_scale)["kLogitsAffineKv"] == "false"
+    summed = Variant("alibi_sum", logits_transform=alibi.hooks["logits_transform"], state="sum",
+                     params=list(alibi.params))
+    assert flags(summed)["kLogitsAffine"] == "false"
+    assert flags(builtin("logits_softcap"))["kLogitsAffine"] == "false"
+    assert flags(builtin("vanilla"))["kLogitsAffine"] == "false"

@@ -266,9 +266,13 @@ def _direct_call(call: HookCall) -> str:
     return f"{call.symbol}({', '.join(args)}"
 
 
+def flag_line(name: str, value: str) -> str:
+    """A traits flag's line of the generated source (lto.record_abi rewrites boolean ones)."""
+    return f"  static constexpr {'int' if value.isdigit() else 'bool'} {name} = {value};"
+
+
 def _flag_lines(head_dim: int, flags: dict[str, str]) -> list[str]:
-    return [f"  static constexpr int kHeadDim = {head_dim};"] + [
-        f"  static constexpr {'int' if v.isdigit() else 'bool'} {k} = {v};" for k, v in flags.items()]
+    return [f"  static constexpr int kHeadDim = {head_dim};"] + [flag_line(k, v) for k, v in flags.items()]
 
 
 def traits_source(variant, hs, head_dim: int) -> str:

@@ -297,6 +297,7 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
     def load(i):
         return tir.BufferLoad(rt_score, [tir.IntImm("int32", i)])
 
+    affine = None  # (a straight-line hook's canonical affine form, _affine_split)
     try:
         binds, value = tu.strip_binds(func.body)
         straight = True
@@ -324,8 +325,6 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
         reassoc = float_pos = False
         body = tu.substitute(func.body, {tu.handle(s): tir.Mul(s_raw, load(0))})
         score_body = tu.map_nodes(body, tir.Return, lambda r: tir.Return(tir.Mul(r.value, load(1))))
-    if not straight:
-        affine = None
     terms = tuple(sp.terms)
     stores = [tir.BufferStore(rt_row, t, [tir.IntImm("int32", i)]) for i, t in enumerate(terms)]
     if not stores:  # nothing row-invariant: the function still has a body

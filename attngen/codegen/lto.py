@@ -52,7 +52,7 @@ from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 from . import nvcc, nvjitlink, nvrtc
 from .cache import BuildCache, content_key, entry_is_sealed
 from .cuda_entries import SCALED_KV_HEADERS, decode_entry, kv_c_type, prefill_entry, prefill_kind
-from .cuda_variant import C_TYPES, abi_hooks_source, params_bytes
+from .cuda_variant import C_TYPES, abi_hooks_source, flag_line, params_bytes
 from .host_library import csrc_hash, host_cxx, nvcc_key
 from .linked_cubin import cubin_kernels, kernel_table
 
@@ -261,7 +261,7 @@ def record_abi(record: str, abi: str) -> str:
     if record == "prefill":
         return abi
     for flag in PREFILL_ONLY_FLAGS:
-        abi = abi.replace(f"static constexpr bool {flag} = true;", f"static constexpr bool {flag} = false;")
+        abi = abi.replace(flag_line(flag, "true"), flag_line(flag, "false"))
     return abi
 
 

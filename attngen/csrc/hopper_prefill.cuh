@@ -405,10 +405,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
         sfac[0] = sfac[1] = scale;
       } else if (V::kLogitsAffine && interior && affine) {
-        score_rules.affine_scores(sfr, row_terms);
-        float raw_max[2];
-        tile_row_reduce<NKT>(sfr, raw_max, [](float x, float y) { return fmaxf(x, y); });
-        score_rules.affine_max(js, row_terms, raw_max, mt_max, sfac, koff);
+        score_rules.apply_affine(sfr, js, mt_max, sfac, koff, row_terms,
+                                 [](auto&&... a) { tile_row_reduce<NKT>(a...); });
       } else if (interior) {
         score_rules.apply(sfr, prow0, js, mt_max, false, row_terms);
       } else {
@@ -422,11 +420,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
           rescale[h] = mt_max[h] != m_row[h] ? fast_exp2(m_row[h] - mt_max[h]) : 1.f;
           m_row[h] = mt_max[h];
         }
-        float msub[2] = {m_row[0] == kNegInf ? 0.f : m_row[0], m_row[1] == kNegInf ? 0.f : m_row[1]};
-        if constexpr (V::kLogitsAffine) {
-          msub[0] -= koff[0];
-          msub[1] -= koff[1];
-        }
+        const float msub[2] = {(m_row[0] == kNegInf ? 0.f : m_row[0]) - koff[0],
+                               (m_row[1] == kNegInf ? 0.f : m_row[1]) - koff[1]};
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[h] *= rescale[h];
 #pragma unroll

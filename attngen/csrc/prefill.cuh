@@ -450,10 +450,8 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
         mt_max[1] = fmaxf(mt_max[1], raw_max[1] * scale);
         sfac[0] = sfac[1] = scale;
       } else if (V::kLogitsAffine && interior && affine[mt]) {
-        score_rules.affine_scores(s[mt], row_terms[mt]);
-        float raw_max[2];
-        row_tree<NKT>(s[mt], raw_max, [](float x, float y) { return fmaxf(x, y); });
-        score_rules.affine_max(js, row_terms[mt], raw_max, mt_max, sfac, koff);
+        score_rules.apply_affine(s[mt], js, mt_max, sfac, koff, row_terms[mt],
+                                 [](auto&&... a) { row_tree<NKT>(a...); });
       } else if (interior) {
         score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, false, row_terms[mt]);  // interior: no checks
       } else {
@@ -472,11 +470,8 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
           m_row[mt][h] = mt_max[h];
         }
         // a row whose max is -inf has only -inf scores: 2^(-inf - 0) = 0 without a per-score test
-        float msub[2] = {m_row[mt][0] == kNegInf ? 0.f : m_row[mt][0], m_row[mt][1] == kNegInf ? 0.f : m_row[mt][1]};
-        if constexpr (V::kLogitsAffine) {
-          msub[0] -= koff[0];
-          msub[1] -= koff[1];
-        }
+        const float msub[2] = {(m_row[mt][0] == kNegInf ? 0.f : m_row[mt][0]) - koff[0],
+                               (m_row[mt][1] == kNegInf ? 0.f : m_row[mt][1]) - koff[1]};
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[mt][h] *= rescale[h];
 #pragma unroll

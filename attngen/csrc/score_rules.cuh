@@ -62,8 +62,8 @@ struct ScoreRules {
   // Affine logits hooks (V::kLogitsAffine, codegen/logits_split.py: rt[0] * s + rt[1] * kv_pos_f + rt[2]) on
   // an interior tile, where every row of the warp has rt[0] > 0 (affine_rows, warp-uniform): the score becomes
   // y = s + (rt[1] / rt[0]) * (key - the thread's first key of the tile), one FFMA with a compile-time
-  // offset (affine_scores), and the logit is rt[0] * y + k, where k = rt[1] * (first key) + rt[2] per row
-  // and tile (affine_max: the row max rt[0] * max(y) + k; the exponent's FFMA then takes rt[0] and k in).
+  // offset, and the logit is rt[0] * y + k, where k = rt[1] * (first key) + rt[2] per row and tile: the row
+  // max is rt[0] * max(y) + k, and the exponent's FFMA takes rt[0] (fac) and k in, 2^(y * fac + k - m).
   // Against the hook's two FFMAs and the key's conversion per score, one FFMA.
   __device__ __forceinline__ bool affine_rows(const RowTerms& rt) const {
     bool ok = true;
@@ -75,20 +75,18 @@ struct ScoreRules {
     return __all_sync(0xffffffffu, ok);
   }
 
-  template <int NKT>
-  __device__ __forceinline__ void affine_scores(float (&sm)[NKT][4], const RowTerms& rt) const {
+  // (reduce(sm, out, op): the template's per-thread row reduction, common.cuh tile_row_reduce or its like)
+  template <int NKT, class Reduce>
+  __device__ __forceinline__ void apply_affine(float (&sm)[NKT][4], int j0, float (&row_max)[2], float (&fac)[2],
+                                               float (&k)[2], const RowTerms& rt, Reduce reduce) const {
     if constexpr (V::kLogitsAffineKv) {
 #pragma unroll
       for (int n = 0; n < NKT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) sm[n][e] = fmaf(float(n * 8 + (e % 2)), rt.key_ratio[e / 2], sm[n][e]);
     }
-  }
-
-  // raw_max: the rows' max of y over the thread's scores; row_max takes the logits' max in, fac and k
-  // the exponent's factor and offset
-  __device__ __forceinline__ void affine_max(int j0, const RowTerms& rt, const float (&raw_max)[2],
-                                             float (&row_max)[2], float (&fac)[2], float (&k)[2]) const {
+    float raw_max[2];
+    reduce(sm, raw_max, [](float x, float y) { return fmaxf(x, y); });
     const float first = float(j0 + 2 * t4);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

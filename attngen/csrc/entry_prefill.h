@@ -292,8 +292,11 @@ struct TileMapEntry<V, D, Name, ArgList<X...>> {
       ATTNGEN_THROW(ValueError) << Name << ": map's head rows must be "
                                 << (V::kMaskReadsHeads ? "num_kv_heads (the mask reads a head index)"
                                                        : "1 (the mask reads no head index)");
-    if (M.group < 1 || M.rows < 1 || M.keys < 1)
-      ATTNGEN_THROW(ValueError) << Name << ": group, rows and keys must be positive";
+    if (M.group < 1)
+      ATTNGEN_THROW(ValueError) << Name << ": group must be positive";
+    if (M.rows != MapTile<D>::kRows || M.keys != MapTile<D>::kKeys)
+      ATTNGEN_THROW(ValueError) << Name << ": rows and keys must be the templates' map tile, " << MapTile<D>::kRows
+                                << " x " << MapTile<D>::kKeys << " at head_dim " << D;
     launch_tile_map<V>(M, hp, stream_of(qo_indptr));
     check_launch(Name);
   }

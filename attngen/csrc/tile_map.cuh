@@ -65,11 +65,22 @@ struct TileMapProblem {
   int rows, keys, q_tiles, k_tiles, heads;
 };
 
-// One CTA per (query tile, head row, request); its threads share each key tile's pairs and vote. D (the
-// traits' head dim) names the kernel in a linked cubin's table: tile_map_kernel<128>.
+// One CTA per (query tile, head row, request). Its threads first compute each of the tile's rows' position,
+// query head and mask row terms (the mask hook's row-invariant reads, codegen/mask_split.py) into shared memory;
+// then each warp classifies its own key tiles (k = warp, warp + 8, ...): a lane takes kKeys / 32 keys of the tile
+// and walks the rows, the warp votes, and stops early once the tile is known partial. No block-wide barrier per
+// key tile, and per pair one mask evaluation from the row's terms. D (the traits' head dim) names the kernel in a
+// linked cubin's table: tile_map_kernel<128>.
 template <class V, int D = V::kHeadDim>
-__global__ void tile_map_kernel(TileMapProblem M, typename V::Params hp) {
+__global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typename V::Params hp) {
+  // the map tile (the entry refuses another: M.rows, M.keys are these)
+  constexpr int kMaxRows = MapTile<D>::kRows, kKeys = MapTile<D>::kKeys;
+  constexpr int kTerms = V::kMaskRowTerms > 0 ? V::kMaskRowTerms : 1;
+  static_assert(kKeys % 32 == 0, "a lane takes whole keys of a tile");
+  __shared__ int row_pos[kMaxRows], row_head[kMaxRows];
+  __shared__ int row_terms[kMaxRows][kTerms];
   const int tile = blockIdx.x, hm = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint8_t* out = M.map + ((int64_t(b) * M.heads + hm) * M.q_tiles + tile) * M.k_tiles;
   const int q0 = M.qo_indptr[b], qo_len = M.qo_indptr[b + 1] - q0;
   const int rows_total = qo_len * M.group, row0 = tile * M.rows;
@@ -83,31 +94,52 @@ __global__ void tile_map_kernel(TileMapProblem M, typename V::Params hp) {
   // trait decides, not heads == 1: with one KV head a head-reading mask still differs between its query heads
   constexpr bool per_token = !V::kMaskReadsHeads;
   const int r_first = per_token ? row0 / M.group : row0, r_last = per_token ? last_row / M.group : last_row;
-  const int n_rows = r_last - r_first + 1;
+  const int n_rows = r_last - r_first + 1;  // <= kMaxRows
   const int hk = per_token ? 0 : hm;
+  for (int i = threadIdx.x; i < n_rows; i += blockDim.x) {
+    const int r = r_first + i;
+    const int tok = per_token ? r : r / M.group;
+    row_pos[i] = pos_base + tok;
+    row_head[i] = hk * M.group + (per_token ? 0 : r % M.group);
+    int rt[kTerms] = {};
+    if constexpr (V::kHasMask && V::kMaskRowTerms > 0) V::mask_row_terms(hp, b, row_pos[i], row_head[i], hk, rt);
+#pragma unroll
+    for (int t = 0; t < kTerms; ++t) row_terms[i][t] = rt[t];
+  }
+  __syncthreads();
   const long long last_pos = pos_base + last_row / M.group;
-  for (int k = 0; k < M.k_tiles; ++k) {
-    const int j0 = k * M.keys;
+  for (int k = warp; k < M.k_tiles; k += blockDim.x / 32) {
+    const int j0 = k * kKeys;
     bool any = false, all = true;
     if (j0 >= kv_len || (M.causal && j0 > last_pos)) {
       all = false;  // no key of the tile is visible to any row
     } else {
-      for (int p = threadIdx.x; p < n_rows * M.keys; p += blockDim.x) {
-        const int r = r_first + p / M.keys, j = j0 + p % M.keys;
-        const int tok = per_token ? r : r / M.group;
-        const int qh = hk * M.group + (per_token ? 0 : r % M.group);
-        const int pos = pos_base + tok;
-        bool visible = j < kv_len && (!M.causal || j <= pos);
-        if constexpr (V::kHasMask) {
-          if (visible) visible = V::mask(hp, b, pos, j, qh, hk);
+      for (int r0 = 0; r0 < n_rows; r0 += 8) {
+        for (int r = r0; r < min(r0 + 8, n_rows); ++r) {
+          const int pos = row_pos[r], qh = row_head[r];
+          int rt[kTerms];
+#pragma unroll
+          for (int t = 0; t < kTerms; ++t) rt[t] = row_terms[r][t];
+#pragma unroll
+          for (int c = 0; c < kKeys / 32; ++c) {
+            const int j = j0 + lane + 32 * c;
+            bool visible = j < kv_len && (!M.causal || j <= pos);
+            if constexpr (V::kHasMask && V::kMaskTotal) {  // its reads stay in bounds: no test first
+              visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt) && visible;
+            } else if constexpr (V::kHasMask) {
+              if (visible) visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt);
+            }
+            any |= visible;
+            all &= visible;
+          }
         }
-        any |= visible;
-        all &= visible;
+        // a tile with a visible and an invisible pair is partial whatever its other pairs are
+        if (__any_sync(0xffffffffu, any) && !__all_sync(0xffffffffu, all)) break;
       }
     }
-    any = __syncthreads_or(any);
-    all = __syncthreads_and(all);
-    if (threadIdx.x == 0) out[k] = all ? kTileFull : (any ? kTilePartial : kTileEmpty);
+    any = __any_sync(0xffffffffu, any);
+    all = __all_sync(0xffffffffu, all);
+    if (lane == 0) out[k] = all ? kTileFull : (any ? kTilePartial : kTileEmpty);
   }
 }
 

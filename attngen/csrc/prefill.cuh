@@ -146,7 +146,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   const int kv_len = view_length<V>(P.kv, b);
   const int pos_base = kv_len - qo_len;  // qo_pos of token i = pos_base + i
 
-  // ---- Q tile: load (zero rows past the end), query transform, into smem --------------
+  // ---- Q tile: load (zero rows past the end) into smem; its hooks run once it has landed -----
   for (int c = tid; c < RQ * (D / 8); c += NT) {
     const int r = c / (D / 8), l = c % (D / 8), pr = row0 + r;
     const bool ok = pr < rows_total;
@@ -154,30 +154,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
     if (ok) src += (int64_t(q0 + pr / group) * P.num_qo_heads + hk * group + pr % group) * D + l * 8;
     copy16_async(sq + r * ST + l * 8, src, ok);
   }
-  copy_commit();
-  copy_wait<0>();
-  __syncthreads();
-  if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE, before the variant's query transform
-    // (the row bounds by value: captured by reference, they reorder the kernel's row arithmetic in the PTX)
-    rope_rotate_tile<D, RQ, Tile::kWarps>(
-        [&](int r, int i) -> T& { return sq[r * ST + i]; }, [row0, rows_total](int r) { return row0 + r < rows_total; },
-        [&P, q0, row0, group](int r) { return P.win.q_pos[q0 + (row0 + r) / group]; }, scratch, P.rope, warp, lane);
-  }
-  if (V::kHasQueryTransform && !(P.hooks_applied & kQueriesApplied)) {
-    for (int r = warp; r < RQ; r += Tile::kWarps) {
-      const int pr = row0 + r;
-      if (pr >= rows_total) continue;
-      const int qo_pos = pos_base + pr / group, qh = hk * group + pr % group;
-      for (int i = lane; i < D; i += 32) scratch[i] = to_float(sq[r * ST + i]);
-      __syncwarp();
-      warp_row_hook<D, V::kQueryElementwise>(
-          scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh); },
-          [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh); }, lane);
-      for (int i = lane; i < D; i += 32) sq[r * ST + i] = from_float<T>(scratch[D + i]);
-      __syncwarp();
-    }
-    __syncthreads();
-  }
+  copy_commit();  // waited for after tile 0's K/V are issued: the two loads overlap
 
   // ---- KV range of this tile from the mask's bounds ------------------------------------
   // The causal bound: TVM's run-time flag, or in tree instances the tree's (TreeMask::causal)
@@ -305,6 +282,41 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
     if constexpr (V::kHasLower) jm = min(jm, last - mask_lo);
     warp_jmax = int(max(jm, -1LL));
   }
+  // staged K/V: the staging area after the 16-bit tile (named only in the staged branches)
+  constexpr size_t kStagingOffset = (size_t(RQ) * ST + 2 * size_t(TK) * D) * sizeof(T);
+  if constexpr (kStaged) {
+    if (num_kt > 0)
+      Staged::load(reinterpret_cast<KV*>(smem_raw + kStagingOffset), tid, P.kv, hk, kv_start, page_shift,
+                   tile_start(0), hi);
+  } else {
+    if (num_kt > 0) load_kv(0, 0);
+  }
+  copy_commit();
+  // the query rows (the first group) have landed; tile 0 stays in flight through the query hooks
+  copy_wait<1>();
+  __syncthreads();
+  if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE, before the variant's query transform
+    // (the row bounds by value: captured by reference, they reorder the kernel's row arithmetic in the PTX)
+    rope_rotate_tile<D, RQ, Tile::kWarps>(
+        [&](int r, int i) -> T& { return sq[r * ST + i]; }, [row0, rows_total](int r) { return row0 + r < rows_total; },
+        [&P, q0, row0, group](int r) { return P.win.q_pos[q0 + (row0 + r) / group]; }, scratch, P.rope, warp, lane);
+  }
+  if (V::kHasQueryTransform && !(P.hooks_applied & kQueriesApplied)) {
+    for (int r = warp; r < RQ; r += Tile::kWarps) {
+      const int pr = row0 + r;
+      if (pr >= rows_total) continue;
+      const int qo_pos = pos_base + pr / group, qh = hk * group + pr % group;
+      for (int i = lane; i < D; i += 32) scratch[i] = to_float(sq[r * ST + i]);
+      __syncwarp();
+      warp_row_hook<D, V::kQueryElementwise>(
+          scratch, scratch + D, [&](float* row, int i) { return V::query_elem(hp, row, i, qo_pos, qh); },
+          [&](float* in, float* out) { V::query_row(hp, in, out, qo_pos, qh); }, lane);
+      for (int i = lane; i < D; i += 32) sq[r * ST + i] = from_float<T>(scratch[D + i]);
+      __syncwarp();
+    }
+    __syncthreads();
+  }
+
   // Softmax without a logits hook folds the scale into the exponent on interior tiles: the max is taken
   // over raw scores (times scale > 0 afterwards) and p = 2^(s * scale - m) is one FFMA and one EX2.
   constexpr bool kFoldScale = V::kSoftmax && !V::kHasLogits;
@@ -329,16 +341,6 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
       set_row_tree(row_terms[mt], P.tree, b, qo_len, kv_len, prow0 + mt * 16, group, rows_total);
     affine[mt] = V::kLogitsAffine && score_rules.affine_rows(row_terms[mt]);
   }
-  // staged K/V: the staging area after the 16-bit tile (named only in the staged branches)
-  constexpr size_t kStagingOffset = (size_t(RQ) * ST + 2 * size_t(TK) * D) * sizeof(T);
-  if constexpr (kStaged) {
-    if (num_kt > 0)
-      Staged::load(reinterpret_cast<KV*>(smem_raw + kStagingOffset), tid, P.kv, hk, kv_start, page_shift,
-                   tile_start(0), hi);
-  } else {
-    if (num_kt > 0) load_kv(0, 0);
-  }
-  copy_commit();
   for (int kt = 0; kt < num_kt; ++kt) {
     const int stage = NS == 1 ? 0 : kt % 2;
     if constexpr (kStaged) {

@@ -11,6 +11,11 @@ namespace attngen {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
+// The prefill templates' running row max moves only when a tile's max exceeds it by more than this (log2 units):
+// a row's weights 2^(s - m) then stay below 2^kRescaleSlack (exact in fp32, in bf16 / fp16 P as relatively fine
+// as below 1), and O and the row sum are rescaled only on such a rise, which after a row's first tiles is rare.
+// The state (m, d, O) stays exact: m is whatever offset the weights were taken against.
+constexpr float kRescaleSlack = 8.f;
 constexpr float kTvmEmptyLse = -5e4f;  // TVM PagedKVCache's lse of a row with no visible key
 
 // Programmatic dependent launch (sm_90+; no-ops before): a kernel launched with the programmatic

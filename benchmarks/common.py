@@ -86,7 +86,8 @@ def case_parser(doc: str, peers_help: str) -> argparse.ArgumentParser:
 
 
 # the scalar parameters the benchmarks run the built-ins with (bench_variants.py rows, ab_trees.py --variant)
-VARIANT_PARAMS = {"rope": {"rope_scale": 1.0, "rope_theta": 1e4}, "logits_softcap": {"soft_cap": 30.0}}
+VARIANT_PARAMS = {"rope": {"rope_scale": 1.0, "rope_theta": 1e4}, "logits_softcap": {"soft_cap": 30.0},
+                  "sliding_window_causal": {"window_left": 1024}}
 
 
 def alibi_slopes(num_heads: int):

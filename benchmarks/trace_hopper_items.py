@@ -1,0 +1,213 @@
+"""Where the Hopper prefill's time goes per work item: a clock trace of one persistent CTA (CTA 0).
+
+The script copies a source tree's ``attngen`` into a temporary directory, adds clock64 stamps to
+``csrc/hopper_prefill.cuh`` there (the tree itself is not touched), builds the causal and the causal
+sliding-window variants from the copy and runs three cases: one causal row of L 8k, the same row under a
+window of 1024 keys, and bench_prefill.py's ragged batch of short prompts (bf16, Hq 32 / Hkv 8, D 128). At the
+end of each launch CTA 0 prints one line per item it ran: the producer's item decoding, query copy and K/V
+issue, and per consumer warpgroup its wait for the query rows, the time to its first turn at the tensor cores,
+its main loop, its epilogue, and the cycles it spent waiting for turns and for K / V stages. Cycles are SM
+clocks; the stamps cost a little, so compare traces with each other, not with bench_prefill.py's timings.
+
+    python benchmarks/trace_hopper_items.py --tree . --out benchmarks/results [--cases causal,window,ragged]
+
+Writes ``hopper_item_trace_<date>.{json,md}`` (every item's line in the JSON). The stamps are inserted at
+source anchors; a kernel change that moves one makes the script stop with the anchor it could not find.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shutil
+import statistics as st
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import result_parser, write_results  # noqa: E402
+
+CASES = ("causal", "window", "ragged")
+WINDOW = 1024
+
+# (anchor, replacement) pairs applied in order to csrc/hopper_prefill.cuh
+STAMPS = [
+    ("namespace attngen {\n\n// Mapped:", """namespace attngen {
+
+__device__ unsigned long long ag_tr[3][1024][8];  // [producer, consumer 0, consumer 1][item][stamp]
+__device__ int ag_tr_n[3];
+
+// Mapped:"""),
+    ("""      HopperItem w;
+      if (!item_at(idx, w)) continue;  // (the consumers never see it)""",
+     """      HopperItem w;
+      const unsigned long long pt0 = clock64();
+      if (!item_at(idx, w)) continue;  // (the consumers never see it)
+      const bool ptr = blockIdx.x == 0 && tid == 0 && qn < 1024;
+      const int pslot = qn;
+      if (ptr) { ag_tr[0][pslot][0] = pt0; ag_tr[0][pslot][1] = clock64(); ag_tr[0][pslot][5] = w.num_kt; }"""),
+    ("""        ++qn;
+      }
+      SinkShift""", """        ++qn;
+        if (ptr) ag_tr[0][pslot][2] = clock64();
+      }
+      SinkShift"""),
+    ("""      it += num_kt;
+    }
+    {  // no more items""", """      it += num_kt;
+      if (ptr) { ag_tr[0][pslot][3] = clock64(); ag_tr_n[0] = pslot + 1; }
+    }
+    {  // no more items"""),
+    ("""    const int qs = qn % NQ;
+    mbar_wait(&full_q[qs], (qn / NQ) & 1);""", """    const int qs = qn % NQ;
+    const bool ctr = blockIdx.x == 0 && (tid == 128 || tid == 256) && qn < 1024;
+    const int ci = tid == 128 ? 1 : 2;
+    unsigned long long cwait_turn = 0, cwait_kv = 0;
+    if (ctr) ag_tr[ci][qn][0] = clock64();
+    mbar_wait(&full_q[qs], (qn / NQ) & 1);
+    if (ctr) ag_tr[ci][qn][1] = clock64();"""),
+    ("    auto turn_begin = [&]() { named_sync(kTurnBar + cw, 256); };",
+     "    auto turn_begin = [&]() { const unsigned long long t_ = clock64(); named_sync(kTurnBar + cw, 256); "
+     "cwait_turn += clock64() - t_; };"),
+    ("    auto wait_k = [&](int kt) {", "    auto wait_k_raw = [&](int kt) {"),
+    ("    auto wait_v = [&](int kt) {", "    auto wait_v_raw = [&](int kt) {"),
+    ("    if (n_active > 0) {\n", """    auto wait_k = [&](int kt) { const unsigned long long t_ = clock64(); wait_k_raw(kt); cwait_kv += clock64() - t_; };
+    auto wait_v = [&](int kt) { const unsigned long long t_ = clock64(); wait_v_raw(kt); cwait_kv += clock64() - t_; };
+    if (n_active > 0) {
+"""),
+    ("""      wait_k(0);
+      turn_begin();
+      issue_s(stage(0));""", """      wait_k(0);
+      turn_begin();
+      if (ctr) ag_tr[ci][qn][2] = clock64();
+      issue_s(stage(0));"""),
+    ("    mbar_arrive(&empty_q[qs]);  // every S of the item has completed",
+     "    if (ctr) ag_tr[ci][qn][3] = clock64();\n    mbar_arrive(&empty_q[qs]);  // every S of the item has completed"),
+    ("""    it += num_kt;
+    ++qn;
+  }
+""", """    if (ctr) { ag_tr[ci][qn][4] = clock64(); ag_tr[ci][qn][5] = cwait_turn; ag_tr[ci][qn][6] = cwait_kv; ag_tr_n[ci] = qn + 1; }
+    it += num_kt;
+    ++qn;
+  }
+"""),
+    ("  if (cw == 0) named_sync(kTurnBar, 256);  // the second consumer's hand-on after its last turn",
+     """  if (cw == 0) named_sync(kTurnBar, 256);  // the second consumer's hand-on after its last turn
+  if (blockIdx.x == 0) {  // both consumer warpgroups: the stamps written, consumer 0 prints them
+    __threadfence_block();
+    asm volatile("bar.sync 9, 256;");
+    if (tid == 128) {
+      for (int r = 0; r < ag_tr_n[1]; ++r) {
+        const unsigned long long* p = ag_tr[0][r];
+        const unsigned long long* a = ag_tr[1][r];
+        const unsigned long long* c = ag_tr[2][r];
+        printf("AGTR %d %llu | %llu %llu %llu | %llu %llu %llu %llu %llu %llu | %llu %llu %llu %llu %llu %llu\\n", r, p[5],
+               p[1] - p[0], p[2] - p[0], p[3] - p[0], a[1] - a[0], a[2] - a[0], a[3] - a[0], a[4] - a[0], a[5], a[6],
+               c[1] - c[0], c[2] - c[0], c[3] - c[0], c[4] - c[0], c[5], c[6]);
+      }
+    }
+  }"""),
+]
+FIELDS = ("item", "tiles", "p_decode", "p_query", "p_kv", *(f"c{c}_{k}" for c in (0, 1) for k in
+          ("query_wait", "first_turn", "main_end", "end", "turn_waits", "kv_waits")))
+
+
+def instrument(tree: Path, dst: Path) -> None:
+    """Copies tree's attngen (and pyproject.toml) into dst and adds the stamps there."""
+    shutil.copytree(tree / "attngen", dst / "attngen", ignore=shutil.ignore_patterns("__pycache__"))
+    src = dst / "attngen/csrc/hopper_prefill.cuh"
+    s = src.read_text()
+    for anchor, replacement in STAMPS:
+        if s.count(anchor) != 1:
+            raise SystemExit(f"trace_hopper_items: anchor found {s.count(anchor)} times in hopper_prefill.cuh "
+                             f"(expected once): {anchor[:80]!r}")
+        s = s.replace(anchor, replacement)
+    src.write_text(s)
+
+
+def run_case(name: str) -> None:
+    """In a child process: build the copy's variant, run the case three times (the last launch's lines count)."""
+    import torch
+
+    from attngen.runtime import CUDAAttention, RaggedKV
+    from attngen.variants import builtin
+    from bench_prefill import CASES as PREFILL_CASES, make_inputs
+
+    torch.manual_seed(0)
+    params, variant = {}, "causal"
+    if name == "ragged":
+        q, k, v, indptr = make_inputs([c for c in PREFILL_CASES if c.name.startswith("ragged")][0])
+    else:
+        L = 8192
+        q = torch.randn(L, 32, 128, dtype=torch.bfloat16, device="cuda")
+        k, v = (torch.randn(L, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
+        if name == "window":
+            variant, params = "sliding_window_causal", {"window_left": WINDOW}
+    att = CUDAAttention.build(builtin(variant), head_dims=(128,), dtypes=("bfloat16",), layouts=("NHD",),
+                              kernels=("prefill",))
+    kv = RaggedKV(k, v, indptr)
+    plan = att.plan_prefill(indptr, kv, 128, template="hopper")
+    for _ in range(3):
+        att.prefill(q, kv, indptr, plan=plan, params=params)
+    torch.cuda.synchronize()
+
+
+def summarize(rows: list[list[int]]) -> dict:
+    """Per-item means and the main loops' cycles per key tile of one case's items."""
+    f = {k: [r[i] for r in rows] for i, k in enumerate(FIELDS)}
+    tiles = sum(f["tiles"])
+    out = {"items": len(rows), "tiles": tiles, "p_decode": st.mean(f["p_decode"])}
+    for c in (0, 1):
+        main = [e - t for e, t in zip(f[f"c{c}_main_end"], f[f"c{c}_first_turn"])]
+        out[f"c{c}"] = {
+            "query_wait": st.mean(f[f"c{c}_query_wait"]), "to_first_turn": st.mean(f[f"c{c}_first_turn"]),
+            "main_per_tile": sum(main) / max(tiles, 1),
+            "epilogue": st.mean(e - m for e, m in zip(f[f"c{c}_end"], f[f"c{c}_main_end"])),
+            "turn_waits": st.mean(f[f"c{c}_turn_waits"]), "kv_waits": st.mean(f[f"c{c}_kv_waits"])}
+    return out
+
+
+def main():
+    ap = result_parser(__doc__)
+    ap.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent), help="a tree holding attngen/")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--case", help="(internal) run one case in this process")
+    args = ap.parse_args()
+    if args.case:
+        run_case(args.case)
+        return
+    results = {"date": datetime.date.today().isoformat(), "commit": args.commit, "tree": args.tree, "cases": {}}
+    md = [f"# Hopper prefill per-item trace (CTA 0) — {results['date']}, commit {args.commit}", "",
+          "SM clock cycles, per item (means) of the last of three launches; bf16, Hq 32 / Hkv 8, D 128. "
+          "`benchmarks/trace_hopper_items.py`.", "",
+          "| case | items | key tiles | main loop per tile | to first turn | query wait | epilogue | turn waits "
+          "| K/V waits | producer decode |", "|---|---|---|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        instrument(Path(args.tree).resolve(), Path(tmp))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(Path(__file__).resolve().parent),
+                                                          os.environ.get("PYTHONPATH", "")]))
+        for name in args.cases.split(","):
+            r = subprocess.run([sys.executable, __file__, "--case", name], capture_output=True, text=True,
+                               env=env, timeout=600)
+            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("AGTR ")]
+            starts = [i for i, ln in enumerate(lines) if ln.startswith("AGTR 0 ")]
+            lines = lines[starts[-1]:] if starts else []
+            if r.returncode or not lines:
+                raise SystemExit(f"{name}: rc {r.returncode}, {len(lines)} trace lines\n{r.stderr[-3000:]}")
+            rows = [[int(x) for x in re.findall(r"\d+", ln)] for ln in lines]
+            s = summarize(rows)
+            results["cases"][name] = {"summary": s, "rows": rows}
+            for c in (0, 1):
+                k = s[f"c{c}"]
+                md.append(f"| {name}, consumer {c} | {s['items']} | {s['tiles']} | {k['main_per_tile']:.0f} | "
+                          f"{k['to_first_turn']:.0f} | {k['query_wait']:.0f} | {k['epilogue']:.0f} | "
+                          f"{k['turn_waits']:.0f} | {k['kv_waits']:.0f} | {s['p_decode']:.0f} |")
+    results["fields"] = FIELDS
+    write_results(args.out, f"hopper_item_trace_{results['date']}", results, md)
+
+
+if __name__ == "__main__":
+    main()

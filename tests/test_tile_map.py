@@ -149,3 +149,25 @@ def test_paged_lengths_on_the_device_side():
     kv = PagedKV(pages, torch.tensor([0, 2, 2, 5], dtype=torch.int32), torch.arange(5, dtype=torch.int32),
                  torch.tensor([3, 0, 16], dtype=torch.int32), "NHD")
     assert kv_lengths(kv).tolist() == [19, 0, 48]
+
+
+@pytest.mark.parametrize("lists,k_tiles", [(1, 1), (5, 7), (64, 33), (3, 0)])
+def test_compaction_keeps_every_list_in_order(lists, k_tiles, rng):
+    """compact_lists (no host synchronisation: places from a running count, empty tiles to a slot past the
+    lists) gives each list its non-empty key tiles in order, whatever the mix of classes and empty lists."""
+    import torch
+
+    from attngen.runtime.tile_map import compact_lists
+
+    flat = rng.choice(3, size=(lists, k_tiles), p=[0.6, 0.2, 0.2]).astype(np.uint8)
+    if lists > 2:
+        flat[1] = 0  # an empty list
+        flat[2] = 2  # an all-full one
+    indptr, entries = compact_lists(torch.from_numpy(flat))
+    assert indptr.dtype == torch.int32 and entries.dtype == torch.int32
+    assert entries.numel() >= int(indptr[-1])
+    back = decode_lists(indptr.numpy(), entries.numpy(), (lists, 1, 1, k_tiles))
+    np.testing.assert_array_equal(back.reshape(lists, k_tiles), flat)
+    for i in range(lists):  # ascending key tiles within a list
+        seg = entries[indptr[i]:indptr[i + 1]].numpy() >> 1
+        assert np.all(np.diff(seg) > 0)

@@ -46,14 +46,25 @@ def params_key(variant, params: dict | None) -> tuple:
 @dataclass(frozen=True)
 class TileMap:
     indptr: Any   # [batch * heads * q_tiles + 1] int32 (device): each list's first entry
-    entries: Any  # [non-empty tiles] int32 (device): key tile * 2 + 1 if full
+    entries: Any  # [>= non-empty tiles] int32 (device): key tile * 2 + 1 if full; the lists in the first indptr[-1]
     heads: int    # 1: one map for every KV head (the mask reads no head index), else num_kv_heads
     rows: int     # the tiling: packed query rows and keys per tile
     keys: int
     params_key: tuple  # the mask's tensor parameters the map was made from
     class_counts: Any = None  # [3] int64 (device): tiles by class (empty, partial, full), read by `counts`
-    build_ms: float = 0.0  # host wall time of the derivation (classifier and compaction; synchronised)
+    build_host_ms: float = 0.0  # host wall time of the derivation's calls (without a final synchronisation)
     order: Any = None  # [batch * q_tiles] int32 (device): the pairs by their tiles, longest first (work_order.py)
+    build_events: Any = None  # CUDA events around the derivation (None for host tensors)
+
+    @property
+    def build_ms(self) -> float:
+        """The derivation's time on the device's stream (classifier and compaction, with any gap the host left;
+        a device read, for reports), or its host wall time where it ran on host tensors."""
+        if self.build_events is None:
+            return self.build_host_ms
+        start, end = self.build_events
+        end.synchronize()
+        return float(start.elapsed_time(end))
 
     @property
     def counts(self) -> dict:
@@ -85,6 +96,10 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     import torch
 
     start = time.perf_counter()
+    events = None
+    if qo_indptr.is_cuda:
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        events[0].record()
     batch = int(qo_indptr.shape[0]) - 1
     kv_len = kv_lengths(kv)
     max_kv = int(kv_len.max().item()) if batch else 0
@@ -95,12 +110,32 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     if cls.numel():
         classify(qo_indptr, kv_len, cls, group, num_kv_heads, 0, rows, keys, *extras)
     flat = cls.reshape(batch * heads * q_tiles, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
-    live = flat != 0
-    indptr = torch.zeros(flat.shape[0] + 1, dtype=torch.int32, device=cls.device)
-    indptr[1:] = torch.cumsum(live.sum(1), 0)
-    where = live.nonzero()
-    entries = (where[:, 1] * 2 + (flat[where[:, 0], where[:, 1]] == 2)).to(torch.int32)
+    indptr, entries = compact_lists(flat)
     class_counts = torch.bincount(cls.reshape(-1), minlength=3)  # no host sync: read when reported
     order = order_from_map(indptr, batch=batch, heads=heads, q_tiles=q_tiles)
-    return TileMap(indptr, entries.contiguous(), heads, rows, keys, params_key(variant, params), class_counts,
-                   (time.perf_counter() - start) * 1e3, order)
+    if events is not None:
+        events[1].record()
+    return TileMap(indptr, entries, heads, rows, keys, params_key(variant, params), class_counts,
+                   (time.perf_counter() - start) * 1e3, order, events)
+
+
+def compact_lists(flat):
+    """flat [lists, k_tiles] uint8 TileClass -> (indptr [lists + 1] int32, entries int32): each list's
+    non-empty key tiles in order, ``key_tile * 2 + full``, in entries[indptr[l]:indptr[l + 1]]. Without a
+    host synchronisation: every tile's place is a running count of the non-empty ones, the empty tiles' values
+    go to a slot past the lists (entries keeps one entry per tile; those past indptr[-1] are not read)."""
+    import torch
+
+    lists, k_tiles = flat.shape
+    live = flat != 0
+    indptr = torch.zeros(lists + 1, dtype=torch.int32, device=flat.device)
+    indptr[1:] = torch.cumsum(live.sum(1), 0)
+    n = flat.numel()
+    if n == 0:
+        return indptr, torch.zeros(0, dtype=torch.int32, device=flat.device)
+    live = live.reshape(-1)
+    place = torch.where(live, torch.cumsum(live, 0) - 1, n)
+    values = (torch.arange(k_tiles, dtype=torch.int32, device=flat.device) * 2)[None, :] + (flat == 2)
+    entries = torch.zeros(n + 1, dtype=torch.int32, device=flat.device)
+    entries.scatter_(0, place, values.reshape(-1).to(torch.int32))
+    return indptr, entries[:n]

@@ -5,7 +5,12 @@ given, disassembles the cubin with ``nvdisasm`` and counts, in the Hopper prefil
 that say how its mainloop was scheduled: HGMMA (wgmma), WARPGROUP.DEPBAR (waits for wgmma groups), MUFU
 (ex2, tanh, rcp: 16 results per SM and clock), R2UR (register -> uniform register moves; inside the span
 of the HGMMAs they mean values the wgmma descriptors or barriers need were not known warp-uniform, and
-cost latency per tile), global and shared stores, local-memory traffic. A change to the kernel can be read here before it is timed on a GPU.
+cost latency per tile), global and shared stores, local-memory traffic, MEMBAR (each fence.proxy.async is a
+MEMBAR.ALL.CTA, which waits for the thread's outstanding memory operations). It also compiles the prefill
+translation unit once more with ``-Xptxas -v`` and counts ptxas's advisories about the kernel's wgmma pipeline
+(C7515: every wgmma serialised, e.g. for a non-wgmma write of an accumulator register while one is in flight;
+C7517: a wait injected before a read of registers a wgmma wrote). A change to the kernel can be read here before
+it is timed on a GPU.
 
 ``nvdisasm`` comes from the CUDA toolkit or the ``nvidia-cuda-nvdisasm`` wheel (``--nvdisasm PATH``).
 
@@ -28,11 +33,24 @@ from attngen.codegen.pipeline import run_pipeline
 from attngen.schedules.build_config import BuildConfig
 from attngen.variants import builtin
 cfg = BuildConfig("cuda", ({d},), ("{dtype}",), ("sm_90a",), layouts=("NHD",), kernels=("prefill",), link="check")
-print(run_pipeline(builtin("{variant}"), cfg).directory)
+directory = run_pipeline(builtin("{variant}"), cfg).directory
+# ptxas's wgmma advisories: the prefill TU once more, with the build's own flags and -Xptxas -v
+import glob, re, subprocess
+from pathlib import Path
+from attngen.codegen.cuda_library import _tu_flags
+tu = sorted(glob.glob(str(directory) + "/*_prefill.cu"))[0]
+log = subprocess.run(["nvcc", "-cubin", "-o", str(Path(directory) / "advisory.cubin"), "-std=c++17", "-O3",
+                      "-gencode=arch=compute_90a,code=sm_90a", *_tu_flags(Path(directory), cfg), "-Xptxas", "-v", tu],
+                     capture_output=True, text=True)
+for line in (log.stdout + log.stderr).splitlines():
+    m = re.search(r"\((C75\d\d)\).*function '(\w+)'", line)
+    if m:
+        print("ADVISORY", m.group(1), m.group(2))
+print(directory)
 """
 COUNTED = {"HGMMA": r"\bHGMMA\b", "DEPBAR": r"WARPGROUP\.DEPBAR", "R2UR": r"\bR2UR\b", "STG": r"\bSTG\b",
            "STS": r"\bSTS\b", "LDS": r"\bLDS\b", "ST/LD generic": r"\b(ST|LD)\.E",
-           "LDL/STL": r"\b(LDL|STL)\b", "BAR": r"\bBAR\.", "MUFU": r"\bMUFU\."}
+           "LDL/STL": r"\b(LDL|STL)\b", "BAR": r"\bBAR\.", "MUFU": r"\bMUFU\.", "MEMBAR": r"\bMEMBAR\b"}
 
 
 def find_nvdisasm(given: str | None) -> str:
@@ -91,12 +109,15 @@ def main() -> None:
             if out.returncode != 0:
                 raise SystemExit(f"{label}: the build failed:\n{out.stderr[-2000:]}")
             directory = Path(out.stdout.strip().splitlines()[-1])
+            advisories = [ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("ADVISORY ")]
             cubin = next(directory.glob("*_prefill_sm_90a.cubin"))
             sass = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
         lines = kernel_sass(sass, args.kernel)
         if not lines:
             raise SystemExit(f"{label}: no function matches {args.kernel!r}")
         rows[label] = stats(lines)
+        rows[label]["ptxas wgmma advisories"] = " ".join(sorted({code for code, fn in advisories
+                                                                if re.search(args.kernel, fn)})) or "none"
     keys = list(next(iter(rows.values())))
     print(f"{args.variant}, D {args.head_dim}, {args.dtype}, sm_90a; kernel /{args.kernel}/\n")
     print("| tree | " + " | ".join(keys) + " |")

@@ -11,7 +11,8 @@ namespace attngen {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
-// The prefill templates' running row max moves only when a tile's max exceeds it by more than this (log2 units):
+// The prefill templates' running row max moves only when a tile's max exceeds it by more than this (log2 units,
+// step_row_max):
 // a row's weights 2^(s - m) then stay below 2^kRescaleSlack (exact in fp32, in bf16 / fp16 P as relatively fine
 // as below 1), and O and the row sum are rescaled only on such a rise, which after a row's first tiles is rare.
 // The state (m, d, O) stays exact: m is whatever offset the weights were taken against.
@@ -85,6 +86,29 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// One key tile's step of a prefill template's running row maxima (rows g and g + 8 of an accumulator fragment):
+// tile_max, this thread's maxima of the tile's logits (the running max taken in), reduced over the row's quad;
+// the running max m_row moves only on a rise past kRescaleSlack (a finite max always rises past -inf). rescale:
+// the factor O and the row sum take (1 where the max stayed); msub: the exponent's offset, so that a weight is
+// 2^(s * fac - msub) with koff (the affine path's per-row offset, else 0) folded in, and a row whose max is -inf
+// (only -inf logits) gets 2^(-inf - 0) = 0 without a per-score test. Returns whether a row of this thread moved.
+__device__ __forceinline__ bool step_row_max(float (&tile_max)[2], float (&m_row)[2], const float (&koff)[2],
+                                             float (&rescale)[2], float (&msub)[2]) {
+  bool grew = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+    const bool rise = tile_max[h] > m_row[h] + kRescaleSlack;
+    grew |= rise;
+    rescale[h] = rise ? fast_exp2(m_row[h] - tile_max[h]) : 1.f;
+    if (rise) m_row[h] = tile_max[h];
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) msub[h] = (m_row[h] == kNegInf ? 0.f : m_row[h]) - koff[h];
+  return grew;
 }
 
 // max(a, b) that returns NaN when either is NaN (fmaxf returns the other operand). The running max of the

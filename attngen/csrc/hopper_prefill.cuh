@@ -413,17 +413,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         score_rules.apply(sfr, prow0, js, mt_max, true, row_terms);
       }
       if constexpr (V::kSoftmax) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 1));
-          mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 2));
-          // (m_row = -inf: any finite max rises; common.cuh kRescaleSlack)
-          const bool rise = mt_max[h] > m_row[h] + kRescaleSlack;
-          rescale[h] = rise ? fast_exp2(m_row[h] - mt_max[h]) : 1.f;
-          if (rise) m_row[h] = mt_max[h];
-        }
-        const float msub[2] = {(m_row[0] == kNegInf ? 0.f : m_row[0]) - koff[0],
-                               (m_row[1] == kNegInf ? 0.f : m_row[1]) - koff[1]};
+        float msub[2];
+        step_row_max(mt_max, m_row, koff, rescale, msub);  // (common.cuh: the max moves on a rise past the slack)
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[h] *= rescale[h];
 #pragma unroll

@@ -460,21 +460,8 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
         score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, true, row_terms[mt]);
       }
       if constexpr (V::kSoftmax) {
-        float rescale[2];
-        bool grew = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 1));
-          mt_max[h] = fmaxf(mt_max[h], __shfl_xor_sync(0xffffffffu, mt_max[h], 2));
-          // the max moves only on a rise beyond kRescaleSlack (common.cuh); then mt_max is finite, m_row may be -inf
-          const bool row_grew = mt_max[h] > m_row[mt][h] + kRescaleSlack;
-          grew |= row_grew;
-          rescale[h] = row_grew ? fast_exp2(m_row[mt][h] - mt_max[h]) : 1.f;
-          if (row_grew) m_row[mt][h] = mt_max[h];
-        }
-        // a row whose max is -inf has only -inf scores: 2^(-inf - 0) = 0 without a per-score test
-        const float msub[2] = {(m_row[mt][0] == kNegInf ? 0.f : m_row[mt][0]) - koff[0],
-                               (m_row[mt][1] == kNegInf ? 0.f : m_row[mt][1]) - koff[1]};
+        float rescale[2], msub[2];
+        const bool grew = step_row_max(mt_max, m_row[mt], koff, rescale, msub);  // (common.cuh)
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[mt][h] *= rescale[h];
 #pragma unroll

@@ -145,6 +145,30 @@ __device__ __forceinline__ void fold_rows(float (*v)[2], Op op) {
   if constexpr (W > 1) fold_rows<W / 2>(v, op);
 }
 
+// Per-thread reduction (max or sum, by `op`) over an m-tile's scores of its two rows (elements 0-1: row g,
+// 2-3: row g + 8) as a pairwise tree: log2 dependent steps instead of a chain through every score. (The
+// same tree as tile_row_reduce below, which the Hopper template uses: the mma.sync template keeps this loop
+// form because its measured instruction schedule was built with it; at 16 blocks the loop is left rolled.)
+template <int N, class Op>
+__device__ __forceinline__ void row_tree(const float (&s)[N][4], float (&out)[2], Op op) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "n-tiles per row: a power of two");
+  float v[N][2];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    v[n][0] = op(s[n][0], s[n][1]);
+    v[n][1] = op(s[n][2], s[n][3]);
+  }
+#pragma unroll
+  for (int w = N / 2; w >= 1; w /= 2)
+#pragma unroll
+    for (int n = 0; n < w; ++n) {
+      v[n][0] = op(v[n][0], v[n + w][0]);
+      v[n][1] = op(v[n][1], v[n + w][1]);
+    }
+  out[0] = v[0][0];
+  out[1] = v[0][1];
+}
+
 // Per-thread reduction (max or sum, by `op`) of a tile's scores over this thread's two rows (mma.sync /
 // wgmma accumulator fragments: elements 0-1 of an 8-column block are row g, 2-3 row g + 8), as a pairwise
 // tree: log2 dependent steps instead of a chain through every score.

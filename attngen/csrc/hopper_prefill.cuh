@@ -398,7 +398,11 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       const bool interior = Mapped ? tile_full(kt) : (js + TK - 1 <= int_jmax && js >= int_j0min);
       float mt_max[2] = {m_row[0], m_row[1]};
       float sfac[2] = {1.f, 1.f}, koff[2] = {0.f, 0.f};  // the exponent: 2^(s * sfac + koff - m)
-      if (interior && fold) {
+      // (a checked tile of rows whose keys form intervals runs the same way, its hidden scores made -inf first)
+      if (fold && (interior || ScoreRules<V>::kIntervalRows)) {
+        if constexpr (ScoreRules<V>::kIntervalRows && kFoldScale) {
+          if (!interior) score_rules.mask_outside(sfr, prow0, js);
+        }
         float raw_max[2];
         tile_row_reduce<NKT>(sfr, raw_max, [](float x, float y) { return fmaxf(x, y); });
         mt_max[0] = fmaxf(mt_max[0], raw_max[0] * scale);

@@ -421,7 +421,11 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
       float mt_max[2] = {m_row[mt][0], m_row[mt][1]};
       // the factor still to apply to s in the exponent, and an offset: 2^(s * sfac + koff - m)
       float sfac[2] = {1.f, 1.f}, koff[2] = {0.f, 0.f};
-      if (interior && fold) {
+      // (a checked tile of rows whose keys form intervals runs the same way, its hidden scores made -inf first)
+      if (fold && (interior || ScoreRules<V>::kIntervalRows)) {
+        if constexpr (ScoreRules<V>::kIntervalRows && kFoldScale) {
+          if (!interior) score_rules.mask_outside(s[mt], prow0 + mt * 16, js);
+        }
         float raw_max[2];
         row_tree<NKT>(s[mt], raw_max, [](float x, float y) { return fmaxf(x, y); });
         mt_max[0] = fmaxf(mt_max[0], raw_max[0] * scale);

@@ -15,6 +15,11 @@ namespace attngen {
 
 template <class V>
 struct ScoreRules {
+  // Each row's visible keys form one interval: no mask hook, or one that is exactly its bounds (the mask
+  // analysis's `exact`: lower <= qo_pos - kv_pos <= upper and nothing else), outside TVM's window and tree
+  // instances. A checked tile then tests each score against the row's interval (row_intervals) and skips the
+  // mask hook.
+  static constexpr bool kIntervalRows = !tvm_windowed<V>() && !tvm_tree<V>() && (!V::kHasMask || V::kMaskExact);
   // The logits hook runs split (codegen/logits_split.py): its row terms once per query row and work item
   // (row_terms, before the key loop), the rest per score from the raw score (logits_from_terms, which
   // applies sm_scale and the base-2 factor itself).
@@ -96,6 +101,42 @@ struct ScoreRules {
     }
   }
 
+  // kIntervalRows: the keys rows prow and prow + 8 see, as offsets from the thread's first key of the tile j0:
+  // [a, z] (empty for a row past the request's). Computed per checked tile rather than kept per row: the
+  // mma.sync template's 128-row tiles have no registers to spare.
+  __device__ __forceinline__ void row_intervals(int prow, int j0, int (&a)[2], int (&z)[2]) const {
+    const int base = j0 + 2 * t4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pr = prow + 8 * h;
+      const long long qo_pos = pos_base + pr / group;
+      long long klo = 0, khi = (long long)hi - 1;
+      if (causal) khi = min(khi, qo_pos);
+      if constexpr (V::kHasLower) khi = min(khi, qo_pos - V::mask_lower(hp));
+      if constexpr (V::kHasUpper) klo = max(klo, qo_pos - V::mask_upper(hp));
+      const bool valid = pr < rows_total;
+      a[h] = valid ? int(min(klo, (long long)hi)) - base : 1;  // (an empty interval stays empty: khi < hi)
+      z[h] = valid ? int(max(khi, -1LL)) - base : 0;
+    }
+  }
+
+  // kIntervalRows: scores outside their row's interval become -inf, the others stay raw (sm_scale not applied):
+  // a softmax variant without a logits hook then runs a checked tile as an interior one, with sm_scale in the
+  // exponent. Each test compares a compile-time offset from the thread's first key with two values per row.
+  template <int NKT>
+  __device__ __forceinline__ void mask_outside(float (&sm)[NKT][4], int prow, int j0) const {
+    static_assert(kIntervalRows && V::kSoftmax, "rows whose keys form an interval, softmax state");
+    int a[2], z[2];
+    row_intervals(prow, j0, a, z);
+#pragma unroll
+    for (int n = 0; n < NKT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = n * 8 + e % 2, h = e / 2;
+        if (c < a[h] || c > z[h]) sm[n][e] = kNegInf;
+      }
+  }
+
   // `check` false: a tile every score of which is visible (no mask hook, no tests). Called with a constant
   // `check`, so that an interior tile's copy carries no visibility state.
   template <int NKT>
@@ -110,13 +151,22 @@ struct ScoreRules {
       rpos[h] = pos_base + pr / group;
       rhead[h] = kv_head * group + pr % group;
     }
+    int a[2] = {0, 0}, z[2] = {0, 0};  // kIntervalRows: the rows' visible keys
+    if constexpr (kIntervalRows) {
+      if (check) row_intervals(prow, j0, a, z);
+    }
 #pragma unroll
     for (int n = 0; n < NKT; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
         bool visible = true;
-        if (check) visible = rvalid[h] && j < hi && (!causal || j <= rpos[h]);
+        if constexpr (kIntervalRows) {
+          const int c = n * 8 + e % 2;
+          if (check) visible = c >= a[h] && c <= z[h];
+        } else {
+          if (check) visible = rvalid[h] && j < hi && (!causal || j <= rpos[h]);
+        }
         if constexpr (tvm_windowed<V>()) {
           if (check && win.limits_rows()) visible = visible && win.sees(rt.rel_pos[h] - j);
         }
@@ -132,7 +182,9 @@ struct ScoreRules {
         } else {
           x = sm[n][e] * scale;
         }
-        if constexpr (V::kHasMask && V::kMaskTotal) {  // no read depends on the tests: one per key
+        if constexpr (kIntervalRows) {
+          // (the interval is the mask: no hook)
+        } else if constexpr (V::kHasMask && V::kMaskTotal) {  // no read depends on the tests: one per key
           if (check) {
             const bool admitted = V::mask_from_terms(hp, batch, rpos[h], j, rhead[h], kv_head, rt.mask[h]);
             visible = visible && admitted;

@@ -38,7 +38,7 @@ def sweep(att, flashinfer, ws, d, hq, hkv, lens) -> dict:
             timed(f"even{n}", att.plan_decode(kv, hq, d, tensor_cores=True, num_chunks=n))
     default = decode_plan.decode_min_chunk
     for mc in (64, 128, 256):
-        decode_plan.decode_min_chunk = lambda head_dim, mc=mc: mc  # the planner's floor, for this sweep only
+        decode_plan.decode_min_chunk = lambda head_dim, *rest, mc=mc: mc  # the planner's floor, for this sweep only
         for fused in (True, False):
             key = f"bal{mc}_{'f' if fused else 'm'}"
             plan = att.plan_decode(kv, hq, d, tensor_cores=True, fused_merge=fused)

@@ -200,6 +200,27 @@ def test_short_batches_split_down_to_the_head_dims_shortest_chunk(cache, head_di
     assert busy.chunk_limit >= -(-4 * 2048 // bounds.num_ctas) > decode_min_chunk(head_dim)
 
 
+@pytest.mark.parametrize("head_dim,lens,expect_chunk", [
+    (128, [512], 64), (256, [512], 64), (128, [200, 180], 64), (128, [300, 200], 128), (64, [512], 64),
+    (128, [1024], 128), (128, [2048], 128), (128, [512] * 5, 128), (256, [4096], 128)])
+def test_a_tiny_batch_is_cut_at_the_tiny_batch_chunk(cache, head_dim, lens, expect_chunk):
+    """33 columns (264 CTA slots over 8 KV heads): a batch whose chunks at the head dim's floor would fill at most
+    an eighth of them (one request of 512 keys: 4 chunks of 128) is cut into 64-key chunks (8), which the grid
+    launch takes as its partition; more work keeps the floor."""
+    from attngen.runtime.decode_plan import grid_chunks_for_uniform_batch
+
+    bounds = DecodeBounds(max_batch=64, num_ctas=33)
+    kv = np.array(lens, np.int32)
+    floor = decode_min_chunk(head_dim, kv, bounds.num_ctas)
+    assert floor == expect_chunk
+    plan = planner_for(bounds, cache).plan(np.ones(len(lens), np.int32), kv, num_ctas=bounds.num_ctas, group=4,
+                                           tile_rows=16, min_chunk=floor)
+    assert plan.chunk_limit >= floor
+    assert len(plan.work) == sum(-(-n // plan.chunk_limit) for n in lens)
+    if lens == [512]:
+        assert plan.chunk_limit == 64 and grid_chunks_for_uniform_batch(kv, plan, 8, 264) == 8
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_packer_writes_what_the_plan_arrays_say(cache, data):

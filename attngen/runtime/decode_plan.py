@@ -93,7 +93,7 @@ class DecodeWorkspace:
                                          f"was sized for {b.max_batch}")
         return self.planner.plan(np.ones(len(kv_lens), np.int32), kv_lens, num_ctas=b.num_ctas, group=group,
                                  tile_rows=16, fixed_chunk=fixed_chunk,
-                                 min_chunk=decode_min_chunk(self.head_dim))
+                                 min_chunk=decode_min_chunk(self.head_dim, kv_lens, b.num_ctas))
 
     def fill(self, plan, *, fused_merge: bool | None = None, graph_safe: bool = False):
         """Copy ``plan`` (this step's host plan, from ``split``) to the device; returns (number of merges,

@@ -21,11 +21,23 @@ COST = {
 # keys 9.16; D 128: 64 keys 9.32, 128 keys 8.77, 256 keys 10.55; D 256: 128 keys 11.99, 256 keys 15.74. Shorter
 # chunks than these cost more in per-item overhead (query load, partial state, merge) than they spread.
 DECODE_MIN_CHUNK = {64: 64, 128: 128, 256: 128}
+# keys: the floor of a batch so small that the head dim's floor would leave at least 7 of every 8 plan columns (CTAs
+# of one KV head) idle: one request of 512 keys at D 128 on the H200 (33 columns) runs 4 chunks of 128 keys in 8.31 us
+# and 8 chunks of 64 keys in 7.42 (FlashInfer's best 8.18; decode_2026-12-03_chunks_b.md), while at 2k keys 16
+# chunks of 128 keys stay ahead of 32 of 64 (8.73 against 9.39).
+DECODE_TINY_BATCH_CHUNK = 64
 
 
-def decode_min_chunk(head_dim: int) -> int:
-    """The shortest chunk (keys) a decode plan at ``head_dim`` cuts (DECODE_MIN_CHUNK; 128 for other dims)."""
-    return DECODE_MIN_CHUNK.get(head_dim, 128)
+def decode_min_chunk(head_dim: int, kv_lens=None, columns: int = 0) -> int:
+    """The shortest chunk (keys) a decode plan at ``head_dim`` cuts (DECODE_MIN_CHUNK; 128 for other dims); given
+    the batch's ``kv_lens`` [B] and the plan's ``columns`` (CTAs per KV head), a batch whose chunks at that floor
+    would number at most an eighth of the columns is cut at DECODE_TINY_BATCH_CHUNK instead."""
+    floor = DECODE_MIN_CHUNK.get(head_dim, 128)
+    if kv_lens is not None and floor > DECODE_TINY_BATCH_CHUNK and 0 < 8 * len(kv_lens) <= columns:
+        chunks = sum(max(1, -(-int(n) // floor)) for n in kv_lens)
+        if 8 * chunks <= columns:
+            return DECODE_TINY_BATCH_CHUNK
+    return floor
 
 
 def cost_coefficients(template: str) -> tuple[float, float]:

@@ -2,8 +2,10 @@
 
 The script copies a source tree's ``attngen`` into a temporary directory, adds clock64 stamps to
 ``csrc/hopper_prefill.cuh`` there (the tree itself is not touched), builds the causal and the causal
-sliding-window variants from the copy and runs three cases: one causal row of L 8k, the same row under a
-window of 1024 keys, and bench_prefill.py's ragged batch of short prompts (bf16, Hq 32 / Hkv 8, D 128). At the
+sliding-window variants from the copy and runs these cases: one causal row of L 8k, the same row under a
+window of 1024 keys, bench_prefill.py's ragged batch of short prompts, bench_packed_docs.py's 16 documents in one
+16k row under the document mask (its tile map: the mapped instance) and the same documents as separate causal
+requests (bf16, Hq 32 / Hkv 8, D 128). At the
 end of each launch CTA 0 prints one line per item it ran: the producer's item decoding, query copy and K/V
 issue, and per consumer warpgroup its wait for the query rows, the time to its first turn at the tensor cores,
 its main loop, its epilogue, and the cycles it spent waiting for turns and for K / V stages. Cycles are SM
@@ -19,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import runpy
 import shutil
 import statistics as st
 import subprocess
@@ -29,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import result_parser, write_results  # noqa: E402
 
-CASES = ("causal", "window", "ragged")
+CASES = ("causal", "window", "ragged", "docs", "docs_ragged")
 WINDOW = 1024
 
 # (anchor, replacement) pairs applied in order to csrc/hopper_prefill.cuh
@@ -136,17 +139,33 @@ def run_case(name: str) -> None:
     from bench_prefill import CASES as PREFILL_CASES, make_inputs
 
     torch.manual_seed(0)
-    params, variant = {}, "causal"
+    params, variant = {}, builtin("causal")
     if name == "ragged":
         q, k, v, indptr = make_inputs([c for c in PREFILL_CASES if c.name.startswith("ragged")][0])
+    elif name in ("docs", "docs_ragged"):  # bench_packed_docs.py's 16 documents in one 16k row
+        import numpy as np
+
+        from bench_packed_docs import doc_lengths
+
+        L = 16384
+        lens = doc_lengths(L, 16, np.random.default_rng(0))
+        q = torch.randn(L, 32, 128, dtype=torch.bfloat16, device="cuda")
+        k, v = (torch.randn(L, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        if name == "docs":  # one request, the document mask's tile map
+            indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
+            variant = runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "document_mask.py"))["variant"]
+            params = {"doc_ids": torch.repeat_interleave(torch.arange(16, dtype=torch.int32, device="cuda"),
+                                                         torch.tensor(lens, device="cuda"))[None]}
+        else:  # the same documents as separate causal requests
+            indptr = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
     else:
         L = 8192
         q = torch.randn(L, 32, 128, dtype=torch.bfloat16, device="cuda")
         k, v = (torch.randn(L, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
         indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
         if name == "window":
-            variant, params = "sliding_window_causal", {"window_left": WINDOW}
-    att = CUDAAttention.build(builtin(variant), head_dims=(128,), dtypes=("bfloat16",), layouts=("NHD",),
+            variant, params = builtin("sliding_window_causal"), {"window_left": WINDOW}
+    att = CUDAAttention.build(variant, head_dims=(128,), dtypes=("bfloat16",), layouts=("NHD",),
                               kernels=("prefill",))
     kv = RaggedKV(k, v, indptr)
     plan = att.plan_prefill(indptr, kv, 128, template="hopper")

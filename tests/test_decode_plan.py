@@ -221,6 +221,23 @@ def test_a_tiny_batch_is_cut_at_the_tiny_batch_chunk(cache, head_dim, lens, expe
         assert plan.chunk_limit == 64 and grid_chunks_for_uniform_batch(kv, plan, 8, 264) == 8
 
 
+@settings(max_examples=80, deadline=None)
+@given(lens=st.lists(st.integers(0, 3000), min_size=1, max_size=12), ctas=st.integers(1, 140),
+       head_dim=st.sampled_from([64, 128, 256]))
+def test_tvm_slots_cut_tiny_batches_by_the_same_rule(cache, lens, ctas, head_dim):
+    """The C++ rule TVM's decode plan slot applies (decode_plan_pack.h decode_chunk_floor, with the head dim's floor
+    and DECODE_TINY_BATCH_CHUNK compiled in) picks the chunk the PyTorch path's plans take (cost_model.py)."""
+    import tvm_ffi
+
+    from attngen.runtime.planner import planner_library
+    from attngen.schedules.cost_model import DECODE_MIN_CHUNK, DECODE_TINY_BATCH_CHUNK
+
+    kv = np.array(lens, np.int32)
+    native = planner_library(cache)["decode_chunk_floor"](tvm_ffi.from_dlpack(kv), ctas, DECODE_MIN_CHUNK[head_dim],
+                                                          DECODE_TINY_BATCH_CHUNK)
+    assert native == decode_min_chunk(head_dim, kv, ctas)
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_packer_writes_what_the_plan_arrays_say(cache, data):

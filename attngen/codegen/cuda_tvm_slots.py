@@ -85,7 +85,7 @@ import math
 from attngen.ir import ConfigError, ScalarParam, TensorParam
 from attngen.ir.declarations import scalar_value
 from attngen.schedules.build_config import DTYPE_SHORT, symbol
-from attngen.schedules.cost_model import cost_coefficients, decode_min_chunk
+from attngen.schedules.cost_model import DECODE_TINY_BATCH_CHUNK, cost_coefficients, decode_min_chunk
 from attngen.schedules.template_tvm import FLASHINFER_KINDS, SLOT_KINDS
 
 from .cpu.tvm_slots import check_slot_variant
@@ -233,7 +233,8 @@ def flashinfer_slot_wrappers(variant, head_dim: int, dtype: str, constants: dict
     alpha, beta = cost_coefficients("decode")
     cost_model = (f"  static constexpr double kDecodeCostAlpha = {alpha!r};",
                   f"  static constexpr double kDecodeCostBeta = {beta!r};",
-                  f"  static constexpr int64_t kDecodeMinChunk = {decode_min_chunk(head_dim)};")
+                  f"  static constexpr int64_t kDecodeMinChunk = {decode_min_chunk(head_dim)};",
+                  f"  static constexpr int64_t kDecodeTinyChunk = {DECODE_TINY_BATCH_CHUNK};")
     return "\n" + _instantiation(
         "attngen::tvm_slot::FlashInferSlots", FLASHINFER_FUNCTIONS, variant, head_dim, dtype, constants, cost_model)
 

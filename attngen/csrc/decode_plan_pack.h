@@ -148,6 +148,16 @@ inline void write_decode_plan(const Plan& p, int ctas, const DecodePlanLayout& l
   for (int64_t i = 0; i < n_parts; ++i) buf[l.merge_partials + i] = p.merge_partials[i];
 }
 
+// The shortest chunk of a decode plan over kv_len[batch] with `ctas` plan columns (CTAs per KV head), as
+// schedules/cost_model.py decode_min_chunk rules: the head dim's `floor`, or `tiny` where the batch's chunks at
+// `floor` would number at most an eighth of the columns (one request of 512 keys at D 128 on the H200).
+inline int64_t decode_chunk_floor(const int32_t* kv_len, int batch, int ctas, int64_t floor, int64_t tiny) {
+  if (floor <= tiny || batch <= 0 || 8 * int64_t(batch) > ctas) return floor;
+  int64_t chunks = 0;
+  for (int b = 0; b < batch; ++b) chunks += std::max<int64_t>(1, (int64_t(kv_len[b]) + floor - 1) / floor);
+  return 8 * chunks <= ctas ? tiny : floor;
+}
+
 // Plans one decode step: one query row per request (a 16-row tile of the group's heads), kv_len[b] keys.
 inline Plan plan_decode(const int32_t* kv_len, int batch, int group, int ctas, double alpha, double beta,
                         int64_t fixed_chunk, int64_t min_chunk, const PlanCapacity& cap) {

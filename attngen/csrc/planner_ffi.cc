@@ -338,9 +338,16 @@ Counts plan_decode_packed(Options request, Options capacity, TensorView kv_len, 
   return Counts({{"ints", need}, {"merges", int64_t(p.merge_request.size())}});
 }
 
+// The decode plans' shortest chunk over kv_len [B] (the rule TVM's decode plan slot applies in C++)
+int64_t decode_chunk_floor(TensorView kv_len, int64_t ctas, int64_t floor, int64_t tiny) {
+  check_lengths(kv_len, kv_len);
+  return attngen::decode_chunk_floor(lengths(kv_len), int(kv_len.size(0)), int(ctas), floor, tiny);
+}
+
 }  // namespace
 
 ATTNGEN_EXPORT_TYPED_FUNC(plan_split_kv, plan_split_kv);
+ATTNGEN_EXPORT_TYPED_FUNC(decode_chunk_floor, decode_chunk_floor);
 ATTNGEN_EXPORT_TYPED_FUNC(split_kv_planner, split_kv_planner);
 ATTNGEN_EXPORT_TYPED_FUNC(plan_layout_ints, plan_layout_ints);
 ATTNGEN_EXPORT_TYPED_FUNC(plan_decode_packed, plan_decode_packed);

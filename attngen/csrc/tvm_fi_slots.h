@@ -11,7 +11,7 @@
 // functions. The generated Config carries `TensorArgs` and `fill` (tvm_slot_params.h: the variant's scalar
 // parameters compiled in; its tensor parameters, if any, as trailing arguments of the run functions, after TVM's,
 // in declaration order; the plan functions take none), the decode cost model the planner weighs work with
-// (kDecodeCostAlpha, kDecodeCostBeta, kDecodeMinChunk: attngen/schedules/cost_model.py) and the exported names the
+// (kDecodeCostAlpha, kDecodeCostBeta, kDecodeMinChunk, kDecodeTinyChunk: attngen/schedules/cost_model.py) and the exported names the
 // errors cite (kDecodePlan, kDecodeRun, kPrefillPlan, kPrefillPagedRun, kPrefillRaggedRun).
 #pragma once
 #include <algorithm>
@@ -76,7 +76,9 @@ struct FlashInferSlots<V, T, D, Config, ArgList<X...>> {
     Plan p;
     try {
       p = plan_decode(kv_len, int(batch), int(num_qo_heads / num_kv_heads), ctas, Config::kDecodeCostAlpha,
-                      Config::kDecodeCostBeta, 0, Config::kDecodeMinChunk, {batch + ctas, batch + ctas, batch});
+                      Config::kDecodeCostBeta, 0,
+                      decode_chunk_floor(kv_len, int(batch), ctas, Config::kDecodeMinChunk, Config::kDecodeTinyChunk),
+                      {batch + ctas, batch + ctas, batch});
     } catch (const std::exception& e) {
       ATTNGEN_THROW(ValueError) << name << ": " << e.what();
     }

@@ -219,7 +219,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         const int n = it + kt, s = n % NS;  // the CTA's n-th K/V tile: its stage and (n >= NS) the phase
         const uint32_t drained = ((n / NS) - 1) & 1;  // of the consumers' release to wait for
         const int js = tile_start(kt);
-        const bool bulk = maps.use && js + TK <= hi;  // uniform over the producer warpgroup
+        const bool bulk = maps.bulk_tile<TK>(js, hi);  // uniform over the producer warpgroup
         if (!bulk) gather.look_up(js, n % 2, ptid);
         if (n >= NS) mbar_wait(&empty_k[s], drained);
         if (bulk) {
@@ -473,7 +473,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     // A stage the tensor cores read next that cp.async wrote: the barrier orders it, this fence hands it to the
     // async proxy. Tiles that came by bulk tensor copy (the producer's rule, known uniform here but for mapped
     // items) need none, nor do tiles the producer wrote itself (fp8 widening, the key hook: it fences them).
-    auto fenced = [&](int kt) { return Mapped || (!kStaged && !(maps.use && tile_start(kt) + TK <= hi)); };
+    auto fenced = [&](int kt) { return Mapped || (!kStaged && !maps.bulk_tile<TK>(tile_start(kt), hi)); };
     auto wait_k = [&](int kt) {
       mbar_wait(&full_k[stage(kt)], phase(kt));
       if (fenced(kt)) fence_proxy_async();

@@ -316,13 +316,9 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
           for (int i = lane; i < D; i += 32) *reinterpret_cast<T*>(qb + sw128_offset(r, i, RQ)) = from_float<T>(scratch[D + i]);
           __syncwarp();
         }
-        fence_proxy_async();
-        named_sync(2 + cw, 128);
-      } else if (!maps.use_q) {
-        // rows copied by cp.async (generic proxy), read by wgmma (async proxy); a bulk tensor copy needs no
-        // fence, and the fence (MEMBAR.ALL.CTA) would wait for the previous item's output stores
-        fence_proxy_async();
       }
+      fence_proxy_async();
+      named_sync(2 + cw, 128);
     }
 
     // ---- per-thread state: rows g and g + 8 of this warp's 16 -------------------------------
@@ -470,17 +466,15 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         pk[kk][3] = pack2<T>(sfr[2 * kk + 1][2], sfr[2 * kk + 1][3]);
       }
     };
-    // A stage the tensor cores read next that cp.async wrote: the barrier orders it, this fence hands it to the
-    // async proxy. Tiles that came by bulk tensor copy (the producer's rule, known uniform here but for mapped
-    // items) need none, nor do tiles the producer wrote itself (fp8 widening, the key hook: it fences them).
-    auto fenced = [&](int kt) { return Mapped || (!kStaged && !maps.bulk_tile<TK>(tile_start(kt), hi)); };
+    // A stage the tensor cores read next was written by cp.async or the key transform in the producer's
+    // threads: the barrier orders it, this fence hands it to the async proxy.
     auto wait_k = [&](int kt) {
       mbar_wait(&full_k[stage(kt)], phase(kt));
-      if (fenced(kt)) fence_proxy_async();
+      fence_proxy_async();
     };
     auto wait_v = [&](int kt) {
       mbar_wait(&full_v[stage(kt)], phase(kt));
-      if (fenced(kt)) fence_proxy_async();
+      fence_proxy_async();
     };
     if (n_active > 0) {
       float rescale[2] = {1.f, 1.f};  // a sum-state variant keeps them

@@ -175,18 +175,37 @@ def run_case(name: str) -> None:
 
 
 def summarize(rows: list[list[int]]) -> dict:
-    """Per-item means and the main loops' cycles per key tile of one case's items."""
+    """Per-item means and the main loops' cycles per key tile of one case's items. A consumer's stamps of an
+    item count only when they are ordered (0 <= first turn <= main loop's end <= end): a consumer without rows in
+    an item (a short request's last query tile) records none, and its slots hold whatever was there before."""
     f = {k: [r[i] for r in rows] for i, k in enumerate(FIELDS)}
     tiles = sum(f["tiles"])
     out = {"items": len(rows), "tiles": tiles, "p_decode": st.mean(f["p_decode"])}
     for c in (0, 1):
-        main = [e - t for e, t in zip(f[f"c{c}_main_end"], f[f"c{c}_first_turn"])]
+        ok = [i for i in range(len(rows))
+              if 0 <= f[f"c{c}_first_turn"][i] <= f[f"c{c}_main_end"][i] <= f[f"c{c}_end"][i]]
+        if not ok:
+            out[f"c{c}"] = {"items": 0}
+            continue
+        pick = {k: [v[i] for i in ok] for k, v in f.items()}
+        main = [e - t for e, t in zip(pick[f"c{c}_main_end"], pick[f"c{c}_first_turn"])]
         out[f"c{c}"] = {
-            "query_wait": st.mean(f[f"c{c}_query_wait"]), "to_first_turn": st.mean(f[f"c{c}_first_turn"]),
-            "main_per_tile": sum(main) / max(tiles, 1),
-            "epilogue": st.mean(e - m for e, m in zip(f[f"c{c}_end"], f[f"c{c}_main_end"])),
-            "turn_waits": st.mean(f[f"c{c}_turn_waits"]), "kv_waits": st.mean(f[f"c{c}_kv_waits"])}
+            "items": len(ok), "tiles": sum(pick["tiles"]), "query_wait": st.mean(pick[f"c{c}_query_wait"]),
+            "to_first_turn": st.mean(pick[f"c{c}_first_turn"]),
+            "main_per_tile": sum(main) / max(sum(pick["tiles"]), 1),
+            "epilogue": st.mean(e - m for e, m in zip(pick[f"c{c}_end"], pick[f"c{c}_main_end"])),
+            "turn_waits": st.mean(pick[f"c{c}_turn_waits"]), "kv_waits": st.mean(pick[f"c{c}_kv_waits"])}
     return out
+
+
+def table_row(name: str, c: int, s: dict) -> str:
+    """One consumer's line of the Markdown table."""
+    k = s[f"c{c}"]
+    if not k["items"]:
+        return f"| {name}, consumer {c} | 0 of {s['items']} | — | — | — | — | — | — | — | {s['p_decode']:.0f} |"
+    return (f"| {name}, consumer {c} | {k['items']} of {s['items']} | {k['tiles']} | {k['main_per_tile']:.0f} | "
+            f"{k['to_first_turn']:.0f} | {k['query_wait']:.0f} | {k['epilogue']:.0f} | "
+            f"{k['turn_waits']:.0f} | {k['kv_waits']:.0f} | {s['p_decode']:.0f} |")
 
 
 def main():
@@ -202,7 +221,7 @@ def main():
     md = [f"# Hopper prefill per-item trace (CTA 0) — {results['date']}, commit {args.commit}", "",
           "SM clock cycles, per item (means) of the last of three launches; bf16, Hq 32 / Hkv 8, D 128. "
           "`benchmarks/trace_hopper_items.py`.", "",
-          "| case | items | key tiles | main loop per tile | to first turn | query wait | epilogue | turn waits "
+          "| case | items (consumer has rows) | key tiles | main loop per tile | to first turn | query wait | epilogue | turn waits "
           "| K/V waits | producer decode |", "|---|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         instrument(Path(args.tree).resolve(), Path(tmp))
@@ -219,11 +238,7 @@ def main():
             rows = [[int(x) for x in re.findall(r"\d+", ln)] for ln in lines]
             s = summarize(rows)
             results["cases"][name] = {"summary": s, "rows": rows}
-            for c in (0, 1):
-                k = s[f"c{c}"]
-                md.append(f"| {name}, consumer {c} | {s['items']} | {s['tiles']} | {k['main_per_tile']:.0f} | "
-                          f"{k['to_first_turn']:.0f} | {k['query_wait']:.0f} | {k['epilogue']:.0f} | "
-                          f"{k['turn_waits']:.0f} | {k['kv_waits']:.0f} | {s['p_decode']:.0f} |")
+            md.extend(table_row(name, c, s) for c in (0, 1))
     results["fields"] = FIELDS
     write_results(args.out, f"hopper_item_trace_{results['date']}", results, md)
 

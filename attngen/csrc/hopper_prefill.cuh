@@ -27,7 +27,6 @@
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "device_info.cuh"
-#include "hopper_epilogue.cuh"
 #include "hopper_producer.cuh"
 #include "hopper_sync.cuh"
 #include "hopper_tile.cuh"
@@ -274,18 +273,6 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   // the stage and phase of the item's kt-th tile
   auto stage = [&](int kt) { return (it + kt) % NS; };
   auto phase = [&](int kt) { return uint32_t((it + kt) / NS) & 1; };
-  // Deferred stores (two query buffers, no output hook): an item's output rows wait packed (hopper_epilogue.cuh
-  // pack_rows) until the consumer has issued the next item's first S = Q K^T, and are stored while it runs.
-  constexpr bool kDeferStore = NQ > 1 && !V::kHasOutputTransform;
-  HopperOutRows pend;
-  uint32_t opk[kDeferStore ? D / 4 : 1];
-  bool pending = false;
-  auto store_pending = [&]() {
-    if constexpr (kDeferStore) {
-      if (pending) store_packed<T, D>(opk, pend, P, lane);
-    }
-    pending = false;
-  };
 #pragma unroll 1
   for (;;) {
     // the next item, as the producer decoded it, with its query rows
@@ -482,7 +469,6 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       turn_begin();
       issue_s(stage(0));
       turn_end();
-      if constexpr (kDeferStore) store_pending();  // the previous item's rows, stored while S runs
       wgmma_wait<0>();
       pin_registers(sacc);
       mbar_arrive(&empty_k[stage(0)]);
@@ -519,8 +505,6 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       wgmma_wait<0>();
       pin_registers(o_acc);
       mbar_arrive(&empty_v[stage(n_active - 1)]);
-    } else if constexpr (kDeferStore) {
-      store_pending();
     }
     // the remaining turns; tiles past this consumer's rows ride on them (tile kt on turn kt + 1, as the
     // other consumer's P V of kt would): wait for its K and V stages, release them. Waiting for them all
@@ -542,27 +526,77 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     }
     mbar_arrive(&empty_q[qs]);  // every S of the item has completed: its Q buffer may take another item's rows
 
-    // ---- epilogue: normalise, lse, output transform, store (hopper_epilogue.cuh) ----------------
-    float v_scale = 1.f;
-    if constexpr (kStaged) v_scale = P.scales.v[hk];  // sum_j p_j (v_j s) = s sum_j p_j v_j
-    finish_rows<V>(m_row, d_row, v_scale, pend);
-    pend.b = b;
-    pend.hk = hk;
-    pend.q0 = q0;
-    pend.rows_total = rows_total;
-    pend.pos_base = pos_base;
-    pend.wrow_first = row0 + wrow;
-    pend.prow0 = prow0;
-    if constexpr (kDeferStore) {
-      pack_rows<T, D>(o_acc, pend, opk);
-      pending = true;
+    // ---- epilogue: normalise, lse, output transform, store --------------------------------
+    float lse_row[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float dsum = d_row[h];
+      dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
+      dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
+      // dsum is 0 only for a row without a live key; a NaN or +inf score made it NaN, which must reach O and
+      // lse (the non-finite rules of the float64 reference, as in prefill.cuh)
+      float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
+      if constexpr (kStaged) inv *= P.scales.v[hk];  // sum_j p_j (v_j s) = s sum_j p_j v_j
+#pragma unroll
+      for (int n = 0; n < NDT; ++n) {
+        o_acc[4 * n + 2 * h] *= inv;
+        o_acc[4 * n + 2 * h + 1] *= inv;
+      }
+      lse_row[h] = V::kSoftmax ? (dsum != 0.f ? m_row[h] + log2f(dsum) : kNegInf) : 0.f;
+    }
+    if constexpr (!V::kHasOutputTransform) {
+      // each row's fragments (two columns of every 8-column block per lane of its quad) regrouped within the quad
+      // so that a lane stores whole 8-column blocks in 16 bytes: a quarter of the store instructions, each
+      // touching a row's 64 contiguous bytes instead of 4 (quad_transpose; every lane shuffles, valid row or not)
+      static_assert(NDT % 4 == 0, "the quad's blocks of four 8-column blocks");
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int pr = prow0 + 8 * h;
+        const bool valid = pr < rows_total;
+        const int tok = q0 + pr / group, qh = hk * group + pr % group;
+        T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
+#pragma unroll
+        for (int m = 0; m < NDT / 4; ++m) {
+          uint32_t w[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            w[j] = pack2<T>(o_acc[4 * (4 * m + j) + 2 * h], o_acc[4 * (4 * m + j) + 2 * h + 1]);
+          quad_transpose(w, t4);
+          if (valid) *reinterpret_cast<uint4*>(dst + (4 * m + t4) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        const float l = lse_row[h];
+        if (valid && t4 == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
+      }
     } else {
-      store_rows<V, T, D>(o_acc, pend, P, hp, scratch, lane);
+      // one row of the warp's 16 at a time through the warp's scratch rows: the quad holding it writes its
+      // fragments, the warp applies the hook and stores the row
+#pragma unroll 1
+      for (int rr = 0; rr < 16; ++rr) {
+        const int pr = row0 + wrow + rr;
+        if (pr >= rows_total) break;
+        const int h = rr / 8;
+        if (g == rr % 8) {
+#pragma unroll
+          for (int n = 0; n < NDT; ++n) {
+            scratch[n * 8 + t4 * 2] = o_acc[4 * n + 2 * h];
+            scratch[n * 8 + t4 * 2 + 1] = o_acc[4 * n + 2 * h + 1];
+          }
+        }
+        const float l = __shfl_sync(0xffffffffu, lse_row[h], (rr % 8) * 4);
+        __syncwarp();
+        const int tok = q0 + pr / group, qh = hk * group + pr % group, qo_pos = pos_base + pr / group;
+        warp_row_hook<D, V::kOutputElementwise>(
+            scratch, scratch + D, [&](float* row, int i) { return V::output_elem(hp, row, i, b, qo_pos, qh, l); },
+            [&](float* in, float* out) { V::output_row(hp, in, out, b, qo_pos, qh, l); }, lane);
+        T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
+        for (int i = lane; i < D; i += 32) dst[i] = from_float<T>(scratch[D + i]);
+        if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
+        __syncwarp();
+      }
     }
     it += num_kt;
     ++qn;
   }
-  if constexpr (kDeferStore) store_pending();  // the last item's rows
   if (cw == 0) named_sync(kTurnBar, 256);  // the second consumer's hand-on after its last turn
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }

@@ -27,6 +27,7 @@
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "device_info.cuh"
+#include "hopper_epilogue.cuh"
 #include "hopper_producer.cuh"
 #include "hopper_sync.cuh"
 #include "hopper_tile.cuh"
@@ -526,74 +527,10 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     }
     mbar_arrive(&empty_q[qs]);  // every S of the item has completed: its Q buffer may take another item's rows
 
-    // ---- epilogue: normalise, lse, output transform, store --------------------------------
+    // ---- epilogue: normalise, lse, output transform, store (hopper_epilogue.cuh) -------------
     float lse_row[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float dsum = d_row[h];
-      dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
-      dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
-      // dsum is 0 only for a row without a live key; a NaN or +inf score made it NaN, which must reach O and
-      // lse (the non-finite rules of the float64 reference, as in prefill.cuh)
-      float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
-      if constexpr (kStaged) inv *= P.scales.v[hk];  // sum_j p_j (v_j s) = s sum_j p_j v_j
-#pragma unroll
-      for (int n = 0; n < NDT; ++n) {
-        o_acc[4 * n + 2 * h] *= inv;
-        o_acc[4 * n + 2 * h + 1] *= inv;
-      }
-      lse_row[h] = V::kSoftmax ? (dsum != 0.f ? m_row[h] + log2f(dsum) : kNegInf) : 0.f;
-    }
-    if constexpr (!V::kHasOutputTransform) {
-      // each row's fragments (two columns of every 8-column block per lane of its quad) regrouped within the quad
-      // so that a lane stores whole 8-column blocks in 16 bytes: a quarter of the store instructions, each
-      // touching a row's 64 contiguous bytes instead of 4 (quad_transpose; every lane shuffles, valid row or not)
-      static_assert(NDT % 4 == 0, "the quad's blocks of four 8-column blocks");
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int pr = prow0 + 8 * h;
-        const bool valid = pr < rows_total;
-        const int tok = q0 + pr / group, qh = hk * group + pr % group;
-        T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
-#pragma unroll
-        for (int m = 0; m < NDT / 4; ++m) {
-          uint32_t w[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            w[j] = pack2<T>(o_acc[4 * (4 * m + j) + 2 * h], o_acc[4 * (4 * m + j) + 2 * h + 1]);
-          quad_transpose(w, t4);
-          if (valid) *reinterpret_cast<uint4*>(dst + (4 * m + t4) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
-        }
-        const float l = lse_row[h];
-        if (valid && t4 == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
-      }
-    } else {
-      // one row of the warp's 16 at a time through the warp's scratch rows: the quad holding it writes its
-      // fragments, the warp applies the hook and stores the row
-#pragma unroll 1
-      for (int rr = 0; rr < 16; ++rr) {
-        const int pr = row0 + wrow + rr;
-        if (pr >= rows_total) break;
-        const int h = rr / 8;
-        if (g == rr % 8) {
-#pragma unroll
-          for (int n = 0; n < NDT; ++n) {
-            scratch[n * 8 + t4 * 2] = o_acc[4 * n + 2 * h];
-            scratch[n * 8 + t4 * 2 + 1] = o_acc[4 * n + 2 * h + 1];
-          }
-        }
-        const float l = __shfl_sync(0xffffffffu, lse_row[h], (rr % 8) * 4);
-        __syncwarp();
-        const int tok = q0 + pr / group, qh = hk * group + pr % group, qo_pos = pos_base + pr / group;
-        warp_row_hook<D, V::kOutputElementwise>(
-            scratch, scratch + D, [&](float* row, int i) { return V::output_elem(hp, row, i, b, qo_pos, qh, l); },
-            [&](float* in, float* out) { V::output_row(hp, in, out, b, qo_pos, qh, l); }, lane);
-        T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
-        for (int i = lane; i < D; i += 32) dst[i] = from_float<T>(scratch[D + i]);
-        if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
-        __syncwarp();
-      }
-    }
+    hopper_normalise_rows<V, kStaged, D>(o_acc, m_row, d_row, P, hk, lse_row);
+    hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane);
     it += num_kt;
     ++qn;
   }

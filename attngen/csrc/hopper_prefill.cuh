@@ -219,7 +219,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         const int n = it + kt, s = n % NS;  // the CTA's n-th K/V tile: its stage and (n >= NS) the phase
         const uint32_t drained = ((n / NS) - 1) & 1;  // of the consumers' release to wait for
         const int js = tile_start(kt);
-        const bool bulk = maps.bulk_tile<TK>(js, hi);  // uniform over the producer warpgroup
+        const bool bulk = maps.use && js + TK <= hi;  // uniform over the producer warpgroup
         if (!bulk) gather.look_up(js, n % 2, ptid);
         if (n >= NS) mbar_wait(&empty_k[s], drained);
         if (bulk) {

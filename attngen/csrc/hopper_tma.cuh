@@ -24,10 +24,6 @@ namespace attngen {
 struct HopperKVMaps {  // CUtensorMap carries its own alignment
   CUtensorMap k, v, q;
   int use, use_q;
-  // Whether the K / V tile of TK keys from js comes by bulk tensor copies (every key below the request's end
-  // hi) rather than by cp.async (the producer's copy choice).
-  template <int TK>
-  __host__ __device__ bool bulk_tile(int js, int hi) const { return use && js + TK <= hi; }
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -120,14 +120,13 @@ struct ScoreRules {
     }
   }
 
-  // kIntervalRows: scores outside their row's interval become -inf, the others stay raw (sm_scale not applied):
-  // a softmax variant without a logits hook then runs a checked tile as an interior one, with sm_scale in the
-  // exponent. Each test compares a compile-time offset from the thread's first key with two values per row.
+  // Scores outside their row's interval [a, z] (offsets from the thread's first key of the tile, row_intervals or
+  // mapped_intervals) become -inf, the others stay raw (sm_scale not applied): a softmax variant without a
+  // logits hook then runs a checked tile as an interior one, with sm_scale in the exponent. Each test compares
+  // a compile-time offset from the thread's first key with two values per row.
   template <int NKT>
-  __device__ __forceinline__ void mask_outside(float (&sm)[NKT][4], int prow, int j0) const {
-    static_assert(kIntervalRows && V::kSoftmax, "rows whose keys form an interval, softmax state");
-    int a[2], z[2];
-    row_intervals(prow, j0, a, z);
+  __device__ __forceinline__ void hide_outside(float (&sm)[NKT][4], const int (&a)[2], const int (&z)[2]) const {
+    static_assert(V::kSoftmax, "softmax state: hidden scores are -inf");
 #pragma unroll
     for (int n = 0; n < NKT; ++n)
 #pragma unroll
@@ -135,6 +134,46 @@ struct ScoreRules {
         const int c = n * 8 + e % 2, h = e / 2;
         if (c < a[h] || c > z[h]) sm[n][e] = kNegInf;
       }
+  }
+
+  // kIntervalRows: hide_outside with the rows' intervals from the mask's bounds.
+  template <int NKT>
+  __device__ __forceinline__ void mask_outside(float (&sm)[NKT][4], int prow, int j0) const {
+    static_assert(kIntervalRows, "rows whose keys form an interval");
+    int a[2], z[2];
+    row_intervals(prow, j0, a, z);
+    hide_outside(sm, a, z);
+  }
+
+  // Mapped tiles: the keys rows prow and prow + 8 see, from the tile map's row key intervals (tile_map.cuh;
+  // `rows`: the list's map rows, whose first is packed row map_row0 of the request), within the causal bound,
+  // as absolute keys [klo, khi] (rows past the request's: empty). Loaded once per work item. False
+  // (warp-uniform) where a row of the warp sees keys that are not one interval: its tiles then run the hook.
+  __device__ __forceinline__ bool mapped_intervals(const int2* rows, int map_row0, int prow, int (&klo)[2],
+                                                   int (&khi)[2]) const {
+    bool one = true;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pr = prow + 8 * h;
+      klo[h] = 1;
+      khi[h] = 0;
+      if (pr >= rows_total) continue;
+      const int i = V::kMaskReadsHeads ? pr - map_row0 : pr / group - map_row0 / group;
+      const int2 iv = rows[i];
+      one = one && iv.x >= 0;
+      klo[h] = iv.x;
+      khi[h] = causal ? min(iv.y, pos_base + pr / group) : iv.y;
+    }
+    return __all_sync(0xffffffffu, one);
+  }
+
+  // hide_outside with the intervals of mapped_intervals, on the tile from key j0.
+  template <int NKT>
+  __device__ __forceinline__ void mapped_outside(float (&sm)[NKT][4], int j0, const int (&klo)[2],
+                                                 const int (&khi)[2]) const {
+    const int base = j0 + 2 * t4;
+    const int a[2] = {klo[0] - base, klo[1] - base}, z[2] = {khi[0] - base, khi[1] - base};
+    hide_outside(sm, a, z);
   }
 
   // `check` false: a tile every score of which is visible (no mask hook, no tests). Called with a constant

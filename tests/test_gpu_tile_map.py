@@ -203,6 +203,41 @@ def test_mapped_prefill_matches_the_reference(template, name, group, kv_mode, bu
                 assert not plan.maps
 
 
+def softcap_documents(build_cache):
+    """Soft-capped logits over packed documents: a logits hook beside a mask the map serves, so a mapped partial
+    tile whose rows see intervals runs the hook inside them (ScoreRules::apply_mapped) instead of the mask."""
+    if "softcap_documents" not in _libs:
+        from attngen import Variant
+        from attngen.runtime import CUDAAttention
+
+        soft = runpy.run_path(str(EXAMPLES / "logits_softcap.py"))["variant"]
+        docs = runpy.run_path(str(EXAMPLES / "document_mask.py"))["variant"]
+        variant = Variant("softcap_documents", logits_transform=soft.hooks["logits_transform"],
+                          logits_mask=docs.hooks["logits_mask"], params=[*soft.params, *docs.params])
+        _libs["softcap_documents"] = CUDAAttention.build(variant, head_dims=(128,), dtypes=("bfloat16",),
+                                                         kernels=("prefill",), cache=build_cache)
+    return _libs["softcap_documents"]
+
+
+@pytest.mark.parametrize("template", ["hopper", "mma_sync"])
+@pytest.mark.parametrize("group,kv_mode", [(1, "ragged"), (4, "NHD")])
+def test_mapped_prefill_with_a_logits_hook(template, group, kv_mode, build_cache, rng):
+    """Soft-cap over packed documents, mapped and unmapped, against the float64 reference."""
+    skip_unless_runs(template)
+    att = softcap_documents(build_cache)
+    make = runpy.run_path(str(EXAMPLES / "document_mask.py"))["packed_documents"]
+    for tile_map in (None, False):
+        plans = []
+        run_prefill(att, att.variant, rng, group=group, head_dim=128, dtype="bfloat16", kv_mode=kv_mode,
+                    qo_lens=[700, 0, 1000, 33], kv_lens=[700, 12, 1300, 33], template=template, make_params=make,
+                    tile_map=tile_map, plans=plans)
+        for plan in plans:
+            assert bool(plan.maps) == (tile_map is None)
+            if tile_map is None:
+                (tm,) = plan.maps.values()
+                assert tm.counts["partial"] > 0 and tm.counts["full"] > 0, tm.counts
+
+
 @pytest.mark.parametrize("template", ["hopper", "mma_sync"])
 def test_linked_build_walks_the_map(template, build_cache, rng):
     """link="lto": the plan's map from the linked classifier, the mapped kernels taken from the linked cubins by

@@ -361,9 +361,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     // mapped: the rows' key intervals from the map, where every row of the warp sees one (warp-uniform)
     int map_lo[2] = {0, 0}, map_hi[2] = {0, 0};
     bool mapped_iv = false;
-    if constexpr (Mapped && kFoldScale) {
-      if (fold) mapped_iv = score_rules.mapped_intervals(map_rows, row0, prow0, map_lo, map_hi);
-    }
+    if constexpr (Mapped && ScoreRules<V>::kMappedIntervals)
+      mapped_iv = score_rules.mapped_intervals(map_rows, row0, prow0, map_lo, map_hi);
 
     // ---- mainloop: S_kt = Q K_kt^T issued with O += P_(kt-1) V_(kt-1) ----------------------------
     // The softmax of tile kt runs while P V of tile kt - 1 is on the tensor cores (its P packed into `pk`
@@ -424,6 +423,9 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
                                  [](auto&&... a) { tile_row_reduce<NKT>(a...); });
       } else if (interior) {
         score_rules.apply(sfr, prow0, js, mt_max, false, row_terms);
+      } else if (Mapped && ScoreRules<V>::kMappedIntervals && mapped_iv) {
+        if constexpr (Mapped && ScoreRules<V>::kMappedIntervals)
+          score_rules.apply_mapped(sfr, prow0, js, mt_max, row_terms, map_lo, map_hi);
       } else {
         score_rules.apply(sfr, prow0, js, mt_max, true, row_terms);
       }

@@ -429,9 +429,8 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
       // (read per checked tile: the 128-row tiles have no registers to keep them)
       int map_lo[2], map_hi[2];
       bool mapped_iv = false;
-      if constexpr (Mapped && kFoldScale) {
-        if (fold && !interior)
-          mapped_iv = score_rules.mapped_intervals(map_rows, map_row0, prow0 + mt * 16, map_lo, map_hi);
+      if constexpr (Mapped && ScoreRules<V>::kMappedIntervals) {
+        if (!interior) mapped_iv = score_rules.mapped_intervals(map_rows, map_row0, prow0 + mt * 16, map_lo, map_hi);
       }
       if (fold && (interior || ScoreRules<V>::kIntervalRows || mapped_iv)) {
         if constexpr (ScoreRules<V>::kIntervalRows && kFoldScale) {
@@ -449,6 +448,9 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
                                  [](auto&&... a) { row_tree<NKT>(a...); });
       } else if (interior) {
         score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, false, row_terms[mt]);  // interior: no checks
+      } else if (Mapped && ScoreRules<V>::kMappedIntervals && mapped_iv) {
+        if constexpr (Mapped && ScoreRules<V>::kMappedIntervals)
+          score_rules.apply_mapped(s[mt], prow0 + mt * 16, js, mt_max, row_terms[mt], map_lo, map_hi);
       } else {
         score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, true, row_terms[mt]);
       }

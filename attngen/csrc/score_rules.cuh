@@ -20,6 +20,9 @@ struct ScoreRules {
   // instances. A checked tile then tests each score against the row's interval (row_intervals) and skips the
   // mask hook.
   static constexpr bool kIntervalRows = !tvm_windowed<V>() && !tvm_tree<V>() && (!V::kHasMask || V::kMaskExact);
+  // A mapped kernel's rows may see intervals the tile map found (tile_map.cuh row key intervals): its partial
+  // tiles then compare keys with them instead of running the mask hook (mapped_outside, apply_mapped).
+  static constexpr bool kMappedIntervals = !tvm_windowed<V>() && !tvm_tree<V>();
   // The logits hook runs split (codegen/logits_split.py): its row terms once per query row and work item
   // (row_terms, before the key loop), the rest per score from the raw score (logits_from_terms, which
   // applies sm_scale and the base-2 factor itself).
@@ -174,6 +177,39 @@ struct ScoreRules {
     const int base = j0 + 2 * t4;
     const int a[2] = {klo[0] - base, klo[1] - base}, z[2] = {khi[0] - base, khi[1] - base};
     hide_outside(sm, a, z);
+  }
+
+  // Mapped tiles whose rows see intervals (mapped_intervals): the logits hook on the scores inside them, the
+  // others hidden; no mask hook (variants whose tiles do not run as interior ones: a logits hook, sum state).
+  template <int NKT>
+  __device__ __forceinline__ void apply_mapped(float (&sm)[NKT][4], int prow, int j0, float (&row_max)[2],
+                                               RowTerms& rt, const int (&klo)[2], const int (&khi)[2]) const {
+    static_assert(kMappedIntervals, "mapped rows' intervals: not TVM's window or tree instances");
+    const int base = j0 + 2 * t4;
+    int rpos[2], rhead[2], a[2], z[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pr = prow + 8 * h;
+      rpos[h] = pos_base + pr / group;
+      rhead[h] = kv_head * group + pr % group;
+      a[h] = klo[h] - base;
+      z[h] = khi[h] - base;
+    }
+#pragma unroll
+    for (int n = 0; n < NKT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, c = n * 8 + e % 2, j = base + c;
+        const bool visible = c >= a[h] && c <= z[h];
+        float x = sm[n][e] * scale;
+        if constexpr (V::kHasLogits) {
+          const float jf = float(base) + float(c);
+          if (visible) x = V::logits_from_terms(hp, sm[n][e], batch, rpos[h], j, jf, rhead[h], kv_head, rt.logits[h]);
+        }
+        sm[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
+        if constexpr (V::kSoftmax) row_max[h] = fmaxf(row_max[h], sm[n][e]);
+      }
+    }
   }
 
   // `check` false: a tile every score of which is visible (no mask hook, no tests). Called with a constant

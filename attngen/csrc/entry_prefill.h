@@ -11,15 +11,17 @@
 //   ragged: q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, D], kv_indptr [B+1], qo_indptr [B+1], ...
 //   ... o [n, Hq, D], lse [n, Hq] f32, sm_scale, max_qo_len (sizes the grid), tile_rows (PrefillTileRows),
 //   kernel (PrefillTemplate: which template serves the call), tile_indptr / tile_entries (optional: the
-//   plan's mask-derived tile lists, tile_map.cuh) and tile_heads (their head rows: 1 or Hkv; 0 without),
+//   plan's mask-derived tile lists, tile_map.cuh, tile_entries ending in the map rows' key intervals) and
+//   tile_heads (their head rows: 1 or Hkv; 0 without),
 //   work_order (optional: [B * q_tiles] int32, the plan's order of (request, query tile) pairs in the Hopper
 //   tiling, longest work first), hook_workspace (optional: uint8 bytes for the row-hook pass, hook_pass.cuh:
 //   the variant's key and query transforms applied once per row ahead of the prefill), then the variant's
 //   extra parameters (V::ExtraArgs).
 //
 // prefill_tile_map_<dtype>_d<D> (TileMapEntry) classifies the tiles of a launch for the plan:
-//   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, group, num_kv_heads, causal,
-//   rows, keys (the template's tile), then the variant's extra parameters.
+//   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, row_keys (optional: [B * heads *
+//   q_tiles, rows, 2] int32, each map row's key interval), group, num_kv_heads, causal, rows, keys (the
+//   template's tile), then the variant's extra parameters.
 #pragma once
 #include <array>
 #include <tuple>

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import bench, guarded, load_flashinfer, result_parser, run_info, write_results
+from common import bench, cell, guarded, load_flashinfer, result_parser, run_info, write_results
 
 HQ, HKV, D = 32, 8, 128
 CASES = {"16 docs in 16k": (16384, 16), "64 docs in 32k": (32768, 64)}
@@ -29,6 +29,21 @@ CASES = {"16 docs in 16k": (16384, 16), "64 docs in 32k": (32768, 64)}
 def doc_lengths(total: int, docs: int, rng) -> np.ndarray:
     cuts = np.sort(rng.choice(np.arange(1, total), size=docs - 1, replace=False))
     return np.diff(np.concatenate([[0], cuts, [total]]))
+
+
+def classifier_ms(att, tm, qo_indptr, kv, params) -> float:
+    """Device time of the map's classifier kernel alone (the rest of a map's build is its compaction's torch
+    calls and one host synchronisation)."""
+    from attngen.runtime.tile_map import kv_lengths
+
+    classify = att.function("prefill_tile_map", "bfloat16", D)
+    kv_len = kv_lengths(kv)
+    total = int(qo_indptr[-1])
+    q_tiles, k_tiles = -(-total * (HQ // HKV) // tm.rows), -(-total // tm.keys)
+    cls = torch.zeros((1, tm.heads, q_tiles, k_tiles), dtype=torch.uint8, device="cuda")
+    row_keys = torch.zeros((tm.heads * q_tiles, tm.rows, 2), dtype=torch.int32, device="cuda")
+    return bench(lambda: classify(qo_indptr, kv_len, cls, row_keys, HQ // HKV, HKV, 0, tm.rows, tm.keys,
+                                  params["doc_ids"]), reps=10)
 
 
 def main():
@@ -79,6 +94,8 @@ def main():
                 (tm,) = plan.maps.values()
                 row["map_counts"], row["map_build_ms"] = tm.counts, tm.build_ms
                 row["first_call_ms"], row["mapped_ms"] = first_ms, ms
+                row["map_classifier_ms"] = guarded(row, "map_classifier_ms",
+                                                   lambda: classifier_ms(att_docs, tm, one, kv_one, params))
         row["order_changes_nothing"] = bool(torch.equal(outs["attngen_mapped"], outs["attngen_mapped_tile_order"]))
         row["mapped_vs_unmapped_maxdiff"] = float((outs["attngen_mapped"].float() - outs["attngen_unmapped"].float())
                                                   .abs().max())
@@ -130,13 +147,15 @@ def main():
              "TFLOP/s of the visible work (bf16, Hq 32 / Hkv 8, D 128; causal inside each document, document ids "
              "from a tensor parameter). attngen_causal_ragged: the same documents as separate requests of the "
              "causal variant (the same visible work without a mask).", "",
-             "| case | visible | " + " | ".join(cols) + " | mapped / causal ragged | map build ms | map (empty/partial/full) |",
-             "|---|---|" + "---|" * (len(cols) + 3)]
+             "| case | visible | " + " | ".join(cols)
+             + " | mapped / causal ragged | map build ms | classifier ms | map (empty/partial/full) |",
+             "|---|---|" + "---|" * (len(cols) + 4)]
     for r in rows:
         cells = [f"{r[c]:.0f}" if r.get(c) else "—" for c in cols]
         mc = r.get("map_counts", {})
         lines.append(f"| {r['case']} | {r['visible_fraction']:.1%} | " + " | ".join(cells)
                      + f" | {r['attngen_mapped'] / r['attngen_causal_ragged']:.2f} | {r.get('map_build_ms', 0):.2f}"
+                     + f" | {cell(r.get('map_classifier_ms'), '.3f')}"
                      + f" | {mc.get('empty')}/{mc.get('partial')}/{mc.get('full')} |")
     write_results(args.out, f"packed_docs_{res['date']}{args.tag}", res, lines)
 

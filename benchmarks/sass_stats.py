@@ -33,7 +33,10 @@ from attngen.codegen.pipeline import run_pipeline
 from attngen.schedules.build_config import BuildConfig
 from attngen.variants import builtin
 cfg = BuildConfig("cuda", ({d},), ("{dtype}",), ("sm_90a",), layouts=("NHD",), kernels=("prefill",), link="check")
-directory = run_pipeline(builtin("{variant}"), cfg).directory
+import os, runpy
+example = os.path.join("examples", "{variant}.py")  # (an example's variant, else a built-in)
+variant = runpy.run_path(example)["variant"] if os.path.exists(example) else builtin("{variant}")
+directory = run_pipeline(variant, cfg).directory
 # ptxas's wgmma advisories: the prefill TU once more, with the build's own flags and -Xptxas -v
 import glob, re, subprocess
 from pathlib import Path
@@ -92,7 +95,7 @@ def stats(lines: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", action="append", required=True, help="LABEL=PATH of a tree holding attngen/")
-    ap.add_argument("--variant", default="causal")
+    ap.add_argument("--variant", default="causal", help="a built-in variant, or an example's (examples/NAME.py)")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kernel", default=r"hopper_prefill_kernel.*Lb0E", help="regex on the function's section name")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from .test_gpu_prefill import run_prefill, skip_unless_runs
-from .tile_map_reference import reference_tile_classes
+from .tile_map_reference import reference_row_keys, reference_tile_classes
 
 pytestmark = pytest.mark.gpu
 
@@ -29,7 +29,8 @@ def example(name, build_cache, link="whole"):
 
 @pytest.mark.parametrize("group,link", [(1, "whole"), (4, "whole"), (3, "whole"), (4, "lto")])
 def test_classifier_matches_the_reference(group, link, build_cache, rng):
-    """The classifier of a whole-program build and of a linked one (its kernel from the linked cubin)."""
+    """The classifier of a whole-program build and of a linked one (its kernel from the linked cubin): the map,
+    and each map row's key interval (row_keys) where asked for; without row_keys the same map."""
     import torch
 
     module, att = example("document_mask", build_cache, link)
@@ -38,15 +39,79 @@ def test_classifier_matches_the_reference(group, link, build_cache, rng):
     for b, n in enumerate(kv_lens):
         for cut in np.sort(rng.integers(0, max(n, 1), size=3)):
             ids[b, cut:] += 1
-    ref = reference_tile_classes(lambda b, qp, kp, qh, kh: kp <= qp and ids[b, kp] == ids[b, qp], qo_lens, kv_lens,
-                                 group=group, num_kv_heads=2, rows=128, keys=128, reads_heads=False)
+
+    def visible(b, qp, kp, qh, kh):
+        return kp <= qp and ids[b, kp] == ids[b, qp]
+
+    ref = reference_tile_classes(visible, qo_lens, kv_lens, group=group, num_kv_heads=2, rows=128, keys=128,
+                                 reads_heads=False)
+    lists = int(np.prod(ref.shape[:3]))
+    ref_rows = reference_row_keys(visible, qo_lens, kv_lens, group=group, num_kv_heads=2, rows=128,
+                                  reads_heads=False).reshape(lists, 128, 2)
     dev = torch.device("cuda")
     qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device=dev)
     kv_len = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+    classify = att.function("prefill_tile_map", "bfloat16", 128)
+    ids_dev = torch.from_numpy(ids).to(dev)
     out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
-    att.function("prefill_tile_map", "bfloat16", 128)(qo_indptr, kv_len, out, group, 2, 0, 128, 128,
+    row_keys = torch.full((lists, 128, 2), 7, dtype=torch.int32, device=dev)
+    classify(qo_indptr, kv_len, out, row_keys, group, 2, 0, 128, 128, ids_dev)
+    np.testing.assert_array_equal(out.cpu().numpy(), ref)
+    np.testing.assert_array_equal(row_keys.cpu().numpy(), ref_rows)
+    out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
+    classify(qo_indptr, kv_len, out, None, group, 2, 0, 128, 128, ids_dev)  # no row keys wanted
+    np.testing.assert_array_equal(out.cpu().numpy(), ref)
+
+
+@pytest.mark.parametrize("qo_len,kv_len,group", [(700, 700, 1), (300, 900, 4), (130, 1000, 3)])
+def test_row_keys_under_the_causal_flag(qo_len, kv_len, group, build_cache, rng):
+    """causal=1 passed to the classifier (one request of packed documents, its queries the last of its keys):
+    the key tiles past the last row's position are not evaluated, and every row's interval is still the
+    reference's under causal attention."""
+    import torch
+
+    _, att = example("document_mask", build_cache)
+    ids = np.zeros((1, kv_len), np.int32)
+    for cut in np.sort(rng.integers(0, kv_len, size=3)):
+        ids[0, cut:] += 1
+
+    def visible(b, qp, kp, qh, kh):
+        return kp <= qp and ids[b, kp] == ids[b, qp]
+
+    ref = reference_tile_classes(visible, [qo_len], [kv_len], group=group, num_kv_heads=2, rows=128, keys=128,
+                                 reads_heads=False, causal=True)
+    lists = int(np.prod(ref.shape[:3]))
+    ref_rows = reference_row_keys(visible, [qo_len], [kv_len], group=group, num_kv_heads=2, rows=128,
+                                  reads_heads=False, causal=True).reshape(lists, 128, 2)
+    assert not ((ref_rows[..., 0] == -1) & (ref_rows[..., 1] == -1)).any()  # causal inside documents: intervals
+    dev = torch.device("cuda")
+    qo_indptr = torch.tensor([0, qo_len], dtype=torch.int32, device=dev)
+    kv_lens = torch.tensor([kv_len], dtype=torch.int32, device=dev)
+    out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
+    row_keys = torch.full((lists, 128, 2), 7, dtype=torch.int32, device=dev)
+    att.function("prefill_tile_map", "bfloat16", 128)(qo_indptr, kv_lens, out, row_keys, group, 2, 1, 128, 128,
                                                       torch.from_numpy(ids).to(dev))
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
+    np.testing.assert_array_equal(row_keys.cpu().numpy(), ref_rows)
+
+
+def test_row_keys_of_another_shape_are_refused(build_cache):
+    """row_keys holds one interval per map row of every list: [batch x map heads x query tiles, 128, 2]."""
+    import torch
+
+    _, att = example("document_mask", build_cache)
+    dev = torch.device("cuda")
+    qo_indptr = torch.tensor([0, 300], dtype=torch.int32, device=dev)
+    kv_len = torch.tensor([300], dtype=torch.int32, device=dev)
+    ids = torch.zeros((1, 300), dtype=torch.int32, device=dev)
+    out = torch.zeros((1, 1, 3, 3), dtype=torch.uint8, device=dev)  # group 1: 3 query tiles, 3 key tiles
+    classify = att.function("prefill_tile_map", "bfloat16", 128)
+    for shape in [(2, 128, 2), (4, 128, 2), (3, 64, 2), (3, 128, 1)]:
+        row_keys = torch.zeros(shape, dtype=torch.int32, device=dev)
+        with pytest.raises(Exception, match=r"row_keys must be"):
+            classify(qo_indptr, kv_len, out, row_keys, 1, 2, 0, 128, 128, ids)
+    classify(qo_indptr, kv_len, out, torch.zeros((3, 128, 2), dtype=torch.int32, device=dev), 1, 2, 0, 128, 128,
+             ids)  # the right one
 
 
 def head_striped(build_cache):
@@ -83,16 +148,23 @@ def test_a_head_reading_mask_is_classified_per_query_head(num_kv, group, build_c
 
     ref = reference_tile_classes(visible, qo_lens, kv_lens, group=group, num_kv_heads=num_kv, rows=128, keys=128,
                                  reads_heads=True)
+    lists = int(np.prod(ref.shape[:3]))
+    ref_rows = reference_row_keys(visible, qo_lens, kv_lens, group=group, num_kv_heads=num_kv, rows=128,
+                                  reads_heads=True).reshape(lists, 128, 2)
+    # the even query heads' rows past position 255 see key tiles 0 and 2: not one interval
+    assert ((ref_rows[..., 0] == -1) & (ref_rows[..., 1] == -1)).any()
     dev = torch.device("cuda")
     qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device=dev)
     kv_len = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
     out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
+    row_keys = torch.full((lists, 128, 2), 7, dtype=torch.int32, device=dev)
     classify = att.function("prefill_tile_map", "bfloat16", 128)
-    classify(qo_indptr, kv_len, out, group, num_kv, 0, 128, 128)
+    classify(qo_indptr, kv_len, out, row_keys, group, num_kv, 0, 128, 128)
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
+    np.testing.assert_array_equal(row_keys.cpu().numpy(), ref_rows)
     with pytest.raises(Exception, match=r"map's head rows must be num_kv_heads \(the mask reads a head index\)"):
         classify(qo_indptr, kv_len, torch.zeros((4, num_kv + 1) + ref.shape[2:], dtype=torch.uint8, device=dev),
-                 group, num_kv, 0, 128, 128)
+                 None, group, num_kv, 0, 128, 128)
 
 
 @pytest.mark.parametrize("template", ["hopper", "mma_sync"])
@@ -129,6 +201,41 @@ def test_mapped_prefill_matches_the_reference(template, name, group, kv_mode, bu
                 assert tm.counts["empty"] > 0 and tm.counts["full"] > 0, tm.counts
             else:
                 assert not plan.maps
+
+
+def softcap_documents(build_cache):
+    """Soft-capped logits over packed documents: a logits hook beside a mask the map serves, so a mapped partial
+    tile whose rows see intervals runs the hook inside them (ScoreRules::apply_mapped) instead of the mask."""
+    if "softcap_documents" not in _libs:
+        from attngen import Variant
+        from attngen.runtime import CUDAAttention
+
+        soft = runpy.run_path(str(EXAMPLES / "logits_softcap.py"))["variant"]
+        docs = runpy.run_path(str(EXAMPLES / "document_mask.py"))["variant"]
+        variant = Variant("softcap_documents", logits_transform=soft.hooks["logits_transform"],
+                          logits_mask=docs.hooks["logits_mask"], params=[*soft.params, *docs.params])
+        _libs["softcap_documents"] = CUDAAttention.build(variant, head_dims=(128,), dtypes=("bfloat16",),
+                                                         kernels=("prefill",), cache=build_cache)
+    return _libs["softcap_documents"]
+
+
+@pytest.mark.parametrize("template", ["hopper", "mma_sync"])
+@pytest.mark.parametrize("group,kv_mode", [(1, "ragged"), (4, "NHD")])
+def test_mapped_prefill_with_a_logits_hook(template, group, kv_mode, build_cache, rng):
+    """Soft-cap over packed documents, mapped and unmapped, against the float64 reference."""
+    skip_unless_runs(template)
+    att = softcap_documents(build_cache)
+    make = runpy.run_path(str(EXAMPLES / "document_mask.py"))["packed_documents"]
+    for tile_map in (None, False):
+        plans = []
+        run_prefill(att, att.variant, rng, group=group, head_dim=128, dtype="bfloat16", kv_mode=kv_mode,
+                    qo_lens=[700, 0, 1000, 33], kv_lens=[700, 12, 1300, 33], template=template, make_params=make,
+                    tile_map=tile_map, plans=plans)
+        for plan in plans:
+            assert bool(plan.maps) == (tile_map is None)
+            if tile_map is None:
+                (tm,) = plan.maps.values()
+                assert tm.counts["partial"] > 0 and tm.counts["full"] > 0, tm.counts
 
 
 @pytest.mark.parametrize("template", ["hopper", "mma_sync"])

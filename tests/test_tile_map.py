@@ -9,7 +9,7 @@ import pytest
 
 from attngen.variants import builtin
 
-from .tile_map_reference import decode_lists, reference_tile_classes
+from .tile_map_reference import decode_lists, reference_row_keys, reference_tile_classes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -76,11 +76,18 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
     ref = reference_tile_classes(visible, qo_lens, kv_lens, group=group, num_kv_heads=2, rows=rows, keys=keys,
                                  reads_heads=False)
     assert {0, 1, 2} <= set(np.unique(ref).tolist())  # the case exercises every class
+    ref_rows = reference_row_keys(visible, qo_lens, kv_lens, group=group, num_kv_heads=2, rows=rows,
+                                  reads_heads=False)
+    lists = int(np.prod(ref.shape[:3]))
 
-    def classify(qo_indptr, kv_len, out, g, hkv, causal, r, k, *extras):
+    def classify(qo_indptr, kv_len, out, row_keys, g, hkv, causal, r, k, *extras):
         assert (g, hkv, causal, r, k) == (group, 2, 0, rows, keys)
         assert kv_len.tolist() == kv_lens
+        # the intervals come initialised to (0, -1), one per map row of every list
+        assert row_keys.dtype == torch.int32 and tuple(row_keys.shape) == (lists, rows, 2)
+        assert (row_keys[..., 0] == 0).all() and (row_keys[..., 1] == -1).all()
         out.copy_(torch.from_numpy(ref))
+        row_keys.copy_(torch.from_numpy(ref_rows.reshape(lists, rows, 2)))
 
     qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32)
     kv_indptr = torch.tensor(np.concatenate([[0], np.cumsum(kv_lens)]), dtype=torch.int32)
@@ -89,8 +96,33 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
     tm = build_tile_map(classify, docs, qo_indptr, kv, max_qo_len=max(qo_lens), group=group, num_kv_heads=2,
                         rows=rows, keys=keys, extras=(), params=params)
     assert tm.heads == 1 and (tm.rows, tm.keys) == (rows, keys)
-    back = decode_lists(tm.indptr.numpy(), tm.entries.numpy(), ref.shape)
+    head = tm.entries[:tm.entries.numel() - tm.row_keys.numel()]  # the lists: the head of entries
+    back = decode_lists(tm.indptr.numpy(), head.numpy(), ref.shape)
     np.testing.assert_array_equal(back, ref)
+    # the map rows' key intervals: the tail of entries, [lists, rows, 2]
+    assert tm.row_keys.dtype == torch.int32 and tuple(tm.row_keys.shape) == (lists, rows, 2)
+    np.testing.assert_array_equal(tm.row_keys.numpy(), ref_rows.reshape(lists, rows, 2))
+    assert tm.entries.numel() >= tm.row_keys.numel() + int(tm.indptr[-1])
+    assert torch.equal(tm.entries[-tm.row_keys.numel():], tm.row_keys.reshape(-1))
+    assert tm.row_keys.data_ptr() == tm.entries.data_ptr() + 4 * (tm.entries.numel() - tm.row_keys.numel())
+    # causal attention inside each document: every existing row sees one interval, from its document's first
+    # key to its own position
+    assert not ((ref_rows[..., 0] == -1) & (ref_rows[..., 1] == -1)).any()
+    for b, n in enumerate(qo_lens):
+        for t in range(ref.shape[2]):
+            row0 = t * rows
+            if row0 >= n * group:
+                assert (ref_rows[b, 0, t] == (0, -1)).all()
+                continue
+            first, last = row0 // group, (min(row0 + rows, n * group) - 1) // group
+            for i in range(rows):
+                token = first + i
+                if token > last:
+                    assert tuple(ref_rows[b, 0, t, i]) == (0, -1)
+                else:
+                    pos = kv_lens[b] - n + token
+                    start = int(np.flatnonzero(ids[b, :kv_lens[b]] == ids[b, pos])[0])
+                    assert tuple(ref_rows[b, 0, t, i]) == (start, pos)
     assert tm.counts == {"empty": int((ref == 0).sum()), "partial": int((ref == 1).sum()),
                          "full": int((ref == 2).sum())}
     assert tm.ffi_args() == (tm.indptr, tm.entries, 1)
@@ -119,9 +151,71 @@ def test_a_batch_without_keys_maps_to_empty_lists(qo_lens, kv_lens):
     tm = build_tile_map(classify, example("document_mask"), qo_indptr, kv, max_qo_len=max(qo_lens, default=0),
                         group=2, num_kv_heads=2, rows=128, keys=128, extras=(), params={})
     q_tiles = -(-max(qo_lens, default=0) * 2 // 128)
-    assert tm.indptr.tolist() == [0] * (len(qo_lens) * q_tiles + 1)
-    assert tm.entries.numel() == 0 and tm.counts == {"empty": 0, "partial": 0, "full": 0}
-    assert sorted(tm.order.tolist()) == list(range(len(qo_lens) * q_tiles))
+    lists = len(qo_lens) * q_tiles
+    assert tm.indptr.tolist() == [0] * (lists + 1)  # the lists: all empty
+    assert tm.counts == {"empty": 0, "partial": 0, "full": 0}
+    # entries holds only the map rows' key intervals, each (0, -1): no row sees a key
+    assert tuple(tm.row_keys.shape) == (lists, 128, 2) and tm.row_keys.dtype == torch.int32
+    assert (tm.row_keys[..., 0] == 0).all() and (tm.row_keys[..., 1] == -1).all()
+    assert tm.entries.numel() == tm.row_keys.numel()
+    assert torch.equal(tm.entries, tm.row_keys.reshape(-1))
+    assert sorted(tm.order.tolist()) == list(range(lists))
+
+
+def test_reference_row_keys_on_a_hand_made_case():
+    """reference_row_keys itself, where the answer is known by hand: rows of 4 packed rows, one request of 6
+    tokens at positions 2..7 (kv_len 8), group 2."""
+    rows, group = 4, 2
+    qo_lens, kv_lens = [6], [8]  # packed rows 0..11: three query tiles, tokens 0..5 at positions 2..7
+
+    # head-free: map row i of tile k is token 2k + i (tile k's packed rows 4k..4k+3 are tokens 2k, 2k + 1);
+    # map rows 2 and 3 exist in no tile
+    def striped(b, qp, kp, qh, kh):  # even keys only (not one interval), none at all for position 4
+        return kp % 2 == 0 and qp != 4
+
+    got = reference_row_keys(striped, qo_lens, kv_lens, group=group, num_kv_heads=3, rows=rows,
+                             reads_heads=False)
+    assert got.shape == (1, 1, 3, rows, 2) and got.dtype == np.int32
+    want = np.array([[[-1, -1], [-1, -1], [0, -1], [0, -1]],  # tokens 0, 1 (positions 2, 3); no tokens 2, 3
+                     [[0, -1], [-1, -1], [0, -1], [0, -1]],   # token 2 (position 4) sees none; token 3
+                     [[-1, -1], [-1, -1], [0, -1], [0, -1]]])  # tokens 4, 5
+    np.testing.assert_array_equal(got[0, 0], want)
+    # every key under ``causal``: position p sees the interval 0..p
+    got = reference_row_keys(lambda *a: True, qo_lens, kv_lens, group=group, num_kv_heads=3, rows=rows,
+                             reads_heads=False, causal=True)
+    np.testing.assert_array_equal(got[0, 0, :, :2], [[[0, 2], [0, 3]], [[0, 4], [0, 5]], [[0, 6], [0, 7]]])
+    np.testing.assert_array_equal(got[0, 0, :, 2:], np.tile([0, -1], (3, 2, 1)))
+    got = reference_row_keys(striped, [1], [1], group=1, num_kv_heads=1, rows=rows, reads_heads=False,
+                             causal=True)
+    # position 0 under ``causal`` sees key 0 alone of the striped keys: the interval (0, 0)
+    np.testing.assert_array_equal(got[0, 0, 0], [[0, 0], [0, -1], [0, -1], [0, -1]])
+
+    # head-reading: map rows are packed rows (token r // 2, query head kv_head * 2 + r % 2); query heads of
+    # KV head 1 are 2 and 3. Head 3 sees keys 5..7 under causal, head 2 keys 1 and 3 (not one interval)
+    def by_head(b, qp, kp, qh, kh):
+        assert kh == qh // group
+        return {0: kp == 0, 1: False, 2: kp in (1, 3), 3: kp >= 5}[qh]
+
+    got = reference_row_keys(by_head, qo_lens, kv_lens, group=group, num_kv_heads=2, rows=rows,
+                             reads_heads=True, causal=True)
+    assert got.shape == (1, 2, 3, rows, 2)
+    np.testing.assert_array_equal(got[0, 0], np.tile([[0, 0], [0, -1]], (3, 2, 1)))
+    # KV head 1: tile k's rows are (token 2k, head 2), (2k, 3), (2k + 1, 2), (2k + 1, 3), the tokens at
+    # positions 2k + 2, 2k + 3. Head 2 sees key 1 at position 2, keys 1 and 3 from position 3 on; head 3 sees
+    # keys 5..pos from position 5 on
+    np.testing.assert_array_equal(got[0, 1], [[[1, 1], [0, -1], [-1, -1], [0, -1]],
+                                              [[-1, -1], [0, -1], [-1, -1], [5, 5]],
+                                              [[-1, -1], [5, 6], [-1, -1], [5, 7]]])
+    # a request shorter than the batch's longest: its tiles past its end are (0, -1); none at all: empty
+    got = reference_row_keys(lambda *a: True, [6, 1], [8, 3], group=group, num_kv_heads=2, rows=rows,
+                             reads_heads=True)
+    np.testing.assert_array_equal(got[1, :, 0, :2], np.tile([0, 2], (2, 2, 1)))  # token 0 of request 1
+    assert (got[1, :, 0, 2:] == (0, -1)).all() and (got[1, :, 1:] == (0, -1)).all()
+    assert reference_row_keys(striped, [], [], group=2, num_kv_heads=2, rows=rows, reads_heads=True).shape == \
+        (0, 2, 0, rows, 2)
+    assert reference_row_keys(striped, [0], [5], group=2, num_kv_heads=2, rows=rows,
+                              reads_heads=False).shape == (1, 1, 0, rows, 2)
+
 
 def test_map_provenance_follows_the_mask_tensors():
     """A plan keys its map by the mask's tensor parameters: another tensor or an in-place change is a new key."""

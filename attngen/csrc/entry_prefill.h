@@ -11,15 +11,17 @@
 //   ragged: q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, D], kv_indptr [B+1], qo_indptr [B+1], ...
 //   ... o [n, Hq, D], lse [n, Hq] f32, sm_scale, max_qo_len (sizes the grid), tile_rows (PrefillTileRows),
 //   kernel (PrefillTemplate: which template serves the call), tile_indptr / tile_entries (optional: the
-//   plan's mask-derived tile lists, tile_map.cuh) and tile_heads (their head rows: 1 or Hkv; 0 without),
+//   plan's mask-derived tile lists, tile_map.cuh, tile_entries ending in the map rows' key intervals) and
+//   tile_heads (their head rows: 1 or Hkv; 0 without),
 //   work_order (optional: [B * q_tiles] int32, the plan's order of (request, query tile) pairs in the Hopper
 //   tiling, longest work first), hook_workspace (optional: uint8 bytes for the row-hook pass, hook_pass.cuh:
 //   the variant's key and query transforms applied once per row ahead of the prefill), then the variant's
 //   extra parameters (V::ExtraArgs).
 //
 // prefill_tile_map_<dtype>_d<D> (TileMapEntry) classifies the tiles of a launch for the plan:
-//   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, group, num_kv_heads, causal,
-//   rows, keys (the template's tile), then the variant's extra parameters.
+//   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, row_keys (optional: [B * heads *
+//   q_tiles, rows, 2] int32, each map row's key interval), group, num_kv_heads, causal, rows, keys (the
+//   template's tile), then the variant's extra parameters.
 #pragma once
 #include <array>
 #include <tuple>
@@ -41,7 +43,8 @@ inline bool is_prefill_tile_rows(int64_t v) {
 using OptionalTensor = tvm::ffi::Optional<tvm::ffi::TensorView>;
 using TV = tvm::ffi::TensorView;
 
-// The plan's tile lists into P (both or neither; checked against the launch's grid).
+// The plan's tile lists into P (both or neither; checked against the launch's grid), and the map rows' key
+// intervals at the end of tile_entries (tile_map.cuh row_keys_offset).
 inline void fill_tile_list(PrefillProblem& P, const char* name, const tvm::ffi::TensorView& q,
                            const OptionalTensor& indptr, const OptionalTensor& entries, int64_t heads) {
   if (indptr.has_value() != entries.has_value())
@@ -59,8 +62,15 @@ inline void fill_tile_list(PrefillProblem& P, const char* name, const tvm::ffi::
   if (lists % (int64_t(P.batch) * heads) != 0)
     ATTNGEN_THROW(ValueError) << name << ": tile_indptr has " << lists << " lists, not batch x tile_heads x query "
                               << "tiles: plan again for this batch";
-  P.tiles = TileList{static_cast<const int32_t*>(data_of(*indptr)), static_cast<const int32_t*>(data_of(*entries)),
-                     static_cast<int>(heads), static_cast<int>(lists / (int64_t(P.batch) * heads))};
+  constexpr int kMapRows = MapTile<128>::kRows;  // (every head dim's map tile has as many rows)
+  const int64_t at = row_keys_offset((*entries).size(0), lists, kMapRows);
+  if (at < 0)
+    ATTNGEN_THROW(ValueError) << name << ": tile_entries holds no key interval per map row (" << lists << " x "
+                              << kMapRows << " pairs at its end): plan again";
+  const auto* entry_data = static_cast<const int32_t*>(data_of(*entries));
+  P.tiles = TileList{static_cast<const int32_t*>(data_of(*indptr)), entry_data, static_cast<int>(heads),
+                     static_cast<int>(lists / (int64_t(P.batch) * heads)),
+                     reinterpret_cast<const int2*>(entry_data + at)};
 }
 
 // The plan's work order into P: one entry per (request, query tile) pair of the Hopper template's grid.
@@ -267,7 +277,7 @@ struct TileMapEntry;
 template <class V, int D, const char* Name, class... X>
 struct TileMapEntry<V, D, Name, ArgList<X...>> {
   static void call(tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView kv_len, tvm::ffi::TensorView map,
-                   int64_t group, int64_t num_kv_heads, int64_t causal, int64_t rows, int64_t keys, X... extra) {
+                   OptionalTensor row_keys, int64_t group, int64_t num_kv_heads, int64_t causal, int64_t rows, int64_t keys, X... extra) {
     check_args(Name, {{"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
                       {"kv_len", kv_len, 1, dl_dtype<int32_t>()},
                       {"map", map, 4, dl_dtype<uint8_t>()}});
@@ -286,6 +296,14 @@ struct TileMapEntry<V, D, Name, ArgList<X...>> {
     M.heads = static_cast<int>(map.size(1));
     M.q_tiles = static_cast<int>(map.size(2));
     M.k_tiles = static_cast<int>(map.size(3));
+    if (row_keys.has_value()) {
+      check_args(Name, {{"row_keys", *row_keys, 3, dl_dtype<int32_t>()}}, qo_indptr.device().device_id);
+      const TV& rk = *row_keys;
+      if (rk.size(0) != int64_t(M.batch) * M.heads * M.q_tiles || rk.size(1) != MapTile<D>::kRows || rk.size(2) != 2)
+        ATTNGEN_THROW(ValueError) << Name << ": row_keys must be [batch x map heads x query tiles, "
+                                  << MapTile<D>::kRows << ", 2] int32 (one key interval per map row)";
+      M.row_keys = reinterpret_cast<int2*>(data_of(rk));
+    }
     if (kv_len.size(0) != M.batch || map.size(0) != M.batch)
       ATTNGEN_THROW(ValueError) << Name << ": kv_len and map need one entry per request (" << M.batch << ")";
     if (M.heads != (V::kMaskReadsHeads ? M.num_kv_heads : 1))

@@ -287,6 +287,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     // the first key of the item's kt-th tile, and whether every score of it is visible (mapped: a full tile)
     auto tile_start = [&](int kt) { return Mapped ? (tile_list[kt] >> 1) * TK : lo + kt * TK; };
     auto tile_full = [&](int kt) { return Mapped && (tile_list[kt] & 1) != 0; };
+    // (mapped: the map rows' key intervals of the item's list; the item's query tile is the map tile)
+    const int2* map_rows = Mapped ? P.tiles.row_keys + int64_t(P.tiles.list(b, hk, w.tile)) * RQ : nullptr;
     // ---- Q rows of this consumer (landed with the item): query transform ----------------------
     {
       unsigned char* qb = reinterpret_cast<unsigned char*>(sq + qs * RQ * D);
@@ -357,6 +359,11 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     typename ScoreRules<V>::RowTerms row_terms;
     score_rules.row_terms(prow0, row_terms);
     const bool affine = V::kLogitsAffine && score_rules.affine_rows(row_terms);  // (warp-uniform)
+    // mapped: the rows' key intervals from the map, where every row of the warp sees one (warp-uniform)
+    int map_lo[2] = {0, 0}, map_hi[2] = {0, 0};
+    bool mapped_iv = false;
+    if constexpr (Mapped && ScoreRules<V>::kMappedIntervals)
+      mapped_iv = score_rules.mapped_intervals(map_rows, row0, prow0, map_lo, map_hi);
 
     // ---- mainloop: S_kt = Q K_kt^T issued with O += P_(kt-1) V_(kt-1) ----------------------------
     // The softmax of tile kt runs while P V of tile kt - 1 is on the tensor cores (its P packed into `pk`
@@ -399,10 +406,13 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       const bool interior = Mapped ? tile_full(kt) : (js + TK - 1 <= int_jmax && js >= int_j0min);
       float mt_max[2] = {m_row[0], m_row[1]};
       float sfac[2] = {1.f, 1.f}, koff[2] = {0.f, 0.f};  // the exponent: 2^(s * sfac + koff - m)
-      // (a checked tile of rows whose keys form intervals runs the same way, its hidden scores made -inf first)
-      if (fold && (interior || ScoreRules<V>::kIntervalRows)) {
+      // (a checked tile of rows whose keys form intervals runs the same way, its hidden scores made -inf first;
+      // mapped: where the map found every row of the warp seeing one interval)
+      if (fold && (interior || ScoreRules<V>::kIntervalRows || mapped_iv)) {
         if constexpr (ScoreRules<V>::kIntervalRows && kFoldScale) {
           if (!interior) score_rules.mask_outside(sfr, prow0, js);
+        } else if constexpr (Mapped && kFoldScale) {
+          if (!interior) score_rules.mapped_outside(sfr, js, map_lo, map_hi);
         }
         float raw_max[2];
         tile_row_reduce<NKT>(sfr, raw_max, [](float x, float y) { return fmaxf(x, y); });
@@ -414,6 +424,9 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
                                  [](auto&&... a) { tile_row_reduce<NKT>(a...); });
       } else if (interior) {
         score_rules.apply(sfr, prow0, js, mt_max, false, row_terms);
+      } else if (Mapped && ScoreRules<V>::kMappedIntervals && mapped_iv) {
+        if constexpr (Mapped && ScoreRules<V>::kMappedIntervals)
+          score_rules.apply_mapped(sfr, prow0, js, mt_max, row_terms, map_lo, map_hi);
       } else {
         score_rules.apply(sfr, prow0, js, mt_max, true, row_terms);
       }

@@ -147,9 +147,12 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   constexpr int kMapKeys = MapTile<D>::kKeys, kParts = kMapKeys / TK;
   static_assert(kMapKeys % TK == 0 && MapTile<D>::kRows % RQ == 0, "the tile lies in one map tile");
   const int32_t* tile_list = nullptr;
+  const int2* map_rows = nullptr;  // mapped: the map rows' key intervals of the CTA's map tile
+  const int map_row0 = row0 / MapTile<D>::kRows * MapTile<D>::kRows;
   if constexpr (Mapped) {
     const int l = P.tiles.list(b, hk, row0 / MapTile<D>::kRows);
     tile_list = P.tiles.entries + P.tiles.indptr[l];
+    map_rows = P.tiles.row_keys + int64_t(l) * MapTile<D>::kRows;
     num_kt = (P.tiles.indptr[l + 1] - P.tiles.indptr[l]) * kParts;
   }
   // the first key of the CTA's kt-th tile, and whether every score of it is visible (mapped: in a full tile)
@@ -421,10 +424,19 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
       float mt_max[2] = {m_row[mt][0], m_row[mt][1]};
       // the factor still to apply to s in the exponent, and an offset: 2^(s * sfac + koff - m)
       float sfac[2] = {1.f, 1.f}, koff[2] = {0.f, 0.f};
-      // (a checked tile of rows whose keys form intervals runs the same way, its hidden scores made -inf first)
-      if (fold && (interior || ScoreRules<V>::kIntervalRows)) {
+      // (a checked tile of rows whose keys form intervals runs the same way, its hidden scores made -inf first;
+      // mapped: where the map found every row of the warp seeing one interval)
+      // (read per checked tile: the 128-row tiles have no registers to keep them)
+      int map_lo[2], map_hi[2];
+      bool mapped_iv = false;
+      if constexpr (Mapped && ScoreRules<V>::kMappedIntervals) {
+        if (!interior) mapped_iv = score_rules.mapped_intervals(map_rows, map_row0, prow0 + mt * 16, map_lo, map_hi);
+      }
+      if (fold && (interior || ScoreRules<V>::kIntervalRows || mapped_iv)) {
         if constexpr (ScoreRules<V>::kIntervalRows && kFoldScale) {
           if (!interior) score_rules.mask_outside(s[mt], prow0 + mt * 16, js);
+        } else if constexpr (Mapped && kFoldScale) {
+          if (!interior) score_rules.mapped_outside(s[mt], js, map_lo, map_hi);
         }
         float raw_max[2];
         row_tree<NKT>(s[mt], raw_max, [](float x, float y) { return fmaxf(x, y); });
@@ -436,6 +448,9 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
                                  [](auto&&... a) { row_tree<NKT>(a...); });
       } else if (interior) {
         score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, false, row_terms[mt]);  // interior: no checks
+      } else if (Mapped && ScoreRules<V>::kMappedIntervals && mapped_iv) {
+        if constexpr (Mapped && ScoreRules<V>::kMappedIntervals)
+          score_rules.apply_mapped(s[mt], prow0 + mt * 16, js, mt_max, row_terms[mt], map_lo, map_hi);
       } else {
         score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, true, row_terms[mt]);
       }

@@ -20,6 +20,9 @@ struct ScoreRules {
   // instances. A checked tile then tests each score against the row's interval (row_intervals) and skips the
   // mask hook.
   static constexpr bool kIntervalRows = !tvm_windowed<V>() && !tvm_tree<V>() && (!V::kHasMask || V::kMaskExact);
+  // A mapped kernel's rows may see intervals the tile map found (tile_map.cuh row key intervals): its partial
+  // tiles then compare keys with them instead of running the mask hook (mapped_outside, apply_mapped).
+  static constexpr bool kMappedIntervals = !tvm_windowed<V>() && !tvm_tree<V>();
   // The logits hook runs split (codegen/logits_split.py): its row terms once per query row and work item
   // (row_terms, before the key loop), the rest per score from the raw score (logits_from_terms, which
   // applies sm_scale and the base-2 factor itself).
@@ -120,14 +123,13 @@ struct ScoreRules {
     }
   }
 
-  // kIntervalRows: scores outside their row's interval become -inf, the others stay raw (sm_scale not applied):
-  // a softmax variant without a logits hook then runs a checked tile as an interior one, with sm_scale in the
-  // exponent. Each test compares a compile-time offset from the thread's first key with two values per row.
+  // Scores outside their row's interval [a, z] (offsets from the thread's first key of the tile, row_intervals or
+  // mapped_intervals) become -inf, the others stay raw (sm_scale not applied): a softmax variant without a
+  // logits hook then runs a checked tile as an interior one, with sm_scale in the exponent. Each test compares
+  // a compile-time offset from the thread's first key with two values per row.
   template <int NKT>
-  __device__ __forceinline__ void mask_outside(float (&sm)[NKT][4], int prow, int j0) const {
-    static_assert(kIntervalRows && V::kSoftmax, "rows whose keys form an interval, softmax state");
-    int a[2], z[2];
-    row_intervals(prow, j0, a, z);
+  __device__ __forceinline__ void hide_outside(float (&sm)[NKT][4], const int (&a)[2], const int (&z)[2]) const {
+    static_assert(V::kSoftmax, "softmax state: hidden scores are -inf");
 #pragma unroll
     for (int n = 0; n < NKT; ++n)
 #pragma unroll
@@ -135,6 +137,79 @@ struct ScoreRules {
         const int c = n * 8 + e % 2, h = e / 2;
         if (c < a[h] || c > z[h]) sm[n][e] = kNegInf;
       }
+  }
+
+  // kIntervalRows: hide_outside with the rows' intervals from the mask's bounds.
+  template <int NKT>
+  __device__ __forceinline__ void mask_outside(float (&sm)[NKT][4], int prow, int j0) const {
+    static_assert(kIntervalRows, "rows whose keys form an interval");
+    int a[2], z[2];
+    row_intervals(prow, j0, a, z);
+    hide_outside(sm, a, z);
+  }
+
+  // Mapped tiles: the keys rows prow and prow + 8 see, from the tile map's row key intervals (tile_map.cuh;
+  // `rows`: the list's map rows, whose first is packed row map_row0 of the request), within the causal bound,
+  // as absolute keys [klo, khi] (rows past the request's: empty). Loaded once per work item. False
+  // (warp-uniform) where a row of the warp sees keys that are not one interval: its tiles then run the hook.
+  __device__ __forceinline__ bool mapped_intervals(const int2* rows, int map_row0, int prow, int (&klo)[2],
+                                                   int (&khi)[2]) const {
+    bool one = true;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pr = prow + 8 * h;
+      klo[h] = 1;
+      khi[h] = 0;
+      if (pr >= rows_total) continue;
+      const int i = V::kMaskReadsHeads ? pr - map_row0 : pr / group - map_row0 / group;
+      const int2 iv = rows[i];
+      one = one && iv.x >= 0;
+      klo[h] = iv.x;
+      khi[h] = causal ? min(iv.y, pos_base + pr / group) : iv.y;
+    }
+    return __all_sync(0xffffffffu, one);
+  }
+
+  // hide_outside with the intervals of mapped_intervals, on the tile from key j0.
+  template <int NKT>
+  __device__ __forceinline__ void mapped_outside(float (&sm)[NKT][4], int j0, const int (&klo)[2],
+                                                 const int (&khi)[2]) const {
+    const int base = j0 + 2 * t4;
+    const int a[2] = {klo[0] - base, klo[1] - base}, z[2] = {khi[0] - base, khi[1] - base};
+    hide_outside(sm, a, z);
+  }
+
+  // Mapped tiles whose rows see intervals (mapped_intervals): the logits hook on the scores inside them, the
+  // others hidden; no mask hook (variants whose tiles do not run as interior ones: a logits hook, sum state).
+  template <int NKT>
+  __device__ __forceinline__ void apply_mapped(float (&sm)[NKT][4], int prow, int j0, float (&row_max)[2],
+                                               RowTerms& rt, const int (&klo)[2], const int (&khi)[2]) const {
+    static_assert(kMappedIntervals, "mapped rows' intervals: not TVM's window or tree instances");
+    const int base = j0 + 2 * t4;
+    int rpos[2], rhead[2], a[2], z[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pr = prow + 8 * h;
+      rpos[h] = pos_base + pr / group;
+      rhead[h] = kv_head * group + pr % group;
+      a[h] = klo[h] - base;
+      z[h] = khi[h] - base;
+    }
+#pragma unroll
+    for (int n = 0; n < NKT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, c = n * 8 + e % 2, j = base + c;
+        const bool visible = c >= a[h] && c <= z[h];
+        float x = sm[n][e] * scale;
+        if constexpr (V::kHasLogits) {
+          const float jf = float(base) + float(c);
+          if (visible) x = V::logits_from_terms(hp, sm[n][e], batch, rpos[h], j, jf, rhead[h], kv_head, rt.logits[h]);
+        }
+        sm[n][e] = visible ? x : (V::kSoftmax ? kNegInf : 0.f);
+        if constexpr (V::kSoftmax) row_max[h] = fmaxf(row_max[h], sm[n][e]);
+      }
+    }
   }
 
   // `check` false: a tile every score of which is visible (no mask hook, no tests). Called with a constant

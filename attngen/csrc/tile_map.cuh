@@ -15,6 +15,12 @@
 //
 // The plan (runtime/tile_map.py) compacts the map into per-row lists of the non-empty key tiles, each
 // entry key_tile * 2 + full, which the templates walk instead of their key range (TileList).
+//
+// Row key intervals: the classifier also records, per map row (a token of a head-free map, else a packed row),
+// whether the keys it sees form one interval [lo, hi] (inclusive; (0, -1) when it sees none or lies past the
+// request's end) or not ((-1, -1)). A document mask with causal attention inside each document sees one
+// interval per row, and so does a prefix-LM; a bit mask or a striped one need not. A template then runs a
+// partial tile of rows that all see intervals with two compares per score instead of the mask hook.
 #pragma once
 #include <stdint.h>
 
@@ -50,17 +56,25 @@ struct TileList {
   const int32_t* entries;  // key tile index * 2 + 1 if full, ascending within a list
   int heads;               // 1 (one map for every KV head) or the number of KV heads
   int q_tiles;             // query tiles per (request, head row): the launch's grid tiles
+  const int2* row_keys;     // [lists, MapTile<D>::kRows] each map row's key interval (above), by list
   __host__ __device__ bool present() const { return indptr != nullptr; }
   __device__ __forceinline__ int list(int b, int hk, int tile) const {
     return (b * heads + (heads == 1 ? 0 : hk)) * q_tiles + tile;
   }
 };
 
+// Where a map's row key intervals start in tile_entries: after the lists' entries, at the end of the tensor
+// (runtime/tile_map.py puts them there): `lists * rows` int32 pairs.
+__host__ __device__ inline int64_t row_keys_offset(int64_t entries_size, int64_t lists, int rows) {
+  return entries_size - 2 * lists * rows;
+}
+
 // What the classifier needs of a prefill problem and of the template's tiling.
 struct TileMapProblem {
   const int32_t* qo_indptr;  // [B+1]
   const int32_t* kv_len;     // [B]
   uint8_t* map;              // [B, heads, q_tiles, k_tiles] TileClass
+  int2* row_keys;            // [B, heads, q_tiles, rows] each map row's key interval (nullptr: not wanted)
   int batch, group, num_kv_heads, causal;
   int rows, keys, q_tiles, k_tiles, heads;
 };
@@ -68,9 +82,12 @@ struct TileMapProblem {
 // One CTA per (query tile, head row, request). Its threads first compute each of the tile's rows' position,
 // query head and mask row terms (the mask hook's row-invariant reads, codegen/mask_split.py) into shared memory;
 // then each warp classifies its own key tiles (k = warp, warp + 8, ...): a lane takes kKeys / 32 keys of the tile
-// and walks the rows, the warp votes, and stops early once the tile is known partial. No block-wide barrier per
-// key tile, and per pair one mask evaluation from the row's terms. D (the traits' head dim) names the kernel in a
-// linked cubin's table: tile_map_kernel<128>.
+// and walks the rows, and the warp's vote (a ballot per row and 32 keys) classifies the tile. No block-wide
+// barrier per key tile, and per pair one mask evaluation from the row's terms. Where the plan wants the rows' key
+// intervals, the ballots also give each row its first and last visible key and their count (shared-memory
+// atomics: several warps see a row), so a partial tile is walked to its end; without, the warp stops once
+// the tile is known partial. D (the traits' head dim) names the kernel in a linked cubin's table:
+// tile_map_kernel<128>. (Ballot, ffs, clz, popc: the classifier builds for sm_75 too.)
 template <class V, int D = V::kHeadDim>
 __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typename V::Params hp) {
   // the map tile (the entry refuses another: M.rows, M.keys are these)
@@ -79,14 +96,20 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
   static_assert(kKeys % 32 == 0, "a lane takes whole keys of a tile");
   __shared__ int row_pos[kMaxRows], row_head[kMaxRows];
   __shared__ int row_terms[kMaxRows][kTerms];
+  __shared__ int row_lo[kMaxRows], row_hi[kMaxRows], row_count[kMaxRows];
   const int tile = blockIdx.x, hm = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint8_t* out = M.map + ((int64_t(b) * M.heads + hm) * M.q_tiles + tile) * M.k_tiles;
+  const int64_t list = (int64_t(b) * M.heads + hm) * M.q_tiles + tile;
+  uint8_t* out = M.map + list * M.k_tiles;
+  int2* out_rows = M.row_keys ? M.row_keys + list * kMaxRows : nullptr;
+  const bool want_rows = out_rows != nullptr;
   const int q0 = M.qo_indptr[b], qo_len = M.qo_indptr[b + 1] - q0;
   const int rows_total = qo_len * M.group, row0 = tile * M.rows;
   const int kv_len = M.kv_len[b], pos_base = kv_len - qo_len;
   if (row0 >= rows_total) {
     for (int k = threadIdx.x; k < M.k_tiles; k += blockDim.x) out[k] = kTileEmpty;
+    if (want_rows)
+      for (int i = threadIdx.x; i < kMaxRows; i += blockDim.x) out_rows[i] = make_int2(0, -1);
     return;
   }
   const int last_row = min(row0 + M.rows, rows_total) - 1;
@@ -96,7 +119,11 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
   const int r_first = per_token ? row0 / M.group : row0, r_last = per_token ? last_row / M.group : last_row;
   const int n_rows = r_last - r_first + 1;  // <= kMaxRows
   const int hk = per_token ? 0 : hm;
-  for (int i = threadIdx.x; i < n_rows; i += blockDim.x) {
+  for (int i = threadIdx.x; i < kMaxRows; i += blockDim.x) {
+    row_lo[i] = 0x7fffffff;
+    row_hi[i] = -1;
+    row_count[i] = 0;
+    if (i >= n_rows) continue;
     const int r = r_first + i;
     const int tok = per_token ? r : r / M.group;
     row_pos[i] = pos_base + tok;
@@ -107,39 +134,65 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
     for (int t = 0; t < kTerms; ++t) row_terms[i][t] = rt[t];
   }
   __syncthreads();
-  const long long last_pos = pos_base + last_row / M.group;
+  // the keys any row of the tile may see: below the request's end, and within the causal flag's and the
+  // mask's own bounds (the conjuncts the analysis found hold for every visible pair, an exact mask or not:
+  // a document mask with causal attention inside each document sees no key past the tile's last position)
+  const long long first_pos = pos_base + row0 / M.group, last_pos = pos_base + last_row / M.group;
+  long long jmin = 0, jmax = kv_len - 1;
+  if (M.causal) jmax = min(jmax, last_pos);
+  if constexpr (V::kHasLower) jmax = min(jmax, last_pos - (long long)V::mask_lower(hp));
+  if constexpr (V::kHasUpper) jmin = max(jmin, first_pos - (long long)V::mask_upper(hp));
   for (int k = warp; k < M.k_tiles; k += blockDim.x / 32) {
     const int j0 = k * kKeys;
-    bool any = false, all = true;
-    if (j0 >= kv_len || (M.causal && j0 > last_pos)) {
+    bool any = false, all = true;  // (warp-uniform: from ballots)
+    if (j0 > jmax || j0 + kKeys - 1 < jmin) {
       all = false;  // no key of the tile is visible to any row
     } else {
-      for (int r0 = 0; r0 < n_rows; r0 += 8) {
-        for (int r = r0; r < min(r0 + 8, n_rows); ++r) {
-          const int pos = row_pos[r], qh = row_head[r];
-          int rt[kTerms];
+      for (int r = 0; r < n_rows; ++r) {
+        const int pos = row_pos[r], qh = row_head[r];
+        int rt[kTerms];
 #pragma unroll
-          for (int t = 0; t < kTerms; ++t) rt[t] = row_terms[r][t];
+        for (int t = 0; t < kTerms; ++t) rt[t] = row_terms[r][t];
+        int lo = 0x7fffffff, hi = -1, count = 0;
 #pragma unroll
-          for (int c = 0; c < kKeys / 32; ++c) {
-            const int j = j0 + lane + 32 * c;
-            bool visible = j < kv_len && (!M.causal || j <= pos);
-            if constexpr (V::kHasMask && V::kMaskTotal) {  // its reads stay in bounds: no test first
-              visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt) && visible;
-            } else if constexpr (V::kHasMask) {
-              if (visible) visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt);
-            }
-            any |= visible;
-            all &= visible;
+        for (int c = 0; c < kKeys / 32; ++c) {
+          const int j = j0 + lane + 32 * c;
+          bool visible = j < kv_len && (!M.causal || j <= pos);
+          if constexpr (V::kHasMask && V::kMaskTotal) {  // its reads stay in bounds: no test first
+            visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt) && visible;
+          } else if constexpr (V::kHasMask) {
+            if (visible) visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt);
+          }
+          const unsigned seen = __ballot_sync(0xffffffffu, visible);  // keys j0 + 32 c + lane
+          any |= seen != 0u;
+          all &= seen == 0xffffffffu;
+          if (seen != 0u) {
+            lo = min(lo, j0 + 32 * c + __ffs(seen) - 1);
+            hi = max(hi, j0 + 32 * c + 31 - __clz(seen));
+            count += __popc(seen);
           }
         }
-        // a tile with a visible and an invisible pair is partial whatever its other pairs are
-        if (__any_sync(0xffffffffu, any) && !__all_sync(0xffffffffu, all)) break;
+        if (want_rows) {
+          if (lane == 0 && count > 0) {
+            atomicMin(&row_lo[r], lo);
+            atomicMax(&row_hi[r], hi);
+            atomicAdd(&row_count[r], count);
+          }
+        } else if (any && !all) {
+          break;  // a tile with a visible and an invisible pair is partial whatever its other pairs are
+        }
       }
     }
-    any = __any_sync(0xffffffffu, any);
-    all = __all_sync(0xffffffffu, all);
     if (lane == 0) out[k] = all ? kTileFull : (any ? kTilePartial : kTileEmpty);
+  }
+  if (!want_rows) return;
+  __syncthreads();
+  // a row sees one interval when its count of visible keys spans its first to its last
+  for (int i = threadIdx.x; i < kMaxRows; i += blockDim.x) {
+    int2 iv = make_int2(0, -1);
+    if (i < n_rows && row_count[i] > 0)
+      iv = row_count[i] == row_hi[i] - row_lo[i] + 1 ? make_int2(row_lo[i], row_hi[i]) : make_int2(-1, -1);
+    out_rows[i] = iv;
   }
 }
 

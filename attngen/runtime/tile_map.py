@@ -7,7 +7,10 @@ computed and its mask evaluated on every score. ``build_tile_map`` runs the libr
 (request, query tile, key tile) is empty (skipped), full (run without the mask hook) or partial. The map
 is compacted on the device into one list of non-empty key tiles per (request, head row, query tile),
 entries ``key_tile * 2 + full``, which both prefill templates walk (the mma.sync template's smaller tiles
-take the class of the map tile they lie in); every layer that reuses the plan reuses the map. A map depends on the tensor parameters the mask reads, so the plan keys its map by those tensors
+take the class of the map tile they lie in); every layer that reuses the plan reuses the map. The classifier
+also records whether each map row's visible keys form one interval, and which (``row_keys``, after the lists
+in the same tensor): a partial tile whose rows all see intervals runs two compares per score instead of the
+mask hook (a document mask with causal attention inside each document, a prefix-LM). A map depends on the tensor parameters the mask reads, so the plan keys its map by those tensors
 (object and version): a call with other tensors, or with the same ones changed in place, derives a new map.
 """
 from __future__ import annotations
@@ -46,7 +49,7 @@ def params_key(variant, params: dict | None) -> tuple:
 @dataclass(frozen=True)
 class TileMap:
     indptr: Any   # [batch * heads * q_tiles + 1] int32 (device): each list's first entry
-    entries: Any  # [>= non-empty tiles] int32 (device): key tile * 2 + 1 if full; the lists in the first indptr[-1]
+    entries: Any  # int32 (device): key tile * 2 + 1 if full, the lists in the first indptr[-1]; then row_keys
     heads: int    # 1: one map for every KV head (the mask reads no head index), else num_kv_heads
     rows: int     # the tiling: packed query rows and keys per tile
     keys: int
@@ -55,6 +58,9 @@ class TileMap:
     build_host_ms: float = 0.0  # host wall time of the derivation's calls (without a final synchronisation)
     order: Any = None  # [batch * q_tiles] int32 (device): the pairs by their tiles, longest first (work_order.py)
     build_events: Any = None  # CUDA events around the derivation (None for host tensors)
+    row_keys: Any = None  # [lists, rows, 2] int32, a view of entries' end: each map row's visible keys [lo, hi]
+    #                       ((0, -1): none or past the request; (-1, -1): not one interval); map rows are tokens
+    #                       of a head-free map (from the tile's first row // group), else packed rows
 
     @property
     def build_ms(self) -> float:
@@ -107,16 +113,20 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     q_tiles = -(-max_qo_len * group // rows)
     k_tiles = -(-max_kv // keys)
     cls = torch.zeros((batch, heads, q_tiles, k_tiles), dtype=torch.uint8, device=qo_indptr.device)
+    row_keys = torch.zeros((batch * heads * q_tiles, rows, 2), dtype=torch.int32, device=qo_indptr.device)
+    row_keys[..., 1] = -1  # (a map without keys: every row sees none)
     if cls.numel():
-        classify(qo_indptr, kv_len, cls, group, num_kv_heads, 0, rows, keys, *extras)
+        classify(qo_indptr, kv_len, cls, row_keys, group, num_kv_heads, 0, rows, keys, *extras)
     flat = cls.reshape(batch * heads * q_tiles, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
     indptr, entries = compact_lists(flat)
+    entries = torch.cat([entries, row_keys.reshape(-1)])  # (the prefill entries find them at its end)
+    row_keys = entries[entries.numel() - row_keys.numel():].view(row_keys.shape)
     class_counts = torch.bincount(cls.reshape(-1), minlength=3)  # no host sync: read when reported
     order = order_from_map(indptr, batch=batch, heads=heads, q_tiles=q_tiles)
     if events is not None:
         events[1].record()
     return TileMap(indptr, entries, heads, rows, keys, params_key(variant, params), class_counts,
-                   (time.perf_counter() - start) * 1e3, order, events)
+                   (time.perf_counter() - start) * 1e3, order, events, row_keys)
 
 
 def compact_lists(flat):

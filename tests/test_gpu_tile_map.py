@@ -225,7 +225,11 @@ def test_mapped_prefill_with_a_logits_hook(template, group, kv_mode, build_cache
     """Soft-cap over packed documents, mapped and unmapped, against the float64 reference."""
     skip_unless_runs(template)
     att = softcap_documents(build_cache)
-    make = runpy.run_path(str(EXAMPLES / "document_mask.py"))["packed_documents"]
+    documents = runpy.run_path(str(EXAMPLES / "document_mask.py"))["packed_documents"]
+
+    def make(variant, rng_, problem):
+        return {**documents(variant, rng_, problem), "soft_cap": 8.0}  # (a cap that bends the logits)
+
     for tile_map in (None, False):
         plans = []
         run_prefill(att, att.variant, rng, group=group, head_dim=128, dtype="bfloat16", kv_mode=kv_mode,

@@ -105,6 +105,7 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
     assert tm.entries.numel() >= tm.row_keys.numel() + int(tm.indptr[-1])
     assert torch.equal(tm.entries[-tm.row_keys.numel():], tm.row_keys.reshape(-1))
     assert tm.row_keys.data_ptr() == tm.entries.data_ptr() + 4 * (tm.entries.numel() - tm.row_keys.numel())
+    assert tm.row_keys.data_ptr() % 8 == 0  # (the kernels read each interval as one int2)
     # causal attention inside each document: every existing row sees one interval, from its document's first
     # key to its own position
     assert not ((ref_rows[..., 0] == -1) & (ref_rows[..., 1] == -1)).any()
@@ -161,6 +162,34 @@ def test_a_batch_without_keys_maps_to_empty_lists(qo_lens, kv_lens):
     assert torch.equal(tm.entries, tm.row_keys.reshape(-1))
     assert sorted(tm.order.tolist()) == list(range(lists))
 
+
+
+@pytest.mark.parametrize("tiles", [1, 2, 3])
+def test_row_keys_start_on_8_bytes_whatever_the_list_length(tiles):
+    """The kernels read each row's interval as one int2: the lists' room (one slot per map tile, 3 here) is
+    padded to an even length, so the intervals at entries' end start on 8 bytes."""
+    import torch
+
+    from attngen.runtime import RaggedKV
+    from attngen.runtime.tile_map import build_tile_map
+
+    def classify(qo_indptr, kv_len, out, row_keys, *rest):
+        out.zero_()
+        out[0, 0, 0, :tiles] = 2  # the first query tile lists ``tiles`` full key tiles, the rest none
+        row_keys[0, :, 1] = 5
+
+    kv_lens = [64 * 3]
+    qo_indptr = torch.tensor([0, 100], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, kv_lens[0]], dtype=torch.int32)
+    kv = RaggedKV(torch.zeros(kv_lens[0], 2, 64), torch.zeros(kv_lens[0], 2, 64), kv_indptr)
+    tm = build_tile_map(classify, example("document_mask"), qo_indptr, kv, max_qo_len=100, group=1,
+                        num_kv_heads=2, rows=128, keys=64, extras=(), params={})
+    assert tm.indptr.tolist() == [0, tiles]
+    assert tm.entries[:tiles].tolist() == [2 * t + 1 for t in range(tiles)]  # key tile * 2 + 1: full
+    head = tm.entries.numel() - tm.row_keys.numel()  # the lists' room (one slot per map tile), padded
+    assert head >= 3 and head % 2 == 0
+    assert tm.row_keys.data_ptr() % 8 == 0
+    assert (tm.row_keys[0, :, 1] == 5).all() and (tm.row_keys[0, :, 0] == 0).all()
 
 def test_reference_row_keys_on_a_hand_made_case():
     """reference_row_keys itself, where the answer is known by hand: rows of 4 packed rows, one request of 6

@@ -68,6 +68,9 @@ inline void fill_tile_list(PrefillProblem& P, const char* name, const tvm::ffi::
     ATTNGEN_THROW(ValueError) << name << ": tile_entries holds no key interval per map row (" << lists << " x "
                               << kMapRows << " pairs at its end): plan again";
   const auto* entry_data = static_cast<const int32_t*>(data_of(*entries));
+  if (reinterpret_cast<uintptr_t>(entry_data + at) % alignof(int2) != 0)
+    ATTNGEN_THROW(ValueError) << name << ": tile_entries' key intervals (its last " << 2 * lists * kMapRows
+                              << " values) do not start on 8 bytes: pass the plan's tile_entries unsliced";
   P.tiles = TileList{static_cast<const int32_t*>(data_of(*indptr)), entry_data, static_cast<int>(heads),
                      static_cast<int>(lists / (int64_t(P.batch) * heads)),
                      reinterpret_cast<const int2*>(entry_data + at)};

@@ -119,7 +119,9 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
         classify(qo_indptr, kv_len, cls, row_keys, group, num_kv_heads, 0, rows, keys, *extras)
     flat = cls.reshape(batch * heads * q_tiles, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
     indptr, entries = compact_lists(flat)
-    entries = torch.cat([entries, row_keys.reshape(-1)])  # (the prefill entries find them at its end)
+    # the prefill kernels find row_keys at entries' end and read them as int2: pad the lists to an even length
+    pad = entries.new_zeros(entries.numel() % 2)
+    entries = torch.cat([entries, pad, row_keys.reshape(-1)])
     row_keys = entries[entries.numel() - row_keys.numel():].view(row_keys.shape)
     class_counts = torch.bincount(cls.reshape(-1), minlength=3)  # no host sync: read when reported
     order = order_from_map(indptr, batch=batch, heads=heads, q_tiles=q_tiles)

@@ -155,11 +155,11 @@ def test_a_batch_without_keys_maps_to_empty_lists(qo_lens, kv_lens):
     lists = len(qo_lens) * q_tiles
     assert tm.indptr.tolist() == [0] * (lists + 1)  # the lists: all empty
     assert tm.counts == {"empty": 0, "partial": 0, "full": 0}
-    # entries holds only the map rows' key intervals, each (0, -1): no row sees a key
+    # entries holds no list entry, then the map rows' key intervals, each (0, -1): no row sees a key
     assert tuple(tm.row_keys.shape) == (lists, 128, 2) and tm.row_keys.dtype == torch.int32
     assert (tm.row_keys[..., 0] == 0).all() and (tm.row_keys[..., 1] == -1).all()
-    assert tm.entries.numel() == tm.row_keys.numel()
-    assert torch.equal(tm.entries, tm.row_keys.reshape(-1))
+    assert tm.entries.numel() == 2 + tm.row_keys.numel()  # (the lists' room: the empty tiles' slot, padded)
+    assert torch.equal(tm.entries[2:], tm.row_keys.reshape(-1))
     assert sorted(tm.order.tolist()) == list(range(lists))
 
 
@@ -190,6 +190,42 @@ def test_row_keys_start_on_8_bytes_whatever_the_list_length(tiles):
     assert head >= 3 and head % 2 == 0
     assert tm.row_keys.data_ptr() % 8 == 0
     assert (tm.row_keys[0, :, 1] == 5).all() and (tm.row_keys[0, :, 0] == 0).all()
+
+
+def test_a_known_longest_kv_sizes_the_map_without_a_device_read():
+    """The plan's longest KV length (from its host copies) sizes the map; only for the planned index arrays,
+    unchanged since: another array, or the same one written in place, gets none (the device is read)."""
+    import torch
+
+    from attngen.runtime import PagedKV, RaggedKV
+    from attngen.runtime.cuda import PrefillPlan, _kv_view_key
+    from attngen.runtime.tile_map import build_tile_map
+
+    def classify(qo_indptr, kv_len, out, row_keys, *rest):
+        out.zero_()
+
+    qo_indptr = torch.tensor([0, 100], dtype=torch.int32)
+    kv = RaggedKV(torch.zeros(300, 2, 64), torch.zeros(300, 2, 64), torch.tensor([0, 300], dtype=torch.int32))
+    widths = []
+    for bound in (None, 1000):  # 300 keys: 5 tiles of 64 read from the lengths; a bound of 1000: 16
+        tm = build_tile_map(classify, example("document_mask"), qo_indptr, kv, max_qo_len=100, group=1,
+                            num_kv_heads=2, rows=128, keys=64, extras=(), params={}, max_kv_len=bound)
+        widths.append(int(tm.class_counts.sum()))
+    assert widths == [5, 16]
+    plan = PrefillPlan(1, 100, 100, (0, 0), kv_bound=(_kv_view_key(kv), 300))
+    assert plan.max_kv_len(kv) == 300
+    other = RaggedKV(kv.k, kv.v, kv.indptr.clone())
+    assert plan.max_kv_len(other) is None
+    kv.indptr[1] = 200  # written in place: a new version
+    assert plan.max_kv_len(kv) is None
+    assert PrefillPlan(1, 100, 100, (0, 0)).max_kv_len(kv) is None  # planned without a map
+    pages = torch.zeros(4, 2, 16, 2, 64)
+    paged = PagedKV(pages, torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32),
+                    torch.tensor([5], dtype=torch.int32), "NHD")
+    plan = PrefillPlan(1, 100, 100, (0, 0), kv_bound=(_kv_view_key(paged), 37))
+    assert plan.max_kv_len(paged) == 37
+    paged.last_page_len.fill_(16)
+    assert plan.max_kv_len(paged) is None
 
 def test_reference_row_keys_on_a_hand_made_case():
     """reference_row_keys itself, where the answer is known by hand: rows of 4 packed rows, one request of 6

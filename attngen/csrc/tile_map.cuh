@@ -79,15 +79,43 @@ struct TileMapProblem {
   int rows, keys, q_tiles, k_tiles, heads;
 };
 
+// Which of keys j0 .. j0 + 31 the row at `pos` (query head qh, mask row terms rt) sees: bit c for key j0 + c.
+// A mask whose reads stay in bounds (kMaskTotal) is evaluated for every key, unrolled (its reads, one address
+// per warp, issue ahead of the compares); another only behind the key's own tests.
+template <class V>
+__device__ __forceinline__ unsigned visible_keys(bool causal, const typename V::Params& hp, int b, int pos, int j0,
+                                                 int kv_len, int qh, int hk, int* rt) {
+  unsigned seen = 0u;
+  if constexpr (!V::kHasMask || V::kMaskTotal) {
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      const int j = j0 + c;
+      bool visible = j < kv_len && (!causal || j <= pos);
+      if constexpr (V::kHasMask) visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt) && visible;
+      seen |= visible ? 1u << c : 0u;
+    }
+  } else {
+#pragma unroll 4
+    for (int c = 0; c < 32; ++c) {
+      const int j = j0 + c;
+      bool visible = j < kv_len && (!causal || j <= pos);
+      if (visible) visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt);
+      seen |= visible ? 1u << c : 0u;
+    }
+  }
+  return seen;
+}
+
 // One CTA per (query tile, head row, request). Its threads first compute each of the tile's rows' position,
 // query head and mask row terms (the mask hook's row-invariant reads, codegen/mask_split.py) into shared memory;
-// then each warp classifies its own key tiles (k = warp, warp + 8, ...): a lane takes kKeys / 32 keys of the tile
-// and walks the rows, and the warp's vote (a ballot per row and 32 keys) classifies the tile. No block-wide
-// barrier per key tile, and per pair one mask evaluation from the row's terms. Where the plan wants the rows' key
-// intervals, the ballots also give each row its first and last visible key and their count (shared-memory
-// atomics: several warps see a row), so a partial tile is walked to its end; without, the warp stops once
-// the tile is known partial. D (the traits' head dim) names the kernel in a linked cubin's table:
-// tile_map_kernel<128>. (Ballot, ffs, clz, popc: the classifier builds for sm_75 too.)
+// then each warp classifies its own key tiles (k = warp, warp + 8, ...) with a lane per row: the warp walks a
+// tile's keys together, so a key's reads (a document id) are one address for the warp and the rows' terms stay
+// in the lanes' registers; the warp's votes classify the tile. No block-wide barrier per key tile, and per pair
+// one mask evaluation from the row's terms. Where the plan wants the rows' key intervals, each lane keeps its
+// rows' first and last visible key and their count over the warp's tiles, merged once at the end (shared-memory
+// atomics: several warps see a row), so a partial tile is walked to its end; without, the warp stops once the
+// tile is known partial. D (the traits' head dim) names the kernel in a linked cubin's table:
+// tile_map_kernel<128>. (Warp votes only: the classifier builds for sm_75 too.)
 template <class V, int D = V::kHeadDim>
 __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typename V::Params hp) {
   // the map tile (the entry refuses another: M.rows, M.keys are these)
@@ -142,46 +170,45 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
   if (M.causal) jmax = min(jmax, last_pos);
   if constexpr (V::kHasLower) jmax = min(jmax, last_pos - (long long)V::mask_lower(hp));
   if constexpr (V::kHasUpper) jmin = max(jmin, first_pos - (long long)V::mask_upper(hp));
+  // a lane per row (rows lane, lane + 32, ...: a pass over the tile's keys per 32 rows), the warp walking a
+  // tile's keys together: a key's reads are one address for the warp and the row's terms stay in registers
+  const int passes = (n_rows + 31) / 32;
+  const bool causal = M.causal != 0;
   for (int k = warp; k < M.k_tiles; k += blockDim.x / 32) {
     const int j0 = k * kKeys;
-    bool any = false, all = true;  // (warp-uniform: from ballots)
+    bool any = false, all = true;  // this lane's rows, then the warp's (votes)
     if (j0 > jmax || j0 + kKeys - 1 < jmin) {
       all = false;  // no key of the tile is visible to any row
     } else {
-      for (int r = 0; r < n_rows; ++r) {
+      for (int p = 0; p < passes; ++p) {
+        const int r = min(p * 32 + lane, n_rows - 1);  // (lanes past the rows repeat the last: no vote changes)
         const int pos = row_pos[r], qh = row_head[r];
         int rt[kTerms];
 #pragma unroll
         for (int t = 0; t < kTerms; ++t) rt[t] = row_terms[r][t];
         int lo = 0x7fffffff, hi = -1, count = 0;
-#pragma unroll
-        for (int c = 0; c < kKeys / 32; ++c) {
-          const int j = j0 + lane + 32 * c;
-          bool visible = j < kv_len && (!M.causal || j <= pos);
-          if constexpr (V::kHasMask && V::kMaskTotal) {  // its reads stay in bounds: no test first
-            visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt) && visible;
-          } else if constexpr (V::kHasMask) {
-            if (visible) visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt);
-          }
-          const unsigned seen = __ballot_sync(0xffffffffu, visible);  // keys j0 + 32 c + lane
+        for (int c0 = 0; c0 < kKeys; c0 += 32) {
+          const unsigned seen = visible_keys<V>(causal, hp, b, pos, j0 + c0, kv_len, qh, hk, rt);
           any |= seen != 0u;
           all &= seen == 0xffffffffu;
           if (seen != 0u) {
-            lo = min(lo, j0 + 32 * c + __ffs(seen) - 1);
-            hi = max(hi, j0 + 32 * c + 31 - __clz(seen));
+            lo = min(lo, j0 + c0 + __ffs(seen) - 1);
+            hi = j0 + c0 + 31 - __clz(seen);
             count += __popc(seen);
           }
         }
         if (want_rows) {
-          if (lane == 0 && count > 0) {
+          if (count > 0 && p * 32 + lane < n_rows) {  // several warps see a row
             atomicMin(&row_lo[r], lo);
             atomicMax(&row_hi[r], hi);
             atomicAdd(&row_count[r], count);
           }
-        } else if (any && !all) {
+        } else if (__any_sync(0xffffffffu, any) && !__all_sync(0xffffffffu, all)) {
           break;  // a tile with a visible and an invisible pair is partial whatever its other pairs are
         }
       }
+      any = __any_sync(0xffffffffu, any);
+      all = __all_sync(0xffffffffu, all);
     }
     if (lane == 0) out[k] = all ? kTileFull : (any ? kTilePartial : kTileEmpty);
   }

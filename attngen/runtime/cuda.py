@@ -137,6 +137,16 @@ class PrefillPlan:
     orders: dict = field(default_factory=dict, repr=False, compare=False)
     # the row-hook pass (runtime/hook_pass.py): None the library's choice, True / False as asked
     hook_pass: bool | None = None
+    # where calls may walk a tile map: (which KV index arrays, the batch's longest KV length), so that a call
+    # with the planned arrays sizes its map without reading the device
+    kv_bound: tuple | None = field(default=None, repr=False, compare=False)
+
+    def max_kv_len(self, kv) -> int | None:
+        """The planned batch's longest KV length when ``kv`` has the planned index arrays (unchanged since),
+        else None."""
+        if self.kv_bound is None or self.kv_bound[0] != _kv_view_key(kv):
+            return None
+        return self.kv_bound[1]
 
     def ffi_args(self, tile_map: TileMap | None = None, order=None, hook_workspace=None) -> tuple:
         """What the prefill entry functions take after ``sm_scale`` (csrc/entry_prefill.h)."""
@@ -209,6 +219,13 @@ def _prefill_template(template: str | None, archs) -> PrefillTemplate:
 
 def _tensor_key(t) -> tuple:
     return (id(t), getattr(t, "_version", None))
+
+
+def _kv_view_key(kv) -> tuple:
+    """Which index arrays (objects and versions) a KV view's lengths come from."""
+    if isinstance(kv, PagedKV):
+        return ("paged", kv.page_size, _tensor_key(kv.indptr), _tensor_key(kv.last_page_len))
+    return ("ragged", _tensor_key(kv.indptr))
 
 
 def _check_aligned(name: str, t) -> None:
@@ -496,6 +513,8 @@ class CUDAAttention(BuiltModule):
         why = self._tile_map_problem(dtype, head_dim) if tile_map is not False else "not asked for"
         if tile_map is True and why:
             raise AttentionArgumentError(f"tile_map: {why}; plan with tile_map=None or False")
+        if why is None and kv_lens is None:
+            kv_lens = _kv_lengths(kv)  # (the map's width: known here, no device read when it is made)
         longest = int(np.diff(qo).max(initial=0))
         if max_qo_len is not None:
             if isinstance(max_qo_len, bool) or not isinstance(max_qo_len, (int, np.integer)) \
@@ -507,7 +526,8 @@ class CUDAAttention(BuiltModule):
         return PrefillPlan(batch, int(qo[-1]), longest, _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None,
-                           lengths=(np.diff(qo), kv_lens) if ordered else None, hook_pass=hook_pass)
+                           lengths=(np.diff(qo), kv_lens) if ordered else None, hook_pass=hook_pass,
+                           kv_bound=(_kv_view_key(kv), int(kv_lens.max(initial=0))) if why is None else None)
 
     def _check_float_positions(self, kv_lens) -> None:
         """This build's prefill passes key positions to the logits hook as floats (exact below the limit
@@ -546,7 +566,8 @@ class CUDAAttention(BuiltModule):
             plan.maps[key] = build_tile_map(
                 self.function("prefill_tile_map", dtype, head_dim, kv_dtype), self.variant, qo_indptr, kv,
                 max_qo_len=plan.max_qo_len, group=int(q.shape[1]) // kv.num_kv_heads,
-                num_kv_heads=kv.num_kv_heads, rows=tile.rows, keys=tile.keys, extras=extras, params=params)
+                num_kv_heads=kv.num_kv_heads, rows=tile.rows, keys=tile.keys, extras=extras, params=params,
+                max_kv_len=plan.max_kv_len(kv))
         return plan.maps[key]
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, plan: PrefillPlan | None = None,

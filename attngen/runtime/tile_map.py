@@ -95,8 +95,11 @@ def kv_lengths(kv):
 
 
 def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: int, num_kv_heads: int,
-                   rows: int, keys: int, extras: tuple, params: dict | None) -> TileMap:
-    """Run the classifier ``classify`` (the library's prefill_tile_map function) and compact its map."""
+                   rows: int, keys: int, extras: tuple, params: dict | None,
+                   max_kv_len: int | None = None) -> TileMap:
+    """Run the classifier ``classify`` (the library's prefill_tile_map function) and compact its map.
+    ``max_kv_len``: the batch's longest KV length where the caller knows it (the plan's host copies); else
+    it is read from the device (a synchronisation)."""
     import time
 
     import torch
@@ -108,21 +111,24 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
         events[0].record()
     batch = int(qo_indptr.shape[0]) - 1
     kv_len = kv_lengths(kv)
-    max_kv = int(kv_len.max().item()) if batch else 0
+    if max_kv_len is None:
+        max_kv_len = int(kv_len.max().item()) if batch else 0
     heads = num_kv_heads if mask_reads_heads(variant) else 1
     q_tiles = -(-max_qo_len * group // rows)
-    k_tiles = -(-max_kv // keys)
-    cls = torch.zeros((batch, heads, q_tiles, k_tiles), dtype=torch.uint8, device=qo_indptr.device)
-    row_keys = torch.zeros((batch * heads * q_tiles, rows, 2), dtype=torch.int32, device=qo_indptr.device)
-    row_keys[..., 1] = -1  # (a map without keys: every row sees none)
+    k_tiles = -(-max_kv_len // keys)
+    lists = batch * heads * q_tiles
+    dev = qo_indptr.device
+    cls = torch.empty((batch, heads, q_tiles, k_tiles), dtype=torch.uint8, device=dev)  # (the classifier fills it)
+    # one tensor: the lists' room, then the map rows' key intervals, which the prefill kernels find at its end
+    # and read as int2 (the room is even, so they start on 8 bytes) and the classifier writes in place
+    room = list_room(lists * k_tiles)
+    entries = torch.empty(room + lists * rows * 2, dtype=torch.int32, device=dev)
+    row_keys = entries[room:].view(lists, rows, 2)
+    row_keys.view(torch.int64).fill_(ROW_SEES_NONE)  # (a map without keys: every row sees none)
     if cls.numel():
         classify(qo_indptr, kv_len, cls, row_keys, group, num_kv_heads, 0, rows, keys, *extras)
-    flat = cls.reshape(batch * heads * q_tiles, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
-    indptr, entries = compact_lists(flat)
-    # the prefill kernels find row_keys at entries' end and read them as int2: pad the lists to an even length
-    pad = entries.new_zeros(entries.numel() % 2)
-    entries = torch.cat([entries, pad, row_keys.reshape(-1)])
-    row_keys = entries[entries.numel() - row_keys.numel():].view(row_keys.shape)
+    flat = cls.reshape(lists, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
+    indptr, _ = compact_lists(flat, out=entries[:room])
     class_counts = torch.bincount(cls.reshape(-1), minlength=3)  # no host sync: read when reported
     order = order_from_map(indptr, batch=batch, heads=heads, q_tiles=q_tiles)
     if events is not None:
@@ -131,23 +137,35 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
                    (time.perf_counter() - start) * 1e3, order, events, row_keys)
 
 
-def compact_lists(flat):
+# a row key interval (lo, hi) = (0, -1), "no key", as one little-endian int64 (lo in the low word)
+ROW_SEES_NONE = -(1 << 32)
+
+
+def list_room(tiles: int) -> int:
+    """The lists' room in entries for a map of ``tiles`` tiles: one slot per tile and one for the empty tiles'
+    values (compact_lists), rounded up to an even count."""
+    return (tiles + 2) // 2 * 2
+
+
+def compact_lists(flat, out=None):
     """flat [lists, k_tiles] uint8 TileClass -> (indptr [lists + 1] int32, entries int32): each list's
     non-empty key tiles in order, ``key_tile * 2 + full``, in entries[indptr[l]:indptr[l + 1]]. Without a
     host synchronisation: every tile's place is a running count of the non-empty ones, the empty tiles' values
-    go to a slot past the lists (entries keeps one entry per tile; those past indptr[-1] are not read)."""
+    go to a slot past the lists (entries keeps a slot per tile and that one; those past indptr[-1] are not
+    read). ``out``: an int32 tensor of at least list_room(flat.numel()) entries to fill (else one is made)."""
     import torch
 
     lists, k_tiles = flat.shape
+    n = flat.numel()
+    if out is None:
+        out = torch.empty(list_room(n), dtype=torch.int32, device=flat.device)
     live = flat != 0
     indptr = torch.zeros(lists + 1, dtype=torch.int32, device=flat.device)
-    indptr[1:] = torch.cumsum(live.sum(1), 0)
-    n = flat.numel()
+    torch.cumsum(live.sum(1, dtype=torch.int32), 0, dtype=torch.int32, out=indptr[1:])
     if n == 0:
-        return indptr, torch.zeros(0, dtype=torch.int32, device=flat.device)
-    live = live.reshape(-1)
-    place = torch.where(live, torch.cumsum(live, 0) - 1, n)
-    values = (torch.arange(k_tiles, dtype=torch.int32, device=flat.device) * 2)[None, :] + (flat == 2)
-    entries = torch.zeros(n + 1, dtype=torch.int32, device=flat.device)
-    entries.scatter_(0, place, values.reshape(-1).to(torch.int32))
-    return indptr, entries[:n]
+        return indptr, out[:0]
+    live = live.view(-1)
+    place = torch.cumsum(live, 0).sub_(1).masked_fill_(~live, n)
+    values = torch.arange(0, 2 * k_tiles, 2, dtype=torch.int32, device=flat.device).add(flat == 2)
+    out.scatter_(0, place, values.view(-1))
+    return indptr, out[:n]

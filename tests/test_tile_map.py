@@ -158,16 +158,17 @@ def test_a_batch_without_keys_maps_to_empty_lists(qo_lens, kv_lens):
     # entries holds no list entry, then the map rows' key intervals, each (0, -1): no row sees a key
     assert tuple(tm.row_keys.shape) == (lists, 128, 2) and tm.row_keys.dtype == torch.int32
     assert (tm.row_keys[..., 0] == 0).all() and (tm.row_keys[..., 1] == -1).all()
-    assert tm.entries.numel() == 2 + tm.row_keys.numel()  # (the lists' room: the empty tiles' slot, padded)
-    assert torch.equal(tm.entries[2:], tm.row_keys.reshape(-1))
+    assert tm.entries.numel() == 32 + tm.row_keys.numel()  # (the lists' room: the empty tiles' slot, padded)
+    assert torch.equal(tm.entries[32:], tm.row_keys.reshape(-1))
     assert sorted(tm.order.tolist()) == list(range(lists))
 
 
 
 @pytest.mark.parametrize("tiles", [1, 2, 3])
-def test_row_keys_start_on_8_bytes_whatever_the_list_length(tiles):
-    """The kernels read each row's interval as one int2: the lists' room (one slot per map tile, 3 here) is
-    padded to an even length, so the intervals at entries' end start on 8 bytes."""
+def test_row_keys_start_on_128_bytes_whatever_the_list_length(tiles):
+    """The kernels read each row's interval as one int2: the lists' room (one slot per map tile, 3 here, and
+    one for the empty tiles) is padded to 32 entries, so the intervals at entries' end start 128 bytes into it
+    (on 128 bytes where the allocator aligns entries so: CUDA's does)."""
     import torch
 
     from attngen.runtime import RaggedKV
@@ -187,8 +188,8 @@ def test_row_keys_start_on_8_bytes_whatever_the_list_length(tiles):
     assert tm.indptr.tolist() == [0, tiles]
     assert tm.entries[:tiles].tolist() == [2 * t + 1 for t in range(tiles)]  # key tile * 2 + 1: full
     head = tm.entries.numel() - tm.row_keys.numel()  # the lists' room (one slot per map tile), padded
-    assert head >= 3 and head % 2 == 0
-    assert tm.row_keys.data_ptr() % 8 == 0
+    assert head >= 3 and head % 32 == 0
+    assert (tm.row_keys.data_ptr() - tm.entries.data_ptr()) % 128 == 0 and tm.row_keys.data_ptr() % 8 == 0
     assert (tm.row_keys[0, :, 1] == 5).all() and (tm.row_keys[0, :, 0] == 0).all()
 
 

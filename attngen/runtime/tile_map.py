@@ -120,7 +120,7 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     dev = qo_indptr.device
     cls = torch.empty((batch, heads, q_tiles, k_tiles), dtype=torch.uint8, device=dev)  # (the classifier fills it)
     # one tensor: the lists' room, then the map rows' key intervals, which the prefill kernels find at its end
-    # and read as int2 (the room is even, so they start on 8 bytes) and the classifier writes in place
+    # and read as int2 (after the room they start on 128 bytes) and the classifier writes in place
     room = list_room(lists * k_tiles)
     entries = torch.empty(room + lists * rows * 2, dtype=torch.int32, device=dev)
     row_keys = entries[room:].view(lists, rows, 2)
@@ -143,8 +143,9 @@ ROW_SEES_NONE = -(1 << 32)
 
 def list_room(tiles: int) -> int:
     """The lists' room in entries for a map of ``tiles`` tiles: one slot per tile and one for the empty tiles'
-    values (compact_lists), rounded up to an even count."""
-    return (tiles + 2) // 2 * 2
+    values (compact_lists), rounded up to 32 entries, so that the row intervals after it start on 128 bytes
+    (the kernels read them as int2: 8 bytes at least)."""
+    return (tiles + 32) // 32 * 32
 
 
 def compact_lists(flat, out=None):

@@ -122,7 +122,7 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     # one tensor: the lists' room, then the map rows' key intervals, which the prefill kernels find at its end
     # and read as int2 (after the room they start on 128 bytes) and the classifier writes in place
     room = list_room(lists * k_tiles)
-    entries = torch.empty(room + lists * rows * 2, dtype=torch.int32, device=dev)
+    entries = torch.zeros(room + lists * rows * 2, dtype=torch.int32, device=dev)  # (slots no list fills: 0)
     row_keys = entries[room:].view(lists, rows, 2)
     row_keys.view(torch.int64).fill_(ROW_SEES_NONE)  # (a map without keys: every row sees none)
     if cls.numel():

@@ -129,7 +129,10 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
         classify(qo_indptr, kv_len, cls, row_keys, group, num_kv_heads, 0, rows, keys, *extras)
     flat = cls.reshape(lists, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
     indptr, _ = compact_lists(flat, out=entries[:room])
-    class_counts = torch.bincount(cls.reshape(-1), minlength=3)  # no host sync: read when reported
+    # tiles by class, without a host synchronisation (bincount would read the map's maximum): read when reported
+    listed = indptr[-1].to(torch.int64)
+    full = (flat == 2).sum()
+    class_counts = torch.stack((lists * k_tiles - listed, listed - full, full))
     order = order_from_map(indptr, batch=batch, heads=heads, q_tiles=q_tiles)
     if events is not None:
         events[1].record()

@@ -33,7 +33,7 @@ def doc_lengths(total: int, docs: int, rng) -> np.ndarray:
 
 def classifier_ms(att, tm, qo_indptr, kv, params) -> float:
     """Device time of the map's classifier kernel alone (the rest of a map's build is its compaction's torch
-    calls and one host synchronisation)."""
+    calls)."""
     from attngen.runtime.tile_map import kv_lengths
 
     classify = att.function("prefill_tile_map", "bfloat16", D)

@@ -7,7 +7,9 @@ score). Two groups, each against its own plain row: full attention (plain, soft-
 query and key hooks) and causal
 attention (plain causal, a causal sliding window of 1024 keys with FlashInfer's window_left as its peer,
 a custom bit mask that shows every causal key: the tile map finds every tile below the diagonal full, so
-only the diagonal tiles read the mask). ``approx`` / ``precise``: the build's ``hook_math`` (hardware
+only the diagonal tiles read the mask; Gemma 2's local layers, soft-cap 50 under a causal window of 4096,
+with FlashInfer's soft-cap and window and FlexAttention as peers; a prefix-LM of a 2048-key prefix, its
+prefix lengths a tensor parameter, with FlexAttention and its block mask as the peer). ``approx`` / ``precise``: the build's ``hook_math`` (hardware
 approximations in the hooks, or the CUDA math library).
 
     python benchmarks/bench_variants.py --out benchmarks/results --commit <sha>
@@ -25,6 +27,8 @@ KEYS = {"mma_sync": "attngen", "hopper": "attngen_hopper"}
 SOFT_CAP = VARIANT_PARAMS["logits_softcap"]["soft_cap"]
 ROPE = VARIANT_PARAMS["rope"]
 WINDOW = 1024  # keys visible before the query position (FlashInfer's window_left)
+GEMMA_CAP, GEMMA_WINDOW = 50.0, 4096  # Gemma 2's local layers (examples/gemma2_softcap_window.py)
+PREFIX = 2048  # prefix-LM: every query sees the first PREFIX keys, then causal (examples/prefix_lm.py)
 # (row name, built-in variant, hook math, params, the plain row it is compared with)
 CASES = [
     ("plain", "vanilla", "approx", {}, "plain"),
@@ -35,7 +39,12 @@ CASES = [
     ("causal", "causal", "approx", {}, "causal"),
     (f"causal window {WINDOW}", "sliding_window_causal", "approx", {"window_left": WINDOW}, "causal"),
     ("custom mask (causal bits)", "custom_mask", "approx", "causal_bits", "causal"),
+    (f"Gemma-2 local: soft-cap {GEMMA_CAP:g}, causal window {GEMMA_WINDOW}", "gemma2_softcap_window", "approx",
+     {"soft_cap": GEMMA_CAP, "window_left": GEMMA_WINDOW}, "causal"),
+    (f"prefix-LM, prefix {PREFIX}", "prefix_lm", "approx", "prefix", "causal"),
 ]
+# the rows of examples/ (the others are built-ins)
+EXAMPLES = {"gemma2_softcap_window", "prefix_lm"}
 
 
 def visible_scores(variant: str) -> int:
@@ -44,7 +53,43 @@ def visible_scores(variant: str) -> int:
         return L * (L + 1) // 2
     if variant == "sliding_window_causal":
         return sum(min(i, WINDOW) + 1 for i in range(L))
+    if variant == "gemma2_softcap_window":
+        return sum(min(i, GEMMA_WINDOW) + 1 for i in range(L))
+    if variant == "prefix_lm":
+        return sum(max(PREFIX, i + 1) for i in range(L))
     return L * L
+
+
+def load_variant(name: str):
+    """A built-in variant, or the one of examples/<name>.py."""
+    if name not in EXAMPLES:
+        from attngen.variants import builtin
+
+        return builtin(name)
+    import runpy
+    from pathlib import Path
+
+    return runpy.run_path(str(Path(__file__).parents[1] / "examples" / f"{name}.py"))["variant"]
+
+
+def flex_peer(variant: str, q, k, v):
+    """FlexAttention on the row's mask (and soft-cap), its block mask made once: milliseconds per call."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if variant == "prefix_lm":
+        def mask_mod(b, h, qi, ki):
+            return (ki < PREFIX) | (qi >= ki)
+        score_mod = None
+    else:  # Gemma 2's local layers
+        def mask_mod(b, h, qi, ki):
+            return (qi >= ki) & (qi - ki <= GEMMA_WINDOW)
+
+        def score_mod(score, b, h, qi, ki):
+            return GEMMA_CAP * torch.tanh(score / GEMMA_CAP)
+    bm = create_block_mask(mask_mod, 1, 1, L, L, device="cuda")
+    fx = torch.compile(flex_attention, dynamic=False)
+    qs, ks, vs = (x.transpose(0, 1)[None] for x in (q, k, v))
+    return bench(lambda: fx(qs, ks, vs, score_mod=score_mod, block_mask=bm, enable_gqa=True), reps=20)
 
 
 def causal_bits():
@@ -64,7 +109,6 @@ def main():
                     "a row whose plain row is left out is compared with itself)")
     args = ap.parse_args()
     from attngen.runtime import CUDAAttention, RaggedKV
-    from attngen.variants import builtin
 
     torch.manual_seed(0)
     q = torch.randn(L, HQ, D, dtype=torch.bfloat16, device="cuda")
@@ -81,9 +125,10 @@ def main():
     by_name = {}
     picked = [c for c in CASES if not args.cases or any(c[0].startswith(p) for p in args.cases.split(","))]
     for name, variant, math_mode, params, plain in picked:  # attngen first: FlashInfer's JIT may take minutes
-        att = CUDAAttention.build(builtin(variant), head_dims=(D,), dtypes=("bfloat16",), layouts=("NHD",),
+        att = CUDAAttention.build(load_variant(variant), head_dims=(D,), dtypes=("bfloat16",), layouts=("NHD",),
                                   kernels=("prefill",), hook_math=math_mode)
-        p = {"alibi_slopes": slopes} if params == "alibi" else causal_bits() if params == "causal_bits" else params
+        p = {"alibi_slopes": slopes} if params == "alibi" else causal_bits() if params == "causal_bits" else \
+            {"prefix_len": torch.tensor([PREFIX], dtype=torch.int32, device="cuda")} if params == "prefix" else params
         out = torch.full_like(q, float("nan"))
         lse = torch.empty(L, HQ, device="cuda")
         flops = 4 * visible_scores(variant) * D * HQ
@@ -100,10 +145,11 @@ def main():
         print(rows[-1], flush=True)
     for row in rows if args.peers else ():
         variant, flops = row.pop("variant"), row["flops"]
-        if fi is not None and variant in ("vanilla", "logits_softcap", "causal", "sliding_window_causal"):
-            cap = SOFT_CAP if variant == "logits_softcap" else None
-            causal = variant in ("causal", "sliding_window_causal")
-            window = WINDOW if variant == "sliding_window_causal" else -1
+        if fi is not None and variant in ("vanilla", "logits_softcap", "causal", "sliding_window_causal",
+                                          "gemma2_softcap_window"):
+            cap = {"logits_softcap": SOFT_CAP, "gemma2_softcap_window": GEMMA_CAP}.get(variant)
+            causal = variant in ("causal", "sliding_window_causal", "gemma2_softcap_window")
+            window = {"sliding_window_causal": WINDOW, "gemma2_softcap_window": GEMMA_WINDOW}.get(variant, -1)
             for backend in ("fa2", "fa3"):
                 t = guarded(row, f"flashinfer_{backend}", lambda: bench(lambda: fi.single_prefill_with_kv_cache(
                     q, k, v, causal=causal, logits_soft_cap=cap, window_left=window, backend=backend), reps=20))
@@ -114,6 +160,10 @@ def main():
                 q, k, v, pos_encoding_mode="ROPE_LLAMA", **ROPE, backend="fa2"), reps=20))
             if t is not None:
                 row["flashinfer_fa2"] = flops / t / 1e9
+        if variant in ("gemma2_softcap_window", "prefix_lm"):
+            t = guarded(row, "flex", lambda: flex_peer(variant, q, k, v))
+            if t is not None:
+                row["flex"] = flops / t / 1e9
         if variant in ("vanilla", "causal"):
             qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
             t = guarded(row, "sdpa", lambda: bench(lambda: torch.nn.functional.scaled_dot_product_attention(
@@ -126,14 +176,15 @@ def main():
              f"bf16, D {D}, Hq {HQ} / Hkv {HKV}, one request of L {L}; TFLOP/s of the visible work; 'vs plain': "
              f"against the row named in brackets. FlashInfer {fi_version} with its own logits_soft_cap and "
              f"window_left where the row has one.", "",
-             "| case | attngen mma.sync | vs plain | attngen Hopper | vs plain | FlashInfer fa2 | FlashInfer fa3 | SDPA |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| case | attngen mma.sync | vs plain | attngen Hopper | vs plain | FlashInfer fa2 | FlashInfer fa3 | SDPA "
+             "| FlexAttention |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         hopper_vs = f"{r['vs_plain_hopper']:.2f}" if "vs_plain_hopper" in r else "—"
         lines.append(f"| {r['case']} ({r['plain']}) | {cell(r['attngen'])} | {r['vs_plain']:.2f} | "
                      f"{cell(r.get('attngen_hopper'))} | "
                      f"{hopper_vs} | {cell(r.get('flashinfer_fa2'))} | {cell(r.get('flashinfer_fa3'))} | "
-                     f"{cell(r.get('sdpa'))} |")
+                     f"{cell(r.get('sdpa'))} | {cell(r.get('flex'))} |")
     lines += error_lines(res["rows"], lambda r: r["case"])
     write_results(args.out, f"variants_{res['date']}", res, lines)
 

@@ -15,6 +15,7 @@ prefill templates read fp8 caches (the Hopper one on sm_90a, the mma.sync one ev
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -137,14 +138,15 @@ class PrefillPlan:
     orders: dict = field(default_factory=dict, repr=False, compare=False)
     # the row-hook pass (runtime/hook_pass.py): None the library's choice, True / False as asked
     hook_pass: bool | None = None
-    # where calls may walk a tile map: (which KV index arrays, the batch's longest KV length), so that a call
-    # with the planned arrays sizes its map without reading the device
+    # where calls may walk a tile map: (the planned KV index arrays' KVLengthsWitness, the batch's longest KV
+    # length), so that a call with the planned arrays sizes its map without reading the device
     kv_bound: tuple | None = field(default=None, repr=False, compare=False)
 
     def max_kv_len(self, kv) -> int | None:
-        """The planned batch's longest KV length when ``kv`` has the planned index arrays (unchanged since),
-        else None."""
-        if self.kv_bound is None or self.kv_bound[0] != _kv_view_key(kv):
+        """The planned batch's longest KV length when ``kv`` has the planned index arrays, unchanged by PyTorch
+        since (KVLengthsWitness), else None. Arrays rewritten behind PyTorch's back (a CUDA graph replay, another
+        library's kernel) need a new plan, as the plan's docstring says of any other batch."""
+        if self.kv_bound is None or self.kv_bound[0] is None or not self.kv_bound[0].holds_for(kv):
             return None
         return self.kv_bound[1]
 
@@ -221,11 +223,37 @@ def _tensor_key(t) -> tuple:
     return (id(t), getattr(t, "_version", None))
 
 
-def _kv_view_key(kv) -> tuple:
-    """Which index arrays (objects and versions) a KV view's lengths come from."""
-    if isinstance(kv, PagedKV):
-        return ("paged", kv.page_size, _tensor_key(kv.indptr), _tensor_key(kv.last_page_len))
-    return ("ragged", _tensor_key(kv.indptr))
+class KVLengthsWitness:
+    """The index arrays a KV view's lengths come from, held weakly with their versions and data pointers: whether
+    another view has the same arrays, unchanged by PyTorch since (an id alone may be a freed tensor's)."""
+
+    def __init__(self, kv):
+        self.page_size = kv.page_size if isinstance(kv, PagedKV) else None
+        arrays = self._arrays(kv)
+        self.refs = tuple(weakref.ref(t) for t in arrays)
+        self.marks = tuple(self._mark(t) for t in arrays)
+
+    @staticmethod
+    def _arrays(kv) -> tuple:
+        return (kv.indptr, kv.last_page_len) if isinstance(kv, PagedKV) else (kv.indptr,)
+
+    @staticmethod
+    def _mark(t) -> tuple:
+        return (getattr(t, "_version", None), t.data_ptr() if hasattr(t, "data_ptr") else None)
+
+    def holds_for(self, kv) -> bool:
+        if (kv.page_size if isinstance(kv, PagedKV) else None) != self.page_size:
+            return False
+        arrays = self._arrays(kv)
+        return len(arrays) == len(self.refs) and all(
+            ref() is t and self._mark(t) == mark for ref, t, mark in zip(self.refs, arrays, self.marks))
+
+
+def _kv_witness(kv) -> KVLengthsWitness | None:
+    try:
+        return KVLengthsWitness(kv)
+    except TypeError:  # arrays that take no weak reference: no bound (the map reads the lengths)
+        return None
 
 
 def _check_aligned(name: str, t) -> None:
@@ -527,7 +555,7 @@ class CUDAAttention(BuiltModule):
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None,
                            lengths=(np.diff(qo), kv_lens) if ordered else None, hook_pass=hook_pass,
-                           kv_bound=(_kv_view_key(kv), int(kv_lens.max(initial=0))) if why is None else None)
+                           kv_bound=(_kv_witness(kv), int(kv_lens.max(initial=0))) if why is None else None)
 
     def _check_float_positions(self, kv_lens) -> None:
         """This build's prefill passes key positions to the logits hook as floats (exact below the limit

@@ -42,8 +42,8 @@ def classifier_ms(att, tm, qo_indptr, kv, params) -> float:
     q_tiles, k_tiles = -(-total * (HQ // HKV) // tm.rows), -(-total // tm.keys)
     cls = torch.zeros((1, tm.heads, q_tiles, k_tiles), dtype=torch.uint8, device="cuda")
     row_keys = torch.zeros((tm.heads * q_tiles, tm.rows, 2), dtype=torch.int32, device="cuda")
-    return bench(lambda: classify(qo_indptr, kv_len, cls, row_keys, HQ // HKV, HKV, 0, tm.rows, tm.keys,
-                                  params["doc_ids"]), reps=10)
+    return bench(lambda: classify(qo_indptr, kv_len, cls, row_keys, None, None, HQ // HKV, HKV, 0, tm.rows,
+                                  tm.keys, params["doc_ids"]), reps=10)
 
 
 def main():

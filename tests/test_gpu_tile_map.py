@@ -55,12 +55,52 @@ def test_classifier_matches_the_reference(group, link, build_cache, rng):
     ids_dev = torch.from_numpy(ids).to(dev)
     out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
     row_keys = torch.full((lists, 128, 2), 7, dtype=torch.int32, device=dev)
-    classify(qo_indptr, kv_len, out, row_keys, group, 2, 0, 128, 128, ids_dev)
+    classify(qo_indptr, kv_len, out, row_keys, None, None, group, 2, 0, 128, 128, ids_dev)
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
     np.testing.assert_array_equal(row_keys.cpu().numpy(), ref_rows)
     out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
-    classify(qo_indptr, kv_len, out, None, group, 2, 0, 128, 128, ids_dev)  # no row keys wanted
+    classify(qo_indptr, kv_len, out, None, None, None, group, 2, 0, 128, 128, ids_dev)  # no row keys wanted
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
+
+
+@pytest.mark.parametrize("group,heads,link", [(1, 1, "whole"), (4, 1, "whole"), (3, 2, "whole"), (4, 1, "lto")])
+def test_device_lists_match_the_reference(group, heads, link, build_cache, rng):
+    """The classifier's call with lists and room (csrc/tile_map.cuh tile_lists_kernel, one CTA after the
+    classifier): indptr, each list's entries in key order, each (request, query tile)'s tiles over its head
+    rows and the counts by class, from the map the classifier made, over enough lists (1000+) that the scan
+    runs several chunks of 1024; a head-reading mask (the striped one) for two map head rows."""
+    import torch
+
+    att = head_striped(build_cache) if heads == 2 else example("document_mask", build_cache, link)[1]
+    qo_lens, kv_lens = [3000, 0, 77, 2520, 5, 40000], [3000, 9, 200, 2520, 0, 40000]
+    ids = np.zeros((len(kv_lens), max(kv_lens)), np.int32)
+    for b, n in enumerate(kv_lens):
+        for cut in np.sort(rng.integers(0, max(n, 1), size=12)):
+            ids[b, cut:] += 1
+    dev = torch.device("cuda")
+    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device=dev)
+    kv_len = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+    batch, q_tiles, k_tiles = len(qo_lens), -(-max(qo_lens) * group // 128), -(-max(kv_lens) // 128)
+    n_lists, pairs = batch * heads * q_tiles, batch * q_tiles
+    assert n_lists > 1024
+    classify = att.function("prefill_tile_map", "bfloat16", 128)
+    extras = () if heads == 2 else (torch.from_numpy(ids).to(dev),)
+    out = torch.full((batch, heads, q_tiles, k_tiles), 7, dtype=torch.uint8, device=dev)
+    made = torch.full((n_lists + 1 + pairs + 3,), -7, dtype=torch.int32, device=dev)
+    room = torch.full((n_lists * k_tiles,), -7, dtype=torch.int32, device=dev)
+    classify(qo_indptr, kv_len, out, None, made, room, group, 2, 0, 128, 128, *extras)
+    cls = out.cpu().numpy()
+    assert set(np.unique(cls).tolist()) <= {0, 1, 2} and {0, 1, 2} <= set(np.unique(cls).tolist())
+    flat = cls.reshape(n_lists, k_tiles)
+    live = flat != 0
+    ref_indptr = np.concatenate([[0], np.cumsum(live.sum(1))])
+    got = made.cpu().numpy()
+    np.testing.assert_array_equal(got[:n_lists + 1], ref_indptr)
+    ref_entries = np.concatenate([np.flatnonzero(r) * 2 + (r[r != 0] == 2) for r in flat])
+    np.testing.assert_array_equal(room.cpu().numpy()[:ref_indptr[-1]], ref_entries)
+    ref_tiles = live.sum(1).reshape(batch, heads, q_tiles).sum(1).reshape(-1)
+    np.testing.assert_array_equal(got[n_lists + 1:n_lists + 1 + pairs], ref_tiles)
+    np.testing.assert_array_equal(got[-3:], [(flat == c).sum() for c in range(3)])
 
 
 @pytest.mark.parametrize("qo_len,kv_len,group", [(700, 700, 1), (300, 900, 4), (130, 1000, 3)])
@@ -89,8 +129,8 @@ def test_row_keys_under_the_causal_flag(qo_len, kv_len, group, build_cache, rng)
     kv_lens = torch.tensor([kv_len], dtype=torch.int32, device=dev)
     out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
     row_keys = torch.full((lists, 128, 2), 7, dtype=torch.int32, device=dev)
-    att.function("prefill_tile_map", "bfloat16", 128)(qo_indptr, kv_lens, out, row_keys, group, 2, 1, 128, 128,
-                                                      torch.from_numpy(ids).to(dev))
+    att.function("prefill_tile_map", "bfloat16", 128)(qo_indptr, kv_lens, out, row_keys, None, None, group, 2, 1,
+                                                      128, 128, torch.from_numpy(ids).to(dev))
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
     np.testing.assert_array_equal(row_keys.cpu().numpy(), ref_rows)
 
@@ -109,9 +149,15 @@ def test_row_keys_of_another_shape_are_refused(build_cache):
     for shape in [(2, 128, 2), (4, 128, 2), (3, 64, 2), (3, 128, 1)]:
         row_keys = torch.zeros(shape, dtype=torch.int32, device=dev)
         with pytest.raises(Exception, match=r"row_keys must be"):
-            classify(qo_indptr, kv_len, out, row_keys, 1, 2, 0, 128, 128, ids)
-    classify(qo_indptr, kv_len, out, torch.zeros((3, 128, 2), dtype=torch.int32, device=dev), 1, 2, 0, 128, 128,
-             ids)  # the right one
+            classify(qo_indptr, kv_len, out, row_keys, None, None, 1, 2, 0, 128, 128, ids)
+    classify(qo_indptr, kv_len, out, torch.zeros((3, 128, 2), dtype=torch.int32, device=dev), None, None, 1, 2, 0,
+             128, 128, ids)  # the right one
+    lists = torch.zeros(3 + 1 + 3 + 3, dtype=torch.int32, device=dev)  # 3 lists + 1, 3 pairs, 3 counts
+    for made, room, match in [(lists, None, "lists and room come together"),
+                              (lists[1:], torch.zeros(9, dtype=torch.int32, device=dev), "lists must hold 10 int32"),
+                              (lists, torch.zeros(8, dtype=torch.int32, device=dev), "room must hold at least 9")]:
+        with pytest.raises(Exception, match=match):
+            classify(qo_indptr, kv_len, out, None, made, room, 1, 2, 0, 128, 128, ids)
 
 
 def head_striped(build_cache):
@@ -159,12 +205,12 @@ def test_a_head_reading_mask_is_classified_per_query_head(num_kv, group, build_c
     out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
     row_keys = torch.full((lists, 128, 2), 7, dtype=torch.int32, device=dev)
     classify = att.function("prefill_tile_map", "bfloat16", 128)
-    classify(qo_indptr, kv_len, out, row_keys, group, num_kv, 0, 128, 128)
+    classify(qo_indptr, kv_len, out, row_keys, None, None, group, num_kv, 0, 128, 128)
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
     np.testing.assert_array_equal(row_keys.cpu().numpy(), ref_rows)
     with pytest.raises(Exception, match=r"map's head rows must be num_kv_heads \(the mask reads a head index\)"):
         classify(qo_indptr, kv_len, torch.zeros((4, num_kv + 1) + ref.shape[2:], dtype=torch.uint8, device=dev),
-                 None, group, num_kv, 0, 128, 128)
+                 None, None, None, group, num_kv, 0, 128, 128)
 
 
 @pytest.mark.parametrize("template", ["hopper", "mma_sync"])

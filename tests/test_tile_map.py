@@ -59,8 +59,24 @@ def _doc_ids(rng, kv_lens):
     return ids
 
 
+def emulate_device_lists(cls, lists, room, batch, heads, q_tiles):
+    """What csrc/tile_map.cuh tile_lists_kernel writes, from the torch compaction (a fake classifier's share)."""
+    import torch
+
+    from attngen.runtime.tile_map import compact_lists
+
+    flat = cls.reshape(batch * heads * q_tiles, -1)
+    indptr, entries = compact_lists(flat)
+    n = int(indptr[-1])
+    room[:n] = entries[:n]
+    tiles = torch.diff(indptr).view(batch, heads, q_tiles).sum(1).reshape(-1)
+    counts = torch.tensor([int((flat == c).sum()) for c in range(3)], dtype=torch.int32)
+    lists.copy_(torch.cat([indptr, tiles.to(torch.int32), counts]))
+
+
+@pytest.mark.parametrize("device_lists", [False, True])
 @pytest.mark.parametrize("group,rows,keys", [(4, 128, 128), (1, 128, 64), (3, 128, 128)])
-def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
+def test_compacted_lists_stand_for_the_map(group, rows, keys, device_lists, rng):
     import torch
 
     from attngen.runtime import RaggedKV
@@ -80,21 +96,26 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
                                   reads_heads=False)
     lists = int(np.prod(ref.shape[:3]))
 
-    def classify(qo_indptr, kv_len, out, row_keys, g, hkv, causal, r, k, *extras):
+    def classify(qo_indptr, kv_len, out, row_keys, made, room, g, hkv, causal, r, k, *extras):
         assert (g, hkv, causal, r, k) == (group, 2, 0, rows, keys)
+        assert (made is None) == (room is None) == (not device_lists)
         assert kv_len.tolist() == kv_lens
         # the intervals come initialised to (0, -1), one per map row of every list
         assert row_keys.dtype == torch.int32 and tuple(row_keys.shape) == (lists, rows, 2)
         assert (row_keys[..., 0] == 0).all() and (row_keys[..., 1] == -1).all()
         out.copy_(torch.from_numpy(ref))
         row_keys.copy_(torch.from_numpy(ref_rows.reshape(lists, rows, 2)))
+        if device_lists:  # the zero-filled outputs of the device's lists, written as its kernel would
+            assert made.dtype == torch.int32 and not made.any() and not room.any()
+            assert room.numel() >= lists * out.shape[3]
+            emulate_device_lists(out, made, room, *out.shape[:3])
 
     qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32)
     kv_indptr = torch.tensor(np.concatenate([[0], np.cumsum(kv_lens)]), dtype=torch.int32)
     kv = RaggedKV(torch.zeros(sum(kv_lens), 2, 64), torch.zeros(sum(kv_lens), 2, 64), kv_indptr)
     params = {"doc_ids": torch.from_numpy(ids)}
     tm = build_tile_map(classify, docs, qo_indptr, kv, max_qo_len=max(qo_lens), group=group, num_kv_heads=2,
-                        rows=rows, keys=keys, extras=(), params=params)
+                        rows=rows, keys=keys, extras=(), params=params, device_lists=device_lists)
     assert tm.heads == 1 and (tm.rows, tm.keys) == (rows, keys)
     head = tm.entries[:tm.entries.numel() - tm.row_keys.numel()]  # the lists: the head of entries
     back = decode_lists(tm.indptr.numpy(), head.numpy(), ref.shape)
@@ -105,7 +126,7 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
     assert tm.entries.numel() >= tm.row_keys.numel() + int(tm.indptr[-1])
     assert torch.equal(tm.entries[-tm.row_keys.numel():], tm.row_keys.reshape(-1))
     assert tm.row_keys.data_ptr() == tm.entries.data_ptr() + 4 * (tm.entries.numel() - tm.row_keys.numel())
-    assert tm.row_keys.data_ptr() % 8 == 0  # (the kernels read each interval as one int2)
+    assert (tm.row_keys.data_ptr() - tm.entries.data_ptr()) % 128 == 0  # (read as int2; on 128 bytes on CUDA)
     # causal attention inside each document: every existing row sees one interval, from its document's first
     # key to its own position
     assert not ((ref_rows[..., 0] == -1) & (ref_rows[..., 1] == -1)).any()
@@ -134,8 +155,9 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, rng):
     assert np.all(np.diff(live[order]) <= 0)
 
 
+@pytest.mark.parametrize("device_lists", [False, True])
 @pytest.mark.parametrize("qo_lens,kv_lens", [([], []), ([3, 0], [0, 0]), ([0], [0])])
-def test_a_batch_without_keys_maps_to_empty_lists(qo_lens, kv_lens):
+def test_a_batch_without_keys_maps_to_empty_lists(qo_lens, kv_lens, device_lists):
     """No request, or requests without keys: no key tile, so every query tile's list is empty (no classifier
     launch, no reshape of an empty map)."""
     import torch
@@ -150,7 +172,8 @@ def test_a_batch_without_keys_maps_to_empty_lists(qo_lens, kv_lens):
     kv_indptr = torch.tensor(np.concatenate([[0], np.cumsum(kv_lens)]), dtype=torch.int32)
     kv = RaggedKV(torch.zeros(0, 2, 64), torch.zeros(0, 2, 64), kv_indptr)
     tm = build_tile_map(classify, example("document_mask"), qo_indptr, kv, max_qo_len=max(qo_lens, default=0),
-                        group=2, num_kv_heads=2, rows=128, keys=128, extras=(), params={})
+                        group=2, num_kv_heads=2, rows=128, keys=128, extras=(), params={},
+                        device_lists=device_lists)
     q_tiles = -(-max(qo_lens, default=0) * 2 // 128)
     lists = len(qo_lens) * q_tiles
     assert tm.indptr.tolist() == [0] * (lists + 1)  # the lists: all empty

@@ -20,8 +20,10 @@
 //
 // prefill_tile_map_<dtype>_d<D> (TileMapEntry) classifies the tiles of a launch for the plan:
 //   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, row_keys (optional: [B * heads *
-//   q_tiles, rows, 2] int32, each map row's key interval), group, num_kv_heads, causal, rows, keys (the
-//   template's tile), then the variant's extra parameters.
+//   q_tiles, rows, 2] int32, each map row's key interval), lists and room (optional, together: the lists made
+//   from the map on the device, tile_map.cuh tile_lists_kernel; lists [B * heads * q_tiles + 1 + B * q_tiles
+//   + 3] int32: indptr, each request's query tiles' listed tiles, the counts by class; room: the entries),
+//   group, num_kv_heads, causal, rows, keys (the template's tile), then the variant's extra parameters.
 #pragma once
 #include <array>
 #include <tuple>
@@ -280,7 +282,8 @@ struct TileMapEntry;
 template <class V, int D, const char* Name, class... X>
 struct TileMapEntry<V, D, Name, ArgList<X...>> {
   static void call(tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView kv_len, tvm::ffi::TensorView map,
-                   OptionalTensor row_keys, int64_t group, int64_t num_kv_heads, int64_t causal, int64_t rows, int64_t keys, X... extra) {
+                   OptionalTensor row_keys, OptionalTensor lists, OptionalTensor room, int64_t group,
+                   int64_t num_kv_heads, int64_t causal, int64_t rows, int64_t keys, X... extra) {
     check_args(Name, {{"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
                       {"kv_len", kv_len, 1, dl_dtype<int32_t>()},
                       {"map", map, 4, dl_dtype<uint8_t>()}});
@@ -306,6 +309,23 @@ struct TileMapEntry<V, D, Name, ArgList<X...>> {
         ATTNGEN_THROW(ValueError) << Name << ": row_keys must be [batch x map heads x query tiles, "
                                   << MapTile<D>::kRows << ", 2] int32 (one key interval per map row)";
       M.row_keys = reinterpret_cast<int2*>(data_of(rk));
+    }
+    if (lists.has_value() != room.has_value())
+      ATTNGEN_THROW(ValueError) << Name << ": lists and room come together (the plan's tile lists) or not at all";
+    if (lists.has_value()) {
+      check_args(Name, {{"lists", *lists, 1, dl_dtype<int32_t>()}, {"room", *room, 1, dl_dtype<int32_t>()}},
+                 qo_indptr.device().device_id);
+      const int64_t n_lists = int64_t(M.batch) * M.heads * M.q_tiles;
+      if ((*lists).size(0) != n_lists + 1 + int64_t(M.batch) * M.q_tiles + 3)
+        ATTNGEN_THROW(ValueError) << Name << ": lists must hold " << n_lists + 1 + int64_t(M.batch) * M.q_tiles + 3
+                                  << " int32 (indptr of batch x map heads x query tiles lists, each request's "
+                                  << "query tiles' listed tiles, 3 class counts)";
+      if ((*room).size(0) < n_lists * M.k_tiles)
+        ATTNGEN_THROW(ValueError) << Name << ": room must hold at least " << n_lists * M.k_tiles
+                                  << " int32 (a slot per map tile)";
+      auto* l = static_cast<int32_t*>(data_of(*lists));
+      M.lists = TileListsOut{l, l + n_lists + 1, l + n_lists + 1 + int64_t(M.batch) * M.q_tiles,
+                             static_cast<int32_t*>(data_of(*room))};
     }
     if (kv_len.size(0) != M.batch || map.size(0) != M.batch)
       ATTNGEN_THROW(ValueError) << Name << ": kv_len and map need one entry per request (" << M.batch << ")";

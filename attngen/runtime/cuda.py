@@ -595,7 +595,7 @@ class CUDAAttention(BuiltModule):
                 self.function("prefill_tile_map", dtype, head_dim, kv_dtype), self.variant, qo_indptr, kv,
                 max_qo_len=plan.max_qo_len, group=int(q.shape[1]) // kv.num_kv_heads,
                 num_kv_heads=kv.num_kv_heads, rows=tile.rows, keys=tile.keys, extras=extras, params=params,
-                max_kv_len=plan.max_kv_len(kv))
+                max_kv_len=plan.max_kv_len(kv), device_lists=True)
         return plan.maps[key]
 
     def prefill(self, q, kv: PagedKV | RaggedKV, qo_indptr, *, plan: PrefillPlan | None = None,

@@ -21,7 +21,7 @@ from typing import Any
 from attngen.ir.mask_class import MaskKind
 
 from .views import PagedKV
-from .work_order import order_from_map
+from .work_order import order_from_map, order_from_pair_tiles
 
 
 def mask_needs_map(variant) -> bool:
@@ -96,10 +96,12 @@ def kv_lengths(kv):
 
 def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: int, num_kv_heads: int,
                    rows: int, keys: int, extras: tuple, params: dict | None,
-                   max_kv_len: int | None = None) -> TileMap:
+                   max_kv_len: int | None = None, device_lists: bool = False) -> TileMap:
     """Run the classifier ``classify`` (the library's prefill_tile_map function) and compact its map.
     ``max_kv_len``: the batch's longest KV length where the caller knows it (the plan's host copies); else
-    it is read from the device (a synchronisation)."""
+    it is read from the device (a synchronisation). ``device_lists``: the classifier's call also makes the
+    lists, counts and the pairs' tiles (csrc/tile_map.cuh tile_lists_kernel: one launch instead of the tensor
+    calls of compact_lists and the counts)."""
     import time
 
     import torch
@@ -117,23 +119,34 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     q_tiles = -(-max_qo_len * group // rows)
     k_tiles = -(-max_kv_len // keys)
     lists = batch * heads * q_tiles
+    pairs = batch * q_tiles
     dev = qo_indptr.device
     cls = torch.empty((batch, heads, q_tiles, k_tiles), dtype=torch.uint8, device=dev)  # (the classifier fills it)
-    # one tensor: the lists' room, then the map rows' key intervals, which the prefill kernels find at its end
-    # and read as int2 (after the room they start on 128 bytes) and the classifier writes in place
+    # one zero-filled tensor: the device lists' outputs (indptr, the pairs' tiles, the counts by class; padded to
+    # 32 entries), then entries: the lists' room, then the map rows' key intervals, which the prefill kernels
+    # find at entries' end and read as int2 (they start on 128 bytes) and the classifier writes in place
+    head = (lists + 1 + pairs + 3 + 31) // 32 * 32 if device_lists else 0
     room = list_room(lists * k_tiles)
-    entries = torch.zeros(room + lists * rows * 2, dtype=torch.int32, device=dev)  # (slots no list fills: 0)
+    buf = torch.zeros(head + room + lists * rows * 2, dtype=torch.int32, device=dev)  # (slots no list fills: 0)
+    entries = buf[head:]
     row_keys = entries[room:].view(lists, rows, 2)
     row_keys.view(torch.int64).fill_(ROW_SEES_NONE)  # (a map without keys: every row sees none)
+    made = buf[:lists + 1 + pairs + 3] if device_lists else None
     if cls.numel():
-        classify(qo_indptr, kv_len, cls, row_keys, group, num_kv_heads, 0, rows, keys, *extras)
-    flat = cls.reshape(lists, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
-    indptr, _ = compact_lists(flat, out=entries[:room])
-    # tiles by class, without a host synchronisation (bincount would read the map's maximum): read when reported
-    listed = indptr[-1].to(torch.int64)
-    full = (flat == 2).sum()
-    class_counts = torch.stack((lists * k_tiles - listed, listed - full, full))
-    order = order_from_map(indptr, batch=batch, heads=heads, q_tiles=q_tiles)
+        classify(qo_indptr, kv_len, cls, row_keys, made, entries[:room] if device_lists else None, group,
+                 num_kv_heads, 0, rows, keys, *extras)
+    if device_lists:  # (a map without tiles launched nothing: its zeros stand)
+        indptr, tiles, class_counts = made[:lists + 1], made[lists + 1:lists + 1 + pairs], made[lists + 1 + pairs:]
+        order = order_from_pair_tiles(tiles)
+    else:
+        flat = cls.reshape(lists, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
+        indptr, _ = compact_lists(flat, out=entries[:room])
+        # tiles by class, without a host synchronisation (bincount would read the map's maximum): read when
+        # reported
+        listed = indptr[-1].to(torch.int64)
+        full = (flat == 2).sum()
+        class_counts = torch.stack((lists * k_tiles - listed, listed - full, full))
+        order = order_from_map(indptr, batch=batch, heads=heads, q_tiles=q_tiles)
     if events is not None:
         events[1].record()
     return TileMap(indptr, entries, heads, rows, keys, params_key(variant, params), class_counts,

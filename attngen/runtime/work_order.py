@@ -79,5 +79,15 @@ def order_from_map(indptr, *, batch: int, heads: int, q_tiles: int):
 
     if batch * q_tiles == 0:
         return torch.zeros(0, dtype=torch.int32, device=indptr.device)
-    tiles = torch.diff(indptr).view(batch, heads, q_tiles).sum(1)
-    return torch.argsort(tiles.reshape(-1), descending=True, stable=True).to(torch.int32)
+    return order_from_pair_tiles(torch.diff(indptr).view(batch, heads, q_tiles).sum(1).reshape(-1))
+
+
+def order_from_pair_tiles(tiles):
+    """The order of a mapped launch's pairs from their listed key tiles over the head rows (tiles: [batch *
+    q_tiles] device int32, csrc/tile_map.cuh tile_lists_kernel): most first, ties in pair order. Stays on the
+    device."""
+    import torch
+
+    if tiles.numel() == 0:
+        return torch.zeros(0, dtype=torch.int32, device=tiles.device)
+    return torch.argsort(tiles, descending=True, stable=True).to(torch.int32)

@@ -314,10 +314,11 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
     for (key, mangled), part in zip(pairs, parts):
         assert mangled in held[part], key
         assert part == (0 if key.startswith("decode_kernel") else 3 if key.startswith("hopper")
-                        else 2 if key.startswith("prefill") else 4 if key.startswith(("tile_map", "hook_pass"))
+                        else 2 if key.startswith("prefill") else 4 if key.startswith(("tile_", "hook_pass"))
                         else 1), key
     # (the row-hook pass: soft-cap has no key or query transform, so no kernel: test_linked_row_hook_pass_kernel)
     assert "tile_map_kernel<128>" in res.manifest["kernels"] and "hook_pass_kernel<128>" not in res.manifest["kernels"]
+    assert "tile_lists_kernel<128>" in res.manifest["kernels"]  # (the classifier's part makes the lists too)
     # an sm_90a-only build runs on GPUs of 227 KB shared memory per block alone: the launchers' fallbacks for
     # less (the one-stage tensor-core decode tile) are not compiled, so the links have less to generate
     kernels = res.manifest["kernels"]
@@ -476,9 +477,9 @@ def test_linked_fp8_library_exports_and_embeds_the_fp8_kernels(fp8_linked):
         assert f"__tvm_ffi_{fn}" in syms
     kernels = res.manifest["kernels"]
     # every attention kernel reads the e4m3 cache (the key's last argument); the merge reads float32 states, the
-    # tile-map classifier no K/V
-    assert all(k.endswith(", __nv_fp8_e4m3>") for k in kernels if not k.startswith(("merge_", "tile_map_"))), kernels
-    assert "tile_map_kernel<128>" in kernels
+    # tile-map classifier and its lists no K/V
+    assert all(k.endswith(", __nv_fp8_e4m3>") for k in kernels if not k.startswith(("merge_", "tile_"))), kernels
+    assert "tile_map_kernel<128>" in kernels and "tile_lists_kernel<128>" in kernels
     # the tensor-core decode at the fp8 stage count of the decode_tc record (3 at D 128: deeper, half-size stages)
     for k in ("decode_kernel<__half, 128, 1, __nv_fp8_e4m3>", "decode_kernel<__half, 128, 8, __nv_fp8_e4m3>",
               "decode_tc_kernel<__half, 128, 3, __nv_fp8_e4m3>", "merge_decode_kernel<__half, 128>",

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import bench, cell, guarded, load_flashinfer, result_parser, run_info, write_results
+from common import bench, cell, flex_call, guarded, load_flashinfer, result_parser, run_info, write_results
 
 HQ, HKV, D = 32, 8, 128
 CASES = {"16 docs in 16k": (16384, 16), "64 docs in 32k": (32768, 64)}
@@ -119,22 +119,14 @@ def main():
 
         if args.peers:
             def flex():
-                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
                 doc = ids[0]
 
                 def mask_mod(b, h, qi, ki):
                     return (doc[qi] == doc[ki]) & (qi >= ki)
 
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                bm = create_block_mask(mask_mod, 1, 1, total, total, device="cuda")
-                torch.cuda.synchronize()
-                row["flex_create_block_mask_ms"] = (time.perf_counter() - t0) * 1e3
-                fx = torch.compile(flex_attention, dynamic=False)
-                qs, ks, vs = (x.transpose(0, 1)[None] for x in (q, k, v))
-                ms_ = bench(lambda: fx(qs, ks, vs, block_mask=bm, enable_gqa=True), reps=10)
-                out = fx(qs, ks, vs, block_mask=bm, enable_gqa=True)[0].transpose(0, 1)
+                fx, row["flex_create_block_mask_ms"] = flex_call(q, k, v, mask_mod)
+                ms_ = bench(fx, reps=10)
+                out = fx()[0].transpose(0, 1)
                 row["flex_maxdiff"] = float((out.float() - ref.float()).abs().max())
                 return flops / ms_ / 1e9
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (bench, case_parser, cell, error_lines, guarded, load_flashinfer, run_info, selected_cases,
-                    write_results)
+from common import (bench, case_parser, cell, error_lines, flex_call, guarded, load_flashinfer, run_info,
+                    selected_cases, write_results)
 
 
 @dataclass(frozen=True)
@@ -106,9 +106,6 @@ def time_cudnn(case: Case, q, k, v, ref):
 
 def time_flex(case: Case, q, k, v, indptr, ref):
     """FlexAttention (torch.compile'd) with its block mask: causal inside each request of the packed row."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    n = q.shape[0]
     doc = torch.repeat_interleave(torch.arange(len(case.qo_lens), device="cuda"),
                                   torch.tensor(case.qo_lens, device="cuda"))
     causal = case.causal
@@ -117,10 +114,7 @@ def time_flex(case: Case, q, k, v, indptr, ref):
         same = doc[qi] == doc[ki]
         return (same & (qi >= ki)) if causal else same
 
-    bm = create_block_mask(mask_mod, 1, 1, n, n, device="cuda")
-    flex = torch.compile(flex_attention, dynamic=False)
-    qs, ks, vs = (x.transpose(0, 1)[None] for x in (q, k, v))
-    fn = lambda: flex(qs, ks, vs, block_mask=bm, enable_gqa=case.hq != case.hkv)  # noqa: E731
+    fn, _ = flex_call(q, k, v, mask_mod)
     ms = bench(fn, reps=20)
     return ms, float((fn()[0].transpose(0, 1).float() - ref.float()).abs().max())
 

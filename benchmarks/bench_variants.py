@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from common import (VARIANT_PARAMS, alibi_slopes, bench, cell, error_lines, guarded, load_flashinfer, result_parser,
-                    run_info, write_results)
+from common import (VARIANT_PARAMS, alibi_slopes, bench, cell, error_lines, flex_call, guarded, load_flashinfer,
+                    result_parser, run_info, write_results)
 
 L, HQ, HKV, D = 8192, 32, 8, 128
 TEMPLATES = ["mma_sync"]  # plus "hopper" on compute capability 9.0 (set in main)
@@ -74,8 +74,6 @@ def load_variant(name: str):
 
 def flex_peer(variant: str, q, k, v):
     """FlexAttention on the row's mask (and soft-cap), its block mask made once: milliseconds per call."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
     if variant == "prefix_lm":
         def mask_mod(b, h, qi, ki):
             return (ki < PREFIX) | (qi >= ki)
@@ -86,10 +84,8 @@ def flex_peer(variant: str, q, k, v):
 
         def score_mod(score, b, h, qi, ki):
             return GEMMA_CAP * torch.tanh(score / GEMMA_CAP)
-    bm = create_block_mask(mask_mod, 1, 1, L, L, device="cuda")
-    fx = torch.compile(flex_attention, dynamic=False)
-    qs, ks, vs = (x.transpose(0, 1)[None] for x in (q, k, v))
-    return bench(lambda: fx(qs, ks, vs, score_mod=score_mod, block_mask=bm, enable_gqa=True), reps=20)
+    fn, _ = flex_call(q, k, v, mask_mod, score_mod)
+    return bench(fn, reps=20)
 
 
 def causal_bits():

@@ -133,6 +133,26 @@ def load_flashinfer():
     return flashinfer, getattr(flashinfer, "__version__", "unknown")
 
 
+def flex_call(q, k, v, mask_mod, score_mod=None):
+    """FlexAttention (torch.compile'd) over one packed row, q [n, Hq, D], k / v [n, Hkv, D], with the block mask
+    of ``mask_mod`` made here: (a call returning out [1, Hq, n, D], create_block_mask's milliseconds)."""
+    import time
+
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    n = q.shape[0]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    bm = create_block_mask(mask_mod, 1, 1, n, n, device="cuda")
+    torch.cuda.synchronize()
+    create_ms = (time.perf_counter() - t0) * 1e3
+    fx = torch.compile(flex_attention, dynamic=False)
+    qs, ks, vs = (x.transpose(0, 1)[None] for x in (q, k, v))
+    gqa = q.shape[1] != k.shape[1]
+    return (lambda: fx(qs, ks, vs, score_mod=score_mod, block_mask=bm, enable_gqa=gqa)), create_ms
+
+
 def guarded(row: dict, key: str, fn):
     """Run one peer's measurement; a failure is recorded as ``row[key + "_error"]`` and returns None, so one
     broken peer never stops the others."""

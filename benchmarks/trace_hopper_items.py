@@ -12,6 +12,7 @@ its main loop, its epilogue, and the cycles it spent waiting for turns and for K
 clocks; the stamps cost a little, so compare traces with each other, not with bench_prefill.py's timings.
 
     python benchmarks/trace_hopper_items.py --tree . --out benchmarks/results [--cases causal,window,ragged]
+    (window<N>: a causal window of N keys, e.g. window4096)
 
 Writes ``hopper_item_trace_<date>.{json,md}`` (every item's line in the JSON). The stamps are inserted at
 source anchors; a kernel change that moves one makes the script stop with the anchor it could not find.
@@ -163,8 +164,8 @@ def run_case(name: str) -> None:
         q = torch.randn(L, 32, 128, dtype=torch.bfloat16, device="cuda")
         k, v = (torch.randn(L, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
         indptr = torch.tensor([0, L], dtype=torch.int32, device="cuda")
-        if name == "window":
-            variant, params = builtin("sliding_window_causal"), {"window_left": WINDOW}
+        if name.startswith("window"):  # "window" (1024 keys) or "window<N>", a causal window of N keys
+            variant, params = builtin("sliding_window_causal"), {"window_left": int(name[6:] or WINDOW)}
     att = CUDAAttention.build(variant, head_dims=(128,), dtypes=("bfloat16",), layouts=("NHD",),
                               kernels=("prefill",))
     kv = RaggedKV(k, v, indptr)

@@ -222,7 +222,8 @@ def test_a_known_longest_kv_sizes_the_map_without_a_device_read():
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
-    from attngen.runtime.cuda import KVLengthsWitness, PrefillPlan
+    from attngen.runtime.cuda import PrefillPlan
+    from attngen.runtime.tile_map import KVBound
     from attngen.runtime.tile_map import build_tile_map
 
     def classify(qo_indptr, kv_len, out, row_keys, *rest):
@@ -236,7 +237,7 @@ def test_a_known_longest_kv_sizes_the_map_without_a_device_read():
                             num_kv_heads=2, rows=128, keys=64, extras=(), params={}, max_kv_len=bound)
         widths.append(int(tm.class_counts.sum()))
     assert widths == [5, 16]
-    plan = PrefillPlan(1, 100, 100, (0, 0), kv_bound=(KVLengthsWitness(kv), 300))
+    plan = PrefillPlan(1, 100, 100, (0, 0), kv_bound=KVBound(kv, 300))
     assert plan.max_kv_len(kv) == 300
     other = RaggedKV(kv.k, kv.v, kv.indptr.clone())
     assert plan.max_kv_len(other) is None
@@ -244,7 +245,7 @@ def test_a_known_longest_kv_sizes_the_map_without_a_device_read():
     assert plan.max_kv_len(kv) is None
     # a freed array's id may come back for a new one (of version 0): the weak reference tells them apart
     fresh = torch.tensor([0, 300], dtype=torch.int32)
-    plan = PrefillPlan(1, 100, 100, (0, 0), kv_bound=(KVLengthsWitness(RaggedKV(kv.k, kv.v, fresh)), 300))
+    plan = PrefillPlan(1, 100, 100, (0, 0), kv_bound=KVBound(RaggedKV(kv.k, kv.v, fresh), 300))
     del fresh
     for _ in range(50):
         again = RaggedKV(kv.k, kv.v, torch.tensor([0, 5000], dtype=torch.int32))
@@ -253,7 +254,7 @@ def test_a_known_longest_kv_sizes_the_map_without_a_device_read():
     pages = torch.zeros(4, 2, 16, 2, 64)
     paged = PagedKV(pages, torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32),
                     torch.tensor([5], dtype=torch.int32), "NHD")
-    plan = PrefillPlan(1, 100, 100, (0, 0), kv_bound=(KVLengthsWitness(paged), 37))
+    plan = PrefillPlan(1, 100, 100, (0, 0), kv_bound=KVBound(paged, 37))
     assert plan.max_kv_len(paged) == 37
     paged.last_page_len.fill_(16)
     assert plan.max_kv_len(paged) is None

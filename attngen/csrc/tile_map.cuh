@@ -90,28 +90,25 @@ struct TileMapProblem {
 };
 
 // Which of keys j0 .. j0 + 31 the row at `pos` (query head qh, mask row terms rt) sees: bit c for key j0 + c.
-// A mask whose reads stay in bounds (kMaskTotal) is evaluated for every key, unrolled (its reads, one address
-// per warp, issue ahead of the compares); another only behind the key's own tests.
+// A mask whose reads stay in bounds (kMaskTotal) is evaluated for every key, fully unrolled (its reads, one
+// address per warp, issue ahead of the compares); another only behind the key's own tests, 4 keys at a time
+// (unrolled further, a bit mask's branches spill).
 template <class V>
 __device__ __forceinline__ unsigned visible_keys(bool causal, const typename V::Params& hp, int b, int pos, int j0,
                                                  int kv_len, int qh, int hk, int* rt) {
+  constexpr bool kEager = !V::kHasMask || V::kMaskTotal;
+  constexpr int kUnroll = kEager ? 32 : 4;
   unsigned seen = 0u;
-  if constexpr (!V::kHasMask || V::kMaskTotal) {
-#pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const int j = j0 + c;
-      bool visible = j < kv_len && (!causal || j <= pos);
-      if constexpr (V::kHasMask) visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt) && visible;
-      seen |= visible ? 1u << c : 0u;
-    }
-  } else {
-#pragma unroll 4
-    for (int c = 0; c < 32; ++c) {
-      const int j = j0 + c;
-      bool visible = j < kv_len && (!causal || j <= pos);
+#pragma unroll kUnroll
+  for (int c = 0; c < 32; ++c) {
+    const int j = j0 + c;
+    bool visible = j < kv_len && (!causal || j <= pos);
+    if constexpr (V::kHasMask && kEager) {
+      visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt) && visible;
+    } else if constexpr (V::kHasMask) {
       if (visible) visible = V::mask_from_terms(hp, b, pos, j, qh, hk, rt);
-      seen |= visible ? 1u << c : 0u;
     }
+    seen |= visible ? 1u << c : 0u;
   }
   return seen;
 }

@@ -15,7 +15,6 @@ prefill templates read fp8 caches (the Hopper one on sm_90a, the mma.sync one ev
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,7 +31,7 @@ from .deferred_parts import link_deferred_parts
 from .fp8 import device_kv_scales, scale_args
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
-from .tile_map import TileMap, build_tile_map, mask_needs_map, params_key
+from .tile_map import KVBound, TileMap, build_tile_map, mask_needs_map, params_key
 from .views import PagedKV, RaggedKV, paged_lengths
 from .work_order import order_from_bounds
 
@@ -138,17 +137,13 @@ class PrefillPlan:
     orders: dict = field(default_factory=dict, repr=False, compare=False)
     # the row-hook pass (runtime/hook_pass.py): None the library's choice, True / False as asked
     hook_pass: bool | None = None
-    # where calls may walk a tile map: (the planned KV index arrays' KVLengthsWitness, the batch's longest KV
-    # length), so that a call with the planned arrays sizes its map without reading the device
-    kv_bound: tuple | None = field(default=None, repr=False, compare=False)
+    # where calls may walk a tile map: the planned batch's longest KV length and its index arrays
+    # (runtime/tile_map.py KVBound), so that a call with those arrays sizes its map without reading the device
+    kv_bound: KVBound | None = field(default=None, repr=False, compare=False)
 
     def max_kv_len(self, kv) -> int | None:
-        """The planned batch's longest KV length when ``kv`` has the planned index arrays, unchanged by PyTorch
-        since (KVLengthsWitness), else None. Arrays rewritten behind PyTorch's back (a CUDA graph replay, another
-        library's kernel) need a new plan, as the plan's docstring says of any other batch."""
-        if self.kv_bound is None or self.kv_bound[0] is None or not self.kv_bound[0].holds_for(kv):
-            return None
-        return self.kv_bound[1]
+        """The planned batch's longest KV length for a view with the planned index arrays (KVBound), else None."""
+        return self.kv_bound.max_len(kv) if self.kv_bound is not None else None
 
     def ffi_args(self, tile_map: TileMap | None = None, order=None, hook_workspace=None) -> tuple:
         """What the prefill entry functions take after ``sm_scale`` (csrc/entry_prefill.h)."""
@@ -221,39 +216,6 @@ def _prefill_template(template: str | None, archs) -> PrefillTemplate:
 
 def _tensor_key(t) -> tuple:
     return (id(t), getattr(t, "_version", None))
-
-
-class KVLengthsWitness:
-    """The index arrays a KV view's lengths come from, held weakly with their versions and data pointers: whether
-    another view has the same arrays, unchanged by PyTorch since (an id alone may be a freed tensor's)."""
-
-    def __init__(self, kv):
-        self.page_size = kv.page_size if isinstance(kv, PagedKV) else None
-        arrays = self._arrays(kv)
-        self.refs = tuple(weakref.ref(t) for t in arrays)
-        self.marks = tuple(self._mark(t) for t in arrays)
-
-    @staticmethod
-    def _arrays(kv) -> tuple:
-        return (kv.indptr, kv.last_page_len) if isinstance(kv, PagedKV) else (kv.indptr,)
-
-    @staticmethod
-    def _mark(t) -> tuple:
-        return (getattr(t, "_version", None), t.data_ptr() if hasattr(t, "data_ptr") else None)
-
-    def holds_for(self, kv) -> bool:
-        if (kv.page_size if isinstance(kv, PagedKV) else None) != self.page_size:
-            return False
-        arrays = self._arrays(kv)
-        return len(arrays) == len(self.refs) and all(
-            ref() is t and self._mark(t) == mark for ref, t, mark in zip(self.refs, arrays, self.marks))
-
-
-def _kv_witness(kv) -> KVLengthsWitness | None:
-    try:
-        return KVLengthsWitness(kv)
-    except TypeError:  # arrays that take no weak reference: no bound (the map reads the lengths)
-        return None
 
 
 def _check_aligned(name: str, t) -> None:
@@ -555,7 +517,7 @@ class CUDAAttention(BuiltModule):
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None,
                            lengths=(np.diff(qo), kv_lens) if ordered else None, hook_pass=hook_pass,
-                           kv_bound=(_kv_witness(kv), int(kv_lens.max(initial=0))) if why is None else None)
+                           kv_bound=KVBound.of(kv, int(kv_lens.max(initial=0))) if why is None else None)
 
     def _check_float_positions(self, kv_lens) -> None:
         """This build's prefill passes key positions to the logits hook as floats (exact below the limit

@@ -15,6 +15,7 @@ mask hook (a document mask with causal attention inside each document, a prefix-
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,45 @@ class TileMap:
     def ffi_args(self) -> tuple:
         """What the prefill entries take after ``kernel`` (csrc/entry_prefill.h): indptr, entries, heads."""
         return (self.indptr, self.entries, self.heads)
+
+
+class KVBound:
+    """A batch's longest KV length and the index arrays it comes from (held weakly, with their versions and data
+    pointers): a map built for a view with those arrays, unchanged by PyTorch since, takes its width from here
+    instead of reading the device. An id alone would not do: a freed tensor's may come back for a new one.
+    Arrays rewritten behind PyTorch's back (a CUDA graph replay, another library's kernel) need a new plan."""
+
+    def __init__(self, kv, longest: int):
+        self.longest = longest
+        self.page_size = kv.page_size if isinstance(kv, PagedKV) else None
+        arrays = self._arrays(kv)
+        self.refs = tuple(weakref.ref(t) for t in arrays)
+        self.marks = tuple(self._mark(t) for t in arrays)
+
+    @classmethod
+    def of(cls, kv, longest: int) -> KVBound | None:
+        """The bound, or None where an index array takes no weak reference (the map then reads the lengths)."""
+        try:
+            return cls(kv, longest)
+        except TypeError:
+            return None
+
+    @staticmethod
+    def _arrays(kv) -> tuple:
+        return (kv.indptr, kv.last_page_len) if isinstance(kv, PagedKV) else (kv.indptr,)
+
+    @staticmethod
+    def _mark(t) -> tuple:
+        return (getattr(t, "_version", None), t.data_ptr() if hasattr(t, "data_ptr") else None)
+
+    def max_len(self, kv) -> int | None:
+        """The longest KV length when ``kv`` has the bound's index arrays, unchanged since; else None."""
+        if (kv.page_size if isinstance(kv, PagedKV) else None) != self.page_size:
+            return None
+        arrays = self._arrays(kv)
+        same = len(arrays) == len(self.refs) and all(
+            ref() is t and self._mark(t) == mark for ref, t, mark in zip(self.refs, arrays, self.marks))
+        return self.longest if same else None
 
 
 def kv_lengths(kv):

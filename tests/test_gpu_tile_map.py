@@ -90,7 +90,8 @@ def test_device_lists_match_the_reference(group, heads, link, build_cache, rng):
     room = torch.full((n_lists * k_tiles,), -7, dtype=torch.int32, device=dev)
     classify(qo_indptr, kv_len, out, None, made, room, group, 2, 0, 128, 128, *extras)
     cls = out.cpu().numpy()
-    assert set(np.unique(cls).tolist()) <= {0, 1, 2} and {0, 1, 2} <= set(np.unique(cls).tolist())
+    # the striped mask's map rows hold query heads of both parities, so none of its tiles is full (class 2)
+    assert set(np.unique(cls).tolist()) == ({0, 1} if heads == 2 else {0, 1, 2})
     flat = cls.reshape(n_lists, k_tiles)
     live = flat != 0
     ref_indptr = np.concatenate([[0], np.cumsum(live.sum(1))])

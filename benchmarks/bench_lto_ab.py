@@ -100,9 +100,11 @@ def _to(x, dtype=None):
     return (t.to(getattr(torch, dtype)) if dtype else t).cuda()
 
 
-def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_dtype: str | None = None):
+def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_dtype: str | None = None,
+           large: bool = False):
     """name -> a function running one call of the module on fixed random inputs, returning its outputs.
-    ``kv_dtype``: an fp8 format stores K/V rounded to it, read with fixed k_scale / v_scale."""
+    ``kv_dtype``: an fp8 format stores K/V rounded to it, read with fixed k_scale / v_scale. ``large``: also
+    the shapes of :func:`_large_calls`."""
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
@@ -143,6 +145,58 @@ def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_d
                     + ("_ragged" if kv is ragged else ""))
             calls[name] = (lambda plan=plan, out=out, lse=lse, kv=kv, q=q, params=params:
                            att.prefill(q, kv, qo_indptr, plan=plan, params=params, out=out, lse=lse, **scales))
+    if large:
+        calls.update(_large_calls(att, variant, kernels, head_dim, dtype, rng, kv_dtype, scales))
+    return calls
+
+
+def _large_calls(att, variant, kernels, head_dim: int, dtype: str, rng, kv_dtype: str, scales: dict):
+    """The bandwidth- and compute-bound shapes, where a kernel's speed shows rather than its launch: decode of
+    32 requests of 4096 keys on the tensor-core template (paged, NHD, pages in a random order), prefill of one
+    request of 4096 queries and keys (ragged) on each prefill template the library and device have. Inputs are
+    drawn on the device (seeded), the variant's parameters as random_params draws them for these lengths."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from attngen.runtime import PagedKV, RaggedKV
+    from attngen.testing import random_params
+
+    gen = torch.Generator(device="cuda").manual_seed(int(rng.integers(1 << 31)))
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda").to(getattr(torch, kv_dtype))
+
+    def drawn(qo_lens, kv_lens):
+        shape = SimpleNamespace(q=np.empty((0, 32, head_dim)), qo_lens=qo_lens, kv_lens=kv_lens)
+        return {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, shape).items()}
+
+    calls = {}
+    if "decode" in kernels:
+        batch, pages_per = 32, 4096 // 16
+        pages = randn(batch * pages_per, 2, 16, 8, head_dim)
+        indices = torch.randperm(batch * pages_per, generator=gen, device="cuda").to(torch.int32)
+        indptr = torch.arange(0, batch * pages_per + 1, pages_per, dtype=torch.int32, device="cuda")
+        kv = PagedKV(pages, indptr, indices, torch.full((batch,), 16, dtype=torch.int32, device="cuda"), "NHD")
+        q = torch.randn(batch, 32, head_dim, generator=gen, device="cuda").to(getattr(torch, dtype))
+        params = drawn([1] * batch, [4096] * batch)
+        plan = att.plan_decode(kv, 32, head_dim, tensor_cores=True)
+        out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
+        calls["decode_large_B32_L4k"] = (lambda: att.decode(q, kv, plan=plan, params=params, out=out, lse=lse,
+                                                            **scales))
+    if "prefill" in kernels:
+        n = 4096
+        indptr = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        ragged = RaggedKV(randn(n, 8, head_dim), randn(n, 8, head_dim), indptr)
+        qp = torch.randn(n, 32, head_dim, generator=gen, device="cuda").to(getattr(torch, dtype))
+        params_p = drawn([n], [n])
+        hopper = "sm_90a" in att.manifest["config"]["archs"] and torch.cuda.get_device_capability()[0] == 9
+        for template in ("mma_sync", "hopper") if hopper else ("mma_sync",):
+            plan_p = att.plan_prefill(indptr, ragged, head_dim, template=template)
+            out_p, lse_p = torch.empty_like(qp), torch.empty(qp.shape[:2], device="cuda")
+            calls[f"prefill_large_L4k_{template}"] = (
+                lambda plan_p=plan_p, out_p=out_p, lse_p=lse_p:
+                att.prefill(qp, ragged, indptr, plan=plan_p, params=params_p, out=out_p, lse=lse_p, **scales))
     return calls
 
 
@@ -154,7 +208,8 @@ def _bits(t):
 
 
 def compare_builds(variant, *, kernels=("decode", "prefill"), head_dim: int = 128, dtype: str = "float16",
-                   kv_dtype: str | None = None, arch: str | None = None, cache=None, repeats: int = 30) -> dict:
+                   kv_dtype: str | None = None, arch: str | None = None, cache=None, repeats: int = 30,
+                   large: bool = False) -> dict:
     """Build ``variant`` both ways for this GPU (over a ``kv_dtype`` cache: None for the query dtype), run every
     call of :func:`_calls` on both libraries, and report whether the outputs are bit-identical and each call's
     median milliseconds."""
@@ -173,7 +228,8 @@ def compare_builds(variant, *, kernels=("decode", "prefill"), head_dim: int = 12
         res, secs = _timed_build(variant, _config(link, kernels, head_dim, dtype, arch, kv_dtype), cache)
         report["build_seconds"][link] = round(secs, 2)
         libs[link] = CUDAAttention(variant, res.library, res.manifest)
-    calls = {link: _calls(att, variant, kernels, head_dim, dtype, kv_dtype=kv_dtype) for link, att in libs.items()}
+    calls = {link: _calls(att, variant, kernels, head_dim, dtype, kv_dtype=kv_dtype, large=large)
+             for link, att in libs.items()}
     identical = True
     for name in calls["whole"]:
         outs = {}
@@ -204,6 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-only", action="store_true", help="time the builds only (no GPU needed)")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", default=None, help="also write the JSON report here")
+    ap.add_argument("--large", action="store_true", help="also decode B 32 L 4k and prefill L 4k (kernel speed)")
     args = ap.parse_args(argv)
     kernels = tuple(k for k in args.kernels.split(",") if k)
     if args.compile_only:
@@ -214,7 +271,8 @@ def main(argv=None) -> int:
         from attngen.variants import builtin
 
         report = compare_builds(builtin(args.variant), kernels=kernels, head_dim=args.head_dim, dtype=args.dtype,
-                                kv_dtype=args.kv_dtype, arch=args.arch, repeats=args.repeats)
+                                kv_dtype=args.kv_dtype, arch=args.arch, repeats=args.repeats,
+                                large=args.large)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

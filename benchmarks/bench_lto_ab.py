@@ -102,7 +102,8 @@ def _to(x, dtype=None):
 
 def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_dtype: str | None = None,
            large: bool = False):
-    """name -> a function running one call of the module on fixed random inputs, returning its outputs.
+    """name -> a function that plans and returns a function running one call of the module on fixed random
+    inputs (returning its outputs).
     ``kv_dtype``: an fp8 format stores K/V rounded to it, read with fixed k_scale / v_scale. ``large``: also
     the shapes of :func:`_large_calls`."""
     import torch
@@ -122,10 +123,12 @@ def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_d
         q = _to(prob.q, dtype)
         params = {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, prob).items()}
         for tc in (False, True):
-            plan = att.plan_decode(kv, q.shape[1], head_dim, tensor_cores=tc)
-            out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
-            calls[f"decode_tc={tc}"] = (lambda plan=plan, out=out, lse=lse, kv=kv, q=q, params=params:
-                                        att.decode(q, kv, plan=plan, params=params, out=out, lse=lse, **scales))
+            def make(tc=tc, kv=kv, q=q, params=params):
+                plan = att.plan_decode(kv, q.shape[1], head_dim, tensor_cores=tc)
+                out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
+                return lambda: att.decode(q, kv, plan=plan, params=params, out=out, lse=lse, **scales)
+
+            calls[f"decode_tc={tc}"] = make
     if "prefill" in kernels:
         qo_lens, kv_lens = [1, 17, 300, 1024], [1, 40, 300, 3000]
         prob = random_problem(rng, qo_lens, kv_lens, 32, 8, head_dim, page_size=16)
@@ -139,12 +142,14 @@ def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_d
         runs = [("mma_sync", False, paged), ("mma_sync", True, paged), ("mma_sync", False, ragged)]
         runs += [("hopper", None, paged), ("hopper", None, ragged)] if hopper else []
         for template, wide, kv in runs:
-            plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template)
-            out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
+            def make(template=template, wide=wide, kv=kv, q=q, qo_indptr=qo_indptr, params=params):
+                plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template)
+                out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
+                return lambda: att.prefill(q, kv, qo_indptr, plan=plan, params=params, out=out, lse=lse, **scales)
+
             name = (f"prefill_{template}" + ("" if wide is None else f"_wide={wide}")
                     + ("_ragged" if kv is ragged else ""))
-            calls[name] = (lambda plan=plan, out=out, lse=lse, kv=kv, q=q, params=params:
-                           att.prefill(q, kv, qo_indptr, plan=plan, params=params, out=out, lse=lse, **scales))
+            calls[name] = make
     if large:
         calls.update(_large_calls(att, variant, kernels, head_dim, dtype, rng, kv_dtype, scales))
     return calls
@@ -180,10 +185,12 @@ def _large_calls(att, variant, kernels, head_dim: int, dtype: str, rng, kv_dtype
         kv = PagedKV(pages, indptr, indices, torch.full((batch,), 16, dtype=torch.int32, device="cuda"), "NHD")
         q = torch.randn(batch, 32, head_dim, generator=gen, device="cuda").to(getattr(torch, dtype))
         params = drawn([1] * batch, [4096] * batch)
-        plan = att.plan_decode(kv, 32, head_dim, tensor_cores=True)
-        out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
-        calls["decode_large_B32_L4k"] = (lambda: att.decode(q, kv, plan=plan, params=params, out=out, lse=lse,
-                                                            **scales))
+        def make_decode():
+            plan = att.plan_decode(kv, 32, head_dim, tensor_cores=True)
+            out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
+            return lambda: att.decode(q, kv, plan=plan, params=params, out=out, lse=lse, **scales)
+
+        calls["decode_large_B32_L4k"] = make_decode
     if "prefill" in kernels:
         n = 4096
         indptr = torch.tensor([0, n], dtype=torch.int32, device="cuda")
@@ -192,11 +199,12 @@ def _large_calls(att, variant, kernels, head_dim: int, dtype: str, rng, kv_dtype
         params_p = drawn([n], [n])
         hopper = "sm_90a" in att.manifest["config"]["archs"] and torch.cuda.get_device_capability()[0] == 9
         for template in ("mma_sync", "hopper") if hopper else ("mma_sync",):
-            plan_p = att.plan_prefill(indptr, ragged, head_dim, template=template)
-            out_p, lse_p = torch.empty_like(qp), torch.empty(qp.shape[:2], device="cuda")
-            calls[f"prefill_large_L4k_{template}"] = (
-                lambda plan_p=plan_p, out_p=out_p, lse_p=lse_p:
-                att.prefill(qp, ragged, indptr, plan=plan_p, params=params_p, out=out_p, lse=lse_p, **scales))
+            def make_prefill(template=template):
+                plan = att.plan_prefill(indptr, ragged, head_dim, template=template)
+                out, lse = torch.empty_like(qp), torch.empty(qp.shape[:2], device="cuda")
+                return lambda: att.prefill(qp, ragged, indptr, plan=plan, params=params_p, out=out, lse=lse, **scales)
+
+            calls[f"prefill_large_L4k_{template}"] = make_prefill
     return calls
 
 
@@ -232,9 +240,11 @@ def compare_builds(variant, *, kernels=("decode", "prefill"), head_dim: int = 12
              for link, att in libs.items()}
     identical = True
     for name in calls["whole"]:
+        # planned just before its calls: a later plan of the same shape would take over the plan's workspace
+        run = {link: calls[link][name]() for link in ("whole", "lto")}
         outs = {}
         for link in ("whole", "lto"):
-            o, lse = calls[link][name]()
+            o, lse = run[link]()
             torch.cuda.synchronize()
             outs[link] = (o.clone(), lse.clone())
         same = all(torch.equal(_bits(a), _bits(b)) for a, b in zip(outs["whole"], outs["lto"]))
@@ -242,7 +252,7 @@ def compare_builds(variant, *, kernels=("decode", "prefill"), head_dim: int = 12
         identical &= same
         row = {"bit_identical": same, "max_abs_diff": diff}
         for link in ("whole", "lto"):
-            row[f"{link}_ms"] = round(bench(calls[link][name], reps=repeats), 4)
+            row[f"{link}_ms"] = round(bench(run[link], reps=repeats), 4)
         row["lto_over_whole"] = round(row["lto_ms"] / row["whole_ms"], 3)
         report["calls"][name] = row
     report["identical"] = identical

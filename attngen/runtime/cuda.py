@@ -15,8 +15,6 @@ prefill templates read fp8 caches (the Hopper one on sm_90a, the mma.sync one ev
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from attngen.build import build as build_library
@@ -32,8 +30,8 @@ from .fp8 import device_kv_scales, scale_args
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
 from .tile_map import KVBound, TileMap, build_tile_map, mask_needs_map, params_key
+from .cuda_plans import MAX_GRID_BATCH, DecodeLaunch, DecodePlan, PrefillPlan
 from .views import PagedKV, RaggedKV, paged_lengths
-from .work_order import order_from_bounds
 
 
 def is_cuda(t) -> bool:
@@ -62,114 +60,6 @@ def current_arch() -> str:
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
 
-@dataclass(frozen=True)
-class DecodeLaunch:
-    """How one decode call splits its keys: the arguments the decode entry function takes after
-    ``sm_scale``, in its order (csrc/entry_decode.h, ``DecodeSplitArgs``)."""
-
-    part_o: object  # [B, C, Hq, D] float32 partial outputs (plan mode: [slots, Hq, D]); unused for one chunk
-    part_lse: object  # [B, C, Hq] float32 (plan mode: [slots, Hq])
-    num_chunks: int = 1  # even split: chunks per request (ignored with a plan)
-    backend: DecodeBackend = DecodeBackend.AUTO
-    device_plan: object = None  # plan mode: the split-KV plan's int32 buffer on the device (decode_plan.py)
-    plan_ctas: int = 0  # plan mode: CTAs per KV head
-    plan_merges: int = 0  # plan mode: merge blocks launched (the split requests, or the bound if graph-safe)
-
-    def ffi_args(self) -> tuple:
-        return (self.part_o, self.part_lse, self.num_chunks, self.backend, self.device_plan, self.plan_ctas,
-                self.plan_merges)
-
-
-@dataclass
-class DecodePlan:
-    batch_size: int
-    num_qo_heads: int
-    num_kv_heads: int
-    head_dim: int
-    launch: DecodeLaunch
-    work: object = None  # plan mode: the DecodeWorkspace holding the device work list
-    generation: int = 0  # plan mode: which fill of the workspace this plan is
-    split: object = None  # plan mode: the host SplitKVPlan (for inspection)
-    fused_merge: bool = False  # plan mode: the decode kernel merges the split requests (no merge kernel)
-
-    @property
-    def num_chunks(self) -> int:
-        return self.launch.num_chunks
-
-    @property
-    def backend(self) -> DecodeBackend:
-        return self.launch.backend
-
-    @property
-    def part_o(self):
-        return self.launch.part_o
-
-    @property
-    def part_lse(self):
-        return self.launch.part_lse
-
-    @property
-    def num_merges(self) -> int:
-        return self.launch.plan_merges
-
-
-MAX_GRID_BATCH = 65535  # the request index is a grid dimension
-
-
-@dataclass
-class PrefillPlan:
-    batch_size: int
-    total_q: int
-    max_qo_len: int  # sizes the grid: query tiles per request
-    qo_indptr_key: tuple  # which qo_indptr (object and version) the plan was made from
-    # AUTO: the library's choice; ROWS_128: the wide tile for long requests (D <= 128); ROWS_64: the 64-row tiles
-    tile_rows: PrefillTileRows = PrefillTileRows.AUTO
-    # AUTO: the library's choice (csrc/prefill_dispatch.h); MMA_SYNC / HOPPER force a template
-    kernel: PrefillTemplate = PrefillTemplate.AUTO
-    # whether calls walk a tile map derived from the mask (runtime/tile_map.py), decided when planning
-    tile_map: bool = False
-    # the maps derived so far, by the mask's tensor parameters they were made from (made on first use)
-    maps: dict = field(default_factory=dict, repr=False, compare=False)
-    # the batch's [B] query rows and keys per request (host), where calls deal the Hopper template's work
-    # longest first (runtime/work_order.py); None: request by request
-    lengths: tuple | None = field(default=None, repr=False, compare=False)
-    # the work orders made so far, by (GQA group, head_dim, device) (made on first use)
-    orders: dict = field(default_factory=dict, repr=False, compare=False)
-    # the row-hook pass (runtime/hook_pass.py): None the library's choice, True / False as asked
-    hook_pass: bool | None = None
-    # where calls may walk a tile map: the planned batch's longest KV length and its index arrays
-    # (runtime/tile_map.py KVBound), so that a call with those arrays sizes its map without reading the device
-    kv_bound: KVBound | None = field(default=None, repr=False, compare=False)
-
-    def max_kv_len(self, kv) -> int | None:
-        """The planned batch's longest KV length for a view with the planned index arrays (KVBound), else None."""
-        return self.kv_bound.max_len(kv) if self.kv_bound is not None else None
-
-    def ffi_args(self, tile_map: TileMap | None = None, order=None, hook_workspace=None) -> tuple:
-        """What the prefill entry functions take after ``sm_scale`` (csrc/entry_prefill.h)."""
-        tiles = tile_map.ffi_args() if tile_map is not None else (None, None, 0)
-        return (self.max_qo_len, self.tile_rows, self.kernel, *tiles, order, hook_workspace)
-
-    def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None):
-        """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
-        bounds, made on the first call of each GQA group, head dim and device), or None."""
-        if self.lengths is None:  # not asked for, or no Hopper template in the library or on the plan's GPU
-            return None
-        if tile_map is not None:
-            return tile_map.order
-        key = (group, head_dim, str(device))
-        if key not in self.orders:
-            if _capturing(device):  # no host-to-device copy inside a CUDA graph capture: the kernel's own order
-                return None
-            from attngen.schedules.template_prefill_hopper import HopperConfig
-
-            tile = HopperConfig(head_dim)
-            self.orders[key] = order_from_bounds(variant, *self.lengths, group=group,
-                                                   q_tiles=-(-self.max_qo_len * group // tile.rows),
-                                                   rows=tile.rows, keys=tile.keys, device=device)
-        return self.orders[key]
-
-
 def _may_run_hopper(device) -> bool:
     """Whether a plan for ``device`` (its qo_indptr's) may run the Hopper template (a GPU of compute capability
     9.0; host tensors stand for any device in the planning tests): elsewhere a multi-arch library runs
@@ -178,17 +68,6 @@ def _may_run_hopper(device) -> bool:
 
     device = torch.device(device)
     return device.type != "cuda" or torch.cuda.get_device_capability(device) == (9, 0)
-
-
-def _capturing(device) -> bool:
-    """Whether the current stream of ``device`` (a CUDA device) is capturing a CUDA graph."""
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        return False
-    with torch.cuda.device(device):
-        return torch.cuda.is_current_stream_capturing()
 
 
 def _kv_lengths(kv) -> np.ndarray:

@@ -117,6 +117,9 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, device_lists, rng)
     tm = build_tile_map(classify, docs, qo_indptr, kv, max_qo_len=max(qo_lens), group=group, num_kv_heads=2,
                         rows=rows, keys=keys, extras=(), params=params, device_lists=device_lists)
     assert tm.heads == 1 and (tm.rows, tm.keys) == (rows, keys)
+    # the host's wall time by step adds up to the whole
+    assert [name for name, _ in tm.build_host_steps] == ["setup", "classifier call", "lists and order"]
+    assert sum(ms for _, ms in tm.build_host_steps) == pytest.approx(tm.build_host_ms, rel=1e-6)
     head = tm.entries[:tm.entries.numel() - tm.row_keys.numel()]  # the lists: the head of entries
     back = decode_lists(tm.indptr.numpy(), head.numpy(), ref.shape)
     np.testing.assert_array_equal(back, ref)

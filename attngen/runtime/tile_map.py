@@ -57,6 +57,8 @@ class TileMap:
     params_key: tuple  # the mask's tensor parameters the map was made from
     class_counts: Any = None  # [3] int64 (device): tiles by class (empty, partial, full), read by `counts`
     build_host_ms: float = 0.0  # host wall time of the derivation's calls (without a final synchronisation)
+    # that wall time by step, ((step, ms), ...): sizes and allocation, the classifier's call, the lists and order
+    build_host_steps: tuple = ()
     order: Any = None  # [batch * q_tiles] int32 (device): the pairs by their tiles, longest first (work_order.py)
     build_events: Any = None  # CUDA events around the derivation (None for host tensors)
     row_keys: Any = None  # [lists, rows, 2] int32, a view of entries' end: each map row's visible keys [lo, hi]
@@ -147,6 +149,7 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     import torch
 
     start = time.perf_counter()
+    marks = [start]
     events = None
     if qo_indptr.is_cuda:
         events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -172,9 +175,11 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     row_keys = entries[room:].view(lists, rows, 2)
     row_keys.view(torch.int64).fill_(ROW_SEES_NONE)  # (a map without keys: every row sees none)
     made = buf[:lists + 1 + pairs + 3] if device_lists else None
+    marks.append(time.perf_counter())
     if cls.numel():
         classify(qo_indptr, kv_len, cls, row_keys, made, entries[:room] if device_lists else None, group,
                  num_kv_heads, 0, rows, keys, *extras)
+    marks.append(time.perf_counter())
     if device_lists:  # (a map without tiles launched nothing: its zeros stand)
         indptr, tiles, class_counts = made[:lists + 1], made[lists + 1:lists + 1 + pairs], made[lists + 1 + pairs:]
         order = order_from_pair_tiles(tiles)
@@ -189,8 +194,11 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
         order = order_from_map(indptr, batch=batch, heads=heads, q_tiles=q_tiles)
     if events is not None:
         events[1].record()
+    marks.append(time.perf_counter())
+    steps = tuple((name, (b - a) * 1e3) for name, a, b in zip(("setup", "classifier call", "lists and order"),
+                                                             marks, marks[1:]))
     return TileMap(indptr, entries, heads, rows, keys, params_key(variant, params), class_counts,
-                   (time.perf_counter() - start) * 1e3, order, events, row_keys)
+                   (marks[-1] - start) * 1e3, steps, order, events, row_keys)
 
 
 # a row key interval (lo, hi) = (0, -1), "no key", as one little-endian int64 (lo in the low word)

@@ -100,6 +100,21 @@ def _to(x, dtype=None):
     return (t.to(getattr(torch, dtype)) if dtype else t).cuda()
 
 
+def _device_params(variant, rng, problem) -> dict:
+    """random_params' values for ``problem`` (a Problem, or anything with its q, qo_lens and kv_lens), arrays on
+    the device."""
+    from attngen.testing import random_params
+
+    return {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, problem).items()}
+
+
+def _runs_hopper(att) -> bool:
+    """Whether the library has sm_90a and this device is of compute capability 9.0 (the Hopper template runs)."""
+    import torch
+
+    return "sm_90a" in att.manifest["config"]["archs"] and torch.cuda.get_device_capability()[0] == 9
+
+
 def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_dtype: str | None = None,
            large: bool = False):
     """name -> a function that plans and returns a function running one call of the module on fixed random
@@ -109,7 +124,7 @@ def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_d
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
-    from attngen.testing import random_params, random_problem
+    from attngen.testing import random_problem
 
     rng = np.random.default_rng(seed)
     kv_dtype = kv_dtype or dtype
@@ -121,7 +136,7 @@ def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_d
         kv = PagedKV(_to(prob.paged.pages, kv_dtype), _to(prob.paged.indptr), _to(prob.paged.indices),
                      _to(prob.paged.last_page_len), "NHD")
         q = _to(prob.q, dtype)
-        params = {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, prob).items()}
+        params = _device_params(variant, rng, prob)
         for tc in (False, True):
             def make(tc=tc, kv=kv, q=q, params=params):
                 plan = att.plan_decode(kv, q.shape[1], head_dim, tensor_cores=tc)
@@ -136,9 +151,9 @@ def _calls(att, variant, kernels, head_dim: int, dtype: str, seed: int = 0, kv_d
                         _to(prob.paged.last_page_len), "NHD")
         ragged = RaggedKV(_to(prob.ragged.k, kv_dtype), _to(prob.ragged.v, kv_dtype), _to(prob.ragged.indptr))
         q, qo_indptr = _to(prob.q, dtype), _to(prob.qo_indptr)
-        params = {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, prob).items()}
+        params = _device_params(variant, rng, prob)
         # both templates (the Hopper one where the library has sm_90a and the device is of compute capability 9.0)
-        hopper = "sm_90a" in att.manifest["config"]["archs"] and torch.cuda.get_device_capability()[0] == 9
+        hopper = _runs_hopper(att)
         runs = [("mma_sync", False, paged), ("mma_sync", True, paged), ("mma_sync", False, ragged)]
         runs += [("hopper", None, paged), ("hopper", None, ragged)] if hopper else []
         for template, wide, kv in runs:
@@ -165,7 +180,6 @@ def _large_calls(att, variant, kernels, head_dim: int, dtype: str, rng, kv_dtype
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
-    from attngen.testing import random_params
 
     gen = torch.Generator(device="cuda").manual_seed(int(rng.integers(1 << 31)))
 
@@ -173,8 +187,8 @@ def _large_calls(att, variant, kernels, head_dim: int, dtype: str, rng, kv_dtype
         return torch.randn(*shape, generator=gen, device="cuda").to(getattr(torch, kv_dtype))
 
     def drawn(qo_lens, kv_lens):
-        shape = SimpleNamespace(q=np.empty((0, 32, head_dim)), qo_lens=qo_lens, kv_lens=kv_lens)
-        return {k: (_to(v) if isinstance(v, np.ndarray) else v) for k, v in random_params(variant, rng, shape).items()}
+        return _device_params(variant, rng, SimpleNamespace(q=np.empty((0, 32, head_dim)), qo_lens=qo_lens,
+                                                            kv_lens=kv_lens))
 
     calls = {}
     if "decode" in kernels:
@@ -185,6 +199,7 @@ def _large_calls(att, variant, kernels, head_dim: int, dtype: str, rng, kv_dtype
         kv = PagedKV(pages, indptr, indices, torch.full((batch,), 16, dtype=torch.int32, device="cuda"), "NHD")
         q = torch.randn(batch, 32, head_dim, generator=gen, device="cuda").to(getattr(torch, dtype))
         params = drawn([1] * batch, [4096] * batch)
+
         def make_decode():
             plan = att.plan_decode(kv, 32, head_dim, tensor_cores=True)
             out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
@@ -197,7 +212,7 @@ def _large_calls(att, variant, kernels, head_dim: int, dtype: str, rng, kv_dtype
         ragged = RaggedKV(randn(n, 8, head_dim), randn(n, 8, head_dim), indptr)
         qp = torch.randn(n, 32, head_dim, generator=gen, device="cuda").to(getattr(torch, dtype))
         params_p = drawn([n], [n])
-        hopper = "sm_90a" in att.manifest["config"]["archs"] and torch.cuda.get_device_capability()[0] == 9
+        hopper = _runs_hopper(att)
         for template in ("mma_sync", "hopper") if hopper else ("mma_sync",):
             def make_prefill(template=template):
                 plan = att.plan_prefill(indptr, ragged, head_dim, template=template)

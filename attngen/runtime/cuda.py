@@ -15,6 +15,7 @@ prefill templates read fp8 caches (the Hopper one on sm_90a, the mma.sync one ev
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from attngen.build import build as build_library
@@ -25,12 +26,12 @@ from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillT
 from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads,
                      check_ragged, check_tensor, dtype_name)
 from . import hook_pass as hook_pass_module
+from .cuda_plans import MAX_GRID_BATCH, DecodeLaunch, DecodePlan, PrefillPlan
 from .deferred_parts import link_deferred_parts
 from .fp8 import device_kv_scales, scale_args
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
 from .tile_map import KVBound, TileMap, build_tile_map, mask_needs_map, params_key
-from .cuda_plans import MAX_GRID_BATCH, DecodeLaunch, DecodePlan, PrefillPlan
 from .views import PagedKV, RaggedKV, paged_lengths
 
 

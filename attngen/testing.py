@@ -83,17 +83,23 @@ def random_params(variant, rng, problem: Problem) -> dict:
 
 def same_dtype_error(problem: Problem, dtype: str, sm_scale: float) -> float:
     """Max error of plain softmax attention computed by PyTorch in ``dtype`` vs float64, on this batch."""
+    return same_dtype_error_of(problem.q, problem.qo_indptr, problem.keys, problem.values, dtype, sm_scale)
+
+
+def same_dtype_error_of(q, qo_indptr, keys, values, dtype: str, sm_scale: float) -> float:
+    """``same_dtype_error`` of a batch given as arrays: q [total_q, Hq, D], qo_indptr [B+1], keys / values per
+    request [kv_len, Hkv, D] (the values a kernel computes with: dequantised for an fp8 cache)."""
     import torch
 
     worst = 0.0
-    for b, (keys, vals) in enumerate(zip(problem.keys, problem.values)):
-        q0, q1 = problem.qo_indptr[b], problem.qo_indptr[b + 1]
-        if q1 == q0 or len(keys) == 0:
+    for b, (k, v) in enumerate(zip(keys, values)):
+        q0, q1 = qo_indptr[b], qo_indptr[b + 1]
+        if q1 == q0 or len(k) == 0:
             continue
-        group = problem.q.shape[1] // keys.shape[1]
-        qs = torch.from_numpy(problem.q[q0:q1].astype(np.float64)).transpose(0, 1)
-        ks = torch.from_numpy(np.repeat(keys, group, 1).astype(np.float64)).transpose(0, 1)
-        vs = torch.from_numpy(np.repeat(vals, group, 1).astype(np.float64)).transpose(0, 1)
+        group = q.shape[1] // k.shape[1]
+        qs = torch.from_numpy(np.asarray(q[q0:q1], dtype=np.float64)).transpose(0, 1)
+        ks = torch.from_numpy(np.repeat(np.asarray(k, dtype=np.float64), group, 1)).transpose(0, 1)
+        vs = torch.from_numpy(np.repeat(np.asarray(v, dtype=np.float64), group, 1)).transpose(0, 1)
         exact = torch.softmax(qs @ ks.transpose(1, 2) * sm_scale, -1) @ vs
         t = getattr(torch, dtype)
         low = (torch.softmax((qs.to(t) @ ks.to(t).transpose(1, 2)).float() * sm_scale, -1).to(t) @ vs.to(t))
@@ -113,6 +119,20 @@ def tolerance(problem: Problem, ref_out: np.ndarray, dtype: str, sm_scale: float
     """k x (error of the same computation in ``dtype``) + floor; the same-dtype error is the larger of
     PyTorch's softmax attention in ``dtype`` on this batch and the rounding of the answer itself."""
     return k * max(same_dtype_error(problem, dtype, sm_scale), rounding_error(ref_out, dtype)) + FLOORS[dtype]
+
+
+def fp8_tolerance(q, qo_indptr, keys, values, k_scale, v_scale, ref_out, dtype: str, sm_scale: float,
+                  k: float = 8.0) -> float:
+    """``tolerance`` of a batch over an fp8 cache: q [total_q, Hq, D] (the query as the kernel gets it),
+    qo_indptr [B+1], keys / values per request [kv_len, Hkv, D] as stored (fp8 values), k_scale / v_scale
+    a float or [Hkv] per-head scales: the same-dtype error is PyTorch's on the dequantised values."""
+    def dequant(rows, scale):
+        return [np.asarray(r, dtype=np.float64) * np.asarray(scale, dtype=np.float64).reshape(-1, 1)
+                for r in rows]
+
+    err = same_dtype_error_of(np.asarray(q, dtype=np.float64), qo_indptr, dequant(keys, k_scale),
+                              dequant(values, v_scale), dtype, sm_scale)
+    return k * max(err, rounding_error(ref_out, dtype)) + FLOORS[dtype]
 
 
 FLOORS = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}

@@ -183,7 +183,7 @@ def test_cuda_attention_decodes_fp8_caches(name, build_cache, rng):
 
     from attngen.runtime import CUDAAttention, PagedKV, reference_attention
     from attngen.runtime.reference import gather_pages
-    from attngen.testing import check_decode_plans
+    from attngen.testing import check_decode_plans, fp8_tolerance
 
     variant = builtin(name)
     att = CUDAAttention.build(variant, head_dims=(HEAD_DIM,), dtypes=Q_DTYPES, kv_dtypes=KV_DTYPES,
@@ -211,10 +211,12 @@ def test_cuda_attention_decodes_fp8_caches(name, build_cache, rng):
                          torch.from_numpy(indptr).to(dev), torch.from_numpy(ids).to(dev),
                          torch.from_numpy(last).to(dev), layout)
             scales = dict(k_scale=torch.from_numpy(k_scale).to(dev), v_scale=torch.from_numpy(v_scale).to(dev))
-            # tolerances of test_fp8_cuda_decode.py; the empty request must give O = 0, lse = -inf
+            # k x PyTorch's error in the query dtype on the dequantised values + floor; the empty request must
+            # give O = 0, lse = -inf
             plans = ({}, {"tensor_cores": False}, {"num_chunks": 3, "tensor_cores": True})
-            check_decode_plans(att, q, kv, HEAD_DIM, plans, ref_o, ref_l,
-                               tol=(2e-3 if q_dtype == "float16" else 1.6e-2) * max(1.0, float(np.abs(ref_o).max())),
+            tol = fp8_tolerance(q.float().cpu().numpy(), np.arange(batch + 1), keys, values, k_scale, v_scale,
+                                ref_o, q_dtype, HEAD_DIM ** -0.5)
+            check_decode_plans(att, q, kv, HEAD_DIM, plans, ref_o, ref_l, tol=tol,
                                lse_eps=float(torch.finfo(getattr(torch, q_dtype)).eps),
                                what=f"{name} {q_dtype} {kv_dtype} {layout}", params=params, **scales)
 

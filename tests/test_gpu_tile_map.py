@@ -86,7 +86,7 @@ def test_device_lists_match_the_reference(group, heads, link, build_cache, rng):
     classify = att.function("prefill_tile_map", "bfloat16", 128)
     extras = () if heads == 2 else (torch.from_numpy(ids).to(dev),)
     out = torch.full((batch, heads, q_tiles, k_tiles), 7, dtype=torch.uint8, device=dev)
-    made = torch.full((n_lists + 1 + pairs + 3,), -7, dtype=torch.int32, device=dev)
+    made = torch.full((n_lists + 1 + pairs + 3 + pairs,), -7, dtype=torch.int32, device=dev)
     room = torch.full((n_lists * k_tiles,), -7, dtype=torch.int32, device=dev)
     classify(qo_indptr, kv_len, out, None, made, room, group, 2, 0, 128, 128, *extras)
     cls = out.cpu().numpy()
@@ -101,7 +101,37 @@ def test_device_lists_match_the_reference(group, heads, link, build_cache, rng):
     np.testing.assert_array_equal(room.cpu().numpy()[:ref_indptr[-1]], ref_entries)
     ref_tiles = live.sum(1).reshape(batch, heads, q_tiles).sum(1).reshape(-1)
     np.testing.assert_array_equal(got[n_lists + 1:n_lists + 1 + pairs], ref_tiles)
-    np.testing.assert_array_equal(got[-3:], [(flat == c).sum() for c in range(3)])
+    np.testing.assert_array_equal(got[n_lists + 1 + pairs:n_lists + 4 + pairs], [(flat == c).sum() for c in range(3)])
+    # the work order (the lists kernel's counting sort): the pairs by listed tiles, most first, ties in pair order
+    np.testing.assert_array_equal(got[n_lists + 4 + pairs:], np.argsort(-ref_tiles, kind="stable"))
+
+
+def test_a_map_of_more_key_tiles_than_the_order_counts_is_sorted_by_the_plan(build_cache, rng):
+    """A pair may list more key tiles than the lists kernel's counting sort has counts for (ORDER_BINS): the
+    kernel writes the identity and build_tile_map sorts the pairs' tiles itself -- the same order either way."""
+    import torch
+
+    from attngen.runtime import RaggedKV
+    from attngen.runtime.tile_map import ORDER_BINS, build_tile_map
+
+    module, att = example("document_mask", build_cache)
+    qo_lens, kv_lens = [300, 200], [ORDER_BINS * 128 + 1000, 900]  # the first: more than ORDER_BINS key tiles
+    ids = np.zeros((2, max(kv_lens)), np.int32)
+    for b, n in enumerate(kv_lens):
+        for cut in np.sort(rng.integers(n - 600, n, size=4)):
+            ids[b, cut:] += 1
+    dev = torch.device("cuda")
+    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device=dev)
+    kv_indptr = torch.tensor(np.concatenate([[0], np.cumsum(kv_lens)]), dtype=torch.int32, device=dev)
+    kv = RaggedKV(torch.zeros(sum(kv_lens), 2, 8, device=dev), torch.zeros(sum(kv_lens), 2, 8, device=dev),
+                  kv_indptr)
+    ids_dev = torch.from_numpy(ids).to(dev)
+    tm = build_tile_map(att.function("prefill_tile_map", "bfloat16", 128), module["variant"], qo_indptr, kv,
+                        max_qo_len=max(qo_lens), group=4, num_kv_heads=2, rows=128, keys=128, extras=(ids_dev,),
+                        params={"doc_ids": ids_dev}, device_lists=True)
+    tiles = torch.diff(tm.indptr).view(2, tm.heads, -1).sum(1).reshape(-1).cpu().numpy()
+    assert tiles.max() > 0 and len(set(tiles.tolist())) > 1
+    np.testing.assert_array_equal(tm.order.cpu().numpy(), np.argsort(-tiles, kind="stable"))
 
 
 @pytest.mark.parametrize("qo_len,kv_len,group", [(700, 700, 1), (300, 900, 4), (130, 1000, 3)])

@@ -22,7 +22,8 @@
 //   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, row_keys (optional: [B * heads *
 //   q_tiles, rows, 2] int32, each map row's key interval), lists and room (optional, together: the lists made
 //   from the map on the device, tile_map.cuh tile_lists_kernel; lists [B * heads * q_tiles + 1 + B * q_tiles
-//   + 3] int32: indptr, each request's query tiles' listed tiles, the counts by class; room: the entries),
+//   + 3 + B * q_tiles] int32: indptr, each request's query tiles' listed tiles, the counts by class, the work
+//   order; room: the entries),
 //   group, num_kv_heads, causal, rows, keys (the template's tile), then the variant's extra parameters.
 #pragma once
 #include <array>
@@ -316,16 +317,17 @@ struct TileMapEntry<V, D, Name, ArgList<X...>> {
       check_args(Name, {{"lists", *lists, 1, dl_dtype<int32_t>()}, {"room", *room, 1, dl_dtype<int32_t>()}},
                  qo_indptr.device().device_id);
       const int64_t n_lists = int64_t(M.batch) * M.heads * M.q_tiles;
-      if ((*lists).size(0) != n_lists + 1 + int64_t(M.batch) * M.q_tiles + 3)
-        ATTNGEN_THROW(ValueError) << Name << ": lists must hold " << n_lists + 1 + int64_t(M.batch) * M.q_tiles + 3
+      const int64_t pairs = int64_t(M.batch) * M.q_tiles;
+      if ((*lists).size(0) != n_lists + 1 + pairs + 3 + pairs)
+        ATTNGEN_THROW(ValueError) << Name << ": lists must hold " << n_lists + 1 + pairs + 3 + pairs
                                   << " int32 (indptr of batch x map heads x query tiles lists, each request's "
-                                  << "query tiles' listed tiles, 3 class counts)";
+                                  << "query tiles' listed tiles, 3 class counts, the work order)";
       if ((*room).size(0) < n_lists * M.k_tiles)
         ATTNGEN_THROW(ValueError) << Name << ": room must hold at least " << n_lists * M.k_tiles
                                   << " int32 (a slot per map tile)";
       auto* l = static_cast<int32_t*>(data_of(*lists));
-      M.lists = TileListsOut{l, l + n_lists + 1, l + n_lists + 1 + int64_t(M.batch) * M.q_tiles,
-                             static_cast<int32_t*>(data_of(*room))};
+      M.lists = TileListsOut{l, l + n_lists + 1, l + n_lists + 1 + pairs, static_cast<int32_t*>(data_of(*room)),
+                             l + n_lists + 1 + pairs + 3};
     }
     if (kv_len.size(0) != M.batch || map.size(0) != M.batch)
       ATTNGEN_THROW(ValueError) << Name << ": kv_len and map need one entry per request (" << M.batch << ")";

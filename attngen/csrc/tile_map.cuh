@@ -76,7 +76,14 @@ struct TileListsOut {
   int32_t* pair_tiles;  // [B * q_tiles] each (request, query tile)'s listed key tiles over its head rows
   int32_t* counts;      // [3] tiles by class: empty, partial, full
   int32_t* entries;     // the lists' room (at least lists * k_tiles): key tile * 2 + 1 if full, list after list
+  int32_t* order;       // [B * q_tiles] the pairs by listed tiles, most first, ties in pair order (the Hopper
+                        // template's work order, work_order.py); the identity where a pair's listed tiles may
+                        // reach kOrderBins (the plan then sorts pair_tiles itself)
 };
+
+// The work order's counting sort keeps a count per value of a pair's listed tiles (0 .. heads * k_tiles) in
+// shared memory: maps of more key tiles (over their head rows) get the identity (runtime/tile_map.py ORDER_BINS).
+constexpr int kOrderBins = 4096;
 
 // What the classifier needs of a prefill problem and of the template's tiling.
 struct TileMapProblem {
@@ -240,12 +247,15 @@ __device__ __forceinline__ int lanes_total(int x) {
 // The map's lists, made by one CTA after the classifier (one launch instead of the plan's dozen tensor calls):
 // each warp counts its lists' non-empty and full tiles, the CTA scans the counts into indptr (a chunk of
 // blockDim lists at a time), each warp writes its lists' entries in key order (ballot ranks), then every
-// (request, query tile) gets its listed tiles over its head rows (the plan's work order sorts by them) and the
-// map its counts by class. Reads the map twice: about 2 x 0.26 MB for 64 documents packed in 32k.
+// (request, query tile) gets its listed tiles over its head rows and the map its counts by class; last, the work
+// order: the pairs sorted by listed tiles (a counting sort: counts per value, their suffix sums, then one warp
+// places the pairs in pair order, lanes of one value ranked by a match mask). Reads the map twice: about
+// 2 x 0.26 MB for 64 documents packed in 32k.
 template <class V, int D = V::kHeadDim>
 __global__ void __launch_bounds__(1024) tile_lists_kernel(TileMapProblem M) {
   __shared__ int warp_total[32];
   __shared__ int listed_total, full_total;
+  __shared__ int bins[kOrderBins];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int64_t lists = int64_t(M.batch) * M.heads * M.q_tiles;
   const TileListsOut& out = M.lists;
@@ -316,6 +326,45 @@ __global__ void __launch_bounds__(1024) tile_lists_kernel(TileMapProblem M) {
     out.counts[0] = int(lists * M.k_tiles) - listed_total;
     out.counts[1] = listed_total - full_total;
     out.counts[2] = full_total;
+  }
+  const int pairs = M.batch * M.q_tiles, values = M.heads * M.k_tiles + 1;
+  if (values > kOrderBins) {
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) out.order[p] = p;
+    return;
+  }
+  for (int v = threadIdx.x; v < values; v += blockDim.x) bins[v] = 0;
+  __syncthreads();  // (and pair_tiles, written above by the block's threads, is visible to them all)
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&bins[out.pair_tiles[p]], 1);
+  __syncthreads();
+  if (warp != 0) return;
+  // bins[v] := the pairs of more tiles than v (an exclusive scan from the top value down)
+  int above = 0;
+  for (int base = 0; base < values; base += 32) {
+    const int v = values - 1 - (base + lane);
+    const int n = v >= 0 ? bins[v] : 0;
+    int x = n;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, off);
+      if (lane >= off) x += y;
+    }
+    if (v >= 0) bins[v] = above + x - n;
+    above += __shfl_sync(0xffffffffu, x, 31);
+  }
+  __syncwarp();
+  for (int base = 0; base < pairs; base += 32) {
+    const int p = base + lane;
+    const bool live = p < pairs;
+    const int t = live ? out.pair_tiles[p] : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, t);
+    const int before = __popc(peers & ((1u << lane) - 1u));  // lanes of this value before this one
+    const int at = live ? bins[t] : 0;
+    __syncwarp();
+    if (live) {
+      out.order[at + before] = p;
+      if (before == 0) bins[t] = at + __popc(peers);  // the value's first lane moves its cursor
+    }
+    __syncwarp();
   }
 }
 

@@ -143,7 +143,7 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     ``max_kv_len``: the batch's longest KV length where the caller knows it (the plan's host copies); else
     it is read from the device (a synchronisation). ``device_lists``: the classifier's call also makes the
     lists, counts and the pairs' tiles (csrc/tile_map.cuh tile_lists_kernel: one launch instead of the tensor
-    calls of compact_lists and the counts)."""
+    calls of compact_lists and the counts, and the work order where it fits ORDER_BINS)."""
     import time
 
     import torch
@@ -165,24 +165,29 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     pairs = batch * q_tiles
     dev = qo_indptr.device
     cls = torch.empty((batch, heads, q_tiles, k_tiles), dtype=torch.uint8, device=dev)  # (the classifier fills it)
-    # one zero-filled tensor: the device lists' outputs (indptr, the pairs' tiles, the counts by class; padded to
-    # 32 entries), then entries: the lists' room, then the map rows' key intervals, which the prefill kernels
-    # find at entries' end and read as int2 (they start on 128 bytes) and the classifier writes in place
-    head = (lists + 1 + pairs + 3 + 31) // 32 * 32 if device_lists else 0
+    # one zero-filled tensor: the device lists' outputs (indptr, the pairs' tiles, the counts by class, the work
+    # order; padded to 32 entries), then entries: the lists' room, then the map rows' key intervals, which the
+    # prefill kernels find at entries' end and read as int2 (they start on 128 bytes) and the classifier writes
+    made_size = lists + 1 + pairs + 3 + pairs
+    head = (made_size + 31) // 32 * 32 if device_lists else 0
     room = list_room(lists * k_tiles)
     buf = torch.zeros(head + room + lists * rows * 2, dtype=torch.int32, device=dev)  # (slots no list fills: 0)
     entries = buf[head:]
     row_keys = entries[room:].view(lists, rows, 2)
-    row_keys.view(torch.int64).fill_(ROW_SEES_NONE)  # (a map without keys: every row sees none)
-    made = buf[:lists + 1 + pairs + 3] if device_lists else None
+    if not cls.numel():  # (the classifier writes every row's interval; without a launch every row sees none)
+        row_keys.view(torch.int64).fill_(ROW_SEES_NONE)
+    made = buf[:made_size] if device_lists else None
     marks.append(time.perf_counter())
     if cls.numel():
         classify(qo_indptr, kv_len, cls, row_keys, made, entries[:room] if device_lists else None, group,
                  num_kv_heads, 0, rows, keys, *extras)
     marks.append(time.perf_counter())
     if device_lists:  # (a map without tiles launched nothing: its zeros stand)
-        indptr, tiles, class_counts = made[:lists + 1], made[lists + 1:lists + 1 + pairs], made[lists + 1 + pairs:]
-        order = order_from_pair_tiles(tiles)
+        indptr, tiles = made[:lists + 1], made[lists + 1:lists + 1 + pairs]
+        class_counts = made[lists + 1 + pairs:lists + 1 + pairs + 3]
+        # the kernel's counting sort made the order where its counts fit (else, and without a launch, sort here)
+        ranked = cls.numel() and heads * k_tiles + 1 <= ORDER_BINS
+        order = made[lists + 1 + pairs + 3:] if ranked else order_from_pair_tiles(tiles)
     else:
         flat = cls.reshape(lists, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
         indptr, _ = compact_lists(flat, out=entries[:room])
@@ -200,6 +205,10 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     return TileMap(indptr, entries, heads, rows, keys, params_key(variant, params), class_counts,
                    (marks[-1] - start) * 1e3, steps, order, events, row_keys)
 
+
+# the values of a pair's listed tiles (0 .. heads * k_tiles) the lists kernel's counting sort counts
+# (csrc/tile_map.cuh kOrderBins): a map of more key tiles over its head rows has its order sorted by PyTorch
+ORDER_BINS = 4096
 
 # a row key interval (lo, hi) = (0, -1), "no key", as one little-endian int64 (lo in the low word)
 ROW_SEES_NONE = -(1 << 32)

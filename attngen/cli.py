@@ -315,6 +315,9 @@ def cmd_inspect(args) -> int:
         for var, read in reads:
             print(f"    {var} = {read}  (per key, before the tests, inside the tensor's bounds)")
         print(f"  per score: {rest}")
+        if ms.key is not None:
+            print(f"  key term: {ms.key.body.value}  (compared with rt[{ms.key_of}]: the tile-map classifier skips a "
+                  "tile whose keys' and rows' ranges of the two share no value)")
     keys, queries = ("key_transform" in v.hooks), ("query_transform" in v.hooks)
     if keys or queries:
         from attngen.runtime.hook_pass import AUTO_MIN_ROWS

@@ -110,3 +110,54 @@ def test_a_division_keeps_the_rest_lazy():
 
     ms = split_mask(striped)
     assert ms is not None and ms.n_terms == 1 and not ms.total
+
+
+def test_the_document_masks_key_term_holds_wherever_a_pair_is_visible(rng):
+    """The key term (the document id a conjunct compares with rt[0]) equals the row term at every visible pair:
+    the tile-map classifier's range test skips only tiles without one."""
+    func = document_mask.variant.hooks["logits_mask"]
+    ms = split_mask(func)
+    assert ms.key is not None and ms.key_of == 0
+    assert "doc_ids[batch, kv_pos]" in str(ms.key.body.value) and "kv_pos < max_len" in str(ms.key.body.value)
+    batch, length = 3, 200
+    extras = _params(document_mask.variant, rng, batch, length)
+    b, qo_pos, kv_pos = rng.integers(0, batch, N), rng.integers(0, length, N), rng.integers(0, length, N)
+    qo_pos = np.where(rng.random(N) < 0.5, kv_pos + rng.integers(0, 4, N), qo_pos).clip(0, length - 1)  # near pairs
+    heads = rng.integers(0, 2, N)
+    visible = np.asarray(eval_scalar_hook(func, [b, qo_pos, kv_pos, heads, heads], extras), bool)
+    key = np.asarray(eval_scalar_hook(ms.key, [b, kv_pos, heads], extras))
+    row = extras["doc_ids"][b, qo_pos]
+    assert visible.any() and (key[visible] == row[visible]).all()
+    assert (key == extras["doc_ids"][b, kv_pos]).all()
+
+
+def test_a_comparison_with_a_read_of_the_query_or_not_in_the_conjunction_is_no_key_term():
+    """Only an equality conjunct of the whole mask whose other side reads by key variables alone is a key term:
+    a prefix-LM has none, nor a read indexed by the query position, nor an equality under an or."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def shifted(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                a_ptr: T.handle) -> T.bool:
+        n = T.int32()
+        a = T.match_buffer(a_ptr, (n,), "int32")
+        return kv_pos <= qo_pos and a[kv_pos + qo_pos] == a[qo_pos]
+
+    @T.prim_func
+    def either(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+               a_ptr: T.handle) -> T.bool:
+        n = T.int32()
+        a = T.match_buffer(a_ptr, (n,), "int32")
+        return kv_pos < 4 or a[kv_pos] == a[qo_pos]
+
+    for func in (prefix_lm.variant.hooks["logits_mask"], shifted, either):
+        ms = split_mask(func)
+        assert ms is not None and ms.key is None and ms.key_of == -1
+
+
+def test_inspect_shows_the_key_term(capsys):
+    from attngen.cli import main
+
+    assert main(["inspect", str(Path(__file__).parents[1] / "examples" / "document_mask.py")]) == 0
+    text = capsys.readouterr().out
+    assert "key term: " in text and "doc_ids[batch, kv_pos]" in text.split("key term: ")[1].split("\n")[0]

@@ -197,18 +197,25 @@ def _logits_split_forwards(split: dict, hs) -> list[Forward]:
 
 MASK_ROW_TERMS_DECL = "int batch, int qo_pos, int qo_head, int kv_head, int* rt"
 MASK_FROM_TERMS_DECL = "int batch, int qo_pos, int kv_pos, int qo_head, int kv_head, int* rt"
+MASK_KEY_TERM_DECL = "int batch, int kv_pos, int kv_head"
 
 
 def _mask_split_forwards(split: dict, hs) -> list[Forward]:
     """``mask_row_terms`` (once per query row: the mask's row-invariant reads into ``rt``) and
-    ``mask_from_terms`` (per score), see codegen/mask_split.py; without a split, the mask itself."""
-    row = score = None
+    ``mask_from_terms`` (per score), see codegen/mask_split.py; without a split, the mask itself; and
+    ``mask_key_term``, the key term a conjunct compares with row term ``kMaskKeyTerm`` (the tile-map
+    classifier's range test), 0 without one."""
+    row = score = key = None
     if split:
         row = HookCall("mask_row_terms", split["row"], MASK_ROW_TERMS_DECL, _arg_names(MASK_ROW_TERMS_DECL),
                        tuple(hs.params[split["row"]]), None)
         score = HookCall("mask_from_terms", split["score"], MASK_FROM_TERMS_DECL, _arg_names(MASK_FROM_TERMS_DECL),
                          tuple(hs.params[split["score"]]), "bool")
+        if "key" in split:
+            key = HookCall("mask_key_term", split["key"], MASK_KEY_TERM_DECL, _arg_names(MASK_KEY_TERM_DECL),
+                           tuple(hs.params[split["key"]]), "int")
     return [Forward("mask_row_terms", "void", MASK_ROW_TERMS_DECL, row, ""),
+            Forward("mask_key_term", "int", MASK_KEY_TERM_DECL, key, "return 0;"),
             Forward("mask_from_terms", "bool", MASK_FROM_TERMS_DECL, score,
                     "return mask(p, batch, qo_pos, kv_pos, qo_head, kv_head);")]
 
@@ -249,6 +256,7 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
     # the split mask reads only inside its tensors (codegen/mask_split.py): evaluated for every key of a
     # checked tile, unconditionally, so that one read of a key's value serves both rows of a fragment
     flags["kMaskTotal"] = _b(bool(msplit.get("total")))
+    flags["kMaskKeyTerm"] = str(msplit.get("key_of", -1))  # -1: no key term
     fns += _mask_split_forwards(msplit, hs)
     for which in ("lower", "upper"):
         call = None
@@ -268,7 +276,7 @@ def _direct_call(call: HookCall) -> str:
 
 def flag_line(name: str, value: str) -> str:
     """A traits flag's line of the generated source (lto.record_abi rewrites boolean ones)."""
-    return f"  static constexpr {'int' if value.isdigit() else 'bool'} {name} = {value};"
+    return f"  static constexpr {'int' if value.lstrip('-').isdigit() else 'bool'} {name} = {value};"
 
 
 def _flag_lines(head_dim: int, flags: dict[str, str]) -> list[str]:

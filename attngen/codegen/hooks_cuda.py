@@ -202,6 +202,9 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
                   "total": ms.total}
         add(msplit["row"], ms.row, ms.n_standard_row)
         add(msplit["score"], ms.score, ms.n_standard_score)
+        if ms.key is not None:  # (read by the tile-map classifier alone)
+            msplit.update(key=base + "_key_term", key_of=ms.key_of)
+            add(msplit["key"], ms.key, ms.n_standard_key)
     masks = [f for h, f in variant.hooks.items() if HOOKS[h].site is Site.VISIBILITY]
     for mask in masks:  # the mask's classified bounds let templates skip whole tiles
         for which in ("lower", "upper"):
@@ -217,7 +220,7 @@ def lower_hooks_cuda(variant, head_dim: int, arch: str, math: str = "approx") ->
     if split:
         owners.update({split["row"]: "logits_transform", split["score"]: "logits_transform"})
     if msplit:
-        owners.update({msplit["row"]: "logits_mask", msplit["score"]: "logits_mask"})
+        owners.update({msplit[k]: "logits_mask" for k in ("row", "score", "key") if k in msplit})
     src = _cuda_source(funcs, target, variant, owners, math)
     return HookSource(variant.name, head_dim, arch, symbols, HEADER_PRELUDE + pair_sin_cos(_extract_functions(src)),
                       elementwise, bounds, params, dims, split, msplit)

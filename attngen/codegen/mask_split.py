@@ -10,6 +10,12 @@ into a row term:
   query row and work item, before its loop over key tiles;
 * ``from_terms(batch, qo_pos, kv_pos, qo_head, kv_head, rt, ...)`` is the mask, reading the terms.
 
+Where the mask is a conjunction one of whose terms compares a row term with a read indexed by key variables
+alone (batch, kv_pos, kv_head), ``rt[i] == doc_ids[batch, kv_pos]``, that read is the mask's key term
+(``key(batch, kv_pos, kv_head, ...)``, inside its tensor's bounds as the row terms are): no pair whose two
+terms differ is visible, so a tile whose rows' terms and keys' terms share no value is empty. The tile-map
+classifier (csrc/tile_map.cuh) compares their ranges before it evaluates a tile.
+
 A mask is a comparison, so nothing is reassociated: the per-score rest computes the same values. A read
 may sit under a condition the generated C evaluates lazily (``kv_pos <= qo_pos and doc_ids[...] == ...``),
 so its row term reads only inside the tensor's bounds (0 where the indices fall outside, a value no
@@ -39,6 +45,10 @@ class MaskSplit:
     # every read of the per-score rest lies inside its tensor's bounds whatever the positions: a template may
     # evaluate it for any key of a tile, past the request's keys too, and combine it with its own tests
     total: bool = False
+    # (batch, kv_pos, kv_head, <extras>) -> int32: the key term a conjunct of the mask compares with rt[key_of]
+    # (None: no such conjunct)
+    key: tir.PrimFunc | None = None
+    key_of: int = -1
 
     @property
     def n_terms(self) -> int:
@@ -54,6 +64,32 @@ class MaskSplit:
 
     n_standard_row = 5  # leading parameters before the variant's extras (the last is rt)
     n_standard_score = 6
+    n_standard_key = 3
+
+
+def _conjuncts(e) -> list:
+    return _conjuncts(e.a) + _conjuncts(e.b) if isinstance(e, tir.And) else [e]
+
+
+def _key_term(rest, rt, key_vars, extras) -> tuple[tir.PrimFunc | None, int]:
+    """The mask's key term: a conjunct ``rt[i] == read`` (either side) of ``rest`` whose read is an int32
+    load indexed by ``key_vars`` (batch, kv_pos, kv_head) alone, as a function of them returning the read
+    inside its tensor's bounds (0 outside, as a row term), and i; (None, -1) without one."""
+    allowed = {tu.handle(v) for v in key_vars}
+    for c in _conjuncts(rest):
+        if not isinstance(c, tir.EQ):
+            continue
+        for a, b in ((c.a, c.b), (c.b, c.a)):
+            if not (isinstance(a, tvm.ir.TensorLoad) and a.source.same_as(rt)):
+                continue
+            if not isinstance(b, tvm.ir.TensorLoad) or b.source.same_as(rt) or str(b.ty) != I32:
+                continue
+            if any(tu.collect(i, tvm.ir.TensorLoad) or not all(tu.handle(v) in allowed for v in tu.used_vars(i))
+                   for i in b.indices):
+                continue
+            body = tir.Return(tir.if_then_else(_in_bounds(b), b, tir.IntImm(I32, 0)))
+            return tir.PrimFunc(list(key_vars) + extras, body, tvm.ir.PrimType(I32)), int(a.indices[0].value)
+    return None, -1
 
 
 def _in_bounds(load):
@@ -128,6 +164,7 @@ def split_mask(func: tir.PrimFunc) -> MaskSplit | None:
     rest = hoist(value)
     if not terms:
         return None
+    key, key_of = _key_term(rest, rt_score, [batch, kv_pos, kv_head], extras)
     rest, total = _eager_reads(rest, rt_score)
     stores = [tir.BufferStore(rt_row, tir.if_then_else(_in_bounds(t), t, tir.IntImm(I32, 0)), [tir.IntImm(I32, i)])
               for i, t in enumerate(terms)]
@@ -135,4 +172,4 @@ def split_mask(func: tir.PrimFunc) -> MaskSplit | None:
                        stores[0] if len(stores) == 1 else tir.SeqStmt(stores), None)
     score = tir.PrimFunc([batch, qo_pos, kv_pos, qo_head, kv_head, rt_score] + extras, tir.Return(rest),
                          tvm.ir.PrimType("bool"))
-    return MaskSplit(row, score, tuple(terms), total)
+    return MaskSplit(row, score, tuple(terms), total, key, key_of)

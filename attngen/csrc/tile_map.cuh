@@ -22,6 +22,7 @@
 // interval per row, and so does a prefix-LM; a bit mask or a striped one need not. A template then runs a
 // partial tile of rows that all see intervals with two compares per score instead of the mask hook.
 #pragma once
+#include <climits>
 #include <stdint.h>
 
 #include <string>
@@ -96,6 +97,26 @@ struct TileMapProblem {
   TileListsOut lists;
 };
 
+// The sum of x over the warp's 32 lanes, on every lane.
+__device__ __forceinline__ int lanes_total(int x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+// The least and the greatest x over the warp's 32 lanes, on every lane.
+__device__ __forceinline__ int lanes_min(int x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = min(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
+__device__ __forceinline__ int lanes_max(int x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
 // Which of keys j0 .. j0 + 31 the row at `pos` (query head qh, mask row terms rt) sees: bit c for key j0 + c.
 // A mask whose reads stay in bounds (kMaskTotal) is evaluated for every key, fully unrolled (its reads, one
 // address per warp, issue ahead of the compares); another only behind the key's own tests, 4 keys at a time
@@ -128,7 +149,10 @@ __device__ __forceinline__ unsigned visible_keys(bool causal, const typename V::
 // one mask evaluation from the row's terms. Where the plan wants the rows' key intervals, each lane keeps its
 // rows' first and last visible key and their count over the warp's tiles, merged once at the end (shared-memory
 // atomics: several warps see a row), so a partial tile is walked to its end; without, the warp stops once the
-// tile is known partial. D (the traits' head dim) names the kernel in a linked cubin's table:
+// tile is known partial. A mask with a key term (codegen/mask_split.py: a conjunct rt[i] == a read of the key's
+// own, a document id) first has each warp compare the range of its tile's keys' terms with the range of the
+// rows' rt[i]: disjoint ranges share no value, so no pair of the tile is visible and its keys are not walked
+// (most tiles of packed documents, whose ids grow along the row). D (the traits' head dim) names the kernel in a linked cubin's table:
 // tile_map_kernel<128>. (Warp votes only: the classifier builds for sm_75 too.)
 template <class V, int D = V::kHeadDim>
 __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typename V::Params hp) {
@@ -139,6 +163,7 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
   __shared__ int row_pos[kMaxRows], row_head[kMaxRows];
   __shared__ int row_terms[kMaxRows][kTerms];
   __shared__ int row_lo[kMaxRows], row_hi[kMaxRows], row_count[kMaxRows];
+  __shared__ int term_lo, term_hi;  // the range of the rows' key-compared term (V::kMaskKeyTerm)
   const int tile = blockIdx.x, hm = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t list = (int64_t(b) * M.heads + hm) * M.q_tiles + tile;
@@ -161,6 +186,9 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
   const int r_first = per_token ? row0 / M.group : row0, r_last = per_token ? last_row / M.group : last_row;
   const int n_rows = r_last - r_first + 1;  // <= kMaxRows
   const int hk = per_token ? 0 : hm;
+  constexpr int kKeyTerm = V::kHasMask ? V::kMaskKeyTerm : -1;
+  if (threadIdx.x == 0) term_lo = INT_MAX, term_hi = INT_MIN;
+  __syncthreads();
   for (int i = threadIdx.x; i < kMaxRows; i += blockDim.x) {
     row_lo[i] = 0x7fffffff;
     row_hi[i] = -1;
@@ -174,6 +202,10 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
     if constexpr (V::kHasMask && V::kMaskRowTerms > 0) V::mask_row_terms(hp, b, row_pos[i], row_head[i], hk, rt);
 #pragma unroll
     for (int t = 0; t < kTerms; ++t) row_terms[i][t] = rt[t];
+    if constexpr (kKeyTerm >= 0) {
+      atomicMin(&term_lo, rt[kKeyTerm]);
+      atomicMax(&term_hi, rt[kKeyTerm]);
+    }
   }
   __syncthreads();
   // the keys any row of the tile may see: below the request's end, and within the causal flag's and the
@@ -191,7 +223,22 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
   for (int k = warp; k < M.k_tiles; k += blockDim.x / 32) {
     const int j0 = k * kKeys;
     bool any = false, all = true;  // this lane's rows, then the warp's (votes)
-    if (j0 > jmax || j0 + kKeys - 1 < jmin) {
+    bool unseen = j0 > jmax || j0 + kKeys - 1 < jmin;
+    if constexpr (kKeyTerm >= 0) {
+      if (!unseen) {  // the terms of the tile's keys within the bounds (the others are seen by no row)
+        int lo = INT_MAX, hi = INT_MIN;
+        const int j_end = int(min((long long)j0 + kKeys - 1, jmax));
+        for (int j = max(j0, int(jmin)) + lane; j <= j_end; j += 32) {
+          const int t = V::mask_key_term(hp, b, j, hk);
+          lo = min(lo, t);
+          hi = max(hi, t);
+        }
+        lo = lanes_min(lo);
+        hi = lanes_max(hi);
+        unseen = hi < term_lo || lo > term_hi;
+      }
+    }
+    if (unseen) {
       all = false;  // no key of the tile is visible to any row
     } else {
       for (int p = 0; p < passes; ++p) {
@@ -235,13 +282,6 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
       iv = row_count[i] == row_hi[i] - row_lo[i] + 1 ? make_int2(row_lo[i], row_hi[i]) : make_int2(-1, -1);
     out_rows[i] = iv;
   }
-}
-
-// The sum of x over the warp's 32 lanes, on every lane.
-__device__ __forceinline__ int lanes_total(int x) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
 }
 
 // The map's lists, made by one CTA after the classifier (one launch instead of the plan's dozen tensor calls):

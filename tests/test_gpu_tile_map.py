@@ -189,9 +189,9 @@ def test_row_keys_of_another_shape_are_refused(build_cache):
             classify(qo_indptr, kv_len, out, row_keys, None, None, 1, 2, 0, 128, 128, ids)
     classify(qo_indptr, kv_len, out, torch.zeros((3, 128, 2), dtype=torch.int32, device=dev), None, None, 1, 2, 0,
              128, 128, ids)  # the right one
-    lists = torch.zeros(3 + 1 + 3 + 3, dtype=torch.int32, device=dev)  # 3 lists + 1, 3 pairs, 3 counts
+    lists = torch.zeros(3 + 1 + 3 + 3 + 3, dtype=torch.int32, device=dev)  # 3 lists + 1, 3 pairs, 3 counts, order
     for made, room, match in [(lists, None, "lists and room come together"),
-                              (lists[1:], torch.zeros(9, dtype=torch.int32, device=dev), "lists must hold 10 int32"),
+                              (lists[1:], torch.zeros(9, dtype=torch.int32, device=dev), "lists must hold 13 int32"),
                               (lists, torch.zeros(8, dtype=torch.int32, device=dev), "room must hold at least 9")]:
         with pytest.raises(Exception, match=match):
             classify(qo_indptr, kv_len, out, None, made, room, 1, 2, 0, 128, 128, ids)

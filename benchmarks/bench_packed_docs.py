@@ -33,18 +33,14 @@ def doc_lengths(total: int, docs: int, rng) -> np.ndarray:
 
 
 def classifier_ms(att, tm, qo_indptr, kv, params) -> float:
-    """Device time of the map's classifier kernel alone (the rest of a map's build is its compaction's torch
-    calls)."""
-    from attngen.runtime.tile_map import kv_lengths
-
+    """Device time of the map's classifier kernel alone (a ragged view: its indptr gives the lengths)."""
     classify = att.function("prefill_tile_map", "bfloat16", D)
-    kv_len = kv_lengths(kv)
     total = int(qo_indptr[-1])
     q_tiles, k_tiles = -(-total * (HQ // HKV) // tm.rows), -(-total // tm.keys)
     cls = torch.zeros((1, tm.heads, q_tiles, k_tiles), dtype=torch.uint8, device="cuda")
     row_keys = torch.zeros((tm.heads * q_tiles, tm.rows, 2), dtype=torch.int32, device="cuda")
-    return bench(lambda: classify(qo_indptr, kv_len, cls, row_keys, None, None, HQ // HKV, HKV, 0, tm.rows,
-                                  tm.keys, params["doc_ids"]), reps=10)
+    return bench(lambda: classify(qo_indptr, kv.indptr, None, 0, cls, row_keys, None, None, HQ // HKV, HKV, 0,
+                                  tm.rows, tm.keys, params["doc_ids"]), reps=10)
 
 
 def main():

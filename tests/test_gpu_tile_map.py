@@ -16,6 +16,19 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 _libs = {}
 
 
+def view_arrays(kv_lens, dev, page_size=0):
+    """What the classifier takes of a KV view with these lengths: (kv_indptr, last_page_len, page_size) of a
+    ragged view (page_size 0) or of a paged one."""
+    import torch
+
+    if not page_size:
+        return (torch.tensor(np.concatenate([[0], np.cumsum(kv_lens)]), dtype=torch.int32, device=dev), None, 0)
+    pages = [-(-n // page_size) for n in kv_lens]
+    last = [n - (p - 1) * page_size if p else 0 for n, p in zip(kv_lens, pages)]
+    return (torch.tensor(np.concatenate([[0], np.cumsum(pages)]), dtype=torch.int32, device=dev),
+            torch.tensor(last, dtype=torch.int32, device=dev), page_size)
+
+
 def example(name, build_cache, link="whole"):
     """The example's variant and its prefill library (``link``: whole-program or linked, BuildConfig.link)."""
     module = runpy.run_path(str(EXAMPLES / f"{name}.py"))
@@ -56,16 +69,20 @@ def test_classifier_matches_the_reference(group, link, labels, build_cache, rng)
                                   reads_heads=False).reshape(lists, 128, 2)
     dev = torch.device("cuda")
     qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device=dev)
-    kv_len = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+    kv_view = view_arrays(kv_lens, dev)
     classify = att.function("prefill_tile_map", "bfloat16", 128)
     ids_dev = torch.from_numpy(ids).to(dev)
     out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
     row_keys = torch.full((lists, 128, 2), 7, dtype=torch.int32, device=dev)
-    classify(qo_indptr, kv_len, out, row_keys, None, None, group, 2, 0, 128, 128, ids_dev)
+    classify(qo_indptr, *kv_view, out, row_keys, None, None, group, 2, 0, 128, 128, ids_dev)
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
     np.testing.assert_array_equal(row_keys.cpu().numpy(), ref_rows)
     out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
-    classify(qo_indptr, kv_len, out, None, None, None, group, 2, 0, 128, 128, ids_dev)  # no row keys wanted
+    classify(qo_indptr, *kv_view, out, None, None, None, group, 2, 0, 128, 128, ids_dev)  # no row keys wanted
+    np.testing.assert_array_equal(out.cpu().numpy(), ref)
+    out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)  # the same lengths as a paged view's
+    classify(qo_indptr, *view_arrays(kv_lens, dev, page_size=16), out, None, None, None, group, 2, 0, 128, 128,
+             ids_dev)
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
 
 
@@ -85,7 +102,7 @@ def test_device_lists_match_the_reference(group, heads, link, build_cache, rng):
             ids[b, cut:] += 1
     dev = torch.device("cuda")
     qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device=dev)
-    kv_len = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+    kv_view = view_arrays(kv_lens, dev)
     batch, q_tiles, k_tiles = len(qo_lens), -(-max(qo_lens) * group // 128), -(-max(kv_lens) // 128)
     n_lists, pairs = batch * heads * q_tiles, batch * q_tiles
     assert n_lists > 1024
@@ -94,7 +111,7 @@ def test_device_lists_match_the_reference(group, heads, link, build_cache, rng):
     out = torch.full((batch, heads, q_tiles, k_tiles), 7, dtype=torch.uint8, device=dev)
     made = torch.full((n_lists + 1 + pairs + 3 + pairs,), -7, dtype=torch.int32, device=dev)
     room = torch.full((n_lists * k_tiles,), -7, dtype=torch.int32, device=dev)
-    classify(qo_indptr, kv_len, out, None, made, room, group, 2, 0, 128, 128, *extras)
+    classify(qo_indptr, *kv_view, out, None, made, room, group, 2, 0, 128, 128, *extras)
     cls = out.cpu().numpy()
     # the striped mask's map rows hold query heads of both parities, so none of its tiles is full (class 2)
     assert set(np.unique(cls).tolist()) == ({0, 1} if heads == 2 else {0, 1, 2})
@@ -163,38 +180,48 @@ def test_row_keys_under_the_causal_flag(qo_len, kv_len, group, build_cache, rng)
     assert not ((ref_rows[..., 0] == -1) & (ref_rows[..., 1] == -1)).any()  # causal inside documents: intervals
     dev = torch.device("cuda")
     qo_indptr = torch.tensor([0, qo_len], dtype=torch.int32, device=dev)
-    kv_lens = torch.tensor([kv_len], dtype=torch.int32, device=dev)
+    kv_view = view_arrays([kv_len], dev)
     out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
     row_keys = torch.full((lists, 128, 2), 7, dtype=torch.int32, device=dev)
-    att.function("prefill_tile_map", "bfloat16", 128)(qo_indptr, kv_lens, out, row_keys, None, None, group, 2, 1,
+    att.function("prefill_tile_map", "bfloat16", 128)(qo_indptr, *kv_view, out, row_keys, None, None, group, 2, 1,
                                                       128, 128, torch.from_numpy(ids).to(dev))
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
     np.testing.assert_array_equal(row_keys.cpu().numpy(), ref_rows)
 
 
 def test_row_keys_of_another_shape_are_refused(build_cache):
-    """row_keys holds one interval per map row of every list: [batch x map heads x query tiles, 128, 2]."""
+    """row_keys holds one interval per map row of every list: [batch x map heads x query tiles, 128, 2]; the lists
+    and room their sizes; the KV view's index arrays their own."""
     import torch
 
     _, att = example("document_mask", build_cache)
     dev = torch.device("cuda")
     qo_indptr = torch.tensor([0, 300], dtype=torch.int32, device=dev)
-    kv_len = torch.tensor([300], dtype=torch.int32, device=dev)
+    kv_view = view_arrays([300], dev)
     ids = torch.zeros((1, 300), dtype=torch.int32, device=dev)
     out = torch.zeros((1, 1, 3, 3), dtype=torch.uint8, device=dev)  # group 1: 3 query tiles, 3 key tiles
     classify = att.function("prefill_tile_map", "bfloat16", 128)
     for shape in [(2, 128, 2), (4, 128, 2), (3, 64, 2), (3, 128, 1)]:
         row_keys = torch.zeros(shape, dtype=torch.int32, device=dev)
         with pytest.raises(Exception, match=r"row_keys must be"):
-            classify(qo_indptr, kv_len, out, row_keys, None, None, 1, 2, 0, 128, 128, ids)
-    classify(qo_indptr, kv_len, out, torch.zeros((3, 128, 2), dtype=torch.int32, device=dev), None, None, 1, 2, 0,
+            classify(qo_indptr, *kv_view, out, row_keys, None, None, 1, 2, 0, 128, 128, ids)
+    classify(qo_indptr, *kv_view, out, torch.zeros((3, 128, 2), dtype=torch.int32, device=dev), None, None, 1, 2, 0,
              128, 128, ids)  # the right one
     lists = torch.zeros(3 + 1 + 3 + 3 + 3, dtype=torch.int32, device=dev)  # 3 lists + 1, 3 pairs, 3 counts, order
     for made, room, match in [(lists, None, "lists and room come together"),
                               (lists[1:], torch.zeros(9, dtype=torch.int32, device=dev), "lists must hold 13 int32"),
                               (lists, torch.zeros(8, dtype=torch.int32, device=dev), "room must hold at least 9")]:
         with pytest.raises(Exception, match=match):
-            classify(qo_indptr, kv_len, out, None, made, room, 1, 2, 0, 128, 128, ids)
+            classify(qo_indptr, *kv_view, out, None, made, room, 1, 2, 0, 128, 128, ids)
+    # the KV view's arrays: a paged view's last_page_len, one per request, with a positive page size
+    kv_indptr, paged_last = kv_view[0], torch.tensor([12], dtype=torch.int32, device=dev)
+    for view, match in [((kv_indptr, None, 16), "page_size describes a paged view"),
+                        ((kv_indptr, paged_last, 0), "page_size must be positive"),
+                        ((kv_indptr, torch.tensor([12, 3], dtype=torch.int32, device=dev), 16),
+                         "last_page_len needs one entry per request"),
+                        ((kv_indptr[:1], None, 0), "kv_indptr needs batch \\+ 1 entries")]:
+        with pytest.raises(Exception, match=match):
+            classify(qo_indptr, *view, out, None, None, None, 1, 2, 0, 128, 128, ids)
 
 
 def head_striped(build_cache):
@@ -238,15 +265,15 @@ def test_a_head_reading_mask_is_classified_per_query_head(num_kv, group, build_c
     assert ((ref_rows[..., 0] == -1) & (ref_rows[..., 1] == -1)).any()
     dev = torch.device("cuda")
     qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device=dev)
-    kv_len = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+    kv_view = view_arrays(kv_lens, dev)
     out = torch.full(ref.shape, 7, dtype=torch.uint8, device=dev)
     row_keys = torch.full((lists, 128, 2), 7, dtype=torch.int32, device=dev)
     classify = att.function("prefill_tile_map", "bfloat16", 128)
-    classify(qo_indptr, kv_len, out, row_keys, None, None, group, num_kv, 0, 128, 128)
+    classify(qo_indptr, *kv_view, out, row_keys, None, None, group, num_kv, 0, 128, 128)
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
     np.testing.assert_array_equal(row_keys.cpu().numpy(), ref_rows)
     with pytest.raises(Exception, match=r"map's head rows must be num_kv_heads \(the mask reads a head index\)"):
-        classify(qo_indptr, kv_len, torch.zeros((4, num_kv + 1) + ref.shape[2:], dtype=torch.uint8, device=dev),
+        classify(qo_indptr, *kv_view, torch.zeros((4, num_kv + 1) + ref.shape[2:], dtype=torch.uint8, device=dev),
                  None, None, None, group, num_kv, 0, 128, 128)
 
 

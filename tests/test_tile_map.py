@@ -97,10 +97,12 @@ def test_compacted_lists_stand_for_the_map(group, rows, keys, device_lists, rng)
                                   reads_heads=False)
     lists = int(np.prod(ref.shape[:3]))
 
-    def classify(qo_indptr, kv_len, out, row_keys, made, room, g, hkv, causal, r, k, *extras):
+    def classify(qo_indptr, kv_ptr, last_page_len, page_size, out, row_keys, made, room, g, hkv, causal, r, k,
+                 *extras):
         assert (g, hkv, causal, r, k) == (group, 2, 0, rows, keys)
         assert (made is None) == (room is None) == (not device_lists)
-        assert kv_len.tolist() == kv_lens
+        # a ragged view's own index arrays (the classifier computes the lengths)
+        assert last_page_len is None and page_size == 0 and torch.diff(kv_ptr).tolist() == kv_lens
         # the intervals: one per map row of every list, the classifier's to write (each of them)
         assert row_keys.dtype == torch.int32 and tuple(row_keys.shape) == (lists, rows, 2)
         out.copy_(torch.from_numpy(ref))
@@ -200,7 +202,7 @@ def test_row_keys_start_on_128_bytes_whatever_the_list_length(tiles):
     from attngen.runtime import RaggedKV
     from attngen.runtime.tile_map import build_tile_map
 
-    def classify(qo_indptr, kv_len, out, row_keys, *rest):
+    def classify(qo_indptr, kv_ptr, last_page_len, page_size, out, row_keys, *rest):
         out.zero_()
         out[0, 0, 0, :tiles] = 2  # the first query tile lists ``tiles`` full key tiles, the rest none
         row_keys[0, :, 1] = 5
@@ -219,6 +221,34 @@ def test_row_keys_start_on_128_bytes_whatever_the_list_length(tiles):
     assert (tm.row_keys[0, :, 1] == 5).all() and (tm.row_keys[0, :, 0] == 0).all()
 
 
+def test_the_classifier_gets_the_views_own_index_arrays():
+    """build_tile_map hands the classifier the KV view's index arrays, not lengths it computed: a paged view's
+    page indptr, last_page_len and page size (the kernel computes each request's keys, csrc/tile_map.cuh
+    kv_length), a ragged view's indptr with no last page and page size 0."""
+    import torch
+
+    from attngen.runtime import PagedKV, RaggedKV
+    from attngen.runtime.tile_map import build_tile_map
+
+    seen = []
+
+    def classify(qo_indptr, kv_ptr, last_page_len, page_size, out, *rest):
+        seen.append((kv_ptr, last_page_len, page_size))
+        out.zero_()
+
+    qo_indptr = torch.tensor([0, 100, 130], dtype=torch.int32)
+    paged = PagedKV(torch.zeros(6, 2, 16, 2, 64), torch.tensor([0, 3, 5], dtype=torch.int32),
+                    torch.tensor([4, 0, 2, 1, 3], dtype=torch.int32), torch.tensor([5, 16], dtype=torch.int32), "NHD")
+    ragged = RaggedKV(torch.zeros(300, 2, 64), torch.zeros(300, 2, 64), torch.tensor([0, 200, 300], dtype=torch.int32))
+    for kv, k_tiles in ((paged, 1), (ragged, 4)):  # the longest request: 37 keys paged, 200 ragged (64 per tile)
+        tm = build_tile_map(classify, example("document_mask"), qo_indptr, kv, max_qo_len=100, group=1,
+                            num_kv_heads=2, rows=128, keys=64, extras=(), params={})
+        assert int(tm.class_counts.sum()) == 2 * k_tiles  # two requests, one query tile each
+    (p_ptr, p_last, p_size), (r_ptr, r_last, r_size) = seen
+    assert p_ptr is paged.indptr and p_last is paged.last_page_len and p_size == 16
+    assert r_ptr is ragged.indptr and r_last is None and r_size == 0
+
+
 def test_a_known_longest_kv_sizes_the_map_without_a_device_read():
     """The plan's longest KV length (from its host copies) sizes the map; only for the planned index arrays,
     unchanged since: another array, or the same one written in place, gets none (the device is read)."""
@@ -228,7 +258,7 @@ def test_a_known_longest_kv_sizes_the_map_without_a_device_read():
     from attngen.runtime.cuda import PrefillPlan
     from attngen.runtime.tile_map import KVBound, build_tile_map
 
-    def classify(qo_indptr, kv_len, out, row_keys, *rest):
+    def classify(qo_indptr, kv_ptr, last_page_len, page_size, out, row_keys, *rest):
         out.zero_()
 
     qo_indptr = torch.tensor([0, 100], dtype=torch.int32)

@@ -19,7 +19,9 @@
 //   extra parameters (V::ExtraArgs).
 //
 // prefill_tile_map_<dtype>_d<D> (TileMapEntry) classifies the tiles of a launch for the plan:
-//   qo_indptr [B+1], kv_len [B], map [B, heads, q_tiles, k_tiles] uint8, row_keys (optional: [B * heads *
+//   qo_indptr [B+1], kv_indptr [B+1] and last_page_len [B] (optional: a paged view's) and page_size (0 for a
+//   ragged view) -- the KV view's own index arrays, whose lengths the classifier computes --,
+//   map [B, heads, q_tiles, k_tiles] uint8, row_keys (optional: [B * heads *
 //   q_tiles, rows, 2] int32, each map row's key interval), lists and room (optional, together: the lists made
 //   from the map on the device, tile_map.cuh tile_lists_kernel; lists [B * heads * q_tiles + 1 + B * q_tiles
 //   + 3 + B * q_tiles] int32: indptr, each request's query tiles' listed tiles, the counts by class, the work
@@ -282,19 +284,31 @@ struct TileMapEntry;
 
 template <class V, int D, const char* Name, class... X>
 struct TileMapEntry<V, D, Name, ArgList<X...>> {
-  static void call(tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView kv_len, tvm::ffi::TensorView map,
-                   OptionalTensor row_keys, OptionalTensor lists, OptionalTensor room, int64_t group,
-                   int64_t num_kv_heads, int64_t causal, int64_t rows, int64_t keys, X... extra) {
+  static void call(tvm::ffi::TensorView qo_indptr, tvm::ffi::TensorView kv_indptr, OptionalTensor last_page_len,
+                   int64_t page_size, tvm::ffi::TensorView map, OptionalTensor row_keys, OptionalTensor lists,
+                   OptionalTensor room, int64_t group, int64_t num_kv_heads, int64_t causal, int64_t rows,
+                   int64_t keys, X... extra) {
     check_args(Name, {{"qo_indptr", qo_indptr, 1, dl_dtype<int32_t>()},
-                      {"kv_len", kv_len, 1, dl_dtype<int32_t>()},
+                      {"kv_indptr", kv_indptr, 1, dl_dtype<int32_t>()},
                       {"map", map, 4, dl_dtype<uint8_t>()}});
     typename V::Params hp{};
     V::set_params(Name, hp, extra...);
     TileMapProblem M{};
     M.qo_indptr = static_cast<const int32_t*>(data_of(qo_indptr));
-    M.kv_len = static_cast<const int32_t*>(data_of(kv_len));
+    M.kv_indptr = static_cast<const int32_t*>(data_of(kv_indptr));
     M.map = static_cast<uint8_t*>(data_of(map));
     M.batch = static_cast<int>(qo_indptr.size(0)) - 1;
+    if (last_page_len.has_value()) {
+      check_args(Name, {{"last_page_len", *last_page_len, 1, dl_dtype<int32_t>()}}, qo_indptr.device().device_id);
+      if ((*last_page_len).size(0) != M.batch)
+        ATTNGEN_THROW(ValueError) << Name << ": last_page_len needs one entry per request (" << M.batch << ")";
+      if (page_size < 1)
+        ATTNGEN_THROW(ValueError) << Name << ": page_size must be positive with last_page_len (a paged view)";
+      M.last_page_len = static_cast<const int32_t*>(data_of(*last_page_len));
+      M.page_size = static_cast<int>(page_size);
+    } else if (page_size != 0) {
+      ATTNGEN_THROW(ValueError) << Name << ": page_size describes a paged view; without last_page_len pass 0";
+    }
     M.group = static_cast<int>(group);
     M.num_kv_heads = static_cast<int>(num_kv_heads);
     M.causal = static_cast<int>(causal);
@@ -329,8 +343,9 @@ struct TileMapEntry<V, D, Name, ArgList<X...>> {
       M.lists = TileListsOut{l, l + n_lists + 1, l + n_lists + 1 + pairs, static_cast<int32_t*>(data_of(*room)),
                              l + n_lists + 1 + pairs + 3};
     }
-    if (kv_len.size(0) != M.batch || map.size(0) != M.batch)
-      ATTNGEN_THROW(ValueError) << Name << ": kv_len and map need one entry per request (" << M.batch << ")";
+    if (kv_indptr.size(0) != M.batch + 1 || map.size(0) != M.batch)
+      ATTNGEN_THROW(ValueError) << Name << ": kv_indptr needs batch + 1 entries and map one per request (" << M.batch
+                                << " requests)";
     if (M.heads != (V::kMaskReadsHeads ? M.num_kv_heads : 1))
       ATTNGEN_THROW(ValueError) << Name << ": map's head rows must be "
                                 << (V::kMaskReadsHeads ? "num_kv_heads (the mask reads a head index)"

@@ -36,8 +36,9 @@ using PrefillRaggedOwnArgs = PrefillOwnArgsWith<TV, TV, TV, TV, TV, TV, TV>;
 using PrefillRaggedFP8OwnArgs = PrefillOwnArgsWith<TV, TV, TV, TV, TV, TV, TV, TV, TV>;
 // the tile-map classifier's (entry_prefill.h TileMapEntry): qo_indptr, kv_len, map, row_keys, lists, room, then
 // group, num_kv_heads, causal, rows, keys
-using TileMapOwnArgs = ArgList<TV, TV, TV, tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>,
-                               int64_t, int64_t, int64_t, int64_t, int64_t>;
+using TileMapOwnArgs = ArgList<TV, TV, tvm::ffi::Optional<TV>, int64_t, TV, tvm::ffi::Optional<TV>,
+                               tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>, int64_t, int64_t, int64_t, int64_t,
+                               int64_t>;
 
 // The launch object's entry template instance of an export (specialised there, per Tag).
 template <class Tag>

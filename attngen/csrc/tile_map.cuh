@@ -89,7 +89,9 @@ constexpr int kOrderBins = 4096;
 // What the classifier needs of a prefill problem and of the template's tiling.
 struct TileMapProblem {
   const int32_t* qo_indptr;  // [B+1]
-  const int32_t* kv_len;     // [B]
+  const int32_t* kv_indptr;  // [B+1] the KV view's: token offsets (ragged) or page offsets (paged)
+  const int32_t* last_page_len;  // [B] a paged view's (nullptr: ragged)
+  int page_size;
   uint8_t* map;              // [B, heads, q_tiles, k_tiles] TileClass
   int2* row_keys;            // [B, heads, q_tiles, rows] each map row's key interval (nullptr: not wanted)
   int batch, group, num_kv_heads, causal;
@@ -115,6 +117,13 @@ __device__ __forceinline__ int lanes_max(int x) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, off));
   return x;
+}
+
+// Request b's keys, from the view's index arrays (the paged view's as runtime/views.py paged_lengths).
+__device__ __forceinline__ int kv_length(const TileMapProblem& M, int b) {
+  const int n = M.kv_indptr[b + 1] - M.kv_indptr[b];
+  if (M.last_page_len == nullptr) return n;
+  return n > 0 ? (n - 1) * M.page_size + M.last_page_len[b] : 0;
 }
 
 // Which of keys j0 .. j0 + 31 the row at `pos` (query head qh, mask row terms rt) sees: bit c for key j0 + c.
@@ -172,7 +181,7 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
   const bool want_rows = out_rows != nullptr;
   const int q0 = M.qo_indptr[b], qo_len = M.qo_indptr[b + 1] - q0;
   const int rows_total = qo_len * M.group, row0 = tile * M.rows;
-  const int kv_len = M.kv_len[b], pos_base = kv_len - qo_len;
+  const int kv_len = kv_length(M, b), pos_base = kv_len - qo_len;
   if (row0 >= rows_total) {
     for (int k = threadIdx.x; k < M.k_tiles; k += blockDim.x) out[k] = kTileEmpty;
     if (want_rows)

@@ -155,9 +155,11 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
         events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         events[0].record()
     batch = int(qo_indptr.shape[0]) - 1
-    kv_len = kv_lengths(kv)
     if max_kv_len is None:
-        max_kv_len = int(kv_len.max().item()) if batch else 0
+        max_kv_len = int(kv_lengths(kv).max().item()) if batch else 0
+    # the view's own index arrays: the classifier computes each request's keys from them
+    paged = isinstance(kv, PagedKV)
+    kv_arrays = (kv.indptr, kv.last_page_len, kv.page_size) if paged else (kv.indptr, None, 0)
     heads = num_kv_heads if mask_reads_heads(variant) else 1
     q_tiles = -(-max_qo_len * group // rows)
     k_tiles = -(-max_kv_len // keys)
@@ -179,7 +181,7 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     made = buf[:made_size] if device_lists else None
     marks.append(time.perf_counter())
     if cls.numel():
-        classify(qo_indptr, kv_len, cls, row_keys, made, entries[:room] if device_lists else None, group,
+        classify(qo_indptr, *kv_arrays, cls, row_keys, made, entries[:room] if device_lists else None, group,
                  num_kv_heads, 0, rows, keys, *extras)
     marks.append(time.perf_counter())
     if device_lists:  # (a map without tiles launched nothing: its zeros stand)

@@ -23,6 +23,7 @@ come from ``q_rope_position`` and ``k_rope_pos_offset``.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import tvm.tirx as tir
@@ -115,8 +116,12 @@ def tvm_rope(x, d, pos, rope_scale, rope_theta, head_dim: int):
     return T.cos(angle) * x[d] + T.sin(angle) * partner
 
 
+@functools.lru_cache(maxsize=None)
 def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
-    """The program for ``spec``, taking every parameter of ``PROGRAM_PARAMS``, with hook placeholders."""
+    """The program for ``spec``, taking every parameter of ``PROGRAM_PARAMS``, with hook placeholders. Made
+    once per spec and process: TVMScript parses the program's source on every call (about 0.3 s), the program
+    depends on the spec alone (the variant's hooks replace its placeholders afterwards), and TIR is immutable,
+    so the builds of a process share it."""
     D, dt = spec.head_dim, spec.dtype
     fp8 = spec.fp8
     kv_dt = FP8_STORAGE if fp8 else dt  # the K/V buffers' element type

@@ -118,7 +118,12 @@ def rounding_error(ref_out: np.ndarray, dtype: str) -> float:
 def tolerance(problem: Problem, ref_out: np.ndarray, dtype: str, sm_scale: float, k: float = 8.0) -> float:
     """k x (error of the same computation in ``dtype``) + floor; the same-dtype error is the larger of
     PyTorch's softmax attention in ``dtype`` on this batch and the rounding of the answer itself."""
-    return k * max(same_dtype_error(problem, dtype, sm_scale), rounding_error(ref_out, dtype)) + FLOORS[dtype]
+    return _tolerance_from(same_dtype_error(problem, dtype, sm_scale), ref_out, dtype, k)
+
+
+def _tolerance_from(same_dtype: float, ref_out: np.ndarray, dtype: str, k: float) -> float:
+    """k x max(the same-dtype error, the answer's own rounding) + floor."""
+    return k * max(same_dtype, rounding_error(ref_out, dtype)) + FLOORS[dtype]
 
 
 def fp8_tolerance(q, qo_indptr, keys, values, k_scale, v_scale, ref_out, dtype: str, sm_scale: float,
@@ -132,7 +137,7 @@ def fp8_tolerance(q, qo_indptr, keys, values, k_scale, v_scale, ref_out, dtype: 
 
     err = same_dtype_error_of(np.asarray(q, dtype=np.float64), qo_indptr, dequant(keys, k_scale),
                               dequant(values, v_scale), dtype, sm_scale)
-    return k * max(err, rounding_error(ref_out, dtype)) + FLOORS[dtype]
+    return _tolerance_from(err, ref_out, dtype, k)
 
 
 FLOORS = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}

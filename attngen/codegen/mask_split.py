@@ -87,8 +87,8 @@ def _key_term(rest, rt, key_vars, extras) -> tuple[tir.PrimFunc | None, int]:
             if any(tu.collect(i, tvm.ir.TensorLoad) or not all(tu.handle(v) in allowed for v in tu.used_vars(i))
                    for i in b.indices):
                 continue
-            body = tir.Return(tir.if_then_else(_in_bounds(b), b, tir.IntImm(I32, 0)))
-            return tir.PrimFunc(list(key_vars) + extras, body, tvm.ir.PrimType(I32)), int(a.indices[0].value)
+            return (tir.PrimFunc(list(key_vars) + extras, tir.Return(_bounded(b)), tvm.ir.PrimType(I32)),
+                    int(a.indices[0].value))
     return None, -1
 
 
@@ -99,6 +99,11 @@ def _in_bounds(load):
         c = tir.And(tir.GE(idx, tir.IntImm(I32, 0)), tir.LT(idx, dim))
         cond = c if cond is None else tir.And(cond, c)
     return cond
+
+
+def _bounded(load):
+    """``load`` where it reads inside its tensor, else 0 of its type."""
+    return tir.if_then_else(_in_bounds(load), load, tir.const(0, str(load.ty)))
 
 
 def _eager_reads(rest, rt) -> tuple:
@@ -126,7 +131,7 @@ def _eager_reads(rest, rt) -> tuple:
     if any(tu.collect(body, op) for op in (tir.Div, tir.Mod, tir.FloorDiv, tir.FloorMod)):
         return rest, False  # evaluated for any key or row, a division might divide by a 0 the hook never saw
     for v, load in reversed(reads):
-        body = tir.Let(v, tir.if_then_else(_in_bounds(load), load, tir.const(0, str(load.ty))), body)
+        body = tir.Let(v, _bounded(load), body)
     return body, True
 
 
@@ -166,8 +171,7 @@ def split_mask(func: tir.PrimFunc) -> MaskSplit | None:
         return None
     key, key_of = _key_term(rest, rt_score, [batch, kv_pos, kv_head], extras)
     rest, total = _eager_reads(rest, rt_score)
-    stores = [tir.BufferStore(rt_row, tir.if_then_else(_in_bounds(t), t, tir.IntImm(I32, 0)), [tir.IntImm(I32, i)])
-              for i, t in enumerate(terms)]
+    stores = [tir.BufferStore(rt_row, _bounded(t), [tir.IntImm(I32, i)]) for i, t in enumerate(terms)]
     row = tir.PrimFunc([batch, qo_pos, qo_head, kv_head, rt_row] + extras,
                        stores[0] if len(stores) == 1 else tir.SeqStmt(stores), None)
     score = tir.PrimFunc([batch, qo_pos, kv_pos, qo_head, kv_head, rt_score] + extras, tir.Return(rest),

@@ -99,24 +99,16 @@ struct TileMapProblem {
   TileListsOut lists;
 };
 
-// The sum of x over the warp's 32 lanes, on every lane.
+// op(x of every lane) over the warp's 32 lanes, on every lane.
+template <class Op>
+__device__ __forceinline__ int lanes_reduce(int x, Op op) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
 __device__ __forceinline__ int lanes_total(int x) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
-
-// The least and the greatest x over the warp's 32 lanes, on every lane.
-__device__ __forceinline__ int lanes_min(int x) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x = min(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}
-
-__device__ __forceinline__ int lanes_max(int x) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
+  return lanes_reduce(x, [](int a, int b) { return a + b; });
 }
 
 // Request b's keys, from the view's index arrays (the paged view's as runtime/views.py paged_lengths).
@@ -242,8 +234,8 @@ __global__ void __launch_bounds__(256) tile_map_kernel(TileMapProblem M, typenam
           lo = min(lo, t);
           hi = max(hi, t);
         }
-        lo = lanes_min(lo);
-        hi = lanes_max(hi);
+        lo = lanes_reduce(lo, [](int a, int c) { return min(a, c); });
+        hi = lanes_reduce(hi, [](int a, int c) { return max(a, c); });
         unseen = hi < term_lo || lo > term_hi;
       }
     }

@@ -144,8 +144,8 @@ def test_runtime_planner_reads_the_decode_tc_record(monkeypatch):
     assert decode_plan.decode_tc_stage_order(1) == [1]
     # an fp8 cache: deeper stages of half the bytes, at the same CTAs per SM (the planner must not count the
     # 16-bit figures for it: it would plan twice the CTAs that fit)
-    assert [decode_plan.decode_tc_stages(d, 1) for d in (64, 128, 256)] == [7, 3, 3]
-    assert [decode_plan.decode_tc_ctas_per_sm(d, h200_per_sm, h200_optin, 1) for d in (64, 128, 256)] == [2, 2, 1]
+    assert [decode_plan.decode_tc_stages(d, 1) for d in (64, 128, 256)] == [7, 3, 1]
+    assert [decode_plan.decode_tc_ctas_per_sm(d, h200_per_sm, h200_optin, 1) for d in (64, 128, 256)] == [2, 2, 2]
     assert decode_plan.decode_tc_stage_order(4) == [4, 2, 1] and decode_plan.decode_tc_stage_order(2) == [2, 1]
     assert decode_plan.decode_tc_fits(128, DECODE_TC.smem_bytes(DecodeTCConfig(128, 1), HALF))
     assert not decode_plan.decode_tc_fits(128, DECODE_TC.smem_bytes(DecodeTCConfig(128, 1), HALF) - 1)

@@ -25,7 +25,7 @@ struct DecodeTCTile {
 // cache's stages are half as large: 7, 3 and 3 of them keep the bytes in flight of 4, 2 and 2 16-bit stages.
 template <int D, bool kFp8 = false>
 constexpr int decode_tc_stages() {
-  if constexpr (kFp8) return D == 64 ? 7 : 3;
+  if constexpr (kFp8) return D == 64 ? 7 : D == 128 ? 3 : 1;
   return D == 64 ? 4 : D == 128 ? 2 : 1;
 }
 

@@ -36,7 +36,7 @@ STAGES = {64: 4, 128: 2, 256: 1}
 # one long item (B 16 L 16k 3834 against 3456 GB/s, B 1 L 64k 2724 / 2315, MHA 3817 / 3686) and slower where
 # plans pack several items per CTA (B 64 L 4k 2513 / 3567, D 64 1988 / 2571): fp8_decode_2026-12-02_occupancy.md
 # / _twocta.md
-FP8_STAGES = {64: 7, 128: 3, 256: 3}
+FP8_STAGES = {64: 7, 128: 3, 256: 1}
 
 
 @dataclass(frozen=True)

@@ -142,8 +142,8 @@ def test_runtime_planner_reads_the_decode_tc_record(monkeypatch):
     head = -(-(8 * 264 * 2 + 4 * 2 * 256 * 4 + 288) // 128) * 128
     assert DECODE_TC.smem_bytes(DecodeTCConfig(256, 1), HALF) == head + 64 * 256 * 2 * 2 < h200_per_sm // 2 - 1024
     assert decode_plan.decode_tc_stage_order(1) == [1]
-    # an fp8 cache: deeper stages of half the bytes, at the same CTAs per SM (the planner must not count the
-    # 16-bit figures for it: it would plan twice the CTAs that fit)
+    # an fp8 cache: deeper stages of half the bytes at D 64 / 128, at the same CTAs per SM (the planner must not
+    # count the 16-bit figures for it: it would plan twice the CTAs that fit); one stage and two CTAs at D 256
     assert [decode_plan.decode_tc_stages(d, 1) for d in (64, 128, 256)] == [7, 3, 1]
     assert [decode_plan.decode_tc_ctas_per_sm(d, h200_per_sm, h200_optin, 1) for d in (64, 128, 256)] == [2, 2, 2]
     assert decode_plan.decode_tc_stage_order(4) == [4, 2, 1] and decode_plan.decode_tc_stage_order(2) == [2, 1]

@@ -22,7 +22,9 @@ struct DecodeTCTile {
 // STAGES / FP8_STAGES): two CTAs per SM at every head dim on the H200. At D 64 and 128 each CTA loads S - 1 tiles
 // ahead across its work items; at D 256 one stage each, the SM's second CTA loading while the first computes (with
 // two stages, one CTA per SM: 566 against 490 us at B 64, L 4k; ab_trees_2026-12-03_decode_d256.md). An fp8
-// cache's stages are half as large: 7, 3 and 3 of them keep the bytes in flight of 4, 2 and 2 16-bit stages.
+// cache's stages are half as large: 7 and 3 of them keep the bytes in flight of 4 and 2 16-bit stages at D 64 and
+// 128; at D 256 one fp8 stage (97 KB with the merge region) leaves two CTAs per SM, as for 16-bit caches (three
+// stages, one CTA: 2631 against 3750 GB/s at B 32, L 8k; fp8_decode_2026-12-04_d256_ab.md).
 template <int D, bool kFp8 = false>
 constexpr int decode_tc_stages() {
   if constexpr (kFp8) return D == 64 ? 7 : D == 128 ? 3 : 1;

@@ -30,8 +30,10 @@ ROW_PAD = 8  # elements of padding per query row
 # B 64, L 4k, ab_trees_2026-12-03_decode_d256.md)
 STAGES = {64: 4, 128: 2, 256: 1}
 # an fp8 cache's stages hold one byte per element and its rows are widened into the merge region's
-# accumulator rows (no tile of their own): 2 (S - 1) + 1 fp8 stages keep the bytes in flight of S = 4, 2 and 2
-# 16-bit stages with a merge region of their own (H200: two CTAs per SM at D 64 and 128, one at D 256). Three
+# accumulator rows (no tile of their own): 2 (S - 1) + 1 fp8 stages keep the bytes in flight of S = 4 and 2
+# 16-bit stages with a merge region of their own at D 64 and 128 (H200: two CTAs per SM); at D 256 one stage
+# leaves two CTAs per SM where three left one (B 32 L 8k 3750 against 2631 GB/s, FlashInfer's fp8 2981:
+# fp8_decode_2026-12-04_d256_ab.md), the SM's second CTA loading while the first computes. Three
 # CTAs per SM (five stages at D 64, two at D 128, registers bounded to 168) were faster where each CTA streams
 # one long item (B 16 L 16k 3834 against 3456 GB/s, B 1 L 64k 2724 / 2315, MHA 3817 / 3686) and slower where
 # plans pack several items per CTA (B 64 L 4k 2513 / 3567, D 64 1988 / 2571): fp8_decode_2026-12-02_occupancy.md

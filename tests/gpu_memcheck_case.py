@@ -27,12 +27,14 @@ def on_hopper() -> bool:
 
 
 def build(name: str, hopper_only: bool = False, fp8: bool = False):
-    """The library the case runs ``name`` on (its 16-bit cache, or with ``fp8`` the Hopper fp8-KV one)."""
+    """The libraries the case runs ``name`` on: over a 16-bit cache one per kernel kind ("decode", "prefill"),
+    configured as tests/test_gpu_decode.py's ``cuda_module`` builds them at head_dim 128 / float16, so that the
+    sanitizer's run finds them in the suite's cache; with ``fp8`` the Hopper fp8-KV prefill library."""
     if fp8:
         return CUDAAttention.build(builtin(name), head_dims=(128,), dtypes=("float16",), kv_dtypes=("float8_e4m3fn",),
                                    layouts=("NHD",), kernels=("prefill",))
-    return CUDAAttention.build(builtin(name), head_dims=(128,), dtypes=("float16",), layouts=("NHD",),
-                               kernels=("prefill",) if hopper_only else ("decode", "prefill"))
+    kinds = ("prefill",) if hopper_only else ("decode", "prefill")
+    return {k: CUDAAttention.build(builtin(name), head_dims=(128,), dtypes=("float16",), kernels=(k,)) for k in kinds}
 
 
 def main(hopper_only: bool = False):
@@ -40,7 +42,8 @@ def main(hopper_only: bool = False):
     hopper = on_hopper()
     for name in ("rope",) if hopper_only else VARIANTS:
         v = builtin(name)
-        att = build(name, hopper_only)
+        libs = build(name, hopper_only)
+        dec, pre = libs.get("decode"), libs["prefill"]  # (no decode library in the Hopper-only case)
         prob = random_problem(rng, [1, 1, 1], [700, 0, 33], 8, 2, 128, page_size=16)
         kv = PagedKV(cuda(prob.paged.pages, True), cuda(prob.paged.indptr), cuda(prob.paged.indices),
                      cuda(prob.paged.last_page_len))
@@ -48,10 +51,10 @@ def main(hopper_only: bool = False):
         q = cuda(prob.q, True)
         for tensor_cores in (() if hopper_only else (False, True)):
             for chunks in (1, 4):
-                att.decode(q, kv, plan=att.plan_decode(kv, 8, 128, num_chunks=chunks, tensor_cores=tensor_cores),
+                dec.decode(q, kv, plan=dec.plan_decode(kv, 8, 128, num_chunks=chunks, tensor_cores=tensor_cores),
                            params=params)
         for fused in (() if hopper_only else (True, False)):  # the balanced plan splits the 700-key request
-            att.decode(q, kv, plan=att.plan_decode(kv, 8, 128, fused_merge=fused), params=params)
+            dec.decode(q, kv, plan=dec.plan_decode(kv, 8, 128, fused_merge=fused), params=params)
         prob = random_problem(rng, [40, 0, 70], [40, 9, 150], 8, 2, 128, page_size=16)
         params = {k: cuda(x) if isinstance(x, np.ndarray) else x for k, x in random_params(v, rng, prob).items()}
         q, qo_indptr = cuda(prob.q, True), cuda(prob.qo_indptr)
@@ -62,7 +65,7 @@ def main(hopper_only: bool = False):
         plans += [dict(template="hopper")] if hopper else []
         for kv in (paged, ragged):
             for how in plans:
-                att.prefill(q, kv, qo_indptr, plan=att.plan_prefill(qo_indptr, kv, 128, **how), params=params)
+                pre.prefill(q, kv, qo_indptr, plan=pre.plan_prefill(qo_indptr, kv, 128, **how), params=params)
         if hopper:
             hopper_fp8(name, q, qo_indptr, paged, ragged, params)
     torch.cuda.synchronize()

@@ -11,13 +11,14 @@ D = 32
 
 
 @pytest.fixture(scope="module")
-def cuda_vanilla(tmp_path_factory):
-    from attngen.codegen.cache import BuildCache
+def cuda_vanilla(build_cache):
+    """The plain variant at head_dim 64, float16 (decode for cascade's flat mode, prefill for the rest), built once
+    per run in the session's cache that every worker shares (a module fixture runs once per worker)."""
     from attngen.runtime import CUDAAttention
     from attngen.variants import builtin
 
     return CUDAAttention.build(builtin("vanilla"), head_dims=(64,), dtypes=("float16",), layouts=("NHD",),
-                               cache=BuildCache(tmp_path_factory.mktemp("c")))
+                               cache=build_cache)
 
 
 def test_bsr_on_gpu(cuda_vanilla, rng):

@@ -61,10 +61,10 @@ def cuda_module(name, build_cache, head_dims=HEAD_DIMS, dtypes=DTYPES, kernels=(
     return _libs[key]
 
 
-def plain_decode_module(build_cache):
-    """The plain variant's decode library of the planner, argument-check and CUDA-graph tests below: float16
-    at head dims 64 and 128 (what they run), decode kernels only."""
-    return cuda_module("vanilla", build_cache, (64, 128), ("float16",), ("decode",))
+def plain_decode_module(build_cache, head_dim=128):
+    """The plain variant's float16 decode library at ``head_dim`` for the planner, argument-check and CUDA-graph
+    tests below: the library test_decode_matches_reference builds for that head dim, shared through the cache."""
+    return cuda_module("vanilla", build_cache, (head_dim,), ("float16",), ("decode",))
 
 
 def to_torch(x, dtype=None):
@@ -144,7 +144,7 @@ def test_decode_refuses_group_above_build_bound(build_cache, rng):
 
     from attngen.runtime import PagedKV
 
-    att = plain_decode_module(build_cache)
+    att = plain_decode_module(build_cache, 64)
     prob = random_problem(rng, [1], [20], 16, 1, 64, page_size=16)
     kv = PagedKV(to_torch(prob.paged.pages, "float16"), to_torch(prob.paged.indptr), to_torch(prob.paged.indices),
                  to_torch(prob.paged.last_page_len))
@@ -268,7 +268,7 @@ def test_decode_fixed_chunk_is_batch_invariant(build_cache, rng):
     """With fixed_chunk, a request's output is bit-identical whatever else is in the batch."""
     import torch
 
-    att = plain_decode_module(build_cache)
+    att = plain_decode_module(build_cache, 64)
     q, kv, refill = _static_batch(rng, 6, 1024, 8, 2, 64)
     refill([3000, 10, 500, 0, 2000, 64])
     plan = att.plan_decode(kv, 8, 64, fixed_chunk=512)

@@ -362,6 +362,18 @@ def test_map_provenance_follows_the_mask_tensors():
     assert params_key(builtin("vanilla"), {}) == ()
 
 
+def test_the_plan_and_the_lists_kernel_agree_on_the_order_bins():
+    """build_tile_map takes the lists kernel's work order only where that kernel's counting sort had a count per
+    value (ORDER_BINS, csrc/tile_map.cuh kOrderBins); the two constants must be one."""
+    import re
+
+    from attngen.codegen.lto import CSRC
+    from attngen.runtime.tile_map import ORDER_BINS
+
+    found = re.search(r"constexpr int kOrderBins = (\d+);", (CSRC / "tile_map.cuh").read_text())
+    assert found and int(found.group(1)) == ORDER_BINS
+
+
 def test_paged_lengths_on_the_device_side():
     import torch
 

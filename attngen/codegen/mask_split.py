@@ -67,16 +67,12 @@ class MaskSplit:
     n_standard_key = 3
 
 
-def _conjuncts(e) -> list:
-    return _conjuncts(e.a) + _conjuncts(e.b) if isinstance(e, tir.And) else [e]
-
-
 def _key_term(rest, rt, key_vars, extras) -> tuple[tir.PrimFunc | None, int]:
     """The mask's key term: a conjunct ``rt[i] == read`` (either side) of ``rest`` whose read is an int32
     load indexed by ``key_vars`` (batch, kv_pos, kv_head) alone, as a function of them returning the read
     inside its tensor's bounds (0 outside, as a row term), and i; (None, -1) without one."""
     allowed = {tu.handle(v) for v in key_vars}
-    for c in _conjuncts(rest):
+    for c in tu.conjuncts(rest):
         if not isinstance(c, tir.EQ):
             continue
         for a, b in ((c.a, c.b), (c.b, c.a)):

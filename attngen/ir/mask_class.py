@@ -62,12 +62,6 @@ def _push_not(e, negate=False):
     return e
 
 
-def _conjuncts(e) -> list:
-    if isinstance(e, tir.And):
-        return _conjuncts(e.a) + _conjuncts(e.b)
-    return [e]
-
-
 def _expand_binds(func) -> object:
     binds, value = tu.strip_binds(func.body)
     for b in reversed(binds):
@@ -118,7 +112,7 @@ def classify_mask(func, scalar_param_names: set[str]) -> MaskInfo:
         return MaskInfo(MaskKind.NONE) if expr.value else MaskInfo(MaskKind.ARBITRARY)
     lower = upper = None
     exact = True
-    for atom in _conjuncts(_push_not(expr)):
+    for atom in tu.conjuncts(_push_not(expr)):
         bound = _delta_bound(atom, qo, kv, allowed)
         if bound is None:
             exact = False

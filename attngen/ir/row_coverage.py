@@ -47,11 +47,8 @@ class Dropped:
 
 
 def conjuncts(cond) -> tuple:
-    if isinstance(cond, tir.And):
-        return conjuncts(cond.a) + conjuncts(cond.b)
-    if isinstance(cond, tir.IntImm) and cond.value:
-        return ()
-    return (cond,)
+    """``cond``'s conjuncts (tir_utils.conjuncts) without the ones that are constantly true."""
+    return tuple(c for c in tu.conjuncts(cond) if not (isinstance(c, tir.IntImm) and c.value))
 
 
 def guard(ranges: list[WrittenRange], cond) -> list[WrittenRange]:

@@ -18,6 +18,11 @@ def handle(obj) -> int:
     return obj.__chandle__()
 
 
+def conjuncts(e) -> list:
+    """The operands of a nest of ``And``: [a, b, c] for (a and b) and c; [e] for anything else."""
+    return conjuncts(e.a) + conjuncts(e.b) if isinstance(e, tir.And) else [e]
+
+
 def collect(node, cls) -> list:
     """All sub-objects of ``node`` that are instances of ``cls`` (post-order)."""
     found: list = []

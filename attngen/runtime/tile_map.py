@@ -170,7 +170,9 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     # one zero-filled tensor: the device lists' outputs (indptr, the pairs' tiles, the counts by class, the work
     # order; padded to 32 entries), then entries: the lists' room, then the map rows' key intervals, which the
     # prefill kernels find at entries' end and read as int2 (they start on 128 bytes) and the classifier writes
-    made_size = lists + 1 + pairs + 3 + pairs
+    at_tiles, at_counts = lists + 1, lists + 1 + pairs  # where each output starts (indptr at 0)
+    at_order = at_counts + 3
+    made_size = at_order + pairs
     head = (made_size + 31) // 32 * 32 if device_lists else 0
     room = list_room(lists * k_tiles)
     buf = torch.zeros(head + room + lists * rows * 2, dtype=torch.int32, device=dev)  # (slots no list fills: 0)
@@ -185,11 +187,10 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
                  num_kv_heads, 0, rows, keys, *extras)
     marks.append(time.perf_counter())
     if device_lists:  # (a map without tiles launched nothing: its zeros stand)
-        indptr, tiles = made[:lists + 1], made[lists + 1:lists + 1 + pairs]
-        class_counts = made[lists + 1 + pairs:lists + 1 + pairs + 3]
+        indptr, tiles, class_counts = made[:at_tiles], made[at_tiles:at_counts], made[at_counts:at_order]
         # the kernel's counting sort made the order where its counts fit (else, and without a launch, sort here)
         ranked = cls.numel() and heads * k_tiles + 1 <= ORDER_BINS
-        order = made[lists + 1 + pairs + 3:] if ranked else order_from_pair_tiles(tiles)
+        order = made[at_order:] if ranked else order_from_pair_tiles(tiles)
     else:
         flat = cls.reshape(lists, k_tiles)  # explicit: -1 is ambiguous when k_tiles is 0
         indptr, _ = compact_lists(flat, out=entries[:room])

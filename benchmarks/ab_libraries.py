@@ -136,7 +136,9 @@ def run(args) -> None:
     copy = copy_bandwidth()
     res["copy_GBps"] = copy
     original = decode_plan.decode_tc_ctas_per_sm
-    for name, kv_lens, hq, hkv in DECODE_CASES:
+    for name, kv_lens, hq, hkv, d in DECODE_CASES:
+        if d != HEAD_DIM:  # the revisions' libraries are built at HEAD_DIM
+            continue
         q, pages, indptr, indices, last = make_case(kv_lens, hq, hkv)
         kv = PagedKV(pages, indptr, indices, last, "NHD")
         nbytes = sum(kv_lens) * hkv * HEAD_DIM * 2 * 2 + 2 * q.numel() * 2

@@ -56,7 +56,7 @@ def main():
     for _ in range(3):
         prefill_lib.prefill(q, kv, indptr, plan=plan, **scales)
     vanilla = CUDAAttention.build(builtin("vanilla"), **build)
-    cases = {name: (lens, qh, kh) for name, lens, qh, kh in DECODE_CASES}
+    cases = {c.name: (c.kv_lens, c.hq, c.hkv) for c in DECODE_CASES if c.d == D}
     if args.decode_case not in cases:
         raise SystemExit(f"--decode-case: one of {sorted(cases)}")
     lens, dq, dkv = cases[args.decode_case]

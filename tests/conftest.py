@@ -11,12 +11,26 @@ import random
 import shutil
 import zlib
 
-import numpy as np
-import pytest
 
-from attngen.codegen.cache import BuildCache
+def _share_the_cores() -> None:
+    """A pytest-xdist worker's math libraries (OpenMP / OpenBLAS / MKL under NumPy and PyTorch, TVM's CPU
+    thread pool) get the worker's share of the cores, read before any of them loads: left to themselves each
+    worker's pools start one thread per core, and n workers put n x cores threads on the machine's cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = str(max(1, (os.cpu_count() or 1) // workers))
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS"):
+            os.environ.setdefault(var, share)
 
-from .gpu_suite_order import order_gpu_suite
+
+_share_the_cores()
+
+import numpy as np  # noqa: E402  (after the thread counts)
+import pytest  # noqa: E402
+
+from attngen.codegen.cache import BuildCache  # noqa: E402
+
+from .gpu_suite_order import order_gpu_suite  # noqa: E402
 
 
 def _has_gpu() -> tuple[bool, str]:

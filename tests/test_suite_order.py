@@ -31,3 +31,22 @@ def test_second_templates_last_and_each_half_longest_first():
         SLOW + "[memcheck]", "a.py::t_first", "a.py::t_pair[x-mma_sync]", "a.py::t_pair[y-mma_sync]",
         "b.py::t_pair[z-hopper]", "b.py::t_last",
         "a.py::t_pair[x-hopper]", "a.py::t_pair[y-hopper]", "b.py::t_pair[z-mma_sync]"]
+
+
+def test_a_workers_thread_pools_take_its_share_of_the_cores():
+    """tests/conftest.py: under pytest-xdist each worker's OpenMP / BLAS / TVM pools start with its share of the
+    cores (here 1: more workers than cores), not one thread per core each; a variable the user set is kept."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    env["PYTEST_XDIST_WORKER_COUNT"] = str(2 * (os.cpu_count() or 1))
+    env["TVM_NUM_THREADS"] = "3"
+    code = ("import os, tests.conftest, torch; "
+            "print(torch.get_num_threads(), *(os.environ[v] for v in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', "
+            "'TVM_NUM_THREADS', 'MKL_NUM_THREADS')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "1", "1", "3", "1"], out.stdout + out.stderr

@@ -14,7 +14,8 @@ struct HopperTile {
   static constexpr int kConsumers = 2;              // consumer warpgroups of 64 rows
   static constexpr int kRows = 64 * kConsumers;     // packed query rows per CTA
   static constexpr int kKeys = D == 256 ? 64 : 128;  // keys per K/V tile (S: 64 x kKeys per consumer)
-  static constexpr int kStages = 2;
+  // K / V stages: three at D 64, whose tiles are half as long to compute as they are to load at D 128
+  static constexpr int kStages = D == 64 ? 3 : 2;
   // query tiles in flight: two where shared memory holds them (the next item's rows land during this
   // item's epilogue), one at D 256
   static constexpr int kQBuffers = D <= 128 ? 2 : 1;

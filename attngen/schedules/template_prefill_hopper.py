@@ -22,7 +22,7 @@ from .templates import ArchNeeds, FitQuery, TemplateRecord
 
 HEAD_DIMS = (64, 128, 256)
 CONSUMERS = 2  # consumer warpgroups of 64 rows
-STAGES = 2
+STAGES = {64: 3, 128: 2, 256: 2}  # K / V stages per head dim (csrc/hopper_tile.cuh kStages)
 THREADS = 128 * (1 + CONSUMERS)
 ITEM_BYTES = 48  # csrc/hopper_tile.cuh HopperItem: ten ints and a pointer, 8-byte aligned
 
@@ -41,7 +41,7 @@ class HopperConfig:
 
     @property
     def stages(self) -> int:
-        return STAGES
+        return STAGES[self.head_dim]
 
     @property
     def q_buffers(self) -> int:

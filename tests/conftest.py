@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 
 from attngen.codegen.cache import BuildCache  # noqa: E402
 
-from .gpu_suite_order import order_gpu_suite  # noqa: E402
+from .suite_order import order_cpu_suite, order_gpu_suite  # noqa: E402
 
 
 def _has_gpu() -> tuple[bool, str]:
@@ -48,6 +48,7 @@ def pytest_collection_modifyitems(config, items):
     if ok:
         order_gpu_suite(items)
         return
+    order_cpu_suite(items)
     skip = pytest.mark.skip(reason=why)
     for item in items:
         if "gpu" in item.keywords:

@@ -1,8 +1,9 @@
-"""The GPU suite's order (tests/gpu_suite_order.py): every first-template case of a test function parametrized
-over the prefill template before any second-template case, each half longest first, ties in collected order."""
+"""The suites' order (tests/suite_order.py): every first-template case of a test function parametrized
+over the prefill template before any second-template case, each half longest first, ties in collected order;
+without a GPU, whole modules longest first."""
 from types import SimpleNamespace
 
-from .gpu_suite_order import DEFAULT_S, EXPECTED_S, expected_seconds, order_gpu_suite
+from .suite_order import DEFAULT_S, EXPECTED_MODULE_S, EXPECTED_S, expected_seconds, order_cpu_suite, order_gpu_suite
 
 SLOW = "tests/test_gpu_fuzz.py::test_fuzz_calls_under_the_sanitizer"
 
@@ -50,3 +51,13 @@ def test_a_workers_thread_pools_take_its_share_of_the_cores():
             "'TVM_NUM_THREADS', 'MKL_NUM_THREADS')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "1", "1", "3", "1"], out.stdout + out.stderr
+
+
+def test_cpu_order_moves_whole_modules_longest_first():
+    heavy, light = "tests/test_cuda_codegen.py", "tests/test_cli.py"
+    assert EXPECTED_MODULE_S[heavy] > EXPECTED_MODULE_S[light]
+    items = [case("tests/test_unknown.py::t_a"), case(light + "::t_1"), case(heavy + "::t_1[x]"),
+             case(light + "::t_2"), case(heavy + "::t_2"), case("tests/test_unknown.py::t_b")]
+    order_cpu_suite(items)
+    assert [i.nodeid for i in items] == [heavy + "::t_1[x]", heavy + "::t_2", light + "::t_1", light + "::t_2",
+                                         "tests/test_unknown.py::t_a", "tests/test_unknown.py::t_b"]

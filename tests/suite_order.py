@@ -1,4 +1,9 @@
-"""The GPU suite's order: longest work first, and a library's second user after every first user.
+"""The suites' order: longest work first; on a GPU machine, a library's second user after every first user.
+
+Without a GPU (the CPU suite, CI) whole test modules move, longest first by ``EXPECTED_MODULE_S`` (seconds per
+module of a whole run on two cores), each module's items together and in their collected order, so that
+module-scoped fixtures (some build in a fresh cache) set up once per worker as before, and the run does not
+end on one long module while the other worker idles.
 
 The GPU suite runs on pytest-xdist workers that each build with one core (``ATTNGEN_BUILD_CORES``), so its
 wall time is the packing of a few long builds among many short tests. Two rules order the collected items:
@@ -81,5 +86,32 @@ def order_gpu_suite(items: list) -> None:
         fn = item.nodeid.split("[")[0]
         rank = ranks[fn][item.callspec.params["template"]] if fn in ranks else 0
         return min(rank, 1), -expected_seconds(item.nodeid), i
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
+
+
+# seconds per test module of a whole CPU run (tests/*.py, -n 2 on two cores, 2026-12-04 at 46eab90, pytest
+# --durations=0 summed per file; modules under 5 s count 0 and keep their collected order at the end)
+EXPECTED_MODULE_S = {
+    "tests/test_cuda_codegen.py": 437, "tests/test_lto_build.py": 155, "tests/test_tvm_kv_cache_cuda_rope.py": 105,
+    "tests/test_fp8_cuda_prefill.py": 95, "tests/test_fp8_cuda_build.py": 81, "tests/test_tvm_kv_cache.py": 70,
+    "tests/test_cpu_backend.py": 70, "tests/test_examples.py": 62, "tests/test_fp8_kv.py": 61,
+    "tests/test_tvm_model_e2e.py": 48, "tests/test_tvm_kv_cache_aot.py": 47, "tests/test_cache_safety.py": 45,
+    "tests/test_cli.py": 44, "tests/test_tvm_kv_cache_cuda_tensor_params.py": 42,
+    "tests/test_tvm_kv_cache_aot_cuda.py": 42, "tests/test_tvm_kv_cache_cuda_trees.py": 41,
+    "tests/test_cuda_api_checks.py": 40, "tests/test_fast_start.py": 31, "tests/test_fuzz_cpu.py": 22,
+    "tests/test_cache.py": 22, "tests/test_tvm_kv_cache_tree.py": 20, "tests/test_tvm_kv_cache_cuda_windows.py": 20,
+    "tests/test_cache_key.py": 20, "tests/test_prebuild.py": 9, "tests/test_planner.py": 9,
+    "tests/test_bad_input.py": 9, "tests/test_constants.py": 7, "tests/test_hook_math.py": 6,
+    "tests/test_gpu_fuzz.py": 6, "tests/test_tile_map.py": 5,
+}
+
+
+def order_cpu_suite(items: list) -> None:
+    """Reorder ``items`` in place: whole modules, longest first (``EXPECTED_MODULE_S``); ties and the items within
+    a module keep their collected order."""
+    def key(pair):
+        i, item = pair
+        return -EXPECTED_MODULE_S.get(item.nodeid.split("::")[0], 0), i
 
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]

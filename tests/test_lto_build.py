@@ -22,6 +22,7 @@ from attngen.schedules.dtypes import DtypePair
 from attngen.variants import BUILTINS, builtin
 
 from .conftest import requires_nvcc
+from .test_tile_map import example
 
 requires_nvjitlink = pytest.mark.skipif(not nvjitlink.available(), reason="libnvJitLink (cuda-bindings, "
                                         "nvidia-nvjitlink) is not installed")
@@ -291,8 +292,9 @@ def test_each_arch_gets_its_cubin(build_cache):
 @requires_nvcc
 @requires_nvjitlink
 def test_each_template_object_links_into_its_own_cubin(build_cache):
-    """Decode (two parts: CUDA-core kernels; tensor-core kernels and the merge) and prefill (three on sm_90a:
-    the mma.sync kernels; the Hopper ones; the tile-map classifier) link in parallel, one cubin each, the hooks
+    """Decode (two parts: CUDA-core kernels; tensor-core kernels and the merge) and prefill (on sm_90a the mma.sync
+    kernels and the Hopper ones; the tile-map classifier's part only for variants that reach it, not soft-cap's)
+    link in parallel, one cubin each, the hooks
     inlined; the kernel table names the part holding each kernel, and the launch object routes to the Hopper
     template."""
     import itertools
@@ -300,7 +302,7 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
 
     res = build(scaled_softcap(1.0), lto_config(kernels=("decode", "prefill"), archs=("sm_90a",),
                                                 defer_alternatives=False), cache=build_cache)
-    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(5)] and not res.manifest["deferred"]
+    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)] and not res.manifest["deferred"]
     assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
     assert "hopper_prefill_kernel<__half, 128, false, __half>" in res.manifest["kernels"]  # K/V of the query dtype
     for c in res.manifest["cubins"]:
@@ -314,11 +316,10 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
     for (key, mangled), part in zip(pairs, parts):
         assert mangled in held[part], key
         assert part == (0 if key.startswith("decode_kernel") else 3 if key.startswith("hopper")
-                        else 2 if key.startswith("prefill") else 4 if key.startswith(("tile_", "hook_pass"))
-                        else 1), key
-    # (the row-hook pass: soft-cap has no key or query transform, so no kernel: test_linked_row_hook_pass_kernel)
-    assert "tile_map_kernel<128>" in res.manifest["kernels"] and "hook_pass_kernel<128>" not in res.manifest["kernels"]
-    assert "tile_lists_kernel<128>" in res.manifest["kernels"]  # (the classifier's part makes the lists too)
+                        else 2 if key.startswith("prefill") else 1), key
+    # soft-cap has no mask and no key or query transform: no classifier, no row-hook pass (lto.part_serves; a
+    # variant with them: test_linked_row_hook_pass_kernel)
+    assert not any(k.startswith(("tile_", "hook_pass")) for k in res.manifest["kernels"]), res.manifest["kernels"]
     # an sm_90a-only build runs on GPUs of 227 KB shared memory per block alone: the launchers' fallbacks for
     # less (the one-stage tensor-core decode tile) are not compiled, so the links have less to generate
     kernels = res.manifest["kernels"]
@@ -345,6 +346,13 @@ def test_the_tile_map_part_is_compiled_once_per_head_dim():
     assert "launch_tile_map<attngen_gen::Hooks_d128>" in src and "launch_prefill" not in src
     cfg = lto_config(kernels=("prefill",), archs=("sm_90a",))
     assert not lto.deferred_part(cfg, "sm_90a", "prefill", 2)
+    # built and linked for the variants that reach it: a mask beyond its bounds, a key or query transform
+    assert lto.CLASSIFIER_PART == ("prefill", 2)
+    for name, reached in (("custom_mask", True), ("rope", True), ("logits_softcap", False), ("alibi", False),
+                          ("causal", False), ("sliding_window", False), ("vanilla", False)):
+        assert lto.part_serves(builtin(name), "prefill", 2) == reached, name
+        assert lto.part_serves(builtin(name), "prefill", 1) and lto.part_serves(builtin(name), "decode", 1)
+    assert lto.part_serves(example("document_mask"), "prefill", 2)
     heads = builtin("custom_mask")  # a bit mask over (batch, query head, ...): beyond its bounds
     for variant, reads in ((builtin("causal"), "false"), (builtin("vanilla"), "false")):
         abi = abi_traits_source(variant, lower_hooks_cuda(variant, 128, "sm_90a"), 128)
@@ -476,17 +484,17 @@ def test_linked_fp8_library_exports_and_embeds_the_fp8_kernels(fp8_linked):
     for fn in res.manifest["functions"]:
         assert f"__tvm_ffi_{fn}" in syms
     kernels = res.manifest["kernels"]
-    # every attention kernel reads the e4m3 cache (the key's last argument); the merge reads float32 states, the
-    # tile-map classifier and its lists no K/V
-    assert all(k.endswith(", __nv_fp8_e4m3>") for k in kernels if not k.startswith(("merge_", "tile_"))), kernels
-    assert "tile_map_kernel<128>" in kernels and "tile_lists_kernel<128>" in kernels
+    # every attention kernel reads the e4m3 cache (the key's last argument); the merge reads float32 states (soft-cap
+    # links no tile-map classifier: lto.part_serves)
+    assert all(k.endswith(", __nv_fp8_e4m3>") for k in kernels if not k.startswith("merge_")), kernels
+    assert not any(k.startswith("tile_") for k in kernels), kernels
     # the tensor-core decode at the fp8 stage count of the decode_tc record (3 at D 128: deeper, half-size stages)
     for k in ("decode_kernel<__half, 128, 1, __nv_fp8_e4m3>", "decode_kernel<__half, 128, 8, __nv_fp8_e4m3>",
               "decode_tc_kernel<__half, 128, 3, __nv_fp8_e4m3>", "merge_decode_kernel<__half, 128>",
               "hopper_prefill_kernel<__half, 128, false, __nv_fp8_e4m3>"):
         assert k in kernels, k
     assert any(k.startswith("prefill_kernel<__half, 128,") for k in kernels), kernels
-    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(5)]
+    assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)]
     for c in res.manifest["cubins"]:
         cubin = (res.directory / c).read_bytes()
         assert linked_cubin.cubin_kernels(cubin) and b"attngen_abi_" not in cubin
@@ -567,9 +575,9 @@ def test_alternatives_link_on_first_use(build_cache):
     assert cfg.defer_alternatives and lto.deferred_part(cfg, "sm_90a", "decode", 0)
     assert not lto.deferred_part(cfg, "sm_90a", "decode", 1) and not lto.deferred_part(cfg, "sm_80", "decode", 0)
     res = build(scaled_softcap(1.0), cfg, cache=build_cache)
-    # the tensor-core decode, the Hopper prefill, the tile-map classifier (never an alternative)
-    assert res.manifest["cubins"] == ["linked_sm_90a_1.cubin", "linked_sm_90a_3.cubin", "linked_sm_90a_4.cubin"]
-    assert len(res.manifest["lto_reused"]["templates"]) == 3  # the deferred parts' templates are not compiled either
+    # the tensor-core decode, the Hopper prefill (soft-cap reaches no tile-map classifier: lto.part_serves)
+    assert res.manifest["cubins"] == ["linked_sm_90a_1.cubin", "linked_sm_90a_3.cubin"]
+    assert len(res.manifest["lto_reused"]["templates"]) == 2  # the deferred parts' templates are not compiled either
     assert [(e["arch"], e["part"]) for e in res.manifest["deferred"]] == [("sm_90a", 0), ("sm_90a", 2)]
     kernels = res.manifest["kernels"]
     assert not any(k.startswith(("decode_kernel<", "prefill_kernel<")) for k in kernels), kernels
@@ -608,3 +616,4 @@ def test_linked_row_hook_pass_kernel(build_cache):
     part, keyed by head dim alone (it reads the element type from a flag)."""
     res = build(builtin("rope"), lto_config(kernels=("prefill",)), cache=build_cache)
     assert [k for k in res.manifest["kernels"] if k.startswith("hook_pass")] == ["hook_pass_kernel<128>"]
+    assert "tile_map_kernel<128>" in res.manifest["kernels"]  # (the part holds the classifier too)

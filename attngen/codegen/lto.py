@@ -42,6 +42,7 @@ import tvm_ffi.libinfo
 
 import attngen
 from attngen.ir import ConfigError
+from attngen.ir.mask_class import mask_beyond_bounds
 from attngen.schedules.arch import arch_spec, smem_floor_define
 from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DtypePair
@@ -184,6 +185,20 @@ def deferred_part(cfg: BuildConfig, arch: str, record: str, part: int) -> bool:
     if not cfg.defer_alternatives or (record, part) not in ALTERNATIVE_PARTS.get(arch, ()):
         return False
     return record == "decode" or "ATTNGEN_WITH_PREFILL_HOPPER" in build_macros(cfg)
+
+
+# the prefill record's part holding the tile-map classifier and the row-hook pass (LAUNCHERS["prefill"].parts)
+CLASSIFIER_PART = ("prefill", 2)
+
+
+def part_serves(variant, record: str, part: int) -> bool:
+    """Whether a call of ``variant``'s library can reach part ``part`` of template ``record``. The classifier's
+    part serves a mask beyond its bounds (plan_prefill derives maps for such masks alone and refuses
+    tile_map=True for others) and a key or query transform (the row-hook pass; hook_pass=True is refused
+    without one): a variant with neither has that part neither compiled nor linked."""
+    if (record, part) != CLASSIFIER_PART:
+        return True
+    return mask_beyond_bounds(variant) or "key_transform" in variant.hooks or "query_transform" in variant.hooks
 
 
 def linked_exports(cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[LinkedExport]:

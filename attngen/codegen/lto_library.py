@@ -20,7 +20,7 @@ from .cuda_variant import abi_traits_source, linked_params_source
 from .host_library import host_cxx
 from .linked_cubin import cubin_kernels, kernel_table, link_object_source
 from .lto import (LAUNCHERS, build_macros, check_params_fit, compile_hooks, count, deferred_part, exports_object,
-                  hook_unit, launch_object, lto_gencode, sm_number, template_key, template_object)
+                  hook_unit, launch_object, lto_gencode, part_serves, sm_number, template_key, template_object)
 
 
 def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
@@ -45,6 +45,8 @@ def build_linked_library(ctx, cache: BuildCache | None = None) -> dict:
             for d in cfg.head_dims:
                 for pair in cfg.dtype_pairs:
                     for part in LAUNCHERS[record.name].parts_of(build_macros(cfg), pair == cfg.dtype_pairs[0]):
+                        if not part_serves(variant, record.name, part):
+                            continue
                         if deferred_part(cfg, a, record.name, part):
                             objects[a].append({"record": record.name, "record_part": part, "head_dim": d,
                                                "dtypes": [pair.q, pair.kv],

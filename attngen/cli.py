@@ -23,6 +23,7 @@ from attngen.codegen.cache import (PREBUILT_ENV, BuildCache, content_key, entry_
                                    python_environment)
 from attngen.codegen.nvcc import NvccError
 from attngen.ir.errors import ConfigError, VariantError
+from attngen.ir.hook_spec import row_hooks
 from attngen.schedules import ARCHS, BuildConfig
 from attngen.schedules.build_config import HOOK_MATH_MODES
 from attngen.schedules.registry import KERNELS
@@ -318,7 +319,7 @@ def cmd_inspect(args) -> int:
         if ms.key is not None:
             print(f"  key term: {ms.key.body.value}  (compared with rt[{ms.key_of}]: the tile-map classifier skips a "
                   "tile whose keys' and rows' ranges of the two share no value)")
-    keys, queries = ("key_transform" in v.hooks), ("query_transform" in v.hooks)
+    keys, queries = row_hooks(v)
     if keys or queries:
         from attngen.runtime.hook_pass import AUTO_MIN_ROWS
 

@@ -13,13 +13,15 @@ import zlib
 
 
 def _share_the_cores() -> None:
-    """A pytest-xdist worker's math libraries (OpenMP / OpenBLAS / MKL under NumPy and PyTorch, TVM's CPU
-    thread pool) get the worker's share of the cores, read before any of them loads: left to themselves each
-    worker's pools start one thread per core, and n workers put n x cores threads on the machine's cores."""
+    """A pytest-xdist worker's builds (nvcc's threads, parallel links: ``ATTNGEN_BUILD_CORES``) and math libraries
+    (OpenMP / OpenBLAS / MKL under NumPy and PyTorch, TVM's CPU thread pool) get the worker's share of the cores,
+    set before any of them loads: left to themselves each worker's pools start one thread per core, and n workers
+    put n x cores threads on the machine's cores."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         share = str(max(1, (os.cpu_count() or 1) // workers))
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS"):
+        for var in ("ATTNGEN_BUILD_CORES", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "TVM_NUM_THREADS"):
             os.environ.setdefault(var, share)
 
 
@@ -76,10 +78,6 @@ SEED_VARIABLE = "ATTNGEN_TEST_SEED"
 def pytest_configure(config):
     # set before pytest-xdist starts its workers, which inherit the environment: one seed for the whole run
     os.environ.setdefault(SEED_VARIABLE, str(random.SystemRandom().randrange(2**32)))
-    # a pytest-xdist worker's builds keep its share of the cores busy (nvcc's threads, parallel links), not all
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1:
-        os.environ.setdefault("ATTNGEN_BUILD_CORES", str(max(1, (os.cpu_count() or 1) // workers)))
 
 
 def pytest_runtest_logreport(report):

@@ -268,7 +268,7 @@ def test_fp8_prefill_matches_the_reference_on_dequantised_values(name, template,
     import torch
 
     from attngen.runtime import reference_attention
-    from attngen.runtime.tile_map import mask_needs_map
+    from attngen.ir.mask_class import mask_needs_map
     from attngen.testing import compare, fp8_tolerance, random_params
 
     from .test_gpu_decode import to_torch

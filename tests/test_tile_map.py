@@ -19,7 +19,8 @@ def example(name):
 
 
 def test_which_variants_get_a_map():
-    from attngen.runtime.tile_map import mask_needs_map, mask_params, mask_reads_heads
+    from attngen.ir.mask_class import mask_needs_map
+    from attngen.runtime.tile_map import mask_params, mask_reads_heads
 
     assert not mask_needs_map(builtin("vanilla"))  # no mask
     assert not mask_needs_map(builtin("causal"))  # its bounds: the CTA's key range already skips tiles

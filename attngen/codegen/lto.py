@@ -42,7 +42,8 @@ import tvm_ffi.libinfo
 
 import attngen
 from attngen.ir import ConfigError
-from attngen.ir.mask_class import mask_beyond_bounds
+from attngen.ir.hook_spec import row_hooks
+from attngen.ir.mask_class import mask_needs_map
 from attngen.schedules.arch import arch_spec, smem_floor_define
 from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DtypePair
@@ -198,7 +199,7 @@ def part_serves(variant, record: str, part: int) -> bool:
     without one): a variant with neither has that part neither compiled nor linked."""
     if (record, part) != CLASSIFIER_PART:
         return True
-    return mask_beyond_bounds(variant) or "key_transform" in variant.hooks or "query_transform" in variant.hooks
+    return mask_needs_map(variant) or any(row_hooks(variant))
 
 
 def linked_exports(cfg: BuildConfig, head_dim: int, pair: DtypePair) -> list[LinkedExport]:

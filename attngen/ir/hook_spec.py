@@ -93,3 +93,8 @@ STANDARD_SCALARS = frozenset(n for h in HOOKS.values() for n in h.scalar_names)
 def hooks_at(site: Site) -> tuple[str, ...]:
     """The hook kinds a template applies at ``site``, in ``HOOK_ORDER``."""
     return tuple(name for name, spec in HOOKS.items() if spec.site is site)
+
+
+def row_hooks(variant) -> tuple[bool, bool]:
+    """Whether the variant has a key transform and a query transform."""
+    return "key_transform" in variant.hooks, "query_transform" in variant.hooks

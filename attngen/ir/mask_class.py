@@ -45,7 +45,7 @@ class MaskInfo:
         return "; ".join(parts)
 
 
-def mask_beyond_bounds(variant) -> bool:
+def mask_needs_map(variant) -> bool:
     """Whether ``variant``'s mask hook is more than the bounds its analysis found: only then does a tile map skip
     anything, and only then does a library of the variant need the tile-map classifier."""
     return "logits_mask" in variant.hooks and variant.analysis.mask.kind == MaskKind.ARBITRARY

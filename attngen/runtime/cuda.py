@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from attngen.build import build as build_library
+from attngen.ir.mask_class import mask_needs_map
 from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
 from attngen.schedules.dtypes import DTYPE_BYTES, is_fp8
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
@@ -31,7 +32,7 @@ from .deferred_parts import link_deferred_parts
 from .fp8 import device_kv_scales, scale_args
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
-from .tile_map import KVBound, TileMap, build_tile_map, mask_needs_map, params_key
+from .tile_map import KVBound, TileMap, build_tile_map, params_key
 from .views import PagedKV, RaggedKV, paged_lengths
 
 

@@ -8,6 +8,7 @@ per-tile hooks' to rounding (the hook's float math may contract into FMAs differ
 """
 from __future__ import annotations
 
+from attngen.ir.hook_spec import row_hooks
 from attngen.runtime.checks import AttentionArgumentError
 from attngen.runtime.views import PagedKV, RaggedKV
 
@@ -20,11 +21,6 @@ AUTO_MIN_ROWS = 64
 
 def _align(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
-
-
-def row_hooks(variant) -> tuple[bool, bool]:
-    """Whether the variant has a key transform and a query transform."""
-    return "key_transform" in variant.hooks, "query_transform" in variant.hooks
 
 
 def workspace_bytes(variant, q, kv: PagedKV | RaggedKV, head_dim: int) -> int | None:

@@ -19,15 +19,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from attngen.ir.mask_class import mask_beyond_bounds
 
 from .views import PagedKV
 from .work_order import order_from_map, order_from_pair_tiles
-
-
-def mask_needs_map(variant) -> bool:
-    """Whether the variant's mask is more than its bounds (only then does a map skip anything)."""
-    return mask_beyond_bounds(variant)
 
 
 def mask_reads_heads(variant) -> bool:

@@ -169,6 +169,11 @@ def test_hopper_prefill_is_a_companion_of_prefill_on_sm90a_only():
     # a build that has the companion fits its tiles too; every Hopper tile fits sm_90a's shared memory
     for d in PREFILL_HOPPER.head_dims:
         assert hopper_smem_bytes(HopperConfig(d), HALF) <= arch_spec("sm_90a").smem_per_block
+    # the wide tiling (176 keys, one query buffer) at head_dim 128 alone, and within sm_90a's shared memory
+    assert [c.keys for c in PREFILL_HOPPER.configs(128)] == [128, 176]
+    assert [c.q_buffers for c in PREFILL_HOPPER.configs(128)] == [2, 1]
+    assert all(not c.wide for d in (64, 256) for c in PREFILL_HOPPER.configs(d))
+    assert hopper_smem_bytes(HopperConfig(128, wide=True), HALF) <= arch_spec("sm_90a").smem_per_block
     small = dataclasses.replace(arch_spec("sm_90a"), smem_per_block=100 * 1024)
     problems = fit_problems(small, ("prefill",), (128,), (DtypePair("float16", "float16"),), 8, False)
     assert any("prefill_hopper head_dim 128 (Hopper tile)" in p for p in problems)

@@ -169,19 +169,29 @@ __device__ __forceinline__ void row_tree(const float (&s)[N][4], float (&out)[2]
   out[1] = v[0][1];
 }
 
+// The largest power of two not above n (n >= 1).
+constexpr int pow2_floor(int n) { return n < 2 ? 1 : 2 * pow2_floor(n / 2); }
+
 // Per-thread reduction (max or sum, by `op`) of a tile's scores over this thread's two rows (mma.sync /
 // wgmma accumulator fragments: elements 0-1 of an 8-column block are row g, 2-3 row g + 8), as a pairwise
-// tree: log2 dependent steps instead of a chain through every score.
+// tree: log2 dependent steps instead of a chain through every score. N blocks past a power of two (22 of a
+// 176-key tile) fold into the first ones before the tree.
 template <int N, class Op>
 __device__ __forceinline__ void tile_row_reduce(const float (&s)[N][4], float (&out)[2], Op op) {
-  static_assert(N > 1 && (N & (N - 1)) == 0, "8-column blocks per tile: a power of two");
+  static_assert(N > 1, "8-column blocks per tile: at least two");
+  constexpr int P = pow2_floor(N);
   float v[N][2];
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     v[n][0] = op(s[n][0], s[n][1]);
     v[n][1] = op(s[n][2], s[n][3]);
   }
-  fold_rows<N / 2>(v, op);
+#pragma unroll
+  for (int n = P; n < N; ++n) {
+    v[n - P][0] = op(v[n - P][0], v[n][0]);
+    v[n - P][1] = op(v[n - P][1], v[n][1]);
+  }
+  fold_rows<P / 2>(v, op);
   out[0] = v[0][0];
   out[1] = v[0][1];
 }

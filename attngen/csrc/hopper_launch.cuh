@@ -33,11 +33,14 @@ template <class V, class T, int D, class KV = T>
 void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
                            cudaStream_t stream) {
 #if defined(ATTNGEN_WITH_PREFILL_HOPPER)
-  using Tile = HopperTile<D>;
-  constexpr size_t smem = hopper_prefill_smem_bytes<T, D>();
+  // the unmapped instance's tiling (a mapped instance never runs wide tiles: the same shared memory)
+  constexpr bool kWide = hopper_wide_tiles<V, T, KV, D, false>();
+  using Tile = HopperTile<D, kWide>;
+  constexpr size_t smem = hopper_prefill_smem_bytes<T, D, kWide>();
   auto kernel = hopper_prefill_kernel_ref<V, T, D, KV>();
   // the instance walking a tile map (TVM's windowed calls take none)
   if constexpr (variant_maps_tiles<V>() && !tvm_windowed<V>()) {
+    static_assert(!kWide, "variants whose kernels walk tile maps run the map's tiling");
     if (P.tiles.present()) kernel = hopper_prefill_kernel_ref<V, T, D, KV, true>();
   }
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));

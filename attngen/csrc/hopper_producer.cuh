@@ -51,19 +51,20 @@ struct KVGather {
   // elements per 16-byte chunk, chunks per row, rows per pass of 128 threads, bytes per row of a column block
   static constexpr int kEPC = 16 / int(sizeof(E)), kCPR = D / kEPC, kRPP = 128 / kCPR, kRowBytes = 64 * int(sizeof(E));
   static_assert(Keys % kRPP == 0, "K/V rows split evenly over the producer warpgroup");
-  static_assert(Keys <= 128, "one producer thread looks up each key row's page");
 
   // Paged: the addresses of the key rows of the tile starting at key js (KV head hk, column 0; rows past `hi` get the pool's base,
-  // a readable address their zero-filling copies do not read), one row per thread, visible to the producer
-  // warpgroup on return (named barrier 1). Ragged views compute theirs in `issue`.
+  // a readable address their zero-filling copies do not read), a row per thread and pass (two passes for wide
+  // tiles), visible to the producer warpgroup on return (named barrier 1). Ragged views compute theirs in `issue`.
   // `js`: the tile's first key; `buf`: its slot of the double buffer (the tile's index % 2).
   __device__ __forceinline__ void look_up(int js, int buf, int ptid) const {
     if (kv.page_size == 0) return;
-    const int j = js + ptid;
     const E* head = static_cast<const E*>(kv.base) + int64_t(hk) * kv.stride_head;
-    if (ptid < Keys)
-      rows[buf * Keys + ptid] = j < hi ? head + kv.key_offset(kv_start, Windowed ? sinks.row(j) : j, page_shift)
-                                       : static_cast<const E*>(kv.base);
+#pragma unroll
+    for (int r = ptid; r < Keys; r += 128) {
+      const int j = js + r;
+      rows[buf * Keys + r] = j < hi ? head + kv.key_offset(kv_start, Windowed ? sinks.row(j) : j, page_shift)
+                                    : static_cast<const E*>(kv.base);
+    }
     named_sync(1, 128);
   }
 

@@ -3,22 +3,30 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "tile_map.cuh"
+#include "tvm_traits.cuh"
 
 namespace attngen {
 
-template <int D>
+// Wide: 176 keys per K/V tile and one query buffer (hopper_wide_tiles says for which kernels), else 128 keys
+// (64 at D 256) with two query buffers where shared memory holds them.
+template <int D, bool Wide = false>
 struct HopperTile {
   static_assert(D == 64 || D == 128 || D == 256, "the Hopper prefill supports head_dim 64, 128, 256");
+  static_assert(!Wide || D == 128, "wide tiles are a head_dim 128 tiling");
   static constexpr int kConsumers = 2;              // consumer warpgroups of 64 rows
   static constexpr int kRows = 64 * kConsumers;     // packed query rows per CTA
-  static constexpr int kKeys = D == 256 ? 64 : 128;  // keys per K/V tile (S: 64 x kKeys per consumer)
+  // keys per K/V tile (S: 64 x kKeys per consumer). 176 at D 128 where nothing checks scores: the softmax's
+  // fixed work per tile (row reductions, barriers, the rescale test) spreads over more keys, and S (88), P (44)
+  // and O (64 registers) still fit a consumer's 232
+  static constexpr int kKeys = Wide ? 176 : D == 256 ? 64 : 128;
   // K / V stages: three at D 64, whose tiles are half as long to compute as they are to load at D 128
   static constexpr int kStages = D == 64 ? 3 : 2;
   // query tiles in flight: two where shared memory holds them (the next item's rows land during this
-  // item's epilogue), one at D 256
-  static constexpr int kQBuffers = D <= 128 ? 2 : 1;
+  // item's epilogue), one at D 256 and with wide tiles (two stages of 176-key K and V tiles take 176 KiB)
+  static constexpr int kQBuffers = D <= 128 && !Wide ? 2 : 1;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // 128 * (producer + 2 * consumer) <= 384 * 168 registers: what the CTA holds at launch (__launch_bounds__(384, 1)
   // caps a thread at 168); setmaxnreg.inc waits until the registers it asks for are free, so a split summing to
@@ -26,8 +34,16 @@ struct HopperTile {
   // (ptxas: 56 / 88 bytes of spill stores / loads with 40 / 232)
   static constexpr int kProducerRegs = D == 256 ? 24 : 40, kConsumerRegs = D == 256 ? 240 : 232;
   static constexpr int kRegsPerThreadRow = 384 * 168 / 128;  // 504: producer + 2 x consumer at most
-  static_assert(kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys, "tile maps are made in this tiling");
+  static_assert(Wide || (kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys), "tile maps are made in this tiling");
 };
+
+// Whether a kernel runs wide tiles: head_dim 128, 16-bit K/V (an fp8 cache's staging keeps the 128-key
+// tiles), and no per-score checks beyond the key range or per-tile producer work: no mask hook (the run-time
+// causal flag may still bound the range), no tile map, no key transform, none of TVM's conventions.
+template <class V, class T, class KV, int D, bool Mapped>
+constexpr bool hopper_wide_tiles() {
+  return D == 128 && std::is_same_v<KV, T> && !Mapped && !V::kHasMask && !V::kHasKeyTransform && !tvm_instance<V>();
+}
 
 // The register split of a variant's kernel. A key hook runs in the producer (hopper_producer.cuh
 // transform_key_tile), where 40 registers spilled RoPE's rows (ptxas: 208 / 376 bytes of spill stores / loads
@@ -96,9 +112,9 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int t4) {
 // kStages each][full_q, empty_q mbarriers, kQBuffers each][the work item of each Q buffer].
 // Tiles start 1024-byte aligned (the swizzle's period). T: the query dtype, whatever the cache's: an fp8 cache's
 // rows are staged in the upper half of their K / V stage and widened there (hopper_fp8_stage.cuh).
-template <class T, int D>
+template <class T, int D, bool Wide = false>
 constexpr size_t hopper_prefill_smem_bytes() {
-  using Tile = HopperTile<D>;
+  using Tile = HopperTile<D, Wide>;
   return 1024 + size_t(Tile::kQBuffers) * Tile::kRows * D * sizeof(T) +
          2 * size_t(Tile::kStages) * Tile::kKeys * D * sizeof(T) + size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) +
          2 * Tile::kKeys * sizeof(int64_t) + 4 * Tile::kStages * sizeof(uint64_t) + 2 * Tile::kQBuffers * sizeof(uint64_t) +

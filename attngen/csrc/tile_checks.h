@@ -107,14 +107,14 @@ static_assert(decode_tc_rows(std::make_index_sequence<rows_of(tiles::kDecodeTC)>
 static_assert(prefill_rows(std::make_index_sequence<rows_of(tiles::kPrefill)>()), "prefill tiles");
 static_assert(kPrefillWideRows == tiles::kPrefillWideRows, "kPrefillWideRows differs from the prefill record");
 
-template <int D, int E, int Rows, int Keys, int Stages, int Threads, unsigned long long Smem>
+template <int D, int Wide, int E, int Rows, int Keys, int Stages, int Threads, unsigned long long Smem>
 constexpr bool prefill_hopper_row() {
-  using Tile = HopperTile<D>;
-  static_assert(Tile::kRows == Rows, "HopperTile<D>::kRows differs from the prefill_hopper record");
-  static_assert(Tile::kKeys == Keys, "HopperTile<D>::kKeys differs from the prefill_hopper record");
-  static_assert(Tile::kStages == Stages, "HopperTile<D>::kStages differs from the prefill_hopper record");
-  static_assert(Tile::kThreads == Threads, "HopperTile<D>::kThreads differs from the prefill_hopper record");
-  static_assert(hopper_prefill_smem_bytes<Element<E>, D>() == Smem,
+  using Tile = HopperTile<D, Wide != 0>;
+  static_assert(Tile::kRows == Rows, "HopperTile<D, Wide>::kRows differs from the prefill_hopper record");
+  static_assert(Tile::kKeys == Keys, "HopperTile<D, Wide>::kKeys differs from the prefill_hopper record");
+  static_assert(Tile::kStages == Stages, "HopperTile<D, Wide>::kStages differs from the prefill_hopper record");
+  static_assert(Tile::kThreads == Threads, "HopperTile<D, Wide>::kThreads differs from the prefill_hopper record");
+  static_assert(hopper_prefill_smem_bytes<Element<E>, D, Wide != 0>() == Smem,
                 "hopper_prefill_smem_bytes differs from the prefill_hopper record");
   return true;
 }
@@ -122,8 +122,8 @@ constexpr bool prefill_hopper_row() {
 template <std::size_t... I>
 constexpr bool prefill_hopper_rows(std::index_sequence<I...>) {
   constexpr auto& t = tiles::kPrefillHopper;
-  return (prefill_hopper_row<t[I].head_dim, t[I].elem_bytes, t[I].rows, t[I].keys, t[I].stages, t[I].threads,
-                             t[I].smem_bytes>() && ...);
+  return (prefill_hopper_row<t[I].head_dim, t[I].wide, t[I].elem_bytes, t[I].rows, t[I].keys, t[I].stages,
+                             t[I].threads, t[I].smem_bytes>() && ...);
 }
 static_assert(prefill_hopper_rows(std::make_index_sequence<rows_of(tiles::kPrefillHopper)>()), "prefill_hopper tiles");
 

@@ -4,7 +4,9 @@ sm_90a only (wgmma, setmaxnreg): three warpgroups per CTA, a producer gathering 
 into ``STAGES`` shared-memory stages each for K and for V (paged or ragged alike) and two consumers of 64 query rows each
 (128 packed rows per CTA) running S = Q K^T and O += P V on wgmma with the softmax in registers. Tiles
 are 128-byte swizzled (their own 1024-byte alignment slack is counted); keys per tile: 128 at head_dim
-64 and 128, 64 at 256 (the 64 x 256 fp32 output accumulators take half a consumer thread's registers).
+64 and 128, 64 at 256 (the 64 x 256 fp32 output accumulators take half a consumer thread's registers), and
+176 (``wide``, one query buffer) at 128 for kernels that check no score beyond the key range: no mask hook, no
+tile map, no key transform, a 16-bit cache, none of TVM's conventions (csrc/hopper_tile.cuh hopper_wide_tiles).
 The prefill record's entries launch it on devices of compute capability 9.0 when the library was built
 for sm_90a (a companion of ``prefill``), so it exports nothing itself.
 
@@ -27,9 +29,13 @@ THREADS = 128 * (1 + CONSUMERS)
 ITEM_BYTES = 48  # csrc/hopper_tile.cuh HopperItem: ten ints and a pointer, 8-byte aligned
 
 
+WIDE_HEAD_DIMS = (128,)  # head dims with a wide tiling (csrc/hopper_tile.cuh HopperTile<D, true>)
+
+
 @dataclass(frozen=True)
 class HopperConfig:
     head_dim: int
+    wide: bool = False  # 176 keys per tile, one query buffer
 
     @property
     def rows(self) -> int:
@@ -37,7 +43,7 @@ class HopperConfig:
 
     @property
     def keys(self) -> int:
-        return 64 if self.head_dim == 256 else 128
+        return 176 if self.wide else 64 if self.head_dim == 256 else 128
 
     @property
     def stages(self) -> int:
@@ -45,10 +51,10 @@ class HopperConfig:
 
     @property
     def q_buffers(self) -> int:
-        return 2 if self.head_dim <= 128 else 1
+        return 2 if self.head_dim <= 128 and not self.wide else 1
 
     def describe(self) -> str:
-        return " (Hopper tile)"
+        return " (Hopper tile, 176 keys)" if self.wide else " (Hopper tile)"
 
 
 def hopper_smem_bytes(cfg: HopperConfig, elems: ElementBytes) -> int:
@@ -62,19 +68,20 @@ def hopper_smem_bytes(cfg: HopperConfig, elems: ElementBytes) -> int:
 
 
 def configs(head_dim: int) -> tuple[HopperConfig, ...]:
-    return (HopperConfig(head_dim),)
+    return (HopperConfig(head_dim),) + ((HopperConfig(head_dim, wide=True),) if head_dim in WIDE_HEAD_DIMS else ())
 
 
 def must_fit(query: FitQuery) -> tuple[HopperConfig, ...]:
-    return (HopperConfig(query.head_dim),)
+    return configs(query.head_dim)  # (a variant's kernel takes one of them: every one fits or the build is refused)
 
 
 def header_section(element_sizes: tuple[int, ...]) -> str:
-    rows = [(d, e, c.rows, c.keys, c.stages, THREADS, hopper_smem_bytes(c, ElementBytes(e, e)))
+    rows = [(d, int(c.wide), e, c.rows, c.keys, c.stages, THREADS, hopper_smem_bytes(c, ElementBytes(e, e)))
             for d in HEAD_DIMS for c in configs(d) for e in element_sizes]
-    return cxx_table("PrefillHopper", "prefill_hopper: HopperTile<D> and hopper_prefill_smem_bytes, per element size",
-                     (("int", "head_dim"), ("int", "elem_bytes"), ("int", "rows"), ("int", "keys"), ("int", "stages"),
-                      ("int", "threads"), ("unsigned long long", "smem_bytes")), rows)
+    return cxx_table("PrefillHopper", "prefill_hopper: HopperTile<D, Wide> and hopper_prefill_smem_bytes, per element "
+                     "size", (("int", "head_dim"), ("int", "wide"), ("int", "elem_bytes"), ("int", "rows"),
+                              ("int", "keys"), ("int", "stages"), ("int", "threads"),
+                              ("unsigned long long", "smem_bytes")), rows)
 
 
 PREFILL_HOPPER = TemplateRecord(

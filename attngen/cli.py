@@ -273,6 +273,7 @@ def cmd_prebuild(args) -> int:
 def cmd_inspect(args) -> int:
     from attngen.codegen.hooks_cuda import lower_hooks_cuda
     from attngen.ir import HOOKS
+    from attngen.schedules.template_prefill_hopper import PREFILL_HOPPER, hopper_config_for
 
     v = _load_variant(args)
     print(f"# variant {v.name}  (state: {v.state.value}; defined at {v.defined_at})")
@@ -333,6 +334,12 @@ def cmd_inspect(args) -> int:
             print("  plan_prefill(hook_pass=True): applied once per row ahead of the kernels; by default per query "
                   "tile in the kernels (it runs once per row there too)")
         print("  fp8 caches and the TVM slots: in the kernels")
+    if args.arch == "sm_90a" and args.head_dim in PREFILL_HOPPER.head_dims:
+        tile = hopper_config_for(v, args.head_dim)
+        print(f"\n## Hopper prefill tiles (sm_90a, 16-bit caches): {tile.rows} packed query rows x {tile.keys} keys, "
+              f"{tile.stages} K/V stages, {tile.q_buffers} query buffer{'s' if tile.q_buffers > 1 else ''}")
+        if tile.wide:
+            print("  wide: no mask hook or key transform checks a score (fp8 caches keep 128 keys)")
     print(f"\n## generated CUDA device code (head_dim {args.head_dim}, {args.arch})")
     print(hs.code)
     return 0

@@ -72,6 +72,20 @@ def test_inspect_shows_the_logits_hooks_row_terms(capsys):
     assert "affine (rt[0] * s + rt[1] * kv_pos_f + rt[2])" in capsys.readouterr().out
 
 
+def test_inspect_shows_the_hopper_tiles_a_variant_runs(capsys):
+    """sm_90a: 176-key tiles where no mask hook or key transform checks a score (head_dim 128), else 128."""
+    assert main(["inspect", "logits_softcap", "--arch", "sm_90a"]) == 0
+    text = capsys.readouterr().out
+    assert "## Hopper prefill tiles (sm_90a, 16-bit caches): 128 packed query rows x 176 keys, 2 K/V stages, 1 query " \
+           "buffer\n  wide:" in text
+    assert main(["inspect", "causal", "--arch", "sm_90a"]) == 0
+    assert "128 packed query rows x 128 keys, 2 K/V stages, 2 query buffers\n\n" in capsys.readouterr().out
+    assert main(["inspect", "vanilla", "--arch", "sm_90a", "--head-dim", "64"]) == 0
+    assert "x 128 keys, 3 K/V stages, 2 query buffers" in capsys.readouterr().out
+    assert main(["inspect", "vanilla"]) == 0  # (sm_80: no Hopper template)
+    assert "Hopper prefill tiles" not in capsys.readouterr().out
+
+
 def test_list(capsys):
     assert main(["list"]) == 0
     text = capsys.readouterr().out

@@ -76,3 +76,27 @@ def test_plans_hand_out_their_order():
     assert plan.work_order(causal, 1, 128, "cpu").numel() == 3 * -(-300 // 128)
     assert plan.work_order(causal, 4, 128, "cpu", tm) is tm.order
     assert plan.ffi_args(None, order)[-2] is order and plan.ffi_args(None, order)[-1] is None  # (no hook pass)
+
+
+def test_orders_count_the_key_tiles_the_variants_kernel_runs():
+    """The costs count key tiles of the tiling the variant's Hopper kernel runs (csrc/hopper_tile.cuh
+    hopper_wide_tiles): 176 keys at head_dim 128 without a mask hook or key transform over a 16-bit cache, 128
+    with a mask, a key transform or an fp8 cache, and at the other head dims."""
+    from attngen.runtime.cuda import PrefillPlan
+    from attngen.schedules.template_prefill_hopper import hopper_config_for
+
+    vanilla, causal, rope = builtin("vanilla"), builtin("causal"), builtin("rope")
+    assert hopper_config_for(vanilla, 128).keys == 176 and hopper_config_for(vanilla, 128).q_buffers == 1
+    assert hopper_config_for(vanilla, 128, kv_scaled=True).keys == 128
+    assert hopper_config_for(causal, 128).keys == 128 and hopper_config_for(rope, 128).keys == 128
+    assert hopper_config_for(vanilla, 64).keys == 128 and hopper_config_for(vanilla, 256).keys == 64
+    # two one-query requests over 176 and 200 keys: one and two 176-key tiles, two 128-key tiles each (a tie,
+    # kept in pair order)
+    def plan():  # (a plan serves one library: its orders are kept per group, head dim, cache kind and device)
+        return PrefillPlan(2, 2, 1, (), lengths=(np.array([1, 1]), np.array([176, 200])))
+
+    vanilla_plan = plan()
+    assert vanilla_plan.work_order(vanilla, 1, 128, "cpu").tolist() == [1, 0]
+    assert vanilla_plan.work_order(vanilla, 1, 128, "cpu", kv_scaled=True).tolist() == [0, 1]
+    assert vanilla_plan.work_order(vanilla, 1, 64, "cpu").tolist() == [0, 1]
+    assert plan().work_order(causal, 1, 128, "cpu").tolist() == [0, 1]

@@ -53,7 +53,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   static_assert(std::is_same_v<KV, T> || (kStaged && kIsFp8<KV>), "K/V in the query dtype, or fp8");
   using Tile = HopperTile<D, hopper_wide_tiles<V, T, KV, D, Mapped>()>;
   constexpr int RQ = Tile::kRows, TK = Tile::kKeys, NS = Tile::kStages, NQ = Tile::kQBuffers;
-  constexpr int NKT = TK / 8, NDT = D / 8;
+  constexpr int NKT = TK / 8;
   extern __shared__ __align__(16) unsigned char hopper_smem[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(hopper_smem) + 1023) & ~uintptr_t(1023));

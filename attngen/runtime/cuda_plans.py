@@ -98,20 +98,22 @@ class PrefillPlan:
         tiles = tile_map.ffi_args() if tile_map is not None else (None, None, 0)
         return (self.max_qo_len, self.tile_rows, self.kernel, *tiles, order, hook_workspace)
 
-    def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None):
+    def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None,
+                   kv_scaled: bool = False):
         """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
-        bounds, made on the first call of each GQA group, head dim and device), or None."""
+        bounds and the kernel's key tiles, made on the first call of each GQA group, head dim, cache kind and
+        device), or None. ``kv_scaled``: an fp8 cache."""
         if self.lengths is None:  # not asked for, or no Hopper template in the library or on the plan's GPU
             return None
         if tile_map is not None:
             return tile_map.order
-        key = (group, head_dim, str(device))
+        key = (group, head_dim, kv_scaled, str(device))
         if key not in self.orders:
             if _capturing(device):  # no host-to-device copy inside a CUDA graph capture: the kernel's own order
                 return None
-            from attngen.schedules.template_prefill_hopper import HopperConfig
+            from attngen.schedules.template_prefill_hopper import hopper_config_for
 
-            tile = HopperConfig(head_dim)
+            tile = hopper_config_for(variant, head_dim, kv_scaled)
             self.orders[key] = order_from_bounds(variant, *self.lengths, group=group,
                                                    q_tiles=-(-self.max_qo_len * group // tile.rows),
                                                    rows=tile.rows, keys=tile.keys, device=device)

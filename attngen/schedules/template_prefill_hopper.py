@@ -67,6 +67,15 @@ def hopper_smem_bytes(cfg: HopperConfig, elems: ElementBytes) -> int:
             + cfg.q_buffers * ITEM_BYTES)
 
 
+def hopper_config_for(variant, head_dim: int, kv_scaled: bool = False) -> HopperConfig:
+    """The tiling ``variant``'s Hopper kernel runs on calls of ``plan_prefill``'s API (csrc/hopper_tile.cuh
+    hopper_wide_tiles, which the kernels follow; a tile-map walk and TVM's slots keep 128 keys): wide where nothing
+    checks a score beyond the key range: no mask hook, no key transform, a 16-bit cache (``kv_scaled`` False)."""
+    wide = (head_dim in WIDE_HEAD_DIMS and not kv_scaled and "logits_mask" not in variant.hooks
+            and "key_transform" not in variant.hooks)
+    return HopperConfig(head_dim, wide)
+
+
 def configs(head_dim: int) -> tuple[HopperConfig, ...]:
     return (HopperConfig(head_dim),) + ((HopperConfig(head_dim, wide=True),) if head_dim in WIDE_HEAD_DIMS else ())
 

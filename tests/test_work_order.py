@@ -100,3 +100,16 @@ def test_orders_count_the_key_tiles_the_variants_kernel_runs():
     assert vanilla_plan.work_order(vanilla, 1, 128, "cpu", kv_scaled=True).tolist() == [0, 1]
     assert vanilla_plan.work_order(vanilla, 1, 64, "cpu").tolist() == [0, 1]
     assert plan().work_order(causal, 1, 128, "cpu").tolist() == [0, 1]
+
+
+def test_the_variants_traits_carry_the_hopper_tiling():
+    """The kernels take their tiling from the traits (csrc/hopper_tile.cuh hopper_wide_tiles reads
+    kHopperWideTiles), which carry hopper_config_for's choice: the work order and the kernels agree."""
+    from attngen.codegen.cuda_variant import traits_parts
+    from attngen.codegen.hooks_cuda import lower_hooks_cuda
+
+    for name, head_dim, wide in [("vanilla", 128, True), ("logits_softcap", 128, True), ("vanilla", 64, False),
+                                 ("vanilla", 256, False), ("causal", 128, False), ("rope", 128, False)]:
+        v = builtin(name)
+        flags, _ = traits_parts(v, lower_hooks_cuda(v, head_dim, "sm_90a"), head_dim)
+        assert flags["kHopperWideTiles"] == ("true" if wide else "false"), (name, head_dim)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from attngen.ir import HOOKS, HookSpec, ScalarParam, StateAlgebra, TensorParam
 from attngen.ir.mask_class import MaskKind
+from attngen.schedules.template_prefill_hopper import hopper_config_for
 
 C_TYPES = {"float32": "float", "int32": "int", "int64": "int64_t", "uint8": "unsigned char",
            "float16": "half", "bfloat16": "__nv_bfloat16", "bool": "bool"}
@@ -257,6 +258,9 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
     # checked tile, unconditionally, so that one read of a key's value serves both rows of a fragment
     flags["kMaskTotal"] = _b(bool(msplit.get("total")))
     flags["kMaskKeyTerm"] = str(msplit.get("key_of", -1))  # -1: no key term
+    # the Hopper prefill's 176-key tiles, where the variant's kernels over 16-bit caches take them
+    # (csrc/hopper_tile.cuh hopper_wide_tiles adds the instance's conditions)
+    flags["kHopperWideTiles"] = _b(hopper_config_for(variant, head_dim).wide)
     fns += _mask_split_forwards(msplit, hs)
     for which in ("lower", "upper"):
         call = None

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "tile_map.cuh"
+#include "trait_flag.h"
 #include "tvm_traits.cuh"
 
 namespace attngen {
@@ -37,12 +38,17 @@ struct HopperTile {
   static_assert(Wide || (kRows == MapTile<D>::kRows && kKeys == MapTile<D>::kKeys), "tile maps are made in this tiling");
 };
 
-// Whether a kernel runs wide tiles: head_dim 128, 16-bit K/V (an fp8 cache's staging keeps the 128-key
-// tiles), and no per-score checks beyond the key range or per-tile producer work: no mask hook (the run-time
-// causal flag may still bound the range), no tile map, no key transform, none of TVM's conventions.
+template <class V>
+using HopperWideTilesFlag = std::bool_constant<V::kHopperWideTiles>;
+
+// Whether a kernel runs wide tiles: where the variant's traits ask for them (kHopperWideTiles, from
+// schedules/template_prefill_hopper.py hopper_config_for: head_dim 128, and no per-score checks beyond the key
+// range or per-tile producer work: no mask hook, the run-time causal flag may still bound the range; no key
+// transform), over 16-bit K/V (an fp8 cache's staging keeps the 128-key tiles), without a tile map, and outside
+// TVM's conventions.
 template <class V, class T, class KV, int D, bool Mapped>
 constexpr bool hopper_wide_tiles() {
-  return D == 128 && std::is_same_v<KV, T> && !Mapped && !V::kHasMask && !V::kHasKeyTransform && !tvm_instance<V>();
+  return trait_flag<V, HopperWideTilesFlag>() && std::is_same_v<KV, T> && !Mapped && !tvm_instance<V>();
 }
 
 // The register split of a variant's kernel. A key hook runs in the producer (hopper_producer.cuh

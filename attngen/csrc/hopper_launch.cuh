@@ -33,8 +33,8 @@ template <class V, class T, int D, class KV = T>
 void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
                            cudaStream_t stream) {
 #if defined(ATTNGEN_WITH_PREFILL_HOPPER)
-  // the unmapped instance's tiling (a mapped instance never runs wide tiles: the same shared memory)
-  constexpr bool kWide = hopper_wide_tiles<V, T, KV, D, false>();
+  // (a variant whose kernels walk tile maps has a mask hook: never wide tiles, both instances one tiling)
+  constexpr bool kWide = hopper_wide_tiles<V, T, KV>();
   using Tile = HopperTile<D, kWide>;
   constexpr size_t smem = hopper_prefill_smem_bytes<T, D, kWide>();
   auto kernel = hopper_prefill_kernel_ref<V, T, D, KV>();

@@ -51,7 +51,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kStaged = kv_staged<T, KV>();
   static_assert(std::is_same_v<KV, T> || (kStaged && kIsFp8<KV>), "K/V in the query dtype, or fp8");
-  using Tile = HopperTile<D, hopper_wide_tiles<V, T, KV, D, Mapped>()>;
+  using Tile = HopperTile<D, hopper_wide_tiles<V, T, KV>()>;
   constexpr int RQ = Tile::kRows, TK = Tile::kKeys, NS = Tile::kStages, NQ = Tile::kQBuffers;
   constexpr int NKT = TK / 8;
   extern __shared__ __align__(16) unsigned char hopper_smem[];

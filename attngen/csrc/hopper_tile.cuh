@@ -44,11 +44,11 @@ using HopperWideTilesFlag = std::bool_constant<V::kHopperWideTiles>;
 // Whether a kernel runs wide tiles: where the variant's traits ask for them (kHopperWideTiles, from
 // schedules/template_prefill_hopper.py hopper_config_for: head_dim 128, and no per-score checks beyond the key
 // range or per-tile producer work: no mask hook, the run-time causal flag may still bound the range; no key
-// transform), over 16-bit K/V (an fp8 cache's staging keeps the 128-key tiles), without a tile map, and outside
+// transform, so never a tile map), over 16-bit K/V (an fp8 cache's staging keeps the 128-key tiles), and outside
 // TVM's conventions.
-template <class V, class T, class KV, int D, bool Mapped>
+template <class V, class T, class KV>
 constexpr bool hopper_wide_tiles() {
-  return trait_flag<V, HopperWideTilesFlag>() && std::is_same_v<KV, T> && !Mapped && !tvm_instance<V>();
+  return trait_flag<V, HopperWideTilesFlag>() && std::is_same_v<KV, T> && !tvm_instance<V>();
 }
 
 // The register split of a variant's kernel. A key hook runs in the producer (hopper_producer.cuh

@@ -19,7 +19,6 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-
 from .views import PagedKV
 from .work_order import order_from_map, order_from_pair_tiles
 

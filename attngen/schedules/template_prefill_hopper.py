@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attngen.ir.hook_spec import row_hooks
+
 from .cxx_tables import cxx_table
 from .dtypes import ElementBytes
 from .templates import ArchNeeds, FitQuery, TemplateRecord
@@ -72,7 +74,7 @@ def hopper_config_for(variant, head_dim: int, kv_scaled: bool = False) -> Hopper
     hopper_wide_tiles, which the kernels follow; a tile-map walk and TVM's slots keep 128 keys): wide where nothing
     checks a score beyond the key range: no mask hook, no key transform, a 16-bit cache (``kv_scaled`` False)."""
     wide = (head_dim in WIDE_HEAD_DIMS and not kv_scaled and "logits_mask" not in variant.hooks
-            and "key_transform" not in variant.hooks)
+            and not row_hooks(variant)[0])
     return HopperConfig(head_dim, wide)
 
 

@@ -317,17 +317,22 @@ def test_split_units_compile_to_the_unsplit_units_kernels(name, cfg, build_cache
 @requires_nvcc
 def test_tvm_slot_library_builds_and_refuses(build_cache):
     """kernels=("tvm",): the TVM-convention functions per (head_dim, dtype) ("tirx" and "flashinfer"), scalar parameters compiled
-    in; variants TVM's cache would get silently wrong are refused at build time."""
+    in (device code alone here, link="check": the whole slot libraries are built by the tests/test_tvm_kv_cache_cuda_*
+    tests); variants TVM's cache would get silently wrong are refused at build time."""
+    from attngen.codegen.cuda_library import exported_functions
+
     cfg = BuildConfig("cuda", (128,), ("float16",), ("sm_90a",), ("HND",), kernels=("tvm",),
-                      tvm_constants=(("soft_cap", 30.0),))
-    res = run_pipeline(builtin("logits_softcap"), cfg, cache=build_cache)
-    assert res.manifest["functions"] == sorted(
+                      tvm_constants=(("soft_cap", 30.0),), link="check")
+    assert exported_functions(cfg) == sorted(
         ["tvm_decode_f16_d128", "tvm_prefill_paged_f16_d128", "tvm_prefill_ragged_f16_d128",
          "tvm_decode_sliding_window_f16_d128", "tvm_prefill_paged_sliding_window_f16_d128",
          "tvm_prefill_ragged_tree_f16_d128", "tvm_prefill_paged_tree_f16_d128"]
         + [f"tvm_fi_{k}_f16_d128" for k in ("decode_plan", "decode_run", "prefill_plan", "prefill_paged_run",
                                             "prefill_ragged_run")])
-    src = (res.library.parent / "attention_d128_f16_tvm.cu").read_text()
+    res = run_pipeline(builtin("logits_softcap"), cfg, cache=build_cache)
+    assert res.library is None and res.manifest["cubins"] == ["attention_d128_f16_tvm_sm_90a.cubin"]
+    assert b"hopper_prefill_kernel" in (res.directory / res.manifest["cubins"][0]).read_bytes()
+    src = (res.directory / "attention_d128_f16_tvm.cu").read_text()
     assert "attngen_gen::Hooks_d128::set_params(entry, hp, 0x1.e000000000000p+4);" in src
     assert "using TensorArgs = attngen::ArgList<>;" in src  # no tensor parameters: TVM's argument lists exactly
     for name, why in [("sigmoid", "unnormalised sum"), ("alibi", r"reads \['kv_pos', 'qo_pos'\]"),

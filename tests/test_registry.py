@@ -158,7 +158,7 @@ def test_runtime_planner_reads_the_decode_tc_record(monkeypatch):
 
 
 def test_hopper_prefill_is_a_companion_of_prefill_on_sm90a_only():
-    from attngen.schedules.registry import companion_macros, companions
+    from attngen.schedules.registry import companion_macros, companions, every_arch_macros
     from attngen.schedules.template_prefill_hopper import PREFILL_HOPPER, HopperConfig, hopper_smem_bytes
 
     assert "prefill_hopper" in PREFILL.companions and not PREFILL_HOPPER.selectable
@@ -166,6 +166,10 @@ def test_hopper_prefill_is_a_companion_of_prefill_on_sm90a_only():
     assert companions(arch_spec("sm_80"), ("prefill",)) == [] and companions(arch_spec("sm_90a"), ("decode",)) == []
     assert companion_macros([arch_spec("sm_80"), arch_spec("sm_90a")], ("prefill",)) == ["ATTNGEN_WITH_PREFILL_HOPPER"]
     assert companion_macros([arch_spec("sm_80")], ("prefill",)) == []
+    # every arch of the build runs it (an sm_90a-only build): launchers that cannot be forced take it alone
+    assert every_arch_macros([arch_spec("sm_90a")], ("tvm",)) == ["ATTNGEN_EVERY_ARCH_WITH_PREFILL_HOPPER"]
+    assert every_arch_macros([arch_spec("sm_80"), arch_spec("sm_90a")], ("prefill",)) == []
+    assert every_arch_macros([arch_spec("sm_90a")], ("decode",)) == []
     # a build that has the companion fits its tiles too; every Hopper tile fits sm_90a's shared memory
     for d in PREFILL_HOPPER.head_dims:
         assert hopper_smem_bytes(HopperConfig(d), HALF) <= arch_spec("sm_90a").smem_per_block

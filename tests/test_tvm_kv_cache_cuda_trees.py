@@ -3,13 +3,16 @@
 - the CUDA cache's two tree slots are the library's tree functions, in both slot conventions and in a model
   library (no refusing host functions any more);
 - the slot library (nvcc, sm_90a) holds tree kernel instances (``TvmTree`` traits), and with a layer window
-  also the windowed tree instances of "mha_sliding" layers;
+  also the windowed tree instances of "mha_sliding" layers; no kernel its calls cannot reach on sm_90a (the
+  CUDA-core decode, the mma.sync prefill of the other slots);
 - the tree functions' refusals, which run before any CUDA call (the library loads without a driver): inline
   RoPE, malformed tree arrays, length_info [3, B] in a library without a layer window;
 - the random token-tree scripts that the GPU tests run (tests/tvm_tree_model.py), on attngen's CPU cache
   against TVM's CPU kernels: they drive TVM's runtime through both tree slots.
 (test_gpu_tvm_kv_cache_trees.py runs the CUDA tree slots on a GPU.)
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -44,6 +47,13 @@ def test_the_library_holds_tree_kernels_and_windowed_ones_only_with_a_window(lib
         blob = (built.directory / "attention_d64_f16_tvm.o").read_bytes()
         assert b"TvmTree" in blob
         assert (b"TvmTreeINS_11TvmWindowed" in blob) == (window is not None)
+        # an sm_90a-only build: every device it runs on holds a tensor-core decode tile and runs the Hopper
+        # prefill, so no CUDA-core decode kernel is compiled in, and the mma.sync prefill for the tree
+        # instances alone (csrc/prefill_dispatch.h launch_prefill_auto, decode_tc_fits_every_device)
+        assert b"_ZN7attngen16decode_tc_kernelI" in blob and b"_ZN7attngen13decode_kernelI" not in blob
+        assert b"_ZN7attngen21hopper_prefill_kernelI" in blob
+        mma_sync = set(re.findall(rb"_ZN7attngen14prefill_kernelI[A-Za-z0-9_]+", blob))
+        assert mma_sync and all(m.startswith(b"_ZN7attngen14prefill_kernelINS_7TvmTree") for m in mma_sync)
 
 
 def _host(a):

@@ -20,7 +20,7 @@ import attngen
 from attngen.schedules.arch import arch_spec, smem_optin_floor
 from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DtypePair
-from attngen.schedules.registry import companion_macros, selected
+from attngen.schedules.registry import companion_macros, every_arch_macros, selected
 
 from . import nvcc
 from .cuda_entries import SCALED_KV_HEADERS, decode_wrapper, prefill_wrapper, tile_map_wrapper
@@ -107,10 +107,11 @@ def device_pass_lines(record: str, cfg: BuildConfig, head_dim: int, pair: DtypeP
 
 def _tu_flags(out_dir: Path, cfg: BuildConfig) -> tuple[str, ...]:
     """nvcc flags of every TU but the gencodes: includes, the companion templates' macros (the Hopper
-    prefill, compiled in where some arch of the build runs it), the shared-memory floor of the build's
-    archs (arch.smem_optin_floor), fast math where asked."""
+    prefill, compiled in where some arch of the build runs it; and its every-arch macro where every arch
+    does), the shared-memory floor of the build's archs (arch.smem_optin_floor), fast math where asked."""
     ffi_inc, dlpack_inc, _ = _ffi_paths()
-    defines = tuple(f"-D{m}" for m in companion_macros([arch_spec(a) for a in cfg.archs], cfg.kernels))
+    archs = [arch_spec(a) for a in cfg.archs]
+    defines = tuple(f"-D{m}" for m in companion_macros(archs, cfg.kernels) + every_arch_macros(archs, cfg.kernels))
     floor = smem_optin_floor(cfg.archs)
     defines += (f"-DATTNGEN_SMEM_OPTIN_FLOOR={floor}",) if floor else ()
     return (("-Xcompiler", "-fPIC", f"-I{CSRC}", f"-I{out_dir}", f"-I{ffi_inc}", f"-I{dlpack_inc}", *defines,

@@ -157,6 +157,14 @@ int decode_tc_ctas_per_sm() {
   return n;
 }
 
+// Whether every device a build runs on holds a tensor-core tile (the build's shared-memory floor holds the
+// one-stage tile, sm_90a): then the automatic choice never falls back to the CUDA-core template, and callers
+// that cannot ask for it (TVM's slots) compile none of its kernels.
+template <int D, class KV>
+constexpr bool decode_tc_fits_every_device() {
+  return decode_tc_smem_bytes<D, 1, kIsFp8<KV>>() <= kSmemOptinFloor;
+}
+
 // Automatic choice: tensor cores (measured faster on the H200 for every group size, MHA included);
 // a plan's work list is served by the tensor-core template only.
 inline bool decode_wants_tensor_cores(const DecodeProblem& P) {

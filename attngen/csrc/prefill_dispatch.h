@@ -52,4 +52,22 @@ void launch_prefill_any(const PrefillProblemOf<KV>& P, int max_qo_len, const typ
   }
 }
 
+// The automatic choice where no call can force a template (TVM's slots): a build whose every arch runs the
+// Hopper template (ATTNGEN_EVERY_ARCH_WITH_PREFILL_HOPPER: its kernels run on compute capability 9.0 alone)
+// takes it at every head dim it serves without compiling the mma.sync instance.
+#if defined(ATTNGEN_EVERY_ARCH_WITH_PREFILL_HOPPER)
+constexpr bool kHopperPrefillEverywhere = true;
+#else
+constexpr bool kHopperPrefillEverywhere = false;
+#endif
+
+template <class V, class T, int D, class KV = T>
+void launch_prefill_auto(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
+                         cudaStream_t stream) {
+  if constexpr (kHopperPrefillEverywhere && hopper_prefill_preferred<D>())
+    launch_hopper_prefill<V, T, D, KV>(P, max_qo_len, hp, stream);
+  else
+    launch_prefill_any<V, T, D, KV>(P, max_qo_len, hp, stream);
+}
+
 }  // namespace attngen

@@ -116,7 +116,7 @@ void launch_tvm_prefill(const char* name, PrefillProblem& P, bool causal, int64_
                         const typename V::Params& hp, const TensorView& q) {
   P.causal = causal;
   P.tvm_conventions = 1;
-  launch_prefill_any<V, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));
+  launch_prefill_auto<V, T, D>(P, static_cast<int>(max_qo_len), hp, stream_of(q));
   check_launch(name);
 }
 
@@ -178,7 +178,8 @@ void launch_tvm_decode(const char* name, DecodeProblem& P, const typename V::Par
   cudaStream_t stream = stream_of(q);  // also makes q's device current for what follows
   set_split(P);
   bool launched;
-  if constexpr (tvm_rope<V>()) launched = try_launch_decode_tc<V, T, D>(P, hp, stream);  // (no CUDA-core instance)
+  // (no CUDA-core instance for inline RoPE, nor where every device holds a tensor-core tile)
+  if constexpr (tvm_rope<V>() || decode_tc_fits_every_device<D, T>()) launched = try_launch_decode_tc<V, T, D>(P, hp, stream);
   else launched = launch_decode<V, T, D, kMaxGroup>(P, hp, stream);
   if (!launched)
     ATTNGEN_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory";

@@ -52,6 +52,14 @@ def companion_macros(archs: list[ArchSpec], kernels: tuple[str, ...]) -> list[st
     return sorted({r.build_macro for a in archs for r in companions(a, kernels)})
 
 
+def every_arch_macros(archs: list[ArchSpec], kernels: tuple[str, ...]) -> list[str]:
+    """The every-arch macros (TemplateRecord.every_arch_macro) of the companions every arch of a build
+    compiles in."""
+    names = [{r.name for r in companions(a, kernels)} for a in archs]
+    common = set.intersection(*names) if names else set()
+    return sorted(template(n).every_arch_macro for n in common)
+
+
 def head_dims_of(kernels: tuple[str, ...]) -> tuple[int, ...]:
     """Head dims every template of the selection supports."""
     records = instantiated(kernels) or list(TEMPLATES.values())

@@ -1,7 +1,9 @@
 """The TVM PagedKVCache slot family (attngen/codegen/cuda_tvm_slots.py): functions with TVM 0.27's
 attention-slot calling conventions, ("tirx", fn) and ("flashinfer", run, plan), running attngen's prefill
-template (the token-tree slots on its mma.sync form) and its decode entry (tensor cores, falling back to CUDA cores). No tiles of its own: what it
-launches is checked and instantiated through ``requires``.
+template (the token-tree slots on its mma.sync form; in a build for sm_90a alone the Hopper form serves the others
+and no mma.sync instance of theirs is compiled) and its decode entry (tensor cores, falling back to CUDA cores on a
+device whose shared memory may hold no tensor-core tile; none on sm_90a). No tiles of its own: what it launches is
+checked and instantiated through ``requires``.
 """
 from __future__ import annotations
 

@@ -85,6 +85,12 @@ class TemplateRecord:
         return "ATTNGEN_WITH_" + self.name.upper()
 
     @property
+    def every_arch_macro(self) -> str:
+        """Defined in a build whose every arch compiles this template in as a companion (its launchers may
+        then take it without a run-time fallback: csrc/prefill_dispatch.h launch_prefill_auto)."""
+        return "ATTNGEN_EVERY_ARCH_WITH_" + self.name.upper()
+
+    @property
     def selectable(self) -> bool:
         """Whether a build names it in ``BuildConfig.kernels`` (it exports functions of its own)."""
         return bool(self.exports)

@@ -179,8 +179,10 @@ void launch_tvm_decode(const char* name, DecodeProblem& P, const typename V::Par
   set_split(P);
   bool launched;
   // (no CUDA-core instance for inline RoPE, nor where every device holds a tensor-core tile)
-  if constexpr (tvm_rope<V>() || decode_tc_fits_every_device<D, T>()) launched = try_launch_decode_tc<V, T, D>(P, hp, stream);
-  else launched = launch_decode<V, T, D, kMaxGroup>(P, hp, stream);
+  if constexpr (tvm_rope<V>() || decode_tc_fits_every_device<D, T>())
+    launched = try_launch_decode_tc<V, T, D>(P, hp, stream);
+  else
+    launched = launch_decode<V, T, D, kMaxGroup>(P, hp, stream);
   if (!launched)
     ATTNGEN_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory";
   check_launch(name);

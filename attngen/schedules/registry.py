@@ -55,9 +55,8 @@ def companion_macros(archs: list[ArchSpec], kernels: tuple[str, ...]) -> list[st
 def every_arch_macros(archs: list[ArchSpec], kernels: tuple[str, ...]) -> list[str]:
     """The every-arch macros (TemplateRecord.every_arch_macro) of the companions every arch of a build
     compiles in."""
-    names = [{r.name for r in companions(a, kernels)} for a in archs]
-    common = set.intersection(*names) if names else set()
-    return sorted(template(n).every_arch_macro for n in common)
+    per_arch = [companions(a, kernels) for a in archs]
+    return sorted(r.every_arch_macro for r in (per_arch[0] if per_arch else ()) if all(r in c for c in per_arch))
 
 
 def head_dims_of(kernels: tuple[str, ...]) -> tuple[int, ...]:

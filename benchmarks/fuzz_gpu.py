@@ -13,7 +13,7 @@ crash, another exception, a wrong or accepted spoilt call) is a failure. A varia
 (a configuration it does not serve) is counted, not failed: refusing at build time is the contract.
 
 NaN / Inf are not written into V: a tile template multiplies a masked key's value by weight 0 inside a
-partly masked tile, which the rules leave open (README, Reliability).
+partly masked tile, which the rules leave open (docs/reliability.md).
 
     python benchmarks/fuzz_gpu.py --recipes 8 --cases 60 --out benchmarks/results
     compute-sanitizer --tool memcheck --error-exitcode 3 python benchmarks/fuzz_gpu.py --recipes 2 --cases 8

@@ -343,7 +343,7 @@ def script(rng, vocab: int, decode_steps: int):
     TVM 0.27's cache gives a sliding-window layer wrong key positions in a forked sequence's own blocks
     (``k_rope_pos_offset_sliding_window`` = max(0, block start + block length - window) where the first kept key
     sits at block start + max(0, block length - window)), which no kernel can undo; with windows that never
-    bite after a fork those positions do not matter (README, "TVM PagedKVCache")."""
+    bite after a fork those positions do not matter (docs/tvm.md)."""
     def tokens(n):
         return [int(t) for t in rng.integers(0, vocab, n)]
 

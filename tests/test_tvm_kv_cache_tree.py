@@ -257,7 +257,7 @@ class TreeReferenceCache:
                     if len(seq["tree"]) > n:
                         # a tree extended before its commit: TVM hands the paged tree slot the sequence's last
                         # `window` tokens, the tree's included, while the tree's nodes sit at positions below
-                        # their index: keys within the window by position may be missing (README)
+                        # their index: keys within the window by position may be missing (docs/tvm.md)
                         mask[:, :max(0, m - window)] = False
                 outs[layer][start:start + n] = _attend_masked(q, seq["k"][layer], seq["v"][layer], mask,
                                                               self.logits)[0]

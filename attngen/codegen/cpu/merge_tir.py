@@ -47,8 +47,8 @@ def merge_functions(dtype: str) -> dict:
         VO = T.match_buffer(vo_ptr, (n, h, d), dtype)
         SO = T.match_buffer(so_ptr, (n, h), "float32")
         for ij in T.parallel(n * h):
-            i: T.let = ij // h
-            j: T.let = ij % h
+            i: T.let = T.truncdiv(ij, h)
+            j: T.let = T.truncmod(ij, h)
             m: T.let = T.max(S[i, j], SO[i, j])
             base: T.let = exp_base(m)
             wa: T.let = T.exp2(S[i, j] - base)
@@ -74,8 +74,8 @@ def merge_functions(dtype: str) -> dict:
         VM = T.match_buffer(vm_ptr, (n, h, d), dtype)
         SM = T.match_buffer(sm_ptr, (n, h), "float32")
         for ij in T.parallel(n * h):
-            i: T.let = ij // h
-            j: T.let = ij % h
+            i: T.let = T.truncdiv(ij, h)
+            j: T.let = T.truncmod(ij, h)
             m: T.float32 = NEG_INF
             for c in range(kk):
                 m = T.max(m, S[i, c, j])
@@ -100,8 +100,8 @@ def merge_functions(dtype: str) -> dict:
         V = T.match_buffer(v_ptr, (n, kk, h, d), dtype)
         VM = T.match_buffer(vm_ptr, (n, h, d), dtype)
         for ij in T.parallel(n * h):
-            i: T.let = ij // h
-            j: T.let = ij % h
+            i: T.let = T.truncdiv(ij, h)
+            j: T.let = T.truncmod(ij, h)
             for k in range(d):
                 acc: T.float32 = T.float32(0)
                 for c in range(kk):

@@ -381,22 +381,21 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     uint32_t pk[TK / 16][4];
     float (&sfr)[NKT][4] = *reinterpret_cast<float (*)[NKT][4]>(sacc);
     auto issue_s = [&](int stage) {
-      const uint32_t k_addr = smem_addr(sk + stage * TK * D);
+      const uint64_t q_desc = desc_k_major(q_addr), k_desc = desc_k_major(smem_addr(sk + stage * TK * D));
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < D / 16; ++k) {
         const uint32_t koff = (k % 4) * 32;  // 16 elements along the 128-byte row
-        wgmma_ss<T, TK>(sacc, desc_k_major(q_addr + (k / 4) * RQ * 128 + koff),
-                        desc_k_major(k_addr + (k / 4) * TK * 128 + koff), k > 0);
+        wgmma_ss<T, TK>(sacc, desc_advance(q_desc, (k / 4) * RQ * 128 + koff),
+                        desc_advance(k_desc, (k / 4) * TK * 128 + koff), k > 0);
       }
       wgmma_commit();
     };
     auto issue_pv = [&](int stage) {
-      const uint32_t v_addr = smem_addr(sv + stage * TK * D);
+      const uint64_t v_desc = desc_mn_major(smem_addr(sv + stage * TK * D), TK * 128);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < TK / 16; ++kk)
-        wgmma_rs<T, D>(o_acc, pk[kk], desc_mn_major(v_addr + kk * 16 * 128, TK * 128), 1);
+      for (int kk = 0; kk < TK / 16; ++kk) wgmma_rs<T, D>(o_acc, pk[kk], desc_advance(v_desc, kk * 16 * 128), 1);
       wgmma_commit();
     };
     // hooks, mask and online softmax of tile kt's scores in sacc (fp32 weights left in place); returns

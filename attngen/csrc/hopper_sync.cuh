@@ -88,15 +88,23 @@ __device__ __forceinline__ void pin_registers(float (&r)[N]) {
 // ---- shared-memory matrix descriptors (128-byte swizzle) --------------------------------------
 // K-major operand: 8-row groups 1024 bytes apart (SBO), the leading offset unused (1); `addr` may point
 // inside a 128-byte row (k-steps of 16 elements advance it by 32 bytes).
-__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
+__host__ __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
 // MN-major operand: 64-element column blocks `block_bytes` apart (LBO), 8-row groups (of K) 1024 bytes
 // apart (SBO).
-__device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t block_bytes) {
+__host__ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t block_bytes) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(block_bytes >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
+}
+
+// The descriptor of the operand `bytes` (a multiple of 16) past the one `desc` describes: the address field
+// (bits 0-13, the address over 16) advances by bytes / 16 with no carry out of it (a CTA's shared memory lies
+// below 2^18 bytes, so the field stays below 2^14), one add of the low word: a loop of wgmmas over one operand
+// forms each descriptor with one uniform add instead of masking, shifting and or-ing its address again.
+__host__ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
 }
 
 }  // namespace attngen

@@ -304,7 +304,7 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
                                                 defer_alternatives=False), cache=build_cache)
     assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)] and not res.manifest["deferred"]
     assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
-    assert "hopper_prefill_kernel<__half, 128, false, __half>" in res.manifest["kernels"]  # K/V of the query dtype
+    assert "hopper_prefill_kernel<__half, 128, false, __half, true>" in res.manifest["kernels"]  # K/V of the query dtype
     for c in res.manifest["cubins"]:
         assert b"attngen_abi_" not in (res.directory / c).read_bytes()
     held = [set(linked_cubin.cubin_kernels((res.directory / c).read_bytes())) for c in res.manifest["cubins"]]
@@ -486,12 +486,12 @@ def test_linked_fp8_library_exports_and_embeds_the_fp8_kernels(fp8_linked):
     kernels = res.manifest["kernels"]
     # every attention kernel reads the e4m3 cache (the key's last argument); the merge reads float32 states (soft-cap
     # links no tile-map classifier: lto.part_serves)
-    assert all(k.endswith(", __nv_fp8_e4m3>") for k in kernels if not k.startswith("merge_")), kernels
+    assert all(", __nv_fp8_e4m3" in k for k in kernels if not k.startswith("merge_")), kernels
     assert not any(k.startswith("tile_") for k in kernels), kernels
     # the tensor-core decode at the fp8 stage count of the decode_tc record (3 at D 128: deeper, half-size stages)
     for k in ("decode_kernel<__half, 128, 1, __nv_fp8_e4m3>", "decode_kernel<__half, 128, 8, __nv_fp8_e4m3>",
               "decode_tc_kernel<__half, 128, 3, __nv_fp8_e4m3>", "merge_decode_kernel<__half, 128>",
-              "hopper_prefill_kernel<__half, 128, false, __nv_fp8_e4m3>"):
+              "hopper_prefill_kernel<__half, 128, false, __nv_fp8_e4m3, false>"):
         assert k in kernels, k
     assert any(k.startswith("prefill_kernel<__half, 128,") for k in kernels), kernels
     assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)]
@@ -582,7 +582,9 @@ def test_alternatives_link_on_first_use(build_cache):
     kernels = res.manifest["kernels"]
     assert not any(k.startswith(("decode_kernel<", "prefill_kernel<")) for k in kernels), kernels
     assert "decode_tc_kernel<__half, 128, 2, __half>" in kernels
-    assert "hopper_prefill_kernel<__half, 128, false, __half>" in kernels
+    # both tilings: 176 keys for long rows, 128 for a call whose requests are all short (csrc/hopper_launch.cuh)
+    assert {"hopper_prefill_kernel<__half, 128, false, __half, true>",
+            "hopper_prefill_kernel<__half, 128, false, __half, false>"} <= set(kernels)
     assert lto.link_deferred(res.directory, res.manifest, 80, build_cache) == []  # none for sm_8x devices
     parts = lto.link_deferred(res.directory, res.manifest, 90, build_cache)
     assert [sm for _, sm, _ in parts] == [90, 90]

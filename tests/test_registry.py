@@ -19,7 +19,7 @@ from attngen.schedules.template_decode_tc import DECODE_TC, DecodeTCConfig
 from attngen.schedules.template_prefill import PREFILL, PrefillConfig
 from attngen.schedules.templates import ArchNeeds
 from attngen.schedules.tile_header import HEADER_MACRO, tiles_header
-from attngen.variants import builtin
+from attngen.variants import BUILTINS, builtin
 
 HALF = ElementBytes(2, 2)
 
@@ -188,3 +188,14 @@ def test_wgmma_header_is_the_generators_output():
     from attngen.codegen.wgmma_ops_gen import HEADER, header_text
 
     assert HEADER.read_text() == header_text(), "run python -m attngen.codegen.wgmma_ops_gen"
+
+
+def test_masks_that_are_their_bounds_get_wide_tiles_for_long_rows():
+    from attngen.schedules.template_prefill_hopper import hopper_wide_for_long_rows
+
+    wide = {n for n in BUILTINS if hopper_wide_for_long_rows(builtin(n), 128)}
+    # exact masks; not an arbitrary mask (tile maps keep 128 keys), not key transforms, not maskless variants
+    # (wide everywhere already: hopper_config_for)
+    assert wide == {"causal", "sliding_window", "sliding_window_causal"}
+    assert not hopper_wide_for_long_rows(builtin("causal"), 64)
+    assert not hopper_wide_for_long_rows(builtin("causal"), 128, kv_scaled=True)

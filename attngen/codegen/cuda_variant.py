@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from attngen.ir import HOOKS, HookSpec, ScalarParam, StateAlgebra, TensorParam
 from attngen.ir.mask_class import MaskKind
-from attngen.schedules.template_prefill_hopper import hopper_config_for
+from attngen.schedules.template_prefill_hopper import hopper_config_for, hopper_wide_for_long_rows
 
 C_TYPES = {"float32": "float", "int32": "int", "int64": "int64_t", "uint8": "unsigned char",
            "float16": "half", "bfloat16": "__nv_bfloat16", "bool": "bool"}
@@ -261,6 +261,7 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
     # the Hopper prefill's 176-key tiles, where the variant's kernels over 16-bit caches take them
     # (csrc/hopper_tile.cuh hopper_wide_tiles adds the instance's conditions)
     flags["kHopperWideTiles"] = _b(hopper_config_for(variant, head_dim).wide)
+    flags["kHopperWideLongRows"] = _b(hopper_wide_for_long_rows(variant, head_dim))
     fns += _mask_split_forwards(msplit, hs)
     for which in ("lower", "upper"):
         call = None

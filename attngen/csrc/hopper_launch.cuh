@@ -17,31 +17,28 @@ inline bool hopper_prefill_runs_here() {
 }
 
 // The kernel: the traits' own instantiation, or by name from a linked cubin (cubin_launch.h).
-template <class V, class T, int D, class KV = T, bool Mapped = false>
+template <class V, class T, int D, class KV = T, bool Mapped = false, bool Wide = hopper_wide_tiles<V, T, KV>()>
 auto hopper_prefill_kernel_ref() {
   using Fn = void (*)(PrefillProblemOf<KV>, typename V::Params, HopperKVMaps, int);
   if constexpr (linked_hooks<V>()) {
     return linked_kernel_cached<Fn>(
-        [] { return kernel_key<T>("hopper_prefill_kernel", D, Mapped, kernel_type_name<KV>()); });
+        [] { return kernel_key<T>("hopper_prefill_kernel", D, Mapped, kernel_type_name<KV>(), Wide); });
   } else {
-    return Fn(hopper_prefill_kernel<V, T, D, Mapped, KV>);
+    return Fn(hopper_prefill_kernel<V, T, D, Mapped, KV, Wide>);
   }
 }
 
-// KV: the cache's element type (fp8 caches: the same shared memory, the tiles staged inside the stages).
-template <class V, class T, int D, class KV = T>
-void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
-                           cudaStream_t stream) {
-#if defined(ATTNGEN_WITH_PREFILL_HOPPER)
-  // (a variant whose kernels walk tile maps has a mask hook: never wide tiles, both instances one tiling)
-  constexpr bool kWide = hopper_wide_tiles<V, T, KV>();
-  using Tile = HopperTile<D, kWide>;
-  constexpr size_t smem = hopper_prefill_smem_bytes<T, D, kWide>();
-  auto kernel = hopper_prefill_kernel_ref<V, T, D, KV>();
+// One tiling's launch (Wide: 176 keys per tile).
+template <class V, class T, int D, class KV, bool Wide>
+void launch_hopper_tiling(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
+                          cudaStream_t stream) {
+  using Tile = HopperTile<D, Wide>;
+  constexpr size_t smem = hopper_prefill_smem_bytes<T, D, Wide>();
+  auto kernel = hopper_prefill_kernel_ref<V, T, D, KV, false, Wide>();
   // the instance walking a tile map (TVM's windowed calls take none)
   if constexpr (variant_maps_tiles<V>() && !tvm_windowed<V>()) {
-    static_assert(!kWide, "variants whose kernels walk tile maps run the map's tiling");
-    if (P.tiles.present()) kernel = hopper_prefill_kernel_ref<V, T, D, KV, true>();
+    static_assert(!Wide, "variants whose kernels walk tile maps run the map's tiling");
+    if (P.tiles.present()) kernel = hopper_prefill_kernel_ref<V, T, D, KV, true, Wide>();
   }
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
@@ -58,6 +55,21 @@ void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const 
   const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;
   const int ctas = int(std::min<int64_t>(items, device_sm_count()));
   launch_kernel(kernel, dim3(ctas), dim3(Tile::kThreads), smem, stream, P, hp, maps, tiles);
+}
+
+// KV: the cache's element type (fp8 caches: the same shared memory, the tiles staged inside the stages). A
+// variant with both tilings (hopper_wide_choice) takes the wide one where the longest request has
+// kHopperWideRows query rows or more.
+template <class V, class T, int D, class KV = T>
+void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
+                           cudaStream_t stream) {
+#if defined(ATTNGEN_WITH_PREFILL_HOPPER)
+  if constexpr (hopper_wide_choice<V, T, KV>() && D == 128) {
+    if (max_qo_len >= kHopperWideRows) return launch_hopper_tiling<V, T, D, KV, true>(P, max_qo_len, hp, stream);
+    return launch_hopper_tiling<V, T, D, KV, false>(P, max_qo_len, hp, stream);
+  } else {
+    launch_hopper_tiling<V, T, D, KV, hopper_wide_tiles<V, T, KV>()>(P, max_qo_len, hp, stream);
+  }
 #endif
 }
 

@@ -44,14 +44,15 @@ namespace attngen {
 // Mapped: the CTA walks the plan's list of its non-empty key tiles (P.tiles, tile_map.cuh), running the
 // full ones without the mask hook; else the key range the mask's bounds leave. KV: the cache's element type
 // (fp8: staged and widened by the producer, see the file comment).
-template <class V, class T, int D, bool Mapped, class KV = T>
+// Wide: the 176-key tiling (hopper_tile.cuh: the launch's choice among the variant's tilings).
+template <class V, class T, int D, bool Mapped, class KV = T, bool Wide = hopper_wide_tiles<V, T, KV>()>
 __global__ void __launch_bounds__(HopperTile<D>::kThreads, 1)
 hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __grid_constant__ HopperKVMaps maps,
                       int q_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kStaged = kv_staged<T, KV>();
   static_assert(std::is_same_v<KV, T> || (kStaged && kIsFp8<KV>), "K/V in the query dtype, or fp8");
-  using Tile = HopperTile<D, hopper_wide_tiles<V, T, KV>()>;
+  using Tile = HopperTile<D, Wide>;
   constexpr int RQ = Tile::kRows, TK = Tile::kKeys, NS = Tile::kStages, NQ = Tile::kQBuffers;
   constexpr int NKT = TK / 8;
   extern __shared__ __align__(16) unsigned char hopper_smem[];

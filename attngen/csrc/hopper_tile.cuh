@@ -51,6 +51,24 @@ constexpr bool hopper_wide_tiles() {
   return trait_flag<V, HopperWideTilesFlag>() && std::is_same_v<KV, T> && !tvm_instance<V>();
 }
 
+template <class V>
+using HopperWideLongRowsFlag = std::bool_constant<V::kHopperWideLongRows>;
+
+// The query rows of a call's longest request from which a launch takes wide tiles where a variant has both
+// tilings (hopper_wide_choice): on the H200, 176-key tiles ran causal L 16k 613 -> 634 TFLOP/s, L 4k alike, and a
+// ragged batch of 64-1024-row prompts 376 -> 334 (a request's last key tile and the diagonal waste more of a
+// wider tile when rows are few).
+constexpr int kHopperWideRows = 4096;
+
+// Whether a kernel has both tilings, the launch choosing by kHopperWideRows: the wide-tiled variants above, and
+// those whose mask hook is exactly its bounds (kHopperWideLongRows: causal, sliding window), over 16-bit K/V,
+// outside TVM's conventions.
+template <class V, class T, class KV>
+constexpr bool hopper_wide_choice() {
+  return (hopper_wide_tiles<V, T, KV>() || trait_flag<V, HopperWideLongRowsFlag>()) && std::is_same_v<KV, T> &&
+         !tvm_instance<V>();
+}
+
 // The register split of a variant's kernel. A key hook runs in the producer (hopper_producer.cuh
 // transform_key_tile), where 40 registers spilled RoPE's rows (ptxas: 208 / 376 bytes of spill stores / loads
 // at D 128); with a key hook the producer gets 96 registers (72 at D 256, whose consumers hold 64 x 256

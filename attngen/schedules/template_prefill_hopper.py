@@ -78,6 +78,17 @@ def hopper_config_for(variant, head_dim: int, kv_scaled: bool = False) -> Hopper
     return HopperConfig(head_dim, wide)
 
 
+def hopper_wide_for_long_rows(variant, head_dim: int, kv_scaled: bool = False) -> bool:
+    """Whether ``variant``'s kernels over long query rows run the wide tiling although its mask hook keeps them
+    on 128 keys elsewhere: a mask that is exactly its bounds (causal, sliding window: every score past them is
+    skipped by the key range, none checked), no key transform, a 16-bit cache, head dim 128. The launch takes the
+    wide instance where a call's longest request has csrc/hopper_tile.cuh kHopperWideRows query rows or more."""
+    from attngen.ir.mask_class import mask_needs_map  # (TVM's IR: imported when a build reaches it)
+
+    return (head_dim in WIDE_HEAD_DIMS and not kv_scaled and "logits_mask" in variant.hooks
+            and not mask_needs_map(variant) and not row_hooks(variant)[0])
+
+
 def configs(head_dim: int) -> tuple[HopperConfig, ...]:
     return (HopperConfig(head_dim),) + ((HopperConfig(head_dim, wide=True),) if head_dim in WIDE_HEAD_DIMS else ())
 

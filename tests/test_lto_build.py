@@ -304,7 +304,9 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
                                                 defer_alternatives=False), cache=build_cache)
     assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)] and not res.manifest["deferred"]
     assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
-    assert "hopper_prefill_kernel<__half, 128, false, __half, true>" in res.manifest["kernels"]  # K/V of the query dtype
+    # K/V of the query dtype; both tilings, alternatives being linked up front (176 keys for calls of long rows)
+    assert {"hopper_prefill_kernel<__half, 128, false, __half, true>",
+            "hopper_prefill_kernel<__half, 128, false, __half, false>"} <= set(res.manifest["kernels"])
     for c in res.manifest["cubins"]:
         assert b"attngen_abi_" not in (res.directory / c).read_bytes()
     held = [set(linked_cubin.cubin_kernels((res.directory / c).read_bytes())) for c in res.manifest["cubins"]]
@@ -370,6 +372,23 @@ def test_smem_floor_only_for_arch_specific_targets():
     assert smem_floor_define(("sm_90",)) == "#define ATTNGEN_SMEM_OPTIN_FLOOR 232448"
     src = lto.template_source("decode", 128, DtypePair("float16", "float16"), 8, 1, smem_floor_define(("sm_90a",)))
     assert src.startswith("#define ATTNGEN_DECODE_KERNELS 2\n#define ATTNGEN_SMEM_OPTIN_FLOOR 232448\n")
+
+
+def test_deferring_builds_give_each_hopper_kernel_one_tiling():
+    """Linked builds that defer alternatives compile and link each Hopper kernel in its one tiling (a causal
+    variant's 176-key tiling for long rows would add a kernel to every edit's link); whole-program builds and
+    linked ones with the alternatives up front hold both (csrc/hopper_tile.cuh hopper_wide_choice)."""
+    hopper = lto_config(kernels=("decode", "prefill"), archs=("sm_90a",))
+    assert lto.build_defines(hopper, "prefill") == "#define ATTNGEN_SMEM_OPTIN_FLOOR 232448\n" + lto.ONE_TILING_DEFINE
+    assert lto.ONE_TILING_DEFINE in lto.build_defines(hopper)  # the launch object's
+    assert lto.ONE_TILING_DEFINE not in lto.build_defines(hopper, "decode")
+    assert lto.ONE_TILING_DEFINE not in lto.build_defines(lto_config(kernels=("decode", "prefill"), archs=("sm_90a",),
+                                                                     defer_alternatives=False))
+    assert lto.build_defines(lto_config(kernels=("prefill",), archs=("sm_80",)), "prefill") == ""
+    src = lto.template_source("prefill", 128, DtypePair("float16", "float16"), 8, 1, lto.build_defines(hopper, "prefill"))
+    assert src.splitlines()[:3] == ["#define ATTNGEN_WITH_PREFILL_HOPPER 1", "#define ATTNGEN_SMEM_OPTIN_FLOOR 232448",
+                                    lto.ONE_TILING_DEFINE]
+    assert lto.ONE_TILING_DEFINE in lto.launch_source(hopper, 128)
 
 
 # ---- fp8 K/V caches ----
@@ -582,9 +601,9 @@ def test_alternatives_link_on_first_use(build_cache):
     kernels = res.manifest["kernels"]
     assert not any(k.startswith(("decode_kernel<", "prefill_kernel<")) for k in kernels), kernels
     assert "decode_tc_kernel<__half, 128, 2, __half>" in kernels
-    # both tilings: 176 keys for long rows, 128 for a call whose requests are all short (csrc/hopper_launch.cuh)
-    assert {"hopper_prefill_kernel<__half, 128, false, __half, true>",
-            "hopper_prefill_kernel<__half, 128, false, __half, false>"} <= set(kernels)
+    # one tiling (lto.ONE_TILING_DEFINE): soft-cap's 176-key one, which calls of any length run
+    assert "hopper_prefill_kernel<__half, 128, false, __half, true>" in kernels
+    assert "hopper_prefill_kernel<__half, 128, false, __half, false>" not in kernels
     assert lto.link_deferred(res.directory, res.manifest, 80, build_cache) == []  # none for sm_8x devices
     parts = lto.link_deferred(res.directory, res.manifest, 90, build_cache)
     assert [sm for _, sm, _ in parts] == [90, 90]

@@ -257,11 +257,28 @@ def build_macros(cfg: BuildConfig) -> list[str]:
 TEMPLATE_MODE = ("-rdc=true", "-fatbin")
 TEMPLATE_FILE = "template.fatbin"
 
+# Linked builds that defer alternatives give each Hopper kernel its one tiling (csrc/hopper_tile.cuh
+# hopper_wide_choice): a variant's second tiling, taken for calls of long rows (kHopperWideRows), would add a
+# kernel to the link of every edit. Whole-program builds, and linked ones with defer_alternatives=False, hold both.
+ONE_TILING_DEFINE = "#define ATTNGEN_HOPPER_ONE_TILING 1"
+
+
+def build_defines(cfg: BuildConfig, record: str | None = None) -> str:
+    """The lines a template object of ``record`` (None: the launch object, which launches every record) opens
+    with: the build's smem floor (arch.smem_floor_define) and, for the prefill, ONE_TILING_DEFINE where the
+    build has the Hopper template and defers alternatives ("" when neither applies)."""
+    lines = [smem_floor_define(cfg.archs)]
+    if (record in (None, "prefill") and cfg.defer_alternatives
+            and "ATTNGEN_WITH_PREFILL_HOPPER" in build_macros(cfg)):
+        lines.append(ONE_TILING_DEFINE)
+    return "\n".join(line for line in lines if line)
+
+
 def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int, part: int = 0,
-                    floor: str = "") -> str:
-    """One template object's source; ``floor``: the build's smem floor line (arch.smem_floor_define)."""
+                    defines: str = "") -> str:
+    """One template object's source; ``defines``: the build's lines (:func:`build_defines`)."""
     launcher = LAUNCHERS[record]
-    opening = [line for line in (launcher.parts[part], floor) if line]
+    opening = [line for line in (launcher.parts[part], defines) if line]
     return "\n".join([*opening, f'#include "abi_d{head_dim}.cuh"', f'#include "{launcher.header}"',
                       '#include "tile_checks.h"', *launcher.instances(part, head_dim, pair, max_group)]) + "\n"
 
@@ -288,7 +305,7 @@ def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: Bu
     abi = record_abi(record, abi)
     return content_key({"lto_template": record, "file": TEMPLATE_FILE,
                         "source": template_source(record, head_dim, pair, cfg.max_group_size, part,
-                                                  smem_floor_define(cfg.archs)),
+                                                  build_defines(cfg, record)),
                         "arch": arch, "head_dim": head_dim, "dtypes": [pair.q, pair.kv],
                         "max_group": cfg.max_group_size if record == "decode" else 0, "abi": abi,
                         "fast_math": cfg.fast_math, "csrc": csrc_hash(), "tiles": tiles_header(),
@@ -310,7 +327,8 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
         (out / "attngen_enums.h").write_text(enums_header())
         (out / HEADER_NAME).write_text(tiles_header())
         src = out / "template.cu"
-        src.write_text(template_source(record, head_dim, pair, cfg.max_group_size, part, smem_floor_define(cfg.archs)))
+        src.write_text(template_source(record, head_dim, pair, cfg.max_group_size, part,
+                                       build_defines(cfg, record)))
         obj = out / TEMPLATE_FILE
         nvcc.run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), *TEMPLATE_MODE, str(src), "-o",
                        str(obj)], f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")
@@ -325,8 +343,8 @@ def launch_source(cfg: BuildConfig, head_dim: int) -> str:
     """The launch object of one head dim: the records' entry templates over the block traits, one
     LinkedLaunch instance per export."""
     # the companion templates' macros (the Hopper prefill where the build has sm_90a): the dispatch routes to them
-    floor = smem_floor_define(cfg.archs)
-    parts = [f"#define {m} 1" for m in build_macros(cfg)] + ([floor] if floor else [])
+    defines = build_defines(cfg)
+    parts = [f"#define {m} 1" for m in build_macros(cfg)] + ([defines] if defines else [])
     # host code alone: nvcc's device pass, which would instantiate nothing, skips parsing it (a fifth of the compile)
     parts += ["#ifndef __CUDA_ARCH__"]
     parts += [f'#include "abi_d{head_dim}.cuh"', '#include "linked_entry.h"', '#include "problem_glue.h"']

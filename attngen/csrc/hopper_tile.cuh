@@ -62,11 +62,16 @@ constexpr int kHopperWideRows = 4096;
 
 // Whether a kernel has both tilings, the launch choosing by kHopperWideRows: the wide-tiled variants above, and
 // those whose mask hook is exactly its bounds (kHopperWideLongRows: causal, sliding window), over 16-bit K/V,
-// outside TVM's conventions.
+// outside TVM's conventions. ATTNGEN_HOPPER_ONE_TILING (linked builds that defer alternatives, codegen/lto.py
+// ONE_TILING_DEFINE): every kernel keeps its one tiling (hopper_wide_tiles), so that an edit links one kernel.
 template <class V, class T, class KV>
 constexpr bool hopper_wide_choice() {
+#if defined(ATTNGEN_HOPPER_ONE_TILING)
+  return false;
+#else
   return (hopper_wide_tiles<V, T, KV>() || trait_flag<V, HopperWideLongRowsFlag>()) && std::is_same_v<KV, T> &&
          !tvm_instance<V>();
+#endif
 }
 
 // The register split of a variant's kernel. A key hook runs in the producer (hopper_producer.cuh

@@ -73,15 +73,25 @@ def find_nvdisasm(given: str | None) -> str:
     raise SystemExit("nvdisasm not found: put it on PATH, pass --nvdisasm, or pip install nvidia-cuda-nvdisasm")
 
 
-def kernel_sass(sass: str, pattern: str) -> list[str]:
-    """The lines of the functions whose section names match `pattern` (the non-mapped instance by default)."""
-    out, keep = [], False
+def kernel_sass(sass: str, pattern: str) -> dict[str, list[str]]:
+    """Function name -> its lines, for each function whose section name matches `pattern` (the non-mapped
+    instances by default: one per Hopper tiling the variant has)."""
+    out, name = {}, None
     for line in sass.splitlines():
         if line.startswith("//--------------------- .text."):
-            keep = re.search(pattern, line) is not None
-        if keep:
-            out.append(line)
+            m = re.search(r"\.text\.(\S+)", line)
+            name = m.group(1) if m and re.search(pattern, line) else None
+            if name:
+                out[name] = []
+        if name:
+            out[name].append(line)
     return out
+
+
+def tiling_label(function: str) -> str:
+    """A short label for a Hopper kernel's tiling: the mangled trailing template bool (Wide) where there is one."""
+    m = re.search(r"ES3_Lb([01])EE", function)
+    return "" if m is None else (" (176 keys)" if m.group(1) == "1" else " (128 keys)")
 
 
 def stats(lines: list[str]) -> dict:
@@ -115,12 +125,13 @@ def main() -> None:
             advisories = [ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("ADVISORY ")]
             cubin = next(directory.glob("*_prefill_sm_90a.cubin"))
             sass = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-        lines = kernel_sass(sass, args.kernel)
-        if not lines:
+        functions = kernel_sass(sass, args.kernel)
+        if not functions:
             raise SystemExit(f"{label}: no function matches {args.kernel!r}")
-        rows[label] = stats(lines)
-        rows[label]["ptxas wgmma advisories"] = " ".join(sorted({code for code, fn in advisories
-                                                                if re.search(args.kernel, fn)})) or "none"
+        for function, lines in functions.items():
+            row = rows[label + tiling_label(function)] = stats(lines)
+            row["ptxas wgmma advisories"] = " ".join(sorted({code for code, fn in advisories
+                                                             if fn in function or function in fn})) or "none"
     keys = list(next(iter(rows.values())))
     print(f"{args.variant}, D {args.head_dim}, {args.dtype}, sm_90a; kernel /{args.kernel}/\n")
     print("| tree | " + " | ".join(keys) + " |")

@@ -379,13 +379,16 @@ def test_deferring_builds_give_each_hopper_kernel_one_tiling():
     variant's 176-key tiling for long rows would add a kernel to every edit's link); whole-program builds and
     linked ones with the alternatives up front hold both (csrc/hopper_tile.cuh hopper_wide_choice)."""
     hopper = lto_config(kernels=("decode", "prefill"), archs=("sm_90a",))
-    assert lto.build_defines(hopper, "prefill") == "#define ATTNGEN_SMEM_OPTIN_FLOOR 232448\n" + lto.ONE_TILING_DEFINE
+    assert lto.build_defines(hopper, "prefill", 1) == "#define ATTNGEN_SMEM_OPTIN_FLOOR 232448\n" + lto.ONE_TILING_DEFINE
     assert lto.ONE_TILING_DEFINE in lto.build_defines(hopper)  # the launch object's
-    assert lto.ONE_TILING_DEFINE not in lto.build_defines(hopper, "decode")
+    # the decode's parts and the prefill's mma.sync and classifier parts stay shared with non-deferring builds
+    for record, part in (("decode", 0), ("decode", 1), ("prefill", 0), ("prefill", 2)):
+        assert lto.build_defines(hopper, record, part) == "#define ATTNGEN_SMEM_OPTIN_FLOOR 232448", (record, part)
     assert lto.ONE_TILING_DEFINE not in lto.build_defines(lto_config(kernels=("decode", "prefill"), archs=("sm_90a",),
                                                                      defer_alternatives=False))
     assert lto.build_defines(lto_config(kernels=("prefill",), archs=("sm_80",)), "prefill") == ""
-    src = lto.template_source("prefill", 128, DtypePair("float16", "float16"), 8, 1, lto.build_defines(hopper, "prefill"))
+    src = lto.template_source("prefill", 128, DtypePair("float16", "float16"), 8, 1,
+                              lto.build_defines(hopper, "prefill", 1))
     assert src.splitlines()[:3] == ["#define ATTNGEN_WITH_PREFILL_HOPPER 1", "#define ATTNGEN_SMEM_OPTIN_FLOOR 232448",
                                     lto.ONE_TILING_DEFINE]
     assert lto.ONE_TILING_DEFINE in lto.launch_source(hopper, 128)

@@ -261,15 +261,17 @@ TEMPLATE_FILE = "template.fatbin"
 # hopper_wide_choice): a variant's second tiling, taken for calls of long rows (kHopperWideRows), would add a
 # kernel to the link of every edit. Whole-program builds, and linked ones with defer_alternatives=False, hold both.
 ONE_TILING_DEFINE = "#define ATTNGEN_HOPPER_ONE_TILING 1"
+HOPPER_MACRO = "ATTNGEN_WITH_PREFILL_HOPPER"  # the Hopper prefill's build macro (LAUNCHERS["prefill"].part_macros)
 
 
-def build_defines(cfg: BuildConfig, record: str | None = None) -> str:
-    """The lines a template object of ``record`` (None: the launch object, which launches every record) opens
-    with: the build's smem floor (arch.smem_floor_define) and, for the prefill, ONE_TILING_DEFINE where the
-    build has the Hopper template and defers alternatives ("" when neither applies)."""
+def build_defines(cfg: BuildConfig, record: str | None = None, part: int = 0) -> str:
+    """The lines part ``part`` of a template object of ``record`` (None: the launch object, which launches every
+    record) opens with: the build's smem floor (arch.smem_floor_define) and, for the Hopper part of the prefill
+    (the one its macro selects), ONE_TILING_DEFINE where the build has that template and defers alternatives
+    ("" when neither applies; the other parts' objects stay shared between deferring builds and others)."""
     lines = [smem_floor_define(cfg.archs)]
-    if (record in (None, "prefill") and cfg.defer_alternatives
-            and "ATTNGEN_WITH_PREFILL_HOPPER" in build_macros(cfg)):
+    hopper_part = record is None or (record == "prefill" and LAUNCHERS[record].part_macros[part] == HOPPER_MACRO)
+    if hopper_part and cfg.defer_alternatives and HOPPER_MACRO in build_macros(cfg):
         lines.append(ONE_TILING_DEFINE)
     return "\n".join(line for line in lines if line)
 
@@ -305,7 +307,7 @@ def template_key(record: str, arch: str, head_dim: int, pair: DtypePair, cfg: Bu
     abi = record_abi(record, abi)
     return content_key({"lto_template": record, "file": TEMPLATE_FILE,
                         "source": template_source(record, head_dim, pair, cfg.max_group_size, part,
-                                                  build_defines(cfg, record)),
+                                                  build_defines(cfg, record, part)),
                         "arch": arch, "head_dim": head_dim, "dtypes": [pair.q, pair.kv],
                         "max_group": cfg.max_group_size if record == "decode" else 0, "abi": abi,
                         "fast_math": cfg.fast_math, "csrc": csrc_hash(), "tiles": tiles_header(),
@@ -328,7 +330,7 @@ def template_object(record: str, arch: str, head_dim: int, pair: DtypePair, cfg:
         (out / HEADER_NAME).write_text(tiles_header())
         src = out / "template.cu"
         src.write_text(template_source(record, head_dim, pair, cfg.max_group_size, part,
-                                       build_defines(cfg, record)))
+                                       build_defines(cfg, record, part)))
         obj = out / TEMPLATE_FILE
         nvcc.run_tool([nvcc.require_nvcc(), gencode, *_common_flags(cfg, out), *TEMPLATE_MODE, str(src), "-o",
                        str(obj)], f"nvcc of the {record} template (LTO-IR, {arch}, d{head_dim})")

@@ -55,21 +55,25 @@ template <class V>
 using HopperWideLongRowsFlag = std::bool_constant<V::kHopperWideLongRows>;
 
 // The query rows of a call's longest request from which a launch takes wide tiles where a variant has both
-// tilings (hopper_wide_choice): on the H200, 176-key tiles ran causal L 16k 613 -> 634 TFLOP/s, L 4k alike, and a
-// ragged batch of 64-1024-row prompts 376 -> 334 (a request's last key tile and the diagonal waste more of a
-// wider tile when rows are few).
-constexpr int kHopperWideRows = 4096;
+// tilings (hopper_wide_choice). On the H200 (2026-12-05, A/B against one tiling each, two alternating runs,
+// ab_trees_2026-12-05_hopper_two_tilings.md): with wide tiles from 4096 rows, causal L 16k 623 -> 644 TFLOP/s and
+// causal L 8k (fp16) 644 -> 654, but causal L 4k 626 -> 620; a ragged batch of 64-1024-row prompts stays on 128
+// keys (375 / 376); full attention L 8k, wide in both, 653 / 655. A request's last key tile and the diagonal waste
+// more of a wider tile when rows are few: so from 8192 rows.
+constexpr int kHopperWideRows = 8192;
 
-// Whether a kernel has both tilings, the launch choosing by kHopperWideRows: the wide-tiled variants above, and
-// those whose mask hook is exactly its bounds (kHopperWideLongRows: causal, sliding window), over 16-bit K/V,
-// outside TVM's conventions. ATTNGEN_HOPPER_ONE_TILING (linked builds that defer alternatives, codegen/lto.py
-// ONE_TILING_DEFINE): every kernel keeps its one tiling (hopper_wide_tiles), so that an edit links one kernel.
+// Whether a kernel has both tilings, the launch choosing by kHopperWideRows: a variant whose mask hook is exactly
+// its bounds (kHopperWideLongRows: causal, sliding window), over 16-bit K/V, outside TVM's conventions. The
+// wide-tiled variants above (no mask hook) run 176 keys at every length, as before the choice existed (short calls
+// of theirs on 128 keys are not measured). ATTNGEN_HOPPER_ONE_TILING (linked builds that defer alternatives,
+// codegen/lto.py ONE_TILING_DEFINE): every kernel keeps its one tiling (hopper_wide_tiles), so that an edit links
+// one kernel.
 template <class V, class T, class KV>
 constexpr bool hopper_wide_choice() {
 #if defined(ATTNGEN_HOPPER_ONE_TILING)
   return false;
 #else
-  return (hopper_wide_tiles<V, T, KV>() || trait_flag<V, HopperWideLongRowsFlag>()) && std::is_same_v<KV, T> &&
+  return trait_flag<V, HopperWideLongRowsFlag>() && !hopper_wide_tiles<V, T, KV>() && std::is_same_v<KV, T> &&
          !tvm_instance<V>();
 #endif
 }

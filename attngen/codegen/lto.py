@@ -49,6 +49,7 @@ from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DtypePair
 from attngen.schedules.ffi_enums import enums_header
 from attngen.schedules.registry import companion_macros, selected
+from attngen.schedules.template_prefill_hopper import PREFILL_HOPPER
 from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
 from . import nvcc, nvjitlink, nvrtc
@@ -149,6 +150,8 @@ class Launcher:
 HOOK_PASS_INSTANCE = ("template void attngen::launch_hook_pass<{V}>(const attngen::HookPassProblem&, "
                       "const {V}::Params&, cudaStream_t);")
 
+HOPPER_MACRO = PREFILL_HOPPER.build_macro  # the Hopper prefill's part of the prefill record
+
 LAUNCHERS = {
     "decode": Launcher("decode_launch.cuh", (
         "template bool attngen::launch_decode<{V}, {T}, {D}, {G}, {KV}>(const attngen::DecodeProblemOf<{KV}>&, "
@@ -160,14 +163,14 @@ LAUNCHERS = {
         # to empty kernels, so that every arch's cubins hold the same kernels); the tile-map classifier
         # (csrc/tile_map.cuh: the mask hook alone, the same kernel for every dtype pair) and the row-hook pass
         # (csrc/hook_pass.cuh: the key / query hooks, the element type a flag)
-        ("", "#define ATTNGEN_WITH_PREFILL_HOPPER 1", "// the tile-map classifier and the row-hook pass"), (
+        ("", f"#define {HOPPER_MACRO} 1", "// the tile-map classifier and the row-hook pass"), (
             ("template void attngen::launch_prefill<{V}, {T}, {D}, {KV}>(const attngen::PrefillProblemOf<{KV}>&, "
              "int, const {V}::Params&, cudaStream_t);",),
             ("template void attngen::launch_hopper_prefill<{V}, {T}, {D}, {KV}>(const "
              "attngen::PrefillProblemOf<{KV}>&, int, const {V}::Params&, cudaStream_t);",),
             ("template void attngen::launch_tile_map<{V}>(const attngen::TileMapProblem&, const {V}::Params&, "
              "cudaStream_t);", HOOK_PASS_INSTANCE)),
-        (None, "ATTNGEN_WITH_PREFILL_HOPPER", None), shared_parts=(2,), unscaled_only=(HOOK_PASS_INSTANCE,)),
+        (None, HOPPER_MACRO, None), shared_parts=(2,), unscaled_only=(HOOK_PASS_INSTANCE,)),
 }
 
 
@@ -185,7 +188,7 @@ def deferred_part(cfg: BuildConfig, arch: str, record: str, part: int) -> bool:
     built)."""
     if not cfg.defer_alternatives or (record, part) not in ALTERNATIVE_PARTS.get(arch, ()):
         return False
-    return record == "decode" or "ATTNGEN_WITH_PREFILL_HOPPER" in build_macros(cfg)
+    return record == "decode" or HOPPER_MACRO in build_macros(cfg)
 
 
 # the prefill record's part holding the tile-map classifier and the row-hook pass (LAUNCHERS["prefill"].parts)
@@ -261,7 +264,6 @@ TEMPLATE_FILE = "template.fatbin"
 # hopper_wide_choice): a variant's second tiling, taken for calls of long rows (kHopperWideRows), would add a
 # kernel to the link of every edit. Whole-program builds, and linked ones with defer_alternatives=False, hold both.
 ONE_TILING_DEFINE = "#define ATTNGEN_HOPPER_ONE_TILING 1"
-HOPPER_MACRO = "ATTNGEN_WITH_PREFILL_HOPPER"  # the Hopper prefill's build macro (LAUNCHERS["prefill"].part_macros)
 
 
 def build_defines(cfg: BuildConfig, record: str | None = None, part: int = 0) -> str:

@@ -64,7 +64,7 @@ template <class V, class T, int D, class KV = T>
 void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
                            cudaStream_t stream) {
 #if defined(ATTNGEN_WITH_PREFILL_HOPPER)
-  if constexpr (hopper_wide_choice<V, T, KV>() && D == 128) {
+  if constexpr (hopper_wide_choice<V, T, KV>()) {
     if (max_qo_len >= kHopperWideRows) return launch_hopper_tiling<V, T, D, KV, true>(P, max_qo_len, hp, stream);
     return launch_hopper_tiling<V, T, D, KV, false>(P, max_qo_len, hp, stream);
   } else {

@@ -73,8 +73,8 @@ constexpr bool hopper_wide_choice() {
 #if defined(ATTNGEN_HOPPER_ONE_TILING)
   return false;
 #else
-  return trait_flag<V, HopperWideLongRowsFlag>() && !hopper_wide_tiles<V, T, KV>() && std::is_same_v<KV, T> &&
-         !tvm_instance<V>();
+  // (the flag is set at head dim 128 alone, and never with kHopperWideTiles: one needs a mask hook, the other none)
+  return trait_flag<V, HopperWideLongRowsFlag>() && std::is_same_v<KV, T> && !tvm_instance<V>();
 #endif
 }
 

@@ -73,9 +73,13 @@ def hopper_config_for(variant, head_dim: int, kv_scaled: bool = False) -> Hopper
     """The tiling ``variant``'s Hopper kernel runs on calls of ``plan_prefill``'s API (csrc/hopper_tile.cuh
     hopper_wide_tiles, which the kernels follow; a tile-map walk and TVM's slots keep 128 keys): wide where nothing
     checks a score beyond the key range: no mask hook, no key transform, a 16-bit cache (``kv_scaled`` False)."""
-    wide = (head_dim in WIDE_HEAD_DIMS and not kv_scaled and "logits_mask" not in variant.hooks
-            and not row_hooks(variant)[0])
-    return HopperConfig(head_dim, wide)
+    return HopperConfig(head_dim, _widens(variant, head_dim, kv_scaled) and "logits_mask" not in variant.hooks)
+
+
+def _widens(variant, head_dim: int, kv_scaled: bool) -> bool:
+    """What 176-key tiles need whatever the mask: head dim 128, no key transform (no per-tile producer work), a
+    16-bit cache."""
+    return head_dim in WIDE_HEAD_DIMS and not kv_scaled and not row_hooks(variant)[0]
 
 
 def hopper_wide_for_long_rows(variant, head_dim: int, kv_scaled: bool = False) -> bool:
@@ -85,8 +89,7 @@ def hopper_wide_for_long_rows(variant, head_dim: int, kv_scaled: bool = False) -
     wide instance where a call's longest request has csrc/hopper_tile.cuh kHopperWideRows query rows or more."""
     from attngen.ir.mask_class import mask_needs_map  # (TVM's IR: imported when a build reaches it)
 
-    return (head_dim in WIDE_HEAD_DIMS and not kv_scaled and "logits_mask" in variant.hooks
-            and not mask_needs_map(variant) and not row_hooks(variant)[0])
+    return _widens(variant, head_dim, kv_scaled) and "logits_mask" in variant.hooks and not mask_needs_map(variant)
 
 
 def configs(head_dim: int) -> tuple[HopperConfig, ...]:

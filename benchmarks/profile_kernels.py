@@ -10,7 +10,8 @@ memory, occupancy) and achieved bandwidth of both.
     ncu --section LaunchStats --section Occupancy --section SpeedOfLight -k regex:"decode|Prefill" \
         python benchmarks/profile_kernels.py --decode-case "gqa B64 L4k" --peer
 
-``--mask full --length 8192`` profiles full attention instead (bench_prefill.py's "full L 8k");
+``--mask full --length 8192`` profiles full attention instead (bench_prefill.py's "full L 8k"); ``--prefill-peer``
+also runs FlashInfer's fa3 prefill on the same inputs, so one ncu run (``-k regex:[Pp]refill``) profiles both;
 ``--kv-dtype float8_e4m3fn`` runs both the prefill and the decode over e4m3 K/V (scales 1), the fp8 paths
 of both templates:
 
@@ -33,6 +34,8 @@ def main():
     ap.add_argument("--narrow", action="store_true", help="plan prefill with 64-row tiles")
     ap.add_argument("--decode-case", default="gqa B16 L16k", help="a case name of bench_decode.py")
     ap.add_argument("--peer", action="store_true", help="also run FlashInfer's tensor-core decode")
+    ap.add_argument("--prefill-peer", action="store_true",
+                    help="also run FlashInfer's fa3 prefill on the prefill's inputs (bf16 K/V)")
     ap.add_argument("--mask", choices=("causal", "full"), default="causal", help="the prefill's mask")
     ap.add_argument("--length", type=int, default=4096, help="the prefill's one request: queries = keys")
     ap.add_argument("--kv-dtype", default="bfloat16", choices=("bfloat16", "float8_e4m3fn"),
@@ -55,6 +58,11 @@ def main():
     plan = prefill_lib.plan_prefill(indptr, kv, D, wide_tiles=False if args.narrow else None)
     for _ in range(3):
         prefill_lib.prefill(q, kv, indptr, plan=plan, **scales)
+    if args.prefill_peer:
+        import flashinfer
+
+        for _ in range(3):
+            flashinfer.single_prefill_with_kv_cache(q, k, v, causal=args.mask == "causal", backend="fa3")
     vanilla = CUDAAttention.build(builtin("vanilla"), **build)
     cases = {c.name: (c.kv_lens, c.hq, c.hkv) for c in DECODE_CASES if c.d == D}
     if args.decode_case not in cases:

@@ -56,6 +56,26 @@ def random_problem(rng, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, 
     return Problem(q, qo_indptr, RaggedKV(k, v, kv_indptr), paged, keys, values, qo_lens, kv_lens)
 
 
+def causal_slices(problem: Problem, rows: int) -> tuple[np.ndarray, Problem]:
+    """A smaller reference problem for a mask that hides every key past a query's position (causal, causal
+    windows): the first, a middle and the last ``rows`` query rows of each request longer than 3 x ``rows`` (shorter
+    ones whole), each block a request of its own whose keys end at its last row's position, so that every row keeps
+    its position (kv_len - qo_len + i) and sees the keys it saw. Returns (the picked rows' indices into
+    problem.q, the problem of the blocks; its ragged / paged views are None: the reference reads keys / values)."""
+    picked, blocks = [], []
+    for b, (n, m) in enumerate(zip(problem.qo_lens, problem.kv_lens)):
+        long = n > 3 * rows
+        for s in (sorted({0, n // 2 - rows // 2, n - rows}) if long else [0]):
+            e = s + rows if long else n
+            blocks.append((b, s, e, m - n + e))
+            picked.extend(range(problem.qo_indptr[b] + s, problem.qo_indptr[b] + e))
+    picked = np.asarray(picked, dtype=np.int64)
+    lens = [e - s for _, s, e, _ in blocks]
+    return picked, Problem(problem.q[picked], np.concatenate([[0], np.cumsum(lens)]).astype(np.int32), None, None,
+                           [problem.keys[b][:m] for b, _, _, m in blocks],
+                           [problem.values[b][:m] for b, _, _, m in blocks], lens, [m for *_, m in blocks])
+
+
 def random_params(variant, rng, problem: Problem) -> dict:
     """Plausible random values for a variant's extra parameters (built-ins and simple user ones)."""
     n_qo = problem.q.shape[1]

@@ -108,9 +108,13 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   constexpr int NDT = D / 8;   // n-tiles of O per warp
   constexpr int CPR = D / 8;   // 16-byte chunks per row
   // the loader: each warp copies its own 16 key rows of every tile (the rows only it reads, so a tile
-  // needs no CTA barrier); a lane copies chunks c and c + D / 16 of a row (one row address, four copies
-  // with V)
-  constexpr int TPR = D / 16;   // loader lanes per row
+  // needs no CTA barrier); a lane copies 16-byte chunks c and c + TPR of a row and of its value row (one
+  // row address, one page id, four copies): D / 16 lanes per 16-bit row, D / 32 per fp8 row of D >= 128
+  // (half the passes, page-id loads and address arithmetic of one chunk a lane: H200, B 64 L 4k 3564 -> 3733
+  // GB/s, fp8_decode_2026-12-05_loader_ab.md); fp8 rows of D 64 keep one chunk a lane and D / 16 lanes (two
+  // were slower there: 2586 -> 2380)
+  constexpr bool kFp8TwoChunks = kIsFp8<KV> && D >= 128;
+  constexpr int TPR = kFp8TwoChunks ? D / 32 : D / 16;  // loader lanes per row
   static_assert(32 % TPR == 0, "a lane's chunk column must stay fixed across passes");
   constexpr int RPW = 32 / TPR;  // rows per warp and pass
   static_assert(Tile::kKeysPerWarp % RPW == 0, "a warp's rows split evenly over its passes");
@@ -203,15 +207,18 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       const int r = wk + pass * RPW + lane / TPR, j = t0 + r, jr = view_row<V>(l_sinks, j);
       const bool ok = j < l_cur.end;
       const int slot = ps_pow2 ? (jr & (ps - 1)) : jr % ps;
-      if constexpr (kIsFp8<KV>) {  // a lane copies one 16-byte chunk (16 elements) of the K row and the V row
-        // (a row past the item has page id 0 and a slot inside the page: its address lies in the cache, and it
-        // reads nothing; page id and slot are non-negative, so unsigned 32 x 64-bit products serve)
+      if constexpr (kIsFp8<KV>) {  // a lane copies 16-byte chunks (16 elements) c (and c + TPR) of the K row
+        // and the V row (a row past the item has page id 0 and a slot inside the page: its address lies in the
+        // cache, and it reads nothing; page id and slot are non-negative, so unsigned 32 x 64-bit products serve)
         const KV* src = head8 + uint64_t(uint32_t(pid[pass])) * uint64_t(P.kv.stride_page) +
                         uint64_t(uint32_t(slot)) * uint64_t(P.kv.stride_slot);
         KV* dst = decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 * TK + r) * D;
-        const int kc = kDirectK ? staged_key_chunk<D>(r, lane % TPR) : lane % TPR;
-        copy16_async(dst + kc * 16, src, ok);
-        copy16_async(dst + TK * D + (lane % TPR) * 16, src + P.kv.stride_kv, ok);
+        const int c0 = lane % TPR, c1 = c0 + TPR;
+        copy16_async(dst + (kDirectK ? staged_key_chunk<D>(r, c0) : c0) * 16, src, ok);
+        if constexpr (kFp8TwoChunks)
+          copy16_async(dst + (kDirectK ? staged_key_chunk<D>(r, c1) : c1) * 16, src + HALF, ok);
+        copy16_async(dst + TK * D + c0 * 16, src + P.kv.stride_kv, ok);
+        if constexpr (kFp8TwoChunks) copy16_async(dst + TK * D + c1 * 16, src + P.kv.stride_kv + HALF, ok);
         continue;
       }
       // a row past the item reads nothing; its address (page 0) only has to lie in the cache

@@ -34,6 +34,9 @@ EXPECTED_S = {
     "tests/test_gpu_fuzz.py::test_fuzz_calls_under_the_sanitizer": 70,
     "tests/test_fp8_cuda_build.py::test_cuda_attention_decodes_fp8_caches": 65,
     "tests/test_gpu_tvm_kv_cache_rope.py::test_inline_rope_caches_match_reference_and_cpu_cache": 58,
+    # (5af36d1, gpu_tests_2026-12-05_5af36d1_suite.log: 128-135 s, scheduled last at the default, most of it a
+    # float64 reference of every row; its reference now covers three row blocks: the library build is what is left)
+    "tests/test_gpu_prefill.py::test_long_rows_on_both_hopper_tilings": 45,
     "tests/test_lto_build.py::test_linked_and_whole_fp8_libraries_agree_on_the_gpu": 48,
     "tests/test_gpu_fuzz.py::test_fuzz_calls_match_the_reference_or_are_refused": 46,
     "tests/test_gpu_fp8_decode_variants.py::test_fp8_tensor_core_decode_with_hooks_and_groups": 41,

@@ -83,8 +83,8 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
         torch.cuda.synchronize()
         if outputs is not None:
             outputs.append((out, lse))
-        results.append(compare(out.float().cpu().numpy()[picked], lse.cpu().numpy()[picked], ref_o, ref_l, tol=tol,
-                               lse_tol=2e-2,
+        results.append(compare(out.float().cpu().numpy()[picked], lse.cpu().numpy()[picked], ref_o, ref_l,
+                               tol=tol, lse_tol=2e-2,
                                what=f"{v.name} prefill {template} {kv_mode} {dtype} d{head_dim} g{group} wide={wide}"))
     return results
 

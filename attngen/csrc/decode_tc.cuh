@@ -109,10 +109,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   constexpr int CPR = D / 8;   // 16-byte chunks per row
   // the loader: each warp copies its own 16 key rows of every tile (the rows only it reads, so a tile
   // needs no CTA barrier); a lane copies 16-byte chunks c and c + TPR of a row and of its value row (one
-  // row address, one page id, four copies): D / 16 lanes per 16-bit row, D / 32 per fp8 row of D >= 128
-  // (half the passes, page-id loads and address arithmetic of one chunk a lane: H200, B 64 L 4k 3564 -> 3733
-  // GB/s, fp8_decode_2026-12-05_loader_ab.md); fp8 rows of D 64 keep one chunk a lane and D / 16 lanes (two
-  // were slower there: 2586 -> 2380)
+  // row address, one page id, four copies): D / 16 lanes per 16-bit row, D / 32 per fp8 row of D >= 128 (fp8
+  // at D 64: one chunk a lane, D / 16 lanes; fp8_decode_2026-12-05_loader_ab.md)
   constexpr bool kFp8TwoChunks = kIsFp8<KV> && D >= 128;
   constexpr int TPR = kFp8TwoChunks ? D / 32 : D / 16;  // loader lanes per row
   static_assert(32 % TPR == 0, "a lane's chunk column must stay fixed across passes");
@@ -207,9 +205,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       const int r = wk + pass * RPW + lane / TPR, j = t0 + r, jr = view_row<V>(l_sinks, j);
       const bool ok = j < l_cur.end;
       const int slot = ps_pow2 ? (jr & (ps - 1)) : jr % ps;
-      if constexpr (kIsFp8<KV>) {  // a lane copies 16-byte chunks (16 elements) c (and c + TPR) of the K row
-        // and the V row (a row past the item has page id 0 and a slot inside the page: its address lies in the
-        // cache, and it reads nothing; page id and slot are non-negative, so unsigned 32 x 64-bit products serve)
+      if constexpr (kIsFp8<KV>) {  // (a row past the item: page id 0, a slot inside the page, read as nothing;
+        // page id and slot are non-negative, so unsigned 32 x 64-bit products serve)
         const KV* src = head8 + uint64_t(uint32_t(pid[pass])) * uint64_t(P.kv.stride_page) +
                         uint64_t(uint32_t(slot)) * uint64_t(P.kv.stride_slot);
         KV* dst = decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 * TK + r) * D;

@@ -1,6 +1,6 @@
 """fp8 K/V caches through the normal CUDA build and runtime: which configurations ``BuildConfig`` accepts
 and refuses, the exports the library's decode emitter writes, a decode-only build for sm_80 and sm_90a compiled
-with nvcc (no GPU needed; the build tests/test_fp8_cuda_decode.py calls), and on a GPU
+with nvcc (no GPU needed; tests/test_fp8_cuda_decode.py's GPU tests call the entries), and on a GPU
 ``CUDAAttention.decode`` over fp8 pages with k_scale / v_scale against the float64 reference on the dequantised
 cache (``pytest -m gpu``). Prefill over fp8 caches: tests/test_fp8_cuda_prefill.py."""
 import numpy as np
@@ -126,7 +126,11 @@ def test_fp8_decode_library_builds_and_checks_arguments(build_cache):
 
     from attngen.runtime import AttentionArgumentError, PagedKV
 
-    att = loaded_fp8_library(builtin("causal"), fp8_decode_config(BUILD_ARCHS), build_cache)
+    cfg = fp8_decode_config(BUILD_ARCHS)
+    # each query dtype and each fp8 format once, both layouts (the GPU tests build all four pairs for the device)
+    assert exported_functions(cfg) == sorted(f"batch_decode_paged_{lay}_{q}_kve{kv}_d{HEAD_DIM}" for q, kv in
+                                             (("f16", "4m3"), ("bf16", "5m2")) for lay in ("nhd", "hnd"))
+    att = loaded_fp8_library(builtin("causal"), cfg, build_cache)  # exports exported_functions(cfg), each fp8
 
     pages = torch.zeros(4, 2, 16, 2, HEAD_DIM).to(torch.float8_e4m3fn)
     i32 = dict(dtype=torch.int32)

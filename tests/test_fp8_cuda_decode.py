@@ -1,9 +1,8 @@
 """fp8 K/V in the decode templates (``csrc/fp8_kv.cuh``, ``csrc/entry_decode_fp8.h``; CUDA cores and tensor
-cores) called through their exported functions in attngen's calling convention: a decode-only library
-built by the normal pipeline (``BuildConfig.kv_dtypes``) for sm_80 and sm_90a with each query dtype and
-each fp8 format (no GPU needed), and on a GPU the entries of every (query dtype, fp8 format, layout)
-against the float64 reference on the dequantised cache (``pytest -m gpu``). ``tests/test_fp8_cuda_build.py`` covers the same library through
-``CUDAAttention``.
+cores) called through their exported functions in attngen's calling convention: on a GPU the entries of every
+(query dtype, fp8 format, layout) against the float64 reference on the dequantised cache (``pytest -m gpu``).
+The CPU suite's build of these entries for sm_80 and sm_90a (each query dtype, each fp8 format once) and its
+exports: ``tests/test_fp8_cuda_build.py``, which loads it through ``CUDAAttention``.
 """
 import numpy as np
 import pytest
@@ -13,15 +12,14 @@ from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.testing import fp8_tolerance
 from attngen.variants import builtin
 
-from .conftest import requires_nvcc
 
 HEAD_DIM = 128
 ENTRIES = [(q, kv, layout) for q in ("float16", "bfloat16") for kv in ("float8_e4m3fn", "float8_e5m2")
            for layout in ("NHD", "HND")]
 PAIRS = list(dict.fromkeys((q, kv) for q, kv, _ in ENTRIES))
-# the CPU tests' one fp8 decode build, both ways of decoding fp8: in a few integer instructions before sm_89, by
-# cvt from sm_89 on (cuda_fp8.h's branch; sm_89 takes sm_80's templates, compiled for it in the fp8 prefill
-# tests); tests/test_fp8_cuda_build.py loads the same build
+# the CPU tests' one fp8 decode build (tests/test_fp8_cuda_build.py), both ways of decoding fp8: in a few integer
+# instructions before sm_89, by cvt from sm_89 on (cuda_fp8.h's branch; sm_89 takes sm_80's templates, compiled
+# for it in the fp8 prefill tests)
 BUILD_ARCHS = ("sm_80", "sm_90a")
 
 
@@ -30,21 +28,6 @@ def fp8_decode_library(variant, build_cache, archs: tuple[str, ...], pairs=PAIRS
     cfg = BuildConfig("cuda", (HEAD_DIM,), tuple(q for q, _ in pairs), archs, kernels=("decode",),
                       kv_dtypes=tuple(kv for _, kv in pairs))
     return run_pipeline(variant, cfg, cache=build_cache)
-
-
-@requires_nvcc
-def test_fp8_decode_entries_compile_for_sm80_and_sm90a(build_cache):
-    """Each query dtype and each fp8 format once (the GPU test builds all four pairs for its device)."""
-    pairs = [("float16", "float8_e4m3fn"), ("bfloat16", "float8_e5m2")]
-    res = fp8_decode_library(builtin("causal"), build_cache, BUILD_ARCHS, pairs)
-    import tvm_ffi
-
-    mod = tvm_ffi.load_module(str(res.library))
-    names = [symbol(f"batch_decode_paged_{layout.lower()}", q, HEAD_DIM, kv) for q, kv, layout in ENTRIES
-             if (q, kv) in pairs]
-    assert sorted(names) == res.manifest["functions"]
-    for name in names:
-        assert mod[name] is not None
 
 
 @pytest.mark.gpu

@@ -167,11 +167,17 @@ def test_both_sides_of_the_hook_abi_compile(name):
 # ---- builds ----
 
 @pytest.fixture(scope="module")
-def edited_builds(tmp_path_factory):
-    """A variant built linked, then rebuilt after a one-constant edit of its hook, in a fresh cache."""
+def lto_cache(tmp_path_factory):
+    """A fresh cache: :func:`edited_builds` counts the pieces its first build compiles there."""
     from attngen.codegen.cache import BuildCache
 
-    cache = BuildCache(tmp_path_factory.mktemp("lto_cache"))
+    return BuildCache(tmp_path_factory.mktemp("lto_cache"))
+
+
+@pytest.fixture(scope="module")
+def edited_builds(lto_cache):
+    """A variant built linked, then rebuilt after a one-constant edit of its hook, in a fresh cache."""
+    cache = lto_cache
     cfg = lto_config()
     before = dict(lto.stats)
     first = build(scaled_softcap(1.0), cfg, cache=cache)
@@ -276,8 +282,12 @@ def test_hooks_are_inlined_into_the_linked_kernels(edited_builds):
 
 @requires_nvcc
 @requires_nvjitlink
-def test_each_arch_gets_its_cubin(build_cache):
-    res = build(scaled_softcap(1.0), lto_config(archs=("sm_80", "sm_90a")), cache=build_cache)
+def test_each_arch_gets_its_cubin(edited_builds, lto_cache):
+    # the cache of edited_builds, once they have counted their pieces: its sm_80 template objects and launch
+    # object serve this build's sm_80 part
+    res = build(scaled_softcap(1.0), lto_config(archs=("sm_80", "sm_90a")), cache=lto_cache)
+    reused = res.manifest["lto_reused"]
+    assert reused["templates"][:2] == [True, True] and reused["launch"] == [True]
     # sm_90a links its CUDA-core decode kernels on first use (every tensor-core tile fits there); sm_80 code
     # also runs on GPUs of 99 KB per block, where the tensor-core tile of D 256 does not: it links them
     assert res.manifest["cubins"] == ["linked_sm_80_0.cubin", "linked_sm_80_1.cubin", "linked_sm_90a_1.cubin"]

@@ -32,7 +32,7 @@ import pytest  # noqa: E402
 
 from attngen.codegen.cache import BuildCache  # noqa: E402
 
-from .suite_order import order_cpu_suite, order_gpu_suite  # noqa: E402
+from .suite_order import cpu_scope, order_cpu_suite, order_gpu_suite  # noqa: E402
 
 
 def _has_gpu() -> tuple[bool, str]:
@@ -55,6 +55,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The CPU suite's workers take whole scopes (tests/suite_order.py ``cpu_scope``: a module, or modules that
+    build the same libraries) in the collected order, which ``order_cpu_suite`` made longest first; the GPU suite
+    keeps pytest-xdist's own scheduler (one test at a time, in ``order_gpu_suite``'s order)."""
+    if config.getvalue("dist") != "load" or _has_gpu()[0]:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ScopeScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return cpu_scope(nodeid)
+
+    config.option.loadscopereorder = False  # (by default it puts the scopes of most tests first)
+    return ScopeScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,11 @@
 """The suites' order: longest work first; on a GPU machine, a library's second user after every first user.
 
 Without a GPU (the CPU suite, CI) whole test modules move, longest first by ``EXPECTED_MODULE_S`` (seconds per
-module of a whole run on two cores), each module's items together and in their collected order, so that
-module-scoped fixtures (some build in a fresh cache) set up once per worker as before, and the run does not
-end on one long module while the other worker idles.
+module of a whole run on two cores), each module's items together and in their collected order, and each module
+runs on one pytest-xdist worker (tests/conftest.py's scheduler, :func:`cpu_scope`): module-scoped fixtures (some
+build in a fresh cache) set up once, modules that build the same libraries (``SHARED_BUILD_GROUPS``) run on one
+worker in turn, so no worker waits on a build lock while another compiles, and the run does not end on one long
+module while the other worker idles.
 
 The GPU suite runs on pytest-xdist workers that each build with one core (``ATTNGEN_BUILD_CORES``), so its
 wall time is the packing of a few long builds among many short tests. Two rules order the collected items:
@@ -110,11 +112,36 @@ EXPECTED_MODULE_S = {
 }
 
 
+# modules that build the same libraries, run as one scope (one worker, in turn): apart, two workers would compile
+# a shared library at once, one of them idle on the cache lock (the sm_90a slot libraries of head_dim 64: vanilla
+# with and without a window, with RoPE)
+SHARED_BUILD_GROUPS = {f"tests/{m}.py": "tvm_slots_sm90a" for m in (
+    "test_tvm_kv_cache_cuda_rope", "test_tvm_kv_cache_cuda_trees", "test_tvm_kv_cache_cuda_windows",
+    "test_tvm_kv_cache_aot_cuda")}
+
+
+def cpu_scope(nodeid: str) -> str:
+    """The CPU suite's unit of distribution of ``nodeid``: its module, or the module's group of shared builds."""
+    module = nodeid.split("::")[0]
+    return SHARED_BUILD_GROUPS.get(module, module)
+
+
+def scope_seconds(scope: str) -> float:
+    """Expected seconds of a scope: its modules' ``EXPECTED_MODULE_S`` summed."""
+    modules = [m for m, g in SHARED_BUILD_GROUPS.items() if g == scope] or [scope]
+    return sum(EXPECTED_MODULE_S.get(m, 0) for m in modules)
+
+
 def order_cpu_suite(items: list) -> None:
-    """Reorder ``items`` in place: whole modules, longest first (``EXPECTED_MODULE_S``); ties and the items within
-    a module keep their collected order."""
+    """Reorder ``items`` in place: whole scopes (:func:`cpu_scope`), longest first (:func:`scope_seconds`); ties
+    keep the order of their first items, and the items within a scope their collected order."""
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(cpu_scope(item.nodeid), i)
+
     def key(pair):
         i, item = pair
-        return -EXPECTED_MODULE_S.get(item.nodeid.split("::")[0], 0), i
+        scope = cpu_scope(item.nodeid)
+        return -scope_seconds(scope), first[scope], i
 
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]

@@ -3,7 +3,8 @@ over the prefill template before any second-template case, each half longest fir
 without a GPU, whole modules longest first."""
 from types import SimpleNamespace
 
-from .suite_order import DEFAULT_S, EXPECTED_MODULE_S, EXPECTED_S, expected_seconds, order_cpu_suite, order_gpu_suite
+from .suite_order import DEFAULT_S, EXPECTED_MODULE_S, EXPECTED_S, SHARED_BUILD_GROUPS, cpu_scope, expected_seconds, \
+    order_cpu_suite, order_gpu_suite, scope_seconds
 
 SLOW = "tests/test_gpu_fuzz.py::test_fuzz_calls_under_the_sanitizer"
 
@@ -61,3 +62,19 @@ def test_cpu_order_moves_whole_modules_longest_first():
     order_cpu_suite(items)
     assert [i.nodeid for i in items] == [heavy + "::t_1[x]", heavy + "::t_2", light + "::t_1", light + "::t_2",
                                          "tests/test_unknown.py::t_a", "tests/test_unknown.py::t_b"]
+
+
+def test_cpu_scopes_are_modules_or_groups_of_modules_sharing_builds():
+    """The CPU suite's workers take whole scopes: a module, or the modules of a SHARED_BUILD_GROUPS group, whose
+    expected seconds add up and order the group among the modules."""
+    group = {m for m, g in SHARED_BUILD_GROUPS.items() if g == "tvm_slots_sm90a"}
+    assert len(group) >= 2 and {cpu_scope(m + "::t[x]") for m in group} == {"tvm_slots_sm90a"}
+    assert cpu_scope("tests/test_cli.py::t_1[a::b]") == "tests/test_cli.py"
+    assert scope_seconds("tvm_slots_sm90a") == sum(EXPECTED_MODULE_S.get(m, 0) for m in group)
+    member, light = sorted(group)[0], "tests/test_cli.py"
+    assert scope_seconds("tvm_slots_sm90a") > EXPECTED_MODULE_S[light] > 0
+    items = [case(light + "::t_1"), case(member + "::t_1"), case("tests/test_unknown.py::t_a"),
+             case(light + "::t_2"), case(member + "::t_2")]
+    order_cpu_suite(items)
+    assert [i.nodeid for i in items] == [member + "::t_1", member + "::t_2", light + "::t_1", light + "::t_2",
+                                         "tests/test_unknown.py::t_a"]

@@ -7,6 +7,7 @@ poisoned row, see ``attngen.runtime.reference``) makes the merged row NaN, O and
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import tvm
@@ -30,8 +31,15 @@ CPU_MERGE_DTYPES = ("float32", "float16")
 
 
 def merge_functions(dtype: str) -> dict:
+    """symbol -> the CPU merge PrimFunc of ``dtype``."""
     if dtype not in CPU_MERGE_DTYPES:
         raise ValueError(f"dtype {dtype!r}: the CPU merge functions serve {list(CPU_MERGE_DTYPES)}")
+    return dict(_merge_functions(dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _merge_functions(dtype: str) -> tuple:
+    """Parsed once per dtype and process (TVMScript parses the source on every call; TIR is immutable)."""
 
     # fmt: off
     @T.prim_func
@@ -109,8 +117,9 @@ def merge_functions(dtype: str) -> dict:
                 VM[i, j, k] = T.Cast(dtype, acc)
     # fmt: on
 
-    return {merge_symbol("merge_state_inplace", dtype): merge_state_inplace,
-            merge_symbol("merge_states", dtype): merge_states, merge_symbol("merge_states_sum", dtype): merge_states_sum}
+    return ((merge_symbol("merge_state_inplace", dtype), merge_state_inplace),
+            (merge_symbol("merge_states", dtype), merge_states),
+            (merge_symbol("merge_states_sum", dtype), merge_states_sum))
 
 
 def build_merge_library(cache: BuildCache | None = None) -> Path:

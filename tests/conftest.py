@@ -27,6 +27,41 @@ def _share_the_cores() -> None:
 
 _share_the_cores()
 
+
+def _shallow_tvmscript_stacks() -> None:
+    """TVMScript's decorators (``@T.prim_func``, ``@I.ir_module``) take ``inspect.stack()`` of their caller, which
+    reads the source line and code position of every frame: under pytest's deep stacks that was 68 s of the CPU
+    suite's CPU time. The parser uses the frames' objects (their locals) and the code line of the third frame
+    (whether the decorator sits in a class) alone, so here their stacks hold every frame, with the source lines
+    and positions of the first three only. Nothing the parser reads differs. In pytest-xdist workers only (their
+    test modules import TVM at collection anyway; the controller and other processes never import it here)."""
+    import inspect
+    import sys
+    import types
+
+    def stack(context: int = 1) -> list:
+        frames, frame = [], sys._getframe(1)
+        while frame is not None:
+            if len(frames) < 3:
+                info = inspect.getframeinfo(frame, context)
+                frames.append(inspect.FrameInfo(frame, *info[:5], positions=info.positions))
+            else:
+                frames.append(inspect.FrameInfo(frame, frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name,
+                                                None, None, positions=None))
+            frame = frame.f_back
+        return frames
+
+    shallow = types.ModuleType("inspect")
+    shallow.__dict__.update(inspect.__dict__)
+    shallow.stack = stack
+    from tvm.script.parser.ir import entry as ir_entry
+    from tvm.tirx.script.parser import entry as tir_entry
+
+    for module in (ir_entry, tir_entry):
+        if module.inspect is inspect:
+            module.inspect = shallow
+
+
 import numpy as np  # noqa: E402  (after the thread counts)
 import pytest  # noqa: E402
 
@@ -92,6 +127,8 @@ SEED_VARIABLE = "ATTNGEN_TEST_SEED"
 
 
 def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _shallow_tvmscript_stacks()
     # set before pytest-xdist starts its workers, which inherit the environment: one seed for the whole run
     os.environ.setdefault(SEED_VARIABLE, str(random.SystemRandom().randrange(2**32)))
 

@@ -92,6 +92,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.hookimpl(optionalhook=True)  # (a pytest-xdist hook: no error where the plugin is not loaded)
 def pytest_xdist_make_scheduler(config, log):
     """The CPU suite's workers take whole scopes (tests/suite_order.py ``cpu_scope``: a module, or modules that
     build the same libraries) in the collected order, which ``order_cpu_suite`` made longest first; the GPU suite

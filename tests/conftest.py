@@ -30,11 +30,11 @@ _share_the_cores()
 
 def _shallow_tvmscript_stacks() -> None:
     """TVMScript's decorators (``@T.prim_func``, ``@I.ir_module``) take ``inspect.stack()`` of their caller, which
-    reads the source line and code position of every frame: under pytest's deep stacks that was 68 s of the CPU
-    suite's CPU time. The parser uses the frames' objects (their locals) and the code line of the third frame
-    (whether the decorator sits in a class) alone, so here their stacks hold every frame, with the source lines
-    and positions of the first three only. Nothing the parser reads differs. In pytest-xdist workers only (their
-    test modules import TVM at collection anyway; the controller and other processes never import it here)."""
+    reads the source line and code position of every frame: costly under pytest's deep stacks (68 s of the CPU
+    suite's CPU in one profile, docs/testing.md). The parser uses the frames' objects (their locals) and the code
+    line of the third frame (whether the decorator sits in a class) alone, so here their stacks hold every frame,
+    with the source lines and positions of the first three only. Nothing the parser reads differs. In pytest-xdist
+    workers only (their test modules import TVM at collection anyway; the controller never imports it here)."""
     import inspect
     import sys
     import types

@@ -28,6 +28,14 @@ def _share_the_cores() -> None:
 _share_the_cores()
 
 
+import numpy as np  # noqa: E402  (after the thread counts)
+import pytest  # noqa: E402
+
+from attngen.codegen.cache import BuildCache  # noqa: E402
+
+from .suite_order import cpu_scope, order_cpu_suite, order_gpu_suite  # noqa: E402
+
+
 def _shallow_tvmscript_stacks() -> None:
     """TVMScript's decorators (``@T.prim_func``, ``@I.ir_module``) take ``inspect.stack()`` of their caller, which
     reads the source line and code position of every frame: costly under pytest's deep stacks (68 s of the CPU
@@ -60,14 +68,6 @@ def _shallow_tvmscript_stacks() -> None:
     for module in (ir_entry, tir_entry):
         if module.inspect is inspect:
             module.inspect = shallow
-
-
-import numpy as np  # noqa: E402  (after the thread counts)
-import pytest  # noqa: E402
-
-from attngen.codegen.cache import BuildCache  # noqa: E402
-
-from .suite_order import cpu_scope, order_cpu_suite, order_gpu_suite  # noqa: E402
 
 
 def _has_gpu() -> tuple[bool, str]:

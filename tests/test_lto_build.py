@@ -177,14 +177,13 @@ def lto_cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def edited_builds(lto_cache):
     """A variant built linked, then rebuilt after a one-constant edit of its hook, in a fresh cache."""
-    cache = lto_cache
     cfg = lto_config()
     before = dict(lto.stats)
-    first = build(scaled_softcap(1.0), cfg, cache=cache)
+    first = build(scaled_softcap(1.0), cfg, cache=lto_cache)
     mid = dict(lto.stats)
-    second = build(scaled_softcap(2.0), cfg, cache=cache)
+    second = build(scaled_softcap(2.0), cfg, cache=lto_cache)
     after = dict(lto.stats)
-    third = build(softcap_two_params(), cfg, cache=cache)
+    third = build(softcap_two_params(), cfg, cache=lto_cache)
     return first, second, before, mid, after, third
 
 

@@ -43,6 +43,20 @@ def classifier_ms(att, tm, qo_indptr, kv, params) -> float:
                                   tm.rows, tm.keys, params["doc_ids"]), reps=10)
 
 
+def fresh_map(att, q, kv, qo_indptr, params, queued=None):
+    """A fresh derivation of the mask's tile map (a new plan's, made by its first call); ``queued``: a mapped
+    plan whose call (about one layer's attention) is queued first, so that the host runs ahead of the device as in
+    a model's step."""
+    plan = att.plan_prefill(qo_indptr, kv, D)
+    if queued is not None:
+        torch.cuda.synchronize()
+        att.prefill(q, kv, qo_indptr, plan=queued, params=params)
+    att.prefill(q, kv, qo_indptr, plan=plan, params=params)
+    torch.cuda.synchronize()
+    (tile_map,) = plan.maps.values()
+    return tile_map
+
+
 def main():
     ap = result_parser(__doc__)
     ap.add_argument("--no-peers", dest="peers", action="store_false", help="time attngen only")
@@ -92,28 +106,14 @@ def main():
                 row["map_counts"] = tm.counts
                 row["map_build_first_ms"], row["map_build_host_first_ms"] = tm.build_ms, tm.build_host_ms
                 # the build's times as the median of fresh derivations (new plans), not one sample
-                builds = []
-                for _ in range(MAP_BUILDS):
-                    again = att_docs.plan_prefill(one, kv_one, D)
-                    att_docs.prefill(q, kv_one, one, plan=again, params=params)
-                    torch.cuda.synchronize()
-                    (m,) = again.maps.values()
-                    builds.append((m.build_ms, m.build_host_ms, dict(m.build_host_steps)))
+                builds = [(m.build_ms, m.build_host_ms, dict(m.build_host_steps))
+                          for m in (fresh_map(att_docs, q, kv_one, one, params) for _ in range(MAP_BUILDS))]
                 row["map_build_ms"] = float(np.median([b[0] for b in builds]))
                 row["map_build_host_ms"] = float(np.median([b[1] for b in builds]))  # the host's wall time of its calls
                 row["map_build_host_steps_ms"] = {k: float(np.median([b[2][k] for b in builds])) for k in builds[0][2]}
-                # the same derivations with the host ahead of the device, as in a model's step: a layer's
-                # attention queued first, so the events around the build span its kernels, not the host's calls
-                ahead = []
-                for _ in range(MAP_BUILDS):
-                    again = att_docs.plan_prefill(one, kv_one, D)
-                    torch.cuda.synchronize()
-                    att_docs.prefill(q, kv_one, one, plan=plan, params=params)  # queued, about one layer
-                    att_docs.prefill(q, kv_one, one, plan=again, params=params)  # derives its map meanwhile
-                    torch.cuda.synchronize()
-                    (m,) = again.maps.values()
-                    ahead.append(m.build_ms)
-                row["map_build_host_ahead_ms"] = float(np.median(ahead))
+                # the same with the host ahead: the events around the build span its kernels, not the host's calls
+                row["map_build_host_ahead_ms"] = float(np.median(
+                    [fresh_map(att_docs, q, kv_one, one, params, queued=plan).build_ms for _ in range(MAP_BUILDS)]))
                 row["first_call_ms"], row["mapped_ms"] = first_ms, ms
                 row["map_classifier_ms"] = guarded(row, "map_classifier_ms",
                                                    lambda: classifier_ms(att_docs, tm, one, kv_one, params))

@@ -27,7 +27,6 @@ def _share_the_cores() -> None:
 
 _share_the_cores()
 
-
 import numpy as np  # noqa: E402  (after the thread counts)
 import pytest  # noqa: E402
 

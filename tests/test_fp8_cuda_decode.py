@@ -23,10 +23,10 @@ PAIRS = list(dict.fromkeys((q, kv) for q, kv, _ in ENTRIES))
 BUILD_ARCHS = ("sm_80", "sm_90a")
 
 
-def fp8_decode_library(variant, build_cache, archs: tuple[str, ...], pairs=PAIRS):
-    """``variant``'s decode library for every (query dtype, fp8 format) of ``pairs`` (the build's result)."""
-    cfg = BuildConfig("cuda", (HEAD_DIM,), tuple(q for q, _ in pairs), archs, kernels=("decode",),
-                      kv_dtypes=tuple(kv for _, kv in pairs))
+def fp8_decode_library(variant, build_cache, archs: tuple[str, ...]):
+    """``variant``'s decode library for every (query dtype, fp8 format) of ``PAIRS`` (the build's result)."""
+    cfg = BuildConfig("cuda", (HEAD_DIM,), tuple(q for q, _ in PAIRS), archs, kernels=("decode",),
+                      kv_dtypes=tuple(kv for _, kv in PAIRS))
     return run_pipeline(variant, cfg, cache=build_cache)
 
 

@@ -11,7 +11,8 @@ warm-up. A few more steps run under torch.profiler, whose CUPTI trace holds ever
 decode, prefill, attention or merge, as the union of their spans: a split-KV merge launched as a
 programmatic dependent runs beside the decode kernel; the KV append is counted apart), so the
 attention slots' own share is not hidden by the host-side cost of a step. The last step's logits of the
-three models are compared. Writes JSON and a Markdown table.
+three models are compared, and the attention kernels' launch shapes (grid, block, shared memory, registers)
+are read from the profiler's trace. Writes JSON and a Markdown table.
 
     python benchmarks/bench_tvm_model.py --out benchmarks/results --commit <sha>
 """
@@ -75,8 +76,29 @@ def union_length(spans: list) -> float:
     return covered
 
 
+def launch_shapes(trace: dict, pattern: re.Pattern) -> dict[str, list[str]]:
+    """The launch shapes of the kernels whose names match ``pattern`` in a profiler's Chrome trace (its kernel
+    events' args: grid, block, dynamic shared memory, registers): {name: ["grid X x Y x Z, block B, smem S B,
+    R regs", ...]}, each distinct shape once, in the order they first ran. Two launches of one kernel that
+    differ in grid (a split-KV decode's chunks) show as two shapes."""
+    shapes: dict[str, list[str]] = {}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") != "kernel" or not pattern.search(ev.get("name", "")):
+            continue
+        args = ev.get("args", {})
+        grid = "x".join(str(n) for n in args.get("grid", ())) or "?"
+        block = "x".join(str(n) for n in args.get("block", ())) or "?"
+        shape = (f"grid {grid}, block {block}, smem {args.get('shared memory', '?')} B, "
+                 f"{args.get('registers per thread', '?')} regs")
+        seen = shapes.setdefault(ev["name"], [])
+        if shape not in seen:
+            seen.append(shape)
+    return shapes
+
+
 def kernel_times(model, batch: int, steps: int, rng, vocab: int) -> dict:
-    """GPU microseconds per decode step: all kernels, attention kernels, KV append; the heaviest kernels."""
+    """GPU microseconds per decode step: all kernels, attention kernels, KV append; the heaviest kernels; the
+    attention kernels' launch shapes."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -86,6 +108,10 @@ def kernel_times(model, batch: int, steps: int, rng, vocab: int) -> dict:
             model.step(ids, [[int(t)] for t in rng.integers(0, vocab, batch)])
         model.dev.sync()
         torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
+        trace = json.loads((Path(tmp) / "trace.json").read_text())
+    shapes = {n: s for n, s in launch_shapes(trace, ATTENTION).items() if not APPEND.search(n)}
     by_name: dict[str, float] = {}
     launches: dict[str, int] = {}
     # (start, end) of every kernel, attention kernels apart: a programmatic dependent (attngen's kernels) may
@@ -110,7 +136,8 @@ def kernel_times(model, batch: int, steps: int, rng, vocab: int) -> dict:
             "attention_span_us": covered / steps, "attention_kernel_sum_us": attention,
             "append_us": append,
             "top_kernels_us": [[n[:120], round(t, 1)] for n, t in top],
-            "attention_kernels_us": [[n[:200], round(t, 1), launches[n] / steps] for n, t in att]}
+            "attention_kernels_us": [[n[:200], round(t, 1), launches[n] / steps] for n, t in att],
+            "attention_launch_shapes": [[n[:200], shape] for n, shape in shapes.items()]}
 
 
 def main():
@@ -184,6 +211,10 @@ def main():
         f"- {r['cache']}: " + "; ".join(f"{n} {t}" for n, t in r.get("top_kernels_us", [])) for r in res["rows"]]
     lines += ["", "Attention kernels per step (us):"] + [
         f"- {r['cache']}: " + "; ".join(f"`{n}` {t} ({k:g} launches)" for n, t, k in r.get("attention_kernels_us", []))
+        for r in res["rows"]]
+    lines += ["", "Attention kernels' launch shapes (from the profiler's trace):"] + [
+        f"- {r['cache']}: " + "; ".join(f"`{n[:60]}`: " + " / ".join(s)
+                                        for n, s in r.get("attention_launch_shapes", []))
         for r in res["rows"]]
     lines += [f"- {r['cache']}: {r['error']}" for r in res["rows"] if "error" in r]
     write_results(args.out, f"tvm_model_{res['date']}", res, lines)

@@ -67,6 +67,11 @@ ATTENTION = re.compile(r"decode|prefill|attention|merge", re.IGNORECASE)
 APPEND = re.compile(r"append", re.IGNORECASE)
 
 
+def is_attention(name: str) -> bool:
+    """An attention kernel's name (the KV append counted apart)."""
+    return bool(ATTENTION.search(name)) and not APPEND.search(name)
+
+
 def union_length(spans: list) -> float:
     """Length of the union of (start, end) intervals."""
     covered, reach = 0.0, float("-inf")
@@ -111,7 +116,7 @@ def kernel_times(model, batch: int, steps: int, rng, vocab: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
         trace = json.loads((Path(tmp) / "trace.json").read_text())
-    shapes = {n: s for n, s in launch_shapes(trace, ATTENTION).items() if not APPEND.search(n)}
+    shapes = {n: s for n, s in launch_shapes(trace, ATTENTION).items() if is_attention(n)}
     by_name: dict[str, float] = {}
     launches: dict[str, int] = {}
     # (start, end) of every kernel, attention kernels apart: a programmatic dependent (attngen's kernels) may
@@ -123,13 +128,12 @@ def kernel_times(model, batch: int, steps: int, rng, vocab: int) -> dict:
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
             by_name[ev.name] = by_name.get(ev.name, 0.0) + ev.device_time_total / steps
             launches[ev.name] = launches.get(ev.name, 0) + 1
-            is_attention = ATTENTION.search(ev.name) and not APPEND.search(ev.name)
-            (spans if is_attention else other).append((ev.time_range.start, ev.time_range.end))
+            (spans if is_attention(ev.name) else other).append((ev.time_range.start, ev.time_range.end))
     covered = union_length(spans)
     busy = union_length(spans + other)
     added = busy - union_length(other)
     append = sum(t for n, t in by_name.items() if APPEND.search(n))
-    attention = sum(t for n, t in by_name.items() if ATTENTION.search(n) and not APPEND.search(n))
+    attention = sum(t for n, t in by_name.items() if is_attention(n))
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
     att = sorted(((n, t) for n, t in by_name.items() if ATTENTION.search(n)), key=lambda kv: -kv[1])
     return {"gpu_us": sum(by_name.values()), "gpu_busy_us": busy / steps, "attention_us": added / steps,

@@ -88,10 +88,12 @@ def kernel_sass(sass: str, pattern: str) -> dict[str, list[str]]:
     return out
 
 
-def tiling_label(function: str) -> str:
+def tiling_label(function: str, head_dim: int) -> str:
     """A short label for a Hopper kernel's tiling: the mangled trailing template bool (Wide) where there is one."""
+    from attngen.schedules.template_prefill_hopper import HopperConfig
+
     m = re.search(r"ES3_Lb([01])EE", function)
-    return "" if m is None else (" (176 keys)" if m.group(1) == "1" else " (128 keys)")
+    return "" if m is None else f" ({HopperConfig(head_dim, m.group(1) == '1').keys} keys)"
 
 
 def stats(lines: list[str]) -> dict:
@@ -129,7 +131,7 @@ def main() -> None:
         if not functions:
             raise SystemExit(f"{label}: no function matches {args.kernel!r}")
         for function, lines in functions.items():
-            row = rows[label + tiling_label(function)] = stats(lines)
+            row = rows[label + tiling_label(function, args.head_dim)] = stats(lines)
             row["ptxas wgmma advisories"] = " ".join(sorted({code for code, fn in advisories
                                                              if fn in function or function in fn})) or "none"
     keys = list(next(iter(rows.values())))

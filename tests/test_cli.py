@@ -73,7 +73,7 @@ def test_inspect_shows_the_logits_hooks_row_terms(capsys):
 
 
 def test_inspect_shows_the_hopper_tiles_a_variant_runs(capsys):
-    """sm_90a: 176-key tiles where no mask hook or key transform checks a score (head_dim 128), else 128."""
+    """sm_90a: 176-key tiles (192 at head_dim 64) where no mask hook or key transform checks a score, else 128."""
     assert main(["inspect", "logits_softcap", "--arch", "sm_90a"]) == 0
     text = capsys.readouterr().out
     assert "## Hopper prefill tiles (sm_90a, 16-bit caches): 128 packed query rows x 176 keys, 2 K/V stages, 1 query " \
@@ -81,7 +81,7 @@ def test_inspect_shows_the_hopper_tiles_a_variant_runs(capsys):
     assert main(["inspect", "causal", "--arch", "sm_90a"]) == 0
     assert "128 packed query rows x 128 keys, 2 K/V stages, 2 query buffers\n\n" in capsys.readouterr().out
     assert main(["inspect", "vanilla", "--arch", "sm_90a", "--head-dim", "64"]) == 0
-    assert "x 128 keys, 3 K/V stages, 2 query buffers" in capsys.readouterr().out
+    assert "x 192 keys, 3 K/V stages, 2 query buffers" in capsys.readouterr().out
     assert main(["inspect", "vanilla"]) == 0  # (sm_80: no Hopper template)
     assert "Hopper prefill tiles" not in capsys.readouterr().out
 

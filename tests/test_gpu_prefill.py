@@ -111,19 +111,19 @@ def test_long_causal_prefill(template, build_cache, rng):
                 qo_lens=[1000, 300], kv_lens=[1000, 2000], template=template)
 
 
-@pytest.mark.parametrize("name", ["causal", "sliding_window_causal"])
-def test_long_rows_on_both_hopper_tilings(name, build_cache, rng):
-    """At head_dim 128 a variant whose mask hook is exactly its bounds has both Hopper tilings: a call whose longest
-    request has kHopperWideRows (8192) query rows or more takes the 176-key one (csrc/hopper_launch.cuh), with its
-    short requests in the same launch; against the float64 reference (shorter calls, the 128-key tiling, are every
-    other prefill test's) on the first, a middle and the last 256 rows of the long requests (causal_slices: a
-    reference of every row took two minutes on the host)."""
+@pytest.mark.parametrize("name,head_dim", [("causal", 128), ("sliding_window_causal", 128), ("causal", 64)])
+def test_long_rows_on_both_hopper_tilings(name, head_dim, build_cache, rng):
+    """At head_dim 64 and 128 a variant whose mask hook is exactly its bounds has both Hopper tilings: a call whose
+    longest request has kHopperWideRows (8192) query rows or more takes the wide one (176 keys at 128, 192 at 64;
+    csrc/hopper_launch.cuh), with its short requests in the same launch; against the float64 reference (shorter
+    calls, the 128-key tiling, are every other prefill test's) on the first, a middle and the last 256 rows of the
+    long requests (causal_slices: a reference of every row took two minutes on the host)."""
     skip_unless_runs("hopper")
-    att = cuda_module(name, build_cache, (128,), ("bfloat16",), ("prefill",))
+    att = cuda_module(name, build_cache, (head_dim,), ("bfloat16",), ("prefill",))
     v = variant(name)
-    run_prefill(att, v, rng, group=2, head_dim=128, dtype="bfloat16", kv_mode="NHD", qo_lens=[8200, 0, 300],
+    run_prefill(att, v, rng, group=2, head_dim=head_dim, dtype="bfloat16", kv_mode="NHD", qo_lens=[8200, 0, 300],
                 kv_lens=[8200, 9, 900], template="hopper", ref_rows=256)
-    run_prefill(att, v, rng, group=2, head_dim=128, dtype="bfloat16", kv_mode="ragged", qo_lens=[8192, 5],
+    run_prefill(att, v, rng, group=2, head_dim=head_dim, dtype="bfloat16", kv_mode="ragged", qo_lens=[8192, 5],
                 kv_lens=[9000, 5], template="hopper", ref_rows=256)
 
 

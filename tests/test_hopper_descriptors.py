@@ -25,7 +25,7 @@ int main() {
   };
   // the offsets of hopper_prefill.cuh's issue_s (Q and K, k-major) and issue_pv (V, mn-major)
   for (uint32_t d : {64u, 128u, 256u}) {
-    for (uint32_t tk : {64u, 128u, 176u}) {
+    for (uint32_t tk : {64u, 128u, 176u, 192u}) {
       for (uint32_t k = 0; k < d / 16; ++k) {
         const uint32_t koff = (k % 4) * 32;
         check((k / 4) * rq * 128 + koff, tk * 128);

@@ -173,11 +173,14 @@ def test_hopper_prefill_is_a_companion_of_prefill_on_sm90a_only():
     # a build that has the companion fits its tiles too; every Hopper tile fits sm_90a's shared memory
     for d in PREFILL_HOPPER.head_dims:
         assert hopper_smem_bytes(HopperConfig(d), HALF) <= arch_spec("sm_90a").smem_per_block
-    # the wide tiling (176 keys, one query buffer) at head_dim 128 alone, and within sm_90a's shared memory
+    # the wide tilings (176 keys and one query buffer at head_dim 128, 192 keys and two at 64), none at 256, all
+    # within sm_90a's shared memory
     assert [c.keys for c in PREFILL_HOPPER.configs(128)] == [128, 176]
     assert [c.q_buffers for c in PREFILL_HOPPER.configs(128)] == [2, 1]
-    assert all(not c.wide for d in (64, 256) for c in PREFILL_HOPPER.configs(d))
-    assert hopper_smem_bytes(HopperConfig(128, wide=True), HALF) <= arch_spec("sm_90a").smem_per_block
+    assert [(c.keys, c.q_buffers, c.stages) for c in PREFILL_HOPPER.configs(64)] == [(128, 2, 3), (192, 2, 3)]
+    assert all(not c.wide for c in PREFILL_HOPPER.configs(256))
+    for d in (64, 128):
+        assert hopper_smem_bytes(HopperConfig(d, wide=True), HALF) <= arch_spec("sm_90a").smem_per_block
     small = dataclasses.replace(arch_spec("sm_90a"), smem_per_block=100 * 1024)
     problems = fit_problems(small, ("prefill",), (128,), (DtypePair("float16", "float16"),), 8, False)
     assert any("prefill_hopper head_dim 128 (Hopper tile)" in p for p in problems)
@@ -193,9 +196,10 @@ def test_wgmma_header_is_the_generators_output():
 def test_masks_that_are_their_bounds_get_wide_tiles_for_long_rows():
     from attngen.schedules.template_prefill_hopper import hopper_wide_for_long_rows
 
-    wide = {n for n in BUILTINS if hopper_wide_for_long_rows(builtin(n), 128)}
     # exact masks; not an arbitrary mask (tile maps keep 128 keys), not key transforms, not maskless variants
-    # (wide everywhere already: hopper_config_for)
-    assert wide == {"causal", "sliding_window", "sliding_window_causal"}
-    assert not hopper_wide_for_long_rows(builtin("causal"), 64)
+    # (wide everywhere already: hopper_config_for); head dims 64 and 128, not 256
+    for d in (64, 128):
+        wide = {n for n in BUILTINS if hopper_wide_for_long_rows(builtin(n), d)}
+        assert wide == {"causal", "sliding_window", "sliding_window_causal"}, d
+    assert not hopper_wide_for_long_rows(builtin("causal"), 256)
     assert not hopper_wide_for_long_rows(builtin("causal"), 128, kv_scaled=True)

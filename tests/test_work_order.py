@@ -80,8 +80,8 @@ def test_plans_hand_out_their_order():
 
 def test_orders_count_the_key_tiles_the_variants_kernel_runs():
     """The costs count key tiles of the tiling the variant's Hopper kernel runs (csrc/hopper_tile.cuh
-    hopper_wide_tiles): 176 keys at head_dim 128 without a mask hook or key transform over a 16-bit cache, 128
-    with a mask, a key transform or an fp8 cache, and at the other head dims."""
+    hopper_wide_tiles): 176 keys at head_dim 128 and 192 at 64 without a mask hook or key transform over a 16-bit
+    cache, 128 with a mask, a key transform or an fp8 cache, and 64 at head_dim 256."""
     from attngen.runtime.cuda import PrefillPlan
     from attngen.schedules.template_prefill_hopper import hopper_config_for
 
@@ -89,7 +89,8 @@ def test_orders_count_the_key_tiles_the_variants_kernel_runs():
     assert hopper_config_for(vanilla, 128).keys == 176 and hopper_config_for(vanilla, 128).q_buffers == 1
     assert hopper_config_for(vanilla, 128, kv_scaled=True).keys == 128
     assert hopper_config_for(causal, 128).keys == 128 and hopper_config_for(rope, 128).keys == 128
-    assert hopper_config_for(vanilla, 64).keys == 128 and hopper_config_for(vanilla, 256).keys == 64
+    assert hopper_config_for(vanilla, 64).keys == 192 and hopper_config_for(vanilla, 256).keys == 64
+    assert hopper_config_for(causal, 64).keys == 128
     # two one-query requests over 176 and 200 keys: one and two 176-key tiles, two 128-key tiles each (a tie,
     # kept in pair order)
     def plan():  # (a plan serves one library: its orders are kept per group, head dim, cache kind and device)
@@ -98,7 +99,7 @@ def test_orders_count_the_key_tiles_the_variants_kernel_runs():
     vanilla_plan = plan()
     assert vanilla_plan.work_order(vanilla, 1, 128, "cpu").tolist() == [1, 0]
     assert vanilla_plan.work_order(vanilla, 1, 128, "cpu", kv_scaled=True).tolist() == [0, 1]
-    assert vanilla_plan.work_order(vanilla, 1, 64, "cpu").tolist() == [0, 1]
+    assert vanilla_plan.work_order(vanilla, 1, 64, "cpu").tolist() == [1, 0]  # 192-key tiles: one and two
     assert plan().work_order(causal, 1, 128, "cpu").tolist() == [0, 1]
 
 
@@ -108,7 +109,7 @@ def test_the_variants_traits_carry_the_hopper_tiling():
     from attngen.codegen.cuda_variant import traits_parts
     from attngen.codegen.hooks_cuda import lower_hooks_cuda
 
-    for name, head_dim, wide in [("vanilla", 128, True), ("logits_softcap", 128, True), ("vanilla", 64, False),
+    for name, head_dim, wide in [("vanilla", 128, True), ("logits_softcap", 128, True), ("vanilla", 64, True),
                                  ("vanilla", 256, False), ("causal", 128, False), ("rope", 128, False)]:
         v = builtin(name)
         flags, _ = traits_parts(v, lower_hooks_cuda(v, head_dim, "sm_90a"), head_dim)

@@ -258,7 +258,8 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
     # checked tile, unconditionally, so that one read of a key's value serves both rows of a fragment
     flags["kMaskTotal"] = _b(bool(msplit.get("total")))
     flags["kMaskKeyTerm"] = str(msplit.get("key_of", -1))  # -1: no key term
-    # the Hopper prefill's 176-key tiles, where the variant's kernels over 16-bit caches take them
+    # the Hopper prefill's wide tiles (176 keys at head_dim 128, 192 at 64), where the variant's kernels over
+    # 16-bit caches take them
     # (csrc/hopper_tile.cuh hopper_wide_tiles adds the instance's conditions)
     flags["kHopperWideTiles"] = _b(hopper_config_for(variant, head_dim).wide)
     flags["kHopperWideLongRows"] = _b(hopper_wide_for_long_rows(variant, head_dim))

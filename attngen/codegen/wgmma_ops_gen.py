@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SS_WIDTHS = (64, 128, 176)  # keys per tile of S = Q K^T (176: the wide tile, csrc/hopper_tile.cuh)
+SS_WIDTHS = (64, 128, 176, 192)  # keys per tile of S = Q K^T (176, 192: the wide tiles, csrc/hopper_tile.cuh)
 RS_WIDTHS = (64, 128, 256)  # head dims of O += P V
 DTYPES = {"half": "f16", "__nv_bfloat16": "bf16"}
 HEADER = Path(__file__).resolve().parent.parent / "csrc" / "wgmma_ops.cuh"

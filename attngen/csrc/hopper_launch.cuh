@@ -28,7 +28,7 @@ auto hopper_prefill_kernel_ref() {
   }
 }
 
-// One tiling's launch (Wide: 176 keys per tile).
+// One tiling's launch (Wide: 176 keys per tile at D 128, 192 at D 64).
 template <class V, class T, int D, class KV, bool Wide>
 void launch_hopper_tiling(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
                           cudaStream_t stream) {

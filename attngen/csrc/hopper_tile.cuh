@@ -11,23 +11,26 @@
 
 namespace attngen {
 
-// Wide: 176 keys per K/V tile and one query buffer (hopper_wide_tiles says for which kernels), else 128 keys
-// (64 at D 256) with two query buffers where shared memory holds them.
+// Wide: 176 keys per K/V tile and one query buffer at D 128, 192 keys and two query buffers at D 64
+// (hopper_wide_tiles says for which kernels), else 128 keys (64 at D 256) with two query buffers where shared
+// memory holds them.
 template <int D, bool Wide = false>
 struct HopperTile {
   static_assert(D == 64 || D == 128 || D == 256, "the Hopper prefill supports head_dim 64, 128, 256");
-  static_assert(!Wide || D == 128, "wide tiles are a head_dim 128 tiling");
+  static_assert(!Wide || D <= 128, "wide tiles are a head_dim 64 and 128 tiling");
   static constexpr int kConsumers = 2;              // consumer warpgroups of 64 rows
   static constexpr int kRows = 64 * kConsumers;     // packed query rows per CTA
-  // keys per K/V tile (S: 64 x kKeys per consumer). 176 at D 128 where nothing checks scores: the softmax's
-  // fixed work per tile (row reductions, barriers, the rescale test) spreads over more keys, and S (88), P (44)
-  // and O (64 registers) still fit a consumer's 232
-  static constexpr int kKeys = Wide ? 176 : D == 256 ? 64 : 128;
+  // keys per K/V tile (S: 64 x kKeys per consumer). Wide where nothing checks scores: the softmax's fixed work
+  // per tile (row reductions, barriers, the rescale test) spreads over more keys; 176 at D 128, where S (88), P
+  // (44) and O (64 registers) still fit a consumer's 232, 192 at D 64 (S 96, P 48, O 32), whose tiles are half
+  // as long to compute, so that the fixed work weighs twice as much
+  static constexpr int kKeys = Wide ? (D == 64 ? 192 : 176) : D == 256 ? 64 : 128;
   // K / V stages: three at D 64, whose tiles are half as long to compute as they are to load at D 128
   static constexpr int kStages = D == 64 ? 3 : 2;
   // query tiles in flight: two where shared memory holds them (the next item's rows land during this
-  // item's epilogue), one at D 256 and with wide tiles (two stages of 176-key K and V tiles take 176 KiB)
-  static constexpr int kQBuffers = D <= 128 && !Wide ? 2 : 1;
+  // item's epilogue), one at D 256 and with D 128's wide tiles (two stages of 176-key K and V tiles take 176 KiB;
+  // D 64's three stages of 192 keys take 144 KiB)
+  static constexpr int kQBuffers = D == 64 || (D == 128 && !Wide) ? 2 : 1;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // 128 * (producer + 2 * consumer) <= 384 * 168 registers: what the CTA holds at launch (__launch_bounds__(384, 1)
   // caps a thread at 168); setmaxnreg.inc waits until the registers it asks for are free, so a split summing to
@@ -42,7 +45,7 @@ template <class V>
 using HopperWideTilesFlag = std::bool_constant<V::kHopperWideTiles>;
 
 // Whether a kernel runs wide tiles: where the variant's traits ask for them (kHopperWideTiles, from
-// schedules/template_prefill_hopper.py hopper_config_for: head_dim 128, and no per-score checks beyond the key
+// schedules/template_prefill_hopper.py hopper_config_for: head_dim 64 or 128, and no per-score checks beyond the key
 // range or per-tile producer work: no mask hook, the run-time causal flag may still bound the range; no key
 // transform, so never a tile map), over 16-bit K/V (an fp8 cache's staging keeps the 128-key tiles), and outside
 // TVM's conventions.
@@ -73,7 +76,7 @@ constexpr bool hopper_wide_choice() {
 #if defined(ATTNGEN_HOPPER_ONE_TILING)
   return false;
 #else
-  // (the flag is set at head dim 128 alone, and never with kHopperWideTiles: one needs a mask hook, the other none)
+  // (the flag is set at head dims 64 and 128 alone, never with kHopperWideTiles: one needs a mask hook, the other none)
   return trait_flag<V, HopperWideLongRowsFlag>() && std::is_same_v<KV, T> && !tvm_instance<V>();
 #endif
 }

@@ -5,8 +5,9 @@ into ``STAGES`` shared-memory stages each for K and for V (paged or ragged alike
 (128 packed rows per CTA) running S = Q K^T and O += P V on wgmma with the softmax in registers. Tiles
 are 128-byte swizzled (their own 1024-byte alignment slack is counted); keys per tile: 128 at head_dim
 64 and 128, 64 at 256 (the 64 x 256 fp32 output accumulators take half a consumer thread's registers), and
-176 (``wide``, one query buffer) at 128 for kernels that check no score beyond the key range: no mask hook, no
-tile map, no key transform, a 16-bit cache, none of TVM's conventions (csrc/hopper_tile.cuh hopper_wide_tiles).
+176 at 128 and 192 at 64 (``wide``; one query buffer at 128) for kernels that check no score beyond the key
+range: no mask hook, no tile map, no key transform, a 16-bit cache, none of TVM's conventions
+(csrc/hopper_tile.cuh hopper_wide_tiles).
 The prefill record's entries launch it on devices of compute capability 9.0 when the library was built
 for sm_90a (a companion of ``prefill``), so it exports nothing itself.
 
@@ -31,13 +32,14 @@ THREADS = 128 * (1 + CONSUMERS)
 ITEM_BYTES = 48  # csrc/hopper_tile.cuh HopperItem: ten ints and a pointer, 8-byte aligned
 
 
-WIDE_HEAD_DIMS = (128,)  # head dims with a wide tiling (csrc/hopper_tile.cuh HopperTile<D, true>)
+WIDE_HEAD_DIMS = (64, 128)  # head dims with a wide tiling (csrc/hopper_tile.cuh HopperTile<D, true>)
+WIDE_KEYS = {64: 192, 128: 176}  # keys per wide tile
 
 
 @dataclass(frozen=True)
 class HopperConfig:
     head_dim: int
-    wide: bool = False  # 176 keys per tile, one query buffer
+    wide: bool = False  # WIDE_KEYS keys per tile (one query buffer at head dim 128)
 
     @property
     def rows(self) -> int:
@@ -45,7 +47,7 @@ class HopperConfig:
 
     @property
     def keys(self) -> int:
-        return 176 if self.wide else 64 if self.head_dim == 256 else 128
+        return WIDE_KEYS[self.head_dim] if self.wide else 64 if self.head_dim == 256 else 128
 
     @property
     def stages(self) -> int:
@@ -53,10 +55,10 @@ class HopperConfig:
 
     @property
     def q_buffers(self) -> int:
-        return 2 if self.head_dim <= 128 and not self.wide else 1
+        return 2 if self.head_dim == 64 or (self.head_dim == 128 and not self.wide) else 1
 
     def describe(self) -> str:
-        return " (Hopper tile, 176 keys)" if self.wide else " (Hopper tile)"
+        return f" (Hopper tile, {self.keys} keys)" if self.wide else " (Hopper tile)"
 
 
 def hopper_smem_bytes(cfg: HopperConfig, elems: ElementBytes) -> int:
@@ -77,7 +79,7 @@ def hopper_config_for(variant, head_dim: int, kv_scaled: bool = False) -> Hopper
 
 
 def _widens(variant, head_dim: int, kv_scaled: bool) -> bool:
-    """What 176-key tiles need whatever the mask: head dim 128, no key transform (no per-tile producer work), a
+    """What wide tiles need whatever the mask: head dim 64 or 128, no key transform (no per-tile producer work), a
     16-bit cache."""
     return head_dim in WIDE_HEAD_DIMS and not kv_scaled and not row_hooks(variant)[0]
 
@@ -85,7 +87,7 @@ def _widens(variant, head_dim: int, kv_scaled: bool) -> bool:
 def hopper_wide_for_long_rows(variant, head_dim: int, kv_scaled: bool = False) -> bool:
     """Whether ``variant``'s kernels over long query rows run the wide tiling although its mask hook keeps them
     on 128 keys elsewhere: a mask that is exactly its bounds (causal, sliding window: every score past them is
-    skipped by the key range, none checked), no key transform, a 16-bit cache, head dim 128. The launch takes the
+    skipped by the key range, none checked), no key transform, a 16-bit cache, head dim 64 or 128. The launch takes the
     wide instance where a call's longest request has csrc/hopper_tile.cuh kHopperWideRows query rows or more."""
     from attngen.ir.mask_class import mask_needs_map  # (TVM's IR: imported when a build reaches it)
 

@@ -175,7 +175,7 @@ constexpr int pow2_floor(int n) { return n < 2 ? 1 : 2 * pow2_floor(n / 2); }
 // Per-thread reduction (max or sum, by `op`) of a tile's scores over this thread's two rows (mma.sync /
 // wgmma accumulator fragments: elements 0-1 of an 8-column block are row g, 2-3 row g + 8), as a pairwise
 // tree: log2 dependent steps instead of a chain through every score. N blocks past a power of two (22 of a
-// 176-key tile) fold into the first ones before the tree.
+// 176-key tile, 24 of a 192-key one) fold into the first ones before the tree.
 template <int N, class Op>
 __device__ __forceinline__ void tile_row_reduce(const float (&s)[N][4], float (&out)[2], Op op) {
   static_assert(N > 1, "8-column blocks per tile: at least two");

@@ -111,6 +111,17 @@ def test_long_causal_prefill(template, build_cache, rng):
                 qo_lens=[1000, 300], kv_lens=[1000, 2000], template=template)
 
 
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_long_maskless_prefill_at_head_dim_64(template, build_cache, rng):
+    """A maskless variant at head_dim 64 runs the Hopper template's wide tiling (192 keys) at every length: many
+    key tiles per item, a partial last one (2000 = 10 x 192 + 80; 1000 = 5 x 192 + 40), paged and ragged."""
+    skip_unless_runs(template)
+    att = cuda_module("vanilla", build_cache, (64,), ("bfloat16",), ("prefill",))
+    for kv_mode in ("HND", "ragged"):
+        run_prefill(att, variant("vanilla"), rng, group=4, head_dim=64, dtype="bfloat16", kv_mode=kv_mode,
+                    qo_lens=[700, 0, 300], kv_lens=[1000, 3, 2000], template=template)
+
+
 @pytest.mark.parametrize("name,head_dim", [("causal", 128), ("sliding_window_causal", 128), ("causal", 64)])
 def test_long_rows_on_both_hopper_tilings(name, head_dim, build_cache, rng):
     """At head_dim 64 and 128 a variant whose mask hook is exactly its bounds has both Hopper tilings: a call whose

@@ -68,29 +68,32 @@ __device__ __forceinline__ void hopper_store_rows(const float (&o_acc)[D / 2], c
     }
   } else {
     // one row of the warp's 16 at a time through the warp's scratch rows: the quad holding it writes its
-    // fragments, the warp applies the hook and stores the row
-#pragma unroll 1
-    for (int rr = 0; rr < 16; ++rr) {
-      const int pr = w.row0 + wrow + rr;
-      if (pr >= rows_total) break;
-      const int h = rr / 8;
-      if (g == rr % 8) {
+    // fragments, the warp applies the hook and stores the row. The fragment half h (rows g, g + 8) is the
+    // unrolled outer loop: o_acc indexed by a run-time h would put the accumulators in local memory.
 #pragma unroll
-        for (int n = 0; n < NDT; ++n) {
-          scratch[n * 8 + t4 * 2] = o_acc[4 * n + 2 * h];
-          scratch[n * 8 + t4 * 2 + 1] = o_acc[4 * n + 2 * h + 1];
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll 1
+      for (int r8 = 0; r8 < 8; ++r8) {
+        const int pr = w.row0 + wrow + 8 * h + r8;
+        if (pr >= rows_total) break;  // (warp-uniform; the rows of h = 1 lie past those of h = 0)
+        if (g == r8) {
+#pragma unroll
+          for (int n = 0; n < NDT; ++n) {
+            scratch[n * 8 + t4 * 2] = o_acc[4 * n + 2 * h];
+            scratch[n * 8 + t4 * 2 + 1] = o_acc[4 * n + 2 * h + 1];
+          }
         }
+        const float l = __shfl_sync(0xffffffffu, lse_row[h], r8 * 4);
+        __syncwarp();
+        const int tok = q0 + pr / group, qh = hk * group + pr % group, qo_pos = w.pos_base + pr / group, b = w.b;
+        warp_row_hook<D, V::kOutputElementwise>(
+            scratch, scratch + D, [&](float* row, int i) { return V::output_elem(hp, row, i, b, qo_pos, qh, l); },
+            [&](float* in, float* out) { V::output_row(hp, in, out, b, qo_pos, qh, l); }, lane);
+        T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
+        for (int i = lane; i < D; i += 32) dst[i] = from_float<T>(scratch[D + i]);
+        if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
+        __syncwarp();
       }
-      const float l = __shfl_sync(0xffffffffu, lse_row[h], (rr % 8) * 4);
-      __syncwarp();
-      const int tok = q0 + pr / group, qh = hk * group + pr % group, qo_pos = w.pos_base + pr / group, b = w.b;
-      warp_row_hook<D, V::kOutputElementwise>(
-          scratch, scratch + D, [&](float* row, int i) { return V::output_elem(hp, row, i, b, qo_pos, qh, l); },
-          [&](float* in, float* out) { V::output_row(hp, in, out, b, qo_pos, qh, l); }, lane);
-      T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
-      for (int i = lane; i < D; i += 32) dst[i] = from_float<T>(scratch[D + i]);
-      if (lane == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
-      __syncwarp();
     }
   }
 }

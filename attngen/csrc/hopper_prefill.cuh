@@ -44,7 +44,8 @@ namespace attngen {
 // Mapped: the CTA walks the plan's list of its non-empty key tiles (P.tiles, tile_map.cuh), running the
 // full ones without the mask hook; else the key range the mask's bounds leave. KV: the cache's element type
 // (fp8: staged and widened by the producer, see the file comment).
-// Wide: the 176-key (D 128) or 192-key (D 64) tiling (hopper_tile.cuh: the launch's choice among the variant's tilings).
+// Wide: the 176-key (D 128) or 192-key (D 64) tiling (hopper_tile.cuh: the launch's choice among the variant's
+// tilings).
 template <class V, class T, int D, bool Mapped, class KV = T, bool Wide = hopper_wide_tiles<V, T, KV>()>
 __global__ void __launch_bounds__(HopperTile<D>::kThreads, 1)
 hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __grid_constant__ HopperKVMaps maps,

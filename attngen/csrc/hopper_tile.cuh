@@ -68,9 +68,9 @@ constexpr int kHopperWideRows = 8192;
 // Whether a kernel has both tilings, the launch choosing by kHopperWideRows: a variant whose mask hook is exactly
 // its bounds (kHopperWideLongRows: causal, sliding window), over 16-bit K/V, outside TVM's conventions. The
 // wide-tiled variants above (no mask hook) run their wide tiling (176 keys at D 128, 192 at D 64) at every length,
-// as before the choice existed (short calls of theirs on 128 keys are not measured). ATTNGEN_HOPPER_ONE_TILING (linked builds that defer alternatives,
-// codegen/lto.py ONE_TILING_DEFINE): every kernel keeps its one tiling (hopper_wide_tiles), so that an edit links
-// one kernel.
+// as before the choice existed (short calls of theirs on 128 keys are not measured). ATTNGEN_HOPPER_ONE_TILING
+// (linked builds that defer alternatives, codegen/lto.py ONE_TILING_DEFINE): every kernel keeps its one tiling
+// (hopper_wide_tiles), so that an edit links one kernel.
 template <class V, class T, class KV>
 constexpr bool hopper_wide_choice() {
 #if defined(ATTNGEN_HOPPER_ONE_TILING)

@@ -32,8 +32,8 @@ THREADS = 128 * (1 + CONSUMERS)
 ITEM_BYTES = 48  # csrc/hopper_tile.cuh HopperItem: ten ints and a pointer, 8-byte aligned
 
 
-WIDE_HEAD_DIMS = (64, 128)  # head dims with a wide tiling (csrc/hopper_tile.cuh HopperTile<D, true>)
-WIDE_KEYS = {64: 192, 128: 176}  # keys per wide tile
+WIDE_KEYS = {64: 192, 128: 176}  # keys per wide tile, by head dim (csrc/hopper_tile.cuh HopperTile<D, true>)
+WIDE_HEAD_DIMS = tuple(WIDE_KEYS)  # head dims with a wide tiling
 
 
 @dataclass(frozen=True)

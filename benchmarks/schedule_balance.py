@@ -17,14 +17,12 @@ import numpy as np
 from bench_prefill import CASES, Case
 
 from attngen.runtime.work_order import order_from_costs, pair_costs
-from attngen.schedules.template_prefill_hopper import WIDE_HEAD_DIMS, HopperConfig
-
-WIDE_ROWS = 8192  # csrc/hopper_tile.cuh kHopperWideRows: causal calls take wide tiles from this many query rows
+from attngen.schedules.template_prefill_hopper import WIDE_HEAD_DIMS, WIDE_LONG_ROWS, HopperConfig
 
 
 def case_tiling(case: Case) -> HopperConfig:
     """The tiling the runtime picks for a bench_prefill case (vanilla or causal, 16-bit caches)."""
-    wide = case.d in WIDE_HEAD_DIMS and (not case.causal or max(case.qo_lens) >= WIDE_ROWS)
+    wide = case.d in WIDE_HEAD_DIMS and (not case.causal or max(case.qo_lens) >= WIDE_LONG_ROWS)
     return HopperConfig(case.d, wide)
 
 

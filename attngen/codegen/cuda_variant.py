@@ -12,6 +12,8 @@ arguments.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 from attngen.ir import HOOKS, HookSpec, ScalarParam, StateAlgebra, TensorParam
@@ -221,6 +223,35 @@ def _mask_split_forwards(split: dict, hs) -> list[Forward]:
                     "return mask(p, batch, qo_pos, kv_pos, qo_head, kv_head);")]
 
 
+# CUDA math that runs on the special-function unit (MUFU), as the hook math lowers it (codegen/hook_math.py): the
+# approximations are one MUFU op each, the library forms at least one
+SFU_CALL = re.compile(r"\b(__tanhf|__expf|__exp10f|__logf|__log2f|__log10f|__fdividef|__sinf|__cosf|__powf|exp2f|"
+                      r"expf|exp10f|tanhf|logf|log2f|log10f|sinf|cosf|sincosf|powf|sqrtf|rsqrtf|__frcp_rn)\(")
+SFU_CALLS_MAX = 2  # counts past it share one template object (the choice is the same)
+
+
+def _function_body(code: str, symbol: str) -> str:
+    """The definition's text of ``symbol`` in a hooks header (its declaration skipped)."""
+    m = re.search(rf"\b{re.escape(symbol)}\([^)]*\)\s*{{", code)
+    if m is None:
+        return ""
+    depth, i = 1, m.end()
+    while depth and i < len(code):
+        depth += {"{": 1, "}": -1}.get(code[i], 0)
+        i += 1
+    return code[m.end():i]
+
+
+def score_sfu_calls(hs) -> int:
+    """Special-function calls the logits hook makes per score (its per-score part where the hook is split into
+    row terms), at most SFU_CALLS_MAX; 0 without a logits hook."""
+    split = hs.logits_split or {}
+    symbol = split.get("score") or (hs.functions or {}).get("logits_transform")
+    if symbol is None:
+        return 0
+    return min(SFU_CALLS_MAX, len(SFU_CALL.findall(_function_body(hs.code, symbol))))
+
+
 def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forward]]:
     """The traits' compile-time flags (which hooks exist, per-element forms, the state algebra, scale
     folding, the mask's bounds) and forwarding functions: what a template is compiled against, beyond
@@ -246,6 +277,10 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
     })
     split = hs.logits_split or {}
     flags["kLogitsRowTerms"] = str(split.get("terms", 0))
+    # special-function calls per score of the logits hook (tanh, exp, a division, ...): the Hopper prefill moves
+    # part of its softmax's 2^x onto the FMA pipe where they and the tile's tensor work leave MUFU the bottleneck
+    # (csrc/hopper_tile.cuh hopper_poly_exp2_of_16)
+    flags["kScoreSfuCalls"] = str(score_sfu_calls(hs))
     # an affine logits hook (rt[0] * s + rt[1] * kv_pos_f + rt[2]): a softmax template folds rt[0] into the
     # exponent and the key term into one FFMA per score on interior tiles (csrc/score_rules.cuh)
     affine = split.get("split") is not None and split["split"].affine and variant.state == StateAlgebra.SOFTMAX

@@ -33,6 +33,7 @@
 #include "hopper_tile.cuh"
 #include "hopper_tma.cuh"
 #include "mma.cuh"
+#include "poly_exp2.h"
 #include "prefill.cuh"
 #include "row_hook.cuh"
 #include "score_rules.cuh"
@@ -436,10 +437,15 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         step_row_max(mt_max, m_row, koff, rescale, msub);  // (common.cuh: the max moves on a rise past the slack)
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[h] *= rescale[h];
+        // (weights i with i * kPoly % 16 < kPoly, spread evenly over the tile, on the FMA pipe)
+        constexpr int kPoly = hopper_poly_exp2_of_16<D>(ScoreSfuCalls<V>::value);
 #pragma unroll
         for (int n = 0; n < NKT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sfr[n][e] = fast_exp2(fmaf(sfr[n][e], sfac[e / 2], -msub[e / 2]));
+          for (int e = 0; e < 4; ++e) {
+            const float x = fmaf(sfr[n][e], sfac[e / 2], -msub[e / 2]);
+            sfr[n][e] = (n * 4 + e) * kPoly % 16 < kPoly ? poly_exp2(x) : fast_exp2(x);
+          }
         float tile_sum[2];
         tile_row_reduce<NKT>(sfr, tile_sum, [](float x, float y) { return x + y; });
         d_row[0] += tile_sum[0];

@@ -14,6 +14,15 @@ namespace attngen {
 // Wide: 176 keys per K/V tile and one query buffer at D 128, 192 keys and two query buffers at D 64
 // (hopper_wide_tiles says for which kernels), else 128 keys (64 at D 256) with two query buffers where shared
 // memory holds them.
+// Of every 16 softmax weights of a consumer's tile, how many poly_exp2 (poly_exp2.h) computes on the FMA pipe
+// instead of MUFU.EX2: where MUFU, not the tensor cores, bounds the tile: at head dim 64 (S and P V of a tile
+// take about as long on the tensor cores as its 2^x on MUFU) and where the logits hook makes special-function
+// calls of its own per score (sfu_calls: soft-cap's tanh)
+template <int D>
+constexpr int hopper_poly_exp2_of_16(int sfu_calls) {
+  return sfu_calls > 0 ? 0 : (D == 64 ? 2 : 0);
+}
+
 template <int D, bool Wide = false>
 struct HopperTile {
   static_assert(D == 64 || D == 128 || D == 256, "the Hopper prefill supports head_dim 64, 128, 256");

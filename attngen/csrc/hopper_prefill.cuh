@@ -114,7 +114,6 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   // the pairs' range, pair + B * q_tiles, which the full rounds skip as out of range: no code of the tail's in
   // their loop, whose producer has no register to spare)
   auto item_at = [&](int idx, HopperItem& w, bool piece = false) {
-    w.slot = -1;
     w.hk = idx % P.num_kv_heads;
     if (P.work_order != nullptr) {  // the plan's order of (request, query tile) pairs
       int pair = P.work_order[idx / P.num_kv_heads];
@@ -153,7 +152,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
 
   // w cut to piece pc's key tiles [first, end) of the item's (clamped to the item's tiles, so that a batch whose
   // lengths moved under the plan still runs every key of a split item in one of its pieces; end kTailToEnd:
-  // the item's last) and given its partial slot (-1: a whole item)
+  // the item's last); a split item's piece carries its partial slot s as tile -1 - s (the consumers of these
+  // kernels read no tile: only tile maps do, which take no tail split)
   auto cut_to_piece = [&](const int4& pc, HopperItem& w) {
     const bool split = pc.w >= 0;
     const int first = split ? min(max(pc.y, 0), w.num_kt) : 0;
@@ -162,7 +162,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     w.lo = lo + first * TK;
     w.hi = max(min(w.hi, lo + end * TK), w.lo);
     w.num_kt = end - first;
-    w.slot = pc.w;
+    if (split) w.tile = -1 - pc.w;
   };
 
   if (tid == 0) {
@@ -304,25 +304,23 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
 #pragma unroll 1
     for (int round = 0;; ++round) {
       int idx = work_index(round);
-      const bool piece = idx >= items;
-      int4 pc;
-      if (piece) {
+      int n = -1;  // this CTA's n-th piece of a tail split (read from shared memory where used: few registers)
+      if (idx >= items) {
         if constexpr (!kTailable) break;
         // this CTA's rounds that dealt it an item: the full ones, and the last unless it came after the items
         const int ctas = int(gridDim.x), full = items / ctas;
         const int i = (full & 1) ? ctas - 1 - int(blockIdx.x) : int(blockIdx.x);
-        const int n = round - full - (i < items - full * ctas ? 1 : 0);
+        n = round - full - (i < items - full * ctas ? 1 : 0);
         if (n >= *tail_count) break;
-        pc = tail_pieces[n];
-        idx = pc.x;
+        idx = tail_pieces[n].x;
       }
       HopperItem w;
-      if (!item_at(idx, w, piece)) {
-        if (!piece) continue;  // (the consumers never see it)
+      if (!item_at(idx, w, n >= 0)) {
+        if (n < 0) continue;  // (the consumers never see it)
         w.pos_base = w.lo = w.hi = w.num_kt = 0;  // (a piece's tile past its request's rows: it still counts)
         w.tile_list = nullptr;
       }
-      if (piece) cut_to_piece(pc, w);
+      if (n >= 0) cut_to_piece(tail_pieces[n], w);
       produce(w);
     }
     {  // no more items: a sentinel in the next Q buffer's slot ends the consumers' loop
@@ -623,8 +621,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     // values, R2UR among the HGMMAs)
     bool finish = true;
     if constexpr (kTailable)
-      if (w.slot >= 0)
-        finish = hopper_tail_merge<V, D>(tail_of(), w.slot, cw, ctid, o_acc, m_row, d_row);
+      if (w.tile < 0)  // (a split item's piece: its partial slot, cut_to_piece)
+        finish = hopper_tail_merge<V, D>(tail_of(), -1 - w.tile, cw, ctid, o_acc, m_row, d_row);
     if (finish) {
       float lse_row[2];
       hopper_normalise_rows<V, kStaged, D>(o_acc, m_row, d_row, P, hk, lse_row);

@@ -105,7 +105,6 @@ struct HopperItem {
   int b, tile, hk, q0, rows_total, row0, pos_base;  // request, query tile, KV head, rows
   int lo, hi, num_kt;                               // the visible key range and its tiles
   const int32_t* tile_list;                         // mapped: the tile map's list of the item's key tiles
-  int slot;  // a piece of a split item (hopper_tail.cuh): its partial slot; else -1
 };
 
 // An item read from shared memory, every field broadcast from lane 0: the compiler then knows the item (and
@@ -125,7 +124,6 @@ __device__ __forceinline__ HopperItem warp_uniform_item(const HopperItem& in) {
   w.num_kt = __shfl_sync(0xffffffffu, in.num_kt, 0);
   w.tile_list = reinterpret_cast<const int32_t*>(
       __shfl_sync(0xffffffffu, reinterpret_cast<long long>(in.tile_list), 0));
-  w.slot = __shfl_sync(0xffffffffu, in.slot, 0);
   return w;
 }
 

@@ -29,7 +29,7 @@ HEAD_DIMS = (64, 128, 256)
 CONSUMERS = 2  # consumer warpgroups of 64 rows
 STAGES = {64: 3, 128: 2, 256: 2}  # K / V stages per head dim (csrc/hopper_tile.cuh kStages)
 THREADS = 128 * (1 + CONSUMERS)
-ITEM_BYTES = 56  # csrc/hopper_tile.cuh HopperItem: ten ints, a pointer and an int, 8-byte aligned
+ITEM_BYTES = 48  # csrc/hopper_tile.cuh HopperItem: ten ints and a pointer, 8-byte aligned
 TAIL_BYTES = (8 + 1) * 16  # a CTA's pieces of a tail split and their count (kTailMaxPieces int4 + 16 bytes)
 
 

@@ -97,8 +97,9 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
       int* counter = t.counters + first * kTailCounters + cw * 4 + ctid / 32;
       done = atomicAdd(counter, 1) + 1;
       if (done == count) *counter = 0;  // every piece has counted: ready for the next launch
-    } else {
-      done = count = 1;  // (a table the plan did not make: the piece's own keys alone, no read out of bounds)
+    } else {  // (a table the plan did not make: the piece's own keys alone, no read out of bounds)
+      first = slot;
+      done = count = 1;
     }
   }
   first = __shfl_sync(0xffffffffu, first, 0);

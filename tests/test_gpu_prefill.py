@@ -138,7 +138,8 @@ def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
     att = cuda_module(name, build_cache, (head_dim,), ("bfloat16",), ("prefill",))
     v = variant(name)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for kv_mode, qo_lens, kv_lens in [("ragged", [1000, 1000], [1000, 1300]), ("HND", [900, 0, 1100], [2000, 3, 1100])]:
+    # (one full round of 132 items and a few more: the plan splits the few; runtime/work_tail.py)
+    for kv_mode, qo_lens, kv_lens in [("ragged", [1100], [3000]), ("HND", [1100, 0, 40], [3000, 3, 500])]:
         plans, outputs = [], []
         run_prefill(att, v, rng, group=4, head_dim=head_dim, dtype="bfloat16", kv_mode=kv_mode, qo_lens=qo_lens,
                     kv_lens=kv_lens, template="hopper", num_kv=4, plans=plans, outputs=outputs)
@@ -152,12 +153,12 @@ def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
     from attngen.runtime import RaggedKV
 
     g = torch.Generator(device="cuda").manual_seed(1)
-    q = torch.randn(2000, 16, head_dim, device="cuda", generator=g).bfloat16()
-    k = torch.randn(2300, 4, head_dim, device="cuda", generator=g).bfloat16()
-    vv = torch.randn(2300, 4, head_dim, device="cuda", generator=g).bfloat16()
-    qo = torch.tensor([0, 1000, 2000], dtype=torch.int32, device="cuda")
-    kv = RaggedKV(k, vv, torch.tensor([0, 1000, 2300], dtype=torch.int32, device="cuda"))
-    shape = SimpleNamespace(q=np.zeros((1, 16, 1)), qo_lens=[1000, 1000], kv_lens=[1000, 1300])
+    q = torch.randn(1100, 16, head_dim, device="cuda", generator=g).bfloat16()
+    k = torch.randn(3000, 4, head_dim, device="cuda", generator=g).bfloat16()
+    vv = torch.randn(3000, 4, head_dim, device="cuda", generator=g).bfloat16()
+    qo = torch.tensor([0, 1100], dtype=torch.int32, device="cuda")
+    kv = RaggedKV(k, vv, torch.tensor([0, 3000], dtype=torch.int32, device="cuda"))
+    shape = SimpleNamespace(q=np.zeros((1, 16, 1)), qo_lens=[1100], kv_lens=[3000])
     params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in random_params(v, rng, shape).items()}
     runs = []
     for split in (None, None, False):
@@ -165,6 +166,7 @@ def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
         out = torch.full_like(q, float("nan"))
         lse = torch.full(q.shape[:2], float("nan"), device="cuda")
         runs.append(att.prefill(q, kv, qo, plan=plan, params=params, out=out, lse=lse))
+        assert all((o.numel() > 35) == (split is None) for o in plan.orders.values())  # (35 pairs)
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     torch.testing.assert_close(runs[0][0].float(), runs[2][0].float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(runs[0][1], runs[2][1], atol=1e-3, rtol=1e-3)

@@ -13,16 +13,26 @@ import sys
 from bench_prefill import CASES
 
 
+ROWS = 256  # query and key rows of a warm-up call
+
+
+def qkv(d: int, dtype: str, hq: int, hkv: int):
+    """Random q [ROWS, hq, d], k and v [ROWS, hkv, d] on the GPU, of the named torch dtype."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    return (torch.randn(ROWS, hq, d, dtype=dt, device="cuda"), torch.randn(ROWS, hkv, d, dtype=dt, device="cuda"),
+            torch.randn(ROWS, hkv, d, dtype=dt, device="cuda"))
+
+
 def warm(d: int, dtype: str, hq: int, hkv: int, batch: bool, backend: str) -> None:
     import torch
 
     import flashinfer as fi
 
     dt = getattr(torch, dtype)
-    n = 256
-    q = torch.randn(n, hq, d, dtype=dt, device="cuda")
-    k = torch.randn(n, hkv, d, dtype=dt, device="cuda")
-    v = torch.randn(n, hkv, d, dtype=dt, device="cuda")
+    n = ROWS
+    q, k, v = qkv(d, dtype, hq, hkv)
     if not batch:
         fi.single_prefill_with_kv_cache(q, k, v, causal=True, backend=backend)
         return
@@ -35,14 +45,10 @@ def warm(d: int, dtype: str, hq: int, hkv: int, batch: bool, backend: str) -> No
 
 def warm_variant(cap: float, window: int, rope: bool, backend: str) -> None:
     """One single-prefill module as bench_variants calls it (bf16, its head counts and head dim)."""
-    import torch
-
     import flashinfer as fi
     from bench_variants import D, HKV, HQ, ROPE
 
-    q = torch.randn(256, HQ, D, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(256, HKV, D, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn(256, HKV, D, dtype=torch.bfloat16, device="cuda")
+    q, k, v = qkv(D, "bfloat16", HQ, HKV)
     if rope:
         fi.single_prefill_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA", **ROPE, backend=backend)
     else:

@@ -126,6 +126,7 @@ constexpr bool prefill_hopper_rows(std::index_sequence<I...>) {
                              t[I].threads, t[I].smem_bytes>() && ...);
 }
 static_assert(prefill_hopper_rows(std::make_index_sequence<rows_of(tiles::kPrefillHopper)>()), "prefill_hopper tiles");
+static_assert(kHopperWideRows == tiles::kHopperWideRows, "kHopperWideRows differs from the prefill_hopper record");
 
 }  // namespace tile_checks
 }  // namespace attngen

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from attngen.ir.hook_spec import row_hooks
 
-from .cxx_tables import cxx_table
+from .cxx_tables import cxx_constant, cxx_table
 from .dtypes import ElementBytes
 from .templates import ArchNeeds, FitQuery, TemplateRecord
 
@@ -35,6 +35,9 @@ TAIL_BYTES = (8 + 1) * 16  # a CTA's pieces of a tail split and their count (kTa
 
 WIDE_KEYS = {64: 192, 128: 176}  # keys per wide tile, by head dim (csrc/hopper_tile.cuh HopperTile<D, true>)
 WIDE_HEAD_DIMS = tuple(WIDE_KEYS)  # head dims with a wide tiling
+# query rows of a call's longest request from which a variant with both tilings takes the wide one
+# (csrc/hopper_tile.cuh kHopperWideRows, hopper_wide_for_long_rows)
+WIDE_LONG_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,8 @@ def hopper_wide_for_long_rows(variant, head_dim: int, kv_scaled: bool = False) -
     """Whether ``variant``'s kernels over long query rows run the wide tiling although its mask hook keeps them
     on 128 keys elsewhere: a mask that is exactly its bounds (causal, sliding window: every score past them is
     skipped by the key range, none checked), no key transform, a 16-bit cache, head dim 64 or 128. The launch takes the
-    wide instance where a call's longest request has csrc/hopper_tile.cuh kHopperWideRows query rows or more."""
+    wide instance where a call's longest request has WIDE_LONG_ROWS (csrc/hopper_tile.cuh kHopperWideRows) query
+    rows or more."""
     from attngen.ir.mask_class import mask_needs_map  # (TVM's IR: imported when a build reaches it)
 
     return _widens(variant, head_dim, kv_scaled) and "logits_mask" in variant.hooks and not mask_needs_map(variant)
@@ -107,11 +111,11 @@ def must_fit(query: FitQuery) -> tuple[HopperConfig, ...]:
 def header_section(element_sizes: tuple[int, ...]) -> str:
     rows = [(d, int(c.wide), e, c.rows, c.keys, c.stages, THREADS, hopper_smem_bytes(c, ElementBytes(e, e)))
             for d in HEAD_DIMS for c in configs(d) for e in element_sizes]
-    return cxx_table("PrefillHopper", "prefill_hopper: HopperTile<D, Wide> and hopper_prefill_smem_bytes, per element "
-                     "size", (("int", "head_dim"), ("int", "wide"), ("int", "elem_bytes"), ("int", "rows"),
-                              ("int", "keys"), ("int", "stages"), ("int", "threads"),
-                              ("unsigned long long", "smem_bytes")), rows)
-
+    return (cxx_constant("int", "kHopperWideRows", WIDE_LONG_ROWS, "prefill_hopper: kHopperWideRows") + "\n"
+            + cxx_table("PrefillHopper", "prefill_hopper: HopperTile<D, Wide> and hopper_prefill_smem_bytes, per "
+                        "element size", (("int", "head_dim"), ("int", "wide"), ("int", "elem_bytes"), ("int", "rows"),
+                                         ("int", "keys"), ("int", "stages"), ("int", "threads"),
+                                         ("unsigned long long", "smem_bytes")), rows))
 
 PREFILL_HOPPER = TemplateRecord(
     name="prefill_hopper",

@@ -17,6 +17,7 @@ import numpy as np
 from bench_prefill import CASES, Case
 
 from attngen.runtime.work_order import order_from_costs, pair_costs
+from attngen.runtime.work_tail import snake_ctas
 from attngen.schedules.template_prefill_hopper import WIDE_HEAD_DIMS, WIDE_LONG_ROWS, HopperConfig
 
 
@@ -40,11 +41,7 @@ def item_costs(case: Case, cfg: HopperConfig) -> np.ndarray:
 def deal(items: np.ndarray, sms: int) -> np.ndarray:
     """[ctas] each CTA's summed cost under the kernel's snake dealing (rounds alternate direction)."""
     ctas = min(len(items), sms)
-    load = np.zeros(ctas)
-    for idx, cost in enumerate(items):
-        rnd, i = divmod(idx, ctas)
-        load[i if rnd % 2 == 0 else ctas - 1 - i] += cost
-    return load
+    return np.bincount(snake_ctas(len(items), ctas), weights=items, minlength=ctas).astype(np.float64)
 
 
 def main() -> None:

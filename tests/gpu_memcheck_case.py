@@ -1,7 +1,8 @@
 """Configurations run under compute-sanitizer by test_gpu_sanitizer.py: each decode template (CUDA cores,
 tensor cores) whole and split (the merge path), and prefill over ragged and paged KV with both query
 tiles of the mma.sync template and, on compute capability 9.0, the Hopper template, over a 16-bit cache and over
-an fp8 one (the producer's in-place widening, csrc/hopper_fp8_stage.cuh). ``--hopper``: the Hopper prefill
+an fp8 one (the producer's in-place widening, csrc/hopper_fp8_stage.cuh), and for maskless variants a launch with a
+tail split (csrc/hopper_tail.cuh). ``--hopper``: the Hopper prefill
 alone, on the rope variant (query and key transforms)."""
 import sys
 
@@ -68,8 +69,23 @@ def main(hopper_only: bool = False):
                 pre.prefill(q, kv, qo_indptr, plan=pre.plan_prefill(qo_indptr, kv, 128, **how), params=params)
         if hopper:
             hopper_fp8(name, q, qo_indptr, paged, ragged, params)
+            if "logits_mask" not in v.hooks:
+                hopper_tail(pre, v, rng)
     torch.cuda.synchronize()
     print("sanitizer case done")
+
+
+def hopper_tail(att, v, rng):
+    """The Hopper prefill with a tail split (runtime/work_tail.py): 138 items over 132 CTAs, the last six cut
+    into key-tile pieces whose partial states merge in the kernel (csrc/hopper_tail.cuh); twice, so that the
+    second call runs on the counters the first left."""
+    prob = random_problem(rng, [2200], [2200], 8, 2, 128, page_size=16)
+    params = {k: cuda(x) if isinstance(x, np.ndarray) else x for k, x in random_params(v, rng, prob).items()}
+    q, qo_indptr = cuda(prob.q, True), cuda(prob.qo_indptr)
+    ragged = RaggedKV(cuda(prob.ragged.k, True), cuda(prob.ragged.v, True), cuda(prob.ragged.indptr))
+    plan = att.plan_prefill(qo_indptr, ragged, 128, template="hopper")
+    for _ in range(2):
+        att.prefill(q, ragged, qo_indptr, plan=plan, params=params)
 
 
 def hopper_fp8(name, q, qo_indptr, paged, ragged, params):

@@ -7,6 +7,7 @@ templates: the mma.sync one on both query tiles (64 rows, and the 128-row tile (
 requests may ask for), and the Hopper one (sm_90a; skipped on other devices).
 """
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -32,11 +33,12 @@ def skip_unless_runs(template: str) -> None:
 
 def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_lens, template="mma_sync",
                 make_params=random_params, tile_map=None, plans=None, num_kv=2, hook_pass=None, outputs=None,
-                ref_rows=0):
+                ref_rows=0, tail_split=None):
     """Runs the case (``num_kv`` KV heads, ``group`` query heads each) against the float64 reference;
     ``plans`` (a list) collects the plans used, ``outputs`` (a list) each plan's (out, lse); ``hook_pass``: the
-    plans' row-hook pass choice. ``ref_rows`` > 0 (causal masks only: causal_slices): the reference and the
-    comparison cover three blocks of that many rows of each long request instead of every row."""
+    plans' row-hook pass choice; ``tail_split``: the plans' (None or False). ``ref_rows`` > 0 (causal masks
+    only: causal_slices): the reference and the comparison cover three blocks of that many rows of each long
+    request instead of every row."""
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
@@ -74,7 +76,7 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
     # mma.sync: the 64-row and the 128-row (two m-tiles per warp) tiles on the same inputs
     for wide in ((False, True) if template == "mma_sync" else (None,)):
         plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template, tile_map=tile_map,
-                                hook_pass=hook_pass)
+                                hook_pass=hook_pass, tail_split=tail_split)
         if plans is not None:
             plans.append(plan)
         out = torch.full_like(q, float("nan"))
@@ -120,6 +122,54 @@ def test_long_maskless_prefill_at_head_dim_64(template, build_cache, rng):
     for kv_mode in ("HND", "ragged"):
         run_prefill(att, variant("vanilla"), rng, group=4, head_dim=64, dtype="bfloat16", kv_mode=kv_mode,
                     qo_lens=[700, 0, 300], kv_lens=[1000, 3, 2000], template=template)
+
+
+@pytest.mark.parametrize("name,head_dim", [("vanilla", 128), ("vanilla", 64), ("vanilla", 256),
+                                           ("logits_softcap", 128), ("attention_sink", 128)])
+def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
+    """Batches whose Hopper work leaves its last round part-filled (more items than SMs, not a multiple) run
+    their last items as key-tile pieces merged in the kernel (runtime/work_tail.py, csrc/hopper_tail.cuh):
+    against the float64 reference, ragged and paged, with a request of no rows, and with the split off; the
+    plan's order carries the split (its tensor runs past the pairs). attention_sink: an output hook after the
+    merge. A second call of the same plan reuses the counters the first left at zero."""
+    import torch
+
+    skip_unless_runs("hopper")
+    att = cuda_module(name, build_cache, (head_dim,), ("bfloat16",), ("prefill",))
+    v = variant(name)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # (one full round of 132 items and a few more: the plan splits the few; runtime/work_tail.py)
+    for kv_mode, qo_lens, kv_lens in [("ragged", [1100], [3000]), ("HND", [1100, 0, 40], [3000, 3, 500])]:
+        plans, outputs = [], []
+        run_prefill(att, v, rng, group=4, head_dim=head_dim, dtype="bfloat16", kv_mode=kv_mode, qo_lens=qo_lens,
+                    kv_lens=kv_lens, template="hopper", num_kv=4, plans=plans, outputs=outputs)
+        pairs = len(qo_lens) * -(-max(qo_lens) * 4 // 128)
+        orders = list(plans[0].orders.values())
+        assert len(orders) == 1 and (orders[0].numel() > pairs) == (pairs * 4 > sms), orders[0].numel()
+        run_prefill(att, v, rng, group=4, head_dim=head_dim, dtype="bfloat16", kv_mode=kv_mode, qo_lens=qo_lens,
+                    kv_lens=kv_lens, template="hopper", num_kv=4, tail_split=False)
+    # the same inputs twice through one split plan: the same bits (every slot merged in slot order, whichever
+    # piece ends last; the counters back at zero after each call), and the unsplit plan's result to rounding
+    from attngen.runtime import RaggedKV
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(1100, 16, head_dim, device="cuda", generator=g).bfloat16()
+    k = torch.randn(3000, 4, head_dim, device="cuda", generator=g).bfloat16()
+    vv = torch.randn(3000, 4, head_dim, device="cuda", generator=g).bfloat16()
+    qo = torch.tensor([0, 1100], dtype=torch.int32, device="cuda")
+    kv = RaggedKV(k, vv, torch.tensor([0, 3000], dtype=torch.int32, device="cuda"))
+    shape = SimpleNamespace(q=np.zeros((1, 16, 1)), qo_lens=[1100], kv_lens=[3000])
+    params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in random_params(v, rng, shape).items()}
+    runs = []
+    for split in (None, None, False):
+        plan = att.plan_prefill(qo, kv, head_dim, template="hopper", tail_split=split)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+        runs.append(att.prefill(q, kv, qo, plan=plan, params=params, out=out, lse=lse))
+        assert all((o.numel() > 35) == (split is None) for o in plan.orders.values())  # (35 pairs)
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    torch.testing.assert_close(runs[0][0].float(), runs[2][0].float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(runs[0][1], runs[2][1], atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.parametrize("name,head_dim", [("causal", 128), ("sliding_window_causal", 128), ("causal", 64)])

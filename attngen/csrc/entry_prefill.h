@@ -14,7 +14,7 @@
 //   plan's mask-derived tile lists, tile_map.cuh, tile_entries ending in the map rows' key intervals) and
 //   tile_heads (their head rows: 1 or Hkv; 0 without),
 //   work_order (optional: [B * q_tiles] int32, the plan's order of (request, query tile) pairs in the Hopper
-//   tiling, longest work first), hook_workspace (optional: uint8 bytes for the row-hook pass, hook_pass.cuh:
+//   tiling, longest work first; optionally followed by the plan's tail split, hopper_tail.cuh), hook_workspace (optional: uint8 bytes for the row-hook pass, hook_pass.cuh:
 //   the variant's key and query transforms applied once per row ahead of the prefill), then the variant's
 //   extra parameters (V::ExtraArgs).
 //
@@ -88,10 +88,14 @@ void fill_work_order(PrefillProblem& P, const char* name, const tvm::ffi::Tensor
   if (!order.has_value()) return;
   check_args(name, {{"work_order", *order, 1, dl_dtype<int32_t>()}}, q.device().device_id);
   const int64_t pairs = int64_t(P.batch) * ((max_qo_len * P.group + HopperTile<D>::kRows - 1) / HopperTile<D>::kRows);
-  if ((*order).size(0) != pairs)
+  // (entries past the pairs: the plan's tail split, runtime/work_tail.py, which the kernel checks itself)
+  if ((*order).size(0) < pairs || ((*order).size(0) > pairs && (*order).size(0) < pairs + kTailHeader))
     ATTNGEN_THROW(ValueError) << name << ": work_order has " << (*order).size(0) << " entries, not batch x query "
-                              << "tiles (" << pairs << "): plan again for this batch";
+                              << "tiles (" << pairs << ") and a tail split: plan again for this batch";
+  if ((*order).size(0) - pairs > 0x7fffffffLL)
+    ATTNGEN_THROW(ValueError) << name << ": work_order's tail split is too large: plan again for this batch";
   P.work_order = static_cast<const int32_t*>(data_of(*order));
+  P.work_tail_len = static_cast<int>((*order).size(0) - pairs);
 }
 
 // The plan's part of a prefill call, the arguments after sm_scale (runtime/cuda.py PrefillPlan.ffi_args).

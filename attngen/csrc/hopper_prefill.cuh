@@ -21,6 +21,9 @@
 // prefill.cuh. The mask's bounds restrict the KV range of each tile (causal / sliding-window tile
 // skipping), a consumer whose rows see none of a tile's keys skips its MMAs, and a warp whose 16 rows see
 // every key of a tile takes the interior path (no mask hook, no checks).
+// Tail split (hopper_tail.cuh, runtime/work_tail.py): where a maskless launch's last round of items is part-filled,
+// the plan takes those items out of the rounds and each CTA runs its pieces of them after its rounds (key-tile
+// stretches; a split item's pieces merge in the epilogue of the last to finish).
 // fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2; KV = T for 16-bit caches): the producer stages each tile's bytes in
 // its stage and widens them in place (produce_fp8_tiles; hopper_fp8_stage.cuh says how, and how the scales apply).
 #pragma once
@@ -30,6 +33,7 @@
 #include "hopper_epilogue.cuh"
 #include "hopper_producer.cuh"
 #include "hopper_sync.cuh"
+#include "hopper_tail.cuh"
 #include "hopper_tile.cuh"
 #include "hopper_tma.cuh"
 #include "mma.cuh"
@@ -72,6 +76,9 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   uint64_t* full_q = empty_v + NS;
   uint64_t* empty_q = full_q + NQ;
   HopperItem* ring = reinterpret_cast<HopperItem*>(empty_q + NQ);  // [NQ]: the item of each Q buffer
+  // this CTA's pieces of a tail split (hopper_tail.cuh), copied here at the start, and their count
+  int4* tail_pieces = reinterpret_cast<int4*>(ring + NQ);  // [kTailMaxPieces]
+  int* tail_count = reinterpret_cast<int*>(tail_pieces + kTailMaxPieces);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = tid / 128;
   float* scratch = scratch_all + warp * 2 * D;
@@ -84,6 +91,19 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     return round * int(gridDim.x) + i;
   };
 
+  // The tail split (hopper_tail.cuh): the plan's pieces of the last round's items, each an item with a
+  // stretch of its key tiles; maskless variants alone (the plan's costs count their key tiles exactly), never
+  // with tile maps, fp8 stages or TVM's instances
+  constexpr bool kTailable = !Mapped && !kStaged && !tvm_instance<V>() && !V::kHasMask;
+  // the tail's arrays, for a split item's epilogue (the order's address made opaque where it is read: nothing
+  // of the tail is hoisted out of the consumers' loop into registers, the uniform ones their MMA descriptors
+  // need included)
+  auto tail_of = [&]() {
+    const int32_t* order = P.work_order;
+    int batch = P.batch;  // (the batch too: the loops' item count is not kept for it)
+    asm volatile("" : "+l"(order), "+r"(batch));
+    return hopper_tail_at(order, batch * q_tiles);
+  };
   // work item idx (query tile, request, KV head) and its KV range from the mask's bounds, or its tile list;
   // in the plan's order where it gives one (longest work first over the whole batch), else request-major
   // (the CTAs at work share a request's K/V in L2), its last query tiles (under causal masks the longest)
@@ -91,10 +111,14 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   // decodes items: it hands each one to the consumers in shared memory with the item's query rows (the
   // consumers' own decoding, dependent loads of the work order and the indptr arrays, had cost ~1k cycles
   // at every item).
-  auto item_at = [&](int idx, HopperItem& w) {
+  // (piece: the item of a tail split's piece, hopper_tail.cuh; the order holds the pairs of those items past
+  // the pairs' range, pair + B * q_tiles, which the full rounds skip as out of range: no code of the tail's in
+  // their loop, whose producer has no register to spare)
+  auto item_at = [&](int idx, HopperItem& w, bool piece = false) {
     w.hk = idx % P.num_kv_heads;
     if (P.work_order != nullptr) {  // the plan's order of (request, query tile) pairs
-      const int pair = P.work_order[idx / P.num_kv_heads];
+      int pair = P.work_order[idx / P.num_kv_heads];
+      if (piece) pair -= P.batch * q_tiles;
       if (pair < 0 || pair >= P.batch * q_tiles) return false;  // (an order not the plan's: never out of bounds)
       w.b = pair / q_tiles;
       w.tile = pair % q_tiles;
@@ -127,7 +151,37 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     return true;
   };
 
+  // w cut to piece pc's key tiles [first, end) of the item's (clamped to the item's tiles, so that a batch whose
+  // lengths moved under the plan still runs every key of a split item in one of its pieces; end kTailToEnd:
+  // the item's last); a split item's piece carries its partial slot s as tile -1 - s (the consumers of these
+  // kernels read no tile: only tile maps do, which take no tail split)
+  auto cut_to_piece = [&](const int4& pc, HopperItem& w) {
+    const bool split = pc.w >= 0;
+    const int first = split ? min(max(pc.y, 0), w.num_kt) : 0;
+    const int end = !split || pc.z == kTailToEnd ? w.num_kt : min(max(pc.z, first), w.num_kt);
+    const int lo = w.lo;
+    w.lo = lo + first * TK;
+    w.hi = max(min(w.hi, lo + end * TK), w.lo);
+    w.num_kt = end - first;
+    if (split) w.tile = -1 - pc.w;
+  };
+
   if (tid == 0) {
+    // a tail split the launch cannot run would lose the items it takes out of the rounds: an error, not a
+    // silently wrong result
+    int count = 0;
+    if (P.work_tail_len > 0) {
+      if (!(kTailable && hopper_tail_ok<D>(P.work_order, P.batch * q_tiles, P.work_tail_len, items))) __trap();
+      const HopperTail tail = hopper_tail_at(P.work_order, P.batch * q_tiles);
+      const int p0 = tail.cta_ptr[blockIdx.x], p1 = tail.cta_ptr[blockIdx.x + 1];
+      if (p0 < 0 || p1 < p0 || p1 > tail.pieces || p1 - p0 > kTailMaxPieces) __trap();
+      for (int p = p0; p < p1; ++p) {
+        const int4 pc = tail.piece_at[p];
+        if (pc.x < 0 || pc.x >= items || pc.w >= tail.slots) __trap();
+        tail_pieces[count++] = pc;
+      }
+    }
+    *tail_count = count;
     for (int s = 0; s < NS; ++s) {
       mbar_init(&full_k[s], 128);
       mbar_init(&full_v[s], 128);
@@ -148,12 +202,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     const bool hook_keys = V::kHasKeyTransform && !(P.hooks_applied & kKeysApplied);
     int it = 0;  // K/V tiles this CTA has issued before the item (stages and phases run on across items)
     int qn = 0;  // items whose query rows this CTA has loaded before
-#pragma unroll 1
-    for (int round = 0;; ++round) {
-      const int idx = work_index(round);
-      if (idx >= items) break;
-      HopperItem w;
-      if (!item_at(idx, w)) continue;  // (the consumers never see it)
+    // one item (or a piece of one) from the producer's side: its query rows, then its K/V tiles
+    auto produce = [&](const HopperItem& w) {
       const int b = w.b, hk = w.hk, q0 = w.q0, rows_total = w.rows_total, row0 = w.row0;
       const int lo = w.lo, hi = w.hi, num_kt = w.num_kt;
       const int32_t* tile_list = w.tile_list;
@@ -201,7 +251,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
                                                num_kt, tile_start, hp, V::kHasKeyTransform ? P.scales.k[hk] : 1.f,
                                                scratch, warp, lane, ptid);
         it += num_kt;
-        continue;
+        return;
       }
       // ragged K / V with tensor maps: tiles whose keys all exist come by bulk copies that one thread issues
       // (its arrival carries the bytes to expect, the other threads arrive plainly); the last, partial tile
@@ -249,6 +299,30 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         }
       }
       it += num_kt;
+    };
+    // the rounds, then (rounds past the items) this CTA's pieces of a tail split: one loop, nothing of the
+    // tail held across it (the producer has no register to spare)
+#pragma unroll 1
+    for (int round = 0;; ++round) {
+      int idx = work_index(round);
+      int n = -1;  // this CTA's n-th piece of a tail split (read from shared memory where used: few registers)
+      if (idx >= items) {
+        if constexpr (!kTailable) break;
+        // this CTA's rounds that dealt it an item: the full ones, and the last unless it came after the items
+        const int ctas = int(gridDim.x), full = items / ctas;
+        const int i = (full & 1) ? ctas - 1 - int(blockIdx.x) : int(blockIdx.x);
+        n = round - full - (i < items - full * ctas ? 1 : 0);
+        if (n >= *tail_count) break;
+        idx = tail_pieces[n].x;
+      }
+      HopperItem w;
+      if (!item_at(idx, w, n >= 0)) {
+        if (n < 0) continue;  // (the consumers never see it)
+        w.pos_base = w.lo = w.hi = w.num_kt = 0;  // (a piece's tile past its request's rows: it still counts)
+        w.tile_list = nullptr;
+      }
+      if (n >= 0) cut_to_piece(tail_pieces[n], w);
+      produce(w);
     }
     {  // no more items: a sentinel in the next Q buffer's slot ends the consumers' loop
       const int qs = qn % NQ;
@@ -547,10 +621,19 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     }
     mbar_arrive(&empty_q[qs]);  // every S of the item has completed: its Q buffer may take another item's rows
 
-    // ---- epilogue: normalise, lse, output transform, store (hopper_epilogue.cuh) -------------
-    float lse_row[2];
-    hopper_normalise_rows<V, kStaged, D>(o_acc, m_row, d_row, P, hk, lse_row);
-    hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane);
+    // ---- epilogue: a split item's piece leaves its state, the last merges the rest (hopper_tail.cuh); ----
+    // ---- normalise, lse, output transform, store (hopper_epilogue.cuh) --------------------------
+    // (no early exit from the loop here: a second path back to its head costs the mainloop its known-uniform
+    // values, R2UR among the HGMMAs)
+    bool finish = true;
+    if constexpr (kTailable)
+      if (w.tile < 0)  // (a split item's piece: its partial slot, cut_to_piece)
+        finish = hopper_tail_merge<V, D>(tail_of(), -1 - w.tile, cw, ctid, o_acc, m_row, d_row);
+    if (finish) {
+      float lse_row[2];
+      hopper_normalise_rows<V, kStaged, D>(o_acc, m_row, d_row, P, hk, lse_row);
+      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane);
+    }
     it += num_kt;
     ++qn;
   }

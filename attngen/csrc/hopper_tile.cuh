@@ -106,6 +106,10 @@ constexpr int hopper_consumer_regs() {  // 128 threads per warpgroup, setmaxnreg
 
 // One work item of a persistent CTA, as the producer decodes it (hopper_prefill_kernel's item_at) and
 // hands it to the consumers in shared memory beside the item's query rows.
+// The tail split's section behind the work order (hopper_tail.cuh): its header's ints, its magic, a piece's end
+// tile that means the item's last, and the most pieces a CTA takes
+constexpr int kTailHeader = 12, kTailMagic = 0x7A11, kTailToEnd = 0x7fffffff, kTailMaxPieces = 8;
+
 struct HopperItem {
   int b, tile, hk, q0, rows_total, row0, pos_base;  // request, query tile, KV head, rows
   int lo, hi, num_kt;                               // the visible key range and its tiles
@@ -154,7 +158,8 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int t4) {
 
 // Shared memory: [alignment slack][Q: kQBuffers x kRows x D][K: kStages x kKeys x D][V: same][scratch fp32
 // rows, two of D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers,
-// kStages each][full_q, empty_q mbarriers, kQBuffers each][the work item of each Q buffer].
+// kStages each][full_q, empty_q mbarriers, kQBuffers each][the work item of each Q buffer][the CTA's pieces of a
+// tail split, kTailMaxPieces int4, and their count in 16 bytes].
 // Tiles start 1024-byte aligned (the swizzle's period). T: the query dtype, whatever the cache's: an fp8 cache's
 // rows are staged in the upper half of their K / V stage and widened there (hopper_fp8_stage.cuh).
 template <class T, int D, bool Wide = false>
@@ -163,7 +168,7 @@ constexpr size_t hopper_prefill_smem_bytes() {
   return 1024 + size_t(Tile::kQBuffers) * Tile::kRows * D * sizeof(T) +
          2 * size_t(Tile::kStages) * Tile::kKeys * D * sizeof(T) + size_t(Tile::kThreads / 32) * 2 * D * sizeof(float) +
          2 * Tile::kKeys * sizeof(int64_t) + 4 * Tile::kStages * sizeof(uint64_t) + 2 * Tile::kQBuffers * sizeof(uint64_t) +
-         Tile::kQBuffers * sizeof(HopperItem);
+         Tile::kQBuffers * sizeof(HopperItem) + (kTailMaxPieces + 1) * 16;
 }
 
 }  // namespace attngen

@@ -327,7 +327,8 @@ class CUDAAttention(BuiltModule):
     def plan_prefill(self, qo_indptr, kv: PagedKV | RaggedKV, head_dim: int, *,
                      wide_tiles: bool | None = None, template: str | None = None,
                      tile_map: bool | None = None, max_qo_len: int | None = None,
-                     work_order: bool | None = None, hook_pass: bool | None = None) -> PrefillPlan:
+                     work_order: bool | None = None, hook_pass: bool | None = None,
+                     tail_split: bool | None = None) -> PrefillPlan:
         """Host-side checks of the batch's index arrays (host copies) and the grid size. ``wide_tiles``:
         None (default) or True: 128 query rows per CTA (4 warps x two m-tiles) when the longest request has
         at least 256 rows (tokens x group) at head_dim <= 128, halving the K/V traffic per FLOP; 64 rows
@@ -352,7 +353,10 @@ class CUDAAttention(BuiltModule):
         the call's keys and queries) where the variant has a key transform and a request spans 64 or more
         packed query rows (tokens x GQA group); else the kernels apply them on every tile. True always, False
         never (the results agree to rounding). Over an fp8 cache the kernels apply them (they see dequantised
-        rows).
+        rows). ``tail_split``: None (default) lets the Hopper template cut the key tiles of a launch's last,
+        part-filled round of work into stretches that even out its CTAs, merged in the kernel
+        (runtime/work_tail.py; variants without a mask hook over 16-bit caches, where it shortens the launch by
+        1% or more); False never. It rides on the work order (``work_order=False`` turns it off too).
         An fp8 cache is planned as a 16-bit one (both templates read it)."""
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
@@ -372,6 +376,8 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         if work_order not in (None, True, False):
             raise AttentionArgumentError(f"work_order: expected None, True or False, got {work_order!r}")
+        if tail_split not in (None, False):
+            raise AttentionArgumentError(f"tail_split: expected None or False, got {tail_split!r}")
         hook_pass_module.check_choice(self.variant, hook_pass)
         if kernel == PrefillTemplate.MMA_SYNC:  # a link-time build may link the mma.sync kernels on first use
             link_deferred_parts(self, (kv.pages if isinstance(kv, PagedKV) else kv.k).device, "prefill")
@@ -398,6 +404,7 @@ class CUDAAttention(BuiltModule):
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None,
                            lengths=(np.diff(qo), kv_lens) if ordered else None, hook_pass=hook_pass,
+                           tail_split=tail_split,
                            kv_bound=KVBound.of(kv, int(kv_lens.max(initial=0))) if why is None else None)
 
     def _check_float_positions(self, kv_lens) -> None:
@@ -482,7 +489,8 @@ class CUDAAttention(BuiltModule):
         scale = resolve_sm_scale(sm_scale, d)
         tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras, fp8)
         group = int(q.shape[1]) // kv.num_kv_heads
-        order = plan.work_order(self.variant, group, d, q.device, tiles, kv_scaled=fp8 is not None)
+        order = plan.work_order(self.variant, group, d, q.device, tiles, kv_scaled=fp8 is not None,
+                                kv_heads=kv.num_kv_heads)
         workspace = None if fp8 is not None else hook_pass_module.workspace_for(
             self.variant, plan.hook_pass, plan.max_qo_len * group, q, kv, d)
         fn(q, *kv_args, qo_indptr, out, lse, *scales, scale, *plan.ffi_args(tiles, order, workspace), *extras)

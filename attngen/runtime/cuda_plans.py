@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 
 from .tile_map import KVBound, TileMap
-from .work_order import order_from_bounds
+from .work_order import order_from_bounds, tail_order
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,8 @@ class PrefillPlan:
     orders: dict = field(default_factory=dict, repr=False, compare=False)
     # the row-hook pass (runtime/hook_pass.py): None the library's choice, True / False as asked
     hook_pass: bool | None = None
+    # the Hopper template's tail split (runtime/work_tail.py): None where it shortens the launch, False never
+    tail_split: bool | None = None
     # where calls may walk a tile map: the planned batch's longest KV length and its index arrays
     # (runtime/tile_map.py KVBound), so that a call with those arrays sizes its map without reading the device
     kv_bound: KVBound | None = field(default=None, repr=False, compare=False)
@@ -99,24 +101,31 @@ class PrefillPlan:
         return (self.max_qo_len, self.tile_rows, self.kernel, *tiles, order, hook_workspace)
 
     def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None,
-                   kv_scaled: bool = False):
+                   kv_scaled: bool = False, kv_heads: int = 1):
         """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
         bounds and the kernel's key tiles, made on the first call of each GQA group, head dim, cache kind and
-        device), or None. ``kv_scaled``: an fp8 cache."""
+        device), or None, with the tail split behind it where one serves (runtime/work_tail.py). ``kv_scaled``:
+        an fp8 cache; ``kv_heads``: the call's KV heads."""
         if self.lengths is None:  # not asked for, or no Hopper template in the library or on the plan's GPU
             return None
         if tile_map is not None:
             return tile_map.order
-        key = (group, head_dim, kv_scaled, str(device))
+        key = (group, head_dim, kv_scaled, kv_heads, str(device))
         if key not in self.orders:
             if _capturing(device):  # no host-to-device copy inside a CUDA graph capture: the kernel's own order
                 return None
             from attngen.schedules.template_prefill_hopper import hopper_config_for
 
             tile = hopper_config_for(variant, head_dim, kv_scaled)
-            self.orders[key] = order_from_bounds(variant, *self.lengths, group=group,
-                                                   q_tiles=-(-self.max_qo_len * group // tile.rows),
-                                                   rows=tile.rows, keys=tile.keys, device=device)
+            q_tiles = -(-self.max_qo_len * group // tile.rows)
+            order = None
+            if self.tail_split is not False and not kv_scaled:  # (the kernel's tail takes no fp8 stages)
+                order = tail_order(variant, *self.lengths, group=group, q_tiles=q_tiles, rows=tile.rows,
+                                   keys=tile.keys, heads=kv_heads, head_dim=head_dim, device=device)
+            if order is None:
+                order = order_from_bounds(variant, *self.lengths, group=group, q_tiles=q_tiles, rows=tile.rows,
+                                          keys=tile.keys, device=device)
+            self.orders[key] = order
         return self.orders[key]
 
 

@@ -19,6 +19,8 @@ import numpy as np
 
 from attngen.ir.mask_class import MaskKind
 
+from .work_tail import tail_split
+
 
 def constant_bounds(variant) -> tuple[int | None, int | None]:
     """The mask's bounds lower <= qo_pos - kv_pos <= upper where they are constants (None: unbounded, or
@@ -69,6 +71,33 @@ def order_from_bounds(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, grou
     costs = pair_costs(qo_lens, kv_lens, group=group, q_tiles=q_tiles, rows=rows, keys=keys, lower=lower,
                        upper=upper)
     return torch.from_numpy(order_from_costs(costs)).to(device)
+
+
+def device_sms(device) -> int | None:
+    """The SMs of a CUDA device (the persistent kernel's grid, csrc/hopper_launch.cuh); None for another device."""
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+
+
+def tail_order(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int, q_tiles: int, rows: int,
+               keys: int, heads: int, head_dim: int, device, sms: int | None = None):
+    """The order of a plan's pairs with a tail split behind it (runtime/work_tail.py), as a device int32 tensor,
+    where the variant's kernel covers every key of its pairs' ranges (no mask hook: the key tiles are exactly
+    the costs' count) and the split shortens the launch; else None. sms: the device's SMs (None: asked of a
+    CUDA device; no split on another)."""
+    if "logits_mask" in variant.hooks:
+        return None
+    import torch
+
+    sms = sms if sms is not None else device_sms(device)
+    if sms is None:
+        return None
+    costs = pair_costs(qo_lens, kv_lens, group=group, q_tiles=q_tiles, rows=rows, keys=keys, lower=None,
+                       upper=None)
+    out = tail_split(order_from_costs(costs), costs.reshape(-1), heads=heads, sms=sms, head_dim=head_dim)
+    return None if out is None else torch.from_numpy(out).to(device)
 
 
 def order_from_map(indptr, *, batch: int, heads: int, q_tiles: int):

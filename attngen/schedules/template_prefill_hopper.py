@@ -30,6 +30,7 @@ CONSUMERS = 2  # consumer warpgroups of 64 rows
 STAGES = {64: 3, 128: 2, 256: 2}  # K / V stages per head dim (csrc/hopper_tile.cuh kStages)
 THREADS = 128 * (1 + CONSUMERS)
 ITEM_BYTES = 48  # csrc/hopper_tile.cuh HopperItem: ten ints and a pointer, 8-byte aligned
+TAIL_BYTES = (8 + 1) * 16  # a CTA's pieces of a tail split and their count (kTailMaxPieces int4 + 16 bytes)
 
 
 WIDE_KEYS = {64: 192, 128: 176}  # keys per wide tile, by head dim (csrc/hopper_tile.cuh HopperTile<D, true>)
@@ -67,11 +68,12 @@ class HopperConfig:
 def hopper_smem_bytes(cfg: HopperConfig, elems: ElementBytes) -> int:
     """Alignment slack, query row buffers, K and V stages (of the query dtype: fp8 rows are staged inside
     them), two fp32 scratch rows per warp, two rows of paged key offsets, the K and V stages' and the query
-    buffers' full / empty mbarriers, and the work item of each query buffer (the producer's hand-on)."""
+    buffers' full / empty mbarriers, the work item of each query buffer (the producer's hand-on) and the CTA's
+    pieces of a tail split."""
     d = cfg.head_dim
     return (1024 + cfg.q_buffers * cfg.rows * d * elems.q + 2 * cfg.stages * cfg.keys * d * elems.q
             + (THREADS // 32) * 2 * d * 4 + 2 * cfg.keys * 8 + 4 * cfg.stages * 8 + 2 * cfg.q_buffers * 8
-            + cfg.q_buffers * ITEM_BYTES)
+            + cfg.q_buffers * ITEM_BYTES + TAIL_BYTES)
 
 
 def hopper_config_for(variant, head_dim: int, kv_scaled: bool = False) -> HopperConfig:

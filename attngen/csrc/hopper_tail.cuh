@@ -1,0 +1,146 @@
+// The tail split of the persistent Hopper prefill (hopper_prefill.cuh): where a launch's work items leave its
+// last round part-empty (2048 equal items over 132 CTAs: 15.52 rounds, 64 CTAs idle through the sixteenth), the
+// plan (runtime/work_tail.py) takes the last items out of the rounds and cuts their key tiles into stretches
+// that even out the CTAs' work. Every CTA runs its rounds as before (the order holds the taken items' pairs
+// shifted past the pairs' range, pair + B * q_tiles, which the rounds skip), then its pieces. A piece that covers
+// a whole item is an item; the pieces of a split item each leave their unnormalised state (the consumers'
+// accumulators, row max and partial row sums, per thread) in a partial slot, and in each consumer warp the
+// piece that finishes last (a counter per item and warp) merges every slot, in slot order, and runs the item's
+// epilogue for its rows as an unsplit item would.
+//
+// The tail rides behind the plan's work order ([B * q_tiles] int32) in the same tensor; a section of
+// kTailHeader ints, then the arrays it names (int offsets from the section's start):
+//   [magic, split_from, ctas, pieces, slots, cta_ptr, piece_at, split_at, counters, partials, head_dim, 0]
+//   cta_ptr [ctas + 1]: CTA c runs pieces cta_ptr[c] .. cta_ptr[c + 1] - 1
+//   piece_at [pieces][4]: item index, first key tile, end key tile (kTailToEnd: the item's last), partial slot
+//     (-1: the whole item, no merge); a split item's pieces have consecutive slots
+//   split_at [slots][2]: the first slot of the slot's item and the item's slot count
+//   counters [slots][8]: per consumer warp, at the item's first slot; zero between launches (the last
+//     finisher resets its own)
+//   partials (floats, 16-byte aligned): [slot][2 consumers][D / 8 + 1][128 threads][4]
+// The kernel checks the section against its own launch and the tensor's length once (hopper_tail_ok); one that
+// does not fit (a grid not the plan's) traps: the taken items would otherwise be lost. Pieces' tiles are clamped to their item's, and
+// a split item's last piece runs to the item's end, so a batch whose lengths moved under the plan still runs
+// every key.
+#pragma once
+#include "common.cuh"
+#include "hopper_sync.cuh"
+#include "hopper_tile.cuh"
+
+namespace attngen {
+
+// The tail's arrays, read from its header without checks (hopper_tail_ok checked it once per launch)
+struct HopperTail {
+  const int* cta_ptr;
+  const int4* piece_at;
+  const int2* split_at;
+  int* counters;
+  float4* partials;
+  int slots, pieces;  // partial slots, pieces
+};
+
+// Float4 chunks a consumer thread leaves per partial slot: its D / 2 accumulators, then (m_row, d_row).
+template <int D>
+constexpr int kTailChunks = D / 8 + 1;
+constexpr int kTailCounters = 8;  // per slot: one per consumer warp
+
+// Whether the tail section behind `order` (`len` ints past the order's `pairs`) fits this launch: every array
+// inside the section and aligned for its reads, the grid and head dim the plan's.
+template <int D>
+__device__ __forceinline__ bool hopper_tail_ok(const int32_t* order, int pairs, int len, int items) {
+  if (order == nullptr || len < kTailHeader) return false;
+  const int* s = order + pairs;
+  const int ctas = s[2], pieces = s[3], slots = s[4];
+  const long long part_ints = int64_t(slots) * 2 * kTailChunks<D> * 128 * 4;  // (floats: an int's size each)
+  const bool fits = s[0] == kTailMagic && s[10] == D && ctas == int(gridDim.x) && s[1] >= 0 && s[1] <= items &&
+                    pieces >= 0 && slots >= 0 && s[5] >= kTailHeader && s[5] + ctas + 1LL <= len && s[6] >= 0 &&
+                    s[6] + 4LL * pieces <= len && s[7] >= 0 && s[7] + 2LL * slots <= len && s[8] >= 0 &&
+                    s[8] + int64_t(kTailCounters) * slots <= len && s[9] >= 0 && s[9] + part_ints <= len;
+  const auto aligned = [&](int at, int bytes) { return reinterpret_cast<uintptr_t>(s + at) % bytes == 0; };
+  return fits && aligned(s[6], 16) && aligned(s[7], 8) && aligned(s[9], 16);
+}
+
+__device__ __forceinline__ HopperTail hopper_tail_at(const int32_t* order, int pairs) {
+  const int* s = order + pairs;
+  return HopperTail{s + s[5], reinterpret_cast<const int4*>(s + s[6]), reinterpret_cast<const int2*>(s + s[7]),
+                    const_cast<int*>(s + s[8]), reinterpret_cast<float4*>(const_cast<int*>(s + s[9])), s[4], s[3]};
+}
+
+// A split item's piece at its epilogue (slot: the piece's; consumer cw, its thread ctid of 128): leaves this
+// thread's state in the piece's slot; in each warp (16 rows of the item), the warp that finishes the item's last
+// piece merges every slot, in slot order, into o_acc / m_row / d_row (the same sums whichever piece is last)
+// and returns true (it then runs the item's epilogue
+// for its rows), the others return false. A counter per warp: no barrier beyond the warp's. Softmax states:
+// each slot's rows rescaled to the larger max (an empty row, max -inf, adds nothing). The threads hold the same
+// rows and columns in every piece, so the merge is per thread, before the quad's row sums are reduced.
+template <class V, int D>
+__device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot, int cw, int ctid,
+                                                  float (&o_acc)[D / 2], float (&m_row)[2], float (&d_row)[2]) {
+  constexpr int NC = kTailChunks<D>;
+  float4* mine = t.partials + (int64_t(slot) * 2 + cw) * NC * 128 + ctid;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+    __stcg(mine + j * 128, make_float4(o_acc[4 * j], o_acc[4 * j + 1], o_acc[4 * j + 2], o_acc[4 * j + 3]));
+  __stcg(mine + (D / 8) * 128, make_float4(m_row[0], m_row[1], d_row[0], d_row[1]));
+  __threadfence();  // the slot before the count: the last finisher reads it after its own count
+  __syncwarp();
+  // the item's first slot and its slot count, and the count, broadcast from lane 0: every branch on them is
+  // then known warp-uniform to the compiler (one it cannot prove uniform costs the next item's mainloop its
+  // uniform registers: R2UR among the HGMMAs)
+  const int lane = ctid % 32;
+  int first = 0, count = 0, done = 0;
+  if (lane == 0) {
+    const int2 info = t.split_at[slot];
+    first = info.x;
+    count = info.y;
+    if (first >= 0 && count >= 1 && first <= slot && slot < first + count && first + count <= t.slots) {
+      int* counter = t.counters + first * kTailCounters + cw * 4 + ctid / 32;
+      done = atomicAdd(counter, 1) + 1;
+      if (done == count) *counter = 0;  // every piece has counted: ready for the next launch
+    } else {  // (a table the plan did not make: the piece's own keys alone, no read out of bounds)
+      first = slot;
+      done = count = 1;
+    }
+  }
+  first = __shfl_sync(0xffffffffu, first, 0);
+  count = __shfl_sync(0xffffffffu, count, 0);
+  done = __shfl_sync(0xffffffffu, done, 0);
+  if (done != count) return false;
+  __threadfence();
+  // every slot, this piece's own too, in slot order from an empty state: the same sums whichever piece ends
+  // last (a deterministic result)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
+  m_row[0] = m_row[1] = kNegInf;
+  d_row[0] = d_row[1] = 0.f;
+#pragma unroll 1
+  for (int s = first; s < first + count; ++s) {
+    const float4* p = t.partials + (int64_t(s) * 2 + cw) * NC * 128 + ctid;
+    const float4 st = __ldcg(p + (D / 8) * 128);
+    const float pm[2] = {st.x, st.y}, pd[2] = {st.z, st.w};
+    float a[2], c[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (V::kSoftmax) {
+        const float mn = fmaxf(m_row[h], pm[h]);
+        a[h] = m_row[h] == kNegInf ? 0.f : exp2f(m_row[h] - mn);
+        c[h] = pm[h] == kNegInf ? 0.f : exp2f(pm[h] - mn);
+        m_row[h] = mn;
+      } else {
+        a[h] = c[h] = 1.f;
+      }
+      d_row[h] = d_row[h] * a[h] + pd[h] * c[h];
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const float4 v = __ldcg(p + j * 128);
+      o_acc[4 * j] = o_acc[4 * j] * a[0] + v.x * c[0];
+      o_acc[4 * j + 1] = o_acc[4 * j + 1] * a[0] + v.y * c[0];
+      o_acc[4 * j + 2] = o_acc[4 * j + 2] * a[1] + v.z * c[1];
+      o_acc[4 * j + 3] = o_acc[4 * j + 3] * a[1] + v.w * c[1];
+    }
+  }
+  return true;
+}
+
+}  // namespace attngen

@@ -1,0 +1,158 @@
+"""Tail split of the persistent Hopper prefill: the last items of a launch cut into key-tile stretches.
+
+The kernel (csrc/hopper_prefill.cuh) deals its items round by round over min(items, SMs) CTAs. Where the
+items are many and alike (full attention over equal requests: 2048 items of 47 key tiles over 132 CTAs, 15.52
+rounds), the last round leaves most CTAs idle. ``tail_split`` takes the items of the last pairs in the order out
+of the rounds (their order entries become ``pair + pairs``, which the rounds skip) and cuts their key tiles into
+stretches that bring every CTA to about the same total (each CTA's rounds' work, estimated as in
+runtime/work_order.py, plus its stretch). A stretch inside one item is a piece of it; the pieces of a split item
+merge in the kernel (csrc/hopper_tail.cuh), so the result is the unsplit one up to rounding.
+
+The section it returns rides behind the order in one int32 tensor (csrc/hopper_tail.cuh has the layout).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+TAIL_HEADER = 12  # csrc/hopper_tile.cuh kTailHeader
+TAIL_MAGIC = 0x7A11
+TAIL_TO_END = 0x7FFFFFFF
+TAIL_COUNTERS = 8  # per slot: one per consumer warp (csrc/hopper_tail.cuh kTailCounters)
+MIN_STRETCH = 4  # key tiles below which a CTA's stretch is not worth a piece's prologue and merge
+MIN_GAIN = 0.01  # the estimated makespan must shrink by this share of it
+
+
+def snake_ctas(items: int, ctas: int) -> np.ndarray:
+    """[items] the CTA that deals item idx (rounds of ``ctas`` items in alternating direction)."""
+    idx = np.arange(items)
+    rnd, i = np.divmod(idx, ctas)
+    return np.where(rnd % 2 == 0, i, ctas - 1 - i)
+
+
+def partial_ints(head_dim: int) -> int:
+    """Ints (float32 each) of one partial slot: 2 consumers x (D / 8 + 1) float4 chunks x 128 threads."""
+    return 2 * (head_dim // 8 + 1) * 128 * 4
+
+
+def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int, head_dim: int):
+    """The order with its tail's pairs shifted and the tail section behind it ([len] int32, host), or None where
+    a split would not shorten the launch by MIN_GAIN. order: [pairs] the pairs in dealing order; pair_cost:
+    [pairs] each pair's key tiles plus one (0: no rows), per KV head; heads: KV heads (items per pair)."""
+    pairs = len(order)
+    items = pairs * heads
+    ctas = min(items, sms)
+    cost = np.repeat(pair_cost[order], heads).astype(np.int64)  # [items] in dealing order
+    # pairs without rows come last in the order (the rounds skip them at once) and stay there: a later batch
+    # replayed under the plan's bounds may give them rows
+    live_pairs = int((pair_cost[order] > 0).sum())
+    live = live_pairs * heads
+    if ctas == 0 or live % ctas == 0:
+        return None
+    owner = snake_ctas(items, ctas)
+    before = np.bincount(owner, weights=cost, minlength=ctas).max()
+    # the pairs whose items reach into the last, part-filled round of live items leave the rounds
+    first_pair = (live // ctas) * ctas // heads
+    tail = np.arange(first_pair * heads, live)
+    kept = np.ones(items, dtype=bool)
+    kept[first_pair * heads:live] = False
+    load = np.bincount(owner[kept], weights=cost[kept], minlength=ctas).astype(np.float64)
+    tiles = cost[tail] - 1  # key tiles per tail item
+    stretches = _fill(load, int(tiles.sum()))
+    after = (load + stretches + (stretches > 0)).max()
+    if after > before * (1 - MIN_GAIN):
+        return None
+    pieces = _pieces(tail, tiles, stretches)
+    shifted = order.astype(np.int64).copy()
+    shifted[first_pair:live_pairs] += pairs
+    return np.concatenate([shifted, _section(pieces, ctas, first_pair * heads, head_dim, pairs)]).astype(np.int32)
+
+
+def _fill(load: np.ndarray, total: int) -> np.ndarray:
+    """[ctas] key tiles each CTA takes of the tail's ``total``: the least loaded first, up to a common level
+    (each piece costs one tile's worth besides its keys), none below MIN_STRETCH but the remainder."""
+    ctas = len(load)
+    lo, hi = load.min(), load.max() + total + 1
+    for _ in range(60):  # the level whose room (level - load - 1 per CTA below it) holds the tail
+        level = (lo + hi) / 2
+        if np.clip(level - load - 1, 0, None).sum() >= total:
+            hi = level
+        else:
+            lo = level
+    room = np.floor(np.clip(hi - load - 1, 0, None)).astype(np.int64)
+    room[room < MIN_STRETCH] = 0
+    take = np.zeros(ctas, dtype=np.int64)
+    left = total
+    for c in np.argsort(load, kind="stable"):
+        t = min(int(room[c]), left)
+        take[c] = t
+        left -= t
+    while left > 0:  # (the rooms' rounding: a tile at a time to the CTA that then ends first)
+        c = int(np.argmin(np.where(take > 0, load + take, load + MIN_STRETCH)))
+        step = 1 if take[c] > 0 else min(MIN_STRETCH, left)
+        take[c] += step
+        left -= step
+    return take
+
+
+def _pieces(tail: np.ndarray, tiles: np.ndarray, take: np.ndarray) -> list[list[int]]:
+    """[cta, item, first tile, end tile, slot]: the tail items' tiles as one stream, cut into the CTAs'
+    stretches in CTA order; slots numbered per split item (consecutive), -1 for whole items."""
+    pieces = []
+    item_i, offset = 0, 0  # the stream's position: item tail[item_i], its tile offset
+    for c in range(len(take)):
+        need = int(take[c])
+        while need > 0 and item_i < len(tail):
+            n = min(need, int(tiles[item_i]) - offset)  # (0 for an item of no tiles: a whole piece here)
+            pieces.append([c, int(tail[item_i]), offset, offset + n, 0])
+            need -= n
+            offset += n
+            if offset >= tiles[item_i]:
+                item_i, offset = item_i + 1, 0
+    last = int(np.flatnonzero(take)[-1]) if take.any() else 0
+    for k in range(item_i, len(tail)):  # (items of no tiles past the stream's end: whole, on the last taker)
+        pieces.append([last, int(tail[k]), 0, 0, 0])
+    by_item: dict[int, list[list[int]]] = {}
+    for p in pieces:
+        by_item.setdefault(p[1], []).append(p)
+    slot = 0
+    for item, group in by_item.items():
+        if len(group) == 1:
+            group[0][2], group[0][3], group[0][4] = 0, TAIL_TO_END, -1
+            continue
+        group.sort(key=lambda p: p[2])
+        group[-1][3] = TAIL_TO_END  # (the last piece runs to the item's end, whatever its length then)
+        for p in group:
+            p[4] = slot
+            slot += 1
+    return sorted(pieces, key=lambda p: p[0])  # (stable: each CTA's pieces in stream order)
+
+
+def _section(pieces: list[list[int]], ctas: int, split_from: int, head_dim: int, pairs: int) -> np.ndarray:
+    """The int32 section behind the order (csrc/hopper_tail.cuh), its arrays aligned for their vector reads
+    (offsets counted from the order's start, which the allocation aligns to 256 bytes)."""
+    slots = 1 + max((p[4] for p in pieces), default=-1)
+
+    def align(at: int, ints: int) -> int:
+        return at + (-(pairs + at)) % ints
+
+    off_cta = TAIL_HEADER
+    off_piece = align(off_cta + ctas + 1, 4)
+    off_split = align(off_piece + 4 * len(pieces), 2)
+    off_count = off_split + 2 * slots
+    off_part = align(off_count + TAIL_COUNTERS * slots, 4)
+    out = np.zeros(off_part + slots * partial_ints(head_dim), dtype=np.int64)
+    out[:TAIL_HEADER] = [TAIL_MAGIC, split_from, ctas, len(pieces), slots, off_cta, off_piece, off_split,
+                         off_count, off_part, head_dim, 0]
+    counts = np.bincount([p[0] for p in pieces], minlength=ctas)
+    out[off_cta:off_cta + ctas + 1] = np.concatenate([[0], np.cumsum(counts)])
+    for k, (_, item, first, end, slot) in enumerate(pieces):
+        out[off_piece + 4 * k:off_piece + 4 * k + 4] = [item, first, end, slot]
+    firsts: dict[int, tuple[int, int]] = {}
+    for _, item, _, _, slot in pieces:
+        if slot >= 0:
+            f, n = firsts.get(item, (slot, 0))
+            firsts[item] = (min(f, slot), n + 1)
+    for _, item, _, _, slot in pieces:
+        if slot >= 0:
+            out[off_split + 2 * slot:off_split + 2 * slot + 2] = firsts[item]
+    return out

@@ -1,0 +1,134 @@
+"""The Hopper template's tail split (runtime/work_tail.py): its pieces cover every key tile of the items it takes
+out of the rounds exactly once, its section matches what the kernel reads (csrc/hopper_tail.cuh), it shortens
+the estimated launch, and plans carry it only where the kernel takes one."""
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attngen.runtime import work_order, work_tail
+from attngen.runtime.work_order import order_from_costs, pair_costs, tail_order
+from attngen.runtime.work_tail import TAIL_HEADER, TAIL_TO_END, partial_ints, snake_ctas, tail_split
+from attngen.variants import builtin
+
+CSRC = Path(__file__).resolve().parent.parent / "attngen" / "csrc"
+
+
+def section(out, pairs):
+    """The header and arrays of a tail section behind ``pairs`` order entries."""
+    s = out[pairs:]
+    h = s[:TAIL_HEADER]
+    ctas, pieces, slots = int(h[2]), int(h[3]), int(h[4])
+    return dict(header=h, cta_ptr=s[h[5]:h[5] + ctas + 1], pieces=s[h[6]:h[6] + 4 * pieces].reshape(-1, 4),
+                split_at=s[h[7]:h[7] + 2 * slots].reshape(-1, 2), counters=s[h[8]:h[8] + 8 * slots],
+                offsets=[int(x) for x in h[5:10]], length=len(s), slots=slots, ctas=ctas)
+
+
+CASES = [  # (query rows per request, keys, GQA group, KV heads, key tiles, head dim, SMs)
+    ([8192], [8192], 4, 8, 176, 128, 132),  # full attention L 8k: 2048 items, 15.52 rounds
+    ([8192], [8192], 1, 16, 192, 64, 132),
+    ([3000, 3000, 3000], [3000, 3100, 2900], 4, 8, 176, 128, 132),
+    ([1000, 0, 1100], [1000, 5, 1200], 4, 4, 64, 256, 132),  # (a request without rows: its pairs are empty)
+    ([700, 300], [2000, 300], 2, 3, 176, 128, 7),
+]
+
+
+@pytest.mark.parametrize("qo,kv,group,heads,keys,head_dim,sms", CASES)
+def test_pieces_cover_the_taken_items_once(qo, kv, group, heads, keys, head_dim, sms):
+    qo, kv = np.array(qo), np.array(kv)
+    q_tiles = -(-int(qo.max()) * group // 128)
+    costs = pair_costs(qo, kv, group=group, q_tiles=q_tiles, rows=128, keys=keys, lower=None, upper=None)
+    order = order_from_costs(costs)
+    pairs, items = len(order), len(order) * heads
+    out = tail_split(order, costs.reshape(-1), heads=heads, sms=sms, head_dim=head_dim)
+    assert out is not None and out.dtype == np.int32
+    sec = section(out, pairs)
+    h = sec["header"]
+    ctas = min(items, sms)
+    first = int(h[1])
+    live = int((costs > 0).sum()) * heads
+    assert h[0] == 0x7A11 and h[2] == ctas and h[10] == head_dim and first == (live // ctas) * ctas // heads * heads
+    # the order: the taken pairs shifted past the pairs' range, the rest as they were
+    shifted = out[:pairs]
+    np.testing.assert_array_equal(shifted[:first // heads], order[:first // heads])
+    np.testing.assert_array_equal(shifted[first // heads:live // heads], order[first // heads:live // heads] + pairs)
+    np.testing.assert_array_equal(shifted[live // heads:], order[live // heads:])  # (pairs without rows stay)
+    # alignment of the vector reads (from the order's start) and the section's length
+    assert (pairs + sec["offsets"][1]) % 4 == 0 and (pairs + sec["offsets"][2]) % 2 == 0
+    assert (pairs + sec["offsets"][4]) % 4 == 0
+    assert sec["length"] == sec["offsets"][4] + sec["slots"] * partial_ints(head_dim)
+    assert not sec["counters"].any()  # zero before the first launch
+    cta_ptr = sec["cta_ptr"]
+    assert cta_ptr[0] == 0 and cta_ptr[-1] == len(sec["pieces"]) and (np.diff(cta_ptr) >= 0).all()
+    tiles = np.repeat(costs.reshape(-1)[order], heads) - 1  # per item in dealing order (-1: no rows)
+    by_item = {}
+    for c in range(ctas):
+        seen = set()
+        for item, lo, hi, slot in sec["pieces"][cta_ptr[c]:cta_ptr[c + 1]]:
+            assert item not in seen  # (a CTA holds one stretch: one piece of an item at most)
+            seen.add(item)
+            by_item.setdefault(int(item), []).append((int(lo), int(hi), int(slot)))
+    assert sorted(by_item) == list(range(first, live))  # every taken item, and no other
+    for item, ps in by_item.items():
+        n = max(int(tiles[item]), 0)
+        if len(ps) == 1:
+            assert ps == [(0, TAIL_TO_END, -1)]
+            continue
+        ps.sort()
+        slots = [p[2] for p in ps]
+        assert slots == list(range(slots[0], slots[0] + len(ps)))  # consecutive slots
+        assert ps[0][0] == 0 and ps[-1][1] == TAIL_TO_END and all(a[1] == b[0] for a, b in zip(ps, ps[1:]))
+        assert ps[-1][0] < n  # (every piece holds a tile)
+        for s in slots:
+            assert tuple(sec["split_at"][s]) == (slots[0], len(ps))
+    # the estimate: each CTA's rounds, then its pieces (their tiles and one for each piece)
+    cost = tiles + 1
+    owner = snake_ctas(items, ctas)
+    before = np.bincount(owner, weights=cost, minlength=ctas).max()
+    kept = np.ones(items, dtype=bool)
+    kept[first:live] = False
+    load = np.bincount(owner[kept], weights=cost[kept], minlength=ctas)
+    for c in range(ctas):
+        for item, lo, hi, _ in sec["pieces"][cta_ptr[c]:cta_ptr[c + 1]]:
+            load[c] += (max(int(tiles[item]), 0) if hi == TAIL_TO_END else hi) - lo + 1
+    assert load.max() <= before * (1 - work_tail.MIN_GAIN)
+
+
+def test_no_split_where_the_rounds_are_full_or_nothing_is_gained():
+    qo = np.array([128 * 33])
+    costs = pair_costs(qo, qo, group=1, q_tiles=33, rows=128, keys=176, lower=None, upper=None)
+    assert tail_split(order_from_costs(costs), costs.reshape(-1), heads=4, sms=132, head_dim=128) is None  # 132 items
+    few = pair_costs(np.array([100]), np.array([100]), group=1, q_tiles=1, rows=128, keys=176, lower=None, upper=None)
+    assert tail_split(order_from_costs(few), few.reshape(-1), heads=8, sms=132, head_dim=128) is None  # one round
+
+
+def test_plans_carry_a_tail_only_where_the_kernel_takes_one(monkeypatch):
+    """Maskless variants over 16-bit caches on a CUDA device; not with a mask hook, an fp8 cache,
+    tail_split=False, or a device without SMs to deal to."""
+    from attngen.runtime.cuda import PrefillPlan
+
+    lengths = (np.array([8192]), np.array([8192]))
+    vanilla, causal = builtin("vanilla"), builtin("causal")
+    assert PrefillPlan(1, 8192, 8192, (), lengths=lengths).work_order(vanilla, 4, 128, "cpu", kv_heads=8).numel() == 256
+    monkeypatch.setattr(work_order, "device_sms", lambda device: 132)
+    plan = PrefillPlan(1, 8192, 8192, (), lengths=lengths)
+    with_tail = plan.work_order(vanilla, 4, 128, "cpu", kv_heads=8)
+    assert with_tail.numel() > 256 and with_tail[256].item() == 0x7A11
+    assert plan.work_order(vanilla, 4, 128, "cpu", kv_heads=8) is with_tail  # made once
+    assert plan.work_order(vanilla, 4, 128, "cpu", kv_heads=8, kv_scaled=True).numel() == 256
+    # (a plan serves one library: a fresh one for the causal variant)
+    assert PrefillPlan(1, 8192, 8192, (), lengths=lengths).work_order(causal, 4, 128, "cpu", kv_heads=8).numel() == 256
+    off = PrefillPlan(1, 8192, 8192, (), lengths=lengths, tail_split=False)
+    assert off.work_order(vanilla, 4, 128, "cpu", kv_heads=8).numel() == 256
+    assert tail_order(causal, *lengths, group=4, q_tiles=256, rows=128, keys=128, heads=8, head_dim=128,
+                      device="cpu", sms=132) is None
+
+
+def test_constants_match_the_kernel():
+    tile = (CSRC / "hopper_tile.cuh").read_text()
+    tail = (CSRC / "hopper_tail.cuh").read_text()
+    consts = dict(re.findall(r"(kTail\w+) = (0x[0-9A-Fa-f]+|\d+)", tile + tail))
+    assert int(consts["kTailHeader"], 0) == TAIL_HEADER and int(consts["kTailMagic"], 0) == work_tail.TAIL_MAGIC
+    assert int(consts["kTailToEnd"], 0) == TAIL_TO_END and int(consts["kTailCounters"], 0) == work_tail.TAIL_COUNTERS
+    assert "constexpr int kTailChunks = D / 8 + 1;" in tail and partial_ints(128) == 2 * 17 * 128 * 4

@@ -104,7 +104,7 @@ def test_no_split_where_the_rounds_are_full_or_nothing_is_gained():
 
 
 def test_plans_carry_a_tail_only_where_the_kernel_takes_one(monkeypatch):
-    """Maskless variants over 16-bit caches on a CUDA device; not with a mask hook, an fp8 cache,
+    """Maskless variants over 16-bit caches on a CUDA device; not with a mask or logits hook, an fp8 cache,
     tail_split=False, or a device without SMs to deal to."""
     from attngen.runtime.cuda import PrefillPlan
 
@@ -121,8 +121,11 @@ def test_plans_carry_a_tail_only_where_the_kernel_takes_one(monkeypatch):
     assert PrefillPlan(1, 8192, 8192, (), lengths=lengths).work_order(causal, 4, 128, "cpu", kv_heads=8).numel() == 256
     off = PrefillPlan(1, 8192, 8192, (), lengths=lengths, tail_split=False)
     assert off.work_order(vanilla, 4, 128, "cpu", kv_heads=8).numel() == 256
-    assert tail_order(causal, *lengths, group=4, q_tiles=256, rows=128, keys=128, heads=8, head_dim=128,
-                      device="cpu", sms=132) is None
+    for name in ("causal", "logits_softcap"):
+        assert tail_order(builtin(name), *lengths, group=4, q_tiles=256, rows=128, keys=128, heads=8, head_dim=128,
+                          device="cpu", sms=132) is None, name
+    assert tail_order(vanilla, *lengths, group=4, q_tiles=256, rows=128, keys=128, heads=8, head_dim=128,
+                      device="cpu", sms=132) is not None
 
 
 def test_constants_match_the_kernel():

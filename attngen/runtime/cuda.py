@@ -355,8 +355,8 @@ class CUDAAttention(BuiltModule):
         never (the results agree to rounding). Over an fp8 cache the kernels apply them (they see dequantised
         rows). ``tail_split``: None (default) lets the Hopper template cut the key tiles of a launch's last,
         part-filled round of work into stretches that even out its CTAs, merged in the kernel
-        (runtime/work_tail.py; variants without a mask hook over 16-bit caches, where it shortens the launch by
-        1% or more); False never. It rides on the work order (``work_order=False`` turns it off too).
+        (runtime/work_tail.py; variants without a mask or logits hook over 16-bit caches, where it shortens the
+        launch by 1% or more); False never. It rides on the work order (``work_order=False`` turns it off too).
         An fp8 cache is planned as a 16-bit one (both templates read it)."""
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)

@@ -85,9 +85,10 @@ def tail_order(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int,
                keys: int, heads: int, head_dim: int, device, sms: int | None = None):
     """The order of a plan's pairs with a tail split behind it (runtime/work_tail.py), as a device int32 tensor,
     where the variant's kernel covers every key of its pairs' ranges (no mask hook: the key tiles are exactly
-    the costs' count) and the split shortens the launch; else None. sms: the device's SMs (None: asked of a
+    the costs' count), has no logits hook (measured slower with the split) and the split shortens the launch;
+    else None. sms: the device's SMs (None: asked of a
     CUDA device; no split on another)."""
-    if "logits_mask" in variant.hooks:
+    if "logits_mask" in variant.hooks or "logits_transform" in variant.hooks:  # (csrc/hopper_prefill.cuh kTailable)
         return None
     import torch
 

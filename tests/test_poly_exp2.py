@@ -74,3 +74,24 @@ def test_weights_sum_like_the_exact_softmax(poly_exp2):
     w = poly_exp2(x.astype(np.float32)).astype(np.float64)
     ref = np.exp2(x.astype(np.float32).astype(np.float64))
     np.testing.assert_allclose(w / w.sum(), ref / ref.sum(), rtol=2 * _max_error_bound(), atol=0)
+
+
+def test_traits_count_the_logits_hooks_special_function_calls():
+    """kScoreSfuCalls (codegen/cuda_variant.py): the special-function calls per score of the logits hook's per-score
+    part, capped at SFU_CALLS_MAX, which the Hopper prefill reads to keep such variants' 2^x on MUFU
+    (csrc/hopper_tile.cuh hopper_poly_exp2_of_16); decode objects compile with it 0 (lto.record_abi)."""
+    from attngen.codegen.cuda_variant import SFU_CALLS_MAX, traits_parts
+    from attngen.codegen.hooks_cuda import lower_hooks_cuda
+    from attngen.codegen.lto import record_abi
+    from attngen.variants import builtin
+
+    def calls(name, math="approx"):
+        v = builtin(name)
+        return traits_parts(v, lower_hooks_cuda(v, 128, "sm_90a", math=math), 128)[0]["kScoreSfuCalls"]
+
+    assert calls("logits_softcap") == "1" and calls("logits_softcap", "precise") == "1"  # __tanhf / tanhf
+    assert calls("vanilla") == calls("causal") == calls("alibi") == "0"  # (ALiBi: FFMAs only)
+    assert calls("sigmoid") == str(SFU_CALLS_MAX)  # a division and an exp per score
+    abi = "  static constexpr int kScoreSfuCalls = 1;\n"
+    assert record_abi("decode", abi) == "  static constexpr int kScoreSfuCalls = 0;\n"
+    assert record_abi("prefill", abi) == abi

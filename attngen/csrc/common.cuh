@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "float_ops.h"
+
 namespace attngen {
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -109,20 +111,6 @@ __device__ __forceinline__ bool step_row_max(float (&tile_max)[2], float (&m_row
 #pragma unroll
   for (int h = 0; h < 2; ++h) msub[h] = (m_row[h] == kNegInf ? 0.f : m_row[h]) - koff[h];
   return grew;
-}
-
-// max(a, b) that returns NaN when either is NaN (fmaxf returns the other operand). The running max of the
-// decode templates' online softmax goes through it, so that a NaN score poisons the row even when it comes
-// while the max is still -inf (where the weight of a -inf max is forced to 0). On sm_80+ it is one
-// max.NaN.f32, the same cost as fmaxf; before, two compares more.
-__device__ __forceinline__ float fmax_nan(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  float y;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
-  return y;
-#else
-  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
-#endif
 }
 
 // Sum over the `Width` lanes of a lane group (Width a power of two <= 32).

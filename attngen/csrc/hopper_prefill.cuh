@@ -36,6 +36,7 @@
 #include "hopper_tail.cuh"
 #include "hopper_tile.cuh"
 #include "hopper_tma.cuh"
+#include "hopper_work.cuh"
 #include "mma.cuh"
 #include "poly_exp2.h"
 #include "prefill.cuh"
@@ -105,84 +106,14 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     asm volatile("" : "+l"(order), "+r"(batch));
     return hopper_tail_at(order, batch * q_tiles);
   };
-  // work item idx (query tile, request, KV head) and its KV range from the mask's bounds, or its tile list;
-  // in the plan's order where it gives one (longest work first over the whole batch), else request-major
-  // (the CTAs at work share a request's K/V in L2), its last query tiles (under causal masks the longest)
-  // first. False: the tile holds none of the request's rows (the producer skips it). Only the producer
-  // decodes items: it hands each one to the consumers in shared memory with the item's query rows (the
-  // consumers' own decoding, dependent loads of the work order and the indptr arrays, had cost ~1k cycles
-  // at every item).
-  // (piece: the item of a tail split's piece, hopper_tail.cuh; the order holds the pairs of those items past
-  // the pairs' range, pair + B * q_tiles, which the full rounds skip as out of range: no code of the tail's in
-  // their loop, whose producer has no register to spare)
+  // work item idx (hopper_work.cuh; piece: the item of a tail split's piece)
   auto item_at = [&](int idx, HopperItem& w, bool piece = false) {
-    w.hk = idx % P.num_kv_heads;
-    if (P.work_order != nullptr) {  // the plan's order of (request, query tile) pairs
-      int pair = P.work_order[idx / P.num_kv_heads];
-      if (piece) pair -= P.batch * q_tiles;
-      if (pair < 0 || pair >= P.batch * q_tiles) return false;  // (an order not the plan's: never out of bounds)
-      w.b = pair / q_tiles;
-      w.tile = pair % q_tiles;
-    } else {
-      w.b = idx / per_request;
-      w.tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
-    }
-    w.q0 = P.qo_indptr[w.b];
-    const int qo_len = P.qo_indptr[w.b + 1] - w.q0;
-    w.rows_total = qo_len * group;
-    w.row0 = w.tile * RQ;
-    if (w.row0 >= w.rows_total) return false;
-    const int kv_len = view_length<V>(P.kv, w.b);
-    w.pos_base = kv_len - qo_len;
-    const int first_pos = w.pos_base + w.row0 / group;
-    const int last_pos = w.pos_base + (min(w.row0 + RQ, w.rows_total) - 1) / group;
-    long long lo64 = 0, hi64 = kv_len;
-    if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
-    if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
-    if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
-    w.lo = int(min(lo64, (long long)kv_len));
-    w.hi = int(max(hi64, 0LL));
-    w.num_kt = w.hi > w.lo ? (w.hi - w.lo + TK - 1) / TK : 0;
-    w.tile_list = nullptr;
-    if constexpr (Mapped) {
-      const int l = P.tiles.list(w.b, w.hk, w.tile);
-      w.tile_list = P.tiles.entries + P.tiles.indptr[l];
-      w.num_kt = P.tiles.indptr[l + 1] - P.tiles.indptr[l];
-    }
-    return true;
-  };
-
-  // w cut to piece pc's key tiles [first, end) of the item's (clamped to the item's tiles, so that a batch whose
-  // lengths moved under the plan still runs every key of a split item in one of its pieces; end kTailToEnd:
-  // the item's last); a split item's piece carries its partial slot s as tile -1 - s (the consumers of these
-  // kernels read no tile: only tile maps do, which take no tail split)
-  auto cut_to_piece = [&](const int4& pc, HopperItem& w) {
-    const bool split = pc.w >= 0;
-    const int first = split ? min(max(pc.y, 0), w.num_kt) : 0;
-    const int end = !split || pc.z == kTailToEnd ? w.num_kt : min(max(pc.z, first), w.num_kt);
-    const int lo = w.lo;
-    w.lo = lo + first * TK;
-    w.hi = max(min(w.hi, lo + end * TK), w.lo);
-    w.num_kt = end - first;
-    if (split) w.tile = -1 - pc.w;
+    return hopper_item_at<V, Tile, Mapped>(P, hp, q_tiles, idx, w, piece);
   };
 
   if (tid == 0) {
-    // a tail split the launch cannot run would lose the items it takes out of the rounds: an error, not a
-    // silently wrong result
-    int count = 0;
-    if (P.work_tail_len > 0) {
-      if (!(kTailable && hopper_tail_ok<D>(P.work_order, P.batch * q_tiles, P.work_tail_len, items))) __trap();
-      const HopperTail tail = hopper_tail_at(P.work_order, P.batch * q_tiles);
-      const int p0 = tail.cta_ptr[blockIdx.x], p1 = tail.cta_ptr[blockIdx.x + 1];
-      if (p0 < 0 || p1 < p0 || p1 > tail.pieces || p1 - p0 > kTailMaxPieces) __trap();
-      for (int p = p0; p < p1; ++p) {
-        const int4 pc = tail.piece_at[p];
-        if (pc.x < 0 || pc.x >= items || pc.w >= tail.slots) __trap();
-        tail_pieces[count++] = pc;
-      }
-    }
-    *tail_count = count;
+    *tail_count = hopper_tail_load_pieces<D, kTailable>(P.work_order, P.batch * q_tiles, P.work_tail_len, items,
+                                                         tail_pieces);
     for (int s = 0; s < NS; ++s) {
       mbar_init(&full_k[s], 128);
       mbar_init(&full_v[s], 128);
@@ -309,10 +240,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       int n = -1;  // this CTA's n-th piece of a tail split (read from shared memory where used: few registers)
       if (idx >= items) {
         if constexpr (!kTailable) break;
-        // this CTA's rounds that dealt it an item: the full ones, and the last unless it came after the items
-        const int ctas = int(gridDim.x), full = items / ctas;
-        const int i = (full & 1) ? ctas - 1 - int(blockIdx.x) : int(blockIdx.x);
-        n = round - full - (i < items - full * ctas ? 1 : 0);
+        n = hopper_tail_piece_of_round(round, items);
         if (n >= *tail_count) break;
         idx = tail_pieces[n].x;
       }
@@ -322,7 +250,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         w.pos_base = w.lo = w.hi = w.num_kt = 0;  // (a piece's tile past its request's rows: it still counts)
         w.tile_list = nullptr;
       }
-      if (n >= 0) cut_to_piece(tail_pieces[n], w);
+      if (n >= 0) hopper_tail_cut<TK>(tail_pieces[n], w);
       produce(w);
     }
     {  // no more items: a sentinel in the next Q buffer's slot ends the consumers' loop
@@ -513,7 +441,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[h] *= rescale[h];
         // (weights i with i * kPoly % 16 < kPoly, spread evenly over the tile, on the FMA pipe)
-        constexpr int kPoly = hopper_poly_exp2_of_16<D>(ScoreSfuCalls<V>::value);
+        constexpr int kPoly = hopper_poly_exp2_of_16<D>(V::kScoreSfuCalls);
 #pragma unroll
         for (int n = 0; n < NKT; ++n)
 #pragma unroll
@@ -628,7 +556,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     // values, R2UR among the HGMMAs)
     bool finish = true;
     if constexpr (kTailable)
-      if (w.tile < 0)  // (a split item's piece: its partial slot, cut_to_piece)
+      if (w.tile < 0)  // (a split item's piece: its partial slot, hopper_tail_cut)
         finish = hopper_tail_merge<V, D>(tail_of(), -1 - w.tile, cw, ctid, o_acc, m_row, d_row);
     if (finish) {
       float lse_row[2];

@@ -66,6 +66,50 @@ __device__ __forceinline__ HopperTail hopper_tail_at(const int32_t* order, int p
                     const_cast<int*>(s + s[8]), reinterpret_cast<float4*>(const_cast<int*>(s + s[9])), s[4], s[3]};
 }
 
+// Thread 0 of a CTA at the kernel's start: this CTA's pieces into `pieces` (shared memory, kTailMaxPieces), and
+// their count. A tail split the launch cannot run (a kernel without one, a section that does not fit the launch)
+// would lose the items it takes out of the rounds: it traps, rather than return a silently wrong result.
+template <int D, bool Tailable>
+__device__ __forceinline__ int hopper_tail_load_pieces(const int32_t* order, int pairs, int len, int items,
+                                                       int4* pieces) {
+  if (len <= 0) return 0;
+  if (!(Tailable && hopper_tail_ok<D>(order, pairs, len, items))) __trap();
+  const HopperTail tail = hopper_tail_at(order, pairs);
+  const int p0 = tail.cta_ptr[blockIdx.x], p1 = tail.cta_ptr[blockIdx.x + 1];
+  if (p0 < 0 || p1 < p0 || p1 > tail.pieces || p1 - p0 > kTailMaxPieces) __trap();
+  int count = 0;
+  for (int p = p0; p < p1; ++p) {
+    const int4 pc = tail.piece_at[p];
+    if (pc.x < 0 || pc.x >= items || pc.w >= tail.slots) __trap();
+    pieces[count++] = pc;
+  }
+  return count;
+}
+
+// Which of this CTA's pieces its round `round` (past the items: work_index(round) >= items) runs: the rounds that
+// dealt it an item are the full ones, and the last unless that came after the items (the kernel's snake order).
+__device__ __forceinline__ int hopper_tail_piece_of_round(int round, int items) {
+  const int ctas = int(gridDim.x), full = items / ctas;
+  const int i = (full & 1) ? ctas - 1 - int(blockIdx.x) : int(blockIdx.x);
+  return round - full - (i < items - full * ctas ? 1 : 0);
+}
+
+// w cut to piece pc's key tiles [first, end) of the item's (TK keys a tile; clamped to the item's tiles, so that a
+// batch whose lengths moved under the plan still runs every key of a split item in one of its pieces; end
+// kTailToEnd: the item's last); a split item's piece carries its partial slot s as tile -1 - s (the consumers of
+// these kernels read no tile: only tile maps do, which take no tail split)
+template <int TK>
+__device__ __forceinline__ void hopper_tail_cut(const int4& pc, HopperItem& w) {
+  const bool split = pc.w >= 0;
+  const int first = split ? min(max(pc.y, 0), w.num_kt) : 0;
+  const int end = !split || pc.z == kTailToEnd ? w.num_kt : min(max(pc.z, first), w.num_kt);
+  const int lo = w.lo;
+  w.lo = lo + first * TK;
+  w.hi = max(min(w.hi, lo + end * TK), w.lo);
+  w.num_kt = end - first;
+  if (split) w.tile = -1 - pc.w;
+}
+
 // A split item's piece at its epilogue (slot: the piece's; consumer cw, its thread ctid of 128): leaves this
 // thread's state in the piece's slot; in each warp (16 rows of the item), the warp that finishes the item's last
 // piece merges every slot, in slot order, into o_acc / m_row / d_row (the same sums whichever piece is last)

@@ -15,14 +15,7 @@
 //
 // Host-compilable (tests/test_poly_exp2.py runs it with g++).
 #pragma once
-#include <cstdint>
-#include <cstring>
-
-#if defined(__CUDACC__)
-#define ATTNGEN_POLY_FN __host__ __device__ __forceinline__
-#else
-#define ATTNGEN_POLY_FN inline
-#endif
+#include "float_ops.h"
 
 namespace attngen {
 
@@ -35,51 +28,12 @@ struct PolyExp2 {
   static constexpr double kMaxRelError = 7.5e-5;
 };
 
-ATTNGEN_POLY_FN uint32_t poly_float_bits(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-#endif
-}
-
-ATTNGEN_POLY_FN float poly_bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-#endif
-}
-
-ATTNGEN_POLY_FN float poly_fma(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return __builtin_fmaf(a, b, c);
-#endif
-}
-
-// max(x, lo) that keeps a NaN x (one max.NaN.f32 on sm_80+): a NaN score poisons its row as ex2.approx's does
-ATTNGEN_POLY_FN float poly_clamp_low(float x, float lo) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  float y;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(x), "f"(lo));
-  return y;
-#else
-  return x < lo ? lo : x;
-#endif
-}
-
-ATTNGEN_POLY_FN float poly_exp2(float x) {
-  x = poly_clamp_low(x, PolyExp2::kMin);  // (a softmax exponent is at most its rescale slack: no upper clamp)
+ATTNGEN_HD float poly_exp2(float x) {
+  x = fmax_nan(x, PolyExp2::kMin);  // (NaN kept; a softmax exponent is at most its rescale slack: no upper clamp)
   const float r = x + PolyExp2::kShift;  // round to nearest: n + 127 in r's low bits
   const float f = x - (r - PolyExp2::kShift);
-  const float p = poly_fma(poly_fma(poly_fma(PolyExp2::kC3, f, PolyExp2::kC2), f, PolyExp2::kC1), f, PolyExp2::kC0);
-  return p * poly_bits_float(poly_float_bits(r) << 23);
+  const float p = fma_rn(fma_rn(fma_rn(PolyExp2::kC3, f, PolyExp2::kC2), f, PolyExp2::kC1), f, PolyExp2::kC0);
+  return p * bits_float(float_bits(r) << 23);
 }
 
 }  // namespace attngen

@@ -18,11 +18,4 @@ constexpr bool trait_flag() {
   return TraitFlag<V, Flag>::value;
 }
 
-// V::kScoreSfuCalls (codegen/cuda_variant.py: the logits hook's special-function calls per score), 0 for traits
-// without it
-template <class V, class = void>
-struct ScoreSfuCalls : std::integral_constant<int, 0> {};
-template <class V>
-struct ScoreSfuCalls<V, std::void_t<decltype(V::kScoreSfuCalls)>> : std::integral_constant<int, V::kScoreSfuCalls> {};
-
 }  // namespace attngen

@@ -1,0 +1,59 @@
+// The work items of the persistent Hopper prefill (hopper_prefill.cuh): which (query tile, request, KV head) a
+// CTA's round deals, and the key range or tile list of each. Only the producer decodes items: it hands each one
+// to the consumers in shared memory with the item's query rows (the consumers' own decoding, dependent loads of
+// the work order and the indptr arrays, had cost ~1k cycles at every item).
+#pragma once
+#include "hopper_tile.cuh"
+#include "tvm_window.cuh"
+
+namespace attngen {
+
+// Work item idx and its KV range from the mask's bounds, or (Mapped) its tile list; in the plan's order where it
+// gives one (longest work first over the whole batch), else request-major (the CTAs at work share a request's K/V
+// in L2), its last query tiles (under causal masks the longest) first. False: the tile holds none of the
+// request's rows (the producer skips it). Tile: the kernel's HopperTile (rows and keys per tile).
+// piece: the item of a tail split's piece (hopper_tail.cuh): the order holds the pairs of those items past the
+// pairs' range, pair + B * q_tiles, which the full rounds skip as out of range (no code of the tail's in their
+// loop, whose producer has no register to spare).
+template <class V, class Tile, bool Mapped, class Problem>
+__device__ __forceinline__ bool hopper_item_at(const Problem& P, const typename V::Params& hp, int q_tiles, int idx,
+                                               HopperItem& w, bool piece) {
+  constexpr int RQ = Tile::kRows, TK = Tile::kKeys;
+  const int group = P.group, per_request = q_tiles * P.num_kv_heads;
+  w.hk = idx % P.num_kv_heads;
+  if (P.work_order != nullptr) {  // the plan's order of (request, query tile) pairs
+    int pair = P.work_order[idx / P.num_kv_heads];
+    if (piece) pair -= P.batch * q_tiles;
+    if (pair < 0 || pair >= P.batch * q_tiles) return false;  // (an order not the plan's: never out of bounds)
+    w.b = pair / q_tiles;
+    w.tile = pair % q_tiles;
+  } else {
+    w.b = idx / per_request;
+    w.tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
+  }
+  w.q0 = P.qo_indptr[w.b];
+  const int qo_len = P.qo_indptr[w.b + 1] - w.q0;
+  w.rows_total = qo_len * group;
+  w.row0 = w.tile * RQ;
+  if (w.row0 >= w.rows_total) return false;
+  const int kv_len = view_length<V>(P.kv, w.b);
+  w.pos_base = kv_len - qo_len;
+  const int first_pos = w.pos_base + w.row0 / group;
+  const int last_pos = w.pos_base + (min(w.row0 + RQ, w.rows_total) - 1) / group;
+  long long lo64 = 0, hi64 = kv_len;
+  if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
+  if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
+  if (P.causal) hi64 = min(hi64, (long long)last_pos + 1);
+  w.lo = int(min(lo64, (long long)kv_len));
+  w.hi = int(max(hi64, 0LL));
+  w.num_kt = w.hi > w.lo ? (w.hi - w.lo + TK - 1) / TK : 0;
+  w.tile_list = nullptr;
+  if constexpr (Mapped) {
+    const int l = P.tiles.list(w.b, w.hk, w.tile);
+    w.tile_list = P.tiles.entries + P.tiles.indptr[l];
+    w.num_kt = P.tiles.indptr[l + 1] - P.tiles.indptr[l];
+  }
+  return true;
+}
+
+}  // namespace attngen

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 
 from .tile_map import KVBound, TileMap
-from .work_order import order_from_bounds, tail_order
+from .work_order import order_from_bounds
 
 
 @dataclass(frozen=True)
@@ -117,15 +117,11 @@ class PrefillPlan:
             from attngen.schedules.template_prefill_hopper import hopper_config_for
 
             tile = hopper_config_for(variant, head_dim, kv_scaled)
-            q_tiles = -(-self.max_qo_len * group // tile.rows)
-            order = None
-            if self.tail_split is not False and not kv_scaled:  # (the kernel's tail takes no fp8 stages)
-                order = tail_order(variant, *self.lengths, group=group, q_tiles=q_tiles, rows=tile.rows,
-                                   keys=tile.keys, heads=kv_heads, head_dim=head_dim, device=device)
-            if order is None:
-                order = order_from_bounds(variant, *self.lengths, group=group, q_tiles=q_tiles, rows=tile.rows,
-                                          keys=tile.keys, device=device)
-            self.orders[key] = order
+            # (the kernel's tail takes no fp8 stages)
+            tail = (kv_heads, head_dim) if self.tail_split is not False and not kv_scaled else None
+            self.orders[key] = order_from_bounds(variant, *self.lengths, group=group,
+                                                 q_tiles=-(-self.max_qo_len * group // tile.rows), rows=tile.rows,
+                                                 keys=tile.keys, device=device, tail=tail)
         return self.orders[key]
 
 

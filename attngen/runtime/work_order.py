@@ -63,14 +63,18 @@ def order_from_costs(costs: np.ndarray) -> np.ndarray:
 
 
 def order_from_bounds(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int, q_tiles: int, rows: int,
-                      keys: int, device):
-    """The order of a plan's pairs from the mask's constant bounds, as a device int32 tensor."""
+                      keys: int, device, tail: tuple[int, int] | None = None):
+    """The order of a plan's pairs from the mask's constant bounds, as a device int32 tensor. ``tail``: (KV heads,
+    head dim) to put the tail split behind the order where one serves (tail_order's conditions), from the same
+    costs."""
     import torch
 
     lower, upper = constant_bounds(variant)
     costs = pair_costs(qo_lens, kv_lens, group=group, q_tiles=q_tiles, rows=rows, keys=keys, lower=lower,
                        upper=upper)
-    return torch.from_numpy(order_from_costs(costs)).to(device)
+    order = order_from_costs(costs)
+    split = _split_tail(variant, order, costs, *tail, sms=None, device=device) if tail is not None else None
+    return torch.from_numpy(order if split is None else split).to(device)
 
 
 def device_sms(device) -> int | None:
@@ -81,23 +85,29 @@ def device_sms(device) -> int | None:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
 
 
-def tail_order(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int, q_tiles: int, rows: int,
-               keys: int, heads: int, head_dim: int, device, sms: int | None = None):
-    """The order of a plan's pairs with a tail split behind it (runtime/work_tail.py), as a device int32 tensor,
-    where the variant's kernel covers every key of its pairs' ranges (no mask hook: the key tiles are exactly
-    the costs' count), has no logits hook (measured slower with the split) and the split shortens the launch;
-    else None. sms: the device's SMs (None: asked of a
-    CUDA device; no split on another)."""
-    if "logits_mask" in variant.hooks or "logits_transform" in variant.hooks:  # (csrc/hopper_prefill.cuh kTailable)
+def _split_tail(variant, order: np.ndarray, costs: np.ndarray, heads: int, head_dim: int, *, sms: int | None,
+                device) -> np.ndarray | None:
+    """work_tail.tail_split of the order where the variant's kernel takes one: it covers every key of its pairs'
+    ranges (no mask hook: the key tiles are exactly the costs' count) and has no logits hook (measured slower
+    with the split; csrc/hopper_prefill.cuh kTailable); sms: the device's SMs (None: asked of a CUDA device; no
+    split on another)."""
+    if "logits_mask" in variant.hooks or "logits_transform" in variant.hooks:
         return None
-    import torch
-
     sms = sms if sms is not None else device_sms(device)
     if sms is None:
         return None
+    return tail_split(order, costs.reshape(-1), heads=heads, sms=sms, head_dim=head_dim)
+
+
+def tail_order(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int, q_tiles: int, rows: int,
+               keys: int, heads: int, head_dim: int, device, sms: int | None = None):
+    """The order of a plan's pairs with a tail split behind it (runtime/work_tail.py), as a device int32 tensor,
+    where the variant's kernel takes one (_split_tail) and the split shortens the launch; else None."""
+    import torch
+
     costs = pair_costs(qo_lens, kv_lens, group=group, q_tiles=q_tiles, rows=rows, keys=keys, lower=None,
                        upper=None)
-    out = tail_split(order_from_costs(costs), costs.reshape(-1), heads=heads, sms=sms, head_dim=head_dim)
+    out = _split_tail(variant, order_from_costs(costs), costs, heads, head_dim, sms=sms, device=device)
     return None if out is None else torch.from_numpy(out).to(device)
 
 

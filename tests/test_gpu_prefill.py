@@ -91,6 +91,21 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
     return results
 
 
+def one_ragged_request(rows, keys, hq, hkv, head_dim, seed):
+    """q [rows, hq, head_dim], a RaggedKV of one request's keys [keys, hkv, head_dim] and the query indptr [2]:
+    bf16 normal draws on the GPU from a generator seeded with ``seed``, drawn q, K, V in that order."""
+    import torch
+
+    from attngen.runtime import RaggedKV
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(rows, hq, head_dim, device="cuda", generator=g).bfloat16()
+    k = torch.randn(keys, hkv, head_dim, device="cuda", generator=g).bfloat16()
+    v = torch.randn(keys, hkv, head_dim, device="cuda", generator=g).bfloat16()
+    qo = torch.tensor([0, rows], dtype=torch.int32, device="cuda")
+    return q, RaggedKV(k, v, torch.tensor([0, keys], dtype=torch.int32, device="cuda")), qo
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("name,head_dim,dtype", VARIANT_CONFIGS)
 def test_prefill_matches_reference(name, head_dim, dtype, template, build_cache, rng):
@@ -150,14 +165,7 @@ def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
                     kv_lens=kv_lens, template="hopper", num_kv=4, tail_split=False)
     # the same inputs twice through one split plan: the same bits (every slot merged in slot order, whichever
     # piece ends last; the counters back at zero after each call), and the unsplit plan's result to rounding
-    from attngen.runtime import RaggedKV
-
-    g = torch.Generator(device="cuda").manual_seed(1)
-    q = torch.randn(1100, 16, head_dim, device="cuda", generator=g).bfloat16()
-    k = torch.randn(3000, 4, head_dim, device="cuda", generator=g).bfloat16()
-    vv = torch.randn(3000, 4, head_dim, device="cuda", generator=g).bfloat16()
-    qo = torch.tensor([0, 1100], dtype=torch.int32, device="cuda")
-    kv = RaggedKV(k, vv, torch.tensor([0, 3000], dtype=torch.int32, device="cuda"))
+    q, kv, qo = one_ragged_request(1100, 3000, 16, 4, head_dim, seed=1)
     shape = SimpleNamespace(q=np.zeros((1, 16, 1)), qo_lens=[1100], kv_lens=[3000])
     params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in random_params(v, rng, shape).items()}
     runs = []
@@ -194,16 +202,9 @@ def test_auto_template_choice_on_sm90(head_dim, chosen, build_cache):
     dim (csrc/prefill_dispatch.h): a plan left to the library gives that template's output bit for bit."""
     import torch
 
-    from attngen.runtime import RaggedKV
-
     skip_unless_runs("hopper")
     att = cuda_module("vanilla", build_cache, (head_dim,), ("bfloat16",), ("prefill",))
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(300, 8, head_dim, device="cuda", generator=g).bfloat16()
-    k = torch.randn(500, 2, head_dim, device="cuda", generator=g).bfloat16()
-    v = torch.randn(500, 2, head_dim, device="cuda", generator=g).bfloat16()
-    qo = torch.tensor([0, 300], dtype=torch.int32, device="cuda")
-    kv = RaggedKV(k, v, torch.tensor([0, 500], dtype=torch.int32, device="cuda"))
+    q, kv, qo = one_ragged_request(300, 500, 8, 2, head_dim, seed=0)
     outs = {}
     for template in (None, "hopper", "mma_sync"):
         plan = att.plan_prefill(qo, kv, head_dim, template=template)

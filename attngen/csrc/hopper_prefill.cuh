@@ -437,6 +437,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     typename ScoreRules<V>::RowTerms row_terms;
     score_rules.row_terms(prow0, row_terms);
     const bool affine = V::kLogitsAffine && score_rules.affine_rows(row_terms);  // (warp-uniform)
+    const bool post_scaled = ScoreRules<V>::kPostScale >= 0 && score_rules.post_rows(prow0, row_terms);  // (the same)
     // mapped: the rows' key intervals from the map, where every row of the warp sees one (warp-uniform)
     int map_lo[2] = {0, 0}, map_hi[2] = {0, 0};
     bool mapped_iv = false;
@@ -499,8 +500,14 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       } else if (V::kLogitsAffine && interior && affine) {
         score_rules.apply_affine(sfr, js, mt_max, sfac, koff, row_terms,
                                  [](auto&&... a) { tile_row_reduce<NKT>(a...); });
-      } else if (interior) {
-        score_rules.apply(sfr, prow0, js, mt_max, false, row_terms);
+      } else if (interior && (ScoreRules<V>::kPostScale < 0 || post_scaled)) {
+        // (a post-scaled hook's warp whose rows fail post_rows takes the checked path below: one copy of the
+        // per-score code less in the loop)
+        if constexpr (ScoreRules<V>::kPostScale >= 0)
+          score_rules.apply_post_scaled(sfr, prow0, js, mt_max, sfac, row_terms,
+                                        [](auto&&... a) { tile_row_reduce<NKT>(a...); });
+        else
+          score_rules.apply(sfr, prow0, js, mt_max, false, row_terms);
       } else if (Mapped && ScoreRules<V>::kMappedIntervals && mapped_iv) {
         if constexpr (Mapped && ScoreRules<V>::kMappedIntervals)
           score_rules.apply_mapped(sfr, prow0, js, mt_max, row_terms, map_lo, map_hi);

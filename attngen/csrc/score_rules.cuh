@@ -83,6 +83,58 @@ struct ScoreRules {
     return __all_sync(0xffffffffu, ok);
   }
 
+  // Post-scaled logits hooks (V::kLogitsPostScale = k >= 0, codegen/logits_split.py: the per-score rest is
+  // g * rt[k] with rt[k] read nowhere in g, as soft-cap's tanh(s * rt[0]) * rt[1]) on an interior tile, where every
+  // row of the warp that is one of the request's has rt[k] > 0 (post_rows, warp-uniform): the scores become g (the
+  // hook called with rt[k] = 1, whose multiply then folds away), the row max rt[k] * max(g), and the exponent's
+  // FFMA takes rt[k] in (fac), 2^(g * fac - m). One FMUL less per score; the logit g * rt[k] is rounded once
+  // inside the FFMA instead of before it.
+  static constexpr int kPostScale = V::kLogitsPostScale;
+  __device__ __forceinline__ bool post_rows(int prow, const RowTerms& rt) const {
+    if constexpr (kPostScale < 0) {
+      return false;
+    } else {
+      bool ok = true;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float c = rt.logits[h][kPostScale];
+        ok = ok && (prow + 8 * h >= rows_total || (c > 0.f && isfinite(c)));
+      }
+      return __all_sync(0xffffffffu, ok);
+    }
+  }
+
+  template <int NKT, class Reduce>
+  __device__ __forceinline__ void apply_post_scaled(float (&sm)[NKT][4], int prow, int j0, float (&row_max)[2],
+                                                    float (&fac)[2], const RowTerms& rt, Reduce reduce) const {
+    static_assert(kPostScale >= 0 && kPostScale < kRowTerms && V::kSoftmax, "a post-scaled softmax hook");
+    float unit[2][kRowTerms];
+    int rpos[2], rhead[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < kRowTerms; ++i) unit[h][i] = i == kPostScale ? 1.f : rt.logits[h][i];
+      const int pr = prow + 8 * h;
+      rpos[h] = pos_base + pr / group;
+      rhead[h] = kv_head * group + pr % group;
+    }
+#pragma unroll
+    for (int n = 0; n < NKT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
+        const float jf = float(j0 + t4 * 2) + float(n * 8 + (e % 2));
+        sm[n][e] = V::logits_from_terms(hp, sm[n][e], batch, rpos[h], j, jf, rhead[h], kv_head, unit[h]);
+      }
+    float raw_max[2];
+    reduce(sm, raw_max, [](float x, float y) { return fmaxf(x, y); });
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      fac[h] = rt.logits[h][kPostScale];
+      row_max[h] = fmaxf(row_max[h], raw_max[h] * fac[h]);
+    }
+  }
+
   // (reduce(sm, out, op): the template's per-thread row reduction, common.cuh tile_row_reduce or its like)
   template <int NKT, class Reduce>
   __device__ __forceinline__ void apply_affine(float (&sm)[NKT][4], int j0, float (&row_max)[2], float (&fac)[2],

@@ -214,6 +214,8 @@ def test_post_scaled_hooks():
     assert shared.post_scale == 2 and str(shared.score.body.value) == "T.tanh(s * rt[0] + rt[1]) * rt[2]"
     guarded = split_logits(guarded_read, reassociate=True)  # (s * scale + a guarded read) * post
     assert guarded.post_scale == 1 and str(guarded.terms[1]) == "post"
+    # a tanh times the factor bounds every logit by it (the Hopper template's fixed row max)
+    assert softcap.post_bounded and shared.post_bounded and not guarded.post_bounded
     for func in (builtin("alibi").hooks["logits_transform"], head_table_bias, _head_scale):
         assert split_logits(func, reassociate=True).post_scale == -1
 
@@ -226,7 +228,8 @@ def test_traits_flag_the_post_scaled_path_for_softmax_variants_only():
         return traits_parts(v, lower_hooks_cuda(v, 128, "sm_90a", math=math), 128)[0]
 
     softcap = builtin("logits_softcap")
-    assert flags(softcap)["kLogitsPostScale"] == "1"
+    assert flags(softcap)["kLogitsPostScale"] == "1" and flags(softcap)["kLogitsPostBounded"] == "true"
+    assert flags(softcap, "precise")["kLogitsPostBounded"] == "false"
     assert flags(softcap, "precise")["kLogitsPostScale"] == "-1"
     summed = Variant("softcap_sum", logits_transform=softcap.hooks["logits_transform"], state="sum",
                      params=list(softcap.params))

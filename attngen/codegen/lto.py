@@ -289,7 +289,7 @@ def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int,
 
 # traits flags only the prefill templates read (csrc/score_rules.cuh): a decode template object compiles with them
 # false, so that signatures differing in them alone share it
-PREFILL_ONLY_FLAGS = ("kLogitsAffine", "kLogitsAffineKv")
+PREFILL_ONLY_FLAGS = ("kLogitsAffine", "kLogitsAffineKv", "kLogitsPostBounded")
 PREFILL_ONLY_COUNTS = {"kScoreSfuCalls": 0, "kLogitsPostScale": -1}  # (integer flags: these values outside prefill)
 
 

@@ -104,9 +104,40 @@ struct ScoreRules {
     }
   }
 
+  // A bounded post-scaled hook (V::kLogitsPostBounded: g a tanh, so every logit of a row lies in [-rt[k], rt[k]])
+  // may run with the row max fixed at rt[k] (the kernel sets m_row so before its first tile): the weights
+  // 2^(g * rt[k] - rt[k]) lie in [2^(-2 rt[k]), 1], no row max is taken, O is never rescaled. Where every row of
+  // the warp that is one of the request's has 0 < rt[k] <= kFixedMaxLimit (log2 units: the smallest weight stays
+  // a normal float32, above ex2.approx.ftz's flush at 2^-126, and a bf16 P holds it with the same relative
+  // precision as any other; an fp16 P would not, the kernel asks for bf16).
+  static constexpr bool kPostBounded = V::kLogitsPostBounded;
+  static constexpr float kFixedMaxLimit = 60.f;
+  __device__ __forceinline__ bool fixed_max_rows(int prow, const RowTerms& rt) const {
+    if constexpr (!kPostBounded || kPostScale < 0) {
+      return false;
+    } else {
+      bool ok = true;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float c = rt.logits[h][kPostScale];
+        ok = ok && (prow + 8 * h >= rows_total || (c > 0.f && c <= kFixedMaxLimit));
+      }
+      return __all_sync(0xffffffffu, ok);
+    }
+  }
+  // the fixed row max of rows prow and prow + 8 (fixed_max_rows held)
+  __device__ __forceinline__ void fixed_row_max(const RowTerms& rt, float (&m_row)[2]) const {
+    if constexpr (kPostBounded && kPostScale >= 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m_row[h] = rt.logits[h][kPostScale];
+    }
+  }
+
+  // fixed_max: the row max is fixed (fixed_max_rows): none is taken
   template <int NKT, class Reduce>
   __device__ __forceinline__ void apply_post_scaled(float (&sm)[NKT][4], int prow, int j0, float (&row_max)[2],
-                                                    float (&fac)[2], const RowTerms& rt, Reduce reduce) const {
+                                                    float (&fac)[2], const RowTerms& rt, Reduce reduce,
+                                                    bool fixed_max = false) const {
     static_assert(kPostScale >= 0 && kPostScale < kRowTerms && V::kSoftmax, "a post-scaled softmax hook");
     float unit[2][kRowTerms];
     int rpos[2], rhead[2];
@@ -126,13 +157,13 @@ struct ScoreRules {
         const float jf = float(j0 + t4 * 2) + float(n * 8 + (e % 2));
         sm[n][e] = V::logits_from_terms(hp, sm[n][e], batch, rpos[h], j, jf, rhead[h], kv_head, unit[h]);
       }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) fac[h] = rt.logits[h][kPostScale];
+    if (fixed_max) return;
     float raw_max[2];
     reduce(sm, raw_max, [](float x, float y) { return fmaxf(x, y); });
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      fac[h] = rt.logits[h][kPostScale];
-      row_max[h] = fmaxf(row_max[h], raw_max[h] * fac[h]);
-    }
+    for (int h = 0; h < 2; ++h) row_max[h] = fmaxf(row_max[h], raw_max[h] * fac[h]);
   }
 
   // (reduce(sm, out, op): the template's per-thread row reduction, common.cuh tile_row_reduce or its like)

@@ -306,9 +306,13 @@ def cmd_inspect(args) -> int:
             print("  affine (rt[0] * s + rt[1] * kv_pos_f + rt[2]): on interior tiles of warps whose rows all have "
                   "rt[0] > 0, one FFMA per score, rt[0] and the key term folded into the exponent")
         if ls.post_scale >= 0 and v.state == StateAlgebra.SOFTMAX:
-            print(f"  post-scaled (g * rt[{ls.post_scale}]): on interior tiles of warps whose rows all have "
-                  f"rt[{ls.post_scale}] > 0, the row max taken of g and rt[{ls.post_scale}] folded into the exponent's "
-                  "FFMA (one multiply less per score)")
+            k = ls.post_scale
+            print(f"  post-scaled (g * rt[{k}]): on interior tiles of warps whose rows all have a finite "
+                  f"rt[{k}] > 0, the row max taken of g and rt[{k}] folded into the exponent's FFMA (one multiply "
+                  "less per score)")
+            if ls.post_bounded:
+                print(f"  bounded (g a tanh, |logit| <= rt[{k}]): on the Hopper template over bf16, warps whose rows "
+                      f"all have rt[{k}] <= 80 fix the row max at 0: no row max and no rescale on interior tiles")
         if ls.float_positions:
             print("  kv_pos_f: the key position as a float32, counted up per tile (exact below 2^23 keys; "
                   "plan_prefill refuses longer requests)")

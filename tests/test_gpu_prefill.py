@@ -173,18 +173,27 @@ def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
-@pytest.mark.parametrize("cap", [2.0, 30.0, 100.0])
+@pytest.mark.parametrize("cap", [2.0, 30.0, 50.0, 100.0])
 def test_softcap_row_max_fixed_or_running(template, cap, build_cache, rng):
     """Soft-cap's logits lie in [-cap, cap] (in log2 units cap * log2 e): on the Hopper template a bf16 warp whose
-    bound is at most 60 fixes its rows' max there instead of taking one (csrc/score_rules.cuh fixed_max_rows;
-    caps 2 and 30), a larger cap (100) keeps the running max; both templates against the float64 reference, with
-    odd lengths, an empty request and scores from saturated (cap 2) to small against the bound (cap 100)."""
+    bound is at most 80 fixes its rows' max at 0 instead of taking one (csrc/score_rules.cuh fixed_max_rows; caps
+    2, 30 and Gemma 2's 50), a larger cap (100) keeps the running max; both templates against the float64
+    reference, ragged and paged, with odd lengths, a request of no queries, and causal masks (checked tiles after
+    a fixed max), scores from saturated (cap 2) to small against the bound (cap 100)."""
     skip_unless_runs(template)
-    att = cuda_module("logits_softcap", build_cache, (128,), ("bfloat16",), ("prefill",))
-    v = variant("logits_softcap")
-    for kv_mode in ("ragged", "HND"):
-        run_prefill(att, v, rng, group=4, head_dim=128, dtype="bfloat16", kv_mode=kv_mode, qo_lens=[300, 0, 77],
-                    kv_lens=[700, 5, 77], template=template, make_params=lambda *_: {"soft_cap": cap})
+    import runpy
+
+    from attngen.runtime import CUDAAttention
+
+    gemma = runpy.run_path(str(EXAMPLES / "gemma2_softcap_window.py"))["variant"]  # (causal, window 100 here)
+    cases = [(cuda_module("logits_softcap", build_cache, (128,), ("bfloat16",), ("prefill",)),
+              variant("logits_softcap"), {"soft_cap": cap}),
+             (CUDAAttention.build(gemma, head_dims=(128,), dtypes=("bfloat16",), kernels=("prefill",),
+                                  cache=build_cache), gemma, {"soft_cap": cap, "window_left": 100})]
+    for att, v, params in cases:
+        for kv_mode in ("ragged", "HND"):
+            run_prefill(att, v, rng, group=4, head_dim=128, dtype="bfloat16", kv_mode=kv_mode, qo_lens=[300, 0, 77],
+                        kv_lens=[700, 5, 77], template=template, make_params=lambda *_, p=params: dict(p))
 
 
 @pytest.mark.parametrize("name,head_dim", [("causal", 128), ("sliding_window_causal", 128), ("causal", 64)])

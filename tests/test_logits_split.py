@@ -204,8 +204,10 @@ def test_traits_flag_the_affine_path_for_softmax_variants_only():
 
 
 def test_post_scaled_hooks():
-    """g * rt[k] with rt[k] read nowhere in g: soft-cap (rt[1], its cap times log2 e) and a hook whose factor is
-    its own term; not where the factor also sits inside g, an affine hook, a difference, or precise math."""
+    """g * rt[k] with rt[k] read nowhere in g: soft-cap (rt[1], its cap times log2 e), a hook whose factor also
+    appears inside the tanh (the outer one takes post in: a term of its own), a guarded read scaled by post; not an
+    affine hook, a difference, or precise math. (test_the_pair_computes_the_scaled_hook checks g * rt[k] against
+    the hook wherever post_scale is set.)"""
     softcap = split_logits(builtin("logits_softcap").hooks["logits_transform"], reassociate=True)
     assert softcap.post_scale == 1 and str(softcap.score.body.value) == "T.tanh(s * rt[0]) * rt[1]"
     assert split_logits(builtin("logits_softcap").hooks["logits_transform"], reassociate=False).post_scale == -1

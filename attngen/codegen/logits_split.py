@@ -352,7 +352,7 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
         post_bounded = post_scale >= 0 and any(
             _bounded_by_one(g) for g, c in ((score_value.a, score_value.b), (score_value.b, score_value.a))
             if isinstance(c, tvm.ir.TensorLoad) and c.source.same_as(rt_score)
-            and int(c.indices[0].value) == post_scale)
+            and isinstance(c.indices[0], tir.IntImm) and int(c.indices[0].value) == post_scale)
     else:  # keep the body: the score scaled on the way in, the value multiplied on the way out
         sp.terms = [scale, post]
         reassoc = float_pos = False

@@ -438,11 +438,11 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     score_rules.row_terms(prow0, row_terms);
     const bool affine = V::kLogitsAffine && score_rules.affine_rows(row_terms);  // (warp-uniform)
     const bool post_scaled = ScoreRules<V>::kPostScale >= 0 && score_rules.post_rows(prow0, row_terms);  // (the same)
-    // a bounded one over a bf16 P: the row max fixed at the bound, none taken on interior tiles (checked tiles take
-    // theirs, which never rises past it); warp-uniform
+    // a bounded one over a bf16 P: the row max fixed at 0, none taken on interior tiles (score_rules.cuh
+    // fixed_max_rows); warp-uniform
     const bool fixed_max = ScoreRules<V>::kPostBounded && std::is_same_v<T, __nv_bfloat16> && post_scaled &&
                            score_rules.fixed_max_rows(prow0, row_terms);
-    if (fixed_max) score_rules.fixed_row_max(row_terms, m_row);
+    if (fixed_max) score_rules.fixed_row_max(m_row);
     // mapped: the rows' key intervals from the map, where every row of the warp sees one (warp-uniform)
     int map_lo[2] = {0, 0}, map_hi[2] = {0, 0};
     bool mapped_iv = false;

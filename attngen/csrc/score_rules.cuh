@@ -105,13 +105,15 @@ struct ScoreRules {
   }
 
   // A bounded post-scaled hook (V::kLogitsPostBounded: g a tanh, so every logit of a row lies in [-rt[k], rt[k]])
-  // may run with the row max fixed at rt[k] (the kernel sets m_row so before its first tile): the weights
-  // 2^(g * rt[k] - rt[k]) lie in [2^(-2 rt[k]), 1], no row max is taken, O is never rescaled. Where every row of
-  // the warp that is one of the request's has 0 < rt[k] <= kFixedMaxLimit (log2 units: the smallest weight stays
-  // a normal float32, above ex2.approx.ftz's flush at 2^-126, and a bf16 P holds it with the same relative
-  // precision as any other; an fp16 P would not, the kernel asks for bf16).
+  // may run with the row max fixed at 0, the middle of that interval (the kernel sets m_row so before its first
+  // tile): the weights 2^(g * rt[k]) lie in [2^-rt[k], 2^rt[k]], and interior tiles take no row max and never
+  // rescale O (a checked tile still takes its max, which moves m_row only past the slack, as always). Where every
+  // row of the warp that is one of the request's has 0 < rt[k] <= kFixedMaxLimit (log2 units, Gemma 2's cap 50
+  // included): the weights, their row sums (< 2^(80 + 24)) and their products with any value row of magnitude
+  // 2^-46 to 2^20 stay normal float32, and a bf16 P holds them with its usual relative precision (an fp16 P
+  // would overflow: the kernel asks for bf16).
   static constexpr bool kPostBounded = V::kLogitsPostBounded;
-  static constexpr float kFixedMaxLimit = 60.f;
+  static constexpr float kFixedMaxLimit = 80.f;
   __device__ __forceinline__ bool fixed_max_rows(int prow, const RowTerms& rt) const {
     if constexpr (!kPostBounded || kPostScale < 0) {
       return false;
@@ -126,11 +128,8 @@ struct ScoreRules {
     }
   }
   // the fixed row max of rows prow and prow + 8 (fixed_max_rows held)
-  __device__ __forceinline__ void fixed_row_max(const RowTerms& rt, float (&m_row)[2]) const {
-    if constexpr (kPostBounded && kPostScale >= 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) m_row[h] = rt.logits[h][kPostScale];
-    }
+  __device__ __forceinline__ void fixed_row_max(float (&m_row)[2]) const {
+    m_row[0] = m_row[1] = 0.f;
   }
 
   // fixed_max: the row max is fixed (fixed_max_rows): none is taken

@@ -311,7 +311,7 @@ def cmd_inspect(args) -> int:
                   f"rt[{k}] > 0, the row max taken of g and rt[{k}] folded into the exponent's FFMA (one multiply "
                   "less per score)")
             if ls.post_bounded:
-                print(f"  bounded (g a tanh, |logit| <= rt[{k}]): on the Hopper template over bf16, warps whose rows "
+                print(f"  bounded (g a tanh, |logit| <= rt[{k}]): over bf16, warps whose rows "
                       f"all have rt[{k}] <= 80 fix the row max at 0: no row max and no rescale on interior tiles")
         if ls.float_positions:
             print("  kv_pos_f: the key position as a float32, counted up per tile (exact below 2^23 keys; "

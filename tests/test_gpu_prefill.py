@@ -175,11 +175,11 @@ def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("cap", [2.0, 30.0, 50.0, 100.0])
 def test_softcap_row_max_fixed_or_running(template, cap, build_cache, rng):
-    """Soft-cap's logits lie in [-cap, cap] (in log2 units cap * log2 e): on the Hopper template a bf16 warp whose
+    """Soft-cap's logits lie in [-cap, cap] (in log2 units cap * log2 e): on either template a bf16 warp whose
     bound is at most 80 fixes its rows' max at 0 instead of taking one (csrc/score_rules.cuh fixed_max_rows; caps
-    2, 30 and Gemma 2's 50), a larger cap (100) keeps the running max; both templates against the float64
-    reference, ragged and paged, with odd lengths, a request of no queries, and causal masks (checked tiles after
-    a fixed max), scores from saturated (cap 2) to small against the bound (cap 100)."""
+    2, 30 and Gemma 2's 50), a larger cap (100) keeps the running max; against the float64 reference, ragged
+    and paged, with odd lengths, a request of no queries, and causal masks (checked tiles after a fixed max),
+    scores from saturated (cap 2) to small against the bound (cap 100)."""
     skip_unless_runs(template)
     import runpy
 

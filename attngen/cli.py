@@ -272,7 +272,7 @@ def cmd_prebuild(args) -> int:
 
 def cmd_inspect(args) -> int:
     from attngen.codegen.hooks_cuda import lower_hooks_cuda
-    from attngen.ir import HOOKS
+    from attngen.ir import HOOKS, StateAlgebra
     from attngen.schedules.template_prefill_hopper import PREFILL_HOPPER, hopper_config_for
 
     v = _load_variant(args)
@@ -305,6 +305,14 @@ def cmd_inspect(args) -> int:
         if ls.affine:
             print("  affine (rt[0] * s + rt[1] * kv_pos_f + rt[2]): on interior tiles of warps whose rows all have "
                   "rt[0] > 0, one FFMA per score, rt[0] and the key term folded into the exponent")
+        if ls.post_scale >= 0 and v.state == StateAlgebra.SOFTMAX:
+            k = ls.post_scale
+            print(f"  post-scaled (g * rt[{k}]): on interior tiles of warps whose rows all have a finite "
+                  f"rt[{k}] > 0, the row max taken of g and rt[{k}] folded into the exponent's FFMA (one multiply "
+                  "less per score)")
+            if ls.post_bounded:
+                print(f"  bounded (g a tanh, |logit| <= rt[{k}]): over bf16, warps whose rows "
+                      f"all have rt[{k}] <= 80 fix the row max at 0: no row max and no rescale on interior tiles")
         if ls.float_positions:
             print("  kv_pos_f: the key position as a float32, counted up per tile (exact below 2^23 keys; "
                   "plan_prefill refuses longer requests)")

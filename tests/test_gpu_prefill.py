@@ -180,6 +180,30 @@ def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
     torch.testing.assert_close(runs[0][1], runs[2][1], atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("template", TEMPLATES)
+@pytest.mark.parametrize("cap", [2.0, 30.0, 50.0, 100.0])
+def test_softcap_row_max_fixed_or_running(template, cap, build_cache, rng):
+    """Soft-cap's logits lie in [-cap, cap] (in log2 units cap * log2 e): on either template a bf16 warp whose
+    bound is at most 80 fixes its rows' max at 0 instead of taking one (csrc/score_rules.cuh fixed_max_rows; caps
+    2, 30 and Gemma 2's 50), a larger cap (100) keeps the running max; against the float64 reference, ragged
+    and paged, with odd lengths, a request of no queries, and causal masks (checked tiles after a fixed max),
+    scores from saturated (cap 2) to small against the bound (cap 100)."""
+    skip_unless_runs(template)
+    import runpy
+
+    from attngen.runtime import CUDAAttention
+
+    gemma = runpy.run_path(str(EXAMPLES / "gemma2_softcap_window.py"))["variant"]  # (causal, window 100 here)
+    cases = [(cuda_module("logits_softcap", build_cache, (128,), ("bfloat16",), ("prefill",)),
+              variant("logits_softcap"), {"soft_cap": cap}),
+             (CUDAAttention.build(gemma, head_dims=(128,), dtypes=("bfloat16",), kernels=("prefill",),
+                                  cache=build_cache), gemma, {"soft_cap": cap, "window_left": 100})]
+    for att, v, params in cases:
+        for kv_mode in ("ragged", "HND"):
+            run_prefill(att, v, rng, group=4, head_dim=128, dtype="bfloat16", kv_mode=kv_mode, qo_lens=[300, 0, 77],
+                        kv_lens=[700, 5, 77], template=template, make_params=lambda *_, p=params: dict(p))
+
+
 @pytest.mark.parametrize("name,head_dim", [("causal", 128), ("sliding_window_causal", 128), ("causal", 64)])
 def test_long_rows_on_both_hopper_tilings(name, head_dim, build_cache, rng):
     """At head_dim 64 and 128 a variant whose mask hook is exactly its bounds has both Hopper tilings: a call whose

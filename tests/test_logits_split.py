@@ -42,6 +42,12 @@ def _within_window(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int3
 
 
 @T.prim_func
+def _shared_term(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                 kv_head: T.int32, w: T.Buffer((8,), "float32")) -> T.float32:
+    return T.tanh(s + w[qo_head]) * w[qo_head]
+
+
+@T.prim_func
 def _head_scale(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
                 kv_head: T.int32, w: T.Buffer((8,), "float32")) -> T.float32:
     return s * w[qo_head] - w[qo_head]
@@ -79,6 +85,7 @@ def _variants():
         Variant("within_window", logits_transform=_within_window),
         Variant("offset_bias", logits_transform=offset_bias, params=[ScalarParam("offset", "int32", 3)]),
         Variant("head_scale", logits_transform=_head_scale, params=[TensorParam("w", "float32", (8,))]),
+        Variant("shared_term", logits_transform=_shared_term, params=[TensorParam("w", "float32", (8,))]),
     ]
     return [builtin("alibi"), builtin("logits_softcap"), builtin("sigmoid")] + custom
 
@@ -115,6 +122,12 @@ def test_the_pair_computes_the_scaled_hook(variant, reassociate, rng):
                            extras)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     assert ls.reassociated == reassociate
+    if ls.post_scale >= 0:  # the templates' interior path: the rest with rt[k] = 1, times rt[k]
+        unit = rt.copy()
+        unit[ls.post_scale] = 1.0
+        g = eval_scalar_hook(ls.score, [s, batch, qo_pos, kv_pos, kv_pos.astype(np.float64), qo_head, kv_head, unit],
+                             extras)
+        np.testing.assert_allclose(g * rt[ls.post_scale], want, rtol=1e-12, atol=1e-12)
 
 
 def _loads_of(func, name):
@@ -188,3 +201,44 @@ def test_traits_flag_the_affine_path_for_softmax_variants_only():
     assert flags(summed)["kLogitsAffine"] == "false"
     assert flags(builtin("logits_softcap"))["kLogitsAffine"] == "false"
     assert flags(builtin("vanilla"))["kLogitsAffine"] == "false"
+
+
+def test_post_scaled_hooks():
+    """g * rt[k] with rt[k] read nowhere in g: soft-cap (rt[1], its cap times log2 e), a hook whose factor also
+    appears inside the tanh (the outer one takes post in: a term of its own), a guarded read scaled by post; not an
+    affine hook, a difference, or precise math. (test_the_pair_computes_the_scaled_hook checks g * rt[k] against
+    the hook wherever post_scale is set.)"""
+    softcap = split_logits(builtin("logits_softcap").hooks["logits_transform"], reassociate=True)
+    assert softcap.post_scale == 1 and str(softcap.score.body.value) == "T.tanh(s * rt[0]) * rt[1]"
+    assert split_logits(builtin("logits_softcap").hooks["logits_transform"], reassociate=False).post_scale == -1
+    # w[qo_head] inside and outside the tanh: the outer one takes post in, a term of its own that g does not read
+    shared = split_logits(_shared_term, reassociate=True)
+    assert shared.post_scale == 2 and str(shared.score.body.value) == "T.tanh(s * rt[0] + rt[1]) * rt[2]"
+    guarded = split_logits(guarded_read, reassociate=True)  # (s * scale + a guarded read) * post
+    assert guarded.post_scale == 1 and str(guarded.terms[1]) == "post"
+    # a tanh times the factor bounds every logit by it (the Hopper template's fixed row max)
+    assert softcap.post_bounded and shared.post_bounded and not guarded.post_bounded
+    for func in (builtin("alibi").hooks["logits_transform"], head_table_bias, _head_scale):
+        assert split_logits(func, reassociate=True).post_scale == -1
+
+
+def test_traits_flag_the_post_scaled_path_for_softmax_variants_only():
+    from attngen.codegen.cuda_variant import traits_parts
+    from attngen.codegen.lto import record_abi
+
+    def flags(v, math="approx"):
+        return traits_parts(v, lower_hooks_cuda(v, 128, "sm_90a", math=math), 128)[0]
+
+    softcap = builtin("logits_softcap")
+    assert flags(softcap)["kLogitsPostScale"] == "1" and flags(softcap)["kLogitsPostBounded"] == "true"
+    assert flags(softcap, "precise")["kLogitsPostBounded"] == "false"
+    assert flags(softcap, "precise")["kLogitsPostScale"] == "-1"
+    summed = Variant("softcap_sum", logits_transform=softcap.hooks["logits_transform"], state="sum",
+                     params=list(softcap.params))
+    assert flags(summed)["kLogitsPostScale"] == "-1"
+    assert flags(builtin("alibi"))["kLogitsPostScale"] == "-1" and flags(builtin("vanilla"))["kLogitsPostScale"] == "-1"
+    # decode objects compile with the prefill-only flags neutral, so that soft-cap's share one with its like
+    abi = "  static constexpr int kLogitsPostScale = 1;\n  static constexpr int kScoreSfuCalls = 1;\n"
+    assert record_abi("decode", abi) == ("  static constexpr int kLogitsPostScale = -1;\n"
+                                         "  static constexpr int kScoreSfuCalls = 0;\n")
+    assert record_abi("prefill", abi) == abi

@@ -72,6 +72,11 @@ class LogitsSplit:
     # the per-score rest is s * rt[0] + (kv_pos_f * rt[1] + rt[2]) (affine_kv) or s * rt[0] + rt[2]
     affine: bool = False
     affine_kv: bool = False
+    # the per-score rest is g * rt[post_scale] with rt[post_scale] read nowhere in g (soft-cap's
+    # tanh(s * rt[0]) * rt[1]); -1 where it is not (or where the hook math is precise)
+    post_scale: int = -1
+    # g is a tanh: |g| <= 1, so every logit of a row lies within [-|rt[post_scale]|, |rt[post_scale]|]
+    post_bounded: bool = False
 
     @property
     def n_terms(self) -> int:
@@ -282,6 +287,29 @@ def _affine_split(score_value, terms, s_raw, kv_f, invariant, rt, load):
     return new_terms, rest, "kv" in found
 
 
+def _post_scale(score_value, rt) -> int:
+    """k where ``score_value`` is ``g * rt[k]`` (either order) and ``g`` reads no ``rt[k]``: a softmax template
+    then takes the row max of ``g`` and multiplies ``rt[k]`` into the exponent's FFMA (csrc/score_rules.cuh
+    apply_post_scaled); else -1."""
+    if not isinstance(score_value, tir.Mul) or str(score_value.ty) != F32:
+        return -1
+    for g, c in ((score_value.a, score_value.b), (score_value.b, score_value.a)):
+        if (isinstance(c, tvm.ir.TensorLoad) and c.source.same_as(rt) and len(c.indices) == 1
+                and isinstance(c.indices[0], tir.IntImm)):
+            k = int(c.indices[0].value)
+            reads = []
+            tu.map_nodes(g, tvm.ir.TensorLoad, lambda b: reads.append(b) or b)
+            if not any(b.source.same_as(rt) and not (isinstance(b.indices[0], tir.IntImm)
+                                                     and int(b.indices[0].value) != k) for b in reads):
+                return k
+    return -1
+
+
+def _bounded_by_one(g) -> bool:
+    """Whether ``g`` is a tanh (|g| <= 1 for every argument)."""
+    return isinstance(g, tvm.ir.Call) and isinstance(g.op, tvm.ir.Op) and g.op.name.split(".")[-1] == "tanh"
+
+
 def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
     """The row-terms / per-score pair of the logits hook ``func`` (standard parameters: s, batch,
     qo_pos, kv_pos, qo_head, kv_head; the variant's extras after them)."""
@@ -320,9 +348,15 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
         if affine is not None:
             sp.terms, score_value, affine_kv = list(affine[0]), affine[1], affine[2]
         score_body = tir.Return(score_value)
+        post_scale = _post_scale(score_value, rt_score) if reassoc and affine is None else -1
+        post_bounded = post_scale >= 0 and any(
+            _bounded_by_one(g) for g, c in ((score_value.a, score_value.b), (score_value.b, score_value.a))
+            if isinstance(c, tvm.ir.TensorLoad) and c.source.same_as(rt_score)
+            and isinstance(c.indices[0], tir.IntImm) and int(c.indices[0].value) == post_scale)
     else:  # keep the body: the score scaled on the way in, the value multiplied on the way out
         sp.terms = [scale, post]
         reassoc = float_pos = False
+        post_scale, post_bounded = -1, False
         body = tu.substitute(func.body, {tu.handle(s): tir.Mul(s_raw, load(0))})
         score_body = tu.map_nodes(body, tir.Return, lambda r: tir.Return(tir.Mul(r.value, load(1))))
     terms = tuple(sp.terms)
@@ -333,4 +367,5 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
                        stores[0] if len(stores) == 1 else tir.SeqStmt(stores), None)
     score = tir.PrimFunc([s_raw, batch, qo_pos, kv_pos, kv_f, qo_head, kv_head, rt_score] + extras, score_body,
                          tvm.ir.PrimType(F32))
-    return LogitsSplit(row, score, terms, reassoc, float_pos, affine is not None, affine is not None and affine_kv)
+    return LogitsSplit(row, score, terms, reassoc, float_pos, affine is not None, affine is not None and affine_kv,
+                       post_scale, post_bounded)

@@ -289,8 +289,8 @@ def template_source(record: str, head_dim: int, pair: DtypePair, max_group: int,
 
 # traits flags only the prefill templates read (csrc/score_rules.cuh): a decode template object compiles with them
 # false, so that signatures differing in them alone share it
-PREFILL_ONLY_FLAGS = ("kLogitsAffine", "kLogitsAffineKv")
-PREFILL_ONLY_COUNTS = ("kScoreSfuCalls",)  # (the same, for integer flags: 0 outside prefill)
+PREFILL_ONLY_FLAGS = ("kLogitsAffine", "kLogitsAffineKv", "kLogitsPostBounded")
+PREFILL_ONLY_COUNTS = {"kScoreSfuCalls": 0, "kLogitsPostScale": -1}  # (integer flags: these values outside prefill)
 
 
 def record_abi(record: str, abi: str) -> str:
@@ -300,8 +300,8 @@ def record_abi(record: str, abi: str) -> str:
         return abi
     for flag in PREFILL_ONLY_FLAGS:
         abi = abi.replace(flag_line(flag, "true"), flag_line(flag, "false"))
-    for flag in PREFILL_ONLY_COUNTS:
-        abi = re.sub(rf"(static constexpr int {flag} = )\d+;", r"\g<1>0;", abi)
+    for flag, neutral in PREFILL_ONLY_COUNTS.items():
+        abi = re.sub(rf"(static constexpr int {flag} = )-?\d+;", rf"\g<1>{neutral};", abi)
     return abi
 
 

@@ -365,6 +365,12 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     typename ScoreRules<V>::RowTerms row_terms;
     score_rules.row_terms(prow0, row_terms);
     const bool affine = V::kLogitsAffine && score_rules.affine_rows(row_terms);  // (warp-uniform)
+    const bool post_scaled = ScoreRules<V>::kPostScale >= 0 && score_rules.post_rows(prow0, row_terms);  // (the same)
+    // a bounded one over a bf16 P: the row max fixed at 0, none taken on interior tiles (score_rules.cuh
+    // fixed_max_rows); warp-uniform
+    const bool fixed_max = ScoreRules<V>::kPostBounded && std::is_same_v<T, __nv_bfloat16> && post_scaled &&
+                           score_rules.fixed_max_rows(prow0, row_terms);
+    if (fixed_max) score_rules.fixed_row_max(m_row);
     // mapped: the rows' key intervals from the map, where every row of the warp sees one (warp-uniform)
     int map_lo[2] = {0, 0}, map_hi[2] = {0, 0};
     bool mapped_iv = false;
@@ -427,8 +433,14 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       } else if (V::kLogitsAffine && interior && affine) {
         score_rules.apply_affine(sfr, js, mt_max, sfac, koff, row_terms,
                                  [](auto&&... a) { tile_row_reduce<NKT>(a...); });
-      } else if (interior) {
-        score_rules.apply(sfr, prow0, js, mt_max, false, row_terms);
+      } else if (interior && (ScoreRules<V>::kPostScale < 0 || post_scaled)) {
+        // (a post-scaled hook's warp whose rows fail post_rows takes the checked path below: one copy of the
+        // per-score code less in the loop)
+        if constexpr (ScoreRules<V>::kPostScale >= 0)
+          score_rules.apply_post_scaled(sfr, prow0, js, mt_max, sfac, row_terms,
+                                        [](auto&&... a) { tile_row_reduce<NKT>(a...); }, fixed_max);
+        else
+          score_rules.apply(sfr, prow0, js, mt_max, false, row_terms);
       } else if (Mapped && ScoreRules<V>::kMappedIntervals && mapped_iv) {
         if constexpr (Mapped && ScoreRules<V>::kMappedIntervals)
           score_rules.apply_mapped(sfr, prow0, js, mt_max, row_terms, map_lo, map_hi);
@@ -437,7 +449,13 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       }
       if constexpr (V::kSoftmax) {
         float msub[2];
-        step_row_max(mt_max, m_row, koff, rescale, msub);  // (common.cuh: the max moves on a rise past the slack)
+        if (ScoreRules<V>::kPostBounded && fixed_max && interior) {  // (the row max fixed: no reduction, no rise)
+          rescale[0] = rescale[1] = 1.f;
+          msub[0] = m_row[0];
+          msub[1] = m_row[1];
+        } else {
+          step_row_max(mt_max, m_row, koff, rescale, msub);  // (common.cuh: the max moves on a rise past the slack)
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[h] *= rescale[h];
         // (weights i with i * kPoly % 16 < kPoly, spread evenly over the tile, on the FMA pipe)

@@ -313,12 +313,18 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   const ScoreRules<V> score_rules{causal, hp, b, hk, group, rows_total, pos_base, hi, t4, scale, P.win, q0};
   typename ScoreRules<V>::RowTerms row_terms[MT];
   bool affine[MT];  // an affine logits hook's interior path (score_rules.cuh), per warp and m-tile
+  bool post_scaled[MT];  // a post-scaled one's (the same)
+  bool fixed_max[MT];    // a bounded one's over a bf16 P: the row max fixed at 0 (score_rules.cuh fixed_max_rows)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     score_rules.row_terms(prow0 + mt * 16, row_terms[mt]);
     if constexpr (tvm_tree<V>())
       set_row_tree(row_terms[mt], P.tree, b, qo_len, kv_len, prow0 + mt * 16, group, rows_total);
     affine[mt] = V::kLogitsAffine && score_rules.affine_rows(row_terms[mt]);
+    post_scaled[mt] = ScoreRules<V>::kPostScale >= 0 && score_rules.post_rows(prow0 + mt * 16, row_terms[mt]);
+    fixed_max[mt] = ScoreRules<V>::kPostBounded && std::is_same_v<T, __nv_bfloat16> && post_scaled[mt] &&
+                    score_rules.fixed_max_rows(prow0 + mt * 16, row_terms[mt]);
+    if (fixed_max[mt]) score_rules.fixed_row_max(m_row[mt]);
   }
   for (int kt = 0; kt < num_kt; ++kt) {
     const int stage = NS == 1 ? 0 : kt % 2;
@@ -446,8 +452,13 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
       } else if (V::kLogitsAffine && interior && affine[mt]) {
         score_rules.apply_affine(s[mt], js, mt_max, sfac, koff, row_terms[mt],
                                  [](auto&&... a) { row_tree<NKT>(a...); });
-      } else if (interior) {
-        score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, false, row_terms[mt]);  // interior: no checks
+      } else if (interior && (ScoreRules<V>::kPostScale < 0 || post_scaled[mt])) {
+        // (a post-scaled hook's warp whose rows fail post_rows takes the checked path below)
+        if constexpr (ScoreRules<V>::kPostScale >= 0)
+          score_rules.apply_post_scaled(s[mt], prow0 + mt * 16, js, mt_max, sfac, row_terms[mt],
+                                        [](auto&&... a) { row_tree<NKT>(a...); }, fixed_max[mt]);
+        else
+          score_rules.apply(s[mt], prow0 + mt * 16, js, mt_max, false, row_terms[mt]);  // interior: no checks
       } else if (Mapped && ScoreRules<V>::kMappedIntervals && mapped_iv) {
         if constexpr (Mapped && ScoreRules<V>::kMappedIntervals)
           score_rules.apply_mapped(s[mt], prow0 + mt * 16, js, mt_max, row_terms[mt], map_lo, map_hi);
@@ -456,7 +467,14 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
       }
       if constexpr (V::kSoftmax) {
         float rescale[2], msub[2];
-        const bool grew = step_row_max(mt_max, m_row[mt], koff, rescale, msub);  // (common.cuh)
+        bool grew = false;
+        if (ScoreRules<V>::kPostBounded && fixed_max[mt] && interior) {  // (the row max fixed: none, no rise)
+          rescale[0] = rescale[1] = 1.f;
+          msub[0] = m_row[mt][0];
+          msub[1] = m_row[mt][1];
+        } else {
+          grew = step_row_max(mt_max, m_row[mt], koff, rescale, msub);  // (common.cuh)
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[mt][h] *= rescale[h];
 #pragma unroll

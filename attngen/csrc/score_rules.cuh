@@ -83,6 +83,88 @@ struct ScoreRules {
     return __all_sync(0xffffffffu, ok);
   }
 
+  // Post-scaled logits hooks (V::kLogitsPostScale = k >= 0, codegen/logits_split.py: the per-score rest is
+  // g * rt[k] with rt[k] read nowhere in g, as soft-cap's tanh(s * rt[0]) * rt[1]) on an interior tile, where every
+  // row of the warp that is one of the request's has rt[k] > 0 (post_rows, warp-uniform): the scores become g (the
+  // hook called with rt[k] = 1, whose multiply then folds away), the row max rt[k] * max(g), and the exponent's
+  // FFMA takes rt[k] in (fac), 2^(g * fac - m). One FMUL less per score; the logit g * rt[k] is rounded once
+  // inside the FFMA instead of before it.
+  static constexpr int kPostScale = V::kLogitsPostScale;
+  __device__ __forceinline__ bool post_rows(int prow, const RowTerms& rt) const {
+    if constexpr (kPostScale < 0) {
+      return false;
+    } else {
+      bool ok = true;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float c = rt.logits[h][kPostScale];
+        ok = ok && (prow + 8 * h >= rows_total || (c > 0.f && isfinite(c)));
+      }
+      return __all_sync(0xffffffffu, ok);
+    }
+  }
+
+  // A bounded post-scaled hook (V::kLogitsPostBounded: g a tanh, so every logit of a row lies in [-rt[k], rt[k]])
+  // may run with the row max fixed at 0, the middle of that interval (the kernel sets m_row so before its first
+  // tile): the weights 2^(g * rt[k]) lie in [2^-rt[k], 2^rt[k]], and interior tiles take no row max and never
+  // rescale O (a checked tile still takes its max, which moves m_row only past the slack, as always). Where every
+  // row of the warp that is one of the request's has 0 < rt[k] <= kFixedMaxLimit (log2 units, Gemma 2's cap 50
+  // included): the weights, their row sums (< 2^(80 + 24)) and their products with any value row of magnitude
+  // 2^-46 to 2^20 stay normal float32, and a bf16 P holds them with its usual relative precision (an fp16 P
+  // would overflow: the kernel asks for bf16).
+  static constexpr bool kPostBounded = V::kLogitsPostBounded;
+  static constexpr float kFixedMaxLimit = 80.f;
+  __device__ __forceinline__ bool fixed_max_rows(int prow, const RowTerms& rt) const {
+    if constexpr (!kPostBounded || kPostScale < 0) {
+      return false;
+    } else {
+      bool ok = true;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float c = rt.logits[h][kPostScale];
+        ok = ok && (prow + 8 * h >= rows_total || (c > 0.f && c <= kFixedMaxLimit));
+      }
+      return __all_sync(0xffffffffu, ok);
+    }
+  }
+  // the fixed row max of rows prow and prow + 8 (fixed_max_rows held)
+  __device__ __forceinline__ void fixed_row_max(float (&m_row)[2]) const {
+    m_row[0] = m_row[1] = 0.f;
+  }
+
+  // fixed_max: the row max is fixed (fixed_max_rows): none is taken
+  template <int NKT, class Reduce>
+  __device__ __forceinline__ void apply_post_scaled(float (&sm)[NKT][4], int prow, int j0, float (&row_max)[2],
+                                                    float (&fac)[2], const RowTerms& rt, Reduce reduce,
+                                                    bool fixed_max = false) const {
+    static_assert(kPostScale >= 0 && kPostScale < kRowTerms && V::kSoftmax, "a post-scaled softmax hook");
+    float unit[2][kRowTerms];
+    int rpos[2], rhead[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < kRowTerms; ++i) unit[h][i] = i == kPostScale ? 1.f : rt.logits[h][i];
+      const int pr = prow + 8 * h;
+      rpos[h] = pos_base + pr / group;
+      rhead[h] = kv_head * group + pr % group;
+    }
+#pragma unroll
+    for (int n = 0; n < NKT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, j = j0 + n * 8 + t4 * 2 + (e % 2);
+        const float jf = float(j0 + t4 * 2) + float(n * 8 + (e % 2));
+        sm[n][e] = V::logits_from_terms(hp, sm[n][e], batch, rpos[h], j, jf, rhead[h], kv_head, unit[h]);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) fac[h] = rt.logits[h][kPostScale];
+    if (fixed_max) return;
+    float raw_max[2];
+    reduce(sm, raw_max, [](float x, float y) { return fmaxf(x, y); });
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_max[h] = fmaxf(row_max[h], raw_max[h] * fac[h]);
+  }
+
   // (reduce(sm, out, op): the template's per-thread row reduction, common.cuh tile_row_reduce or its like)
   template <int NKT, class Reduce>
   __device__ __forceinline__ void apply_affine(float (&sm)[NKT][4], int j0, float (&row_max)[2], float (&fac)[2],

@@ -4,10 +4,13 @@ over the same fp8 pages (its CUDA-core and tensor-core paths, the faster reporte
 timer (CUDA events, warm-up, medians: common.bench), beside the GPU's copy bandwidth measured in the same run.
 
 Cases (bf16 queries, D 128 unless named, paged NHD cache of 16-token pages in a random permutation): the
-memory-bound shapes of bench_decode.py. One scale per cache (k_scale, v_scale floats: the power of two that maps
-the largest magnitude into e4m3's range); the bf16 cache holds the dequantised values exactly. Bandwidth counts
-the bytes each implementation reads (K/V in its cache's element size, plus q and the output); "fp8 / bf16" is the
-ratio of the two caches' attngen throughputs (time of bf16 over time of fp8: the target is 1.9 or more).
+memory-bound shapes of bench_decode.py, and one of them over an HND cache (a KV head's 16 rows of a page
+contiguous, 2 KB of e4m3 at D 128, where NHD gives 128-byte runs: whether the fp8 decode is held by DRAM
+serving short runs shows as the two layouts' gap). One scale per cache (k_scale, v_scale floats: the power of
+two that maps the largest magnitude into e4m3's range); the bf16 cache holds the dequantised values exactly.
+Bandwidth counts the bytes each implementation reads (K/V in its cache's element size, plus q and the output);
+"fp8 / bf16" is the ratio of the two caches' attngen throughputs (time of bf16 over time of fp8: the target is
+1.9 or more).
 Writes ``fp8_decode_<date>.{json,md}``.
 
     python benchmarks/bench_fp8_decode.py --out benchmarks/results --commit <sha> [--no-peers]
@@ -33,6 +36,7 @@ class Case:
     hq: int = 32
     hkv: int = 8
     d: int = 128
+    layout: str = "NHD"  # the page layout: NHD [P, 2, PAGE, Hkv, D] or HND [P, 2, Hkv, PAGE, D]
 
     def kv_elements(self) -> int:
         return 2 * sum(self.kv_lens) * self.hkv * self.d
@@ -43,6 +47,7 @@ class Case:
 
 CASES = [
     Case("gqa B64 L4k", (4096,) * 64),
+    Case("gqa B64 L4k HND", (4096,) * 64, layout="HND"),
     Case("gqa B16 L16k", (16384,) * 16),
     Case("gqa B1 L64k", (65536,)),
     Case("gqa B64 L4k D64", (4096,) * 64, d=64),
@@ -54,12 +59,13 @@ IMPLS = ("attngen_fp8", "attngen_bf16", "flashinfer_fp8")
 
 
 def make_inputs(case: Case, gen: torch.Generator):
-    """q [B, Hq, D] bf16, the bf16 pages [P, 2, PAGE, Hkv, D] in a random page order, their fp8 copy, the scales
-    and the page table (device tensors)."""
+    """q [B, Hq, D] bf16, the bf16 pages [P, 2, PAGE, Hkv, D] (HND: [P, 2, Hkv, PAGE, D]) in a random page order,
+    their fp8 copy, the scales and the page table (device tensors)."""
     n_pages = [-(-k // PAGE) for k in case.kv_lens]
     total = sum(n_pages)
     q = torch.randn(len(case.kv_lens), case.hq, case.d, dtype=torch.bfloat16, device="cuda", generator=gen)
-    pages = torch.randn(total, 2, PAGE, case.hkv, case.d, dtype=torch.bfloat16, device="cuda", generator=gen)
+    rows = (PAGE, case.hkv) if case.layout == "NHD" else (case.hkv, PAGE)
+    pages = torch.randn(total, 2, *rows, case.d, dtype=torch.bfloat16, device="cuda", generator=gen)
     k_scale, v_scale = (2.0 ** float(np.ceil(np.log2(float(pages[:, i].abs().max()) / 448.0))) for i in (0, 1))
     scale = torch.tensor([k_scale, v_scale], device="cuda").view(1, 2, 1, 1, 1)
     fp8 = (pages.float() / scale).clamp(-448.0, 448.0).to(getattr(torch, FP8))
@@ -76,7 +82,7 @@ def time_attngen(att, case: Case, q, pages, table, scales=None, tensor_cores=Non
     template ``tensor_cores`` forces)."""
     from attngen.runtime import PagedKV
 
-    kv = PagedKV(pages, table["indptr"], table["indices"], table["last_page_len"])
+    kv = PagedKV(pages, table["indptr"], table["indices"], table["last_page_len"], case.layout)
     plan = att.plan_decode(kv, case.hq, case.d, tensor_cores=tensor_cores)
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(q.shape[:2], device="cuda")
@@ -90,7 +96,7 @@ def time_flashinfer_fp8(fi, case: Case, q, fp8, k_scale, v_scale, table, ref, ro
     best = None
     for tc in (False, True):
         def one():
-            w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
+            w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, case.layout, use_tensor_cores=tc)
             w.plan(table["indptr"], table["indices"], table["last_page_len"], case.hq, case.hkv, case.d, PAGE,
                    q_data_type=q.dtype, kv_data_type=fp8.dtype)
             fn = lambda: w.run(q, fp8, k_scale=k_scale, v_scale=v_scale)  # noqa: E731
@@ -130,11 +136,11 @@ def markdown(res: dict, rows: list[dict], commit: str) -> list[str]:
     lines = [f"# Decode over an fp8 (e4m3) KV cache — {res['gpu']}, {res['date']}, commit {commit}", "",
              f"GB/s of the bytes each implementation reads (device time, host ahead; medians). Copy bandwidth in the "
              f"same run: {copy:.0f} GB/s. torch {res['torch']}, FlashInfer {res['flashinfer']}. bf16 queries, paged "
-             "NHD cache (16-token pages, random order). attngen fp8: the tensor-core decode over e4m3 pages; attngen "
-             "bf16: the same library over the same values in bf16; FlashInfer fp8: its decode over the same e4m3 "
-             "pages (the faster of its CUDA-core and tensor-core paths). fp8 / bf16: attngen's bf16 time over its "
-             "fp8 time. attngen fp8, CUDA cores: the same library's CUDA-core template (tensor_cores=False) over "
-             "the fp8 pages.", "",
+             "cache (16-token pages, random order; NHD unless the case names HND). attngen fp8: the tensor-core "
+             "decode over e4m3 pages; attngen bf16: the same library over the same values in bf16; FlashInfer fp8: "
+             "its decode over the same e4m3 pages (the faster of its CUDA-core and tensor-core paths). fp8 / bf16: "
+             "attngen's bf16 time over its fp8 time. attngen fp8, CUDA cores: the same library's CUDA-core template "
+             "(tensor_cores=False) over the fp8 pages.", "",
              "| case | attngen fp8 GB/s (% copy) | attngen fp8, CUDA cores GB/s | attngen bf16 GB/s | "
              "FlashInfer fp8 GB/s | fp8 / bf16 (time) | attngen fp8 / FlashInfer fp8 (time) | max diff bf16 | "
              "max diff CUDA cores | max diff FlashInfer |",
@@ -161,7 +167,8 @@ def main():
 
     dims = tuple(sorted({c.d for c in cases}))
     att = CUDAAttention.build(builtin("vanilla"), head_dims=dims, dtypes=("bfloat16", "bfloat16"),
-                              kv_dtypes=("bfloat16", FP8), layouts=("NHD",), kernels=("decode",))
+                              kv_dtypes=("bfloat16", FP8), layouts=tuple(sorted({c.layout for c in cases})),
+                              kernels=("decode",))
     libs = {d: att for d in dims}
     rows = run_cases(cases, lambda case: run_case(case, libs, fi, gen))
     res["rows"] = rows

@@ -36,7 +36,8 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
                 ref_rows=0, tail_split=None):
     """Runs the case (``num_kv`` KV heads, ``group`` query heads each) against the float64 reference;
     ``plans`` (a list) collects the plans used, ``outputs`` (a list) each plan's (out, lse); ``hook_pass``: the
-    plans' row-hook pass choice; ``tail_split``: the plans' (None or False). ``ref_rows`` > 0 (causal masks
+    plans' row-hook pass choice; ``tail_split``: the plans' (None or False; a tuple: a plan for each, on the same
+    inputs and reference). ``ref_rows`` > 0 (causal masks
     only: causal_slices): the reference and the comparison cover three blocks of that many rows of each long
     request instead of every row."""
     import torch
@@ -74,9 +75,10 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
     tol = tolerance(ref_prob, ref_o, dtype, sm_scale)
     results = []
     # mma.sync: the 64-row and the 128-row (two m-tiles per warp) tiles on the same inputs
-    for wide in ((False, True) if template == "mma_sync" else (None,)):
+    splits = tail_split if isinstance(tail_split, tuple) else (tail_split,)
+    for wide, split in ((w, s_) for w in ((False, True) if template == "mma_sync" else (None,)) for s_ in splits):
         plan = att.plan_prefill(qo_indptr, kv, head_dim, wide_tiles=wide, template=template, tile_map=tile_map,
-                                hook_pass=hook_pass, tail_split=tail_split)
+                                hook_pass=hook_pass, tail_split=split)
         if plans is not None:
             plans.append(plan)
         out = torch.full_like(q, float("nan"))
@@ -87,7 +89,8 @@ def run_prefill(att, v, rng, *, group, head_dim, dtype, kv_mode, qo_lens, kv_len
             outputs.append((out, lse))
         results.append(compare(out.float().cpu().numpy()[picked], lse.cpu().numpy()[picked], ref_o, ref_l,
                                tol=tol, lse_tol=2e-2,
-                               what=f"{v.name} prefill {template} {kv_mode} {dtype} d{head_dim} g{group} wide={wide}"))
+                               what=f"{v.name} prefill {template} {kv_mode} {dtype} d{head_dim} g{group} wide={wide}"
+                                    f" tail_split={split}"))
     return results
 
 
@@ -155,14 +158,13 @@ def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     # (one full round of 132 items and a few more: the plan splits the few; runtime/work_tail.py)
     for kv_mode, qo_lens, kv_lens in [("ragged", [1100], [3000]), ("HND", [1100, 0, 40], [3000, 3, 500])]:
-        plans, outputs = [], []
+        plans = []  # the split plan, then the unsplit one, on the same inputs
         run_prefill(att, v, rng, group=4, head_dim=head_dim, dtype="bfloat16", kv_mode=kv_mode, qo_lens=qo_lens,
-                    kv_lens=kv_lens, template="hopper", num_kv=4, plans=plans, outputs=outputs)
+                    kv_lens=kv_lens, template="hopper", num_kv=4, plans=plans, tail_split=(None, False))
         pairs = len(qo_lens) * -(-max(qo_lens) * 4 // 128)
         orders = list(plans[0].orders.values())
         assert len(orders) == 1 and (orders[0].numel() > pairs) == (pairs * 4 > sms), orders[0].numel()
-        run_prefill(att, v, rng, group=4, head_dim=head_dim, dtype="bfloat16", kv_mode=kv_mode, qo_lens=qo_lens,
-                    kv_lens=kv_lens, template="hopper", num_kv=4, tail_split=False)
+        assert all(o.numel() <= pairs for o in plans[1].orders.values())  # (no pieces past the pairs)
     # the same inputs twice through one split plan: the same bits (every slot merged in slot order, whichever
     # piece ends last; the counters back at zero after each call), and the unsplit plan's result to rounding
     q, kv, qo = one_ragged_request(1100, 3000, 16, 4, head_dim, seed=1)

@@ -1,4 +1,4 @@
-"""How fast the GPU's memory serves short runs: a paged KV pool's rows gathered in three orders, the same rows and
+"""How fast the GPU's memory serves short runs: a paged KV pool's rows gathered in four orders, the same rows and
 bytes each time (PyTorch's index_select over 8-byte words, device events, medians: common.bench).
 
 A pool of 16-token pages in NHD layout, [pages, 16, Hkv, R bytes] (Hkv 8; R the bytes of one KV head's row: 64 /
@@ -6,14 +6,17 @@ A pool of 16-token pages in NHD layout, [pages, 16, Hkv, R bytes] (Hkv 8; R the 
 order of:
 
 * ``pool``: the pool as it lies (one long run; the copy baseline of this kernel);
-* ``token-major``: pages in a random order, each token's Hkv rows together (runs of Hkv x R bytes: what a kernel
-  reading every head of a token at once sees);
+* ``page-major``: pages in a random order, each page whole (runs of PAGE x Hkv x R bytes: every head's CTA
+  reading the same page at once);
+* ``token-major``: (page, token) pairs in a random order, each token's Hkv rows together (runs of Hkv x R bytes:
+  a kernel reading every head of a token at once);
 * ``head-major``: a KV head at a time, pages in a random order (runs of R bytes at a stride of Hkv x R: what one
   CTA per KV head sees when its siblings read elsewhere).
 
-GB/s counts bytes read and written. The decode kernels read each head's rows from its own CTA, the siblings at
-about the same time (between the two orders); a gap between head-major and token-major at R = 128 that closes
-at 256 says short runs, not the kernel's work, hold the fp8 decode at D 128 (docs/fp8.md).
+GB/s counts the rows' bytes read and written and the int32 indices read. The decode kernels read each head's
+rows from its own CTA, the siblings at about the same time (between page-major and head-major); a gap between
+head-major and page-major at R = 128 that closes at 256 says short runs, not the kernel's work, hold the fp8
+decode at D 128 (docs/fp8.md).
 
     python benchmarks/row_run_probe.py --out benchmarks/results --commit <sha>
 """
@@ -29,14 +32,17 @@ ROW_BYTES = (64, 128, 256, 512)
 
 
 def orders(pages: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """The row indices [pages * PAGE * HKV] of each order (row id = (page * PAGE + token) * HKV + head)."""
-    perm = torch.randperm(pages, device="cuda", generator=gen)
+    """The int32 row indices [pages * PAGE * HKV] of each order (row id = (page * PAGE + token) * HKV + head)."""
     tok = torch.arange(PAGE, device="cuda")
     head = torch.arange(HKV, device="cuda")
-    token_major = ((perm[:, None, None] * PAGE + tok[None, :, None]) * HKV + head[None, None, :]).reshape(-1)
+    perm = torch.randperm(pages, device="cuda", generator=gen)
+    page_major = ((perm[:, None, None] * PAGE + tok[None, :, None]) * HKV + head[None, None, :]).reshape(-1)
+    tokens = torch.randperm(pages * PAGE, device="cuda", generator=gen)
+    token_major = (tokens[:, None] * HKV + head[None, :]).reshape(-1)
     head_major = ((perm[None, :, None] * PAGE + tok[None, None, :]) * HKV + head[:, None, None]).reshape(-1)
-    return {"pool": torch.arange(pages * PAGE * HKV, device="cuda"), "token-major": token_major,
-            "head-major": head_major}
+    found = {"pool": torch.arange(pages * PAGE * HKV, device="cuda"), "page-major": page_major,
+             "token-major": token_major, "head-major": head_major}
+    return {name: idx.to(torch.int32) for name, idx in found.items()}
 
 
 def time_orders(r: int, gen: torch.Generator) -> dict:
@@ -48,7 +54,7 @@ def time_orders(r: int, gen: torch.Generator) -> dict:
     for name, idx in orders(rows // (PAGE * HKV), gen).items():
         ms = bench(lambda: torch.index_select(src, 0, idx, out=dst), reps=20)  # noqa: B023 (called here only)
         assert torch.equal(dst, src[idx]), name
-        row[name] = 2 * TOTAL / (ms * 1e-3) / 1e9
+        row[name] = (2 * TOTAL + 4 * idx.numel()) / (ms * 1e-3) / 1e9
     return row
 
 
@@ -60,12 +66,13 @@ def main():
         res["rows"].append(time_orders(r, gen))
         torch.cuda.empty_cache()
     lines = [f"# Row-run probe — {res['gpu']}, {res['date']}, commit {args.commit}", "",
-             "GB/s (read + write) of index_select over a 1 GiB NHD pool of 16-token pages, Hkv 8, in three orders "
-             "(benchmarks/row_run_probe.py).", "",
-             "| row bytes | pool | token-major | head-major | head-major / token-major |", "|---|---|---|---|---|"]
+             "GB/s (rows read + written, indices read) of index_select over a 1 GiB NHD pool of 16-token pages, "
+             "Hkv 8, in four orders (benchmarks/row_run_probe.py).", "",
+             "| row bytes | pool | page-major | token-major | head-major | head-major / page-major |",
+             "|---|---|---|---|---|---|"]
     for row in res["rows"]:
-        lines.append(f"| {row['row_bytes']} | {row['pool']:.0f} | {row['token-major']:.0f} | {row['head-major']:.0f} | "
-                     f"{row['head-major'] / row['token-major']:.2f} |")
+        lines.append(f"| {row['row_bytes']} | {row['pool']:.0f} | {row['page-major']:.0f} | {row['token-major']:.0f} | "
+                     f"{row['head-major']:.0f} | {row['head-major'] / row['page-major']:.2f} |")
     write_results(args.out, f"row_run_probe_{res['date']}", res, lines)
 
 

@@ -56,8 +56,11 @@ def reference_attention(variant, q: np.ndarray, keys: list[np.ndarray], values: 
             k = apply_hook(variant, "key_transform", key_rows, params, k)
         kx = np.repeat(k, group, axis=1)  # [kv_len, Hq, D]
         vx = np.repeat(v, group, axis=1)
-        # (matmul, not einsum: BLAS products, many times faster for long requests; float64 either way)
-        s = np.matmul(qb.transpose(1, 0, 2), kx.transpose(1, 2, 0)) * sm_scale  # [Hq, qo_len, kv_len]
+        # (matmul, not einsum: BLAS products, many times faster for long requests; float64 either way. BLAS
+        # fuses multiply-adds: a product past float64's range alone could give Inf where einsum gave NaN, which
+        # no 16-bit, fp8 or float32 input reaches)
+        with np.errstate(invalid="ignore", over="ignore"):  # (Inf x 0 in a product: NaN, as the rules want)
+            s = np.matmul(qb.transpose(1, 0, 2), kx.transpose(1, 2, 0)) * sm_scale  # [Hq, qo_len, kv_len]
         H = heads[:, None, None]
         scores = dict(s=s, batch=b, qo_pos=qo_pos[None, :, None], kv_pos=kv_pos[None, None, :], qo_head=H,
                       kv_head=H // group)

@@ -94,13 +94,7 @@ struct ScoreRules {
     if constexpr (kPostScale < 0) {
       return false;
     } else {
-      bool ok = true;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float c = rt.logits[h][kPostScale];
-        ok = ok && (prow + 8 * h >= rows_total || (c > 0.f && isfinite(c)));
-      }
-      return __all_sync(0xffffffffu, ok);
+      return post_scale_within(prow, rt, 3.40282347e38f);  // (the largest finite float: rt[k] finite)
     }
   }
 
@@ -118,14 +112,19 @@ struct ScoreRules {
     if constexpr (!kPostBounded || kPostScale < 0) {
       return false;
     } else {
-      bool ok = true;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float c = rt.logits[h][kPostScale];
-        ok = ok && (prow + 8 * h >= rows_total || (c > 0.f && c <= kFixedMaxLimit));
-      }
-      return __all_sync(0xffffffffu, ok);
+      return post_scale_within(prow, rt, kFixedMaxLimit);
     }
+  }
+  // Whether every row of the warp that is one of the request's has 0 < rt[k] <= limit (warp-uniform; a NaN
+  // rt[k] fails, as does an infinite one under a finite limit). Post-scaled hooks only (kPostScale >= 0).
+  __device__ __forceinline__ bool post_scale_within(int prow, const RowTerms& rt, float limit) const {
+    bool ok = true;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float c = rt.logits[h][kPostScale];
+      ok = ok && (prow + 8 * h >= rows_total || (c > 0.f && c <= limit));
+    }
+    return __all_sync(0xffffffffu, ok);
   }
   // the fixed row max of rows prow and prow + 8 (fixed_max_rows held)
   __device__ __forceinline__ void fixed_row_max(float (&m_row)[2]) const {

@@ -32,15 +32,17 @@ ROW_BYTES = (64, 128, 256, 512)
 
 
 def orders(pages: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """The int32 row indices [pages * PAGE * HKV] of each order (row id = (page * PAGE + token) * HKV + head)."""
-    tok = torch.arange(PAGE, device="cuda")
-    head = torch.arange(HKV, device="cuda")
-    perm = torch.randperm(pages, device="cuda", generator=gen)
+    """The int32 row indices [pages * PAGE * HKV] of each order (row id = (page * PAGE + token) * HKV + head), on
+    ``gen``'s device."""
+    dev = gen.device
+    tok = torch.arange(PAGE, device=dev)
+    head = torch.arange(HKV, device=dev)
+    perm = torch.randperm(pages, device=dev, generator=gen)
     page_major = ((perm[:, None, None] * PAGE + tok[None, :, None]) * HKV + head[None, None, :]).reshape(-1)
-    tokens = torch.randperm(pages * PAGE, device="cuda", generator=gen)
+    tokens = torch.randperm(pages * PAGE, device=dev, generator=gen)
     token_major = (tokens[:, None] * HKV + head[None, :]).reshape(-1)
     head_major = ((perm[None, :, None] * PAGE + tok[None, None, :]) * HKV + head[:, None, None]).reshape(-1)
-    found = {"pool": torch.arange(pages * PAGE * HKV, device="cuda"), "page-major": page_major,
+    found = {"pool": torch.arange(pages * PAGE * HKV, device=dev), "page-major": page_major,
              "token-major": token_major, "head-major": head_major}
     return {name: idx.to(torch.int32) for name, idx in found.items()}
 

@@ -287,12 +287,12 @@ def _affine_split(score_value, terms, s_raw, kv_f, invariant, rt, load):
     return new_terms, rest, "kv" in found
 
 
-def _post_scale(score_value, rt) -> int:
-    """k where ``score_value`` is ``g * rt[k]`` (either order) and ``g`` reads no ``rt[k]``: a softmax template
-    then takes the row max of ``g`` and multiplies ``rt[k]`` into the exponent's FFMA (csrc/score_rules.cuh
-    apply_post_scaled); else -1."""
+def _post_scale(score_value, rt) -> tuple[int, object]:
+    """(k, g) where ``score_value`` is ``g * rt[k]`` (either order) and ``g`` reads no ``rt[k]``: a softmax
+    template then takes the row max of ``g`` and multiplies ``rt[k]`` into the exponent's FFMA
+    (csrc/score_rules.cuh apply_post_scaled); else (-1, None)."""
     if not isinstance(score_value, tir.Mul) or str(score_value.ty) != F32:
-        return -1
+        return -1, None
     for g, c in ((score_value.a, score_value.b), (score_value.b, score_value.a)):
         if (isinstance(c, tvm.ir.TensorLoad) and c.source.same_as(rt) and len(c.indices) == 1
                 and isinstance(c.indices[0], tir.IntImm)):
@@ -301,8 +301,8 @@ def _post_scale(score_value, rt) -> int:
             tu.map_nodes(g, tvm.ir.TensorLoad, lambda b: reads.append(b) or b)
             if not any(b.source.same_as(rt) and not (isinstance(b.indices[0], tir.IntImm)
                                                      and int(b.indices[0].value) != k) for b in reads):
-                return k
-    return -1
+                return k, g
+    return -1, None
 
 
 def _bounded_by_one(g) -> bool:
@@ -348,11 +348,8 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
         if affine is not None:
             sp.terms, score_value, affine_kv = list(affine[0]), affine[1], affine[2]
         score_body = tir.Return(score_value)
-        post_scale = _post_scale(score_value, rt_score) if reassoc and affine is None else -1
-        post_bounded = post_scale >= 0 and any(
-            _bounded_by_one(g) for g, c in ((score_value.a, score_value.b), (score_value.b, score_value.a))
-            if isinstance(c, tvm.ir.TensorLoad) and c.source.same_as(rt_score)
-            and isinstance(c.indices[0], tir.IntImm) and int(c.indices[0].value) == post_scale)
+        post_scale, g = _post_scale(score_value, rt_score) if reassoc and affine is None else (-1, None)
+        post_bounded = post_scale >= 0 and _bounded_by_one(g)
     else:  # keep the body: the score scaled on the way in, the value multiplied on the way out
         sp.terms = [scale, post]
         reassoc = float_pos = False

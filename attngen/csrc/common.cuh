@@ -113,6 +113,19 @@ __device__ __forceinline__ bool step_row_max(float (&tile_max)[2], float (&m_row
   return grew;
 }
 
+// step_row_max, or where the rows hold their max (a fixed row max on an interior tile: score_rules.cuh
+// fix_row_max) no reduction and no rise: rescale 1, the held max the exponent's offset.
+__device__ __forceinline__ bool step_or_hold_row_max(bool hold, float (&tile_max)[2], float (&m_row)[2],
+                                                     const float (&koff)[2], float (&rescale)[2], float (&msub)[2]) {
+  if (!hold) return step_row_max(tile_max, m_row, koff, rescale, msub);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    rescale[h] = 1.f;
+    msub[h] = m_row[h];
+  }
+  return false;
+}
+
 // Sum over the `Width` lanes of a lane group (Width a power of two <= 32).
 template <int Width>
 __device__ __forceinline__ float group_sum(float x) {

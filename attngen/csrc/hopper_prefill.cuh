@@ -366,11 +366,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     score_rules.row_terms(prow0, row_terms);
     const bool affine = V::kLogitsAffine && score_rules.affine_rows(row_terms);  // (warp-uniform)
     const bool post_scaled = ScoreRules<V>::kPostScale >= 0 && score_rules.post_rows(prow0, row_terms);  // (the same)
-    // a bounded one over a bf16 P: the row max fixed at 0, none taken on interior tiles (score_rules.cuh
-    // fixed_max_rows); warp-uniform
-    const bool fixed_max = ScoreRules<V>::kPostBounded && std::is_same_v<T, __nv_bfloat16> && post_scaled &&
-                           score_rules.fixed_max_rows(prow0, row_terms);
-    if (fixed_max) score_rules.fixed_row_max(m_row);
+    // a bounded one over a bf16 P: the row max fixed at 0, none taken on interior tiles (the same)
+    const bool fixed_max = score_rules.template fix_row_max<T>(prow0, row_terms, m_row);
     // mapped: the rows' key intervals from the map, where every row of the warp sees one (warp-uniform)
     int map_lo[2] = {0, 0}, map_hi[2] = {0, 0};
     bool mapped_iv = false;
@@ -449,13 +446,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       }
       if constexpr (V::kSoftmax) {
         float msub[2];
-        if (ScoreRules<V>::kPostBounded && fixed_max && interior) {  // (the row max fixed: no reduction, no rise)
-          rescale[0] = rescale[1] = 1.f;
-          msub[0] = m_row[0];
-          msub[1] = m_row[1];
-        } else {
-          step_row_max(mt_max, m_row, koff, rescale, msub);  // (common.cuh: the max moves on a rise past the slack)
-        }
+        // (common.cuh: the max moves on a rise past the slack; a fixed row max holds on interior tiles)
+        step_or_hold_row_max(ScoreRules<V>::kPostBounded && fixed_max && interior, mt_max, m_row, koff, rescale, msub);
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[h] *= rescale[h];
         // (weights i with i * kPoly % 16 < kPoly, spread evenly over the tile, on the FMA pipe)

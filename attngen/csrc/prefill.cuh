@@ -322,9 +322,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
       set_row_tree(row_terms[mt], P.tree, b, qo_len, kv_len, prow0 + mt * 16, group, rows_total);
     affine[mt] = V::kLogitsAffine && score_rules.affine_rows(row_terms[mt]);
     post_scaled[mt] = ScoreRules<V>::kPostScale >= 0 && score_rules.post_rows(prow0 + mt * 16, row_terms[mt]);
-    fixed_max[mt] = ScoreRules<V>::kPostBounded && std::is_same_v<T, __nv_bfloat16> && post_scaled[mt] &&
-                    score_rules.fixed_max_rows(prow0 + mt * 16, row_terms[mt]);
-    if (fixed_max[mt]) score_rules.fixed_row_max(m_row[mt]);
+    fixed_max[mt] = score_rules.template fix_row_max<T>(prow0 + mt * 16, row_terms[mt], m_row[mt]);
   }
   for (int kt = 0; kt < num_kt; ++kt) {
     const int stage = NS == 1 ? 0 : kt % 2;
@@ -467,14 +465,8 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
       }
       if constexpr (V::kSoftmax) {
         float rescale[2], msub[2];
-        bool grew = false;
-        if (ScoreRules<V>::kPostBounded && fixed_max[mt] && interior) {  // (the row max fixed: none, no rise)
-          rescale[0] = rescale[1] = 1.f;
-          msub[0] = m_row[mt][0];
-          msub[1] = m_row[mt][1];
-        } else {
-          grew = step_row_max(mt_max, m_row[mt], koff, rescale, msub);  // (common.cuh)
-        }
+        const bool grew = step_or_hold_row_max(ScoreRules<V>::kPostBounded && fixed_max[mt] && interior, mt_max,
+                                               m_row[mt], koff, rescale, msub);  // (common.cuh)
 #pragma unroll
         for (int h = 0; h < 2; ++h) d_row[mt][h] *= rescale[h];
 #pragma unroll

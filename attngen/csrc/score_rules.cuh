@@ -126,9 +126,17 @@ struct ScoreRules {
     }
     return __all_sync(0xffffffffu, ok);
   }
-  // the fixed row max of rows prow and prow + 8 (fixed_max_rows held)
-  __device__ __forceinline__ void fixed_row_max(float (&m_row)[2]) const {
-    m_row[0] = m_row[1] = 0.f;
+  // Whether the warp's rows fix their max (fixed_max_rows, over a bf16 P: T the tiles' type), once per work item;
+  // if so m_row (rows prow and prow + 8) is set to it, 0, before the first tile (warp-uniform)
+  template <class T>
+  __device__ __forceinline__ bool fix_row_max(int prow, const RowTerms& rt, float (&m_row)[2]) const {
+    if constexpr (!kPostBounded || !std::is_same_v<T, __nv_bfloat16>) {
+      return false;
+    } else {
+      const bool fixed = fixed_max_rows(prow, rt);
+      if (fixed) m_row[0] = m_row[1] = 0.f;
+      return fixed;
+    }
   }
 
   // fixed_max: the row max is fixed (fixed_max_rows): none is taken

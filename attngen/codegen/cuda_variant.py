@@ -288,11 +288,11 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
     flags["kLogitsAffineKv"] = _b(affine and split["split"].affine_kv)
     # a post-scaled logits hook (g * rt[k]): a softmax template takes the row max of g and rt[k] into the
     # exponent's FFMA on interior tiles (csrc/score_rules.cuh apply_post_scaled); -1: none
-    post = split["split"].post_scale if split.get("split") is not None else -1
-    flags["kLogitsPostScale"] = str(post if variant.state == StateAlgebra.SOFTMAX else -1)
-    # |g| <= 1 (a tanh): the prefill templates may fix a bf16 row's max at 0 (csrc/score_rules.cuh fixed_max_rows)
-    flags["kLogitsPostBounded"] = _b(post >= 0 and variant.state == StateAlgebra.SOFTMAX
-                                     and split["split"].post_bounded)
+    post = (split["split"].post_scale if split.get("split") is not None and variant.state == StateAlgebra.SOFTMAX
+            else -1)
+    flags["kLogitsPostScale"] = str(post)
+    # |g| <= 1 (a tanh): the prefill templates may fix a bf16 row's max at 0 (csrc/score_rules.cuh fix_row_max)
+    flags["kLogitsPostBounded"] = _b(post >= 0 and split["split"].post_bounded)
     fns += _logits_split_forwards(split, hs)
     msplit = hs.mask_split or {}
     flags["kMaskRowTerms"] = str(msplit.get("terms", 0))

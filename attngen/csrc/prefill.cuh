@@ -314,7 +314,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   typename ScoreRules<V>::RowTerms row_terms[MT];
   bool affine[MT];  // an affine logits hook's interior path (score_rules.cuh), per warp and m-tile
   bool post_scaled[MT];  // a post-scaled one's (the same)
-  bool fixed_max[MT];    // a bounded one's over a bf16 P: the row max fixed at 0 (score_rules.cuh fixed_max_rows)
+  bool fixed_max[MT];    // a bounded one's over a bf16 P: the row max fixed at 0 (score_rules.cuh fix_row_max)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     score_rules.row_terms(prow0 + mt * 16, row_terms[mt]);

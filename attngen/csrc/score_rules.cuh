@@ -139,7 +139,7 @@ struct ScoreRules {
     }
   }
 
-  // fixed_max: the row max is fixed (fixed_max_rows): none is taken
+  // fixed_max: the row max is fixed (fix_row_max): none is taken
   template <int NKT, class Reduce>
   __device__ __forceinline__ void apply_post_scaled(float (&sm)[NKT][4], int prow, int j0, float (&row_max)[2],
                                                     float (&fac)[2], const RowTerms& rt, Reduce reduce,

@@ -249,6 +249,7 @@ class CUDAAttention(BuiltModule):
         indptr = as_numpy(kv.indptr, "kv.indptr")
         last = as_numpy(kv.last_page_len, "kv.last_page_len")
         lens = paged_lengths(np.diff(indptr), last, kv.page_size)
+        longest = int(lens.max(initial=0))
         from .decode_plan import decode_tc_fits, grid_chunks_for_uniform_batch, items_needed
 
         if fixed_chunk < 0:
@@ -281,10 +282,10 @@ class CUDAAttention(BuiltModule):
                 launch = DecodeLaunch(ws.part_o, ws.part_lse, 1, DecodeBackend.TENSOR_CORES, ws.device_plan,
                                       ws.bounds.num_ctas, merges)
                 return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, launch, ws, ws.generation, split,
-                                  fused, int(lens.max(initial=0)))
+                                  fused, longest)
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
-            num_chunks = choose_num_chunks(batch, kv.num_kv_heads, int(lens.max(initial=0)), sms,
+            num_chunks = choose_num_chunks(batch, kv.num_kv_heads, longest, sms,
                                            total_kv_len=int(lens.sum()))
         if num_chunks < 1:
             raise AttentionArgumentError(f"num_chunks: must be at least 1, got {num_chunks}")
@@ -298,7 +299,7 @@ class CUDAAttention(BuiltModule):
         if tensor_cores is False:  # a link-time build may link the CUDA-core kernels on first use
             link_deferred_parts(self, dev, "decode")
         return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim,
-                          DecodeLaunch(part_o, part_lse, num_chunks, backend), max_kv_len=int(lens.max(initial=0)))
+                          DecodeLaunch(part_o, part_lse, num_chunks, backend), max_kv_len=longest)
 
     def decode(self, q, kv: PagedKV, *, plan: DecodePlan | None = None, sm_scale: float | None = None,
                params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):

@@ -322,6 +322,54 @@ def test_prefill_cuda_graph_replays_100_random_batches(template, build_cache, rn
     assert len(longest) > 30  # the batches really changed
 
 
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_a_replay_past_the_plans_bound_gives_nan_rows_not_stale_ones(template, build_cache):
+    """A graph captured with a plan bounded below the total rows, replayed over a batch whose longest request
+    passes the bound (the captured grid covers only the bound's query tiles): that request's rows come out NaN
+    (out and lse) where the kernel alone would have left the rows past the bound as they were; the other
+    requests match an exact plan's run; plan.check_replay refuses the batch on the host by name."""
+    import torch
+
+    from attngen.runtime import PagedKV
+    from attngen.runtime.checks import AttentionArgumentError
+
+    skip_unless_runs(template)
+    att = cuda_module("causal", build_cache, head_dims=(128,), dtypes=("float16",), kernels=("prefill",))
+    hq, hkv, d, total = 8, 2, 128, 700
+    within, past = [300, 200, 200], [100, 100, 500]  # bound 300: 500 rows need 2+ more tiles than it gives
+    kv_lens = [900, 900, 900]
+    n = [(x + 15) // 16 for x in kv_lens]
+    pages = torch.randn(sum(n), 2, 16, hkv, d, dtype=torch.float16, device="cuda")
+    indices = torch.randperm(sum(n), dtype=torch.int32, device="cuda")
+    indptr = torch.tensor(np.concatenate([[0], np.cumsum(n)]), dtype=torch.int32, device="cuda")
+    last = torch.tensor([x - 16 * (m - 1) for x, m in zip(kv_lens, n)], dtype=torch.int32, device="cuda")
+    kv = PagedKV(pages, indptr, indices, last)
+    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(within)]), dtype=torch.int32, device="cuda")
+    q = torch.randn(total, hq, d, dtype=torch.float16, device="cuda")
+    plan = att.plan_prefill(qo_indptr, kv, d, template=template, tile_map=False, max_qo_len=300)
+    out, lse = torch.empty_like(q), torch.empty(total, hq, device="cuda")
+    att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse)
+    torch.cuda.current_stream().wait_stream(stream)
+    past_indptr = np.concatenate([[0], np.cumsum(past)]).astype(np.int32)
+    with pytest.raises(AttentionArgumentError, match="request 2 has 500 query rows, past the plan's max_qo_len=300"):
+        plan.check_replay(past_indptr)
+    plan.check_replay(np.concatenate([[0], np.cumsum(within)]).astype(np.int32))
+    qo_indptr.copy_(torch.from_numpy(past_indptr))
+    out.zero_()
+    lse.zero_()
+    graph.replay()
+    exact_o, exact_l = att.prefill(q, kv, qo_indptr, plan=att.plan_prefill(qo_indptr, kv, d, template=template))
+    torch.cuda.synchronize()
+    assert torch.isnan(out[200:]).all() and torch.isnan(lse[200:]).all()
+    torch.testing.assert_close(out[:200], exact_o[:200], atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(lse[:200], exact_l[:200], atol=1e-3, rtol=1e-4)
+
+
 @T.prim_func
 def _signed_distance_bias(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
                           kv_head: T.int32, w_ptr: T.handle, slope_ptr: T.handle) -> T.float32:

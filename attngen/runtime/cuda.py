@@ -32,6 +32,7 @@ from .deferred_parts import link_deferred_parts
 from .fp8 import device_kv_scales, scale_args
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
+from .replay_guard import poison_rows_over_bound
 from .tile_map import KVBound, TileMap, build_tile_map, params_key
 from .views import PagedKV, RaggedKV, paged_lengths
 
@@ -361,7 +362,11 @@ class CUDAAttention(BuiltModule):
         longest request (at least that, at most the batch's total rows). A CUDA graph captured with such a
         plan replays any later batch of the same size and total rows whose requests stay within the bound:
         write its qo_indptr and page table into the captured tensors (page tables may keep spare entries)
-        and replay. Graph replays over changing batches need ``tile_map=False`` (a map is one batch's).
+        and replay (``plan.check_replay(qo_indptr)`` checks a batch on the host before it is written). Where the
+        bound is below the total rows, each call also sets every row (out and lse) of a request longer than the
+        bound to NaN, by a few capturable device operations (runtime/replay_guard.py): a replay past the bound,
+        which no CTA of the captured grid would fully cover, is loud instead of silently wrong. Graph replays over
+        changing batches need ``tile_map=False`` (a map is one batch's).
         ``work_order``: None (default) or True: the Hopper template deals the batch's work longest first
         over all requests (runtime/work_order.py; made on the first call outside a CUDA graph capture: a
         graph captured by a plan's first call runs request by request; later batches replayed within the
@@ -423,7 +428,8 @@ class CUDAAttention(BuiltModule):
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None,
                            lengths=(np.diff(qo), kv_lens) if ordered else None, hook_pass=hook_pass,
                            tail_split=tail_split,
-                           kv_bound=KVBound.of(kv, int(kv_lens.max(initial=0))) if why is None else None)
+                           kv_bound=KVBound.of(kv, int(kv_lens.max(initial=0))) if why is None else None,
+                           replay_bound=max_qo_len is not None)
 
     def _check_float_positions(self, kv_lens) -> None:
         """This build's prefill passes key positions to the logits hook as floats (exact below the limit
@@ -513,4 +519,6 @@ class CUDAAttention(BuiltModule):
         workspace = None if fp8 is not None else hook_pass_module.workspace_for(
             self.variant, plan.hook_pass, plan.max_qo_len * group, q, kv, d)
         fn(q, *kv_args, qo_indptr, out, lse, *scales, scale, *plan.ffi_args(tiles, order, workspace), *extras)
+        if plan.guards_replays and hasattr(out, "masked_fill_"):  # (a replayed batch may pass the bound)
+            poison_rows_over_bound(out, lse, qo_indptr, total_q=plan.total_q, max_qo_len=plan.max_qo_len)
         return out, lse

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 
+from .replay_guard import check_replay_batch
 from .tile_map import KVBound, TileMap
 from .work_order import order_from_bounds
 
@@ -91,6 +92,18 @@ class PrefillPlan:
     # where calls may walk a tile map: the planned batch's longest KV length and its index arrays
     # (runtime/tile_map.py KVBound), so that a call with those arrays sizes its map without reading the device
     kv_bound: KVBound | None = field(default=None, repr=False, compare=False)
+    # whether max_qo_len was given (a plan for CUDA-graph replays of other batches: runtime/replay_guard.py)
+    replay_bound: bool = False
+
+    @property
+    def guards_replays(self) -> bool:
+        """Whether calls set the rows of a request longer than the bound to NaN (a replayed batch may hold one)."""
+        return self.replay_bound and self.max_qo_len < self.total_q
+
+    def check_replay(self, qo_indptr) -> None:
+        """Refuse, naming the bound, a batch (qo_indptr [B+1]) that a graph captured with this plan cannot
+        replay: another batch size or total of query rows, or a request longer than ``max_qo_len``."""
+        check_replay_batch(qo_indptr, batch_size=self.batch_size, total_q=self.total_q, max_qo_len=self.max_qo_len)
 
     def max_kv_len(self, kv) -> int | None:
         """The planned batch's longest KV length for a view with the planned index arrays (KVBound), else None."""

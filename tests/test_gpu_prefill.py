@@ -262,6 +262,20 @@ def test_example_variants(example, template, build_cache, rng):
                     qo_lens=[37, 0, 100, 3, 300], kv_lens=[37, 5, 180, 0, 300], template=template, make_params=make)
 
 
+def _captured(call):
+    """A CUDA graph of call(), run once eagerly first (the plan's first call makes its work order)."""
+    import torch
+
+    call()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_prefill_cuda_graph_replays_100_random_batches(template, build_cache, rng):
     """Capture prefill once with a plan bounded by max_qo_len, then replay it for 100 random batches of the
@@ -299,13 +313,7 @@ def test_prefill_cuda_graph_replays_100_random_batches(template, build_cache, rn
     plan = att.plan_prefill(qo_indptr, kv, d, template=template, tile_map=False, max_qo_len=total)
     out = torch.empty_like(q)
     lse = torch.empty(total, hq, device="cuda")
-    att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse)  # warm-up outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph = _captured(lambda: att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse))
     longest = set()
     for _ in range(100):
         longest.add(int(refill().max()))
@@ -348,13 +356,7 @@ def test_a_replay_past_the_plans_bound_gives_nan_rows_not_stale_ones(template, b
     q = torch.randn(total, hq, d, dtype=torch.float16, device="cuda")
     plan = att.plan_prefill(qo_indptr, kv, d, template=template, tile_map=False, max_qo_len=300)
     out, lse = torch.empty_like(q), torch.empty(total, hq, device="cuda")
-    att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph = _captured(lambda: att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse))
     past_indptr = np.concatenate([[0], np.cumsum(past)]).astype(np.int32)
     with pytest.raises(AttentionArgumentError, match="request 2 has 500 query rows, past the plan's max_qo_len=300"):
         plan.check_replay(past_indptr)

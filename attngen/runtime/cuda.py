@@ -201,7 +201,7 @@ class CUDAAttention(BuiltModule):
 
     def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None,
                     tensor_cores: bool | None = None, fixed_chunk: int = 0, graph_safe: bool = False,
-                    fused_merge: bool | None = None):
+                    fused_merge: bool | None = None, kv_heads_per_cta: int | None = None):
         """Plan one decode step (reused by every layer). Without ``num_chunks`` the split is load-balanced
         (the host planner's work list, tensor-core template); a plan is valid until the next load-balanced
         ``plan_decode`` of the same shape. ``num_chunks`` forces an even split of every request into that
@@ -215,7 +215,10 @@ class CUDAAttention(BuiltModule):
         plans): True, the decode kernel merges split requests itself, the CTA that writes a request's last
         partial state merging them; False, the separate merge kernel runs after it; None (default): as
         ``decode_plan.choose_fused_merge`` decides (fused for graph-safe plans and where some request writes
-        its output directly, the merge kernel for an all-split batch)."""
+        its output directly, the merge kernel for an all-split batch). ``kv_heads_per_cta`` (tensor-core
+        template): 2, each CTA serves two KV heads, whose rows of a token an NHD cache stores side by side, so
+        rows of 128 bytes or less are read in runs of twice that; 1, one head per CTA; None (default): as
+        ``decode_plan.kv_heads_per_cta`` decides (pairs on NHD caches wherever a pair can serve the call)."""
         import torch
 
         _check_kv_view(kv, PagedKV)
@@ -238,23 +241,33 @@ class CUDAAttention(BuiltModule):
         last = as_numpy(kv.last_page_len, "kv.last_page_len")
         lens = paged_lengths(np.diff(indptr), last, kv.page_size)
         from .decode_plan import decode_tc_fits, grid_chunks_for_uniform_batch, items_needed
+        from .decode_plan import kv_heads_per_cta as kv_heads_per_cta_for
 
         if fixed_chunk < 0:
             raise AttentionArgumentError(f"fixed_chunk: must be 0 (off) or a positive key count, got {fixed_chunk}")
         kv_bytes = DTYPE_BYTES[dtype]
-        balanced = num_chunks is None and tensor_cores is not False and decode_tc_fits(
-            head_dim, torch.cuda.get_device_properties(kv.pages.device).shared_memory_per_block_optin, kv_bytes)
+        def tc_fits() -> bool:  # whether a tensor-core tile fits the device's shared memory
+            return decode_tc_fits(
+                head_dim, torch.cuda.get_device_properties(kv.pages.device).shared_memory_per_block_optin, kv_bytes)
+
+        def on_tensor_cores() -> bool:  # whether the call surely runs on the tensor-core template
+            return (tensor_cores is True or (tensor_cores is None and num_chunks is None)) and tc_fits()
+
+        balanced = num_chunks is None and tensor_cores is not False and tc_fits()
+        group = num_qo_heads // kv.num_kv_heads
+        pair = kv_heads_per_cta_for(kv_heads_per_cta, head_dim=head_dim, kv_bytes=kv_bytes, layout=kv.layout,
+                                    num_kv_heads=kv.num_kv_heads, group=group, tensor_cores=on_tensor_cores)
+        slots = kv.num_kv_heads // pair  # grid rows: KV heads, or pairs of them, each planned as one head
         if not balanced and (graph_safe or fixed_chunk):
             raise AttentionArgumentError(
                 "graph_safe / fixed_chunk: need the load-balanced plan (tensor-core template, no num_chunks, a "
                 "tensor-core tile that fits this GPU); drop num_chunks / tensor_cores=False")
         if balanced:
-            ws = self._decode_workspace(num_qo_heads, kv.num_kv_heads, head_dim, batch,
-                                        items_needed(lens, fixed_chunk), kv.pages.device, fused_merge is not False,
-                                        kv_bytes)
-            split = ws.split(lens.astype(np.int32), num_qo_heads // kv.num_kv_heads, fixed_chunk=fixed_chunk)
+            ws = self._decode_workspace(num_qo_heads, slots, head_dim, batch, items_needed(lens, fixed_chunk),
+                                        kv.pages.device, fused_merge is not False, kv_bytes)
+            split = ws.split(lens.astype(np.int32), group * pair, fixed_chunk=fixed_chunk)
             automatic = tensor_cores is None and not graph_safe and not fixed_chunk and fused_merge is None
-            grid = grid_chunks_for_uniform_batch(lens, split, kv.num_kv_heads, ws.resident_slots) if automatic else 0
+            grid = grid_chunks_for_uniform_batch(lens, split, slots, ws.resident_slots) if automatic else 0
             if grid:  # a uniform batch the even-split grid launch serves at least as well
                 num_chunks, tensor_cores = grid, True
             else:
@@ -262,13 +275,12 @@ class CUDAAttention(BuiltModule):
                 ws.generation += 1
                 merges = 0 if fused else (ws.bounds.max_merges if graph_safe else n_merge)
                 launch = DecodeLaunch(ws.part_o, ws.part_lse, 1, DecodeBackend.TENSOR_CORES, ws.device_plan,
-                                      ws.bounds.num_ctas, merges)
+                                      ws.bounds.num_ctas, merges, pair)
                 return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, launch, ws, ws.generation, split,
                                   fused)
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
-            num_chunks = choose_num_chunks(batch, kv.num_kv_heads, int(lens.max(initial=0)), sms,
-                                           total_kv_len=int(lens.sum()))
+            num_chunks = choose_num_chunks(batch, slots, int(lens.max(initial=0)), sms, total_kv_len=int(lens.sum()))
         if num_chunks < 1:
             raise AttentionArgumentError(f"num_chunks: must be at least 1, got {num_chunks}")
         dev = kv.pages.device
@@ -281,7 +293,7 @@ class CUDAAttention(BuiltModule):
         if tensor_cores is False:  # a link-time build may link the CUDA-core kernels on first use
             link_deferred_parts(self, dev, "decode")
         return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim,
-                          DecodeLaunch(part_o, part_lse, num_chunks, backend))
+                          DecodeLaunch(part_o, part_lse, num_chunks, backend, kv_heads_per_cta=pair))
 
     def decode(self, q, kv: PagedKV, *, plan: DecodePlan | None = None, sm_scale: float | None = None,
                params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):

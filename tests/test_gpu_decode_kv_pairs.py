@@ -20,7 +20,7 @@ KV_LENS = [1, 37, 0, 300, 16, 129, 700, 2000]  # an empty request, odd lengths, 
 @T.prim_func
 def _head_logits(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
                  kv_head: T.int32) -> T.float32:
-    return s + T.float32(0.25) * T.float32(qo_head % 3) - T.float32(0.5) * T.float32(kv_head)
+    return s * (T.float32(1) + T.float32(0.25) * T.float32(kv_head)) + T.float32(0.25) * T.float32(qo_head % 3)
 
 
 @T.prim_func
@@ -42,8 +42,8 @@ def _variants():
             "head_keys": Variant("head_keys", key_transform=_head_key, logits_mask=_head_mask)}
 
 
-def _cache(rng, kv_dtype, head_dim, num_kv, dev):
-    """Random pages (NHD, permuted page ids, spare pages) of KV_LENS in ``kv_dtype``: (PagedKV, keys, values,
+def _cache(rng, kv_dtype, head_dim, num_kv, dev, layout="NHD"):
+    """Random pages (``layout``, permuted page ids, spare pages) of KV_LENS in ``kv_dtype``: (PagedKV, keys, values,
     k_scale, v_scale) with keys / values per request as stored and per-head scales (None for bfloat16)."""
     import torch
 
@@ -60,65 +60,83 @@ def _cache(rng, kv_dtype, head_dim, num_kv, dev):
     raw = rng.standard_normal((total, 2, page, num_kv, head_dim)).astype(np.float32) * 2
     raw[:, :, :, 1::2] *= 0.1  # every other head in another range: per-head scales differ within a pair
     if kv_dtype == "bfloat16":
-        t = torch.from_numpy(raw).to(dev, torch.bfloat16)
-        stored, k_scale, v_scale = t.float().cpu().numpy(), None, None
+        stored, k_scale, v_scale = torch.from_numpy(raw).to(torch.bfloat16).float().numpy(), None, None
     else:
         k_scale = kv_scale_for(raw[:, 0].reshape(-1, num_kv, head_dim), kv_dtype)
         v_scale = kv_scale_for(raw[:, 1].reshape(-1, num_kv, head_dim), kv_dtype)
         stored = np.stack([quantize_kv(raw[:, 0], kv_dtype, k_scale), quantize_kv(raw[:, 1], kv_dtype, v_scale)], 1)
+    if layout == "HND":  # [P, 2, Hkv, S, D]
+        stored = np.ascontiguousarray(stored.transpose(0, 1, 3, 2, 4))
+    if kv_dtype == "bfloat16":
+        t = torch.from_numpy(stored).to(dev, torch.bfloat16)
+    else:
         t = torch.from_numpy(stored.view(np.uint8)).to(dev).view(getattr(torch, kv_dtype))
-    keys, values = gather_pages(stored, indptr, ids, last, "NHD")
+    keys, values = gather_pages(stored, indptr, ids, last, layout)
     kv = PagedKV(t, torch.from_numpy(indptr).to(dev), torch.from_numpy(ids).to(dev), torch.from_numpy(last).to(dev),
-                 "NHD")
+                 layout)
     return kv, keys, values, k_scale, v_scale
+
+
+def _library(name, build_cache):
+    """The variant's decode library: bfloat16 queries over bfloat16 and e4m3 caches at head dims 64 and 128; NHD,
+    and for head_scores HND too (pairs asked for explicitly there)."""
+    from attngen.runtime import CUDAAttention
+
+    return CUDAAttention.build(_variants()[name], head_dims=(64, 128), dtypes=("bfloat16", "bfloat16"),
+                               kv_dtypes=("bfloat16", "float8_e4m3fn"),
+                               layouts=("NHD", "HND") if name == "head_scores" else ("NHD",), kernels=("decode",),
+                               cache=build_cache)
 
 
 @pytest.mark.parametrize("name", ["head_scores", "head_keys"])
 def test_kv_head_pairs_match_the_reference_and_the_one_head_launch(name, build_cache, rng):
     import torch
 
-    from attngen.runtime import CUDAAttention, reference_attention
+    from attngen.runtime import reference_attention
     from attngen.testing import Problem, check_decode_plans, fp8_tolerance, tolerance
 
     variant = _variants()[name]
-    att = CUDAAttention.build(variant, head_dims=(64, 128), dtypes=("bfloat16", "bfloat16"),
-                              kv_dtypes=("bfloat16", "float8_e4m3fn"),
-                              layouts=("NHD",), kernels=("decode",), cache=build_cache)
+    att = _library(name, build_cache)
     dev = torch.device("cuda")
     batch, indptr1 = len(KV_LENS), np.arange(len(KV_LENS) + 1, dtype=np.int32)
-    for kv_dtype, d in (("float8_e4m3fn", 64), ("float8_e4m3fn", 128), ("bfloat16", 64)):
-        for num_kv, group in ((2, 1), (2, 4), (4, 3)):
-            kv, keys, values, k_scale, v_scale = _cache(rng, kv_dtype, d, num_kv, dev)
-            q = torch.from_numpy(rng.standard_normal((batch, num_kv * group, d)).astype(np.float32)).to(
-                dev, torch.bfloat16)
-            q_r = q.float().cpu().numpy()
-            scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
-            ref_o, ref_l = reference_attention(variant, q_r, keys, values, indptr1, d ** -0.5, {}, **scales)
-            if k_scale is None:
-                prob = Problem(q_r, indptr1, None, None, keys, values, [1] * batch, KV_LENS)
-                tol = tolerance(prob, ref_o, "bfloat16", d ** -0.5)
-            else:
-                tol = fp8_tolerance(q_r, indptr1, keys, values, k_scale, v_scale, ref_o, "bfloat16", d ** -0.5)
-            plans = [dict(kv_heads_per_cta=k, **extra) for k in (1, 2)
-                     for extra in ({"tensor_cores": True, "fused_merge": True}, {"fused_merge": False},
-                                   {"num_chunks": 3, "tensor_cores": True})]
-            dev_scales = {k: torch.from_numpy(v).to(dev) for k, v in scales.items()}
-            check_decode_plans(att, q, kv, d, plans, ref_o, ref_l, tol=tol,
-                               lse_eps=float(torch.finfo(torch.bfloat16).eps),
-                               what=f"{name} {kv_dtype} D{d} Hkv {num_kv} group {group}", **dev_scales)
-            for extra in ({}, {"num_chunks": 3, "tensor_cores": True}):  # the automatic choice pairs these NHD calls
-                assert att.plan_decode(kv, q.shape[1], d, **extra).kv_heads_per_cta == 2
+    cases = [(kv_dtype, d, num_kv, group, "NHD") for kv_dtype, d in
+             (("float8_e4m3fn", 64), ("float8_e4m3fn", 128), ("bfloat16", 64)) for num_kv, group in
+             ((2, 1), (2, 4), (4, 3))]
+    if name == "head_scores":
+        cases.append(("float8_e4m3fn", 128, 2, 4, "HND"))
+    for kv_dtype, d, num_kv, group, layout in cases:
+        kv, keys, values, k_scale, v_scale = _cache(rng, kv_dtype, d, num_kv, dev, layout)
+        q = torch.from_numpy(rng.standard_normal((batch, num_kv * group, d)).astype(np.float32)).to(
+            dev, torch.bfloat16)
+        q_r = q.float().cpu().numpy()
+        scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
+        ref_o, ref_l = reference_attention(variant, q_r, keys, values, indptr1, d ** -0.5, {}, **scales)
+        if k_scale is None:
+            prob = Problem(q_r, indptr1, None, None, keys, values, [1] * batch, KV_LENS)
+            tol = tolerance(prob, ref_o, "bfloat16", d ** -0.5)
+        else:
+            tol = fp8_tolerance(q_r, indptr1, keys, values, k_scale, v_scale, ref_o, "bfloat16", d ** -0.5)
+        plans = [dict(kv_heads_per_cta=k, **extra) for k in (1, 2)
+                 for extra in ({"tensor_cores": True, "fused_merge": True}, {"fused_merge": False},
+                               {"num_chunks": 3, "tensor_cores": True}, {"graph_safe": True},
+                               {"fixed_chunk": 256})]
+        dev_scales = {k: torch.from_numpy(v).to(dev) for k, v in scales.items()}
+        check_decode_plans(att, q, kv, d, plans, ref_o, ref_l, tol=tol,
+                           lse_eps=float(torch.finfo(torch.bfloat16).eps),
+                           what=f"{name} {kv_dtype} D{d} Hkv {num_kv} group {group} {layout}", **dev_scales)
+        fused = att.plan_decode(kv, q.shape[1], d, kv_heads_per_cta=2, tensor_cores=True, fused_merge=True)
+        assert fused.fused_merge and len(fused.split.merge_tiles) > 0  # the kernel's own merge ran above
+        # the automatic choice pairs the NHD calls (and not the HND one)
+        for extra in ({}, {"num_chunks": 3, "tensor_cores": True}):
+            assert att.plan_decode(kv, q.shape[1], d, **extra).kv_heads_per_cta == (2 if layout == "NHD" else 1)
 
 
 def test_kv_head_pairs_are_refused_where_none_serves(build_cache, rng):
     import torch
 
-    from attngen.runtime import CUDAAttention
     from attngen.runtime.checks import AttentionArgumentError
 
-    att = CUDAAttention.build(_variants()["head_scores"], head_dims=(64, 128), dtypes=("bfloat16", "bfloat16"),
-                              kv_dtypes=("bfloat16", "float8_e4m3fn"), layouts=("NHD",), kernels=("decode",),
-                              cache=build_cache)
+    att = _library("head_scores", build_cache)
     dev = torch.device("cuda")
     kv, *_ = _cache(rng, "bfloat16", 128, 2, dev)
     with pytest.raises(AttentionArgumentError, match=r"kv_heads_per_cta=2: .*head_dim 128, 2-byte elements"):

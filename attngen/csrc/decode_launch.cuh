@@ -111,7 +111,8 @@ void launch_decode_tc_tile(const DecodeProblemOf<KV>& P, const typename V::Param
   const size_t smem = decode_tc_smem_bytes<D, S, kIsFp8<KV>>();
   auto kernel = decode_tc_kernel_ref<V, T, D, S, KV>();
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  const int rows = P.num_kv_heads >> P.kv_head_shift;  // KV heads, or pairs of them (decode_tc_pairs_kv_heads)
+  // KV heads, or pairs of them: the kernel's own rule (decode_tc_items), so the grid and the kernel never disagree
+  const int rows = P.num_kv_heads >> (decode_tc_pairs_kv_heads<D, kIsFp8<KV>>() ? P.kv_head_shift : 0);
   const dim3 grid = P.plan ? dim3(P.plan_ctas, rows, 1) : dim3(P.num_chunks, rows, P.batch);
   launch_dependent(kernel, grid, dim3(DecodeTCTile<D, S>::kThreads), smem, stream, P, hp);
   launch_decode_merge<V, T, D>(P, hp, stream);

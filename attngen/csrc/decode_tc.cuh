@@ -7,7 +7,8 @@
 // this item finishes. The query heads of the KV head's
 // group (GQA head-group fusion, at most 8) are the rows of one 16-row MMA tile, so a
 // K/V element is read from memory once for the whole group. A stage holds 64 keys;
-// warp w owns keys [16w, 16w + 16) of every stage, copies those rows itself (so the tiles
+// warp w owns rows [16w, 16w + 16) of every stage (keys [16w, 16w + 16) of the tile, or with a pair keys
+// [16 (w % 2), + 16) of its head), copies those rows itself (so the tiles
 // need no CTA barrier; the warps meet once per item) and keeps its own online-softmax
 // state (fp32, base 2); the four states are merged through shared memory at the end (a merge region of its own,
 // or at D 256 over a 16-bit cache the stage the loader fills next, so that two one-stage CTAs share an SM:
@@ -160,6 +161,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   const int group = P.group, cta_rows = group << shift;    // query rows of this warp's head / of the CTA
   const int qh0 = cta_slot * cta_rows, q_lo = head_in_cta * group;  // the CTA's first query head; this warp's first row
   const int tk = TK >> shift;                              // keys of one head per tile
+  static_assert(TK == 64, "a pair's tiles are counted by a shift of 5");
+  // tiles of n > 0 keys (a pair's 32-key tiles by a shift, not a division by a run-time count)
+  auto tiles_of = [&](int n) { return shift ? (n + 31) >> 5 : (n + TK - 1) / TK; };
   // whether row r of the query tile is a query head of this warp's KV head
   auto own_row = [&](int r) { return shift ? unsigned(r - q_lo) < unsigned(group) : r < group; };
   const T* pages = static_cast<const T*>(P.kv.base);
@@ -187,7 +191,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     while (l_tile >= l_tiles && l_item < items.count) {
       if (++l_item < items.count) {
         l_cur = items.get(l_item);
-        l_tiles = l_cur.end > l_cur.start ? (l_cur.end - l_cur.start + tk - 1) / tk : 0;
+        l_tiles = l_cur.end > l_cur.start ? tiles_of(l_cur.end - l_cur.start) : 0;
         l_tile = 0;
         l_page_ids = P.kv.indices + P.kv.indptr[l_cur.b];
         if constexpr (tvm_windowed<V>()) l_sinks = P.kv.sinks(l_cur.b);
@@ -263,7 +267,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     const DecodeTCItem cur = items.get(it);
     const int b = cur.b, start = cur.start, end = cur.end;
     const int qo_pos = view_length<V>(P.kv, b) - 1;
-    const int num_tiles = end > start ? (end - start + tk - 1) / tk : 0;
+    const int num_tiles = end > start ? tiles_of(end - start) : 0;
     __syncthreads();  // the previous item's epilogue may still read the merge region
 
     // Q fragments in registers for the item where they fit (D <= 128); the query rows arrive with the
@@ -273,8 +277,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     T* sq = sq_all + (num_tiles > 0 ? q_consumed++ % S : 0) * QR * ST;
     float q_up = 1.f;  // half MMAs: the power of two row g's query was scaled down by
 
-    // ---- per-thread state: rows g (a query head when g < group) and g + 8 (padding); direct keys: the
-    // transposed output O^T (m-tile i: dims 16 i + g and + 8 of query rows 2 t4 and 2 t4 + 1, no padding)
+    // ---- per-thread state: rows g (a query head of this warp's KV head when own_row(g)) and g + 8 (padding);
+    // direct keys: the transposed output O^T (m-tile i: dims 16 i + g and + 8 of query rows 2 t4 and 2 t4 + 1, no
+    // padding)
     float o_acc[NOA][4];
 #pragma unroll
     for (int n = 0; n < NOA; ++n)

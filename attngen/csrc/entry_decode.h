@@ -15,8 +15,9 @@
 //   then the variant's extra parameters (V::ExtraArgs).
 // Without a plan the keys split evenly into num_chunks chunks: part_o [B, C, Hq, D], part_lse [B, C, Hq]
 // (unused for one chunk) and plan_ctas = plan_merges = 0. With a plan num_chunks is ignored, the grid is
-// (plan_ctas, Hkv), part_o / part_lse are [slots, Hq, (D)], and plan_merges merge blocks follow. With
-// kv_heads_per_cta 2 the grids have Hkv / 2 rows (a plan is then made for Hkv / 2 heads of twice the group).
+// (plan_ctas, Hkv / kv_heads_per_cta), part_o / part_lse are [slots, Hq, (D)], and plan_merges merge blocks follow.
+// A plan is made for the grid's rows (plan_decode: Hkv / 2 heads of twice the group with kv_heads_per_cta 2, its
+// fused merge's counters sized for those rows): call with the kv_heads_per_cta it was made for.
 // backend kAuto lets the launcher choose, kCudaCores forces the CUDA-core template, kTensorCores the
 // tensor-core one (which falls back to CUDA cores where the device's shared memory holds none of its tiles).
 #pragma once

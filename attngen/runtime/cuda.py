@@ -147,7 +147,7 @@ class CUDAAttention(BuiltModule):
         return cls(variant, res.library, res.manifest)
 
     def _decode_workspace(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int, items: int,
-                          device, counters: bool = True, kv_bytes: int = 2):
+                          device, counters: bool = True, kv_bytes: int = 2, pair: int = 1):
         """The load-balanced decode workspace of this shape, grown when a batch (or a fixed-chunk plan's
         work items) exceeds its bounds; ``counters``: with the fused merge's arrival counters; ``kv_bytes``:
         bytes per cache element (1: fp8, whose tiles leave a different number of CTAs per SM)."""
@@ -155,7 +155,7 @@ class CUDAAttention(BuiltModule):
 
         from .decode_plan import DecodeBounds, DecodeWorkspace, decode_tc_ctas_per_sm
 
-        key = (str(device), num_qo_heads, num_kv_heads, head_dim, counters, kv_bytes)
+        key = (str(device), num_qo_heads, num_kv_heads, head_dim, counters, kv_bytes, pair)
         spaces = self.__dict__.setdefault("_decode_spaces", {})
         ws = spaces.get(key)
         if ws is None or batch > ws.bounds.max_batch or items > ws.bounds.max_work_items:
@@ -264,7 +264,7 @@ class CUDAAttention(BuiltModule):
                 "tensor-core tile that fits this GPU); drop num_chunks / tensor_cores=False")
         if balanced:
             ws = self._decode_workspace(num_qo_heads, slots, head_dim, batch, items_needed(lens, fixed_chunk),
-                                        kv.pages.device, fused_merge is not False, kv_bytes)
+                                        kv.pages.device, fused_merge is not False, kv_bytes, pair)
             split = ws.split(lens.astype(np.int32), group * pair, fixed_chunk=fixed_chunk)
             automatic = tensor_cores is None and not graph_safe and not fixed_chunk and fused_merge is None
             grid = grid_chunks_for_uniform_batch(lens, split, slots, ws.resident_slots) if automatic else 0
@@ -309,6 +309,9 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(
                 f"plan: made for batch {plan.batch_size}, {plan.num_qo_heads} heads, head_dim {plan.head_dim}; "
                 f"q is {tuple(q.shape)}: plan again for this batch")
+        if plan.num_kv_heads != kv.num_kv_heads:
+            raise AttentionArgumentError(f"plan: made for {plan.num_kv_heads} KV heads; kv has {kv.num_kv_heads}: "
+                                         f"plan again for this cache")
         check_tensor(kv.pages, "kv.pages", 5, kv.kv_dtype if is_fp8(kv.kv_dtype) else dt)
         check_qkv_heads(q, kv.num_kv_heads, d)
         # a 16-bit cache is in q's dtype (checked above): its function is the query dtype's

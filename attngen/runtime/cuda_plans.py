@@ -20,7 +20,7 @@ class DecodeLaunch:
     num_chunks: int = 1  # even split: chunks per request (ignored with a plan)
     backend: DecodeBackend = DecodeBackend.AUTO
     device_plan: object = None  # plan mode: the split-KV plan's int32 buffer on the device (decode_plan.py)
-    plan_ctas: int = 0  # plan mode: CTAs per KV head
+    plan_ctas: int = 0  # plan mode: CTAs per grid row (a KV head, or a pair of them)
     plan_merges: int = 0  # plan mode: merge blocks launched (the split requests, or the bound if graph-safe)
     kv_heads_per_cta: int = 1  # 2: a tensor-core CTA serves two KV heads (decode_plan.kv_heads_per_cta)
 

@@ -111,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
 
-    b = sub.add_parser("build", help="compile a variant into a library (cpu) or device objects (cuda)",
+    b = sub.add_parser("build", help="compile a variant into a shared library (cpu or cuda)",
                        description="Run the pipeline validate -> analyze -> schedule -> lower_hooks -> "
                                    "instantiate -> compile, reusing the build cache when nothing changed.")
     _add_source(b)

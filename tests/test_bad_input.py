@@ -149,6 +149,38 @@ def test_unboundable_read_of_a_plain_symbolic_dim_is_refused():
     assert len(_resolve(clamped, {"table": np.zeros(1, np.float32)})) == 1
 
 
+def test_a_sized_dim_read_along_one_position_is_checked_against_the_longest_request(build_cache, rng):
+    """A document id per position, ("batch_size", "max_len>=1"): the declaration alone admits one column; the
+    call knows its longest KV length on the host and refuses a row shorter than it, by name, before any kernel
+    (CPU prefill and decode; the CUDA plans pass the same length). A relation of two positions (qo_pos - kv_pos)
+    stays with its declaration: the mask may bound it more than the positions' ranges."""
+    import runpy
+    from pathlib import Path
+
+    docs = runpy.run_path(str(Path(__file__).resolve().parent.parent / "examples" / "document_mask.py"))["variant"]
+    ids = np.zeros((3, 6), np.int32)
+    assert len(_resolve(docs, {"doc_ids": ids})) == 1  # positions unknown: the declaration (>= 1) holds
+    assert len(_resolve(docs, {"doc_ids": ids}, positions=6)) == 1
+    with pytest.raises(AttentionArgumentError, match=r"params\['doc_ids'\]: dim 1 has 6 entries, but hook "
+                                                     r"'logits_mask' \(.*document_mask.py:\d+\) reads index "
+                                                     r"(kv|qo)_pos = 6 \(with positions below 7, the batch's longest "
+                                                     r"KV length\): it needs at least 7 entries"):
+        _resolve(docs, {"doc_ids": ids}, positions=7)
+    assert len(_resolve(docs, {"doc_ids": ids}, positions=lambda: 6)) == 1  # (a function: asked only if needed)
+    relative = Variant("pos", logits_transform=by_position, params=[TensorParam("table", "float32", ("n>=4",))])
+    assert len(_resolve(relative, {"table": np.zeros(4, np.float32)}, positions=100)) == 1
+
+    att = CPUAttention.build(docs, head_dims=(D,), layouts=("NHD",), cache=build_cache)
+    prob = random_problem(rng, [3, 2, 1], [5, 9, 4], 4, 2, D)
+    with pytest.raises(AttentionArgumentError, match=r"params\['doc_ids'\]: dim 1 has 8 entries.*it needs at "
+                                                     r"least 9 entries"):
+        att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"doc_ids": np.zeros((3, 8), np.int32)})
+    with pytest.raises(AttentionArgumentError, match=r"params\['doc_ids'\]: dim 1 has 8 entries"):
+        att.decode(prob.q[:3], prob.paged, params={"doc_ids": np.zeros((3, 8), np.int32)})
+    out, _ = att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"doc_ids": np.zeros((3, 9), np.int32)})
+    assert np.isfinite(out).all()
+
+
 def test_builtins_follow_the_rule():
     for name in ["alibi", "attention_sink", "custom_mask"]:
         check_tensor_reads(builtin(name))  # custom_mask's bit index comes from its offsets: data-bounded

@@ -285,6 +285,36 @@ def test_decode_fixed_chunk_is_batch_invariant(build_cache, rng):
     assert torch.equal(first, second)
 
 
+def test_a_graph_safe_workspace_refuses_to_grow(build_cache, rng):
+    """Once a graph-safe plan was made in the shape's workspace (a captured graph reads its buffers), a batch
+    or a fixed-chunk plan beyond its bounds is an error naming the bound, not a new workspace the graph would
+    not see; declared with the first plan, the same bounds serve."""
+    from attngen.runtime import AttentionArgumentError
+
+    att = plain_decode_module(build_cache)
+    q, kv, refill = _static_batch(rng, 8, 1024, 12, 2, 128)  # (12 query heads: a workspace of its own here)
+    refill([300] * 8)
+    plan = att.plan_decode(kv, 12, 128, graph_safe=True)
+    big_q, big_kv, big_refill = _static_batch(rng, 100, 1024, 12, 2, 128)
+    big_refill([5] * 100)
+    with pytest.raises(AttentionArgumentError, match=r"max_batch: this plan needs 100, the decode workspace holds "
+                                                     r"64; a graph-safe plan was made in it"):
+        att.plan_decode(big_kv, 12, 128, graph_safe=True)
+    with pytest.raises(AttentionArgumentError, match=r"max_work_items: this plan needs \d+, the decode workspace "
+                                                     r"holds \d+"):
+        att.plan_decode(kv, 12, 128, graph_safe=True, fixed_chunk=4)  # 8 x 75 items
+    att.decode(q, kv, plan=plan)  # the graph-safe plan still runs in its workspace
+    # bounds declared with the first plan of a shape (7 query heads over one KV head: a fresh workspace)
+    q7, kv7, refill7 = _static_batch(rng, 8, 1024, 7, 1, 128)
+    refill7([300] * 8)
+    att.plan_decode(kv7, 7, 128, graph_safe=True, max_batch=100, max_work_items=700)
+    big7_q, big7_kv, big7_refill = _static_batch(rng, 100, 1024, 7, 1, 128)
+    big7_refill([5] * 100)
+    out, _ = att.decode(big7_q, big7_kv, plan=att.plan_decode(big7_kv, 7, 128, graph_safe=True))
+    assert out.isfinite().all()
+    att.plan_decode(kv7, 7, 128, graph_safe=True, fixed_chunk=4)  # 8 x 75 items <= 700
+
+
 def test_decode_cuda_graph_replays_100_random_batches(build_cache, rng):
     """Capture decode once with a graph-safe plan, then replay it for 100 random batches (lengths, page
     tables, split decisions) planned into the same workspace: bit-identical to eager runs."""

@@ -367,35 +367,62 @@ def test_linked_build_walks_the_map(template, build_cache, rng):
         assert tm.counts["empty"] > 0 and tm.counts["full"] > 0, tm.counts
 
 
+class _OneLongRequest:
+    """One ragged request of n rows (bfloat16, 8 query heads over 2 KV heads, D 128) and one plan of it, for
+    calls of the same plan with other mask parameters, each checked against the float64 reference."""
+
+    def __init__(self, att, n: int = 900, hq: int = 8, hkv: int = 2, d: int = 128):
+        import torch
+
+        from attngen.runtime import RaggedKV
+
+        dev = torch.device("cuda")
+        self.att, self.n, self.d = att, n, d
+        self.q = torch.randn(n, hq, d, device=dev).bfloat16()
+        self.k = torch.randn(n, hkv, d, device=dev).bfloat16()
+        self.v = torch.randn(n, hkv, d, device=dev).bfloat16()
+        self.indptr = torch.tensor([0, n], dtype=torch.int32, device=dev)
+        self.kv = RaggedKV(self.k, self.v, self.indptr)
+        self.plan = att.plan_prefill(self.indptr, self.kv, d)
+
+    def check(self, params: dict, host_params: dict, what: str) -> None:
+        from attngen.runtime.reference import reference_attention
+        from attngen.testing import compare
+
+        out, lse = self.att.prefill(self.q, self.kv, self.indptr, plan=self.plan, params=params)
+        ref_o, ref_l = reference_attention(self.att.variant, self.q.float().cpu().numpy(),
+                                           [self.k.float().cpu().numpy()], [self.v.float().cpu().numpy()],
+                                           np.array([0, self.n], np.int32), self.d ** -0.5, host_params)
+        compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=2e-2, lse_tol=2e-2, what=what)
+        assert len(self.plan.maps) == 1
+
+
 def test_a_plan_derives_a_new_map_for_new_mask_tensors(build_cache, rng):
     import torch
 
-    from attngen.runtime import RaggedKV
-    from attngen.runtime.reference import reference_attention
-    from attngen.testing import compare
-
-    module, att = example("document_mask", build_cache)
-    v = module["variant"]
-    n, hq, hkv, d = 900, 8, 2, 128
-    dev = torch.device("cuda")
-    q = torch.randn(n, hq, d, device=dev).bfloat16()
-    k = torch.randn(n, hkv, d, device=dev).bfloat16()
-    vv = torch.randn(n, hkv, d, device=dev).bfloat16()
-    indptr = torch.tensor([0, n], dtype=torch.int32, device=dev)
-    kv = RaggedKV(k, vv, indptr)
-    plan = att.plan_prefill(indptr, kv, d)
+    _, att = example("document_mask", build_cache)
+    req = _OneLongRequest(att)
     for cuts in ([100, 400], [650, 651]):
-        ids = np.zeros((1, n), np.int32)
+        ids = np.zeros((1, req.n), np.int32)
         for c in cuts:
             ids[0, c:] += 1
-        ids_t = torch.from_numpy(ids).to(dev)
-        out, lse = att.prefill(q, kv, indptr, plan=plan, params={"doc_ids": ids_t})
-        ref_o, ref_l = reference_attention(v, q.float().cpu().numpy(), [k.float().cpu().numpy()],
-                                           [vv.float().cpu().numpy()], np.array([0, n], np.int32), d ** -0.5,
-                                           {"doc_ids": ids})
-        compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=2e-2, lse_tol=2e-2,
-                what=f"documents cut at {cuts}")
-        assert len(plan.maps) == 1
+        req.check({"doc_ids": torch.from_numpy(ids).cuda()}, {"doc_ids": ids}, f"documents cut at {cuts}")
+
+
+def test_a_plan_derives_a_new_map_for_a_new_scalar_mask_parameter(build_cache, rng):
+    """A mask reading a scalar (one prefix length for the whole batch: prefix-LM) is mapped; the same plan called
+    with another prefix walks a map of that prefix, then the first one's again, each against the reference."""
+    from attngen.ir import ScalarParam, Variant
+    from attngen.runtime import CUDAAttention
+
+    from .test_tile_map import _scalar_prefix_mask
+
+    v = Variant("scalar_prefix_lm", logits_mask=_scalar_prefix_mask, params=[ScalarParam("prefix", "int32", 16)])
+    req = _OneLongRequest(CUDAAttention.build(v, head_dims=(128,), dtypes=("bfloat16",), kernels=("prefill",),
+                                              cache=build_cache))
+    assert req.plan.tile_map
+    for prefix in (16, 600, 16):
+        req.check({"prefix": prefix}, {"prefix": prefix}, f"prefix {prefix}")
 
 
 def test_tile_maps_are_refused_where_nothing_walks_them(build_cache):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tvm.script import tirx as T
 
 from attngen.variants import builtin
 
@@ -361,6 +362,43 @@ def test_map_provenance_follows_the_mask_tensors():
     assert params_key(docs, {"doc_ids": ids}) != key
     assert params_key(docs, {"doc_ids": ids.clone()}) != params_key(docs, {"doc_ids": ids})
     assert params_key(builtin("vanilla"), {}) == ()
+
+
+@T.prim_func
+def _scalar_prefix_mask(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                        prefix: T.int32) -> T.bool:
+    return kv_pos < prefix or kv_pos <= qo_pos
+
+
+def test_map_provenance_follows_scalar_mask_parameters_and_tensor_identity():
+    """A mask that reads a scalar parameter (a prefix of one length for the whole batch) needs a map; the map
+    is keyed by the scalar's value, and a map made from one tensor is not taken for another that came back at
+    the freed one's id, version and address."""
+    import gc
+
+    import torch
+
+    from attngen.ir import ScalarParam, Variant
+    from attngen.ir.mask_class import mask_needs_map
+    from attngen.runtime.tile_map import TileMap, param_refs, params_key
+
+    prefix_lm = Variant("scalar_prefix_lm", logits_mask=_scalar_prefix_mask,
+                        params=[ScalarParam("prefix", "int32", 16)])
+    assert mask_needs_map(prefix_lm)
+    assert params_key(prefix_lm, {"prefix": 16}) == params_key(prefix_lm, {"prefix": 16})
+    assert params_key(prefix_lm, {"prefix": 16}) != params_key(prefix_lm, {"prefix": 4096})
+    assert params_key(prefix_lm, {}) != params_key(prefix_lm, {"prefix": 4096})  # the default, then a value
+
+    docs = example("document_mask")
+    ids = torch.zeros(1, 8, dtype=torch.int32)
+    made = TileMap(None, None, 1, 128, 128, params_key(docs, {"doc_ids": ids}),
+                   param_refs=param_refs(docs, {"doc_ids": ids}))
+    assert made.made_from({"doc_ids": ids})
+    assert not made.made_from({"doc_ids": ids.clone()})
+    del ids
+    gc.collect()
+    other = torch.ones(1, 8, dtype=torch.int32)  # may reuse the freed tensor's id and storage
+    assert not made.made_from({"doc_ids": other})
 
 
 def test_the_plan_and_the_lists_kernel_agree_on_the_order_bins():

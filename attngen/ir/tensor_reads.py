@@ -40,6 +40,7 @@ class TensorRead:
     data_indexed: bool  # computed from values read out of a tensor parameter
     needs: frozenset  # the call sizes its range depends on
     scalars: tuple[str, ...]  # the scalar parameters it depends on
+    positions: tuple[str, ...] = ()  # the position arguments (qo_pos, kv_pos) it follows
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class _HookScope:
                 size = self.tensors[name].shape[i]
                 reads.setdefault((name, i, str(index)), TensorRead(
                     hook, name, i, index, where, size.name if isinstance(size, tvm.ir.Var) else str(size),
-                    bool(tu.collect(index, tvm.ir.TensorLoad)), self._needs(index), self._scalars_in(index)))
+                    bool(tu.collect(index, tvm.ir.TensorLoad)), self._needs(index), self._scalars_in(index),
+                    self._positions_in(index)))
         self.reads = list(reads.values())
 
     def _needs(self, index) -> frozenset:
@@ -87,6 +89,10 @@ class _HookScope:
         if any(tu.handle(v) in used for v in self.row_lengths):
             out.add("head_dim")
         return frozenset(out)
+
+    def _positions_in(self, index) -> tuple[str, ...]:
+        used = {tu.handle(v) for v in tu.used_vars(index)}
+        return tuple(n for n, v in self.std.items() if n in POSITIONS and tu.handle(v) in used)
 
     def _scalars_in(self, index) -> tuple[str, ...]:
         used = {tu.handle(v) for v in tu.used_vars(index)}
@@ -141,13 +147,16 @@ class TensorReads:
         self._scopes = [_HookScope(hook, func) for hook, func in variant.hooks.items()]
         self.reads = tuple(r for s in self._scopes for r in s.reads)
 
-    def ranges(self, sizes: dict, dims: dict, scalars: dict) -> list[ReadRange]:
+    def ranges(self, sizes: dict, dims: dict, scalars: dict, positions: int | None = None) -> list[ReadRange]:
         """Each read's range for a call of ``sizes`` (CALL_SIZES name -> int, None when the call does not
         say), tensors of ``dims`` (name -> shape) and scalar values ``scalars`` (name -> value). A read
-        that depends on a size of 0 never happens and is left out."""
+        that depends on a size of 0 never happens and is left out. ``positions``: the call's query and key
+        positions lie in [0, positions) (its longest KV length), which bounds the reads that follow them;
+        None: positions unknown, those reads have no range."""
         out = []
+        spans = _POSITION_SPANS if positions is None else (max(int(positions), 1),)
         for scope in self._scopes:
-            analyzers = [scope.analyzer(sizes, dims, scalars, span) for span in _POSITION_SPANS]
+            analyzers = [scope.analyzer(sizes, dims, scalars, span) for span in spans]
             for read in scope.reads:
                 if any(sizes.get(n) == 0 for n in read.needs):
                     continue

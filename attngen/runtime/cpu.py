@@ -22,7 +22,7 @@ from .checks import (AttentionArgumentError, check_indptr, check_paged, check_qk
 from .fp8 import kv_bits, kv_scales, scale_args
 from .module import BuiltModule, empty_like, resolve_sm_scale
 from .params import resolve_params
-from .views import PagedKV, RaggedKV
+from .views import PagedKV, RaggedKV, longest_kv
 
 
 def _nonempty(x):
@@ -82,7 +82,8 @@ class CPUAttention(BuiltModule):
         fn = self.function(kind, dt, d, kv_dt)
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
-                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
+                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]),
+                                positions=lambda: longest_kv(kv))
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:  # nothing to attend; zero-size index arrays cannot cross the FFI boundary
             return out, lse
@@ -104,7 +105,8 @@ class CPUAttention(BuiltModule):
         fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d, kv_dt)
         out, lse = self.outputs(q, batch, out, lse)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
-                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch)
+                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch,
+                                positions=lambda: longest_kv(kv))
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:
             return out, lse

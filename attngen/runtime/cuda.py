@@ -149,8 +149,10 @@ class CUDAAttention(BuiltModule):
     def _decode_workspace(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int, items: int,
                           device, counters: bool = True, kv_bytes: int = 2, pair: int = 1):
         """The load-balanced decode workspace of this shape, grown when a batch (or a fixed-chunk plan's
-        work items) exceeds its bounds; ``counters``: with the fused merge's arrival counters; ``kv_bytes``:
-        bytes per cache element (1: fp8, whose tiles leave a different number of CTAs per SM)."""
+        work items) exceeds its bounds, unless a graph-safe plan was made in it (a CUDA graph captured with that
+        plan reads this workspace's buffers: then the bound is an error naming it); ``counters``: with the fused
+        merge's arrival counters; ``kv_bytes``: bytes per cache element (1: fp8, whose tiles leave a different
+        number of CTAs per SM)."""
         import torch
 
         from .decode_plan import DecodeBounds, DecodeWorkspace, decode_tc_ctas_per_sm
@@ -158,6 +160,13 @@ class CUDAAttention(BuiltModule):
         key = (str(device), num_qo_heads, num_kv_heads, head_dim, counters, kv_bytes, pair)
         spaces = self.__dict__.setdefault("_decode_spaces", {})
         ws = spaces.get(key)
+        if ws is not None and ws.graph_safe and (batch > ws.bounds.max_batch or items > ws.bounds.max_work_items):
+            bound, need, have = (("max_batch", batch, ws.bounds.max_batch) if batch > ws.bounds.max_batch else
+                                 ("max_work_items", items, ws.bounds.max_work_items))
+            raise AttentionArgumentError(
+                f"{bound}: this plan needs {need}, the decode workspace holds {have}; a graph-safe plan was made in "
+                f"it, and a CUDA graph captured with that plan reads this workspace, which a larger one would not "
+                f"replace: declare the bound with the first plan of this shape (plan_decode(..., {bound}={need}))")
         if ws is None or batch > ws.bounds.max_batch or items > ws.bounds.max_work_items:
             props = torch.cuda.get_device_properties(device)
             per_sm = decode_tc_ctas_per_sm(head_dim, props.shared_memory_per_multiprocessor,
@@ -201,7 +210,8 @@ class CUDAAttention(BuiltModule):
 
     def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None,
                     tensor_cores: bool | None = None, fixed_chunk: int = 0, graph_safe: bool = False,
-                    fused_merge: bool | None = None, kv_heads_per_cta: int | None = None):
+                    fused_merge: bool | None = None, kv_heads_per_cta: int | None = None, max_batch: int = 0,
+                    max_work_items: int = 0):
         """Plan one decode step (reused by every layer). Without ``num_chunks`` the split is load-balanced
         (the host planner's work list, tensor-core template); a plan is valid until the next load-balanced
         ``plan_decode`` of the same shape. ``num_chunks`` forces an even split of every request into that
@@ -218,7 +228,11 @@ class CUDAAttention(BuiltModule):
         its output directly, the merge kernel for an all-split batch). ``kv_heads_per_cta`` (tensor-core
         template): 2, each CTA serves two KV heads, whose rows of a token an NHD cache stores side by side, so
         rows of 128 bytes or less are read in runs of twice that; 1, one head per CTA; None (default): as
-        ``decode_plan.kv_heads_per_cta`` decides (pairs on NHD caches wherever a pair can serve the call)."""
+        ``decode_plan.kv_heads_per_cta`` decides (pairs on NHD caches wherever a pair can serve the call).
+        ``max_batch`` / ``max_work_items`` (load-balanced plans): the least bounds of the shape's workspace, which
+        otherwise grows to a batch (or a fixed-chunk plan's work items) above its bounds, except once a graph-safe
+        plan was made in it: declare there, with the first plan, the largest batch (and fixed-chunk work items)
+        its graphs will replay."""
         import torch
 
         _check_kv_view(kv, PagedKV)
@@ -263,7 +277,12 @@ class CUDAAttention(BuiltModule):
                 "graph_safe / fixed_chunk: need the load-balanced plan (tensor-core template, no num_chunks, a "
                 "tensor-core tile that fits this GPU); drop num_chunks / tensor_cores=False")
         if balanced:
-            ws = self._decode_workspace(num_qo_heads, slots, head_dim, batch, items_needed(lens, fixed_chunk),
+            if max_batch < 0 or max_work_items < 0:
+                raise AttentionArgumentError(f"max_batch / max_work_items: must be 0 (none) or positive, got "
+                                             f"{max_batch} / {max_work_items}")
+            items = items_needed(lens, fixed_chunk)
+            ws = self._decode_workspace(num_qo_heads, slots, head_dim, max(batch, max_batch),
+                                        max(items, max_work_items) if items or max_work_items else 0,
                                         kv.pages.device, fused_merge is not False, kv_bytes, pair)
             split = ws.split(lens.astype(np.int32), group * pair, fixed_chunk=fixed_chunk)
             automatic = tensor_cores is None and not graph_safe and not fixed_chunk and fused_merge is None
@@ -273,11 +292,12 @@ class CUDAAttention(BuiltModule):
             else:
                 n_merge, fused = ws.fill(split, fused_merge=fused_merge, graph_safe=graph_safe)
                 ws.generation += 1
+                ws.graph_safe = ws.graph_safe or graph_safe
                 merges = 0 if fused else (ws.bounds.max_merges if graph_safe else n_merge)
                 launch = DecodeLaunch(ws.part_o, ws.part_lse, 1, DecodeBackend.TENSOR_CORES, ws.device_plan,
                                       ws.bounds.num_ctas, merges, pair)
                 return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, launch, ws, ws.generation, split,
-                                  fused)
+                                  fused, int(lens.max(initial=0)))
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
             num_chunks = choose_num_chunks(batch, slots, int(lens.max(initial=0)), sms, total_kv_len=int(lens.sum()))
@@ -293,7 +313,8 @@ class CUDAAttention(BuiltModule):
         if tensor_cores is False:  # a link-time build may link the CUDA-core kernels on first use
             link_deferred_parts(self, dev, "decode")
         return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim,
-                          DecodeLaunch(part_o, part_lse, num_chunks, backend, kv_heads_per_cta=pair))
+                          DecodeLaunch(part_o, part_lse, num_chunks, backend, kv_heads_per_cta=pair),
+                          max_kv_len=int(lens.max(initial=0)))
 
     def decode(self, q, kv: PagedKV, *, plan: DecodePlan | None = None, sm_scale: float | None = None,
                params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):
@@ -329,7 +350,7 @@ class CUDAAttention(BuiltModule):
             _check_aligned(name, t)
         scales = self._scale_args(q, kv, k_scale, v_scale)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=batch,
-                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch)
+                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=batch, positions=plan.max_kv_len)
         _check_on_device(_tensor_extras(self.variant, extras), q.device)
         scale = resolve_sm_scale(sm_scale, d)
         if plan.work is not None and plan.generation != plan.work.generation:
@@ -451,7 +472,7 @@ class CUDAAttention(BuiltModule):
         if not plan.tile_map:
             return None
         key = params_key(self.variant, params)
-        if key not in plan.maps:
+        if key not in plan.maps or not plan.maps[key].made_from(params):
             from attngen.schedules.template_prefill_hopper import HopperConfig
 
             tile = HopperConfig(head_dim)  # the maps' tiling (csrc/tile_map.cuh MapTile) is the Hopper tile
@@ -499,7 +520,8 @@ class CUDAAttention(BuiltModule):
             _check_aligned(name, t)
         scales = self._scale_args(q, kv, k_scale, v_scale)
         extras = resolve_params(self.variant, params, num_qo_heads=int(q.shape[1]), batch_size=plan.batch_size,
-                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]))
+                                num_kv_heads=kv.num_kv_heads, head_dim=d, total_q=int(q.shape[0]),
+                                positions=lambda: plan.max_kv_len(kv))
         _check_on_device(_tensor_extras(self.variant, extras), q.device)
         scale = resolve_sm_scale(sm_scale, d)
         tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras, fp8)

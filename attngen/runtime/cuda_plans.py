@@ -40,6 +40,7 @@ class DecodePlan:
     generation: int = 0  # plan mode: which fill of the workspace this plan is
     split: object = None  # plan mode: the host SplitKVPlan (for inspection)
     fused_merge: bool = False  # plan mode: the decode kernel merges the split requests (no merge kernel)
+    max_kv_len: int | None = None  # the planned batch's longest KV length (checks reads that follow positions)
 
     @property
     def num_chunks(self) -> int:

@@ -83,6 +83,7 @@ class DecodeWorkspace:
         self._host_np = self._host.numpy()
         self._copied = None  # event after the last copy out of the staging buffer
         self.generation = 0  # fills so far: a plan remembers its own and is refused once superseded
+        self.graph_safe = False  # a graph-safe plan was made here: a captured graph may read these buffers
         self.part_o = torch.empty((bounds.max_partials, num_qo_heads, head_dim), dtype=torch.float32, device=device)
         self.part_lse = torch.empty((bounds.max_partials, num_qo_heads), dtype=torch.float32, device=device)
 

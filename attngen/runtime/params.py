@@ -9,6 +9,7 @@ kernel runs: a short tensor is an error here, never a read past its end.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 from attngen.ir import ScalarParam, TensorParam
 from attngen.ir.declarations import CALL_SIZES, scalar_value
@@ -32,13 +33,15 @@ class _VariantReads:
         self.scalars = sorted({p.name for p in variant.scalar_params})
         self.memo: dict = {}
 
-    def ranges(self, sizes: dict, dims: dict, scalars: dict):
+    def ranges(self, sizes: dict, dims: dict, scalars: dict, positions: int | None = None):
+        # positions matter only to reads that follow them: other variants share one entry across lengths
+        positions = positions if self.unbounded else None
         key = (tuple(sizes[n] for n in self.sizes), tuple(sorted(dims.items())),
-               tuple(scalars.get(n) for n in self.scalars))
+               tuple(scalars.get(n) for n in self.scalars), positions)
         if key not in self.memo:
             if len(self.memo) >= _MEMO_SIZE:
                 self.memo.clear()
-            self.memo[key] = (self.reads.shape_mismatches(dims), self.reads.ranges(sizes, dims, scalars))
+            self.memo[key] = (self.reads.shape_mismatches(dims), self.reads.ranges(sizes, dims, scalars, positions))
         return self.memo[key]
 
 
@@ -53,10 +56,14 @@ def _variant_reads(variant) -> _VariantReads:
 
 def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size: int,
                    num_kv_heads: int | None = None, head_dim: int | None = None,
-                   total_q: int | None = None) -> list:
+                   total_q: int | None = None, positions: int | Callable[[], int | None] | None = None) -> list:
     """Values in declaration order; scalars range-checked, tensors checked for dtype, rank, layout and
     every dim. The sizes are the call's (``CALL_SIZES``); one left None cannot be checked against, so a
-    parameter depending on it is refused rather than passed unchecked."""
+    parameter depending on it is refused rather than passed unchecked. ``positions``: the call's query and
+    key positions lie below it (the batch's longest KV length, where the caller knows it on the host; or a
+    function giving it, called only for a variant with such reads), so that a read that follows them (a
+    document id per position) is checked too; None: such reads rely on their dim's declaration
+    (``'max_len>=B'``) alone."""
     given = dict(given or {})
     unknown = sorted(set(given) - {p.name for p in variant.params})
     if unknown:
@@ -89,7 +96,9 @@ def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size
             out.append(value)
             scalars[p.name] = value
     if variant.tensor_params:
-        _check_reads(variant, sizes, dims, scalars)
+        if callable(positions):
+            positions = positions() if _variant_reads(variant).unbounded else None
+        _check_reads(variant, sizes, dims, scalars, positions if positions else None)
     return out
 
 
@@ -110,14 +119,18 @@ def _check_declared_dims(p: TensorParam, shape: tuple[int, ...], sizes: dict) ->
             raise AttentionArgumentError(f"{where} is {got}, expected {want}: shape {shape}")
 
 
-def _check_reads(variant, sizes: dict, dims: dict, scalars: dict) -> None:
+def _check_reads(variant, sizes: dict, dims: dict, scalars: dict, positions: int | None) -> None:
     reads = _variant_reads(variant)
-    mismatches, ranges = reads.ranges(sizes, dims, scalars)
+    mismatches, ranges = reads.ranges(sizes, dims, scalars, positions)
     if mismatches:
         raise AttentionArgumentError(f"params: {mismatches[0]} (variant '{variant.name}')")
     for r in ranges:
         read = r.read
-        if id(read) in reads.unbounded:  # data-indexed, or a dim the declaration sizes: checked above
+        follows_positions = id(read) in reads.unbounded
+        if follows_positions and (positions is None or read.data_indexed or len(read.positions) != 1 or r.missing
+                                  or r.low is None):
+            # data-indexed, or following positions the call does not know, or a relation of two positions (the
+            # mask may bound qo_pos - kv_pos more than their ranges do): the declaration sized the dim
             continue
         at = f"hook '{read.hook}'" + (f" ({read.where})" if read.where else "")
         if r.missing:
@@ -129,11 +142,16 @@ def _check_reads(variant, sizes: dict, dims: dict, scalars: dict) -> None:
                 f"params['{read.param}']: {at} reads it at {read.index}, which these sizes and parameter values "
                 f"({sizes}, {scalars}) push past the int32 range")
         length = dims[read.param][read.dim]
-        if r.low < 0 or r.high >= length:
+        # (a read that follows one position: its top is reached, every key and the last query being visited;
+        # its bottom may not be, where the mask's bounds skip the first keys)
+        if (r.low < 0 and not follows_positions) or r.high >= length:
             ranges_text = ", ".join([f"{n}={sizes[n]}" for n in sorted(read.needs)]
-                                    + [f"{n}={scalars[n]}" for n in read.scalars])
-            bad = r.low if r.low < 0 else r.high
-            need = "indices from 0" if r.low < 0 else f"at least {r.high + 1} entries"
+                                    + [f"{n}={scalars[n]}" for n in read.scalars]
+                                    + ([f"positions below {positions}, the batch's longest KV length"]
+                                       if follows_positions else []))
+            below = r.low < 0 and not follows_positions
+            bad = r.low if below else r.high
+            need = "indices from 0" if below else f"at least {r.high + 1} entries"
             raise AttentionArgumentError(
                 f"params['{read.param}']: dim {read.dim} has {length} entries, but {at} reads index {read.index} "
                 f"= {bad}{f' (with {ranges_text})' if ranges_text else ''}: it needs {need} along that dim, "

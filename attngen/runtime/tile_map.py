@@ -10,8 +10,10 @@ entries ``key_tile * 2 + full``, which both prefill templates walk (the mma.sync
 take the class of the map tile they lie in); every layer that reuses the plan reuses the map. The classifier
 also records whether each map row's visible keys form one interval, and which (``row_keys``, after the lists
 in the same tensor): a partial tile whose rows all see intervals runs two compares per score instead of the
-mask hook (a document mask with causal attention inside each document, a prefix-LM). A map depends on the tensor parameters the mask reads, so the plan keys its map by those tensors
-(object and version): a call with other tensors, or with the same ones changed in place, derives a new map.
+mask hook (a document mask with causal attention inside each document, a prefix-LM). A map depends on the
+parameters the mask reads, so the plan keys its map by them (tensors by object, version and data pointer, checked
+by weak reference; scalars by value): a call with other tensors or scalars, or with the same tensors changed in
+place, derives a new map.
 """
 from __future__ import annotations
 
@@ -34,10 +36,36 @@ def mask_params(variant) -> tuple[str, ...]:
 
 
 def params_key(variant, params: dict | None) -> tuple:
-    """Which tensors (object and version) the mask's tensor parameters are: a map's provenance."""
+    """The mask's parameters a map was made from: tensors by object, version and data pointer (an id alone
+    would not do: a freed tensor's may come back for a new one, which ``TileMap.made_from`` tells apart), and
+    scalars by value (None: the default)."""
     params = params or {}
-    return tuple((name, id(params.get(name)), getattr(params.get(name), "_version", None))
-                 for name in mask_params(variant) if hasattr(params.get(name), "shape"))
+    key = []
+    for name in mask_params(variant):
+        value = params.get(name)
+        if hasattr(value, "shape"):
+            key.append((name, id(value), getattr(value, "_version", None),
+                        value.data_ptr() if hasattr(value, "data_ptr") else None))
+        else:
+            try:
+                hash(value)
+            except TypeError:  # (a list for a scalar: the call's checks refuse it, the key only needs to differ)
+                value = repr(value)
+            key.append((name, value))
+    return tuple(key)
+
+
+def param_refs(variant, params: dict | None) -> tuple:
+    """(name, weak reference) of each mask tensor parameter: whether a map's tensors are the call's."""
+    params = params or {}
+    refs = []
+    for name in mask_params(variant):
+        if hasattr(params.get(name), "shape"):
+            try:
+                refs.append((name, weakref.ref(params[name])))
+            except TypeError:  # (no weak reference: then every call's tensor counts as another)
+                refs.append((name, lambda: None))
+    return tuple(refs)
 
 
 @dataclass(frozen=True)
@@ -47,16 +75,22 @@ class TileMap:
     heads: int    # 1: one map for every KV head (the mask reads no head index), else num_kv_heads
     rows: int     # the tiling: packed query rows and keys per tile
     keys: int
-    params_key: tuple  # the mask's tensor parameters the map was made from
+    params_key: tuple  # the mask's parameters the map was made from (params_key)
     class_counts: Any = None  # [3] int64 (device): tiles by class (empty, partial, full), read by `counts`
     build_host_ms: float = 0.0  # host wall time of the derivation's calls (without a final synchronisation)
     # that wall time by step, ((step, ms), ...): sizes and allocation, the classifier's call, the lists and order
     build_host_steps: tuple = ()
     order: Any = None  # [batch * q_tiles] int32 (device): the pairs by their tiles, longest first (work_order.py)
     build_events: Any = None  # CUDA events around the derivation (None for host tensors)
+    param_refs: tuple = ()  # (name, weak reference) of the mask's tensors the map was made from (param_refs)
     row_keys: Any = None  # [lists, rows, 2] int32, a view of entries' end: each map row's visible keys [lo, hi]
     #                       ((0, -1): none or past the request; (-1, -1): not one interval); map rows are tokens
     #                       of a head-free map (from the tile's first row // group), else packed rows
+
+    def made_from(self, params: dict | None) -> bool:
+        """Whether the call's mask tensors are the very objects this map was made from (its key matched)."""
+        params = params or {}
+        return all(ref() is params.get(name) for name, ref in self.param_refs)
 
     @property
     def build_ms(self) -> float:
@@ -199,7 +233,7 @@ def build_tile_map(classify, variant, qo_indptr, kv, *, max_qo_len: int, group: 
     steps = tuple((name, (b - a) * 1e3) for name, a, b in zip(("setup", "classifier call", "lists and order"),
                                                              marks, marks[1:]))
     return TileMap(indptr, entries, heads, rows, keys, params_key(variant, params), class_counts,
-                   (marks[-1] - start) * 1e3, steps, order, events, row_keys)
+                   (marks[-1] - start) * 1e3, steps, order, events, param_refs(variant, params), row_keys)
 
 
 # the values of a pair's listed tiles (0 .. heads * k_tiles) the lists kernel's counting sort counts

@@ -56,6 +56,16 @@ class RaggedKV:
         return dtype_name(self.k)
 
 
+def longest_kv(kv) -> int:
+    """The longest request's KV length of a view whose index arrays are on the host (numpy or CPU torch)."""
+    indptr = as_numpy(kv.indptr, "kv.indptr")
+    if isinstance(kv, PagedKV):
+        lens = paged_lengths(np.diff(indptr), as_numpy(kv.last_page_len, "kv.last_page_len"), kv.page_size)
+    else:
+        lens = np.diff(indptr)
+    return int(np.max(lens, initial=0))
+
+
 def paged_lengths(n_pages, last_page_len, page_size: int):
     """Keys of paged requests (numpy arrays or scalars): full pages plus the last page's valid slots, 0 for a
     request without pages."""

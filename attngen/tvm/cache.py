@@ -85,8 +85,9 @@ def emit_paged_kv_cache(bb, shape: CacheShape, variant=None, *, params: dict | N
     hooks inlined, scalar parameters compiled in from ``params`` or their defaults). On CUDA attngen's functions
     are built for ``arch`` (e.g. "sm_90a") into one object file whose only global functions are
     ``__tvm_ffi_<name_prefix>_*`` (one prefix per cache of a model), which the create call names as
-    ``ExternFunc``s; TVM's own kernels are PrimFuncs of the model. A model library has no tensors to bind to a
-    call: variants with tensor parameters are refused on both devices.
+    ``ExternFunc``s; TVM's own kernels are PrimFuncs of the model. A variant's tensor parameters become
+    constants of the model (their values from ``params``): each slot is wrapped in a binding function the model
+    library exports, which appends them to TVM's arguments (``emit_bound_slots``; docs/tvm.md).
     """
     backend = _backend(target)
     backend.check(shape, convention)

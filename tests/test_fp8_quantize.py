@@ -1,8 +1,9 @@
-"""The fp8 KV append path on the host (``attngen.runtime.fp8``) against torch's own conversion.
+"""The fp8 KV append path (``attngen.runtime.fp8``) against torch's own conversion.
 
 Every float16 value and random float32 values over the whole range, divided by per-head scales,
-round to the same fp8 bits as ``(x.float() / scale).clamp(-max, max).to(torch.float8_*)``; the
-paged append writes them to the slots it is given, in both layouts, for torch and NumPy caches.
+round to the same fp8 bits as ``(x.float() / scale).clamp(-max, max).to(torch.float8_*)`` by both of
+quantize_kv's paths: NumPy's (round_to_fp8, for NumPy arrays) and the torch one (for torch tensors, on their
+device); the paged append writes them to the slots it is given, in both layouts, for torch and NumPy caches.
 """
 import ml_dtypes
 import numpy as np
@@ -21,6 +22,13 @@ def torch_quantize(x: torch.Tensor, dtype: str, scale) -> torch.Tensor:
     return (x.float() / scale).clamp(-limit, limit).to(getattr(torch, dtype))
 
 
+def numpy_path(x: torch.Tensor, dtype: str, scale) -> torch.Tensor:
+    """quantize_kv of x's float32 values as a NumPy array (round_to_fp8), back as a torch fp8 tensor."""
+    scale = scale.numpy() if hasattr(scale, "numpy") else scale
+    bits = kv_bits(quantize_kv(x.float().numpy(), dtype, scale))
+    return torch.from_numpy(np.ascontiguousarray(bits)).view(getattr(torch, dtype))
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal fp8 tensors, counting any two NaNs as equal (the formats have several NaN codes)."""
     both_nan = a.float().isnan() & b.float().isnan()
@@ -31,6 +39,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def test_every_float16_value_rounds_like_torch(dtype):
     x = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16).reshape(-1, 1, 1)
     assert same_bits(quantize_kv(x, dtype), torch_quantize(x, dtype, 1.0))
+    assert same_bits(numpy_path(x, dtype, 1.0), torch_quantize(x, dtype, 1.0))
 
 
 @pytest.mark.parametrize("dtype", FORMATS)
@@ -44,7 +53,9 @@ def test_random_values_with_per_head_scales_round_like_torch(dtype, source):
     got = quantize_kv(x, dtype, scale)
     assert got.dtype == getattr(torch, dtype) and got.shape == x.shape
     assert same_bits(got, torch_quantize(x, dtype, scale[:, None]))
+    assert same_bits(numpy_path(x, dtype, scale), torch_quantize(x, dtype, scale[:, None]))
     assert same_bits(quantize_kv(x, dtype, 2.5), torch_quantize(x, dtype, 2.5))
+    assert same_bits(numpy_path(x, dtype, 2.5), torch_quantize(x, dtype, 2.5))
 
 
 def test_e4m3_saturates_and_ties_go_to_even():
@@ -52,6 +63,7 @@ def test_e4m3_saturates_and_ties_go_to_even():
     got = quantize_kv(x.reshape(-1, 1, 1), "float8_e4m3fn").float().reshape(-1)
     # 1.0625 lies halfway between 1.0 and 1.125: even mantissa 1.0; 2**-10 is half the smallest subnormal
     assert got.tolist() == [448.0, 448.0, 448.0, 448.0, -448.0, 1.0, 0.0, 2.0 ** -8]
+    assert numpy_path(x.reshape(-1, 1, 1), "float8_e4m3fn", 1.0).float().reshape(-1).tolist() == got.tolist()
     big = quantize_kv(torch.tensor([1e6, -float("inf")]).reshape(-1, 1, 1), "float8_e5m2").float().reshape(-1)
     assert big.tolist() == [57344.0, -57344.0]
 
@@ -96,6 +108,25 @@ def test_append_writes_quantised_rows_to_their_slots(layout, lib):
     untouched = torch.ones(num_pages * page_size, dtype=torch.bool)
     untouched[torch.as_tensor(slots)] = False
     assert torch.all(kv_bits(flat[untouched]) == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_append_on_the_gpu_writes_the_host_bits(layout):
+    """A CUDA cache: the rows quantised on the device (bfloat16 keys and values there, per-head and per-tensor
+    scales, a host slot mapping) give the bits of the same append to a host cache."""
+    gen = torch.Generator().manual_seed(5)
+    num_pages, page_size, heads, d = 9, 16, 4, 64
+    k = (torch.randn(40, heads, d, generator=gen) * 30).bfloat16()
+    v = (torch.randn(40, heads, d, generator=gen) * 3).bfloat16()
+    slots = torch.randperm(num_pages * page_size, generator=gen)[:40]
+    shape = (num_pages, 2, page_size, heads, d) if layout == "NHD" else (num_pages, 2, heads, page_size, d)
+    host = torch.zeros(shape, dtype=torch.float8_e5m2)
+    dev = host.cuda()
+    k_scale = torch.tensor([0.5, 1.0, 2.0, 0.01])
+    append_paged_kv_fp8(host, k, v, slots, k_scale=k_scale, v_scale=0.125, layout=layout)
+    append_paged_kv_fp8(dev, k.cuda(), v.cuda(), slots, k_scale=k_scale, v_scale=0.125, layout=layout)
+    assert torch.equal(kv_bits(dev).cpu(), kv_bits(host)) and kv_bits(host).any()
 
 
 def test_append_and_scale_errors_name_the_fix():

@@ -315,6 +315,23 @@ def test_a_graph_safe_workspace_refuses_to_grow(build_cache, rng):
     att.plan_decode(kv7, 7, 128, graph_safe=True, fixed_chunk=4)  # 8 x 75 items <= 700
 
 
+def test_a_plan_from_host_index_arrays_runs_with_the_device_ones(build_cache, rng):
+    """The planner reads the page table on the host: planned from host copies of the index arrays (no device
+    read), the decode with the device arrays gives the bits of a plan made from the device arrays."""
+    import torch
+
+    from attngen.runtime import PagedKV
+
+    att = plain_decode_module(build_cache)
+    q, kv, refill = _static_batch(rng, 8, 1024, 16, 2, 128)
+    refill([9000, 5, 300, 0, 64, 1200, 2, 77])
+    host = PagedKV(kv.pages, kv.indptr.cpu(), kv.indices.cpu(), kv.last_page_len.cpu(), kv.layout)
+    a = att.decode(q, kv, plan=att.plan_decode(host, 16, 128))[0].clone()
+    b = att.decode(q, kv, plan=att.plan_decode(kv, 16, 128))[0]
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+
+
 def test_decode_cuda_graph_replays_100_random_batches(build_cache, rng):
     """Capture decode once with a graph-safe plan, then replay it for 100 random batches (lengths, page
     tables, split decisions) planned into the same workspace: bit-identical to eager runs."""

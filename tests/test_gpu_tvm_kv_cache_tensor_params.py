@@ -104,3 +104,45 @@ def test_slot_functions_refuse_a_tensor_sized_for_other_heads(build_cache, rng):
     slots["decode"](*args, cuda(np.ones(HQ, np.float32)), kv_scale)  # the right sizes: runs
     torch.cuda.synchronize()
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+
+
+def test_tirx_decode_split_inside_a_cuda_graph(build_cache, rng):
+    """The "tirx" decode splits a few long requests over the device (no key lengths on the host: even chunks) with
+    its partial states in a scratch buffer; captured into a CUDA graph (PyTorch's, as TVM's decode graphs capture
+    it), the scratch is the graph's own stream-ordered allocation, since cudaMalloc may not run while a stream is
+    captured: the replay gives the bits of the call outside the graph, for other keys refilled in place."""
+    import torch
+
+    from attngen.tvm.cuda import cuda_slot_functions
+
+    slots = cuda_slot_functions(head_scaled(), head_dim=D, dtype="float16", params={"temperature": TEMPERATURE},
+                                cache=build_cache)
+    cuda = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
+    batch, pages_each = 2, 40  # 640 keys a request over 2 KV heads: several chunks each
+    q = cuda(rng.standard_normal((batch, HQ, D)).astype(np.float16))
+    pages = cuda(rng.standard_normal((batch * pages_each, 2, HKV, 16, D)).astype(np.float16))
+    i32 = lambda a: cuda(np.asarray(a, np.int32))  # noqa: E731
+    indptr, indices = i32([0, pages_each, 2 * pages_each]), i32(rng.permutation(batch * pages_each))
+    last, zeros = i32([16, 9]), i32([0] * batch)
+    o = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    extras = (cuda(np.linspace(0.5, 1.5, HQ).astype(np.float32)), cuda(KV_SCALE))
+
+    def call():
+        slots["decode"](q, pages, indptr, indices, last, zeros, zeros, o, lse, 0, 1.0, 1e4, D ** -0.5, *extras)
+
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        call()  # captured first: the per-device scratch need not exist yet
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        pages.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        got_o, got_lse = o.clone(), lse.clone()
+        o.fill_(float("nan"))
+        call()
+        torch.cuda.synchronize()
+        assert torch.isfinite(got_o).all() and torch.equal(got_o, o) and torch.equal(got_lse, lse)

@@ -128,8 +128,9 @@ struct FlashInferSlots<V, T, D, Config, ArgList<X...>> {
     DecodeProblem P{};
     fill_decode(P, q, o, lse, sm_scale, kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len), name);
     const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
-    launch_tvm_decode<V, T, D>(name, P, hp, q, [&](DecodeProblem& p) {
+    launch_tvm_decode<V, T, D>(name, P, hp, q, [&](DecodeProblem& p, cudaStream_t) -> float* {
       split_keys_by_plan<D>(p, float_ws, int_ws, plan_info, 0);
+      return nullptr;  // (the partial states in TVM's float workspace)
     });
   }
 
@@ -173,8 +174,9 @@ struct FlashInferSlots<V, T, D, Config, ArgList<X...>> {
       DecodeProblem P{};
       fill_decode(P, q, o, lse, sm_scale, kv_from_page_views<T>(P.kv, k, v, indptr, indices, last_page_len), name);
       const typename V::Params hp = slot_params<V, Config, D>(name, P, q, extra...);
-      launch_tvm_decode<V, T, D>(name, P, hp, q, [&](DecodeProblem& p) {
+      launch_tvm_decode<V, T, D>(name, P, hp, q, [&](DecodeProblem& p, cudaStream_t) -> float* {
         split_keys_by_plan<D>(p, float_ws, int_ws, plan_info, 1);
+        return nullptr;
       });
       return;
     }

@@ -164,8 +164,9 @@ void launch_tvm_tree_prefill(const char* name, PrefillProblem& P, const TreeMask
   check_launch(name);
 }
 
-// Decode on the tensor-core template with TVM's conventions; `set_split(P)` fills the split-KV fields once q's
-// stream (and with it q's device) is current.
+// Decode on the tensor-core template with TVM's conventions; `set_split(P, stream)` fills the split-KV fields once
+// q's stream (and with it q's device) is current, and returns a scratch buffer the launch then frees in stream
+// order (a CUDA graph's own allocation: split_keys_evenly), else nullptr.
 template <class V, class T, int D, class SetSplit>
 void launch_tvm_decode(const char* name, DecodeProblem& P, const typename V::Params& hp, const TensorView& q,
                        SetSplit&& set_split) {
@@ -176,13 +177,14 @@ void launch_tvm_decode(const char* name, DecodeProblem& P, const typename V::Par
   P.backend = static_cast<int>(DecodeBackend::kTensorCores);
   P.tvm_conventions = 1;
   cudaStream_t stream = stream_of(q);  // also makes q's device current for what follows
-  set_split(P);
+  float* graph_scratch = set_split(P, stream);  // (a scratch the graph being captured owns: freed below)
   bool launched;
   // (no CUDA-core instance for inline RoPE, nor where every device holds a tensor-core tile)
   if constexpr (tvm_rope<V>() || decode_tc_fits_every_device<D, T>())
     launched = try_launch_decode_tc<V, T, D>(P, hp, stream);
   else
     launched = launch_decode<V, T, D, kMaxGroup>(P, hp, stream);
+  if (graph_scratch != nullptr) cudaFreeAsync(graph_scratch, stream);  // after the merge, in stream order
   if (!launched)
     ATTNGEN_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory";
   check_launch(name);
@@ -204,17 +206,32 @@ int decode_tc_ctas_per_sm_cached() {
 
 // TVM's "tirx" decode gives no key lengths on the host: keys split evenly into as many chunks as fill the
 // device's CTA slots once (device_info.cuh even_decode_chunks), the partial states in a per-device scratch
-// buffer. V: the variant type the decode kernel is launched with.
+// buffer; while `stream` is being captured into a CUDA graph (TVM's or PyTorch's), where cudaMalloc and cudaFree
+// may not run, in a stream-ordered allocation of the graph's own, returned for the caller to free after the
+// launch (else nullptr). V: the variant type the decode kernel is launched with.
 template <class V, class T, int D>
-void split_keys_evenly(const char* name, DecodeProblem& P) {
+float* split_keys_evenly(const char* name, DecodeProblem& P, cudaStream_t stream) {
   P.num_chunks = even_decode_chunks(P.batch, P.num_kv_heads, decode_tc_ctas_per_sm_cached<V, T, D>());
-  if (P.num_chunks > 1) {
-    float* ws = device_scratch(size_t(P.batch) * P.num_chunks * P.num_qo_heads * (D + 1));
+  if (P.num_chunks <= 1) return nullptr;
+  const size_t floats = size_t(P.batch) * P.num_chunks * P.num_qo_heads * (D + 1);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  float* owned = nullptr;
+  float* ws = nullptr;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusActive) {
+    if (cudaMallocAsync(reinterpret_cast<void**>(&owned), floats * sizeof(float), stream) != cudaSuccess) {
+      cudaGetLastError();
+      ATTNGEN_THROW(RuntimeError) << name << ": could not allocate the split-KV scratch buffer in the CUDA graph "
+                                  << "being captured (a stream-ordered allocation: the device needs memory pools)";
+    }
+    ws = owned;
+  } else {
+    ws = device_scratch(floats);
     if (ws == nullptr)
       ATTNGEN_THROW(RuntimeError) << name << ": could not allocate the split-KV scratch buffer on the GPU";
-    P.part_o = ws;
-    P.part_lse = ws + size_t(P.batch) * P.num_chunks * P.num_qo_heads * D;
   }
+  P.part_o = ws;
+  P.part_lse = ws + size_t(P.batch) * P.num_chunks * P.num_qo_heads * D;
+  return owned;
 }
 
 template <class V, class T, int D, class Config, class Tensors = typename Config::TensorArgs>
@@ -226,7 +243,7 @@ struct TirxSlots<V, T, D, Config, ArgList<X...>> {
   // The "tirx" decode's even split-KV (split_keys_evenly) for a launch of the variant type W.
   template <class W>
   static auto even_split(const char* name) {
-    return [name](DecodeProblem& p) { split_keys_evenly<W, T, D>(name, p); };
+    return [name](DecodeProblem& p, cudaStream_t stream) { return split_keys_evenly<W, T, D>(name, p, stream); };
   }
 
   // (q [n, Hq, D], qo_indptr [B+1], pages [P, 2, Hkv, S, D], page_indptr [B+1], page_indices [nnz],

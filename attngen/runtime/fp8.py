@@ -1,4 +1,4 @@
-"""fp8 KV caches on the host: storage, scales, quantisation (the append path) and dequantisation.
+"""fp8 KV caches: storage, scales, quantisation (the append path, on the tensors' device) and dequantisation.
 
 Storage. An fp8 cache is a tensor of torch's ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``, or a
 NumPy array of the ``ml_dtypes`` types of the same names (NumPy has no fp8 dtype of its own;
@@ -162,12 +162,26 @@ def _per_head(scale, num_kv_heads: int) -> np.ndarray:
 
 def quantize_kv(x: Tensor, dtype: str, scale=1.0) -> Tensor:
     """``x`` [..., Hkv, D] (float32/float16/bfloat16) stored as ``dtype`` with ``scale`` (a float or [Hkv]):
-    ``round_to_fp8(x / scale)``, an fp8 tensor of ``x``'s library and device."""
-    _check_fp8(dtype, "dtype")
+    ``round_to_fp8(x / scale)``, an fp8 tensor of ``x``'s library and device. A torch tensor is quantised
+    where it lies (on the GPU: no copy to the host), by PyTorch's own rounding after a saturating clamp, which
+    gives round_to_fp8's bits (tests/test_fp8.py)."""
+    fmt = _check_fp8(dtype, "dtype")
     heads = int(x.shape[-2]) if len(x.shape) >= 2 else 1
+    if _is_torch(x):
+        return _quantize_torch(x, dtype, fmt, _per_head(scale, heads))
     scaled = _float_numpy(x) / _per_head(scale, heads)
     grid = round_to_fp8(scaled.astype(np.float32), dtype)
     return _fp8_like(x, grid.astype(getattr(ml_dtypes, dtype)).view(np.uint8), dtype)
+
+
+def _quantize_torch(x, dtype: str, fmt: FP8Format, scale: np.ndarray):
+    """``x`` / ``scale`` (float32 [Hkv, 1] on the host) in float32 on ``x``'s device, clamped to the format's
+    finite range (NaN stays NaN), cast by PyTorch (nearest, ties to even)."""
+    import torch
+
+    s = torch.from_numpy(np.ascontiguousarray(scale)).to(x.device)
+    scaled = (x.detach().float() / s).clamp(-fmt.max_finite, fmt.max_finite)
+    return scaled.to(getattr(torch, dtype))
 
 
 def kv_scale_for(x: Tensor, dtype: str) -> np.ndarray:
@@ -190,7 +204,9 @@ def append_paged_kv_fp8(pages: Tensor, k: Tensor, v: Tensor, slot_mapping: Tenso
                         layout: str = "NHD") -> None:
     """Quantise ``k``, ``v`` [N, Hkv, D] and write row i into cache slot ``slot_mapping[i]`` (page
     ``slot // page_size``, place ``slot % page_size``) of the fp8 ``pages`` [P, 2, S, Hkv, D] (NHD) or
-    [P, 2, Hkv, S, D] (HND), in place."""
+    [P, 2, Hkv, S, D] (HND), in place. Torch pages on the GPU are written there, the rows quantised on the
+    device; ``slot_mapping`` is checked on the host (a host array costs no synchronisation, a device one is
+    copied back)."""
     check_tensor(pages, "pages", 5)
     dtype = dtype_name(pages)
     _check_fp8(dtype, "pages")

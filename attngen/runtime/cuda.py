@@ -270,7 +270,8 @@ class CUDAAttention(BuiltModule):
         balanced = num_chunks is None and tensor_cores is not False and tc_fits()
         group = num_qo_heads // kv.num_kv_heads
         pair = kv_heads_per_cta_for(kv_heads_per_cta, head_dim=head_dim, kv_bytes=kv_bytes, layout=kv.layout,
-                                    num_kv_heads=kv.num_kv_heads, group=group, tensor_cores=on_tensor_cores)
+                                    num_kv_heads=kv.num_kv_heads, group=group, tensor_cores=on_tensor_cores,
+                                    kv_lens=lens)
         slots = kv.num_kv_heads // pair  # grid rows: KV heads, or pairs of them, each planned as one head
         if not balanced and (graph_safe or fixed_chunk):
             raise AttentionArgumentError(

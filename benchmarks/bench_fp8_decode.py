@@ -77,17 +77,24 @@ def make_inputs(case: Case, gen: torch.Generator):
     return q, pages, fp8, k_scale, v_scale, table
 
 
-def time_attngen(att, case: Case, q, pages, table, scales=None, tensor_cores=None):
-    """(ms, out) of attngen's decode over ``pages`` (fp8 with ``scales``, or bf16), the automatic plan (or the
-    template ``tensor_cores`` forces)."""
-    from attngen.runtime import PagedKV
+def time_attngen(att, case: Case, q, pages, table, scales=None, tensor_cores=None, kv_heads_per_cta=None):
+    """(ms, out, KV heads per CTA) of attngen's decode over ``pages`` (fp8 with ``scales``, or bf16), the automatic
+    plan (or the template ``tensor_cores`` forces; ``kv_heads_per_cta``: None automatic, 1 one head, 2 a pair
+    where plan_decode takes one, else one head)."""
+    from attngen.runtime import AttentionArgumentError, PagedKV
 
     kv = PagedKV(pages, table["indptr"], table["indices"], table["last_page_len"], case.layout)
-    plan = att.plan_decode(kv, case.hq, case.d, tensor_cores=tensor_cores)
+    try:
+        plan = att.plan_decode(kv, case.hq, case.d, tensor_cores=tensor_cores,
+                               **({} if kv_heads_per_cta is None else {"kv_heads_per_cta": kv_heads_per_cta}))
+    except AttentionArgumentError:
+        if kv_heads_per_cta != 2:
+            raise
+        plan = att.plan_decode(kv, case.hq, case.d, tensor_cores=tensor_cores, kv_heads_per_cta=1)
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(q.shape[:2], device="cuda")
     fn = lambda: att.decode(q, kv, plan=plan, out=out, lse=lse, **(scales or {}))  # noqa: E731
-    return bench(fn), out
+    return bench(fn), out, plan.kv_heads_per_cta
 
 
 def time_flashinfer_fp8(fi, case: Case, q, fp8, k_scale, v_scale, table, ref, row):
@@ -108,20 +115,22 @@ def time_flashinfer_fp8(fi, case: Case, q, fp8, k_scale, v_scale, table, ref, ro
     return best
 
 
-def run_case(case: Case, libs: dict, fi, gen: torch.Generator) -> dict:
+def run_case(case: Case, libs: dict, fi, gen: torch.Generator, pairs=None) -> dict:
     q, pages, fp8, k_scale, v_scale, table = make_inputs(case, gen)
     att, row = libs[case.d], {"case": case.name}
     scales = dict(k_scale=k_scale, v_scale=v_scale)
-    ms, ref = time_attngen(att, case, q, fp8, table, scales=scales)
+    ms, ref, row["attngen_fp8_kv_heads_per_cta"] = time_attngen(att, case, q, fp8, table, scales=scales,
+                                                                 kv_heads_per_cta=pairs)
     row["attngen_fp8_ms"], row["attngen_fp8"] = ms, case.bytes_read(1) / ms / 1e6
     got = guarded(row, "attngen_fp8_cuda_cores",
                   lambda: time_attngen(att, case, q, fp8, table, scales=scales, tensor_cores=False))
     if got:  # the CUDA-core template over the same fp8 pages (the automatic plan takes tensor cores)
         row["attngen_fp8_cc_ms"], row["attngen_fp8_cc"] = got[0], case.bytes_read(1) / got[0] / 1e6
         row["attngen_fp8_cc_maxdiff"] = float((got[1].float() - ref.float()).abs().max())
-    got = guarded(row, "attngen_bf16", lambda: time_attngen(att, case, q, pages, table))
+    got = guarded(row, "attngen_bf16", lambda: time_attngen(att, case, q, pages, table, kv_heads_per_cta=pairs))
     if got:
         row["attngen_bf16_ms"], row["attngen_bf16"] = got[0], case.bytes_read(2) / got[0] / 1e6
+        row["attngen_bf16_kv_heads_per_cta"] = got[2]
         row["attngen_bf16_maxdiff"] = float((got[1].float() - ref.float()).abs().max())
     if fi is not None:
         got = time_flashinfer_fp8(fi, case, q, fp8, k_scale, v_scale, table, ref, row)
@@ -157,7 +166,10 @@ def markdown(res: dict, rows: list[dict], commit: str) -> list[str]:
 
 
 def main():
-    args = case_parser(__doc__, "time attngen only").parse_args()
+    ap = case_parser(__doc__, "time attngen only")
+    ap.add_argument("--kv-heads-per-cta", type=int, choices=(1, 2), default=None,
+                    help="plan_decode's kv_heads_per_cta for attngen's tensor-core plans (default: automatic)")
+    args = ap.parse_args()
     cases = selected_cases(CASES, args.cases)
     gen = torch.Generator(device="cuda").manual_seed(0)
     res = run_info(args.commit) | {"copy_GBps": copy_bandwidth()}
@@ -170,7 +182,7 @@ def main():
                               kv_dtypes=("bfloat16", FP8), layouts=tuple(sorted({c.layout for c in cases})),
                               kernels=("decode",))
     libs = {d: att for d in dims}
-    rows = run_cases(cases, lambda case: run_case(case, libs, fi, gen))
+    rows = run_cases(cases, lambda case: run_case(case, libs, fi, gen, args.kv_heads_per_cta))
     res["rows"] = rows
     write_results(args.out, f"fp8_decode_{res['date']}{args.tag}", res, markdown(res, rows, args.commit))
 

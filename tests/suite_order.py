@@ -45,6 +45,8 @@ EXPECTED_S = {
     "tests/test_lto_build.py::test_linked_and_whole_fp8_libraries_agree_on_the_gpu": 48,
     "tests/test_gpu_fuzz.py::test_fuzz_calls_match_the_reference_or_are_refused": 46,
     "tests/test_gpu_fp8_decode_variants.py::test_fp8_tensor_core_decode_with_hooks_and_groups": 41,
+    # (not timed yet: two libraries of four decode functions each, as the line above builds)
+    "tests/test_gpu_decode_kv_pairs.py::test_kv_head_pairs_match_the_reference_and_the_one_head_launch": 45,
     "tests/test_gpu_tvm_kv_cache_windows.py::test_sequence_windows_with_sinks_match_reference_and_tvm": 40,
     "tests/test_gpu_tvm_kv_cache_windows.py::test_sliding_window_layers_match_reference_and_tvm": 38,
     "tests/test_lto_build.py::test_linked_and_whole_libraries_agree_on_the_gpu": 36,

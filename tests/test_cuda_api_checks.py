@@ -162,7 +162,8 @@ def _decode_args(kv, query, **over):
     args = dict(q=query, pages=kv.pages, indices=kv.indices, indptr=kv.indptr, last_page_len=kv.last_page_len,
                 o=torch.empty_like(query), lse=torch.empty((n, hq), dtype=torch.float32), sm_scale=0.125)
     launch = DecodeLaunch(part, part[0, 0, 0, :1], 1, DecodeBackend.TENSOR_CORES)
-    args.update(zip(("part_o", "part_lse", "num_chunks", "backend", "plan", "plan_ctas", "plan_merges"),
+    args.update(zip(("part_o", "part_lse", "num_chunks", "backend", "plan", "plan_ctas", "plan_merges",
+                     "kv_heads_per_cta"),
                     launch.ffi_args()))
     args["alibi_slopes"] = torch.ones(hq)
     args.update(over)
@@ -191,7 +192,7 @@ def test_entry_functions_name_themselves_in_argument_errors(att, rng):
         decode(*_decode_args(kv, q, indptr=strided))  # an index array is read at element offsets
     with pytest.raises(ValueError, match=rf"{name}: q: expected a CUDA tensor"):
         decode(*_decode_args(kv, q))  # the right kinds and types: the plan may be None
-    with pytest.raises(TypeError, match=r"Expected 16 but got 15 arguments"):
+    with pytest.raises(TypeError, match=r"Expected 17 but got 16 arguments"):
         decode(*_decode_args(kv, q)[:-1])  # the variant's alibi_slopes is part of the signature
 
     ragged = RaggedKV(torch.from_numpy(prob.ragged.k).half(), torch.from_numpy(prob.ragged.v).half(),

@@ -277,3 +277,50 @@ def test_pack_takes_only_the_latest_plan_into_a_buffer_that_holds_it(cache):
         planner.pack(latest, np.zeros(need - 1, np.int32), BOUNDED)
     with pytest.raises(AttentionArgumentError, match="expected a contiguous 1-D int32 host tensor"):
         planner.pack(latest, np.zeros(need, np.int64), BOUNDED)
+
+
+@pytest.mark.parametrize("head_dim,kv_bytes,layout,hkv,group,tensor_cores,expect", [
+    (128, 1, "NHD", 8, 4, True, 2),    # fp8 rows of 128 bytes: pairs
+    (64, 1, "NHD", 8, 4, True, 2),     # fp8 rows of 64 bytes
+    (64, 2, "NHD", 2, 1, True, 2),     # 16-bit rows of 128 bytes
+    (128, 2, "NHD", 8, 4, True, 1),    # 16-bit rows of 256 bytes: already long runs
+    (256, 1, "NHD", 8, 4, True, 1),    # fp8 rows of 256 bytes
+    (128, 1, "HND", 8, 4, True, 1),    # a head's rows run page-long in HND
+    (128, 1, "NHD", 3, 4, True, 1),    # an odd number of KV heads
+    (128, 1, "NHD", 8, 5, True, 1),    # 2 x 5 query rows exceed the tile's 8
+    (128, 1, "NHD", 8, 4, False, 1),   # the CUDA-core template
+])
+def test_kv_heads_per_cta_pairs_short_nhd_rows_automatically(head_dim, kv_bytes, layout, hkv, group, tensor_cores,
+                                                             expect):
+    from attngen.runtime.decode_plan import kv_heads_per_cta
+
+    args = dict(head_dim=head_dim, kv_bytes=kv_bytes, layout=layout, num_kv_heads=hkv, group=group,
+                tensor_cores=lambda: tensor_cores)
+    assert kv_heads_per_cta(None, **args) == expect
+    assert kv_heads_per_cta(1, **args) == 1  # one head per CTA serves every call
+    fits = expect == 2 or layout == "HND"  # an HND call may ask for pairs; the automatic choice does not take them
+    if fits:
+        assert kv_heads_per_cta(2, **args) == 2
+    else:
+        with pytest.raises(AttentionArgumentError, match=r"kv_heads_per_cta=2: .*pass 1 or None"):
+            kv_heads_per_cta(2, **args)
+    with pytest.raises(AttentionArgumentError, match=r"kv_heads_per_cta: must be 1, 2 or None"):
+        kv_heads_per_cta(3, **args)
+
+
+@pytest.mark.parametrize("lens,hkv,expect", [
+    ([4096] * 64, 8, 2),          # B 64 L 4k: pairs gained 5% (fp8) on an H100
+    ([16384] * 16, 8, 2),         # B 16 L 16k: +4.5%
+    ([65536], 8, 2),              # B 1 L 64k: level
+    ([2048], 8, 1),               # B 1 L 2k: too little work, -12% at D 64
+    ([32768] + [512] * 63, 8, 1),  # one long request among short ones: -9%
+    ([4096] * 32, 32, 2),         # MHA
+])
+def test_automatic_pairs_only_for_batches_that_pay(lens, hkv, expect):
+    """The automatic pairing from the H100 A/B (kv_pairs_2026-12-05_h100.md): enough (token, KV head) pairs and
+    no request far longer than the mean; an explicit request is not second-guessed."""
+    from attngen.runtime.decode_plan import kv_heads_per_cta
+
+    args = dict(head_dim=128, kv_bytes=1, layout="NHD", num_kv_heads=hkv, group=4, tensor_cores=lambda: True)
+    assert kv_heads_per_cta(None, kv_lens=lens, **args) == expect
+    assert kv_heads_per_cta(2, kv_lens=lens, **args) == 2

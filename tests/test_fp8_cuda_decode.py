@@ -81,7 +81,7 @@ def test_fp8_decode_matches_the_reference(name, build_cache):
             fn = mod[symbol(f"batch_decode_paged_{layout.lower()}", q_dtype, HEAD_DIM, kv_dtype)]
             fn(tq, tpages, torch.from_numpy(ids).to(dev), torch.from_numpy(indptr).to(dev),
                torch.from_numpy(last).to(dev), o, lse, torch.from_numpy(k_scale).to(dev),
-               torch.from_numpy(v_scale).to(dev), HEAD_DIM ** -0.5, part_o, part_lse, chunks, backend, None, 0, 0,
+               torch.from_numpy(v_scale).to(dev), HEAD_DIM ** -0.5, part_o, part_lse, chunks, backend, None, 0, 0, 1,
                *extras)
             torch.cuda.synchronize()
             err = float((o.double().cpu() - torch.from_numpy(ref_o)).abs().max())

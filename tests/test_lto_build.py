@@ -245,10 +245,10 @@ def test_linked_library_loads_and_checks_arguments_like_a_whole_one(edited_build
     pages = torch.zeros(4, 2, 16, 2, 128, dtype=torch.float16)
     i32 = torch.zeros(3, dtype=torch.int32)
     own = (q, pages, i32, i32, i32, torch.zeros(2, 8, 128, dtype=torch.float16), torch.zeros(2, 8), 0.1,
-           torch.zeros(1), torch.zeros(1), 1, 0, None, 0, 0)
+           torch.zeros(1), torch.zeros(1), 1, 0, None, 0, 0, 1)
     with pytest.raises(TypeError, match="batch_decode_paged_nhd_f16_d128: q: expected element type float16"):
         f(*own, 30.0)
-    with pytest.raises(TypeError, match=r"Mismatched number of arguments .*15: float\) -> void"):
+    with pytest.raises(TypeError, match=r"Mismatched number of arguments .*16: float\) -> void"):
         f(*own)
 
 
@@ -546,14 +546,14 @@ def test_linked_fp8_library_checks_arguments_like_a_whole_one(fp8_linked):
     i32 = torch.zeros(3, dtype=torch.int32)
     scale = torch.ones(2)
     own = [q, pages, i32, i32, i32, torch.zeros_like(q), torch.zeros(2, 8), scale, scale, 0.1, torch.zeros(1),
-           torch.zeros(1), 1, 0, None, 0, 0]
+           torch.zeros(1), 1, 0, None, 0, 0, 1]
     with pytest.raises(TypeError, match=rf"{name}: pages: expected element type float8_e4m3fn, got float16"):
         mod[name](*own[:1], pages.half(), *own[2:], 30.0)
     with pytest.raises(TypeError, match=rf"{name}: v_scale: expected element type float32, got float16"):
         mod[name](*own[:8], scale.half(), *own[9:], 30.0)
     with pytest.raises(ValueError, match=rf"{name}: q: expected a CUDA tensor"):
         mod[name](*own, 30.0)
-    with pytest.raises(TypeError, match=r"Mismatched number of arguments .*17: float\) -> void"):
+    with pytest.raises(TypeError, match=r"Mismatched number of arguments .*18: float\) -> void"):
         mod[name](*own)
     ragged = "batch_prefill_ragged_f16_kve4m3_d128"
     k = torch.zeros(5, 2, 128).to(torch.float8_e4m3fn)

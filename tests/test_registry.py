@@ -91,7 +91,7 @@ def test_tile_header_holds_every_table():
         assert table in text
     assert "{128, 2, 2, 2, 64, 103296}," in text  # decode_tc D 128, 2 stages, 16-bit: two CTAs per SM on the H200
     assert "{128, 3, 2, 1, 64, 91264}," in text  # the same over an fp8 cache: 3 stages, two CTAs per SM
-    assert "{128, 1, 3}," in text  # decode_tc_stages<128, true>()
+    assert "{128, 1, 3, 1}," in text  # decode_tc_stages<128, true>()
 
 
 def test_cuda_build_writes_the_tile_header_and_every_unit_checks_it():

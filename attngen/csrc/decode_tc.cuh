@@ -1,12 +1,14 @@
 // Batch decode over a paged KV cache on tensor cores (mma.sync), query tile 16.
 //
 // One CTA = (KV head, its work items: one chunk of the even split, or the plan's list), four
-// warps; the K/V tiles of all its items form one cp.async stream, each item's query rows riding
-// with its first tile (S query buffers), so the next item's query and first tiles load while
+// warps (or, with KV-head pairs, decode_tc_pairs_kv_heads, two KV heads of two warps each, a stage then 32 keys of
+// each head and the query tile both heads' groups); the K/V tiles of all its items form one cp.async stream, each
+// item's query rows riding with its first tile (S query buffers), so the next item's query and first tiles load while
 // this item finishes. The query heads of the KV head's
 // group (GQA head-group fusion, at most 8) are the rows of one 16-row MMA tile, so a
 // K/V element is read from memory once for the whole group. A stage holds 64 keys;
-// warp w owns keys [16w, 16w + 16) of every stage, copies those rows itself (so the tiles
+// warp w owns rows [16w, 16w + 16) of every stage (keys [16w, 16w + 16) of the tile, or with a pair keys
+// [16 (w % 2), + 16) of its head), copies those rows itself (so the tiles
 // need no CTA barrier; the warps meet once per item) and keeps its own online-softmax
 // state (fp32, base 2); the four states are merged through shared memory at the end (a merge region of its own,
 // or at D 256 over a 16-bit cache the stage the loader fills next, so that two one-stage CTAs share an SM:
@@ -40,13 +42,13 @@
 
 namespace attngen {
 
-// Fused split-KV merge: after writing a partial state of request b (KV head hk), the CTA counts its
-// arrival; the one that brings the count to the request's number of partials merges them (for the
-// group's query heads) and writes the output, then zeroes the counter for the next launch. Every thread
-// calls it; `sm` is the merge region (free here: the next item's tiles load into the stages).
+// Fused split-KV merge: after writing a partial state of request b (the CTA's KV heads: row `slot` of the
+// grid's `slots`), the CTA counts its arrival; the one that brings the count to the request's number of partials
+// merges them (for the group's query heads) and writes the output, then zeroes the counter for the next launch.
+// Every thread calls it; `sm` is the merge region (free here: the next item's tiles load into the stages).
 template <class V, class T, int D, int NT>
 __device__ void merge_if_last(const DecodeProblem& P, const typename V::Params& hp, const DecodePlanView& plan, int b,
-                              int hk, int qh0, int group, float* sm, int tid) {
+                              int slot, int slots, int qh0, int group, float* sm, int tid) {
   __shared__ int s_merge, s_last;
   __threadfence();  // this thread's partial rows are visible device-wide before the CTA's arrival counts
   if (tid == 0) s_merge = -1;
@@ -57,7 +59,7 @@ __device__ void merge_if_last(const DecodeProblem& P, const typename V::Params& 
   const int m = s_merge;
   if (m < 0) return;  // a partial of a request the plan does not merge: none (uniform across the CTA)
   const int first = plan.merge_indptr[m], count = plan.merge_indptr[m + 1] - first;
-  int32_t* counter = plan.merge_counters + int64_t(m) * P.num_kv_heads + hk;
+  int32_t* counter = plan.merge_counters + int64_t(m) * slots + slot;
   if (tid == 0) s_last = atomicAdd(counter, 1) == count - 1;
   __syncthreads();
   if (!s_last) return;
@@ -96,12 +98,14 @@ struct DecodeTCItems {
   }
 };
 
-// Every work item of one CTA and KV head hk, as one stream of K/V tiles: the loader runs S - 1
+// Every work item of one CTA (grid row `cta_slot`: KV head cta_slot, or with KV-head pairs heads 2 cta_slot and
+// 2 cta_slot + 1,
+// decode_tc_pairs_kv_heads), as one stream of K/V tiles: the loader runs S - 1
 // tiles ahead across item boundaries, so the next item's first tiles arrive while this one's
 // last tiles and epilogue run. Called by all threads of the CTA.
 template <class V, class T, int D, int S, class KV = T>
 __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const typename V::Params& hp,
-                                                unsigned char* smem_raw, int hk, const DecodeTCItems<V>& items,
+                                                unsigned char* smem_raw, int cta_slot, const DecodeTCItems<V>& items,
                                                 KVScales scales = {}) {
   using Tile = DecodeTCTile<D, S>;
   constexpr int TK = Tile::kKeys, ST = Tile::kStride, NT = Tile::kThreads, NW = Tile::kWarps;
@@ -148,13 +152,27 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* scratch = scratch_all + warp * 2 * D;
-  const int group = P.group, qh0 = hk * group;
+  // KV-head pairs (kv_head_shift 1, decode_tc_pairs_kv_heads): warps 0-1 serve head 2 cta_slot, warps 2-3 head
+  // 2 cta_slot + 1; a tile is 64 / 2 keys of each head in the stage's rows of its warps, and the query tile holds both
+  // heads' groups (rows [q_lo, q_lo + group) are this warp's head's). Elsewhere one head, every warp on it.
+  const int shift = decode_tc_pairs_kv_heads<D, kIsFp8<KV>>() ? P.kv_head_shift : 0;
+  const int head_in_cta = shift ? warp >> 1 : 0;
+  const int hk = (cta_slot << shift) + head_in_cta;            // this warp's KV head
+  const int group = P.group, cta_rows = group << shift;    // query rows of this warp's head / of the CTA
+  const int qh0 = cta_slot * cta_rows, q_lo = head_in_cta * group;  // the CTA's first query head; this warp's first row
+  const int tk = TK >> shift;                              // keys of one head per tile
+  static_assert(TK == 64, "a pair's tiles are counted by a shift of 5");
+  // tiles of n > 0 keys (a pair's 32-key tiles by a shift, not a division by a run-time count)
+  auto tiles_of = [&](int n) { return shift ? (n + 31) >> 5 : (n + TK - 1) / TK; };
+  // whether row r of the query tile is a query head of this warp's KV head
+  auto own_row = [&](int r) { return shift ? unsigned(r - q_lo) < unsigned(group) : r < group; };
   const T* pages = static_cast<const T*>(P.kv.base);
   const int64_t head_off = int64_t(hk) * P.kv.stride_head + (lane % TPR) * 8;
   // fp8 caches: this head's rows at the lane's 16-byte chunk, once per CTA (the loader adds page and slot)
   [[maybe_unused]] const KV* head8 =
       static_cast<const KV*>(P.kv.base) + int64_t(hk) * P.kv.stride_head + (lane % TPR) * 16;
-  const int wk = warp * Tile::kKeysPerWarp;  // this warp's first key row of every tile
+  const int wk = warp * Tile::kKeysPerWarp;  // this warp's first row of every stage
+  const int wkey = (shift ? warp & 1 : warp) * Tile::kKeysPerWarp;  // and its first key of every tile
   const int ps = P.kv.page_size;
   const bool ps_pow2 = (ps & (ps - 1)) == 0;
   const int ps_shift = __ffs(ps) - 1;
@@ -173,7 +191,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     while (l_tile >= l_tiles && l_item < items.count) {
       if (++l_item < items.count) {
         l_cur = items.get(l_item);
-        l_tiles = l_cur.end > l_cur.start ? (l_cur.end - l_cur.start + TK - 1) / TK : 0;
+        l_tiles = l_cur.end > l_cur.start ? tiles_of(l_cur.end - l_cur.start) : 0;
         l_tile = 0;
         l_page_ids = P.kv.indices + P.kv.indptr[l_cur.b];
         if constexpr (tvm_windowed<V>()) l_sinks = P.kv.sinks(l_cur.b);
@@ -181,28 +199,28 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     }
     l_have = l_item < items.count;
     if (!l_have) return;
-    const int t0 = l_cur.start + l_tile * TK;
+    const int t0 = l_cur.start + l_tile * tk;
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
-      const int j = t0 + wk + pass * RPW + lane / TPR, jr = view_row<V>(l_sinks, j);
+      const int j = t0 + wkey + pass * RPW + lane / TPR, jr = view_row<V>(l_sinks, j);
       pid[pass] = j < l_cur.end ? __ldg(l_page_ids + (ps_pow2 ? (jr >> ps_shift) : jr / ps)) : 0;
     }
   };
   auto load_next = [&]() {  // issue the prefetched tile, then read the following tile's page ids
     if (!l_have) return;
-    const int t0 = l_cur.start + l_tile * TK, stage = loaded % S;
+    const int t0 = l_cur.start + l_tile * tk, stage = loaded % S;
     if (l_tile == 0) {  // the item's query rows (zero rows past the group) join its first tile's group
       T* sq = sq_all + (q_loaded % S) * QR * ST;
       const T* q = static_cast<const T*>(P.q) + (int64_t(l_cur.b) * P.num_qo_heads + qh0) * D;
       for (int c = tid; c < QR * CPR; c += NT) {
         const int r = c / CPR, l = c % CPR;
-        copy16_async(sq + r * ST + l * 8, r < group ? q + r * D + l * 8 : q, r < group);
+        copy16_async(sq + r * ST + l * 8, r < cta_rows ? q + r * D + l * 8 : q, r < cta_rows);
       }
       ++q_loaded;
     }
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
-      const int r = wk + pass * RPW + lane / TPR, j = t0 + r, jr = view_row<V>(l_sinks, j);
+      const int r = wk + pass * RPW + lane / TPR, j = t0 + r + (wkey - wk), jr = view_row<V>(l_sinks, j);
       const bool ok = j < l_cur.end;
       const int slot = ps_pow2 ? (jr & (ps - 1)) : jr % ps;
       if constexpr (kIsFp8<KV>) {  // (a row past the item: page id 0, a slot inside the page, read as nothing;
@@ -242,14 +260,14 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   const int g = lane / 4, t4 = lane % 4;
   // the query row whose address this lane gives ldmatrix for the 16-row A tile (rows 8-15: padding)
   const int q_lane_row = (lane % 8) + (QR == 16 ? ((lane / 8) % 2) * 8 : 0);
-  const bool row_valid = g < group;
+  const bool row_valid = own_row(g);
   const int qh = qh0 + g;
   const float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
   for (int it = 0; it < items.count; ++it) {
     const DecodeTCItem cur = items.get(it);
     const int b = cur.b, start = cur.start, end = cur.end;
     const int qo_pos = view_length<V>(P.kv, b) - 1;
-    const int num_tiles = end > start ? (end - start + TK - 1) / TK : 0;
+    const int num_tiles = end > start ? tiles_of(end - start) : 0;
     __syncthreads();  // the previous item's epilogue may still read the merge region
 
     // Q fragments in registers for the item where they fit (D <= 128); the query rows arrive with the
@@ -259,8 +277,9 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     T* sq = sq_all + (num_tiles > 0 ? q_consumed++ % S : 0) * QR * ST;
     float q_up = 1.f;  // half MMAs: the power of two row g's query was scaled down by
 
-    // ---- per-thread state: rows g (a query head when g < group) and g + 8 (padding); direct keys: the
-    // transposed output O^T (m-tile i: dims 16 i + g and + 8 of query rows 2 t4 and 2 t4 + 1, no padding)
+    // ---- per-thread state: rows g (a query head of this warp's KV head when own_row(g)) and g + 8 (padding);
+    // direct keys: the transposed output O^T (m-tile i: dims 16 i + g and + 8 of query rows 2 t4 and 2 t4 + 1, no
+    // padding)
     float o_acc[NOA][4];
 #pragma unroll
     for (int n = 0; n < NOA; ++n)
@@ -287,12 +306,12 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       if constexpr (kIsFp8<KV> && !kDirectK) decode_tc_widen_rows<MT, D, S, KV>(smem_raw, stage, 0, wk, sk, lane);
       if (tile == 0) {  // the query rows arrived with this tile: query transform, then the fragments
         if constexpr (tvm_rope<V>()) {  // TVM's inline RoPE, before the variant's query transform
-          for (int r = warp; r < group; r += NW)
+          for (int r = warp; r < cta_rows; r += NW)
             rope_rotate_row<D>([&](int i) -> T& { return sq[r * ST + i]; }, scratch, P.win.q_pos[b], P.rope, lane);
           __syncthreads();
         }
         if constexpr (V::kHasQueryTransform) {
-          for (int r = warp; r < group; r += NW) {
+          for (int r = warp; r < cta_rows; r += NW) {
             for (int i = lane; i < D; i += 32) scratch[i] = to_float(sq[r * ST + i]);
             __syncwarp();
             warp_row_hook<D, V::kQueryElementwise>(
@@ -305,14 +324,14 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         }
         if constexpr (!std::is_same_v<MT, T>) {  // the query rows as half, in place; row_lse (free until the
           // epilogue) carries each row's scale to the threads of its MMA row
-          for (int r = warp; r < group; r += NW) half_query_row<T, D>(sq + r * ST, row_lse + r, lane);
+          for (int r = warp; r < cta_rows; r += NW) half_query_row<T, D>(sq + r * ST, row_lse + r, lane);
           __syncthreads();
           q_up = row_valid ? row_lse[g] : 1.f;
         }
         if constexpr (kDirectK) {  // (q . k) s = q . (k s), and a query of another type was scaled into half's range
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const bool scaled = !std::is_same_v<MT, T> && 2 * t4 + c < group;
+            const bool scaled = !std::is_same_v<MT, T> && 2 * t4 + c < cta_rows;
             qk2[c] = scales.k[hk] * (scaled ? row_lse[2 * t4 + c] : 1.f) * scale;
           }
         }
@@ -326,7 +345,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
             ldmatrix_x4(qfrag[k0 / 16], sq + q_lane_row * ST + k0 + (lane / 16) * 8);
         }
       }
-      const int j0 = start + tile * TK + wk;  // this warp's first key
+      const int j0 = start + tile * tk + wkey;  // this warp's first key
       if constexpr (tvm_rope<V>()) {  // this warp's rows at TVM's key positions, before the key transform
         for (int r = 0; r < Tile::kKeysPerWarp; ++r) {
           const int j = j0 + r;
@@ -367,7 +386,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         for (int i = 0; i < 4; ++i) {
           const int c = i & 1, qrow = 2 * t4 + c, j = j0 + g + 8 * (i >> 1);
           float x = st[i] * qk2[c];
-          bool visible = qrow < group && j < end;
+          bool visible = own_row(qrow) && j < end;
           if constexpr (V::kHasLogits) {
             if (visible) x = V::logits(hp, x, b, qo_pos, j, qh0 + qrow, hk) * (V::kLogitsLog2e ? kLog2e : 1.f);
           }
@@ -502,7 +521,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 #pragma unroll
         for (int o = 4; o < 32; o *= 2) d2[c] += __shfl_xor_sync(0xffffffffu, d2[c], o);
         const int q = 2 * t4 + c;
-        if (q < group) {
+        if (own_row(q)) {  // (a pair's other head's rows: its own warps' states)
           if (g == 0) {
             wstate[(warp * G8 + q) * 2] = m2[c];
             wstate[(warp * G8 + q) * 2 + 1] = d2[c];
@@ -530,11 +549,13 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       }
     }
     __syncthreads();
-    for (int idx = tid; idx < group * CPR; idx += NT) {
+    for (int idx = tid; idx < cta_rows * CPR; idx += NT) {
       const int r = idx / CPR, l = idx % CPR;
       float fm = kNegInf, fd = 0.f, fa[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      const int w_head = shift ? r / group : 0;  // the head of row r: its warps hold the row's states
 #pragma unroll
       for (int w = 0; w < NW; ++w) {
+        if (shift && (w >> 1) != w_head) continue;
         const float mw = wstate[(w * G8 + r) * 2], dw = wstate[(w * G8 + r) * 2 + 1];
         MergeScales ms = V::kSoftmax ? merge_scales(fm, mw) : MergeScales{0.f, 1.f, 1.f};
         fd = fd * ms.a + dw * ms.b;
@@ -550,7 +571,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     __syncthreads();
 
     if (cur.part_row0 >= 0) {  // partial state for merge.cuh; the output transform runs after the merge
-      for (int idx = tid; idx < group * CPR; idx += NT) {
+      for (int idx = tid; idx < cta_rows * CPR; idx += NT) {
         const int r = idx / CPR, l = idx % CPR;
         const int64_t row = cur.part_row0 + qh0 + r;
         float4* dst = reinterpret_cast<float4*>(P.part_o + row * D + l * 8);
@@ -562,10 +583,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
       if (P.plan != nullptr) {
         const DecodePlanView plan(P.plan);
         static_assert(merge_partial_heads_floats<D, NT>() <= NW * G8 * D, "the fused merge fits the merge region");
-        if (plan.merge_counters != nullptr) merge_if_last<V, T, D, NT>(P, hp, plan, b, hk, qh0, group, wacc, tid);
+        if (plan.merge_counters != nullptr)
+          merge_if_last<V, T, D, NT>(P, hp, plan, b, cta_slot, P.num_kv_heads >> shift, qh0, cta_rows, wacc, tid);
       }
     } else {
-      finish_rows<V, T, D>(rows, rows + G8 * D, row_lse, group, b, qo_pos, qh0, P.num_qo_heads,
+      finish_rows<V, T, D>(rows, rows + G8 * D, row_lse, cta_rows, b, qo_pos, qh0, P.num_qo_heads,
                            static_cast<T*>(P.o), P.lse, hp, tid, NT, P.empty_lse());
     }
   }
@@ -573,7 +595,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 }
 
 // Grid mode (no plan): grid (num_chunks, Hkv, B), an even split of each request's visible keys.
-// Plan mode (P.plan set): grid (num_ctas, Hkv); CTA x runs its work items of the plan in order.
+// Plan mode (P.plan set): grid (num_ctas, Hkv); CTA x runs its work items of the plan in order. With KV-head
+// pairs (kv_head_shift 1) the grid has Hkv / 2 rows.
 template <class V, class T, int D, int S, class KV = T>
 __global__ void __launch_bounds__(DecodeTCTile<D, S>::kThreads)
 decode_tc_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
@@ -582,7 +605,7 @@ decode_tc_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
   // launched as a dependent of whatever ran before on the stream (sm_90): its launch and block setup
   // overlapped that kernel's tail; its q, cache and plan may come from it, so wait before reading any
   grid_dependency_wait();
-  const int hk = blockIdx.y;
+  const int cta_slot = blockIdx.y;  // the CTA's KV head, or pair of KV heads (kv_head_shift 1)
   // one inlined copy of the item loop for both modes (grid mode: one item, found from the block index)
   const int32_t* work = nullptr;
   int count = 1;
@@ -593,8 +616,8 @@ decode_tc_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
     count = plan.cta_indptr[blockIdx.x + 1] - w0;
   }
   const DecodeTCItems<V> items{P, hp, work, count};
-  if constexpr (kIsFp8<KV>) decode_tc_items<V, T, D, S, KV>(P, hp, smem_raw, hk, items, P.scales);
-  else decode_tc_items<V, T, D, S>(P, hp, smem_raw, hk, items);
+  if constexpr (kIsFp8<KV>) decode_tc_items<V, T, D, S, KV>(P, hp, smem_raw, cta_slot, items, P.scales);
+  else decode_tc_items<V, T, D, S>(P, hp, smem_raw, cta_slot, items);
 }
 
 }  // namespace attngen

@@ -47,6 +47,16 @@ constexpr int decode_tc_query_rows() {
   return decode_tc_merge_in_stage<D, kFp8>() ? 8 : 16;
 }
 
+// KV-head pairs: where a K/V row is 128 bytes or shorter (an fp8 cache at D 64 / 128, a 16-bit one at D 64), a CTA
+// may serve two KV heads, 2y and 2y + 1 (DecodeProblem::kv_head_shift = 1): warps 0-1 take the first head's keys,
+// warps 2-3 the second's, a stage holds 32 keys of each, and the query tile holds both heads' groups (2 x group <=
+// kMaxGroup rows). In an NHD cache the two heads' rows of a token are adjacent, so the CTA's copies of a token
+// read one run of twice the row's bytes where two CTAs would each read a short run of their own at other times.
+template <int D, bool kFp8>
+constexpr bool decode_tc_pairs_kv_heads() {
+  return D * (kFp8 ? 1 : 2) <= 128;
+}
+
 // Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the warps' softmax states
 // and row log-sum-exps, the merge region's rows unless they lie in a stage (decode_tc_merge_in_stage), then the
 // K/V stages, which start on a 128-byte boundary (see kv_tile_at).

@@ -11,10 +11,13 @@
 //   last_page_len [B], o [B, Hq, D], lse [B, Hq] f32, sm_scale,
 //   the split (runtime/cuda.py DecodeLaunch): part_o, part_lse f32, num_chunks, backend (DecodeBackend),
 //   plan (None, or the device copy of a split-KV plan, runtime/decode_plan.py), plan_ctas, plan_merges,
+//   kv_heads_per_cta (1, or 2: KV-head pairs, decode_tc_tile.cuh decode_tc_pairs_kv_heads),
 //   then the variant's extra parameters (V::ExtraArgs).
 // Without a plan the keys split evenly into num_chunks chunks: part_o [B, C, Hq, D], part_lse [B, C, Hq]
 // (unused for one chunk) and plan_ctas = plan_merges = 0. With a plan num_chunks is ignored, the grid is
-// (plan_ctas, Hkv), part_o / part_lse are [slots, Hq, (D)], and plan_merges merge blocks follow.
+// (plan_ctas, Hkv / kv_heads_per_cta), part_o / part_lse are [slots, Hq, (D)], and plan_merges merge blocks follow.
+// A plan is made for the grid's rows (plan_decode: Hkv / 2 heads of twice the group with kv_heads_per_cta 2, its
+// fused merge's counters sized for those rows): call with the kv_heads_per_cta it was made for.
 // backend kAuto lets the launcher choose, kCudaCores forces the CUDA-core template, kTensorCores the
 // tensor-core one (which falls back to CUDA cores where the device's shared memory holds none of its tiles).
 #pragma once
@@ -32,6 +35,7 @@ struct DecodeSplitArgs {
   int64_t backend;  // a DecodeBackend, checked before use
   tvm::ffi::Optional<tvm::ffi::TensorView> plan;
   int64_t plan_ctas, plan_merges;
+  int64_t kv_heads_per_cta;  // 1, or 2: KV-head pairs (tensor-core template, decode_tc_pairs_kv_heads)
 };
 
 // A decode call's own arguments (the variant's extra parameters aside).
@@ -65,9 +69,9 @@ void check_decode_args(const char* name, const DecodeArgs& a, const Own&... own)
     check_args(name, {{"plan", *a.split.plan, 1, dl_dtype<int32_t>()}}, a.q.device().device_id);
 }
 
-// The split-KV arguments into P (any decode problem type) and their checks against the library's bounds;
-// false when the batch is empty (nothing to launch).
-template <int D, int MaxG, class Problem>
+// The split-KV arguments into P (any decode problem type; kFp8: an fp8 cache's) and their checks against the
+// library's bounds; false when the batch is empty (nothing to launch).
+template <int D, int MaxG, bool kFp8 = false, class Problem>
 bool fill_decode_split(Problem& P, const DecodeSplitArgs& split, const char* name) {
   P.part_o = static_cast<float*>(data_of(split.part_o));
   P.part_lse = static_cast<float*>(data_of(split.part_lse));
@@ -85,6 +89,21 @@ bool fill_decode_split(Problem& P, const DecodeSplitArgs& split, const char* nam
   if (P.group > MaxG)
     ATTNGEN_THROW(ValueError) << name << ": group size " << P.num_qo_heads << "/" << P.num_kv_heads
                               << " is not served; this library was built with max_group_size=" << MaxG;
+  if (split.kv_heads_per_cta != 1 && split.kv_heads_per_cta != 2)
+    ATTNGEN_THROW(ValueError) << name << ": kv_heads_per_cta must be 1 or 2, got " << split.kv_heads_per_cta;
+  if (split.kv_heads_per_cta == 2) {
+    if (!decode_tc_pairs_kv_heads<D, kFp8>())
+      ATTNGEN_THROW(ValueError) << name << ": kv_heads_per_cta=2 pairs KV heads whose rows are at most 128 bytes "
+                                << "(an fp8 cache at head_dim <= 128, a 16-bit one at head_dim 64); pass 1";
+    if (P.num_kv_heads % 2 != 0 || 2 * P.group > DecodeTCTile<D, 1>::kMaxGroup)
+      ATTNGEN_THROW(ValueError) << name << ": kv_heads_per_cta=2 needs an even number of KV heads and a group of at "
+                                << "most " << DecodeTCTile<D, 1>::kMaxGroup / 2 << " (got " << P.num_kv_heads
+                                << " KV heads, group " << P.group << "); pass 1";
+    if (split.backend == int64_t(DecodeBackend::kCudaCores))
+      ATTNGEN_THROW(ValueError) << name << ": kv_heads_per_cta=2 runs on the tensor-core template; backend 1 (CUDA "
+                                << "cores) takes kv_heads_per_cta=1";
+    P.kv_head_shift = 1;
+  }
   if (P.batch == 0) return false;
   if (P.num_chunks < 1) ATTNGEN_THROW(ValueError) << name << ": num_chunks must be at least 1";
   if (!is_decode_backend(split.backend))
@@ -100,7 +119,7 @@ bool fill_decode_split(Problem& P, const DecodeSplitArgs& split, const char* nam
 inline void check_decode_launch(const char* name, bool launched) {
   if (!launched)
     ATTNGEN_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
-                                         "split-KV plan needs one; plan with tensor_cores=False";
+                                         "split-KV plan or KV-head pairs need one; plan with tensor_cores=False";
   check_launch(name);
 }
 
@@ -122,9 +141,11 @@ struct DecodePagedEntry<V, T, D, L, MaxG, Name, ArgList<X...>> {
                    tvm::ffi::TensorView indptr, tvm::ffi::TensorView last_page_len, tvm::ffi::TensorView o,
                    tvm::ffi::TensorView lse, double sm_scale, tvm::ffi::TensorView part_o,
                    tvm::ffi::TensorView part_lse, int64_t num_chunks, int64_t backend,
-                   tvm::ffi::Optional<tvm::ffi::TensorView> plan, int64_t plan_ctas, int64_t plan_merges, X... extra) {
+                   tvm::ffi::Optional<tvm::ffi::TensorView> plan, int64_t plan_ctas, int64_t plan_merges,
+                   int64_t kv_heads_per_cta, X... extra) {
     const DecodeArgs args{q, pages, indices, indptr, last_page_len, o, lse, sm_scale,
-                          DecodeSplitArgs{part_o, part_lse, num_chunks, backend, plan, plan_ctas, plan_merges}};
+                          DecodeSplitArgs{part_o, part_lse, num_chunks, backend, plan, plan_ctas, plan_merges,
+                                          kv_heads_per_cta}};
     check_decode_args<T>(Name, args);
     typename V::Params hp{};
     V::set_params(Name, hp, extra...);

@@ -25,7 +25,7 @@ void decode_paged_fp8(const char* name, const DecodeArgs& a, tvm::ffi::TensorVie
   fill_decode(P, a.q, a.o, a.lse, a.sm_scale,
               kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len, 8), name);
   P.scales = kv_scales_of(name, k_scale, v_scale, P.num_kv_heads);
-  if (!fill_decode_split<D, MaxG>(P, a.split, name)) return;
+  if (!fill_decode_split<D, MaxG, true>(P, a.split, name)) return;
   check_decode_launch(name, launch_decode<V, T, D, MaxG, KV>(P, hp, stream_of(a.q)));
 }
 
@@ -40,9 +40,10 @@ struct DecodePagedFP8Entry<V, T, KV, D, L, MaxG, Name, ArgList<X...>> {
                    tvm::ffi::TensorView lse, tvm::ffi::TensorView k_scale, tvm::ffi::TensorView v_scale,
                    double sm_scale, tvm::ffi::TensorView part_o, tvm::ffi::TensorView part_lse, int64_t num_chunks,
                    int64_t backend, tvm::ffi::Optional<tvm::ffi::TensorView> plan, int64_t plan_ctas,
-                   int64_t plan_merges, X... extra) {
+                   int64_t plan_merges, int64_t kv_heads_per_cta, X... extra) {
     const DecodeArgs args{q, pages, indices, indptr, last_page_len, o, lse, sm_scale,
-                          DecodeSplitArgs{part_o, part_lse, num_chunks, backend, plan, plan_ctas, plan_merges}};
+                          DecodeSplitArgs{part_o, part_lse, num_chunks, backend, plan, plan_ctas, plan_merges,
+                                          kv_heads_per_cta}};
     check_decode_args<T, KV>(Name, args, TensorArg{"k_scale", k_scale, 1, dl_dtype<float>()},
                              TensorArg{"v_scale", v_scale, 1, dl_dtype<float>()});
     typename V::Params hp{};

@@ -23,7 +23,7 @@ using TV = tvm::ffi::TensorView;
 // entry_prefill_fp8.h) k_scale and v_scale, then the scalars and optional tensors.
 template <class... Tensors>
 using DecodeOwnArgsWith = ArgList<Tensors..., double, TV, TV, int64_t, int64_t, tvm::ffi::Optional<TV>, int64_t,
-                                  int64_t>;
+                                  int64_t, int64_t>;
 template <class... Tensors>
 using PrefillOwnArgsWith = ArgList<Tensors..., double, int64_t, int64_t, int64_t, tvm::ffi::Optional<TV>,
                                    tvm::ffi::Optional<TV>, int64_t, tvm::ffi::Optional<TV>, tvm::ffi::Optional<TV>>;

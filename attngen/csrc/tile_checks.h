@@ -52,16 +52,18 @@ constexpr bool decode_rows(std::index_sequence<I...>) {
 }
 
 // KVE: bytes of a K/V element (1: an fp8 cache, its own stage count and layout)
-template <int D, int KVE, int Stages>
+template <int D, int KVE, int Stages, int PairsHeads>
 constexpr bool decode_tc_default_row() {
   static_assert(decode_tc_stages<D, KVE == 1>() == Stages, "decode_tc_stages<D, kFp8>() differs from the decode_tc record");
+  static_assert(decode_tc_pairs_kv_heads<D, KVE == 1>() == (PairsHeads != 0),
+                "decode_tc_pairs_kv_heads<D, kFp8>() differs from the decode_tc record");
   return true;
 }
 
 template <std::size_t... I>
 constexpr bool decode_tc_default_rows(std::index_sequence<I...>) {
   constexpr auto& t = tiles::kDecodeTCStages;
-  return (decode_tc_default_row<t[I].head_dim, t[I].kv_bytes, t[I].stages>() && ...);
+  return (decode_tc_default_row<t[I].head_dim, t[I].kv_bytes, t[I].stages, t[I].pairs_kv_heads>() && ...);
 }
 
 // E: bytes of a query element (decode_tc_smem_bytes takes 16-bit queries), KVE: of a K/V element

@@ -148,7 +148,7 @@ class CUDAAttention(BuiltModule):
         return cls(variant, res.library, res.manifest)
 
     def _decode_workspace(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int, items: int,
-                          device, counters: bool = True, kv_bytes: int = 2):
+                          device, counters: bool = True, kv_bytes: int = 2, pair: int = 1):
         """The load-balanced decode workspace of this shape, grown when a batch (or a fixed-chunk plan's
         work items) exceeds its bounds, unless a graph-safe plan was made in it (a CUDA graph captured with that
         plan reads this workspace's buffers: then the bound is an error naming it); ``counters``: with the fused
@@ -158,7 +158,7 @@ class CUDAAttention(BuiltModule):
 
         from .decode_plan import DecodeBounds, DecodeWorkspace, decode_tc_ctas_per_sm
 
-        key = (str(device), num_qo_heads, num_kv_heads, head_dim, counters, kv_bytes)
+        key = (str(device), num_qo_heads, num_kv_heads, head_dim, counters, kv_bytes, pair)
         spaces = self.__dict__.setdefault("_decode_spaces", {})
         ws = spaces.get(key)
         if ws is not None and ws.graph_safe and (batch > ws.bounds.max_batch or items > ws.bounds.max_work_items):
@@ -211,7 +211,8 @@ class CUDAAttention(BuiltModule):
 
     def plan_decode(self, kv: PagedKV, num_qo_heads: int, head_dim: int, *, num_chunks: int | None = None,
                     tensor_cores: bool | None = None, fixed_chunk: int = 0, graph_safe: bool = False,
-                    fused_merge: bool | None = None, max_batch: int = 0, max_work_items: int = 0):
+                    fused_merge: bool | None = None, kv_heads_per_cta: int | None = None, max_batch: int = 0,
+                    max_work_items: int = 0):
         """Plan one decode step (reused by every layer). Without ``num_chunks`` the split is load-balanced
         (the host planner's work list, tensor-core template); a plan is valid until the next load-balanced
         ``plan_decode`` of the same shape. ``num_chunks`` forces an even split of every request into that
@@ -225,10 +226,14 @@ class CUDAAttention(BuiltModule):
         plans): True, the decode kernel merges split requests itself, the CTA that writes a request's last
         partial state merging them; False, the separate merge kernel runs after it; None (default): as
         ``decode_plan.choose_fused_merge`` decides (fused for graph-safe plans and where some request writes
-        its output directly, the merge kernel for an all-split batch). ``max_batch`` / ``max_work_items``
-        (load-balanced plans): the least bounds of the shape's workspace, which otherwise grows to a batch (or a
-        fixed-chunk plan's work items) above its bounds, except once a graph-safe plan was made in it: declare
-        there, with the first plan, the largest batch (and fixed-chunk work items) its graphs will replay."""
+        its output directly, the merge kernel for an all-split batch). ``kv_heads_per_cta`` (tensor-core
+        template): 2, each CTA serves two KV heads, whose rows of a token an NHD cache stores side by side, so
+        rows of 128 bytes or less are read in runs of twice that; 1, one head per CTA; None (default): as
+        ``decode_plan.kv_heads_per_cta`` decides (pairs on NHD caches wherever a pair can serve the call).
+        ``max_batch`` / ``max_work_items`` (load-balanced plans): the least bounds of the shape's workspace, which
+        otherwise grows to a batch (or a fixed-chunk plan's work items) above its bounds, except once a graph-safe
+        plan was made in it: declare there, with the first plan, the largest batch (and fixed-chunk work items)
+        its graphs will replay."""
         import torch
 
         _check_kv_view(kv, PagedKV)
@@ -252,12 +257,24 @@ class CUDAAttention(BuiltModule):
         lens = paged_lengths(np.diff(indptr), last, kv.page_size)
         longest = int(lens.max(initial=0))
         from .decode_plan import decode_tc_fits, grid_chunks_for_uniform_batch, items_needed
+        from .decode_plan import kv_heads_per_cta as kv_heads_per_cta_for
 
         if fixed_chunk < 0:
             raise AttentionArgumentError(f"fixed_chunk: must be 0 (off) or a positive key count, got {fixed_chunk}")
         kv_bytes = DTYPE_BYTES[dtype]
-        balanced = num_chunks is None and tensor_cores is not False and decode_tc_fits(
-            head_dim, torch.cuda.get_device_properties(kv.pages.device).shared_memory_per_block_optin, kv_bytes)
+        def tc_fits() -> bool:  # whether a tensor-core tile fits the device's shared memory
+            return decode_tc_fits(
+                head_dim, torch.cuda.get_device_properties(kv.pages.device).shared_memory_per_block_optin, kv_bytes)
+
+        def on_tensor_cores() -> bool:  # whether the call surely runs on the tensor-core template
+            return (tensor_cores is True or (tensor_cores is None and num_chunks is None)) and tc_fits()
+
+        balanced = num_chunks is None and tensor_cores is not False and tc_fits()
+        group = num_qo_heads // kv.num_kv_heads
+        pair = kv_heads_per_cta_for(kv_heads_per_cta, head_dim=head_dim, kv_bytes=kv_bytes, layout=kv.layout,
+                                    num_kv_heads=kv.num_kv_heads, group=group, tensor_cores=on_tensor_cores,
+                                    kv_lens=lens)
+        slots = kv.num_kv_heads // pair  # grid rows: KV heads, or pairs of them, each planned as one head
         if not balanced and (graph_safe or fixed_chunk):
             raise AttentionArgumentError(
                 "graph_safe / fixed_chunk: need the load-balanced plan (tensor-core template, no num_chunks, a "
@@ -267,12 +284,12 @@ class CUDAAttention(BuiltModule):
                 raise AttentionArgumentError(f"max_batch / max_work_items: must be 0 (none) or positive, got "
                                              f"{max_batch} / {max_work_items}")
             items = items_needed(lens, fixed_chunk)
-            ws = self._decode_workspace(num_qo_heads, kv.num_kv_heads, head_dim, max(batch, max_batch),
+            ws = self._decode_workspace(num_qo_heads, slots, head_dim, max(batch, max_batch),
                                         max(items, max_work_items) if items or max_work_items else 0,
-                                        kv.pages.device, fused_merge is not False, kv_bytes)
-            split = ws.split(lens.astype(np.int32), num_qo_heads // kv.num_kv_heads, fixed_chunk=fixed_chunk)
+                                        kv.pages.device, fused_merge is not False, kv_bytes, pair)
+            split = ws.split(lens.astype(np.int32), group * pair, fixed_chunk=fixed_chunk)
             automatic = tensor_cores is None and not graph_safe and not fixed_chunk and fused_merge is None
-            grid = grid_chunks_for_uniform_batch(lens, split, kv.num_kv_heads, ws.resident_slots) if automatic else 0
+            grid = grid_chunks_for_uniform_batch(lens, split, slots, ws.resident_slots) if automatic else 0
             if grid:  # a uniform batch the even-split grid launch serves at least as well
                 num_chunks, tensor_cores = grid, True
             else:
@@ -281,13 +298,12 @@ class CUDAAttention(BuiltModule):
                 ws.graph_safe = ws.graph_safe or graph_safe
                 merges = 0 if fused else (ws.bounds.max_merges if graph_safe else n_merge)
                 launch = DecodeLaunch(ws.part_o, ws.part_lse, 1, DecodeBackend.TENSOR_CORES, ws.device_plan,
-                                      ws.bounds.num_ctas, merges)
+                                      ws.bounds.num_ctas, merges, pair)
                 return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, launch, ws, ws.generation, split,
                                   fused, longest)
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
-            num_chunks = choose_num_chunks(batch, kv.num_kv_heads, longest, sms,
-                                           total_kv_len=int(lens.sum()))
+            num_chunks = choose_num_chunks(batch, slots, longest, sms, total_kv_len=int(lens.sum()))
         if num_chunks < 1:
             raise AttentionArgumentError(f"num_chunks: must be at least 1, got {num_chunks}")
         dev = kv.pages.device
@@ -300,7 +316,8 @@ class CUDAAttention(BuiltModule):
         if tensor_cores is False:  # a link-time build may link the CUDA-core kernels on first use
             link_deferred_parts(self, dev, "decode")
         return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim,
-                          DecodeLaunch(part_o, part_lse, num_chunks, backend), max_kv_len=longest)
+                          DecodeLaunch(part_o, part_lse, num_chunks, backend, kv_heads_per_cta=pair),
+                          max_kv_len=longest)
 
     def decode(self, q, kv: PagedKV, *, plan: DecodePlan | None = None, sm_scale: float | None = None,
                params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):
@@ -316,6 +333,9 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(
                 f"plan: made for batch {plan.batch_size}, {plan.num_qo_heads} heads, head_dim {plan.head_dim}; "
                 f"q is {tuple(q.shape)}: plan again for this batch")
+        if plan.num_kv_heads != kv.num_kv_heads:
+            raise AttentionArgumentError(f"plan: made for {plan.num_kv_heads} KV heads; kv has {kv.num_kv_heads}: "
+                                         f"plan again for this cache")
         check_tensor(kv.pages, "kv.pages", 5, kv.kv_dtype if is_fp8(kv.kv_dtype) else dt)
         check_qkv_heads(q, kv.num_kv_heads, d)
         # a 16-bit cache is in q's dtype (checked above): its function is the query dtype's

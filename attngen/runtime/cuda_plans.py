@@ -21,12 +21,13 @@ class DecodeLaunch:
     num_chunks: int = 1  # even split: chunks per request (ignored with a plan)
     backend: DecodeBackend = DecodeBackend.AUTO
     device_plan: object = None  # plan mode: the split-KV plan's int32 buffer on the device (decode_plan.py)
-    plan_ctas: int = 0  # plan mode: CTAs per KV head
+    plan_ctas: int = 0  # plan mode: CTAs per grid row (a KV head, or a pair of them)
     plan_merges: int = 0  # plan mode: merge blocks launched (the split requests, or the bound if graph-safe)
+    kv_heads_per_cta: int = 1  # 2: a tensor-core CTA serves two KV heads (decode_plan.kv_heads_per_cta)
 
     def ffi_args(self) -> tuple:
         return (self.part_o, self.part_lse, self.num_chunks, self.backend, self.device_plan, self.plan_ctas,
-                self.plan_merges)
+                self.plan_merges, self.kv_heads_per_cta)
 
 
 @dataclass
@@ -61,6 +62,10 @@ class DecodePlan:
     @property
     def num_merges(self) -> int:
         return self.launch.plan_merges
+
+    @property
+    def kv_heads_per_cta(self) -> int:
+        return self.launch.kv_heads_per_cta
 
 
 MAX_GRID_BATCH = 65535  # the request index is a grid dimension

@@ -64,6 +64,13 @@ def merge_in_stage(head_dim: int, kv_bytes: int) -> bool:
     return kv_bytes != FP8_BYTES and head_dim == 256
 
 
+def pairs_kv_heads(head_dim: int, kv_bytes: int) -> bool:
+    """Whether a CTA may serve two KV heads (``kv_heads_per_cta=2``: csrc/decode_tc_tile.cuh
+    decode_tc_pairs_kv_heads): rows of at most 128 bytes, an fp8 cache at D 64 / 128 or a 16-bit one at D 64. In
+    an NHD cache the pair's rows of a token are adjacent, so its copies read one run of twice a row's bytes."""
+    return head_dim * kv_bytes <= 128
+
+
 def decode_tc_tiles_offset(cfg: DecodeTCConfig, elems: ElementBytes) -> int:
     """Bytes before the K/V stages: a query tile per stage, the scratch rows, the warps' softmax states and row
     log-sum-exps, and the merge region's rows unless they lie in a stage."""
@@ -102,8 +109,10 @@ def must_fit(query: FitQuery) -> tuple:
 
 def header_section(element_sizes: tuple[int, ...]) -> str:
     stages = cxx_table("DecodeTCStages", "decode_tc (tensor cores): decode_tc_stages<D, kFp8>(), the default stage "
-                       "count per K/V element size", (("int", "head_dim"), ("int", "kv_bytes"), ("int", "stages")),
-                       [(d, kv, configs(d, kv)[0].stages) for d in HEAD_DIMS for kv in (2, FP8_BYTES)])
+                       "count per K/V element size, and decode_tc_pairs_kv_heads<D, kFp8>()",
+                       (("int", "head_dim"), ("int", "kv_bytes"), ("int", "stages"), ("int", "pairs_kv_heads")),
+                       [(d, kv, configs(d, kv)[0].stages, int(pairs_kv_heads(d, kv))) for d in HEAD_DIMS
+                        for kv in (2, FP8_BYTES)])
     sizes = [(e, e) for e in element_sizes if e == 2] + [(2, FP8_BYTES)]
     rows = [(c.head_dim, c.stages, e, kv, c.keys, decode_tc_smem_bytes(c, ElementBytes(e, kv)))
             for d in HEAD_DIMS for e, kv in sizes for c in configs(d, kv)]

@@ -59,6 +59,8 @@ EXPECTED_S = {
     "tests/test_gpu_views.py::test_headwise_bsr_on_gpu": 23,
     "tests/test_gpu_tvm_kv_cache_tensor_params.py::test_cuda_cache_with_tensor_parameters_matches_reference": 22,
     "tests/test_gpu_tile_map.py::test_mapped_prefill_with_a_logits_hook": 21,
+    # (not timed yet: a prefill library of its own, as the line above builds)
+    "tests/test_gpu_tile_map.py::test_a_plan_derives_a_new_map_for_a_new_scalar_mask_parameter": 21,
     "tests/test_gpu_hook_pass.py::test_hook_pass_matches_reference_and_the_per_tile_hooks": 20,
     "tests/test_gpu_prefill.py::test_prefill_cuda_graph_replays_100_random_batches": 19,
     "tests/test_gpu_prefill.py::test_prefill_matches_reference": 18,

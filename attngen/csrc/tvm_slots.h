@@ -217,7 +217,11 @@ float* split_keys_evenly(const char* name, DecodeProblem& P, cudaStream_t stream
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   float* owned = nullptr;
   float* ws = nullptr;
-  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusActive) {
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    cudaGetLastError();  // (not left for check_launch to report as the kernels' error)
+    capture = cudaStreamCaptureStatusNone;
+  }
+  if (capture == cudaStreamCaptureStatusActive) {
     if (cudaMallocAsync(reinterpret_cast<void**>(&owned), floats * sizeof(float), stream) != cudaSuccess) {
       cudaGetLastError();
       ATTNGEN_THROW(RuntimeError) << name << ": could not allocate the split-KV scratch buffer in the CUDA graph "

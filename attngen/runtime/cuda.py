@@ -271,7 +271,8 @@ class CUDAAttention(BuiltModule):
         balanced = num_chunks is None and tensor_cores is not False and tc_fits()
         group = num_qo_heads // kv.num_kv_heads
         pair = kv_heads_per_cta_for(kv_heads_per_cta, head_dim=head_dim, kv_bytes=kv_bytes, layout=kv.layout,
-                                    num_kv_heads=kv.num_kv_heads, group=group, tensor_cores=on_tensor_cores)
+                                    num_kv_heads=kv.num_kv_heads, group=group, tensor_cores=on_tensor_cores,
+                                    kv_lens=lens)
         # grid rows, each planned as one head: KV heads, or pairs of them, or parts of a group above the tensor-core
         # tile's rows (csrc/decode_tc_tile.cuh decode_tc_group_parts), of at most MAX_GROUP query heads each
         parts = -(-group // MAX_GROUP) if tensor_cores is not False else 1

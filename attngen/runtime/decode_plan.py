@@ -142,15 +142,24 @@ def grid_chunks_for_uniform_batch(kv_lens: np.ndarray, plan, num_kv_heads: int, 
     return 0
 
 
+# The automatic pairing's batches (H100, fp8 / bf16, 3 rounds, kv_pairs_2026-12-05_h100.md): pairs gained 4-20% on
+# batches of many equal requests (B 64 L 4k, B 16 L 16k, D 64) and lost 9-12% where a CTA's doubled rows left the
+# GPU short of parallel work (B 1 L 2k at D 64) or one long request among short ones (1 x 32k + 63 x 512); B 1 L 64k
+# level. So: at least this many (token, KV head) pairs in the batch, and no request above PAIR_MAX_SKEW x the mean.
+PAIR_MIN_TOKEN_HEADS = 1 << 18
+PAIR_MAX_SKEW = 4.0
+
+
 def kv_heads_per_cta(requested: int | None, *, head_dim: int, kv_bytes: int, layout: str, num_kv_heads: int,
-                     group: int, tensor_cores: Callable[[], bool]) -> int:
+                     group: int, tensor_cores: Callable[[], bool], kv_lens=None) -> int:
     """KV heads one tensor-core decode CTA serves: 1, or 2 (a pair: csrc/decode_tc_tile.cuh
     decode_tc_pairs_kv_heads). A pair needs rows of at most 128 bytes (an fp8 cache at D 64 / 128, a 16-bit one at
     D 64), an even number of KV heads, a group of at most half the tile's query rows and the tensor-core
     template (``tensor_cores()``: whether the call runs on it, asked last). ``requested`` None pairs wherever it
     may on an NHD cache, whose pair's rows of a token are adjacent (its copies read runs of twice a row's bytes;
-    an HND cache's rows of one head already run page-long); 1 / 2 decide, 2 refused where a pair cannot serve
-    the call. The plan is then made for ``num_kv_heads / 2`` heads of twice the group."""
+    an HND cache's rows of one head already run page-long), for a batch of ``kv_lens`` [B] with enough work and
+    no request far longer than the rest (PAIR_MIN_TOKEN_HEADS, PAIR_MAX_SKEW); 1 / 2 decide, 2 refused where a
+    pair cannot serve the call. The plan is then made for ``num_kv_heads / 2`` heads of twice the group."""
     if requested not in (None, 1, 2):
         raise AttentionArgumentError(f"kv_heads_per_cta: must be 1, 2 or None (automatic), got {requested!r}")
     if requested == 1 or (requested is None and layout != "NHD"):
@@ -158,7 +167,7 @@ def kv_heads_per_cta(requested: int | None, *, head_dim: int, kv_bytes: int, lay
     fits = (pairs_kv_heads(head_dim, kv_bytes) and num_kv_heads % 2 == 0 and 2 * group <= MAX_GROUP
             and tensor_cores())
     if requested is None:
-        return 2 if fits else 1
+        return 2 if fits and _pairs_pay(kv_lens, num_kv_heads) else 1
     if not fits:
         where = "" if tensor_cores() else (", not surely on the tensor-core template (it takes a pair with "
                                            "tensor_cores=True or a load-balanced plan)")
@@ -168,6 +177,17 @@ def kv_heads_per_cta(requested: int | None, *, head_dim: int, kv_bytes: int, lay
             f"most {MAX_GROUP // 2}; this call has head_dim {head_dim}, {kv_bytes}-byte elements, {num_kv_heads} KV "
             f"heads, group {group}{where}; pass 1 or None")
     return requested
+
+
+def _pairs_pay(kv_lens, num_kv_heads: int) -> bool:
+    """Whether a batch of ``kv_lens`` is large and even enough for the automatic pairing (PAIR_MIN_TOKEN_HEADS,
+    PAIR_MAX_SKEW); True where the lengths are not given."""
+    if kv_lens is None:
+        return True
+    lens = np.asarray(kv_lens, np.float64)
+    total = float(lens.sum())
+    return (total * num_kv_heads >= PAIR_MIN_TOKEN_HEADS and len(lens) > 0
+            and float(lens.max()) <= PAIR_MAX_SKEW * total / len(lens))
 
 
 def choose_fused_merge(work: np.ndarray, requested: bool | None, *, graph_safe: bool = False) -> bool:

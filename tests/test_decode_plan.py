@@ -306,3 +306,21 @@ def test_kv_heads_per_cta_pairs_short_nhd_rows_automatically(head_dim, kv_bytes,
             kv_heads_per_cta(2, **args)
     with pytest.raises(AttentionArgumentError, match=r"kv_heads_per_cta: must be 1, 2 or None"):
         kv_heads_per_cta(3, **args)
+
+
+@pytest.mark.parametrize("lens,hkv,expect", [
+    ([4096] * 64, 8, 2),          # B 64 L 4k: pairs gained 5% (fp8) on an H100
+    ([16384] * 16, 8, 2),         # B 16 L 16k: +4.5%
+    ([65536], 8, 2),              # B 1 L 64k: level
+    ([2048], 8, 1),               # B 1 L 2k: too little work, -12% at D 64
+    ([32768] + [512] * 63, 8, 1),  # one long request among short ones: -9%
+    ([4096] * 32, 32, 2),         # MHA
+])
+def test_automatic_pairs_only_for_batches_that_pay(lens, hkv, expect):
+    """The automatic pairing from the H100 A/B (kv_pairs_2026-12-05_h100.md): enough (token, KV head) pairs and
+    no request far longer than the mean; an explicit request is not second-guessed."""
+    from attngen.runtime.decode_plan import kv_heads_per_cta
+
+    args = dict(head_dim=128, kv_bytes=1, layout="NHD", num_kv_heads=hkv, group=4, tensor_cores=lambda: True)
+    assert kv_heads_per_cta(None, kv_lens=lens, **args) == expect
+    assert kv_heads_per_cta(2, kv_lens=lens, **args) == 2

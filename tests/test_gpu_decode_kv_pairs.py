@@ -126,9 +126,9 @@ def test_kv_head_pairs_match_the_reference_and_the_one_head_launch(name, build_c
                            what=f"{name} {kv_dtype} D{d} Hkv {num_kv} group {group} {layout}", **dev_scales)
         fused = att.plan_decode(kv, q.shape[1], d, kv_heads_per_cta=2, tensor_cores=True, fused_merge=True)
         assert fused.fused_merge and len(fused.split.merge_tiles) > 0  # the kernel's own merge ran above
-        # the automatic choice pairs the NHD calls (and not the HND one)
+        # the automatic choice: this batch is too small and uneven to pay for pairs (decode_plan._pairs_pay)
         for extra in ({}, {"num_chunks": 3, "tensor_cores": True}):
-            assert att.plan_decode(kv, q.shape[1], d, **extra).kv_heads_per_cta == (2 if layout == "NHD" else 1)
+            assert att.plan_decode(kv, q.shape[1], d, **extra).kv_heads_per_cta == 1
 
 
 def test_kv_head_pairs_are_refused_where_none_serves(build_cache, rng):

@@ -90,13 +90,17 @@ class _HookScope:
             out.add("head_dim")
         return frozenset(out)
 
-    def _positions_in(self, index) -> tuple[str, ...]:
+    @staticmethod
+    def _names_in(index, named: dict) -> tuple[str, ...]:
+        """The names of ``named``'s Vars that ``index`` uses."""
         used = {tu.handle(v) for v in tu.used_vars(index)}
-        return tuple(n for n, v in self.std.items() if n in POSITIONS and tu.handle(v) in used)
+        return tuple(n for n, v in named.items() if tu.handle(v) in used)
+
+    def _positions_in(self, index) -> tuple[str, ...]:
+        return self._names_in(index, {n: v for n, v in self.std.items() if n in POSITIONS})
 
     def _scalars_in(self, index) -> tuple[str, ...]:
-        used = {tu.handle(v) for v in tu.used_vars(index)}
-        return tuple(n for n, v in self.scalars.items() if tu.handle(v) in used)
+        return self._names_in(index, self.scalars)
 
     def shape_vars(self) -> list[tuple[str, int, object]]:
         """(tensor, dim, the hook's size for it: a Var or an IntImm) for every dim of every tensor."""

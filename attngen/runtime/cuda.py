@@ -255,6 +255,7 @@ class CUDAAttention(BuiltModule):
         indptr = as_numpy(kv.indptr, "kv.indptr")
         last = as_numpy(kv.last_page_len, "kv.last_page_len")
         lens = paged_lengths(np.diff(indptr), last, kv.page_size)
+        longest = int(lens.max(initial=0))
         from .decode_plan import decode_tc_fits, grid_chunks_for_uniform_batch, items_needed
         from .decode_plan import kv_heads_per_cta as kv_heads_per_cta_for
 
@@ -303,10 +304,10 @@ class CUDAAttention(BuiltModule):
                 launch = DecodeLaunch(ws.part_o, ws.part_lse, 1, DecodeBackend.TENSOR_CORES, ws.device_plan,
                                       ws.bounds.num_ctas, merges, pair)
                 return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim, launch, ws, ws.generation, split,
-                                  fused, int(lens.max(initial=0)))
+                                  fused, longest)
         if num_chunks is None:
             sms = torch.cuda.get_device_properties(kv.pages.device).multi_processor_count
-            num_chunks = choose_num_chunks(batch, slots, int(lens.max(initial=0)), sms, total_kv_len=int(lens.sum()))
+            num_chunks = choose_num_chunks(batch, slots, longest, sms, total_kv_len=int(lens.sum()))
         if num_chunks < 1:
             raise AttentionArgumentError(f"num_chunks: must be at least 1, got {num_chunks}")
         dev = kv.pages.device
@@ -320,7 +321,7 @@ class CUDAAttention(BuiltModule):
             link_deferred_parts(self, dev, "decode")
         return DecodePlan(batch, num_qo_heads, kv.num_kv_heads, head_dim,
                           DecodeLaunch(part_o, part_lse, num_chunks, backend, kv_heads_per_cta=pair),
-                          max_kv_len=int(lens.max(initial=0)))
+                          max_kv_len=longest)
 
     def decode(self, q, kv: PagedKV, *, plan: DecodePlan | None = None, sm_scale: float | None = None,
                params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):

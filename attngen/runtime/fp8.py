@@ -164,7 +164,7 @@ def quantize_kv(x: Tensor, dtype: str, scale=1.0) -> Tensor:
     """``x`` [..., Hkv, D] (float32/float16/bfloat16) stored as ``dtype`` with ``scale`` (a float or [Hkv]):
     ``round_to_fp8(x / scale)``, an fp8 tensor of ``x``'s library and device. A torch tensor is quantised
     where it lies (on the GPU: no copy to the host), by PyTorch's own rounding after a saturating clamp, which
-    gives round_to_fp8's bits (tests/test_fp8.py)."""
+    gives round_to_fp8's bits (tests/test_fp8_quantize.py)."""
     fmt = _check_fp8(dtype, "dtype")
     heads = int(x.shape[-2]) if len(x.shape) >= 2 else 1
     if _is_torch(x):

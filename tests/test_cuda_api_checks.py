@@ -140,8 +140,10 @@ def test_group_above_the_build_bound_is_named(att, rng):
     plan = att.plan_decode(kv, 16, D, num_chunks=1)
     assert plan.num_chunks == 1 and tuple(plan.part_o.shape) == (1, 1, 1, D)  # no split: no partial states
     assert plan.launch == DecodeLaunch(plan.part_o, plan.part_lse, 1, DecodeBackend.AUTO)  # no device plan
-    with pytest.raises(AttentionArgumentError, match=r"group size 16 .* above this library's max_group_size=8"):
-        att.decode(torch.from_numpy(prob.q).half(), kv, plan=plan, params={"alibi_slopes": torch.ones(16)})
+    cuda_cores = att.plan_decode(kv, 16, D, num_chunks=1, tensor_cores=False)  # (tensor cores serve any group)
+    with pytest.raises(AttentionArgumentError, match=r"group size 16 .* above this library's max_group_size=8, "
+                                                     r"which bounds the CUDA-core template"):
+        att.decode(torch.from_numpy(prob.q).half(), kv, plan=cuda_cores, params={"alibi_slopes": torch.ones(16)})
 
 
 def test_prefill_plan_is_tied_to_its_qo_indptr(att, rng):

@@ -139,17 +139,37 @@ def test_decode_rejects_bad_page_index(build_cache, rng):
         att.plan_decode(kv, 8, 128)
 
 
-def test_decode_refuses_group_above_build_bound(build_cache, rng):
+def test_decode_groups_above_the_tile_rows_run_on_tensor_cores(build_cache, rng):
+    """A GQA group of 16, or 12 (its second part holding 4 heads), runs on the tensor-core template in parts of 8
+    query heads per CTA row (csrc/decode_tc_tile.cuh decode_tc_group_parts), against the float64 reference, through
+    the load-balanced plan (fused merge and merge kernel) and the even split; the CUDA-core template, built for
+    max_group_size=8, refuses it by name."""
     import torch
 
     from attngen.runtime import PagedKV
+    from attngen.testing import check_decode_plans
 
     att = plain_decode_module(build_cache, 64)
-    prob = random_problem(rng, [1], [20], 16, 1, 64, page_size=16)
-    kv = PagedKV(to_torch(prob.paged.pages, "float16"), to_torch(prob.paged.indptr), to_torch(prob.paged.indices),
-                 to_torch(prob.paged.last_page_len))
-    with pytest.raises(Exception, match=r"group size 16 .* above this library's max_group_size=8"):
-        att.decode(to_torch(prob.q, "float16"), kv)
+    for group in (16, 12):
+        kv_lens = [20, 300, 0, 1000, 1]
+        prob = random_problem(rng, [1] * len(kv_lens), kv_lens, 2 * group, 2, 64, page_size=16, dtype="float32")
+        pages = to_torch(prob.paged.pages, "float16")
+        q = to_torch(prob.q, "float16")
+        keys, values = gather_pages(pages.float().cpu().numpy(), prob.paged.indptr, prob.paged.indices,
+                                    prob.paged.last_page_len, "NHD")
+        ref_prob = Problem(q.float().cpu().numpy(), prob.qo_indptr, prob.ragged, prob.paged, keys, values,
+                           prob.qo_lens, kv_lens)
+        ref_o, ref_l = reference_attention(builtin("vanilla"), ref_prob.q, keys, values, prob.qo_indptr, 64 ** -0.5,
+                                           {})
+        kv = PagedKV(pages, to_torch(prob.paged.indptr), to_torch(prob.paged.indices),
+                     to_torch(prob.paged.last_page_len))
+        check_decode_plans(att, q, kv, 64, ({}, {"tensor_cores": True, "fused_merge": True}, {"fused_merge": False},
+                                            {"num_chunks": 3}), ref_o, ref_l,
+                           tol=tolerance(ref_prob, ref_o, "float16", 64 ** -0.5), lse_eps=1e-3,
+                           what=f"group {group}")
+        with pytest.raises(Exception, match=rf"group size {group} .* above this library's max_group_size=8, which "
+                                            r"bounds the CUDA-core template"):
+            att.decode(q, kv, plan=att.plan_decode(kv, 2 * group, 64, tensor_cores=False))
     torch.cuda.synchronize()
 
 

@@ -54,6 +54,7 @@ struct DecodeProblem {
   PositionWindow win;  // TVM's positions and layer window: read by the windowed instances only (tvm_window.cuh)
   RopeFreq rope;       // TVM's inline RoPE at win's positions: read by the RoPE instances only (tvm_rope.cuh)
   int kv_head_shift;  // log2 of the KV heads one tensor-core decode CTA serves: 0, or 1 (decode_tc_pairs_kv_heads)
+  int group_parts;    // tensor-core CTAs per KV head: 0 or 1, or a group above the tile's rows cut in parts of 8
 };
 
 // A decode problem over an fp8 cache: the scales its elements are stored with.

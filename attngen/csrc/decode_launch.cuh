@@ -112,7 +112,8 @@ void launch_decode_tc_tile(const DecodeProblemOf<KV>& P, const typename V::Param
   auto kernel = decode_tc_kernel_ref<V, T, D, S, KV>();
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   // KV heads, or pairs of them: the kernel's own rule (decode_tc_items), so the grid and the kernel never disagree
-  const int rows = P.num_kv_heads >> (decode_tc_pairs_kv_heads<D, kIsFp8<KV>>() ? P.kv_head_shift : 0);
+  const int rows = (P.num_kv_heads * (P.group_parts > 1 ? P.group_parts : 1)) >>
+                   (decode_tc_pairs_kv_heads<D, kIsFp8<KV>>() ? P.kv_head_shift : 0);
   const dim3 grid = P.plan ? dim3(P.plan_ctas, rows, 1) : dim3(P.num_chunks, rows, P.batch);
   launch_dependent(kernel, grid, dim3(DecodeTCTile<D, S>::kThreads), smem, stream, P, hp);
   launch_decode_merge<V, T, D>(P, hp, stream);
@@ -170,7 +171,8 @@ constexpr bool decode_tc_fits_every_device() {
 // Automatic choice: tensor cores (measured faster on the H200 for every group size, MHA included);
 // a plan's work list and KV-head pairs are served by the tensor-core template only.
 inline bool decode_wants_tensor_cores(const DecodeProblem& P) {
-  return P.plan != nullptr || P.kv_head_shift != 0 || DecodeBackend(P.backend) != DecodeBackend::kCudaCores;
+  return P.plan != nullptr || P.kv_head_shift != 0 || P.group_parts > 1 ||
+         DecodeBackend(P.backend) != DecodeBackend::kCudaCores;
 }
 
 // MaxG: the build's max_group_size; groups above it were refused before the launch. KV: the cache's
@@ -179,7 +181,7 @@ inline bool decode_wants_tensor_cores(const DecodeProblem& P) {
 template <class V, class T, int D, int MaxG, class KV = T>
 bool launch_decode(const DecodeProblemOf<KV>& P, const typename V::Params& hp, cudaStream_t stream) {
   if (decode_wants_tensor_cores(P) && try_launch_decode_tc<V, T, D, KV>(P, hp, stream)) return true;
-  if (P.plan != nullptr || P.kv_head_shift != 0) return false;
+  if (P.plan != nullptr || P.kv_head_shift != 0 || P.group > MaxG) return false;
   if (P.group <= 1) return launch_decode_tile<V, T, D, 1, KV>(P, hp, stream), true;
   if constexpr (MaxG >= 2) if (P.group <= 2) return launch_decode_tile<V, T, D, 2, KV>(P, hp, stream), true;
   if constexpr (MaxG >= 4) if (P.group <= 4) return launch_decode_tile<V, T, D, 4, KV>(P, hp, stream), true;

@@ -155,17 +155,23 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   // KV-head pairs (kv_head_shift 1, decode_tc_pairs_kv_heads): warps 0-1 serve head 2 cta_slot, warps 2-3 head
   // 2 cta_slot + 1; a tile is 64 / 2 keys of each head in the stage's rows of its warps, and the query tile holds both
   // heads' groups (rows [q_lo, q_lo + group) are this warp's head's). Elsewhere one head, every warp on it.
+  // Group parts (group_parts > 1, decode_tc_group_parts): CTA row cta_slot serves part cta_slot % parts of KV head
+  // cta_slot / parts, query heads [8 part, + 8) of its group (the last part may hold fewer), every warp on it.
   const int shift = decode_tc_pairs_kv_heads<D, kIsFp8<KV>>() ? P.kv_head_shift : 0;
+  const int parts = P.group_parts > 1 ? P.group_parts : 1;
+  const int kv_slot = parts > 1 ? cta_slot / parts : cta_slot, part = cta_slot - kv_slot * parts;
   const int head_in_cta = shift ? warp >> 1 : 0;
-  const int hk = (cta_slot << shift) + head_in_cta;            // this warp's KV head
-  const int group = P.group, cta_rows = group << shift;    // query rows of this warp's head / of the CTA
-  const int qh0 = cta_slot * cta_rows, q_lo = head_in_cta * group;  // the CTA's first query head; this warp's first row
+  const int hk = (kv_slot << shift) + head_in_cta;           // this warp's KV head
+  const int group = P.group;                                 // query heads per KV head
+  // query rows of the CTA, its first query head, and this warp's first row
+  const int cta_rows = parts > 1 ? min(G8, group - part * G8) : group << shift;
+  const int qh0 = parts > 1 ? hk * group + part * G8 : cta_slot * cta_rows, q_lo = head_in_cta * group;
   const int tk = TK >> shift;                              // keys of one head per tile
   static_assert(TK == 64, "a pair's tiles are counted by a shift of 5");
   // tiles of n > 0 keys (a pair's 32-key tiles by a shift, not a division by a run-time count)
   auto tiles_of = [&](int n) { return shift ? (n + 31) >> 5 : (n + TK - 1) / TK; };
   // whether row r of the query tile is a query head of this warp's KV head
-  auto own_row = [&](int r) { return shift ? unsigned(r - q_lo) < unsigned(group) : r < group; };
+  auto own_row = [&](int r) { return shift ? unsigned(r - q_lo) < unsigned(group) : r < cta_rows; };
   const T* pages = static_cast<const T*>(P.kv.base);
   const int64_t head_off = int64_t(hk) * P.kv.stride_head + (lane % TPR) * 8;
   // fp8 caches: this head's rows at the lane's 16-byte chunk, once per CTA (the loader adds page and slot)
@@ -584,7 +590,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         const DecodePlanView plan(P.plan);
         static_assert(merge_partial_heads_floats<D, NT>() <= NW * G8 * D, "the fused merge fits the merge region");
         if (plan.merge_counters != nullptr)
-          merge_if_last<V, T, D, NT>(P, hp, plan, b, cta_slot, P.num_kv_heads >> shift, qh0, cta_rows, wacc, tid);
+          merge_if_last<V, T, D, NT>(P, hp, plan, b, cta_slot, (P.num_kv_heads * parts) >> shift, qh0, cta_rows,
+                                     wacc, tid);
       }
     } else {
       finish_rows<V, T, D>(rows, rows + G8 * D, row_lse, cta_rows, b, qo_pos, qh0, P.num_qo_heads,

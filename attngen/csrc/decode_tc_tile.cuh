@@ -57,6 +57,15 @@ constexpr bool decode_tc_pairs_kv_heads() {
   return D * (kFp8 ? 1 : 2) <= 128;
 }
 
+// Group parts: a GQA group of more than kMaxGroup query heads (Llama-3-405B's 16, a multi-query model's whole
+// head count) runs on ceil(group / kMaxGroup) CTA rows per KV head (DecodeProblem::group_parts), row part p serving
+// query heads [8 p, 8 p + 8) of the group; each reads the KV head's rows (the parts of one chunk run side by side,
+// so the second read mostly hits L2).
+inline int decode_tc_group_parts(int group) {
+  constexpr int kRows = DecodeTCTile<64, 1>::kMaxGroup;
+  return group > kRows ? (group + kRows - 1) / kRows : 1;
+}
+
 // Shared memory: S query tiles (one per work item in flight), per-warp scratch rows, the warps' softmax states
 // and row log-sum-exps, the merge region's rows unless they lie in a stage (decode_tc_merge_in_stage), then the
 // K/V stages, which start on a 128-byte boundary (see kv_tile_at).

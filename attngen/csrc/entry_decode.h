@@ -86,9 +86,13 @@ bool fill_decode_split(Problem& P, const DecodeSplitArgs& split, const char* nam
   } else if (split.plan_ctas != 0 || split.plan_merges != 0) {
     ATTNGEN_THROW(ValueError) << name << ": plan_ctas / plan_merges describe a plan; without one pass 0";
   }
-  if (P.group > MaxG)
+  const bool tensor_cores = split.backend != int64_t(DecodeBackend::kCudaCores);
+  if (P.group > MaxG && !tensor_cores)
     ATTNGEN_THROW(ValueError) << name << ": group size " << P.num_qo_heads << "/" << P.num_kv_heads
-                              << " is not served; this library was built with max_group_size=" << MaxG;
+                              << " is not served by the CUDA-core template, built for max_group_size=" << MaxG
+                              << "; the tensor-core template serves any group (backend 0 or 2)";
+  // a group above the tensor-core tile's rows: parts of it on CTA rows of their own (decode_tc_group_parts)
+  if (tensor_cores) P.group_parts = decode_tc_group_parts(P.group);
   if (split.kv_heads_per_cta != 1 && split.kv_heads_per_cta != 2)
     ATTNGEN_THROW(ValueError) << name << ": kv_heads_per_cta must be 1 or 2, got " << split.kv_heads_per_cta;
   if (split.kv_heads_per_cta == 2) {
@@ -119,7 +123,8 @@ bool fill_decode_split(Problem& P, const DecodeSplitArgs& split, const char* nam
 inline void check_decode_launch(const char* name, bool launched) {
   if (!launched)
     ATTNGEN_THROW(ValueError) << name << ": no tensor-core decode tile fits this device's shared memory, and a "
-                                         "split-KV plan or KV-head pairs need one; plan with tensor_cores=False";
+                                         "split-KV plan, KV-head pairs or a group above max_group_size need one; "
+                                         "plan with tensor_cores=False (and a group within max_group_size)";
   check_launch(name);
 }
 

@@ -23,6 +23,7 @@ from attngen.ir.mask_class import mask_needs_map
 from attngen.schedules.build_config import DTYPE_SHORT, BuildConfig, symbol
 from attngen.schedules.dtypes import DTYPE_BYTES, is_fp8
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
+from attngen.schedules.template_decode_tc import MAX_GROUP
 
 from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads,
                      check_ragged, check_tensor, dtype_name)
@@ -274,7 +275,11 @@ class CUDAAttention(BuiltModule):
         pair = kv_heads_per_cta_for(kv_heads_per_cta, head_dim=head_dim, kv_bytes=kv_bytes, layout=kv.layout,
                                     num_kv_heads=kv.num_kv_heads, group=group, tensor_cores=on_tensor_cores,
                                     kv_lens=lens)
-        slots = kv.num_kv_heads // pair  # grid rows: KV heads, or pairs of them, each planned as one head
+        # grid rows, each planned as one head: KV heads, or pairs of them, or parts of a group above the tensor-core
+        # tile's rows (csrc/decode_tc_tile.cuh decode_tc_group_parts), of at most MAX_GROUP query heads each
+        parts = -(-group // MAX_GROUP) if tensor_cores is not False else 1
+        slots = kv.num_kv_heads * parts // pair
+        plan_group = group * pair if parts == 1 else MAX_GROUP
         if not balanced and (graph_safe or fixed_chunk):
             raise AttentionArgumentError(
                 "graph_safe / fixed_chunk: need the load-balanced plan (tensor-core template, no num_chunks, a "
@@ -287,7 +292,7 @@ class CUDAAttention(BuiltModule):
             ws = self._decode_workspace(num_qo_heads, slots, head_dim, max(batch, max_batch),
                                         max(items, max_work_items) if items or max_work_items else 0,
                                         kv.pages.device, fused_merge is not False, kv_bytes, pair)
-            split = ws.split(lens.astype(np.int32), group * pair, fixed_chunk=fixed_chunk)
+            split = ws.split(lens.astype(np.int32), plan_group, fixed_chunk=fixed_chunk)
             automatic = tensor_cores is None and not graph_safe and not fixed_chunk and fused_merge is None
             grid = grid_chunks_for_uniform_batch(lens, split, slots, ws.resident_slots) if automatic else 0
             if grid:  # a uniform batch the even-split grid launch serves at least as well
@@ -341,10 +346,12 @@ class CUDAAttention(BuiltModule):
         # a 16-bit cache is in q's dtype (checked above): its function is the query dtype's
         fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d, kv.kv_dtype)
         max_group = self.manifest["config"]["max_group_size"]
-        if int(q.shape[1]) // kv.num_kv_heads > max_group:
+        if int(q.shape[1]) // kv.num_kv_heads > max_group and plan.backend == DecodeBackend.CUDA_CORES:
             raise AttentionArgumentError(
                 f"q: group size {int(q.shape[1]) // kv.num_kv_heads} (num_qo_heads / num_kv_heads) is above this "
-                f"library's max_group_size={max_group}; rebuild with a larger max_group_size")
+                f"library's max_group_size={max_group}, which bounds the CUDA-core template; plan without "
+                f"tensor_cores=False (the tensor-core template serves any group), or rebuild with a larger "
+                f"max_group_size")
         _check_on_device((("q", q), ("kv.pages", kv.pages), ("kv.indices", kv.indices), ("kv.indptr", kv.indptr),
                           ("kv.last_page_len", kv.last_page_len)), q.device)
         out, lse = self.outputs(q, batch, out, lse)

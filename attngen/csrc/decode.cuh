@@ -38,7 +38,8 @@ struct DecodePlanView {
 };
 
 struct DecodeProblem {
-  const void* q;    // [B, Hq, D]
+  const void* q;    // [B, Hq, D], token rows q_stride elements apart
+  int64_t q_stride; // elements from one token's query heads to the next's (Hq * D when packed)
   void* o;          // [B, Hq, D]
   float* lse;       // [B, Hq], base 2
   float* part_o;    // [B, C, Hq, D] partial outputs when num_chunks > 1
@@ -153,11 +154,11 @@ decode_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
 
   // ---- this thread's 8 query elements: load, transform, scale ------------------------
   float q[8];
-  const T* qrow = static_cast<const T*>(P.q) + (int64_t(b) * P.num_qo_heads + qh) * D;
+  const T* qrow = static_cast<const T*>(P.q) + int64_t(b) * P.q_stride + int64_t(qh) * D;
   if constexpr (V::kHasQueryTransform) {
     for (int idx = tid; idx < group * L; idx += NT) {
       float v[8];
-      load8(static_cast<const T*>(P.q) + (int64_t(b) * P.num_qo_heads + qh0 + idx / L) * D + (idx % L) * 8, v);
+      load8(static_cast<const T*>(P.q) + int64_t(b) * P.q_stride + int64_t(qh0 + idx / L) * D + (idx % L) * 8, v);
 #pragma unroll
       for (int e = 0; e < 8; ++e) smem[idx * 8 + e] = v[e];
     }

@@ -217,7 +217,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     const int t0 = l_cur.start + l_tile * tk, stage = loaded % S;
     if (l_tile == 0) {  // the item's query rows (zero rows past the group) join its first tile's group
       T* sq = sq_all + (q_loaded % S) * QR * ST;
-      const T* q = static_cast<const T*>(P.q) + (int64_t(l_cur.b) * P.num_qo_heads + qh0) * D;
+      const T* q = static_cast<const T*>(P.q) + int64_t(l_cur.b) * P.q_stride + int64_t(qh0) * D;
       for (int c = tid; c < QR * CPR; c += NT) {
         const int r = c / CPR, l = c % CPR;
         copy16_async(sq + r * ST + l * 8, r < cta_rows ? q + r * D + l * 8 : q, r < cta_rows);

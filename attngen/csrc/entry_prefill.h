@@ -205,6 +205,7 @@ void apply_hook_pass(const char* name, PrefillProblem& P, const TV& q, const Opt
     H.k_out = V::kHasKeyTransform ? base + l.keys : nullptr;
     H.page_ids = paged && V::kHasKeyTransform ? reinterpret_cast<int32_t*>(base + l.page_ids) : nullptr;
     H.q = P.q;
+    H.q_stride = P.q_stride;
     H.q_out = V::kHasQueryTransform ? base + l.queries : nullptr;
     H.qo_indptr = P.qo_indptr;
     H.kv_units = kv_units;
@@ -226,6 +227,7 @@ void apply_hook_pass(const char* name, PrefillProblem& P, const TV& q, const Opt
     }
     if constexpr (V::kHasQueryTransform) {
       P.q = H.q_out;
+      P.q_stride = int64_t(P.num_qo_heads) * D;  // (the pass writes its rows packed)
       P.hooks_applied |= kQueriesApplied;
     }
   }

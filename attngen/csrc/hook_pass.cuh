@@ -40,8 +40,9 @@ struct HookPassProblem {
   KVRows kv;                 // the call's view
   unsigned char* k_out;      // keys (and a paged view's values) in the view's strides, or null
   int32_t* page_ids;         // paged: the identity page table [kv_units]
-  const void* q;             // [q_rows, Hq, D]
-  void* q_out;               // like q, or null
+  const void* q;             // [q_rows, Hq, D], token rows q_stride elements apart
+  void* q_out;               // [q_rows, Hq, D] packed, or null
+  int64_t q_stride;          // elements between q's token rows
   const int32_t* qo_indptr;  // [B+1]
   int64_t kv_units;          // ragged: rows of k; paged: entries of the page table
   int64_t q_rows;
@@ -191,9 +192,9 @@ __global__ void __launch_bounds__(256) hook_pass_kernel(HookPassProblem H, typen
         if (b < 0) continue;
         const int q0 = H.qo_indptr[b], qo_len = H.qo_indptr[b + 1] - q0;
         const int qo_pos = kv.length(b) - qo_len + int(tok - q0);
-        const int64_t off = (tok * H.num_qo_heads + qh0) * D;
+        const int64_t in = tok * H.q_stride + int64_t(qh0) * D, off = (tok * H.num_qo_heads + qh0) * D;
         hook_pass_rows<D, HC, V::kQueryElementwise>(
-            rows[warp], n, H.q, off, H.q_out, off, D, bf16,
+            rows[warp], n, H.q, in, H.q_out, off, D, bf16,
             [&](float* row, int i, int h) { return V::query_elem(hp, row, i, qo_pos, qh0 + h); },
             [&](float* in, float* out, int h) { V::query_row(hp, in, out, qo_pos, qh0 + h); }, lane);
         __syncwarp();

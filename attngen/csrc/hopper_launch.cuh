@@ -49,7 +49,7 @@ void launch_hopper_tiling(const PrefillProblemOf<KV>& P, int max_qo_len, const t
     if (!V::kHasKeyTransform || (P.hooks_applied & kKeysApplied))
       encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
   }
-  encode_query_map<T, D, Tile::kRows>(maps, P.q, P.q_rows, P.num_kv_heads, P.group);
+  encode_query_map<T, D, Tile::kRows>(maps, P.q, P.q_rows, P.q_stride, P.num_kv_heads, P.group);
   // persistent: one CTA per SM (or per item, where fewer) walks items blockIdx.x, + gridDim.x, ...; the
   // producer runs ahead into the next item's K/V while the consumers finish the last one
   const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;

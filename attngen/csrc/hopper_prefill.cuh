@@ -165,7 +165,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
             const int r = c / CPR, l = c % CPR, pr = row0 + r;
             const bool ok = pr < rows_total;
             const T* src = static_cast<const T*>(P.q);
-            if (ok) src += (int64_t(q0 + pr / group) * P.num_qo_heads + hk * group + pr % group) * D + l * 8;
+            if (ok) src += int64_t(q0 + pr / group) * P.q_stride + int64_t(hk * group + pr % group) * D + l * 8;
             copy16_async(qb + sw128_offset(r, l * 8, RQ), src, ok);
           }
           copy_arrive_on(&full_q[qs]);

@@ -82,15 +82,16 @@ inline TensorMapEncode tensor_map_encoder() {
 // next request as they are (their outputs are never stored, and no other row reads them). False (use_q = 0)
 // where the group does not divide the tile's rows or the driver refuses: the producer copies with cp.async.
 template <class T, int D, int Rows>
-bool encode_query_map(HopperKVMaps& maps, const void* q, int64_t q_rows, int num_kv_heads, int group) {
+bool encode_query_map(HopperKVMaps& maps, const void* q, int64_t q_rows, int64_t q_stride, int num_kv_heads,
+                      int group) {
   maps.use_q = 0;
   TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr || q_rows <= 0 || group <= 0 || Rows % group != 0 ||
-      reinterpret_cast<uintptr_t>(q) % 16 != 0)
+      reinterpret_cast<uintptr_t>(q) % 16 != 0 || q_stride * int64_t(sizeof(T)) % 16 != 0)
     return false;
   const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(group), cuuint64_t(num_kv_heads), cuuint64_t(q_rows)};
   const cuuint64_t strides[3] = {cuuint64_t(D) * sizeof(T), cuuint64_t(group) * D * sizeof(T),
-                                 cuuint64_t(group) * num_kv_heads * D * sizeof(T)};
+                                 cuuint64_t(q_stride) * sizeof(T)};
   const cuuint32_t box[4] = {64, cuuint32_t(group), 1, cuuint32_t(Rows / group)}, unit[4] = {1, 1, 1, 1};
   if (encode(&maps.q, tensor_map_type<T>(), 4, const_cast<void*>(q), dims, strides, box, unit,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,

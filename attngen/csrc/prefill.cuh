@@ -127,7 +127,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
     const int r = c / (D / 8), l = c % (D / 8), pr = row0 + r;
     const bool ok = pr < rows_total;
     const T* src = static_cast<const T*>(P.q);
-    if (ok) src += (int64_t(q0 + pr / group) * P.num_qo_heads + hk * group + pr % group) * D + l * 8;
+    if (ok) src += int64_t(q0 + pr / group) * P.q_stride + int64_t(hk * group + pr % group) * D + l * 8;
     copy16_async(sq + r * ST + l * 8, src, ok);
   }
   copy_commit();  // waited for after tile 0's K/V are issued: the two loads overlap

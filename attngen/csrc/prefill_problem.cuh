@@ -21,7 +21,8 @@ namespace attngen {
 enum HookApplied : int { kKeysApplied = 1, kQueriesApplied = 2 };
 
 struct PrefillProblem {
-  const void* q;             // [total_q, Hq, D]
+  const void* q;             // [total_q, Hq, D], token rows q_stride elements apart
+  int64_t q_stride;          // elements from one token's query heads to the next's (Hq * D when packed)
   void* o;                   // [total_q, Hq, D]
   float* lse;                // [total_q, Hq]
   const int32_t* qo_indptr;  // [B+1]

@@ -77,12 +77,32 @@ int kv_from_ragged(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi::Te
   return static_cast<int>(k.size(1));
 }
 
+// q [n, Hq, D]: a token's heads packed (the view of a fused QKV projection may leave gaps between tokens, a
+// multiple of 8 elements so that rows stay 16-byte aligned); o [n, Hq, D] and lse [n, Hq] packed.
+inline void check_query_strides(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& o,
+                                const tvm::ffi::TensorView& lse) {
+  const int64_t heads = q.size(1), d = q.size(2);
+  if (q.size(0) > 1 && (q.stride(0) < heads * d || q.stride(0) % 8 != 0))
+    ATTNGEN_THROW(ValueError) << "q: token stride " << q.stride(0) << " elements; it must be at least Hq * D = "
+                              << heads * d << " and a multiple of 8 (16-byte rows): pass q.contiguous()";
+  if ((heads > 1 && q.stride(1) != d) || (d > 1 && q.stride(2) != 1))
+    ATTNGEN_THROW(ValueError) << "q: a token's heads must be packed (strides [*, " << d << ", 1], got [*, "
+                              << q.stride(1) << ", " << q.stride(2) << "]): pass q.contiguous()";
+  if (o.ndim() == 3 && ((o.size(0) > 1 && o.stride(0) != o.size(1) * o.size(2)) ||
+                        (o.size(1) > 1 && o.stride(1) != o.size(2)) || (o.size(2) > 1 && o.stride(2) != 1)))
+    ATTNGEN_THROW(ValueError) << "out: must be contiguous";
+  if (lse.ndim() == 2 && ((lse.size(0) > 1 && lse.stride(0) != lse.size(1)) || (lse.size(1) > 1 && lse.stride(1) != 1)))
+    ATTNGEN_THROW(ValueError) << "lse: must be contiguous";
+}
+
 // q [n, Hq, D], o like q, lse [n, Hq]; the group size must divide.
 template <class Problem>
 void fill_common(Problem& P, const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& o,
                  const tvm::ffi::TensorView& lse, double sm_scale, int num_kv_heads, const char* name) {
   check_tensor(q, "q", 3, {kDLFloat, 16, 1});
+  check_query_strides(q, o, lse);
   P.q = data_of(q);
+  P.q_stride = q.size(0) > 1 ? q.stride(0) : q.size(1) * q.size(2);  // (a lone row: any stride reads it)
   P.o = data_of(o);
   P.lse = static_cast<float*>(data_of(lse));
   P.num_qo_heads = static_cast<int>(q.size(1));

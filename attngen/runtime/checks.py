@@ -5,6 +5,8 @@ their fields).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -32,7 +34,10 @@ def dtype_name(x) -> str:
     return str(x.dtype).replace("torch.", "")
 
 
-def check_tensor(x, name: str, ndim: int, dtype: str | None = None) -> None:
+def check_tensor(x, name: str, ndim: int, dtype: str | None = None, *, strided: str | None = None) -> None:
+    """``strided``: None, the tensor must be contiguous; "tokens" (queries [n, H, D]): a token's heads packed,
+    tokens any multiple of 16 bytes apart (the view of a fused QKV projection); "rows" (ragged keys or values
+    [n, H, D]): rows contiguous, tokens and heads any non-overlapping multiples of 16 bytes apart."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise AttentionArgumentError(f"{name}: expected a tensor, got {type(x).__name__}")
     device = getattr(x, "device", None)
@@ -45,8 +50,37 @@ def check_tensor(x, name: str, ndim: int, dtype: str | None = None) -> None:
         hint = FP8_BITS_HINT if dtype_name(x) == "uint8" and name.startswith("kv.") else ""
         raise AttentionArgumentError(f"{name}: expected dtype {dtype}, got {dtype_name(x)}{hint}")
     contiguous = x.is_contiguous() if hasattr(x, "is_contiguous") else x.flags["C_CONTIGUOUS"]
-    if not contiguous:
-        raise AttentionArgumentError(f"{name}: must be contiguous (call .contiguous() / np.ascontiguousarray)")
+    if not contiguous and (strided is None or not _strides_serve(x, strided)):
+        what = {None: "must be contiguous", "tokens": "must be contiguous, or a view whose tokens' heads are packed "
+                "and whose tokens lie a multiple of 16 bytes apart",
+                "rows": "must be contiguous, or a view whose rows are contiguous and lie a multiple of 16 bytes "
+                "apart without overlapping"}[strided]
+        raise AttentionArgumentError(f"{name}: {what}; strides {tuple(_strides(x))} (call .contiguous() / "
+                                     "np.ascontiguousarray)")
+
+
+def _strides(x) -> tuple:
+    """x's strides in elements (torch or NumPy)."""
+    if hasattr(x, "stride") and callable(x.stride):
+        return tuple(x.stride())
+    return tuple(s // x.itemsize for s in x.strides)
+
+
+def _strides_serve(x, strided: str) -> bool:
+    """Whether a non-contiguous [n, H, D] tensor's strides serve as ``strided`` says (check_tensor)."""
+    n, h, d = (int(s) for s in x.shape)
+    sn, sh, sd = _strides(x)
+    unit = 16 // math.gcd(16, _itemsize(x))  # elements of 16 bytes
+    if d > 1 and sd != 1:
+        return False
+    if strided == "tokens":
+        return (h <= 1 or sh == d) and (n <= 1 or (sn >= h * d and sn % unit == 0))
+    head_ok = h <= 1 or (sh >= d and sh % unit == 0)
+    return head_ok and (n <= 1 or (sn >= (h - 1) * max(sh, 0) + d and sn % unit == 0))
+
+
+def _itemsize(x) -> int:
+    return int(x.element_size()) if hasattr(x, "element_size") else int(x.itemsize)
 
 
 def check_indptr(x, name: str, total: int | None, batch: int | None = None, *, capacity: bool = False) -> np.ndarray:
@@ -108,8 +142,11 @@ def check_paged(kv, head_dim: int, dtype: str, batch: int | None) -> int:
 
 def check_ragged(kv, head_dim: int, dtype: str, batch: int | None) -> int:
     """Checks of a ``RaggedKV`` for a call with ``batch`` requests (None: any); returns the batch size."""
-    check_tensor(kv.k, "kv.k", 3, dtype)
-    check_tensor(kv.v, "kv.v", 3, dtype)
+    check_tensor(kv.k, "kv.k", 3, dtype, strided="rows")
+    check_tensor(kv.v, "kv.v", 3, dtype, strided="rows")
+    if _strides(kv.k) != _strides(kv.v):
+        raise AttentionArgumentError(f"kv.k/kv.v: strides {_strides(kv.k)} / {_strides(kv.v)} must match (views "
+                                     "of one fused projection do; else call .contiguous() on both)")
     if tuple(kv.k.shape) != tuple(kv.v.shape) or kv.k.shape[2] != head_dim:
         raise AttentionArgumentError(f"kv.k/kv.v: shapes {tuple(kv.k.shape)} / {tuple(kv.v.shape)} must match "
                                      f"and end in head_dim={head_dim}")

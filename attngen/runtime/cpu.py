@@ -35,8 +35,16 @@ def _nonempty(x):
 
 
 def _kernel_kv(x):
-    """K/V as the kernels take them: the bits of an fp8 tensor (``fp8.kv_bits``), any other as it is."""
-    return kv_bits(x) if is_fp8(dtype_name(x)) else x
+    """K/V as the kernels take them: the bits of an fp8 tensor (``fp8.kv_bits``), any other as it is (copied
+    contiguous where it is a strided view)."""
+    return kv_bits(_packed(x)) if is_fp8(dtype_name(x)) else _packed(x)
+
+
+def _packed(x):
+    """x, or a contiguous copy of a strided view (the CPU kernels read packed arrays)."""
+    if hasattr(x, "is_contiguous"):
+        return x if x.is_contiguous() else x.contiguous()
+    return x if x.flags["C_CONTIGUOUS"] else np.ascontiguousarray(x)
 
 
 class CPUAttention(BuiltModule):
@@ -62,7 +70,7 @@ class CPUAttention(BuiltModule):
                 params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):
         """q: [total_q, Hq, D]; qo_indptr: [B+1] int32. Returns (out [total_q, Hq, D], lse [total_q, Hq]).
         ``k_scale``, ``v_scale``: an fp8 cache's scales (a float or float32 [Hkv], see ``fp8.py``)."""
-        check_tensor(q, "q", 3)
+        check_tensor(q, "q", 3, strided="tokens")
         dt, d = dtype_name(q), int(q.shape[2])
         qo = check_indptr(qo_indptr, "qo_indptr", int(q.shape[0]))
         batch = len(qo) - 1
@@ -87,14 +95,14 @@ class CPUAttention(BuiltModule):
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:  # nothing to attend; zero-size index arrays cannot cross the FFI boundary
             return out, lse
-        fn(_nonempty(q), qo_indptr, *kv_args, _nonempty(out), _nonempty(lse), *scales, scale, *extras)
+        fn(_nonempty(_packed(q)), qo_indptr, *kv_args, _nonempty(out), _nonempty(lse), *scales, scale, *extras)
         return out, lse
 
     def decode(self, q, kv: PagedKV, *, sm_scale: float | None = None, params: dict | None = None,
                out=None, lse=None, k_scale=None, v_scale=None):
         """q: [B, Hq, D], one query per request. Returns (out [B, Hq, D], lse [B, Hq]).
         ``k_scale``, ``v_scale``: an fp8 cache's scales (a float or float32 [Hkv], see ``fp8.py``)."""
-        check_tensor(q, "q", 3)
+        check_tensor(q, "q", 3, strided="tokens")
         if not isinstance(kv, PagedKV):
             raise AttentionArgumentError("kv: decode reads a PagedKV cache")
         dt, d, batch = dtype_name(q), int(q.shape[2]), int(q.shape[0])
@@ -110,6 +118,6 @@ class CPUAttention(BuiltModule):
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:
             return out, lse
-        fn(q, _nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len, out, lse,
+        fn(_packed(q), _nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len, out, lse,
            *scales, scale, *extras)
         return out, lse

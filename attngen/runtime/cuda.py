@@ -329,7 +329,7 @@ class CUDAAttention(BuiltModule):
         """q: [B, Hq, D] on the GPU, one query per request. Returns (out [B, Hq, D], lse [B, Hq]).
         ``k_scale``, ``v_scale``: an fp8 cache's scales (a float, or a float32 CUDA tensor of 1 or Hkv entries;
         ``device_kv_scales``)."""
-        check_tensor(q, "q", 3)
+        check_tensor(q, "q", 3, strided="tokens")
         _check_kv_view(kv, PagedKV)
         dt, d, batch = dtype_name(q), int(q.shape[2]), int(q.shape[0])
         if plan is None:
@@ -506,7 +506,7 @@ class CUDAAttention(BuiltModule):
         position kv_len - qo_len + i. Returns (out [total_q, Hq, D], lse [total_q, Hq]). ``k_scale``,
         ``v_scale``: an fp8 cache's scales (a float, or a float32 CUDA tensor of 1 or Hkv entries;
         ``device_kv_scales``)."""
-        check_tensor(q, "q", 3)
+        check_tensor(q, "q", 3, strided="tokens")
         _check_kv_view(kv, PagedKV, RaggedKV)
         dt, d = dtype_name(q), int(q.shape[2])
         fp8 = kv.kv_dtype if is_fp8(kv.kv_dtype) else None  # the function's K/V dtype: None for the query's

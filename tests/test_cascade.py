@@ -16,7 +16,7 @@ D, S = 32, 4  # head dim, page size
 def modules(build_cache):
     # the session's build cache and test_cpu_backend's layouts: one library per variant for the session (the tests run NHD only)
     return {n: CPUAttention.build(builtin(n), head_dims=(D,), layouts=("NHD", "HND"), cache=build_cache)
-            for n in ("vanilla", "logits_softcap", "sigmoid")}
+            for n in ("vanilla", "logits_softcap", "sigmoid", "causal")}
 
 
 def build_case(rng, groups, n_kv=2, group=2):
@@ -80,10 +80,64 @@ def test_cascade_equals_flat_attention(modules, seed, groups, name):
         assert np.abs(out - ref).max() < 1e-4
 
 
-def test_position_dependent_variants_are_refused(build_cache):
-    att = CPUAttention.build(builtin("causal"), head_dims=(D,), layouts=("NHD", "HND"), cache=build_cache)
-    with pytest.raises(AttentionArgumentError, match=r"logits_mask reads qo_pos.*flat view"):
+@pytest.mark.parametrize("name,reader", [("sliding_window_causal", "logits_mask"), ("rope", "query_transform")])
+def test_position_dependent_variants_are_refused(name, reader, build_cache):
+    """Beyond a causal mask alone: a window (the earlier levels are not shown whole) or a hook reading positions
+    (the levels number their keys from 0)."""
+    att = CPUAttention.build(builtin(name), head_dims=(D,), layouts=("NHD", "HND"), cache=build_cache)
+    with pytest.raises(AttentionArgumentError, match=rf"{reader} reads qo_pos.*flat view"):
         CascadeAttention(att)
+
+
+causal_cases = st.lists(st.tuples(st.integers(0, 3), st.lists(
+    st.tuples(st.integers(0, 4), st.integers(0, 5)).map(lambda t: (t[0], t[0] + t[1])), min_size=1, max_size=3)),
+    min_size=1, max_size=3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1), causal_cases, st.integers(1, 6))
+def test_causal_cascade_equals_flat_causal_attention(modules, seed, groups, max_chunks):
+    """A causal variant: the shared prefixes (split into chunks) run unmasked, each request's suffix, holding at
+    least its query tokens, runs causally; the merged result is causal attention over the concatenated keys with
+    true positions (the flat prefill and the float64 reference), in cascade and flat modes."""
+    rng = np.random.default_rng(seed)
+    att = modules["causal"]
+    q, levels, flat, qo_indptr = build_case(rng, groups)
+    f_out, f_lse = att.prefill(q, flat, qo_indptr, sm_scale=0.25)
+    keys, vals = gather_pages(flat.pages, flat.indptr, flat.indices, flat.last_page_len)
+    ref, _ = reference_attention(att.variant, q, keys, vals, qo_indptr, 0.25, {})
+    cascade = CascadeAttention(att)
+    for mode in ("cascade", "flat"):
+        plan = cascade.plan(levels, q.shape[0], D, mode=mode, max_chunks=max_chunks, chunk_keys=S)
+        out, lse = cascade.run(q, plan=plan, sm_scale=0.25)
+        if out.size == 0:
+            continue
+        assert not np.isnan(out).any() and not np.isnan(lse).any()
+        assert np.abs(out - f_out).max() < 1e-5 and np.abs(out - ref).max() < 1e-4
+        assert np.array_equal(np.isneginf(lse), np.isneginf(f_lse))
+        live = np.isfinite(f_lse)
+        assert np.abs(lse[live] - f_lse[live]).max(initial=0) < 1e-5
+    if q.shape[0]:
+        assert cascade.unmasked().variant.name == "causal_unmasked"
+        assert cascade.unmasked().functions == att.functions
+
+
+def test_a_causal_cascade_checks_its_levels(modules, rng):
+    """Its last level must hold each group's query tokens, and its flat form keeps the levels' key order (a
+    prefix ending on a partial page cannot go first)."""
+    att = modules["causal"]
+    q, levels, _, _ = build_case(rng, [(2, [(3, 2)])])  # 3 query rows, 2 suffix keys
+    with pytest.raises(AttentionArgumentError, match=r"levels\[1\]: group 0 has 3 query rows but 2 keys"):
+        CascadeAttention(att).plan(levels, q.shape[0], D, mode="cascade")
+    q, levels, _, _ = build_case(rng, [(2, [(2, 8)])])  # the suffix: two whole pages
+    partial = levels[0].kv.last_page_len.copy()
+    partial[0] = 1  # the prefix's last page holds one key
+    levels[0] = CascadeLevel(levels[0].qo_indptr, PagedKV(levels[0].kv.pages, levels[0].kv.indptr,
+                                                          levels[0].kv.indices, partial))
+    with pytest.raises(AttentionArgumentError, match="a page list before their last ends on a partial page"):
+        CascadeAttention(att).plan(levels, q.shape[0], D, mode="flat")
+    plan = CascadeAttention(att).plan(levels, q.shape[0], D, mode="auto")  # auto: the cascade, as it cannot go flat
+    assert plan.mode == "cascade"
 
 
 def test_levels_must_cover_all_rows(modules, rng):

@@ -71,13 +71,12 @@ def test_headwise_bsr_on_gpu(cuda_vanilla, rng, block_sizes):
     assert np.abs(lse[live] - ref_l[live]).max() < 2e-3
 
 
-@pytest.mark.parametrize("rows", [[2, 1, 4], [1, 1, 1]])  # prefill-shaped and decode-shaped row groups
-def test_cascade_on_gpu(cuda_vanilla, rng, rows):
-    """Every mode equals flat prefill: the levels merged ("cascade"), and the concatenated page lists ("flat":
-    a prefill, or with one row per request a decode)."""
+def cascade_case_on_gpu(rng, rows):
+    """test_cascade's two-level case (three requests of ``rows`` query rows each) at head_dim 64 in float16 on
+    the GPU: (q, levels, flat view, flat qo_indptr)."""
     import torch
 
-    from attngen.runtime import CascadeAttention, CascadeLevel, PagedKV
+    from attngen.runtime import CascadeLevel, PagedKV
 
     q, levels, flat, qo_indptr = build_case(rng, [(3, [(rows[0], 9), (rows[1], 5)]), (1, [(rows[2], 7)])])
     dev = lambda a: torch.as_tensor(a).cuda()  # noqa: E731
@@ -88,9 +87,20 @@ def test_cascade_on_gpu(cuda_vanilla, rng, rows):
         return PagedKV(pages, dev(kv.indptr), dev(kv.indices), dev(kv.last_page_len))
 
     qd = torch.nn.functional.pad(torch.as_tensor(q).half(), (0, 64 - q.shape[-1])).cuda().contiguous()
-    f_out, f_lse = cuda_vanilla.prefill(qd, to_dev(flat), dev(qo_indptr), sm_scale=0.25)
+    return qd, [CascadeLevel(dev(lv.qo_indptr), to_dev(lv.kv)) for lv in levels], to_dev(flat), dev(qo_indptr)
+
+
+@pytest.mark.parametrize("rows", [[2, 1, 4], [1, 1, 1]])  # prefill-shaped and decode-shaped row groups
+def test_cascade_on_gpu(cuda_vanilla, rng, rows):
+    """Every mode equals flat prefill: the levels merged ("cascade"), and the concatenated page lists ("flat":
+    a prefill, or with one row per request a decode)."""
+    import torch
+
+    from attngen.runtime import CascadeAttention
+
+    qd, dev_levels, flat, qo_indptr = cascade_case_on_gpu(rng, rows)
+    f_out, f_lse = cuda_vanilla.prefill(qd, flat, qo_indptr, sm_scale=0.25)
     cascade = CascadeAttention(cuda_vanilla)
-    dev_levels = [CascadeLevel(dev(lv.qo_indptr), to_dev(lv.kv)) for lv in levels]
     for mode in ("cascade", "flat"):
         plan = cascade.plan(dev_levels, qd.shape[0], 64, mode=mode, num_qo_heads=qd.shape[1])
         assert plan.mode == mode
@@ -99,3 +109,26 @@ def test_cascade_on_gpu(cuda_vanilla, rng, rows):
         out, lse = cascade.run(qd, plan=plan, sm_scale=0.25)
         assert torch.allclose(out.float(), f_out.float(), atol=2e-3)
         assert torch.allclose(lse[torch.isfinite(f_lse)], f_lse[torch.isfinite(f_lse)], atol=1e-3)
+
+
+@pytest.mark.parametrize("rows", [[2, 1, 4], [1, 1, 1]])
+def test_causal_cascade_on_gpu(build_cache, rng, rows):
+    """A causal variant's cascade on the CUDA backend: the shared prefixes run on the unmasked sibling library
+    (built with the same configuration), the suffixes causally; every mode equals the flat causal prefill."""
+    import torch
+
+    from attngen.runtime import CascadeAttention, CUDAAttention
+    from attngen.variants import builtin
+
+    att = CUDAAttention.build(builtin("causal"), head_dims=(64,), dtypes=("float16",), layouts=("NHD",),
+                              cache=build_cache)
+    qd, dev_levels, flat, qo_indptr = cascade_case_on_gpu(rng, rows)
+    f_out, f_lse = att.prefill(qd, flat, qo_indptr, sm_scale=0.25)
+    cascade = CascadeAttention(att)
+    for mode in ("cascade", "flat"):
+        plan = cascade.plan(dev_levels, qd.shape[0], 64, mode=mode, num_qo_heads=qd.shape[1])
+        out, lse = cascade.run(qd, plan=plan, sm_scale=0.25)
+        torch.cuda.synchronize()
+        assert torch.allclose(out.float(), f_out.float(), atol=2e-3), mode
+        assert torch.allclose(lse[torch.isfinite(f_lse)], f_lse[torch.isfinite(f_lse)], atol=1e-3), mode
+    assert cascade.unmasked().variant.name == "causal_unmasked"

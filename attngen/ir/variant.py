@@ -73,6 +73,15 @@ class Variant:
         out.defined_at = self.defined_at
         return out
 
+    def without_mask(self) -> "Variant":
+        """This variant with its ``logits_mask`` left out (every key visible), named ``<name>_unmasked``: what
+        a cascade runs on the levels a causal mask shows whole (runtime/cascade.py)."""
+        hooks = {hook: func for hook, func in self.hooks.items() if hook != "logits_mask"}
+        out = Variant(f"{self.name}_unmasked", params=self.params, state=self.state, doc=self.doc, **hooks)
+        out.constants = dict(self.constants)
+        out.defined_at = self.defined_at
+        return out
+
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
 

@@ -7,7 +7,13 @@ levels' states are merged (softmax by lse, sum states by addition). A key must b
 to exactly one level of a query row.
 
 Each level sees its keys from position 0, so variants whose hooks read positions
-(masks, RoPE, ALiBi) are refused: run those on the flat view.
+(masks, RoPE, ALiBi) are refused: run those on the flat view. The exception is a causal mask
+and nothing else positional (the mask analysis finds exactly ``kv_pos <= qo_pos``), as FlashInfer's
+cascade applies causal masking to its last level: the levels list a row's keys in order, the
+last one holding at least its rows' own tokens, so every key of an earlier level precedes every
+query and is shown whole (those levels run the variant without its mask, ``Variant.without_mask``,
+a library built with the backend's configuration), while the last level runs the variant itself,
+whose mask reads only ``qo_pos - kv_pos``, which the level's own numbering keeps.
 
 ``plan`` (once per batch step) checks the levels on the host and makes the backend's plans;
 ``run`` (per layer) only launches. A level with a single group and a long page list (a prompt
@@ -30,11 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from attngen.ir import StateAlgebra
+from attngen.ir.hook_spec import POSITIONS
+from attngen.ir.mask_class import MaskKind
 
 from .checks import AttentionArgumentError, as_numpy
 from .module import int32_like
 from .state import merge_state, merge_states, merge_states_sum
-from .views import PagedKV, paged_lengths, require_position_free
+from .views import PagedKV, hook_readers, paged_lengths, require_position_free
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class _PlannedLevel:
     chunks: int  # 1: run as given; k > 1: q rows replicated k times, states merged
     backend_plan: object  # the backend's prefill (or decode) plan (None on backends without plans)
     decode: bool = False  # run as a decode (a flat view whose row groups are single rows)
+    backend: object = None  # what runs the level: None the cascade's backend; else the unmasked variant's
 
 
 @dataclass
@@ -69,11 +78,12 @@ CASCADE_MIN_SAVED_BYTES = 256 << 20
 MODES = ("auto", "cascade", "flat")
 
 
-def flatten_levels(levels: list[CascadeLevel], qos: list[np.ndarray]):
+def flatten_levels(levels: list[CascadeLevel], qos: list[np.ndarray], ordered: bool = False):
     """The flat view of a cascade (``qos``: each level's qo_indptr on the host): row groups = the union of
     every level's group boundaries, each with the concatenation of its levels' page lists (the one list
-    ending on a partial page last). Returns (PagedKV, qo_indptr [G+1] numpy, flat keys, unique keys), or a
-    string saying why the levels cannot be concatenated."""
+    ending on a partial page last; ``ordered``: in level order, where only the last list may end on a partial
+    page, for variants that read positions). Returns (PagedKV, qo_indptr [G+1] numpy, flat keys, unique
+    keys), or a string saying why the levels cannot be concatenated."""
     ref = levels[0].kv
     for i, lvl in enumerate(levels):
         if lvl.kv.pages is not ref.pages or lvl.kv.layout != ref.layout:
@@ -96,6 +106,12 @@ def flatten_levels(levels: list[CascadeLevel], qos: list[np.ndarray]):
             return (f"rows {a}..{b - 1}: {len(partial)} of their page lists end on a partial page; only one can "
                     "be concatenated last")
         pieces = full + partial
+        if ordered:  # (position order: the lists as the levels give them)
+            pieces = [(idx[ip[g]:ip[g + 1]], int(lp[g])) for qo, ip, idx, lp in lists
+                      for g in [int(np.searchsorted(qo, a, side="right")) - 1] if ip[g + 1] > ip[g]]
+            if any(last_len != ps for _, last_len in pieces[:-1]):
+                return (f"rows {a}..{b - 1}: a page list before their last ends on a partial page, which a "
+                        "position-reading variant cannot read concatenated")
         indices += [p for pages, _ in pieces for p in pages.tolist()]
         indptr.append(len(indices))
         last.append(pieces[-1][1] if pieces else 0)
@@ -125,11 +141,32 @@ def _split_level(lvl: CascadeLevel, qo: np.ndarray, max_chunks: int, chunk_keys:
     return chunks, int32_like(kv.indptr, np.arange(k + 1) * rows), k
 
 
+def causal_only(variant) -> bool:
+    """Whether ``variant`` reads positions in its mask alone, and the mask is exactly ``kv_pos <= qo_pos``."""
+    others = [r for r in hook_readers(variant, POSITIONS) if not r.startswith("logits_mask ")]
+    return "logits_mask" in variant.hooks and variant.analysis.mask.kind == MaskKind.CAUSAL and not others
+
+
 class CascadeAttention:
-    def __init__(self, backend):
-        require_position_free(backend.variant, "cascade levels")
+    def __init__(self, backend, unmasked=None):
+        """``backend``: a CPU or CUDA attention library. A causal variant's earlier levels run on ``unmasked``
+        (a library of ``backend.variant.without_mask()``), built on first need with the backend's configuration
+        when not given."""
         self.backend = backend
         self.variant = backend.variant
+        self.causal = causal_only(self.variant)
+        if not self.causal:
+            require_position_free(backend.variant, "cascade levels")
+        if unmasked is not None and (not self.causal or "logits_mask" in unmasked.variant.hooks):
+            raise AttentionArgumentError("unmasked: only a causal variant's cascade takes one, a library of "
+                                         "backend.variant.without_mask()")
+        self._unmasked = unmasked
+
+    def unmasked(self):
+        """The library that runs a causal variant's earlier levels (built on first use)."""
+        if self._unmasked is None:
+            self._unmasked = self.backend.sibling(self.variant.without_mask())
+        return self._unmasked
 
     def plan(self, levels: list[CascadeLevel], total_q: int, head_dim: int, *,
              max_chunks: int = MAX_CHUNKS, chunk_keys: int = CHUNK_KEYS, mode: str = "auto",
@@ -155,7 +192,7 @@ class CascadeAttention:
                 raise AttentionArgumentError(f"levels[{i}].qo_indptr: must cover all {total_q} query rows "
                                              f"(from 0 to {total_q}), got {qo[0]}..{qo[-1]}")
         if mode != "cascade" and total_q > 0:
-            flat = flatten_levels(levels, qos)
+            flat = flatten_levels(levels, qos, ordered=self.causal)
             if isinstance(flat, str):
                 if mode == "flat":
                     raise AttentionArgumentError(f"mode='flat': the levels cannot be concatenated: {flat}; use "
@@ -165,16 +202,36 @@ class CascadeAttention:
                 saved = (flat_keys - unique_keys) * _bytes_per_key(kv, head_dim)
                 if mode == "flat" or saved < CASCADE_MIN_SAVED_BYTES * (len(levels) - 1):
                     return CascadePlan(total_q, [self._plan_flat(kv, qo_indptr, head_dim, num_qo_heads)], "flat")
+        if self.causal:
+            self._check_last_level(levels[-1], qos[-1], len(levels) - 1)
         planned = []
-        for lvl, qo in zip(levels, qos):
+        for i, (lvl, qo) in enumerate(zip(levels, qos)):
+            last = i == len(levels) - 1
+            runner = self.unmasked() if self.causal and not last else self.backend
             kv, qo_indptr, k = lvl.kv, lvl.qo_indptr, 1
-            if len(qo) == 2 and max_chunks > 1 and total_q > 0:
+            if len(qo) == 2 and max_chunks > 1 and total_q > 0 and not (self.causal and last):
                 kv, qo_indptr, k = _split_level(lvl, qo, max_chunks, chunk_keys)
             backend_plan = None
-            if hasattr(self.backend, "plan_prefill"):
-                backend_plan = self.backend.plan_prefill(qo_indptr, kv, head_dim)
-            planned.append(_PlannedLevel(kv, qo_indptr, k, backend_plan))
+            if hasattr(runner, "plan_prefill"):
+                backend_plan = runner.plan_prefill(qo_indptr, kv, head_dim)
+            planned.append(_PlannedLevel(kv, qo_indptr, k, backend_plan,
+                                         backend=runner if runner is not self.backend else None))
         return CascadePlan(total_q, planned)
+
+    @staticmethod
+    def _check_last_level(lvl: CascadeLevel, qo: np.ndarray, i: int) -> None:
+        """A causal cascade's last level holds at least each group's query tokens (so that every key of an
+        earlier level precedes every query)."""
+        kv = lvl.kv
+        keys = paged_lengths(np.diff(as_numpy(kv.indptr, f"levels[{i}].kv.indptr")),
+                             as_numpy(kv.last_page_len, f"levels[{i}].kv.last_page_len"), kv.page_size)
+        rows = np.diff(qo)
+        if len(keys) == len(rows) and np.any(rows > keys):
+            g = int(np.argmax(rows > keys))
+            raise AttentionArgumentError(
+                f"levels[{i}]: group {g} has {int(rows[g])} query rows but {int(keys[g])} keys in the last level; "
+                "a causal variant's last level must hold each group's own tokens (the earlier levels' keys "
+                "precede every query)")
 
     def _plan_flat(self, kv: PagedKV, qo_indptr: np.ndarray, head_dim: int, num_qo_heads: int | None):
         qo_dev = int32_like(kv.indptr, qo_indptr)
@@ -200,10 +257,11 @@ class CascadeAttention:
         for lvl in plan.levels:
             qs = q if lvl.chunks == 1 else _repeat_rows(q, lvl.chunks)
             extra = {"plan": lvl.backend_plan} if lvl.backend_plan is not None else {}
+            runner = lvl.backend or self.backend
             if lvl.decode:
-                o, s = self.backend.decode(qs, lvl.kv, sm_scale=sm_scale, params=params, **extra)
+                o, s = runner.decode(qs, lvl.kv, sm_scale=sm_scale, params=params, **extra)
             else:
-                o, s = self.backend.prefill(qs, lvl.kv, lvl.qo_indptr, sm_scale=sm_scale, params=params, **extra)
+                o, s = runner.prefill(qs, lvl.kv, lvl.qo_indptr, sm_scale=sm_scale, params=params, **extra)
             if lvl.chunks > 1:  # [k * R, H, D] chunk states of the same rows -> one state per row
                 o, s = _rows_by_chunk(o, lvl.chunks), _rows_by_chunk(s, lvl.chunks)
                 if self.variant.state == StateAlgebra.SUM:  # sum states carry no lse: keep one per row

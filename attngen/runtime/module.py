@@ -1,14 +1,18 @@
 """What every built attention library shares on the Python side: loading, function lookup, outputs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 import tvm_ffi
 
-from attngen.schedules.build_config import symbol
+from attngen import build as build_entry
+from attngen.codegen.cache import BuildCache
+from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DTYPE_SHORT
 
 from .checks import AttentionArgumentError, check_tensor, dtype_name
@@ -21,6 +25,11 @@ def empty_like(ref, shape, dtype: str):
 
         return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.device)
     return np.empty(shape, dtype=dtype)
+
+
+def _as_tuple(value):
+    """A manifest's JSON lists as the tuples BuildConfig holds (nested: tvm_constants' pairs)."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value
 
 
 def resolve_sm_scale(sm_scale: float | None, head_dim: int) -> float:
@@ -54,6 +63,16 @@ class BuiltModule:
         self.manifest = manifest
         self.functions = set(manifest["functions"])
         self._mod = tvm_ffi.load_module(str(self.library))
+
+    def sibling(self, variant) -> "BuiltModule":
+        """``variant``'s library built with this library's configuration (its manifest's), into the cache this
+        one came from where that cache is writable (else the default cache)."""
+        fields = {f.name for f in dataclasses.fields(BuildConfig)}
+        config = BuildConfig(**{k: _as_tuple(v) for k, v in self.manifest["config"].items() if k in fields})
+        root = self.library.parents[2] if len(self.library.parents) > 2 else None
+        cache = BuildCache(root) if root is not None and os.access(root, os.W_OK) else None
+        res = build_entry.build(variant, config, cache=cache)
+        return type(self)(variant, res.library, res.manifest)
 
     def function(self, kind: str, dtype: str, head_dim: int, kv_dtype: str | None = None):
         """The exported function of ``kind`` for queries of ``dtype`` (and K/V of ``kv_dtype``, None or equal:

@@ -269,7 +269,8 @@ def make_case(variant: Variant, seed: int, head_dim: int = HEAD_DIM) -> Case:
 # ---- faults --------------------------------------------------------------------------------------------
 FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv_indptr_past_end",
           "page_id_out_of_range", "page_id_negative", "last_page_len_zero", "last_page_len_too_big",
-          "last_page_len_count", "q_float64", "q_wrong_head_dim", "q_not_contiguous", "kv_heads_not_dividing",
+          "last_page_len_count", "q_float64", "q_wrong_head_dim", "q_not_contiguous", "q_token_strided",
+          "kv_heads_not_dividing",
           "pages_float16", "layout_unknown", "meta_device", "param_missing", "param_wrong_shape",
           "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype", "kv_wrong_type")
 
@@ -278,7 +279,7 @@ FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv
 KNOWN_GAPS: dict[str, str] = {}
 
 # faults that leave a meaningful call: attngen may also accept it (and must then be right)
-BENIGN = {"none", "q_not_contiguous"}
+BENIGN = {"none", "q_not_contiguous", "q_token_strided"}
 
 
 @dataclass
@@ -346,6 +347,11 @@ def apply_fault(case: Case, fault: str, rng) -> Call | None:
         wide = np.zeros(case.q.shape[:2] + (hd * 2,), np.float32)
         wide[..., ::2] = case.q
         call.q = wide[..., ::2]
+    elif fault == "q_token_strided":  # a view with a gap after each token's heads (a fused projection's q)
+        n, h, d = case.q.shape
+        wide = np.zeros((n, h * d + 4 * int(rng.integers(1, 4))), case.q.dtype)
+        wide[:, :h * d] = case.q.reshape(n, h * d)
+        call.q = wide[:, :h * d].reshape(n, h, d)
     elif fault == "kv_heads_not_dividing":
         n_kv = kv.num_kv_heads
         call.q = np.zeros((case.q.shape[0], n_kv * 2 + 1, hd), np.float32) if n_kv > 1 else None

@@ -1,4 +1,5 @@
 """attngen.runtime: calling built kernels (CPU backend here), KV views, references, mask packing."""
+from .append import append_paged_kv, append_slots
 from .block_sparse import BlockSparseAttention, HeadwiseBlockSparseView
 from .cascade import CascadeAttention, CascadeLevel
 from .checks import AttentionArgumentError
@@ -11,5 +12,5 @@ from .views import BlockSparseView, PagedKV, RaggedKV
 
 __all__ = ["AttentionArgumentError", "BlockSparseAttention", "BlockSparseView", "CascadeAttention", "CascadeLevel",
            "CPUAttention", "CUDAAttention", "DecodePlan", "HeadwiseBlockSparseView", "PagedKV", "RaggedKV",
-           "gather_pages", "merge_state", "merge_states", "merge_states_sum", "pack_custom_mask",
-           "reference_attention"]
+           "append_paged_kv", "append_slots", "gather_pages", "merge_state", "merge_states", "merge_states_sum",
+           "pack_custom_mask", "reference_attention"]

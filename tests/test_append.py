@@ -90,6 +90,27 @@ def test_bad_appends_are_refused_by_name(rng):
         append_paged_kv(kv, k, k, np.array([0, 1, 3], np.int32), k_scale=1.0)
 
 
+def test_edge_cases_of_the_page_table(rng):
+    """An empty batch appends nothing; a last page length outside [1, page_size] (which would place rows in the
+    next request's page) and two new rows on one slot are refused; NumPy rows into torch pages are named."""
+    import torch
+
+    kv, _ = grown_view(rng, [], [])
+    assert len(append_slots(kv, np.array([0], np.int32))) == 0
+    append_paged_kv(kv, np.zeros((0, H, D), np.float32), np.zeros((0, H, D), np.float32), np.array([0], np.int32))
+    bad = PagedKV(kv.pages, np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32), np.array([6, 1], np.int32))
+    with pytest.raises(AttentionArgumentError, match=r"kv.last_page_len: must be in \[1, page_size=4\]"):
+        append_slots(bad, np.array([0, 2, 2], np.int32))
+    shared = PagedKV(kv.pages, np.array([0, 1, 2], np.int32), np.array([3, 3], np.int32), np.array([2, 2], np.int32))
+    with pytest.raises(AttentionArgumentError, match="two new rows share a cache slot"):
+        append_slots(shared, np.array([0, 1, 2], np.int32))
+    torch_kv = PagedKV(torch.from_numpy(kv.pages), np.array([0, 1], np.int32), np.array([2], np.int32),
+                       np.array([1], np.int32))
+    with pytest.raises(AttentionArgumentError, match="torch tensors for torch pages"):
+        append_paged_kv(torch_kv, np.zeros((1, H, D), np.float32), np.zeros((1, H, D), np.float32),
+                        np.array([0, 1], np.int32))
+
+
 @pytest.mark.gpu
 def test_an_append_on_the_gpu_writes_what_the_host_append_writes(rng):
     import torch

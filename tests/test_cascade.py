@@ -138,6 +138,13 @@ def test_a_causal_cascade_checks_its_levels(modules, rng):
         CascadeAttention(att).plan(levels, q.shape[0], D, mode="flat")
     plan = CascadeAttention(att).plan(levels, q.shape[0], D, mode="auto")  # auto: the cascade, as it cannot go flat
     assert plan.mode == "cascade"
+    # a last-level group over two earlier groups (two sequences' rows numbered as one): refused in every mode
+    q, levels, _, _ = build_case(rng, [(1, [(2, 4)]), (1, [(2, 4)])])
+    merged = CascadeLevel(np.array([0, 4], np.int32), PagedKV(levels[1].kv.pages, np.array([0, 1], np.int32),
+                                                              levels[1].kv.indices[:1], np.array([S], np.int32)))
+    for mode in ("cascade", "flat", "auto"):
+        with pytest.raises(AttentionArgumentError, match=r"levels\[0\].qo_indptr: its boundary 2 splits a group"):
+            CascadeAttention(att).plan([levels[0], merged], q.shape[0], D, mode=mode)
 
 
 def test_levels_must_cover_all_rows(modules, rng):

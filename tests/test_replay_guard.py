@@ -44,3 +44,12 @@ def test_poisoning_an_empty_batch_changes_nothing():
     out, lse = torch.zeros(0, 2, 8), torch.zeros(0, 2)
     poison_rows_over_bound(out, lse, torch.zeros(1, dtype=torch.int32), total_q=0, max_qo_len=1)
     assert out.shape == (0, 2, 8)
+
+
+def test_a_plan_walking_a_tile_map_refuses_replays():
+    from attngen.runtime.cuda_plans import PrefillPlan
+
+    plan = PrefillPlan(2, 10, 7, (0, 0), tile_map=True, replay_bound=True)
+    with pytest.raises(AttentionArgumentError, match="tile_map=False"):
+        plan.check_replay(np.array([0, 3, 10], np.int32))
+    PrefillPlan(2, 10, 7, (0, 0), replay_bound=True).check_replay(np.array([0, 3, 10], np.int32))

@@ -1,12 +1,13 @@
 """Queries, keys and values that are views of one fused QKV projection ([tokens, (Hq + 2 Hkv) * D], split without
-a copy), as serving runtimes hand them over: the CPU backend reads them (packing them itself) with the results of
-contiguous copies, and what neither backend can read is refused by name (runtime/checks.py check_tensor's
-``strided``). The CUDA kernels read the views in place (tests/test_gpu_strided_inputs.py)."""
+a copy), as serving runtimes hand them over: the CPU backend reads them and any other layout (packing them itself)
+with the results of contiguous copies; what the CUDA kernels cannot read in place is refused by name by the
+checks the CUDA backend runs (runtime/checks.py check_tensor's ``strided``; the kernels reading the views:
+tests/test_gpu_strided_inputs.py)."""
 import numpy as np
 import pytest
 
 from attngen.runtime import CPUAttention, PagedKV, RaggedKV
-from attngen.runtime.checks import AttentionArgumentError, check_tensor
+from attngen.runtime.checks import AttentionArgumentError, check_ragged, check_tensor
 from attngen.variants import builtin
 
 D, HQ, HKV = 32, 4, 2
@@ -64,19 +65,35 @@ def test_decode_and_paged_prefill_read_strided_queries(build_cache, rng):
     assert np.array_equal(out, ref_o) and np.array_equal(lse, ref_l)
 
 
-def test_views_the_kernels_cannot_read_are_refused_by_name(build_cache, rng):
+def test_views_the_cuda_kernels_cannot_read_are_refused_by_name_and_packed_on_the_cpu(build_cache, rng):
     att = cpu_module("causal", build_cache)
     q, k, v = fused_qkv(rng, 8)
     qo = np.array([0, 8], np.int32)
-    heads_apart = np.zeros((8, HQ, 2 * D), np.float32)[:, :, :D]  # heads with gaps between them
+    heads_apart = rng.standard_normal((8, HQ, 2 * D)).astype(np.float32)[:, :, :D]  # gaps between heads
     with pytest.raises(AttentionArgumentError, match=r"q: must be contiguous, or a view whose tokens' heads are "
                                                      r"packed.*strides \(256, 64, 1\)"):
-        att.prefill(heads_apart, RaggedKV(k, v, qo), qo)
-    every_other = np.zeros((8, HKV, 2 * D), np.float32)[:, :, ::2]  # elements 2 apart
+        check_tensor(heads_apart, "q", 3, strided="tokens")
+    every_other = rng.standard_normal((8, HKV, 2 * D)).astype(np.float32)[:, :, ::2]  # elements 2 apart
     with pytest.raises(AttentionArgumentError, match="kv.k: must be contiguous, or a view whose rows are contiguous"):
-        att.prefill(q, RaggedKV(every_other, v, qo), qo)
+        check_ragged(RaggedKV(every_other, v, qo), D, "float32", 1)
     with pytest.raises(AttentionArgumentError, match=r"kv.k/kv.v: strides .* must match"):
-        att.prefill(q, RaggedKV(k, packed(v), qo), qo)
+        check_ragged(RaggedKV(k, packed(v), qo), D, "float32", 1)
+    # the CPU backend packs any of them
+    out, lse = att.prefill(heads_apart, RaggedKV(every_other, k, qo), qo)
+    ref_o, ref_l = att.prefill(packed(heads_apart), RaggedKV(packed(every_other), packed(k), qo), qo)
+    assert np.array_equal(out, ref_o) and np.array_equal(lse, ref_l)
+
+
+def test_strides_along_dims_of_size_one_do_not_count():
+    """Contiguous keys and values of one head (or one token) whose size-1 dims carry different strides match."""
+    import torch
+
+    k = torch.empty(5, 1, D)  # strides (D, D, 1)
+    v = torch.empty(5, D, 1).transpose(1, 2)  # strides (D, 1, 1)
+    assert k.is_contiguous() and v.is_contiguous() and k.stride() != v.stride()
+    check_ragged(RaggedKV(k, v, np.array([0, 5], np.int32)), D, "float32", 1)
+    with pytest.raises(AttentionArgumentError, match=r"kv.k/kv.v: shapes \(5, 1, 32\) / \(5, 2, 32\) must match"):
+        check_ragged(RaggedKV(k, torch.empty(5, 2, D), np.array([0, 5], np.int32)), D, "float32", 1)
 
 
 def test_strides_must_keep_rows_16_byte_aligned_and_apart():

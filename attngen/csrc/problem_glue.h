@@ -57,21 +57,35 @@ int kv_from_page_views(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi
   return static_cast<int>(k.size(1));
 }
 
-// Ragged K and V [rows, Hkv, D] of element type T (16-bit, or an fp8 format) with the same strides; returns
-// the number of KV heads.
+// Ragged K and V [rows, Hkv, D] of element type T (16-bit, or an fp8 format): rows contiguous, tokens and heads
+// 16-byte multiples apart (views of a fused projection may leave gaps), the same strides for both (compared, and
+// kept, only along dims above 1, where a stride means something); returns the number of KV heads.
 template <class T>
 int kv_from_ragged(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v,
                    const tvm::ffi::TensorView& kv_indptr) {
   constexpr DLDataType bits{kDLFloat, static_cast<uint8_t>(8 * sizeof(T)), 1};
   check_tensor(k, "k", 3, bits);
   check_tensor(v, "v", 3, bits);
-  if (k.stride(0) != v.stride(0) || k.stride(1) != v.stride(1))
-    ATTNGEN_THROW(ValueError) << "k, v: must have the same strides";
+  for (int d = 0; d < 3; ++d)
+    if (k.size(d) != v.size(d))
+      ATTNGEN_THROW(ValueError) << "k, v: shapes differ in dim " << d << " (" << k.size(d) << " vs " << v.size(d)
+                                << ")";
+  const int64_t packed[3] = {k.size(1) * k.size(2), k.size(2), 1};
+  int64_t stride[3];
+  for (int d = 0; d < 3; ++d) {
+    stride[d] = k.size(d) > 1 ? k.stride(d) : packed[d];
+    if (k.size(d) > 1 && v.stride(d) != k.stride(d))
+      ATTNGEN_THROW(ValueError) << "k, v: must have the same strides (dim " << d << ": " << k.stride(d) << " vs "
+                                << v.stride(d) << ")";
+  }
+  if (stride[2] != 1 || stride[0] * int64_t(sizeof(T)) % 16 != 0 || stride[1] * int64_t(sizeof(T)) % 16 != 0)
+    ATTNGEN_THROW(ValueError) << "k, v: rows must be contiguous and lie a multiple of 16 bytes apart (strides ["
+                              << stride[0] << ", " << stride[1] << ", " << stride[2] << "]): pass .contiguous()";
   kv.base = data_of(k);
   kv.indptr = static_cast<const int32_t*>(data_of(kv_indptr));
   kv.stride_kv = (static_cast<const char*>(data_of(v)) - static_cast<const char*>(data_of(k))) / int64_t(sizeof(T));
-  kv.stride_slot = k.stride(0);
-  kv.stride_head = k.stride(1);
+  kv.stride_slot = stride[0];
+  kv.stride_head = stride[1];
   kv.page_size = 0;
   kv.rows = k.size(0);
   return static_cast<int>(k.size(1));

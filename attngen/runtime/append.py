@@ -30,9 +30,12 @@ def append_slots(kv: PagedKV, append_indptr) -> np.ndarray:
     last = as_numpy(kv.last_page_len, "kv.last_page_len").astype(np.int64).reshape(-1)
     if len(last) != batch:
         raise AttentionArgumentError(f"kv.last_page_len: {len(last)} entries for {batch} requests")
+    ps = kv.page_size
+    if np.any((np.diff(indptr) > 0) & ((last < 1) | (last > ps))):
+        raise AttentionArgumentError(f"kv.last_page_len: must be in [1, page_size={ps}] for every request that has "
+                                     "pages")
     if indptr[-1] > len(indices):
         raise AttentionArgumentError(f"kv.indptr: ends at {indptr[-1]} but kv.indices holds {len(indices)} pages")
-    ps = kv.page_size
     lengths = paged_lengths(np.diff(indptr), last, ps)
     if np.any(new > lengths):
         b = int(np.argmax(new > lengths))
@@ -40,13 +43,17 @@ def append_slots(kv: PagedKV, append_indptr) -> np.ndarray:
             f"append_indptr: request {b} appends {int(new[b])} rows but its view holds {int(lengths[b])} keys; the "
             "view must already count the new rows (FlashInfer's convention): grow last_page_len / the page list")
     request = np.repeat(np.arange(batch), new)
-    pos = np.arange(int(new.sum())) - np.repeat(np.concatenate([[0], np.cumsum(new)[:-1]]), new) \
-        + np.repeat(lengths - new, new)  # each new row's position in its request
+    first = np.cumsum(new) - new  # each request's first new row
+    pos = np.arange(int(new.sum())) - first[request] + (lengths - new)[request]  # each new row's position
     page = indices[indptr[request] + pos // ps]
     num_pages = int(kv.pages.shape[0])
     if len(page) and (page.min() < 0 or page.max() >= num_pages):
         raise AttentionArgumentError(f"kv.indices: page ids of the new rows must be in [0, {num_pages})")
-    return page * ps + pos % ps
+    slots = page * ps + pos % ps
+    if len(np.unique(slots)) < len(slots):
+        raise AttentionArgumentError("kv.indices: two new rows share a cache slot (a page listed twice, or in two "
+                                     "requests): each appended row needs a slot of its own")
+    return slots
 
 
 def append_paged_kv(kv: PagedKV, k, v, append_indptr, *, k_scale=None, v_scale=None) -> None:
@@ -67,6 +74,9 @@ def append_paged_kv(kv: PagedKV, k, v, append_indptr, *, k_scale=None, v_scale=N
                                          "(the appended rows, the cache's heads and head_dim)")
     page, place = slots // kv.page_size, slots % kv.page_size
     pages = kv.pages
+    if hasattr(pages, "detach") != hasattr(k, "detach") or hasattr(pages, "detach") != hasattr(v, "detach"):
+        raise AttentionArgumentError("k, v: must be tensors of the pages' library (torch tensors for torch pages, "
+                                     "NumPy arrays for NumPy pages)")
     if hasattr(pages, "detach"):
         import torch
 

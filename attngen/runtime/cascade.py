@@ -191,6 +191,8 @@ class CascadeAttention:
             if qo[0] != 0 or qo[-1] != total_q:
                 raise AttentionArgumentError(f"levels[{i}].qo_indptr: must cover all {total_q} query rows "
                                              f"(from 0 to {total_q}), got {qo[0]}..{qo[-1]}")
+        if self.causal:
+            self._check_causal_levels(levels, qos)
         if mode != "cascade" and total_q > 0:
             flat = flatten_levels(levels, qos, ordered=self.causal)
             if isinstance(flat, str):
@@ -202,8 +204,6 @@ class CascadeAttention:
                 saved = (flat_keys - unique_keys) * _bytes_per_key(kv, head_dim)
                 if mode == "flat" or saved < CASCADE_MIN_SAVED_BYTES * (len(levels) - 1):
                     return CascadePlan(total_q, [self._plan_flat(kv, qo_indptr, head_dim, num_qo_heads)], "flat")
-        if self.causal:
-            self._check_last_level(levels[-1], qos[-1], len(levels) - 1)
         planned = []
         for i, (lvl, qo) in enumerate(zip(levels, qos)):
             last = i == len(levels) - 1
@@ -219,9 +219,19 @@ class CascadeAttention:
         return CascadePlan(total_q, planned)
 
     @staticmethod
-    def _check_last_level(lvl: CascadeLevel, qo: np.ndarray, i: int) -> None:
-        """A causal cascade's last level holds at least each group's query tokens (so that every key of an
-        earlier level precedes every query)."""
+    def _check_causal_levels(levels: list[CascadeLevel], qos: list[np.ndarray]) -> None:
+        """A causal cascade's levels: each last-level group is one sequence's rows (every earlier level's group
+        boundaries are boundaries of the last level: a group spanning two earlier groups would number its rows
+        across two sequences), and the last level holds at least each group's query tokens (so that every key
+        of an earlier level precedes every query)."""
+        i = len(levels) - 1
+        for j, qo in enumerate(qos[:-1]):
+            inside = np.isin(qo, qos[-1])
+            if not inside.all():
+                raise AttentionArgumentError(
+                    f"levels[{j}].qo_indptr: its boundary {int(qo[np.argmin(inside)])} splits a group of the last "
+                    f"level (levels[{i}]); a causal variant's last-level groups must each be one sequence's rows")
+        lvl, qo = levels[-1], qos[-1]
         kv = lvl.kv
         keys = paged_lengths(np.diff(as_numpy(kv.indptr, f"levels[{i}].kv.indptr")),
                              as_numpy(kv.last_page_len, f"levels[{i}].kv.last_page_len"), kv.page_size)

@@ -37,7 +37,8 @@ def dtype_name(x) -> str:
 def check_tensor(x, name: str, ndim: int, dtype: str | None = None, *, strided: str | None = None) -> None:
     """``strided``: None, the tensor must be contiguous; "tokens" (queries [n, H, D]): a token's heads packed,
     tokens any multiple of 16 bytes apart (the view of a fused QKV projection); "rows" (ragged keys or values
-    [n, H, D]): rows contiguous, tokens and heads any non-overlapping multiples of 16 bytes apart."""
+    [n, H, D]): rows contiguous, tokens (the outer dim) and heads any non-overlapping multiples of 16 bytes
+    apart; "any": any layout (a backend that packs its inputs itself)."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise AttentionArgumentError(f"{name}: expected a tensor, got {type(x).__name__}")
     device = getattr(x, "device", None)
@@ -50,13 +51,18 @@ def check_tensor(x, name: str, ndim: int, dtype: str | None = None, *, strided: 
         hint = FP8_BITS_HINT if dtype_name(x) == "uint8" and name.startswith("kv.") else ""
         raise AttentionArgumentError(f"{name}: expected dtype {dtype}, got {dtype_name(x)}{hint}")
     contiguous = x.is_contiguous() if hasattr(x, "is_contiguous") else x.flags["C_CONTIGUOUS"]
-    if not contiguous and (strided is None or not _strides_serve(x, strided)):
+    if not contiguous and strided != "any" and (strided is None or not _strides_serve(x, strided)):
         what = {None: "must be contiguous", "tokens": "must be contiguous, or a view whose tokens' heads are packed "
                 "and whose tokens lie a multiple of 16 bytes apart",
-                "rows": "must be contiguous, or a view whose rows are contiguous and lie a multiple of 16 bytes "
-                "apart without overlapping"}[strided]
+                "rows": "must be contiguous, or a view whose rows are contiguous, with tokens (the outer dim) and "
+                "heads a multiple of 16 bytes apart without overlapping"}[strided]
         raise AttentionArgumentError(f"{name}: {what}; strides {tuple(_strides(x))} (call .contiguous() / "
                                      "np.ascontiguousarray)")
+
+
+def _strides_where_they_count(x) -> tuple:
+    """x's strides in elements, None along dims of size 1 (where any stride reads the same elements)."""
+    return tuple(s if int(n) > 1 else None for s, n in zip(_strides(x), x.shape))
 
 
 def _strides(x) -> tuple:
@@ -140,15 +146,16 @@ def check_paged(kv, head_dim: int, dtype: str, batch: int | None) -> int:
     return b
 
 
-def check_ragged(kv, head_dim: int, dtype: str, batch: int | None) -> int:
-    """Checks of a ``RaggedKV`` for a call with ``batch`` requests (None: any); returns the batch size."""
-    check_tensor(kv.k, "kv.k", 3, dtype, strided="rows")
-    check_tensor(kv.v, "kv.v", 3, dtype, strided="rows")
-    if _strides(kv.k) != _strides(kv.v):
-        raise AttentionArgumentError(f"kv.k/kv.v: strides {_strides(kv.k)} / {_strides(kv.v)} must match (views "
-                                     "of one fused projection do; else call .contiguous() on both)")
+def check_ragged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: str = "rows") -> int:
+    """Checks of a ``RaggedKV`` for a call with ``batch`` requests (None: any); returns the batch size.
+    ``strided``: the layouts the backend reads (check_tensor; "any" for one that packs them itself)."""
+    check_tensor(kv.k, "kv.k", 3, dtype, strided=strided)
+    check_tensor(kv.v, "kv.v", 3, dtype, strided=strided)
     if tuple(kv.k.shape) != tuple(kv.v.shape) or kv.k.shape[2] != head_dim:
         raise AttentionArgumentError(f"kv.k/kv.v: shapes {tuple(kv.k.shape)} / {tuple(kv.v.shape)} must match "
                                      f"and end in head_dim={head_dim}")
+    if strided != "any" and _strides_where_they_count(kv.k) != _strides_where_they_count(kv.v):
+        raise AttentionArgumentError(f"kv.k/kv.v: strides {_strides(kv.k)} / {_strides(kv.v)} must match (views "
+                                     "of one fused projection do; else call .contiguous() on both)")
     indptr = check_indptr(kv.indptr, "kv.indptr", int(kv.k.shape[0]), batch)
     return len(indptr) - 1

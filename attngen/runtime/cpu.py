@@ -70,7 +70,7 @@ class CPUAttention(BuiltModule):
                 params: dict | None = None, out=None, lse=None, k_scale=None, v_scale=None):
         """q: [total_q, Hq, D]; qo_indptr: [B+1] int32. Returns (out [total_q, Hq, D], lse [total_q, Hq]).
         ``k_scale``, ``v_scale``: an fp8 cache's scales (a float or float32 [Hkv], see ``fp8.py``)."""
-        check_tensor(q, "q", 3, strided="tokens")
+        check_tensor(q, "q", 3, strided="any")
         dt, d = dtype_name(q), int(q.shape[2])
         qo = check_indptr(qo_indptr, "qo_indptr", int(q.shape[0]))
         batch = len(qo) - 1
@@ -82,7 +82,7 @@ class CPUAttention(BuiltModule):
             kind = f"batch_prefill_paged_{kv.layout.lower()}"
             kv_args = (_nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len)
         else:
-            check_ragged(kv, d, kv_dt, batch)
+            check_ragged(kv, d, kv_dt, batch, strided="any")
             kind = "batch_prefill_ragged"
             kv_args = (_nonempty(_kernel_kv(kv.k)), _nonempty(_kernel_kv(kv.v)), kv.indptr)
         check_qkv_heads(q, kv.num_kv_heads, d)
@@ -102,7 +102,7 @@ class CPUAttention(BuiltModule):
                out=None, lse=None, k_scale=None, v_scale=None):
         """q: [B, Hq, D], one query per request. Returns (out [B, Hq, D], lse [B, Hq]).
         ``k_scale``, ``v_scale``: an fp8 cache's scales (a float or float32 [Hkv], see ``fp8.py``)."""
-        check_tensor(q, "q", 3, strided="tokens")
+        check_tensor(q, "q", 3, strided="any")
         if not isinstance(kv, PagedKV):
             raise AttentionArgumentError("kv: decode reads a PagedKV cache")
         dt, d, batch = dtype_name(q), int(q.shape[2]), int(q.shape[0])

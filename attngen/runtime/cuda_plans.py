@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 
+from .checks import AttentionArgumentError
 from .replay_guard import check_replay_batch
 from .tile_map import KVBound, TileMap
 from .work_order import order_from_bounds
@@ -107,7 +108,11 @@ class PrefillPlan:
 
     def check_replay(self, qo_indptr) -> None:
         """Refuse, naming the bound, a batch (qo_indptr [B+1]) that a graph captured with this plan cannot
-        replay: another batch size or total of query rows, or a request longer than ``max_qo_len``."""
+        replay: another batch size or total of query rows, or a request longer than ``max_qo_len``; and any
+        batch where the plan walks a tile map (a map classifies one batch's tiles)."""
+        if self.tile_map:
+            raise AttentionArgumentError("plan: walks a tile map made for one batch, which a replay over another "
+                                         "batch would misread: capture with plan_prefill(..., tile_map=False)")
         check_replay_batch(qo_indptr, batch_size=self.batch_size, total_q=self.total_q, max_qo_len=self.max_qo_len)
 
     def max_kv_len(self, kv) -> int | None:

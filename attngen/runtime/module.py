@@ -69,8 +69,10 @@ class BuiltModule:
         one came from where that cache is writable (else the default cache)."""
         fields = {f.name for f in dataclasses.fields(BuildConfig)}
         config = BuildConfig(**{k: _as_tuple(v) for k, v in self.manifest["config"].items() if k in fields})
-        root = self.library.parents[2] if len(self.library.parents) > 2 else None
-        cache = BuildCache(root) if root is not None and os.access(root, os.W_OK) else None
+        entry = self.library.parent  # a cache entry is <root>/<key[:2]>/<key>/
+        cached = entry.parent.name == entry.name[:2] and (entry / "manifest.json").exists()
+        root = entry.parent.parent
+        cache = BuildCache(root) if cached and os.access(root, os.W_OK) else None
         res = build_entry.build(variant, config, cache=cache)
         return type(self)(variant, res.library, res.manifest)
 

@@ -185,7 +185,7 @@ def test_headwise_refuses_position_and_head_dependent_variants():
     from types import SimpleNamespace
 
     with pytest.raises(AttentionArgumentError, match=r"logits_mask reads qo_pos.*flat view"):
-        BlockSparseAttention(SimpleNamespace(variant=builtin("causal")))
+        BlockSparseAttention(SimpleNamespace(variant=builtin("sliding_window_causal")))
     view = HeadwiseBlockSparseView.uniform([[0, 1]], [[0]], 4, 4, 4, 4)
     with pytest.raises(AttentionArgumentError, match=r"output_transform reads qo_head.*shared-layout BlockSparseView"):
         BlockSparseAttention(SimpleNamespace(variant=builtin("attention_sink"))).run(
@@ -226,3 +226,63 @@ def test_headwise_view_errors_name_the_argument(bsa):
         bsa.run(q[:4], pages, view)
     with pytest.raises(AttentionArgumentError, match=r"q: 3 heads is not a multiple of the 2 KV heads"):
         bsa.run(q[:, :3], pages, view)
+
+
+@pytest.fixture(scope="module")
+def causal_bsa(build_cache):
+    return BlockSparseAttention(CPUAttention.build(builtin("causal"), head_dims=(D,), layouts=("NHD", "HND"),
+                                                   cache=build_cache))
+
+
+def causal_block_mask(rng, mb: int) -> np.ndarray:
+    """[MB, MB] block mask: random blocks on and below the diagonal, the diagonal in every row that reads any,
+    some rows reading none, and blocks above the diagonal (which a causal mask hides whole)."""
+    blocks = rng.random((mb, mb)) < 0.4
+    reads = rng.random(mb) < 0.85
+    blocks[np.arange(mb), np.arange(mb)] = reads
+    blocks[~reads] = False
+    return blocks
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([1, 4, 8]), st.integers(1, 40), st.sampled_from(["NHD", "HND"]))
+def test_causal_bsr_matches_dense_causal_masked_attention(causal_bsa, seed, r, m, layout):
+    """A causal variant over R x R blocks of M = N rows: the block mask and the causal mask together (query i at
+    key i), blocks above the diagonal dropped, a partial last block; rows reading no block get O = 0."""
+    rng = np.random.default_rng(seed)
+    mb = -(-m // r)
+    blocks = causal_block_mask(rng, mb)
+    indptr, indices = bsr_of(blocks[None])
+    q = rng.standard_normal((m, 4, D)).astype(np.float32)
+    k, v = rng.standard_normal((2, m, 2, D)).astype(np.float32)
+    out, lse = np.full_like(q, np.nan), np.full(q.shape[:2], np.nan, np.float32)
+    causal_bsa.run(q, stored_pages(k, v, r, layout), BlockSparseView(indptr[0], indices[0], r, m, m), layout=layout,
+                   sm_scale=0.3, out=out, lse=lse)
+    mask = np.kron(blocks, np.ones((r, r), bool))[:m, :m] & np.tri(m, dtype=bool)
+    assert_matches(out, lse, *dense_reference(q, k, v, mask, 0.3))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 30))
+def test_causal_headwise_bsr_with_variable_square_blocks(causal_bsa, seed, m):
+    rng = np.random.default_rng(seed)
+    n_kv, mb = 2, int(rng.integers(1, min(m, 6) + 1))
+    sizes = np.stack([random_sizes(rng, m, mb) for _ in range(n_kv)])
+    blocks = np.stack([causal_block_mask(rng, mb) for _ in range(n_kv)])
+    view = HeadwiseBlockSparseView.from_block_mask(blocks, sizes, sizes)
+    q = rng.standard_normal((m, n_kv * 2, D)).astype(np.float32)
+    k, v = rng.standard_normal((2, m, n_kv, D)).astype(np.float32)
+    out, lse = np.full_like(q, np.nan), np.full(q.shape[:2], np.nan, np.float32)
+    causal_bsa.run(q, stored_pages(k, v, m, "NHD"), view, sm_scale=0.3, out=out, lse=lse)
+    mask = dense_head_mask(view, blocks, 2) & np.tri(m, dtype=bool)[None]
+    assert_matches(out, lse, *dense_reference(q, k, v, mask, 0.3))
+
+
+def test_causal_bsr_refuses_layouts_it_cannot_align(causal_bsa):
+    q = np.zeros((8, 2, D), np.float32)
+    pages = np.zeros((4, 2, 2, 1, D), np.float32)  # key blocks of 2 rows
+    with pytest.raises(AttentionArgumentError, match="square blocks on the diagonal"):
+        causal_bsa.run(q, pages, BlockSparseView(np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32), 4, 8, 8))
+    pages = np.zeros((2, 2, 4, 1, D), np.float32)
+    with pytest.raises(AttentionArgumentError, match="block row 1 reads key blocks before its diagonal block"):
+        causal_bsa.run(q, pages, BlockSparseView(np.array([0, 1, 2], np.int32), np.array([0, 0], np.int32), 4, 8, 8))

@@ -3,7 +3,8 @@ CUDA merge kernels."""
 import numpy as np
 import pytest
 
-from .test_block_sparse import bsr_of, dense_head_mask, dense_reference, random_head_masks, random_sizes
+from .test_block_sparse import (bsr_of, causal_block_mask, dense_head_mask, dense_reference, random_head_masks,
+                                random_sizes)
 from .test_cascade import build_case
 
 pytestmark = pytest.mark.gpu
@@ -132,3 +133,27 @@ def test_causal_cascade_on_gpu(build_cache, rng, rows):
         assert torch.allclose(out.float(), f_out.float(), atol=2e-3), mode
         assert torch.allclose(lse[torch.isfinite(f_lse)], f_lse[torch.isfinite(f_lse)], atol=1e-3), mode
     assert cascade.unmasked().variant.name == "causal_unmasked"
+
+
+def test_causal_bsr_on_gpu(build_cache, rng):
+    """A causal variant over 16 x 16 blocks (blocks above the diagonal dropped, a partial last block) on the
+    CUDA prefill: the block mask and the causal mask together."""
+    import torch
+
+    from attngen.runtime import BlockSparseAttention, BlockSparseView, CUDAAttention
+    from attngen.variants import builtin
+
+    att = CUDAAttention.build(builtin("causal"), head_dims=(64,), dtypes=("float16",), layouts=("NHD",),
+                              cache=build_cache)
+    r, m = 16, 200
+    mb = -(-m // r)
+    blocks = causal_block_mask(rng, mb)
+    indptr, indices = bsr_of(blocks[None])
+    q = torch.randn(m, 4, 64, dtype=torch.float16, device="cuda")
+    pages = torch.randn(mb, 2, r, 2, 64, dtype=torch.float16, device="cuda")
+    out, lse = BlockSparseAttention(att).run(q, pages, BlockSparseView(indptr[0], indices[0], r, m, m), sm_scale=0.125)
+    k = pages[:, 0].reshape(mb * r, 2, 64)[:m].float().cpu().numpy()
+    v = pages[:, 1].reshape(mb * r, 2, 64)[:m].float().cpu().numpy()
+    mask = np.kron(blocks, np.ones((r, r), bool))[:m, :m] & np.tri(m, dtype=bool)
+    ref, _ = dense_reference(q.float().cpu().numpy(), k, v, mask, 0.125)
+    assert np.abs(out.float().cpu().numpy() - ref).max() < 4e-3

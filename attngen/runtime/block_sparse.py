@@ -14,7 +14,10 @@ gcd(its key-block sizes but the last), so every block is a run of whole pages (t
 partway); a cache already paged that way is only sliced per head.
 
 Each call numbers its keys, block rows and heads from 0, so variants whose hooks read a position or a
-head index are refused.
+head index are refused; except a causal mask and nothing else positional (FlashInfer's block-sparse
+``causal``): with square blocks on the diagonal (block row i as large as key block i) and every row that
+reads a block reading its diagonal block last, a request's last query row meets its last key as the causal
+mask wants and every earlier block is seen whole; blocks after the diagonal are dropped (``causal_blocks``).
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ from attngen.ir.hook_spec import HEADS
 
 from .checks import AttentionArgumentError, as_numpy, dtype_name
 from .module import empty_like, int32_like
-from .views import BlockSparseView, PagedKV, bsr_page_table, check_bsr, hook_readers, require_position_free
+from .views import (BlockSparseView, PagedKV, bsr_page_table, causal_blocks, causal_only, check_bsr, hook_readers,
+                    require_position_free)
 
 
 def _host(x, name: str) -> np.ndarray:
@@ -182,11 +186,34 @@ def _head_pages(pages, layout: str, h: int, page_size: int, n_pages: int, n_rows
     return one.reshape(shape)
 
 
+def _causal_shared(view: BlockSparseView, pages, layout: str) -> BlockSparseView:
+    """A shared-layout view under a causal mask (views.causal_blocks): R x C blocks, C the pages' rows."""
+    c = int(pages.shape[2] if layout == "NHD" else pages.shape[3])
+    mb, nb = -(-view.num_q_rows // view.block_rows), -(-view.num_kv_rows // c)
+    row_sz = np.minimum(view.block_rows, view.num_q_rows - np.arange(mb) * view.block_rows)
+    col_sz = np.minimum(c, view.num_kv_rows - np.arange(nb) * c)
+    n_indptr = len(as_numpy(view.indptr, "indptr"))
+    if n_indptr != mb + 1:
+        raise AttentionArgumentError(f"indptr: has {n_indptr} entries, expected ceil(M/R) + 1 = {mb + 1}")
+    indptr, indices = causal_blocks(*check_bsr(view.indptr, view.indices, nb), row_sz, col_sz)
+    return BlockSparseView(indptr, indices, view.block_rows, view.num_q_rows, view.num_kv_rows)
+
+
+def _causal_headwise(view):
+    """A headwise view under a causal mask: each head's layout through views.causal_blocks."""
+    pairs = [causal_blocks(view.indptr[h], view.indices[h], view.block_row_sz[h], view.block_col_sz[h], f"[{h}]")
+             for h in range(view.num_kv_heads)]
+    return HeadwiseBlockSparseView([p[0] for p in pairs], [p[1] for p in pairs], view.block_row_sz,
+                                   view.block_col_sz)
+
+
 class BlockSparseAttention:
     """Block-sparse views run through a backend's (``CPUAttention`` / ``CUDAAttention``) paged prefill."""
 
     def __init__(self, backend):
-        require_position_free(backend.variant, "block-sparse rows")
+        self.causal = causal_only(backend.variant)
+        if not self.causal:
+            require_position_free(backend.variant, "block-sparse rows")
         self.backend = backend
         self.variant = backend.variant
 
@@ -197,6 +224,8 @@ class BlockSparseAttention:
         k, v [N, Hkv, D] as one page: ``stack((k, v), 1)[None]``).
         Returns (out [M, Hq, D], lse [M, Hq] base 2); rows that read no block get O = 0, lse = -inf."""
         if isinstance(view, BlockSparseView):
+            if self.causal:
+                view = _causal_shared(view, pages, layout)
             qo_indptr, kv = view.as_paged(pages, layout)
             return self.backend.prefill(q, kv, qo_indptr, sm_scale=sm_scale, params=params, out=out, lse=lse)
         if not isinstance(view, HeadwiseBlockSparseView):
@@ -208,6 +237,8 @@ class BlockSparseAttention:
                 f"variant '{self.variant.name}': {', '.join(readers)}; a headwise view runs one call per KV head "
                 "that numbers heads from 0, so run head-dependent variants on a shared-layout BlockSparseView")
         n_kv, s = self._check(q, pages, view, layout)
+        if self.causal:
+            view = _causal_headwise(view)
         m, group = view.num_q_rows, int(q.shape[1]) // n_kv
         out, lse = self.backend.outputs(q, m, out, lse)
         if m == 0:

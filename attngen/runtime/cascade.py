@@ -36,13 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from attngen.ir import StateAlgebra
-from attngen.ir.hook_spec import POSITIONS
-from attngen.ir.mask_class import MaskKind
 
 from .checks import AttentionArgumentError, as_numpy
 from .module import int32_like
 from .state import merge_state, merge_states, merge_states_sum
-from .views import PagedKV, hook_readers, paged_lengths, require_position_free
+from .views import PagedKV, causal_only, paged_lengths, require_position_free
 
 
 @dataclass(frozen=True)
@@ -139,12 +137,6 @@ def _split_level(lvl: CascadeLevel, qo: np.ndarray, max_chunks: int, chunk_keys:
     chunks = PagedKV(kv.pages, int32_like(kv.indptr, bounds), kv.indices, int32_like(kv.indptr, last_lens),
                      kv.layout)
     return chunks, int32_like(kv.indptr, np.arange(k + 1) * rows), k
-
-
-def causal_only(variant) -> bool:
-    """Whether ``variant`` reads positions in its mask alone, and the mask is exactly ``kv_pos <= qo_pos``."""
-    others = [r for r in hook_readers(variant, POSITIONS) if not r.startswith("logits_mask ")]
-    return "logits_mask" in variant.hooks and variant.analysis.mask.kind == MaskKind.CAUSAL and not others
 
 
 class CascadeAttention:

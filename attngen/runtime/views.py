@@ -78,6 +78,39 @@ def hook_readers(variant, indices: tuple[str, ...]) -> list[str]:
             if idx in indices]
 
 
+def causal_only(variant) -> bool:
+    """Whether ``variant`` reads positions in its mask alone, and the mask is exactly ``kv_pos <= qo_pos``: views
+    that renumber keys serve it where they keep its relative order (cascade levels, diagonal blocks)."""
+    from attngen.ir.mask_class import MaskKind
+
+    others = [r for r in hook_readers(variant, POSITIONS) if not r.startswith("logits_mask ")]
+    return "logits_mask" in variant.hooks and variant.analysis.mask.kind == MaskKind.CAUSAL and not others
+
+
+def causal_blocks(indptr: np.ndarray, indices: np.ndarray, row_sz: np.ndarray, col_sz: np.ndarray,
+                  where: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """A BSR layout (host int32 indptr [MB+1], indices [nnz]) under a causal mask: the key blocks after each
+    block row's diagonal dropped (nothing there is visible). Block row i must be as large as key block i (square
+    blocks on the diagonal) and, where it reads any block, read block i last: then the paged prefill's alignment
+    (a request's last query row at its last key) is the causal one, and every earlier block is seen whole."""
+    if len(row_sz) != len(col_sz) or np.any(np.asarray(row_sz) != np.asarray(col_sz)):
+        raise AttentionArgumentError(
+            f"view{where}: a causal variant needs square blocks on the diagonal (block row i as large as key block "
+            f"i: R = C and M = N), got {len(row_sz)} block rows of sizes {np.asarray(row_sz)[:4].tolist()}... and "
+            f"{len(col_sz)} key blocks of sizes {np.asarray(col_sz)[:4].tolist()}...")
+    new_ip, new_ix = [0], []
+    for i in range(len(row_sz)):
+        row = indices[indptr[i]:indptr[i + 1]]
+        row = row[row <= i]
+        if len(row) and row[-1] != i:
+            raise AttentionArgumentError(
+                f"indices{where}: block row {i} reads key blocks before its diagonal block but not block {i} itself; "
+                "under a causal mask a row sees its own token: include the diagonal block")
+        new_ix.extend(row.tolist())
+        new_ip.append(len(new_ix))
+    return np.array(new_ip, np.int32), np.array(new_ix, np.int32)
+
+
 def require_position_free(variant, view: str) -> None:
     """Views that renumber keys (cascade levels, block-sparse rows) serve only variants whose hooks
     never read a position."""

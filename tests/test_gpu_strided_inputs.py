@@ -99,3 +99,21 @@ def test_the_entry_functions_refuse_unpacked_heads_themselves(build_cache):
     lse = torch.empty(4, HQ, device="cuda")
     with pytest.raises(Exception, match="a token's heads must be packed"):
         fn(q, k, k.clone(), indptr, indptr, out, lse, 1.0, *plan.ffi_args())
+
+
+def test_single_prefill_and_decode_read_a_fused_projection(build_cache):
+    """runtime/single.py on the GPU: one request's q, k, v as views of a fused projection, through the ragged
+    prefill (a decode as one query row): the batch call's results on contiguous copies."""
+    import torch
+
+    from attngen.runtime import RaggedKV, single_decode, single_prefill
+
+    att = cuda_module("causal", build_cache, head_dims=(D,), dtypes=("float16",), kernels=("prefill",))
+    q, k, v = fused_qkv(333, seed=3)
+    out, lse = single_prefill(att, q, k, v, return_lse=True)
+    indptr = torch.tensor([0, 333], dtype=torch.int32, device="cuda")
+    ref_o, ref_l = att.prefill(q.contiguous(), RaggedKV(k.contiguous(), v.contiguous(), indptr), indptr)
+    one = single_decode(att, q[-1], k, v)
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref_o) and torch.equal(lse, ref_l)
+    assert one.shape == (HQ, D) and torch.allclose(one.float(), ref_o[-1].float(), atol=2e-3)

@@ -111,6 +111,19 @@ def test_edge_cases_of_the_page_table(rng):
                         np.array([0, 1], np.int32))
 
 
+def test_the_library_and_layout_are_checked_before_writing(rng):
+    import torch
+
+    kv, _ = grown_view(rng, [1], [1])
+    fp8 = PagedKV(quantize_kv(torch.from_numpy(kv.pages.reshape(-1, H, D)), "float8_e4m3fn").reshape(kv.pages.shape),
+                  kv.indptr, kv.indices, kv.last_page_len)
+    rows = np.zeros((1, H, D), np.float32)
+    with pytest.raises(AttentionArgumentError, match="torch tensors for torch pages"):
+        append_paged_kv(fp8, rows, rows, np.array([0, 1], np.int32), k_scale=1.0, v_scale=1.0)
+    with pytest.raises(AttentionArgumentError, match="kv.layout: 'nhd' is not 'NHD' or 'HND'"):
+        append_slots(PagedKV(kv.pages, kv.indptr, kv.indices, kv.last_page_len, "nhd"), np.array([0, 1], np.int32))
+
+
 @pytest.mark.gpu
 def test_an_append_on_the_gpu_writes_what_the_host_append_writes(rng):
     import torch

@@ -286,3 +286,11 @@ def test_causal_bsr_refuses_layouts_it_cannot_align(causal_bsa):
     pages = np.zeros((2, 2, 4, 1, D), np.float32)
     with pytest.raises(AttentionArgumentError, match="block row 1 reads key blocks before its diagonal block"):
         causal_bsa.run(q, pages, BlockSparseView(np.array([0, 1, 2], np.int32), np.array([0, 0], np.int32), 4, 8, 8))
+
+
+def test_causal_blocks_name_the_first_block_that_is_not_square():
+    from attngen.runtime.views import causal_blocks
+
+    ip, ix = np.arange(7, dtype=np.int32), np.arange(6, dtype=np.int32)
+    with pytest.raises(AttentionArgumentError, match="block row 4 of 2 rows and key block 4 of 1"):
+        causal_blocks(ip, ix, [1, 1, 1, 1, 2, 1], [1, 1, 1, 1, 1, 2])

@@ -23,6 +23,8 @@ def append_slots(kv: PagedKV, append_indptr) -> np.ndarray:
     host: device arrays are copied back)."""
     if not isinstance(kv, PagedKV):
         raise AttentionArgumentError(f"kv: expected a PagedKV, got {type(kv).__name__}")
+    if kv.layout not in ("NHD", "HND"):
+        raise AttentionArgumentError(f"kv.layout: {kv.layout!r} is not 'NHD' or 'HND'")
     indptr = check_indptr(kv.indptr, "kv.indptr", None).astype(np.int64)
     batch = len(indptr) - 1
     new = np.diff(check_indptr(append_indptr, "append_indptr", None, batch).astype(np.int64))
@@ -61,6 +63,10 @@ def append_paged_kv(kv: PagedKV, k, v, append_indptr, *, k_scale=None, v_scale=N
     ``append_slots`` gives. A 16-bit (or float32) cache takes rows of its own dtype; an fp8 cache quantises
     them with ``k_scale`` / ``v_scale`` (a float or one per KV head), as ``fp8.append_paged_kv_fp8``."""
     slots = append_slots(kv, append_indptr)
+    pages = kv.pages
+    if hasattr(pages, "detach") != hasattr(k, "detach") or hasattr(pages, "detach") != hasattr(v, "detach"):
+        raise AttentionArgumentError("k, v: must be tensors of the pages' library (torch tensors for torch pages, "
+                                     "NumPy arrays for NumPy pages)")
     if is_fp8(kv.kv_dtype):
         append_paged_kv_fp8(kv.pages, k, v, slots, k_scale=k_scale, v_scale=v_scale, layout=kv.layout)
         return
@@ -73,10 +79,6 @@ def append_paged_kv(kv: PagedKV, k, v, append_indptr, *, k_scale=None, v_scale=N
             raise AttentionArgumentError(f"{name}: shape {tuple(x.shape)}, expected [{len(slots)}, {heads}, {d}] "
                                          "(the appended rows, the cache's heads and head_dim)")
     page, place = slots // kv.page_size, slots % kv.page_size
-    pages = kv.pages
-    if hasattr(pages, "detach") != hasattr(k, "detach") or hasattr(pages, "detach") != hasattr(v, "detach"):
-        raise AttentionArgumentError("k, v: must be tensors of the pages' library (torch tensors for torch pages, "
-                                     "NumPy arrays for NumPy pages)")
     if hasattr(pages, "detach"):
         import torch
 

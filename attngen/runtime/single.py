@@ -23,7 +23,10 @@ def single_prefill(att, q, k, v, *, sm_scale: float | None = None, params: dict 
         if len(getattr(x, "shape", ())) != 3:
             raise AttentionArgumentError(f"{name}: expected [len, heads, head_dim], got shape "
                                          f"{tuple(getattr(x, 'shape', ()))}")
-    ref = k if hasattr(k, "detach") else q
+    ref = q if hasattr(q, "detach") else k  # (the index arrays where the backend looks for them: q's device)
+    for name, x in (("k", k), ("v", v)):
+        if hasattr(ref, "detach") and hasattr(x, "device") and str(x.device) != str(ref.device):
+            raise AttentionArgumentError(f"{name}: on {x.device}, q on {ref.device}; pass all three on one device")
     kv = RaggedKV(k, v, int32_like(ref, np.array([0, int(k.shape[0])])))
     qo_indptr = int32_like(ref, np.array([0, int(q.shape[0])]))
     scales = {} if k_scale is None and v_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
@@ -34,7 +37,8 @@ def single_prefill(att, q, k, v, *, sm_scale: float | None = None, params: dict 
 def single_decode(att, q, k, v, *, sm_scale: float | None = None, params: dict | None = None,
                   return_lse: bool = False, k_scale=None, v_scale=None):
     """q [Hq, D], the request's next token, over k / v [kv_len, Hkv, D] (it sits at position kv_len - 1).
-    Returns out [Hq, D], with lse [Hq] when ``return_lse``."""
+    Returns out [Hq, D], with lse [Hq] when ``return_lse``. (A one-row prefill: its keys are not split over
+    CTAs for masked variants, so a long context decodes faster from a paged cache through ``att.decode``.)"""
     if len(getattr(q, "shape", ())) != 2:
         raise AttentionArgumentError(f"q: expected [num_qo_heads, head_dim], got shape "
                                      f"{tuple(getattr(q, 'shape', ()))}")

@@ -93,19 +93,26 @@ def causal_blocks(indptr: np.ndarray, indices: np.ndarray, row_sz: np.ndarray, c
     block row's diagonal dropped (nothing there is visible). Block row i must be as large as key block i (square
     blocks on the diagonal) and, where it reads any block, read block i last: then the paged prefill's alignment
     (a request's last query row at its last key) is the causal one, and every earlier block is seen whole."""
-    if len(row_sz) != len(col_sz) or np.any(np.asarray(row_sz) != np.asarray(col_sz)):
+    rows, cols = np.asarray(row_sz), np.asarray(col_sz)
+    if len(rows) != len(cols):
         raise AttentionArgumentError(
             f"view{where}: a causal variant needs square blocks on the diagonal (block row i as large as key block "
-            f"i: R = C and M = N), got {len(row_sz)} block rows of sizes {np.asarray(row_sz)[:4].tolist()}... and "
-            f"{len(col_sz)} key blocks of sizes {np.asarray(col_sz)[:4].tolist()}...")
+            f"i; a shared view: R = C and M = N), got {len(rows)} block rows and {len(cols)} key blocks")
+    if np.any(rows != cols):
+        i = int(np.argmax(rows != cols))
+        raise AttentionArgumentError(
+            f"view{where}: a causal variant needs square blocks on the diagonal (block row i as large as key block "
+            f"i; a shared view: R = C and M = N), got block row {i} of {int(rows[i])} rows and key block {i} of "
+            f"{int(cols[i])}")
     new_ip, new_ix = [0], []
     for i in range(len(row_sz)):
         row = indices[indptr[i]:indptr[i + 1]]
         row = row[row <= i]
         if len(row) and row[-1] != i:
             raise AttentionArgumentError(
-                f"indices{where}: block row {i} reads key blocks before its diagonal block but not block {i} itself; "
-                "under a causal mask a row sees its own token: include the diagonal block")
+                f"indices{where}: block row {i} reads key blocks before its diagonal block but not block {i} itself, "
+                "which a causal variant cannot serve aligned (its rows would see those blocks whole): include the "
+                "diagonal block, or run the row on a variant without the mask")
         new_ix.extend(row.tolist())
         new_ip.append(len(new_ix))
     return np.array(new_ip, np.int32), np.array(new_ix, np.int32)

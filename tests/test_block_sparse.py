@@ -235,11 +235,12 @@ def causal_bsa(build_cache):
 
 
 def causal_block_mask(rng, mb: int) -> np.ndarray:
-    """[MB, MB] block mask: random blocks on and below the diagonal, the diagonal in every row that reads any,
-    some rows reading none, and blocks above the diagonal (which a causal mask hides whole)."""
+    """[MB, MB] block mask: random blocks on and below the diagonal, the diagonal in most rows that read any
+    (the others see only earlier blocks, wholly), some rows reading none, and blocks above the diagonal (which a
+    causal mask hides whole)."""
     blocks = rng.random((mb, mb)) < 0.4
     reads = rng.random(mb) < 0.85
-    blocks[np.arange(mb), np.arange(mb)] = reads
+    blocks[np.arange(mb), np.arange(mb)] = reads & (rng.random(mb) < 0.7)
     blocks[~reads] = False
     return blocks
 
@@ -278,14 +279,26 @@ def test_causal_headwise_bsr_with_variable_square_blocks(causal_bsa, seed, m):
     assert_matches(out, lse, *dense_reference(q, k, v, mask, 0.3))
 
 
-def test_causal_bsr_refuses_layouts_it_cannot_align(causal_bsa):
+def test_causal_bsr_refuses_blocks_off_the_diagonal_square(causal_bsa, rng):
     q = np.zeros((8, 2, D), np.float32)
     pages = np.zeros((4, 2, 2, 1, D), np.float32)  # key blocks of 2 rows
     with pytest.raises(AttentionArgumentError, match="square blocks on the diagonal"):
         causal_bsa.run(q, pages, BlockSparseView(np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32), 4, 8, 8))
-    pages = np.zeros((2, 2, 4, 1, D), np.float32)
-    with pytest.raises(AttentionArgumentError, match="block row 1 reads key blocks before its diagonal block"):
-        causal_bsa.run(q, pages, BlockSparseView(np.array([0, 1, 2], np.int32), np.array([0, 0], np.int32), 4, 8, 8))
+
+
+def test_a_row_without_its_diagonal_block_sees_its_earlier_blocks_whole(causal_bsa, rng):
+    """Block row 1 reads only block 0: its rows see all of block 0 (run on the variant without the mask), while
+    row 0 runs causally; the unmasked sibling library is built on first need."""
+    q = rng.standard_normal((8, 2, D)).astype(np.float32)
+    k, v = rng.standard_normal((2, 8, 1, D)).astype(np.float32)
+    out, lse = causal_bsa.run(q, stored_pages(k, v, 4, "NHD"),
+                              BlockSparseView(np.array([0, 1, 2], np.int32), np.array([0, 0], np.int32), 4, 8, 8),
+                              sm_scale=0.3)
+    mask = np.zeros((8, 8), bool)
+    mask[:4, :4] = np.tri(4, dtype=bool)
+    mask[4:, :4] = True
+    assert_matches(out, lse, *dense_reference(q, k, v, mask, 0.3))
+    assert causal_bsa.unmasked().variant.name == "causal_unmasked"
 
 
 def test_causal_blocks_name_the_first_block_that_is_not_square():

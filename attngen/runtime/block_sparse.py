@@ -15,9 +15,11 @@ partway); a cache already paged that way is only sliced per head.
 
 Each call numbers its keys, block rows and heads from 0, so variants whose hooks read a position or a
 head index are refused; except a causal mask and nothing else positional (FlashInfer's block-sparse
-``causal``): with square blocks on the diagonal (block row i as large as key block i) and every row that
-reads a block reading its diagonal block last, a request's last query row meets its last key as the causal
-mask wants and every earlier block is seen whole; blocks after the diagonal are dropped (``causal_blocks``).
+``causal``), with square blocks on the diagonal (block row i as large as key block i): blocks after the
+diagonal are dropped (``causal_blocks``); a row reading its diagonal block runs on the variant (its last query
+row meets its last key as the causal mask wants, every earlier block seen whole), and a row reading only
+blocks before its diagonal, all of whose keys are visible, runs on the variant without its mask (a sibling
+library, ``BuiltModule.sibling``).
 """
 from __future__ import annotations
 
@@ -186,8 +188,9 @@ def _head_pages(pages, layout: str, h: int, page_size: int, n_pages: int, n_rows
     return one.reshape(shape)
 
 
-def _causal_shared(view: BlockSparseView, pages, layout: str) -> BlockSparseView:
-    """A shared-layout view under a causal mask (views.causal_blocks): R x C blocks, C the pages' rows."""
+def _causal_shared(view: BlockSparseView, pages, layout: str):
+    """A shared-layout view under a causal mask (views.causal_blocks; R x C blocks, C the pages' rows): its
+    aligned view, its wholly visible view, and the query rows [M] bool of the second."""
     c = int(pages.shape[2] if layout == "NHD" else pages.shape[3])
     mb, nb = -(-view.num_q_rows // view.block_rows), -(-view.num_kv_rows // c)
     row_sz = np.minimum(view.block_rows, view.num_q_rows - np.arange(mb) * view.block_rows)
@@ -195,27 +198,53 @@ def _causal_shared(view: BlockSparseView, pages, layout: str) -> BlockSparseView
     n_indptr = len(as_numpy(view.indptr, "indptr"))
     if n_indptr != mb + 1:
         raise AttentionArgumentError(f"indptr: has {n_indptr} entries, expected ceil(M/R) + 1 = {mb + 1}")
-    indptr, indices = causal_blocks(*check_bsr(view.indptr, view.indices, nb), row_sz, col_sz)
-    return BlockSparseView(indptr, indices, view.block_rows, view.num_q_rows, view.num_kv_rows)
+    aligned, whole, whole_rows = causal_blocks(*check_bsr(view.indptr, view.indices, nb), row_sz, col_sz)
+    views = [BlockSparseView(*bsr, view.block_rows, view.num_q_rows, view.num_kv_rows) for bsr in (aligned, whole)]
+    return views[0], views[1], np.repeat(whole_rows, row_sz)
 
 
 def _causal_headwise(view):
-    """A headwise view under a causal mask: each head's layout through views.causal_blocks."""
-    pairs = [causal_blocks(view.indptr[h], view.indices[h], view.block_row_sz[h], view.block_col_sz[h], f"[{h}]")
+    """A headwise view under a causal mask (views.causal_blocks per head): its aligned view, its wholly visible
+    view, and the query rows [Hkv, M] bool of the second."""
+    parts = [causal_blocks(view.indptr[h], view.indices[h], view.block_row_sz[h], view.block_col_sz[h], f"[{h}]")
              for h in range(view.num_kv_heads)]
-    return HeadwiseBlockSparseView([p[0] for p in pairs], [p[1] for p in pairs], view.block_row_sz,
-                                   view.block_col_sz)
+    views = [HeadwiseBlockSparseView([p[k][0] for p in parts], [p[k][1] for p in parts], view.block_row_sz,
+                                     view.block_col_sz) for k in (0, 1)]
+    rows = np.stack([np.repeat(p[2], view.block_row_sz[h]) for h, p in enumerate(parts)])
+    return views[0], views[1], rows
+
+
+def _take_rows(out, lse, o_w, lse_w, rows: np.ndarray, heads: slice) -> None:
+    """out / lse [M, Hq, ...] take the query rows ``rows`` [M] bool of query heads ``heads`` from o_w / lse_w."""
+    if not rows.any():
+        return
+    if hasattr(out, "detach"):
+        import torch
+
+        rows = torch.as_tensor(rows, device=out.device)
+    out[:, heads][rows] = o_w[:, heads][rows]
+    lse[:, heads][rows] = lse_w[:, heads][rows]
 
 
 class BlockSparseAttention:
     """Block-sparse views run through a backend's (``CPUAttention`` / ``CUDAAttention``) paged prefill."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, unmasked=None):
+        """``unmasked``: for a causal variant, a library of ``backend.variant.without_mask()`` serving the rows
+        that read blocks before their diagonal but not it (built with the backend's configuration on first need
+        when not given)."""
         self.causal = causal_only(backend.variant)
         if not self.causal:
             require_position_free(backend.variant, "block-sparse rows")
         self.backend = backend
         self.variant = backend.variant
+        self._unmasked = unmasked
+
+    def unmasked(self):
+        """The library of the variant without its mask (causal variants; built on first use)."""
+        if self._unmasked is None:
+            self._unmasked = self.backend.sibling(self.variant.without_mask())
+        return self._unmasked
 
     def run(self, q, pages, view: BlockSparseView | HeadwiseBlockSparseView, *, layout: str = "NHD",
             sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):
@@ -224,10 +253,14 @@ class BlockSparseAttention:
         k, v [N, Hkv, D] as one page: ``stack((k, v), 1)[None]``).
         Returns (out [M, Hq, D], lse [M, Hq] base 2); rows that read no block get O = 0, lse = -inf."""
         if isinstance(view, BlockSparseView):
-            if self.causal:
-                view = _causal_shared(view, pages, layout)
-            qo_indptr, kv = view.as_paged(pages, layout)
-            return self.backend.prefill(q, kv, qo_indptr, sm_scale=sm_scale, params=params, out=out, lse=lse)
+            if not self.causal:
+                return self._run_shared(self.backend, q, pages, view, layout, sm_scale, params, out, lse)
+            aligned, whole, whole_rows = _causal_shared(view, pages, layout)
+            out, lse = self._run_shared(self.backend, q, pages, aligned, layout, sm_scale, params, out, lse)
+            if whole_rows.any():
+                o_w, lse_w = self._run_shared(self.unmasked(), q, pages, whole, layout, sm_scale, params, None, None)
+                _take_rows(out, lse, o_w, lse_w, whole_rows, slice(None))
+            return out, lse
         if not isinstance(view, HeadwiseBlockSparseView):
             raise AttentionArgumentError(f"view: expected a BlockSparseView or HeadwiseBlockSparseView, got "
                                          f"{type(view).__name__}")
@@ -237,17 +270,35 @@ class BlockSparseAttention:
                 f"variant '{self.variant.name}': {', '.join(readers)}; a headwise view runs one call per KV head "
                 "that numbers heads from 0, so run head-dependent variants on a shared-layout BlockSparseView")
         n_kv, s = self._check(q, pages, view, layout)
-        if self.causal:
-            view = _causal_headwise(view)
+        if not self.causal:
+            return self._run_headwise(self.backend, q, pages, view, layout, s, sm_scale, params, out, lse)
+        aligned, whole, whole_rows = _causal_headwise(view)
+        out, lse = self._run_headwise(self.backend, q, pages, aligned, layout, s, sm_scale, params, out, lse)
+        if whole_rows.any():
+            o_w, lse_w = self._run_headwise(self.unmasked(), q, pages, whole, layout, s, sm_scale, params, None, None)
+            group = int(q.shape[1]) // n_kv
+            for h in range(n_kv):
+                _take_rows(out, lse, o_w, lse_w, whole_rows[h], slice(h * group, (h + 1) * group))
+        return out, lse
+
+    @staticmethod
+    def _run_shared(backend, q, pages, view: BlockSparseView, layout: str, sm_scale, params, out, lse):
+        qo_indptr, kv = view.as_paged(pages, layout)
+        return backend.prefill(q, kv, qo_indptr, sm_scale=sm_scale, params=params, out=out, lse=lse)
+
+    def _run_headwise(self, backend, q, pages, view: HeadwiseBlockSparseView, layout: str, s: int, sm_scale, params,
+                      out, lse):
+        """One paged prefill of ``backend`` per KV head (its query group and its keys), scattered into out / lse."""
+        n_kv = view.num_kv_heads
         m, group = view.num_q_rows, int(q.shape[1]) // n_kv
-        out, lse = self.backend.outputs(q, m, out, lse)
+        out, lse = backend.outputs(q, m, out, lse)
         if m == 0:
             return out, lse
         for h in range(n_kv):
             qo_indptr = np.concatenate([[0], np.cumsum(view.block_row_sz[h])])
             heads = slice(h * group, (h + 1) * group)
-            o_h, lse_h = self.backend.prefill(_contiguous(q[:, heads]), self._head_kv(pages, layout, view, h, s),
-                                              int32_like(q, qo_indptr), sm_scale=sm_scale, params=params)
+            o_h, lse_h = backend.prefill(_contiguous(q[:, heads]), self._head_kv(pages, layout, view, h, s),
+                                         int32_like(q, qo_indptr), sm_scale=sm_scale, params=params)
             out[:, heads] = o_h
             lse[:, heads] = lse_h
         return out, lse

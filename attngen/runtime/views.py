@@ -88,11 +88,15 @@ def causal_only(variant) -> bool:
 
 
 def causal_blocks(indptr: np.ndarray, indices: np.ndarray, row_sz: np.ndarray, col_sz: np.ndarray,
-                  where: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """A BSR layout (host int32 indptr [MB+1], indices [nnz]) under a causal mask: the key blocks after each
-    block row's diagonal dropped (nothing there is visible). Block row i must be as large as key block i (square
-    blocks on the diagonal) and, where it reads any block, read block i last: then the paged prefill's alignment
-    (a request's last query row at its last key) is the causal one, and every earlier block is seen whole."""
+                  where: str = "") -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """A BSR layout (host int32 indptr [MB+1], indices [nnz]) under a causal mask, with the key blocks after each
+    block row's diagonal dropped (nothing there is visible), split in two layouts over the same block rows:
+    ``aligned``, the rows that read their diagonal block (last) or nothing, which the causal variant serves (the
+    paged prefill's alignment, a request's last query row at its last key, is then the causal one, and every
+    earlier block is seen whole); ``whole``, the rows that read blocks before their diagonal but not it, every
+    key of which is visible (a variant without the mask serves them). Each layout leaves the other's rows
+    empty; ``whole_rows`` [MB] bool marks the second kind. Block row i must be as large as key block i (square
+    blocks on the diagonal)."""
     rows, cols = np.asarray(row_sz), np.asarray(col_sz)
     if len(rows) != len(cols):
         raise AttentionArgumentError(
@@ -104,18 +108,19 @@ def causal_blocks(indptr: np.ndarray, indices: np.ndarray, row_sz: np.ndarray, c
             f"view{where}: a causal variant needs square blocks on the diagonal (block row i as large as key block "
             f"i; a shared view: R = C and M = N), got block row {i} of {int(rows[i])} rows and key block {i} of "
             f"{int(cols[i])}")
-    new_ip, new_ix = [0], []
-    for i in range(len(row_sz)):
+    layouts = ([0], []), ([0], [])  # (indptr, indices) of the aligned rows, of the wholly visible rows
+    whole_rows = np.zeros(len(rows), bool)
+    for i in range(len(rows)):
         row = indices[indptr[i]:indptr[i + 1]]
         row = row[row <= i]
-        if len(row) and row[-1] != i:
-            raise AttentionArgumentError(
-                f"indices{where}: block row {i} reads key blocks before its diagonal block but not block {i} itself, "
-                "which a causal variant cannot serve aligned (its rows would see those blocks whole): include the "
-                "diagonal block, or run the row on a variant without the mask")
-        new_ix.extend(row.tolist())
-        new_ip.append(len(new_ix))
-    return np.array(new_ip, np.int32), np.array(new_ix, np.int32)
+        whole_rows[i] = len(row) > 0 and row[-1] != i
+        for kind, (ip, ix) in enumerate(layouts):
+            if kind == int(whole_rows[i]):
+                ix.extend(row.tolist())
+            ip.append(len(ix))
+    (ip_a, ix_a), (ip_w, ix_w) = layouts
+    return ((np.array(ip_a, np.int32), np.array(ix_a, np.int32)), (np.array(ip_w, np.int32), np.array(ix_w, np.int32)),
+            whole_rows)
 
 
 def require_position_free(variant, view: str) -> None:

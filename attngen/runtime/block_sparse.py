@@ -30,7 +30,7 @@ import numpy as np
 from attngen.ir.hook_spec import HEADS
 
 from .checks import AttentionArgumentError, as_numpy, dtype_name
-from .module import empty_like, int32_like
+from .module import contiguous, empty_like, int32_like
 from .views import (BlockSparseView, PagedKV, bsr_page_table, causal_blocks, causal_only, check_bsr, hook_readers,
                     require_position_free)
 
@@ -164,10 +164,6 @@ class HeadwiseBlockSparseView:
         return stored_page_size if whole % stored_page_size == 0 else whole
 
 
-def _contiguous(x):
-    return x.contiguous() if hasattr(x, "detach") else np.ascontiguousarray(x)
-
-
 def _head_pages(pages, layout: str, h: int, page_size: int, n_pages: int, n_rows: int):
     """Head h's keys and values as a contiguous one-head cache of ``n_pages`` pages of ``page_size`` rows:
     [n_pages, 2, page_size, 1, D] (NHD) or [n_pages, 2, 1, page_size, D] (HND).
@@ -177,13 +173,13 @@ def _head_pages(pages, layout: str, h: int, page_size: int, n_pages: int, n_rows
     kv = pages[:, :, :, h] if layout == "NHD" else pages[:, :, h]  # [num_pages, 2, S, D]
     d = int(kv.shape[3])
     if int(kv.shape[2]) == page_size:
-        one = _contiguous(kv[:n_pages])
+        one = contiguous(kv[:n_pages])
     else:
         rows = kv.swapaxes(0, 1).reshape(2, -1, d)[:, :n_rows]  # [2, n_rows, D]
         buf = empty_like(pages, (2, n_pages * page_size, d), dtype_name(pages))
         buf[:, :n_rows] = rows
         buf[:, n_rows:] = 0  # past last_page_len: never used, but no stray NaN from fresh memory
-        one = _contiguous(buf.reshape(2, n_pages, page_size, d).swapaxes(0, 1))
+        one = contiguous(buf.reshape(2, n_pages, page_size, d).swapaxes(0, 1))
     shape = (n_pages, 2, page_size, 1, d) if layout == "NHD" else (n_pages, 2, 1, page_size, d)
     return one.reshape(shape)
 
@@ -297,7 +293,7 @@ class BlockSparseAttention:
         for h in range(n_kv):
             qo_indptr = np.concatenate([[0], np.cumsum(view.block_row_sz[h])])
             heads = slice(h * group, (h + 1) * group)
-            o_h, lse_h = backend.prefill(_contiguous(q[:, heads]), self._head_kv(pages, layout, view, h, s),
+            o_h, lse_h = backend.prefill(contiguous(q[:, heads]), self._head_kv(pages, layout, view, h, s),
                                          int32_like(q, qo_indptr), sm_scale=sm_scale, params=params)
             out[:, heads] = o_h
             lse[:, heads] = lse_h

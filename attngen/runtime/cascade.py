@@ -38,7 +38,7 @@ import numpy as np
 from attngen.ir import StateAlgebra
 
 from .checks import AttentionArgumentError, as_numpy
-from .module import int32_like
+from .module import contiguous, int32_like
 from .state import merge_state, merge_states, merge_states_sum
 from .views import PagedKV, causal_only, paged_lengths, require_position_free
 
@@ -267,7 +267,7 @@ class CascadeAttention:
             if lvl.chunks > 1:  # [k * R, H, D] chunk states of the same rows -> one state per row
                 o, s = _rows_by_chunk(o, lvl.chunks), _rows_by_chunk(s, lvl.chunks)
                 if self.variant.state == StateAlgebra.SUM:  # sum states carry no lse: keep one per row
-                    o, s = merge_states_sum(o), _contiguous(s[:, 0])
+                    o, s = merge_states_sum(o), contiguous(s[:, 0])
                 else:
                     o, s = merge_states(o, s)
             states.append((o, s))
@@ -295,16 +295,12 @@ def _repeat_rows(q, k: int):
     return np.ascontiguousarray(np.tile(q, (k, 1, 1)))
 
 
-def _contiguous(x):
-    return x.contiguous() if hasattr(x, "detach") else np.ascontiguousarray(x)
-
-
 def _rows_by_chunk(x, k: int):
     """[k * R, ...] chunk-major -> [R, k, ...] contiguous (the layout merge_states reads)."""
     shape = (k, x.shape[0] // k) + tuple(x.shape[1:])
     if hasattr(x, "detach"):
         return x.reshape(shape).transpose(0, 1).contiguous()
-    return _contiguous(np.swapaxes(x.reshape(shape), 0, 1))
+    return contiguous(np.swapaxes(x.reshape(shape), 0, 1))
 
 
 def _stack_like(ref):

@@ -20,7 +20,7 @@ from attngen.schedules.dtypes import is_fp8
 from .checks import (AttentionArgumentError, check_indptr, check_paged, check_qkv_heads, check_ragged,
                      check_tensor, dtype_name)
 from .fp8 import kv_bits, kv_scales, scale_args
-from .module import BuiltModule, empty_like, resolve_sm_scale
+from .module import BuiltModule, contiguous, empty_like, resolve_sm_scale
 from .params import resolve_params
 from .views import PagedKV, RaggedKV, longest_kv
 
@@ -37,14 +37,7 @@ def _nonempty(x):
 def _kernel_kv(x):
     """K/V as the kernels take them: the bits of an fp8 tensor (``fp8.kv_bits``), any other as it is (copied
     contiguous where it is a strided view)."""
-    return kv_bits(_packed(x)) if is_fp8(dtype_name(x)) else _packed(x)
-
-
-def _packed(x):
-    """x, or a contiguous copy of a strided view (the CPU kernels read packed arrays)."""
-    if hasattr(x, "is_contiguous"):
-        return x if x.is_contiguous() else x.contiguous()
-    return x if x.flags["C_CONTIGUOUS"] else np.ascontiguousarray(x)
+    return kv_bits(contiguous(x)) if is_fp8(dtype_name(x)) else contiguous(x)
 
 
 class CPUAttention(BuiltModule):
@@ -95,7 +88,7 @@ class CPUAttention(BuiltModule):
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:  # nothing to attend; zero-size index arrays cannot cross the FFI boundary
             return out, lse
-        fn(_nonempty(_packed(q)), qo_indptr, *kv_args, _nonempty(out), _nonempty(lse), *scales, scale, *extras)
+        fn(_nonempty(contiguous(q)), qo_indptr, *kv_args, _nonempty(out), _nonempty(lse), *scales, scale, *extras)
         return out, lse
 
     def decode(self, q, kv: PagedKV, *, sm_scale: float | None = None, params: dict | None = None,
@@ -118,6 +111,6 @@ class CPUAttention(BuiltModule):
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:
             return out, lse
-        fn(_packed(q), _nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len, out, lse,
+        fn(contiguous(q), _nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len, out, lse,
            *scales, scale, *extras)
         return out, lse

@@ -27,6 +27,11 @@ def empty_like(ref, shape, dtype: str):
     return np.empty(shape, dtype=dtype)
 
 
+def contiguous(x):
+    """x, or a contiguous copy of it (torch or NumPy): for callers that read packed arrays."""
+    return x.contiguous() if hasattr(x, "detach") else np.ascontiguousarray(x)
+
+
 def _as_tuple(value):
     """A manifest's JSON lists as the tuples BuildConfig holds (nested: tvm_constants' pairs)."""
     return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value

@@ -237,10 +237,9 @@ class BlockSparseAttention:
         self._unmasked = unmasked
 
     def unmasked(self):
-        """The library of the variant without its mask (causal variants; built on first use)."""
-        if self._unmasked is None:
-            self._unmasked = self.backend.sibling(self.variant.without_mask())
-        return self._unmasked
+        """The library of the variant without its mask (causal variants): the one given, else the
+        backend's own (``BuiltModule.without_mask``, shared by every view of the backend)."""
+        return self._unmasked if self._unmasked is not None else self.backend.without_mask()
 
     def run(self, q, pages, view: BlockSparseView | HeadwiseBlockSparseView, *, layout: str = "NHD",
             sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):

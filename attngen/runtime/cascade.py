@@ -155,10 +155,9 @@ class CascadeAttention:
         self._unmasked = unmasked
 
     def unmasked(self):
-        """The library that runs a causal variant's earlier levels (built on first use)."""
-        if self._unmasked is None:
-            self._unmasked = self.backend.sibling(self.variant.without_mask())
-        return self._unmasked
+        """The library that runs a causal variant's earlier levels: the one given, else the
+        backend's own (``BuiltModule.without_mask``, shared by every view of the backend)."""
+        return self._unmasked if self._unmasked is not None else self.backend.without_mask()
 
     def plan(self, levels: list[CascadeLevel], total_q: int, head_dim: int, *,
              max_chunks: int = MAX_CHUNKS, chunk_keys: int = CHUNK_KEYS, mode: str = "auto",

@@ -68,6 +68,7 @@ class BuiltModule:
         self.manifest = manifest
         self.functions = set(manifest["functions"])
         self._mod = tvm_ffi.load_module(str(self.library))
+        self._without_mask = None  # the unmasked sibling, built on first use (without_mask)
 
     def sibling(self, variant) -> "BuiltModule":
         """``variant``'s library built with this library's configuration (its manifest's), into the cache this
@@ -80,6 +81,13 @@ class BuiltModule:
         cache = BuildCache(root) if cached and os.access(root, os.W_OK) else None
         res = build_entry.build(variant, config, cache=cache)
         return type(self)(variant, res.library, res.manifest)
+
+    def without_mask(self) -> "BuiltModule":
+        """The library of this variant without its mask (``Variant.without_mask``), built with this configuration
+        on first use and kept, so that every view showing some keys whole (cascade levels, block rows) shares it."""
+        if self._without_mask is None:
+            self._without_mask = self.sibling(self.variant.without_mask())
+        return self._without_mask
 
     def function(self, kind: str, dtype: str, head_dim: int, kv_dtype: str | None = None):
         """The exported function of ``kind`` for queries of ``dtype`` (and K/V of ``kv_dtype``, None or equal:

@@ -14,7 +14,7 @@ from attngen.schedules.dtypes import is_fp8
 
 from .checks import AttentionArgumentError, as_numpy, check_indptr, check_tensor
 from .fp8 import append_paged_kv_fp8, check_no_scales
-from .views import PagedKV, paged_lengths
+from .views import PagedKV, paged_lengths, write_at_slots
 
 
 def append_slots(kv: PagedKV, append_indptr) -> np.ndarray:
@@ -78,15 +78,7 @@ def append_paged_kv(kv: PagedKV, k, v, append_indptr, *, k_scale=None, v_scale=N
         if tuple(int(n) for n in x.shape) != (len(slots), heads, d):
             raise AttentionArgumentError(f"{name}: shape {tuple(x.shape)}, expected [{len(slots)}, {heads}, {d}] "
                                          "(the appended rows, the cache's heads and head_dim)")
-    page, place = slots // kv.page_size, slots % kv.page_size
-    if hasattr(pages, "detach"):
-        import torch
-
-        page, place = torch.as_tensor(page, device=pages.device), torch.as_tensor(place, device=pages.device)
-        if k.device != pages.device or v.device != pages.device:
-            raise AttentionArgumentError(f"k, v: on {k.device} / {v.device}, the pages on {pages.device}")
+    if hasattr(pages, "detach") and (k.device != pages.device or v.device != pages.device):
+        raise AttentionArgumentError(f"k, v: on {k.device} / {v.device}, the pages on {pages.device}")
     for half, x in enumerate((k, v)):
-        if kv.layout == "NHD":
-            pages[page, half, place] = x
-        else:
-            pages[page, half, :, place] = x
+        write_at_slots(pages, half, x, slots, kv.layout)

@@ -28,6 +28,7 @@ import numpy as np
 from attngen.schedules.dtypes import FP8_DTYPES, is_fp8
 
 from .checks import AttentionArgumentError, as_numpy, check_tensor, dtype_name
+from .views import write_at_slots
 
 Tensor = Any  # numpy.ndarray or torch.Tensor
 
@@ -225,23 +226,12 @@ def append_paged_kv_fp8(pages: Tensor, k: Tensor, v: Tensor, slot_mapping: Tenso
     capacity = int(pages.shape[0]) * int(page_size)
     if len(slots) and (slots.min() < 0 or slots.max() >= capacity):
         raise AttentionArgumentError(f"slot_mapping: slots must be in [0, {capacity}) (num_pages * page_size)")
-    page, place = slots // int(page_size), slots % int(page_size)
     bits = kv_bits(pages)
     for half, (x, scale) in enumerate(((k, k_scale), (v, v_scale))):
         # refuses a missing or bad scale
         kv_scales(scale, ("k_scale", "v_scale")[half], kv_dtype=dtype, num_kv_heads=row_shape[0], like=pages)
         rows = kv_bits(quantize_kv(x, dtype, scale))
-        if _is_torch(pages):
-            import torch
-
-            rows = rows.to(pages.device)
-            p, s = torch.as_tensor(page, device=pages.device), torch.as_tensor(place, device=pages.device)
-        else:
-            p, s = page, place
-        if layout == "NHD":
-            bits[p, half, s] = rows
-        else:
-            bits[p, half, :, s] = rows
+        write_at_slots(bits, half, rows.to(pages.device) if _is_torch(pages) else rows, slots, layout)
 
 
 def scale_args(kv_dtype: str, k_scale, v_scale, to_scales) -> tuple:

@@ -56,6 +56,22 @@ class RaggedKV:
         return dtype_name(self.k)
 
 
+def write_at_slots(pages: Tensor, half: int, rows: Tensor, slots: np.ndarray, layout: str) -> None:
+    """pages [P, 2, S, Hkv, D] (NHD) or [P, 2, Hkv, S, D] (HND), in place: ``rows`` [N, Hkv, D] into half ``half``
+    (0 keys, 1 values) at cache slots ``slots`` [N] (page ``slot // S``, place ``slot % S``; host int64). Torch
+    pages are written where they lie (the slots copied to their device)."""
+    page_size = int(pages.shape[2] if layout == "NHD" else pages.shape[3])
+    page, place = slots // page_size, slots % page_size
+    if hasattr(pages, "detach"):
+        import torch
+
+        page, place = torch.as_tensor(page, device=pages.device), torch.as_tensor(place, device=pages.device)
+    if layout == "NHD":
+        pages[page, half, place] = rows
+    else:
+        pages[page, half, :, place] = rows
+
+
 def longest_kv(kv) -> int:
     """The longest request's KV length of a view whose index arrays are on the host (numpy or CPU torch)."""
     indptr = as_numpy(kv.indptr, "kv.indptr")

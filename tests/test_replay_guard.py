@@ -32,7 +32,7 @@ def test_poisoning_sets_exactly_the_rows_of_requests_past_the_bound(seed):
     out = torch.randn(total, 4, 8)
     lse = torch.randn(total, 4)
     keep_o, keep_l = out.clone(), lse.clone()
-    poison_rows_over_bound(out, lse, qo, total_q=total, max_qo_len=bound)
+    poison_rows_over_bound(out, lse, qo, torch.arange(total, dtype=torch.int32), max_qo_len=bound)
     over = np.repeat(lens > bound, lens)
     assert over.any() and not over.all()
     assert torch.isnan(out[torch.from_numpy(over)]).all() and torch.isnan(lse[torch.from_numpy(over)]).all()
@@ -42,7 +42,8 @@ def test_poisoning_sets_exactly_the_rows_of_requests_past_the_bound(seed):
 
 def test_poisoning_an_empty_batch_changes_nothing():
     out, lse = torch.zeros(0, 2, 8), torch.zeros(0, 2)
-    poison_rows_over_bound(out, lse, torch.zeros(1, dtype=torch.int32), total_q=0, max_qo_len=1)
+    poison_rows_over_bound(out, lse, torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+                           max_qo_len=1)
     assert out.shape == (0, 2, 8)
 
 

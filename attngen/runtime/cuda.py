@@ -547,5 +547,5 @@ class CUDAAttention(BuiltModule):
             self.variant, plan.hook_pass, plan.max_qo_len * group, q, kv, d)
         fn(q, *kv_args, qo_indptr, out, lse, *scales, scale, *plan.ffi_args(tiles, order, workspace), *extras)
         if plan.guards_replays and hasattr(out, "masked_fill_"):  # (a replayed batch may pass the bound)
-            poison_rows_over_bound(out, lse, qo_indptr, total_q=plan.total_q, max_qo_len=plan.max_qo_len)
+            poison_rows_over_bound(out, lse, qo_indptr, plan.replay_rows(qo_indptr.device), max_qo_len=plan.max_qo_len)
         return out, lse

@@ -100,6 +100,17 @@ class PrefillPlan:
     kv_bound: KVBound | None = field(default=None, repr=False, compare=False)
     # whether max_qo_len was given (a plan for CUDA-graph replays of other batches: runtime/replay_guard.py)
     replay_bound: bool = False
+    # the guard's row indices 0 .. total_q - 1 by device (made on the first call: replay_rows)
+    _replay_rows: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def replay_rows(self, device):
+        """int32 [total_q] 0, 1, ... on ``device``, made once (poison_rows_over_bound's row indices)."""
+        key = str(device)
+        if key not in self._replay_rows:
+            import torch
+
+            self._replay_rows[key] = torch.arange(self.total_q, dtype=torch.int32, device=device)
+        return self._replay_rows[key]
 
     @property
     def guards_replays(self) -> bool:

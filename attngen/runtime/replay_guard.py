@@ -41,14 +41,14 @@ def check_replay_batch(qo_indptr, *, batch_size: int, total_q: int, max_qo_len: 
             f"capture a graph with a plan of a larger max_qo_len (up to the {total_q} total rows)")
 
 
-def poison_rows_over_bound(out, lse, qo_indptr, *, total_q: int, max_qo_len: int) -> None:
+def poison_rows_over_bound(out, lse, qo_indptr, rows, *, max_qo_len: int) -> None:
     """out [total_q, Hq, D] and lse [total_q, Hq] (torch, CUDA): NaN in every row of a request of qo_indptr
-    [B+1] (int32, the same device) longer than ``max_qo_len``, by device operations only (capturable)."""
+    [B+1] (int32, the same device) longer than ``max_qo_len``, by device operations only (capturable). rows:
+    int32 [total_q] 0, 1, ... on that device (the plan's, made once: ``PrefillPlan.replay_rows``)."""
     import torch
 
-    if total_q == 0 or qo_indptr.numel() < 2:
+    if rows.numel() == 0 or qo_indptr.numel() < 2:
         return
-    rows = torch.arange(total_q, dtype=torch.int32, device=qo_indptr.device)
     request = torch.searchsorted(qo_indptr, rows, right=True) - 1  # [total_q] each row's request
     too_long = (qo_indptr[1:] - qo_indptr[:-1]) > max_qo_len  # [B]
     over = too_long[request.clamp_(0, too_long.numel() - 1)]  # [total_q]

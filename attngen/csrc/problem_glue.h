@@ -19,12 +19,30 @@ inline void set_page_table(KVRows& kv, const tvm::ffi::TensorView& indptr, const
   kv.last_page_len = static_cast<const int32_t*>(data_of(last_page_len));
 }
 
+// A page pool the kernels read in place (runtime/checks.py pool_layout_error says why not, by name, before any
+// call): rows contiguous, the address and the strides of the other dims (of more than one element) positive
+// multiples of 16 bytes. Whether rows overlap is left to the runtime: overlapping rows read, they do not fault.
+inline void check_pool_strides(const tvm::ffi::TensorView& pages, int elem_bytes) {
+  const int64_t unit = 16 / elem_bytes;
+  if (pages.size(4) > 1 && pages.stride(4) != 1)
+    ATTNGEN_THROW(ValueError) << "pages: rows [head_dim] must be contiguous (stride " << pages.stride(4)
+                              << "): pass pages.contiguous()";
+  if (reinterpret_cast<uintptr_t>(data_of(pages)) % 16 != 0)
+    ATTNGEN_THROW(ValueError) << "pages: must start on a 16-byte aligned address";
+  for (int d = 0; d < 4; ++d)
+    if (pages.size(d) > 1 && (pages.stride(d) <= 0 || pages.stride(d) % unit != 0))
+      ATTNGEN_THROW(ValueError) << "pages: dim " << d << " has stride " << pages.stride(d) << " elements; pages, "
+                                << "halves, slots and heads must lie positive multiples of 16 bytes apart: pass "
+                                << "pages.contiguous()";
+}
+
 // pages [P, 2, S, Hkv, D] (NHD) or [P, 2, Hkv, S, D] (HND) of elem_bits-bit elements (8: an fp8 cache);
 // returns the number of KV heads.
 inline int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, bool hnd, const tvm::ffi::TensorView& indptr,
                          const tvm::ffi::TensorView& indices, const tvm::ffi::TensorView& last_page_len,
                          int elem_bits = 16) {
   check_tensor(pages, "pages", 5, {kDLFloat, static_cast<uint8_t>(elem_bits), 1});
+  check_pool_strides(pages, elem_bits / 8);
   kv.base = data_of(pages);
   set_page_table(kv, indptr, indices, last_page_len);
   kv.stride_page = pages.stride(0);

@@ -38,6 +38,7 @@ import numpy as np
 from attngen.ir import StateAlgebra
 
 from .checks import AttentionArgumentError, as_numpy
+from .kv_pool import same_pool
 from .module import contiguous, int32_like
 from .state import merge_state, merge_states, merge_states_sum
 from .views import PagedKV, causal_only, paged_lengths, require_position_free
@@ -84,7 +85,7 @@ def flatten_levels(levels: list[CascadeLevel], qos: list[np.ndarray], ordered: b
     keys), or a string saying why the levels cannot be concatenated."""
     ref = levels[0].kv
     for i, lvl in enumerate(levels):
-        if lvl.kv.pages is not ref.pages or lvl.kv.layout != ref.layout:
+        if not same_pool(lvl.kv.pages, ref.pages) or lvl.kv.layout != ref.layout:
             return f"levels[{i}].kv: a view of another cache (or layout) than levels[0]"
     lists = [(qo, as_numpy(lvl.kv.indptr, f"levels[{i}].kv.indptr"), as_numpy(lvl.kv.indices, f"levels[{i}].kv.indices"),
               as_numpy(lvl.kv.last_page_len, f"levels[{i}].kv.last_page_len"))

@@ -38,7 +38,8 @@ def check_tensor(x, name: str, ndim: int, dtype: str | None = None, *, strided: 
     """``strided``: None, the tensor must be contiguous; "tokens" (queries [n, H, D]): a token's heads packed,
     tokens any multiple of 16 bytes apart (the view of a fused QKV projection); "rows" (ragged keys or values
     [n, H, D]): rows contiguous, tokens (the outer dim) and heads any non-overlapping multiples of 16 bytes
-    apart; "any": any layout (a backend that packs its inputs itself)."""
+    apart; "pages" (a page pool [P, 2, ., ., D]): any layout ``pool_layout_error`` accepts; "any": any layout
+    (a backend that packs its inputs itself)."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise AttentionArgumentError(f"{name}: expected a tensor, got {type(x).__name__}")
     device = getattr(x, "device", None)
@@ -50,22 +51,28 @@ def check_tensor(x, name: str, ndim: int, dtype: str | None = None, *, strided: 
     if dtype is not None and dtype_name(x) != dtype:
         hint = FP8_BITS_HINT if dtype_name(x) == "uint8" and name.startswith("kv.") else ""
         raise AttentionArgumentError(f"{name}: expected dtype {dtype}, got {dtype_name(x)}{hint}")
+    if strided == "pages":
+        why = pool_layout_error(x)
+        if why:
+            raise AttentionArgumentError(f"{name}: the kernels cannot read this page pool in place: {why}; pass "
+                                         "pages.contiguous() (or a view whose rows are contiguous and 16-byte aligned)")
+        return
     contiguous = x.is_contiguous() if hasattr(x, "is_contiguous") else x.flags["C_CONTIGUOUS"]
     if not contiguous and strided != "any" and (strided is None or not _strides_serve(x, strided)):
         what = {None: "must be contiguous", "tokens": "must be contiguous, or a view whose tokens' heads are packed "
                 "and whose tokens lie a multiple of 16 bytes apart",
                 "rows": "must be contiguous, or a view whose rows are contiguous, with tokens (the outer dim) and "
                 "heads a multiple of 16 bytes apart without overlapping"}[strided]
-        raise AttentionArgumentError(f"{name}: {what}; strides {tuple(_strides(x))} (call .contiguous() / "
+        raise AttentionArgumentError(f"{name}: {what}; strides {tuple(strides_of(x))} (call .contiguous() / "
                                      "np.ascontiguousarray)")
 
 
 def _strides_where_they_count(x) -> tuple:
     """x's strides in elements, None along dims of size 1 (where any stride reads the same elements)."""
-    return tuple(s if int(n) > 1 else None for s, n in zip(_strides(x), x.shape))
+    return tuple(s if int(n) > 1 else None for s, n in zip(strides_of(x), x.shape))
 
 
-def _strides(x) -> tuple:
+def strides_of(x) -> tuple:
     """x's strides in elements (torch or NumPy)."""
     if hasattr(x, "stride") and callable(x.stride):
         return tuple(x.stride())
@@ -75,8 +82,8 @@ def _strides(x) -> tuple:
 def _strides_serve(x, strided: str) -> bool:
     """Whether a non-contiguous [n, H, D] tensor's strides serve as ``strided`` says (check_tensor)."""
     n, h, d = (int(s) for s in x.shape)
-    sn, sh, sd = _strides(x)
-    unit = 16 // math.gcd(16, _itemsize(x))  # elements of 16 bytes
+    sn, sh, sd = strides_of(x)
+    unit = 16 // math.gcd(16, itemsize(x))  # elements of 16 bytes
     if d > 1 and sd != 1:
         return False
     if strided == "tokens":
@@ -85,8 +92,36 @@ def _strides_serve(x, strided: str) -> bool:
     return head_ok and (n <= 1 or (sn >= (h - 1) * max(sh, 0) + d and sn % unit == 0))
 
 
-def _itemsize(x) -> int:
+def itemsize(x) -> int:
     return int(x.element_size()) if hasattr(x, "element_size") else int(x.itemsize)
+
+
+def address(x) -> int:
+    """The byte address of x's first element (torch or NumPy)."""
+    return int(x.data_ptr()) if hasattr(x, "data_ptr") else int(x.__array_interface__["data"][0])
+
+
+def pool_layout_error(pages) -> str | None:
+    """Why the kernels cannot read a 5-D page pool [P, 2, ., ., D] in place (None: they can): its rows [D]
+    contiguous, its address and every other stride (along dims of more than one element) positive multiples of
+    16 bytes, and no two rows overlapping (csrc/kv_rows.cuh reads any such strides; runtime/kv_pool.py)."""
+    shape = tuple(int(s) for s in pages.shape)
+    strides = strides_of(pages)
+    unit = 16 // math.gcd(16, itemsize(pages))  # elements of 16 bytes
+    if shape[4] > 1 and strides[4] != 1:
+        return f"its rows [head_dim] are not contiguous (strides {strides})"
+    if address(pages) % 16:
+        return "it does not start on a 16-byte aligned address"
+    dims = [(strides[i], shape[i]) for i in range(4) if shape[i] > 1]
+    if any(s <= 0 or s % unit for s, _ in dims):
+        return (f"its pages, halves, slots and heads must lie positive multiples of 16 bytes apart (strides "
+                f"{strides}, in elements of {itemsize(pages)} bytes)")
+    extent = shape[4]  # a row; then, by rising stride, each dim's step must clear what lies below it
+    for s, n in sorted(dims):
+        if s < extent:
+            return f"its rows overlap (strides {strides} for shape {shape})"
+        extent = s * (n - 1) + extent
+    return None
 
 
 def check_indptr(x, name: str, total: int | None, batch: int | None = None, *, capacity: bool = False) -> np.ndarray:
@@ -118,11 +153,12 @@ def check_qkv_heads(q, num_kv_heads: int, head_dim: int) -> None:
             "num_kv_heads (GQA)")
 
 
-def check_paged(kv, head_dim: int, dtype: str, batch: int | None) -> int:
-    """Checks of a ``PagedKV`` for a call with ``batch`` requests (None: any); returns the batch size."""
+def check_paged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: str = "pages") -> int:
+    """Checks of a ``PagedKV`` for a call with ``batch`` requests (None: any); returns the batch size.
+    ``strided``: the pools the backend reads (check_tensor: "pages", or "any" for one that packs them itself)."""
     if kv.layout not in ("NHD", "HND"):
         raise AttentionArgumentError(f"kv.layout: {kv.layout!r} is not 'NHD' or 'HND'")
-    check_tensor(kv.pages, "kv.pages", 5, dtype)
+    check_tensor(kv.pages, "kv.pages", 5, dtype, strided=strided)
     if kv.pages.shape[1] != 2 or kv.pages.shape[4] != head_dim:
         raise AttentionArgumentError(
             f"kv.pages: shape {tuple(kv.pages.shape)} is not [num_pages, 2, ..., {head_dim}] ({kv.layout})")
@@ -155,7 +191,7 @@ def check_ragged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: s
         raise AttentionArgumentError(f"kv.k/kv.v: shapes {tuple(kv.k.shape)} / {tuple(kv.v.shape)} must match "
                                      f"and end in head_dim={head_dim}")
     if strided != "any" and _strides_where_they_count(kv.k) != _strides_where_they_count(kv.v):
-        raise AttentionArgumentError(f"kv.k/kv.v: strides {_strides(kv.k)} / {_strides(kv.v)} must match (views "
+        raise AttentionArgumentError(f"kv.k/kv.v: strides {strides_of(kv.k)} / {strides_of(kv.v)} must match (views "
                                      "of one fused projection do; else call .contiguous() on both)")
     indptr = check_indptr(kv.indptr, "kv.indptr", int(kv.k.shape[0]), batch)
     return len(indptr) - 1

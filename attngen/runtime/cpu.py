@@ -71,7 +71,7 @@ class CPUAttention(BuiltModule):
             raise AttentionArgumentError(f"kv: expected PagedKV or RaggedKV, got {type(kv).__name__}")
         kv_dt = kv.kv_dtype if is_fp8(kv.kv_dtype) else dt
         if isinstance(kv, PagedKV):
-            check_paged(kv, d, kv_dt, batch)
+            check_paged(kv, d, kv_dt, batch, strided="any")
             kind = f"batch_prefill_paged_{kv.layout.lower()}"
             kv_args = (_nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len)
         else:
@@ -100,7 +100,7 @@ class CPUAttention(BuiltModule):
             raise AttentionArgumentError("kv: decode reads a PagedKV cache")
         dt, d, batch = dtype_name(q), int(q.shape[2]), int(q.shape[0])
         kv_dt = kv.kv_dtype if is_fp8(kv.kv_dtype) else dt
-        check_paged(kv, d, kv_dt, batch)
+        check_paged(kv, d, kv_dt, batch, strided="any")
         check_qkv_heads(q, kv.num_kv_heads, d)
         scales = self._scale_args(q, kv, kv_dt, k_scale, v_scale)
         fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d, kv_dt)

@@ -239,7 +239,7 @@ class CUDAAttention(BuiltModule):
 
         _check_kv_view(kv, PagedKV)
         dtype = dtype_name(kv.pages)
-        check_tensor(kv.pages, "kv.pages", 5)
+        check_tensor(kv.pages, "kv.pages", 5, strided="pages")
         if dtype not in DTYPE_SHORT:
             raise AttentionArgumentError(f"kv.pages: dtype {dtype} is no K/V dtype of the decode functions "
                                          f"({', '.join(DTYPE_SHORT)}){FP8_BITS_HINT if dtype == 'uint8' else ''}")
@@ -341,7 +341,7 @@ class CUDAAttention(BuiltModule):
         if plan.num_kv_heads != kv.num_kv_heads:
             raise AttentionArgumentError(f"plan: made for {plan.num_kv_heads} KV heads; kv has {kv.num_kv_heads}: "
                                          f"plan again for this cache")
-        check_tensor(kv.pages, "kv.pages", 5, kv.kv_dtype if is_fp8(kv.kv_dtype) else dt)
+        check_tensor(kv.pages, "kv.pages", 5, kv.kv_dtype if is_fp8(kv.kv_dtype) else dt, strided="pages")
         check_qkv_heads(q, kv.num_kv_heads, d)
         # a 16-bit cache is in q's dtype (checked above): its function is the query dtype's
         fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d, kv.kv_dtype)

@@ -208,7 +208,7 @@ def append_paged_kv_fp8(pages: Tensor, k: Tensor, v: Tensor, slot_mapping: Tenso
     [P, 2, Hkv, S, D] (HND), in place. Torch pages on the GPU are written there, the rows quantised on the
     device; ``slot_mapping`` is checked on the host (a host array costs no synchronisation, a device one is
     copied back)."""
-    check_tensor(pages, "pages", 5)
+    check_tensor(pages, "pages", 5, strided="any")  # (rows are written by index, where the pool lies)
     dtype = dtype_name(pages)
     _check_fp8(dtype, "pages")
     if layout not in ("NHD", "HND"):

@@ -9,6 +9,7 @@ import numpy as np
 from attngen.ir.hook_spec import POSITIONS
 
 from .checks import AttentionArgumentError, as_numpy, dtype_name
+from .kv_pool import pool_of_pair
 from .module import int32_like
 
 Tensor = Any  # numpy.ndarray or torch.Tensor
@@ -16,13 +17,22 @@ Tensor = Any  # numpy.ndarray or torch.Tensor
 
 @dataclass(frozen=True)
 class PagedKV:
-    """A paged KV cache and one batch's page table in CSR form."""
+    """A paged KV cache and one batch's page table in CSR form. ``pages`` may be strided (rows contiguous;
+    vLLM's [2, num_pages, ...] cache as ``cache.transpose(0, 1)``), or a pair ``(k_pages, v_pages)`` of views
+    of one allocation, which becomes the one [num_pages, 2, ...] view spanning both (kv_pool.py)."""
 
     pages: Tensor  # [num_pages, 2, page_size, H_kv, D] (NHD) or [num_pages, 2, H_kv, page_size, D] (HND)
     indptr: Tensor  # [B+1] int32, request b owns indices[indptr[b]:indptr[b+1]]
     indices: Tensor  # [nnz] int32, page ids
     last_page_len: Tensor  # [B] int32, valid slots of each request's last page (1..page_size)
     layout: str = "NHD"
+
+    def __post_init__(self):
+        if isinstance(self.pages, (tuple, list)):
+            if len(self.pages) != 2:
+                raise AttentionArgumentError(f"kv.pages: a pair (k_pages, v_pages) or one [num_pages, 2, ...] "
+                                             f"tensor, got a sequence of {len(self.pages)}")
+            object.__setattr__(self, "pages", pool_of_pair(*self.pages, self.layout))
 
     @property
     def page_size(self) -> int:

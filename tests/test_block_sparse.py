@@ -83,6 +83,14 @@ def test_bsr_refuses_position_dependent_variants_and_bad_views(tmp_path):
         BlockSparseView(np.array([0, 1], np.int32), np.array([2], np.int32), 4, 4, 8).as_paged(pages)
     with pytest.raises(AttentionArgumentError, match=r"indptr: has 2 entries, expected ceil\(M/R\) \+ 1 = 3"):
         BlockSparseView(np.array([0, 1], np.int32), np.array([0], np.int32), 4, 5, 8).as_paged(pages)
+    for args, msg in (((0, 4, 4), "block_rows: must be an integer of at least 1, got 0"),
+                      ((4, -1, 4), "num_q_rows: must be an integer of at least 0, got -1"),
+                      ((4.0, 4, 4), "block_rows: must be an integer")):
+        with pytest.raises(AttentionArgumentError, match=msg):
+            BlockSparseView(np.array([0, 1], np.int32), np.array([0], np.int32), *args)
+    view = BlockSparseView(np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32), 1, 2, 8)
+    with pytest.raises(AttentionArgumentError, match="layout: 'NDH' is not 'NHD' or 'HND'"):
+        view.as_paged(np.zeros((8, 2, 1, 4, D), np.float32), "NDH")
 
 
 def random_head_masks(rng, n_kv: int, mb: int, nb: int) -> np.ndarray:

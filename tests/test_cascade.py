@@ -147,6 +147,44 @@ def test_a_causal_cascade_checks_its_levels(modules, rng):
             CascadeAttention(att).plan([levels[0], merged], q.shape[0], D, mode=mode)
 
 
+def test_a_level_page_table_is_checked_and_named(modules, rng):
+    """Each level's page table holds one page list per group, its page ids inside the cache and its last page
+    lengths in [1, page_size]; a refusal names the level."""
+    q, levels, _, _ = build_case(rng, [(1, [(2, 3), (1, 2)])])
+    lvl1 = levels[1]
+    short = CascadeLevel(lvl1.qo_indptr, PagedKV(lvl1.kv.pages, lvl1.kv.indptr[:2], lvl1.kv.indices,
+                                                 lvl1.kv.last_page_len[:1]))
+    zero = CascadeLevel(levels[0].qo_indptr, PagedKV(levels[0].kv.pages, levels[0].kv.indptr, levels[0].kv.indices,
+                                                     np.zeros(1, np.int32)))
+    cascade = CascadeAttention(modules["vanilla"])
+    for mode in ("flat", "auto", "cascade"):
+        with pytest.raises(AttentionArgumentError, match=r"levels\[1\]\.kv\.indptr: has 2 entries, expected "
+                                                         r"batch_size \+ 1 = 3 \(one page list per group"):
+            cascade.plan([levels[0], short], q.shape[0], D, mode=mode)
+        with pytest.raises(AttentionArgumentError, match=r"levels\[0\]\.kv\.last_page_len: must be in \[1, "):
+            cascade.plan([zero, lvl1], q.shape[0], D, mode=mode)
+    causal = CascadeAttention(modules["causal"])
+    with pytest.raises(AttentionArgumentError, match=r"levels\[0\]\.kv\.last_page_len"):
+        causal.plan([zero, lvl1], q.shape[0], D, mode="flat")
+
+
+def test_an_output_transform_runs_flat(build_cache, rng):
+    """A variant whose output transform reads lse (attention_sink) would be transformed once per level before
+    the merge: the cascade runs it flat (auto), refuses mode='cascade', and matches flat attention."""
+    att = CPUAttention.build(builtin("attention_sink"), head_dims=(D,), cache=build_cache)
+    q, levels, flat, qo_indptr = build_case(rng, [(2, [(2, 3), (1, 6)]), (1, [(3, 1)])])
+    params = {"sink": rng.standard_normal(q.shape[1]).astype(np.float32)}  # one sink logit per query head
+    cascade = CascadeAttention(att)
+    with pytest.raises(AttentionArgumentError, match="mode='cascade': variant 'attention_sink' has an output "
+                                                     "transform"):
+        cascade.plan(levels, q.shape[0], D, mode="cascade")
+    plan = cascade.plan(levels, q.shape[0], D, mode="auto")
+    assert plan.mode == "flat"
+    out, lse = cascade.run(q, plan=plan, params=params)
+    f_out, f_lse = att.prefill(q, flat, qo_indptr, params=params)
+    assert np.array_equal(out, f_out) and np.array_equal(lse, f_lse)
+
+
 def test_levels_must_cover_all_rows(modules, rng):
     q, levels, _, _ = build_case(rng, [(1, [(2, 3)])])
     bad = CascadeLevel(np.array([0, 1], np.int32), levels[0].kv)

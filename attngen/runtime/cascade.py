@@ -37,7 +37,7 @@ import numpy as np
 
 from attngen.ir import StateAlgebra
 
-from .checks import AttentionArgumentError, as_numpy
+from .checks import AttentionArgumentError, as_numpy, check_paged, dtype_name
 from .kv_pool import same_pool
 from .module import contiguous, int32_like
 from .state import merge_state, merge_states, merge_states_sum
@@ -87,7 +87,8 @@ def flatten_levels(levels: list[CascadeLevel], qos: list[np.ndarray], ordered: b
     for i, lvl in enumerate(levels):
         if not same_pool(lvl.kv.pages, ref.pages) or lvl.kv.layout != ref.layout:
             return f"levels[{i}].kv: a view of another cache (or layout) than levels[0]"
-    lists = [(qo, as_numpy(lvl.kv.indptr, f"levels[{i}].kv.indptr"), as_numpy(lvl.kv.indices, f"levels[{i}].kv.indices"),
+    lists = [(qo, as_numpy(lvl.kv.indptr, f"levels[{i}].kv.indptr"),
+              as_numpy(lvl.kv.indices, f"levels[{i}].kv.indices"),
               as_numpy(lvl.kv.last_page_len, f"levels[{i}].kv.last_page_len"))
              for i, (lvl, qo) in enumerate(zip(levels, qos))]
     ps = ref.page_size
@@ -154,6 +155,9 @@ class CascadeAttention:
             raise AttentionArgumentError("unmasked: only a causal variant's cascade takes one, a library of "
                                          "backend.variant.without_mask()")
         self._unmasked = unmasked
+        # an output transform applies to each level's state before the merge (O, or lse for a hook that reads
+        # it, would be transformed once per level): such a variant runs flat, as one attention per row group
+        self.flat_only = "output_transform" in self.variant.hooks
 
     def unmasked(self):
         """The library that runs a causal variant's earlier levels: the one given, else the
@@ -183,18 +187,26 @@ class CascadeAttention:
             if qo[0] != 0 or qo[-1] != total_q:
                 raise AttentionArgumentError(f"levels[{i}].qo_indptr: must cover all {total_q} query rows "
                                              f"(from 0 to {total_q}), got {qo[0]}..{qo[-1]}")
+        for i, (lvl, qo) in enumerate(zip(levels, qos)):
+            _check_level_view(lvl, i, len(qo) - 1)
         if self.causal:
             self._check_causal_levels(levels, qos)
+        if self.flat_only and mode == "cascade":
+            raise AttentionArgumentError(f"mode='cascade': variant '{self.variant.name}' has an output transform, "
+                                         "which would apply to each level before the merge; use mode='flat' or "
+                                         "'auto' (one attention over each group's concatenated pages)")
         if mode != "cascade" and total_q > 0:
             flat = flatten_levels(levels, qos, ordered=self.causal)
             if isinstance(flat, str):
-                if mode == "flat":
-                    raise AttentionArgumentError(f"mode='flat': the levels cannot be concatenated: {flat}; use "
-                                                 "mode='cascade'")
+                if mode == "flat" or self.flat_only:
+                    raise AttentionArgumentError(
+                        f"mode={mode!r}: the levels cannot be concatenated: {flat}; "
+                        + (f"variant '{self.variant.name}' has an output transform, which runs flat only"
+                           if self.flat_only else "use mode='cascade'"))
             else:
                 kv, qo_indptr, flat_keys, unique_keys = flat
                 saved = (flat_keys - unique_keys) * _bytes_per_key(kv, head_dim)
-                if mode == "flat" or saved < CASCADE_MIN_SAVED_BYTES * (len(levels) - 1):
+                if mode == "flat" or self.flat_only or saved < CASCADE_MIN_SAVED_BYTES * (len(levels) - 1):
                     return CascadePlan(total_q, [self._plan_flat(kv, qo_indptr, head_dim, num_qo_heads)], "flat")
         planned = []
         for i, (lvl, qo) in enumerate(zip(levels, qos)):
@@ -241,8 +253,10 @@ class CascadeAttention:
             if not hasattr(self.backend, "plan_decode"):
                 return _PlannedLevel(kv, qo_dev, 1, None, decode=True)
             if num_qo_heads is not None and self.backend.has_decode(kv, head_dim):
-                return _PlannedLevel(kv, qo_dev, 1, self.backend.plan_decode(kv, num_qo_heads, head_dim), decode=True)
-        backend_plan = self.backend.plan_prefill(qo_dev, kv, head_dim) if hasattr(self.backend, "plan_prefill") else None
+                return _PlannedLevel(kv, qo_dev, 1, self.backend.plan_decode(kv, num_qo_heads, head_dim),
+                                     decode=True)
+        backend_plan = (self.backend.plan_prefill(qo_dev, kv, head_dim) if hasattr(self.backend, "plan_prefill")
+                        else None)
         return _PlannedLevel(kv, qo_dev, 1, backend_plan)
 
     def run(self, q, levels: list[CascadeLevel] | None = None, *, plan: CascadePlan | None = None,
@@ -279,6 +293,18 @@ class CascadeAttention:
         for o, s in states[1:]:
             merge_state(out, lse, o, s)
         return out, lse
+
+
+def _check_level_view(lvl: CascadeLevel, i: int, groups: int) -> None:
+    """Level i's page table: one page list per group of its qo_indptr, page ids inside the cache, last page
+    lengths in [1, page_size] (checks.check_paged, its refusals naming the level)."""
+    kv = lvl.kv
+    if not isinstance(kv, PagedKV):
+        raise AttentionArgumentError(f"levels[{i}].kv: expected a PagedKV, got {type(kv).__name__}")
+    try:
+        check_paged(kv, int(kv.pages.shape[-1]), dtype_name(kv.pages), groups, strided="any")
+    except AttentionArgumentError as e:
+        raise AttentionArgumentError(f"levels[{i}].{e} (one page list per group of levels[{i}].qo_indptr)") from None
 
 
 def _bytes_per_key(kv: PagedKV, head_dim: int) -> int:

@@ -153,11 +153,15 @@ def check_qkv_heads(q, num_kv_heads: int, head_dim: int) -> None:
             "num_kv_heads (GQA)")
 
 
+def check_layout(layout, name: str = "layout") -> None:
+    if layout not in ("NHD", "HND"):
+        raise AttentionArgumentError(f"{name}: {layout!r} is not 'NHD' or 'HND'")
+
+
 def check_paged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: str = "pages") -> int:
     """Checks of a ``PagedKV`` for a call with ``batch`` requests (None: any); returns the batch size.
     ``strided``: the pools the backend reads (check_tensor: "pages", or "any" for one that packs them itself)."""
-    if kv.layout not in ("NHD", "HND"):
-        raise AttentionArgumentError(f"kv.layout: {kv.layout!r} is not 'NHD' or 'HND'")
+    check_layout(kv.layout, "kv.layout")
     check_tensor(kv.pages, "kv.pages", 5, dtype, strided=strided)
     if kv.pages.shape[1] != 2 or kv.pages.shape[4] != head_dim:
         raise AttentionArgumentError(

@@ -8,7 +8,7 @@ import numpy as np
 
 from attngen.ir.hook_spec import POSITIONS
 
-from .checks import AttentionArgumentError, as_numpy, dtype_name
+from .checks import AttentionArgumentError, as_numpy, check_layout, dtype_name
 from .kv_pool import pool_of_pair
 from .module import int32_like
 
@@ -224,8 +224,15 @@ class BlockSparseView:
     num_q_rows: int  # M
     num_kv_rows: int  # N: the last key block may hold fewer than C rows
 
+    def __post_init__(self):
+        for name, least in (("block_rows", 1), ("num_q_rows", 0), ("num_kv_rows", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+                raise AttentionArgumentError(f"{name}: must be an integer of at least {least}, got {value!r}")
+
     def as_paged(self, pages, layout: str = "NHD") -> tuple[Any, PagedKV]:
         """(qo_indptr [MB+1], PagedKV) running the view through the paged prefill kernels."""
+        check_layout(layout)
         c = int(pages.shape[2] if layout == "NHD" else pages.shape[3])
         n_blocks = -(-self.num_kv_rows // c)
         mb = -(-self.num_q_rows // self.block_rows)

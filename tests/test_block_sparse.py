@@ -73,7 +73,7 @@ def test_bsr_matches_dense_masked_attention(att, seed, rc, m, n, layout):
     assert_matches(out, lse, *dense_reference(q, k[:n], v[:n], mask, 0.3))
 
 
-def test_bsr_refuses_position_dependent_variants_and_bad_views(tmp_path):
+def test_bsr_refuses_position_dependent_variants_and_bad_views(build_cache):
     from attngen.runtime.views import require_position_free
 
     with pytest.raises(AttentionArgumentError, match=r"logits_mask reads qo_pos.*flat view"):
@@ -91,6 +91,9 @@ def test_bsr_refuses_position_dependent_variants_and_bad_views(tmp_path):
     view = BlockSparseView(np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32), 1, 2, 8)
     with pytest.raises(AttentionArgumentError, match="layout: 'NDH' is not 'NHD' or 'HND'"):
         view.as_paged(np.zeros((8, 2, 1, 4, D), np.float32), "NDH")
+    bsa = BlockSparseAttention(CPUAttention.build(builtin("vanilla"), head_dims=(D,), cache=build_cache))
+    with pytest.raises(AttentionArgumentError, match=r"q: shape \(3, 4, 32\), expected \[M, Hq, D\] with M = 2"):
+        bsa.run(np.zeros((3, 4, D), np.float32), np.zeros((8, 2, 4, 1, D), np.float32), view)
 
 
 def random_head_masks(rng, n_kv: int, mb: int, nb: int) -> np.ndarray:

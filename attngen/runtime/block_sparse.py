@@ -279,6 +279,9 @@ class BlockSparseAttention:
 
     @staticmethod
     def _run_shared(backend, q, pages, view: BlockSparseView, layout: str, sm_scale, params, out, lse):
+        if len(getattr(q, "shape", ())) != 3 or int(q.shape[0]) != view.num_q_rows:
+            raise AttentionArgumentError(f"q: shape {tuple(getattr(q, 'shape', ()))}, expected [M, Hq, D] with M = "
+                                         f"{view.num_q_rows} (the view's num_q_rows)")
         qo_indptr, kv = view.as_paged(pages, layout)
         return backend.prefill(q, kv, qo_indptr, sm_scale=sm_scale, params=params, out=out, lse=lse)
 

@@ -324,3 +324,6 @@ def test_automatic_pairs_only_for_batches_that_pay(lens, hkv, expect):
     args = dict(head_dim=128, kv_bytes=1, layout="NHD", num_kv_heads=hkv, group=4, tensor_cores=lambda: True)
     assert kv_heads_per_cta(None, kv_lens=lens, **args) == expect
     assert kv_heads_per_cta(2, kv_lens=lens, **args) == 2
+    # an NHD pool whose heads lie apart (kv_pool.heads_adjacent False): never paired automatically, still on request
+    assert kv_heads_per_cta(None, kv_lens=lens, adjacent_heads=False, **args) == 1
+    assert kv_heads_per_cta(2, kv_lens=lens, adjacent_heads=False, **args) == 2

@@ -139,6 +139,10 @@ def test_the_entry_functions_refuse_unreadable_pools_themselves(build_cache):
     plan = att.plan_prefill(indptr, PagedKV(good, indptr, indptr[:1], indptr[1:]), D)
     bad_rows = torch.zeros(2, 2, PS, HKV, 2 * D, dtype=torch.float16, device="cuda")[..., ::2]
     bad_heads = torch.zeros(2, 2, PS, HKV, D + 4, dtype=torch.float16, device="cuda")[..., :D]
-    for pages, msg in ((bad_rows, "rows .head_dim. must be contiguous"), (bad_heads, "positive multiples of 16")):
+    three = torch.zeros(2, 3, PS, HKV, D, dtype=torch.float16, device="cuda")
+    wide = torch.zeros(2, 2, PS, HKV, 2 * D, dtype=torch.float16, device="cuda")
+    for pages, msg in ((bad_rows, "rows .head_dim. must be contiguous"), (bad_heads, "positive multiples of 16"),
+                       (three, "dim 1 holds a page's keys and values and must be 2"),
+                       (wide, f"head_dim {2 * D}, this function was built for {D}")):
         with pytest.raises(Exception, match=msg):
             fn(q, pages, indptr[:1], indptr, indptr[1:], indptr, out, lse, 1.0, *plan.ffi_args())

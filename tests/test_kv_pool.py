@@ -9,7 +9,7 @@ import pytest
 from attngen.runtime import CPUAttention, PagedKV
 from attngen.runtime.append import append_paged_kv
 from attngen.runtime.checks import AttentionArgumentError, check_paged, check_tensor, pool_layout_error
-from attngen.runtime.kv_pool import pool_of_pair, same_pool
+from attngen.runtime.kv_pool import heads_adjacent, pool_of_pair, same_pool
 from attngen.variants import builtin
 
 D, HQ, HKV, PS = 32, 4, 2, 4
@@ -178,3 +178,31 @@ def test_a_cascade_takes_levels_made_from_one_pair(build_cache, rng):
     for mode in ("cascade", "flat"):
         out, lse = cascade.run(q, plan=cascade.plan(levels, 5, D, mode=mode))
         assert np.abs(out - ref_o).max() < 1e-5 and np.abs(lse - ref_l).max() < 1e-5, mode
+
+
+def test_heads_adjacent_says_where_a_pair_of_heads_reads_one_run():
+    import torch
+
+    assert heads_adjacent(torch.zeros(2, 2, PS, HKV, D), "NHD")
+    assert heads_adjacent(torch.zeros(2, 2, 3, PS, HKV, D)[:, :, 0].transpose(0, 0), "NHD")
+    assert not heads_adjacent(torch.zeros(2, 2, PS, HKV, D + 8)[..., :D], "NHD")  # heads D + 8 apart
+    assert not heads_adjacent(torch.zeros(2, 2, HKV, PS, D), "HND")
+    assert heads_adjacent(torch.zeros(2, 2, PS, 1, D + 8)[..., :D], "NHD")  # one head: nothing to pair apart
+
+
+def test_block_sparse_runs_take_the_pair(build_cache, rng):
+    from attngen.runtime import BlockSparseAttention, BlockSparseView
+
+    bsa = BlockSparseAttention(cpu_module("vanilla", build_cache))
+    cache = rng.standard_normal((2, 3, PS, HKV, D)).astype(np.float32)
+    view = BlockSparseView(np.array([0, 2, 3], np.int32), np.array([0, 2, 1], np.int32), 3, 5, 3 * PS)
+    q = rng.standard_normal((5, HQ, D)).astype(np.float32)
+    out, lse = bsa.run(q, (cache[0], cache[1]), view)
+    ref_o, ref_l = bsa.run(q, np.ascontiguousarray(cache.swapaxes(0, 1)), view)
+    assert np.array_equal(out, ref_o) and np.array_equal(lse, ref_l)
+
+
+def test_numpy_pairs_with_byte_strides_off_the_elements_are_refused():
+    rec = np.zeros((2, 3, PS, HKV, D), dtype=[("a", np.int8), ("x", np.float32)])["x"]  # 5-byte steps
+    with pytest.raises(AttentionArgumentError, match="byte strides .* not multiples"):
+        pool_of_pair(rec[0], rec[1], "NHD")

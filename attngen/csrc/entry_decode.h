@@ -131,8 +131,8 @@ inline void check_decode_launch(const char* name, bool launched) {
 template <class V, class T, int D, KVLayout L, int MaxG>
 void decode_paged(const char* name, const DecodeArgs& a, const typename V::Params& hp) {
   DecodeProblem P{};
-  fill_decode(P, a.q, a.o, a.lse, a.sm_scale, kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len),
-              name);
+  const int kv_heads = kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len, 16, D);
+  fill_decode(P, a.q, a.o, a.lse, a.sm_scale, kv_heads, name);
   if (!fill_decode_split<D, MaxG>(P, a.split, name)) return;
   check_decode_launch(name, launch_decode<V, T, D, MaxG>(P, hp, stream_of(a.q)));
 }

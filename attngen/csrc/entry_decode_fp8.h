@@ -23,7 +23,7 @@ void decode_paged_fp8(const char* name, const DecodeArgs& a, tvm::ffi::TensorVie
   static_assert(kIsFp8<KV>, "decode_paged_fp8 reads an fp8 cache");
   ScaledDecodeProblem P{};
   fill_decode(P, a.q, a.o, a.lse, a.sm_scale,
-              kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len, 8), name);
+              kv_from_pages<L>(P.kv, a.pages, a.indptr, a.indices, a.last_page_len, 8, D), name);
   P.scales = kv_scales_of(name, k_scale, v_scale, P.num_kv_heads);
   if (!fill_decode_split<D, MaxG, true>(P, a.split, name)) return;
   check_decode_launch(name, launch_decode<V, T, D, MaxG, KV>(P, hp, stream_of(a.q)));

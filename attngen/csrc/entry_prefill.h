@@ -256,8 +256,8 @@ struct PrefillPagedEntry<V, T, D, L, Name, ArgList<X...>> {
     typename V::Params hp{};
     V::set_params(Name, hp, extra...);
     PrefillProblem P{};
-    fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_from_pages<L>(P.kv, pages, indptr, indices, last_page_len),
-                 Name);
+    const int kv_heads = kv_from_pages<L>(P.kv, pages, indptr, indices, last_page_len, 16, D);
+    fill_prefill(P, q, qo_indptr, o, lse, sm_scale, kv_heads, Name);
     run_prefill<V, T, D>(
         Name, P, q,
         {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order, hook_workspace}, hp,

@@ -44,7 +44,7 @@ struct PrefillPagedFP8Entry<V, T, KV, D, L, Name, ArgList<X...>> {
     V::set_params(Name, hp, extra...);
     ScaledPrefillProblem P{};
     fill_prefill(P, q, qo_indptr, o, lse, sm_scale,
-                 kv_from_pages<L>(P.kv, pages, indptr, indices, last_page_len, 8), Name);
+                 kv_from_pages<L>(P.kv, pages, indptr, indices, last_page_len, 8, D), Name);
     run_prefill_fp8<V, T, KV, D>(Name, P, q, k_scale, v_scale,
                                  {max_qo_len, tile_rows, kernel, tile_indptr, tile_entries, tile_heads, work_order,
                                   hook_workspace},

@@ -22,8 +22,12 @@ inline void set_page_table(KVRows& kv, const tvm::ffi::TensorView& indptr, const
 // A page pool the kernels read in place (runtime/checks.py pool_layout_error says why not, by name, before any
 // call): rows contiguous, the address and the strides of the other dims (of more than one element) positive
 // multiples of 16 bytes. Whether rows overlap is left to the runtime: overlapping rows read, they do not fault.
-inline void check_pool_strides(const tvm::ffi::TensorView& pages, int elem_bytes) {
+inline void check_pool_strides(const tvm::ffi::TensorView& pages, int elem_bytes, int head_dim) {
   const int64_t unit = 16 / elem_bytes;
+  if (pages.size(1) != 2)
+    ATTNGEN_THROW(ValueError) << "pages: dim 1 holds a page's keys and values and must be 2, got " << pages.size(1);
+  if (head_dim > 0 && pages.size(4) != head_dim)
+    ATTNGEN_THROW(ValueError) << "pages: head_dim " << pages.size(4) << ", this function was built for " << head_dim;
   if (pages.size(4) > 1 && pages.stride(4) != 1)
     ATTNGEN_THROW(ValueError) << "pages: rows [head_dim] must be contiguous (stride " << pages.stride(4)
                               << "): pass pages.contiguous()";
@@ -36,13 +40,13 @@ inline void check_pool_strides(const tvm::ffi::TensorView& pages, int elem_bytes
                                 << "pages.contiguous()";
 }
 
-// pages [P, 2, S, Hkv, D] (NHD) or [P, 2, Hkv, S, D] (HND) of elem_bits-bit elements (8: an fp8 cache);
-// returns the number of KV heads.
+// pages [P, 2, S, Hkv, D] (NHD) or [P, 2, Hkv, S, D] (HND) of elem_bits-bit elements (8: an fp8 cache), D the
+// function's head_dim where given (> 0); returns the number of KV heads.
 inline int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, bool hnd, const tvm::ffi::TensorView& indptr,
                          const tvm::ffi::TensorView& indices, const tvm::ffi::TensorView& last_page_len,
-                         int elem_bits = 16) {
+                         int elem_bits = 16, int head_dim = 0) {
   check_tensor(pages, "pages", 5, {kDLFloat, static_cast<uint8_t>(elem_bits), 1});
-  check_pool_strides(pages, elem_bits / 8);
+  check_pool_strides(pages, elem_bits / 8, head_dim);
   kv.base = data_of(pages);
   set_page_table(kv, indptr, indices, last_page_len);
   kv.stride_page = pages.stride(0);
@@ -55,8 +59,9 @@ inline int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, bool hnd
 
 template <KVLayout L>
 int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, const tvm::ffi::TensorView& indptr,
-                  const tvm::ffi::TensorView& indices, const tvm::ffi::TensorView& last_page_len, int elem_bits = 16) {
-  return kv_from_pages(kv, pages, L == KVLayout::kHND, indptr, indices, last_page_len, elem_bits);
+                  const tvm::ffi::TensorView& indices, const tvm::ffi::TensorView& last_page_len, int elem_bits = 16,
+                  int head_dim = 0) {
+  return kv_from_pages(kv, pages, L == KVLayout::kHND, indptr, indices, last_page_len, elem_bits, head_dim);
 }
 
 // K and V views [P, Hkv, S, D] (HND) of one page pool; returns the number of KV heads.

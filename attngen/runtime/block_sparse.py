@@ -30,6 +30,7 @@ import numpy as np
 from attngen.ir.hook_spec import HEADS
 
 from .checks import AttentionArgumentError, as_numpy, check_layout, dtype_name
+from .kv_pool import as_pool
 from .module import contiguous, empty_like, int32_like
 from .views import (BlockSparseView, PagedKV, bsr_page_table, causal_blocks, causal_only, check_bsr, hook_readers,
                     require_position_free)
@@ -248,6 +249,7 @@ class BlockSparseAttention:
         k, v [N, Hkv, D] as one page: ``stack((k, v), 1)[None]``).
         Returns (out [M, Hq, D], lse [M, Hq] base 2); rows that read no block get O = 0, lse = -inf."""
         check_layout(layout)
+        pages = as_pool(pages, layout)  # (FlashInfer's (k_pages, v_pages) form: kv_pool.py)
         if isinstance(view, BlockSparseView):
             if not self.causal:
                 return self._run_shared(self.backend, q, pages, view, layout, sm_scale, params, out, lse)

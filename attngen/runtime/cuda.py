@@ -31,6 +31,7 @@ from . import hook_pass as hook_pass_module
 from .cuda_plans import MAX_GRID_BATCH, DecodeLaunch, DecodePlan, PrefillPlan
 from .deferred_parts import link_deferred_parts
 from .fp8 import device_kv_scales, scale_args
+from .kv_pool import heads_adjacent
 from .module import BuiltModule, resolve_sm_scale
 from .params import resolve_params
 from .replay_guard import poison_rows_over_bound
@@ -274,7 +275,7 @@ class CUDAAttention(BuiltModule):
         group = num_qo_heads // kv.num_kv_heads
         pair = kv_heads_per_cta_for(kv_heads_per_cta, head_dim=head_dim, kv_bytes=kv_bytes, layout=kv.layout,
                                     num_kv_heads=kv.num_kv_heads, group=group, tensor_cores=on_tensor_cores,
-                                    kv_lens=lens)
+                                    kv_lens=lens, adjacent_heads=heads_adjacent(kv.pages, kv.layout))
         # grid rows, each planned as one head: KV heads, or pairs of them, or parts of a group above the tensor-core
         # tile's rows (csrc/decode_tc_tile.cuh decode_tc_group_parts), of at most MAX_GROUP query heads each
         parts = -(-group // MAX_GROUP) if tensor_cores is not False else 1
@@ -519,6 +520,7 @@ class CUDAAttention(BuiltModule):
                                          "this batch's qo_indptr")
         check_qkv_heads(q, kv.num_kv_heads, d)
         if isinstance(kv, PagedKV):
+            check_tensor(kv.pages, "kv.pages", 5, strided="pages")  # (a call may pass another pool than its plan's)
             fn = self.function(f"batch_prefill_paged_{kv.layout.lower()}", dt, d, fp8)
             kv_args = (kv.pages, kv.indices, kv.indptr, kv.last_page_len)
             data = [("kv.pages", kv.pages)]

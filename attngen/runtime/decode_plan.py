@@ -151,7 +151,7 @@ PAIR_MAX_SKEW = 4.0
 
 
 def kv_heads_per_cta(requested: int | None, *, head_dim: int, kv_bytes: int, layout: str, num_kv_heads: int,
-                     group: int, tensor_cores: Callable[[], bool], kv_lens=None) -> int:
+                     group: int, tensor_cores: Callable[[], bool], kv_lens=None, adjacent_heads: bool = True) -> int:
     """KV heads one tensor-core decode CTA serves: 1, or 2 (a pair: csrc/decode_tc_tile.cuh
     decode_tc_pairs_kv_heads). A pair needs rows of at most 128 bytes (an fp8 cache at D 64 / 128, a 16-bit one at
     D 64), an even number of KV heads, a group of at most half the tile's query rows and the tensor-core
@@ -159,10 +159,11 @@ def kv_heads_per_cta(requested: int | None, *, head_dim: int, kv_bytes: int, lay
     may on an NHD cache, whose pair's rows of a token are adjacent (its copies read runs of twice a row's bytes;
     an HND cache's rows of one head already run page-long), for a batch of ``kv_lens`` [B] with enough work and
     no request far longer than the rest (PAIR_MIN_TOKEN_HEADS, PAIR_MAX_SKEW); 1 / 2 decide, 2 refused where a
-    pair cannot serve the call. The plan is then made for ``num_kv_heads / 2`` heads of twice the group."""
+    pair cannot serve the call. The plan is then made for ``num_kv_heads / 2`` heads of twice the group.
+    ``adjacent_heads`` False (an NHD pool whose heads lie apart, kv_pool.py): never paired automatically."""
     if requested not in (None, 1, 2):
         raise AttentionArgumentError(f"kv_heads_per_cta: must be 1, 2 or None (automatic), got {requested!r}")
-    if requested == 1 or (requested is None and layout != "NHD"):
+    if requested == 1 or (requested is None and (layout != "NHD" or not adjacent_heads)):
         return 1
     fits = (pairs_kv_heads(head_dim, kv_bytes) and num_kv_heads % 2 == 0 and 2 * group <= MAX_GROUP
             and tensor_cores())

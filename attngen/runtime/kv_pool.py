@@ -28,6 +28,17 @@ def _allocation(x):
     return ("numpy", id(x))
 
 
+def as_pool(pages, layout: str):
+    """``pages`` as one [num_pages, 2, ...] pool: a pair (k_pages, v_pages) as ``pool_of_pair`` views it, a pool
+    as it is."""
+    if not isinstance(pages, (tuple, list)):
+        return pages
+    if len(pages) != 2:
+        raise AttentionArgumentError(f"kv.pages: a pair (k_pages, v_pages) or one [num_pages, 2, ...] tensor, got a "
+                                     f"sequence of {len(pages)}")
+    return pool_of_pair(*pages, layout)
+
+
 def pool_of_pair(k_pages, v_pages, layout: str):
     """The [num_pages, 2, ., ., D] view over K and V pages [num_pages, ., ., D] of one allocation (same shape,
     dtype, device and strides; the values after the keys); refuses anything else by name."""
@@ -61,7 +72,11 @@ def pool_of_pair(k_pages, v_pages, layout: str):
     strides = (s[0], skv, *s[1:])
     if hasattr(k_pages, "as_strided"):
         return k_pages.as_strided(shape, strides, k_pages.storage_offset())
-    return np.lib.stride_tricks.as_strided(k_pages, shape, tuple(x * item for x in strides), writeable=True)
+    if any(b % item for b in k_pages.strides):
+        raise AttentionArgumentError(f"kv.pages: k_pages' byte strides {k_pages.strides} are not multiples of its "
+                                     f"{item}-byte elements; pass np.ascontiguousarray copies")
+    return np.lib.stride_tricks.as_strided(k_pages, shape, (k_pages.strides[0], gap, *k_pages.strides[1:]),
+                                           writeable=True)
 
 
 def same_pool(a, b) -> bool:
@@ -70,3 +85,10 @@ def same_pool(a, b) -> bool:
         return True
     return (type(a) is type(b) and _allocation(a) == _allocation(b) and address(a) == address(b)
             and tuple(a.shape) == tuple(b.shape) and strides_of(a) == strides_of(b) and dtype_name(a) == dtype_name(b))
+
+
+def heads_adjacent(pages, layout: str) -> bool:
+    """Whether a token's rows of consecutive KV heads lie back to back (an NHD pool whose head stride is its row),
+    which a decode CTA serving two heads reads as one run (decode_plan.kv_heads_per_cta)."""
+    heads = int(pages.shape[3] if layout == "NHD" else pages.shape[2])
+    return layout == "NHD" and (heads <= 1 or strides_of(pages)[3] == int(pages.shape[4]))

@@ -9,7 +9,7 @@ import numpy as np
 from attngen.ir.hook_spec import POSITIONS
 
 from .checks import AttentionArgumentError, as_numpy, check_layout, dtype_name
-from .kv_pool import pool_of_pair
+from .kv_pool import as_pool
 from .module import int32_like
 
 Tensor = Any  # numpy.ndarray or torch.Tensor
@@ -29,10 +29,7 @@ class PagedKV:
 
     def __post_init__(self):
         if isinstance(self.pages, (tuple, list)):
-            if len(self.pages) != 2:
-                raise AttentionArgumentError(f"kv.pages: a pair (k_pages, v_pages) or one [num_pages, 2, ...] "
-                                             f"tensor, got a sequence of {len(self.pages)}")
-            object.__setattr__(self, "pages", pool_of_pair(*self.pages, self.layout))
+            object.__setattr__(self, "pages", as_pool(self.pages, self.layout))
 
     @property
     def page_size(self) -> int:

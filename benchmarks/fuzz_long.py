@@ -24,7 +24,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fuzz_engine import FAULTS, KNOWN_GAPS, FuzzFailure, all_recipes, built, make_case, run_case  # noqa: E402
+from tests.fuzz_engine import FAULTS, KNOWN_GAPS, FuzzFailure, all_recipes, built  # noqa: E402
+from tests.fuzz_views import VIEW_FAULTS, VIEW_KINDS, make_case, run_case  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -33,6 +34,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cases-per-recipe", type=int, default=150)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fault-share", type=float, default=0.5, help="share of calls with a spoilt argument")
+    ap.add_argument("--views", action="store_true",
+                    help="draw the views' case kinds (cascade, block-sparse, append: tests/fuzz_views.py) instead of "
+                         "the plain ragged / paged / decode calls")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fuzz_long.json"))
     args = ap.parse_args(argv)
 
@@ -56,8 +60,13 @@ def main(argv=None) -> int:
         build_seconds += time.time() - tb
         for _ in range(args.cases_per_recipe):
             seed = int(rng.integers(2**32))
-            fault = "none" if rng.random() >= args.fault_share else str(rng.choice(FAULTS[1:]))
-            case = make_case(variant, seed)
+            if args.views:
+                case = make_case(variant, seed, kinds=VIEW_KINDS)
+                spoilt = [f for f in VIEW_FAULTS[case.kind] if f != "none"]
+            else:
+                case = make_case(variant, seed)
+                spoilt = list(FAULTS[1:])
+            fault = "none" if rng.random() >= args.fault_share else str(rng.choice(spoilt))
             try:
                 result = run_case(variant, att, case, fault, np.random.default_rng(seed + 1))
             except FuzzFailure as e:

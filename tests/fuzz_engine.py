@@ -13,6 +13,10 @@ page tables and indptrs, wrong dtypes, devices, layouts, shapes, parameters).
 the argument at fault. Anything else (another exception, a result for a spoilt call, a mismatch) raises
 ``FuzzFailure``. Used by tests/test_fuzz_cpu.py (a fixed, small number of examples) and
 benchmarks/fuzz_long.py (a long run with figures).
+
+The views that build on the prefill (cascade levels, block-sparse layouts, appends) are case kinds of their own,
+drawn, spoilt and checked in tests/fuzz_views.py on the pieces here (the paged caches and poisoning at the end of
+this file are theirs); its ``make_case`` and ``run_case`` take every kind, these the base kinds alone.
 """
 from __future__ import annotations
 
@@ -84,7 +88,11 @@ def _row_hook(name: str, scalars: str, body: str, extra: str = "", buffers: str 
     return _parse(src)
 
 
+_RECIPES: dict[str, Recipe] = {}  # variant name -> its recipe (make_variant)
+
+
 def make_variant(recipe: Recipe) -> Variant:
+    _RECIPES[recipe.name] = recipe  # (what a view must refuse follows from the fragments: fuzz_views._view_refuses)
     hooks, params = {}, []
     score_args = "batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32"
     if recipe.logits:
@@ -178,7 +186,7 @@ def built(recipe: Recipe, cache=None) -> tuple[Variant, CPUAttention]:
 # ---- batches -------------------------------------------------------------------------------------------
 @dataclass
 class Case:
-    kind: str  # "ragged" | "paged" | "decode"
+    kind: str  # "ragged" | "paged" | "decode", or a view (fuzz_views.VIEW_KINDS): "cascade" | "bsr" | "append"
     q: np.ndarray
     qo_indptr: np.ndarray
     kv: object  # RaggedKV | PagedKV
@@ -187,6 +195,7 @@ class Case:
     params: dict
     sm_scale: float
     injected: str = ""  # what non-finite value was written where ("" for none)
+    view: dict | None = None  # a view kind's parts (levels, layout, appended rows, ...: see its maker in fuzz_views)
 
 
 def _params(variant: Variant, rng, qo_lens, kv_lens, n_qo: int, head_dim: int = HEAD_DIM) -> dict:
@@ -239,10 +248,28 @@ def _inject(case: Case, rng, qo_lens, kv_lens) -> None:
     case.injected = f"{value} at " + ", ".join(spots)
 
 
-def make_case(variant: Variant, seed: int, head_dim: int = HEAD_DIM) -> Case:
-    """A random batch for ``variant`` from ``seed`` (float32 arrays; ``head_dim`` wide rows)."""
+BASE_KINDS = ("ragged", "paged", "decode")
+
+
+def draw_kind(seed: int, kinds: tuple):
+    """The generator of ``seed`` and the case kind it draws first from ``kinds``; the kind's maker draws the rest
+    from the same generator (so a seed gives the same batch whichever module dispatches it)."""
     rng = np.random.default_rng(seed)
-    kind = str(rng.choice(["ragged", "paged", "decode"]))
+    return rng, str(rng.choice(list(kinds)))
+
+
+def make_case(variant: Variant, seed: int, head_dim: int = HEAD_DIM, kinds: tuple = BASE_KINDS) -> Case:
+    """A random batch for ``variant`` from ``seed`` (float32 arrays; ``head_dim`` wide rows), of one of ``kinds``
+    (the default draws as it always did: a seed gives the same batch). Base kinds only: fuzz_views.make_case takes
+    the view kinds too."""
+    rng, kind = draw_kind(seed, kinds)
+    if kind not in BASE_KINDS:
+        raise ValueError(f"{kind!r} is no base case kind {BASE_KINDS} (a view kind's case: fuzz_views.make_case)")
+    return make_base_case(variant, kind, rng, head_dim)
+
+
+def make_base_case(variant: Variant, kind: str, rng, head_dim: int = HEAD_DIM) -> Case:
+    """A random batch of base ``kind`` for ``variant``, drawn from ``rng`` (make_case's draws after the kind)."""
     batch = int(rng.choice([0, 1, 2, 3, 4], p=[0.04, 0.24, 0.24, 0.24, 0.24]))
     if kind == "decode":
         qo_lens = [1] * batch
@@ -274,8 +301,10 @@ FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv
           "pages_float16", "layout_unknown", "meta_device", "param_missing", "param_wrong_shape",
           "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype", "kv_wrong_type")
 
-# Faults attngen does not refuse yet, with what is missing: run_case reports them as "gap:<fault>" (the
-# long run counts them; a regression test holds each until the check exists). None is open today.
+# Faults attngen does not refuse yet (or not by name), with what is missing: run_case reports them as
+# "gap:<fault>" (the long run counts them; a regression test holds each until the check exists). A view's valid
+# calls that come out wrong on a known path are reported as "gap:<path>" by its oracle
+# (fuzz_views._checked_view_call).
 KNOWN_GAPS: dict[str, str] = {}
 
 # faults that leave a meaningful call: attngen may also accept it (and must then be right)
@@ -399,16 +428,25 @@ HANG_SECONDS = 120  # a call (and its reference) taking longer is a hang: the pr
 
 
 def run_case(variant: Variant, att: CPUAttention, case: Case, fault: str, rng) -> str:
-    """Outcome of one call: "ok", "skip" (fault not applicable), "refused:<Error>" or "gap:<fault>" (a
-    KNOWN_GAPS fault that was not refused); raises FuzzFailure. A call that hangs (in native code too, where
-    no Python exception can reach it) ends the process after HANG_SECONDS with every thread's traceback."""
+    """Outcome of one call of a base kind: "ok", "skip" (fault not applicable), "refused:<Error>" or "gap:<fault>"
+    (a KNOWN_GAPS fault that was not refused); raises FuzzFailure. A call that hangs (in native code too, where
+    no Python exception can reach it) ends the process after HANG_SECONDS with every thread's traceback.
+    (fuzz_views.run_case takes the view kinds too.)"""
+    if case.kind not in BASE_KINDS:
+        raise ValueError(f"{case.kind!r} is no base case kind {BASE_KINDS} (a view kind's call: fuzz_views.run_case)")
     call = apply_fault(case, fault, rng)
     if call is None:
         return "skip"
     what = f"{variant.name} {case.kind} fault={fault} injected=({case.injected})"
+    return guarded(fault, lambda: _checked_call(variant, att, case, call, fault, what))
+
+
+def guarded(fault: str, check) -> str:
+    """``check()``'s outcome, where a FuzzFailure of a KNOWN_GAPS fault comes out as "gap:<fault>"; a check that
+    hangs ends the process after HANG_SECONDS with every thread's traceback."""
     faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
     try:
-        return _checked_call(variant, att, case, call, fault, what)
+        return check()
     except FuzzFailure:
         if fault in KNOWN_GAPS:
             return f"gap:{fault}"
@@ -440,6 +478,12 @@ def _checked_call(variant: Variant, att: CPUAttention, case: Case, call: Call, f
     ref_o, ref_l = reference_attention(variant, case.q, case.keys, case.values,
                                        case.qo_indptr if case.kind != "decode" else np.arange(len(case.keys) + 1),
                                        case.sm_scale, params)
+    _compare(out, lse, ref_o, ref_l, what)
+    return "ok"
+
+
+def _compare(out, lse, ref_o, ref_l, what: str) -> None:
+    """The result against the float64 reference (``compare_nonfinite``'s rules); FuzzFailure where it differs."""
     scale = max(1.0, float(np.abs(ref_o[np.isfinite(ref_o)]).max()) if np.isfinite(ref_o).any() else 1.0)
     try:
         compare_nonfinite(np.asarray(out), np.asarray(lse), ref_o, ref_l, tol=3e-5 * scale * 8,
@@ -447,7 +491,6 @@ def _checked_call(variant: Variant, att: CPUAttention, case: Case, call: Call, f
                           what=what)
     except AssertionError as e:
         raise FuzzFailure(str(e)) from e
-    return "ok"
 
 
 def _with_defaults(variant: Variant, params: dict) -> dict:
@@ -456,3 +499,95 @@ def _with_defaults(variant: Variant, params: dict) -> dict:
     for p in variant.scalar_params:
         full.setdefault(p.name, p.default)
     return full
+
+
+# ---- for the view kinds (tests/fuzz_views.py): paged caches, poisoning, a per-row reference ------------
+def _pages_of(rng, lengths, page_size: int, n_kv: int, head_dim: int, layout: str, spare: int):
+    """A cache of random pages holding one list of keys and values per entry of ``lengths``, written slot by slot
+    over a random page permutation, ``spare`` pages unused. Returns (pages, page lists [int32 ids], last_page_len
+    [int32, 0 for an empty list], keys, values [n, Hkv, D] per list)."""
+    counts = [-(-n // page_size) for n in lengths]
+    total = sum(counts) + spare
+    ids = rng.permutation(total).astype(np.int32)
+    pages = rng.standard_normal((total, 2, page_size, n_kv, head_dim)).astype(np.float32)
+    lists, keys, values, at = [], [], [], 0
+    for n, c in zip(lengths, counts):
+        lists.append(ids[at:at + c])
+        at += c
+        k, v = rng.standard_normal((2, n, n_kv, head_dim)).astype(np.float32)
+        j = np.arange(n)
+        pages[lists[-1][j // page_size], 0, j % page_size] = k
+        pages[lists[-1][j // page_size], 1, j % page_size] = v
+        keys.append(k)
+        values.append(v)
+    last = np.array([n - (c - 1) * page_size if c else 0 for n, c in zip(lengths, counts)], np.int32)
+    if layout == "HND":
+        pages = np.ascontiguousarray(pages.transpose(0, 1, 3, 2, 4))
+    return pages, lists, last, keys, values
+
+
+def _write_slots(pages, layout: str, slots: np.ndarray, half: int, rows) -> None:
+    """pages[slot] <- rows [N, Hkv, D] (``half`` 0 keys, 1 values; slot = page * page_size + place)."""
+    ps = pages.shape[2] if layout == "NHD" else pages.shape[3]
+    if layout == "NHD":
+        pages[slots // ps, half, slots % ps] = rows
+    else:
+        pages[slots // ps, half, :, slots % ps] = rows
+
+
+def _poison(rng, case: Case, rows: list) -> None:
+    """Write NaN, +Inf or -Inf into an element of q, or into one or two elements of ``rows``, entries (name, keys or
+    values array, copies) where ``copies(index)`` gives the [(array, index)] of the element's other copies (the
+    pages, the appended rows), written the same."""
+    value = float(rng.choice([np.nan, np.inf, -np.inf]))
+    if rng.random() < 0.35 or not rows:
+        if case.q.shape[0] == 0:
+            return
+        spot = tuple(int(rng.integers(n)) for n in case.q.shape)
+        case.q[spot] = value
+        case.injected = f"{value} at q{list(spot)}"
+        return
+    spots = []
+    for _ in range(int(rng.integers(1, 3))):
+        name, arr, copies = rows[int(rng.integers(len(rows)))]
+        spot = tuple(int(rng.integers(n)) for n in arr.shape)
+        arr[spot] = value
+        for other, at in copies(spot):
+            other[at] = value
+        spots.append(f"{name}{list(spot)}")
+    case.injected = f"{value} at " + ", ".join(spots)
+
+
+def _slot_copies(pages, layout: str, page_list, half: int):
+    """``copies`` (_poison) of a page list's keys (half 0) or values (1): element (j, h, d) in the pages."""
+    ps = pages.shape[2] if layout == "NHD" else pages.shape[3]
+
+    def at(spot):
+        j, h, d = spot
+        page, place = int(page_list[j // ps]), j % ps
+        return [(pages, (page, half, place, h, d) if layout == "NHD" else (page, half, h, place, d))]
+    return at
+
+
+def _batch_lens(rng) -> list:
+    """Query rows of a random batch's requests (none at times; empty and odd lengths)."""
+    batch = int(rng.choice([0, 1, 2, 3, 4], p=[0.04, 0.24, 0.24, 0.24, 0.24]))
+    return [int(rng.choice([0, 1, 1, 2, 3, 5])) for _ in range(batch)]
+
+
+def stored_pages(k, v, page_size: int, layout: str, spare: int = 0) -> np.ndarray:
+    """k, v [N, Hkv, D] in page order: [P, 2, page_size, Hkv, D] (NHD) or [P, 2, Hkv, page_size, D] (HND), the
+    rows past N (and ``spare`` extra pages) NaN, which no kernel may read."""
+    n, n_kv, d = k.shape
+    n_pages = -(-n // page_size) + spare
+    rows = np.full((2, n_pages * page_size, n_kv, d), np.nan, k.dtype)
+    rows[0, :n], rows[1, :n] = k, v
+    pages = rows.reshape(2, n_pages, page_size, n_kv, d).swapaxes(0, 1)
+    return np.ascontiguousarray(pages if layout == "NHD" else pages.transpose(0, 1, 3, 2, 4))
+
+
+def _rows_reference(variant: Variant, q, k, v, mask: np.ndarray, sm_scale: float, params: dict):
+    """Float64 attention of each query row i over the keys ``mask[i]`` shows, in order (a request per row)."""
+    m = int(q.shape[0])
+    return reference_attention(variant, q, [k[mask[i]] for i in range(m)], [v[mask[i]] for i in range(m)],
+                               np.arange(m + 1), sm_scale, params)

@@ -9,6 +9,8 @@ from attngen.runtime import (AttentionArgumentError, BlockSparseAttention, Block
                              HeadwiseBlockSparseView)
 from attngen.variants import builtin
 
+from .fuzz_engine import stored_pages
+
 D = 32
 
 
@@ -108,17 +110,6 @@ def bsr_of(blocks: np.ndarray) -> tuple[list, list]:
     """Per-head (indptr [MB+1], indices [nnz]) of [Hkv, MB, NB] block masks."""
     return ([np.concatenate([[0], np.cumsum(b.sum(1))]).astype(np.int32) for b in blocks],
             [np.nonzero(b)[1].astype(np.int32) for b in blocks])
-
-
-def stored_pages(k, v, page_size: int, layout: str, spare: int = 0) -> np.ndarray:
-    """k, v [N, Hkv, D] in page order: [P, 2, page_size, Hkv, D] (NHD) or [P, 2, Hkv, page_size, D] (HND),
-    the rows past N (and ``spare`` extra pages) NaN, which no kernel may read."""
-    n, n_kv, d = k.shape
-    n_pages = -(-n // page_size) + spare
-    rows = np.full((2, n_pages * page_size, n_kv, d), np.nan, k.dtype)
-    rows[0, :n], rows[1, :n] = k, v
-    pages = rows.reshape(2, n_pages, page_size, n_kv, d).swapaxes(0, 1)
-    return np.ascontiguousarray(pages if layout == "NHD" else pages.transpose(0, 1, 3, 2, 4))
 
 
 def dense_head_mask(view, blocks: np.ndarray, group: int) -> np.ndarray:

@@ -19,6 +19,13 @@ inline void set_page_table(KVRows& kv, const tvm::ffi::TensorView& indptr, const
   kv.last_page_len = static_cast<const int32_t*>(data_of(last_page_len));
 }
 
+// Whether a tensor holds no element: its strides say nothing then (DLPack gives an empty tensor's as 0).
+inline bool holds_nothing(const tvm::ffi::TensorView& t) {
+  for (int d = 0; d < t.ndim(); ++d)
+    if (t.size(d) == 0) return true;
+  return false;
+}
+
 // A page pool the kernels read in place (runtime/checks.py pool_layout_error says why not, by name, before any
 // call): rows contiguous, the address and the strides of the other dims (of more than one element) positive
 // multiples of 16 bytes. Whether rows overlap is left to the runtime: overlapping rows read, they do not fault.
@@ -28,6 +35,7 @@ inline void check_pool_strides(const tvm::ffi::TensorView& pages, int elem_bytes
     ATTNGEN_THROW(ValueError) << "pages: dim 1 holds a page's keys and values and must be 2, got " << pages.size(1);
   if (head_dim > 0 && pages.size(4) != head_dim)
     ATTNGEN_THROW(ValueError) << "pages: head_dim " << pages.size(4) << ", this function was built for " << head_dim;
+  if (holds_nothing(pages)) return;
   if (pages.size(4) > 1 && pages.stride(4) != 1)
     ATTNGEN_THROW(ValueError) << "pages: rows [head_dim] must be contiguous (stride " << pages.stride(4)
                               << "): pass pages.contiguous()";
@@ -94,10 +102,11 @@ int kv_from_ragged(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi::Te
       ATTNGEN_THROW(ValueError) << "k, v: shapes differ in dim " << d << " (" << k.size(d) << " vs " << v.size(d)
                                 << ")";
   const int64_t packed[3] = {k.size(1) * k.size(2), k.size(2), 1};
+  const bool empty = holds_nothing(k);  // (no row to read: its strides, 0 through DLPack, say nothing)
   int64_t stride[3];
   for (int d = 0; d < 3; ++d) {
-    stride[d] = k.size(d) > 1 ? k.stride(d) : packed[d];
-    if (k.size(d) > 1 && v.stride(d) != k.stride(d))
+    stride[d] = k.size(d) > 1 && !empty ? k.stride(d) : packed[d];
+    if (k.size(d) > 1 && !empty && v.stride(d) != k.stride(d))
       ATTNGEN_THROW(ValueError) << "k, v: must have the same strides (dim " << d << ": " << k.stride(d) << " vs "
                                 << v.stride(d) << ")";
   }
@@ -119,6 +128,7 @@ int kv_from_ragged(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi::Te
 inline void check_query_strides(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& o,
                                 const tvm::ffi::TensorView& lse) {
   const int64_t heads = q.size(1), d = q.size(2);
+  if (holds_nothing(q)) return;  // (no row to read: its strides, 0 through DLPack, say nothing)
   if (q.size(0) > 1 && (q.stride(0) < heads * d || q.stride(0) % 8 != 0))
     ATTNGEN_THROW(ValueError) << "q: token stride " << q.stride(0) << " elements; it must be at least Hq * D = "
                               << heads * d << " and a multiple of 8 (16-byte rows): pass q.contiguous()";

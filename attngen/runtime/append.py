@@ -12,7 +12,7 @@ import numpy as np
 
 from attngen.schedules.dtypes import is_fp8
 
-from .checks import AttentionArgumentError, as_numpy, check_indptr, check_tensor
+from .checks import AttentionArgumentError, as_numpy, check_indptr, check_layout, check_tensor
 from .fp8 import append_paged_kv_fp8, check_no_scales
 from .views import PagedKV, paged_lengths, write_at_slots
 
@@ -23,8 +23,7 @@ def append_slots(kv: PagedKV, append_indptr) -> np.ndarray:
     host: device arrays are copied back)."""
     if not isinstance(kv, PagedKV):
         raise AttentionArgumentError(f"kv: expected a PagedKV, got {type(kv).__name__}")
-    if kv.layout not in ("NHD", "HND"):
-        raise AttentionArgumentError(f"kv.layout: {kv.layout!r} is not 'NHD' or 'HND'")
+    check_layout(kv.layout, "kv.layout")
     indptr = check_indptr(kv.indptr, "kv.indptr", None).astype(np.int64)
     batch = len(indptr) - 1
     new = np.diff(check_indptr(append_indptr, "append_indptr", None, batch).astype(np.int64))

@@ -189,14 +189,8 @@ def _head_pages(pages, layout: str, h: int, page_size: int, n_pages: int, n_rows
 def _causal_shared(view: BlockSparseView, pages, layout: str):
     """A shared-layout view under a causal mask (views.causal_blocks; R x C blocks, C the pages' rows): its
     aligned view, its wholly visible view, and the query rows [M] bool of the second."""
-    c = int(pages.shape[2] if layout == "NHD" else pages.shape[3])
-    mb, nb = -(-view.num_q_rows // view.block_rows), -(-view.num_kv_rows // c)
-    row_sz = np.minimum(view.block_rows, view.num_q_rows - np.arange(mb) * view.block_rows)
-    col_sz = np.minimum(c, view.num_kv_rows - np.arange(nb) * c)
-    n_indptr = len(as_numpy(view.indptr, "indptr"))
-    if n_indptr != mb + 1:
-        raise AttentionArgumentError(f"indptr: has {n_indptr} entries, expected ceil(M/R) + 1 = {mb + 1}")
-    aligned, whole, whole_rows = causal_blocks(*check_bsr(view.indptr, view.indices, nb), row_sz, col_sz)
+    indptr, indices, row_sz, col_sz = view.blocks(pages, layout)
+    aligned, whole, whole_rows = causal_blocks(indptr, indices, row_sz, col_sz)
     views = [BlockSparseView(*bsr, view.block_rows, view.num_q_rows, view.num_kv_rows) for bsr in (aligned, whole)]
     return views[0], views[1], np.repeat(whole_rows, row_sz)
 

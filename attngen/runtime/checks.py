@@ -67,7 +67,7 @@ def check_tensor(x, name: str, ndim: int, dtype: str | None = None, *, strided: 
                                      "np.ascontiguousarray)")
 
 
-def _strides_where_they_count(x) -> tuple:
+def strides_where_they_count(x) -> tuple:
     """x's strides in elements, None along dims of size 1 (where any stride reads the same elements)."""
     return tuple(s if int(n) > 1 else None for s, n in zip(strides_of(x), x.shape))
 
@@ -105,6 +105,9 @@ def pool_layout_error(pages) -> str | None:
     """Why the kernels cannot read a 5-D page pool [P, 2, ., ., D] in place (None: they can): its rows [D]
     contiguous, its address and every other stride (along dims of more than one element) positive multiples of
     16 bytes, and no two rows overlapping (csrc/kv_rows.cuh reads any such strides; runtime/kv_pool.py)."""
+    contiguous = pages.is_contiguous() if hasattr(pages, "is_contiguous") else pages.flags["C_CONTIGUOUS"]
+    if contiguous and int(pages.shape[4]) * itemsize(pages) % 16 == 0 and address(pages) % 16 == 0:
+        return None  # (a packed pool of 16-byte rows: every stride a multiple of the row; the per-call case)
     shape = tuple(int(s) for s in pages.shape)
     strides = strides_of(pages)
     unit = 16 // math.gcd(16, itemsize(pages))  # elements of 16 bytes
@@ -194,7 +197,7 @@ def check_ragged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: s
     if tuple(kv.k.shape) != tuple(kv.v.shape) or kv.k.shape[2] != head_dim:
         raise AttentionArgumentError(f"kv.k/kv.v: shapes {tuple(kv.k.shape)} / {tuple(kv.v.shape)} must match "
                                      f"and end in head_dim={head_dim}")
-    if strided != "any" and _strides_where_they_count(kv.k) != _strides_where_they_count(kv.v):
+    if strided != "any" and strides_where_they_count(kv.k) != strides_where_they_count(kv.v):
         raise AttentionArgumentError(f"kv.k/kv.v: strides {strides_of(kv.k)} / {strides_of(kv.v)} must match (views "
                                      "of one fused projection do; else call .contiguous() on both)")
     indptr = check_indptr(kv.indptr, "kv.indptr", int(kv.k.shape[0]), batch)

@@ -240,7 +240,7 @@ class CUDAAttention(BuiltModule):
 
         _check_kv_view(kv, PagedKV)
         dtype = dtype_name(kv.pages)
-        check_tensor(kv.pages, "kv.pages", 5, strided="pages")
+        check_tensor(kv.pages, "kv.pages", 5, strided="any")  # (its layout: check_paged below)
         if dtype not in DTYPE_SHORT:
             raise AttentionArgumentError(f"kv.pages: dtype {dtype} is no K/V dtype of the decode functions "
                                          f"({', '.join(DTYPE_SHORT)}){FP8_BITS_HINT if dtype == 'uint8' else ''}")

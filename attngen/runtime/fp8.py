@@ -27,7 +27,7 @@ import numpy as np
 
 from attngen.schedules.dtypes import FP8_DTYPES, is_fp8
 
-from .checks import AttentionArgumentError, as_numpy, check_tensor, dtype_name
+from .checks import AttentionArgumentError, as_numpy, check_layout, check_tensor, dtype_name
 from .views import write_at_slots
 
 Tensor = Any  # numpy.ndarray or torch.Tensor
@@ -211,8 +211,7 @@ def append_paged_kv_fp8(pages: Tensor, k: Tensor, v: Tensor, slot_mapping: Tenso
     check_tensor(pages, "pages", 5, strided="any")  # (rows are written by index, where the pool lies)
     dtype = dtype_name(pages)
     _check_fp8(dtype, "pages")
-    if layout not in ("NHD", "HND"):
-        raise AttentionArgumentError(f"layout: {layout!r} is not 'NHD' or 'HND'")
+    check_layout(layout)
     heads, page_size = (pages.shape[3], pages.shape[2]) if layout == "NHD" else (pages.shape[2], pages.shape[3])
     row_shape = (int(heads), int(pages.shape[4]))
     for name, x in (("k", k), ("v", v)):

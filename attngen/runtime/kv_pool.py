@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import AttentionArgumentError, address, dtype_name, itemsize, strides_of
+from .checks import AttentionArgumentError, address, dtype_name, itemsize, strides_of, strides_where_they_count
 
 
 def _allocation(x):
@@ -51,8 +51,7 @@ def pool_of_pair(k_pages, v_pages, layout: str):
     if tuple(k_pages.shape) != tuple(v_pages.shape) or dtype_name(k_pages) != dtype_name(v_pages):
         raise AttentionArgumentError(f"kv.pages: k_pages {tuple(k_pages.shape)} {dtype_name(k_pages)} and v_pages "
                                      f"{tuple(v_pages.shape)} {dtype_name(v_pages)} must have one shape and dtype")
-    if [s for s, n in zip(strides_of(k_pages), k_pages.shape) if n > 1] != \
-            [s for s, n in zip(strides_of(v_pages), v_pages.shape) if n > 1]:
+    if strides_where_they_count(k_pages) != strides_where_they_count(v_pages):
         raise AttentionArgumentError(f"kv.pages: k_pages and v_pages must have the same strides ({strides_of(k_pages)} "
                                      f"vs {strides_of(v_pages)})")
     if _allocation(k_pages) != _allocation(v_pages):

@@ -227,8 +227,9 @@ class BlockSparseView:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
                 raise AttentionArgumentError(f"{name}: must be an integer of at least {least}, got {value!r}")
 
-    def as_paged(self, pages, layout: str = "NHD") -> tuple[Any, PagedKV]:
-        """(qo_indptr [MB+1], PagedKV) running the view through the paged prefill kernels."""
+    def blocks(self, pages, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The checked layout over ``pages`` (C = the pages' rows): host indptr [MB+1], indices [nnz], the block
+        rows' sizes [MB] and the key blocks' sizes [NB] (the last of each may be partial)."""
         check_layout(layout)
         c = int(pages.shape[2] if layout == "NHD" else pages.shape[3])
         n_blocks = -(-self.num_kv_rows // c)
@@ -237,10 +238,17 @@ class BlockSparseView:
         if n_indptr != mb + 1:
             raise AttentionArgumentError(f"indptr: has {n_indptr} entries, expected ceil(M/R) + 1 = {mb + 1}")
         indptr, indices = check_bsr(self.indptr, self.indices, n_blocks)
+        row_sz = np.minimum(self.block_rows, self.num_q_rows - np.arange(mb) * self.block_rows)
+        col_sz = np.minimum(c, self.num_kv_rows - np.arange(n_blocks) * c)
+        return indptr, indices, row_sz, col_sz
+
+    def as_paged(self, pages, layout: str = "NHD") -> tuple[Any, PagedKV]:
+        """(qo_indptr [MB+1], PagedKV) running the view through the paged prefill kernels."""
+        indptr, indices, row_sz, col_sz = self.blocks(pages, layout)
+        c, n_blocks = int(pages.shape[2] if layout == "NHD" else pages.shape[3]), len(col_sz)
         if int(pages.shape[0]) < n_blocks:
             raise AttentionArgumentError(f"pages: holds {pages.shape[0]} blocks of {c} rows, the view needs {n_blocks}")
-        col_sz = np.minimum(c, self.num_kv_rows - np.arange(n_blocks) * c)
         kv_indptr, kv_indices, last = bsr_page_table(indptr, indices, col_sz, c)
-        qo = np.minimum(np.arange(mb + 1) * self.block_rows, self.num_q_rows).astype(np.int32)
+        qo = np.concatenate([[0], np.cumsum(row_sz)]).astype(np.int32)
         return int32_like(pages, qo), PagedKV(pages, int32_like(pages, kv_indptr), int32_like(pages, kv_indices),
                                               int32_like(pages, last), layout)

@@ -176,7 +176,8 @@ def _head_pages(pages, layout: str, h: int, page_size: int, n_pages: int, n_rows
     if int(kv.shape[2]) == page_size:
         one = contiguous(kv[:n_pages])
     else:
-        rows = kv.swapaxes(0, 1).reshape(2, -1, d)[:, :n_rows]  # [2, n_rows, D]
+        stored = -(-n_rows // int(kv.shape[2]))  # (the pages holding the keys: the rest of the pool is not copied)
+        rows = kv[:stored].swapaxes(0, 1).reshape(2, -1, d)[:, :n_rows]  # [2, n_rows, D]
         buf = empty_like(pages, (2, n_pages * page_size, d), dtype_name(pages))
         buf[:, :n_rows] = rows
         buf[:, n_rows:] = 0  # past last_page_len: never used, but no stray NaN from fresh memory

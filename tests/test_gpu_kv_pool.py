@@ -146,3 +146,31 @@ def test_the_entry_functions_refuse_unreadable_pools_themselves(build_cache):
                        (wide, f"head_dim {2 * D}, this function was built for {D}")):
         with pytest.raises(Exception, match=msg):
             fn(q, pages, indptr[:1], indptr, indptr[1:], indptr, out, lse, 1.0, *plan.ffi_args())
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_the_row_hook_pass_packs_strided_pools(template, layout, build_cache):
+    """A key-transform variant (RoPE) applies its hooks once per row into a packed workspace whatever the pool's
+    strides (csrc/hook_pass.cuh hook_pass_packed_pages): vLLM's cache, the pair and a pool with gaps give exactly
+    the contiguous pool's results, and agree with the per-tile hooks to rounding."""
+    import torch
+
+    from attngen.runtime import PagedKV
+
+    skip_unless_runs(template)
+    att = cuda_module("rope", build_cache, head_dims=(D,), dtypes=("float16",), kernels=("prefill",))
+    forms, table = pools(layout, seed=5)
+    qo_lens = [17, 1, 300, 2, 0]
+    q = torch.randn(sum(qo_lens), HQ, D, device="cuda").half()
+    qo = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device="cuda")
+    ref = PagedKV(forms["contiguous"], *table, layout)
+    ref_o, ref_l = att.prefill(q, ref, qo, plan=att.plan_prefill(qo, ref, D, template=template, hook_pass=True))
+    tile_o, _ = att.prefill(q, ref, qo, plan=att.plan_prefill(qo, ref, D, template=template, hook_pass=False))
+    torch.cuda.synchronize()
+    assert (ref_o.float() - tile_o.float()).abs().max() < 2e-2
+    for form in ("vllm", "pair", "gaps"):
+        kv = PagedKV(forms[form], *table, layout)
+        out, lse = att.prefill(q, kv, qo, plan=att.plan_prefill(qo, kv, D, template=template, hook_pass=True))
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref_o) and torch.equal(lse, ref_l), form

@@ -1,6 +1,6 @@
 """The row-hook pass's choice and workspace size (runtime/hook_pass.py), on the CPU: the size mirrors
-csrc/hook_pass.cuh's layout (keys in the view's strides, queries, an identity page table), each part
-256-byte aligned; the GPU tests check the two agree (test_gpu_hook_pass.py)."""
+csrc/hook_pass.cuh's layout (ragged keys in the view's strides, paged ones packed, queries, an identity page
+table), each part 256-byte aligned; the GPU tests check the two agree (test_gpu_hook_pass.py)."""
 import pytest
 
 from attngen.runtime import PagedKV, RaggedKV
@@ -26,11 +26,15 @@ def test_workspace_bytes_follow_the_views_strides():
                      torch.tensor([7], dtype=torch.int32), layout)
         # three table entries' pages (K and V), the queries, three page ids
         assert hp.workspace_bytes(rope, q, kv, 64) == 3 * 2 * 16 * 2 * 64 * 2 + 10 * 8 * 64 * 2 + 3 * 4
-    # a pool whose page stride is smaller than a page: no pass
-    odd = torch.zeros(16, 2, 5, 2, 64, dtype=torch.float16).permute(2, 1, 0, 3, 4)
-    kv = PagedKV(odd, torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
-                 torch.tensor([3], dtype=torch.int32), "NHD")
-    assert hp.workspace_bytes(rope, q, kv, 64) is None
+    # pools whose pages do not lie within their page stride (vLLM's [2, P, ...] cache transposed, a pool whose
+    # page stride is smaller than a page) or reach far past it (every layer's pages in one pool): packed all the same
+    table = (torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+             torch.tensor([3], dtype=torch.int32))
+    for pages in (torch.zeros(2, 5, 16, 2, 64, dtype=torch.float16).transpose(0, 1),
+                  torch.zeros(16, 2, 5, 2, 64, dtype=torch.float16).permute(2, 1, 0, 3, 4),
+                  torch.zeros(5, 32, 2, 16, 2, 64, dtype=torch.float16)[:, 7]):
+        kv = PagedKV(pages, *table, "NHD")
+        assert hp.workspace_bytes(rope, q, kv, 64) == 1 * 2 * 16 * 2 * 64 * 2 + 10 * 8 * 64 * 2 + 1 * 4
 
 
 def test_the_automatic_choice():

@@ -182,13 +182,8 @@ void apply_hook_pass(const char* name, PrefillProblem& P, const TV& q, const Opt
     const bool paged = kv.page_size > 0;
     int64_t key_bytes = 0;
     if (V::kHasKeyTransform && kv_units > 0) {
-      if (paged) {  // each page's K and V rows within its stride, which the workspace's pages keep
-        const int64_t span = kv.stride_kv + int64_t(kv.page_size - 1) * kv.stride_slot +
-                             int64_t(P.num_kv_heads - 1) * kv.stride_head + D;
-        if (kv.stride_kv < 0 || kv.stride_slot < 0 || kv.stride_head < 0 || span > kv.stride_page)
-          ATTNGEN_THROW(ValueError) << name << ": hook_workspace: the page pool's pages do not lie within its page "
-                                    << "stride; pass None (the kernels apply the hooks per tile)";
-        key_bytes = kv_units * kv.stride_page * int64_t(sizeof(T));
+      if (paged) {  // packed pages [2][page_size][Hkv][D] (hook_pass_packed_pages), whatever the pool's strides
+        key_bytes = kv_units * 2 * int64_t(kv.page_size) * P.num_kv_heads * D * int64_t(sizeof(T));
       } else {
         key_bytes = ((kv_units - 1) * kv.stride_slot + int64_t(P.num_kv_heads - 1) * kv.stride_head + D) *
                     int64_t(sizeof(T));
@@ -204,6 +199,7 @@ void apply_hook_pass(const char* name, PrefillProblem& P, const TV& q, const Opt
     H.kv = kv;
     H.k_out = V::kHasKeyTransform ? base + l.keys : nullptr;
     H.page_ids = paged && V::kHasKeyTransform ? reinterpret_cast<int32_t*>(base + l.page_ids) : nullptr;
+    if (paged && V::kHasKeyTransform) H.out = hook_pass_packed_pages<D>(kv, P.num_kv_heads, H.k_out, H.page_ids);
     H.q = P.q;
     H.q_stride = P.q_stride;
     H.q_out = V::kHasQueryTransform ? base + l.queries : nullptr;
@@ -217,7 +213,7 @@ void apply_hook_pass(const char* name, PrefillProblem& P, const TV& q, const Opt
     launch_hook_pass<V>(H, hp, stream_of(q));
     if constexpr (V::kHasKeyTransform) {
       if (paged) {
-        kv.indices = H.page_ids;  // the workspace's page i holds entry i's page
+        kv = H.out;  // the workspace's page i holds entry i's page, packed
       } else {  // the keys from the workspace, the values where they were
         const char* v = static_cast<const char*>(kv.base) + kv.stride_kv * int64_t(sizeof(T));
         kv.stride_kv = (v - reinterpret_cast<const char*>(H.k_out)) / int64_t(sizeof(T));

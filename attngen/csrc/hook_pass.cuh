@@ -14,7 +14,9 @@
 // Workspace (hook_pass_layout): [keys][queries][page ids], each part 256-byte aligned:
 // - keys, where the variant has a key transform: a ragged view's K rows at their own offsets (the values
 //   stay where they are); a paged view's pages, K and V, page i of the workspace holding the page of entry
-//   i of the page table, in the pool's strides (the prefill reads them through an identity page table);
+//   i of the page table, packed (hook_pass_packed_pages: whatever the pool's strides, e.g. vLLM's [2, P, ...]
+//   cache transposed, whose K and V of a page lie far apart) and read by the prefill through an identity page
+//   table;
 // - queries [q_rows, Hq, D], where it has a query transform;
 // - page ids (paged views): the identity page table, written by the pass.
 // The kernel reads the cache's 16-bit element type from a flag, not a template argument, so that linked
@@ -38,7 +40,8 @@ namespace attngen {
 
 struct HookPassProblem {
   KVRows kv;                 // the call's view
-  unsigned char* k_out;      // keys (and a paged view's values) in the view's strides, or null
+  unsigned char* k_out;      // keys (ragged: in the view's strides) and a paged view's values, or null
+  KVRows out;                // paged: the workspace's pages as a view (hook_pass_packed_pages; base k_out)
   int32_t* page_ids;         // paged: the identity page table [kv_units]
   const void* q;             // [q_rows, Hq, D], token rows q_stride elements apart
   void* q_out;               // [q_rows, Hq, D] packed, or null
@@ -64,6 +67,20 @@ struct HookPassLayout {
 };
 
 inline int64_t hook_pass_align(int64_t n) { return (n + 255) / 256 * 256; }
+
+// The workspace's copy of a paged view `kv` of `heads` KV heads: `units` pages [2][page_size][heads][D] (keys,
+// then values; a token's heads packed), base `base`, the identity page table `page_ids`; its page count `units`.
+template <int D>
+inline KVRows hook_pass_packed_pages(const KVRows& kv, int heads, void* base, const int32_t* page_ids) {
+  KVRows out = kv;
+  out.base = base;
+  out.indices = page_ids;
+  out.stride_head = D;
+  out.stride_slot = int64_t(heads) * D;
+  out.stride_kv = int64_t(kv.page_size) * heads * D;
+  out.stride_page = 2 * out.stride_kv;
+  return out;
+}
 
 // key_bytes: the keys part (0 without a key transform); query_bytes likewise; units: paged entries (0: ragged).
 inline HookPassLayout hook_pass_layout(int64_t key_bytes, int64_t query_bytes, int64_t units) {
@@ -112,8 +129,8 @@ constexpr int hook_pass_heads() {
 // element-wise form, whole(in, out, h) the whole-row form. rows: HC x D floats of this warp.
 template <int D, int HC, bool Elementwise, class Elem, class Whole>
 __device__ __forceinline__ void hook_pass_rows(float (*rows)[D], int n, const void* src, int64_t src_off, void* dst,
-                                               int64_t dst_off, int64_t head_stride, bool bf16, Elem elem,
-                                               Whole whole, int lane) {
+                                               int64_t dst_off, int64_t head_stride, int64_t dst_head_stride,
+                                               bool bf16, Elem elem, Whole whole, int lane) {
   if constexpr (Elementwise) {
 #pragma unroll
     for (int h = 0; h < HC; ++h)
@@ -123,7 +140,7 @@ __device__ __forceinline__ void hook_pass_rows(float (*rows)[D], int n, const vo
     for (int i = lane; i < D; i += 32) {
 #pragma unroll
       for (int h = 0; h < HC; ++h)
-        if (h == 0 || h < n) hook_pass_store(dst, dst_off + h * head_stride + i, elem(rows[h], i, h), bf16);
+        if (h == 0 || h < n) hook_pass_store(dst, dst_off + h * dst_head_stride + i, elem(rows[h], i, h), bf16);
     }
   } else {
     for (int h = 0; h < n; ++h) {
@@ -131,7 +148,7 @@ __device__ __forceinline__ void hook_pass_rows(float (*rows)[D], int n, const vo
       __syncwarp();
       warp_row_hook<D, false>(rows[0], rows[1], [](float*, int) { return 0.f; },
                               [&](float* in, float* out) { whole(in, out, h); }, lane);
-      for (int i = lane; i < D; i += 32) hook_pass_store(dst, dst_off + h * head_stride + i, rows[1][i], bf16);
+      for (int i = lane; i < D; i += 32) hook_pass_store(dst, dst_off + h * dst_head_stride + i, rows[1][i], bf16);
       __syncwarp();
     }
   }
@@ -170,17 +187,19 @@ __global__ void __launch_bounds__(256) hook_pass_kernel(HookPassProblem H, typen
         if (j >= kv.length(b)) continue;
         const int64_t sh = kv.stride_head;
         const int64_t src = kv.key_offset(start, j, shift) + int64_t(hk0) * sh;
-        // the workspace keeps the view's strides; a paged view's page id becomes the entry's position
-        const int64_t dst = paged ? u * kv.stride_page + int64_t(slot) * kv.stride_slot + int64_t(hk0) * sh : src;
+        // ragged: the workspace keeps the view's strides; paged: its packed page u holds entry u's page
+        const KVRows& o = H.out;
+        const int64_t dh = paged ? o.stride_head : sh;
+        const int64_t dst = paged ? u * o.stride_page + int64_t(slot) * o.stride_slot + int64_t(hk0) * dh : src;
         hook_pass_rows<D, HC, V::kKeyElementwise>(
-            rows[warp], n, kv.base, src, H.k_out, dst, sh, bf16,
+            rows[warp], n, kv.base, src, H.k_out, dst, sh, dh, bf16,
             [&](float* row, int i, int h) { return V::key_elem(hp, row, i, j, hk0 + h); },
             [&](float* in, float* out, int h) { V::key_row(hp, in, out, j, hk0 + h); }, lane);
         if (paged) {  // the value rows move with their page
           const uint16_t* vs = static_cast<const uint16_t*>(kv.base) + src + kv.stride_kv;
-          uint16_t* vd = reinterpret_cast<uint16_t*>(H.k_out) + dst + kv.stride_kv;
+          uint16_t* vd = reinterpret_cast<uint16_t*>(H.k_out) + dst + o.stride_kv;
           for (int h = 0; h < n; ++h)
-            for (int i = lane; i < D; i += 32) vd[h * sh + i] = vs[h * sh + i];
+            for (int i = lane; i < D; i += 32) vd[h * dh + i] = vs[h * sh + i];
         }
         __syncwarp();
       }
@@ -194,7 +213,7 @@ __global__ void __launch_bounds__(256) hook_pass_kernel(HookPassProblem H, typen
         const int qo_pos = kv.length(b) - qo_len + int(tok - q0);
         const int64_t in = tok * H.q_stride + int64_t(qh0) * D, off = (tok * H.num_qo_heads + qh0) * D;
         hook_pass_rows<D, HC, V::kQueryElementwise>(
-            rows[warp], n, H.q, in, H.q_out, off, D, bf16,
+            rows[warp], n, H.q, in, H.q_out, off, D, D, bf16,
             [&](float* row, int i, int h) { return V::query_elem(hp, row, i, qo_pos, qh0 + h); },
             [&](float* in, float* out, int h) { V::query_row(hp, in, out, qo_pos, qh0 + h); }, lane);
         __syncwarp();

@@ -23,21 +23,16 @@ def _align(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def workspace_bytes(variant, q, kv: PagedKV | RaggedKV, head_dim: int) -> int | None:
-    """Bytes of the pass's workspace for this call (q [n, Hq, D], a 16-bit cache), or None where the pass
-    cannot serve it (a page pool whose pages do not lie within its page stride)."""
+def workspace_bytes(variant, q, kv: PagedKV | RaggedKV, head_dim: int) -> int:
+    """Bytes of the pass's workspace for this call (q [n, Hq, D], a 16-bit cache). A paged view's pages are
+    copied packed, [2, page_size, Hkv, D] each (csrc/hook_pass.cuh hook_pass_packed_pages), whatever the pool's
+    strides: vLLM's [2, P, ...] cache transposed or a pool of every layer's pages cost what their pages hold."""
     keys, queries = row_hooks(variant)
     elem = q.element_size()
     key_bytes = units = 0
     if keys and isinstance(kv, PagedKV):
-        p = kv.pages
-        hnd = kv.layout == "HND"
-        slot, head = (p.stride(3), p.stride(2)) if hnd else (p.stride(2), p.stride(3))
-        span = p.stride(1) + (kv.page_size - 1) * slot + (kv.num_kv_heads - 1) * head + head_dim
-        if min(p.stride(1), slot, head) < 0 or span > p.stride(0):
-            return None
         units = int(kv.indices.shape[0])
-        key_bytes = units * p.stride(0) * elem
+        key_bytes = units * 2 * kv.page_size * kv.num_kv_heads * head_dim * elem
     elif keys and int(kv.k.shape[0]) > 0:
         k = kv.k
         key_bytes = ((k.shape[0] - 1) * k.stride(0) + (k.shape[1] - 1) * k.stride(1) + head_dim) * elem
@@ -59,11 +54,6 @@ def workspace_for(variant, choice: bool | None, longest_rows: int, q, kv: PagedK
     if not wanted(variant, choice, longest_rows):
         return None
     nbytes = workspace_bytes(variant, q, kv, head_dim)
-    if nbytes is None:
-        if choice:
-            raise AttentionArgumentError("hook_pass: the page pool's pages do not lie within its page stride; plan "
-                                         "with hook_pass=None or False")
-        return None
     import torch
 
     return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)

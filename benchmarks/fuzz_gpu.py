@@ -33,8 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fuzz_engine import (ARG_NAMES, ATTNGEN_ERRORS, Case, Recipe, _with_defaults,  # noqa: E402
-                               all_recipes, apply_fault, make_case, make_variant)
+from tests.fuzz_engine import (ARG_NAMES, ATTNGEN_ERRORS, LAYOUT_FORMS, STRIDED_POOLS, Case, Recipe,  # noqa: E402
+                               _with_defaults, all_recipes, apply_fault, make_case, make_variant)
 from tests.nonfinite import compare_nonfinite  # noqa: E402
 
 HEAD_DIM = 64
@@ -44,7 +44,12 @@ GPU_FAULTS = ("qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv_ind
               "page_id_out_of_range", "page_id_negative", "last_page_len_zero", "last_page_len_too_big",
               "last_page_len_count", "q_float64", "q_wrong_head_dim", "kv_heads_not_dividing", "layout_unknown",
               "param_missing", "param_wrong_shape", "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype",
-              "kv_wrong_type")
+              "kv_wrong_type", "pool_pair_separate", "pool_pair_v_first", *STRIDED_POOLS)
+# the CPU backend packs these pools (and must then be right); the CUDA entries refuse them by name
+CUDA_ONLY_REFUSALS = STRIDED_POOLS
+# valid calls in the layouts the kernels read in place (fuzz_engine.LAYOUT_FORMS; q_token_strided: a fused
+# projection's queries), drawn beside a batch's plain call
+GPU_FORMS = (*LAYOUT_FORMS, "q_token_strided")
 
 
 def templates(kind: str, hopper: bool) -> list[tuple[str, dict]]:
@@ -64,14 +69,26 @@ def templates(kind: str, hopper: bool) -> list[tuple[str, dict]]:
 
 
 def to_device(x, device: str, half: bool = True):
-    """numpy arrays (and views of them) as torch tensors on ``device``; float32 data as float16 where ``half``."""
+    """numpy arrays as torch tensors on ``device``, float32 data as float16 where ``half``; a view keeps its
+    layout (its strides and offset into a copy of the array it views: a strided pool, a fused projection's
+    rows)."""
     import torch
 
     from attngen.runtime import PagedKV, RaggedKV
 
     if isinstance(x, np.ndarray):
-        t = torch.from_numpy(np.ascontiguousarray(x))
-        return (t.half() if half and t.dtype == torch.float32 else t).to(device)
+        owner = x
+        while isinstance(getattr(owner, "base", None), np.ndarray) or hasattr(getattr(owner, "base", None), "base"):
+            owner = owner.base  # (through the objects np.lib.stride_tricks.as_strided leaves between)
+        if not isinstance(owner, np.ndarray) or not owner.flags["C_CONTIGUOUS"] or owner.dtype != x.dtype \
+                or any(s % x.itemsize for s in x.strides):
+            owner = x = np.ascontiguousarray(x)
+        t = torch.from_numpy(owner)
+        t = (t.half() if half and t.dtype == torch.float32 else t).to(device)
+        if owner is x:
+            return t
+        offset = (x.__array_interface__["data"][0] - owner.__array_interface__["data"][0]) // x.itemsize
+        return t.as_strided(x.shape, [s // x.itemsize for s in x.strides], offset)
     if isinstance(x, RaggedKV):
         return RaggedKV(*(to_device(a, device) for a in (x.k, x.v, x.indptr)))
     if isinstance(x, PagedKV):
@@ -96,6 +113,8 @@ def run_call(att, variant, case: Case, call, how: dict, device: str = "cuda") ->
 
     what = f"{variant.name} {case.kind} {how} injected=({case.injected})"
     try:
+        if call.refused is not None:  # refused as the call was made (a pair of pools)
+            raise call.refused
         q, kv = to_device(call.q, device), to_device(call.kv, device)
         params = {k: to_device(v, device, half=False) for k, v in call.params.items()}
         out = to_device(call.out, device) if call.out is not None else None
@@ -151,6 +170,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", type=int, default=60, help="random batches per recipe")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--fault-share", type=float, default=0.4, help="share of batches also called spoilt")
+    ap.add_argument("--form-share", type=float, default=0.3,
+                    help="share of batches also called in another valid layout (GPU_FORMS: strided pools, pairs, "
+                         "fused projections)")
     ap.add_argument("--out", default=None, help="write fuzz_gpu_<date>.json here")
     ap.add_argument("--seconds", type=float, default=None,
                     help="start no new recipe after this many seconds (the figures cover the recipes run)")
@@ -190,16 +212,20 @@ def main(argv=None) -> int:
                 continue
             spoil = case_rng.random() < args.fault_share
             faults = ["none"] + ([str(case_rng.choice(GPU_FAULTS))] if spoil else [])
+            if case_rng.random() < args.form_share:
+                faults.append(str(case_rng.choice(GPU_FORMS)))
             for fault in faults:
                 call = apply_fault(case, fault, np.random.default_rng(seed + 1))
                 if call is None:
                     continue
+                valid = fault == "none" or fault in GPU_FORMS
                 for label, how in templates(case.kind, hopper):
                     outcome, detail = run_call(att, variant, case, call, how)
-                    if outcome == "ok" and fault != "none":
+                    if outcome == "ok" and not valid:
                         outcome, detail = "fail", f"{variant.name} {label}: the spoilt call ({fault}) was accepted"
-                    if outcome.startswith("refused") and fault == "none":
-                        outcome, detail = "fail", f"{variant.name} {label}: a valid call was refused: {detail}"
+                    if outcome.startswith("refused") and valid:
+                        outcome, detail = "fail", (f"{variant.name} {label}: a valid call ({fault}) was refused: "
+                                                   f"{detail}")
                     counts[outcome] += 1
                     by_path[f"{label}: {outcome}"] += 1
                     if outcome == "fail":

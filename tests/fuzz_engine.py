@@ -299,7 +299,19 @@ FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv
           "last_page_len_count", "q_float64", "q_wrong_head_dim", "q_not_contiguous", "q_token_strided",
           "kv_heads_not_dividing",
           "pages_float16", "layout_unknown", "meta_device", "param_missing", "param_wrong_shape",
-          "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype", "kv_wrong_type")
+          "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype", "kv_wrong_type",
+          "pool_vllm", "pool_pair", "pool_gapped", "pool_padded_heads", "kv_fused_projection",
+          "pool_pair_separate", "pool_pair_v_first", "pool_rows_strided")
+
+# The same batch in another memory layout every backend reads (runtime/kv_pool.py, checks.py): vLLM's cache
+# [2, P, ...] transposed, FlashInfer's (k_pages, v_pages) pair of one allocation, NaN-filled gaps between pages
+# or after each head's row, ragged keys and values (and q) as views of fused projections. A backend must
+# accept them and match the reference.
+LAYOUT_FORMS = ("pool_vllm", "pool_pair", "pool_gapped", "pool_padded_heads", "kv_fused_projection")
+# pools the CUDA kernels cannot read in place (refused there by name; the CPU backend packs any pool and must then
+# be right): rows with a stride, rows of one page overlapping the next page's (not drawn on the CPU: there the
+# overlap rewrites the keys the reference holds)
+STRIDED_POOLS = ("pool_rows_strided", "pool_overlapping")
 
 # Faults attngen does not refuse yet (or not by name), with what is missing: run_case reports them as
 # "gap:<fault>" (the long run counts them; a regression test holds each until the check exists). A view's valid
@@ -308,7 +320,9 @@ FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv
 KNOWN_GAPS: dict[str, str] = {}
 
 # faults that leave a meaningful call: attngen may also accept it (and must then be right)
-BENIGN = {"none", "q_not_contiguous", "q_token_strided"}
+BENIGN = {"none", "q_not_contiguous", "q_token_strided", "pool_rows_strided", *LAYOUT_FORMS}
+# calls that must be accepted (and be right)
+MUST_ACCEPT = {"none", *LAYOUT_FORMS}
 
 
 @dataclass
@@ -319,6 +333,7 @@ class Call:
     params: dict
     out: object = None
     lse: object = None
+    refused: Exception | None = None  # an argument refused as it was made (a pair of pools: PagedKV's as_pool)
 
 
 def apply_fault(case: Case, fault: str, rng) -> Call | None:
@@ -416,7 +431,59 @@ def apply_fault(case: Case, fault: str, rng) -> Call | None:
         call.lse = np.zeros(case.q.shape[:2], np.float16)
     elif fault == "kv_wrong_type":
         call.kv = (kv.k, kv.v) if not paged else kv.pages
+    elif fault.startswith("pool_"):
+        if not paged or (fault == "pool_pair_v_first" and kv.pages.size == 0):  # (no V to find before K)
+            return None
+        try:
+            call.kv = replace(kv, pages=pool_in_form(kv.pages, fault))
+        except ATTNGEN_ERRORS as e:
+            call.refused = e
+    elif fault == "kv_fused_projection":
+        if paged:
+            return None
+        (call.q,), (k, v) = fused_rows(case.q), fused_rows(kv.k, kv.v)  # q's and the keys' projections
+        call.kv = replace(kv, k=k, v=v)
     return call
+
+
+def pool_in_form(pages: np.ndarray, form: str):
+    """The pool ``pages`` [P, 2, ...] (contiguous) copied into memory laid out as ``form`` (a pool_* fault or
+    LAYOUT_FORMS entry): a view, or a (k_pages, v_pages) pair, holding the same values."""
+    n = pages.shape[0]
+    if form in ("pool_vllm", "pool_pair", "pool_pair_v_first"):
+        cache = np.ascontiguousarray(pages.swapaxes(0, 1))  # [2, P, ...]
+        return {"pool_vllm": cache.swapaxes(0, 1), "pool_pair": (cache[0], cache[1]),
+                "pool_pair_v_first": (cache[1], cache[0])}[form]
+    if form == "pool_pair_separate":
+        return pages[:, 0].copy(), pages[:, 1].copy()
+    if form == "pool_gapped":  # a third half of NaN after each page's keys and values
+        buf = np.full((n, 3) + pages.shape[2:], np.nan, pages.dtype)
+        buf[:, :2] = pages
+        return buf[:, :2]
+    if form == "pool_padded_heads":  # 8 NaN elements after every row (16 bytes at 16 bits)
+        buf = np.full(pages.shape[:-1] + (pages.shape[-1] + 8,), np.nan, pages.dtype)
+        buf[..., :pages.shape[-1]] = pages
+        return buf[..., :pages.shape[-1]]
+    if form == "pool_rows_strided":  # every other element of a row
+        buf = np.full(pages.shape[:-1] + (2 * pages.shape[-1],), np.nan, pages.dtype)
+        buf[..., ::2] = pages
+        return buf[..., ::2]
+    if form == "pool_overlapping":  # each page starts one row after the previous one
+        row = pages.shape[-1] * pages.itemsize
+        buf = np.zeros(pages.size + n * pages.shape[-1], pages.dtype)
+        return np.lib.stride_tricks.as_strided(buf, pages.shape, (row,) + pages.strides[1:])
+    raise ValueError(f"unknown pool form {form!r}")
+
+
+def fused_rows(*xs):
+    """Arrays [n, H_i, D] of one token count as views of one fused projection [n, sum(H_i) * D + 8] (8 NaN spare
+    elements after each token), holding the same values."""
+    n, d = xs[0].shape[0], xs[0].shape[2]
+    offsets = np.cumsum([0] + [x.shape[1] * d for x in xs])
+    fused = np.full((n, int(offsets[-1]) + 8), np.nan, xs[0].dtype)
+    for x, a, b in zip(xs, offsets[:-1], offsets[1:]):
+        fused[:, a:b] = x.reshape(n, b - a)
+    return tuple(fused[:, a:b].reshape(n, x.shape[1], d) for x, a, b in zip(xs, offsets[:-1], offsets[1:]))
 
 
 # ---- the oracle ----------------------------------------------------------------------------------------
@@ -457,6 +524,8 @@ def guarded(fault: str, check) -> str:
 
 def _checked_call(variant: Variant, att: CPUAttention, case: Case, call: Call, fault: str, what: str) -> str:
     try:
+        if call.refused is not None:
+            raise call.refused
         if case.kind == "decode":
             out, lse = att.decode(call.q, call.kv, sm_scale=case.sm_scale, params=call.params, out=call.out,
                                   lse=call.lse)
@@ -465,7 +534,7 @@ def _checked_call(variant: Variant, att: CPUAttention, case: Case, call: Call, f
                                    out=call.out, lse=call.lse)
     except ATTNGEN_ERRORS as e:
         msg = str(e)
-        if fault == "none":
+        if fault in MUST_ACCEPT:
             raise FuzzFailure(f"{what}: a valid call was refused: {type(e).__name__}: {msg}") from e
         if not any(a in msg for a in ARG_NAMES):
             raise FuzzFailure(f"{what}: the refusal names no argument: {msg!r}") from e

@@ -133,19 +133,22 @@ def test_the_gpu_fuzzers_oracle_on_the_cpu_backend(build_cache):
     from attngen.runtime import CPUAttention
 
     fg = _fuzz_gpu_module()
-    rng = np.random.default_rng(5)
     recipe = Recipe(("alibi", "softcap"), ("causal", "custom"), "affine", "scale", "head_bias")
     variant = fg.make_variant(recipe)
     att = _PlanlessCPU(CPUAttention.build(variant, head_dims=(fg.HEAD_DIM,), dtypes=("float16",), cache=build_cache))
-    outcomes = []
-    for i in range(16):
+    spoilt = [f for f in fg.GPU_FAULTS if f not in fg.CUDA_ONLY_REFUSALS]  # (the CPU backend packs those pools)
+    outcomes, forms = [], set()
+    for i in range(24):
         case = fg.make_case(variant, 100 + i, head_dim=fg.HEAD_DIM)
-        for fault in ("none", fg.GPU_FAULTS[i % len(fg.GPU_FAULTS)]):
+        for fault in ("none", spoilt[i % len(spoilt)], fg.GPU_FORMS[i % len(fg.GPU_FORMS)]):
             call = fg.apply_fault(case, fault, np.random.default_rng(i))
             if call is None:
                 continue
             how = {"bounded": True} if case.kind != "decode" and i % 2 else {}  # the bound's computation too
             outcome, detail = fg.run_call(att, variant, case, call, how, device="cpu")
-            assert outcome == "ok" if fault == "none" else outcome.startswith("refused"), (fault, outcome, detail)
+            valid = fault == "none" or fault in fg.GPU_FORMS
+            assert outcome == "ok" if valid else outcome.startswith("refused"), (fault, outcome, detail)
             outcomes.append(outcome)
+            forms |= {fault} & set(fg.GPU_FORMS)
     assert outcomes.count("ok") >= 10 and any(o.startswith("refused") for o in outcomes)
+    assert forms == set(fg.GPU_FORMS), forms  # every form reached a call

@@ -88,6 +88,19 @@ def test_the_pair_becomes_one_view_of_the_cache(rng):
     assert np.array_equal(view, arr.swapaxes(0, 1)) and view.strides == arr.swapaxes(0, 1).strides
 
 
+def test_a_pair_of_no_pages_is_an_empty_pool(build_cache):
+    """(The fuzzer's find: an empty batch's pair of [0, ...] halves, both at the cache's address, was refused as V
+    before K.) Each library's pair of empty halves is a [0, 2, ...] pool that an empty batch reads."""
+    import torch
+
+    empty = np.zeros(0, np.int32)
+    for cache in (torch.zeros(2, 0, PS, HKV, D), np.zeros((2, 0, PS, HKV, D), np.float32)):
+        kv = PagedKV((cache[0], cache[1]), np.zeros(1, np.int32), empty, empty)
+        assert tuple(kv.pages.shape) == (0, 2, PS, HKV, D) and pool_layout_error(kv.pages) is None
+    out, lse = cpu_module("vanilla", build_cache).decode(np.zeros((0, HQ, D), np.float32), kv)
+    assert out.shape == (0, HQ, D) and lse.shape == (0, HQ)
+
+
 def test_pairs_the_kernels_cannot_address_are_refused_by_name():
     import torch
 

@@ -61,6 +61,8 @@ def pool_of_pair(k_pages, v_pages, layout: str):
             "passed as (cache[0], cache[1]) or as cache.transpose(0, 1))")
     item = itemsize(k_pages)
     gap = address(v_pages) - address(k_pages)
+    if int(np.prod(k_pages.shape)) == 0:  # a pool of no pages (or empty pages) has nothing to find V by
+        gap = max(1, int(np.prod(k_pages.shape[1:]))) * item
     if gap <= 0 or gap % item:
         raise AttentionArgumentError(
             "kv.pages: v_pages must lie after k_pages in their allocation (a view [num_pages, 2, ...] starts at "

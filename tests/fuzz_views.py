@@ -26,7 +26,7 @@ from attngen.runtime.reference import reference_attention
 
 from .fuzz_engine import (_RECIPES, ATTNGEN_ERRORS, BASE_KINDS, HEAD_DIM, Case, FuzzFailure, Recipe, _batch_lens,
                           _compare, _pages_of, _params, _poison, _rows_reference, _slot_copies, stored_pages,
-                          _with_defaults, _write_slots, draw_kind, guarded, make_base_case)
+                          _with_defaults, _write_slots, draw_kind, guarded, make_base_case, pool_in_form)
 from .fuzz_engine import run_case as run_base_case
 
 VIEW_KINDS = ("cascade", "bsr", "append")
@@ -645,6 +645,10 @@ def _append_fault(variant: Variant, case: Case, call: "ViewCall", fault: str, rn
 
         a["k"] = torch.from_numpy(a["k"])
         return ("k, v",)
+    if fault.startswith("append_pool_"):  # a valid call: the append writes, and the read reads, through the view
+        pool = replace(kv, pages=pool_in_form(kv.pages, fault[len("append_"):]))
+        a["kv"] = a["read_kv"] = pool
+        return None
     if fault == "append_indptr_past_end":
         a["kv"] = replace(kv, indptr=(kv.indptr + np.int32(len(kv.indices) + 1) * (np.arange(batch + 1) == batch))
                           .astype(np.int32))
@@ -693,7 +697,8 @@ VIEW_FAULTS = {
     "append": ("none", "append_more_rows", "append_indptr_count", "append_indptr_int64", "append_k_shape",
                "append_v_dtype", "append_scale_given", "append_last_page_len", "append_slot_out_of_range",
                "append_slot_negative", "append_shared_slot", "append_layout_unknown", "append_kv_ragged",
-               "append_rows_torch", "append_indptr_past_end"),
+               "append_rows_torch", "append_indptr_past_end", "append_pool_vllm", "append_pool_pair",
+               "append_pool_gapped"),
 }
 
 

@@ -1,7 +1,8 @@
 """Fuzzing the CUDA templates: the CPU fuzzer's random variants and batches (tests/fuzz_engine.py: hook
 fragments composed into variants; ragged, paged and decode batches with empty and one-token requests, GQA,
 both layouts, permuted pages with spare ones; NaN / Inf in q or k; malformed index arrays and arguments),
-built for CUDA at head_dim 64 / float16, each call through every template that serves it:
+built for CUDA at head_dim 64 / float16 (``--fp8``: over fp8 caches, tests/fuzz_fp8.py), each call through every
+template that serves it:
 
 - decode on CUDA cores and on tensor cores, whole (one chunk), split into chunks, and the load-balanced
   plan (split-KV with the merge);
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.fuzz_engine import (ARG_NAMES, ATTNGEN_ERRORS, LAYOUT_FORMS, STRIDED_POOLS, Case, Recipe,  # noqa: E402
                                _with_defaults, all_recipes, apply_fault, make_case, make_variant)
+from tests.fuzz_fp8 import FP8_FAULTS, FP8_KV_DTYPES, apply_fp8_fault, make_fp8_case  # noqa: E402
 from tests.nonfinite import compare_nonfinite  # noqa: E402
 
 HEAD_DIM = 64
@@ -44,7 +46,7 @@ GPU_FAULTS = ("qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv_ind
               "page_id_out_of_range", "page_id_negative", "last_page_len_zero", "last_page_len_too_big",
               "last_page_len_count", "q_float64", "q_wrong_head_dim", "kv_heads_not_dividing", "layout_unknown",
               "param_missing", "param_wrong_shape", "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype",
-              "kv_wrong_type", "pool_pair_separate", "pool_pair_v_first", *STRIDED_POOLS)
+              "kv_wrong_type", "pool_pair_separate", "pool_pair_v_first", *STRIDED_POOLS, "scales_on_float_cache")
 # the CPU backend packs these pools (and must then be right); the CUDA entries refuse them by name
 CUDA_ONLY_REFUSALS = STRIDED_POOLS
 # valid calls in the layouts the kernels read in place (fuzz_engine.LAYOUT_FORMS), drawn beside a batch's plain
@@ -76,14 +78,16 @@ def to_device(x, device: str, half: bool = True):
 
     from attngen.runtime import PagedKV, RaggedKV
 
+    if isinstance(x, np.ndarray) and x.dtype.name in FP8_KV_DTYPES:  # ml_dtypes fp8: torch takes the bytes
+        return to_device(x.view(np.uint8), device).view(getattr(torch, x.dtype.name))
     if isinstance(x, np.ndarray):
         owner = x
         while isinstance(getattr(owner, "base", None), np.ndarray) or hasattr(getattr(owner, "base", None), "base"):
             owner = owner.base  # (through the objects np.lib.stride_tricks.as_strided leaves between)
-        if not isinstance(owner, np.ndarray) or not owner.flags["C_CONTIGUOUS"] or owner.dtype != x.dtype \
-                or any(s % x.itemsize for s in x.strides):
+        if not isinstance(owner, np.ndarray) or not owner.flags["C_CONTIGUOUS"] \
+                or owner.dtype.itemsize != x.itemsize or any(s % x.itemsize for s in x.strides):
             owner = x = np.ascontiguousarray(x)
-        t = torch.from_numpy(owner)
+        t = torch.from_numpy(owner.view(x.dtype))
         t = (t.half() if half and t.dtype == torch.float32 else t).to(device)
         if owner is x:
             return t
@@ -99,8 +103,11 @@ def to_device(x, device: str, half: bool = True):
 
 
 def rounded(case: Case) -> tuple:
-    """q, keys and values as the GPU sees them (float16), in float32 for the reference."""
+    """q, keys and values as the GPU sees them (float16; an fp8 cache's keys and values exactly as it holds
+    them), in float32 (float64) for the reference."""
     r = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+    if case.scales is not None:
+        return r(case.q), case.keys, case.values
     return r(case.q), [r(k) for k in case.keys], [r(v) for v in case.values]
 
 
@@ -117,13 +124,14 @@ def run_call(att, variant, case: Case, call, how: dict, device: str = "cuda") ->
             raise call.refused
         q, kv = to_device(call.q, device), to_device(call.kv, device)
         params = {k: to_device(v, device, half=False) for k, v in call.params.items()}
+        scales = {k: to_device(v, device, half=False) for k, v in call.scales.items()}
         out = to_device(call.out, device) if call.out is not None else None
         lse = to_device(call.lse, device, half=False) if call.lse is not None else None
         if out is not None:
             out.fill_(float("nan"))
         if case.kind == "decode":
             plan = att.plan_decode(kv, int(q.shape[1]), HEAD_DIM, **how)
-            o, l = att.decode(q, kv, plan=plan, sm_scale=case.sm_scale, params=params, out=out, lse=lse)
+            o, l = att.decode(q, kv, plan=plan, sm_scale=case.sm_scale, params=params, out=out, lse=lse, **scales)
         else:
             qo = to_device(call.qo_indptr, device)
             how = dict(how)
@@ -131,7 +139,8 @@ def run_call(att, variant, case: Case, call, how: dict, device: str = "cuda") ->
                 rows = np.diff(np.asarray(call.qo_indptr, np.int64))
                 how["max_qo_len"] = int(max(rows.sum(), rows.max(initial=0))) if rows.size else 0
             plan = att.plan_prefill(qo, kv, HEAD_DIM, **how)
-            o, l = att.prefill(q, kv, qo, plan=plan, sm_scale=case.sm_scale, params=params, out=out, lse=lse)
+            o, l = att.prefill(q, kv, qo, plan=plan, sm_scale=case.sm_scale, params=params, out=out, lse=lse,
+                               **scales)
         if device == "cuda":
             torch.cuda.synchronize()
     except ATTNGEN_ERRORS as e:
@@ -174,6 +183,9 @@ def main(argv=None) -> int:
                     help="share of batches also called in another valid layout (GPU_FORMS: strided pools, pairs, "
                          "fused projections)")
     ap.add_argument("--out", default=None, help="write fuzz_gpu_<date>.json here")
+    ap.add_argument("--fp8", action="store_true",
+                    help="fp8 caches (tests/fuzz_fp8.py: e4m3 and e5m2 by turns of the recipes, random per-tensor or "
+                         "per-head scales) with FP8_FAULTS for spoilt calls")
     ap.add_argument("--seconds", type=float, default=None,
                     help="start no new recipe after this many seconds (the figures cover the recipes run)")
     ap.add_argument("--part", default="0/1", metavar="I/N",
@@ -198,24 +210,28 @@ def main(argv=None) -> int:
             break
         ran.append(recipe.name)
         variant = make_variant(recipe)
+        kv_dtype = FP8_KV_DTYPES[index % 2] if args.fp8 else None  # (fp8: the formats in turn)
         try:
-            att = CUDAAttention.build(variant, head_dims=(HEAD_DIM,), dtypes=("float16",), layouts=("NHD", "HND"))
+            att = CUDAAttention.build(variant, head_dims=(HEAD_DIM,), dtypes=("float16",), layouts=("NHD", "HND"),
+                                      kv_dtypes=(kv_dtype,) if kv_dtype else ())
         except ATTNGEN_ERRORS as e:
             build_refused.append(f"{variant.name}: {e}")
             continue
         case_rng = np.random.default_rng([args.seed, index])  # the recipe's own stream: the same in every shard
         for _ in range(args.cases):
             seed = int(case_rng.integers(2**32))
-            case = make_case(variant, seed, head_dim=HEAD_DIM)
+            case = make_fp8_case(variant, seed, kv_dtype, HEAD_DIM) if kv_dtype else \
+                make_case(variant, seed, head_dim=HEAD_DIM)
             if "v[" in case.injected:  # see the module's docstring
                 counts["skipped: non-finite V"] += 1
                 continue
             spoil = case_rng.random() < args.fault_share
-            faults = ["none"] + ([str(case_rng.choice(GPU_FAULTS))] if spoil else [])
+            faults = ["none"] + ([str(case_rng.choice(FP8_FAULTS[1:] if kv_dtype else GPU_FAULTS))] if spoil else [])
             if case_rng.random() < args.form_share:
                 faults.append(str(case_rng.choice(GPU_FORMS)))
             for fault in faults:
-                call = apply_fault(case, fault, np.random.default_rng(seed + 1))
+                spoil_with = apply_fp8_fault if fault in FP8_FAULTS else apply_fault
+                call = spoil_with(case, fault, np.random.default_rng(seed + 1))
                 if call is None:
                     continue
                 valid = fault == "none" or fault in GPU_FORMS

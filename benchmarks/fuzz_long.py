@@ -4,7 +4,8 @@ Each input is one call (tests/fuzz_engine.py: a variant composed from hook fragm
 paged / decode batch, maybe NaN / Inf injected, maybe one argument spoilt); the run counts the inputs
 tried, the outcomes (matched the reference, refused by error kind and fault, not applicable), and keeps
 every failure with what reproduces it (recipe, seed, fault). Figures go to
-benchmarks/results/fuzz_long.json (``--out``).
+benchmarks/results/fuzz_long.json (``--out``). ``--views`` draws the views' calls (tests/fuzz_views.py),
+``--fp8`` the plain calls over fp8 caches (tests/fuzz_fp8.py).
 
     PYTHONPATH=. python benchmarks/fuzz_long.py --recipes 40 --cases-per-recipe 150 --seed 1
 """
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fuzz_engine import FAULTS, KNOWN_GAPS, FuzzFailure, all_recipes, built  # noqa: E402
+from tests.fuzz_fp8 import FP8_FAULTS, FP8_KV_DTYPES, built_fp8, make_fp8_case, run_fp8_case  # noqa: E402
 from tests.fuzz_views import VIEW_FAULTS, VIEW_KINDS, make_case, run_case  # noqa: E402
 
 
@@ -37,8 +39,13 @@ def main(argv=None) -> int:
     ap.add_argument("--views", action="store_true",
                     help="draw the views' case kinds (cascade, block-sparse, append: tests/fuzz_views.py) instead of "
                          "the plain ragged / paged / decode calls")
+    ap.add_argument("--fp8", action="store_true",
+                    help="the plain calls over fp8 caches (tests/fuzz_fp8.py: e4m3 and e5m2 in turn, per-tensor or "
+                         "per-head scales, FP8_FAULTS)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fuzz_long.json"))
     args = ap.parse_args(argv)
+    if args.views and args.fp8:
+        ap.error("--views and --fp8: pick one")
 
     rng = np.random.default_rng(args.seed)
     space = list(all_recipes())
@@ -53,7 +60,8 @@ def main(argv=None) -> int:
     for n, recipe in enumerate(picks):
         tb = time.time()
         try:
-            variant, att = built(recipe)
+            kv_dtype = FP8_KV_DTYPES[n % 2]
+            variant, att = built_fp8(recipe, kv_dtype) if args.fp8 else built(recipe)
         except Exception as e:  # a recipe the variant checks refuse is a finding too
             failures.append({"recipe": asdict(recipe), "stage": "build", "error": f"{type(e).__name__}: {e}"})
             continue
@@ -63,12 +71,16 @@ def main(argv=None) -> int:
             if args.views:
                 case = make_case(variant, seed, kinds=VIEW_KINDS)
                 spoilt = [f for f in VIEW_FAULTS[case.kind] if f != "none"]
+            elif args.fp8:
+                case = make_fp8_case(variant, seed, kv_dtype)
+                spoilt = list(FP8_FAULTS[1:])
             else:
                 case = make_case(variant, seed)
                 spoilt = list(FAULTS[1:])
             fault = "none" if rng.random() >= args.fault_share else str(rng.choice(spoilt))
             try:
-                result = run_case(variant, att, case, fault, np.random.default_rng(seed + 1))
+                run = run_fp8_case if args.fp8 else run_case
+                result = run(variant, att, case, fault, np.random.default_rng(seed + 1))
             except FuzzFailure as e:
                 result = "failed"
                 failures.append({"recipe": asdict(recipe), "seed": seed, "fault": fault, "error": str(e)[:600]})

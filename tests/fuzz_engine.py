@@ -23,7 +23,7 @@ from __future__ import annotations
 import faulthandler
 import hashlib
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import tvm.script
@@ -196,6 +196,7 @@ class Case:
     sm_scale: float
     injected: str = ""  # what non-finite value was written where ("" for none)
     view: dict | None = None  # a view kind's parts (levels, layout, appended rows, ...: see its maker in fuzz_views)
+    scales: dict | None = None  # an fp8 cache's k_scale / v_scale (tests/fuzz_fp8.py); None for a float cache
 
 
 def _params(variant: Variant, rng, qo_lens, kv_lens, n_qo: int, head_dim: int = HEAD_DIM) -> dict:
@@ -301,7 +302,7 @@ FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv
           "pages_float16", "layout_unknown", "meta_device", "param_missing", "param_wrong_shape",
           "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype", "kv_wrong_type",
           "pool_vllm", "pool_pair", "pool_gapped", "pool_padded_heads", "kv_fused_projection",
-          "pool_pair_separate", "pool_pair_v_first", "pool_rows_strided")
+          "pool_pair_separate", "pool_pair_v_first", "pool_rows_strided", "scales_on_float_cache")
 
 # The same batch in another memory layout every backend reads (runtime/kv_pool.py, checks.py): vLLM's cache
 # [2, P, ...] transposed, FlashInfer's (k_pages, v_pages) pair of one allocation, NaN-filled gaps between pages
@@ -334,11 +335,12 @@ class Call:
     out: object = None
     lse: object = None
     refused: Exception | None = None  # an argument refused as it was made (a pair of pools: PagedKV's as_pool)
+    scales: dict = field(default_factory=dict)  # k_scale / v_scale passed with the call
 
 
 def apply_fault(case: Case, fault: str, rng) -> Call | None:
     """The call of ``case`` with ``fault``; None when the fault does not apply to the case."""
-    call = Call(case.q, case.qo_indptr, case.kv, dict(case.params))
+    call = Call(case.q, case.qo_indptr, case.kv, dict(case.params), scales=dict(case.scales or {}))
     hd = case.q.shape[2]
     kv = case.kv
     paged = isinstance(kv, PagedKV)
@@ -438,6 +440,8 @@ def apply_fault(case: Case, fault: str, rng) -> Call | None:
             call.kv = replace(kv, pages=pool_in_form(kv.pages, fault))
         except ATTNGEN_ERRORS as e:
             call.refused = e
+    elif fault == "scales_on_float_cache":  # scales belong to fp8 caches
+        call.scales = {"k_scale": 1.0, "v_scale": 1.0}
     elif fault == "kv_fused_projection":
         if paged:
             return None
@@ -488,7 +492,7 @@ def fused_rows(*xs):
 
 # ---- the oracle ----------------------------------------------------------------------------------------
 ARG_NAMES = ("q", "qo_indptr", "kv", "indptr", "indices", "last_page_len", "pages", "layout", "out", "lse",
-             "param", "fz_", "mask_", "dtype", "device", "head")
+             "param", "fz_", "mask_", "dtype", "device", "head", "k_scale", "v_scale")
 
 
 HANG_SECONDS = 120  # a call (and its reference) taking longer is a hang: the process is ended with a traceback
@@ -528,10 +532,10 @@ def _checked_call(variant: Variant, att: CPUAttention, case: Case, call: Call, f
             raise call.refused
         if case.kind == "decode":
             out, lse = att.decode(call.q, call.kv, sm_scale=case.sm_scale, params=call.params, out=call.out,
-                                  lse=call.lse)
+                                  lse=call.lse, **call.scales)
         else:
             out, lse = att.prefill(call.q, call.kv, call.qo_indptr, sm_scale=case.sm_scale, params=call.params,
-                                   out=call.out, lse=call.lse)
+                                   out=call.out, lse=call.lse, **call.scales)
     except ATTNGEN_ERRORS as e:
         msg = str(e)
         if fault in MUST_ACCEPT:

@@ -8,7 +8,8 @@ derandomized examples. benchmarks/fuzz_long.py runs the whole recipe space for a
 Examples the fuzzer once failed on are kept below as regression tests.
 
 The views over the prefill (cascade levels, block-sparse layouts, appends followed by a read) are fuzzed the
-same way over their own pool of recipes (``VIEW_RECIPES``), with their own faults (``VIEW_FAULTS``).
+same way over their own pool of recipes (``VIEW_RECIPES``), with their own faults (``VIEW_FAULTS``), and so are
+fp8 caches (tests/fuzz_fp8.py: ``FP8_FAULTS``).
 """
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .fuzz_engine import FAULTS, Recipe, built
+from .fuzz_fp8 import FP8_FAULTS, FP8_KV_DTYPES, built_fp8, make_fp8_case, run_fp8_case
 from .fuzz_views import VIEW_FAULTS, VIEW_KINDS, make_case, run_case
 
 # every fragment appears at least once; both states; elementwise and whole-row row hooks
@@ -52,6 +54,25 @@ def test_fuzz_calls(modules, recipe, seed, fault):
 def test_fuzz_valid_calls_with_nonfinite_inputs(modules, recipe, seed):
     variant, att = modules[recipe]
     run_case(variant, att, make_case(variant, seed), "none", np.random.default_rng(seed))
+
+
+# fp8 caches (tests/fuzz_fp8.py): each CI recipe over one fp8 format, the formats alternating
+FP8_RECIPES = tuple((r, FP8_KV_DTYPES[i % 2]) for i, r in enumerate(CI_RECIPES))
+
+
+@pytest.fixture(scope="module")
+def fp8_modules(build_cache):
+    return {rk: built_fp8(*rk, cache=build_cache) for rk in FP8_RECIPES}
+
+
+@FUZZ
+@given(recipe=st.sampled_from(FP8_RECIPES), seed=st.integers(0, 2**32 - 1), fault=st.sampled_from(FP8_FAULTS))
+def test_fuzz_fp8_calls(fp8_modules, recipe, seed, fault):
+    """Calls over fp8 caches at random scales match the reference on the dequantised values, or are refused by
+    name (spoilt scales, raw bytes, an unquantised cache, fp8 queries)."""
+    variant, att = fp8_modules[recipe]
+    case = make_fp8_case(variant, seed, recipe[1])
+    run_fp8_case(variant, att, case, fault, np.random.default_rng(seed + 1))
 
 
 # (recipe index in CI_RECIPES, seed) the fuzzer failed on before the kernels followed the reference's

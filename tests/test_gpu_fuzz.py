@@ -43,6 +43,16 @@ def test_fuzz_calls_match_the_reference_or_are_refused(fuzz_env, part):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("part", range(2))
+def test_fuzz_fp8_calls_match_the_reference_or_are_refused(fuzz_env, part):
+    """fp8 caches (e4m3 and e5m2, random scales; tests/fuzz_fp8.py): one of two shards of 4 recipes x 16 batches."""
+    p = subprocess.run([sys.executable, str(FUZZ), "--fp8", "--recipes", "4", "--cases", "16", "--seed", "8",
+                        "--part", f"{part}/2"], env=fuzz_env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-3000:]
+    assert "fuzz_gpu done" in p.stdout
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "initcheck"])
 def test_fuzz_calls_under_the_sanitizer(fuzz_env, tool):
     exe = shutil.which("compute-sanitizer")
@@ -152,3 +162,29 @@ def test_the_gpu_fuzzers_oracle_on_the_cpu_backend(build_cache):
             forms |= {fault} & set(fg.GPU_FORMS)
     assert outcomes.count("ok") >= 10 and any(o.startswith("refused") for o in outcomes)
     assert forms == set(fg.GPU_FORMS), forms  # every form reached a call
+
+
+def test_the_gpu_fuzzers_fp8_calls_on_the_cpu_backend(build_cache):
+    """The GPU fuzzer's fp8 path (fp8 arrays as torch fp8 tensors, scales with the call, the dequantised
+    reference) on the CPU backend: valid calls match, spoilt ones are refused by name."""
+    import numpy as np
+
+    from attngen.runtime import CPUAttention
+
+    from .fuzz_fp8 import FP8_FAULTS, apply_fp8_fault, make_fp8_case
+
+    fg = _fuzz_gpu_module()
+    recipe = Recipe(("alibi", "softcap"), ("causal",), "affine", "scale", "head_bias")
+    variant = fg.make_variant(recipe)
+    outcomes = []
+    for kv_dtype in ("float8_e4m3fn", "float8_e5m2"):
+        att = _PlanlessCPU(CPUAttention.build(variant, head_dims=(fg.HEAD_DIM,), dtypes=("float16",),
+                                              kv_dtypes=(kv_dtype,), cache=build_cache))
+        for i in range(8):
+            case = make_fp8_case(variant, 200 + i, kv_dtype, fg.HEAD_DIM)
+            for fault in ("none", FP8_FAULTS[1 + i % (len(FP8_FAULTS) - 1)]):
+                call = apply_fp8_fault(case, fault, np.random.default_rng(i))
+                outcome, detail = fg.run_call(att, variant, case, call, {}, device="cpu")
+                assert outcome == "ok" if fault == "none" else outcome.startswith("refused"), (fault, outcome, detail)
+                outcomes.append(outcome)
+    assert outcomes.count("ok") >= 12 and any(o.startswith("refused") for o in outcomes)

@@ -101,6 +101,19 @@ def test_a_pair_of_no_pages_is_an_empty_pool(build_cache):
     assert out.shape == (0, HQ, D) and lse.shape == (0, HQ)
 
 
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "bfloat16"])
+def test_numpy_pairs_of_ml_dtypes_elements_are_one_view(dtype):
+    """(The fuzzer's find: numpy's as_strided cannot describe ml_dtypes' elements, so a pair of fp8 numpy pages
+    raised a TypeError.) The pair becomes the [P, 2, ...] view of the cache, elements and bits unchanged."""
+    import ml_dtypes
+
+    cache = np.random.default_rng(1).standard_normal((2, 5, PS, HKV, D)).astype(getattr(ml_dtypes, dtype))
+    pages = PagedKV((cache[0], cache[1]), *table(np.random.default_rng(0), 5)).pages
+    assert pages.dtype == cache.dtype and pages.shape == (5, 2, PS, HKV, D)
+    assert pages.strides == cache.swapaxes(0, 1).strides and np.shares_memory(pages, cache)
+    assert np.array_equal(pages.view(np.uint8), cache.swapaxes(0, 1).view(np.uint8))
+
+
 def test_pairs_the_kernels_cannot_address_are_refused_by_name():
     import torch
 

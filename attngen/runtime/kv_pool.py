@@ -76,8 +76,10 @@ def pool_of_pair(k_pages, v_pages, layout: str):
     if any(b % item for b in k_pages.strides):
         raise AttentionArgumentError(f"kv.pages: k_pages' byte strides {k_pages.strides} are not multiples of its "
                                      f"{item}-byte elements; pass np.ascontiguousarray copies")
-    return np.lib.stride_tricks.as_strided(k_pages, shape, (k_pages.strides[0], gap, *k_pages.strides[1:]),
-                                           writeable=True)
+    # (through raw bytes of the element size: as_strided cannot describe ml_dtypes' fp8 / bfloat16 elements)
+    raw = k_pages.view(np.dtype((np.void, item)))
+    return np.lib.stride_tricks.as_strided(raw, shape, (k_pages.strides[0], gap, *k_pages.strides[1:]),
+                                           writeable=True).view(k_pages.dtype)
 
 
 def same_pool(a, b) -> bool:

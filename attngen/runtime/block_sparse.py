@@ -36,6 +36,19 @@ from .views import (BlockSparseView, PagedKV, bsr_page_table, causal_blocks, cau
                     require_position_free)
 
 
+def _head_scales(scales: dict, h: int, num_kv_heads: int) -> dict:
+    """KV head h's k_scale / v_scale for its own one-head call: a float or one-entry scale as given, head h's
+    entry of one per KV head; any other count is refused here, in the view's terms."""
+    out = {}
+    for name, scale in scales.items():
+        n = int(np.prod(scale.shape)) if hasattr(scale, "shape") else 1
+        if n not in (1, num_kv_heads):
+            raise AttentionArgumentError(f"{name}: {n} scales for {num_kv_heads} KV heads; pass a float or one "
+                                         "float32 scale per KV head")
+        out[name] = scale.reshape(-1)[h:h + 1] if n > 1 else scale
+    return out
+
+
 def _host(x, name: str) -> np.ndarray:
     """A host NumPy copy or view of an array, CPU / CUDA tensor or nested list."""
     return np.asarray(as_numpy(x, name) if hasattr(x, "detach") else x)
@@ -238,20 +251,24 @@ class BlockSparseAttention:
         return self._unmasked if self._unmasked is not None else self.backend.without_mask()
 
     def run(self, q, pages, view: BlockSparseView | HeadwiseBlockSparseView, *, layout: str = "NHD",
-            sm_scale: float | None = None, params: dict | None = None, out=None, lse=None):
+            sm_scale: float | None = None, params: dict | None = None, out=None, lse=None, k_scale=None,
+            v_scale=None):
         """q: [M, Hq, D]; pages: [num_pages, 2, S, Hkv, D] (NHD) or [num_pages, 2, Hkv, S, D] (HND) holding
         keys 0..N-1 in page order (S = C for a ``BlockSparseView``; a headwise view takes any S, e.g. dense
         k, v [N, Hkv, D] as one page: ``stack((k, v), 1)[None]``).
-        Returns (out [M, Hq, D], lse [M, Hq] base 2); rows that read no block get O = 0, lse = -inf."""
+        Returns (out [M, Hq, D], lse [M, Hq] base 2); rows that read no block get O = 0, lse = -inf.
+        ``k_scale``, ``v_scale``: an fp8 cache's scales (a float, or one per KV head), as ``prefill`` takes them."""
+        scales = {} if k_scale is None and v_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
         check_layout(layout)
         pages = as_pool(pages, layout)  # (FlashInfer's (k_pages, v_pages) form: kv_pool.py)
         if isinstance(view, BlockSparseView):
             if not self.causal:
-                return self._run_shared(self.backend, q, pages, view, layout, sm_scale, params, out, lse)
+                return self._run_shared(self.backend, q, pages, view, layout, sm_scale, params, out, lse, scales)
             aligned, whole, whole_rows = _causal_shared(view, pages, layout)
-            out, lse = self._run_shared(self.backend, q, pages, aligned, layout, sm_scale, params, out, lse)
+            out, lse = self._run_shared(self.backend, q, pages, aligned, layout, sm_scale, params, out, lse, scales)
             if whole_rows.any():
-                o_w, lse_w = self._run_shared(self.unmasked(), q, pages, whole, layout, sm_scale, params, None, None)
+                o_w, lse_w = self._run_shared(self.unmasked(), q, pages, whole, layout, sm_scale, params, None, None,
+                                              scales)
                 _take_rows(out, lse, o_w, lse_w, whole_rows, slice(None))
             return out, lse
         if not isinstance(view, HeadwiseBlockSparseView):
@@ -264,27 +281,29 @@ class BlockSparseAttention:
                 "that numbers heads from 0, so run head-dependent variants on a shared-layout BlockSparseView")
         n_kv, s = self._check(q, pages, view, layout)
         if not self.causal:
-            return self._run_headwise(self.backend, q, pages, view, layout, s, sm_scale, params, out, lse)
+            return self._run_headwise(self.backend, q, pages, view, layout, s, sm_scale, params, out, lse, scales)
         aligned, whole, whole_rows = _causal_headwise(view)
-        out, lse = self._run_headwise(self.backend, q, pages, aligned, layout, s, sm_scale, params, out, lse)
+        out, lse = self._run_headwise(self.backend, q, pages, aligned, layout, s, sm_scale, params, out, lse, scales)
         if whole_rows.any():
-            o_w, lse_w = self._run_headwise(self.unmasked(), q, pages, whole, layout, s, sm_scale, params, None, None)
+            o_w, lse_w = self._run_headwise(self.unmasked(), q, pages, whole, layout, s, sm_scale, params, None, None,
+                                            scales)
             group = int(q.shape[1]) // n_kv
             for h in range(n_kv):
                 _take_rows(out, lse, o_w, lse_w, whole_rows[h], slice(h * group, (h + 1) * group))
         return out, lse
 
     @staticmethod
-    def _run_shared(backend, q, pages, view: BlockSparseView, layout: str, sm_scale, params, out, lse):
+    def _run_shared(backend, q, pages, view: BlockSparseView, layout: str, sm_scale, params, out, lse, scales):
         if len(getattr(q, "shape", ())) != 3 or int(q.shape[0]) != view.num_q_rows:
             raise AttentionArgumentError(f"q: shape {tuple(getattr(q, 'shape', ()))}, expected [M, Hq, D] with M = "
                                          f"{view.num_q_rows} (the view's num_q_rows)")
         qo_indptr, kv = view.as_paged(pages, layout)
-        return backend.prefill(q, kv, qo_indptr, sm_scale=sm_scale, params=params, out=out, lse=lse)
+        return backend.prefill(q, kv, qo_indptr, sm_scale=sm_scale, params=params, out=out, lse=lse, **scales)
 
     def _run_headwise(self, backend, q, pages, view: HeadwiseBlockSparseView, layout: str, s: int, sm_scale, params,
-                      out, lse):
-        """One paged prefill of ``backend`` per KV head (its query group and its keys), scattered into out / lse."""
+                      out, lse, scales):
+        """One paged prefill of ``backend`` per KV head (its query group and its keys, with its scales), scattered
+        into out / lse."""
         n_kv = view.num_kv_heads
         m, group = view.num_q_rows, int(q.shape[1]) // n_kv
         out, lse = backend.outputs(q, m, out, lse)
@@ -294,7 +313,8 @@ class BlockSparseAttention:
             qo_indptr = np.concatenate([[0], np.cumsum(view.block_row_sz[h])])
             heads = slice(h * group, (h + 1) * group)
             o_h, lse_h = backend.prefill(contiguous(q[:, heads]), self._head_kv(pages, layout, view, h, s),
-                                         int32_like(q, qo_indptr), sm_scale=sm_scale, params=params)
+                                         int32_like(q, qo_indptr), sm_scale=sm_scale, params=params,
+                                         **_head_scales(scales, h, n_kv))
             out[:, heads] = o_h
             lse[:, heads] = lse_h
         return out, lse

@@ -260,9 +260,11 @@ class CascadeAttention:
         return _PlannedLevel(kv, qo_dev, 1, backend_plan)
 
     def run(self, q, levels: list[CascadeLevel] | None = None, *, plan: CascadePlan | None = None,
-            sm_scale: float | None = None, params: dict | None = None):
+            sm_scale: float | None = None, params: dict | None = None, k_scale=None, v_scale=None):
         """q: [total_q, Hq, D]. Returns (out [total_q, Hq, D], lse [total_q, Hq]) over all levels' keys.
-        Pass ``plan`` (from ``plan``) to skip the per-call host checks, or ``levels`` to plan here."""
+        Pass ``plan`` (from ``plan``) to skip the per-call host checks, or ``levels`` to plan here.
+        ``k_scale``, ``v_scale``: an fp8 cache's scales (as ``decode`` / ``prefill`` take them), the same for
+        every level."""
         if plan is None:
             if levels is None:
                 raise AttentionArgumentError("run: pass the levels or a plan made from them")
@@ -270,9 +272,10 @@ class CascadeAttention:
         if plan.total_q != int(q.shape[0]):
             raise AttentionArgumentError(f"plan: made for {plan.total_q} query rows, q has {q.shape[0]}: plan again")
         states = []
+        scales = {} if k_scale is None and v_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
         for lvl in plan.levels:
             qs = q if lvl.chunks == 1 else _repeat_rows(q, lvl.chunks)
-            extra = {"plan": lvl.backend_plan} if lvl.backend_plan is not None else {}
+            extra = ({"plan": lvl.backend_plan} if lvl.backend_plan is not None else {}) | scales
             runner = lvl.backend or self.backend
             if lvl.decode:
                 o, s = runner.decode(qs, lvl.kv, sm_scale=sm_scale, params=params, **extra)

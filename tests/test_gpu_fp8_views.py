@@ -1,0 +1,71 @@
+"""GPU: cascades and block-sparse views over fp8 caches (tests/test_fp8_views.py's cases on the CUDA templates):
+float16 queries over e4m3 / e5m2 pages at power-of-two scales equal the same views over the float16 cache of the
+values the pages hold (exact in float16), within float16 rounding."""
+import numpy as np
+import pytest
+
+from .test_fp8_views import CASES, HQ, bsr_views, cascade_levels, fp8_pool
+
+pytestmark = pytest.mark.gpu
+D = 64
+_modules = {}
+
+
+def cuda_module(name, kv_dtype, build_cache):
+    from attngen.runtime import CUDAAttention
+    from attngen.variants import builtin
+
+    key = (name, kv_dtype)
+    if key not in _modules:
+        _modules[key] = CUDAAttention.build(builtin(name), head_dims=(D,), dtypes=("float16",), layouts=("NHD",),
+                                            kv_dtypes=(kv_dtype,) if kv_dtype else (), cache=build_cache)
+    return _modules[key]
+
+
+def on_gpu(pages, held, k_scale, v_scale):
+    """The fp8 pages as torch fp8, the values held as float16, per-head scales as float32 CUDA tensors."""
+    import torch
+
+    fp8 = torch.from_numpy(pages.view(np.uint8)).cuda().view(getattr(torch, pages.dtype.name))
+    scale = (lambda s: torch.from_numpy(s).cuda() if isinstance(s, np.ndarray) else s)  # noqa: E731
+    return fp8, torch.from_numpy(held).half().cuda(), scale(k_scale), scale(v_scale)
+
+
+def close(a, b):
+    a, b = a.float().cpu().numpy(), b.float().cpu().numpy()
+    return np.abs(a - b).max() <= 4e-3 * max(1.0, float(np.abs(b[np.isfinite(b)]).max(initial=0)))
+
+
+@pytest.mark.parametrize("kv_dtype,per_head", CASES)
+@pytest.mark.parametrize("name", ["vanilla", "causal"])
+def test_gpu_cascade_over_an_fp8_cache_equals_one_over_its_values(name, kv_dtype, per_head, build_cache, rng):
+    import torch
+
+    from attngen.runtime import CascadeAttention
+
+    fp8_pages, held, k_scale, v_scale = on_gpu(*fp8_pool(rng, 6, kv_dtype, per_head, d=D, pow2=True))
+    q = torch.randn(5, HQ, D, dtype=torch.float16, device="cuda")
+    fp8 = CascadeAttention(cuda_module(name, kv_dtype, build_cache))
+    ref = CascadeAttention(cuda_module(name, None, build_cache))
+    for mode in ("cascade", "flat"):
+        out, lse = fp8.run(q, plan=fp8.plan(cascade_levels(fp8_pages, "cuda"), 5, D, mode=mode, num_qo_heads=HQ),
+                           k_scale=k_scale, v_scale=v_scale)
+        ref_o, ref_l = ref.run(q, plan=ref.plan(cascade_levels(held, "cuda"), 5, D, mode=mode, num_qo_heads=HQ))
+        assert close(out, ref_o) and close(lse, ref_l), mode
+
+
+@pytest.mark.parametrize("kv_dtype,per_head", CASES)
+@pytest.mark.parametrize("name", ["vanilla", "causal"])
+def test_gpu_block_sparse_over_an_fp8_cache_equals_one_over_its_values(name, kv_dtype, per_head, build_cache, rng):
+    import torch
+
+    from attngen.runtime import BlockSparseAttention
+
+    fp8_pages, held, k_scale, v_scale = on_gpu(*fp8_pool(rng, 3, kv_dtype, per_head, d=D, pow2=True))
+    q = torch.randn(12, HQ, D, dtype=torch.float16, device="cuda")
+    fp8 = BlockSparseAttention(cuda_module(name, kv_dtype, build_cache))
+    ref = BlockSparseAttention(cuda_module(name, None, build_cache))
+    for view in bsr_views():
+        out, lse = fp8.run(q, fp8_pages, view, k_scale=k_scale, v_scale=v_scale)
+        ref_o, ref_l = ref.run(q, held, view)
+        assert close(out, ref_o) and close(lse, ref_l), type(view).__name__

@@ -464,8 +464,8 @@ def pool_in_form(pages: np.ndarray, form: str):
         buf = np.full((n, 3) + pages.shape[2:], np.nan, pages.dtype)
         buf[:, :2] = pages
         return buf[:, :2]
-    if form == "pool_padded_heads":  # 8 NaN elements after every row (16 bytes at 16 bits)
-        buf = np.full(pages.shape[:-1] + (pages.shape[-1] + 8,), np.nan, pages.dtype)
+    if form == "pool_padded_heads":  # 16 NaN elements after every row (16 bytes at fp8, a multiple of 16 above)
+        buf = np.full(pages.shape[:-1] + (pages.shape[-1] + 16,), np.nan, pages.dtype)
         buf[..., :pages.shape[-1]] = pages
         return buf[..., :pages.shape[-1]]
     if form == "pool_rows_strided":  # every other element of a row
@@ -480,11 +480,11 @@ def pool_in_form(pages: np.ndarray, form: str):
 
 
 def fused_rows(*xs):
-    """Arrays [n, H_i, D] of one token count as views of one fused projection [n, sum(H_i) * D + 8] (8 NaN spare
-    elements after each token), holding the same values."""
+    """Arrays [n, H_i, D] of one token count as views of one fused projection [n, sum(H_i) * D + 16] (16 NaN
+    spare elements after each token: 16 bytes at fp8), holding the same values."""
     n, d = xs[0].shape[0], xs[0].shape[2]
     offsets = np.cumsum([0] + [x.shape[1] * d for x in xs])
-    fused = np.full((n, int(offsets[-1]) + 8), np.nan, xs[0].dtype)
+    fused = np.full((n, int(offsets[-1]) + 16), np.nan, xs[0].dtype)
     for x, a, b in zip(xs, offsets[:-1], offsets[1:]):
         fused[:, a:b] = x.reshape(n, b - a)
     return tuple(fused[:, a:b].reshape(n, x.shape[1], d) for x, a, b in zip(xs, offsets[:-1], offsets[1:]))

@@ -166,25 +166,44 @@ def test_the_gpu_fuzzers_oracle_on_the_cpu_backend(build_cache):
 
 def test_the_gpu_fuzzers_fp8_calls_on_the_cpu_backend(build_cache):
     """The GPU fuzzer's fp8 path (fp8 arrays as torch fp8 tensors, scales with the call, the dequantised
-    reference) on the CPU backend: valid calls match, spoilt ones are refused by name."""
+    reference) on the CPU backend, every fp8 fault and layout: valid calls match, spoilt ones are refused by name;
+    each layout, as the GPU fuzzer moves it, passes the CUDA functions' own layout checks at the fp8 dtype (the
+    CPU backend packs any layout, so it could not tell)."""
     import numpy as np
 
-    from attngen.runtime import CPUAttention
+    from attngen.runtime import CPUAttention, PagedKV
+    from attngen.runtime.checks import check_tensor
 
     from .fuzz_fp8 import FP8_FAULTS, apply_fp8_fault, make_fp8_case
 
     fg = _fuzz_gpu_module()
     recipe = Recipe(("alibi", "softcap"), ("causal",), "affine", "scale", "head_bias")
     variant = fg.make_variant(recipe)
-    outcomes = []
+    outcomes, checked = [], set()
     for kv_dtype in ("float8_e4m3fn", "float8_e5m2"):
         att = _PlanlessCPU(CPUAttention.build(variant, head_dims=(fg.HEAD_DIM,), dtypes=("float16",),
                                               kv_dtypes=(kv_dtype,), cache=build_cache))
-        for i in range(8):
-            case = make_fp8_case(variant, 200 + i, kv_dtype, fg.HEAD_DIM)
-            for fault in ("none", FP8_FAULTS[1 + i % (len(FP8_FAULTS) - 1)]):
-                call = apply_fp8_fault(case, fault, np.random.default_rng(i))
+        for i, fault in enumerate(FP8_FAULTS):
+            ran = 0
+            for seed in range(100 * i, 100 * i + 40):  # the first three batches the fault applies to
+                case = make_fp8_case(variant, seed, kv_dtype, fg.HEAD_DIM)
+                call = apply_fp8_fault(case, fault, np.random.default_rng(seed))
+                if call is None:
+                    continue
+                if ran == 3:
+                    break
+                ran += 1
                 outcome, detail = fg.run_call(att, variant, case, call, {}, device="cpu")
-                assert outcome == "ok" if fault == "none" else outcome.startswith("refused"), (fault, outcome, detail)
+                valid = fault == "none" or fault in fg.GPU_FORMS
+                assert outcome == "ok" if valid else outcome.startswith("refused"), (fault, outcome, detail)
                 outcomes.append(outcome)
+                if fault in fg.GPU_FORMS:
+                    kv = fg.to_device(call.kv, "cpu")
+                    if isinstance(kv, PagedKV):
+                        check_tensor(kv.pages, "kv.pages", 5, kv_dtype, strided="pages")
+                    else:
+                        check_tensor(kv.k, "kv.k", 3, kv_dtype, strided="rows")
+                        check_tensor(fg.to_device(call.q, "cpu"), "q", 3, "float16", strided="tokens")
+                    checked.add(fault)
     assert outcomes.count("ok") >= 12 and any(o.startswith("refused") for o in outcomes)
+    assert checked == set(fg.GPU_FORMS), checked

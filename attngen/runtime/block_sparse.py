@@ -42,9 +42,9 @@ def _head_scales(scales: dict, h: int, num_kv_heads: int) -> dict:
     out = {}
     for name, scale in scales.items():
         n = int(np.prod(scale.shape)) if hasattr(scale, "shape") else 1
-        if n not in (1, num_kv_heads):
-            raise AttentionArgumentError(f"{name}: {n} scales for {num_kv_heads} KV heads; pass a float or one "
-                                         "float32 scale per KV head")
+        if len(getattr(scale, "shape", ())) > 1 or n not in (1, num_kv_heads):
+            raise AttentionArgumentError(f"{name}: shape {tuple(scale.shape)} for {num_kv_heads} KV heads; pass a "
+                                         f"float or a float32 tensor of [1] or [num_kv_heads={num_kv_heads}]")
         out[name] = scale.reshape(-1)[h:h + 1] if n > 1 else scale
     return out
 

@@ -272,7 +272,7 @@ class CascadeAttention:
         if plan.total_q != int(q.shape[0]):
             raise AttentionArgumentError(f"plan: made for {plan.total_q} query rows, q has {q.shape[0]}: plan again")
         states = []
-        scales = {} if k_scale is None and v_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
+        scales = self.backend.prepared_scales(q, plan.levels[0].kv, k_scale, v_scale)  # (once, not per level)
         for lvl in plan.levels:
             qs = q if lvl.chunks == 1 else _repeat_rows(q, lvl.chunks)
             extra = ({"plan": lvl.backend_plan} if lvl.backend_plan is not None else {}) | scales

@@ -205,6 +205,12 @@ class CUDAAttention(BuiltModule):
                 f"{head_dim}: it was built for {sorted(self.functions)}; rebuild with kv_dtypes including "
                 f"{kv.kv_dtype}, kernels including {what}, head_dims including {head_dim} and the needed layout")
 
+    def prepared_scales(self, q, kv, k_scale, v_scale) -> dict:
+        if k_scale is None and v_scale is None:
+            return {}
+        args = self._scale_args(q, kv, k_scale, v_scale)  # (a 16-bit cache refuses scales here)
+        return dict(zip(("k_scale", "v_scale"), args))
+
     @staticmethod
     def _scale_args(q, kv: PagedKV | RaggedKV, k_scale, v_scale) -> tuple:
         """The fp8 functions' (k_scale [Hkv], v_scale [Hkv]) float32 on q's device; () for a 16-bit cache."""

@@ -123,7 +123,8 @@ def device_kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like
     """``scale`` of a ``kv_dtype`` cache as the CUDA fp8 functions' float32 [Hkv] on ``like``'s device (a torch
     CUDA tensor), without a host round trip (decode and prefill never synchronise): a float is checked on the
     host and filled on the device; a float32 CUDA tensor of [], [1] or [Hkv] entries on that device is
-    broadcast there, its values unread (a non-positive or non-finite scale gives non-finite outputs)."""
+    broadcast there, its values unread: reading them would synchronise the device, so a zero, negative or
+    non-finite entry is the caller's to avoid (it gives wrong or non-finite outputs, not an error)."""
     import torch
 
     if _check_scale(scale, name, kv_dtype=kv_dtype, num_kv_heads=num_kv_heads):

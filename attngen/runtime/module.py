@@ -70,6 +70,14 @@ class BuiltModule:
         self._mod = tvm_ffi.load_module(str(self.library))
         self._without_mask = None  # the unmasked sibling, built on first use (without_mask)
 
+    def prepared_scales(self, q, kv, k_scale, v_scale) -> dict:
+        """``k_scale`` / ``v_scale`` of calls over ``kv`` as keyword arguments, converted once into the form the
+        functions take where converting costs device work (the CUDA backend's [Hkv] tensors), for a view that
+        passes them to several calls (a cascade's levels); {} where none is given."""
+        if k_scale is None and v_scale is None:
+            return {}
+        return {"k_scale": k_scale, "v_scale": v_scale}
+
     def sibling(self, variant) -> "BuiltModule":
         """``variant``'s library built with this library's configuration (its manifest's), into the cache this
         one came from where that cache is writable (else the default cache)."""

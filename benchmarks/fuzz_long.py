@@ -5,7 +5,8 @@ paged / decode batch, maybe NaN / Inf injected, maybe one argument spoilt); the 
 tried, the outcomes (matched the reference, refused by error kind and fault, not applicable), and keeps
 every failure with what reproduces it (recipe, seed, fault). Figures go to
 benchmarks/results/fuzz_long.json (``--out``). ``--views`` draws the views' calls (tests/fuzz_views.py),
-``--fp8`` the plain calls over fp8 caches (tests/fuzz_fp8.py).
+``--fp8`` the plain calls over fp8 caches (tests/fuzz_fp8.py), both together cascades and block-sparse views
+over fp8 pools, each against the same view over the values the pool holds.
 
     PYTHONPATH=. python benchmarks/fuzz_long.py --recipes 40 --cases-per-recipe 150 --seed 1
 """
@@ -26,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fuzz_engine import FAULTS, KNOWN_GAPS, FuzzFailure, all_recipes, built  # noqa: E402
-from tests.fuzz_fp8 import FP8_FAULTS, FP8_KV_DTYPES, built_fp8, make_fp8_case, run_fp8_case  # noqa: E402
+from tests.fuzz_fp8 import (FP8_FAULTS, FP8_KV_DTYPES, FP8_VIEW_KINDS, built_fp8, make_fp8_case,  # noqa: E402
+                            run_fp8_case, run_fp8_view_case, view_recipes)
 from tests.fuzz_views import VIEW_FAULTS, VIEW_KINDS, make_case, run_case  # noqa: E402
 
 
@@ -44,11 +46,10 @@ def main(argv=None) -> int:
                          "per-head scales, FP8_FAULTS)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fuzz_long.json"))
     args = ap.parse_args(argv)
-    if args.views and args.fp8:
-        ap.error("--views and --fp8: pick one")
+    fp8_views = args.views and args.fp8  # views over fp8 pools against the same views over their values
 
     rng = np.random.default_rng(args.seed)
-    space = list(all_recipes())
+    space = view_recipes() if fp8_views else list(all_recipes())
     picks = [space[i] for i in rng.choice(len(space), size=min(args.recipes, len(space)), replace=False)]
     outcomes = collections.Counter()
     refusals = collections.Counter()
@@ -61,14 +62,18 @@ def main(argv=None) -> int:
         tb = time.time()
         try:
             kv_dtype = FP8_KV_DTYPES[n % 2]
-            variant, att = built_fp8(recipe, kv_dtype) if args.fp8 else built(recipe)
+            variant, att = built_fp8(recipe, kv_dtype) if args.fp8 and not fp8_views else built(recipe)
+            att8 = built_fp8(recipe, kv_dtype)[1] if fp8_views else None
         except Exception as e:  # a recipe the variant checks refuse is a finding too
             failures.append({"recipe": asdict(recipe), "stage": "build", "error": f"{type(e).__name__}: {e}"})
             continue
         build_seconds += time.time() - tb
         for _ in range(args.cases_per_recipe):
             seed = int(rng.integers(2**32))
-            if args.views:
+            if fp8_views:
+                case = make_case(variant, seed, kinds=FP8_VIEW_KINDS)
+                spoilt = []
+            elif args.views:
                 case = make_case(variant, seed, kinds=VIEW_KINDS)
                 spoilt = [f for f in VIEW_FAULTS[case.kind] if f != "none"]
             elif args.fp8:
@@ -77,10 +82,13 @@ def main(argv=None) -> int:
             else:
                 case = make_case(variant, seed)
                 spoilt = list(FAULTS[1:])
-            fault = "none" if rng.random() >= args.fault_share else str(rng.choice(spoilt))
+            fault = "none" if rng.random() >= args.fault_share or not spoilt else str(rng.choice(spoilt))
             try:
-                run = run_fp8_case if args.fp8 else run_case
-                result = run(variant, att, case, fault, np.random.default_rng(seed + 1))
+                if fp8_views:
+                    result = run_fp8_view_case(variant, att, att8, case, kv_dtype, seed)
+                else:
+                    run = run_fp8_case if args.fp8 else run_case
+                    result = run(variant, att, case, fault, np.random.default_rng(seed + 1))
             except FuzzFailure as e:
                 result = "failed"
                 failures.append({"recipe": asdict(recipe), "seed": seed, "fault": fault, "error": str(e)[:600]})

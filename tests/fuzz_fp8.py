@@ -23,8 +23,9 @@ from attngen.runtime import CPUAttention, PagedKV
 from attngen.runtime.fp8 import FP8_FORMATS, dequantize_kv, quantize_kv
 from attngen.runtime.reference import gather_pages
 
-from .fuzz_engine import (HEAD_DIM, LAYOUT_FORMS, Call, Case, _checked_call, apply_fault, guarded, make_case,
-                          make_variant)
+from .fuzz_engine import (ATTNGEN_ERRORS, HEAD_DIM, LAYOUT_FORMS, Call, Case, FuzzFailure, _checked_call,
+                          all_recipes, apply_fault, guarded, make_case, make_variant)
+from .fuzz_views import _VIEW_RUNNERS, ViewCall, apply_view_fault
 
 FP8_KV_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 FP8_FAULTS = ("none", "k_scale_missing", "v_scale_missing", "scale_wrong_length", "scale_not_positive",
@@ -50,25 +51,10 @@ def make_fp8_case(variant: Variant, seed: int, kv_dtype: str, head_dim: int = HE
     """The batch ``make_case(variant, seed)`` draws, its cache stored as ``kv_dtype`` (the base draw is kept: the
     fp8 choices come from a generator of their own)."""
     case = make_case(variant, seed, head_dim=head_dim)
-    rng = np.random.default_rng([seed, 8])
     kv = case.kv
-    n_kv = kv.num_kv_heads
-    per_tensor = rng.random() < 0.4
-
-    def scale_of(rows):  # rows [..., Hkv, D] float32 -> a float, or float32 [Hkv]
-        mag = np.where(np.isfinite(rows), np.abs(rows), 0.0).reshape(-1, n_kv, rows.shape[-1])
-        amax = mag.max(axis=(0, 2)) if mag.shape[0] else np.zeros(n_kv)
-        s = np.where(amax > 0, amax / FP8_FORMATS[kv_dtype].max_finite, 1.0) * rng.uniform(0.5, 2.0, n_kv)
-        return float(s.max()) if per_tensor else s.astype(np.float32)
-
+    scale_of = scale_drawer(np.random.default_rng([seed, 8]), kv.num_kv_heads, kv_dtype)
     if isinstance(kv, PagedKV):
-        nhd = kv.pages if kv.layout == "NHD" else kv.pages.transpose(0, 1, 3, 2, 4)  # [P, 2, S, Hkv, D]
-        scales = [scale_of(nhd[:, h]) for h in (0, 1)]
-        halves = [quantize_kv(np.ascontiguousarray(nhd[:, h]), kv_dtype, scales[h]) for h in (0, 1)]
-        stored = np.stack(halves, axis=1)
-        held = np.stack([dequantize_kv(halves[h], scales[h]) for h in (0, 1)], axis=1)
-        if kv.layout == "HND":
-            stored, held = (np.ascontiguousarray(x.transpose(0, 1, 3, 2, 4)) for x in (stored, held))
+        stored, held, scales = quantised_pool(kv.pages, kv.layout, kv_dtype, scale_of)
         case.kv = replace(kv, pages=stored)
         case.keys, case.values = gather_pages(held, kv.indptr, kv.indices, kv.last_page_len, kv.layout)
     else:
@@ -80,6 +66,33 @@ def make_fp8_case(variant: Variant, seed: int, kv_dtype: str, head_dim: int = HE
         case.values = np.split(dequantize_kv(v, scales[1]), cuts)
     case.scales = {"k_scale": scales[0], "v_scale": scales[1]}
     return case
+
+
+def scale_drawer(rng, n_kv: int, kv_dtype: str):
+    """``scale_of(rows [..., Hkv, D])``: a random scale for rows of ``n_kv`` heads, one for all (a float, 40% of
+    drawers) or one per head (float32 [Hkv]), each the largest finite magnitude over the format's largest value
+    times a factor in [0.5, 2) (below 1: the largest values saturate)."""
+    per_tensor = rng.random() < 0.4
+
+    def scale_of(rows):
+        mag = np.where(np.isfinite(rows), np.abs(rows), 0.0).reshape(-1, n_kv, rows.shape[-1])
+        amax = mag.max(axis=(0, 2)) if mag.shape[0] else np.zeros(n_kv)
+        s = np.where(amax > 0, amax / FP8_FORMATS[kv_dtype].max_finite, 1.0) * rng.uniform(0.5, 2.0, n_kv)
+        return float(s.max()) if per_tensor else s.astype(np.float32)
+    return scale_of
+
+
+def quantised_pool(pages, layout: str, kv_dtype: str, scale_of):
+    """(the pool ``pages`` [P, 2, ...] stored as ``kv_dtype``, the float64 values it holds, [k_scale, v_scale]);
+    ``scale_of(rows [..., Hkv, D])`` draws a half's scale."""
+    nhd = pages if layout == "NHD" else pages.transpose(0, 1, 3, 2, 4)  # [P, 2, S, Hkv, D]
+    scales = [scale_of(nhd[:, h]) for h in (0, 1)]
+    halves = [quantize_kv(np.ascontiguousarray(nhd[:, h]), kv_dtype, scales[h]) for h in (0, 1)]
+    stored = np.stack(halves, axis=1)
+    held = np.stack([dequantize_kv(halves[h], scales[h]) for h in (0, 1)], axis=1)
+    if layout == "HND":
+        stored, held = (np.ascontiguousarray(x.transpose(0, 1, 3, 2, 4)) for x in (stored, held))
+    return stored, held, scales
 
 
 def apply_fp8_fault(case: Case, fault: str, rng) -> Call | None:
@@ -129,3 +142,48 @@ def run_fp8_case(variant: Variant, att, case: Case, fault: str, rng) -> str:
 
 def _scales_summary(scales: dict) -> str:
     return "per-head" if np.ndim(scales["k_scale"]) else "per-tensor"
+
+
+# ---- views over fp8 pools -------------------------------------------------------------------------------------
+FP8_VIEW_KINDS = ("cascade", "bsr")
+
+
+def view_recipes() -> list:
+    """The recipes cascades and block-sparse views serve at all: no positional hook but a causal mask alone
+    (fuzz_views._view_refuses; a headwise view still refuses head-reading hooks, which its cases skip)."""
+    return [r for r in all_recipes() if r.mask in ((), ("causal",)) and "alibi" not in r.logits]
+
+
+def run_fp8_view_case(variant: Variant, att32, att8, case: Case, kv_dtype: str, seed: int) -> str:
+    """A cascade or block-sparse case of tests/fuzz_views.py (its valid call) over its pool stored as ``kv_dtype``
+    at random scales: the view run by ``att8`` with the scales equals the same view run by ``att32`` over the
+    float32 pool of the values held (NaN where it has NaN, else within float32 rounding); "skip" where the view
+    refuses the variant. The float32 view is the one the views' fuzzer holds to the reference."""
+    call = apply_view_fault(variant, case, "none", np.random.default_rng(seed + 1))
+    if call is None or call.names is not None:
+        return "skip"
+    a = call.args
+    n_kv = int(a["pages"].shape[3] if a["layout"] == "NHD" else a["pages"].shape[2])
+    stored, held, scales = quantised_pool(a["pages"], a["layout"], kv_dtype,
+                                          scale_drawer(np.random.default_rng([seed, 8]), n_kv, kv_dtype))
+    what = (f"{variant.name} {case.kind} over {kv_dtype} ({_scales_summary(dict(k_scale=scales[0]))} scales) "
+            f"injected=({case.injected}) {call.summary()}")
+
+    def check() -> str:
+        run = _VIEW_RUNNERS[case.kind]
+        want_o, want_l = run(variant, att32, case, ViewCall(case.kind, dict(a, pages=held.astype(np.float32))))
+        kv_scales = {"k_scale": scales[0], "v_scale": scales[1]}
+        try:
+            out, lse = run(variant, att8, case, ViewCall(case.kind, dict(a, pages=stored, kv_scales=kv_scales)))
+        except ATTNGEN_ERRORS as e:
+            raise FuzzFailure(f"{what}: the fp8 view was refused: {type(e).__name__}: {e}") from e
+        for name, got, want in (("O", out, want_o), ("lse", lse, want_l)):
+            got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+            same_nan = np.array_equal(np.isnan(got), np.isnan(want))
+            fin = np.isfinite(want)
+            tol = 1e-4 * max(1.0, float(np.abs(want[fin]).max(initial=0)))
+            if not same_nan or not np.array_equal(got[~fin & ~np.isnan(want)], want[~fin & ~np.isnan(want)]) \
+                    or (fin.any() and float(np.abs(got[fin] - want[fin]).max()) > tol):
+                raise FuzzFailure(f"{what}: {name} over the fp8 pool differs from the view over its values")
+        return "ok"
+    return guarded("none", check)

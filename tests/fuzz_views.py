@@ -278,13 +278,14 @@ def _run_cascade(variant: Variant, att, case: Case, call: "ViewCall"):
     for patch in a["patches"]:
         patch(levels)
     q, d = case.q, int(case.q.shape[2])
+    scales = a.get("kv_scales", {})  # an fp8 pool's (tests/fuzz_fp8.py)
     if a["via"] == "run":
-        out, lse = cascade.run(q, levels, sm_scale=case.sm_scale, params=case.params)
+        out, lse = cascade.run(q, levels, sm_scale=case.sm_scale, params=case.params, **scales)
         plan = cascade.plan(levels, int(q.shape[0]), d)  # (the plan run made: for the record)
     else:
         plan = cascade.plan(levels, int(q.shape[0]), d, mode=a["mode"], max_chunks=a["max_chunks"],
                             chunk_keys=a["chunk_keys"], num_qo_heads=int(q.shape[1]))
-        out, lse = cascade.run(a.get("q_run", q), plan=plan, sm_scale=case.sm_scale, params=case.params)
+        out, lse = cascade.run(a.get("q_run", q), plan=plan, sm_scale=case.sm_scale, params=case.params, **scales)
     call.info["plan"] = f"{plan.mode}:{'+'.join(str(lv.chunks) for lv in plan.levels)}"
     call.info["merged"] = plan.mode == "cascade" and (len(plan.levels) > 1 or any(lv.chunks > 1 for lv in plan.levels))
     return out, lse
@@ -495,11 +496,12 @@ def _run_bsr(variant: Variant, att, case: Case, call: "ViewCall"):
     out, lse = a.get("out"), None
     if a["buffers"] and out is None:  # NaN-filled outputs: every row must be written
         out, lse = np.full(q.shape, np.nan, np.float32), np.full(q.shape[:2], np.nan, np.float32)
+    scales = a.get("kv_scales", {})  # an fp8 pool's (tests/fuzz_fp8.py)
     if a["via"] == "as_paged":
         qo_indptr, kv = view.as_paged(a["pages"], a["layout"])
-        return att.prefill(q, kv, qo_indptr, sm_scale=case.sm_scale, params=case.params, out=out, lse=lse)
+        return att.prefill(q, kv, qo_indptr, sm_scale=case.sm_scale, params=case.params, out=out, lse=lse, **scales)
     return bsa.run(q, a["pages"], view, layout=a["layout"], sm_scale=case.sm_scale, params=case.params, out=out,
-                   lse=lse)
+                   lse=lse, **scales)
 
 
 def _bsr_mask(a: dict) -> np.ndarray:

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .fuzz_engine import FAULTS, Recipe, built
-from .fuzz_fp8 import FP8_FAULTS, FP8_KV_DTYPES, built_fp8, make_fp8_case, run_fp8_case
+from .fuzz_fp8 import (FP8_FAULTS, FP8_KV_DTYPES, FP8_VIEW_KINDS, built_fp8, make_fp8_case, run_fp8_case,
+                       run_fp8_view_case)
 from .fuzz_views import VIEW_FAULTS, VIEW_KINDS, make_case, run_case
 
 # every fragment appears at least once; both states; elementwise and whole-row row hooks
@@ -166,3 +167,23 @@ def test_closed_view_gaps_stay_closed(build_cache, recipe, kind, seed, fault):
     variant, att = built(recipe, build_cache)
     outcome = run_case(variant, att, make_case(variant, seed, kinds=(kind,)), fault, np.random.default_rng(seed + 1))
     assert outcome in ("ok", "refused:AttentionArgumentError") and (fault == "none" or outcome != "ok"), outcome
+
+
+# fp8 pools under the views (tests/fuzz_fp8.py run_fp8_view_case): three view recipes (a causal one among them:
+# its unmasked sibling is built for fp8 caches too), the two formats in turn
+FP8_VIEW_RECIPES = tuple((r, FP8_KV_DTYPES[i % 2]) for i, r in enumerate(VIEW_RECIPES[:3]))
+
+
+@pytest.fixture(scope="module")
+def fp8_view_modules(build_cache, view_modules):
+    return {rk: (view_modules[rk[0]], built_fp8(*rk, cache=build_cache)[1]) for rk in FP8_VIEW_RECIPES}
+
+
+@FUZZ
+@given(recipe=st.sampled_from(FP8_VIEW_RECIPES), kind=st.sampled_from(FP8_VIEW_KINDS),
+       seed=st.integers(0, 2**32 - 1))
+def test_fuzz_views_over_fp8_pools(fp8_view_modules, recipe, kind, seed):
+    """A cascade or block-sparse view over an fp8 pool (random scales, NaN / Inf inputs at times) equals the
+    same view over the float32 pool of the values it holds."""
+    (variant, att32), att8 = fp8_view_modules[recipe]
+    run_fp8_view_case(variant, att32, att8, make_case(variant, seed, kinds=(kind,)), recipe[1], seed)

@@ -196,6 +196,8 @@ def test_call_errors_name_the_fix(build_cache, rng):
     mixed = RaggedKV(prob.ragged.k, prob.ragged.v.astype(np.float32), prob.ragged.indptr)
     with pytest.raises(AttentionArgumentError, match="kv.v: expected dtype float8_e5m2, got float32"):
         att.prefill(prob.q, mixed, prob.qo_indptr, k_scale=1.0, v_scale=1.0)
+    with pytest.raises(AttentionArgumentError, match="q: dtype float8_e5m2: fp8 is a K/V cache format"):
+        att.prefill(prob.q.astype(ml_dtypes.float8_e5m2), prob.ragged, prob.qo_indptr, k_scale=1.0, v_scale=1.0)
 
 
 def test_a_library_without_the_fp8_functions_says_how_to_rebuild(build_cache, rng):
@@ -219,8 +221,9 @@ def test_build_config_and_symbols():
     with pytest.raises(ConfigError, match=r"kv_dtypes: fp8 K/V \(float8_e5m2\) on cuda are read by the decode and "
                                           r"prefill templates only"):
         BuildConfig("cuda", (128,), ("float16",), ("sm_90a",), kernels=("tvm",), kv_dtypes=("float8_e5m2",))
-    with pytest.raises(ConfigError, match=r"K/V dtype int8 with query dtype float16 is not supported; the cpu kernels "
-                                          r"read K/V in the query dtype \(kv_dtypes=\(\) or equal to dtypes\) or in fp8"):
+    with pytest.raises(ConfigError, match=r"K/V dtype int8 with query dtype float16 is not supported; the cpu "
+                                          r"kernels read K/V in the query dtype \(kv_dtypes=\(\) or equal to dtypes\) "
+                                          r"or in fp8"):
         BuildConfig("cpu", (64,), ("float16",), kv_dtypes=("int8",))
 
 

@@ -13,7 +13,7 @@ import tvm_ffi
 from attngen import build as build_entry
 from attngen.codegen.cache import BuildCache
 from attngen.schedules.build_config import BuildConfig, symbol
-from attngen.schedules.dtypes import DTYPE_SHORT
+from attngen.schedules.dtypes import DTYPE_SHORT, FP8_DTYPES
 
 from .checks import AttentionArgumentError, check_tensor, dtype_name
 
@@ -105,6 +105,9 @@ class BuiltModule:
             tensor = "q" if dtype in unknown else "kv"
             raise AttentionArgumentError(f"{tensor}: dtype {unknown[0]} has no kernels; attngen serves "
                                          f"{sorted(DTYPE_SHORT)} (convert the tensor)")
+        if dtype in FP8_DTYPES:  # fp8 stores K/V; no build has fp8 queries
+            raise AttentionArgumentError(f"q: dtype {dtype}: fp8 is a K/V cache format (with k_scale / v_scale); "
+                                         f"queries are float16 or bfloat16 (float32 on the CPU): convert q")
         name = symbol(kind, dtype, head_dim, kv_dtype)
         if name not in self.functions:
             pairing = f" paired with kv_dtypes {kv_dtype}" if kv_dtype not in (None, dtype) else ""

@@ -160,8 +160,8 @@ def test_cuda_model_library_cache_matches_tvm_kernels_and_reference(build_cache,
     _check_script({"attngen": vm["create_kv_cache"](), "tvm": _tvm_cache(build_cache, "tvm")}, rng)
 
 
-def _check_script(caches: dict, rng):
-    """Run SCRIPT through both caches ("attngen", "tvm"); attngen's outputs must match TVM's and the float64
+def _check_script(caches: dict, rng, script=SCRIPT):
+    """Run ``script`` through both caches ("attngen", "tvm"); attngen's outputs must match TVM's and the float64
     model of the cache."""
     import tvm
     from tvm.runtime import ShapeTuple
@@ -169,7 +169,7 @@ def _check_script(caches: dict, rng):
     G = tvm.get_global_func
     hist = {}  # sequence -> per layer (k, v) float64
     errs = {"attngen_vs_ref": 0.0, "attngen_vs_tvm": 0.0}
-    for op, *args in SCRIPT:
+    for op, *args in script:
         if op != "step":
             name = {"add": "kv_state_add_sequence", "fork": "kv_state_fork_sequence", "popn": "kv_state_popn"}[op]
             for kv in caches.values():
@@ -210,6 +210,22 @@ def _check_script(caches: dict, rng):
                                          float(np.abs(outs["attngen"][layer] - outs["tvm"][layer]).max()))
     assert errs["attngen_vs_ref"] < 2e-2, errs
     assert errs["attngen_vs_tvm"] < 2e-2, errs
+
+
+@pytest.mark.parametrize("convention", ["tirx", "flashinfer"])
+def test_cuda_cache_follows_random_scripts(build_cache, convention):
+    """The CPU suite's random scripts (tests/test_tvm_kv_cache_scripts.py: adds, forks whole and mid-sequence,
+    pops, mixed prefill / append / decode batches) on CUDA caches, against TVM's CUDA kernels and the model."""
+    from .test_tvm_kv_cache_scripts import random_script
+
+    for seed in range(6):
+        script = random_script(300 + seed, ops=20)
+        caches = {"attngen": _tvm_cache(build_cache, "attngen" if convention == "tirx" else "attngen_fi"),
+                  "tvm": _tvm_cache(build_cache, "tvm")}
+        try:
+            _check_script(caches, np.random.default_rng(seed), script)
+        except AssertionError as e:
+            raise AssertionError(f"seed {300 + seed}, script {script}: {e}") from e
 
 
 def test_example_decode_loop_on_cuda(build_cache):

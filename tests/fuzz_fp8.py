@@ -8,8 +8,10 @@ the scales; ``FP8_FAULTS`` spoil them (missing, wrong length, dtype, sign, NaN),
 unquantised cache given to fp8 functions, a pair of two allocations) and the query (fp8 queries), or lay the cache
 out as the kernels read it in place (fuzz_engine.LAYOUT_FORMS). The oracle is fuzz_engine's: the result
 matches the float64 reference, or the call is refused with attngen's error naming the argument.
+``run_fp8_view_case`` stores the pool of a cascade or block-sparse case of tests/fuzz_views.py in fp8 and checks
+the view against the same view over the values the pool holds.
 
-Used by tests/test_fuzz_cpu.py (bounded), benchmarks/fuzz_long.py --fp8 and benchmarks/fuzz_gpu.py --fp8.
+Used by tests/test_fuzz_cpu.py (bounded), benchmarks/fuzz_long.py --fp8 [--views] and benchmarks/fuzz_gpu.py --fp8.
 """
 from __future__ import annotations
 

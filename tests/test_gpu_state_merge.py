@@ -1,5 +1,4 @@
 """GPU: the CUDA state-merge kernels agree with the CPU backend and keep the empty-state rule."""
-import numpy as np
 import pytest
 
 from attngen.runtime import merge_state, merge_states, merge_states_sum
@@ -33,3 +32,20 @@ def test_cuda_merge_matches_cpu(dtype, head_dim, rng):
     merge_state(c_v, c_s, v[:, 1].to(t).float().contiguous(), s[:, 1].contiguous())
     assert torch.allclose(a_v.float().cpu(), c_v, atol=tol)
     assert torch.allclose(merge_states_sum(v.to(t).cuda()).float().cpu(), v.to(t).float().sum(1), atol=10 * tol)
+
+
+def test_cuda_merge_with_a_row_mask():
+    """The mask on CUDA tensors: flagged rows as the unmasked merge, the others untouched bit for bit."""
+    import torch
+
+    n, h, d = 9, 4, 128
+    v, vo = torch.randn(n, h, d, device="cuda").half(), torch.randn(n, h, d, device="cuda").half()
+    s, so = torch.randn(n, h, device="cuda") * 4, torch.randn(n, h, device="cuda") * 4
+    vo[2], so[2] = float("nan"), float("inf")
+    mask = torch.tensor([1, 0, 0, 1, 1, 0, 1, 0, 1], dtype=torch.bool, device="cuda")
+    mv, ms = v.clone(), s.clone()
+    merge_state(mv, ms, vo, so, mask=mask)
+    wv, ws = v.clone(), s.clone()
+    merge_state(wv, ws, vo, so)
+    assert torch.equal(mv[~mask], v[~mask]) and torch.equal(ms[~mask], s[~mask])
+    assert torch.equal(mv[mask], wv[mask]) and torch.equal(ms[mask], ws[mask])

@@ -12,7 +12,8 @@ D = 32
 
 @pytest.fixture(scope="module")
 def att(build_cache):
-    # the session's build cache and test_cpu_backend's layouts: one library per variant for the session (the tests run NHD only)
+    # the session's build cache and test_cpu_backend's layouts: one library per variant for the session (the tests
+    # run NHD only)
     return CPUAttention.build(builtin("vanilla"), head_dims=(D,), layouts=("NHD", "HND"), cache=build_cache)
 
 
@@ -121,3 +122,29 @@ def test_preallocated_outputs_are_checked():
     with pytest.raises(AttentionArgumentError, match=r"out, out_lse: shapes"):
         merge_states(np.zeros((2, 2, 2, D), np.float32), np.zeros((2, 2, 2), np.float32),
                      out=np.zeros((1, 2, D), np.float32), out_lse=np.zeros((2, 2), np.float32))
+
+
+def test_a_row_mask_keeps_the_rows_it_leaves_out(rng):
+    """merge_state(..., mask): flagged rows merge as without a mask; the others keep (v, s) bit for bit, even
+    where v_other / s_other hold NaN and Inf (the rows a padded batch does not fill); bad masks are refused."""
+    import torch
+
+    from attngen.runtime import AttentionArgumentError
+
+    v, s = random_state(rng, 6, 3)
+    vo, so = random_state(rng, 6, 3)
+    vo[[1, 4]], so[[1, 4]] = np.nan, np.inf
+    mask = np.array([True, False, True, True, False, False])
+    mv, ms = v.copy(), s.copy()
+    merge_state(mv, ms, vo, so, mask=mask)
+    want_v, want_s = v.copy(), s.copy()
+    merge_state(want_v, want_s, vo, so)
+    assert np.array_equal(mv[~mask], v[~mask]) and np.array_equal(ms[~mask], s[~mask])
+    assert np.array_equal(mv[mask], want_v[mask]) and np.array_equal(ms[mask], want_s[mask])
+    tv, ts = torch.from_numpy(v.copy()), torch.from_numpy(s.copy())
+    merge_state(tv, ts, torch.from_numpy(vo), torch.from_numpy(so), mask=torch.from_numpy(mask))
+    assert np.array_equal(tv.numpy(), mv) and np.array_equal(ts.numpy(), ms)
+    for bad, why in ((mask.astype(np.int32), "mask: expected dtype bool"), (mask[:5], r"mask: shape \(5,\)"),
+                     (torch.from_numpy(mask), "mask: must be in v's library")):
+        with pytest.raises(AttentionArgumentError, match=why):
+            merge_state(v.copy(), s.copy(), vo, so, mask=bad)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import tvm_ffi
 
 from attngen import build as build_entry
@@ -42,8 +43,22 @@ def _fn(kind: str, v):
     return _cpu_library()[merge_symbol(kind, dt)]
 
 
-def merge_state(v, s, v_other, s_other):
-    """In place: (v, s) <- merge((v, s), (v_other, s_other)). v: [n, H, D]; s: [n, H] float32."""
+def _row_mask(mask, v, n: int):
+    """``mask`` checked as merge_state's: a bool [n] array of v's library (and, for torch, its device)."""
+    check_tensor(mask, "mask", 1, "bool")
+    if int(mask.shape[0]) != n:
+        raise AttentionArgumentError(f"mask: shape {tuple(mask.shape)}, expected ({n},): one flag per state row")
+    if hasattr(v, "detach") != hasattr(mask, "detach") or (hasattr(v, "detach") and mask.device != v.device):
+        where = v.device if hasattr(v, "detach") else "a NumPy array"
+        raise AttentionArgumentError(f"mask: must be in v's library and on its device ({where})")
+    return mask
+
+
+def merge_state(v, s, v_other, s_other, mask=None):
+    """In place: (v, s) <- merge((v, s), (v_other, s_other)). v: [n, H, D]; s: [n, H] float32.
+    ``mask``: bool [n] (FlashInfer's ``merge_state_in_place(..., mask)``): rows whose flag is False keep (v, s)
+    exactly, whatever v_other / s_other hold there (rows of a batch a CUDA graph runs padded); on the device,
+    without a host round trip."""
     check_tensor(v, "v", 3)
     check_tensor(v_other, "v_other", 3, dtype_name(v))
     check_tensor(s, "s", 2, "float32")
@@ -53,8 +68,21 @@ def merge_state(v, s, v_other, s_other):
         raise AttentionArgumentError(f"v, s, v_other, s_other: shapes {tuple(v.shape)}, {tuple(s.shape)}, "
                                      f"{tuple(v_other.shape)}, {tuple(s_other.shape)} do not describe two "
                                      "[n, H, D] / [n, H] states")
-    if int(v.shape[0]) * int(v.shape[1]):
+    if mask is not None:
+        mask = _row_mask(mask, v, int(v.shape[0]))
+    if not int(v.shape[0]) * int(v.shape[1]):
+        return v, s
+    if mask is None:
         _fn("merge_state_inplace", v)(v, s, v_other, s_other)
+        return v, s
+    merged_v, merged_s = (x.clone() if hasattr(x, "detach") else x.copy() for x in (v, s))
+    _fn("merge_state_inplace", v)(merged_v, merged_s, v_other, s_other)
+    if hasattr(v, "detach"):
+        v.copy_(merged_v.where(mask[:, None, None], v))
+        s.copy_(merged_s.where(mask[:, None], s))
+    else:
+        np.copyto(v, merged_v, where=mask[:, None, None])
+        np.copyto(s, merged_s, where=mask[:, None])
     return v, s
 
 

@@ -85,8 +85,8 @@ def to_device(x, device: str, half: bool = True):
         return to_device(x.view(np.uint8), device).view(getattr(torch, x.dtype.name))
     if isinstance(x, np.ndarray):
         owner = x
-        while isinstance(getattr(owner, "base", None), np.ndarray) or hasattr(getattr(owner, "base", None), "base"):
-            owner = owner.base  # (through the objects np.lib.stride_tricks.as_strided leaves between)
+        while getattr(owner, "base", None) is not None:  # (through the objects as_strided leaves between)
+            owner = owner.base
         if not isinstance(owner, np.ndarray) or not owner.flags["C_CONTIGUOUS"] \
                 or owner.dtype.itemsize != x.itemsize or any(s % x.itemsize for s in x.strides):
             owner = x = np.ascontiguousarray(x)

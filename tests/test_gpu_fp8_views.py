@@ -36,20 +36,27 @@ def close(a, b):
     return np.abs(a - b).max() <= 4e-3 * max(1.0, float(np.abs(b[np.isfinite(b)]).max(initial=0)))
 
 
+def views_over_both(view_cls, name, kv_dtype, per_head, num_pages, rows, build_cache, rng):
+    """(fp8 pages, the float16 pages of their values, the scales as keyword arguments, q [rows, Hq, D], the view
+    class over ``name``'s fp8 library, and over its float16 one)."""
+    import torch
+
+    fp8_pages, held, k_scale, v_scale = on_gpu(*fp8_pool(rng, num_pages, kv_dtype, per_head, d=D, pow2=True))
+    q = torch.randn(rows, HQ, D, dtype=torch.float16, device="cuda")
+    return (fp8_pages, held, {"k_scale": k_scale, "v_scale": v_scale}, q,
+            view_cls(cuda_module(name, kv_dtype, build_cache)), view_cls(cuda_module(name, None, build_cache)))
+
+
 @pytest.mark.parametrize("kv_dtype,per_head", CASES)
 @pytest.mark.parametrize("name", ["vanilla", "causal"])
 def test_gpu_cascade_over_an_fp8_cache_equals_one_over_its_values(name, kv_dtype, per_head, build_cache, rng):
-    import torch
-
     from attngen.runtime import CascadeAttention
 
-    fp8_pages, held, k_scale, v_scale = on_gpu(*fp8_pool(rng, 6, kv_dtype, per_head, d=D, pow2=True))
-    q = torch.randn(5, HQ, D, dtype=torch.float16, device="cuda")
-    fp8 = CascadeAttention(cuda_module(name, kv_dtype, build_cache))
-    ref = CascadeAttention(cuda_module(name, None, build_cache))
+    fp8_pages, held, scales, q, fp8, ref = views_over_both(CascadeAttention, name, kv_dtype, per_head, 6, 5,
+                                                           build_cache, rng)
     for mode in ("cascade", "flat"):
         out, lse = fp8.run(q, plan=fp8.plan(cascade_levels(fp8_pages, "cuda"), 5, D, mode=mode, num_qo_heads=HQ),
-                           k_scale=k_scale, v_scale=v_scale)
+                           **scales)
         ref_o, ref_l = ref.run(q, plan=ref.plan(cascade_levels(held, "cuda"), 5, D, mode=mode, num_qo_heads=HQ))
         assert close(out, ref_o) and close(lse, ref_l), mode
 
@@ -57,15 +64,11 @@ def test_gpu_cascade_over_an_fp8_cache_equals_one_over_its_values(name, kv_dtype
 @pytest.mark.parametrize("kv_dtype,per_head", CASES)
 @pytest.mark.parametrize("name", ["vanilla", "causal"])
 def test_gpu_block_sparse_over_an_fp8_cache_equals_one_over_its_values(name, kv_dtype, per_head, build_cache, rng):
-    import torch
-
     from attngen.runtime import BlockSparseAttention
 
-    fp8_pages, held, k_scale, v_scale = on_gpu(*fp8_pool(rng, 3, kv_dtype, per_head, d=D, pow2=True))
-    q = torch.randn(12, HQ, D, dtype=torch.float16, device="cuda")
-    fp8 = BlockSparseAttention(cuda_module(name, kv_dtype, build_cache))
-    ref = BlockSparseAttention(cuda_module(name, None, build_cache))
+    fp8_pages, held, scales, q, fp8, ref = views_over_both(BlockSparseAttention, name, kv_dtype, per_head, 3, 12,
+                                                           build_cache, rng)
     for view in bsr_views():
-        out, lse = fp8.run(q, fp8_pages, view, k_scale=k_scale, v_scale=v_scale)
+        out, lse = fp8.run(q, fp8_pages, view, **scales)
         ref_o, ref_l = ref.run(q, held, view)
         assert close(out, ref_o) and close(lse, ref_l), type(view).__name__

@@ -3,6 +3,8 @@ import pytest
 
 from attngen.runtime import merge_state, merge_states, merge_states_sum
 
+from .test_state_merge import masked_merge_checked
+
 pytestmark = pytest.mark.gpu
 
 
@@ -43,9 +45,4 @@ def test_cuda_merge_with_a_row_mask():
     s, so = torch.randn(n, h, device="cuda") * 4, torch.randn(n, h, device="cuda") * 4
     vo[2], so[2] = float("nan"), float("inf")
     mask = torch.tensor([1, 0, 0, 1, 1, 0, 1, 0, 1], dtype=torch.bool, device="cuda")
-    mv, ms = v.clone(), s.clone()
-    merge_state(mv, ms, vo, so, mask=mask)
-    wv, ws = v.clone(), s.clone()
-    merge_state(wv, ws, vo, so)
-    assert torch.equal(mv[~mask], v[~mask]) and torch.equal(ms[~mask], s[~mask])
-    assert torch.equal(mv[mask], wv[mask]) and torch.equal(ms[mask], ws[mask])
+    masked_merge_checked(v, s, vo, so, mask)

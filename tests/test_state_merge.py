@@ -124,6 +124,20 @@ def test_preallocated_outputs_are_checked():
                      out=np.zeros((1, 2, D), np.float32), out_lse=np.zeros((2, 2), np.float32))
 
 
+def masked_merge_checked(v, s, vo, so, mask):
+    """merge_state(copies of v, s, vo, so, mask=mask) (NumPy or torch), asserted: the flagged rows as the unmasked
+    merge, the others (v, s) bit for bit. Returns the masked merge."""
+    copy = (lambda x: x.clone()) if hasattr(v, "detach") else (lambda x: x.copy())  # noqa: E731
+    same = (lambda a, b: bool((a == b).all())) if hasattr(v, "detach") else np.array_equal  # noqa: E731
+    mv, ms = copy(v), copy(s)
+    merge_state(mv, ms, vo, so, mask=mask)
+    want_v, want_s = copy(v), copy(s)
+    merge_state(want_v, want_s, vo, so)
+    assert same(mv[~mask], v[~mask]) and same(ms[~mask], s[~mask])
+    assert same(mv[mask], want_v[mask]) and same(ms[mask], want_s[mask])
+    return mv, ms
+
+
 def test_a_row_mask_keeps_the_rows_it_leaves_out(rng):
     """merge_state(..., mask): flagged rows merge as without a mask; the others keep (v, s) bit for bit, even
     where v_other / s_other hold NaN and Inf (the rows a padded batch does not fill); bad masks are refused."""
@@ -135,12 +149,7 @@ def test_a_row_mask_keeps_the_rows_it_leaves_out(rng):
     vo, so = random_state(rng, 6, 3)
     vo[[1, 4]], so[[1, 4]] = np.nan, np.inf
     mask = np.array([True, False, True, True, False, False])
-    mv, ms = v.copy(), s.copy()
-    merge_state(mv, ms, vo, so, mask=mask)
-    want_v, want_s = v.copy(), s.copy()
-    merge_state(want_v, want_s, vo, so)
-    assert np.array_equal(mv[~mask], v[~mask]) and np.array_equal(ms[~mask], s[~mask])
-    assert np.array_equal(mv[mask], want_v[mask]) and np.array_equal(ms[mask], want_s[mask])
+    mv, ms = masked_merge_checked(v, s, vo, so, mask)
     tv, ts = torch.from_numpy(v.copy()), torch.from_numpy(s.copy())
     merge_state(tv, ts, torch.from_numpy(vo), torch.from_numpy(so), mask=torch.from_numpy(mask))
     assert np.array_equal(tv.numpy(), mv) and np.array_equal(ts.numpy(), ms)

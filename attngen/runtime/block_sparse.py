@@ -31,7 +31,7 @@ from attngen.ir.hook_spec import HEADS
 
 from .checks import AttentionArgumentError, as_numpy, check_layout, dtype_name
 from .kv_pool import as_pool
-from .module import contiguous, empty_like, int32_like
+from .module import contiguous, empty_like, int32_like, scale_kwargs
 from .views import (BlockSparseView, PagedKV, bsr_page_table, causal_blocks, causal_only, check_bsr, hook_readers,
                     require_position_free)
 
@@ -258,7 +258,7 @@ class BlockSparseAttention:
         k, v [N, Hkv, D] as one page: ``stack((k, v), 1)[None]``).
         Returns (out [M, Hq, D], lse [M, Hq] base 2); rows that read no block get O = 0, lse = -inf.
         ``k_scale``, ``v_scale``: an fp8 cache's scales (a float, or one per KV head), as ``prefill`` takes them."""
-        scales = {} if k_scale is None and v_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
+        scales = scale_kwargs(k_scale, v_scale)
         check_layout(layout)
         pages = as_pool(pages, layout)  # (FlashInfer's (k_pages, v_pages) form: kv_pool.py)
         if isinstance(view, BlockSparseView):

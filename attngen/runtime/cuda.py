@@ -32,7 +32,7 @@ from .cuda_plans import MAX_GRID_BATCH, DecodeLaunch, DecodePlan, PrefillPlan
 from .deferred_parts import link_deferred_parts
 from .fp8 import device_kv_scales, scale_args
 from .kv_pool import heads_adjacent
-from .module import BuiltModule, resolve_sm_scale
+from .module import BuiltModule, resolve_sm_scale, scale_kwargs
 from .params import resolve_params
 from .replay_guard import poison_rows_over_bound
 from .tile_map import KVBound, TileMap, build_tile_map, params_key
@@ -206,10 +206,8 @@ class CUDAAttention(BuiltModule):
                 f"{kv.kv_dtype}, kernels including {what}, head_dims including {head_dim} and the needed layout")
 
     def prepared_scales(self, q, kv, k_scale, v_scale) -> dict:
-        if k_scale is None and v_scale is None:
-            return {}
-        args = self._scale_args(q, kv, k_scale, v_scale)  # (a 16-bit cache refuses scales here)
-        return dict(zip(("k_scale", "v_scale"), args))
+        given = scale_kwargs(k_scale, v_scale)  # (a 16-bit cache refuses scales in _scale_args)
+        return dict(zip(given, self._scale_args(q, kv, k_scale, v_scale))) if given else {}
 
     @staticmethod
     def _scale_args(q, kv: PagedKV | RaggedKV, k_scale, v_scale) -> tuple:

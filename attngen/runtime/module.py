@@ -32,6 +32,12 @@ def contiguous(x):
     return x.contiguous() if hasattr(x, "detach") else np.ascontiguousarray(x)
 
 
+def scale_kwargs(k_scale, v_scale) -> dict:
+    """An fp8 cache's k_scale / v_scale as keyword arguments of a call, {} where neither is given (a 16-bit
+    cache's calls, which refuse scales)."""
+    return {} if k_scale is None and v_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
+
+
 def _as_tuple(value):
     """A manifest's JSON lists as the tuples BuildConfig holds (nested: tvm_constants' pairs)."""
     return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value
@@ -74,9 +80,7 @@ class BuiltModule:
         """``k_scale`` / ``v_scale`` of calls over ``kv`` as keyword arguments, converted once into the form the
         functions take where converting costs device work (the CUDA backend's [Hkv] tensors), for a view that
         passes them to several calls (a cascade's levels); {} where none is given."""
-        if k_scale is None and v_scale is None:
-            return {}
-        return {"k_scale": k_scale, "v_scale": v_scale}
+        return scale_kwargs(k_scale, v_scale)
 
     def sibling(self, variant) -> "BuiltModule":
         """``variant``'s library built with this library's configuration (its manifest's), into the cache this

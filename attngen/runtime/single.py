@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .checks import AttentionArgumentError
-from .module import int32_like
+from .module import int32_like, scale_kwargs
 from .views import RaggedKV
 
 
@@ -29,8 +29,7 @@ def single_prefill(att, q, k, v, *, sm_scale: float | None = None, params: dict 
             raise AttentionArgumentError(f"{name}: on {x.device}, q on {ref.device}; pass all three on one device")
     kv = RaggedKV(k, v, int32_like(ref, np.array([0, int(k.shape[0])])))
     qo_indptr = int32_like(ref, np.array([0, int(q.shape[0])]))
-    scales = {} if k_scale is None and v_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
-    out, lse = att.prefill(q, kv, qo_indptr, sm_scale=sm_scale, params=params, **scales)
+    out, lse = att.prefill(q, kv, qo_indptr, sm_scale=sm_scale, params=params, **scale_kwargs(k_scale, v_scale))
     return (out, lse) if return_lse else out
 
 

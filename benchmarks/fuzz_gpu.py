@@ -57,6 +57,26 @@ GPU_FORMS = LAYOUT_FORMS
 UNREAD_ON_DEVICE = ("scale_not_positive", "scale_not_finite")
 
 
+def drawn_calls(case: Case, kv_dtype: str | None, seed: int, case_rng, fault_share: float,
+                form_share: float) -> list[tuple[str, object, bool]]:
+    """A batch's calls, as (fault, call, valid): the plain call, a spoilt one with probability ``fault_share``
+    (an fp8 fault where ``kv_dtype`` is fp8, else a GPU fault) and one in a layout form with probability
+    ``form_share``; draws from ``case_rng``, spoils with a generator seeded ``seed + 1``."""
+    spoil = case_rng.random() < fault_share
+    faults = ["none"] + ([str(case_rng.choice(FP8_FAULTS[1:] if kv_dtype else GPU_FAULTS))] if spoil else [])
+    if case_rng.random() < form_share:
+        faults.append(str(case_rng.choice(GPU_FORMS)))
+    spoil_with = apply_fp8_fault if kv_dtype else apply_fault
+    calls = []
+    for fault in faults:
+        if kv_dtype and fault in UNREAD_ON_DEVICE and np.ndim(case.scales["k_scale"]):  # (per-head scales)
+            continue
+        call = spoil_with(case, fault, np.random.default_rng(seed + 1))
+        if call is not None:
+            calls.append((fault, call, fault == "none" or fault in GPU_FORMS))
+    return calls
+
+
 def templates(kind: str, hopper: bool) -> list[tuple[str, dict]]:
     """(label, plan options) of every template path that serves a call of ``kind``."""
     if kind == "decode":
@@ -168,6 +188,25 @@ def run_call(att, variant, case: Case, call, how: dict, device: str = "cuda") ->
     return "ok", ""
 
 
+class PlanlessCPU:
+    """The CPU backend behind the CUDA module's plan / call methods (plans ignored): the harness's own check."""
+
+    def __init__(self, att):
+        self.att = att
+
+    def plan_decode(self, kv, num_qo_heads, head_dim, **how):
+        return None
+
+    def plan_prefill(self, qo_indptr, kv, head_dim, **how):
+        return None
+
+    def decode(self, q, kv, plan=None, **kw):
+        return self.att.decode(q, kv, **kw)
+
+    def prefill(self, q, kv, qo_indptr, plan=None, **kw):
+        return self.att.prefill(q, kv, qo_indptr, **kw)
+
+
 def shard(seed: int, recipes: int, part: int = 0, parts: int = 1) -> list[tuple[int, Recipe]]:
     """(index, recipe) of the ``recipes`` recipes drawn with ``seed`` whose index is ``part`` modulo ``parts``:
     the shards of one draw are disjoint and together the whole draw."""
@@ -193,6 +232,9 @@ def main(argv=None) -> int:
                     help="start no new recipe after this many seconds (the figures cover the recipes run)")
     ap.add_argument("--part", default="0/1", metavar="I/N",
                     help="run only the drawn recipes whose index is I modulo N (parallel shards of one draw)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="run the harness itself on the CPU backend (one path per call; the pools the CPU backend "
+                         "packs, CUDA_ONLY_REFUSALS, count as valid): a check of the harness without a GPU")
     args = ap.parse_args(argv)
     try:
         part, parts = (int(x) for x in args.part.split("/"))
@@ -203,9 +245,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from attngen.runtime import CUDAAttention
+    from attngen.runtime import CPUAttention, CUDAAttention
 
-    hopper = torch.cuda.get_device_capability() == (9, 0)
+    device = "cpu" if args.cpu else "cuda"
+    hopper = not args.cpu and torch.cuda.get_device_capability() == (9, 0)
     counts, by_path, failures, build_refused = collections.Counter(), collections.Counter(), [], []
     start, ran = time.monotonic(), []
     for index, recipe in shard(args.seed, args.recipes, part, parts):
@@ -215,8 +258,10 @@ def main(argv=None) -> int:
         variant = make_variant(recipe)
         kv_dtype = FP8_KV_DTYPES[index % 2] if args.fp8 else None  # (fp8: the formats in turn)
         try:
-            att = CUDAAttention.build(variant, head_dims=(HEAD_DIM,), dtypes=("float16",), layouts=("NHD", "HND"),
-                                      kv_dtypes=(kv_dtype,) if kv_dtype else ())
+            build = dict(head_dims=(HEAD_DIM,), dtypes=("float16",), layouts=("NHD", "HND"),
+                         kv_dtypes=(kv_dtype,) if kv_dtype else ())
+            att = PlanlessCPU(CPUAttention.build(variant, **build)) if args.cpu else \
+                CUDAAttention.build(variant, **build)
         except ATTNGEN_ERRORS as e:
             build_refused.append(f"{variant.name}: {e}")
             continue
@@ -228,20 +273,11 @@ def main(argv=None) -> int:
             if "v[" in case.injected:  # see the module's docstring
                 counts["skipped: non-finite V"] += 1
                 continue
-            spoil = case_rng.random() < args.fault_share
-            faults = ["none"] + ([str(case_rng.choice(FP8_FAULTS[1:] if kv_dtype else GPU_FAULTS))] if spoil else [])
-            if case_rng.random() < args.form_share:
-                faults.append(str(case_rng.choice(GPU_FORMS)))
-            for fault in faults:
-                if fault in UNREAD_ON_DEVICE and np.ndim(case.scales["k_scale"]):  # (per-head scales)
-                    continue
-                spoil_with = apply_fp8_fault if fault in FP8_FAULTS else apply_fault
-                call = spoil_with(case, fault, np.random.default_rng(seed + 1))
-                if call is None:
-                    continue
-                valid = fault == "none" or fault in GPU_FORMS
-                for label, how in templates(case.kind, hopper):
-                    outcome, detail = run_call(att, variant, case, call, how)
+            for fault, call, valid in drawn_calls(case, kv_dtype, seed, case_rng, args.fault_share,
+                                                  args.form_share):
+                valid = valid or (args.cpu and fault in CUDA_ONLY_REFUSALS)
+                for label, how in [("cpu", {})] if args.cpu else templates(case.kind, hopper):
+                    outcome, detail = run_call(att, variant, case, call, how, device)
                     if outcome == "ok" and not valid:
                         outcome, detail = "fail", f"{variant.name} {label}: the spoilt call ({fault}) was accepted"
                     if outcome.startswith("refused") and valid:
@@ -253,7 +289,7 @@ def main(argv=None) -> int:
                         failures.append({"recipe": recipe.name, "seed": seed, "fault": fault, "path": label,
                                          "detail": detail[:2000]})
         print(f"{time.monotonic() - start:7.1f} s  {recipe.name}: {dict(counts)}", flush=True)
-    res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "seed": args.seed,
+    res = {"gpu": "cpu" if args.cpu else torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "seed": args.seed,
            "recipes": ran, "seconds": round(time.monotonic() - start, 1), "build_refused": build_refused, "calls": sum(
                v for k, v in counts.items() if not k.startswith("skipped")), "outcomes": dict(counts),
            "by_path": dict(sorted(by_path.items())), "failures": failures[:50], "failure_count": len(failures)}

@@ -116,23 +116,17 @@ def test_the_gpu_fuzzers_shards_partition_one_draw():
             fg.main(["--part", bad])
 
 
-class _PlanlessCPU:
-    """The CPU backend behind the CUDA module's plan / call methods (plans ignored)."""
-
-    def __init__(self, att):
-        self.att = att
-
-    def plan_decode(self, kv, num_qo_heads, head_dim, **how):
-        return None
-
-    def plan_prefill(self, qo_indptr, kv, head_dim, **how):
-        return None
-
-    def decode(self, q, kv, plan=None, **kw):
-        return self.att.decode(q, kv, **kw)
-
-    def prefill(self, q, kv, qo_indptr, plan=None, **kw):
-        return self.att.prefill(q, kv, qo_indptr, **kw)
+@pytest.mark.parametrize("fp8", [False, True], ids=["float16", "fp8"])
+def test_the_gpu_fuzzers_loop_on_the_cpu_backend(build_cache, monkeypatch, capsys, fp8):
+    """The GPU fuzzer's whole loop (its draws of recipes, batches, faults and layout forms, every call checked)
+    with --cpu, as the GPU test shards run it: every valid call matches, every spoilt one is refused by name."""
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(build_cache.root))
+    fg = _fuzz_gpu_module()
+    args = ["--cpu", "--recipes", "2", "--cases", "10", "--fault-share", "0.7", "--form-share", "0.5"]
+    assert fg.main(args + (["--fp8", "--seed", "8"] if fp8 else ["--seed", "7"])) == 0
+    out = capsys.readouterr().out
+    assert "fuzz_gpu done" in out and '"failure_count": 0' in out
+    assert '"ok"' in out and '"refused:' in out  # both kinds of outcome reached
 
 
 def test_the_gpu_fuzzers_oracle_on_the_cpu_backend(build_cache):
@@ -145,7 +139,7 @@ def test_the_gpu_fuzzers_oracle_on_the_cpu_backend(build_cache):
     fg = _fuzz_gpu_module()
     recipe = Recipe(("alibi", "softcap"), ("causal", "custom"), "affine", "scale", "head_bias")
     variant = fg.make_variant(recipe)
-    att = _PlanlessCPU(CPUAttention.build(variant, head_dims=(fg.HEAD_DIM,), dtypes=("float16",), cache=build_cache))
+    att = fg.PlanlessCPU(CPUAttention.build(variant, head_dims=(fg.HEAD_DIM,), dtypes=("float16",), cache=build_cache))
     spoilt = [f for f in fg.GPU_FAULTS if f not in fg.CUDA_ONLY_REFUSALS]  # (the CPU backend packs those pools)
     outcomes, forms = [], set()
     for i in range(24):
@@ -181,7 +175,7 @@ def test_the_gpu_fuzzers_fp8_calls_on_the_cpu_backend(build_cache):
     variant = fg.make_variant(recipe)
     outcomes, checked = [], set()
     for kv_dtype in ("float8_e4m3fn", "float8_e5m2"):
-        att = _PlanlessCPU(CPUAttention.build(variant, head_dims=(fg.HEAD_DIM,), dtypes=("float16",),
+        att = fg.PlanlessCPU(CPUAttention.build(variant, head_dims=(fg.HEAD_DIM,), dtypes=("float16",),
                                               kv_dtypes=(kv_dtype,), cache=build_cache))
         for i, fault in enumerate(FP8_FAULTS):
             ran = 0

@@ -289,7 +289,8 @@ def main(argv=None) -> int:
                         failures.append({"recipe": recipe.name, "seed": seed, "fault": fault, "path": label,
                                          "detail": detail[:2000]})
         print(f"{time.monotonic() - start:7.1f} s  {recipe.name}: {dict(counts)}", flush=True)
-    res = {"gpu": "cpu" if args.cpu else torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "seed": args.seed,
+    res = {"gpu": "cpu" if args.cpu else torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+           "seed": args.seed,
            "recipes": ran, "seconds": round(time.monotonic() - start, 1), "build_refused": build_refused, "calls": sum(
                v for k, v in counts.items() if not k.startswith("skipped")), "outcomes": dict(counts),
            "by_path": dict(sorted(by_path.items())), "failures": failures[:50], "failure_count": len(failures)}

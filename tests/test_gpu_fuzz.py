@@ -53,13 +53,16 @@ def test_fuzz_fp8_calls_match_the_reference_or_are_refused(fuzz_env, part):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "initcheck"])
-def test_fuzz_calls_under_the_sanitizer(fuzz_env, tool):
+@pytest.mark.parametrize("tool,fp8", [("memcheck", False), ("racecheck", False), ("initcheck", False),
+                                      ("memcheck", True), ("racecheck", True)])
+def test_fuzz_calls_under_the_sanitizer(fuzz_env, tool, fp8):
+    """The fuzzer's calls (float16, or fp8 caches: the direct key and value reads of the staged fp8 rows) under
+    compute-sanitizer: no memory error, race or uninitialised read."""
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         pytest.skip("compute-sanitizer is not installed on this GPU machine")
     cases = "3" if tool == "racecheck" else "6"
-    args = [sys.executable, str(FUZZ), "--recipes", "2", "--cases", cases, "--seed", "11"]
+    args = [sys.executable, str(FUZZ), "--recipes", "2", "--cases", cases, "--seed", "11"] + (["--fp8"] if fp8 else [])
     subprocess.run(args, env=fuzz_env, capture_output=True, check=False)  # builds outside the sanitizer
     p = subprocess.run([exe, "--tool", tool, "--error-exitcode", "3", *args], env=fuzz_env, capture_output=True,
                        text=True)

@@ -25,7 +25,8 @@
 // (exact: every fp8 value is a half and a bfloat16 value) for ldmatrix. Without a key hook the MMAs are half
 // whatever the query's type (fp8 -> half is one instruction per pair, exact; the query rows are scaled into
 // half's range by a power of two: decode_tc_half_mma) and run transposed: S^T = K Q^T with the staged key
-// rows read straight into A fragments (only the value rows are widened), then O^T = V^T P^T. With a key hook
+// rows read straight into A fragments, then O^T = V^T P^T, whose value rows are widened into the 16-bit tile
+// (at D 128 read straight into A fragments too: decode_tc_direct_values). With a key hook
 // the key rows are widened too, for the hook and for Q K^T. k_scale scales the scores (or the key hook's
 // input), v_scale the accumulated rows.
 #pragma once
@@ -72,6 +73,8 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   using MT = std::conditional_t<decode_tc_half_mma<V, KV>(), half, T>;
   // keys straight from the fp8 stage into fragments (the transposed product S^T = K Q^T, every head dim)
   constexpr bool kDirectK = decode_tc_half_mma<V, KV>();
+  // and values straight from it into fragments too (D 128: decode_tc_direct_values)
+  constexpr bool kDirectV = kDirectK && decode_tc_direct_values<D>();
   // the output accumulator's tiles: O (16 rows, NDT n-tiles), or with direct keys O^T = V^T P^T (D / 16
   // m-tiles of dims by the 8 query rows: half the MMAs of O += P V, whose rows 8-15 were padding)
   constexpr int NOA = kDirectK ? D / 16 : NDT;
@@ -183,8 +186,10 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         copy16_async(dst + (kDirectK ? staged_key_chunk<D>(r, c0) : c0) * 16, src, ok);
         if constexpr (kFp8TwoChunks)
           copy16_async(dst + (kDirectK ? staged_key_chunk<D>(r, c1) : c1) * 16, src + HALF, ok);
-        copy16_async(dst + TK * D + c0 * 16, src + P.kv.stride_kv, ok);
-        if constexpr (kFp8TwoChunks) copy16_async(dst + TK * D + c1 * 16, src + P.kv.stride_kv + HALF, ok);
+        copy16_async(dst + TK * D + (kDirectV ? staged_value_chunk<D>(r, c0) : c0) * 16, src + P.kv.stride_kv, ok);
+        if constexpr (kFp8TwoChunks)
+          copy16_async(dst + TK * D + (kDirectV ? staged_value_chunk<D>(r, c1) : c1) * 16,
+                       src + P.kv.stride_kv + HALF, ok);
         continue;
       }
       // a row past the item reads nothing; its address (page 0) only has to lie in the cache
@@ -425,11 +430,13 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         a[2] = pack2<MT>(s[1][0], s[1][1]);
         a[3] = pack2<MT>(s[1][2], s[1][3]);
       }
-      if constexpr (kIsFp8<KV>) {  // the values over the keys this warp's ldmatrix has read
+      if constexpr (kIsFp8<KV> && !kDirectV) {  // the values over the keys this warp's ldmatrix has read
         __syncwarp();
         decode_tc_widen_rows<MT, D, S, KV>(smem_raw, stage, 1, wk, sv, lane);
       }
-      if constexpr (kDirectK) {  // O^T += V^T P^T: m-tile i is V^T's dims 16 i .. + 15 (A by ldmatrix.trans)
+      if constexpr (kDirectV) {  // O^T += V^T P^T, the fp8 value rows straight into A fragments
+        decode_tc_direct_pv<D, S, KV>(o_acc, smem_raw, stage, wk, g, t4, a[0], a[2]);
+      } else if constexpr (kDirectK) {  // O^T += V^T P^T: m-tile i is V^T's dims 16 i .. + 15 (A by ldmatrix.trans)
 #pragma unroll
         for (int i = 0; i < NOA; ++i) {
           uint32_t av[4];
@@ -478,9 +485,11 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
             wstate[(warp * G8 + q) * 2 + 1] = d2[c];
           }
 #pragma unroll
-          for (int i = 0; i < NOA; ++i) {
-            wacc[(warp * G8 + q) * D + 16 * i + g] = o_acc[i][c];
-            wacc[(warp * G8 + q) * D + 16 * i + 8 + g] = o_acc[i][2 + c];
+          for (int i = 0; i < NOA; ++i) {  // m-tile i's rows g and g + 8: dims 16 i + g and + 8, or permuted
+            const int d0 = kDirectV ? decode_tc_direct_value_dim<D>(i, g, 0) : 16 * i + g;
+            const int d1 = kDirectV ? decode_tc_direct_value_dim<D>(i, g, 1) : 16 * i + 8 + g;
+            wacc[(warp * G8 + q) * D + d0] = o_acc[i][c];
+            wacc[(warp * G8 + q) * D + d1] = o_acc[i][2 + c];
           }
         }
       }

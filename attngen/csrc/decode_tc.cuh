@@ -26,7 +26,7 @@
 // whatever the query's type (fp8 -> half is one instruction per pair, exact; the query rows are scaled into
 // half's range by a power of two: decode_tc_half_mma) and run transposed: S^T = K Q^T with the staged key
 // rows read straight into A fragments, then O^T = V^T P^T, whose value rows are widened into the 16-bit tile
-// (at D 128 read straight into A fragments too: decode_tc_direct_values). With a key hook
+// (at D 64 and 128 read straight into A fragments too: decode_tc_direct_values). With a key hook
 // the key rows are widened too, for the hook and for Q K^T. k_scale scales the scores (or the key hook's
 // input), v_scale the accumulated rows.
 #pragma once
@@ -73,7 +73,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   using MT = std::conditional_t<decode_tc_half_mma<V, KV>(), half, T>;
   // keys straight from the fp8 stage into fragments (the transposed product S^T = K Q^T, every head dim)
   constexpr bool kDirectK = decode_tc_half_mma<V, KV>();
-  // and values straight from it into fragments too (D 128: decode_tc_direct_values)
+  // and values straight from it into fragments too (D 64 and 128: decode_tc_direct_values)
   constexpr bool kDirectV = kDirectK && decode_tc_direct_values<D>();
   // the output accumulator's tiles: O (16 rows, NDT n-tiles), or with direct keys O^T = V^T P^T (D / 16
   // m-tiles of dims by the 8 query rows: half the MMAs of O += P V, whose rows 8-15 were padding)
@@ -186,10 +186,15 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         copy16_async(dst + (kDirectK ? staged_key_chunk<D>(r, c0) : c0) * 16, src, ok);
         if constexpr (kFp8TwoChunks)
           copy16_async(dst + (kDirectK ? staged_key_chunk<D>(r, c1) : c1) * 16, src + HALF, ok);
-        copy16_async(dst + TK * D + (kDirectV ? staged_value_chunk<D>(r, c0) : c0) * 16, src + P.kv.stride_kv, ok);
-        if constexpr (kFp8TwoChunks)
-          copy16_async(dst + TK * D + (kDirectV ? staged_value_chunk<D>(r, c1) : c1) * 16,
-                       src + P.kv.stride_kv + HALF, ok);
+        if constexpr (kDirectV) {  // the value rows swizzled for the direct reads (staged_value_at)
+          KV* dst_v = decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 + 1) * TK * D;
+          copy16_async(dst_v + staged_value_at<D>(r, c0 * 16), src + P.kv.stride_kv, ok);
+          if constexpr (kFp8TwoChunks)
+            copy16_async(dst_v + staged_value_at<D>(r, c1 * 16), src + P.kv.stride_kv + HALF, ok);
+        } else {
+          copy16_async(dst + TK * D + c0 * 16, src + P.kv.stride_kv, ok);
+          if constexpr (kFp8TwoChunks) copy16_async(dst + TK * D + c1 * 16, src + P.kv.stride_kv + HALF, ok);
+        }
         continue;
       }
       // a row past the item reads nothing; its address (page 0) only has to lie in the cache

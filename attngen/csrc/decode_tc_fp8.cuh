@@ -68,22 +68,31 @@ __device__ __forceinline__ int staged_key_chunk(int row, int chunk) {
   return D >= 128 ? chunk ^ ((row & 1) << 2) : chunk;
 }
 
-// Direct values (half MMAs at D 128, O^T += V^T P^T): the warps read their staged fp8 value rows into A
+// Direct values (half MMAs at D 64 and 128, O^T += V^T P^T): the warps read their staged fp8 value rows into A
 // fragments themselves, with no widened 16-bit tile and no ldmatrix between. Lane (g, t4) owns dims
-// [D/8 g, D/8 g + D/8) of every value row (one 16-byte chunk at D 128) and reads them from keys 2 t4, 2 t4 + 1,
-// 2 t4 + 8 and 2 t4 + 9 (the k columns of its A fragments); a byte permute pairs each dim's two keys, one
-// conversion widens a pair. M-tile i's rows g and g + 8 are the lane's dims D/8 g + 2 i and + 1
-// (decode_tc_direct_value_dim), a permutation of O^T's rows that the epilogue undoes. Value chunk c of stage row r
-// lies at chunk c ^ 2 ((r / 2) % 4), so the eight lanes of a 16-byte shared load (two chunks, four rows 2 t4)
-// hit distinct banks.
+// [D/8 g, D/8 g + D/8) of every value row (8 or 16 bytes) and reads them from keys 2 t4, 2 t4 + 1, 2 t4 + 8 and
+// 2 t4 + 9 (the k columns of its A fragments); a byte permute pairs each dim's two keys, one conversion widens a
+// pair. M-tile i's rows g and g + 8 are the lane's dims D/8 g + 2 i and + 1 (decode_tc_direct_value_dim), a
+// permutation of O^T's rows that the epilogue undoes. The value rows lie swizzled (staged_value_at) so that the
+// lanes of one shared load, which read four rows 2 t4 (+ 1, + 8, + 9), hit distinct banks.
 template <int D>
 constexpr bool decode_tc_direct_values() {
-  return D == 128;
+  return D == 64 || D == 128;
 }
 
+// Byte offset, in a stage's value half, of byte col (a multiple of 8) of value row `row` under direct values.
+// D 128 (128-byte rows, a 16-byte load per row): chunk c at c ^ 2 ((row / 2) % 4), the eight lanes of a load
+// phase (two chunks of four rows) on eight chunk columns. D 64 (64-byte rows, an 8-byte load per row, sixteen
+// lanes a phase): rows 4-7 of every 8 swap odd and even (row ^ 1), so two of the four rows of a phase lie in each
+// 64-byte half of the banks, and chunk c at c ^ 2 ((row / 2) % 2) puts those two rows' bytes on different banks.
 template <int D>
-__device__ __forceinline__ int staged_value_chunk(int row, int chunk) {
-  return chunk ^ (((row >> 1) & 3) << 1);
+__device__ __forceinline__ int staged_value_at(int row, int col) {
+  static_assert(decode_tc_direct_values<D>(), "direct values at D 64 and 128");
+  if constexpr (D == 64) {
+    return (row ^ ((row >> 2) & 1)) * D + (((col >> 4) ^ (((row >> 1) & 1) << 1)) << 4) + (col & 15);
+  } else {
+    return row * D + (((col >> 4) ^ (((row >> 1) & 3) << 1)) << 4) + (col & 15);
+  }
 }
 
 // the output dim of row g + 8 h (h = 0, 1) of O^T's m-tile i under direct values
@@ -97,24 +106,29 @@ __device__ __forceinline__ int decode_tc_direct_value_dim(int i, int g, int h) {
 template <int D, int S, class KV>
 __device__ __forceinline__ void decode_tc_direct_pv(float (&o_acc)[D / 16][4], unsigned char* smem_raw, int stage,
                                                     int wk, int g, int t4, uint32_t b0, uint32_t b1) {
-  static_assert(decode_tc_direct_values<D>(), "direct values read one 16-byte chunk a row");
   constexpr int TK = DecodeTCTile<D, S>::kKeys;
-  const KV* vrows = decode_tc_staged<D, S, KV>(smem_raw) + (size_t(stage) * 2 + 1) * TK * D;
+  constexpr int W = D / 32;  // 32-bit words of a lane's D / 8 dims
+  const unsigned char* vrows =
+      reinterpret_cast<const unsigned char*>(decode_tc_staged<D, S, KV>(smem_raw)) + (size_t(stage) * 2 + 1) * TK * D;
   const int r0 = wk + 2 * t4;
-  uint4 w[4];  // keys 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9: the lane's 16 dims
+  uint32_t w[4][W];  // keys 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9: the lane's D / 8 dims
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const int r = r0 + (k & 1) + 8 * (k >> 1);
-    w[k] = *reinterpret_cast<const uint4*>(vrows + r * D + staged_value_chunk<D>(r, g) * 16);
+    const unsigned char* at = vrows + staged_value_at<D>(r0 + (k & 1) + 8 * (k >> 1), (D / 8) * g);
+    if constexpr (W == 4) {
+      const uint4 v = *reinterpret_cast<const uint4*>(at);
+      w[k][0] = v.x, w[k][1] = v.y, w[k][2] = v.z, w[k][3] = v.w;
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(at);
+      w[k][0] = v.x, w[k][1] = v.y;
+    }
   }
-  const uint32_t lo_a[4] = {w[0].x, w[0].y, w[0].z, w[0].w}, lo_b[4] = {w[1].x, w[1].y, w[1].z, w[1].w};
-  const uint32_t hi_a[4] = {w[2].x, w[2].y, w[2].z, w[2].w}, hi_b[4] = {w[3].x, w[3].y, w[3].z, w[3].w};
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {  // word q: dims 16 g + 4 q .. + 3, m-tiles 2 q and 2 q + 1
+  for (int q = 0; q < W; ++q) {  // word q: dims D/8 g + 4 q .. + 3, m-tiles 2 q and 2 q + 1
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       const uint32_t sel = m ? 0x7362u : 0x5140u;  // each dim's bytes of the two keys side by side
-      const uint32_t lo = __byte_perm(lo_a[q], lo_b[q], sel), hi = __byte_perm(hi_a[q], hi_b[q], sel);
+      const uint32_t lo = __byte_perm(w[0][q], w[1][q], sel), hi = __byte_perm(w[2][q], w[3][q], sel);
       const uint32_t a[4] = {fp8x2_to_half2_bits<KV>(lo & 0xffffu), fp8x2_to_half2_bits<KV>(lo >> 16),
                              fp8x2_to_half2_bits<KV>(hi & 0xffffu), fp8x2_to_half2_bits<KV>(hi >> 16)};
       mma16816<half>(o_acc[2 * q + m], a, b0, b1);

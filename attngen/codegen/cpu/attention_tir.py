@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import tvm
 import tvm.tirx as tir
 from tvm.script import tirx as T
 
@@ -36,6 +37,30 @@ from .fp8_tir import FP8_STORAGE, fp8_to_float32
 from .inline_hooks import hook_call, row_hook_call
 
 LOG2E = 1.4426950408889634
+# a score q . k is summed as LANES independent partial sums over the dims d = LANES * d0 + u, added pairwise at the
+# end: one chain of D dependent float additions bounded the CPU kernels by the adder's latency (the compiler may
+# not reassociate them); LANES chains run side by side
+LANES = 8
+
+
+# the CPU kernels fetch the key and value rows this many keys ahead into the cache: a paged cache's rows of one head
+# lie a slot apart (page_size rows of every head in between) on pages in any order, which no hardware prefetcher
+# follows, so each row was a cache miss the group's dot products waited on
+PREFETCH_AHEAD = 4
+CACHE_LINE = 64
+
+
+def prefetch(element):
+    """Prefetch the cache line of a buffer element for reading (LLVM's prefetch, high locality)."""
+    return tir.call_intrin("", "tirx.prefetch", tir.call_intrin("handle", "tirx.address_of", element), 0, 3, 1)
+
+
+def tree_sum(part, n: int):
+    """part[0] + ... + part[n - 1], added pairwise."""
+    terms = [part[u] for u in range(n)]
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] for i in range(0, len(terms) - 1, 2)] + terms[len(terms) - len(terms) % 2:]
+    return terms[0]
 NO_KEY_LSE = -5.0e4  # TVM's lse for a row that sees no key (merged as weight 0)
 
 # online_softmax_program's parameters, in its own order.
@@ -125,9 +150,8 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
     D, dt = spec.head_dim, spec.dtype
     fp8 = spec.fp8
     kv_dt = FP8_STORAGE if fp8 else dt  # the K/V buffers' element type
-    # K/V elements read straight into float32 (no let of the element): fp8 bits are decoded, and a
+    # K/V elements are read straight into float32 (kv_float, no let of the element): fp8 bits are decoded, and a
     # bfloat16 let breaks TVM's bfloat16 legalisation (the let keeps its type, the load becomes uint16)
-    kv_direct = fp8 or dt == "bfloat16"
     paged, decode, hnd = spec.kv == "paged", spec.decode, spec.page_layout == "HND"
     tvm_conv = spec.tvm is not None
     sliding = tvm_conv and spec.tvm.sliding_length_info
@@ -204,6 +228,11 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
         if not causal_flag:
             return seen
         return tir.And(tir.Or(tir.EQ(causal, 0), tir.LE(kv_pos, qo_pos)), seen)
+
+    lanes = LANES if D % LANES == 0 else 1  # the score's partial sums (one where D is not a multiple)
+    kv_bytes = 1 if fp8 else tvm.DataType(dt).bits // 8
+    line_elems = CACHE_LINE // kv_bytes  # K / V elements per cache line
+    row_lines = max(1, D // line_elems)  # cache lines of a key (value) row
 
     # fmt: off
     @T.prim_func
@@ -359,104 +388,138 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                     T.evaluate(row_hook_call("key_transform", k_in, k_out, kv_pos, hk))
                     for d in range(D):
                         KT[k_base + j, hk, d] = k_out[d]
-            for ih in T.parallel(qo_len * n_qo_heads):
+            # one parallel iteration per (query row, KV head): the group's query heads read each key and value
+            # row once, in the order of the keys (one cache miss per row for the whole group, not one per head)
+            for ik in T.parallel(qo_len * n_kv_heads):
                 q_in = T.alloc_buffer((D,), "float32", scope="local")
                 q_out = T.alloc_buffer((D,), "float32", scope="local")
-                acc = T.alloc_buffer((D,), "float32", scope="local")
                 o_in = T.alloc_buffer((D,), "float32", scope="local")
                 o_out = T.alloc_buffer((D,), "float32", scope="local")
-                i: T.let = T.truncdiv(ih, n_qo_heads)
-                h: T.let = T.truncmod(ih, n_qo_heads)
-                hk: T.let = T.truncdiv(h, group)
+                part = T.alloc_buffer((LANES,), "float32", scope="local")
+                qs = T.alloc_buffer((group * D,), "float32")  # the group's scaled query rows
+                acc = T.alloc_buffer((group * D,), "float32")  # their output rows
+                m = T.alloc_buffer((group,), "float32")  # their running maxima
+                denom = T.alloc_buffer((group,), "float32")  # and sums
+                i: T.let = T.truncdiv(ik, n_kv_heads)
+                hk: T.let = T.truncmod(ik, n_kv_heads)
                 row: T.let = qo_start + i
                 if tvm_conv:
                     qo_pos: T.let = Q_POS[row]
                 else:
                     qo_pos: T.let = kv_len - qo_len + i
-                if rope:
-                    q_raw = T.alloc_buffer((D,), "float32", scope="local")
-                    for d in range(D):
-                        q_raw[d] = T.Cast("float32", Q[row, h, d])
-                    for d in range(D):
-                        q_in[d] = tvm_rope(q_raw, d, qo_pos, rope_scale, rope_theta, D)
-                else:
-                    for d in range(D):
-                        q_in[d] = T.Cast("float32", Q[row, h, d])
-                T.evaluate(row_hook_call("query_transform", q_in, q_out, qo_pos, h))
-                for d in range(D):
-                    if fp8 and not use_kt:  # keys are read unscaled in the score loop
-                        if log2e_q:
-                            q_out[d] = q_out[d] * (sm_scale * T.float32(LOG2E) * K_SCALE[hk])
-                        else:
-                            q_out[d] = q_out[d] * (sm_scale * K_SCALE[hk])
-                    elif log2e_q:
-                        q_out[d] = q_out[d] * (sm_scale * T.float32(LOG2E))
+                for g in range(group):
+                    h: T.let = hk * group + g
+                    if rope:
+                        q_raw = T.alloc_buffer((D,), "float32", scope="local")
+                        for d in range(D):
+                            q_raw[d] = T.Cast("float32", Q[row, h, d])
+                        for d in range(D):
+                            q_in[d] = tvm_rope(q_raw, d, qo_pos, rope_scale, rope_theta, D)
                     else:
-                        q_out[d] = q_out[d] * sm_scale
-                    acc[d] = T.float32(0)
-                m: T.float32 = neg_inf
-                denom: T.float32 = T.float32(0)
+                        for d in range(D):
+                            q_in[d] = T.Cast("float32", Q[row, h, d])
+                    T.evaluate(row_hook_call("query_transform", q_in, q_out, qo_pos, h))
+                    for d in range(D):
+                        if fp8 and not use_kt:  # keys are read unscaled in the score loop
+                            if log2e_q:
+                                qs[g * D + d] = q_out[d] * (sm_scale * T.float32(LOG2E) * K_SCALE[hk])
+                            else:
+                                qs[g * D + d] = q_out[d] * (sm_scale * K_SCALE[hk])
+                        elif log2e_q:
+                            qs[g * D + d] = q_out[d] * (sm_scale * T.float32(LOG2E))
+                        else:
+                            qs[g * D + d] = q_out[d] * sm_scale
+                        acc[g * D + d] = T.float32(0)
+                    m[g] = neg_inf
+                    denom[g] = T.float32(0)
                 for j in range(kv_len):
                     kv_pos: T.let = Q_POS[k_base + j] if ragged_tree else kv_pos0 + j
-                    if key_visible(causal, qo_pos, kv_pos, b, h, hk,
-                                   (TREE_INDPTR, TREE_ORDER, b, i, j, qo_len, kv_len) if tree else None,
-                                   li_ndim if either_li else None):
-                        seq_off: T.let = seq_offset(LENGTH_INFO, j, b, fields if either_li else None) if paged else j
-                        kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + T.truncdiv(seq_off, page_size)] if paged else k_base + j
-                        kv_slot: T.let = T.truncmod(seq_off, page_size) if paged else 0
-                        s: T.float32 = T.float32(0)
-                        for d in range(D):
+                    seq_off: T.let = seq_offset(LENGTH_INFO, j, b, fields if either_li else None) if paged else j
+                    kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + T.truncdiv(seq_off, page_size)] if paged else k_base + j
+                    kv_slot: T.let = T.truncmod(seq_off, page_size) if paged else 0
+                    if j + PREFETCH_AHEAD < kv_len:  # the key and value rows PREFETCH_AHEAD keys on, into the cache
+                        nj: T.let = j + PREFETCH_AHEAD
+                        n_off: T.let = seq_offset(LENGTH_INFO, nj, b, fields if either_li else None) if paged else nj
+                        n_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + T.truncdiv(n_off, page_size)] if paged else k_base + nj
+                        n_slot: T.let = T.truncmod(n_off, page_size) if paged else 0
+                        for c in T.unroll(row_lines):
                             if use_kt:
-                                s = s + q_out[d] * KT[k_base + j, hk, d]
-                            elif kv_direct:
-                                s = s + q_out[d] * kv_float(PAGES if paged else K, 0, kv_row, kv_slot, hk, d)
+                                T.evaluate(prefetch(KT[k_base + nj, hk, c * line_elems]))
                             else:
-                                key: T.let = kv_element(PAGES if paged else K, 0, kv_row, kv_slot, hk, d)
-                                s = s + q_out[d] * T.Cast("float32", key)
-                        s = hook_call("logits_transform", s, b, qo_pos, kv_pos, h, hk)
-                        if log2e_s:
-                            s = s * T.float32(LOG2E)
-                        if softmax:
-                            # Non-finite scores (see reference._softmax_rows): the base of the exponents is
-                            # the running max, or 0 while it is -inf, so that a -inf score weighs 0 (not
-                            # exp2(-inf + inf) = NaN) while a NaN score (whatever the max makes of it) or a
-                            # +inf one (exp2(inf - inf)) turns the weight, and from there denom and acc,
-                            # into NaN for good. One select per key, as the -inf guard always cost.
-                            m_new: T.let = T.max(m, s)
-                            base: T.let = T.if_then_else(m_new == neg_inf, T.float32(0), m_new)
-                            rescale: T.let = T.exp2(m - base)
-                            w: T.let = T.exp2(s - base)
-                            denom = denom * rescale + w
-                            m = m_new
-                        else:
-                            rescale: T.let = T.float32(1)
-                            w: T.let = s
-                        for d in range(D):
-                            if kv_direct:
-                                acc[d] = acc[d] * rescale + w * kv_float(PAGES if paged else V, 1, kv_row, kv_slot,
+                                T.evaluate(prefetch(kv_element(PAGES if paged else K, 0, n_row, n_slot, hk,
+                                                               c * line_elems)))
+                            T.evaluate(prefetch(kv_element(PAGES if paged else V, 1, n_row, n_slot, hk,
+                                                           c * line_elems)))
+                    for g in range(group):
+                        h: T.let = hk * group + g
+                        if key_visible(causal, qo_pos, kv_pos, b, h, hk,
+                                       (TREE_INDPTR, TREE_ORDER, b, i, j, qo_len, kv_len) if tree else None,
+                                       li_ndim if either_li else None):
+                            if lanes > 1:  # LANES independent partial sums: no chain of D dependent adds
+                                for u in T.unroll(lanes):
+                                    part[u] = T.float32(0)
+                                for d0 in range(D // lanes):
+                                    for u in T.vectorized(lanes):
+                                        if use_kt:
+                                            part[u] = part[u] + qs[g * D + d0 * lanes + u] * KT[k_base + j, hk,
+                                                                                                d0 * lanes + u]
+                                        else:
+                                            part[u] = part[u] + qs[g * D + d0 * lanes + u] * kv_float(
+                                                PAGES if paged else K, 0, kv_row, kv_slot, hk, d0 * lanes + u)
+                                s: T.float32 = tree_sum(part, lanes)
+                            else:
+                                s: T.float32 = T.float32(0)
+                                for d in range(D):
+                                    if use_kt:
+                                        s = s + qs[g * D + d] * KT[k_base + j, hk, d]
+                                    else:
+                                        s = s + qs[g * D + d] * kv_float(PAGES if paged else K, 0, kv_row, kv_slot,
                                                                          hk, d)
+                            s = hook_call("logits_transform", s, b, qo_pos, kv_pos, h, hk)
+                            if log2e_s:
+                                s = s * T.float32(LOG2E)
+                            if softmax:
+                                # Non-finite scores (see reference._softmax_rows): the base of the exponents is
+                                # the running max, or 0 while it is -inf, so that a -inf score weighs 0 (not
+                                # exp2(-inf + inf) = NaN) while a NaN score (whatever the max makes of it) or a
+                                # +inf one (exp2(inf - inf)) turns the weight, and from there denom and acc,
+                                # into NaN for good. One select per key, as the -inf guard always cost.
+                                m_new: T.let = T.max(m[g], s)
+                                base: T.let = T.if_then_else(m_new == neg_inf, T.float32(0), m_new)
+                                rescale: T.let = T.exp2(m[g] - base)
+                                w: T.let = T.exp2(s - base)
+                                denom[g] = denom[g] * rescale + w
+                                m[g] = m_new
                             else:
-                                value: T.let = kv_element(PAGES if paged else V, 1, kv_row, kv_slot, hk, d)
-                                acc[d] = acc[d] * rescale + w * T.Cast("float32", value)
-                # denom is 0 only for a row without a live key (O = 0, empty lse); a NaN denom (poisoned
-                # row) must reach O and lse, so the tests are "== 0", not "> 0"
-                if softmax:
-                    row_lse: T.let = T.if_then_else(denom == T.float32(0), T.float32(empty_lse), m + T.log2(denom))
-                else:
-                    row_lse: T.let = T.float32(0)
-                for d in range(D):
-                    if softmax and fp8:
-                        o_in[d] = T.if_then_else(denom == T.float32(0), T.float32(0), acc[d] / denom * V_SCALE[hk])
-                    elif softmax:
-                        o_in[d] = T.if_then_else(denom == T.float32(0), T.float32(0), acc[d] / denom)
-                    elif fp8:
-                        o_in[d] = acc[d] * V_SCALE[hk]
+                                rescale: T.let = T.float32(1)
+                                w: T.let = s
+                            for d0 in range(D // lanes):
+                                for u in T.vectorized(lanes):
+                                    acc[g * D + d0 * lanes + u] = acc[g * D + d0 * lanes + u] * rescale + w * kv_float(
+                                        PAGES if paged else V, 1, kv_row, kv_slot, hk, d0 * lanes + u)
+                for g in range(group):
+                    h: T.let = hk * group + g
+                    # denom is 0 only for a row without a live key (O = 0, empty lse); a NaN denom (poisoned
+                    # row) must reach O and lse, so the tests are "== 0", not "> 0"
+                    if softmax:
+                        row_lse: T.let = T.if_then_else(denom[g] == T.float32(0), T.float32(empty_lse),
+                                                        m[g] + T.log2(denom[g]))
                     else:
-                        o_in[d] = acc[d]
-                T.evaluate(row_hook_call("output_transform", o_in, o_out, b, qo_pos, h, row_lse))
-                for d in range(D):
-                    O[row, h, d] = T.Cast(dt, o_out[d])
-                LSE[row, h] = row_lse
+                        row_lse: T.let = T.float32(0)
+                    for d in range(D):
+                        if softmax and fp8:
+                            o_in[d] = T.if_then_else(denom[g] == T.float32(0), T.float32(0),
+                                                     acc[g * D + d] / denom[g] * V_SCALE[hk])
+                        elif softmax:
+                            o_in[d] = T.if_then_else(denom[g] == T.float32(0), T.float32(0), acc[g * D + d] / denom[g])
+                        elif fp8:
+                            o_in[d] = acc[g * D + d] * V_SCALE[hk]
+                        else:
+                            o_in[d] = acc[g * D + d]
+                    T.evaluate(row_hook_call("output_transform", o_in, o_out, b, qo_pos, h, row_lse))
+                    for d in range(D):
+                        O[row, h, d] = T.Cast(dt, o_out[d])
+                    LSE[row, h] = row_lse
     # fmt: on
     return attention
 

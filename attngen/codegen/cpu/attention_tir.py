@@ -6,8 +6,9 @@ attention slots (:mod:`.tvm_slots`). Its parameters are the union of what either
 convention passes (``PROGRAM_PARAMS``); each consumer keeps the ones its convention takes, in its
 order (:func:`with_signature`), and the body reads only those.
 
-One query row per parallel iteration, scores in float32, an online softmax with a base-2 LSE,
-GQA by integer division of the query head. Every hook kind is called at its site through a
+One parallel iteration per (query row, KV head), serving the GQA group's query heads key by key (each key and
+value row read once for the group, the rows a few keys ahead prefetched), scores in float32 as vectorised partial
+sums, an online softmax with a base-2 LSE. Every hook kind is called at its site through a
 placeholder that :mod:`.inline_hooks` replaces with the variant's hook or the kind's identity;
 keys are transformed once per call into a float32 copy when a key hook (or TVM's inline RoPE)
 applies.

@@ -38,12 +38,11 @@ from .fp8_tir import FP8_STORAGE, fp8_to_float32
 from .inline_hooks import hook_call, row_hook_call
 
 LOG2E = 1.4426950408889634
+NO_KEY_LSE = -5.0e4  # TVM's lse for a row that sees no key (merged as weight 0)
 # a score q . k is summed as LANES independent partial sums over the dims d = LANES * d0 + u, added pairwise at the
 # end: one chain of D dependent float additions bounded the CPU kernels by the adder's latency (the compiler may
 # not reassociate them); LANES chains run side by side
 LANES = 8
-
-
 # the CPU kernels fetch the key and value rows this many keys ahead into the cache: a paged cache's rows of one head
 # lie a slot apart (page_size rows of every head in between) on pages in any order, which no hardware prefetcher
 # follows, so each row was a cache miss the group's dot products waited on
@@ -62,7 +61,7 @@ def tree_sum(part, n: int):
     while len(terms) > 1:
         terms = [terms[i] + terms[i + 1] for i in range(0, len(terms) - 1, 2)] + terms[len(terms) - len(terms) % 2:]
     return terms[0]
-NO_KEY_LSE = -5.0e4  # TVM's lse for a row that sees no key (merged as weight 0)
+
 
 # online_softmax_program's parameters, in its own order.
 PROGRAM_PARAMS = ("q", "qo_indptr", "k", "v", "kv_indptr", "pages", "page_indptr", "page_indices",
@@ -105,6 +104,9 @@ class ProgramSpec:
     softmax: bool = True  # False: unnormalised sum state (lse = 0)
     q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
     kv_dtype: str | None = None  # K/V element type when not ``dtype``: an fp8 format, read with scales
+    # attngen's convention: every key the mask lets through has qo_pos - kv_pos >= this (kernel_flags), so a row's
+    # key loop ends at kv_pos = qo_pos - this (a causal mask: the row's own position); None: every key is tried
+    min_qo_minus_kv: int | None = None
 
     def __post_init__(self):
         if self.decode and self.kv != "paged":
@@ -124,7 +126,17 @@ def kernel_flags(variant) -> dict:
         transform_keys=any(HOOKS[h].site is Site.KEY_LOAD for h in variant.hooks),
         softmax=variant.state == StateAlgebra.SOFTMAX,
         q_scale_log2e=variant.analysis.scale.q_scale_log2e,
+        min_qo_minus_kv=min_qo_minus_kv(variant),
     )
+
+
+def min_qo_minus_kv(variant) -> int | None:
+    """The constant c with qo_pos - kv_pos >= c for every key the variant's mask lets through (its analysis' lower
+    bound: 0 for a causal mask), or None: attngen's kernels then stop each row's key loop at kv_pos = qo_pos - c."""
+    lower = variant.analysis.mask.lower
+    if isinstance(lower, tir.IntImm):
+        return int(lower.value)
+    return lower if isinstance(lower, int) and not isinstance(lower, bool) else None
 
 
 def with_signature(program: tir.PrimFunc, names: tuple[str, ...]) -> tir.PrimFunc:
@@ -231,6 +243,13 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
         return tir.And(tir.Or(tir.EQ(causal, 0), tir.LE(kv_pos, qo_pos)), seen)
 
     lanes = LANES if D % LANES == 0 else 1  # the score's partial sums (one where D is not a multiple)
+    bound = None if tvm_conv else spec.min_qo_minus_kv  # (attngen's convention: key j at kv_pos = j)
+
+    def kv_end(kv_len, qo_pos):
+        """Keys a row tries: all of them, or those up to kv_pos = qo_pos - bound where the mask bounds them."""
+        if bound is None:
+            return kv_len
+        return T.max(0, T.min(kv_len, qo_pos - bound + 1))
     kv_bytes = 1 if fp8 else tvm.DataType(dt).bits // 8
     line_elems = CACHE_LINE // kv_bytes  # K / V elements per cache line
     row_lines = max(1, D // line_elems)  # cache lines of a key (value) row
@@ -433,7 +452,7 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
                         acc[g * D + d] = T.float32(0)
                     m[g] = neg_inf
                     denom[g] = T.float32(0)
-                for j in range(kv_len):
+                for j in range(kv_end(kv_len, qo_pos)):
                     kv_pos: T.let = Q_POS[k_base + j] if ragged_tree else kv_pos0 + j
                     seq_off: T.let = seq_offset(LENGTH_INFO, j, b, fields if either_li else None) if paged else j
                     kv_row: T.let = PAGE_IDX[PAGE_INDPTR[b] + T.truncdiv(seq_off, page_size)] if paged else k_base + j
@@ -538,6 +557,7 @@ class CPUKernelSpec:
     softmax: bool = True  # False: unnormalised sum state
     q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
     kv_dtype: str | None = None  # K/V element type when not ``dtype`` (an fp8 format): takes k_scale, v_scale
+    min_qo_minus_kv: int | None = None  # the mask's bound on qo_pos - kv_pos (see kernel_flags)
 
     @property
     def func_name(self) -> str:
@@ -548,7 +568,8 @@ class CPUKernelSpec:
     def program(self) -> ProgramSpec:
         return ProgramSpec(self.head_dim, self.dtype, self.kv, self.decode, self.layout,
                            transform_keys=self.transform_keys, softmax=self.softmax,
-                           q_scale_log2e=self.q_scale_log2e, kv_dtype=self.kv_dtype)
+                           q_scale_log2e=self.q_scale_log2e, kv_dtype=self.kv_dtype,
+                           min_qo_minus_kv=self.min_qo_minus_kv)
 
 
 # attngen's CPU calling convention, per kind: each argument means one thing.

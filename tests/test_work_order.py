@@ -3,7 +3,8 @@ key tiles, orders as permutations by descending cost, and when plans carry one."
 import numpy as np
 import pytest
 
-from attngen.runtime.work_order import constant_bounds, order_from_costs, pair_costs
+from attngen.ir.mask_class import constant_bounds
+from attngen.runtime.work_order import order_from_costs, pair_costs
 from attngen.variants import builtin
 
 

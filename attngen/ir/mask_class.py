@@ -45,6 +45,19 @@ class MaskInfo:
         return "; ".join(parts)
 
 
+def constant_bounds(variant) -> tuple[int | None, int | None]:
+    """The mask's bounds lower <= qo_pos - kv_pos <= upper where they are constants (None: unbounded, or set by a
+    parameter): the Hopper work order's cost estimate and the CPU kernels' key loops use them."""
+    if "logits_mask" not in variant.hooks or variant.analysis.mask.kind == MaskKind.ARBITRARY:
+        return None, None
+
+    def const(e):
+        value = getattr(e, "value", e)  # (an IntImm, or a Python int)
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return const(variant.analysis.mask.lower), const(variant.analysis.mask.upper)
+
+
 def mask_needs_map(variant) -> bool:
     """Whether ``variant``'s mask hook is more than the bounds its analysis found: only then does a tile map skip
     anything, and only then does a library of the variant need the tile-map classifier."""

@@ -17,22 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from attngen.ir.mask_class import MaskKind
+from attngen.ir.mask_class import constant_bounds
 
 from .work_tail import tail_split
-
-
-def constant_bounds(variant) -> tuple[int | None, int | None]:
-    """The mask's bounds lower <= qo_pos - kv_pos <= upper where they are constants (None: unbounded, or
-    set by a parameter, which the estimate leaves out)."""
-    if "logits_mask" not in variant.hooks or variant.analysis.mask.kind == MaskKind.ARBITRARY:
-        return None, None
-
-    def const(e):
-        value = getattr(e, "value", None)
-        return int(value) if isinstance(value, (int, np.integer)) else None
-
-    return const(variant.analysis.mask.lower), const(variant.analysis.mask.upper)
 
 
 def pair_costs(qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int, q_tiles: int, rows: int, keys: int,

@@ -32,6 +32,7 @@ import tvm.tirx as tir
 from tvm.script import tirx as T
 
 from attngen.ir import HOOKS, Site, StateAlgebra
+from attngen.ir.mask_class import constant_bounds
 from attngen.schedules.dtypes import is_fp8
 
 from .fp8_tir import FP8_STORAGE, fp8_to_float32
@@ -126,17 +127,9 @@ def kernel_flags(variant) -> dict:
         transform_keys=any(HOOKS[h].site is Site.KEY_LOAD for h in variant.hooks),
         softmax=variant.state == StateAlgebra.SOFTMAX,
         q_scale_log2e=variant.analysis.scale.q_scale_log2e,
-        min_qo_minus_kv=min_qo_minus_kv(variant),
+        min_qo_minus_kv=constant_bounds(variant)[0],  # (None: unbounded)
     )
 
-
-def min_qo_minus_kv(variant) -> int | None:
-    """The constant c with qo_pos - kv_pos >= c for every key the variant's mask lets through (its analysis' lower
-    bound: 0 for a causal mask), or None: attngen's kernels then stop each row's key loop at kv_pos = qo_pos - c."""
-    lower = variant.analysis.mask.lower
-    if isinstance(lower, tir.IntImm):
-        return int(lower.value)
-    return lower if isinstance(lower, int) and not isinstance(lower, bool) else None
 
 
 def with_signature(program: tir.PrimFunc, names: tuple[str, ...]) -> tir.PrimFunc:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import os
 import platform
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import case_parser, run_info, selected_cases, write_results  # noqa: E402
+from common import case_parser, run_info, selected_cases, wall_times, write_results  # noqa: E402
 
 PAGE = 16
 
@@ -47,13 +46,8 @@ CASES = [
 
 
 def best(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+    """The fastest of ``reps`` calls after one warm-up call, in seconds."""
+    return min(wall_times(fn, reps))
 
 
 def run_case(case: Case, reps: int, peers: bool) -> dict:

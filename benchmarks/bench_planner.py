@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import json
 import platform
-import time
 
 import numpy as np
 
-from common import cell, error_lines, guarded, load_flashinfer, result_parser, run_info, write_results
+from common import (cell, error_lines, guarded, load_flashinfer, result_parser, run_info, wall_times,
+                    write_results)
 
 BATCHES = (1, 64, 256)
 HQ, HKV, D, PAGE = 32, 8, 128, 16
@@ -37,14 +37,7 @@ PLACEMENTS = ("host", "device")  # where the page table lives when the plan call
 
 def median_us(fn, reps=200) -> float:
     """Median host wall time of ``fn`` in microseconds, after ten untimed calls."""
-    for _ in range(10):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts) * 1e6)
+    return float(np.median(wall_times(fn, reps, warmup=10)) * 1e6)
 
 
 def page_table(rng, batch: int):

@@ -36,6 +36,21 @@ def bench(fn, reps=30, warmup=10, inner=8) -> float:
     return float(np.median(times))
 
 
+def wall_times(fn, reps: int, warmup: int = 1) -> list[float]:
+    """Wall-clock seconds of ``reps`` calls of ``fn`` after ``warmup`` untimed ones (host-side work: CPU kernels,
+    planners)."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def host_us(fn, reps=200) -> float:
     """Median host microseconds of one ``fn`` call (the API's Python + launch overhead), the GPU kept busy
     by a sleep so that no call waits for it."""

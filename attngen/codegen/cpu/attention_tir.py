@@ -27,13 +27,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import tvm
 import tvm.tirx as tir
 from tvm.script import tirx as T
 
 from attngen.ir import HOOKS, Site, StateAlgebra
 from attngen.ir.mask_class import constant_bounds
-from attngen.schedules.dtypes import is_fp8
+from attngen.schedules.dtypes import DTYPE_BYTES, is_fp8
 
 from .fp8_tir import FP8_STORAGE, fp8_to_float32
 from .inline_hooks import hook_call, row_hook_call
@@ -243,7 +242,7 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
         if bound is None:
             return kv_len
         return T.max(0, T.min(kv_len, qo_pos - bound + 1))
-    kv_bytes = 1 if fp8 else tvm.DataType(dt).bits // 8
+    kv_bytes = DTYPE_BYTES[spec.kv_dtype or dt]
     line_elems = CACHE_LINE // kv_bytes  # K / V elements per cache line
     row_lines = max(1, D // line_elems)  # cache lines of a key (value) row
 

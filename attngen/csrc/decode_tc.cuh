@@ -60,9 +60,10 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
   // the loader: each warp copies its own 16 key rows of every tile (the rows only it reads, so a tile
   // needs no CTA barrier); a lane copies 16-byte chunks c and c + TPR of a row and of its value row (one
   // row address, one page id, four copies): D / 16 lanes per 16-bit row, D / 32 per fp8 row of D >= 128 (fp8
-  // at D 64: one chunk a lane, D / 16 lanes; fp8_decode_2026-12-05_loader_ab.md)
-  constexpr bool kFp8TwoChunks = kIsFp8<KV> && D >= 128;
-  constexpr int TPR = kFp8TwoChunks ? D / 32 : D / 16;  // loader lanes per row
+  // at D 64: one chunk a lane, D / 16 lanes; fp8_decode_2026-12-05_loader_ab.md). Four fp8 chunks a lane at
+  // D >= 128 read 6-8% slower (fp8_decode_2026-12-06_loader_chunks_ab_h100.md)
+  constexpr int kFp8Chunks = kIsFp8<KV> && D >= 128 ? 2 : 1;  // (fp8 caches: chunks a lane copies of a row)
+  constexpr int TPR = D / 16 / kFp8Chunks;  // loader lanes per row
   static_assert(32 % TPR == 0, "a lane's chunk column must stay fixed across passes");
   constexpr int RPW = 32 / TPR;  // rows per warp and pass
   static_assert(Tile::kKeysPerWarp % RPW == 0, "a warp's rows split evenly over its passes");
@@ -182,18 +183,20 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         const KV* src = head8 + uint64_t(uint32_t(pid[pass])) * uint64_t(P.kv.stride_page) +
                         uint64_t(uint32_t(slot)) * uint64_t(P.kv.stride_slot);
         KV* dst = decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 * TK + r) * D;
-        const int c0 = lane % TPR, c1 = c0 + TPR;
-        copy16_async(dst + (kDirectK ? staged_key_chunk<D>(r, c0) : c0) * 16, src, ok);
-        if constexpr (kFp8TwoChunks)
-          copy16_async(dst + (kDirectK ? staged_key_chunk<D>(r, c1) : c1) * 16, src + HALF, ok);
-        if constexpr (kDirectV) {  // the value rows swizzled for the direct reads (staged_value_at)
-          KV* dst_v = decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 + 1) * TK * D;
-          copy16_async(dst_v + staged_value_at<D>(r, c0 * 16), src + P.kv.stride_kv, ok);
-          if constexpr (kFp8TwoChunks)
-            copy16_async(dst_v + staged_value_at<D>(r, c1 * 16), src + P.kv.stride_kv + HALF, ok);
-        } else {
-          copy16_async(dst + TK * D + c0 * 16, src + P.kv.stride_kv, ok);
-          if constexpr (kFp8TwoChunks) copy16_async(dst + TK * D + c1 * 16, src + P.kv.stride_kv + HALF, ok);
+#pragma unroll
+        for (int k = 0; k < kFp8Chunks; ++k) {  // chunk c of the key row, then of the value row
+          const int c = lane % TPR + k * TPR;
+          copy16_async(dst + (kDirectK ? staged_key_chunk<D>(r, c) : c) * 16, src + k * TPR * 16, ok);
+        }
+#pragma unroll
+        for (int k = 0; k < kFp8Chunks; ++k) {
+          const int c = lane % TPR + k * TPR;
+          const KV* src_v = src + P.kv.stride_kv + k * TPR * 16;
+          if constexpr (kDirectV)  // the value rows swizzled for the direct reads (staged_value_at)
+            copy16_async(decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 + 1) * TK * D + staged_value_at<D>(r, c * 16),
+                         src_v, ok);
+          else
+            copy16_async(dst + TK * D + c * 16, src_v, ok);
         }
         continue;
       }

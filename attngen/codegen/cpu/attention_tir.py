@@ -25,13 +25,15 @@ come from ``q_rope_position`` and ``k_rope_pos_offset``.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm.tirx as tir
+from tvm.tirx.analysis import verify_well_formed
 from tvm.script import tirx as T
 
 from attngen.ir import HOOKS, Site, StateAlgebra
 from attngen.ir.mask_class import constant_bounds
+from attngen.ir.tir_utils import handle, substitute
 from attngen.schedules.dtypes import DTYPE_BYTES, is_fp8
 
 from .fp8_tir import FP8_STORAGE, fp8_to_float32
@@ -146,12 +148,28 @@ def tvm_rope(x, d, pos, rope_scale, rope_theta, head_dim: int):
     return T.cos(angle) * x[d] + T.sin(angle) * partner
 
 
+# the mask's constant bound in a parsed program (online_softmax_program substitutes each spec's value)
+KEY_BOUND = tir.Var("min_qo_minus_kv", "int32")
+
+
 @functools.lru_cache(maxsize=None)
 def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
-    """The program for ``spec``, taking every parameter of ``PROGRAM_PARAMS``, with hook placeholders. Made
-    once per spec and process: TVMScript parses the program's source on every call (about 0.3 s), the program
-    depends on the spec alone (the variant's hooks replace its placeholders afterwards), and TIR is immutable,
-    so the builds of a process share it."""
+    """The program for ``spec``, taking every parameter of ``PROGRAM_PARAMS``, with hook placeholders: the
+    parsed program of its structure (:func:`parsed_program`) with the mask's bound put in."""
+    bounded = spec.tvm is None and spec.min_qo_minus_kv is not None  # (TVM's convention takes no bound)
+    program = parsed_program(replace(spec, min_qo_minus_kv=0 if bounded else None))
+    if bounded:
+        program = substitute(program, {handle(KEY_BOUND): tir.IntImm("int32", spec.min_qo_minus_kv)})
+    verify_well_formed(program)
+    return program
+
+
+@functools.lru_cache(maxsize=None)
+def parsed_program(spec: ProgramSpec) -> tir.PrimFunc:
+    """The program of ``spec``'s structure, parsed once per process: TVMScript parses the program's source on
+    every call (0.15-0.3 s), the program depends on the spec alone (the variant's hooks replace its placeholders
+    afterwards), and TIR is immutable, so the builds of a process share it. A mask's bound (``min_qo_minus_kv``:
+    0 here for any bound) is the variable ``KEY_BOUND``, so that causal, windowed and unmasked variants share it."""
     D, dt = spec.head_dim, spec.dtype
     fp8 = spec.fp8
     kv_dt = FP8_STORAGE if fp8 else dt  # the K/V buffers' element type
@@ -235,7 +253,7 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
         return tir.And(tir.Or(tir.EQ(causal, 0), tir.LE(kv_pos, qo_pos)), seen)
 
     lanes = LANES if D % LANES == 0 else 1  # the score's partial sums (one where D is not a multiple)
-    bound = None if tvm_conv else spec.min_qo_minus_kv  # (attngen's convention: key j at kv_pos = j)
+    bound = None if tvm_conv or spec.min_qo_minus_kv is None else KEY_BOUND  # (attngen's: key j at kv_pos = j)
 
     def kv_end(kv_len, qo_pos):
         """Keys a row tries: all of them, or those up to kv_pos = qo_pos - bound where the mask bounds them."""
@@ -247,7 +265,7 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
     row_lines = max(1, D // line_elems)  # cache lines of a key (value) row
 
     # fmt: off
-    @T.prim_func
+    @T.prim_func(check_well_formed=False)  # (KEY_BOUND is free here: online_softmax_program checks its result)
     def attention(q: T.handle,  # [total_q, Hq, D] (decode: [B, Hq, D])
                   qo_indptr: T.handle,  # [B+1] (not decode)
                   k: T.handle,  # ragged: [total_kv, Hkv, D]

@@ -247,7 +247,7 @@ def _config(args) -> BuildConfig:
 
 
 def cmd_prebuild(args) -> int:
-    from attngen.build import build
+    from attngen.build import build, support_library
     from attngen.variants import BUILTINS, builtin
 
     cfg = _config(args)
@@ -265,6 +265,9 @@ def cmd_prebuild(args) -> int:
 
             for entry in res.manifest["deferred"]:
                 deferred_template(res.directory, res.manifest, entry, cache)
+    for kind in ("planner", "merge_cpu" if cfg.target == "cpu" else "merge_cuda"):  # what the runtime loads besides
+        support_library(kind, archs=cfg.archs, cache=cache)
+        print(f"attngen prebuild: support library {kind}")
     print(f"attngen prebuild: {len(names)} variants in {time.perf_counter() - t0:.1f}s into {cache.root}; use it "
           f"with {PREBUILT_ENV}={cache.root}")
     return 0

@@ -100,7 +100,7 @@ def test_key_covers_the_tools(patch, monkeypatch):
         targets = ["cuda"]
     elif patch == "host_cxx":
         for backend in (cpu_backend, cuda_backend):
-            monkeypatch.setattr(backend, "host_cxx", lambda: ("c++", "c++ (other) 99"))
+            monkeypatch.setattr(backend, "host_cxx_version", lambda: "c++ (other) 99")
         targets = ["cuda", "cpu"]
     elif patch in ("tvm", "tvm_ffi"):
         real = pipeline.package_version

@@ -69,3 +69,54 @@ def test_prebuild_refuses_unknown_variants(tmp_path):
     p = subprocess.run([sys.executable, "-m", "attngen.cli", "prebuild", "--variants", "vanila", "--cache-dir",
                         str(tmp_path)], capture_output=True, text=True)
     assert p.returncode != 0 and "not built-in variants" in p.stderr
+
+
+NO_COMPILER = """
+import sys
+import numpy as np
+from attngen.build import build, support_library
+from attngen.codegen.cache import BuildCache, ToolsMissingError
+from attngen.codegen.host_library import host_cxx_version
+from attngen.runtime import CPUAttention, RaggedKV, reference_attention
+from attngen.schedules import BuildConfig
+from attngen.testing import random_problem
+from attngen.variants import builtin
+
+assert host_cxx_version() == "none"
+cache = BuildCache(sys.argv[2], prebuilt=(sys.argv[1],))
+res = build(builtin("causal"), BuildConfig("cpu", (32,), ("float32",), layouts=("NHD",)), cache=cache)
+assert res.cache_hit and cache.builds == 0 and res.directory.is_relative_to(sys.argv[1])
+att = CPUAttention(builtin("causal"), res.library, res.manifest)
+prob = random_problem(np.random.default_rng(0), [5, 3], [9, 3], 4, 2, 32, page_size=4)
+out, _ = att.prefill(prob.q, RaggedKV(prob.ragged.k, prob.ragged.v, prob.ragged.indptr), prob.qo_indptr)
+ref, _ = reference_attention(builtin("causal"), prob.q, prob.keys, prob.values, prob.qo_indptr, 1 / np.sqrt(32))
+assert np.abs(out - ref).max() < 1e-5
+assert support_library("planner", cache=cache).is_relative_to(sys.argv[1])
+try:
+    build(builtin("logits_softcap"), BuildConfig("cpu", (32,), ("float32",), layouts=("NHD",)), cache=cache)
+except ToolsMissingError as e:
+    print("refused:", e)
+"""
+
+
+def test_a_prebuilt_cache_serves_a_machine_without_a_compiler(tmp_path):
+    """Where no C++ compiler is installed (PATH without one, CXX unset), the libraries and the planner a cache
+    built elsewhere holds are served through their stand-in entries (keyed without the tools); a library it lacks
+    is refused naming the missing compiler and the fix."""
+    shipped = tmp_path / "shipped"
+    p = subprocess.run([sys.executable, "-m", "attngen.cli", "prebuild", "--variants", "causal", "--target", "cpu",
+                        "--head-dim", "32", "--dtype", "float32", "--layout", "NHD", "--cache-dir", str(shipped)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "support library planner" in p.stdout
+    _read_only(shipped)
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("CXX", "ATTNGEN_PREBUILT_DIRS")}
+        env["PATH"] = str(tmp_path / "no-compiler-here")
+        p = subprocess.run([sys.executable, "-c", NO_COMPILER, str(shipped), str(tmp_path / "local")],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert p.returncode == 0, p.stderr
+        assert "refused: the cpu library of logits_softcap: host C++ compiler not installed" in p.stdout
+        assert "ATTNGEN_PREBUILT_DIRS=DIR" in p.stdout
+    finally:
+        _writable(shipped)

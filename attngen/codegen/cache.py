@@ -64,15 +64,23 @@ def hash_files(paths, root: Path | str | None = None) -> str:
     return h.hexdigest()
 
 
+ABSENT = "none"  # the version a key holds for a tool or a package that is not installed
+STAND_IN = "stand_in.json"  # what a stand-in entry holds: {"key": the key of the entry it names}
+
+
+class ToolsMissingError(RuntimeError):
+    """A build's tools are not installed and no cache holds what they would make."""
+
+
 def package_version(distribution: str) -> str:
     """An installed distribution's version, read from its metadata (importing the package, as
-    ``tvm_ffi.__version__`` would, costs seconds: tvm-ffi imports torch); "none" when not installed."""
+    ``tvm_ffi.__version__`` would, costs seconds: tvm-ffi imports torch); ABSENT when not installed."""
     from importlib import metadata
 
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
-        return "none"
+        return ABSENT
 
 
 def python_environment() -> dict:
@@ -147,19 +155,47 @@ class BuildCache:
             return None
         return record["data"] if current == record["depends_on"] else None
 
-    def get_or_build(self, key: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
-        """Directory holding the artifacts for ``key``, and whether it came from the cache."""
+    def find_sealed(self, key: str) -> Path | None:
+        """The whole entry of ``key`` in this cache or a prebuilt one, or None."""
         if key in self._memory and self._memory[key].is_dir():
-            return self._memory[key], True
+            return self._memory[key]
+        for root in (self.root, *self.prebuilt):
+            entry = root / key[:2] / key
+            if entry_is_sealed(entry):
+                self._memory[key] = entry
+                return entry
+        return None
+
+    def get_or_build_with_tools(self, key: str, build: Callable[[Path], None], *, stand_in: str, tools: dict,
+                                what: str) -> tuple[Path, bool]:
+        """:meth:`get_or_build` for a build whose ``key`` holds its tools' versions (``tools``: name -> version,
+        ABSENT where not installed). With every tool installed: the entry of ``key``, and an entry under
+        ``stand_in`` (a key of the same inputs without the tools) that names it. With one missing: the entry the
+        stand-in names, so that a cache filled where the tools were (``attngen prebuild``) serves a machine
+        without them; ToolsMissingError naming ``what`` and the missing tools when no cache holds one."""
+        missing = sorted(name for name, version in tools.items() if version == ABSENT)
+        if not missing:
+            found = self.get_or_build(key, build)
+            if self.find_sealed(stand_in) is None:
+                self.get_or_build(stand_in, lambda out: (out / STAND_IN).write_text(json.dumps({"key": key})),
+                                  counted=False)
+            return found
+        named = self.find_sealed(stand_in)
+        entry = self.find_sealed(json.loads((named / STAND_IN).read_text())["key"]) if named else None
+        if entry is None:
+            raise ToolsMissingError(
+                f"{what}: {', '.join(missing)} not installed, and neither the build cache ({self.root}) nor a "
+                f"prebuilt one ({PREBUILT_ENV}) holds it: install {' and '.join(missing)}, or build it where they "
+                f"are ('attngen prebuild --cache-dir DIR', or any build into DIR) and set {PREBUILT_ENV}=DIR here")
+        return entry, True
+
+    def get_or_build(self, key: str, build: Callable[[Path], None], *, counted: bool = True) -> tuple[Path, bool]:
+        """Directory holding the artifacts for ``key``, and whether it came from the cache (``counted``: whether a
+        build here counts in ``builds``)."""
+        found = self.find_sealed(key)
+        if found is not None:
+            return found, True
         final = self.path_for(key)
-        if entry_is_sealed(final):
-            self._memory[key] = final
-            return final, True
-        for root in self.prebuilt:
-            shipped = root / key[:2] / key
-            if entry_is_sealed(shipped):
-                self._memory[key] = shipped
-                return shipped, True
         final.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(final) + ".lock"):
             if entry_is_sealed(final):  # another process finished it while we waited
@@ -178,7 +214,7 @@ class BuildCache:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             with self._builds_lock:
-                self.builds += 1
+                self.builds += counted
         self._memory[key] = final
         return final, False
 

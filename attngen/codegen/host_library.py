@@ -11,7 +11,7 @@ from pathlib import Path
 import attngen
 
 from . import nvcc
-from .cache import BuildCache, content_key, hash_files, package_version
+from .cache import ABSENT, BuildCache, content_key, hash_files, package_version
 
 CSRC = Path(attngen.__file__).parent / "csrc"
 
@@ -33,31 +33,40 @@ def host_cxx() -> tuple[str, str]:
     return cxx, version
 
 
+def host_cxx_version() -> str:
+    """The host C++ compiler's version line (:func:`host_cxx`), ABSENT where there is none."""
+    try:
+        return host_cxx()[1]
+    except RuntimeError:
+        return ABSENT
+
+
 def nvcc_key(flags) -> dict:
     """What of an nvcc command a cache key holds beside its sources: its flags (directories left out or as
     placeholders, so that a cache built elsewhere serves here), nvcc's version, the environment variables nvcc
     reads (nvcc.COMPILER_ENV) and the host compiler, which preprocesses even a device-only compile."""
     return {"flags": list(flags), "nvcc": nvcc.nvcc_version(), "compiler_env": nvcc.compiler_env(),
-            "host_cxx": host_cxx()[1]}
+            "host_cxx": host_cxx_version()}
 
 
 def build_planner_library(cache: BuildCache | None = None) -> Path:
     """``libattngen_planner.so`` for this machine, from the build cache when the sources are unchanged."""
     import tvm_ffi.libinfo as li
 
-    cxx, version = host_cxx()
+    version = host_cxx_version()
     cache = cache or BuildCache()
-    key = content_key({"planner": csrc_hash(), "cxx": version,
-                       "attngen": attngen.__version__})
+    sources = {"planner": csrc_hash(), "attngen": attngen.__version__}
     ffi_lib = Path(li.find_libtvm_ffi())
 
     def build(out: Path) -> None:
-        nvcc.run_tool([cxx, "-std=c++17", "-O2", "-shared", "-fPIC", f"-I{li.find_include_path()}",
+        nvcc.run_tool([host_cxx()[0], "-std=c++17", "-O2", "-shared", "-fPIC", f"-I{li.find_include_path()}",
                        f"-I{li.find_dlpack_include_path()}", str(CSRC / "planner_ffi.cc"), "-o",
                        str(out / "libattngen_planner.so"), f"-L{ffi_lib.parent}", "-ltvm_ffi",
                        f"-Wl,-rpath,{ffi_lib.parent}"], "planner build")
 
-    directory, _ = cache.get_or_build(key, build)
+    directory, _ = cache.get_or_build_with_tools(content_key({**sources, "cxx": version}), build,
+                                                 stand_in=content_key({**sources, "stand_in": "planner"}),
+                                                 tools={"host C++ compiler": version}, what="the split-KV planner")
     return directory / "libattngen_planner.so"
 
 
@@ -87,8 +96,8 @@ def build_merge_cuda_library(archs: tuple[str, ...], cache: BuildCache | None = 
 
     cache = cache or BuildCache()
     gencodes = [arch_spec(a).gencode for a in archs]
-    key = content_key({"merge_cuda": csrc_hash(),
-                       "nvcc": nvcc.nvcc_version(), "archs": gencodes, "attngen": attngen.__version__})
+    sources = {"merge_cuda": csrc_hash(), "archs": gencodes, "attngen": attngen.__version__}
+    tools = {"nvcc": nvcc.nvcc_version(), "host C++ compiler": host_cxx_version()}
     ffi_lib = Path(li.find_libtvm_ffi())
 
     def build(out: Path) -> None:
@@ -97,5 +106,7 @@ def build_merge_cuda_library(archs: tuple[str, ...], cache: BuildCache | None = 
                        f"-L{ffi_lib.parent}", "-ltvm_ffi", f"-Xlinker=-rpath={ffi_lib.parent}"],
                       "the link of the merge library")
 
-    directory, _ = cache.get_or_build(key, build)
+    directory, _ = cache.get_or_build_with_tools(content_key({**sources, "nvcc": tools["nvcc"]}), build,
+                                                 stand_in=content_key({**sources, "stand_in": "merge_cuda"}),
+                                                 tools=tools, what="the CUDA state-merge library")
     return directory / "libattngen_merge_cuda.so"

@@ -6,9 +6,12 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from .cache import ABSENT
 
 
 class NvccError(RuntimeError):
@@ -24,13 +27,24 @@ def compiler_env() -> dict[str, str]:
     return {name: os.environ[name] for name in COMPILER_ENV if name in os.environ}
 
 
+# where the nvidia-cuda-nvcc wheel puts nvcc under a site-packages directory (CUDA 13, then CUDA 12 wheels)
+WHEEL_NVCC_DIRS = ("nvidia/cu13/bin", "nvidia/cuda_nvcc/bin")
+
+
+def wheel_nvcc_candidates() -> list[str]:
+    """nvcc of an nvidia-cuda-nvcc wheel in any ``sys.path`` directory (``pip install nvidia-cuda-nvcc``)."""
+    return [str(Path(entry) / d / "nvcc") for entry in sys.path if entry for d in WHEEL_NVCC_DIRS]
+
+
 @functools.lru_cache(maxsize=None)
 def find_nvcc() -> str | None:
-    """ATTNGEN_NVCC, then PATH, then CUDA_HOME/bin, then /usr/local/cuda/bin."""
+    """ATTNGEN_NVCC, then PATH, then CUDA_HOME/bin (or CUDA_PATH), then an nvidia-cuda-nvcc wheel's, then
+    /usr/local/cuda/bin."""
     cands = [os.environ.get("ATTNGEN_NVCC"), shutil.which("nvcc")]
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if home:
             cands.append(str(Path(home) / "bin" / "nvcc"))
+    cands += wheel_nvcc_candidates() + ["/usr/local/cuda/bin/nvcc"]
     for c in cands:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return c
@@ -49,7 +63,7 @@ def require_nvcc() -> str:
 def nvcc_version() -> str:
     nvcc = find_nvcc()
     if nvcc is None:
-        return "none"
+        return ABSENT
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     return out.strip().splitlines()[-1] if out.strip() else "unknown"
 

@@ -136,7 +136,17 @@ def build_inputs(cfg: BuildConfig, *, package: Path = PACKAGE) -> dict:
 
 def cache_key(variant: Variant, cfg: BuildConfig, *, package: Path = PACKAGE) -> str:
     """The build's key: the variant's IR text and :func:`build_inputs`."""
-    return content_key({"ir": variant.ir_text(), **build_inputs(cfg, package=package)})
+    return build_keys(variant, cfg, package=package)[0]
+
+
+def build_keys(variant: Variant, cfg: BuildConfig, *, package: Path = PACKAGE) -> tuple[str, str, dict]:
+    """(the build's key, its stand-in's key, the tools' versions): the stand-in (see
+    ``BuildCache.get_or_build_with_tools``) is keyed by the same inputs but the tools and the environment
+    variables they read, so that a machine without the tools finds a library built elsewhere."""
+    ir, inputs = variant.ir_text(), build_inputs(cfg, package=package)
+    toolless = {k: v for k, v in inputs.items() if k not in ("tools", "compiler_env")}
+    return (content_key({"ir": ir, **inputs}), content_key({"stand_in": "variant library", "ir": ir, **toolless}),
+            inputs["tools"])
 
 
 def package_files(package: Path = PACKAGE) -> list[Path]:
@@ -160,7 +170,7 @@ def run_pipeline(variant: Variant, cfg: BuildConfig, *, cache: BuildCache | None
     dump = dump or os.environ.get("ATTNGEN_DUMP")
     backend = backend_for(cfg.target)
     t0 = time.perf_counter()
-    key = cache_key(variant, cfg)
+    key, stand_in, tools = build_keys(variant, cfg)
 
     def run_stages(out_dir: Path | None, names) -> BuildContext:
         ctx = BuildContext(variant, cfg, backend, out_dir, cache=cache)
@@ -187,7 +197,8 @@ def run_pipeline(variant: Variant, cfg: BuildConfig, *, cache: BuildCache | None
         }
         (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
-    directory, hit = cache.get_or_build(key, build)
+    directory, hit = cache.get_or_build_with_tools(key, build, stand_in=stand_in, tools=tools,
+                                                   what=f"the {cfg.target} library of {variant.name}")
     if hit and dump:  # the stages' artifacts were asked for: rerun all but compile, which is cached
         run_stages(None, [n for n in STAGES if n != "compile"])
         compile_idx = list(STAGES).index("compile")

@@ -1,7 +1,7 @@
 """The CPU backend: attention functions with the hooks inlined, one IRModule built by LLVM."""
 from __future__ import annotations
 
-from ..host_library import host_cxx
+from ..host_library import host_cxx_version
 from .base import Backend, BuildContext
 
 
@@ -9,7 +9,7 @@ class CPUBackend(Backend):
     target = "cpu"
 
     def tool_versions(self, cfg=None) -> dict:
-        return {"host_cxx": host_cxx()[1]}  # LLVM is TVM's, which the key holds; the host compiler links
+        return {"host C++ compiler": host_cxx_version()}  # LLVM is TVM's, which the key holds; the host compiler links
 
     def schedule(self, ctx: BuildContext) -> dict:
         from attngen.codegen.cpu.build import cpu_kernel_specs  # imports TVM: loaded by the stage using it

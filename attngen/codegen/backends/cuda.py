@@ -17,7 +17,7 @@ from attngen.schedules.tile_header import HEADER_NAME, tiles_header
 
 from .. import nvcc
 from ..cache import package_version
-from ..host_library import host_cxx
+from ..host_library import host_cxx_version
 from .base import Backend, BuildContext
 
 # The code generators (hooks_cuda, cuda_library, cuda_variant, cuda_tvm_slots) import TVM and tvm-ffi (with
@@ -41,7 +41,7 @@ class CUDABackend(Backend):
 
     def tool_versions(self, cfg=None) -> dict:
         # nvcc compiles the host glue with the host compiler against tvm-ffi's headers
-        tools = {"nvcc": nvcc.nvcc_version(), "host_cxx": host_cxx()[1],
+        tools = {"nvcc": nvcc.nvcc_version(), "host C++ compiler": host_cxx_version(),
                  "tvm_ffi": package_version("apache-tvm-ffi")}
         if cfg is not None and cfg.link == "lto":  # the linked build's hook compiler and linker
             tools.update(nvjitlink=package_version("nvidia-nvjitlink"), nvrtc=package_version("nvidia-cuda-nvrtc"),

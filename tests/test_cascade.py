@@ -50,6 +50,11 @@ def build_case(rng, groups, n_kv=2, group=2):
     return q, [lvl0, lvl1], view(flat_pages, flat_last), np.array(lvl1_q, np.int32)
 
 
+def nan_outputs(q):
+    """(out like q, lse [rows, Hq] float32), filled with NaN."""
+    return np.full_like(q, np.nan), np.full(q.shape[:2], np.nan, np.float32)
+
+
 cases = st.lists(st.tuples(st.integers(0, 3), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)),
                                                         min_size=1, max_size=3)), min_size=1, max_size=3)
 
@@ -68,7 +73,9 @@ def test_cascade_equals_flat_attention(modules, seed, groups, name):
     for mode in ("cascade", "flat"):  # the levels merged, and the levels' page lists concatenated
         plan = cascade.plan(levels, q.shape[0], D, mode=mode)
         assert plan.mode == (mode if q.shape[0] else "cascade")
-        out, lse = cascade.run(q, plan=plan, sm_scale=0.25, params=params)
+        out, lse = nan_outputs(q)  # (every row must be written: NaN left anywhere fails)
+        got = cascade.run(q, plan=plan, sm_scale=0.25, params=params, out=out, lse=lse)
+        assert got[0] is out and got[1] is lse
         assert not np.isnan(out).any() and not np.isnan(lse).any()
         if out.size == 0:
             continue
@@ -109,7 +116,9 @@ def test_causal_cascade_equals_flat_causal_attention(modules, seed, groups, max_
     cascade = CascadeAttention(att)
     for mode in ("cascade", "flat"):
         plan = cascade.plan(levels, q.shape[0], D, mode=mode, max_chunks=max_chunks, chunk_keys=S)
-        out, lse = cascade.run(q, plan=plan, sm_scale=0.25)
+        out, lse = nan_outputs(q)
+        got = cascade.run(q, plan=plan, sm_scale=0.25, out=out, lse=lse)
+        assert got[0] is out and got[1] is lse
         if out.size == 0:
             continue
         assert not np.isnan(out).any() and not np.isnan(lse).any()

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from .test_fp8_views import CASES, HQ, bsr_views, cascade_levels, fp8_pool
+from .test_gpu_views import nan_outputs, written
 
 pytestmark = pytest.mark.gpu
 D = 64
@@ -55,8 +56,10 @@ def test_gpu_cascade_over_an_fp8_cache_equals_one_over_its_values(name, kv_dtype
     fp8_pages, held, scales, q, fp8, ref = views_over_both(CascadeAttention, name, kv_dtype, per_head, 6, 5,
                                                            build_cache, rng)
     for mode in ("cascade", "flat"):
-        out, lse = fp8.run(q, plan=fp8.plan(cascade_levels(fp8_pages, "cuda"), 5, D, mode=mode, num_qo_heads=HQ),
-                           **scales)
+        out, lse = nan_outputs(q)
+        fp8.run(q, plan=fp8.plan(cascade_levels(fp8_pages, "cuda"), 5, D, mode=mode, num_qo_heads=HQ), out=out,
+                lse=lse, **scales)
+        assert written(out, lse), mode
         ref_o, ref_l = ref.run(q, plan=ref.plan(cascade_levels(held, "cuda"), 5, D, mode=mode, num_qo_heads=HQ))
         assert close(out, ref_o) and close(lse, ref_l), mode
 
@@ -69,6 +72,8 @@ def test_gpu_block_sparse_over_an_fp8_cache_equals_one_over_its_values(name, kv_
     fp8_pages, held, scales, q, fp8, ref = views_over_both(BlockSparseAttention, name, kv_dtype, per_head, 3, 12,
                                                            build_cache, rng)
     for view in bsr_views():
-        out, lse = fp8.run(q, fp8_pages, view, **scales)
+        out, lse = nan_outputs(q)
+        fp8.run(q, fp8_pages, view, out=out, lse=lse, **scales)
+        assert written(out, lse), type(view).__name__
         ref_o, ref_l = ref.run(q, held, view)
         assert close(out, ref_o) and close(lse, ref_l), type(view).__name__

@@ -11,6 +11,18 @@ pytestmark = pytest.mark.gpu
 D = 32
 
 
+def nan_outputs(q):
+    """(out like q, lse [rows, Hq] float32) on the GPU, filled with NaN: a row left unwritten fails."""
+    import torch
+
+    return torch.full_like(q, float("nan")), torch.full(q.shape[:2], float("nan"), device=q.device)
+
+
+def written(out, lse):
+    """Whether every element of out and lse was written (none is NaN)."""
+    return not bool(out.isnan().any()) and not bool(lse.isnan().any())
+
+
 @pytest.fixture(scope="module")
 def cuda_vanilla(build_cache):
     """The plain variant at head_dim 64, float16 (decode for cascade's flat mode, prefill for the rest), built once
@@ -35,7 +47,9 @@ def test_bsr_on_gpu(cuda_vanilla, rng):
     q = torch.randn(m, 4, 64, dtype=torch.float16, device="cuda")
     pages = torch.randn(nb, 2, c, 2, 64, dtype=torch.float16, device="cuda")
     qo_indptr, kv = BlockSparseView(indptr, indices, r, m, n).as_paged(pages)
-    out, lse = cuda_vanilla.prefill(q, kv, qo_indptr, sm_scale=0.125)
+    out, lse = nan_outputs(q)
+    cuda_vanilla.prefill(q, kv, qo_indptr, sm_scale=0.125, out=out, lse=lse)
+    assert written(out, lse)
     k = pages[:, 0].reshape(nb * c, 2, 64)[:n].float().cpu().numpy()
     v = pages[:, 1].reshape(nb * c, 2, 64)[:n].float().cpu().numpy()
     ref, _ = dense_reference(q.float().cpu().numpy(), k, v, np.kron(blocks, np.ones((r, c), bool))[:m, :n], 0.125)
@@ -62,7 +76,9 @@ def test_headwise_bsr_on_gpu(cuda_vanilla, rng, block_sizes):
         view = HeadwiseBlockSparseView.from_block_mask(blocks, row_sz, col_sz)
         pages = torch.randn(1, 2, n, n_kv, 64, dtype=torch.float16, device="cuda")
     q = torch.randn(m, n_kv * group, 64, dtype=torch.float16, device="cuda")
-    out, lse = BlockSparseAttention(cuda_vanilla).run(q, pages, view, sm_scale=0.125)
+    out, lse = nan_outputs(q)
+    BlockSparseAttention(cuda_vanilla).run(q, pages, view, sm_scale=0.125, out=out, lse=lse)
+    assert written(out, lse)
     k, v = (pages[:, i].reshape(-1, n_kv, 64)[:n].float().cpu().numpy() for i in (0, 1))
     ref_o, ref_l = dense_reference(q.float().cpu().numpy(), k, v, dense_head_mask(view, blocks, group), 0.125)
     out, lse = out.float().cpu().numpy(), lse.cpu().numpy()
@@ -107,7 +123,9 @@ def test_cascade_on_gpu(cuda_vanilla, rng, rows):
         assert plan.mode == mode
         if mode == "flat":
             assert plan.levels[0].decode == (max(rows) == 1)
-        out, lse = cascade.run(qd, plan=plan, sm_scale=0.25)
+        out, lse = nan_outputs(qd)
+        cascade.run(qd, plan=plan, sm_scale=0.25, out=out, lse=lse)
+        assert written(out, lse), mode
         assert torch.allclose(out.float(), f_out.float(), atol=2e-3)
         assert torch.allclose(lse[torch.isfinite(f_lse)], f_lse[torch.isfinite(f_lse)], atol=1e-3)
 
@@ -128,8 +146,10 @@ def test_causal_cascade_on_gpu(build_cache, rng, rows):
     cascade = CascadeAttention(att)
     for mode in ("cascade", "flat"):
         plan = cascade.plan(dev_levels, qd.shape[0], 64, mode=mode, num_qo_heads=qd.shape[1])
-        out, lse = cascade.run(qd, plan=plan, sm_scale=0.25)
+        out, lse = nan_outputs(qd)
+        cascade.run(qd, plan=plan, sm_scale=0.25, out=out, lse=lse)
         torch.cuda.synchronize()
+        assert written(out, lse), mode
         assert torch.allclose(out.float(), f_out.float(), atol=2e-3), mode
         assert torch.allclose(lse[torch.isfinite(f_lse)], f_lse[torch.isfinite(f_lse)], atol=1e-3), mode
     assert cascade.unmasked().variant.name == "causal_unmasked"
@@ -151,7 +171,10 @@ def test_causal_bsr_on_gpu(build_cache, rng):
     indptr, indices = bsr_of(blocks[None])
     q = torch.randn(m, 4, 64, dtype=torch.float16, device="cuda")
     pages = torch.randn(mb, 2, r, 2, 64, dtype=torch.float16, device="cuda")
-    out, lse = BlockSparseAttention(att).run(q, pages, BlockSparseView(indptr[0], indices[0], r, m, m), sm_scale=0.125)
+    out, lse = nan_outputs(q)
+    BlockSparseAttention(att).run(q, pages, BlockSparseView(indptr[0], indices[0], r, m, m), sm_scale=0.125, out=out,
+                                  lse=lse)
+    assert written(out, lse)
     k = pages[:, 0].reshape(mb * r, 2, 64)[:m].float().cpu().numpy()
     v = pages[:, 1].reshape(mb * r, 2, 64)[:m].float().cpu().numpy()
     mask = np.kron(blocks, np.ones((r, r), bool))[:m, :m] & np.tri(m, dtype=bool)

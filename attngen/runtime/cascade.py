@@ -39,7 +39,7 @@ from attngen.ir import StateAlgebra
 
 from .checks import AttentionArgumentError, as_numpy, check_paged, dtype_name
 from .kv_pool import same_pool
-from .module import contiguous, int32_like
+from .module import contiguous, copy_into, int32_like
 from .state import merge_state, merge_states, merge_states_sum
 from .views import PagedKV, causal_only, paged_lengths, require_position_free
 
@@ -260,22 +260,27 @@ class CascadeAttention:
         return _PlannedLevel(kv, qo_dev, 1, backend_plan)
 
     def run(self, q, levels: list[CascadeLevel] | None = None, *, plan: CascadePlan | None = None,
-            sm_scale: float | None = None, params: dict | None = None, k_scale=None, v_scale=None):
-        """q: [total_q, Hq, D]. Returns (out [total_q, Hq, D], lse [total_q, Hq]) over all levels' keys.
-        Pass ``plan`` (from ``plan``) to skip the per-call host checks, or ``levels`` to plan here.
-        ``k_scale``, ``v_scale``: an fp8 cache's scales (as ``decode`` / ``prefill`` take them), the same for
-        every level."""
+            sm_scale: float | None = None, params: dict | None = None, out=None, lse=None, k_scale=None,
+            v_scale=None):
+        """q: [total_q, Hq, D]. Returns (out [total_q, Hq, D], lse [total_q, Hq]) over all levels' keys, written
+        into ``out`` / ``lse`` where given. Pass ``plan`` (from ``plan``) to skip the per-call host checks, or
+        ``levels`` to plan here. ``k_scale``, ``v_scale``: an fp8 cache's scales (as ``decode`` / ``prefill``
+        take them), the same for every level."""
         if plan is None:
             if levels is None:
                 raise AttentionArgumentError("run: pass the levels or a plan made from them")
             plan = self.plan(levels, int(q.shape[0]), int(q.shape[2]))
         if plan.total_q != int(q.shape[0]):
             raise AttentionArgumentError(f"plan: made for {plan.total_q} query rows, q has {q.shape[0]}: plan again")
+        if out is not None or lse is not None:
+            out, lse = self.backend.outputs(q, plan.total_q, out, lse)
         states = []
         scales = self.backend.prepared_scales(q, plan.levels[0].kv, k_scale, v_scale)  # (once, not per level)
-        for lvl in plan.levels:
+        for i, lvl in enumerate(plan.levels):
             qs = q if lvl.chunks == 1 else _repeat_rows(q, lvl.chunks)
             extra = ({"plan": lvl.backend_plan} if lvl.backend_plan is not None else {}) | scales
+            if i == 0 and lvl.chunks == 1 and out is not None:  # the first level's state is the merges' target
+                extra |= {"out": out, "lse": lse}
             runner = lvl.backend or self.backend
             if lvl.decode:
                 o, s = runner.decode(qs, lvl.kv, sm_scale=sm_scale, params=params, **extra)
@@ -288,13 +293,17 @@ class CascadeAttention:
                 else:
                     o, s = merge_states(o, s)
             states.append((o, s))
-        out, lse = states[0]
-        if self.variant.state == StateAlgebra.SUM:
-            if len(states) == 1:
-                return out, lse
-            return merge_states_sum(_stack_like(out)([o for o, _ in states])), lse
-        for o, s in states[1:]:
-            merge_state(out, lse, o, s)
+        o0, s0 = states[0]
+        if self.variant.state == StateAlgebra.SUM and len(states) > 1:
+            o0 = merge_states_sum(_stack_like(o0)([o for o, _ in states]))
+        elif self.variant.state != StateAlgebra.SUM:
+            for o, s in states[1:]:
+                merge_state(o0, s0, o, s)
+        if out is None:
+            return o0, s0
+        for dst, src in ((out, o0), (lse, s0)):
+            if src is not dst:  # (a first level of chunks, or a sum state's merge: a state of its own)
+                copy_into(dst, src)
         return out, lse
 
 

@@ -32,6 +32,14 @@ def contiguous(x):
     return x.contiguous() if hasattr(x, "detach") else np.ascontiguousarray(x)
 
 
+def copy_into(dst, src) -> None:
+    """dst[...] = src for torch tensors or NumPy arrays of the same shape."""
+    if hasattr(dst, "detach"):
+        dst.copy_(src)
+    else:
+        dst[...] = src
+
+
 def scale_kwargs(k_scale, v_scale) -> dict:
     """An fp8 cache's k_scale / v_scale as keyword arguments of a call, {} where neither is given (a 16-bit
     cache's calls, which refuse scales)."""

@@ -148,18 +148,23 @@ def tvm_rope(x, d, pos, rope_scale, rope_theta, head_dim: int):
     return T.cos(angle) * x[d] + T.sin(angle) * partner
 
 
-# the mask's constant bound in a parsed program (online_softmax_program substitutes each spec's value)
+# the mask's constant bound in a parsed program of attngen's convention, and whether there is one (1) or not (0):
+# online_softmax_program puts in each spec's values
 KEY_BOUND = tir.Var("min_qo_minus_kv", "int32")
+KEY_BOUNDED = tir.Var("key_loop_bounded", "int32")
 
 
 @functools.lru_cache(maxsize=None)
 def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
     """The program for ``spec``, taking every parameter of ``PROGRAM_PARAMS``, with hook placeholders: the
     parsed program of its structure (:func:`parsed_program`) with the mask's bound put in."""
-    bounded = spec.tvm is None and spec.min_qo_minus_kv is not None  # (TVM's convention takes no bound)
-    program = parsed_program(replace(spec, min_qo_minus_kv=0 if bounded else None))
-    if bounded:
-        program = substitute(program, {handle(KEY_BOUND): tir.IntImm("int32", spec.min_qo_minus_kv)})
+    if spec.tvm is not None:  # (TVM's convention takes no bound)
+        program = parsed_program(replace(spec, min_qo_minus_kv=None))
+    else:
+        bound = spec.min_qo_minus_kv
+        program = substitute(parsed_program(replace(spec, min_qo_minus_kv=0)),
+                             {handle(KEY_BOUND): tir.IntImm("int32", 0 if bound is None else bound),
+                              handle(KEY_BOUNDED): tir.IntImm("int32", bound is not None)})
     verify_well_formed(program)
     return program
 
@@ -168,8 +173,9 @@ def online_softmax_program(spec: ProgramSpec) -> tir.PrimFunc:
 def parsed_program(spec: ProgramSpec) -> tir.PrimFunc:
     """The program of ``spec``'s structure, parsed once per process: TVMScript parses the program's source on
     every call (0.15-0.3 s), the program depends on the spec alone (the variant's hooks replace its placeholders
-    afterwards), and TIR is immutable, so the builds of a process share it. A mask's bound (``min_qo_minus_kv``:
-    0 here for any bound) is the variable ``KEY_BOUND``, so that causal, windowed and unmasked variants share it."""
+    afterwards), and TIR is immutable, so the builds of a process share it. In attngen's convention (``min_qo_minus_kv``
+    0 here for any bound or none) the mask's bound is the variable ``KEY_BOUND`` and whether there is one
+    ``KEY_BOUNDED``, so that causal, windowed and unmasked variants share one program."""
     D, dt = spec.head_dim, spec.dtype
     fp8 = spec.fp8
     kv_dt = FP8_STORAGE if fp8 else dt  # the K/V buffers' element type
@@ -253,19 +259,19 @@ def parsed_program(spec: ProgramSpec) -> tir.PrimFunc:
         return tir.And(tir.Or(tir.EQ(causal, 0), tir.LE(kv_pos, qo_pos)), seen)
 
     lanes = LANES if D % LANES == 0 else 1  # the score's partial sums (one where D is not a multiple)
-    bound = None if tvm_conv or spec.min_qo_minus_kv is None else KEY_BOUND  # (attngen's: key j at kv_pos = j)
 
     def kv_end(kv_len, qo_pos):
-        """Keys a row tries: all of them, or those up to kv_pos = qo_pos - bound where the mask bounds them."""
-        if bound is None:
+        """Keys a row tries: all of them, or (attngen's convention: key j at kv_pos = j) those up to kv_pos =
+        qo_pos - KEY_BOUND where the mask bounds them (the condition a constant once put in: the build folds it)."""
+        if tvm_conv:
             return kv_len
-        return T.max(0, T.min(kv_len, qo_pos - bound + 1))
+        return T.if_then_else(KEY_BOUNDED != 0, T.max(0, T.min(kv_len, qo_pos - KEY_BOUND + 1)), kv_len)
     kv_bytes = DTYPE_BYTES[spec.kv_dtype or dt]
     line_elems = CACHE_LINE // kv_bytes  # K / V elements per cache line
     row_lines = max(1, D // line_elems)  # cache lines of a key (value) row
 
     # fmt: off
-    @T.prim_func(check_well_formed=False)  # (KEY_BOUND is free here: online_softmax_program checks its result)
+    @T.prim_func(check_well_formed=False)  # (KEY_BOUND[ED] free here: online_softmax_program checks its result)
     def attention(q: T.handle,  # [total_q, Hq, D] (decode: [B, Hq, D])
                   qo_indptr: T.handle,  # [B+1] (not decode)
                   k: T.handle,  # ragged: [total_kv, Hkv, D]

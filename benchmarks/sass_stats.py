@@ -89,11 +89,14 @@ def kernel_sass(sass: str, pattern: str) -> dict[str, list[str]]:
 
 
 def tiling_label(function: str, head_dim: int) -> str:
-    """A short label for a Hopper kernel's tiling: the mangled trailing template bool (Wide) where there is one."""
+    """A short label for a Hopper kernel's tiling: the mangled trailing template bools (Wide, then Split: the
+    instance for a plan's tail split) where there are any."""
     from attngen.schedules.template_prefill_hopper import HopperConfig
 
-    m = re.search(r"ES3_Lb([01])EE", function)
-    return "" if m is None else f" ({HopperConfig(head_dim, m.group(1) == '1').keys} keys)"
+    m = re.search(r"ES3_Lb([01])E(?:Lb([01])E)?E", function)
+    if m is None:
+        return ""
+    return f" ({HopperConfig(head_dim, m.group(1) == '1').keys} keys{', split' if m.group(2) == '1' else ''})"
 
 
 def stats(lines: list[str]) -> dict:

@@ -265,9 +265,11 @@ def cmd_prebuild(args) -> int:
 
             for entry in res.manifest["deferred"]:
                 deferred_template(res.directory, res.manifest, entry, cache)
-    for kind in ("planner", "merge_cpu" if cfg.target == "cpu" else "merge_cuda"):  # what the runtime loads besides
-        support_library(kind, archs=cfg.archs, cache=cache)
-        print(f"attngen prebuild: support library {kind}")
+    # what the runtime loads besides: the planner, and the merges (CUDA: one library per arch, as it asks for them)
+    merges = [("merge_cpu", ())] if cfg.target == "cpu" else [("merge_cuda", (a,)) for a in cfg.archs]
+    for kind, archs in [("planner", ()), *merges]:
+        support_library(kind, archs=archs, cache=cache)
+        print(f"attngen prebuild: support library {kind}{' ' + archs[0] if archs else ''}")
     print(f"attngen prebuild: {len(names)} variants in {time.perf_counter() - t0:.1f}s into {cache.root}; use it "
           f"with {PREBUILT_ENV}={cache.root}")
     return 0

@@ -120,3 +120,17 @@ def test_a_prebuilt_cache_serves_a_machine_without_a_compiler(tmp_path):
         assert "ATTNGEN_PREBUILT_DIRS=DIR" in p.stdout
     finally:
         _writable(shipped)
+
+
+def test_a_cxx_naming_no_program_counts_as_no_compiler(monkeypatch, tmp_path):
+    """CXX set to a path where no program is: the host compiler's version is ABSENT (a build then takes the
+    stand-in of a cache built elsewhere), not an error out of every build."""
+    from attngen.codegen import host_library
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    host_library.host_cxx.cache_clear()
+    try:
+        assert host_library.host_cxx_version() == "none"
+    finally:
+        monkeypatch.undo()
+        host_library.host_cxx.cache_clear()

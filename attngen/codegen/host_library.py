@@ -37,7 +37,7 @@ def host_cxx_version() -> str:
     """The host C++ compiler's version line (:func:`host_cxx`), ABSENT where there is none."""
     try:
         return host_cxx()[1]
-    except RuntimeError:
+    except (RuntimeError, OSError, IndexError):  # (none found; CXX naming no program; no version line)
         return ABSENT
 
 

@@ -36,15 +36,18 @@ def wheel_nvcc_candidates() -> list[str]:
     return [str(Path(entry) / d / "nvcc") for entry in sys.path if entry for d in WHEEL_NVCC_DIRS]
 
 
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+
+
 @functools.lru_cache(maxsize=None)
 def find_nvcc() -> str | None:
-    """ATTNGEN_NVCC, then PATH, then CUDA_HOME/bin (or CUDA_PATH), then an nvidia-cuda-nvcc wheel's, then
-    /usr/local/cuda/bin."""
+    """ATTNGEN_NVCC, then PATH, then CUDA_HOME/bin (or CUDA_PATH), then /usr/local/cuda/bin, then an
+    nvidia-cuda-nvcc wheel's (last: a wheel another package pulled in must not hide a whole toolkit)."""
     cands = [os.environ.get("ATTNGEN_NVCC"), shutil.which("nvcc")]
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), DEFAULT_CUDA_HOME):
         if home:
             cands.append(str(Path(home) / "bin" / "nvcc"))
-    cands += wheel_nvcc_candidates() + ["/usr/local/cuda/bin/nvcc"]
+    cands += wheel_nvcc_candidates()
     for c in cands:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return c

@@ -184,7 +184,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
                         uint64_t(uint32_t(slot)) * uint64_t(P.kv.stride_slot);
         KV* dst = decode_tc_staged<D, S, KV>(smem_raw) + (stage * 2 * TK + r) * D;
 #pragma unroll
-        for (int k = 0; k < kFp8Chunks; ++k) {  // chunk c of the key row, then of the value row
+        for (int k = 0; k < kFp8Chunks; ++k) {  // the key row's chunks c, c + TPR, ...; then the value row's
           const int c = lane % TPR + k * TPR;
           copy16_async(dst + (kDirectK ? staged_key_chunk<D>(r, c) : c) * 16, src + k * TPR * 16, ok);
         }

@@ -155,3 +155,25 @@ def test_build_commands_import_tvm_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "6.0"
+
+
+def test_build_options_reach_the_build_config():
+    """Every option of `attngen build` / `prebuild` lands in the BuildConfig it builds with (the linked build,
+    its alternatives linked up front, the hook math, fast math, K/V dtypes, kernels, layouts, group size)."""
+    from attngen.cli import _config, parser
+
+    for command in ("build", "prebuild"):
+        args = parser().parse_args(
+            [command, *(["vanilla"] if command == "build" else []), "--target", "cuda", "--arch", "sm_80,sm_90a",
+             "--head-dim", "64,128", "--dtype", "float16,bfloat16", "--kv-dtype", "float8_e4m3fn,bfloat16",
+             "--layout", "HND", "--kernels", "decode,prefill", "--max-group-size", "4", "--fast-math",
+             "--hook-math", "precise", "--link", "lto", "--link-alternatives"])
+        cfg = _config(args)
+        assert (cfg.target, cfg.archs, cfg.head_dims) == ("cuda", ("sm_80", "sm_90a"), (64, 128)), command
+        assert (cfg.dtypes, cfg.kv_dtypes) == (("float16", "bfloat16"), ("float8_e4m3fn", "bfloat16"))
+        assert (cfg.layouts, cfg.kernels, cfg.max_group_size) == (("HND",), ("decode", "prefill"), 4)
+        assert (cfg.fast_math, cfg.hook_math, cfg.link, cfg.defer_alternatives) == (True, "precise", "lto", False)
+    defaults = _config(parser().parse_args(["build", "vanilla", "--target", "cuda", "--arch", "sm_90a"]))
+    assert (defaults.link, defaults.hook_math, defaults.defer_alternatives) == ("whole", "approx", True)
+    with pytest.raises(SystemExit):  # (argparse refuses a link mode it does not know)
+        parser().parse_args(["build", "vanilla", "--link", "thin"])

@@ -2,6 +2,7 @@
 import multiprocessing as mp
 import shutil
 
+import pytest
 from tvm.script import tirx as T
 
 from attngen import ScalarParam, Variant
@@ -92,3 +93,36 @@ def test_concurrent_builds_compile_once(tmp_path):
         p.join(timeout=60)
     assert sorted(r[1] for r in results) == [0, 1]  # exactly one process compiled
     assert len({r[2] for r in results}) == 1
+
+
+def test_a_stand_in_names_a_built_entry_and_follows_a_rebuild_after_a_prune(tmp_path):
+    """Builds with their tools write a stand-in (keyed without the tools) naming their entry; a lookup without
+    the tools is served the named entry, and refused, naming the missing tool, where there is none. Where the
+    named entry was removed (a pruned cache), the next build with the tools names its own."""
+    import shutil
+
+    from attngen.codegen.cache import BuildCache, ToolsMissingError
+
+    def build(text):
+        return lambda out: (out / "lib.txt").write_text(text)
+
+    cache = BuildCache(tmp_path / "c", prebuilt=())
+    with_tools, without = {"nvcc": "12.8"}, {"nvcc": "none"}
+    with pytest.raises(ToolsMissingError, match="nvcc not installed.*ATTNGEN_PREBUILT_DIRS"):
+        cache.get_or_build_with_tools("k1", build("one"), stand_in="s", tools=without, what="lib")
+    first, hit = cache.get_or_build_with_tools("k1", build("one"), stand_in="s", tools=with_tools, what="lib")
+    assert not hit and cache.builds == 1  # (the stand-in is not counted as a build)
+    served, hit = BuildCache(tmp_path / "c", prebuilt=()).get_or_build_with_tools(
+        "k-none", build("never"), stand_in="s", tools=without, what="lib")
+    assert hit and served == first and (served / "lib.txt").read_text() == "one"
+    # another toolchain's build keeps the stand-in on the first while that entry lives
+    second, _ = cache.get_or_build_with_tools("k2", build("two"), stand_in="s", tools={"nvcc": "13.0"}, what="lib")
+    fresh = BuildCache(tmp_path / "c", prebuilt=())
+    assert fresh.get_or_build_with_tools("k-none", build("never"), stand_in="s", tools=without, what="lib")[0] == first
+    shutil.rmtree(first)  # (pruned)
+    again = BuildCache(tmp_path / "c", prebuilt=())
+    assert again.get_or_build_with_tools("k2", build("two"), stand_in="s", tools={"nvcc": "13.0"},
+                                         what="lib") == (second, True)
+    served, _ = BuildCache(tmp_path / "c", prebuilt=()).get_or_build_with_tools(
+        "k-none", build("never"), stand_in="s", tools=without, what="lib")
+    assert served == second and (served / "lib.txt").read_text() == "two"

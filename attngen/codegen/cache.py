@@ -176,18 +176,29 @@ class BuildCache:
         missing = sorted(name for name, version in tools.items() if version == ABSENT)
         if not missing:
             found = self.get_or_build(key, build)
-            if self.find_sealed(stand_in) is None:
+            named = self.find_sealed(stand_in)
+            if named is not None and self._stand_in_target(named) is None and named.is_relative_to(self.root):
+                self._memory.pop(stand_in, None)  # (it names an entry since removed: it names this one now)
+                with FileLock(str(named) + ".lock"):
+                    if not entry_is_sealed(named) or self._stand_in_target(named) is None:  # (not remade meanwhile)
+                        discard_leftovers(named)
+                named = None
+            if named is None:
                 self.get_or_build(stand_in, lambda out: (out / STAND_IN).write_text(json.dumps({"key": key})),
                                   counted=False)
             return found
         named = self.find_sealed(stand_in)
-        entry = self.find_sealed(json.loads((named / STAND_IN).read_text())["key"]) if named else None
+        entry = self._stand_in_target(named) if named else None
         if entry is None:
             raise ToolsMissingError(
                 f"{what}: {', '.join(missing)} not installed, and neither the build cache ({self.root}) nor a "
                 f"prebuilt one ({PREBUILT_ENV}) holds it: install {' and '.join(missing)}, or build it where they "
                 f"are ('attngen prebuild --cache-dir DIR', or any build into DIR) and set {PREBUILT_ENV}=DIR here")
         return entry, True
+
+    def _stand_in_target(self, named: Path) -> Path | None:
+        """The whole entry a stand-in entry names, or None where no cache holds it (any more)."""
+        return self.find_sealed(json.loads((named / STAND_IN).read_text())["key"])
 
     def get_or_build(self, key: str, build: Callable[[Path], None], *, counted: bool = True) -> tuple[Path, bool]:
         """Directory holding the artifacts for ``key``, and whether it came from the cache (``counted``: whether a

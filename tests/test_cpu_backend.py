@@ -119,7 +119,8 @@ def test_empty_batch(build_cache):
 
 def test_cpu_program_calls_every_hook_kind():
     """A hook kind in the contract table that the CPU template never calls would be silently ignored."""
-    from attngen.codegen.cpu.attention_tir import CPUKernelSpec, attention_program
+    from attngen.codegen.cpu.attention_tir import attention_program
+    from attngen.codegen.cpu.program_spec import CPUKernelSpec
     from attngen.codegen.cpu.inline_hooks import PLACEHOLDER
     from attngen.ir import HOOKS
 

@@ -36,19 +36,21 @@ def test_nvcc_of_an_nvidia_wheel_on_sys_path_is_found(wheel_dir, no_nvcc_around,
     assert nvcc.find_nvcc() == want
 
 
-def test_a_toolkit_in_the_default_place_comes_before_a_wheel(no_nvcc_around, monkeypatch, tmp_path):
+@pytest.fixture
+def a_wheel_nvcc(no_nvcc_around, monkeypatch, tmp_path):
+    """An nvidia-cuda-nvcc wheel's nvcc in a site-packages directory on sys.path, nothing else found."""
     site = tmp_path / "site-packages"
-    fake_nvcc(site / nvcc.WHEEL_NVCC_DIRS[0] / "nvcc")
     monkeypatch.setattr(sys, "path", [str(site)] + sys.path)
+    return fake_nvcc(site / nvcc.WHEEL_NVCC_DIRS[0] / "nvcc")
+
+
+def test_a_toolkit_in_the_default_place_comes_before_a_wheel(a_wheel_nvcc, monkeypatch, tmp_path):
     toolkit = fake_nvcc(tmp_path / "toolkit" / "bin" / "nvcc")
     monkeypatch.setattr(nvcc, "DEFAULT_CUDA_HOME", str(tmp_path / "toolkit"))
     assert nvcc.find_nvcc() == toolkit
 
 
-def test_attngen_nvcc_and_cuda_home_come_before_a_wheel(no_nvcc_around, monkeypatch, tmp_path):
-    site = tmp_path / "site-packages"
-    fake_nvcc(site / nvcc.WHEEL_NVCC_DIRS[0] / "nvcc")
-    monkeypatch.setattr(sys, "path", [str(site)] + sys.path)
+def test_attngen_nvcc_and_cuda_home_come_before_a_wheel(a_wheel_nvcc, monkeypatch, tmp_path):
     home = fake_nvcc(tmp_path / "cuda" / "bin" / "nvcc")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
     assert nvcc.find_nvcc() == home

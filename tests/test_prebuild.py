@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from attngen.build import build
 from attngen.codegen.cache import BuildCache
@@ -15,6 +16,7 @@ from attngen.testing import random_problem
 from attngen.variants import builtin
 
 CFG = BuildConfig("cpu", (32,), ("float32",), layouts=("NHD",))
+CPU_ARGS = ("--target", "cpu", "--head-dim", "32", "--dtype", "float32", "--layout", "NHD")  # (CFG's options)
 
 
 def _read_only(root):
@@ -31,13 +33,19 @@ def _writable(root):
             os.chmod(os.path.join(dirpath, name), stat.S_IRUSR | stat.S_IWUSR)
 
 
-def test_prebuilt_cache_serves_read_only(tmp_path):
-    shipped, local = tmp_path / "shipped", tmp_path / "local"
-    p = subprocess.run([sys.executable, "-m", "attngen.cli", "prebuild", "--variants", "vanilla,causal", "--target",
-                        "cpu", "--head-dim", "32", "--dtype", "float32", "--layout", "NHD", "--cache-dir", str(shipped)],
-                       capture_output=True, text=True)
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    """(a cache `attngen prebuild` filled with vanilla and causal for CPU_ARGS, its output): one per module."""
+    root = tmp_path_factory.mktemp("shipped")
+    p = subprocess.run([sys.executable, "-m", "attngen.cli", "prebuild", "--variants", "vanilla,causal",
+                        *CPU_ARGS, "--cache-dir", str(root)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert "2 variants" in p.stdout and "ATTNGEN_PREBUILT_DIRS" in p.stdout
+    return root, p.stdout
+
+
+def test_prebuilt_cache_serves_read_only(shipped, tmp_path):
+    (shipped, out), local = shipped, tmp_path / "local"
+    assert "2 variants" in out and "ATTNGEN_PREBUILT_DIRS" in out
     _read_only(shipped)
     try:
         cache = BuildCache(local, prebuilt=(shipped,))
@@ -99,16 +107,12 @@ except ToolsMissingError as e:
 """
 
 
-def test_a_prebuilt_cache_serves_a_machine_without_a_compiler(tmp_path):
+def test_a_prebuilt_cache_serves_a_machine_without_a_compiler(shipped, tmp_path):
     """Where no C++ compiler is installed (PATH without one, CXX unset), the libraries and the planner a cache
     built elsewhere holds are served through their stand-in entries (keyed without the tools); a library it lacks
     is refused naming the missing compiler and the fix."""
-    shipped = tmp_path / "shipped"
-    p = subprocess.run([sys.executable, "-m", "attngen.cli", "prebuild", "--variants", "causal", "--target", "cpu",
-                        "--head-dim", "32", "--dtype", "float32", "--layout", "NHD", "--cache-dir", str(shipped)],
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    assert "support library planner" in p.stdout
+    shipped, out = shipped
+    assert "support library planner" in out
     _read_only(shipped)
     try:
         env = {k: v for k, v in os.environ.items() if k not in ("CXX", "ATTNGEN_PREBUILT_DIRS")}

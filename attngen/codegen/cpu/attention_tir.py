@@ -3,8 +3,9 @@
 ``online_softmax_program(spec)`` writes the program that both CPU consumers build: attngen's own
 exported kernels (:func:`attention_program`: ragged, paged and decode) and TVM PagedKVCache's
 attention slots (:mod:`.tvm_slots`). Its parameters are the union of what either calling
-convention passes (``PROGRAM_PARAMS``); each consumer keeps the ones its convention takes, in its
-order (:func:`with_signature`), and the body reads only those.
+convention passes (``program_spec.PROGRAM_PARAMS``); each consumer keeps the ones its convention takes, in its
+order (:func:`.program_spec.with_signature`), and the body reads only those. What a program is specialised for:
+:mod:`.program_spec`.
 
 One parallel iteration per (query row, KV head), serving the GQA group's query heads key by key (each key and
 value row read once for the group, the rows a few keys ahead prefetched), scores in float32 as vectorised partial
@@ -18,26 +19,25 @@ scales ``k_scale`` / ``v_scale`` [Hkv] and are decoded on load (:mod:`.fp8_tir`)
 dequantised rows: a key row is ``k * k_scale`` before the key hook, and without a key hook
 ``k_scale`` is folded into the query's scale (``q . (k * k_scale) = (q * k_scale) . k``); ``v_scale``
 multiplies the normalised output row before the output hook (``sum_j p_j v_j * v_scale``), one
-multiply per row instead of one per key. Positions are logical: in attngen's convention query row i of a request with qo_len
-rows and kv_len keys sits at qo_pos = kv_len - qo_len + i and key j at kv_pos = j; in TVM's they
-come from ``q_rope_position`` and ``k_rope_pos_offset``.
+multiply per row instead of one per key. Positions are logical: in attngen's convention query row i of a
+request with qo_len rows and kv_len keys sits at qo_pos = kv_len - qo_len + i and key j at kv_pos = j; in TVM's
+they come from ``q_rope_position`` and ``k_rope_pos_offset``.
 """
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import tvm.tirx as tir
 from tvm.tirx.analysis import verify_well_formed
 from tvm.script import tirx as T
 
-from attngen.ir import HOOKS, Site, StateAlgebra
-from attngen.ir.mask_class import constant_bounds
 from attngen.ir.tir_utils import handle, substitute
-from attngen.schedules.dtypes import DTYPE_BYTES, is_fp8
+from attngen.schedules.dtypes import DTYPE_BYTES
 
 from .fp8_tir import FP8_STORAGE, fp8_to_float32
 from .inline_hooks import hook_call, row_hook_call
+from .program_spec import CPU_SIGNATURES, FP8_SCALE_PARAMS, CPUKernelSpec, ProgramSpec, with_signature
 
 LOG2E = 1.4426950408889634
 NO_KEY_LSE = -5.0e4  # TVM's lse for a row that sees no key (merged as weight 0)
@@ -63,80 +63,6 @@ def tree_sum(part, n: int):
     while len(terms) > 1:
         terms = [terms[i] + terms[i + 1] for i in range(0, len(terms) - 1, 2)] + terms[len(terms) - len(terms) % 2:]
     return terms[0]
-
-
-# online_softmax_program's parameters, in its own order.
-PROGRAM_PARAMS = ("q", "qo_indptr", "k", "v", "kv_indptr", "pages", "page_indptr", "page_indices",
-                  "length_info", "q_rope_position", "k_rope_pos_offset", "o", "lse", "k_scale", "v_scale",
-                  "causal", "rotary_mode", "rope_scale", "rope_theta", "sm_scale", "tree_mn_indptr", "tree_order")
-
-
-@dataclass(frozen=True)
-class TVMConvention:
-    """TVM PagedKVCache's slot convention: positions from ``q_rope_position`` / ``k_rope_pos_offset``,
-    a run-time ``causal`` flag on prefill, ``rotary_mode`` asserted, lse = NO_KEY_LSE for a row
-    that sees no key."""
-
-    sliding_length_info: bool = False  # length_info[3, B] = (last_page_len, sliding_window_offset, sink_size)
-    # a key is visible only when qo_pos - kv_pos < window (0: none), whatever ``causal`` says: TVM hands the
-    # sliding-window slots of "mha_sliding" layers keys beyond the window when a shared prefix (a fork) splits
-    # a sequence over depths, and calls the prefill slot with causal=0 when the new tokens are already in pages
-    window: int = 0
-    inline_rope: bool = False  # TVM's RoPE on q and k before the hooks (rotary_mode 1; else rotary_mode 0)
-    name: str = "attention"  # the function's name, for its run-time error
-    # token-tree attention (speculative decoding): TVM's tree mask replaces ``causal`` (prefill only); the
-    # ragged form takes its key positions from ``q_rope_position`` (its keys are its queries' tokens)
-    tree_mask: bool = False
-    # length_info is [B] or [3, B], told apart at run time by its ndim (TVM's paged tree slot, called for "mha"
-    # and "mha_sliding" layers alike); the window then applies to the [3, B] calls ("mha_sliding" layers) only
-    length_info_ndim_at_run_time: bool = False
-
-
-@dataclass(frozen=True)
-class ProgramSpec:
-    """What one online-softmax program is specialised for (shape and schedule knobs)."""
-
-    head_dim: int
-    dtype: str  # q/o element type (and k/v's unless kv_dtype): "float32" | "float16" | "bfloat16"
-    kv: str  # "ragged": k, v [total_kv, Hkv, D] | "paged": pages with a page table
-    decode: bool = False  # one query per request (paged only): q [B, Hq, D], no qo_indptr
-    page_layout: str = "NHD"  # "NHD": pages [P, 2, S, Hkv, D] | "HND": pages [P, 2, Hkv, S, D]
-    tvm: TVMConvention | None = None  # TVM's slot convention, or None for attngen's own
-    transform_keys: bool = False  # a key hook applies: keys are transformed once per call
-    softmax: bool = True  # False: unnormalised sum state (lse = 0)
-    q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
-    kv_dtype: str | None = None  # K/V element type when not ``dtype``: an fp8 format, read with scales
-    # attngen's convention: every key the mask lets through has qo_pos - kv_pos >= this (kernel_flags), so a row's
-    # key loop ends at kv_pos = qo_pos - this (a causal mask: the row's own position); None: every key is tried
-    min_qo_minus_kv: int | None = None
-
-    def __post_init__(self):
-        if self.decode and self.kv != "paged":
-            raise ValueError("decode kernels read a paged KV cache")
-        if self.kv_dtype not in (None, self.dtype) and not is_fp8(self.kv_dtype):
-            raise ValueError(f"K/V dtype {self.kv_dtype} with query dtype {self.dtype}: only fp8 K/V differ")
-
-    @property
-    def fp8(self) -> bool:
-        return self.kv_dtype is not None and is_fp8(self.kv_dtype)
-
-
-def kernel_flags(variant) -> dict:
-    """The variant-dependent knobs of a kernel spec: whether keys pass a hook at load, the state, the
-    scale folding. The other hooks need no knob: they are inlined at their placeholders."""
-    return dict(
-        transform_keys=any(HOOKS[h].site is Site.KEY_LOAD for h in variant.hooks),
-        softmax=variant.state == StateAlgebra.SOFTMAX,
-        q_scale_log2e=variant.analysis.scale.q_scale_log2e,
-        min_qo_minus_kv=constant_bounds(variant)[0],  # (None: unbounded)
-    )
-
-
-
-def with_signature(program: tir.PrimFunc, names: tuple[str, ...]) -> tir.PrimFunc:
-    """``program`` taking only the parameters ``names`` (of ``PROGRAM_PARAMS``), in that order."""
-    by_name = dict(zip(PROGRAM_PARAMS, program.params, strict=True))
-    return tir.PrimFunc([by_name[n] for n in names], program.body, program.ret_type, program.attrs)
 
 
 def tvm_rope(x, d, pos, rope_scale, rope_theta, head_dim: int):
@@ -558,43 +484,6 @@ def parsed_program(spec: ProgramSpec) -> tir.PrimFunc:
                     LSE[row, h] = row_lse
     # fmt: on
     return attention
-
-
-@dataclass(frozen=True)
-class CPUKernelSpec:
-    """What one of attngen's exported CPU attention functions is specialised for."""
-
-    kv: str  # "ragged" | "paged"
-    decode: bool  # one query per request, q[B, Hq, D] (paged only)
-    head_dim: int
-    dtype: str  # q/o element type (and k/v's unless kv_dtype): "float32" | "float16" | "bfloat16"
-    layout: str = "NHD"  # paged layout: "NHD" pages[P, 2, S, Hkv, D] | "HND" pages[P, 2, Hkv, S, D]
-    transform_keys: bool = False  # the variant's keys pass a hook at load (see kernel_flags)
-    softmax: bool = True  # False: unnormalised sum state
-    q_scale_log2e: bool = True  # fold log2(e) into the query scale (no hook rewrites scores)
-    kv_dtype: str | None = None  # K/V element type when not ``dtype`` (an fp8 format): takes k_scale, v_scale
-    min_qo_minus_kv: int | None = None  # the mask's bound on qo_pos - kv_pos (see kernel_flags)
-
-    @property
-    def func_name(self) -> str:
-        if self.decode:
-            return f"batch_decode_paged_{self.layout.lower()}"
-        return f"batch_prefill_{self.kv}" + (f"_{self.layout.lower()}" if self.kv == "paged" else "")
-
-    def program(self) -> ProgramSpec:
-        return ProgramSpec(self.head_dim, self.dtype, self.kv, self.decode, self.layout,
-                           transform_keys=self.transform_keys, softmax=self.softmax,
-                           q_scale_log2e=self.q_scale_log2e, kv_dtype=self.kv_dtype,
-                           min_qo_minus_kv=self.min_qo_minus_kv)
-
-
-# attngen's CPU calling convention, per kind: each argument means one thing.
-CPU_SIGNATURES = {
-    "ragged": ("q", "qo_indptr", "k", "v", "kv_indptr", "o", "lse", "sm_scale"),
-    "paged": ("q", "qo_indptr", "pages", "page_indptr", "page_indices", "length_info", "o", "lse", "sm_scale"),
-    "decode": ("q", "pages", "page_indptr", "page_indices", "length_info", "o", "lse", "sm_scale"),
-}
-FP8_SCALE_PARAMS = ("k_scale", "v_scale")  # fp8 K/V functions: [Hkv] float32 each, just before sm_scale
 
 
 def attention_program(spec: CPUKernelSpec) -> tir.PrimFunc:

@@ -8,7 +8,8 @@ from tvm.target import Target
 
 from attngen.schedules.build_config import BuildConfig, symbol
 
-from .attention_tir import CPUKernelSpec, attention_program, kernel_flags
+from .attention_tir import attention_program
+from .program_spec import CPUKernelSpec, kernel_flags
 from .inline_hooks import inline_hooks
 
 CPU_TARGET = {"kind": "llvm"}

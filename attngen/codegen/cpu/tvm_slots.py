@@ -64,7 +64,8 @@ from attngen.ir import HOOKS, ConfigError, ScalarParam, Site, StateAlgebra
 from attngen.ir import tir_utils as tu
 from attngen.schedules.build_config import DTYPE_SHORT
 
-from .attention_tir import ProgramSpec, TVMConvention, kernel_flags, online_softmax_program, with_signature
+from .attention_tir import online_softmax_program
+from .program_spec import ProgramSpec, TVMConvention, kernel_flags, with_signature
 from .build import build_cpu_library
 from .inline_hooks import inline_hooks
 

@@ -183,6 +183,40 @@ def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
     torch.testing.assert_close(runs[0][1], runs[2][1], atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("name", ["causal", "vanilla", "sliding_window_causal"])
+def test_appends_of_few_rows_split_their_keys_over_the_sms(name, build_cache, rng):
+    """Appends of a few query rows over many keys (speculative decoding's verify step, a chunk of a long prompt)
+    give the Hopper template fewer items than SMs: the plan cuts every item's key tiles into pieces over all SMs,
+    merged in the kernel (split-KV; runtime/work_tail.py). Against the float64 reference, paged with random page
+    order and ragged, with a request of no rows, and with the split off. The sliding window's bound
+    is a parameter the plan cannot count tiles by: its plans take no split."""
+    import torch
+
+    skip_unless_runs("hopper")
+    att = cuda_module(name, build_cache, (128,), ("bfloat16",), ("prefill",))
+    v = variant(name)
+    for kv_mode, qo_lens, kv_lens in [("NHD", [8], [8192]), ("ragged", [3, 16, 0, 5], [2000, 6000, 40, 5]),
+                                      ("HND", [64, 1], [9000, 700])]:
+        plans = []  # the split plan, then the unsplit one, on the same inputs
+        run_prefill(att, v, rng, group=4, head_dim=128, dtype="bfloat16", kv_mode=kv_mode, qo_lens=qo_lens,
+                    kv_lens=kv_lens, template="hopper", num_kv=4, plans=plans, tail_split=(None, False))
+        pairs = len(qo_lens) * -(-max(qo_lens) * 4 // 128)
+        (split,), (unsplit,) = plans[0].orders.values(), plans[1].orders.values()
+        assert (split.numel() > pairs) == (name != "sliding_window_causal"), (split.numel(), pairs)
+        assert unsplit.numel() == pairs
+    # one plan, two calls: the same bits (slots merged in slot order; the counters back at zero after a call)
+    q, kv, qo = one_ragged_request(8, 8192, 16, 4, 128, seed=2)
+    shape = SimpleNamespace(q=np.zeros((1, 16, 1)), qo_lens=[8], kv_lens=[8192])
+    params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in random_params(v, rng, shape).items()}
+    plan = att.plan_prefill(qo, kv, 128, template="hopper")
+    runs = []
+    for _ in range(2):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+        runs.append(att.prefill(q, kv, qo, plan=plan, params=params, out=out, lse=lse))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("cap", [2.0, 30.0, 50.0, 100.0])
 def test_softcap_row_max_fixed_or_running(template, cap, build_cache, rng):

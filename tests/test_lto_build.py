@@ -314,8 +314,8 @@ def test_each_template_object_links_into_its_own_cubin(build_cache):
     assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)] and not res.manifest["deferred"]
     assert any(k.startswith("prefill_kernel<__half, 128") for k in res.manifest["kernels"])
     # K/V of the query dtype; soft-cap (no mask hook) runs 176-key tiles at every length: one tiling
-    assert "hopper_prefill_kernel<__half, 128, false, __half, true>" in res.manifest["kernels"]
-    assert "hopper_prefill_kernel<__half, 128, false, __half, false>" not in res.manifest["kernels"]
+    assert "hopper_prefill_kernel<__half, 128, false, __half, true, false>" in res.manifest["kernels"]
+    assert "hopper_prefill_kernel<__half, 128, false, __half, false, false>" not in res.manifest["kernels"]
     for c in res.manifest["cubins"]:
         assert b"attngen_abi_" not in (res.directory / c).read_bytes()
     held = [set(linked_cubin.cubin_kernels((res.directory / c).read_bytes())) for c in res.manifest["cubins"]]
@@ -522,7 +522,7 @@ def test_linked_fp8_library_exports_and_embeds_the_fp8_kernels(fp8_linked):
     # the tensor-core decode at the fp8 stage count of the decode_tc record (3 at D 128: deeper, half-size stages)
     for k in ("decode_kernel<__half, 128, 1, __nv_fp8_e4m3>", "decode_kernel<__half, 128, 8, __nv_fp8_e4m3>",
               "decode_tc_kernel<__half, 128, 3, __nv_fp8_e4m3>", "merge_decode_kernel<__half, 128>",
-              "hopper_prefill_kernel<__half, 128, false, __nv_fp8_e4m3, false>"):
+              "hopper_prefill_kernel<__half, 128, false, __nv_fp8_e4m3, false, false>"):
         assert k in kernels, k
     assert any(k.startswith("prefill_kernel<__half, 128,") for k in kernels), kernels
     assert res.manifest["cubins"] == [f"linked_sm_90a_{i}.cubin" for i in range(4)]
@@ -614,8 +614,8 @@ def test_alternatives_link_on_first_use(build_cache):
     assert not any(k.startswith(("decode_kernel<", "prefill_kernel<")) for k in kernels), kernels
     assert "decode_tc_kernel<__half, 128, 2, __half>" in kernels
     # one tiling: soft-cap's 176-key one, which calls of any length run
-    assert "hopper_prefill_kernel<__half, 128, false, __half, true>" in kernels
-    assert "hopper_prefill_kernel<__half, 128, false, __half, false>" not in kernels
+    assert "hopper_prefill_kernel<__half, 128, false, __half, true, false>" in kernels
+    assert "hopper_prefill_kernel<__half, 128, false, __half, false, false>" not in kernels
     assert lto.link_deferred(res.directory, res.manifest, 80, build_cache) == []  # none for sm_8x devices
     parts = lto.link_deferred(res.directory, res.manifest, 90, build_cache)
     assert [sm for _, sm, _ in parts] == [90, 90]

@@ -31,6 +31,8 @@ CASES = [  # (query rows per request, keys, GQA group, KV heads, key tiles, head
     ([3000, 3000, 3000], [3000, 3100, 2900], 4, 8, 176, 128, 132),
     ([1000, 0, 1100], [1000, 5, 1200], 4, 4, 64, 256, 132),  # (a request without rows: its pairs are empty)
     ([700, 300], [2000, 300], 2, 3, 176, 128, 7),
+    ([8], [8192], 4, 8, 128, 128, 132),  # a verify step: 8 items of 64 key tiles, fewer than the SMs
+    ([8, 16, 3], [4096, 8192, 300], 4, 8, 128, 128, 132),
 ]
 
 
@@ -45,7 +47,7 @@ def test_pieces_cover_the_taken_items_once(qo, kv, group, heads, keys, head_dim,
     assert out is not None and out.dtype == np.int32
     sec = section(out, pairs)
     h = sec["header"]
-    ctas = min(items, sms)
+    ctas = sms  # (a launch with a tail runs a CTA per SM, whatever its items)
     first = int(h[1])
     live = int((costs > 0).sum()) * heads
     assert h[0] == 0x7A11 and h[2] == ctas and h[10] == head_dim and first == (live // ctas) * ctas // heads * heads
@@ -63,6 +65,7 @@ def test_pieces_cover_the_taken_items_once(qo, kv, group, heads, keys, head_dim,
     assert cta_ptr[0] == 0 and cta_ptr[-1] == len(sec["pieces"]) and (np.diff(cta_ptr) >= 0).all()
     tiles = np.repeat(costs.reshape(-1)[order], heads) - 1  # per item in dealing order (-1: no rows)
     by_item = {}
+    assert (np.diff(cta_ptr) <= work_tail.TAIL_MAX_PIECES).all()  # (the kernel's list of a CTA's pieces)
     for c in range(ctas):
         seen = set()
         for item, lo, hi, slot in sec["pieces"][cta_ptr[c]:cta_ptr[c + 1]]:
@@ -134,4 +137,35 @@ def test_constants_match_the_kernel():
     consts = dict(re.findall(r"(kTail\w+) = (0x[0-9A-Fa-f]+|\d+)", tile + tail))
     assert int(consts["kTailHeader"], 0) == TAIL_HEADER and int(consts["kTailMagic"], 0) == work_tail.TAIL_MAGIC
     assert int(consts["kTailToEnd"], 0) == TAIL_TO_END and int(consts["kTailCounters"], 0) == work_tail.TAIL_COUNTERS
+    assert int(consts["kTailMaxPieces"], 0) == work_tail.TAIL_MAX_PIECES
     assert "constexpr int kTailChunks = D / 8 + 1;" in tail and partial_ints(128) == 2 * 17 * 128 * 4
+
+
+def test_appends_split_where_items_are_fewer_than_the_sms():
+    """A verify step's or a chunk's items (few query rows over many keys) are fewer than the SMs: every item is
+    cut over the SMs for variants without a mask and for those whose mask is its constant bounds (causal), not for
+    a window of a parameter's size, a mask beyond bounds, or a logits hook; masked variants keep their rounds
+    where the items fill the SMs."""
+    lengths = (np.array([8, 16, 3]), np.array([8192, 4096, 700]))
+    args = dict(group=4, q_tiles=1, rows=128, keys=128, heads=8, head_dim=128, device="cpu", sms=132)
+    for name, splits in [("vanilla", True), ("causal", True), ("attention_sink", True),
+                         ("sliding_window_causal", False), ("custom_mask", False), ("logits_softcap", False),
+                         ("alibi", False)]:
+        out = tail_order(builtin(name), *lengths, **args)
+        assert (out is not None) == splits, name
+        if splits:
+            sec = section(out.numpy(), 3)
+            assert sec["ctas"] == 132 and int(sec["header"][1]) == 0  # (every item taken out of the rounds)
+            assert np.count_nonzero(np.diff(sec["cta_ptr"])) > 100  # (spread over the SMs, not on 24 items' own)
+    many = (np.array([8] * 40), np.array([8192] * 40))  # 320 items: the causal rounds as they were
+    assert tail_order(builtin("causal"), *many, **args) is None
+
+
+def test_no_split_where_a_cta_would_hold_more_pieces_than_its_list():
+    """Many short items and one long one, fewer than the SMs: the stretches of the short ones would put more
+    than TAIL_MAX_PIECES pieces on a CTA, so the plan keeps the rounds."""
+    costs = np.array([400] + [2] * 100)  # (one key tile each beside one of 399)
+    out = tail_split(order_from_costs(costs), costs, heads=1, sms=132, head_dim=128)
+    if out is not None:
+        sec = section(out, len(costs))
+        assert (np.diff(sec["cta_ptr"]) <= work_tail.TAIL_MAX_PIECES).all()

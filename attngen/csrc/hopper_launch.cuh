@@ -17,24 +17,36 @@ inline bool hopper_prefill_runs_here() {
 }
 
 // The kernel: the traits' own instantiation, or by name from a linked cubin (cubin_launch.h).
-template <class V, class T, int D, class KV = T, bool Mapped = false, bool Wide = hopper_wide_tiles<V, T, KV>()>
+template <class V, class T, int D, class KV = T, bool Mapped = false, bool Wide = hopper_wide_tiles<V, T, KV>(),
+          bool Split = false>
 auto hopper_prefill_kernel_ref() {
   using Fn = void (*)(PrefillProblemOf<KV>, typename V::Params, HopperKVMaps, int);
   if constexpr (linked_hooks<V>()) {
+    static_assert(!Split, "linked builds hold no Split instance: plans give their masked variants no tail split");
     return linked_kernel_cached<Fn>(
-        [] { return kernel_key<T>("hopper_prefill_kernel", D, Mapped, kernel_type_name<KV>(), Wide); });
+        [] { return kernel_key<T>("hopper_prefill_kernel", D, Mapped, kernel_type_name<KV>(), Wide, false); });
   } else {
-    return Fn(hopper_prefill_kernel<V, T, D, Mapped, KV, Wide>);
+    return Fn(hopper_prefill_kernel<V, T, D, Mapped, KV, Wide, Split>);
   }
 }
 
-// One tiling's launch (Wide: 176 keys per tile at D 128, 192 at D 64).
-template <class V, class T, int D, class KV, bool Wide>
+// Whether a variant's kernels have a Split instance (hopper_prefill.cuh) for the plan's tail splits: a mask
+// hook that is its bounds, no logits hook, 16-bit K/V, outside TVM's conventions, in whole-program builds
+// (runtime/work_order.py gives the others' plans no split)
+template <class V, class T, class KV>
+constexpr bool hopper_split_instance() {
+  return V::kHasMask && V::kMaskExact && !V::kHasLogits && std::is_same_v<KV, T> && !tvm_instance<V>() &&
+         !linked_hooks<V>();
+}
+
+// One tiling's launch (Wide: 176 keys per tile at D 128, 192 at D 64; Split: a masked variant's instance for a
+// plan's tail split).
+template <class V, class T, int D, class KV, bool Wide, bool Split = false>
 void launch_hopper_tiling(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
                           cudaStream_t stream) {
   using Tile = HopperTile<D, Wide>;
   constexpr size_t smem = hopper_prefill_smem_bytes<T, D, Wide>();
-  auto kernel = hopper_prefill_kernel_ref<V, T, D, KV, false, Wide>();
+  auto kernel = hopper_prefill_kernel_ref<V, T, D, KV, false, Wide, Split>();
   // the instance walking a tile map (TVM's windowed calls take none)
   if constexpr (variant_maps_tiles<V>() && !tvm_windowed<V>()) {
     static_assert(!Wide, "variants whose kernels walk tile maps run the map's tiling");
@@ -50,10 +62,11 @@ void launch_hopper_tiling(const PrefillProblemOf<KV>& P, int max_qo_len, const t
       encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
   }
   encode_query_map<T, D, Tile::kRows>(maps, P.q, P.q_rows, P.q_stride, P.num_kv_heads, P.group);
-  // persistent: one CTA per SM (or per item, where fewer) walks items blockIdx.x, + gridDim.x, ...; the
-  // producer runs ahead into the next item's K/V while the consumers finish the last one
+  // persistent: one CTA per SM (or per item, where fewer and the plan splits none) walks items blockIdx.x,
+  // + gridDim.x, ...; the producer runs ahead into the next item's K/V while the consumers finish the last one
+  // (a plan's tail split, runtime/work_tail.py, deals its pieces over every SM: hopper_tail_ok checks)
   const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;
-  const int ctas = int(std::min<int64_t>(items, device_sm_count()));
+  const int ctas = P.work_tail_len > 0 ? device_sm_count() : int(std::min<int64_t>(items, device_sm_count()));
   launch_kernel(kernel, dim3(ctas), dim3(Tile::kThreads), smem, stream, P, hp, maps, tiles);
 }
 
@@ -64,6 +77,10 @@ template <class V, class T, int D, class KV = T>
 void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
                            cudaStream_t stream) {
 #if defined(ATTNGEN_WITH_PREFILL_HOPPER)
+  if constexpr (hopper_split_instance<V, T, KV>()) {  // (a split runs 128-key tiles: its plan's few rows)
+    if (P.work_tail_len > 0 && !P.tiles.present())
+      return launch_hopper_tiling<V, T, D, KV, false, true>(P, max_qo_len, hp, stream);
+  }
   if constexpr (hopper_wide_choice<V, T, KV>()) {
     if (max_qo_len >= kHopperWideRows) return launch_hopper_tiling<V, T, D, KV, true>(P, max_qo_len, hp, stream);
     return launch_hopper_tiling<V, T, D, KV, false>(P, max_qo_len, hp, stream);

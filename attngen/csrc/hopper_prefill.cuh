@@ -51,8 +51,10 @@ namespace attngen {
 // full ones without the mask hook; else the key range the mask's bounds leave. KV: the cache's element type
 // (fp8: staged and widened by the producer, see the file comment).
 // Wide: the 176-key (D 128) or 192-key (D 64) tiling (hopper_tile.cuh: the launch's choice among the variant's
-// tilings).
-template <class V, class T, int D, bool Mapped, class KV = T, bool Wide = hopper_wide_tiles<V, T, KV>()>
+// tilings). Split: the instance of a masked variant that runs a plan's tail split (kTailable below): launched only
+// with one (hopper_launch.cuh), so that the tail's code costs the variant's other launches nothing.
+template <class V, class T, int D, bool Mapped, class KV = T, bool Wide = hopper_wide_tiles<V, T, KV>(),
+          bool Split = false>
 __global__ void __launch_bounds__(HopperTile<D>::kThreads, 1)
 hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __grid_constant__ HopperKVMaps maps,
                       int q_tiles) {
@@ -92,11 +94,14 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     return round * int(gridDim.x) + i;
   };
 
-  // The tail split (hopper_tail.cuh): the plan's pieces of the last round's items, each an item with a
-  // stretch of its key tiles; maskless variants alone (the plan's costs count their key tiles exactly), never
-  // with tile maps, fp8 stages or TVM's instances; nor with a logits hook (soft-cap full L 8k ran 542 -> 532
-  // TFLOP/s with it on an H100, where the plain kernel gained 1.7%)
-  constexpr bool kTailable = !Mapped && !kStaged && !tvm_instance<V>() && !V::kHasMask && !V::kHasLogits;
+  // The tail split (hopper_tail.cuh): the plan's pieces of the last round's items (of every item, where they
+  // are fewer than the SMs), each an item with a stretch of its key tiles; variants without a mask, and in their
+  // Split instance those whose mask is its bounds (causal, windows: a piece's tiles are checked by their
+  // positions as the item's are; the tail's code in their one instance spilled 21 local-memory instructions and
+  // put an R2UR among the HGMMAs, sass_stats.py); never with tile maps, fp8 stages or TVM's instances; nor with a
+  // logits hook (soft-cap full L 8k ran 542 -> 532 TFLOP/s with it on an H100, where the plain kernel gained 1.7%)
+  constexpr bool kTailable = !Mapped && !kStaged && !tvm_instance<V>() && !V::kHasLogits &&
+                             (!V::kHasMask || (Split && V::kMaskExact));
   // the tail's arrays, for a split item's epilogue (the order's address made opaque where it is read: nothing
   // of the tail is hoisted out of the consumers' loop into registers, the uniform ones their MMA descriptors
   // need included)

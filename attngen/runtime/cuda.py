@@ -548,7 +548,7 @@ class CUDAAttention(BuiltModule):
         tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras, fp8)
         group = int(q.shape[1]) // kv.num_kv_heads
         order = plan.work_order(self.variant, group, d, q.device, tiles, kv_scaled=fp8 is not None,
-                                kv_heads=kv.num_kv_heads)
+                                kv_heads=kv.num_kv_heads, masked_split=self.manifest["config"].get("link") != "lto")
         workspace = None if fp8 is not None else hook_pass_module.workspace_for(
             self.variant, plan.hook_pass, plan.max_qo_len * group, q, kv, d)
         fn(q, *kv_args, qo_indptr, out, lse, *scales, scale, *plan.ffi_args(tiles, order, workspace), *extras)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attngen.ir.mask_class import constant_bounds
+from attngen.ir.mask_class import constant_bounds, mask_needs_map
 
 from .work_tail import tail_split
 
@@ -42,6 +42,18 @@ def pair_costs(qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int, q_tiles:
     hi = np.clip(hi, 0, None)
     tiles = np.where(hi > lo, -(-hi // keys) - lo // keys, 0)
     return np.where(live, tiles + 1, 0)
+
+
+def bounds_are_the_mask(variant) -> bool:
+    """Whether the variant has no mask hook, or one its analysis reduced to bounds that are all constants (so
+    that pair_costs counts the kernel's key tiles: causal, a window of fixed size)."""
+    if "logits_mask" not in variant.hooks:
+        return True
+    mask = variant.analysis.mask
+    if mask_needs_map(variant):  # (a mask beyond its bounds)
+        return False
+    lower, upper = constant_bounds(variant)
+    return (mask.lower is None or lower is not None) and (mask.upper is None or upper is not None)
 
 
 def order_from_costs(costs: np.ndarray) -> np.ndarray:
@@ -74,15 +86,17 @@ def device_sms(device) -> int | None:
 
 def _split_tail(variant, order: np.ndarray, costs: np.ndarray, heads: int, head_dim: int, *, sms: int | None,
                 device) -> np.ndarray | None:
-    """work_tail.tail_split of the order where the variant's kernel takes one: it covers every key of its pairs'
-    ranges (no mask hook: the key tiles are exactly the costs' count) and has no logits hook (measured slower
-    with the split; csrc/hopper_prefill.cuh kTailable); sms: the device's SMs (None: asked of a CUDA device; no
-    split on another)."""
-    if "logits_mask" in variant.hooks or "logits_transform" in variant.hooks:
+    """work_tail.tail_split of the order where the variant's kernel takes one: its key tiles are the costs'
+    count (no mask hook, or one that is its constant bounds: causal, a fixed window) and it has no logits hook
+    (measured slower with the split; csrc/hopper_prefill.cuh kTailable); sms: the device's SMs (None: asked of a
+    CUDA device; no split on another)."""
+    if "logits_transform" in variant.hooks or not bounds_are_the_mask(variant):
         return None
     sms = sms if sms is not None else device_sms(device)
     if sms is None:
         return None
+    if "logits_mask" in variant.hooks and len(order) * heads >= sms:  # masked: only items fewer than the SMs
+        return None  # (split-KV of appends; the rounds of long causal prefills measured within 1.1% of even)
     return tail_split(order, costs.reshape(-1), heads=heads, sms=sms, head_dim=head_dim)
 
 
@@ -92,8 +106,9 @@ def tail_order(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int,
     where the variant's kernel takes one (_split_tail) and the split shortens the launch; else None."""
     import torch
 
-    costs = pair_costs(qo_lens, kv_lens, group=group, q_tiles=q_tiles, rows=rows, keys=keys, lower=None,
-                       upper=None)
+    lower, upper = constant_bounds(variant)
+    costs = pair_costs(qo_lens, kv_lens, group=group, q_tiles=q_tiles, rows=rows, keys=keys, lower=lower,
+                       upper=upper)
     out = _split_tail(variant, order_from_costs(costs), costs, heads, head_dim, sms=sms, device=device)
     return None if out is None else torch.from_numpy(out).to(device)
 

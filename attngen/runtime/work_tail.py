@@ -2,7 +2,9 @@
 
 The kernel (csrc/hopper_prefill.cuh) deals its items round by round over min(items, SMs) CTAs. Where the
 items are many and alike (full attention over equal requests: 2048 items of 47 key tiles over 132 CTAs, 15.52
-rounds), the last round leaves most CTAs idle. ``tail_split`` takes the items of the last pairs in the order out
+rounds), the last round leaves most CTAs idle. Where they are fewer than the SMs (an append of a few query rows
+over many keys, as speculative decoding's verify step and chunked prefill run it: 8 items of 64 key tiles for
+one request of 8 rows over 8k keys), every item is the tail, spread over every SM (split-KV). ``tail_split`` takes the items of the last pairs in the order out
 of the rounds (their order entries become ``pair + pairs``, which the rounds skip) and cuts their key tiles into
 stretches that bring every CTA to about the same total (each CTA's rounds' work, estimated as in
 runtime/work_order.py, plus its stretch). A stretch inside one item is a piece of it; the pieces of a split item
@@ -18,6 +20,7 @@ TAIL_HEADER = 12  # csrc/hopper_tile.cuh kTailHeader
 TAIL_MAGIC = 0x7A11
 TAIL_TO_END = 0x7FFFFFFF
 TAIL_COUNTERS = 8  # per slot: one per consumer warp (csrc/hopper_tail.cuh kTailCounters)
+TAIL_MAX_PIECES = 8  # pieces a CTA may hold (csrc/hopper_tile.cuh kTailMaxPieces: its shared-memory list)
 MIN_STRETCH = 4  # key tiles below which a CTA's stretch is not worth a piece's prologue and merge
 MIN_GAIN = 0.01  # the estimated makespan must shrink by this share of it
 
@@ -40,7 +43,7 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
     [pairs] each pair's key tiles plus one (0: no rows), per KV head; heads: KV heads (items per pair)."""
     pairs = len(order)
     items = pairs * heads
-    ctas = min(items, sms)
+    ctas = sms if items else 0  # (a launch with a tail split runs one CTA per SM: csrc/hopper_launch.cuh)
     cost = np.repeat(pair_cost[order], heads).astype(np.int64)  # [items] in dealing order
     # pairs without rows come last in the order (the rounds skip them at once) and stay there: a later batch
     # replayed under the plan's bounds may give them rows
@@ -62,6 +65,8 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
     if after > before * (1 - MIN_GAIN):
         return None
     pieces = _pieces(tail, tiles, stretches)
+    if np.bincount([p[0] for p in pieces], minlength=ctas).max(initial=0) > TAIL_MAX_PIECES:
+        return None  # (a stretch over many short items: more pieces than a CTA's list holds)
     shifted = order.astype(np.int64).copy()
     shifted[first_pair:live_pairs] += pairs
     return np.concatenate([shifted, _section(pieces, ctas, first_pair * heads, head_dim, pairs)]).astype(np.int32)

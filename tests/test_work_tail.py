@@ -169,3 +169,64 @@ def test_no_split_where_a_cta_would_hold_more_pieces_than_its_list():
     if out is not None:
         sec = section(out, len(costs))
         assert (np.diff(sec["cta_ptr"]) <= work_tail.TAIL_MAX_PIECES).all()
+
+
+def dealt_tiles(out: np.ndarray, pairs: int, heads: int, item_tiles: np.ndarray) -> dict:
+    """The kernel's dealing of a launch with a tail split, on the CPU (csrc/hopper_prefill.cuh's producer loop with
+    hopper_work.cuh hopper_item_at and hopper_tail.cuh hopper_tail_piece_of_round / hopper_tail_cut): {item: the
+    key tiles each CTA ran of it, in order}. ``item_tiles``: [items] the key tiles the kernel finds per item (by
+    dealing index), which may differ from the plan's estimate."""
+    sec = section(out, pairs)
+    ctas, items, cta_ptr = sec["ctas"], pairs * heads, sec["cta_ptr"]
+    ran: dict = {}
+    for cta in range(ctas):  # (blockIdx.x; gridDim.x is the section's CTAs: hopper_tail_ok)
+        mine = sec["pieces"][cta_ptr[cta]:cta_ptr[cta + 1]]
+        assert len(mine) <= work_tail.TAIL_MAX_PIECES
+        for rnd in range(items + len(mine) + 2):
+            idx = rnd * ctas + ((ctas - 1 - cta) if rnd & 1 else cta)  # work_index
+            n = -1
+            if idx >= items:
+                full = items // ctas
+                i = (ctas - 1 - cta) if full & 1 else cta
+                n = rnd - full - (1 if i < items - full * ctas else 0)  # hopper_tail_piece_of_round
+                if n >= len(mine):
+                    break
+                idx = int(mine[n][0])
+            pair = int(out[idx // heads]) - (pairs if n >= 0 else 0)
+            num_kt = int(item_tiles[idx]) if 0 <= pair < pairs else 0
+            if not 0 <= pair < pairs and n < 0:
+                continue  # (an item the rounds skip: the tail's)
+            first, end = 0, num_kt
+            if n >= 0 and mine[n][3] >= 0:  # hopper_tail_cut of a split item's piece
+                first = min(max(int(mine[n][1]), 0), num_kt)
+                end = num_kt if mine[n][2] == TAIL_TO_END else min(max(int(mine[n][2]), first), num_kt)
+            ran.setdefault(idx, []).extend(range(first, end))
+        else:
+            raise AssertionError(f"CTA {cta} never ran out of rounds")
+    return ran
+
+
+@pytest.mark.parametrize("qo,kv,heads,lower,extra", [
+    ([8], [8192], 8, 0, 0),  # a verify step: fewer items than SMs, all taken
+    ([8, 16, 3], [4096, 8192, 300], 8, 0, 1),  # (the kernel finding a tile more per item than the plan)
+    ([8, 16, 3], [4096, 8192, 300], 8, None, -1),  # (and one fewer)
+    ([8192], [8192], 8, None, 0),  # full attention: 2048 items, the last round's taken
+    ([700, 300], [2000, 300], 3, None, 0),
+])
+def test_the_kernels_dealing_runs_every_key_tile_once(qo, kv, heads, lower, extra):
+    qo, kv = np.array(qo), np.array(kv)
+    group, sms = 4, 132
+    q_tiles = -(-int(qo.max()) * group // 128)
+    costs = pair_costs(qo, kv, group=group, q_tiles=q_tiles, rows=128, keys=128, lower=lower, upper=None)
+    order = order_from_costs(costs)
+    pairs = len(order)
+    out = tail_split(order, costs.reshape(-1), heads=heads, sms=sms, head_dim=128)
+    assert out is not None
+    planned = np.repeat(costs.reshape(-1)[order], heads) - 1  # [items] in dealing order (-1: no rows)
+    found = np.where(planned >= 0, np.clip(planned + extra, 0, None), 0)
+    ran = dealt_tiles(out, pairs, heads, found)
+    for item in range(pairs * heads):
+        if planned[item] < 0:
+            assert not ran.get(item), item  # (no rows: nothing)
+            continue
+        assert sorted(ran.get(item, [])) == list(range(int(found[item]))), item  # every tile once, no other

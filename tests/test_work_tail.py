@@ -59,7 +59,7 @@ def test_pieces_cover_the_taken_items_once(qo, kv, group, heads, keys, head_dim,
     # alignment of the vector reads (from the order's start) and the section's length
     assert (pairs + sec["offsets"][1]) % 4 == 0 and (pairs + sec["offsets"][2]) % 2 == 0
     assert (pairs + sec["offsets"][4]) % 4 == 0
-    assert sec["length"] == sec["offsets"][4] + sec["slots"] * partial_ints(head_dim)
+    assert sec["length"] == sec["offsets"][4]  # (the partial slots are appended on the device: order_on_device)
     assert not sec["counters"].any()  # zero before the first launch
     cta_ptr = sec["cta_ptr"]
     assert cta_ptr[0] == 0 and cta_ptr[-1] == len(sec["pieces"]) and (np.diff(cta_ptr) >= 0).all()
@@ -164,11 +164,27 @@ def test_appends_split_where_items_are_fewer_than_the_sms():
 def test_no_split_where_a_cta_would_hold_more_pieces_than_its_list():
     """Many short items and one long one, fewer than the SMs: the stretches of the short ones would put more
     than TAIL_MAX_PIECES pieces on a CTA, so the plan keeps the rounds."""
-    costs = np.array([400] + [2] * 100)  # (one key tile each beside one of 399)
-    out = tail_split(order_from_costs(costs), costs, heads=1, sms=132, head_dim=128)
-    if out is not None:
-        sec = section(out, len(costs))
-        assert (np.diff(sec["cta_ptr"]) <= work_tail.TAIL_MAX_PIECES).all()
+    costs = np.array([2001] + [2] * 130)  # (one key tile each beside one of 2000: 16 pieces a CTA unguarded)
+    order = order_from_costs(costs)
+    assert tail_split(order, costs, heads=1, sms=132, head_dim=128) is None
+    with pytest.MonkeyPatch.context() as m:  # (the guard is what refuses: without it the split would be made)
+        m.setattr(work_tail, "TAIL_MAX_PIECES", 10 ** 6)
+        out = tail_split(order, costs, heads=1, sms=132, head_dim=128)
+        assert out is not None and np.diff(section(out, len(costs))["cta_ptr"]).max() > 8
+
+
+def test_an_order_on_the_device_appends_the_partial_slots():
+    """The host section stops at the partial slots; the device tensor holds them behind it, the kernel's
+    length check (hopper_tail_ok: s[9] + slots * partial ints <= the section's length) met exactly."""
+    qo, kv = np.array([8]), np.array([8192])
+    costs = pair_costs(qo, kv, group=4, q_tiles=1, rows=128, keys=128, lower=0, upper=None)
+    out = tail_split(order_from_costs(costs), costs.reshape(-1), heads=8, sms=132, head_dim=128)
+    dev = work_tail.order_on_device(out, 1, 128, "cpu")
+    sec = section(out, 1)
+    assert dev.dtype.itemsize == 4 and dev.numel() == 1 + sec["offsets"][4] + sec["slots"] * partial_ints(128)
+    np.testing.assert_array_equal(dev[:len(out)].numpy(), out)
+    plain = order_from_costs(costs)
+    assert work_tail.order_on_device(plain, 1, 128, "cpu").numel() == 1
 
 
 def dealt_tiles(out: np.ndarray, pairs: int, heads: int, item_tiles: np.ndarray) -> dict:

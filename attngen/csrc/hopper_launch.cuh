@@ -77,7 +77,7 @@ template <class V, class T, int D, class KV = T>
 void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
                            cudaStream_t stream) {
 #if defined(ATTNGEN_WITH_PREFILL_HOPPER)
-  if constexpr (hopper_split_instance<V, T, KV>()) {  // (a split runs 128-key tiles: its plan's few rows)
+  if constexpr (hopper_split_instance<V, T, KV>()) {  // (a split runs the 128-key tiling, as its plan counts)
     if (P.work_tail_len > 0 && !P.tiles.present())
       return launch_hopper_tiling<V, T, D, KV, false, true>(P, max_qo_len, hp, stream);
   }

@@ -136,7 +136,7 @@ class PrefillPlan:
         return (self.max_qo_len, self.tile_rows, self.kernel, *tiles, order, hook_workspace)
 
     def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None,
-                   kv_scaled: bool = False, kv_heads: int = 1, masked_split: bool = True):
+                   kv_scaled: bool = False, kv_heads: int = 1, masked_split: bool = False):
         """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
         bounds and the kernel's key tiles, made on the first call of each GQA group, head dim, cache kind and
         device), or None, with the tail split behind it where one serves (runtime/work_tail.py). ``kv_scaled``:

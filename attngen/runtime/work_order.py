@@ -19,7 +19,7 @@ import numpy as np
 
 from attngen.ir.mask_class import constant_bounds, mask_needs_map
 
-from .work_tail import tail_split
+from .work_tail import order_on_device, tail_split
 
 
 def pair_costs(qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int, q_tiles: int, rows: int, keys: int,
@@ -66,14 +66,12 @@ def order_from_bounds(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, grou
     """The order of a plan's pairs from the mask's constant bounds, as a device int32 tensor. ``tail``: (KV heads,
     head dim) to put the tail split behind the order where one serves (tail_order's conditions), from the same
     costs."""
-    import torch
-
     lower, upper = constant_bounds(variant)
     costs = pair_costs(qo_lens, kv_lens, group=group, q_tiles=q_tiles, rows=rows, keys=keys, lower=lower,
                        upper=upper)
     order = order_from_costs(costs)
     split = _split_tail(variant, order, costs, *tail, sms=None, device=device) if tail is not None else None
-    return torch.from_numpy(order if split is None else split).to(device)
+    return order_on_device(order if split is None else split, len(order), tail[1] if tail else 0, device)
 
 
 def device_sms(device) -> int | None:
@@ -104,13 +102,11 @@ def tail_order(variant, qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int,
                keys: int, heads: int, head_dim: int, device, sms: int | None = None):
     """The order of a plan's pairs with a tail split behind it (runtime/work_tail.py), as a device int32 tensor,
     where the variant's kernel takes one (_split_tail) and the split shortens the launch; else None."""
-    import torch
-
     lower, upper = constant_bounds(variant)
     costs = pair_costs(qo_lens, kv_lens, group=group, q_tiles=q_tiles, rows=rows, keys=keys, lower=lower,
                        upper=upper)
     out = _split_tail(variant, order_from_costs(costs), costs, heads, head_dim, sms=sms, device=device)
-    return None if out is None else torch.from_numpy(out).to(device)
+    return None if out is None else order_on_device(out, len(costs.reshape(-1)), head_dim, device)
 
 
 def order_from_map(indptr, *, batch: int, heads: int, q_tiles: int):

@@ -1,16 +1,18 @@
 """Tail split of the persistent Hopper prefill: the last items of a launch cut into key-tile stretches.
 
-The kernel (csrc/hopper_prefill.cuh) deals its items round by round over min(items, SMs) CTAs. Where the
-items are many and alike (full attention over equal requests: 2048 items of 47 key tiles over 132 CTAs, 15.52
-rounds), the last round leaves most CTAs idle. Where they are fewer than the SMs (an append of a few query rows
-over many keys, as speculative decoding's verify step and chunked prefill run it: 8 items of 64 key tiles for
-one request of 8 rows over 8k keys), every item is the tail, spread over every SM (split-KV). ``tail_split`` takes the items of the last pairs in the order out
-of the rounds (their order entries become ``pair + pairs``, which the rounds skip) and cuts their key tiles into
-stretches that bring every CTA to about the same total (each CTA's rounds' work, estimated as in
-runtime/work_order.py, plus its stretch). A stretch inside one item is a piece of it; the pieces of a split item
-merge in the kernel (csrc/hopper_tail.cuh), so the result is the unsplit one up to rounding.
+The kernel (csrc/hopper_prefill.cuh) deals its items round by round over min(items, SMs) CTAs (over every SM
+where the plan has a tail split). Where the items are many and alike (full attention over equal requests: 2048
+items of 47 key tiles over 132 CTAs, 15.52 rounds), the last round leaves most CTAs idle. Where they are fewer
+than the SMs (an append of a few query rows over many keys, as speculative decoding's verify step and chunked
+prefill run it: 8 items of 64 key tiles for one request of 8 rows over 8k keys), every item is the tail, spread
+over every SM (split-KV). ``tail_split`` takes the items of the last pairs in the order out of the rounds (their
+order entries become ``pair + pairs``, which the rounds skip) and cuts their key tiles into stretches that bring
+every CTA to about the same total (each CTA's rounds' work, estimated as in runtime/work_order.py, plus its
+stretch). A stretch inside one item is a piece of it; the pieces of a split item merge in the kernel
+(csrc/hopper_tail.cuh), so the result is the unsplit one up to rounding.
 
-The section it returns rides behind the order in one int32 tensor (csrc/hopper_tail.cuh has the layout).
+The section it returns rides behind the order in one int32 tensor (csrc/hopper_tail.cuh has the layout); its
+partial slots are appended on the device (order_on_device).
 """
 from __future__ import annotations
 
@@ -132,9 +134,24 @@ def _pieces(tail: np.ndarray, tiles: np.ndarray, take: np.ndarray) -> list[list[
     return sorted(pieces, key=lambda p: p[0])  # (stable: each CTA's pieces in stream order)
 
 
+def order_on_device(order: np.ndarray, pairs: int, head_dim: int, device):
+    """A plan's order ([pairs] int32, host, a tail section behind it where there is one) as the device tensor the
+    kernel reads: with a section, its partial slots appended uninitialised (each piece writes its slot before
+    the merge reads it), so that a plan copies the few header, piece and counter ints, not megabytes of zeros."""
+    import torch
+
+    if len(order) == pairs:
+        return torch.from_numpy(order).to(device)
+    slots = int(order[pairs + 4])
+    out = torch.empty(len(order) + slots * partial_ints(head_dim), dtype=torch.int32, device=device)
+    out[:len(order)].copy_(torch.from_numpy(order))
+    return out
+
+
 def _section(pieces: list[list[int]], ctas: int, split_from: int, head_dim: int, pairs: int) -> np.ndarray:
-    """The int32 section behind the order (csrc/hopper_tail.cuh), its arrays aligned for their vector reads
-    (offsets counted from the order's start, which the allocation aligns to 256 bytes)."""
+    """The int32 section behind the order (csrc/hopper_tail.cuh), up to its partial slots, which order_on_device
+    appends on the device; its arrays aligned for their vector reads (offsets counted from the order's start,
+    which the allocation aligns to 256 bytes)."""
     slots = 1 + max((p[4] for p in pieces), default=-1)
 
     def align(at: int, ints: int) -> int:
@@ -145,7 +162,7 @@ def _section(pieces: list[list[int]], ctas: int, split_from: int, head_dim: int,
     off_split = align(off_piece + 4 * len(pieces), 2)
     off_count = off_split + 2 * slots
     off_part = align(off_count + TAIL_COUNTERS * slots, 4)
-    out = np.zeros(off_part + slots * partial_ints(head_dim), dtype=np.int64)
+    out = np.zeros(off_part, dtype=np.int64)  # (the partial slots follow on the device: order_on_device)
     out[:TAIL_HEADER] = [TAIL_MAGIC, split_from, ctas, len(pieces), slots, off_cta, off_piece, off_split,
                          off_count, off_part, head_dim, 0]
     counts = np.bincount([p[0] for p in pieces], minlength=ctas)

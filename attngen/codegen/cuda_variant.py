@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from attngen.ir import HOOKS, HookSpec, ScalarParam, StateAlgebra, TensorParam
-from attngen.ir.mask_class import MaskKind
+from attngen.ir.mask_class import MaskKind, bounds_are_the_mask
 from attngen.schedules.template_prefill_hopper import hopper_config_for, hopper_wide_for_long_rows
 
 C_TYPES = {"float32": "float", "int32": "int", "int64": "int64_t", "uint8": "unsigned char",
@@ -305,6 +305,11 @@ def traits_parts(variant, hs, head_dim: int) -> tuple[dict[str, str], list[Forwa
     # (csrc/hopper_tile.cuh hopper_wide_tiles adds the instance's conditions)
     flags["kHopperWideTiles"] = _b(hopper_config_for(variant, head_dim).wide)
     flags["kHopperWideLongRows"] = _b(hopper_wide_for_long_rows(variant, head_dim))
+    # a mask whose constant bounds a plan counts key tiles by, no logits hook: the Hopper kernel's Split instance
+    # for plans that cut appends' keys over the SMs (csrc/hopper_launch.cuh hopper_split_instance,
+    # runtime/work_order.py _split_tail)
+    flags["kHopperMaskedSplit"] = _b("logits_mask" in hooks and "logits_transform" not in hooks
+                                     and bounds_are_the_mask(variant))
     fns += _mask_split_forwards(msplit, hs)
     for which in ("lower", "upper"):
         call = None

@@ -30,13 +30,17 @@ auto hopper_prefill_kernel_ref() {
   }
 }
 
+template <class V>
+using HopperMaskedSplitFlag = std::bool_constant<V::kHopperMaskedSplit>;
+
 // Whether a variant's kernels have a Split instance (hopper_prefill.cuh) for the plan's tail splits: a mask
-// hook that is its bounds, no logits hook, 16-bit K/V, outside TVM's conventions, in whole-program builds
+// hook that is its constant bounds and no logits hook (kHopperMaskedSplit: the same predicate the planner
+// asks, ir/mask_class.py bounds_are_the_mask), 16-bit K/V, outside TVM's conventions, in whole-program builds
 // (runtime/work_order.py gives the others' plans no split)
 template <class V, class T, class KV>
 constexpr bool hopper_split_instance() {
-  return V::kHasMask && V::kMaskExact && !V::kHasLogits && std::is_same_v<KV, T> && !tvm_instance<V>() &&
-         !linked_hooks<V>();
+  return trait_flag<V, HopperMaskedSplitFlag>() && V::kHasMask && V::kMaskExact && !V::kHasLogits &&
+         std::is_same_v<KV, T> && !tvm_instance<V>() && !linked_hooks<V>();
 }
 
 // One tiling's launch (Wide: 176 keys per tile at D 128, 192 at D 64; Split: a masked variant's instance for a

@@ -64,6 +64,19 @@ def mask_needs_map(variant) -> bool:
     return "logits_mask" in variant.hooks and variant.analysis.mask.kind == MaskKind.ARBITRARY
 
 
+def bounds_are_the_mask(variant) -> bool:
+    """Whether the variant has no mask hook, or one its analysis reduced to bounds that are all constants, so
+    that a plan counts a kernel's key tiles from the bounds alone (causal, a window of fixed size): the Hopper
+    template's split of appends takes those (runtime/work_order.py; the kernels' kHopperMaskedSplit)."""
+    if "logits_mask" not in variant.hooks:
+        return True
+    mask = variant.analysis.mask
+    if mask_needs_map(variant):  # (a mask beyond its bounds)
+        return False
+    lower, upper = constant_bounds(variant)
+    return (mask.lower is None or lower is not None) and (mask.upper is None or upper is not None)
+
+
 _NEGATE = {tir.LT: tir.GE, tir.LE: tir.GT, tir.GT: tir.LE, tir.GE: tir.LT, tir.EQ: tir.NE, tir.NE: tir.EQ}
 
 

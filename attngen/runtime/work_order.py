@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attngen.ir.mask_class import constant_bounds, mask_needs_map
+from attngen.ir.mask_class import bounds_are_the_mask, constant_bounds
 
 from .work_tail import order_on_device, tail_split
 
@@ -42,18 +42,6 @@ def pair_costs(qo_lens: np.ndarray, kv_lens: np.ndarray, *, group: int, q_tiles:
     hi = np.clip(hi, 0, None)
     tiles = np.where(hi > lo, -(-hi // keys) - lo // keys, 0)
     return np.where(live, tiles + 1, 0)
-
-
-def bounds_are_the_mask(variant) -> bool:
-    """Whether the variant has no mask hook, or one its analysis reduced to bounds that are all constants (so
-    that pair_costs counts the kernel's key tiles: causal, a window of fixed size)."""
-    if "logits_mask" not in variant.hooks:
-        return True
-    mask = variant.analysis.mask
-    if mask_needs_map(variant):  # (a mask beyond its bounds)
-        return False
-    lower, upper = constant_bounds(variant)
-    return (mask.lower is None or lower is not None) and (mask.upper is None or upper is not None)
 
 
 def order_from_costs(costs: np.ndarray) -> np.ndarray:

@@ -75,29 +75,31 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
 
 
 def _fill(load: np.ndarray, total: int) -> np.ndarray:
-    """[ctas] key tiles each CTA takes of the tail's ``total``: the least loaded first, up to a common level
-    (each piece costs one tile's worth besides its keys), none below MIN_STRETCH but the remainder."""
-    ctas = len(load)
-    lo, hi = load.min(), load.max() + total + 1
-    for _ in range(60):  # the level whose room (level - load - 1 per CTA below it) holds the tail
-        level = (lo + hi) / 2
-        if np.clip(level - load - 1, 0, None).sum() >= total:
-            hi = level
+    """[ctas] key tiles each CTA takes of the tail's ``total``: the least loaded first, up to the lowest whole
+    level whose rooms hold the tail (a CTA's room: level - load - 1, each piece costing one tile's worth besides
+    its keys; none below MIN_STRETCH), the last taker the remainder. Found by bisection over whole levels (a
+    plan per verify step runs it: the tile-at-a-time fill it replaces took 2 ms on one request of 8k keys)."""
+
+    def rooms(level: int) -> np.ndarray:
+        room = np.clip(level - 1 - np.ceil(load).astype(np.int64), 0, None)
+        room[room < MIN_STRETCH] = 0
+        return room
+
+    lo, hi = int(np.floor(load.min())), int(np.ceil(load.max())) + total + MIN_STRETCH + 1
+    while lo < hi:  # (rooms grow with the level: the least level that holds the tail)
+        mid = (lo + hi) // 2
+        if rooms(mid).sum() >= total:
+            hi = mid
         else:
-            lo = level
-    room = np.floor(np.clip(hi - load - 1, 0, None)).astype(np.int64)
-    room[room < MIN_STRETCH] = 0
-    take = np.zeros(ctas, dtype=np.int64)
+            lo = mid + 1
+    room = rooms(lo)
+    take = np.zeros(len(load), dtype=np.int64)
     left = total
     for c in np.argsort(load, kind="stable"):
-        t = min(int(room[c]), left)
-        take[c] = t
-        left -= t
-    while left > 0:  # (the rooms' rounding: a tile at a time to the CTA that then ends first)
-        c = int(np.argmin(np.where(take > 0, load + take, load + MIN_STRETCH)))
-        step = 1 if take[c] > 0 else min(MIN_STRETCH, left)
-        take[c] += step
-        left -= step
+        if left == 0:
+            break
+        take[c] = min(int(room[c]), left)
+        left -= int(take[c])
     return take
 
 

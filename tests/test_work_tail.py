@@ -162,15 +162,44 @@ def test_appends_split_where_items_are_fewer_than_the_sms():
 
 
 def test_no_split_where_a_cta_would_hold_more_pieces_than_its_list():
-    """Many short items and one long one, fewer than the SMs: the stretches of the short ones would put more
-    than TAIL_MAX_PIECES pieces on a CTA, so the plan keeps the rounds."""
-    costs = np.array([2001] + [2] * 130)  # (one key tile each beside one of 2000: 16 pieces a CTA unguarded)
+    """A last round of one long item and many short ones: the stretches of the short ones would put more than
+    TAIL_MAX_PIECES pieces on a CTA, so the plan keeps the rounds. (Items fewer than the SMs are cut in chunks,
+    one piece a CTA: test_appends_are_cut_in_even_chunks_one_piece_a_cta.)"""
+    costs = np.array([2001] * 133 + [2] * 130)  # (one key tile each beside one of 2000: 16 pieces a CTA unguarded)
     order = order_from_costs(costs)
     assert tail_split(order, costs, heads=1, sms=132, head_dim=128) is None
     with pytest.MonkeyPatch.context() as m:  # (the guard is what refuses: without it the split would be made)
         m.setattr(work_tail, "TAIL_MAX_PIECES", 10 ** 6)
         out = tail_split(order, costs, heads=1, sms=132, head_dim=128)
         assert out is not None and np.diff(section(out, len(costs))["cta_ptr"]).max() > 8
+
+
+@pytest.mark.parametrize("qo,kv,heads,chunk", [
+    ([8], [8192], 8, 4),  # a verify step: 8 items of 64 key tiles, 16 chunks of 4 each (128 pieces)
+    ([8] * 4, [8192] * 4, 8, 16),  # 32 items: 4 chunks of 16
+    ([16] * 8, [16384] * 8, 8, 64),  # 64 items of 128 tiles: two chunks each
+])
+def test_appends_are_cut_in_even_chunks_one_piece_a_cta(qo, kv, heads, chunk):
+    """Items fewer than the SMs: every item cut at the same multiples of one chunk (the items of a KV head then
+    read the same keys at once), one piece a CTA, the chunk the least estimated time (chunk + 1 + MERGE_COST per
+    slot merged)."""
+    qo, kv = np.array(qo), np.array(kv)
+    costs = pair_costs(qo, kv, group=4, q_tiles=1, rows=128, keys=128, lower=0, upper=None)
+    order = order_from_costs(costs)
+    out = tail_split(order, costs.reshape(-1), heads=heads, sms=132, head_dim=128)
+    sec = section(out, len(order))
+    assert (np.diff(sec["cta_ptr"]) <= 1).all()
+    firsts = {int(p[1]) for p in sec["pieces"]}
+    assert firsts == set(range(0, firsts and max(firsts) + 1, chunk))  # (the same cuts in every item)
+    assert all(p[2] - p[1] == chunk for p in sec["pieces"] if p[2] != TAIL_TO_END)
+
+
+def test_no_split_where_chunks_would_not_fit_the_ctas():
+    """128 items of 257 key tiles (a chunk of 512 rows over 32k keys) on 132 SMs: two chunks an item would need
+    256 CTAs, and a cut where the CTAs' loads meet loses what the items of a head share in L2; the rounds stay."""
+    costs = pair_costs(np.array([512]), np.array([32768]), group=4, q_tiles=16, rows=128, keys=128, lower=0,
+                       upper=None)
+    assert tail_split(order_from_costs(costs), costs.reshape(-1), heads=8, sms=132, head_dim=128) is None
 
 
 def test_an_order_on_the_device_appends_the_partial_slots():

@@ -117,10 +117,14 @@ __device__ __forceinline__ void hopper_tail_cut(const int4& pc, HopperItem& w) {
 // for its rows), the others return false. A counter per warp: no barrier beyond the warp's. Softmax states:
 // each slot's rows rescaled to the larger max (an empty row, max -inf, adds nothing). The threads hold the same
 // rows and columns in every piece, so the merge is per thread, before the quad's row sums are reduced.
+// A warp none of whose 16 rows the item has (rows: whether it has any; the same in every piece of the item)
+// leaves, counts and merges nothing: an append of 8 query rows packs 32 rows of the tile's 128, so a quarter of the
+// slots' traffic.
 template <class V, int D>
-__device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot, int cw, int ctid,
+__device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot, int cw, int ctid, bool rows,
                                                   float (&o_acc)[D / 2], float (&m_row)[2], float (&d_row)[2]) {
   constexpr int NC = kTailChunks<D>;
+  if (!__shfl_sync(0xffffffffu, int(rows), 0)) return false;  // (lane 0's: known warp-uniform, as below)
   float4* mine = t.partials + (int64_t(slot) * 2 + cw) * NC * 128 + ctid;
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)

@@ -25,6 +25,11 @@ TAIL_COUNTERS = 8  # per slot: one per consumer warp (csrc/hopper_tail.cuh kTail
 TAIL_MAX_PIECES = 8  # pieces a CTA may hold (csrc/hopper_tile.cuh kTailMaxPieces: its shared-memory list)
 MIN_STRETCH = 4  # key tiles below which a CTA's stretch is not worth a piece's prologue and merge
 MIN_GAIN = 0.01  # the estimated makespan must shrink by this share of it
+# items fewer than the SMs cut where the CTAs' loads meet (_fill) read their head's keys at different times, not
+# as one stream through L2: 128 items of 257 key tiles (a chunk of 512 rows over 32k keys, H100) ran 711 us so
+# cut against 588 us in rounds, where the estimate was 3% faster; such a cut is made where it gains this share
+FILL_MIN_GAIN = 0.25
+MERGE_COST = 0.25  # key tiles' worth a split item's last piece spends per slot it merges (csrc/hopper_tail.cuh)
 
 
 def snake_ctas(items: int, ctas: int) -> np.ndarray:
@@ -53,6 +58,14 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
     live = live_pairs * heads
     if ctas == 0 or live % ctas == 0:
         return None
+    min_gain = MIN_GAIN
+    if live < ctas:  # every live item is the tail: split-KV in even chunks where they fit the CTAs
+        pieces = _chunk_pieces(cost[:live] - 1, ctas)
+        if pieces is not None:
+            shifted = order.astype(np.int64).copy()
+            shifted[:live_pairs] += pairs
+            return np.concatenate([shifted, _section(pieces, ctas, 0, head_dim, pairs)]).astype(np.int32)
+        min_gain = FILL_MIN_GAIN  # (else the stretches below, only where they gain much)
     owner = snake_ctas(items, ctas)
     before = np.bincount(owner, weights=cost, minlength=ctas).max()
     # the pairs whose items reach into the last, part-filled round of live items leave the rounds
@@ -64,7 +77,7 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
     tiles = cost[tail] - 1  # key tiles per tail item
     stretches = _fill(load, int(tiles.sum()))
     after = (load + stretches + (stretches > 0)).max()
-    if after > before * (1 - MIN_GAIN):
+    if after > before * (1 - min_gain):
         return None
     pieces = _pieces(tail, tiles, stretches)
     if np.bincount([p[0] for p in pieces], minlength=ctas).max(initial=0) > TAIL_MAX_PIECES:
@@ -72,6 +85,39 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
     shifted = order.astype(np.int64).copy()
     shifted[first_pair:live_pairs] += pairs
     return np.concatenate([shifted, _section(pieces, ctas, first_pair * heads, head_dim, pairs)]).astype(np.int32)
+
+
+def _chunk_pieces(tiles: np.ndarray, ctas: int) -> list[list[int]] | None:
+    """The pieces ([cta, item, first tile, end tile, slot], one a CTA) of items fewer than the CTAs, each cut at
+    the same multiples of one chunk of key tiles (the items of a KV head then stream the same keys at once, as
+    the unsplit ones do: L2 serves them; a cut where the CTAs' loads meet, as _fill's, measured 20% slower on
+    128 items of 256 key tiles). The chunk: the least estimated time, chunk + 1 + MERGE_COST per slot of the
+    most-cut item, among those whose pieces fit the CTAs; None where that is not MIN_GAIN below the longest
+    item's. tiles: [items] key tiles per item (-1: no rows), in dealing order."""
+    top = int(tiles.max(initial=0))
+    if top < 2 * MIN_STRETCH:
+        return None
+    cuts = np.arange(2, min(ctas, top // MIN_STRETCH) + 1)
+    chunks = np.unique(-(-top // cuts))  # (the chunks that cut the longest item into `cuts` pieces)
+    counts = np.maximum(-(-np.maximum(tiles, 0)[:, None] // chunks[None, :]), 1)  # [items, chunks] pieces
+    fits = counts.sum(axis=0) <= ctas
+    if not fits.any():
+        return None
+    most = counts.max(axis=0)
+    est = np.where(fits, chunks + 1 + MERGE_COST * most, np.inf)
+    k = int(np.argmin(est))
+    if est[k] > (top + 1) * (1 - MIN_GAIN):
+        return None
+    chunk, pieces, slot = int(chunks[k]), [], 0
+    for item, n in enumerate(counts[:, k]):
+        if n == 1:
+            pieces.append([len(pieces), item, 0, TAIL_TO_END, -1])
+            continue
+        for j in range(int(n)):
+            end = TAIL_TO_END if j == n - 1 else (j + 1) * chunk
+            pieces.append([len(pieces), item, j * chunk, end, slot])
+            slot += 1
+    return pieces
 
 
 def _fill(load: np.ndarray, total: int) -> np.ndarray:

@@ -23,7 +23,9 @@
 // every key of a tile takes the interior path (no mask hook, no checks).
 // Tail split (hopper_tail.cuh, runtime/work_tail.py): where a maskless launch's last round of items is part-filled,
 // the plan takes those items out of the rounds and each CTA runs its pieces of them after its rounds (key-tile
-// stretches; a split item's pieces merge in the epilogue of the last to finish).
+// stretches; a split item's pieces merge in the epilogue of the last to finish); where a launch has fewer items
+// than SMs (appends: verify steps), every item is cut in even chunks over the SMs, causal ones in a Split
+// instance.
 // fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2; KV = T for 16-bit caches): the producer stages each tile's bytes in
 // its stage and widens them in place (produce_fp8_tiles; hopper_fp8_stage.cuh says how, and how the scales apply).
 #pragma once

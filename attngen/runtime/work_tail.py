@@ -29,7 +29,10 @@ MIN_GAIN = 0.01  # the estimated makespan must shrink by this share of it
 # as one stream through L2: 128 items of 257 key tiles (a chunk of 512 rows over 32k keys, H100) ran 711 us so
 # cut against 588 us in rounds, where the estimate was 3% faster; such a cut is made where it gains this share
 FILL_MIN_GAIN = 0.25
-MERGE_COST = 0.25  # key tiles' worth a split item's last piece spends per slot it merges (csrc/hopper_tail.cuh)
+# key tiles' worth a split item's last piece spends per slot it merges (csrc/hopper_tail.cuh): 0 to 0.5 gave the
+# same times within 1.5% on five verify steps (H100); 1 and 2 picked fewer, longer pieces, 16% and 37% slower on one
+# request of 8 rows over 8k keys
+MERGE_COST = 0.25
 
 
 def snake_ctas(items: int, ctas: int) -> np.ndarray:

@@ -1,0 +1,79 @@
+"""What a paged K/V view costs the Hopper prefill: the same causal append (one request of qo_len rows over
+kv_len keys) over ragged K/V and over page pools holding the same keys (pages of 16 and 64, in order and in random
+order), bf16, Hq 32 / Hkv 8, D 128. Microseconds per call and TFLOP/s of the visible work; every output compared
+with the ragged one.
+
+    python benchmarks/bench_paged_gather.py --out benchmarks/results --commit <sha> [--tag _x]
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from common import bench, result_parser, run_info, write_results
+
+HQ, HKV, D = 32, 8, 128
+CASES = [(2048, 16384), (512, 32768), (16384, 16384)]  # (qo_len, kv_len)
+POOLS = [(16, False), (16, True), (64, False), (64, True)]  # (page size, random page order)
+
+
+def paged_view(k, v, page: int, shuffled: bool, rng):
+    """The keys and values of one request as a pool [n, 2, page, Hkv, D] (NHD) with its page table."""
+    from attngen.runtime import PagedKV
+
+    n = k.shape[0] // page
+    perm = rng.permutation(n) if shuffled else np.arange(n)
+    pool = torch.empty(n, 2, page, HKV, D, dtype=k.dtype, device=k.device)
+    pool[torch.as_tensor(perm, device=k.device)] = torch.stack([k.view(n, page, HKV, D), v.view(n, page, HKV, D)], 1)
+    return PagedKV(pool, torch.tensor([0, n], dtype=torch.int32, device=k.device),
+                   torch.as_tensor(perm.astype(np.int32), device=k.device),
+                   torch.tensor([page], dtype=torch.int32, device=k.device), "NHD")
+
+
+def main():
+    ap = result_parser(__doc__)
+    ap.add_argument("--tag", default="", help="suffix of the result files")
+    args = ap.parse_args()
+    from attngen.runtime import CUDAAttention, RaggedKV
+    from attngen.variants import builtin
+
+    att = CUDAAttention.build(builtin("causal"), head_dims=(D,), dtypes=("bfloat16",), kernels=("prefill",))
+    rng = np.random.default_rng(0)
+    res, rows = run_info(args.commit), []
+    for qo_len, kv_len in CASES:
+        flops = 4.0 * D * HQ * sum(kv_len - qo_len + i + 1 for i in range(qo_len))
+        q = torch.randn(qo_len, HQ, D, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(kv_len, HKV, D, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(kv_len, HKV, D, dtype=torch.bfloat16, device="cuda")
+        qo = torch.tensor([0, qo_len], dtype=torch.int32, device="cuda")
+        row = {"case": f"q{qo_len} kv{kv_len}"}
+
+        def timed(kv, key):
+            plan = att.plan_prefill(qo, kv, D, template="hopper")
+            out = torch.full_like(q, float("nan"))
+            lse = torch.empty(q.shape[:2], device="cuda")
+            row[key] = bench(lambda: att.prefill(q, kv, qo, plan=plan, out=out, lse=lse), reps=20) * 1e3
+            return out
+
+        ref = timed(RaggedKV(k, v, torch.tensor([0, kv_len], dtype=torch.int32, device="cuda")), "ragged")
+        for page, shuffled in POOLS:
+            key = f"p{page}_{'random' if shuffled else 'in_order'}"
+            out = timed(paged_view(k, v, page, shuffled, rng), key)
+            row[key + "_maxdiff"] = float((out.float() - ref.float()).abs().max())
+        row["tflops"] = {k_: flops / us / 1e6 for k_, us in row.items() if isinstance(us, float) and
+                         not k_.endswith("maxdiff")}
+        rows.append(row)
+        print(row, flush=True)
+    res["rows"] = rows
+    keys = ["ragged"] + [f"p{p}_{'random' if s else 'in_order'}" for p, s in POOLS]
+    lines = [f"# Paged against ragged K/V, Hopper prefill — {res['gpu']}, {res['date']}, commit {res['commit']}", "",
+             f"bf16, Hq {HQ} / Hkv {HKV}, D {D}, causal, one request; microseconds per call (TFLOP/s of the visible "
+             "work); device time, host ahead, medians.", "",
+             "| case | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for r in rows:
+        lines.append(f"| {r['case']} | " + " | ".join(f"{r[k]:.1f} ({r['tflops'][k]:.0f})" for k in keys) + " |")
+    write_results(args.out, f"paged_gather_{res['date']}{args.tag}", res, lines)
+
+
+if __name__ == "__main__":
+    main()

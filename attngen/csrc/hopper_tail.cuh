@@ -2,8 +2,9 @@
 // last round part-empty (2048 equal items over 132 CTAs: 15.52 rounds, 64 CTAs idle through the sixteenth), the
 // plan (runtime/work_tail.py) takes the last items out of the rounds and cuts their key tiles into stretches
 // that even out the CTAs' work; where the items are fewer than the SMs (an append of a few query rows over many
-// keys), every item is cut, at the same multiples of one chunk of key tiles, one piece a CTA. Every CTA runs its rounds as before (the order holds the taken items' pairs
-// shifted past the pairs' range, pair + B * q_tiles, which the rounds skip), then its pieces. A piece that covers
+// keys), every item is cut, at the same multiples of one chunk of key tiles, one piece a CTA. Every CTA runs its
+// rounds as before (the order holds the taken items' pairs shifted past the pairs' range, pair + B * q_tiles,
+// which the rounds skip), then its pieces. A piece that covers
 // a whole item is an item; the pieces of a split item each leave their unnormalised state (the consumers'
 // accumulators, row max and partial row sums, per thread) in a partial slot, and in each consumer warp the
 // piece that finishes last (a counter per item and warp) merges every slot, in slot order, and runs the item's

@@ -94,7 +94,7 @@ def _chunk_pieces(tiles: np.ndarray, ctas: int) -> list[list[int]] | None:
     """The pieces ([cta, item, first tile, end tile, slot], one a CTA) of items fewer than the CTAs, each cut at
     the same multiples of one chunk of key tiles (the items of a KV head then stream the same keys at once, as
     the unsplit ones do: L2 serves them; a cut where the CTAs' loads meet, as _fill's, measured 20% slower on
-    128 items of 256 key tiles). The chunk: the least estimated time, chunk + 1 + MERGE_COST per slot of the
+    128 items of 257 key tiles). The chunk: the least estimated time, chunk + 1 + MERGE_COST per slot of the
     most-cut item, among those whose pieces fit the CTAs; None where that is not MIN_GAIN below the longest
     item's. tiles: [items] key tiles per item (-1: no rows), in dealing order."""
     top = int(tiles.max(initial=0))

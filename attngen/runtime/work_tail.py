@@ -82,21 +82,21 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
     after = (load + stretches + (stretches > 0)).max()
     if after > before * (1 - min_gain):
         return None
-    pieces = _pieces(tail, tiles, stretches)
-    if np.bincount([p[0] for p in pieces], minlength=ctas).max(initial=0) > TAIL_MAX_PIECES:
+    pieces = np.array(_pieces(tail, tiles, stretches), dtype=np.int64).reshape(-1, 5)
+    if np.bincount(pieces[:, 0], minlength=ctas).max(initial=0) > TAIL_MAX_PIECES:
         return None  # (a stretch over many short items: more pieces than a CTA's list holds)
     shifted = order.astype(np.int64).copy()
     shifted[first_pair:live_pairs] += pairs
     return np.concatenate([shifted, _section(pieces, ctas, first_pair * heads, head_dim, pairs)]).astype(np.int32)
 
 
-def _chunk_pieces(tiles: np.ndarray, ctas: int) -> list[list[int]] | None:
-    """The pieces ([cta, item, first tile, end tile, slot], one a CTA) of items fewer than the CTAs, each cut at
-    the same multiples of one chunk of key tiles (the items of a KV head then stream the same keys at once, as
-    the unsplit ones do: L2 serves them; a cut where the CTAs' loads meet, as _fill's, measured 20% slower on
-    128 items of 257 key tiles). The chunk: the least estimated time, chunk + 1 + MERGE_COST per slot of the
-    most-cut item, among those whose pieces fit the CTAs; None where that is not MIN_GAIN below the longest
-    item's. tiles: [items] key tiles per item (-1: no rows), in dealing order."""
+def _chunk_pieces(tiles: np.ndarray, ctas: int) -> np.ndarray | None:
+    """The pieces ([pieces, 5]: cta, item, first tile, end tile, slot; one a CTA) of items fewer than the CTAs,
+    each cut at the same multiples of one chunk of key tiles (the items of a KV head then stream the same keys at
+    once, as the unsplit ones do: L2 serves them; a cut where the CTAs' loads meet, as _fill's, measured 20%
+    slower on 128 items of 257 key tiles). The chunk: the least estimated time, chunk + 1 + MERGE_COST per slot
+    of the most-cut item, among those whose pieces fit the CTAs; None where that is not MIN_GAIN below the
+    longest item's. tiles: [items] key tiles per item (-1: no rows), in dealing order."""
     top = int(tiles.max(initial=0))
     if top < 2 * MIN_STRETCH:
         return None
@@ -111,16 +111,13 @@ def _chunk_pieces(tiles: np.ndarray, ctas: int) -> list[list[int]] | None:
     k = int(np.argmin(est))
     if est[k] > (top + 1) * (1 - MIN_GAIN):
         return None
-    chunk, pieces, slot = int(chunks[k]), [], 0
-    for item, n in enumerate(counts[:, k]):
-        if n == 1:
-            pieces.append([len(pieces), item, 0, TAIL_TO_END, -1])
-            continue
-        for j in range(int(n)):
-            end = TAIL_TO_END if j == n - 1 else (j + 1) * chunk
-            pieces.append([len(pieces), item, j * chunk, end, slot])
-            slot += 1
-    return pieces
+    chunk, n = int(chunks[k]), counts[:, k]  # (vectorised: a verify step's plan runs it)
+    total = int(n.sum())
+    j = np.arange(total) - np.repeat(np.cumsum(n) - n, n)  # [pieces] the piece's index in its item
+    last = j == np.repeat(n, n) - 1
+    split = np.repeat(n > 1, n)
+    return np.stack([np.arange(total), np.repeat(np.arange(len(n)), n), j * chunk,
+                     np.where(last, TAIL_TO_END, (j + 1) * chunk), np.where(split, np.cumsum(split) - 1, -1)], 1)
 
 
 def _fill(load: np.ndarray, total: int) -> np.ndarray:
@@ -199,11 +196,12 @@ def order_on_device(order: np.ndarray, pairs: int, head_dim: int, device):
     return out
 
 
-def _section(pieces: list[list[int]], ctas: int, split_from: int, head_dim: int, pairs: int) -> np.ndarray:
-    """The int32 section behind the order (csrc/hopper_tail.cuh), up to its partial slots, which order_on_device
-    appends on the device; its arrays aligned for their vector reads (offsets counted from the order's start,
-    which the allocation aligns to 256 bytes)."""
-    slots = 1 + max((p[4] for p in pieces), default=-1)
+def _section(pieces: np.ndarray, ctas: int, split_from: int, head_dim: int, pairs: int) -> np.ndarray:
+    """The int32 section behind the order (csrc/hopper_tail.cuh) for ``pieces`` ([pieces, 5]: cta, item, first
+    tile, end tile, slot; in CTA order), up to its partial slots, which order_on_device appends on the device;
+    its arrays aligned for their vector reads (offsets counted from the order's start, which the allocation aligns
+    to 256 bytes)."""
+    slots = int(pieces[:, 4].max(initial=-1)) + 1
 
     def align(at: int, ints: int) -> int:
         return at + (-(pairs + at)) % ints
@@ -216,16 +214,13 @@ def _section(pieces: list[list[int]], ctas: int, split_from: int, head_dim: int,
     out = np.zeros(off_part, dtype=np.int64)  # (the partial slots follow on the device: order_on_device)
     out[:TAIL_HEADER] = [TAIL_MAGIC, split_from, ctas, len(pieces), slots, off_cta, off_piece, off_split,
                          off_count, off_part, head_dim, 0]
-    counts = np.bincount([p[0] for p in pieces], minlength=ctas)
-    out[off_cta:off_cta + ctas + 1] = np.concatenate([[0], np.cumsum(counts)])
-    for k, (_, item, first, end, slot) in enumerate(pieces):
-        out[off_piece + 4 * k:off_piece + 4 * k + 4] = [item, first, end, slot]
-    firsts: dict[int, tuple[int, int]] = {}
-    for _, item, _, _, slot in pieces:
-        if slot >= 0:
-            f, n = firsts.get(item, (slot, 0))
-            firsts[item] = (min(f, slot), n + 1)
-    for _, item, _, _, slot in pieces:
-        if slot >= 0:
-            out[off_split + 2 * slot:off_split + 2 * slot + 2] = firsts[item]
+    out[off_cta:off_cta + ctas + 1] = np.concatenate([[0], np.cumsum(np.bincount(pieces[:, 0], minlength=ctas))])
+    out[off_piece:off_piece + 4 * len(pieces)] = pieces[:, 1:].reshape(-1)
+    split = pieces[pieces[:, 4] >= 0]  # each split piece's slot: its item's first slot and slot count
+    items, at = np.unique(split[:, 1], return_inverse=True)
+    first = np.full(len(items), slots, dtype=np.int64)
+    np.minimum.at(first, at, split[:, 4])
+    pairs_at = np.zeros((slots, 2), dtype=np.int64)
+    pairs_at[split[:, 4]] = np.stack([first[at], np.bincount(at)[at]], 1)
+    out[off_split:off_split + 2 * slots] = pairs_at.reshape(-1)
     return out

@@ -217,6 +217,66 @@ def test_appends_of_few_rows_split_their_keys_over_the_sms(name, build_cache, rn
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
+def pool_of(k, v, indptr, page: int, layout: str, rng):
+    """A PagedKV holding ragged keys and values (k, v [rows, Hkv, D], indptr [B+1] host) in pages of ``page`` rows,
+    NHD or HND, the pages of all requests in one random order."""
+    import torch
+
+    from attngen.runtime import PagedKV
+
+    hkv, d = k.shape[1], k.shape[2]
+    pages, counts, last = [], [], []
+    for b in range(len(indptr) - 1):
+        n = int(indptr[b + 1] - indptr[b])
+        np_ = max(-(-n // page), 1)
+        pad = torch.zeros(np_ * page, 2, hkv, d, dtype=k.dtype, device=k.device)
+        pad[:n, 0], pad[:n, 1] = k[indptr[b]:indptr[b + 1]], v[indptr[b]:indptr[b + 1]]
+        pages.append(pad.view(np_, page, 2, hkv, d).permute(0, 2, 1, 3, 4))  # [np, 2, page, Hkv, D]
+        counts.append(np_)
+        last.append(n - (np_ - 1) * page)
+    logical = torch.cat(pages)
+    if layout == "HND":
+        logical = logical.permute(0, 1, 3, 2, 4)
+    perm = rng.permutation(len(logical))
+    pool = torch.empty_like(logical.contiguous())
+    pool[torch.as_tensor(perm, device=k.device)] = logical
+    def dev(a):
+        return torch.as_tensor(np.asarray(a, dtype=np.int32), device=k.device)
+
+    return PagedKV(pool, dev(np.concatenate([[0], np.cumsum(counts)])), dev(perm), dev(last), layout)
+
+
+@pytest.mark.parametrize("name", ["causal", "vanilla"])
+def test_paged_views_of_any_page_size_equal_the_ragged_one(name, build_cache, rng):
+    """The same keys as a ragged view and as page pools of 1 to 256 rows a page (NHD and HND, pages in random
+    order): a tile holds the same values whichever way it was copied (gathered by rows, or by bulk copies of a
+    tile, or of a page where a page is a box), so each template's output over a pool is the ragged one's, bit for
+    bit (the same plan decisions: the same lengths)."""
+    import torch
+
+    from attngen.runtime import RaggedKV
+
+    att = cuda_module(name, build_cache, (128,), ("bfloat16",), ("prefill",))
+    qo_lens, kv_lens = [200, 7, 0], [5000, 700, 64]
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(sum(qo_lens), 32, 128, device="cuda", generator=g).bfloat16()
+    k = torch.randn(sum(kv_lens), 8, 128, device="cuda", generator=g).bfloat16()
+    v = torch.randn(sum(kv_lens), 8, 128, device="cuda", generator=g).bfloat16()
+    qo = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device="cuda")
+    kv_ind = np.concatenate([[0], np.cumsum(kv_lens)])
+    ragged = RaggedKV(k, v, torch.tensor(kv_ind, dtype=torch.int32, device="cuda"))
+    templates = ["mma_sync"] + (["hopper"] if torch.cuda.get_device_capability()[0] == 9 else [])
+    for template in templates:
+        ref = att.prefill(q, ragged, qo, plan=att.plan_prefill(qo, ragged, 128, template=template))
+        for page in (1, 8, 16, 32, 64, 128, 256):
+            for layout in ("NHD", "HND"):
+                paged = pool_of(k, v, kv_ind, page, layout, rng)
+                out = torch.full_like(q, float("nan"))
+                lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+                att.prefill(q, paged, qo, plan=att.plan_prefill(qo, paged, 128, template=template), out=out, lse=lse)
+                assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), (template, page, layout)
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("cap", [2.0, 30.0, 50.0, 100.0])
 def test_softcap_row_max_fixed_or_running(template, cap, build_cache, rng):

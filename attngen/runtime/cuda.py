@@ -411,8 +411,10 @@ class CUDAAttention(BuiltModule):
         rows). ``tail_split``: None (default) lets the Hopper template cut the key tiles of a launch's last,
         part-filled round of work into stretches that even out its CTAs, merged in the kernel
         (runtime/work_tail.py; variants without a mask or logits hook over 16-bit caches, where it shortens the
-        launch by 1% or more); False never. It rides on the work order (``work_order=False`` turns it off too).
-        An fp8 cache is planned as a 16-bit one (both templates read it)."""
+        launch by 1% or more), and every item's key tiles where a launch has fewer items than SMs (appends: verify
+        steps, short chunks; causal variants too, whose mask is its constant bounds); False never. It rides on the
+        work order (``work_order=False`` turns it off too). An fp8 cache is planned as a 16-bit one (both templates
+        read it)."""
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
         kernel = _prefill_template(template, self.manifest["config"]["archs"])

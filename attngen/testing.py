@@ -56,6 +56,35 @@ def random_problem(rng, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, 
     return Problem(q, qo_indptr, RaggedKV(k, v, kv_indptr), paged, keys, values, qo_lens, kv_lens)
 
 
+def paged_copy(k, v, kv_indptr, page_size: int, layout: str, rng):
+    """A PagedKV holding ragged keys and values (torch k, v [rows, Hkv, D], kv_indptr [B+1] host) in pages of
+    ``page_size`` rows, NHD or HND, every request's pages in one random order over the pool drawn from ``rng`` (None:
+    in order; a request without keys holds none)."""
+    import torch
+
+    hkv, d = k.shape[1], k.shape[2]
+    pages, counts, last = [], [], []
+    for b in range(len(kv_indptr) - 1):
+        n = int(kv_indptr[b + 1] - kv_indptr[b])
+        m = -(-n // page_size)
+        pad = torch.zeros(m * page_size, 2, hkv, d, dtype=k.dtype, device=k.device)
+        pad[:n, 0], pad[:n, 1] = k[kv_indptr[b]:kv_indptr[b + 1]], v[kv_indptr[b]:kv_indptr[b + 1]]
+        pages.append(pad.view(m, page_size, 2, hkv, d).permute(0, 2, 1, 3, 4))  # [m, 2, page, Hkv, D]
+        counts.append(m)
+        last.append(n - (m - 1) * page_size if m else 0)
+    logical = torch.cat(pages)
+    if layout == "HND":
+        logical = logical.permute(0, 1, 3, 2, 4)
+    perm = rng.permutation(len(logical)) if rng is not None else np.arange(len(logical))
+    pool = torch.empty_like(logical.contiguous())
+    pool[torch.as_tensor(perm, device=k.device)] = logical
+
+    def ints(a):
+        return torch.as_tensor(np.asarray(a, dtype=np.int32), device=k.device)
+
+    return PagedKV(pool, ints(np.concatenate([[0], np.cumsum(counts)])), ints(perm), ints(last), layout)
+
+
 def causal_slices(problem: Problem, rows: int) -> tuple[np.ndarray, Problem]:
     """A smaller reference problem for a mask that hides every key past a query's position (causal, causal
     windows): the first, a middle and the last ``rows`` query rows of each request longer than 3 x ``rows`` (shorter

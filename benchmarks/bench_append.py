@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from common import (bench, case_parser, cell, error_lines, guarded, load_flashinfer, run_info, selected_cases,
-                    write_results)
+                    time_prefill, write_results)
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 
@@ -68,12 +68,7 @@ def time_attngen(att, q, cache, page_indptr, order, last, qo_indptr, template: s
     from attngen.runtime import PagedKV
 
     kv = PagedKV(cache, page_indptr, order, last, "NHD")
-    plan = att.plan_prefill(qo_indptr, kv, D, template=template, tail_split=tail_split)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.empty(q.shape[:2], device="cuda")
-    us = bench(lambda: att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse), reps=30) * 1e3
-    assert not out.isnan().any(), "attngen left rows unwritten"
-    return us, out
+    return time_prefill(att, q, kv, qo_indptr, D, template=template, tail_split=tail_split)
 
 
 def flashinfer_call(fi, q, cache, page_indptr, order, last, qo_indptr, backend: str):

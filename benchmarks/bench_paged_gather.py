@@ -10,24 +10,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common import bench, result_parser, run_info, write_results
+from common import result_parser, run_info, time_prefill, write_results
 
 HQ, HKV, D = 32, 8, 128
 CASES = [(2048, 16384), (512, 32768), (16384, 16384)]  # (qo_len, kv_len)
 POOLS = [(16, False), (16, True), (64, False), (64, True)]  # (page size, random page order)
-
-
-def paged_view(k, v, page: int, shuffled: bool, rng):
-    """The keys and values of one request as a pool [n, 2, page, Hkv, D] (NHD) with its page table."""
-    from attngen.runtime import PagedKV
-
-    n = k.shape[0] // page
-    perm = rng.permutation(n) if shuffled else np.arange(n)
-    pool = torch.empty(n, 2, page, HKV, D, dtype=k.dtype, device=k.device)
-    pool[torch.as_tensor(perm, device=k.device)] = torch.stack([k.view(n, page, HKV, D), v.view(n, page, HKV, D)], 1)
-    return PagedKV(pool, torch.tensor([0, n], dtype=torch.int32, device=k.device),
-                   torch.as_tensor(perm.astype(np.int32), device=k.device),
-                   torch.tensor([page], dtype=torch.int32, device=k.device), "NHD")
 
 
 def main():
@@ -35,6 +22,7 @@ def main():
     ap.add_argument("--tag", default="", help="suffix of the result files")
     args = ap.parse_args()
     from attngen.runtime import CUDAAttention, RaggedKV
+    from attngen.testing import paged_copy
     from attngen.variants import builtin
 
     att = CUDAAttention.build(builtin("causal"), head_dims=(D,), dtypes=("bfloat16",), kernels=("prefill",))
@@ -48,17 +36,12 @@ def main():
         qo = torch.tensor([0, qo_len], dtype=torch.int32, device="cuda")
         row = {"case": f"q{qo_len} kv{kv_len}"}
 
-        def timed(kv, key):
-            plan = att.plan_prefill(qo, kv, D, template="hopper")
-            out = torch.full_like(q, float("nan"))
-            lse = torch.empty(q.shape[:2], device="cuda")
-            row[key] = bench(lambda: att.prefill(q, kv, qo, plan=plan, out=out, lse=lse), reps=20) * 1e3
-            return out
-
-        ref = timed(RaggedKV(k, v, torch.tensor([0, kv_len], dtype=torch.int32, device="cuda")), "ragged")
+        ragged = RaggedKV(k, v, torch.tensor([0, kv_len], dtype=torch.int32, device="cuda"))
+        row["ragged"], ref = time_prefill(att, q, ragged, qo, D, reps=20, template="hopper")
         for page, shuffled in POOLS:
             key = f"p{page}_{'random' if shuffled else 'in_order'}"
-            out = timed(paged_view(k, v, page, shuffled, rng), key)
+            paged = paged_copy(k, v, [0, kv_len], page, "NHD", rng if shuffled else None)
+            row[key], out = time_prefill(att, q, paged, qo, D, reps=20, template="hopper")
             row[key + "_maxdiff"] = float((out.float() - ref.float()).abs().max())
         row["tflops"] = {k_: flops / us / 1e6 for k_, us in row.items() if isinstance(us, float) and
                          not k_.endswith("maxdiff")}

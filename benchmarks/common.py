@@ -36,6 +36,19 @@ def bench(fn, reps=30, warmup=10, inner=8) -> float:
     return float(np.median(times))
 
 
+def time_prefill(att, q, kv, qo_indptr, head_dim: int, *, reps: int = 30, **plan_args):
+    """(median device microseconds, out) of attngen's prefill of q [total_q, Hq, D] over ``kv`` under one plan
+    (``plan_args`` to plan_prefill), into outputs filled with NaN first: a row left unwritten fails."""
+    import torch
+
+    plan = att.plan_prefill(qo_indptr, kv, head_dim, **plan_args)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.empty(q.shape[:2], device=q.device)
+    us = bench(lambda: att.prefill(q, kv, qo_indptr, plan=plan, out=out, lse=lse), reps=reps) * 1e3
+    assert not out.isnan().any(), "attngen left rows unwritten"
+    return us, out
+
+
 def wall_times(fn, reps: int, warmup: int = 1) -> list[float]:
     """Wall-clock seconds of ``reps`` calls of ``fn`` after ``warmup`` untimed ones (host-side work: CPU kernels,
     planners)."""

@@ -14,7 +14,8 @@ import pytest
 from tvm.script import tirx as T
 
 from attngen.runtime.reference import gather_pages, reference_attention
-from attngen.testing import Problem, causal_slices, compare, random_params, random_problem, tolerance
+from attngen.testing import (Problem, causal_slices, compare, paged_copy, random_params, random_problem,
+                             tolerance)
 
 from .test_gpu_decode import VARIANT_CONFIGS, cuda_module, to_torch, variant
 
@@ -217,35 +218,6 @@ def test_appends_of_few_rows_split_their_keys_over_the_sms(name, build_cache, rn
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
-def pool_of(k, v, indptr, page: int, layout: str, rng):
-    """A PagedKV holding ragged keys and values (k, v [rows, Hkv, D], indptr [B+1] host) in pages of ``page`` rows,
-    NHD or HND, the pages of all requests in one random order."""
-    import torch
-
-    from attngen.runtime import PagedKV
-
-    hkv, d = k.shape[1], k.shape[2]
-    pages, counts, last = [], [], []
-    for b in range(len(indptr) - 1):
-        n = int(indptr[b + 1] - indptr[b])
-        np_ = max(-(-n // page), 1)
-        pad = torch.zeros(np_ * page, 2, hkv, d, dtype=k.dtype, device=k.device)
-        pad[:n, 0], pad[:n, 1] = k[indptr[b]:indptr[b + 1]], v[indptr[b]:indptr[b + 1]]
-        pages.append(pad.view(np_, page, 2, hkv, d).permute(0, 2, 1, 3, 4))  # [np, 2, page, Hkv, D]
-        counts.append(np_)
-        last.append(n - (np_ - 1) * page)
-    logical = torch.cat(pages)
-    if layout == "HND":
-        logical = logical.permute(0, 1, 3, 2, 4)
-    perm = rng.permutation(len(logical))
-    pool = torch.empty_like(logical.contiguous())
-    pool[torch.as_tensor(perm, device=k.device)] = logical
-    def dev(a):
-        return torch.as_tensor(np.asarray(a, dtype=np.int32), device=k.device)
-
-    return PagedKV(pool, dev(np.concatenate([[0], np.cumsum(counts)])), dev(perm), dev(last), layout)
-
-
 @pytest.mark.parametrize("name", ["causal", "vanilla"])
 def test_paged_views_of_any_page_size_equal_the_ragged_one(name, build_cache, rng):
     """The same keys as a ragged view and as page pools of 1 to 256 rows a page (NHD and HND, pages in random
@@ -270,7 +242,7 @@ def test_paged_views_of_any_page_size_equal_the_ragged_one(name, build_cache, rn
         ref = att.prefill(q, ragged, qo, plan=att.plan_prefill(qo, ragged, 128, template=template))
         for page in (1, 8, 16, 32, 64, 128, 256):
             for layout in ("NHD", "HND"):
-                paged = pool_of(k, v, kv_ind, page, layout, rng)
+                paged = paged_copy(k, v, kv_ind, page, layout, rng)
                 out = torch.full_like(q, float("nan"))
                 lse = torch.full(q.shape[:2], float("nan"), device="cuda")
                 att.prefill(q, paged, qo, plan=att.plan_prefill(qo, paged, 128, template=template), out=out, lse=lse)

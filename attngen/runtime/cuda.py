@@ -461,7 +461,7 @@ class CUDAAttention(BuiltModule):
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None,
                            lengths=(np.diff(qo), kv_lens) if ordered else None, hook_pass=hook_pass,
-                           tail_split=tail_split,
+                           tail_split=tail_split, masked_split=self.manifest["config"].get("link") != "lto",
                            kv_bound=KVBound.of(kv, int(kv_lens.max(initial=0))) if why is None else None,
                            replay_bound=max_qo_len is not None)
 
@@ -550,7 +550,7 @@ class CUDAAttention(BuiltModule):
         tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras, fp8)
         group = int(q.shape[1]) // kv.num_kv_heads
         order = plan.work_order(self.variant, group, d, q.device, tiles, kv_scaled=fp8 is not None,
-                                kv_heads=kv.num_kv_heads, masked_split=self.manifest["config"].get("link") != "lto")
+                                kv_heads=kv.num_kv_heads)
         workspace = None if fp8 is not None else hook_pass_module.workspace_for(
             self.variant, plan.hook_pass, plan.max_qo_len * group, q, kv, d)
         fn(q, *kv_args, qo_indptr, out, lse, *scales, scale, *plan.ffi_args(tiles, order, workspace), *extras)

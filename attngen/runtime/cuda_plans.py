@@ -95,6 +95,9 @@ class PrefillPlan:
     hook_pass: bool | None = None
     # the Hopper template's tail split (runtime/work_tail.py): None where it shortens the launch, False never
     tail_split: bool | None = None
+    # whether the library holds its masked kernels' Split instances, which split their appends (whole-program
+    # builds; csrc/hopper_launch.cuh hopper_split_instance)
+    masked_split: bool = False
     # where calls may walk a tile map: the planned batch's longest KV length and its index arrays
     # (runtime/tile_map.py KVBound), so that a call with those arrays sizes its map without reading the device
     kv_bound: KVBound | None = field(default=None, repr=False, compare=False)
@@ -136,17 +139,16 @@ class PrefillPlan:
         return (self.max_qo_len, self.tile_rows, self.kernel, *tiles, order, hook_workspace)
 
     def work_order(self, variant, group: int, head_dim: int, device, tile_map: TileMap | None = None,
-                   kv_scaled: bool = False, kv_heads: int = 1, masked_split: bool = False):
+                   kv_scaled: bool = False, kv_heads: int = 1):
         """The order the Hopper template deals this plan's work in (a tile map's own, else from the mask's
         bounds and the kernel's key tiles, made on the first call of each GQA group, head dim, cache kind and
         device), or None, with the tail split behind it where one serves (runtime/work_tail.py). ``kv_scaled``:
-        an fp8 cache; ``kv_heads``: the call's KV heads; ``masked_split``: whether the library holds its masked
-        kernels' Split instances (whole-program builds; csrc/hopper_launch.cuh hopper_split_instance)."""
+        an fp8 cache; ``kv_heads``: the call's KV heads."""
         if self.lengths is None:  # not asked for, or no Hopper template in the library or on the plan's GPU
             return None
         if tile_map is not None:
             return tile_map.order
-        key = (group, head_dim, kv_scaled, kv_heads, masked_split, str(device))
+        key = (group, head_dim, kv_scaled, kv_heads, str(device))
         if key not in self.orders:
             if _capturing(device):  # no host-to-device copy inside a CUDA graph capture: the kernel's own order
                 return None
@@ -154,7 +156,7 @@ class PrefillPlan:
 
             tile = hopper_config_for(variant, head_dim, kv_scaled)
             # (the kernel's tail takes no fp8 stages; a masked variant's only in its Split instance)
-            splits = self.tail_split is not False and not kv_scaled and (masked_split or "logits_mask" not in
+            splits = self.tail_split is not False and not kv_scaled and (self.masked_split or "logits_mask" not in
                                                                          variant.hooks)
             tail = (kv_heads, head_dim) if splits else None
             self.orders[key] = order_from_bounds(variant, *self.lengths, group=group,

@@ -65,9 +65,7 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
     if live < ctas:  # every live item is the tail: split-KV in even chunks where they fit the CTAs
         pieces = _chunk_pieces(cost[:live] - 1, ctas)
         if pieces is not None:
-            shifted = order.astype(np.int64).copy()
-            shifted[:live_pairs] += pairs
-            return np.concatenate([shifted, _section(pieces, ctas, 0, head_dim, pairs)]).astype(np.int32)
+            return _split_order(order, 0, live_pairs, pieces, ctas, heads, head_dim)
         min_gain = FILL_MIN_GAIN  # (else the stretches below, only where they gain much)
     owner = snake_ctas(items, ctas)
     before = np.bincount(owner, weights=cost, minlength=ctas).max()
@@ -85,6 +83,14 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
     pieces = np.array(_pieces(tail, tiles, stretches), dtype=np.int64).reshape(-1, 5)
     if np.bincount(pieces[:, 0], minlength=ctas).max(initial=0) > TAIL_MAX_PIECES:
         return None  # (a stretch over many short items: more pieces than a CTA's list holds)
+    return _split_order(order, first_pair, live_pairs, pieces, ctas, heads, head_dim)
+
+
+def _split_order(order: np.ndarray, first_pair: int, live_pairs: int, pieces: np.ndarray, ctas: int, heads: int,
+                 head_dim: int) -> np.ndarray:
+    """[len] int32: the order with its taken pairs first_pair .. live_pairs - 1 shifted past the pairs' range (the
+    rounds skip them), then the section of ``pieces``."""
+    pairs = len(order)
     shifted = order.astype(np.int64).copy()
     shifted[first_pair:live_pairs] += pairs
     return np.concatenate([shifted, _section(pieces, ctas, first_pair * heads, head_dim, pairs)]).astype(np.int32)

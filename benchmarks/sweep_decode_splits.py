@@ -1,5 +1,6 @@
 """Batch-1 decode: attngen's automatic plan and its even splits (8-64 chunks, tensor-core and CUDA-core
-templates, one or two KV heads a CTA at D 64) against FlashInfer's CUDA-core and tensor-core decode, same run,
+templates, one or two KV heads a CTA at D 64; the load-balanced plan with its merge fused into the decode kernel
+or in a merge kernel) against FlashInfer's CUDA-core and tensor-core decode, same run,
 three interleaved rounds (device time, medians of benchmarks/common.py bench). Needs a GPU and FlashInfer.
 
     python benchmarks/sweep_decode_splits.py   # writes $OUT/sweep_b1.json (or /tmp)
@@ -31,6 +32,10 @@ for name, kv_lens, hq, hkv, d in [("D64 B1 L2k", [2048], 32, 8, 64), ("D256 B1 L
     fns = {}
     auto = att.plan_decode(kv, hq, d)
     fns[f"auto({auto.num_chunks})"] = (lambda p: lambda: att.decode(q, kv, plan=p, out=o, lse=lse))(auto)
+    for fused in (True, False):  # the load-balanced plan, its merge in the decode kernel or a merge kernel
+        p = att.plan_decode(kv, hq, d, fused_merge=fused)
+        fns[f"lb {'fused' if fused else 'merge kernel'}"] = (
+            lambda p: lambda: att.decode(q, kv, plan=p, out=o, lse=lse))(p)
     for ch in (8, 12, 16, 20, 24, 32, 48, 64):
         for pair in ((1, 2) if d == 64 else (1,)):
             for tc in (True, False):

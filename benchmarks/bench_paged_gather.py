@@ -28,6 +28,7 @@ def main():
     att = CUDAAttention.build(builtin("causal"), head_dims=(D,), dtypes=("bfloat16",), kernels=("prefill",))
     rng = np.random.default_rng(0)
     res, rows = run_info(args.commit), []
+    keys = ["ragged"] + [f"p{p}_{'random' if s else 'in_order'}" for p, s in POOLS]  # the timed views
     for qo_len, kv_len in CASES:
         flops = 4.0 * D * HQ * sum(kv_len - qo_len + i + 1 for i in range(qo_len))
         q = torch.randn(qo_len, HQ, D, dtype=torch.bfloat16, device="cuda")
@@ -38,17 +39,14 @@ def main():
 
         ragged = RaggedKV(k, v, torch.tensor([0, kv_len], dtype=torch.int32, device="cuda"))
         row["ragged"], ref = time_prefill(att, q, ragged, qo, D, reps=20, template="hopper")
-        for page, shuffled in POOLS:
-            key = f"p{page}_{'random' if shuffled else 'in_order'}"
+        for key, (page, shuffled) in zip(keys[1:], POOLS):
             paged = paged_copy(k, v, [0, kv_len], page, "NHD", rng if shuffled else None)
             row[key], out = time_prefill(att, q, paged, qo, D, reps=20, template="hopper")
             row[key + "_maxdiff"] = float((out.float() - ref.float()).abs().max())
-        row["tflops"] = {k_: flops / us / 1e6 for k_, us in row.items() if isinstance(us, float) and
-                         not k_.endswith("maxdiff")}
+        row["tflops"] = {key: flops / row[key] / 1e6 for key in keys}
         rows.append(row)
         print(row, flush=True)
     res["rows"] = rows
-    keys = ["ragged"] + [f"p{p}_{'random' if s else 'in_order'}" for p, s in POOLS]
     lines = [f"# Paged against ragged K/V, Hopper prefill — {res['gpu']}, {res['date']}, commit {res['commit']}", "",
              f"bf16, Hq {HQ} / Hkv {HKV}, D {D}, causal, one request; microseconds per call (TFLOP/s of the visible "
              "work); device time, host ahead, medians.", "",

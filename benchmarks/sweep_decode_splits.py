@@ -30,12 +30,14 @@ for name, kv_lens, hq, hkv, d in [("D64 B1 L2k", [2048], 32, 8, 64), ("D256 B1 L
     lse = torch.empty(q.shape[:2], device="cuda")
     ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
     fns = {}
+
+    def call(p):  # one decode under plan p
+        return lambda: att.decode(q, kv, plan=p, out=o, lse=lse)
+
     auto = att.plan_decode(kv, hq, d)
-    fns[f"auto({auto.num_chunks})"] = (lambda p: lambda: att.decode(q, kv, plan=p, out=o, lse=lse))(auto)
+    fns[f"auto({auto.num_chunks})"] = call(auto)
     for fused in (True, False):  # the load-balanced plan, its merge in the decode kernel or a merge kernel
-        p = att.plan_decode(kv, hq, d, fused_merge=fused)
-        fns[f"lb {'fused' if fused else 'merge kernel'}"] = (
-            lambda p: lambda: att.decode(q, kv, plan=p, out=o, lse=lse))(p)
+        fns[f"lb {'fused' if fused else 'merge kernel'}"] = call(att.plan_decode(kv, hq, d, fused_merge=fused))
     for ch in (8, 12, 16, 20, 24, 32, 48, 64):
         for pair in ((1, 2) if d == 64 else (1,)):
             for tc in (True, False):
@@ -44,8 +46,7 @@ for name, kv_lens, hq, hkv, d in [("D64 B1 L2k", [2048], 32, 8, 64), ("D256 B1 L
                                         kv_heads_per_cta=pair if tc else None)
                 except Exception as e:  # noqa: BLE001
                     print("skip", ch, pair, tc, e); continue
-                fns[f"{'tc' if tc else 'cc'} ch{ch} h{pair}"] = (
-                    lambda p: lambda: att.decode(q, kv, plan=p, out=o, lse=lse))(p)
+                fns[f"{'tc' if tc else 'cc'} ch{ch} h{pair}"] = call(p)
     for tc in (False, True):
         w = flashinfer_decode(flashinfer, ws, tc, indptr, indices, last, hq, hkv, d)
         fns[f"FI {'tc' if tc else 'cc'}"] = (lambda w: lambda: w.run(q, pages))(w)

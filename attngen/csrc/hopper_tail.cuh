@@ -4,11 +4,10 @@
 // that even out the CTAs' work; where the items are fewer than the SMs (an append of a few query rows over many
 // keys), every item is cut, at the same multiples of one chunk of key tiles, one piece a CTA. Every CTA runs its
 // rounds as before (the order holds the taken items' pairs shifted past the pairs' range, pair + B * q_tiles,
-// which the rounds skip), then its pieces. A piece that covers
-// a whole item is an item; the pieces of a split item each leave their unnormalised state (the consumers'
-// accumulators, row max and partial row sums, per thread) in a partial slot, and in each consumer warp the
-// piece that finishes last (a counter per item and warp) merges every slot, in slot order, and runs the item's
-// epilogue for its rows as an unsplit item would.
+// which the rounds skip), then its pieces. A piece that covers a whole item is an item; the pieces of a split
+// item each leave their unnormalised state (the consumers' accumulators, row max and partial row sums, per
+// thread) in a partial slot, and in each consumer warp the piece that finishes last (a counter per item and warp)
+// merges every slot, in slot order, and runs the item's epilogue for its rows as an unsplit item would.
 //
 // The tail rides behind the plan's work order ([B * q_tiles] int32) in the same tensor; a section of
 // kTailHeader ints, then the arrays it names (int offsets from the section's start):

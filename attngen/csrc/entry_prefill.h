@@ -214,6 +214,7 @@ void apply_hook_pass(const char* name, PrefillProblem& P, const TV& q, const Opt
     if constexpr (V::kHasKeyTransform) {
       if (paged) {
         kv = H.out;  // the workspace's page i holds entry i's page, packed
+        kv.rows = kv_units;  // (its pages: the bulk copies' bound)
       } else {  // the keys from the workspace, the values where they were
         const char* v = static_cast<const char*>(kv.base) + kv.stride_kv * int64_t(sizeof(T));
         kv.stride_kv = (v - reinterpret_cast<const char*>(H.k_out)) / int64_t(sizeof(T));

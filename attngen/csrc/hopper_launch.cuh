@@ -62,8 +62,13 @@ void launch_hopper_tiling(const PrefillProblemOf<KV>& P, int max_qo_len, const t
   HopperKVMaps maps{};  // use = 0: every tile gathered (always for fp8 caches, whose tiles are widened)
   // (keys a key transform changes per tile are gathered, unless the row-hook pass applied it)
   if constexpr (std::is_same_v<KV, T>) {
-    if (!V::kHasKeyTransform || (P.hooks_applied & kKeysApplied))
-      encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
+    if (!V::kHasKeyTransform || (P.hooks_applied & kKeysApplied)) {
+      if (P.kv.page_size == 0) {
+        encode_ragged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
+      } else if constexpr (!tvm_windowed<V>()) {  // (TVM's windowed views read rows through sinks)
+        encode_paged_kv_maps<T, D, Tile::kKeys>(maps, P.kv, P.num_kv_heads);
+      }
+    }
   }
   encode_query_map<T, D, Tile::kRows>(maps, P.q, P.q_rows, P.q_stride, P.num_kv_heads, P.group);
   // persistent: one CTA per SM (or per item, where fewer and the plan splits none) walks items blockIdx.x,

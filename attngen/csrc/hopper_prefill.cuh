@@ -192,30 +192,27 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         it += num_kt;
         return;
       }
-      // ragged K / V with tensor maps: tiles whose keys all exist come by bulk copies that one thread issues
-      // (its arrival carries the bytes to expect, the other threads arrive plainly); the last, partial tile
-      // is gathered with its rows past `hi` zero-filled, so that no other request's values (maybe not finite)
-      // meet a masked 0 weight
-      const int bulk_row0 = P.kv.indptr[b];
-      auto bulk_tile = [&](const CUtensorMap* map, T* dst, int js, uint64_t* bar) {
-        if (ptid == 0) {
-          mbar_expect_bytes(bar, uint32_t(TK * D * sizeof(T)));
-#pragma unroll
-          for (int c = 0; c < D / 64; ++c) tma_load_3d(dst + c * TK * 64, map, c * 64, hk, bulk_row0 + js, bar);
-        } else {
-          mbar_arrive(bar);
-        }
-      };
+      // K / V with tensor maps: tiles whose keys all exist come by bulk copies (hopper_tma.cuh bulk_kv_tile: a
+      // ragged tile's boxes from one thread, a paged tile's from a thread per page, its page looked up before the
+      // stage's wait); the last, partial tile (and a paged one not starting on a box) is gathered with its rows
+      // past `hi` zero-filled, so that no other request's values (maybe not finite) meet a masked 0 weight
+      const int kv_start = P.kv.indptr[b];
 #pragma unroll 1
       for (int kt = 0; kt < num_kt; ++kt) {
         const int n = it + kt, s = n % NS;  // the CTA's n-th K/V tile: its stage and (n >= NS) the phase
         const uint32_t drained = ((n / NS) - 1) & 1;  // of the consumers' release to wait for
         const int js = tile_start(kt);
-        const bool bulk = maps.use && js + TK <= hi;  // uniform over the producer warpgroup
-        if (!bulk) gather.look_up(js, n % 2, ptid);
+        // (uniform over the producer warpgroup)
+        const bool bulk = maps.use && js + TK <= hi && (maps.page_box == 0 || (js & (maps.page_box - 1)) == 0);
+        int2 box = make_int2(-1, 0);
+        if (bulk) {
+          box = paged_box_of<D, TK>(maps, P.kv, kv_start, js, gather.page_shift, ptid);
+        } else {
+          gather.look_up(js, n % 2, ptid);
+        }
         if (n >= NS) mbar_wait(&empty_k[s], drained);
         if (bulk) {
-          bulk_tile(&maps.k, sk + s * TK * D, js, &full_k[s]);
+          bulk_kv_tile<T, D, TK>(maps, &maps.k, sk + s * TK * D, hk, int64_t(kv_start) + js, box, &full_k[s], ptid);
         } else {
           gather.issue(js, n % 2, sk + s * TK * D, 0, ptid);
           if (!hook_keys) copy_arrive_on(&full_k[s]);
@@ -223,7 +220,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
         }
         if (n >= NS) mbar_wait(&empty_v[s], drained);
         if (bulk) {
-          bulk_tile(&maps.v, sv + s * TK * D, js, &full_v[s]);
+          bulk_kv_tile<T, D, TK>(maps, &maps.v, sv + s * TK * D, hk, int64_t(kv_start) + js, box, &full_v[s], ptid);
         } else {
           gather.issue(js, n % 2, sv + s * TK * D, P.kv.stride_kv, ptid);
           copy_arrive_on(&full_v[s]);

@@ -1,9 +1,14 @@
-// Bulk tensor copies (TMA) of ragged K / V tiles for the Hopper prefill: one tensor map per K and V over
-// the [rows, Hkv, D] tensor, boxes of 64 columns x 1 head x Keys rows landing 128-byte swizzled, exactly
-// the layout the wgmma descriptors read (hopper_sync.cuh). One producer thread issues a tile's boxes and
-// the copy engine completes them on the stage's mbarrier (the expected bytes set by the same thread);
-// rows past the tensor's end arrive as zeros, rows of the next request in the tensor arrive as they are
-// and are masked by the consumers (j >= hi).
+// Bulk tensor copies (TMA) of K / V tiles for the Hopper prefill, landing 128-byte swizzled, exactly the layout
+// the wgmma descriptors read (hopper_sync.cuh), completing on the stage's mbarrier:
+// - ragged: one tensor map per K and V over the [rows, Hkv, D] tensor, boxes of 64 columns x 1 head x Keys
+//   rows, which one producer thread issues (and expects the bytes of); rows past the tensor's end arrive as
+//   zeros, rows of the next request in the tensor arrive as they are and are masked by the consumers (j >= hi);
+// - paged: one map per K and V over the pool seen as (D, Hkv, page slots, pages), boxes of 64 columns x 1 head x
+//   a page's rows (page_box: a page, or a tile where pages hold several), each issued by its own producer thread
+//   after it looked up its page (paged_box_of) and expected its bytes. The tiles whose keys all exist and start
+//   on a box; the others are gathered (hopper_producer.cuh). A cp.async gather costs the producer an address and
+//   a copy per 16 bytes: over pages of 16 it left the consumers waiting for K (ncu: 12% of the stall samples on
+//   that wait) and ran causal appends at 0.70-0.74 of the same work over ragged K/V.
 //
 // The maps are encoded on the host through the driver's cuTensorMapEncodeTiled, looked up by the
 // runtime (cudaGetDriverEntryPointByVersion), so the library still links only the static CUDA runtime.
@@ -24,6 +29,7 @@ namespace attngen {
 struct HopperKVMaps {  // CUtensorMap carries its own alignment
   CUtensorMap k, v, q;
   int use, use_q;
+  int page_box;  // paged maps: rows per box (a power of two, at least 8, dividing the tile and the page); 0: ragged
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -49,6 +55,44 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
       ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
+}
+
+// The box of the paged tile at key js that producer thread ptid issues: its page (-1: the thread has none; the
+// tile's boxes are Keys / page_box x D / 64) and the box's first slot in it; loaded ahead of the stage's wait.
+template <int D, int Keys>
+__device__ __forceinline__ int2 paged_box_of(const HopperKVMaps& maps, const KVRows& kv, int kv_start, int js,
+                                             int page_shift, int ptid) {
+  constexpr int kChunks = D / 64;
+  const int box = maps.page_box;
+  if (box == 0 || ptid >= (Keys / box) * kChunks) return make_int2(-1, 0);
+  const int j = js + (ptid / kChunks) * box;
+  const int pi = page_shift >= 0 ? j >> page_shift : j / kv.page_size;
+  return make_int2(__ldg(kv.indices + kv_start + pi), j - pi * kv.page_size);
+}
+
+// A whole tile of keys js ... js + Keys - 1 into the stage `dst` by bulk copies, completing on `bar`; every producer
+// thread calls it once per tile (the barrier's 128 arrivals). Ragged: thread 0 expects the tile's bytes and issues
+// its D / 64 boxes at row `row0`; paged: each thread with a box (`box`, paged_box_of) expects its bytes and issues
+// it (its own expectation before its own copy's completion), the others arrive.
+template <class T, int D, int Keys>
+__device__ __forceinline__ void bulk_kv_tile(const HopperKVMaps& maps, const CUtensorMap* map, T* dst, int hk,
+                                             int64_t row0, int2 box, uint64_t* bar, int ptid) {
+  constexpr int kChunks = D / 64;
+  if (maps.page_box == 0) {
+    if (ptid == 0) {
+      mbar_expect_bytes(bar, uint32_t(Keys * D * sizeof(T)));
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) tma_load_3d(dst + c * Keys * 64, map, c * 64, hk, int(row0), bar);
+    } else {
+      mbar_arrive(bar);
+    }
+  } else if (box.x >= 0) {
+    const int c = ptid % kChunks, p = ptid / kChunks;
+    mbar_expect_bytes(bar, uint32_t(maps.page_box * 64 * sizeof(T)));
+    tma_load_4d(dst + c * Keys * 64 + p * maps.page_box * 64, map, c * 64, hk, box.y, box.x, bar);
+  } else {
+    mbar_arrive(bar);
+  }
 }
 #endif
 
@@ -122,6 +166,38 @@ bool encode_ragged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_head
       return false;
   }
   maps.use = 1;
+  return true;
+}
+
+// Encodes the K and V maps of a paged view (the pool's pages known on the host: kv.rows) for tiles of Keys keys:
+// the pool seen as (D, Hkv, page slots, pages) with its own strides (NHD or HND), boxes of page_box rows, the
+// page's rows or (pages of several tiles) the tile's; false (use = 0) where the page size gives no box (not a
+// multiple of 8 rows dividing the tile, nor a multiple of the tile), the pool is not 16-byte aligned or the driver
+// refuses: the producer gathers every tile.
+template <class T, int D, int Keys>
+bool encode_paged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_heads) {
+  maps.use = 0;
+  maps.page_box = 0;
+  const int page = kv.page_size, box = page < Keys ? page : Keys;
+  if (page <= 0 || kv.rows <= 0 || box % 8 != 0 || (box & (box - 1)) != 0 || Keys % box != 0 || page % box != 0)
+    return false;
+  TensorMapEncode encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(num_kv_heads), cuuint64_t(page), cuuint64_t(kv.rows)};
+  const cuuint64_t strides[3] = {cuuint64_t(kv.stride_head) * sizeof(T), cuuint64_t(kv.stride_slot) * sizeof(T),
+                                 cuuint64_t(kv.stride_page) * sizeof(T)};
+  const cuuint32_t boxes[4] = {64, 1, cuuint32_t(box), 1}, unit[4] = {1, 1, 1, 1};
+  const T* k = static_cast<const T*>(kv.base);
+  for (int which = 0; which < 2; ++which) {
+    const T* base = which == 0 ? k : k + kv.stride_kv;
+    if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+    if (encode(which == 0 ? &maps.k : &maps.v, tensor_map_type<T>(), 4, const_cast<T*>(base), dims, strides, boxes,
+               unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return false;
+  }
+  maps.use = 1;
+  maps.page_box = box;
   return true;
 }
 

@@ -21,7 +21,7 @@ struct KVRows {
   const int32_t* last_page_len;  // paged only
   int64_t stride_page, stride_kv, stride_slot, stride_head;  // ragged: stride_slot = row stride
   int page_size;                                             // 0: ragged
-  int64_t rows;  // ragged: rows of the K / V tensors (bulk-copy descriptors' bounds), else 0
+  int64_t rows;  // ragged: rows of the K / V tensors; paged: pages of the pool (bulk-copy descriptors' bounds)
   // paged, TVM's sliding-window view (length_info [3, B]): per request, the sink size and the row its
   // window starts at; nullptr elsewhere (read by the windowed instances only)
   const int32_t* sink;

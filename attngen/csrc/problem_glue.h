@@ -62,6 +62,7 @@ inline int kv_from_pages(KVRows& kv, const tvm::ffi::TensorView& pages, bool hnd
   kv.stride_slot = pages.stride(hnd ? 3 : 2);
   kv.stride_head = pages.stride(hnd ? 2 : 3);
   kv.page_size = static_cast<int>(pages.size(hnd ? 3 : 2));
+  kv.rows = holds_nothing(pages) ? 0 : pages.size(0);
   return static_cast<int>(pages.size(hnd ? 2 : 3));
 }
 
@@ -85,6 +86,7 @@ int kv_from_page_views(KVRows& kv, const tvm::ffi::TensorView& k, const tvm::ffi
   kv.stride_head = k.stride(1);
   kv.stride_slot = k.stride(2);
   kv.page_size = static_cast<int>(k.size(2));
+  kv.rows = holds_nothing(k) ? 0 : k.size(0);
   return static_cast<int>(k.size(1));
 }
 

@@ -4,11 +4,11 @@
 //   rows, which one producer thread issues (and expects the bytes of); rows past the tensor's end arrive as
 //   zeros, rows of the next request in the tensor arrive as they are and are masked by the consumers (j >= hi);
 // - paged: one map per K and V over the pool seen as (D, Hkv, page slots, pages), boxes of 64 columns x 1 head x
-//   a page's rows (page_box: a page, or a tile where pages hold several), each issued by its own producer thread
-//   after it looked up its page (paged_box_of) and expected its bytes. The tiles whose keys all exist and start
-//   on a box; the others are gathered (hopper_producer.cuh). A cp.async gather costs the producer an address and
-//   a copy per 16 bytes: over pages of 16 it left the consumers waiting for K (ncu: 12% of the stall samples on
-//   that wait) and ran causal appends at 0.70-0.74 of the same work over ragged K/V.
+//   page_box rows (a power of two dividing page and tile: a page, a tile, or less), each issued by its own
+//   producer thread after it looked up its page (paged_box_of) and expected its bytes. So come the tiles whose
+//   keys all exist and start on a box; the others are gathered (hopper_producer.cuh). A cp.async gather costs
+//   the producer an address and a copy per 16 bytes: over pages of 16 it left the consumers waiting for K (ncu:
+//   12% of the stall samples on that wait) and ran causal appends at 0.70-0.74 of the same work over ragged K/V.
 //
 // The maps are encoded on the host through the driver's cuTensorMapEncodeTiled, looked up by the
 // runtime (cudaGetDriverEntryPointByVersion), so the library still links only the static CUDA runtime.
@@ -29,7 +29,7 @@ namespace attngen {
 struct HopperKVMaps {  // CUtensorMap carries its own alignment
   CUtensorMap k, v, q;
   int use, use_q;
-  int page_box;  // paged maps: rows per box (a power of two, at least 8, dividing the tile and the page); 0: ragged
+  int page_box;  // paged maps: rows per box (the largest power of two dividing tile and page, at least 8); 0: ragged
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -170,17 +170,19 @@ bool encode_ragged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_head
 }
 
 // Encodes the K and V maps of a paged view (the pool's pages known on the host: kv.rows) for tiles of Keys keys:
-// the pool seen as (D, Hkv, page slots, pages) with its own strides (NHD or HND), boxes of page_box rows, the
-// page's rows or (pages of several tiles) the tile's; false (use = 0) where the page size gives no box (not a
-// multiple of 8 rows dividing the tile, nor a multiple of the tile), the pool is not 16-byte aligned or the driver
-// refuses: the producer gathers every tile.
+// the pool seen as (D, Hkv, page slots, pages) with its own strides (NHD or HND), boxes of page_box rows: the
+// largest power of two dividing both page and tile; false (use = 0) where that is under 8 rows, the pool is not
+// 16-byte aligned or the driver refuses: the producer gathers every tile.
 template <class T, int D, int Keys>
 bool encode_paged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_heads) {
   maps.use = 0;
   maps.page_box = 0;
-  const int page = kv.page_size, box = page < Keys ? page : Keys;
-  if (page <= 0 || kv.rows <= 0 || box % 8 != 0 || (box & (box - 1)) != 0 || Keys % box != 0 || page % box != 0)
-    return false;
+  const int page = kv.page_size;
+  if (page <= 0 || kv.rows <= 0) return false;
+  // the box: the largest power of two dividing both the page and the tile (the tile itself where it is one and
+  // pages hold whole tiles; pages of 64 under tiles of 176 keys: 16), so that every tile starts on a box
+  const int box = (page & -page) < (Keys & -Keys) ? (page & -page) : (Keys & -Keys);
+  if (box % 8 != 0 || box > 256 || (Keys / box) * (D / 64) > 128) return false;  // (TMA: box rows <= 256)
   TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(num_kv_heads), cuuint64_t(page), cuuint64_t(kv.rows)};

@@ -223,30 +223,40 @@ def test_paged_views_of_any_page_size_equal_the_ragged_one(name, build_cache, rn
     """The same keys as a ragged view and as page pools of 1 to 256 rows a page (NHD and HND, pages in random
     order): a tile holds the same values whichever way it was copied (gathered by rows, or by bulk copies of a
     tile, or of a page where a page is a box), so each template's output over a pool is the ragged one's, bit for
-    bit (the same plan decisions: the same lengths)."""
+    bit (the same plan decisions: the same lengths). A prompt of 8192 rows takes the Hopper template's wide
+    tiling (176 keys a tile), whose tiles pages of 64 and 128 fill by boxes of 16 rows."""
+    import torch
+
+    att = cuda_module(name, build_cache, (128,), ("bfloat16",), ("prefill",))
+    hopper = ["hopper"] if torch.cuda.get_device_capability()[0] == 9 else []
+    _check_pools_equal_ragged(att, [200, 7, 0], [5000, 700, 64], (1, 8, 16, 32, 64, 128, 256), ("NHD", "HND"),
+                              ["mma_sync"] + hopper, rng, seed=5)
+    _check_pools_equal_ragged(att, [8192], [8192], (16, 64, 128), ("NHD",), hopper, rng, seed=6)
+
+
+def _check_pools_equal_ragged(att, qo_lens, kv_lens, pages, layouts, templates, rng, *, seed):
+    """Each template's prefill over page pools of ``pages`` rows a page (``layouts``) equals, bit for bit, its
+    prefill over the same keys as a ragged view (Hq 32 / Hkv 8, D 128, bf16)."""
     import torch
 
     from attngen.runtime import RaggedKV
 
-    att = cuda_module(name, build_cache, (128,), ("bfloat16",), ("prefill",))
-    qo_lens, kv_lens = [200, 7, 0], [5000, 700, 64]
-    g = torch.Generator(device="cuda").manual_seed(5)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(sum(qo_lens), 32, 128, device="cuda", generator=g).bfloat16()
     k = torch.randn(sum(kv_lens), 8, 128, device="cuda", generator=g).bfloat16()
     v = torch.randn(sum(kv_lens), 8, 128, device="cuda", generator=g).bfloat16()
     qo = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32, device="cuda")
     kv_ind = np.concatenate([[0], np.cumsum(kv_lens)])
     ragged = RaggedKV(k, v, torch.tensor(kv_ind, dtype=torch.int32, device="cuda"))
-    templates = ["mma_sync"] + (["hopper"] if torch.cuda.get_device_capability()[0] == 9 else [])
     for template in templates:
         ref = att.prefill(q, ragged, qo, plan=att.plan_prefill(qo, ragged, 128, template=template))
-        for page in (1, 8, 16, 32, 64, 128, 256):
-            for layout in ("NHD", "HND"):
+        for page in pages:
+            for layout in layouts:
                 paged = paged_copy(k, v, kv_ind, page, layout, rng)
                 out = torch.full_like(q, float("nan"))
                 lse = torch.full(q.shape[:2], float("nan"), device="cuda")
                 att.prefill(q, paged, qo, plan=att.plan_prefill(qo, paged, 128, template=template), out=out, lse=lse)
-                assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), (template, page, layout)
+                assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), (template, page, layout, qo_lens)
 
 
 @pytest.mark.parametrize("template", TEMPLATES)

@@ -169,20 +169,27 @@ bool encode_ragged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_head
   return true;
 }
 
+// Rows of a paged tile's box for pages of `page` rows under tiles of Keys keys at head dim D: the largest power of
+// two dividing both (the tile itself where it is one and pages hold whole tiles; pages of 64 under tiles of 176
+// keys: 16), so that every tile starts on a box and no box crosses a page; 0 (no boxes) where that is under 8 rows,
+// above TMA's 256 or needs more issuing threads than the producer's 128.
+template <int D, int Keys>
+constexpr int paged_box_rows(int page) {
+  if (page <= 0) return 0;
+  const int box = (page & -page) < (Keys & -Keys) ? (page & -page) : (Keys & -Keys);
+  return box % 8 != 0 || box > 256 || (Keys / box) * (D / 64) > 128 ? 0 : box;
+}
+
 // Encodes the K and V maps of a paged view (the pool's pages known on the host: kv.rows) for tiles of Keys keys:
-// the pool seen as (D, Hkv, page slots, pages) with its own strides (NHD or HND), boxes of page_box rows: the
-// largest power of two dividing both page and tile; false (use = 0) where that is under 8 rows, the pool is not
-// 16-byte aligned or the driver refuses: the producer gathers every tile.
+// the pool seen as (D, Hkv, page slots, pages) with its own strides (NHD or HND), boxes of paged_box_rows rows;
+// false (use = 0) where the page size gives none, the pool is not 16-byte aligned or the driver refuses: the
+// producer gathers every tile.
 template <class T, int D, int Keys>
 bool encode_paged_kv_maps(HopperKVMaps& maps, const KVRows& kv, int num_kv_heads) {
   maps.use = 0;
   maps.page_box = 0;
-  const int page = kv.page_size;
-  if (page <= 0 || kv.rows <= 0) return false;
-  // the box: the largest power of two dividing both the page and the tile (the tile itself where it is one and
-  // pages hold whole tiles; pages of 64 under tiles of 176 keys: 16), so that every tile starts on a box
-  const int box = (page & -page) < (Keys & -Keys) ? (page & -page) : (Keys & -Keys);
-  if (box % 8 != 0 || box > 256 || (Keys / box) * (D / 64) > 128) return false;  // (TMA: box rows <= 256)
+  const int page = kv.page_size, box = paged_box_rows<D, Keys>(page);
+  if (box == 0 || kv.rows <= 0) return false;
   TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(num_kv_heads), cuuint64_t(page), cuuint64_t(kv.rows)};

@@ -41,7 +41,8 @@ void launch_prefill_tile(const PrefillProblemOf<KV>& P, int max_qo_len, const ty
   // the section alone (the order's entries are the Hopper template's); none with tile maps
   const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;
   const int64_t pairs = int64_t(P.batch) * ((int64_t(max_qo_len) * P.group + kOrderRows - 1) / kOrderRows);
-  const int splits = P.work_order != nullptr && !P.tiles.present()
+  // (64-row tiles only: a plan splits no launch whose rows may take the 128-row ones, runtime/mma_split.py)
+  const int splits = MT == 1 && P.work_order != nullptr && !P.tiles.present()
                          ? mma_split_count<D, MT, Tile::kThreads>(pairs, P.work_tail_len, items) : 0;
   PrefillProblemOf<KV> Q = P;
   if (splits > 0) Q.work_order = P.work_order + pairs;

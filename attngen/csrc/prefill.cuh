@@ -16,12 +16,13 @@
 // 1]; sum-state weights (e.g. sigmoid) too, but a sum-state variant whose weights exceed the dtype's range would
 // overflow here. Without an output hook each thread stores its output fragments straight from registers; with one, rows
 // go through shared memory to the hook. (H200, causal L 4k / 16k: the register epilogue and the single barrier took 316
-// / 370 to 349 / 370 TFLOP/s.) fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, fp8_kv.cuh; the 16-bit instantiations have
-// KV = T and compile as before): the loader copies each tile's fp8 rows into a staging area (kv_staging.cuh), and after
-// its own copies land each thread widens the chunks it copied into one 16-bit K/V tile; the next tile's copies are
-// issued right after that tile is published, so they stay in flight through this tile's compute, with two barriers per
-// tile (one 16-bit tile plus the staging area: less shared memory than two 16-bit stages). k_scale multiplies the score
-// scale (or the key hook's input), v_scale the normalised output rows, as on the CPU backend.
+// / 370 to 349 / 370 TFLOP/s.)
+// fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, fp8_kv.cuh; the 16-bit instantiations have KV = T and compile as
+// before): the loader copies each tile's fp8 rows into a staging area (kv_staging.cuh), and after its own copies land
+// each thread widens the chunks it copied into one 16-bit K/V tile; the next tile's copies are issued right after that
+// tile is published, so they stay in flight through this tile's compute, with two barriers per tile (one 16-bit tile
+// plus the staging area: less shared memory than two 16-bit stages). k_scale multiplies the score scale (or the key
+// hook's input), v_scale the normalised output rows, as on the CPU backend.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
@@ -509,8 +510,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
     if constexpr (NS == 1) __syncthreads();  // the single stage is refilled by the next iteration
   }
   copy_wait<0>();
-  // split-KV: the chunk's state into its slot; the item's last chunk to finish merges them all and goes on
-  if (!Mapped && gridDim.y > 1 &&
+  if (!Mapped && gridDim.y > 1 &&  // (split-KV: the item's last chunk to finish merges the chunks and goes on)
       !mma_split_merge<V, D, MT, NT>(mma_split_at<D, MT, NT>(P.work_order, P.work_tail_len, RQ),
                                      blockIdx.x + gridDim.x * blockIdx.z, tid, reinterpret_cast<int*>(skv), o_acc,
                                      m_row, d_row))

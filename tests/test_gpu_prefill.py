@@ -247,6 +247,8 @@ def test_paged_views_of_any_page_size_equal_the_ragged_one(name, build_cache, rn
                 lse = torch.full(q.shape[:2], float("nan"), device="cuda")
                 att.prefill(q, paged, qo, plan=att.plan_prefill(qo, paged, 128, template=template), out=out, lse=lse)
                 assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), (template, page, layout)
+
+
 @pytest.mark.parametrize("name", ["causal", "vanilla", "sliding_window_causal"])
 def test_mma_sync_appends_split_their_keys_into_chunks(name, build_cache, rng):
     """Appends of a few query rows over many keys give the mma.sync template fewer than two CTAs per SM: the plan

@@ -2,6 +2,7 @@
 splits, the section it writes and the launcher's reading of it, the kernel's cut of a key range into chunks, and
 the merge of the chunks' states in chunk order (checked against the float64 softmax)."""
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,8 @@ import pytest
 
 from attngen.runtime import mma_split
 from attngen.runtime.cuda_plans import PrefillPlan
+
+from .conftest import requires_nvcc
 
 CSRC = Path(__file__).resolve().parents[1] / "attngen" / "csrc"
 
@@ -129,3 +132,63 @@ def test_the_merge_in_chunk_order_is_the_softmax():
     w = np.exp2(s - s.max())
     np.testing.assert_allclose(o / d, (w / w.sum()) @ v, rtol=1e-12)
     np.testing.assert_allclose(m + np.log2(d), s.max() + np.log2(w.sum()), rtol=1e-12)
+
+
+FITS_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "prefill_split.cuh"
+using namespace attngen;
+// stdin: cases of (pairs, items, splits, rows, slot, n, m) and the first m of the n ints of a plan's order tensor
+// (the rest: the partial slots, zero); stdout: 1 / 0 a case, whether mma_split_fits takes the section behind the
+// pairs, the tensor placed as the allocator places it (256-byte aligned)
+int main() {
+  long long pairs, items, splits, rows, slot, n, m;
+  while (std::scanf("%lld %lld %lld %lld %lld %lld %lld", &pairs, &items, &splits, &rows, &slot, &n, &m) == 7) {
+    int32_t* t = static_cast<int32_t*>(std::aligned_alloc(256, ((n * 4 + 255) / 256) * 256));
+    for (long long i = 0; i < n; ++i) t[i] = 0;
+    for (long long i = 0; i < m; ++i) std::scanf("%d", &t[i]);
+    std::printf("%d\n", int(mma_split_fits(t + pairs, n - pairs, items, splits, int(rows), slot)));
+    std::free(t);
+  }
+  return 0;
+}
+"""
+
+
+@requires_nvcc
+def test_the_kernels_header_check_takes_every_plans_section(tmp_path):
+    """The kernel traps on a section its launch does not fit (prefill_split.cuh mma_split_fits, compiled for the
+    host here): it takes every section the plan writes (batches of 1-6 requests, groups 1-8, head dims 64-256, so
+    that the entries before the section are any number mod 4) and refuses one whose header or length is off."""
+    rng = np.random.default_rng(1)
+    lines, want = [], []
+    while len(want) < 120:
+        b, group, heads, d = int(rng.integers(1, 7)), int(rng.choice([1, 2, 4, 8])), int(rng.integers(1, 9)), \
+            int(rng.choice([64, 128, 256]))
+        qo = rng.integers(0, 256 // group, size=b)
+        kv = rng.integers(1, 20000, size=b)
+        qo_max = int(qo.max())
+        pairs = b * -(-qo_max * group // 128)
+        out = mma_split.split_order(qo_max, kv, group=group, kv_heads=heads, head_dim=d, sms=132, pairs=pairs,
+                                    device="cpu")
+        if out is None:
+            continue
+        n = len(out)
+        items, splits, slot = int(out[pairs + 3]), int(out[pairs + 1]), mma_split.slot_floats(d)
+        head = out[:pairs + 8 + items].numpy()  # (behind it the partial slots, device memory the kernel writes)
+        cases = [(head, n, items, splits, 1)]
+        if len(want) % 4 == 0:  # a spoilt header or length, or another launch: refused
+            bad = head.copy()
+            bad[pairs + int(rng.integers(0, 8))] += 1
+            cases += [(bad, n, items, splits, 0), (head, n - 1, items, splits, 0), (head, n, items + 1, splits, 0),
+                      (head, n, items, splits + 1, 0)]
+        for ints, length, it, sp, ok in cases:
+            lines.append(f"{pairs} {it} {sp} {mma_split.ROWS} {slot} {length} {len(ints)}\n" + " ".join(map(str, ints)))
+            want.append(ok)
+    src = tmp_path / "fits.cu"
+    src.write_text(FITS_PROGRAM)
+    exe = tmp_path / "fits"
+    subprocess.run(["nvcc", "-std=c++17", f"-I{CSRC}", "-o", str(exe), str(src)], check=True, capture_output=True)
+    got = subprocess.run([str(exe)], input="\n".join(lines), check=True, capture_output=True, text=True).stdout.split()
+    assert list(map(int, got)) == want

@@ -55,18 +55,25 @@ struct MmaSplit {
   float4* partials;
 };
 
+// Whether the section `s` (`len` ints; the plan's header, runtime/mma_split.py) holds the split of a launch of
+// `items` items and `splits` chunks of tiles of `rows` rows, slots of `slot` floats: its partials lie behind the
+// header and the counters, 16-byte aligned in memory (the plan aligns them from the order tensor's start, which
+// the section follows by `pairs` ints), and its length is theirs.
+__host__ __device__ inline bool mma_split_fits(const int32_t* s, int64_t len, int64_t items, int64_t splits, int rows,
+                                               int64_t slot) {
+  return s != nullptr && len >= kMmaSplitHeader && s[0] == kMmaSplitMagic && s[1] == splits && s[2] > 0 &&
+         s[2] % 64 == 0 && s[3] == items && s[4] == slot && s[5] == kMmaSplitHeader && s[7] == rows &&
+         s[6] >= kMmaSplitHeader + items && len == s[6] + items * splits * slot &&
+         reinterpret_cast<uintptr_t>(s + s[6]) % 16 == 0;
+}
+
 // The section at `sec` (the launcher points P.work_order at it), checked against this launch: gridDim.y chunks of
 // items gridDim.x * gridDim.z with `rows` rows each, `len` ints long.
 template <int D, int MT, int NT>
 __device__ __forceinline__ MmaSplit mma_split_at(const int32_t* sec, int len, int rows) {
-  const int64_t items = int64_t(gridDim.x) * gridDim.z, at = mma_split_partials_at(0, items);
+  const int64_t items = int64_t(gridDim.x) * gridDim.z;
+  if (!mma_split_fits(sec, len, items, gridDim.y, rows, mma_split_slot_floats<D, MT, NT>())) __trap();
   const int* s = sec;
-  const bool ok = sec != nullptr && len >= kMmaSplitHeader && s[0] == kMmaSplitMagic && s[1] == int(gridDim.y) &&
-                  s[2] > 0 && s[2] % 64 == 0 && s[3] == items && s[4] == mma_split_slot_floats<D, MT, NT>() &&
-                  s[5] == kMmaSplitHeader && s[7] == rows && s[6] >= at && s[6] % 4 == 0 &&
-                  len == s[6] + items * gridDim.y * mma_split_slot_floats<D, MT, NT>() &&
-                  reinterpret_cast<uintptr_t>(s + s[6]) % 16 == 0;
-  if (!ok) __trap();
   return MmaSplit{s[1], s[2], const_cast<int*>(s + s[5]), reinterpret_cast<float4*>(const_cast<int*>(s + s[6]))};
 }
 

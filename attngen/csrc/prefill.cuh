@@ -137,8 +137,11 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
   if (causal) hi64 = min(hi64, (long long)last_pos + 1);
   int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
-  // split-KV (prefill_split.cuh): the CTA's chunk of its range (the section read again at the epilogue, not held)
-  if (!Mapped && gridDim.y > 1) mma_split_cut(mma_split_at<D, MT, NT>(P.work_order, P.work_tail_len, RQ), lo, hi);
+  // split-KV (prefill_split.cuh): the CTA's chunk of its range (the section read again at the epilogue, not held).
+  // Only 64-row tiles split (prefill_launch.cuh); the 128-row ones are compiled without it (it cost them 24 bytes
+  // of spill and 5% on an H100, causal L 4k)
+  constexpr bool kSplits = !Mapped && MT == 1;
+  if (kSplits && gridDim.y > 1) mma_split_cut(mma_split_at<D, MT, NT>(P.work_order, P.work_tail_len, RQ), lo, hi);
   int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
   constexpr int kMapKeys = MapTile<D>::kKeys, kParts = kMapKeys / TK;
   static_assert(kMapKeys % TK == 0 && MapTile<D>::kRows % RQ == 0, "the tile lies in one map tile");
@@ -510,7 +513,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
     if constexpr (NS == 1) __syncthreads();  // the single stage is refilled by the next iteration
   }
   copy_wait<0>();
-  if (!Mapped && gridDim.y > 1 &&  // (split-KV: the item's last chunk to finish merges the chunks and goes on)
+  if (kSplits && gridDim.y > 1 &&  // (split-KV: the item's last chunk to finish merges the chunks and goes on)
       !mma_split_merge<V, D, MT, NT>(mma_split_at<D, MT, NT>(P.work_order, P.work_tail_len, RQ),
                                      blockIdx.x + gridDim.x * blockIdx.z, tid, reinterpret_cast<int*>(skv), o_acc,
                                      m_row, d_row))

@@ -259,6 +259,36 @@ def _check_pools_equal_ragged(att, qo_lens, kv_lens, pages, layouts, templates, 
                 assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), (template, page, layout, qo_lens)
 
 
+@pytest.mark.parametrize("name", ["causal", "vanilla", "sliding_window_causal"])
+def test_mma_sync_appends_split_their_keys_into_chunks(name, build_cache, rng):
+    """Appends of a few query rows over many keys give the mma.sync template fewer than two CTAs per SM: the plan
+    cuts every item's keys into chunks over grid.y, each chunk's state merged in the kernel by the CTA finishing the
+    item's last (runtime/mma_split.py). Against the float64 reference, paged with random page order and ragged, a
+    request of no rows among them, with the split and without; one plan's two calls give the same bits."""
+    import torch
+
+    att = cuda_module(name, build_cache, (128,), ("bfloat16",), ("prefill",))
+    v = variant(name)
+    for kv_mode, qo_lens, kv_lens in [("NHD", [8], [8192]), ("ragged", [3, 16, 0, 5], [2000, 6000, 40, 5]),
+                                      ("HND", [13], [9000])]:
+        plans = []  # (64-row tiles: the split plan, then the unsplit one; the same with wide tiles asked for)
+        run_prefill(att, v, rng, group=4, head_dim=128, dtype="bfloat16", kv_mode=kv_mode, qo_lens=qo_lens,
+                    kv_lens=kv_lens, num_kv=4, plans=plans, tail_split=(None, False))
+        for split, plan in zip((True, False, True, False), plans):
+            made = [o for key, o in plan.orders.items() if key[0] == "mma"]
+            assert (len(made) == 1 and made[0] is not None) == split, (kv_mode, split)
+    q, kv, qo = one_ragged_request(8, 8192, 16, 4, 128, seed=3)
+    shape = SimpleNamespace(q=np.zeros((1, 16, 1)), qo_lens=[8], kv_lens=[8192])
+    params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in random_params(v, rng, shape).items()}
+    plan = att.plan_prefill(qo, kv, 128, template="mma_sync")
+    runs = []
+    for _ in range(2):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+        runs.append(att.prefill(q, kv, qo, plan=plan, params=params, out=out, lse=lse))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("cap", [2.0, 30.0, 50.0, 100.0])
 def test_softcap_row_max_fixed_or_running(template, cap, build_cache, rng):

@@ -81,6 +81,8 @@ inline void fill_tile_list(PrefillProblem& P, const char* name, const tvm::ffi::
                      reinterpret_cast<const int2*>(entry_data + at)};
 }
 
+static_assert(kOrderRows == HopperTile<128>::kRows, "the order's entries count the Hopper template's query tiles");
+
 // The plan's work order into P: one entry per (request, query tile) pair of the Hopper template's grid.
 template <int D>
 void fill_work_order(PrefillProblem& P, const char* name, const tvm::ffi::TensorView& q, const OptionalTensor& order,

@@ -1,35 +1,28 @@
 // FA2-class batch prefill / append on tensor cores (mma.sync), ragged or paged KV.
 //
-// One CTA = (query tile, KV head, request). GQA head-group fusion: the CTA's rows are
-// the (token, head) pairs of one KV head's group, packed row = token * group + head, so
-// a K/V tile is read once for the whole group and a decode step (one token, group
-// heads) fills tensor-core rows too. Four warps, each owning one or two 16-row MMA tiles
-// (64 or 128 rows): with two, every K/V fragment read from shared memory feeds two MMAs
-// and each warp has two independent softmax chains in flight. K/V tiles are gathered from
-// pages (or ragged rows) into shared memory with cp.async, double-buffered where shared
-// memory allows (one barrier per tile: the next tile is issued, right after it, into the
-// stage the previous step read); rows unpadded, 16-byte chunks swizzled (kv_tile_layout.cuh);
-// S = Q K^T and O += P V with m16n8k16 (two m16n8k8 on sm_75); online
-// softmax in fp32, base 2; P, packed from the S accumulators as soon as an m-tile's softmax is
-// done, is the A operand of P V. A KV tile is one
-// compute step (a step size below the tile is a tuning knob: at two m-tiles, 32-key steps
-// avoid a small spill but measured slower), and a warp skips a step whose keys all lie
-// past its rows' last visible key. The mask's
-// bounds restrict the KV range of each query tile (causal / sliding-window tile
-// skipping); the mask hook decides every remaining score. Row hooks run per warp on
-// one row at a time through a float scratch row. P enters the P.V product in the input
-// dtype (as in FA2): softmax weights lie in [0, 1]; sum-state weights (e.g. sigmoid) too,
-// but a sum-state variant whose weights exceed the dtype's range would overflow here.
-// Without an output hook each thread stores its output fragments straight from registers;
-// with one, rows go through shared memory to the hook. (H200, causal L 4k / 16k: the
-// register epilogue and the single barrier took 316 / 370 to 349 / 370 TFLOP/s.)
+// One CTA = (query tile, KV head, request). GQA head-group fusion: the CTA's rows are the (token, head) pairs of one KV
+// head's group, packed row = token * group + head, so a K/V tile is read once for the whole group and a decode step
+// (one token, group heads) fills tensor-core rows too. Four warps, each owning one or two 16-row MMA tiles (64 or 128
+// rows): with two, every K/V fragment read from shared memory feeds two MMAs and each warp has two independent softmax
+// chains in flight. K/V tiles are gathered from pages (or ragged rows) into shared memory with cp.async,
+// double-buffered where shared memory allows (one barrier per tile: the next tile is issued, right after it, into the
+// stage the previous step read); rows unpadded, 16-byte chunks swizzled (kv_tile_layout.cuh); S = Q K^T and O += P V
+// with m16n8k16 (two m16n8k8 on sm_75); online softmax in fp32, base 2; P, packed from the S accumulators as soon as an
+// m-tile's softmax is done, is the A operand of P V. A KV tile is one compute step (a step size below the tile is a
+// tuning knob: at two m-tiles, 32-key steps avoid a small spill but measured slower), and a warp skips a step whose
+// keys all lie past its rows' last visible key. The mask's bounds restrict the KV range of each query tile (causal /
+// sliding-window tile skipping); the mask hook decides every remaining score. Row hooks run per warp on one row at a
+// time through a float scratch row. P enters the P.V product in the input dtype (as in FA2): softmax weights lie in [0,
+// 1]; sum-state weights (e.g. sigmoid) too, but a sum-state variant whose weights exceed the dtype's range would
+// overflow here. Without an output hook each thread stores its output fragments straight from registers; with one, rows
+// go through shared memory to the hook. (H200, causal L 4k / 16k: the register epilogue and the single barrier took 316
+// / 370 to 349 / 370 TFLOP/s.)
 // fp8 K/V (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, fp8_kv.cuh; the 16-bit instantiations have KV = T and compile as
-// before): the loader copies each tile's fp8 rows into a staging area (kv_staging.cuh), and after its own
-// copies land each thread widens the chunks it copied into one 16-bit K/V tile; the next tile's copies are
-// issued right after that tile is published, so they stay in flight through this tile's compute, with two
-// barriers per tile (one 16-bit tile plus the staging area: less shared memory than two 16-bit stages).
-// k_scale multiplies the score scale (or the key hook's input), v_scale the normalised output rows, as on the
-// CPU backend.
+// before): the loader copies each tile's fp8 rows into a staging area (kv_staging.cuh), and after its own copies land
+// each thread widens the chunks it copied into one 16-bit K/V tile; the next tile's copies are issued right after that
+// tile is published, so they stay in flight through this tile's compute, with two barriers per tile (one 16-bit tile
+// plus the staging area: less shared memory than two 16-bit stages). k_scale multiplies the score scale (or the key
+// hook's input), v_scale the normalised output rows, as on the CPU backend.
 #pragma once
 #include "common.cuh"
 #include "cp_async.cuh"
@@ -42,6 +35,7 @@
 #include "kv_tile_layout.cuh"
 #include "mma.cuh"
 #include "prefill_problem.cuh"
+#include "prefill_split.cuh"
 #include "row_hook.cuh"
 #include "score_rules.cuh"
 #include "tile_map.cuh"
@@ -142,7 +136,12 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   if constexpr (V::kHasUpper) lo64 = max(lo64, (long long)first_pos - V::mask_upper(hp));
   if constexpr (V::kHasLower) hi64 = min(hi64, (long long)last_pos - V::mask_lower(hp) + 1);
   if (causal) hi64 = min(hi64, (long long)last_pos + 1);
-  const int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
+  int lo = int(min(lo64, (long long)kv_len)), hi = int(max(hi64, 0LL));
+  // split-KV (prefill_split.cuh): the CTA's chunk of its range (the section read again at the epilogue, not held).
+  // Only 64-row tiles split (prefill_launch.cuh); the 128-row ones are compiled without it (it cost them 24 bytes
+  // of spill and 5% on an H100, causal L 4k)
+  constexpr bool kSplits = !Mapped && MT == 1;
+  if (kSplits && gridDim.y > 1) mma_split_cut(mma_split_at<D, MT, NT>(P.work_order, P.work_tail_len, RQ), lo, hi);
   int num_kt = hi > lo ? (hi - lo + TK - 1) / TK : 0;
   constexpr int kMapKeys = MapTile<D>::kKeys, kParts = kMapKeys / TK;
   static_assert(kMapKeys % TK == 0 && MapTile<D>::kRows % RQ == 0, "the tile lies in one map tile");
@@ -514,6 +513,11 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
     if constexpr (NS == 1) __syncthreads();  // the single stage is refilled by the next iteration
   }
   copy_wait<0>();
+  if (kSplits && gridDim.y > 1 &&  // (split-KV: the item's last chunk to finish merges the chunks and goes on)
+      !mma_split_merge<V, D, MT, NT>(mma_split_at<D, MT, NT>(P.work_order, P.work_tail_len, RQ),
+                                     blockIdx.x + gridDim.x * blockIdx.z, tid, reinterpret_cast<int*>(skv), o_acc,
+                                     m_row, d_row))
+    return;
 
   // ---- epilogue: normalise, lse, output transform, store -------------------------------
   float lse_row[MT][2];

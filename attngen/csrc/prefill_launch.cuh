@@ -37,7 +37,17 @@ void launch_prefill_tile(const PrefillProblemOf<KV>& P, int max_qo_len, const ty
   if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int tiles = (max_qo_len * P.group + Tile::kRows - 1) / Tile::kRows;
   if (tiles == 0 || P.batch == 0) return;
-  launch_kernel(kernel, dim3(tiles * P.num_kv_heads, 1, P.batch), dim3(Tile::kThreads), smem, stream, P, hp);
+  // split-KV (prefill_split.cuh): the chunks a plan's section behind its order asks of this tile; the kernel reads
+  // the section alone (the order's entries are the Hopper template's); none with tile maps
+  const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;
+  const int64_t pairs = int64_t(P.batch) * ((int64_t(max_qo_len) * P.group + kOrderRows - 1) / kOrderRows);
+  // (64-row tiles only: a plan splits no launch whose rows may take the 128-row ones, runtime/mma_split.py)
+  const int splits = MT == 1 && P.work_order != nullptr && !P.tiles.present()
+                         ? mma_split_count<D, MT, Tile::kThreads>(pairs, P.work_tail_len, items) : 0;
+  PrefillProblemOf<KV> Q = P;
+  if (splits > 0) Q.work_order = P.work_order + pairs;
+  launch_kernel(kernel, dim3(tiles * P.num_kv_heads, splits > 0 ? splits : 1, P.batch), dim3(Tile::kThreads), smem,
+                stream, Q, hp);
 }
 
 // Rows (tokens x group heads) of the longest request from which the wide tile is used.

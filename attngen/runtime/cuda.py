@@ -412,9 +412,11 @@ class CUDAAttention(BuiltModule):
         part-filled round of work into stretches that even out its CTAs, merged in the kernel
         (runtime/work_tail.py; variants without a mask or logits hook over 16-bit caches, where it shortens the
         launch by 1% or more), and every item's key tiles where a launch has fewer items than SMs (appends: verify
-        steps, short chunks; causal variants too, whose mask is its constant bounds); False never. It rides on the
-        work order (``work_order=False`` turns it off too). An fp8 cache is planned as a 16-bit one (both templates
-        read it)."""
+        steps, short chunks; causal variants too, whose mask is its constant bounds); on the mma.sync template it
+        cuts every item's keys into chunks where a launch of 64-row tiles has fewer than two CTAs per SM
+        (runtime/mma_split.py); False never. On the Hopper template it rides on the work order
+        (``work_order=False`` turns it off too). An fp8 cache is planned as a 16-bit one (both templates read
+        it)."""
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
         kernel = _prefill_template(template, self.manifest["config"]["archs"])
@@ -457,13 +459,21 @@ class CUDAAttention(BuiltModule):
                     f"max_qo_len: {max_qo_len!r} must be an integer from this batch's longest request ({longest}) "
                     f"to its total query rows ({int(qo[-1])})")
             longest = int(max_qo_len)
+        # calls run the mma.sync template (forced, no Hopper kernels, or another GPU) without a tile map: their
+        # keys may be split where the launch has few CTAs (runtime/mma_split.py)
+        mma_split = tail_split is not False and why is not None and (
+            kernel == PrefillTemplate.MMA_SYNC or "sm_90a" not in self.manifest["config"]["archs"]
+            or not _may_run_hopper(getattr(qo_indptr, "device", "cpu")))
+        if mma_split and kv_lens is None:
+            kv_lens = _kv_lengths(kv)
         return PrefillPlan(batch, int(qo[-1]), longest, _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None,
                            lengths=(np.diff(qo), kv_lens) if ordered else None, hook_pass=hook_pass,
                            tail_split=tail_split, masked_split=self.manifest["config"].get("link") != "lto",
                            kv_bound=KVBound.of(kv, int(kv_lens.max(initial=0))) if why is None else None,
-                           replay_bound=max_qo_len is not None)
+                           replay_bound=max_qo_len is not None,
+                           mma_kv_lens=kv_lens if mma_split else None)
 
     def _check_float_positions(self, kv_lens) -> None:
         """This build's prefill passes key positions to the logits hook as floats (exact below the limit
@@ -551,6 +561,8 @@ class CUDAAttention(BuiltModule):
         group = int(q.shape[1]) // kv.num_kv_heads
         order = plan.work_order(self.variant, group, d, q.device, tiles, kv_scaled=fp8 is not None,
                                 kv_heads=kv.num_kv_heads)
+        if order is None and tiles is None:
+            order = plan.mma_split_order(group, d, kv.num_kv_heads, q.device)
         workspace = None if fp8 is not None else hook_pass_module.workspace_for(
             self.variant, plan.hook_pass, plan.max_qo_len * group, q, kv, d)
         fn(q, *kv_args, qo_indptr, out, lse, *scales, scale, *plan.ffi_args(tiles, order, workspace), *extras)

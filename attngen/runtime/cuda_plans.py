@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 
 from .checks import AttentionArgumentError
 from .replay_guard import check_replay_batch
 from .tile_map import KVBound, TileMap
-from .work_order import order_from_bounds
+from .mma_split import split_order
+from .work_order import device_sms, order_from_bounds
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class PrefillPlan:
     # whether the library holds its masked kernels' Split instances, which split their appends (whole-program
     # builds; csrc/hopper_launch.cuh hopper_split_instance)
     masked_split: bool = False
+    # [B] keys per request (host), where calls run the mma.sync template and may split its keys (runtime/mma_split.py)
+    mma_kv_lens: np.ndarray | None = field(default=None, repr=False, compare=False)
     # where calls may walk a tile map: the planned batch's longest KV length and its index arrays
     # (runtime/tile_map.py KVBound), so that a call with those arrays sizes its map without reading the device
     kv_bound: KVBound | None = field(default=None, repr=False, compare=False)
@@ -162,6 +167,24 @@ class PrefillPlan:
             self.orders[key] = order_from_bounds(variant, *self.lengths, group=group,
                                                  q_tiles=-(-self.max_qo_len * group // tile.rows), rows=tile.rows,
                                                  keys=tile.keys, device=device, tail=tail)
+        return self.orders[key]
+
+
+    def mma_split_order(self, group: int, head_dim: int, kv_heads: int, device, sms: int | None = None):
+        """The order tensor whose section splits the mma.sync template's keys (runtime/mma_split.py) for this
+        plan's batch, made on the first call of each GQA group, head dim, KV heads and device; None where the plan
+        runs the Hopper template, asked for no split, or its launch has CTAs enough. ``sms``: the device's (None:
+        asked of a CUDA device; no split on another)."""
+        if self.mma_kv_lens is None or self.tail_split is False or self.tile_map:
+            return None
+        key = ("mma", group, head_dim, kv_heads, str(device))
+        if key not in self.orders:
+            sms = sms if sms is not None else device_sms(device)
+            if sms is None or _capturing(device):  # (no host-to-device copy inside a capture: unsplit)
+                return None
+            pairs = self.batch_size * -(-self.max_qo_len * group // 128)  # (the Hopper tiles' entries, unread)
+            self.orders[key] = split_order(self.max_qo_len, self.mma_kv_lens, group=group, kv_heads=kv_heads,
+                                           head_dim=head_dim, sms=sms, pairs=pairs, device=device)
         return self.orders[key]
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from tvm.script import tirx as T
 
+from attngen.runtime import mma_split
 from attngen.runtime.reference import gather_pages, reference_attention
-from attngen.testing import (Problem, causal_slices, compare, paged_copy, random_params, random_problem,
-                             tolerance)
+from attngen.testing import Problem, causal_slices, compare, paged_copy, random_params, random_problem, tolerance
 
 from .test_gpu_decode import VARIANT_CONFIGS, cuda_module, to_torch, variant
 
@@ -259,9 +259,11 @@ def _check_pools_equal_ragged(att, qo_lens, kv_lens, pages, layouts, templates, 
                 assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), (template, page, layout, qo_lens)
 
 
-@pytest.mark.parametrize("name", ["causal", "vanilla", "sliding_window_causal"])
+# (sigmoid: a sum state, merged without rescales; attention_sink: an output hook, whose rows reuse the shared
+# memory the merge's flag lay in)
+@pytest.mark.parametrize("name", ["causal", "vanilla", "sliding_window_causal", "sigmoid", "attention_sink"])
 def test_mma_sync_appends_split_their_keys_into_chunks(name, build_cache, rng):
-    """Appends of a few query rows over many keys give the mma.sync template fewer than two CTAs per SM: the plan
+    """Appends of a few query rows over many keys give the mma.sync template no more CTAs than SMs: the plan
     cuts every item's keys into chunks over grid.y, each chunk's state merged in the kernel by the CTA finishing the
     item's last (runtime/mma_split.py). Against the float64 reference, paged with random page order and ragged, a
     request of no rows among them, with the split and without; one plan's two calls give the same bits."""
@@ -282,10 +284,17 @@ def test_mma_sync_appends_split_their_keys_into_chunks(name, build_cache, rng):
     params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in random_params(v, rng, shape).items()}
     plan = att.plan_prefill(qo, kv, 128, template="mma_sync")
     runs = []
-    for _ in range(2):
+    for i in range(2):
+        if i:  # the kernel split: every chunk's slot written again (NaN between the calls; 8 x 4 rows: no CTA idle)
+            (sec,) = [o for key, o in plan.orders.items() if key[0] == "mma"]
+            pairs = mma_split.order_pairs(8, 4, 1)
+            slots = sec[pairs + int(sec[pairs + 6]):].view(torch.float32)
+            assert slots.numel() == int(sec[pairs + 3]) * int(sec[pairs + 1]) * mma_split.slot_floats(128)
+            slots.fill_(float("nan"))
         out = torch.full_like(q, float("nan"))
         lse = torch.full(q.shape[:2], float("nan"), device="cuda")
         runs.append(att.prefill(q, kv, qo, plan=plan, params=params, out=out, lse=lse))
+    assert not slots.isnan().any()
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 

@@ -30,7 +30,7 @@ def test_constants_match_the_kernel():
     header, magic = re.search(r"kMmaSplitHeader = (\d+), kMmaSplitMagic = (0x[0-9A-Fa-f]+)", src).groups()
     assert int(header) == mma_split.HEADER and int(magic, 16) == mma_split.MAGIC
     assert "return int64_t(NT) * 4 * (MT * (D / 8) + MT);" in src and mma_split.slot_floats(128) == 128 * 4 * 17
-    assert "constexpr int kOrderRows = 128;" in src
+    assert f"constexpr int kOrderRows = {mma_split.ORDER_ROWS};" in src
     assert "const int64_t at = kMmaSplitHeader + items;" in src and "(4 - (pairs + at) % 4) % 4" in src
 
 
@@ -51,6 +51,23 @@ def test_splits_where_the_launch_has_few_ctas(qo, kv, group, heads, want):
         assert (splits - 1) * chunk < max(kv) <= splits * chunk
 
 
+@pytest.mark.parametrize("max_qo,batch,heads,sms,want", [
+    (8, 1, 8, 132, True),  # a verify step: 8 CTAs at group 1
+    (1, 132, 1, 132, True),  # as many CTAs as SMs: two chunks each still fit
+    (1, 133, 1, 132, False),
+    (255, 1, 8, 132, True), (256, 1, 8, 132, False),  # 256 packed rows at group 1: 128-row tiles may serve
+    (0, 1, 8, 132, False), (8, 1, 8, 0, False),  # no rows; no SMs known
+])
+def test_a_plan_reads_key_lengths_only_where_a_split_may_serve(max_qo, batch, heads, sms, want):
+    """may_split: whether some GQA group's launch could split (group 1's rows and CTAs are the fewest); where it
+    says no, split_plan says no at every group and key length."""
+    assert mma_split.may_split(max_qo, batch, heads, sms) == want
+    if not want and sms:
+        for group in (1, 2, 4, 8):
+            assert mma_split.split_plan(max_qo, np.array([1 << 20] * batch), group=group, kv_heads=heads,
+                                        head_dim=128, sms=sms) is None
+
+
 def test_the_slots_memory_is_bounded():
     """A long cache over a few CTAs of a device of many SMs: the chunks' slots stay within MAX_PARTIAL_BYTES
     (fewer, longer chunks than the SMs ask for)."""
@@ -67,11 +84,12 @@ def test_the_section_and_the_launchers_reading_of_it(qo, kv):
     aligned from the tensor's start; the launcher finds the plan's split count from the length alone."""
     group, heads, d = 4, 8, 128
     qo_max = max(qo)
-    pairs = len(qo) * -(-qo_max * group // 128)
+    pairs = mma_split.order_pairs(qo_max, group, len(qo))
     out = mma_split.split_order(qo_max, np.array(kv), group=group, kv_heads=heads, head_dim=d, sms=132,
                                 pairs=pairs, device="cpu")
     splits, chunk = mma_split.split_plan(qo_max, np.array(kv), group=group, kv_heads=heads, head_dim=d, sms=132)
-    items = -(-qo_max * group // 64) * heads * len(qo)
+    items = mma_split.items_of(qo_max, group, heads, len(qo))
+    assert items == -(-qo_max * group // 64) * heads * len(qo)
     sec = out[pairs:].numpy()
     at = int(sec[6])
     assert list(sec[:8]) == [mma_split.MAGIC, splits, chunk, items, mma_split.slot_floats(d), 8, at, 64]
@@ -140,15 +158,19 @@ FITS_PROGRAM = r"""
 #include "prefill_split.cuh"
 using namespace attngen;
 // stdin: cases of (pairs, items, splits, rows, slot, n, m) and the first m of the n ints of a plan's order tensor
-// (the rest: the partial slots, zero); stdout: 1 / 0 a case, whether mma_split_fits takes the section behind the
-// pairs, the tensor placed as the allocator places it (256-byte aligned)
+// (the rest: the partial slots, zero); stdout a case: 1 / 0, whether mma_split_fits takes the section behind the
+// pairs, the tensor placed as the allocator places it (256-byte aligned), and the launcher's split count
 int main() {
   long long pairs, items, splits, rows, slot, n, m;
   while (std::scanf("%lld %lld %lld %lld %lld %lld %lld", &pairs, &items, &splits, &rows, &slot, &n, &m) == 7) {
     int32_t* t = static_cast<int32_t*>(std::aligned_alloc(256, ((n * 4 + 255) / 256) * 256));
     for (long long i = 0; i < n; ++i) t[i] = 0;
     for (long long i = 0; i < m; ++i) std::scanf("%d", &t[i]);
-    std::printf("%d\n", int(mma_split_fits(t + pairs, n - pairs, items, splits, int(rows), slot)));
+    const int64_t len = n - pairs;  // (the launcher's count: of the section's length alone)
+    const int count = slot == mma_split_slot_floats<64, 1, 128>()    ? mma_split_count<64, 1, 128>(pairs, len, items)
+                      : slot == mma_split_slot_floats<128, 1, 128>() ? mma_split_count<128, 1, 128>(pairs, len, items)
+                                                                     : mma_split_count<256, 1, 128>(pairs, len, items);
+    std::printf("%d %d\n", int(mma_split_fits(t + pairs, len, items, splits, int(rows), slot)), count);
     std::free(t);
   }
   return 0;
@@ -160,16 +182,17 @@ int main() {
 def test_the_kernels_header_check_takes_every_plans_section(tmp_path):
     """The kernel traps on a section its launch does not fit (prefill_split.cuh mma_split_fits, compiled for the
     host here): it takes every section the plan writes (batches of 1-6 requests, groups 1-8, head dims 64-256, so
-    that the entries before the section are any number mod 4) and refuses one whose header or length is off."""
+    that the entries before the section are any number mod 4) and refuses one whose header or length is off. The
+    launcher's split count (mma_split_count, compiled too) is the plan's, and launcher_splits's here."""
     rng = np.random.default_rng(1)
-    lines, want = [], []
+    lines, want, counts = [], [], []
     while len(want) < 120:
         b, group, heads, d = int(rng.integers(1, 7)), int(rng.choice([1, 2, 4, 8])), int(rng.integers(1, 9)), \
             int(rng.choice([64, 128, 256]))
         qo = rng.integers(0, 256 // group, size=b)
         kv = rng.integers(1, 20000, size=b)
         qo_max = int(qo.max())
-        pairs = b * -(-qo_max * group // 128)
+        pairs = mma_split.order_pairs(qo_max, group, b)
         out = mma_split.split_order(qo_max, kv, group=group, kv_heads=heads, head_dim=d, sms=132, pairs=pairs,
                                     device="cpu")
         if out is None:
@@ -186,9 +209,12 @@ def test_the_kernels_header_check_takes_every_plans_section(tmp_path):
         for ints, length, it, sp, ok in cases:
             lines.append(f"{pairs} {it} {sp} {mma_split.ROWS} {slot} {length} {len(ints)}\n" + " ".join(map(str, ints)))
             want.append(ok)
+            counts.append(launcher_splits(pairs, length - pairs, it, d))
+            assert not ok or counts[-1] == splits
     src = tmp_path / "fits.cu"
     src.write_text(FITS_PROGRAM)
     exe = tmp_path / "fits"
     subprocess.run(["nvcc", "-std=c++17", f"-I{CSRC}", "-o", str(exe), str(src)], check=True, capture_output=True)
     got = subprocess.run([str(exe)], input="\n".join(lines), check=True, capture_output=True, text=True).stdout.split()
-    assert list(map(int, got)) == want
+    assert list(map(int, got[0::2])) == want
+    assert list(map(int, got[1::2])) == counts

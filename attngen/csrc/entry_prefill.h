@@ -90,7 +90,8 @@ void fill_work_order(PrefillProblem& P, const char* name, const tvm::ffi::Tensor
   if (!order.has_value()) return;
   check_args(name, {{"work_order", *order, 1, dl_dtype<int32_t>()}}, q.device().device_id);
   const int64_t pairs = int64_t(P.batch) * ((max_qo_len * P.group + HopperTile<D>::kRows - 1) / HopperTile<D>::kRows);
-  // (entries past the pairs: the plan's tail split, runtime/work_tail.py, which the kernel checks itself)
+  // (entries past the pairs: the plan's Hopper tail split, runtime/work_tail.py, or mma.sync split,
+  // runtime/mma_split.py, which the kernels check themselves)
   if ((*order).size(0) < pairs || ((*order).size(0) > pairs && (*order).size(0) < pairs + kTailHeader))
     ATTNGEN_THROW(ValueError) << name << ": work_order has " << (*order).size(0) << " entries, not batch x query "
                               << "tiles (" << pairs << ") and a tail split: plan again for this batch";

@@ -29,7 +29,9 @@ namespace attngen {
 struct HopperKVMaps {  // CUtensorMap carries its own alignment
   CUtensorMap k, v, q;
   int use, use_q;
-  int page_box;  // paged maps: rows per box (the largest power of two dividing tile and page, at least 8); 0: ragged
+  // paged maps: rows per box (paged_box_rows: the largest power of two dividing tile and page, 8-256 rows, a tile's
+  // boxes at most the 128 producer threads); 0: ragged
+  int page_box;
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -38,7 +40,8 @@ __device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, uint32_t bytes)
                : "memory");
 }
 
-// Box (c0 columns, c1 head in the group, c2 KV head, c3 tokens) of a query map into `dst`, completing on `bar`.
+// Box of a 4-d map into `dst`, completing on `bar`: a query map's (c0 columns, c1 head in the group, c2 KV head,
+// c3 tokens), a paged K/V map's (columns, KV head, slot in the page, page).
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
                                             uint64_t* bar) {
   asm volatile(

@@ -41,7 +41,9 @@ struct PrefillProblem {
   // [B * q_tiles] or null: the plan's order of the (request, query tile) pairs, longest work first, which
   // the persistent Hopper kernel deals out (each pair's KV heads in a row); null: request by request
   const int32_t* work_order;
-  int work_tail_len;  // ints past the order's pairs: the tail split's section (hopper_tail.cuh), 0: none
+  // ints past the order's pairs: the Hopper tail split's section (hopper_tail.cuh) or the mma.sync split's
+  // (prefill_split.cuh; its launcher points work_order at the section), 0: none
+  int work_tail_len;
   PositionWindow win;  // TVM's positions and layer window: read by the windowed instances only (tvm_window.cuh)
   TreeMask tree;       // TVM's token trees: read by the tree instances only (tvm_tree.cuh)
   RopeFreq rope;       // TVM's inline RoPE at P.win's positions: read by the RoPE instances only (tvm_rope.cuh)

@@ -14,6 +14,7 @@ prefill templates read fp8 caches (the Hopper one on sm_90a, the mma.sync one ev
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -32,11 +33,13 @@ from .cuda_plans import MAX_GRID_BATCH, DecodeLaunch, DecodePlan, PrefillPlan
 from .deferred_parts import link_deferred_parts
 from .fp8 import device_kv_scales, scale_args
 from .kv_pool import heads_adjacent
+from .mma_split import may_split
 from .module import BuiltModule, resolve_sm_scale, scale_kwargs
 from .params import resolve_params
 from .replay_guard import poison_rows_over_bound
 from .tile_map import KVBound, TileMap, build_tile_map, params_key
 from .views import PagedKV, RaggedKV, paged_lengths
+from .work_order import device_sms
 
 
 def is_cuda(t) -> bool:
@@ -65,14 +68,28 @@ def current_arch() -> str:
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
 
-def _may_run_hopper(device) -> bool:
-    """Whether a plan for ``device`` (its qo_indptr's) may run the Hopper template (a GPU of compute capability
-    9.0; host tensors stand for any device in the planning tests): elsewhere a multi-arch library runs
-    mma.sync, which takes no order. Decided once per plan, not per call."""
+def _hopper_device(device) -> bool | None:
+    """Whether ``device`` is a GPU of compute capability 9.0, where a library built for sm_90a runs the Hopper
+    template (elsewhere a multi-arch library runs mma.sync); None for a host device: a plan made from host index
+    arrays (as FlashInfer's plans take them) may run on any GPU."""
     import torch
 
     device = torch.device(device)
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) == (9, 0)
+    if device.type != "cuda":
+        return None
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    import torch
+
+    return torch.cuda.get_device_capability(index)
+
+
+def _kv_device(kv):
+    """The device a paged or ragged view's keys lie on."""
+    return (kv.pages if isinstance(kv, PagedKV) else kv.k).device
 
 
 def _kv_lengths(kv) -> np.ndarray:
@@ -413,10 +430,11 @@ class CUDAAttention(BuiltModule):
         (runtime/work_tail.py; variants without a mask or logits hook over 16-bit caches, where it shortens the
         launch by 1% or more), and every item's key tiles where a launch has fewer items than SMs (appends: verify
         steps, short chunks; causal variants too, whose mask is its constant bounds); on the mma.sync template it
-        cuts every item's keys into chunks where a launch of 64-row tiles has fewer than two CTAs per SM
+        cuts every item's keys into chunks where a launch of 64-row tiles has no more CTAs than SMs
         (runtime/mma_split.py); False never. On the Hopper template it rides on the work order
-        (``work_order=False`` turns it off too). An fp8 cache is planned as a 16-bit one (both templates read
-        it)."""
+        (``work_order=False`` turns it off too). Either split's slots and counters are the plan's: a plan serves
+        one call at a time (calls on two streams at once take a plan each). An fp8 cache is planned as a 16-bit
+        one (both templates read it)."""
         _check_kv_view(kv, PagedKV, RaggedKV)
         dtype = dtype_name(kv.pages if isinstance(kv, PagedKV) else kv.k)
         kernel = _prefill_template(template, self.manifest["config"]["archs"])
@@ -439,9 +457,11 @@ class CUDAAttention(BuiltModule):
             raise AttentionArgumentError(f"tail_split: expected None or False, got {tail_split!r}")
         hook_pass_module.check_choice(self.variant, hook_pass)
         if kernel == PrefillTemplate.MMA_SYNC:  # a link-time build may link the mma.sync kernels on first use
-            link_deferred_parts(self, (kv.pages if isinstance(kv, PagedKV) else kv.k).device, "prefill")
-        ordered = work_order is not False and "sm_90a" in self.manifest["config"]["archs"] \
-            and kernel != PrefillTemplate.MMA_SYNC and _may_run_hopper(getattr(qo_indptr, "device", "cpu"))
+            link_deferred_parts(self, _kv_device(kv), "prefill")
+        on_hopper = _hopper_device(getattr(qo_indptr, "device", "cpu"))  # (None: a host qo_indptr, either)
+        hopper_kernels = "sm_90a" in self.manifest["config"]["archs"]
+        ordered = work_order is not False and hopper_kernels and kernel != PrefillTemplate.MMA_SYNC \
+            and on_hopper is not False
         kv_lens = _kv_lengths(kv) if ordered or self.manifest.get("float_position_limit") else None
         self._check_float_positions(kv_lens)
         if tile_map not in (None, True, False):
@@ -459,11 +479,12 @@ class CUDAAttention(BuiltModule):
                     f"max_qo_len: {max_qo_len!r} must be an integer from this batch's longest request ({longest}) "
                     f"to its total query rows ({int(qo[-1])})")
             longest = int(max_qo_len)
-        # calls run the mma.sync template (forced, no Hopper kernels, or another GPU) without a tile map: their
-        # keys may be split where the launch has few CTAs (runtime/mma_split.py)
+        # calls that may run the mma.sync template (forced, no Hopper kernels, or another GPU) without a tile map:
+        # their keys may be split where the launch has few CTAs (runtime/mma_split.py); the keys' lengths are read
+        # (a device-to-host copy) only for a batch that could split
         mma_split = tail_split is not False and why is not None and (
-            kernel == PrefillTemplate.MMA_SYNC or "sm_90a" not in self.manifest["config"]["archs"]
-            or not _may_run_hopper(getattr(qo_indptr, "device", "cpu")))
+            kernel == PrefillTemplate.MMA_SYNC or not hopper_kernels or on_hopper is not True) \
+            and may_split(longest, batch, kv.num_kv_heads, device_sms(_kv_device(kv)) or 0)
         if mma_split and kv_lens is None:
             kv_lens = _kv_lengths(kv)
         return PrefillPlan(batch, int(qo[-1]), longest, _tensor_key(qo_indptr),
@@ -559,9 +580,12 @@ class CUDAAttention(BuiltModule):
         scale = resolve_sm_scale(sm_scale, d)
         tiles = self._tile_map(plan, q, kv, qo_indptr, dt, d, params, extras, fp8)
         group = int(q.shape[1]) // kv.num_kv_heads
+        # the Hopper template's order (or a tile map's), else the mma.sync split's section where one serves
+        hopper = plan.kernel != PrefillTemplate.MMA_SYNC and "sm_90a" in self.manifest["config"]["archs"] \
+            and _hopper_device(q.device)
         order = plan.work_order(self.variant, group, d, q.device, tiles, kv_scaled=fp8 is not None,
-                                kv_heads=kv.num_kv_heads)
-        if order is None and tiles is None:
+                                kv_heads=kv.num_kv_heads) if hopper or tiles is not None else None
+        if not hopper and tiles is None:
             order = plan.mma_split_order(group, d, kv.num_kv_heads, q.device)
         workspace = None if fp8 is not None else hook_pass_module.workspace_for(
             self.variant, plan.hook_pass, plan.max_qo_len * group, q, kv, d)

@@ -11,7 +11,7 @@ from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillT
 from .checks import AttentionArgumentError
 from .replay_guard import check_replay_batch
 from .tile_map import KVBound, TileMap
-from .mma_split import split_order
+from .mma_split import order_pairs, split_order
 from .work_order import device_sms, order_from_bounds
 
 
@@ -182,7 +182,7 @@ class PrefillPlan:
             sms = sms if sms is not None else device_sms(device)
             if sms is None or _capturing(device):  # (no host-to-device copy inside a capture: unsplit)
                 return None
-            pairs = self.batch_size * -(-self.max_qo_len * group // 128)  # (the Hopper tiles' entries, unread)
+            pairs = order_pairs(self.max_qo_len, group, self.batch_size)
             self.orders[key] = split_order(self.max_qo_len, self.mma_kv_lens, group=group, kv_heads=kv_heads,
                                            head_dim=head_dim, sms=sms, pairs=pairs, device=device)
         return self.orders[key]

@@ -2,9 +2,10 @@
 
 An append of a few query rows over many keys (speculative decoding's verify step: 8 rows over 8k keys) gives the
 mma.sync template one CTA per (64-row query tile, KV head, request): 8 CTAs for one request at GQA 32 / 8, each
-walking all 128 tiles of 64 keys while the other SMs idle. Where a plan's CTAs are fewer than two per SM, it asks
-the kernel to cut every item's key range into ``splits`` chunks of ``chunk_keys`` keys (grid.y), each chunk's
-state merged in the kernel by the CTA that finishes its item's last chunk.
+walking all 128 tiles of 64 keys while the other SMs idle. Where a plan's CTAs are no more than the SMs (two of
+this tile's CTAs share an SM, so even two chunks an item stay within one wave), it asks the kernel to cut every
+item's key range into ``splits`` chunks of ``chunk_keys`` keys (grid.y), each chunk's state merged in the kernel by
+the CTA that finishes its item's last chunk.
 
 The section rides behind the plan's work order entries (which this template does not read) in one int32 tensor;
 its header and counters are copied from the host, its partial slots allocated on the device (each chunk writes
@@ -20,6 +21,7 @@ HEADER = 8
 ROWS = 64  # the tile's rows where a plan splits (csrc/prefill_launch.cuh: 64-row tiles below 256 packed rows)
 WIDE_FROM = 256  # packed rows of the longest request from which the launch may take 128-row tiles
 THREADS = 128
+ORDER_ROWS = 128  # rows of the Hopper template's query tiles, by which the order's entries count (kOrderRows)
 MIN_CHUNK_KEYS = 256  # four 64-key tiles: shorter chunks spend more on their slots and merge than they save
 CTAS_PER_SM = 2  # the 64-row tile's shared memory lets two CTAs share an SM
 MAX_PARTIAL_BYTES = 64 << 20
@@ -36,6 +38,23 @@ def partials_at(pairs: int, items: int) -> int:
     return at + (-(pairs + at)) % 4
 
 
+def order_pairs(max_qo_len: int, group: int, batch: int) -> int:
+    """Entries of the order ahead of the section: one per (request, Hopper query tile), unread by this template."""
+    return batch * -(-max_qo_len * group // ORDER_ROWS)
+
+
+def items_of(max_qo_len: int, group: int, kv_heads: int, batch: int) -> int:
+    """CTAs of an unsplit launch of 64-row tiles: (query tile, KV head, request)."""
+    return -(-max_qo_len * group // ROWS) * kv_heads * batch
+
+
+def may_split(max_qo_len: int, batch: int, kv_heads: int, sms: int) -> bool:
+    """Whether a launch of this batch could split at some GQA group (the fewest rows and CTAs are group 1's): a
+    plan reads the batch's key lengths (a device-to-host copy) only then."""
+    return 0 < max_qo_len < WIDE_FROM and batch > 0 and kv_heads > 0 and \
+        CTAS_PER_SM * sms // items_of(max_qo_len, 1, kv_heads, batch) >= 2
+
+
 def split_plan(max_qo_len: int, kv_lens: np.ndarray, *, group: int, kv_heads: int, head_dim: int, sms: int):
     """(splits, chunk_keys) for a launch of this batch (kv_lens: [B] keys per request), or None where it has
     enough CTAs, its longest request packs rows for 128-row tiles, or no cut of at least MIN_CHUNK_KEYS gives two
@@ -43,7 +62,7 @@ def split_plan(max_qo_len: int, kv_lens: np.ndarray, *, group: int, kv_heads: in
     rows = max_qo_len * group
     if rows <= 0 or rows >= WIDE_FROM or len(kv_lens) == 0:
         return None
-    items = -(-rows // ROWS) * kv_heads * len(kv_lens)
+    items = items_of(max_qo_len, group, kv_heads, len(kv_lens))
     want = CTAS_PER_SM * sms // items
     longest = int(np.max(kv_lens))
     if want < 2 or longest < 2 * MIN_CHUNK_KEYS:
@@ -65,7 +84,7 @@ def split_order(max_qo_len: int, kv_lens: np.ndarray, *, group: int, kv_heads: i
     if plan is None:
         return None
     splits, chunk = plan
-    items = -(-max_qo_len * group // ROWS) * kv_heads * len(kv_lens)
+    items = items_of(max_qo_len, group, kv_heads, len(kv_lens))
     at = partials_at(pairs, items)
     host = np.zeros(pairs + at, dtype=np.int32)  # (the counters zero)
     host[pairs:pairs + HEADER] = [MAGIC, splits, chunk, items, slot_floats(head_dim), HEADER, at, ROWS]

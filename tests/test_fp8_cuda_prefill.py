@@ -229,7 +229,8 @@ def fp8_tensor(a: np.ndarray, kv_dtype: str):
     return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).cuda().view(getattr(torch, kv_dtype))
 
 
-def fp8_case(rng, q_dtype, kv_dtype, *, kv_mode, head_dim, group, per_tensor, num_kv=2):
+def fp8_case(rng, q_dtype, kv_dtype, *, kv_mode, head_dim, group, per_tensor, num_kv=2, qo_lens=QO_LENS,
+             kv_lens=KV_LENS):
     """(problem, k_scale, v_scale, kv view on the GPU): per-head scales far apart, so that a kernel reading
     another head's scale fails."""
     from attngen.runtime import PagedKV, RaggedKV
@@ -238,7 +239,7 @@ def fp8_case(rng, q_dtype, kv_dtype, *, kv_mode, head_dim, group, per_tensor, nu
     from .test_gpu_decode import to_torch
 
     layout = "HND" if kv_mode == "HND" else "NHD"
-    prob, k_scale, v_scale = quantised_problem(rng, kv_dtype, q_dtype, qo_lens=QO_LENS, kv_lens=KV_LENS,
+    prob, k_scale, v_scale = quantised_problem(rng, kv_dtype, q_dtype, qo_lens=qo_lens, kv_lens=kv_lens,
                                                num_qo_heads=num_kv * group, num_kv_heads=num_kv, layout=layout,
                                                page_size=16, head_dim=head_dim, per_tensor=per_tensor)
     if not per_tensor:  # the dequantised values are stored x scale: the reference and the kernel see the same
@@ -261,58 +262,86 @@ def skip_unless_template_runs(template: str) -> None:
         pytest.skip("the Hopper prefill template needs a GPU of compute capability 9.0")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("template", TEMPLATES)
-@pytest.mark.parametrize("name", GPU_VARIANTS)
-def test_fp8_prefill_matches_the_reference_on_dequantised_values(name, template, build_cache, rng):
+def check_fp8_prefill(att, rng, q_dtype, kv_dtype, *, kv_mode, head_dim, group, per_tensor, plans, **lens) -> list:
+    """Runs ``att``'s prefill under each of ``plans`` (plan_prefill keywords) over one fp8 case (fp8_case; ``lens``:
+    its qo_lens / kv_lens) against the float64 reference on the dequantised values, outputs pre-filled with NaN;
+    returns the plans made."""
     import torch
 
     from attngen.runtime import reference_attention
-    from attngen.ir.mask_class import mask_needs_map
     from attngen.testing import compare, fp8_tolerance, random_params
 
     from .test_gpu_decode import to_torch
 
+    variant = att.variant
+    prob, k_scale, v_scale, kv = fp8_case(rng, q_dtype, kv_dtype, kv_mode=kv_mode, head_dim=head_dim, group=group,
+                                          per_tensor=per_tensor, **lens)
+    params = random_params(variant, rng, prob)
+    sm_scale = head_dim ** -0.5
+    ref_o, ref_l = reference_attention(variant, prob.q, prob.keys, prob.values, prob.qo_indptr, sm_scale, params,
+                                       k_scale=k_scale, v_scale=v_scale)
+    q = to_torch(prob.q, q_dtype)
+    qo_indptr = to_torch(prob.qo_indptr)
+    dev_params = {k: (to_torch(x) if isinstance(x, np.ndarray) else x) for k, x in params.items()}
+    scales = (dict(k_scale=k_scale, v_scale=v_scale) if per_tensor else
+              dict(k_scale=torch.from_numpy(k_scale).cuda(), v_scale=torch.from_numpy(v_scale).cuda()))
+    # k x PyTorch's error in the query dtype on the dequantised values + floor; keys rounded to the query dtype
+    # after a key hook move the lse by up to one unit at the largest lse
+    finite = np.abs(ref_l[np.isfinite(ref_l)])
+    tol = fp8_tolerance(prob.q, prob.qo_indptr, prob.keys, prob.values, k_scale, v_scale, ref_o, q_dtype, sm_scale)
+    lse_tol = max(2e-2, float(torch.finfo(q.dtype).eps) * float(finite.max(initial=0.0)))
+    made = []
+    for plan_args in plans:
+        plan = att.plan_prefill(qo_indptr, kv, head_dim, **plan_args)
+        made.append(plan)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+        att.prefill(q, kv, qo_indptr, plan=plan, sm_scale=sm_scale, params=dev_params, out=out, lse=lse, **scales)
+        torch.cuda.synchronize()
+        compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=tol, lse_tol=lse_tol,
+                what=f"{variant.name} {q_dtype} {kv_dtype} {kv_mode} d{head_dim} g{group} "
+                     f"{'per-tensor' if per_tensor else 'per-head'} {plan_args}")
+    return made
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("template", TEMPLATES)
+@pytest.mark.parametrize("name", GPU_VARIANTS)
+def test_fp8_prefill_matches_the_reference_on_dequantised_values(name, template, build_cache, rng):
+    from attngen.ir.mask_class import mask_needs_map
+
     skip_unless_template_runs(template)
     pairs = gpu_pairs(name)
     att = fp8_prefill_module(name, build_cache, tuple(q for q, _ in pairs), tuple(kv for _, kv in pairs))
-    variant = att.variant
+    # the mma.sync template's two query tiles; the Hopper template has one
+    plans = [dict(template=template, wide_tiles=wide)
+             for wide in ((False, True) if template == "mma_sync" else (None,))]
+    if mask_needs_map(att.variant):  # the mask hook on every tile instead of the map
+        plans.append(dict(template=template, tile_map=False))
     for q_dtype, kv_dtype in pairs:
         for head_dim, group in ((64, 5), (128, 4)):
             for kv_mode in ("ragged", "NHD", "HND"):
                 per_tensor = (head_dim == 64) != (kv_mode == "HND")  # both kinds for every pair and view
-                prob, k_scale, v_scale, kv = fp8_case(rng, q_dtype, kv_dtype, kv_mode=kv_mode, head_dim=head_dim,
-                                                      group=group, per_tensor=per_tensor)
-                params = random_params(variant, rng, prob)
-                sm_scale = head_dim ** -0.5
-                ref_o, ref_l = reference_attention(variant, prob.q, prob.keys, prob.values, prob.qo_indptr, sm_scale,
-                                                   params, k_scale=k_scale, v_scale=v_scale)
-                q = to_torch(prob.q, q_dtype)
-                qo_indptr = to_torch(prob.qo_indptr)
-                dev_params = {k: (to_torch(x) if isinstance(x, np.ndarray) else x) for k, x in params.items()}
-                scales = (dict(k_scale=k_scale, v_scale=v_scale) if per_tensor else
-                          dict(k_scale=torch.from_numpy(k_scale).cuda(), v_scale=torch.from_numpy(v_scale).cuda()))
-                # the mma.sync template's two query tiles; the Hopper template has one
-                plans = [dict(template=template, wide_tiles=wide) for wide in
-                         ((False, True) if template == "mma_sync" else (None,))]
-                if mask_needs_map(variant):  # the mask hook on every tile instead of the map
-                    plans.append(dict(template=template, tile_map=False))
-                # k x PyTorch's error in the query dtype on the dequantised values + floor; keys rounded to the
-                # query dtype after a key hook move the lse by up to one unit at the largest lse
-                finite = np.abs(ref_l[np.isfinite(ref_l)])
-                tol = fp8_tolerance(prob.q, prob.qo_indptr, prob.keys, prob.values, k_scale, v_scale, ref_o, q_dtype,
-                                    sm_scale)
-                lse_tol = max(2e-2, float(torch.finfo(q.dtype).eps) * float(finite.max(initial=0.0)))
-                for plan_args in plans:
-                    plan = att.plan_prefill(qo_indptr, kv, head_dim, **plan_args)
-                    out = torch.full_like(q, float("nan"))
-                    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
-                    att.prefill(q, kv, qo_indptr, plan=plan, sm_scale=sm_scale, params=dev_params, out=out,
-                                lse=lse, **scales)
-                    torch.cuda.synchronize()
-                    compare(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, tol=tol, lse_tol=lse_tol,
-                            what=f"{name} {template} {q_dtype} {kv_dtype} {kv_mode} d{head_dim} g{group} "
-                                 f"{'per-tensor' if per_tensor else 'per-head'} {plan_args}")
+                check_fp8_prefill(att, rng, q_dtype, kv_dtype, kv_mode=kv_mode, head_dim=head_dim, group=group,
+                                  per_tensor=per_tensor, plans=plans)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["causal", "attention_sink"])
+def test_fp8_appends_split_their_keys_on_the_mma_sync_template(name, build_cache, rng):
+    """Appends over an fp8 cache (a verify step of 8 rows at GQA 4 over 8k keys, an empty request, 3 rows over
+    3000 keys; per-head scales) split their keys on the mma.sync template (runtime/mma_split.py): v_scale and the
+    output hook apply once the chunks merge. Against the float64 reference on the dequantised values, with the
+    split and without."""
+    pairs = gpu_pairs(name)
+    att = fp8_prefill_module(name, build_cache, tuple(q for q, _ in pairs), tuple(kv for _, kv in pairs))
+    for (q_dtype, kv_dtype), kv_mode in zip(pairs, ("NHD", "ragged")):
+        plans = [dict(template="mma_sync", tail_split=split) for split in (None, False)]
+        made = check_fp8_prefill(att, rng, q_dtype, kv_dtype, kv_mode=kv_mode, head_dim=128, group=4,
+                                 per_tensor=False, plans=plans, qo_lens=[8, 0, 3], kv_lens=[8192, 5, 3000])
+        for split, plan in zip((True, False), made):
+            orders = [o for key, o in plan.orders.items() if key[0] == "mma"]
+            assert (len(orders) == 1 and orders[0] is not None) == split, (kv_mode, split)
 
 
 @pytest.mark.gpu

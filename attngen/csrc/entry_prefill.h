@@ -81,15 +81,14 @@ inline void fill_tile_list(PrefillProblem& P, const char* name, const tvm::ffi::
                      reinterpret_cast<const int2*>(entry_data + at)};
 }
 
-static_assert(kOrderRows == HopperTile<128>::kRows, "the order's entries count the Hopper template's query tiles");
-
 // The plan's work order into P: one entry per (request, query tile) pair of the Hopper template's grid.
 template <int D>
 void fill_work_order(PrefillProblem& P, const char* name, const tvm::ffi::TensorView& q, const OptionalTensor& order,
                      int64_t max_qo_len) {
   if (!order.has_value()) return;
   check_args(name, {{"work_order", *order, 1, dl_dtype<int32_t>()}}, q.device().device_id);
-  const int64_t pairs = int64_t(P.batch) * ((max_qo_len * P.group + HopperTile<D>::kRows - 1) / HopperTile<D>::kRows);
+  static_assert(HopperTile<D>::kRows == kOrderRows, "the order's entries count the Hopper template's query tiles");
+  const int64_t pairs = int64_t(P.batch) * ((max_qo_len * P.group + kOrderRows - 1) / kOrderRows);
   // (entries past the pairs: the plan's Hopper tail split, runtime/work_tail.py, or mma.sync split,
   // runtime/mma_split.py, which the kernels check themselves)
   if ((*order).size(0) < pairs || ((*order).size(0) > pairs && (*order).size(0) < pairs + kTailHeader))

@@ -196,7 +196,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
       // ragged tile's boxes from one thread, a paged tile's from a thread per page, its page looked up before the
       // stage's wait); the last, partial tile (and a paged one not starting on a box) is gathered with its rows
       // past `hi` zero-filled, so that no other request's values (maybe not finite) meet a masked 0 weight
-      const int kv_start = P.kv.indptr[b];
+      const int kv_start = gather.kv_start;  // (P.kv.indptr[b], read once for the item)
 #pragma unroll 1
       for (int kt = 0; kt < num_kt; ++kt) {
         const int n = it + kt, s = n % NS;  // the CTA's n-th K/V tile: its stage and (n >= NS) the phase

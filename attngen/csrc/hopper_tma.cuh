@@ -68,9 +68,7 @@ __device__ __forceinline__ int2 paged_box_of(const HopperKVMaps& maps, const KVR
   constexpr int kChunks = D / 64;
   const int box = maps.page_box;
   if (box == 0 || ptid >= (Keys / box) * kChunks) return make_int2(-1, 0);
-  const int j = js + (ptid / kChunks) * box;
-  const int pi = page_shift >= 0 ? j >> page_shift : j / kv.page_size;
-  return make_int2(__ldg(kv.indices + kv_start + pi), j - pi * kv.page_size);
+  return kv.page_slot(kv_start, js + (ptid / kChunks) * box, page_shift);
 }
 
 // A whole tile of keys js ... js + Keys - 1 into the stage `dst` by bulk copies, completing on `bar`; every producer

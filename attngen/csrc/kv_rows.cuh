@@ -42,13 +42,19 @@ struct KVRows {
   __device__ __forceinline__ int page_shift() const {
     return page_size > 0 && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
   }
-  // Offset of key row j of the request whose indptr entry is `start` (indptr[b], read once by the
-  // caller), shift = page_shift(); the value row lies stride_kv further.
-  __device__ __forceinline__ int64_t key_offset(int start, int j, int shift) const {
-    if (page_size == 0) return int64_t(start + j) * stride_slot;
+  // (page, slot in it) of key row j of a paged request whose indptr entry is `start` (indptr[b], read once by the
+  // caller), shift = page_shift()
+  __device__ __forceinline__ int2 page_slot(int start, int j, int shift) const {
     const int pi = shift >= 0 ? j >> shift : j / page_size;
     const int slot = shift >= 0 ? j & (page_size - 1) : j - pi * page_size;
-    return int64_t(__ldg(indices + start + pi)) * stride_page + int64_t(slot) * stride_slot;
+    return make_int2(__ldg(indices + start + pi), slot);
+  }
+  // Offset of key row j of the request whose indptr entry is `start`, shift = page_shift(); the value row lies
+  // stride_kv further.
+  __device__ __forceinline__ int64_t key_offset(int start, int j, int shift) const {
+    if (page_size == 0) return int64_t(start + j) * stride_slot;
+    const int2 ps = page_slot(start, j, shift);
+    return int64_t(ps.x) * stride_page + int64_t(ps.y) * stride_slot;
   }
 };
 

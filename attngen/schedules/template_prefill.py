@@ -1,4 +1,4 @@
-"""The FA2-class prefill / append template (csrc/prefill.cuh: PrefillTile<D, Small, MT>, prefill_smem_bytes;
+"""The FA2-class prefill / append template (csrc/prefill_tile.cuh: PrefillTile<D, Small, MT>, prefill_smem_bytes;
 csrc/prefill_launch.cuh: kPrefillWideRows, launch_prefill's choice).
 
 Four warps, each owning MT m-tiles of 16 query rows (the rows are the (token, head) pairs of a KV head's

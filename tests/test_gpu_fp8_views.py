@@ -77,3 +77,31 @@ def test_gpu_block_sparse_over_an_fp8_cache_equals_one_over_its_values(name, kv_
         assert written(out, lse), type(view).__name__
         ref_o, ref_l = ref.run(q, held, view)
         assert close(out, ref_o) and close(lse, ref_l), type(view).__name__
+
+
+def test_float_scales_are_filled_once_per_stream_and_never_kept_from_a_capture():
+    """A float scale's device tensor is filled once per (value, stream) and reused by later calls; another value
+    or stream gets its own; a CUDA graph capture fills one of its own that no later call reuses."""
+    import torch
+
+    from attngen.runtime import fp8
+
+    q = torch.zeros(1, 4, 64, device="cuda")
+    kw = dict(kv_dtype="float8_e4m3fn", num_kv_heads=2, like=q)
+    a = fp8.device_kv_scales(0.5, "k_scale", **kw)
+    assert a.dtype == torch.float32 and a.tolist() == [0.5, 0.5]
+    assert fp8.device_kv_scales(0.5, "v_scale", **kw) is a
+    b = fp8.device_kv_scales(0.25, "k_scale", **kw)
+    assert b is not a and b.tolist() == [0.25, 0.25]
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        c = fp8.device_kv_scales(0.5, "k_scale", **kw)
+    torch.cuda.synchronize()
+    assert c is not a and c.tolist() == [0.5, 0.5]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        d = fp8.device_kv_scales(0.75, "k_scale", **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert d.tolist() == [0.75, 0.75] and all(t is not d for t in fp8._FILLED.values())
+    assert fp8.device_kv_scales(0.75, "k_scale", **kw) is not d

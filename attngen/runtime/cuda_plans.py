@@ -9,6 +9,7 @@ import numpy as np
 from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillTileRows
 
 from .checks import AttentionArgumentError
+from .cuda_stream import stream_capturing
 from .replay_guard import check_replay_batch
 from .tile_map import KVBound, TileMap
 from .mma_split import order_pairs, split_order
@@ -155,7 +156,7 @@ class PrefillPlan:
             return tile_map.order
         key = (group, head_dim, kv_scaled, kv_heads, str(device))
         if key not in self.orders:
-            if _capturing(device):  # no host-to-device copy inside a CUDA graph capture: the kernel's own order
+            if stream_capturing(device):  # no host-to-device copy inside a CUDA graph capture: the kernel's own order
                 return None
             from attngen.schedules.template_prefill_hopper import hopper_config_for
 
@@ -180,20 +181,9 @@ class PrefillPlan:
         key = ("mma", group, head_dim, kv_heads, str(device))
         if key not in self.orders:
             sms = sms if sms is not None else device_sms(device)
-            if sms is None or _capturing(device):  # (no host-to-device copy inside a capture: unsplit)
+            if sms is None or stream_capturing(device):  # (no host-to-device copy inside a capture: unsplit)
                 return None
             pairs = order_pairs(self.max_qo_len, group, self.batch_size)
             self.orders[key] = split_order(self.max_qo_len, self.mma_kv_lens, group=group, kv_heads=kv_heads,
                                            head_dim=head_dim, sms=sms, pairs=pairs, device=device)
         return self.orders[key]
-
-
-def _capturing(device) -> bool:
-    """Whether the current stream of ``device`` (a CUDA device) is capturing a CUDA graph."""
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        return False
-    with torch.cuda.device(device):
-        return torch.cuda.is_current_stream_capturing()

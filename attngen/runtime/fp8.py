@@ -28,6 +28,7 @@ import numpy as np
 from attngen.schedules.dtypes import FP8_DTYPES, is_fp8
 
 from .checks import AttentionArgumentError, as_numpy, check_layout, check_tensor, dtype_name
+from .cuda_stream import stream_capturing
 from .views import write_at_slots
 
 Tensor = Any  # numpy.ndarray or torch.Tensor
@@ -125,16 +126,36 @@ def device_kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like
     host and filled on the device; a float32 CUDA tensor of [], [1] or [Hkv] entries on that device is
     broadcast there, its values unread: reading them would synchronise the device, so a zero, negative or
     non-finite entry is the caller's to avoid (it gives wrong or non-finite outputs, not an error)."""
-    import torch
-
     if _check_scale(scale, name, kv_dtype=kv_dtype, num_kv_heads=num_kv_heads):
         if not (math.isfinite(float(scale)) and float(scale) > 0):
             raise AttentionArgumentError(f"{name}: scales must be finite and positive, got {float(scale)}")
-        return torch.full((num_kv_heads,), float(scale), dtype=torch.float32, device=like.device)
+        return _filled_scales(float(scale), num_kv_heads, like.device)
     device = getattr(scale, "device", None)
     if getattr(device, "type", None) != "cuda" or device != like.device:
         raise AttentionArgumentError(f"{name}: must be a CUDA tensor on q's device ({like.device}), or a float")
     return scale.reshape(-1).expand(num_kv_heads).contiguous()
+
+
+_FILLED: dict = {}  # (scale, Hkv, device, stream) -> float32 [Hkv] of that scale on that device
+_FILLED_MAX = 64
+
+
+def _filled_scales(scale: float, num_kv_heads: int, device):
+    """float32 [Hkv] of ``scale`` on ``device``, filled on the current stream once and kept for later calls on
+    that stream: two fill kernels per call cost a short decode more than a tenth of its time (B1 L64k fp8:
+    the decode kernel takes 51 us of a 61 us call). A tensor filled during a CUDA graph capture belongs to the
+    graph's replays, so a capture fills its own and keeps none."""
+    import torch
+
+    if stream_capturing(device):
+        return torch.full((num_kv_heads,), scale, dtype=torch.float32, device=device)
+    key = (scale, num_kv_heads, device, torch.cuda.current_stream(device).cuda_stream)
+    filled = _FILLED.get(key)
+    if filled is None:
+        if len(_FILLED) >= _FILLED_MAX:  # (freed in stream order: a kernel queued on that stream still reads them)
+            _FILLED.clear()
+        filled = _FILLED[key] = torch.full((num_kv_heads,), scale, dtype=torch.float32, device=device)
+    return filled
 
 
 def check_no_scales(kv_dtype: str, k_scale, v_scale) -> None:

@@ -298,6 +298,21 @@ def test_mma_sync_appends_split_their_keys_into_chunks(name, build_cache, rng):
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
+def test_mma_sync_splits_long_appends_at_head_dim_256(build_cache, rng):
+    """At head dim 256 the mma.sync template has 64-row tiles only: an append of 64 tokens at GQA 4 (256 packed
+    rows) over 9000 keys splits its keys too (runtime/mma_split.py), against the float64 reference, paged in random
+    page order and ragged, with the split and without."""
+    att = cuda_module("causal", build_cache, (256,), ("bfloat16",), ("prefill",))
+    v = variant("causal")
+    for kv_mode in ("NHD", "ragged"):
+        plans = []
+        run_prefill(att, v, rng, group=4, head_dim=256, dtype="bfloat16", kv_mode=kv_mode, qo_lens=[64, 3],
+                    kv_lens=[9000, 700], num_kv=4, plans=plans, tail_split=(None, False))
+        for split, plan in zip((True, False, True, False), plans):
+            made = [o for key, o in plan.orders.items() if key[0] == "mma"]
+            assert (len(made) == 1 and made[0] is not None) == split, (kv_mode, split)
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("cap", [2.0, 30.0, 50.0, 100.0])
 def test_softcap_row_max_fixed_or_running(template, cap, build_cache, rng):

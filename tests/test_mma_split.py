@@ -68,6 +68,20 @@ def test_a_plan_reads_key_lengths_only_where_a_split_may_serve(max_qo, batch, he
                                         head_dim=128, sms=sms) is None
 
 
+@pytest.mark.parametrize("head_dim,rows_64,splits", [(128, False, False), (64, False, False), (256, False, True),
+                                                      (128, True, True)])
+def test_appends_of_256_rows_or_more_split_where_no_128_row_tile_serves(head_dim, rows_64, splits):
+    """A chunk of 64 tokens at GQA 4 (256 packed rows) over 16k keys: 32 CTAs. 128-row tiles (head dims up to 128)
+    take no split; at head dim 256, or with 64-row tiles forced, the launch's tiles are 64 rows and split."""
+    kv = np.array([16384])
+    got = mma_split.split_plan(64, kv, group=4, kv_heads=8, head_dim=head_dim, sms=132, rows_64=rows_64)
+    assert (got is not None) == splits
+    assert mma_split.may_split(64, 1, 8, 132, head_dim=head_dim, rows_64=rows_64)  # (group 1: 64 rows, split)
+    assert mma_split.may_split(256, 1, 8, 132, head_dim=head_dim, rows_64=rows_64) == splits  # (group 1: 256 rows)
+    if got:
+        assert got[0] >= 2 and mma_split.items_of(64, 4, 8, 1) * got[0] <= 2 * 132
+
+
 def test_the_slots_memory_is_bounded():
     """A long cache over a few CTAs of a device of many SMs: the chunks' slots stay within MAX_PARTIAL_BYTES
     (fewer, longer chunks than the SMs ask for)."""

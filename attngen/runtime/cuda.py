@@ -484,7 +484,8 @@ class CUDAAttention(BuiltModule):
         # (a device-to-host copy) only for a batch that could split
         mma_split = tail_split is not False and why is not None and (
             kernel == PrefillTemplate.MMA_SYNC or not hopper_kernels or on_hopper is not True) \
-            and may_split(longest, batch, kv.num_kv_heads, device_sms(_kv_device(kv)) or 0)
+            and may_split(longest, batch, kv.num_kv_heads, device_sms(_kv_device(kv)) or 0, head_dim=head_dim,
+                          rows_64=wide_tiles is False)
         if mma_split and kv_lens is None:
             kv_lens = _kv_lengths(kv)
         return PrefillPlan(batch, int(qo[-1]), longest, _tensor_key(qo_indptr),

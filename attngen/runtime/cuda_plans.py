@@ -185,5 +185,6 @@ class PrefillPlan:
                 return None
             pairs = order_pairs(self.max_qo_len, group, self.batch_size)
             self.orders[key] = split_order(self.max_qo_len, self.mma_kv_lens, group=group, kv_heads=kv_heads,
-                                           head_dim=head_dim, sms=sms, pairs=pairs, device=device)
+                                           head_dim=head_dim, sms=sms, pairs=pairs, device=device,
+                                           rows_64=self.tile_rows == PrefillTileRows.ROWS_64)
         return self.orders[key]

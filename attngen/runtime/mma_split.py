@@ -20,6 +20,7 @@ MAGIC = 0x5B11
 HEADER = 8
 ROWS = 64  # the tile's rows where a plan splits (csrc/prefill_launch.cuh: 64-row tiles below 256 packed rows)
 WIDE_FROM = 256  # packed rows of the longest request from which the launch may take 128-row tiles
+WIDE_MAX_HEAD_DIM = 128  # head dims with 128-row tiles (csrc/prefill_launch.cuh launch_prefill)
 THREADS = 128
 ORDER_ROWS = 128  # rows of the Hopper template's query tiles, by which the order's entries count (kOrderRows)
 MIN_CHUNK_KEYS = 256  # four 64-key tiles: shorter chunks spend more on their slots and merge than they save
@@ -48,19 +49,28 @@ def items_of(max_qo_len: int, group: int, kv_heads: int, batch: int) -> int:
     return -(-max_qo_len * group // ROWS) * kv_heads * batch
 
 
-def may_split(max_qo_len: int, batch: int, kv_heads: int, sms: int) -> bool:
+def wide_tiles_possible(head_dim: int, rows_64: bool) -> bool:
+    """Whether a launch may take 128-row tiles (which do not split): at head dims up to 128, unless the plan forces
+    64-row tiles (``rows_64``)."""
+    return head_dim <= WIDE_MAX_HEAD_DIM and not rows_64
+
+
+def may_split(max_qo_len: int, batch: int, kv_heads: int, sms: int, *, head_dim: int = 128,
+              rows_64: bool = False) -> bool:
     """Whether a launch of this batch could split at some GQA group (the fewest rows and CTAs are group 1's): a
     plan reads the batch's key lengths (a device-to-host copy) only then."""
-    return 0 < max_qo_len < WIDE_FROM and batch > 0 and kv_heads > 0 and \
+    wide = wide_tiles_possible(head_dim, rows_64)
+    return max_qo_len > 0 and (max_qo_len < WIDE_FROM or not wide) and batch > 0 and kv_heads > 0 and \
         CTAS_PER_SM * sms // items_of(max_qo_len, 1, kv_heads, batch) >= 2
 
 
-def split_plan(max_qo_len: int, kv_lens: np.ndarray, *, group: int, kv_heads: int, head_dim: int, sms: int):
+def split_plan(max_qo_len: int, kv_lens: np.ndarray, *, group: int, kv_heads: int, head_dim: int, sms: int,
+               rows_64: bool = False):
     """(splits, chunk_keys) for a launch of this batch (kv_lens: [B] keys per request), or None where it has
-    enough CTAs, its longest request packs rows for 128-row tiles, or no cut of at least MIN_CHUNK_KEYS gives two
-    chunks."""
+    enough CTAs, its longest request packs rows for 128-row tiles (head dims up to 128, 64-row tiles not forced:
+    ``rows_64``), or no cut of at least MIN_CHUNK_KEYS gives two chunks."""
     rows = max_qo_len * group
-    if rows <= 0 or rows >= WIDE_FROM or len(kv_lens) == 0:
+    if rows <= 0 or (rows >= WIDE_FROM and wide_tiles_possible(head_dim, rows_64)) or len(kv_lens) == 0:
         return None
     items = items_of(max_qo_len, group, kv_heads, len(kv_lens))
     want = CTAS_PER_SM * sms // items
@@ -75,12 +85,13 @@ def split_plan(max_qo_len: int, kv_lens: np.ndarray, *, group: int, kv_heads: in
 
 
 def split_order(max_qo_len: int, kv_lens: np.ndarray, *, group: int, kv_heads: int, head_dim: int, sms: int,
-                pairs: int, device):
+                pairs: int, device, rows_64: bool = False):
     """The plan's order tensor for an mma.sync launch that splits ([pairs] zeros, then the section; int32, on
     ``device``), or None where split_plan finds no split."""
     import torch
 
-    plan = split_plan(max_qo_len, kv_lens, group=group, kv_heads=kv_heads, head_dim=head_dim, sms=sms)
+    plan = split_plan(max_qo_len, kv_lens, group=group, kv_heads=kv_heads, head_dim=head_dim, sms=sms,
+                      rows_64=rows_64)
     if plan is None:
         return None
     splits, chunk = plan

@@ -110,6 +110,13 @@ def one_ragged_request(rows, keys, hq, hkv, head_dim, seed):
     return q, RaggedKV(k, v, torch.tensor([0, keys], dtype=torch.int32, device="cuda")), qo
 
 
+def one_request_params(v, rng, rows, keys, hq=16):
+    """Random parameters of variant ``v`` for one request of ``rows`` query rows over ``keys`` keys (``hq`` query
+    heads), tensors on the GPU."""
+    shape = SimpleNamespace(q=np.zeros((1, hq, 1)), qo_lens=[rows], kv_lens=[keys])
+    return {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in random_params(v, rng, shape).items()}
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("name,head_dim,dtype", VARIANT_CONFIGS)
 def test_prefill_matches_reference(name, head_dim, dtype, template, build_cache, rng):
@@ -170,8 +177,7 @@ def test_tail_split_matches_the_reference(name, head_dim, build_cache, rng):
     # the same inputs twice through one split plan: the same bits (every slot merged in slot order, whichever
     # piece ends last; the counters back at zero after each call), and the unsplit plan's result to rounding
     q, kv, qo = one_ragged_request(1100, 3000, 16, 4, head_dim, seed=1)
-    shape = SimpleNamespace(q=np.zeros((1, 16, 1)), qo_lens=[1100], kv_lens=[3000])
-    params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in random_params(v, rng, shape).items()}
+    params = one_request_params(v, rng, 1100, 3000)
     runs = []
     for split in (None, None, False):
         plan = att.plan_prefill(qo, kv, head_dim, template="hopper", tail_split=split)
@@ -207,8 +213,7 @@ def test_appends_of_few_rows_split_their_keys_over_the_sms(name, build_cache, rn
         assert unsplit.numel() == pairs
     # one plan, two calls: the same bits (slots merged in slot order; the counters back at zero after a call)
     q, kv, qo = one_ragged_request(8, 8192, 16, 4, 128, seed=2)
-    shape = SimpleNamespace(q=np.zeros((1, 16, 1)), qo_lens=[8], kv_lens=[8192])
-    params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in random_params(v, rng, shape).items()}
+    params = one_request_params(v, rng, 8, 8192)
     plan = att.plan_prefill(qo, kv, 128, template="hopper")
     runs = []
     for _ in range(2):
@@ -280,8 +285,7 @@ def test_mma_sync_appends_split_their_keys_into_chunks(name, build_cache, rng):
             made = [o for key, o in plan.orders.items() if key[0] == "mma"]
             assert (len(made) == 1 and made[0] is not None) == split, (kv_mode, split)
     q, kv, qo = one_ragged_request(8, 8192, 16, 4, 128, seed=3)
-    shape = SimpleNamespace(q=np.zeros((1, 16, 1)), qo_lens=[8], kv_lens=[8192])
-    params = {k_: (to_torch(x) if isinstance(x, np.ndarray) else x) for k_, x in random_params(v, rng, shape).items()}
+    params = one_request_params(v, rng, 8, 8192)
     plan = att.plan_prefill(qo, kv, 128, template="mma_sync")
     runs = []
     for i in range(2):

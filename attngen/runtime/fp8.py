@@ -136,25 +136,24 @@ def device_kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like
     return scale.reshape(-1).expand(num_kv_heads).contiguous()
 
 
-_FILLED: dict = {}  # (scale, Hkv, device, stream) -> float32 [Hkv] of that scale on that device
-_FILLED_MAX = 64
+_FILLED: dict = {}  # (scale, Hkv, device, stream) -> float32 [Hkv] of that scale on that device, kept for good
+_FILLED_MAX = 64  # tensors kept; a scale past them is filled on each call
 
 
 def _filled_scales(scale: float, num_kv_heads: int, device):
     """float32 [Hkv] of ``scale`` on ``device``, filled on the current stream once and kept for later calls on
     that stream: two fill kernels per call cost a short decode more than a tenth of its time (B1 L64k fp8:
-    the decode kernel takes 51 us of a 61 us call). A tensor filled during a CUDA graph capture belongs to the
-    graph's replays, so a capture fills its own and keeps none."""
+    the decode kernel takes 51 us of a 61 us call). Kept tensors live as long as the process, so a CUDA graph
+    may capture one; a tensor filled during a capture belongs to the graph's memory pool and is not kept. The
+    capture test runs on a miss only: a hit costs a stream query and a dict lookup."""
     import torch
 
-    if stream_capturing(device):
-        return torch.full((num_kv_heads,), scale, dtype=torch.float32, device=device)
     key = (scale, num_kv_heads, device, torch.cuda.current_stream(device).cuda_stream)
     filled = _FILLED.get(key)
     if filled is None:
-        if len(_FILLED) >= _FILLED_MAX:  # (freed in stream order: a kernel queued on that stream still reads them)
-            _FILLED.clear()
-        filled = _FILLED[key] = torch.full((num_kv_heads,), scale, dtype=torch.float32, device=device)
+        filled = torch.full((num_kv_heads,), scale, dtype=torch.float32, device=device)
+        if len(_FILLED) < _FILLED_MAX and not stream_capturing(device):
+            _FILLED[key] = filled
     return filled
 
 

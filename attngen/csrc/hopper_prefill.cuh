@@ -571,7 +571,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     bool finish = true;
     if constexpr (kTailable)
       if (w.tile < 0)  // (a split item's piece: its partial slot, hopper_tail_cut)
-        finish = hopper_tail_merge<V, D>(tail_of(), -1 - w.tile, cw, ctid, w.row0 + wrow < w.rows_total, o_acc,
+        finish = hopper_tail_merge<V, T, D>(tail_of(), -1 - w.tile, cw, ctid, w.row0 + wrow < w.rows_total, o_acc,
                                           m_row, d_row);
     if (finish) {
       float lse_row[2];

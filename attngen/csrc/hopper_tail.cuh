@@ -18,7 +18,8 @@
 //   split_at [slots][2]: the first slot of the slot's item and the item's slot count
 //   counters [slots][8]: per consumer warp, at the item's first slot; zero between launches (the last
 //     finisher resets its own)
-//   partials (floats, 16-byte aligned): [slot][2 consumers][D / 8 + 1][128 threads][4]
+//   partials (floats, 16-byte aligned): [slot][2 consumers][D / 8 + 1][128 threads][4] (softmax states use the
+//     first D / 16 + 1 chunks of a slot's part: hopper_tail_leave_packed)
 // The kernel checks the section against its own launch and the tensor's length once (hopper_tail_ok); one that
 // does not fit (a grid not the plan's) traps: the taken items would otherwise be lost. Pieces' tiles are clamped to their item's, and
 // a split item's last piece runs to the item's end, so a batch whose lengths moved under the plan still runs
@@ -27,6 +28,7 @@
 #include "common.cuh"
 #include "hopper_sync.cuh"
 #include "hopper_tile.cuh"
+#include "mma.cuh"
 
 namespace attngen {
 
@@ -111,26 +113,115 @@ __device__ __forceinline__ void hopper_tail_cut(const int4& pc, HopperItem& w) {
   if (split) w.tile = -1 - pc.w;
 }
 
+// Softmax states leave a slot packed: each row divided by its quad's row sum l (so |o / l| <= max |v|) in the
+// output type T, 8 values a 16-byte chunk (D / 16 chunks), then (m0, m1, l0, l1) as floats: half the float32
+// accumulators' bytes, so that a merge holds kTailBatch slots' chunks in registers at once and waits on one L2
+// round trip per batch, not per slot (verify B1 q8 kv8k on an H100: the one-by-one reads of 16 slots took about
+// 10 us of 28.5). Rounding to T adds at most half an ulp of T of max |v| to a slot's share, as the output's own
+// rounding does (split-KV partial outputs in the output type, as other attention libraries keep them).
+// Sum states (no row sum bounds their rows) leave the float32 accumulators and merge one slot at a time.
+template <class V>
+constexpr bool tail_packed() {
+  return V::kSoftmax;
+}
+// slots a merge reads at once: as many as registers hold beside the accumulators without more spill (ptxas, sm_90a;
+// loads under a slot-count predicate spilled from 2 slots at D 128, unpredicated ones from none up to 4)
+template <int D>
+constexpr int kTailBatch = D == 64 ? 8 : D == 128 ? 4 : 2;
+
+// This thread's slot part (its first float4 chunk: `mine`, chunks 128 apart), packed as above: rows rounded to T
+// after division by their quad's row sum (0 for a row without a live key; a NaN sum stays NaN), then the state.
+template <class T, int D>
+__device__ __forceinline__ void hopper_tail_leave_packed(float4* mine, const float (&o_acc)[D / 2],
+                                                         const float (&m_row)[2], const float (&d_row)[2]) {
+  float l[2], inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] = d_row[h] + __shfl_xor_sync(0xffffffffu, d_row[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);  // (the same sum in the quad's four lanes: a butterfly)
+    inv[h] = l[h] != 0.f ? 1.f / l[h] : 0.f;
+  }
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) {  // o_acc[4 j + {0, 1}]: row g, [4 j + {2, 3}]: row g + 8
+    const float* o = o_acc + 8 * k;
+    __stcg(reinterpret_cast<uint4*>(mine + k * 128),
+           make_uint4(pack2<T>(o[0] * inv[0], o[1] * inv[0]), pack2<T>(o[2] * inv[1], o[3] * inv[1]),
+                      pack2<T>(o[4] * inv[0], o[5] * inv[0]), pack2<T>(o[6] * inv[1], o[7] * inv[1])));
+  }
+  __stcg(mine + (D / 16) * 128, make_float4(m_row[0], m_row[1], l[0], l[1]));
+}
+
+// Every packed slot of an item, first .. first + count - 1 in slot order, merged from an empty state into o_acc /
+// m_row / d_row, kTailBatch slots' loads at a time; d_row gets a quarter of each merged row sum, which the
+// epilogue's quad sum makes whole again (exactly: a power of two)
+template <class T, int D>
+__device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, int first, int count, int cw, int ctid,
+                                                         float (&o_acc)[D / 2], float (&m_row)[2],
+                                                         float (&d_row)[2]) {
+  constexpr int NC = kTailChunks<D>, NP = D / 16, B = kTailBatch<D>;
+  float l_sum[2] = {0.f, 0.f};
+#pragma unroll 1
+  for (int s0 = first; s0 < first + count; s0 += B) {
+    uint4 raw[B][NP];
+    float4 st[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {  // (unpredicated: past the last slot, the last again, not merged)
+      const float4* p = t.partials + (int64_t(min(s0 + b, first + count - 1)) * 2 + cw) * NC * 128 + ctid;
+      st[b] = __ldcg(p + NP * 128);
+#pragma unroll
+      for (int k = 0; k < NP; ++k) raw[b][k] = __ldcg(reinterpret_cast<const uint4*>(p + k * 128));
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (s0 + b < first + count) {
+        const float pm[2] = {st[b].x, st[b].y}, pl[2] = {st[b].z, st[b].w};
+        float a[2], cl[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float mn = fmaxf(m_row[h], pm[h]);
+          a[h] = m_row[h] == kNegInf ? 0.f : exp2f(m_row[h] - mn);
+          const float c = pm[h] == kNegInf ? 0.f : exp2f(pm[h] - mn);
+          m_row[h] = mn;
+          l_sum[h] = l_sum[h] * a[h] + pl[h] * c;
+          cl[h] = c * pl[h];
+        }
+#pragma unroll
+        for (int k = 0; k < NP; ++k) {
+          float v[8];
+          convert8<T>(raw[b][k], v);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o_acc[8 * k + e] = o_acc[8 * k + e] * a[(e >> 1) & 1] + v[e] * cl[(e >> 1) & 1];
+        }
+      }
+  }
+  d_row[0] = l_sum[0] * 0.25f;
+  d_row[1] = l_sum[1] * 0.25f;
+}
+
 // A split item's piece at its epilogue (slot: the piece's; consumer cw, its thread ctid of 128): leaves this
 // thread's state in the piece's slot; in each warp (16 rows of the item), the warp that finishes the item's last
 // piece merges every slot, in slot order, into o_acc / m_row / d_row (the same sums whichever piece is last)
 // and returns true (it then runs the item's epilogue
 // for its rows), the others return false. A counter per warp: no barrier beyond the warp's. Softmax states:
 // each slot's rows rescaled to the larger max (an empty row, max -inf, adds nothing). The threads hold the same
-// rows and columns in every piece, so the merge is per thread, before the quad's row sums are reduced.
+// rows and columns in every piece, so the merge is per thread (packed slots: after the quad's row sums).
 // A warp none of whose 16 rows the item has (rows: whether it has any; the same in every piece of the item)
 // leaves, counts and merges nothing: an append of 8 query rows packs 32 rows of the tile's 128, so a quarter of the
 // slots' traffic.
-template <class V, int D>
+template <class V, class T, int D>
 __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot, int cw, int ctid, bool rows,
                                                   float (&o_acc)[D / 2], float (&m_row)[2], float (&d_row)[2]) {
   constexpr int NC = kTailChunks<D>;
   if (!__shfl_sync(0xffffffffu, int(rows), 0)) return false;  // (lane 0's: known warp-uniform, as below)
   float4* mine = t.partials + (int64_t(slot) * 2 + cw) * NC * 128 + ctid;
+  if constexpr (tail_packed<V>()) {
+    hopper_tail_leave_packed<T, D>(mine, o_acc, m_row, d_row);
+  } else {
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j)
-    __stcg(mine + j * 128, make_float4(o_acc[4 * j], o_acc[4 * j + 1], o_acc[4 * j + 2], o_acc[4 * j + 3]));
-  __stcg(mine + (D / 8) * 128, make_float4(m_row[0], m_row[1], d_row[0], d_row[1]));
+    for (int j = 0; j < D / 8; ++j)
+      __stcg(mine + j * 128, make_float4(o_acc[4 * j], o_acc[4 * j + 1], o_acc[4 * j + 2], o_acc[4 * j + 3]));
+    __stcg(mine + (D / 8) * 128, make_float4(m_row[0], m_row[1], d_row[0], d_row[1]));
+  }
   __threadfence();  // the slot before the count: the last finisher reads it after its own count
   __syncwarp();
   // the item's first slot and its slot count, and the count, broadcast from lane 0: every branch on them is
@@ -162,31 +253,24 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
   for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
   m_row[0] = m_row[1] = kNegInf;
   d_row[0] = d_row[1] = 0.f;
+  if constexpr (tail_packed<V>()) {
+    hopper_tail_merge_packed<T, D>(t, first, count, cw, ctid, o_acc, m_row, d_row);
+    return true;
+  }
 #pragma unroll 1
   for (int s = first; s < first + count; ++s) {
     const float4* p = t.partials + (int64_t(s) * 2 + cw) * NC * 128 + ctid;
     const float4 st = __ldcg(p + (D / 8) * 128);
-    const float pm[2] = {st.x, st.y}, pd[2] = {st.z, st.w};
-    float a[2], c[2];
+    const float pd[2] = {st.z, st.w};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if constexpr (V::kSoftmax) {
-        const float mn = fmaxf(m_row[h], pm[h]);
-        a[h] = m_row[h] == kNegInf ? 0.f : exp2f(m_row[h] - mn);
-        c[h] = pm[h] == kNegInf ? 0.f : exp2f(pm[h] - mn);
-        m_row[h] = mn;
-      } else {
-        a[h] = c[h] = 1.f;
-      }
-      d_row[h] = d_row[h] * a[h] + pd[h] * c[h];
-    }
+    for (int h = 0; h < 2; ++h) d_row[h] += pd[h];
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const float4 v = __ldcg(p + j * 128);
-      o_acc[4 * j] = o_acc[4 * j] * a[0] + v.x * c[0];
-      o_acc[4 * j + 1] = o_acc[4 * j + 1] * a[0] + v.y * c[0];
-      o_acc[4 * j + 2] = o_acc[4 * j + 2] * a[1] + v.z * c[1];
-      o_acc[4 * j + 3] = o_acc[4 * j + 3] * a[1] + v.w * c[1];
+      o_acc[4 * j] += v.x;
+      o_acc[4 * j + 1] += v.y;
+      o_acc[4 * j + 2] += v.z;
+      o_acc[4 * j + 3] += v.w;
     }
   }
   return true;

@@ -7,7 +7,8 @@ Cases (bf16 queries, D 128 unless named, paged NHD cache of 16-token pages in a 
 memory-bound shapes of bench_decode.py, and one of them over an HND cache (a KV head's 16 rows of a page
 contiguous, 2 KB of e4m3 at D 128, where NHD gives 128-byte runs: whether the fp8 decode is held by DRAM
 serving short runs shows as the two layouts' gap). One scale per cache (k_scale, v_scale floats: the power of
-two that maps the largest magnitude into e4m3's range); the bf16 cache holds the dequantised values exactly.
+two that maps the largest magnitude into e4m3's range; ``--scale-tensors``: attngen gets them as one-entry float32
+CUDA tensors); the bf16 cache holds the dequantised values exactly.
 Bandwidth counts the bytes each implementation reads (K/V in its cache's element size, plus q and the output);
 "fp8 / bf16" is the ratio of the two caches' attngen throughputs (time of bf16 over time of fp8: the target is
 1.9 or more).
@@ -115,10 +116,12 @@ def time_flashinfer_fp8(fi, case: Case, q, fp8, k_scale, v_scale, table, ref, ro
     return best
 
 
-def run_case(case: Case, libs: dict, fi, gen: torch.Generator, pairs=None) -> dict:
+def run_case(case: Case, libs: dict, fi, gen: torch.Generator, pairs=None, scale_tensors=False) -> dict:
     q, pages, fp8, k_scale, v_scale, table = make_inputs(case, gen)
     att, row = libs[case.d], {"case": case.name}
     scales = dict(k_scale=k_scale, v_scale=v_scale)
+    if scale_tensors:  # (one-entry float32 tensors on the GPU, as serving runtimes keep a layer's scales)
+        scales = {k: torch.tensor([s], dtype=torch.float32, device="cuda") for k, s in scales.items()}
     ms, ref, row["attngen_fp8_kv_heads_per_cta"] = time_attngen(att, case, q, fp8, table, scales=scales,
                                                                  kv_heads_per_cta=pairs)
     row["attngen_fp8_ms"], row["attngen_fp8"] = ms, case.bytes_read(1) / ms / 1e6
@@ -169,6 +172,8 @@ def main():
     ap = case_parser(__doc__, "time attngen only")
     ap.add_argument("--kv-heads-per-cta", type=int, choices=(1, 2), default=None,
                     help="plan_decode's kv_heads_per_cta for attngen's tensor-core plans (default: automatic)")
+    ap.add_argument("--scale-tensors", action="store_true",
+                    help="pass attngen the scales as one-entry float32 CUDA tensors instead of floats")
     args = ap.parse_args()
     cases = selected_cases(CASES, args.cases)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -182,7 +187,8 @@ def main():
                               kv_dtypes=("bfloat16", FP8), layouts=tuple(sorted({c.layout for c in cases})),
                               kernels=("decode",))
     libs = {d: att for d in dims}
-    rows = run_cases(cases, lambda case: run_case(case, libs, fi, gen, args.kv_heads_per_cta))
+    rows = run_cases(cases, lambda case: run_case(case, libs, fi, gen, args.kv_heads_per_cta,
+                                                         args.scale_tensors))
     res["rows"] = rows
     write_results(args.out, f"fp8_decode_{res['date']}{args.tag}", res, markdown(res, rows, args.commit))
 

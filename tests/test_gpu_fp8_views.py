@@ -105,3 +105,43 @@ def test_float_scales_are_filled_once_per_stream_and_never_kept_from_a_capture()
     torch.cuda.synchronize()
     assert d.tolist() == [0.75, 0.75] and all(t is not d for t in fp8._FILLED.values())
     assert fp8.device_kv_scales(0.75, "k_scale", **kw) is not d
+
+
+def test_one_entry_scale_tensors_give_the_float_scales_bits(build_cache, rng):
+    """A cache's scale given as a float, a 0-d or [1] CUDA tensor (passed to the kernels as it is, read by every KV
+    head: csrc/fp8_kv.cuh KVScales) or [Hkv] copies of it gives the same bits on decode (both templates, split and
+    not) and prefill (the automatic template and mma.sync), every row written."""
+    import torch
+
+    from attngen.runtime import PagedKV
+
+    att = cuda_module("causal", "float8_e4m3fn", build_cache)
+    pages, held, k_scale, v_scale = fp8_pool(rng, 6, "float8_e4m3fn", False, d=D)
+    fp8_pages = on_gpu(pages, held, k_scale, v_scale)[0]
+    i32 = dict(dtype=torch.int32, device="cuda")
+    order = torch.from_numpy(rng.permutation(6).astype(np.int32)).cuda()
+    kv = PagedKV(fp8_pages, torch.tensor([0, 4, 6], **i32), order, torch.tensor([3, 4], **i32))
+    f32 = dict(dtype=torch.float32, device="cuda")
+    forms = {"float": (k_scale, v_scale), "0-d": (torch.tensor(k_scale, **f32), torch.tensor(v_scale, **f32)),
+             "[1]": (torch.tensor([k_scale], **f32), torch.tensor([v_scale], **f32)),
+             "[Hkv]": (torch.full((2,), k_scale, **f32), torch.full((2,), v_scale, **f32))}
+    q_decode = torch.randn(2, HQ, D, dtype=torch.float16, device="cuda")
+    q_prefill = torch.randn(5, HQ, D, dtype=torch.float16, device="cuda")
+    qo = torch.tensor([0, 3, 5], **i32)
+    decode_plans = [att.plan_decode(kv, HQ, D, **a) for a in
+                    ({}, {"tensor_cores": False}, {"num_chunks": 2, "tensor_cores": True})]
+    prefill_plans = [att.plan_prefill(qo, kv, D, **a) for a in ({}, {"template": "mma_sync"})]
+    results = {}
+    for form, (ks, vs) in forms.items():
+        outs = []
+        for plan in decode_plans:
+            out = torch.full_like(q_decode, float("nan"))
+            outs.append(att.decode(q_decode, kv, plan=plan, out=out, k_scale=ks, v_scale=vs)[0])
+        for plan in prefill_plans:
+            out = torch.full_like(q_prefill, float("nan"))
+            outs.append(att.prefill(q_prefill, kv, qo, plan=plan, out=out, k_scale=ks, v_scale=vs)[0])
+        results[form] = outs
+    torch.cuda.synchronize()
+    assert all(not o.isnan().any() for o in results["float"])
+    for form, outs in results.items():
+        assert all(torch.equal(a, b) for a, b in zip(outs, results["float"])), form

@@ -184,7 +184,7 @@ decode_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
     for (int e = 0; e < 8; ++e) q[e] = 0.f;
   }
   float qscale = P.sm_scale * (V::kQScaleLog2e ? kLog2e : 1.f);
-  if constexpr (kIsFp8<KV> && !V::kHasKeyTransform) qscale *= P.scales.k[hk];  // q . (k s) = (q s) . k
+  if constexpr (kIsFp8<KV> && !V::kHasKeyTransform) qscale *= P.scales.k_of(hk);  // q . (k s) = (q s) . k
 #pragma unroll
   for (int e = 0; e < 8; ++e) q[e] *= qscale;
 
@@ -238,7 +238,7 @@ decode_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
         load8_shared(ktile + idx * 8, v);
         if constexpr (kIsFp8<KV>) {  // the key hook sees dequantised keys
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] *= P.scales.k[hk];
+          for (int e = 0; e < 8; ++e) v[e] *= P.scales.k_of(hk);
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) kf[idx * 8 + e] = v[e];
@@ -323,7 +323,7 @@ decode_kernel(DecodeProblemOf<KV> P, typename V::Params hp) {
   copy_wait<0>();
   __syncthreads();
   if constexpr (kIsFp8<KV>) {  // sum_j p_j (v_j s) = s sum_j p_j v_j: once per row, not per key
-    const float vs = P.scales.v[hk];
+    const float vs = P.scales.v_of(hk);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= vs;
   }

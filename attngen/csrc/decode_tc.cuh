@@ -296,7 +296,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const bool scaled = !std::is_same_v<MT, T> && 2 * t4 + c < cta_rows;
-            qk2[c] = scales.k[hk] * (scaled ? row_lse[2 * t4 + c] : 1.f) * scale;
+            qk2[c] = scales.k_of(hk) * (scaled ? row_lse[2 * t4 + c] : 1.f) * scale;
           }
         }
         if constexpr (kQInRegs && kDirectK) {
@@ -324,7 +324,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
           if (j >= end) break;
           for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[kv_tile_at<D>(wk + r, i)]);
           if constexpr (kIsFp8<KV>) {  // the key hook sees dequantised keys
-            for (int i = lane; i < D; i += 32) scratch[i] *= scales.k[hk];
+            for (int i = lane; i < D; i += 32) scratch[i] *= scales.k_of(hk);
           }
           __syncwarp();
           warp_row_hook<D, V::kKeyElementwise>(
@@ -383,7 +383,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
         }
         // (q . k) s = q . (k s); with a key hook it scaled the keys
         if constexpr (kIsFp8<KV> && !V::kHasKeyTransform) {
-          const float ks = scales.k[hk] * q_up;
+          const float ks = scales.k_of(hk) * q_up;
 #pragma unroll
           for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -464,7 +464,7 @@ __device__ __forceinline__ void decode_tc_items(const DecodeProblem& P, const ty
     }
 
     if constexpr (kIsFp8<KV>) {  // sum_j p_j (v_j s) = s sum_j p_j v_j
-      const float vs = scales.v[hk];
+      const float vs = scales.v_of(hk);
 #pragma unroll
       for (int n = 0; n < NOA; ++n)
 #pragma unroll

@@ -1,6 +1,6 @@
 // The exported decode entry over an fp8 paged KV cache (float8_e4m3fn / float8_e5m2), attngen's calling
 // convention with the cache's scales: as DecodePagedEntry (entry_decode.h) with
-//   k_scale [Hkv] f32, v_scale [Hkv] f32 (the runtime expands a per-tensor scale)
+//   k_scale [Hkv] or [1] f32, v_scale [Hkv] or [1] f32 (one per KV head, or one for the cache: KVScales)
 // after lse. Keys and values are dequantised on load (fp8_kv.cuh) on every arch: the tensor-core template
 // stages the fp8 rows and dequantises them into its 16-bit tiles, the CUDA-core one converts as it reads;
 // the launcher (decode_launch.cuh launch_decode over KV), backend choice and split-KV plans are as for

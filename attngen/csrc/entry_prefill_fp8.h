@@ -1,6 +1,6 @@
 // The exported prefill / append entries over fp8 K/V (float8_e4m3fn / float8_e5m2), attngen's calling
 // convention with the cache's scales: as PrefillPagedEntry / PrefillRaggedEntry (entry_prefill.h) with
-//   k_scale [Hkv] f32, v_scale [Hkv] f32 (the runtime expands a per-tensor scale)
+//   k_scale [Hkv] or [1] f32, v_scale [Hkv] or [1] f32 (one per KV head, or one for the cache: KVScales)
 // after lse. Both templates serve them, chosen as for a 16-bit cache (prefill_dispatch.h): the Hopper one
 // (hopper_fp8_stage.cuh) on sm_90a, the mma.sync one (kv_staging.cuh) elsewhere; each stages the fp8 rows and
 // widens them into 16-bit tiles. Python emits, per (D, dtype, K/V dtype, layout):

@@ -13,12 +13,20 @@ constexpr DLDataType dl_dtype<__nv_fp8_e4m3>() { return {static_cast<uint8_t>(kD
 template <>
 constexpr DLDataType dl_dtype<__nv_fp8_e5m2>() { return {static_cast<uint8_t>(kDLFloat8_e5m2), 8, 1}; }
 
-// An fp8 entry's k_scale / v_scale [Hkv] float32 (types checked by the entry), one entry per KV head.
+// An fp8 entry's k_scale / v_scale float32 (types checked by the entry), each [Hkv] (one per KV head) or [1] (one
+// for the whole cache).
 inline KVScales kv_scales_of(const char* name, const tvm::ffi::TensorView& k_scale,
                              const tvm::ffi::TensorView& v_scale, int num_kv_heads) {
-  if (k_scale.size(0) != num_kv_heads || v_scale.size(0) != num_kv_heads)
-    ATTNGEN_THROW(ValueError) << name << ": k_scale / v_scale need one entry per KV head (" << num_kv_heads << ")";
-  return KVScales{static_cast<const float*>(data_of(k_scale)), static_cast<const float*>(data_of(v_scale))};
+  const auto fits = [&](const tvm::ffi::TensorView& s) { return s.size(0) == num_kv_heads || s.size(0) == 1; };
+  if (!fits(k_scale) || !fits(v_scale))
+    ATTNGEN_THROW(ValueError) << name << ": k_scale / v_scale need one entry per KV head (" << num_kv_heads
+                              << ") or one for the cache; got " << k_scale.size(0) << " and " << v_scale.size(0);
+  for (const auto* s : {&k_scale, &v_scale})  // (the kernels read entry h at h: a strided view would be misread)
+    if (s->size(0) > 1 && s->stride(0) != 1)
+      ATTNGEN_THROW(ValueError) << name << ": k_scale / v_scale must be contiguous (stride " << s->stride(0)
+                                << "); pass .contiguous()";
+  return KVScales{static_cast<const float*>(data_of(k_scale)), static_cast<const float*>(data_of(v_scale)),
+                  k_scale.size(0) == 1 ? 0 : -1, v_scale.size(0) == 1 ? 0 : -1};
 }
 
 }  // namespace attngen

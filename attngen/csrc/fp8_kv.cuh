@@ -74,10 +74,15 @@ __device__ __forceinline__ uint32_t fp8x2_to_half2_bits(uint32_t pair) {
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
 
-// Per-KV-head scales of an fp8 cache, float32 [Hkv] each on the device
+// The scales of an fp8 cache, float32 on the device: [Hkv] (one per KV head) or [1] (one for the cache, which
+// every head reads: mask 0), so that a serving runtime's one-entry scale tensor reaches the kernels as it is, with
+// no expanding copy per call
 struct KVScales {
   const float* k = nullptr;
   const float* v = nullptr;
+  int k_mask = -1, v_mask = -1;  // -1: [Hkv]; 0: [1]
+  __device__ __forceinline__ float k_of(int hk) const { return k[hk & k_mask]; }
+  __device__ __forceinline__ float v_of(int hk) const { return v[hk & v_mask]; }
 };
 
 }  // namespace attngen

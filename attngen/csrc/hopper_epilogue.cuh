@@ -25,7 +25,7 @@ __device__ __forceinline__ void hopper_normalise_rows(float (&o_acc)[D / 2], con
     // dsum is 0 only for a row without a live key; a NaN or +inf score made it NaN, which must reach O and
     // lse (the non-finite rules of the float64 reference, as in prefill.cuh)
     float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
-    if constexpr (kStaged) inv *= P.scales.v[hk];
+    if constexpr (kStaged) inv *= P.scales.v_of(hk);
 #pragma unroll
     for (int n = 0; n < NDT; ++n) {
       o_acc[4 * n + 2 * h] *= inv;

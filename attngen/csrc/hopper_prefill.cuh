@@ -187,7 +187,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
                                                             reinterpret_cast<const KV**>(page_rows), sinks};
       if constexpr (kStaged) {
         produce_fp8_tiles<V, T, KV, D, TK, NS>(gather, KVStageRing<T>{sk, sv, full_k, empty_k, full_v, empty_v}, it,
-                                               num_kt, tile_start, hp, V::kHasKeyTransform ? P.scales.k[hk] : 1.f,
+                                               num_kt, tile_start, hp, V::kHasKeyTransform ? P.scales.k_of(hk) : 1.f,
                                                scratch, warp, lane, ptid);
         it += num_kt;
         return;
@@ -330,7 +330,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     float m_row[2] = {kNegInf, kNegInf}, d_row[2] = {0.f, 0.f};
     const int prow0 = row0 + wrow + g;
     float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
-    if constexpr (kStaged && !V::kHasKeyTransform) scale *= P.scales.k[hk];  // (q . k) s = q . (k s)
+    if constexpr (kStaged && !V::kHasKeyTransform) scale *= P.scales.k_of(hk);  // (q . k) s = q . (k s)
     long long mask_lo = 0, mask_hi = 0;
     if constexpr (V::kHasLower) mask_lo = V::mask_lower(hp);
     if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);

@@ -195,7 +195,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
   // row pr = prow0 + 16 mt + 8 h of the request (recomputed where used: registers are scarce at MT = 2)
   const int prow0 = row0 + wrow + g;
   float scale = P.sm_scale * ((V::kHasLogits || !V::kSoftmax) ? 1.f : kLog2e);
-  if constexpr (kStaged && !V::kHasKeyTransform) scale *= P.scales.k[hk];  // (q . k) s = q . (k s)
+  if constexpr (kStaged && !V::kHasKeyTransform) scale *= P.scales.k_of(hk);  // (q . k) s = q . (k s)
   long long mask_lo = 0, mask_hi = 0;
   if constexpr (V::kHasLower) mask_lo = V::mask_lower(hp);
   if constexpr (V::kHasUpper) mask_hi = V::mask_upper(hp);
@@ -331,7 +331,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
         if (j >= hi) continue;
         for (int i = lane; i < D; i += 32) scratch[i] = to_float(sk[kv_tile_at<D>(r, i)]);
         if constexpr (kStaged) {  // the key hook sees dequantised keys
-          const float k_scale = P.scales.k[hk];
+          const float k_scale = P.scales.k_of(hk);
           for (int i = lane; i < D; i += 32) scratch[i] *= k_scale;
         }
         __syncwarp();
@@ -501,7 +501,7 @@ prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp) {
       // dsum is 0 only for a row without a live key; a NaN or +inf score made it NaN (the exponent base
       // msub keeps a NaN score's weight NaN even on a -inf max), and NaN must reach O and lse: "== 0"
       float inv = (V::kSoftmax && dsum != 0.f) ? 1.f / dsum : (V::kSoftmax ? 0.f : 1.f);
-      if constexpr (kStaged) inv *= P.scales.v[hk];  // sum_j p_j (v_j s) = s sum_j p_j v_j
+      if constexpr (kStaged) inv *= P.scales.v_of(hk);  // sum_j p_j (v_j s) = s sum_j p_j v_j
 #pragma unroll
       for (int n = 0; n < NDT; ++n) {
         o_acc[mt][n][2 * h] *= inv;

@@ -228,7 +228,7 @@ class CUDAAttention(BuiltModule):
 
     @staticmethod
     def _scale_args(q, kv: PagedKV | RaggedKV, k_scale, v_scale) -> tuple:
-        """The fp8 functions' (k_scale [Hkv], v_scale [Hkv]) float32 on q's device; () for a 16-bit cache."""
+        """The fp8 functions' (k_scale, v_scale: float32 [Hkv] or [1]) on q's device; () for a 16-bit cache."""
         return scale_args(kv.kv_dtype, k_scale, v_scale, lambda scale, name: device_kv_scales(
             scale, name, kv_dtype=kv.kv_dtype, num_kv_heads=kv.num_kv_heads, like=q))
 

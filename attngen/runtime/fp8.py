@@ -121,11 +121,12 @@ def kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like: Tenso
 
 
 def device_kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like):
-    """``scale`` of a ``kv_dtype`` cache as the CUDA fp8 functions' float32 [Hkv] on ``like``'s device (a torch
+    """``scale`` of a ``kv_dtype`` cache as the CUDA fp8 functions' float32 [Hkv] or [1] on ``like``'s device (a torch
     CUDA tensor), without a host round trip (decode and prefill never synchronise): a float is checked on the
-    host and filled on the device; a float32 CUDA tensor of [], [1] or [Hkv] entries on that device is
-    broadcast there, its values unread: reading them would synchronise the device, so a zero, negative or
-    non-finite entry is the caller's to avoid (it gives wrong or non-finite outputs, not an error)."""
+    host and filled on the device; a float32 CUDA tensor of [], [1] or [Hkv] entries on that device is passed
+    as [1] or [Hkv] (the kernels read a one-entry scale for every KV head: no copy per call), its values
+    unread: reading them would synchronise the device, so a zero, negative or non-finite entry is the
+    caller's to avoid (it gives wrong or non-finite outputs, not an error)."""
     if _check_scale(scale, name, kv_dtype=kv_dtype, num_kv_heads=num_kv_heads):
         if not (math.isfinite(float(scale)) and float(scale) > 0):
             raise AttentionArgumentError(f"{name}: scales must be finite and positive, got {float(scale)}")
@@ -133,7 +134,7 @@ def device_kv_scales(scale, name: str, *, kv_dtype: str, num_kv_heads: int, like
     device = getattr(scale, "device", None)
     if getattr(device, "type", None) != "cuda" or device != like.device:
         raise AttentionArgumentError(f"{name}: must be a CUDA tensor on q's device ({like.device}), or a float")
-    return scale.reshape(-1).expand(num_kv_heads).contiguous()
+    return scale.reshape(-1).contiguous()  # ([1]: every KV head reads it; csrc/fp8_kv.cuh KVScales)
 
 
 _FILLED: dict = {}  # (scale, Hkv, device, stream) -> float32 [Hkv] of that scale on that device, kept for good

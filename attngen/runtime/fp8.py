@@ -202,7 +202,7 @@ def _quantize_torch(x, dtype: str, fmt: FP8Format, scale: np.ndarray):
     finite range (NaN stays NaN), cast by PyTorch (nearest, ties to even)."""
     import torch
 
-    s = torch.from_numpy(np.ascontiguousarray(scale)).to(x.device)
+    s = torch.from_numpy(np.array(scale, dtype=np.float32)).to(x.device)  # (a copy: scale may be a read-only view)
     scaled = (x.detach().float() / s).clamp(-fmt.max_finite, fmt.max_finite)
     return scaled.to(getattr(torch, dtype))
 

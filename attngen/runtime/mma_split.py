@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from attngen.schedules.template_prefill import WIDE_MAX_HEAD_DIM, WIDE_ROWS
+
 MAGIC = 0x5B11
 HEADER = 8
 ROWS = 64  # the tile's rows where a plan splits (csrc/prefill_launch.cuh: 64-row tiles below 256 packed rows)
-WIDE_FROM = 256  # packed rows of the longest request from which the launch may take 128-row tiles
-WIDE_MAX_HEAD_DIM = 128  # head dims with 128-row tiles (csrc/prefill_launch.cuh launch_prefill)
 THREADS = 128
 ORDER_ROWS = 128  # rows of the Hopper template's query tiles, by which the order's entries count (kOrderRows)
 MIN_CHUNK_KEYS = 256  # four 64-key tiles: shorter chunks spend more on their slots and merge than they save
@@ -60,7 +60,7 @@ def may_split(max_qo_len: int, batch: int, kv_heads: int, sms: int, *, head_dim:
     """Whether a launch of this batch could split at some GQA group (the fewest rows and CTAs are group 1's): a
     plan reads the batch's key lengths (a device-to-host copy) only then."""
     wide = wide_tiles_possible(head_dim, rows_64)
-    return max_qo_len > 0 and (max_qo_len < WIDE_FROM or not wide) and batch > 0 and kv_heads > 0 and \
+    return max_qo_len > 0 and (max_qo_len < WIDE_ROWS or not wide) and batch > 0 and kv_heads > 0 and \
         CTAS_PER_SM * sms // items_of(max_qo_len, 1, kv_heads, batch) >= 2
 
 
@@ -70,7 +70,7 @@ def split_plan(max_qo_len: int, kv_lens: np.ndarray, *, group: int, kv_heads: in
     enough CTAs, its longest request packs rows for 128-row tiles (head dims up to 128, 64-row tiles not forced:
     ``rows_64``), or no cut of at least MIN_CHUNK_KEYS gives two chunks."""
     rows = max_qo_len * group
-    if rows <= 0 or (rows >= WIDE_FROM and wide_tiles_possible(head_dim, rows_64)) or len(kv_lens) == 0:
+    if rows <= 0 or (rows >= WIDE_ROWS and wide_tiles_possible(head_dim, rows_64)) or len(kv_lens) == 0:
         return None
     items = items_of(max_qo_len, group, kv_heads, len(kv_lens))
     want = CTAS_PER_SM * sms // items

@@ -171,26 +171,40 @@ __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, in
 #pragma unroll
       for (int k = 0; k < NP; ++k) raw[b][k] = __ldcg(reinterpret_cast<const uint4*>(p + k * 128));
     }
+    // the batch's slots are weighed against one max per row: the merged rows are rescaled once per batch, and each
+    // slot adds its rows with one FFMA per value (the batch's slots in slot order, as one by one up to rounding)
+    float mb[2] = {m_row[0], m_row[1]};
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (s0 + b < first + count) {
+        mb[0] = fmaxf(mb[0], st[b].x);
+        mb[1] = fmaxf(mb[1], st[b].y);
+      }
+    float a[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      a[h] = m_row[h] == kNegInf ? 0.f : exp2f(m_row[h] - mb[h]);
+      l_sum[h] *= a[h];
+      m_row[h] = mb[h];
+    }
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o_acc[i] *= a[(i >> 1) & 1];
 #pragma unroll
     for (int b = 0; b < B; ++b)
       if (s0 + b < first + count) {
         const float pm[2] = {st[b].x, st[b].y}, pl[2] = {st[b].z, st[b].w};
-        float a[2], cl[2];
+        float cl[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float mn = fmaxf(m_row[h], pm[h]);
-          a[h] = m_row[h] == kNegInf ? 0.f : exp2f(m_row[h] - mn);
-          const float c = pm[h] == kNegInf ? 0.f : exp2f(pm[h] - mn);
-          m_row[h] = mn;
-          l_sum[h] = l_sum[h] * a[h] + pl[h] * c;
-          cl[h] = c * pl[h];
+          cl[h] = pm[h] == kNegInf ? 0.f : exp2f(pm[h] - mb[h]) * pl[h];
+          l_sum[h] += cl[h];
         }
 #pragma unroll
         for (int k = 0; k < NP; ++k) {
           float v[8];
           convert8<T>(raw[b][k], v);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) o_acc[8 * k + e] = o_acc[8 * k + e] * a[(e >> 1) & 1] + v[e] * cl[(e >> 1) & 1];
+          for (int e = 0; e < 8; ++e) o_acc[8 * k + e] = fmaf(v[e], cl[(e >> 1) & 1], o_acc[8 * k + e]);
         }
       }
   }

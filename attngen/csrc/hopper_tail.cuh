@@ -212,6 +212,15 @@ __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, in
   d_row[1] = l_sum[1] * 0.25f;
 }
 
+// counter += 1 at GPU scope, returning the old count: a release of what this thread (and, through a __syncwarp
+// before it, its warp) wrote, and an acquire of what the pieces that counted before it wrote; one atomic in place
+// of a full fence on each side of a relaxed one
+__device__ __forceinline__ int count_acq_rel(int* counter) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+
 // A split item's piece at its epilogue (slot: the piece's; consumer cw, its thread ctid of 128): leaves this
 // thread's state in the piece's slot; in each warp (16 rows of the item), the warp that finishes the item's last
 // piece merges every slot, in slot order, into o_acc / m_row / d_row (the same sums whichever piece is last)
@@ -236,8 +245,7 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
       __stcg(mine + j * 128, make_float4(o_acc[4 * j], o_acc[4 * j + 1], o_acc[4 * j + 2], o_acc[4 * j + 3]));
     __stcg(mine + (D / 8) * 128, make_float4(m_row[0], m_row[1], d_row[0], d_row[1]));
   }
-  __threadfence();  // the slot before the count: the last finisher reads it after its own count
-  __syncwarp();
+  __syncwarp();  // the warp's slot stores before lane 0's count (its release covers them)
   // the item's first slot and its slot count, and the count, broadcast from lane 0: every branch on them is
   // then known warp-uniform to the compiler (one it cannot prove uniform costs the next item's mainloop its
   // uniform registers: R2UR among the HGMMAs)
@@ -249,7 +257,7 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
     count = info.y;
     if (first >= 0 && count >= 1 && first <= slot && slot < first + count && first + count <= t.slots) {
       int* counter = t.counters + first * kTailCounters + cw * 4 + ctid / 32;
-      done = atomicAdd(counter, 1) + 1;
+      done = count_acq_rel(counter) + 1;
       if (done == count) *counter = 0;  // every piece has counted: ready for the next launch
     } else {  // (a table the plan did not make: the piece's own keys alone, no read out of bounds)
       first = slot;
@@ -260,7 +268,7 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
   count = __shfl_sync(0xffffffffu, count, 0);
   done = __shfl_sync(0xffffffffu, done, 0);
   if (done != count) return false;
-  __threadfence();
+  __syncwarp();  // lane 0's acquire before every lane's slot loads
   // every slot, this piece's own too, in slot order from an empty state: the same sums whichever piece ends
   // last (a deterministic result)
 #pragma unroll

@@ -1,0 +1,190 @@
+"""Where a split append's time goes on the Hopper template: a clock trace of every CTA of one launch.
+
+A verify step (a few query tokens over a long cache) runs as the tail split: each CTA takes one piece of an
+item's keys, leaves its partial state in a slot, counts itself, and the piece that counts last merges every slot
+and stores the rows (csrc/hopper_tail.cuh). This script copies a source tree's ``attngen`` into a temporary
+directory, adds stamps there (the tree itself is not touched), builds the causal variant from the copy and runs
+verify B1 q8 kv8k and q4 kv2k (bf16, Hq 32 / Hkv 8, D 128, pages of 16 in random order; ``benchmarks/
+bench_append.py``'s inputs). Per CTA, in SM clock cycles from the CTA's start (thread 0's ``clock64``): its pieces
+loaded (after the start's ``__syncthreads``), the producer's first K/V issue, consumer 0's item received, its first
+K tile landed, its main loop's end, its count returned (split pieces), its merge's end (the piece that counted
+last) and its rows stored; and ``%globaltimer`` at the start and at the end, which place the CTAs on one time line.
+The Markdown gives each stamp's minimum / median / maximum over the CTAs, and the merging CTAs' own line.
+
+    python benchmarks/trace_hopper_tail.py --tree . --out benchmarks/results [--commit <sha>]
+
+Writes ``hopper_tail_trace_<date>.{json,md}``. The stamps are inserted at source anchors; a kernel change that
+moves one makes the script stop with the anchor it could not find.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shutil
+import statistics as st
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import result_parser, write_results  # noqa: E402
+
+CASES = ("q8_kv8k", "q4_kv2k")
+STAMPS = ("pieces", "first_issue", "item", "first_k", "main_end", "counted", "merged", "stored")  # clock64, 1..8
+
+DECLS = """namespace attngen {
+
+// (trace_hopper_tail.py) per CTA: clock64 at the start and at eight points, %globaltimer at the start and the end
+static __device__ unsigned long long ag_ts[1024][11];
+static __device__ __forceinline__ unsigned long long ag_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+static __device__ __forceinline__ void ag_stamp(int k) {
+  if (blockIdx.x < 1024) ag_ts[blockIdx.x][k] = clock64();
+}
+"""
+
+HAND_ON = "  if (cw == 0) named_sync(kTurnBar, 256);  // the second consumer's hand-on after its last turn\n"
+
+# (file, anchor, replacement) applied in order
+PATCHES = [
+    ("hopper_tail.cuh", "namespace attngen {\n", DECLS),
+    ("hopper_prefill.cuh", "  __syncthreads();\n",
+     "  __syncthreads();\n  if (tid == 0) ag_stamp(1);\n"),
+    ("hopper_prefill.cuh", "  if (tid == 0) {\n    *tail_count",
+     "  if (tid == 0 && blockIdx.x < 1024) {\n    for (int k = 1; k < 9; ++k) ag_ts[blockIdx.x][k] = 0;\n"
+     "    ag_ts[blockIdx.x][0] = clock64();\n    ag_ts[blockIdx.x][9] = ag_now();\n  }\n"
+     "  if (tid == 0) {\n    *tail_count"),
+    ("hopper_prefill.cuh", "        if (n >= NS) mbar_wait(&empty_k[s], drained);\n",
+     "        if (ptid == 0 && n == 0) ag_stamp(2);\n        if (n >= NS) mbar_wait(&empty_k[s], drained);\n"),
+    ("hopper_prefill.cuh", "    const HopperItem w = warp_uniform_item(ring[qs]);\n",
+     "    const HopperItem w = warp_uniform_item(ring[qs]);\n    if (tid == 128 && qn == 0) ag_stamp(3);\n"),
+    ("hopper_prefill.cuh", "    auto wait_k = [&](int kt) {\n      mbar_wait(&full_k[stage(kt)], phase(kt));\n",
+     "    auto wait_k = [&](int kt) {\n      mbar_wait(&full_k[stage(kt)], phase(kt));\n"
+     "      if (tid == 128 && it + kt == 0) ag_stamp(4);\n"),
+    ("hopper_prefill.cuh", "    mbar_arrive(&empty_q[qs]);  // every S of the item",
+     "    if (tid == 128) ag_stamp(5);\n    mbar_arrive(&empty_q[qs]);  // every S of the item"),
+    ("hopper_tail.cuh", "  done = __shfl_sync(0xffffffffu, done, 0);\n",
+     "  done = __shfl_sync(0xffffffffu, done, 0);\n  if (cw == 0 && ctid == 0) ag_stamp(6);\n"),
+    ("hopper_tail.cuh", "    hopper_tail_merge_packed<T, D>(t, first, count, cw, ctid, o_acc, m_row, d_row);\n",
+     "    hopper_tail_merge_packed<T, D>(t, first, count, cw, ctid, o_acc, m_row, d_row);\n"
+     "    if (cw == 0 && ctid == 0) ag_stamp(7);\n"),
+    ("hopper_prefill.cuh", "      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane);\n",
+     "      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane);\n"
+     "      if (tid == 128) ag_stamp(8);\n"),
+    ("hopper_prefill.cuh", HAND_ON,
+     HAND_ON +
+     "  if (tid == 128 && blockIdx.x < 1024) {\n"
+     "    volatile unsigned long long* a = ag_ts[blockIdx.x];\n"
+     "    const unsigned long long c_end = clock64(), g_end = ag_now();\n"
+     "    printf(\"AGTS %d %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu\\n\", int(blockIdx.x), a[0], "
+     "a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], c_end, a[9], g_end);\n"
+     "  }\n"),
+]
+
+
+def instrument(tree: Path, dst: Path) -> None:
+    """Copies tree's attngen into dst and adds the stamps there."""
+    shutil.copytree(tree / "attngen", dst / "attngen", ignore=shutil.ignore_patterns("__pycache__"))
+    texts = {}
+    for name, anchor, replacement in PATCHES:
+        path = dst / "attngen" / "csrc" / name
+        s = texts.get(name, path.read_text())
+        if s.count(anchor) != 1:
+            raise SystemExit(f"trace_hopper_tail: anchor found {s.count(anchor)} times in {name} (expected once): "
+                             f"{anchor[:80]!r}")
+        texts[name] = s.replace(anchor, replacement)
+    for name, s in texts.items():
+        (dst / "attngen" / "csrc" / name).write_text(s)
+
+
+def run_case(name: str) -> None:
+    """In a child process: build the copy's causal variant and run the case three times, synchronising after each
+    (the last launch's lines count)."""
+    import numpy as np
+    import torch
+
+    import bench_append as ba
+    from attngen.runtime import CUDAAttention, PagedKV
+    from attngen.variants import builtin
+
+    qo_len, kv_len = {"q8_kv8k": (8, 8192), "q4_kv2k": (4, 2048)}[name]
+    att = CUDAAttention.build(builtin("causal"), head_dims=(128,), dtypes=("bfloat16",), layouts=("NHD",),
+                              kernels=("prefill",))
+    q, cache, pind, order, last, qind = ba.make_inputs(ba.Case(name, 1, qo_len, kv_len), np.random.default_rng(0))
+    kv = PagedKV(cache, pind, order, last, "NHD")
+    plan = att.plan_prefill(qind, kv, ba.D, template="hopper")
+    for _ in range(3):
+        att.prefill(q, kv, qind, plan=plan)
+        torch.cuda.synchronize()
+    print(f"AGSM {torch.cuda.get_device_properties(0).multi_processor_count}", flush=True)
+
+
+def summarize(rows: list[list[int]]) -> dict:
+    """Per stamp, microseconds from the CTA's start (its own cycles, at the launch's median cycles per ns):
+    minimum / median / maximum over the CTAs that reached it; and each CTA's start and end on the launch's time line
+    (%globaltimer, from the first CTA's start)."""
+    # row: cta, c0, c1..c8, c_end, g_start, g_end
+    out = {"ctas": len(rows)}
+    rate = st.median((r[10] - r[1]) / max(r[12] - r[11], 1) for r in rows)  # cycles per ns
+    out["cycles_per_ns"] = rate
+    for k, label in enumerate(STAMPS, start=2):
+        us = [(r[k] - r[1]) / rate / 1e3 for r in rows if r[k] >= r[1] and r[k] != 0]
+        out[label] = ([min(us), st.median(us), max(us)], len(us)) if us else ([0, 0, 0], 0)
+    ends = [(r[10] - r[1]) / rate / 1e3 for r in rows]
+    out["end"] = ([min(ends), st.median(ends), max(ends)], len(ends))
+    g0 = min(r[11] for r in rows)
+    starts = [(r[11] - g0) / 1e3 for r in rows]
+    finish = [(r[12] - g0) / 1e3 for r in rows]
+    out["launch_start"] = ([min(starts), st.median(starts), max(starts)], len(rows))
+    out["launch_end"] = ([min(finish), st.median(finish), max(finish)], len(rows))
+    out["merging"] = [{label: round((r[k] - r[1]) / rate / 1e3, 2) for k, label in enumerate(STAMPS, start=2)
+                       if r[k] >= r[1] and r[k] != 0}
+                      | {"end": round((r[10] - r[1]) / rate / 1e3, 2), "starts_at": round((r[11] - g0) / 1e3, 2),
+                         "ends_at": round((r[12] - g0) / 1e3, 2)}
+                      for r in rows if r[8] >= r[1] and r[8] != 0]
+    return out
+
+
+def main():
+    ap = result_parser(__doc__)
+    ap.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent), help="a tree holding attngen/")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--case", help="(internal) run one case in this process")
+    args = ap.parse_args()
+    if args.case:
+        run_case(args.case)
+        return
+    date = datetime.date.today().isoformat()
+    results = {"date": date, "commit": args.commit, "tree": args.tree, "stamps": STAMPS, "cases": {}}
+    md = [f"# Hopper tail split, every CTA of one launch — {date}, commit {args.commit}", "",
+          "Microseconds from each CTA's start (its own clock, converted at the launch's median cycles per ns), "
+          "min / median / max over the CTAs that reach the point; the last of three launches. bf16, Hq 32 / Hkv 8, "
+          "D 128, causal, pages of 16. `benchmarks/trace_hopper_tail.py`.", ""]
+    with tempfile.TemporaryDirectory() as tmp:
+        instrument(Path(args.tree).resolve(), Path(tmp))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(Path(__file__).resolve().parent),
+                                                          os.environ.get("PYTHONPATH", "")]))
+        for name in args.cases.split(","):
+            r = subprocess.run([sys.executable, __file__, "--case", name], capture_output=True, text=True,
+                               env=env, timeout=600)
+            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("AGTS ")]
+            if r.returncode or not lines or len(lines) % 3:
+                raise SystemExit(f"{name}: rc {r.returncode}, {len(lines)} trace lines\n{r.stderr[-3000:]}")
+            rows = [[int(x) for x in re.findall(r"\d+", ln)] for ln in lines[-len(lines) // 3:]]
+            s = summarize(rows)
+            results["cases"][name] = {"summary": s, "rows": rows}
+            md += [f"## verify B1 {name.replace('_', ' ')} ({s['ctas']} CTAs, {s['cycles_per_ns']:.2f} cycles per ns)",
+                   "", "| point | CTAs | min | median | max |", "|---|---|---|---|---|"]
+            md += [f"| {label} | {s[label][1]} | " + " | ".join(f"{x:.2f}" for x in s[label][0]) + " |"
+                   for label in (*STAMPS, "end", "launch_start", "launch_end")]
+            md += ["", "The CTAs that merged: " + "; ".join(str(m) for m in s["merging"]), ""]
+    write_results(args.out, f"hopper_tail_trace_{date}", results, md)
+
+
+if __name__ == "__main__":
+    main()

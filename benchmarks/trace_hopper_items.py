@@ -44,26 +44,29 @@ __device__ unsigned long long ag_tr[3][1024][8];  // [producer, consumer 0, cons
 __device__ int ag_tr_n[3];
 
 // Mapped:"""),
+    ("    auto produce = [&](const HopperItem& w) {",
+     """    bool ptr = false;  // (the traced item's: set in the rounds, read inside produce)
+    int pslot = 0;
+    auto produce = [&](const HopperItem& w) {"""),
     ("""      HopperItem w;
-      if (!item_at(idx, w)) continue;  // (the consumers never see it)""",
+      if (!item_at(idx, w, n >= 0)) {""",
      """      HopperItem w;
       const unsigned long long pt0 = clock64();
-      if (!item_at(idx, w)) continue;  // (the consumers never see it)
-      const bool ptr = blockIdx.x == 0 && tid == 0 && qn < 1024;
-      const int pslot = qn;
-      if (ptr) { ag_tr[0][pslot][0] = pt0; ag_tr[0][pslot][1] = clock64(); ag_tr[0][pslot][5] = w.num_kt; }"""),
+      if (!item_at(idx, w, n >= 0)) {"""),
+    ("""      if (n >= 0) hopper_tail_cut<TK>(tail_pieces[n], w);
+      produce(w);""",
+     """      if (n >= 0) hopper_tail_cut<TK>(tail_pieces[n], w);
+      ptr = blockIdx.x == 0 && tid == 0 && qn < 1024;
+      pslot = qn;
+      if (ptr) { ag_tr[0][pslot][0] = pt0; ag_tr[0][pslot][1] = clock64(); ag_tr[0][pslot][5] = w.num_kt; }
+      produce(w);
+      if (ptr) { ag_tr[0][pslot][3] = clock64(); ag_tr_n[0] = pslot + 1; }"""),
     ("""        ++qn;
       }
       SinkShift""", """        ++qn;
         if (ptr) ag_tr[0][pslot][2] = clock64();
       }
       SinkShift"""),
-    ("""      it += num_kt;
-    }
-    {  // no more items""", """      it += num_kt;
-      if (ptr) { ag_tr[0][pslot][3] = clock64(); ag_tr_n[0] = pslot + 1; }
-    }
-    {  // no more items"""),
     ("""    const int qs = qn % NQ;
     mbar_wait(&full_q[qs], (qn / NQ) & 1);""", """    const int qs = qn % NQ;
     const bool ctr = blockIdx.x == 0 && (tid == 128 || tid == 256) && qn < 1024;

@@ -4,7 +4,7 @@ whose partial states the last piece merges: csrc/hopper_tail.cuh). Prints the me
 common.bench (30 repetitions each, device time, the host ahead) per case and K/V form. For A/B runs of source
 trees: run it from each tree with its own ATTNGEN_CACHE_DIR.
 
-    python benchmarks/probe_verify_tail.py
+    PYTHONPATH=. python benchmarks/probe_verify_tail.py
 """
 from __future__ import annotations
 

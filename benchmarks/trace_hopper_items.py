@@ -20,17 +20,14 @@ source anchors; a kernel change that moves one makes the script stop with the an
 from __future__ import annotations
 
 import datetime
-import os
 import re
 import runpy
-import shutil
 import statistics as st
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import trace_stamps  # noqa: E402
 from common import result_parser, write_results  # noqa: E402
 
 CASES = ("causal", "window", "ragged", "docs", "docs_ragged")
@@ -122,16 +119,8 @@ FIELDS = ("item", "tiles", "p_decode", "p_query", "p_kv", *(f"c{c}_{k}" for c in
 
 
 def instrument(tree: Path, dst: Path) -> None:
-    """Copies tree's attngen (and pyproject.toml) into dst and adds the stamps there."""
-    shutil.copytree(tree / "attngen", dst / "attngen", ignore=shutil.ignore_patterns("__pycache__"))
-    src = dst / "attngen/csrc/hopper_prefill.cuh"
-    s = src.read_text()
-    for anchor, replacement in STAMPS:
-        if s.count(anchor) != 1:
-            raise SystemExit(f"trace_hopper_items: anchor found {s.count(anchor)} times in hopper_prefill.cuh "
-                             f"(expected once): {anchor[:80]!r}")
-        s = s.replace(anchor, replacement)
-    src.write_text(s)
+    """Copies tree's attngen into dst and adds the stamps there."""
+    trace_stamps.instrument(tree, dst, [("hopper_prefill.cuh", a, r) for a, r in STAMPS], "trace_hopper_items")
 
 
 def run_case(name: str) -> None:
@@ -227,18 +216,14 @@ def main():
           "`benchmarks/trace_hopper_items.py`.", "",
           "| case | items (consumer has rows) | key tiles | main loop per tile | to first turn | query wait | epilogue | turn waits "
           "| K/V waits | producer decode |", "|---|---|---|---|---|---|---|---|---|---|"]
-    with tempfile.TemporaryDirectory() as tmp:
-        instrument(Path(args.tree).resolve(), Path(tmp))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(Path(__file__).resolve().parent),
-                                                          os.environ.get("PYTHONPATH", "")]))
+    patches = [("hopper_prefill.cuh", a, r) for a, r in STAMPS]
+    with trace_stamps.traced_cases(args.tree, patches, "trace_hopper_items", __file__, "AGTR ") as run:
         for name in args.cases.split(","):
-            r = subprocess.run([sys.executable, __file__, "--case", name], capture_output=True, text=True,
-                               env=env, timeout=600)
-            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("AGTR ")]
+            lines = run(name)
             starts = [i for i, ln in enumerate(lines) if ln.startswith("AGTR 0 ")]
             lines = lines[starts[-1]:] if starts else []
-            if r.returncode or not lines:
-                raise SystemExit(f"{name}: rc {r.returncode}, {len(lines)} trace lines\n{r.stderr[-3000:]}")
+            if not lines:
+                raise SystemExit(f"{name}: no trace lines")
             rows = [[int(x) for x in re.findall(r"\d+", ln)] for ln in lines]
             s = summarize(rows)
             results["cases"][name] = {"summary": s, "rows": rows}

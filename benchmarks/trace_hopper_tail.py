@@ -19,16 +19,13 @@ moves one makes the script stop with the anchor it could not find.
 from __future__ import annotations
 
 import datetime
-import os
 import re
-import shutil
 import statistics as st
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import trace_stamps  # noqa: E402
 from common import result_parser, write_results  # noqa: E402
 
 CASES = ("q8_kv8k", "q4_kv2k")
@@ -89,17 +86,7 @@ PATCHES = [
 
 def instrument(tree: Path, dst: Path) -> None:
     """Copies tree's attngen into dst and adds the stamps there."""
-    shutil.copytree(tree / "attngen", dst / "attngen", ignore=shutil.ignore_patterns("__pycache__"))
-    texts = {}
-    for name, anchor, replacement in PATCHES:
-        path = dst / "attngen" / "csrc" / name
-        s = texts.get(name, path.read_text())
-        if s.count(anchor) != 1:
-            raise SystemExit(f"trace_hopper_tail: anchor found {s.count(anchor)} times in {name} (expected once): "
-                             f"{anchor[:80]!r}")
-        texts[name] = s.replace(anchor, replacement)
-    for name, s in texts.items():
-        (dst / "attngen" / "csrc" / name).write_text(s)
+    trace_stamps.instrument(tree, dst, PATCHES, "trace_hopper_tail")
 
 
 def run_case(name: str) -> None:
@@ -165,16 +152,11 @@ def main():
           "Microseconds from each CTA's start (its own clock, converted at the launch's median cycles per ns), "
           "min / median / max over the CTAs that reach the point; the last of three launches. bf16, Hq 32 / Hkv 8, "
           "D 128, causal, pages of 16. `benchmarks/trace_hopper_tail.py`.", ""]
-    with tempfile.TemporaryDirectory() as tmp:
-        instrument(Path(args.tree).resolve(), Path(tmp))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(Path(__file__).resolve().parent),
-                                                          os.environ.get("PYTHONPATH", "")]))
+    with trace_stamps.traced_cases(args.tree, PATCHES, "trace_hopper_tail", __file__, "AGTS ") as run:
         for name in args.cases.split(","):
-            r = subprocess.run([sys.executable, __file__, "--case", name], capture_output=True, text=True,
-                               env=env, timeout=600)
-            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("AGTS ")]
-            if r.returncode or not lines or len(lines) % 3:
-                raise SystemExit(f"{name}: rc {r.returncode}, {len(lines)} trace lines\n{r.stderr[-3000:]}")
+            lines = run(name)
+            if not lines or len(lines) % 3:
+                raise SystemExit(f"{name}: {len(lines)} trace lines, not three launches' worth")
             rows = [[int(x) for x in re.findall(r"\d+", ln)] for ln in lines[-len(lines) // 3:]]
             s = summarize(rows)
             results["cases"][name] = {"summary": s, "rows": rows}

@@ -10,6 +10,10 @@ loaded (after the start's ``__syncthreads``), the producer's first K/V issue, co
 K tile landed, its main loop's end, its count returned (split pieces), its merge's end (the piece that counted
 last) and its rows stored; and ``%globaltimer`` at the start and at the end, which place the CTAs on one time line.
 The Markdown gives each stamp's minimum / median / maximum over the CTAs, and the merging CTAs' own line.
+A launch that records prints nothing: each CTA prints its stamps at the start of its next launch, and the case runs
+four launches (the third is read). Device printf at the end of each CTA of the traced launch itself had held
+other CTAs' counts back by up to 100 us (the first trace, 2026-12-07, q4 kv2k: 100 CTAs without a piece printed
+while 32 counted).
 
     python benchmarks/trace_hopper_tail.py --tree . --out benchmarks/results [--commit <sha>]
 
@@ -33,8 +37,10 @@ STAMPS = ("pieces", "first_issue", "item", "first_k", "main_end", "counted", "me
 
 DECLS = """namespace attngen {
 
-// (trace_hopper_tail.py) per CTA: clock64 at the start and at eight points, %globaltimer at the start and the end
-static __device__ unsigned long long ag_ts[1024][11];
+// (trace_hopper_tail.py) per CTA: clock64 at the start and at eight points, %globaltimer at the start, clock64 and
+// %globaltimer at the end; and the CTA's launches so far (even ones record, odd ones print the one before)
+static __device__ unsigned long long ag_ts[1024][12];
+static __device__ unsigned ag_launch[1024];
 static __device__ __forceinline__ unsigned long long ag_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -53,8 +59,14 @@ PATCHES = [
     ("hopper_prefill.cuh", "  __syncthreads();\n",
      "  __syncthreads();\n  if (tid == 0) ag_stamp(1);\n"),
     ("hopper_prefill.cuh", "  if (tid == 0) {\n    *tail_count",
-     "  if (tid == 0 && blockIdx.x < 1024) {\n    for (int k = 1; k < 9; ++k) ag_ts[blockIdx.x][k] = 0;\n"
-     "    ag_ts[blockIdx.x][0] = clock64();\n    ag_ts[blockIdx.x][9] = ag_now();\n  }\n"
+     "  if (tid == 0 && blockIdx.x < 1024) {\n"
+     "    unsigned long long* a = ag_ts[blockIdx.x];\n"
+     "    if (ag_launch[blockIdx.x]++ & 1) {\n"
+     "      printf(\"AGTS %d %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu\\n\", int(blockIdx.x), a[0], "
+     "a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[10], a[9], a[11]);\n"
+     "    } else {\n"
+     "      for (int k = 1; k < 9; ++k) a[k] = 0;\n"
+     "      a[0] = clock64();\n      a[9] = ag_now();\n    }\n  }\n"
      "  if (tid == 0) {\n    *tail_count"),
     ("hopper_prefill.cuh", "        if (n >= NS) mbar_wait(&empty_k[s], drained);\n",
      "        if (ptid == 0 && n == 0) ag_stamp(2);\n        if (n >= NS) mbar_wait(&empty_k[s], drained);\n"),
@@ -76,11 +88,7 @@ PATCHES = [
     ("hopper_prefill.cuh", HAND_ON,
      HAND_ON +
      "  if (tid == 128 && blockIdx.x < 1024) {\n"
-     "    volatile unsigned long long* a = ag_ts[blockIdx.x];\n"
-     "    const unsigned long long c_end = clock64(), g_end = ag_now();\n"
-     "    printf(\"AGTS %d %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu\\n\", int(blockIdx.x), a[0], "
-     "a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], c_end, a[9], g_end);\n"
-     "  }\n"),
+     "    ag_ts[blockIdx.x][10] = clock64();\n    ag_ts[blockIdx.x][11] = ag_now();\n  }\n"),
 ]
 
 
@@ -90,8 +98,8 @@ def instrument(tree: Path, dst: Path) -> None:
 
 
 def run_case(name: str) -> None:
-    """In a child process: build the copy's causal variant and run the case three times, synchronising after each
-    (the last launch's lines count)."""
+    """In a child process: build the copy's causal variant and run the case four times, synchronising after each
+    (the third launch's stamps, which the fourth prints, count)."""
     import numpy as np
     import torch
 
@@ -105,7 +113,7 @@ def run_case(name: str) -> None:
     q, cache, pind, order, last, qind = ba.make_inputs(ba.Case(name, 1, qo_len, kv_len), np.random.default_rng(0))
     kv = PagedKV(cache, pind, order, last, "NHD")
     plan = att.plan_prefill(qind, kv, ba.D, template="hopper")
-    for _ in range(3):
+    for _ in range(4):  # record, print, record, print
         att.prefill(q, kv, qind, plan=plan)
         torch.cuda.synchronize()
     print(f"AGSM {torch.cuda.get_device_properties(0).multi_processor_count}", flush=True)
@@ -150,14 +158,14 @@ def main():
     results = {"date": date, "commit": args.commit, "tree": args.tree, "stamps": STAMPS, "cases": {}}
     md = [f"# Hopper tail split, every CTA of one launch — {date}, commit {args.commit}", "",
           "Microseconds from each CTA's start (its own clock, converted at the launch's median cycles per ns), "
-          "min / median / max over the CTAs that reach the point; the last of three launches. bf16, Hq 32 / Hkv 8, "
+          "min / median / max over the CTAs that reach the point; the third of four launches. bf16, Hq 32 / Hkv 8, "
           "D 128, causal, pages of 16. `benchmarks/trace_hopper_tail.py`.", ""]
     with trace_stamps.traced_cases(args.tree, PATCHES, "trace_hopper_tail", __file__, "AGTS ") as run:
         for name in args.cases.split(","):
             lines = run(name)
-            if not lines or len(lines) % 3:
-                raise SystemExit(f"{name}: {len(lines)} trace lines, not three launches' worth")
-            rows = [[int(x) for x in re.findall(r"\d+", ln)] for ln in lines[-len(lines) // 3:]]
+            if not lines or len(lines) % 2:
+                raise SystemExit(f"{name}: {len(lines)} trace lines, not two printing launches' worth")
+            rows = [[int(x) for x in re.findall(r"\d+", ln)] for ln in lines[-len(lines) // 2:]]
             s = summarize(rows)
             results["cases"][name] = {"summary": s, "rows": rows}
             md += [f"## verify B1 {name.replace('_', ' ')} ({s['ctas']} CTAs, {s['cycles_per_ns']:.2f} cycles per ns)",

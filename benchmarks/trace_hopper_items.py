@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import trace_stamps  # noqa: E402
-from common import result_parser, write_results  # noqa: E402
+from common import write_results  # noqa: E402
 
 CASES = ("causal", "window", "ragged", "docs", "docs_ragged")
 WINDOW = 1024
@@ -202,13 +202,8 @@ def table_row(name: str, c: int, s: dict) -> str:
 
 
 def main():
-    ap = result_parser(__doc__)
-    ap.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent), help="a tree holding attngen/")
-    ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--case", help="(internal) run one case in this process")
-    args = ap.parse_args()
-    if args.case:
-        run_case(args.case)
+    args = trace_stamps.parse_or_run_case(__doc__, CASES, run_case)
+    if args is None:
         return
     results = {"date": datetime.date.today().isoformat(), "commit": args.commit, "tree": args.tree, "cases": {}}
     md = [f"# Hopper prefill per-item trace (CTA 0) — {results['date']}, commit {args.commit}", "",

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import trace_stamps  # noqa: E402
-from common import result_parser, write_results  # noqa: E402
+from common import write_results  # noqa: E402
 
 CASES = ("q8_kv8k", "q4_kv2k")
 STAMPS = ("pieces", "first_issue", "item", "first_k", "main_end", "counted", "merged", "stored")  # clock64, 1..8
@@ -146,13 +146,8 @@ def summarize(rows: list[list[int]]) -> dict:
 
 
 def main():
-    ap = result_parser(__doc__)
-    ap.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent), help="a tree holding attngen/")
-    ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--case", help="(internal) run one case in this process")
-    args = ap.parse_args()
-    if args.case:
-        run_case(args.case)
+    args = trace_stamps.parse_or_run_case(__doc__, CASES, run_case)
+    if args is None:
         return
     date = datetime.date.today().isoformat()
     results = {"date": date, "commit": args.commit, "tree": args.tree, "stamps": STAMPS, "cases": {}}

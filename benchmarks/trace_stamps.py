@@ -11,6 +11,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from common import result_parser
+
 
 def instrument(tree: Path, dst: Path, patches, tool: str) -> None:
     """Copies tree's attngen into dst and applies ``patches`` ((file under attngen/csrc, anchor, replacement), in
@@ -44,3 +46,17 @@ def traced_cases(tree: str, patches, tool: str, script: str, prefix: str):
             return [ln for ln in r.stdout.splitlines() if ln.startswith(prefix)]
 
         yield run
+
+
+def parse_or_run_case(doc: str, cases, run_case):
+    """A trace tool's arguments (``result_parser``'s, --tree, --cases, and --case for the child process); with
+    --case, runs that case (``run_case``) in this process and returns None."""
+    ap = result_parser(doc)
+    ap.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent), help="a tree holding attngen/")
+    ap.add_argument("--cases", default=",".join(cases))
+    ap.add_argument("--case", help="(internal) run one case in this process")
+    args = ap.parse_args()
+    if args.case:
+        run_case(args.case)
+        return None
+    return args

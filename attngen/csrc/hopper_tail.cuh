@@ -212,15 +212,6 @@ __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, in
   d_row[1] = l_sum[1] * 0.25f;
 }
 
-// counter += 1 at GPU scope, returning the old count: a release of what this thread (and, through a __syncwarp
-// before it, its warp) wrote, and an acquire of what the pieces that counted before it wrote; one atomic in place
-// of a full fence on each side of a relaxed one
-__device__ __forceinline__ int count_acq_rel(int* counter) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
-  return old;
-}
-
 // A split item's piece at its epilogue (slot: the piece's; consumer cw, its thread ctid of 128): leaves this
 // thread's state in the piece's slot; in each warp (16 rows of the item), the warp that finishes the item's last
 // piece merges every slot, in slot order, into o_acc / m_row / d_row (the same sums whichever piece is last)

@@ -20,10 +20,10 @@
 //     finisher resets its own)
 //   partials (floats, 16-byte aligned): [slot][2 consumers][D / 8 + 1][128 threads][4] (softmax states use the
 //     first D / 16 + 1 chunks of a slot's part: hopper_tail_leave_packed)
-// The kernel checks the section against its own launch and the tensor's length once (hopper_tail_ok); one that
-// does not fit (a grid not the plan's) traps: the taken items would otherwise be lost. Pieces' tiles are clamped to their item's, and
-// a split item's last piece runs to the item's end, so a batch whose lengths moved under the plan still runs
-// every key.
+// The kernel checks the section against its own launch and the tensor's length once (hopper_tail_load_pieces);
+// one that does not fit (a grid not the plan's) traps: the taken items would otherwise be lost. Pieces' tiles are
+// clamped to their item's, and a split item's last piece runs to the item's end, so a batch whose lengths moved
+// under the plan still runs every key.
 #pragma once
 #include "common.cuh"
 #include "hopper_sync.cuh"
@@ -32,7 +32,7 @@
 
 namespace attngen {
 
-// The tail's arrays, read from its header without checks (hopper_tail_ok checked it once per launch)
+// The tail's arrays, read from its header without checks (hopper_tail_load_pieces checked it once per launch)
 struct HopperTail {
   const int* cta_ptr;
   const int4* piece_at;
@@ -47,43 +47,57 @@ template <int D>
 constexpr int kTailChunks = D / 8 + 1;
 constexpr int kTailCounters = 8;  // per slot: one per consumer warp
 
-// Whether the tail section behind `order` (`len` ints past the order's `pairs`) fits this launch: every array
-// inside the section and aligned for its reads, the grid and head dim the plan's.
-template <int D>
-__device__ __forceinline__ bool hopper_tail_ok(const int32_t* order, int pairs, int len, int items) {
-  if (order == nullptr || len < kTailHeader) return false;
-  const int* s = order + pairs;
-  const int ctas = s[2], pieces = s[3], slots = s[4];
-  const long long part_ints = int64_t(slots) * 2 * kTailChunks<D> * 128 * 4;  // (floats: an int's size each)
-  const bool fits = s[0] == kTailMagic && s[10] == D && ctas == int(gridDim.x) && s[1] >= 0 && s[1] <= items &&
-                    pieces >= 0 && slots >= 0 && s[5] >= kTailHeader && s[5] + ctas + 1LL <= len && s[6] >= 0 &&
-                    s[6] + 4LL * pieces <= len && s[7] >= 0 && s[7] + 2LL * slots <= len && s[8] >= 0 &&
-                    s[8] + int64_t(kTailCounters) * slots <= len && s[9] >= 0 && s[9] + part_ints <= len;
-  const auto aligned = [&](int at, int bytes) { return reinterpret_cast<uintptr_t>(s + at) % bytes == 0; };
-  return fits && aligned(s[6], 16) && aligned(s[7], 8) && aligned(s[9], 16);
-}
-
 __device__ __forceinline__ HopperTail hopper_tail_at(const int32_t* order, int pairs) {
   const int* s = order + pairs;
   return HopperTail{s + s[5], reinterpret_cast<const int4*>(s + s[6]), reinterpret_cast<const int2*>(s + s[7]),
                     const_cast<int*>(s + s[8]), reinterpret_cast<float4*>(const_cast<int*>(s + s[9])), s[4], s[3]};
 }
 
+// Where piece_at starts in a section behind `pairs` order ints for `ctas` CTAs (ints from the section's start): the
+// plan's layout (runtime/work_tail.py piece_offset: cta_ptr right behind the header, piece_at past it on the next
+// 16-byte boundary of the order), so that a CTA finds its cta_ptr entries and a piece without the header's offsets
+__host__ __device__ __forceinline__ int hopper_tail_piece_offset(int pairs, int ctas) {
+  const int at = kTailHeader + ctas + 1;
+  return at + (-(pairs + at) & 3);
+}
+
 // Thread 0 of a CTA at the kernel's start: this CTA's pieces into `pieces` (shared memory, kTailMaxPieces), and
-// their count. A tail split the launch cannot run (a kernel without one, a section that does not fit the launch)
-// would lose the items it takes out of the rounds: it traps, rather than return a silently wrong result.
+// their count. The header, the CTA's two cta_ptr entries and piece blockIdx.x (its piece where every CTA runs one,
+// as where the items are fewer than the SMs) load at once, each where the section's length `len` holds it, and
+// are checked after: one round trip, where a check of each word before the next load took about eleven. The
+// section must fit the launch: every array inside `len` and aligned for its reads, the plan's layout
+// (hopper_tail_piece_offset), grid and head dim. A tail split the launch cannot run (a kernel without one, a
+// section that does not fit) would lose the items it takes out of the rounds: it traps, rather than return a
+// silently wrong result.
 template <int D, bool Tailable>
 __device__ __forceinline__ int hopper_tail_load_pieces(const int32_t* order, int pairs, int len, int items,
                                                        int4* pieces) {
   if (len <= 0) return 0;
-  if (!(Tailable && hopper_tail_ok<D>(order, pairs, len, items))) __trap();
-  const HopperTail tail = hopper_tail_at(order, pairs);
-  const int p0 = tail.cta_ptr[blockIdx.x], p1 = tail.cta_ptr[blockIdx.x + 1];
-  if (p0 < 0 || p1 < p0 || p1 > tail.pieces || p1 - p0 > kTailMaxPieces) __trap();
+  if (!Tailable || order == nullptr) __trap();
+  const int* s = order + pairs;
+  const int c = int(blockIdx.x), ctas = int(gridDim.x), at = hopper_tail_piece_offset(pairs, ctas);
+  const auto aligned = [&](long long off, int bytes) { return reinterpret_cast<uintptr_t>(s + off) % bytes == 0; };
+  const bool head = len >= kTailHeader + ctas + 1LL;
+  const bool guess_in = len >= at + 4LL * (c + 1) && aligned(at, 16);
+  int h[kTailHeader];
+#pragma unroll
+  for (int i = 0; i < kTailHeader; ++i) h[i] = head ? s[i] : 0;
+  const int p0 = head ? s[kTailHeader + c] : -1, p1 = head ? s[kTailHeader + c + 1] : -1;
+  const int4 guess = guess_in ? reinterpret_cast<const int4*>(s + at)[c] : make_int4(-1, 0, 0, 0);
+  const int n = h[3], slots = h[4];
+  const long long part_ints = int64_t(slots) * 2 * kTailChunks<D> * 128 * 4;  // (floats: an int's size each)
+  // (& rather than &&: no load waits on the test of another)
+  const bool fits = head & (h[0] == kTailMagic) & (h[10] == D) & (h[2] == ctas) & (h[1] >= 0) & (h[1] <= items) &
+                    (n >= 0) & (slots >= 0) & (h[5] == kTailHeader) & (h[6] == at) & (at + 4LL * n <= len) &
+                    (h[7] >= 0) & (h[7] + 2LL * slots <= len) & (h[8] >= 0) &
+                    (h[8] + int64_t(kTailCounters) * slots <= len) & (h[9] >= 0) & (h[9] + part_ints <= len) &
+                    aligned(at, 16) & aligned(h[7], 8) & aligned(h[9], 16);
+  if (!fits || p0 < 0 || p1 < p0 || p1 > n || p1 - p0 > kTailMaxPieces) __trap();
+  const int4* piece_at = reinterpret_cast<const int4*>(s + at);
   int count = 0;
   for (int p = p0; p < p1; ++p) {
-    const int4 pc = tail.piece_at[p];
-    if (pc.x < 0 || pc.x >= items || pc.w >= tail.slots) __trap();
+    const int4 pc = p == c && guess_in ? guess : piece_at[p];
+    if (pc.x < 0 || pc.x >= items || pc.w >= slots) __trap();
     pieces[count++] = pc;
   }
   return count;

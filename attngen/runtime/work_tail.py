@@ -202,6 +202,14 @@ def order_on_device(order: np.ndarray, pairs: int, head_dim: int, device):
     return out
 
 
+def piece_offset(pairs: int, ctas: int) -> int:
+    """Where piece_at starts in the section behind ``pairs`` order ints for ``ctas`` CTAs (ints from the section's
+    start): cta_ptr right behind the header, piece_at past it on the next 16-byte boundary of the order. The kernel
+    computes it too (csrc/hopper_tail.cuh hopper_tail_piece_offset), to load a CTA's piece with the header."""
+    at = TAIL_HEADER + ctas + 1
+    return at + (-(pairs + at)) % 4
+
+
 def _section(pieces: np.ndarray, ctas: int, split_from: int, head_dim: int, pairs: int) -> np.ndarray:
     """The int32 section behind the order (csrc/hopper_tail.cuh) for ``pieces`` ([pieces, 5]: cta, item, first
     tile, end tile, slot; in CTA order), up to its partial slots, which order_on_device appends on the device;
@@ -213,7 +221,7 @@ def _section(pieces: np.ndarray, ctas: int, split_from: int, head_dim: int, pair
         return at + (-(pairs + at)) % ints
 
     off_cta = TAIL_HEADER
-    off_piece = align(off_cta + ctas + 1, 4)
+    off_piece = piece_offset(pairs, ctas)
     off_split = align(off_piece + 4 * len(pieces), 2)
     off_count = off_split + 2 * slots
     off_part = align(off_count + TAIL_COUNTERS * slots, 4)

@@ -18,14 +18,22 @@ from .conftest import requires_nvcc
 CSRC = Path(__file__).resolve().parent.parent / "attngen" / "csrc"
 
 
-def section(out, pairs):
-    """The header and arrays of a tail section behind ``pairs`` order entries."""
+def section(out, pairs, heads=None):
+    """The header and arrays of a tail section behind ``pairs`` order entries; with ``heads``, the pieces' items
+    (named pair * heads + KV head) as their dealing indices, each a taken pair's (shifted past the pairs' range in
+    the order)."""
     s = out[pairs:]
     h = s[:TAIL_HEADER]
     ctas, pieces, slots = int(h[2]), int(h[3]), int(h[4])
-    return dict(header=h, cta_ptr=s[h[5]:h[5] + ctas + 1], pieces=s[h[6]:h[6] + 4 * pieces].reshape(-1, 4),
-                split_at=s[h[7]:h[7] + 2 * slots].reshape(-1, 2), counters=s[h[8]:h[8] + 8 * slots],
-                offsets=[int(x) for x in h[5:10]], length=len(s), slots=slots, ctas=ctas)
+    sec = dict(header=h, cta_ptr=s[h[5]:h[5] + ctas + 1], pieces=s[h[6]:h[6] + 4 * pieces].reshape(-1, 4).copy(),
+               split_at=s[h[7]:h[7] + 2 * slots].reshape(-1, 2), counters=s[h[8]:h[8] + 8 * slots],
+               offsets=[int(x) for x in h[5:10]], length=len(s), slots=slots, ctas=ctas)
+    if heads is not None:
+        at = {int(v) - pairs: i for i, v in enumerate(out[:pairs]) if v >= pairs}  # taken pair -> order position
+        named = sec["pieces"][:, 0]
+        assert ((0 <= named) & (named < pairs * heads)).all()
+        sec["pieces"][:, 0] = [at[int(n) // heads] * heads + int(n) % heads for n in named]
+    return sec
 
 
 CASES = [  # (query rows per request, keys, GQA group, KV heads, key tiles, head dim, SMs)
@@ -48,7 +56,7 @@ def test_pieces_cover_the_taken_items_once(qo, kv, group, heads, keys, head_dim,
     pairs, items = len(order), len(order) * heads
     out = tail_split(order, costs.reshape(-1), heads=heads, sms=sms, head_dim=head_dim)
     assert out is not None and out.dtype == np.int32
-    sec = section(out, pairs)
+    sec = section(out, pairs, heads)
     h = sec["header"]
     ctas = sms  # (a launch with a tail runs a CTA per SM, whatever its items)
     first = int(h[1])
@@ -244,7 +252,7 @@ def dealt_tiles(out: np.ndarray, pairs: int, heads: int, item_tiles: np.ndarray)
     hopper_work.cuh hopper_item_at and hopper_tail.cuh hopper_tail_piece_of_round / hopper_tail_cut): {item: the
     key tiles each CTA ran of it, in order}. ``item_tiles``: [items] the key tiles the kernel finds per item (by
     dealing index), which may differ from the plan's estimate."""
-    sec = section(out, pairs)
+    sec = section(out, pairs, heads)  # (the pieces' items as dealing indices: the item_tiles they read)
     ctas, items, cta_ptr = sec["ctas"], pairs * heads, sec["cta_ptr"]
     ran: dict = {}
     for cta in range(ctas):  # (blockIdx.x; gridDim.x is the section's CTAs: hopper_tail_load_pieces)

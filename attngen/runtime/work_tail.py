@@ -89,10 +89,13 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
 def _split_order(order: np.ndarray, first_pair: int, live_pairs: int, pieces: np.ndarray, ctas: int, heads: int,
                  head_dim: int) -> np.ndarray:
     """[len] int32: the order with its taken pairs first_pair .. live_pairs - 1 shifted past the pairs' range (the
-    rounds skip them), then the section of ``pieces``."""
+    rounds skip them), then the section of ``pieces``, each naming its item as pair * heads + KV head (the kernel
+    then reads no order entry to find a piece's pair) rather than by its dealing index."""
     pairs = len(order)
     shifted = order.astype(np.int64).copy()
     shifted[first_pair:live_pairs] += pairs
+    pieces = pieces.copy()
+    pieces[:, 1] = order[pieces[:, 1] // heads].astype(np.int64) * heads + pieces[:, 1] % heads
     return np.concatenate([shifted, _section(pieces, ctas, first_pair * heads, head_dim, pairs)]).astype(np.int32)
 
 

@@ -32,14 +32,13 @@
 
 namespace attngen {
 
-// The tail's arrays, read from its header without checks (hopper_tail_load_pieces checked it once per launch)
+// The arrays a split item's epilogue reads (hopper_tail_merge), found without checks (hopper_tail_load_pieces
+// checked the section once per launch and left what locates them in shared memory: hopper_tail_at)
 struct HopperTail {
-  const int* cta_ptr;
-  const int4* piece_at;
   const int2* split_at;
   int* counters;
   float4* partials;
-  int slots, pieces;  // partial slots, pieces
+  int slots;  // partial slots
 };
 
 // Float4 chunks a consumer thread leaves per partial slot: its D / 2 accumulators, then (m_row, d_row).
@@ -47,10 +46,18 @@ template <int D>
 constexpr int kTailChunks = D / 8 + 1;
 constexpr int kTailCounters = 8;  // per slot: one per consumer warp
 
-__device__ __forceinline__ HopperTail hopper_tail_at(const int32_t* order, int pairs) {
-  const int* s = order + pairs;
-  return HopperTail{s + s[5], reinterpret_cast<const int4*>(s + s[6]), reinterpret_cast<const int2*>(s + s[7]),
-                    const_cast<int*>(s + s[8]), reinterpret_cast<float4*>(const_cast<int*>(s + s[9])), s[4], s[3]};
+// Ints of shared memory hopper_tail_load_pieces leaves for hopper_tail_at: the section's split_at and partials
+// offsets and its slot count (counters follow split_at: the plan's layout, checked)
+constexpr int kTailMetaInts = 3;
+
+// The tail's arrays from the section behind `pairs` order ints and what hopper_tail_load_pieces left in `meta`
+// (shared memory, read at each call: the epilogue waits on no header word in global memory, and nothing is
+// held in registers across the consumers' loop)
+__device__ __forceinline__ HopperTail hopper_tail_at(const int32_t* order, int pairs, const volatile int* meta) {
+  int* s = const_cast<int*>(order) + pairs;
+  const int split = meta[0], part = meta[1], slots = meta[2];
+  return HopperTail{reinterpret_cast<const int2*>(s + split), s + split + 2 * slots,
+                    reinterpret_cast<float4*>(s + part), slots};
 }
 
 // Where piece_at starts in a section behind `pairs` order ints for `ctas` CTAs (ints from the section's start): the
@@ -68,10 +75,10 @@ __host__ __device__ __forceinline__ int hopper_tail_piece_offset(int pairs, int 
 // section must fit the launch: every array inside `len` and aligned for its reads, the plan's layout
 // (hopper_tail_piece_offset), grid and head dim. A tail split the launch cannot run (a kernel without one, a
 // section that does not fit) would lose the items it takes out of the rounds: it traps, rather than return a
-// silently wrong result.
+// silently wrong result. meta: kTailMetaInts of shared memory for hopper_tail_at.
 template <int D, bool Tailable>
 __device__ __forceinline__ int hopper_tail_load_pieces(const int32_t* order, int pairs, int len, int items,
-                                                       int4* pieces) {
+                                                       int4* pieces, int* meta) {
   if (len <= 0) return 0;
   if (!Tailable || order == nullptr) __trap();
   const int* s = order + pairs;
@@ -89,10 +96,13 @@ __device__ __forceinline__ int hopper_tail_load_pieces(const int32_t* order, int
   // (& rather than &&: no load waits on the test of another)
   const bool fits = head & (h[0] == kTailMagic) & (h[10] == D) & (h[2] == ctas) & (h[1] >= 0) & (h[1] <= items) &
                     (n >= 0) & (slots >= 0) & (h[5] == kTailHeader) & (h[6] == at) & (at + 4LL * n <= len) &
-                    (h[7] >= 0) & (h[7] + 2LL * slots <= len) & (h[8] >= 0) &
+                    (h[7] >= 0) & (h[7] + 2LL * slots <= len) & (h[8] == h[7] + 2LL * slots) &
                     (h[8] + int64_t(kTailCounters) * slots <= len) & (h[9] >= 0) & (h[9] + part_ints <= len) &
                     aligned(at, 16) & aligned(h[7], 8) & aligned(h[9], 16);
   if (!fits || p0 < 0 || p1 < p0 || p1 > n || p1 - p0 > kTailMaxPieces) __trap();
+  meta[0] = h[7];
+  meta[1] = h[9];
+  meta[2] = slots;
   const int4* piece_at = reinterpret_cast<const int4*>(s + at);
   int count = 0;
   for (int p = p0; p < p1; ++p) {
@@ -241,6 +251,10 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
                                                   float (&o_acc)[D / 2], float (&m_row)[2], float (&d_row)[2]) {
   constexpr int NC = kTailChunks<D>;
   if (!__shfl_sync(0xffffffffu, int(rows), 0)) return false;  // (lane 0's: known warp-uniform, as below)
+  const int lane = ctid % 32;
+  // lane 0 reads the slot's item (its first slot and slot count) before the slot stores, which it overlaps
+  int2 info = make_int2(-1, 0);
+  if (lane == 0) info = t.split_at[slot];
   float4* mine = t.partials + (int64_t(slot) * 2 + cw) * NC * 128 + ctid;
   if constexpr (tail_packed<V>()) {
     hopper_tail_leave_packed<T, D>(mine, o_acc, m_row, d_row);
@@ -254,10 +268,8 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
   // the item's first slot and its slot count, and the count, broadcast from lane 0: every branch on them is
   // then known warp-uniform to the compiler (one it cannot prove uniform costs the next item's mainloop its
   // uniform registers: R2UR among the HGMMAs)
-  const int lane = ctid % 32;
   int first = 0, count = 0, done = 0;
   if (lane == 0) {
-    const int2 info = t.split_at[slot];
     first = info.x;
     count = info.y;
     if (first >= 0 && count >= 1 && first <= slot && slot < first + count && first + count <= t.slots) {

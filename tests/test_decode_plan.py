@@ -4,11 +4,15 @@ keys exactly once, writes unsplit requests directly and lists each split request
 key order for the merge. TVM's decode plan slot (compact offsets) gives the same plan, and the C++
 packer writes, word for word, what a straightforward packing of the plan's arrays writes, in both
 layouts."""
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import attngen
 from attngen.runtime import AttentionArgumentError
 from attngen.runtime.decode_plan import DecodeBounds, items_needed, workspace_ints
 from attngen.runtime.planner import PackedLayout, PlannerCapacity, SplitKVPlanner, plan_layout_ints
@@ -263,6 +267,17 @@ def test_packer_writes_what_the_plan_arrays_say(cache, data):
         reference_pack(want, plan, room, counter_heads=layout.merge_counter_heads, fused_merge=layout.fused_merge)
         assert planner.pack(plan, got, layout) == size
         assert np.array_equal(got, want), layout
+        assert got[2] == 8  # (cta_indptr right behind the header: the kernels read it there, test below)
+
+
+def test_kernels_read_cta_indptr_where_every_plan_puts_it():
+    """DecodePlanView reads cta_indptr at a fixed offset (loaded with the header), the packer's first section
+    right behind its header words."""
+    csrc = Path(attngen.__file__).parent / "csrc"
+    at = re.search(r"constexpr int kDecodePlanCtaIndptrAt = (\d+);", (csrc / "decode.cuh").read_text())
+    header = re.search(r"constexpr int kPlanHeaderInts = (\d+);", (csrc / "decode_plan_pack.h").read_text())
+    assert at and header and int(at.group(1)) == int(header.group(1)) == 8
+    assert re.search(r"l\.cta_indptr = at;\s+at \+= s\.ctas \+ 1;", (csrc / "decode_plan_pack.h").read_text())
 
 
 def test_pack_takes_only_the_latest_plan_into_a_buffer_that_holds_it(cache):

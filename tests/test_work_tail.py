@@ -2,6 +2,7 @@
 out of the rounds exactly once, its section matches what the kernel reads (csrc/hopper_tail.cuh), it shortens
 the estimated launch, and plans carry it only where the kernel takes one."""
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,17 +13,27 @@ from attngen.runtime.work_order import order_from_costs, pair_costs, tail_order
 from attngen.runtime.work_tail import TAIL_HEADER, TAIL_TO_END, partial_ints, snake_ctas, tail_split
 from attngen.variants import builtin
 
+from .conftest import requires_nvcc
+
 CSRC = Path(__file__).resolve().parent.parent / "attngen" / "csrc"
 
 
-def section(out, pairs):
-    """The header and arrays of a tail section behind ``pairs`` order entries."""
+def section(out, pairs, heads=None):
+    """The header and arrays of a tail section behind ``pairs`` order entries; with ``heads``, the pieces' items
+    (named pair * heads + KV head) as their dealing indices, each a taken pair's (shifted past the pairs' range in
+    the order)."""
     s = out[pairs:]
     h = s[:TAIL_HEADER]
     ctas, pieces, slots = int(h[2]), int(h[3]), int(h[4])
-    return dict(header=h, cta_ptr=s[h[5]:h[5] + ctas + 1], pieces=s[h[6]:h[6] + 4 * pieces].reshape(-1, 4),
-                split_at=s[h[7]:h[7] + 2 * slots].reshape(-1, 2), counters=s[h[8]:h[8] + 8 * slots],
-                offsets=[int(x) for x in h[5:10]], length=len(s), slots=slots, ctas=ctas)
+    sec = dict(header=h, cta_ptr=s[h[5]:h[5] + ctas + 1], pieces=s[h[6]:h[6] + 4 * pieces].reshape(-1, 4).copy(),
+               split_at=s[h[7]:h[7] + 2 * slots].reshape(-1, 2), counters=s[h[8]:h[8] + 8 * slots],
+               offsets=[int(x) for x in h[5:10]], length=len(s), slots=slots, ctas=ctas)
+    if heads is not None:
+        at = {int(v) - pairs: i for i, v in enumerate(out[:pairs]) if v >= pairs}  # taken pair -> order position
+        named = sec["pieces"][:, 0]
+        assert ((0 <= named) & (named < pairs * heads)).all()
+        sec["pieces"][:, 0] = [at[int(n) // heads] * heads + int(n) % heads for n in named]
+    return sec
 
 
 CASES = [  # (query rows per request, keys, GQA group, KV heads, key tiles, head dim, SMs)
@@ -45,7 +56,7 @@ def test_pieces_cover_the_taken_items_once(qo, kv, group, heads, keys, head_dim,
     pairs, items = len(order), len(order) * heads
     out = tail_split(order, costs.reshape(-1), heads=heads, sms=sms, head_dim=head_dim)
     assert out is not None and out.dtype == np.int32
-    sec = section(out, pairs)
+    sec = section(out, pairs, heads)
     h = sec["header"]
     ctas = sms  # (a launch with a tail runs a CTA per SM, whatever its items)
     first = int(h[1])
@@ -58,6 +69,9 @@ def test_pieces_cover_the_taken_items_once(qo, kv, group, heads, keys, head_dim,
     np.testing.assert_array_equal(shifted[live // heads:], order[live // heads:])  # (pairs without rows stay)
     # alignment of the vector reads (from the order's start) and the section's length
     assert (pairs + sec["offsets"][1]) % 4 == 0 and (pairs + sec["offsets"][2]) % 2 == 0
+    # the layout the kernel assumes to load a CTA's cta_ptr entries and piece with the header (hopper_tail.cuh)
+    assert sec["offsets"][0] == TAIL_HEADER and sec["offsets"][1] == work_tail.piece_offset(pairs, ctas)
+    assert sec["offsets"][3] == sec["offsets"][2] + 2 * sec["slots"]  # (counters right behind split_at: the same)
     assert (pairs + sec["offsets"][4]) % 4 == 0
     assert sec["length"] == sec["offsets"][4]  # (the partial slots are appended on the device: order_on_device)
     assert not sec["counters"].any()  # zero before the first launch
@@ -141,6 +155,24 @@ def test_constants_match_the_kernel():
     assert "constexpr int kTailChunks = D / 8 + 1;" in tail and partial_ints(128) == 2 * 17 * 128 * 4
 
 
+@requires_nvcc
+def test_the_kernels_piece_offset_is_the_plans(tmp_path):
+    """hopper_tail_piece_offset (compiled for the host from csrc/hopper_tail.cuh) against work_tail.piece_offset
+    on every residue of the order's length and a range of grids: the kernel traps on a section whose piece_at
+    is anywhere else."""
+    src = tmp_path / "offset.cu"
+    src.write_text('#include <cstdio>\n#include "hopper_tail.cuh"\nint main() {\n'
+                   '  for (int p = 1; p < 9; ++p) for (int c = 1; c < 140; c += 7)\n'
+                   '    printf("%d %d %d\\n", p, c, attngen::hopper_tail_piece_offset(p, c));\n}\n')
+    exe = tmp_path / "offset"
+    subprocess.run(["nvcc", "-std=c++17", f"-I{CSRC}", "-o", str(exe), str(src)], check=True, capture_output=True)
+    rows = [tuple(map(int, line.split())) for line in subprocess.run(
+        [str(exe)], check=True, capture_output=True, text=True).stdout.split("\n") if line]
+    assert len(rows) == 8 * 20
+    for pairs, ctas, at in rows:
+        assert at == work_tail.piece_offset(pairs, ctas), (pairs, ctas)
+
+
 def test_appends_split_where_items_are_fewer_than_the_sms():
     """A verify step's or a chunk's items (few query rows over many keys) are fewer than the SMs: every item is
     cut over the SMs for variants without a mask and for those whose mask is its constant bounds (causal), not for
@@ -204,7 +236,7 @@ def test_no_split_where_chunks_would_not_fit_the_ctas():
 
 def test_an_order_on_the_device_appends_the_partial_slots():
     """The host section stops at the partial slots; the device tensor holds them behind it, the kernel's
-    length check (hopper_tail_ok: s[9] + slots * partial ints <= the section's length) met exactly."""
+    length check (hopper_tail_load_pieces: s[9] + slots * partial ints <= the section's length) met exactly."""
     qo, kv = np.array([8]), np.array([8192])
     costs = pair_costs(qo, kv, group=4, q_tiles=1, rows=128, keys=128, lower=0, upper=None)
     out = tail_split(order_from_costs(costs), costs.reshape(-1), heads=8, sms=132, head_dim=128)
@@ -221,10 +253,10 @@ def dealt_tiles(out: np.ndarray, pairs: int, heads: int, item_tiles: np.ndarray)
     hopper_work.cuh hopper_item_at and hopper_tail.cuh hopper_tail_piece_of_round / hopper_tail_cut): {item: the
     key tiles each CTA ran of it, in order}. ``item_tiles``: [items] the key tiles the kernel finds per item (by
     dealing index), which may differ from the plan's estimate."""
-    sec = section(out, pairs)
+    sec = section(out, pairs, heads)  # (the pieces' items as dealing indices: the item_tiles they read)
     ctas, items, cta_ptr = sec["ctas"], pairs * heads, sec["cta_ptr"]
     ran: dict = {}
-    for cta in range(ctas):  # (blockIdx.x; gridDim.x is the section's CTAs: hopper_tail_ok)
+    for cta in range(ctas):  # (blockIdx.x; gridDim.x is the section's CTAs: hopper_tail_load_pieces)
         mine = sec["pieces"][cta_ptr[cta]:cta_ptr[cta + 1]]
         assert len(mine) <= work_tail.TAIL_MAX_PIECES
         for rnd in range(items + len(mine) + 2):

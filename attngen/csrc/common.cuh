@@ -37,6 +37,15 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// counter += 1 at GPU scope, returning the old count: a release of what this thread (and, through a barrier
+// before it, its warp or CTA) wrote, and an acquire of what the counts before it released; one atomic in place of
+// a full fence on each side of a relaxed one (the split merges' "last finisher" counts)
+__device__ __forceinline__ int count_acq_rel(int* counter) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+
 // 8 elements of 16-bit type T (16 bytes) <-> float[8]
 template <class T>
 __device__ __forceinline__ void convert8(const uint4& raw, float (&out)[8]) {

@@ -22,9 +22,14 @@
 
 namespace attngen {
 
+// Where cta_indptr starts in every packed plan: right behind its 8 header words (decode_plan_pack.h plan_layout
+// puts it first), so that a CTA loads its cta_indptr entries with the header, not behind header word 2.
+constexpr int kDecodePlanCtaIndptrAt = 8;
+
 // The split-KV plan on the device: one int32 buffer whose header gives the offsets of its arrays
-// (written by attngen/runtime/decode_plan.py): [0] merges, [1] CTAs, [2..6] offsets of cta_indptr,
-// work items (5 ints each), merge tiles (request, query tile), merge_indptr, merge_partials.
+// (packed by decode_plan_pack.h write_decode_plan): [0] merges, [1] CTAs, [2..6] offsets of cta_indptr (always
+// kDecodePlanCtaIndptrAt), work items (5 ints each), merge tiles (request, query tile), merge_indptr,
+// merge_partials.
 struct DecodePlanView {
   const int32_t *cta_indptr, *work, *merge_tiles, *merge_indptr, *merge_partials;
   int num_merges;
@@ -32,7 +37,7 @@ struct DecodePlanView {
   // launches; the decode CTA that completes a split request's last partial merges it (no merge kernel)
   int32_t* merge_counters;
   __device__ __forceinline__ explicit DecodePlanView(const int32_t* buf)
-      : cta_indptr(buf + buf[2]), work(buf + buf[3]), merge_tiles(buf + buf[4]), merge_indptr(buf + buf[5]),
+      : cta_indptr(buf + kDecodePlanCtaIndptrAt), work(buf + buf[3]), merge_tiles(buf + buf[4]), merge_indptr(buf + buf[5]),
         merge_partials(buf + buf[6]), num_merges(buf[0]),
         merge_counters(buf[7] > 0 ? const_cast<int32_t*>(buf) + buf[7] : nullptr) {}
 };

@@ -73,7 +73,7 @@ void launch_hopper_tiling(const PrefillProblemOf<KV>& P, int max_qo_len, const t
   encode_query_map<T, D, Tile::kRows>(maps, P.q, P.q_rows, P.q_stride, P.num_kv_heads, P.group);
   // persistent: one CTA per SM (or per item, where fewer and the plan splits none) walks items blockIdx.x,
   // + gridDim.x, ...; the producer runs ahead into the next item's K/V while the consumers finish the last one
-  // (a plan's tail split, runtime/work_tail.py, deals its pieces over every SM: hopper_tail_ok checks)
+  // (a plan's tail split, runtime/work_tail.py, deals its pieces over every SM: hopper_tail_load_pieces checks)
   const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;
   const int ctas = P.work_tail_len > 0 ? device_sm_count() : int(std::min<int64_t>(items, device_sm_count()));
   launch_kernel(kernel, dim3(ctas), dim3(Tile::kThreads), smem, stream, P, hp, maps, tiles);

@@ -83,7 +83,8 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
   HopperItem* ring = reinterpret_cast<HopperItem*>(empty_q + NQ);  // [NQ]: the item of each Q buffer
   // this CTA's pieces of a tail split (hopper_tail.cuh), copied here at the start, and their count
   int4* tail_pieces = reinterpret_cast<int4*>(ring + NQ);  // [kTailMaxPieces]
-  int* tail_count = reinterpret_cast<int*>(tail_pieces + kTailMaxPieces);
+  int* tail_count = reinterpret_cast<int*>(tail_pieces + kTailMaxPieces);  // then kTailMetaInts (hopper_tail_at)
+  static_assert(1 + kTailMetaInts <= 4, "the pieces' count and the tail's offsets share 16 bytes");
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = tid / 128;
   float* scratch = scratch_all + warp * 2 * D;
@@ -111,7 +112,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     const int32_t* order = P.work_order;
     int batch = P.batch;  // (the batch too: the loops' item count is not kept for it)
     asm volatile("" : "+l"(order), "+r"(batch));
-    return hopper_tail_at(order, batch * q_tiles);
+    return hopper_tail_at(order, batch * q_tiles, tail_count + 1);
   };
   // work item idx (hopper_work.cuh; piece: the item of a tail split's piece)
   auto item_at = [&](int idx, HopperItem& w, bool piece = false) {
@@ -120,7 +121,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
 
   if (tid == 0) {
     *tail_count = hopper_tail_load_pieces<D, kTailable>(P.work_order, P.batch * q_tiles, P.work_tail_len, items,
-                                                         tail_pieces);
+                                                         tail_pieces, tail_count + 1);
     for (int s = 0; s < NS; ++s) {
       mbar_init(&full_k[s], 128);
       mbar_init(&full_v[s], 128);

@@ -13,17 +13,17 @@
 // kTailHeader ints, then the arrays it names (int offsets from the section's start):
 //   [magic, split_from, ctas, pieces, slots, cta_ptr, piece_at, split_at, counters, partials, head_dim, 0]
 //   cta_ptr [ctas + 1]: CTA c runs pieces cta_ptr[c] .. cta_ptr[c + 1] - 1
-//   piece_at [pieces][4]: item index, first key tile, end key tile (kTailToEnd: the item's last), partial slot
-//     (-1: the whole item, no merge); a split item's pieces have consecutive slots
+//   piece_at [pieces][4]: item (pair * KV heads + KV head), first key tile, end key tile (kTailToEnd: the item's
+//     last), partial slot (-1: the whole item, no merge); a split item's pieces have consecutive slots
 //   split_at [slots][2]: the first slot of the slot's item and the item's slot count
 //   counters [slots][8]: per consumer warp, at the item's first slot; zero between launches (the last
 //     finisher resets its own)
 //   partials (floats, 16-byte aligned): [slot][2 consumers][D / 8 + 1][128 threads][4] (softmax states use the
 //     first D / 16 + 1 chunks of a slot's part: hopper_tail_leave_packed)
-// The kernel checks the section against its own launch and the tensor's length once (hopper_tail_ok); one that
-// does not fit (a grid not the plan's) traps: the taken items would otherwise be lost. Pieces' tiles are clamped to their item's, and
-// a split item's last piece runs to the item's end, so a batch whose lengths moved under the plan still runs
-// every key.
+// The kernel checks the section against its own launch and the tensor's length once (hopper_tail_load_pieces);
+// one that does not fit (a grid not the plan's) traps: the taken items would otherwise be lost. Pieces' tiles are
+// clamped to their item's, and a split item's last piece runs to the item's end, so a batch whose lengths moved
+// under the plan still runs every key.
 #pragma once
 #include "common.cuh"
 #include "hopper_sync.cuh"
@@ -32,14 +32,13 @@
 
 namespace attngen {
 
-// The tail's arrays, read from its header without checks (hopper_tail_ok checked it once per launch)
+// The arrays a split item's epilogue reads (hopper_tail_merge), found without checks (hopper_tail_load_pieces
+// checked the section once per launch and left what locates them in shared memory: hopper_tail_at)
 struct HopperTail {
-  const int* cta_ptr;
-  const int4* piece_at;
   const int2* split_at;
   int* counters;
   float4* partials;
-  int slots, pieces;  // partial slots, pieces
+  int slots;  // partial slots
 };
 
 // Float4 chunks a consumer thread leaves per partial slot: its D / 2 accumulators, then (m_row, d_row).
@@ -47,43 +46,68 @@ template <int D>
 constexpr int kTailChunks = D / 8 + 1;
 constexpr int kTailCounters = 8;  // per slot: one per consumer warp
 
-// Whether the tail section behind `order` (`len` ints past the order's `pairs`) fits this launch: every array
-// inside the section and aligned for its reads, the grid and head dim the plan's.
-template <int D>
-__device__ __forceinline__ bool hopper_tail_ok(const int32_t* order, int pairs, int len, int items) {
-  if (order == nullptr || len < kTailHeader) return false;
-  const int* s = order + pairs;
-  const int ctas = s[2], pieces = s[3], slots = s[4];
-  const long long part_ints = int64_t(slots) * 2 * kTailChunks<D> * 128 * 4;  // (floats: an int's size each)
-  const bool fits = s[0] == kTailMagic && s[10] == D && ctas == int(gridDim.x) && s[1] >= 0 && s[1] <= items &&
-                    pieces >= 0 && slots >= 0 && s[5] >= kTailHeader && s[5] + ctas + 1LL <= len && s[6] >= 0 &&
-                    s[6] + 4LL * pieces <= len && s[7] >= 0 && s[7] + 2LL * slots <= len && s[8] >= 0 &&
-                    s[8] + int64_t(kTailCounters) * slots <= len && s[9] >= 0 && s[9] + part_ints <= len;
-  const auto aligned = [&](int at, int bytes) { return reinterpret_cast<uintptr_t>(s + at) % bytes == 0; };
-  return fits && aligned(s[6], 16) && aligned(s[7], 8) && aligned(s[9], 16);
+// Ints of shared memory hopper_tail_load_pieces leaves for hopper_tail_at: the section's split_at and partials
+// offsets and its slot count (counters follow split_at: the plan's layout, checked)
+constexpr int kTailMetaInts = 3;
+
+// The tail's arrays from the section behind `pairs` order ints and what hopper_tail_load_pieces left in `meta`
+// (shared memory, read at each call: the epilogue waits on no header word in global memory, and nothing is
+// held in registers across the consumers' loop)
+__device__ __forceinline__ HopperTail hopper_tail_at(const int32_t* order, int pairs, const volatile int* meta) {
+  int* s = const_cast<int*>(order) + pairs;
+  const int split = meta[0], part = meta[1], slots = meta[2];
+  return HopperTail{reinterpret_cast<const int2*>(s + split), s + split + 2 * slots,
+                    reinterpret_cast<float4*>(s + part), slots};
 }
 
-__device__ __forceinline__ HopperTail hopper_tail_at(const int32_t* order, int pairs) {
-  const int* s = order + pairs;
-  return HopperTail{s + s[5], reinterpret_cast<const int4*>(s + s[6]), reinterpret_cast<const int2*>(s + s[7]),
-                    const_cast<int*>(s + s[8]), reinterpret_cast<float4*>(const_cast<int*>(s + s[9])), s[4], s[3]};
+// Where piece_at starts in a section behind `pairs` order ints for `ctas` CTAs (ints from the section's start): the
+// plan's layout (runtime/work_tail.py piece_offset: cta_ptr right behind the header, piece_at past it on the next
+// 16-byte boundary of the order), so that a CTA finds its cta_ptr entries and a piece without the header's offsets
+__host__ __device__ __forceinline__ int hopper_tail_piece_offset(int pairs, int ctas) {
+  const int at = kTailHeader + ctas + 1;
+  return at + (-(pairs + at) & 3);
 }
 
 // Thread 0 of a CTA at the kernel's start: this CTA's pieces into `pieces` (shared memory, kTailMaxPieces), and
-// their count. A tail split the launch cannot run (a kernel without one, a section that does not fit the launch)
-// would lose the items it takes out of the rounds: it traps, rather than return a silently wrong result.
+// their count. The header, the CTA's two cta_ptr entries and piece blockIdx.x (its piece where every CTA runs one,
+// as where the items are fewer than the SMs) load at once, each where the section's length `len` holds it, and
+// are checked after: one round trip, where a check of each word before the next load took about eleven. The
+// section must fit the launch: every array inside `len` and aligned for its reads, the plan's layout
+// (hopper_tail_piece_offset), grid and head dim. A tail split the launch cannot run (a kernel without one, a
+// section that does not fit) would lose the items it takes out of the rounds: it traps, rather than return a
+// silently wrong result. meta: kTailMetaInts of shared memory for hopper_tail_at.
 template <int D, bool Tailable>
 __device__ __forceinline__ int hopper_tail_load_pieces(const int32_t* order, int pairs, int len, int items,
-                                                       int4* pieces) {
+                                                       int4* pieces, int* meta) {
   if (len <= 0) return 0;
-  if (!(Tailable && hopper_tail_ok<D>(order, pairs, len, items))) __trap();
-  const HopperTail tail = hopper_tail_at(order, pairs);
-  const int p0 = tail.cta_ptr[blockIdx.x], p1 = tail.cta_ptr[blockIdx.x + 1];
-  if (p0 < 0 || p1 < p0 || p1 > tail.pieces || p1 - p0 > kTailMaxPieces) __trap();
+  if (!Tailable || order == nullptr) __trap();
+  const int* s = order + pairs;
+  const int c = int(blockIdx.x), ctas = int(gridDim.x), at = hopper_tail_piece_offset(pairs, ctas);
+  const auto aligned = [&](long long off, int bytes) { return reinterpret_cast<uintptr_t>(s + off) % bytes == 0; };
+  const bool head = len >= kTailHeader + ctas + 1LL;
+  const bool guess_in = len >= at + 4LL * (c + 1) && aligned(at, 16);
+  int h[kTailHeader];
+#pragma unroll
+  for (int i = 0; i < kTailHeader; ++i) h[i] = head ? s[i] : 0;
+  const int p0 = head ? s[kTailHeader + c] : -1, p1 = head ? s[kTailHeader + c + 1] : -1;
+  const int4 guess = guess_in ? reinterpret_cast<const int4*>(s + at)[c] : make_int4(-1, 0, 0, 0);
+  const int n = h[3], slots = h[4];
+  const long long part_ints = int64_t(slots) * 2 * kTailChunks<D> * 128 * 4;  // (floats: an int's size each)
+  // (& rather than &&: no load waits on the test of another)
+  const bool fits = head & (h[0] == kTailMagic) & (h[10] == D) & (h[2] == ctas) & (h[1] >= 0) & (h[1] <= items) &
+                    (n >= 0) & (slots >= 0) & (h[5] == kTailHeader) & (h[6] == at) & (at + 4LL * n <= len) &
+                    (h[7] >= 0) & (h[7] + 2LL * slots <= len) & (h[8] == h[7] + 2LL * slots) &
+                    (h[8] + int64_t(kTailCounters) * slots <= len) & (h[9] >= 0) & (h[9] + part_ints <= len) &
+                    aligned(at, 16) & aligned(h[7], 8) & aligned(h[9], 16);
+  if (!fits || p0 < 0 || p1 < p0 || p1 > n || p1 - p0 > kTailMaxPieces) __trap();
+  meta[0] = h[7];
+  meta[1] = h[9];
+  meta[2] = slots;
+  const int4* piece_at = reinterpret_cast<const int4*>(s + at);
   int count = 0;
   for (int p = p0; p < p1; ++p) {
-    const int4 pc = tail.piece_at[p];
-    if (pc.x < 0 || pc.x >= items || pc.w >= tail.slots) __trap();
+    const int4 pc = p == c && guess_in ? guess : piece_at[p];
+    if (pc.x < 0 || pc.x >= items || pc.w >= slots) __trap();
     pieces[count++] = pc;
   }
   return count;
@@ -212,15 +236,6 @@ __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, in
   d_row[1] = l_sum[1] * 0.25f;
 }
 
-// counter += 1 at GPU scope, returning the old count: a release of what this thread (and, through a __syncwarp
-// before it, its warp) wrote, and an acquire of what the pieces that counted before it wrote; one atomic in place
-// of a full fence on each side of a relaxed one
-__device__ __forceinline__ int count_acq_rel(int* counter) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
-  return old;
-}
-
 // A split item's piece at its epilogue (slot: the piece's; consumer cw, its thread ctid of 128): leaves this
 // thread's state in the piece's slot; in each warp (16 rows of the item), the warp that finishes the item's last
 // piece merges every slot, in slot order, into o_acc / m_row / d_row (the same sums whichever piece is last)
@@ -236,6 +251,10 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
                                                   float (&o_acc)[D / 2], float (&m_row)[2], float (&d_row)[2]) {
   constexpr int NC = kTailChunks<D>;
   if (!__shfl_sync(0xffffffffu, int(rows), 0)) return false;  // (lane 0's: known warp-uniform, as below)
+  const int lane = ctid % 32;
+  // lane 0 reads the slot's item (its first slot and slot count) before the slot stores, which it overlaps
+  int2 info = make_int2(-1, 0);
+  if (lane == 0) info = t.split_at[slot];
   float4* mine = t.partials + (int64_t(slot) * 2 + cw) * NC * 128 + ctid;
   if constexpr (tail_packed<V>()) {
     hopper_tail_leave_packed<T, D>(mine, o_acc, m_row, d_row);
@@ -249,10 +268,8 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
   // the item's first slot and its slot count, and the count, broadcast from lane 0: every branch on them is
   // then known warp-uniform to the compiler (one it cannot prove uniform costs the next item's mainloop its
   // uniform registers: R2UR among the HGMMAs)
-  const int lane = ctid % 32;
   int first = 0, count = 0, done = 0;
   if (lane == 0) {
-    const int2 info = t.split_at[slot];
     first = info.x;
     count = info.y;
     if (first >= 0 && count >= 1 && first <= slot && slot < first + count && first + count <= t.slots) {

@@ -159,7 +159,7 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int t4) {
 // Shared memory: [alignment slack][Q: kQBuffers x kRows x D][K: kStages x kKeys x D][V: same][scratch fp32
 // rows, two of D per warp][paged row addresses: 2 x kKeys][full_k, empty_k, full_v, empty_v mbarriers,
 // kStages each][full_q, empty_q mbarriers, kQBuffers each][the work item of each Q buffer][the CTA's pieces of a
-// tail split, kTailMaxPieces int4, and their count in 16 bytes].
+// tail split, kTailMaxPieces int4, and their count with the tail's offsets in 16 bytes (hopper_tail_at)].
 // Tiles start 1024-byte aligned (the swizzle's period). T: the query dtype, whatever the cache's: an fp8 cache's
 // rows are staged in the upper half of their K / V stage and widened there (hopper_fp8_stage.cuh).
 template <class T, int D, bool Wide = false>

@@ -12,18 +12,17 @@ namespace attngen {
 // gives one (longest work first over the whole batch), else request-major (the CTAs at work share a request's K/V
 // in L2), its last query tiles (under causal masks the longest) first. False: the tile holds none of the
 // request's rows (the producer skips it). Tile: the kernel's HopperTile (rows and keys per tile).
-// piece: the item of a tail split's piece (hopper_tail.cuh): the order holds the pairs of those items past the
-// pairs' range, pair + B * q_tiles, which the full rounds skip as out of range (no code of the tail's in their
-// loop, whose producer has no register to spare).
+// piece: idx names a tail split's item as pair * KV heads + KV head (hopper_tail.cuh), without an order entry to
+// read; the order holds the pairs of those items past the pairs' range, pair + B * q_tiles, which the full rounds
+// skip as out of range (no code of the tail's in their loop, whose producer has no register to spare).
 template <class V, class Tile, bool Mapped, class Problem>
 __device__ __forceinline__ bool hopper_item_at(const Problem& P, const typename V::Params& hp, int q_tiles, int idx,
                                                HopperItem& w, bool piece) {
   constexpr int RQ = Tile::kRows, TK = Tile::kKeys;
   const int group = P.group, per_request = q_tiles * P.num_kv_heads;
   w.hk = idx % P.num_kv_heads;
-  if (P.work_order != nullptr) {  // the plan's order of (request, query tile) pairs
-    int pair = P.work_order[idx / P.num_kv_heads];
-    if (piece) pair -= P.batch * q_tiles;
+  if (P.work_order != nullptr) {  // the plan's order of (request, query tile) pairs (a piece names its pair)
+    const int pair = piece ? idx / P.num_kv_heads : P.work_order[idx / P.num_kv_heads];
     if (pair < 0 || pair >= P.batch * q_tiles) return false;  // (an order not the plan's: never out of bounds)
     w.b = pair / q_tiles;
     w.tile = pair % q_tiles;

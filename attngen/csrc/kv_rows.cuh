@@ -26,16 +26,18 @@ struct KVRows {
   // window starts at; nullptr elsewhere (read by the windowed instances only)
   const int32_t* sink;
   const int32_t* window_offset;
+  // (paged: last_page_len[b] is read beside the indptr entries, not behind the test of the request's page count,
+  // which would put a second round trip on the path to a request's first keys)
   __device__ __forceinline__ int length(int b) const {
     if (page_size == 0) return indptr[b + 1] - indptr[b];
-    int n = indptr[b + 1] - indptr[b];
-    return n > 0 ? (n - 1) * page_size + last_page_len[b] : 0;
+    const int n = indptr[b + 1] - indptr[b], last = last_page_len[b];
+    return n > 0 ? (n - 1) * page_size + last : 0;
   }
   // Keys of request b in the sliding-window view: its rows minus the window offset, plus its sinks (TVM's
   // _get_kv_chunk_len).
   __device__ __forceinline__ int window_length(int b) const {
-    const int n = indptr[b + 1] - indptr[b];
-    return n > 0 ? (n - 1) * page_size + last_page_len[b] - window_offset[b] + sink[b] : 0;
+    const int n = indptr[b + 1] - indptr[b], rows = last_page_len[b] - window_offset[b] + sink[b];
+    return n > 0 ? (n - 1) * page_size + rows : 0;
   }
   __device__ __forceinline__ SinkShift sinks(int b) const { return {sink[b], window_offset[b] - sink[b]}; }
   // log2(page_size) where it is a power of two, else -1: key_offset's page and slot without a division

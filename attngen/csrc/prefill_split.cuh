@@ -108,18 +108,17 @@ __device__ __forceinline__ bool mma_split_merge(const MmaSplit& sp, int item, in
       __stcg(mine + (mt * NDT + n) * NT, make_float4(o[mt][n][0], o[mt][n][1], o[mt][n][2], o[mt][n][3]));
     __stcg(mine + (MT * NDT + mt) * NT, make_float4(m[mt][0], m[mt][1], d[mt][0], d[mt][1]));
   }
-  __threadfence();  // the slot before the count: the last finisher reads it after its own count
-  __syncthreads();   // (and every thread is past the KV loop: `flag` is free)
+  __syncthreads();  // every thread's slot stores before thread 0's count, whose release covers them (and every
+                    // thread is past the KV loop: `flag` is free)
   if (tid == 0) {
-    const int done = atomicAdd(sp.counters + item, 1) + 1;
+    const int done = count_acq_rel(sp.counters + item) + 1;  // (its acquire: the other chunks' slots)
     *flag = done == sp.splits;
     if (done == sp.splits) sp.counters[item] = 0;  // every chunk has counted: ready for the next launch
   }
-  __syncthreads();
+  __syncthreads();  // (thread 0's acquire before every thread's slot loads)
   const bool last = *flag != 0;
   __syncthreads();  // (every thread has read it before the epilogue reuses the memory)
   if (!last) return false;
-  __threadfence();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll

@@ -89,10 +89,13 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
 def _split_order(order: np.ndarray, first_pair: int, live_pairs: int, pieces: np.ndarray, ctas: int, heads: int,
                  head_dim: int) -> np.ndarray:
     """[len] int32: the order with its taken pairs first_pair .. live_pairs - 1 shifted past the pairs' range (the
-    rounds skip them), then the section of ``pieces``."""
+    rounds skip them), then the section of ``pieces``, each naming its item as pair * heads + KV head (the kernel
+    then reads no order entry to find a piece's pair) rather than by its dealing index."""
     pairs = len(order)
     shifted = order.astype(np.int64).copy()
     shifted[first_pair:live_pairs] += pairs
+    pieces = pieces.copy()
+    pieces[:, 1] = order[pieces[:, 1] // heads].astype(np.int64) * heads + pieces[:, 1] % heads
     return np.concatenate([shifted, _section(pieces, ctas, first_pair * heads, head_dim, pairs)]).astype(np.int32)
 
 
@@ -202,6 +205,14 @@ def order_on_device(order: np.ndarray, pairs: int, head_dim: int, device):
     return out
 
 
+def piece_offset(pairs: int, ctas: int) -> int:
+    """Where piece_at starts in the section behind ``pairs`` order ints for ``ctas`` CTAs (ints from the section's
+    start): cta_ptr right behind the header, piece_at past it on the next 16-byte boundary of the order. The kernel
+    computes it too (csrc/hopper_tail.cuh hopper_tail_piece_offset), to load a CTA's piece with the header."""
+    at = TAIL_HEADER + ctas + 1
+    return at + (-(pairs + at)) % 4
+
+
 def _section(pieces: np.ndarray, ctas: int, split_from: int, head_dim: int, pairs: int) -> np.ndarray:
     """The int32 section behind the order (csrc/hopper_tail.cuh) for ``pieces`` ([pieces, 5]: cta, item, first
     tile, end tile, slot; in CTA order), up to its partial slots, which order_on_device appends on the device;
@@ -213,7 +224,7 @@ def _section(pieces: np.ndarray, ctas: int, split_from: int, head_dim: int, pair
         return at + (-(pairs + at)) % ints
 
     off_cta = TAIL_HEADER
-    off_piece = align(off_cta + ctas + 1, 4)
+    off_piece = piece_offset(pairs, ctas)
     off_split = align(off_piece + 4 * len(pieces), 2)
     off_count = off_split + 2 * slots
     off_part = align(off_count + TAIL_COUNTERS * slots, 4)

@@ -37,8 +37,8 @@ struct DecodePlanView {
   // launches; the decode CTA that completes a split request's last partial merges it (no merge kernel)
   int32_t* merge_counters;
   __device__ __forceinline__ explicit DecodePlanView(const int32_t* buf)
-      : cta_indptr(buf + kDecodePlanCtaIndptrAt), work(buf + buf[3]), merge_tiles(buf + buf[4]), merge_indptr(buf + buf[5]),
-        merge_partials(buf + buf[6]), num_merges(buf[0]),
+      : cta_indptr(buf + kDecodePlanCtaIndptrAt), work(buf + buf[3]), merge_tiles(buf + buf[4]),
+        merge_indptr(buf + buf[5]), merge_partials(buf + buf[6]), num_merges(buf[0]),
         merge_counters(buf[7] > 0 ? const_cast<int32_t*>(buf) + buf[7] : nullptr) {}
 };
 

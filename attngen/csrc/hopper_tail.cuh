@@ -84,8 +84,8 @@ __device__ __forceinline__ int hopper_tail_load_pieces(const int32_t* order, int
   const int* s = order + pairs;
   const int c = int(blockIdx.x), ctas = int(gridDim.x), at = hopper_tail_piece_offset(pairs, ctas);
   const auto aligned = [&](long long off, int bytes) { return reinterpret_cast<uintptr_t>(s + off) % bytes == 0; };
-  const bool head = len >= kTailHeader + ctas + 1LL;
-  const bool guess_in = len >= at + 4LL * (c + 1) && aligned(at, 16);
+  const bool head = len >= kTailHeader + ctas + 1LL, pieces_aligned = aligned(at, 16);
+  const bool guess_in = len >= at + 4LL * (c + 1) && pieces_aligned;
   int h[kTailHeader];
 #pragma unroll
   for (int i = 0; i < kTailHeader; ++i) h[i] = head ? s[i] : 0;
@@ -98,7 +98,7 @@ __device__ __forceinline__ int hopper_tail_load_pieces(const int32_t* order, int
                     (n >= 0) & (slots >= 0) & (h[5] == kTailHeader) & (h[6] == at) & (at + 4LL * n <= len) &
                     (h[7] >= 0) & (h[7] + 2LL * slots <= len) & (h[8] == h[7] + 2LL * slots) &
                     (h[8] + int64_t(kTailCounters) * slots <= len) & (h[9] >= 0) & (h[9] + part_ints <= len) &
-                    aligned(at, 16) & aligned(h[7], 8) & aligned(h[9], 16);
+                    pieces_aligned & aligned(h[7], 8) & aligned(h[9], 16);
   if (!fits || p0 < 0 || p1 < p0 || p1 > n || p1 - p0 > kTailMaxPieces) __trap();
   meta[0] = h[7];
   meta[1] = h[9];

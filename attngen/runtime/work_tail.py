@@ -214,10 +214,10 @@ def piece_offset(pairs: int, ctas: int) -> int:
 
 
 def _section(pieces: np.ndarray, ctas: int, split_from: int, head_dim: int, pairs: int) -> np.ndarray:
-    """The int32 section behind the order (csrc/hopper_tail.cuh) for ``pieces`` ([pieces, 5]: cta, item, first
-    tile, end tile, slot; in CTA order), up to its partial slots, which order_on_device appends on the device;
-    its arrays aligned for their vector reads (offsets counted from the order's start, which the allocation aligns
-    to 256 bytes)."""
+    """The int32 section behind the order (csrc/hopper_tail.cuh) for ``pieces`` ([pieces, 5]: cta, item as
+    _split_order names it, first tile, end tile, slot; in CTA order), up to its partial slots, which
+    order_on_device appends on the device; its arrays aligned for their vector reads (offsets counted from the
+    order's start, which the allocation aligns to 256 bytes)."""
     slots = int(pieces[:, 4].max(initial=-1)) + 1
 
     def align(at: int, ints: int) -> int:

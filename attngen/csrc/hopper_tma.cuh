@@ -60,15 +60,22 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// Which box of a paged tile producer thread ptid issues: box i goes to lane i / 4 of warp i % 4, so that the
+// four producer warps issue a quarter of the tile's boxes each, side by side. A bulk tensor copy takes its operands
+// in uniform registers: the compiler issues the copies of a warp's lanes one lane after another (a loop of
+// R2UR moves and one UTMALDG per lane), so that a tile of 16 boxes (pages of 16 at D 128) from one warp's lanes
+// cost a 16-step chain per K and V tile.
+__device__ __forceinline__ int paged_box_index(int ptid) { return (ptid % 32) * 4 + ptid / 32; }
+
 // The box of the paged tile at key js that producer thread ptid issues: its page (-1: the thread has none; the
 // tile's boxes are Keys / page_box x D / 64) and the box's first slot in it; loaded ahead of the stage's wait.
 template <int D, int Keys>
 __device__ __forceinline__ int2 paged_box_of(const HopperKVMaps& maps, const KVRows& kv, int kv_start, int js,
                                              int page_shift, int ptid) {
   constexpr int kChunks = D / 64;
-  const int box = maps.page_box;
-  if (box == 0 || ptid >= (Keys / box) * kChunks) return make_int2(-1, 0);
-  return kv.page_slot(kv_start, js + (ptid / kChunks) * box, page_shift);
+  const int box = maps.page_box, i = paged_box_index(ptid);
+  if (box == 0 || i >= (Keys / box) * kChunks) return make_int2(-1, 0);
+  return kv.page_slot(kv_start, js + (i / kChunks) * box, page_shift);
 }
 
 // A whole tile of keys js ... js + Keys - 1 into the stage `dst` by bulk copies, completing on `bar`; every producer
@@ -88,7 +95,7 @@ __device__ __forceinline__ void bulk_kv_tile(const HopperKVMaps& maps, const CUt
       mbar_arrive(bar);
     }
   } else if (box.x >= 0) {
-    const int c = ptid % kChunks, p = ptid / kChunks;
+    const int i = paged_box_index(ptid), c = i % kChunks, p = i / kChunks;
     mbar_expect_bytes(bar, uint32_t(maps.page_box * 64 * sizeof(T)));
     tma_load_4d(dst + c * Keys * 64 + p * maps.page_box * 64, map, c * 64, hk, box.y, box.x, bar);
   } else {

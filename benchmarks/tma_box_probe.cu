@@ -66,17 +66,19 @@ __global__ void __launch_bounds__(160, 1)
     const int i = Mode == 1 ? lane * 4 + warp : tid;
     for (int t = 0; t < kTiles; ++t) {
       const int s = t % kStages, tile = (first + t) % tiles_total;
-      int page = 0;
+      int page = 0;  // (one: lane j of warp 0 holds page j, shuffled to thread 0 box by box)
       if (Mode != 2 && i < boxes) page = __ldg(pages + tile * pages_per_tile + i / 2);
+      if (Mode == 2 && tid < pages_per_tile) page = __ldg(pages + tile * pages_per_tile + tid);
       if (t >= kStages) bar_wait(&empty[s], ((t / kStages) - 1) & 1);
       unsigned char* dst = smem + s * kTileBytes;
       if (Mode == 2) {
-        if (tid == 0) {
-          bar_expect(&full[s], kTileBytes);
+        if (warp == 0) {
+          if (tid == 0) bar_expect(&full[s], kTileBytes);
           for (int b = 0; b < boxes; ++b) {
-            const int p = __ldg(pages + tile * pages_per_tile + b / 2), c = b % 2;
-            tma4(dst + c * kRows * 128 + (b / 2) * box_rows * 128, &map, c * 64, head, 0, p, &full[s]);
+            const int p = __shfl_sync(0xffffffffu, page, b / 2), c = b % 2;
+            if (tid == 0) tma4(dst + c * kRows * 128 + (b / 2) * box_rows * 128, &map, c * 64, head, 0, p, &full[s]);
           }
+          if (tid != 0) bar_arrive(&full[s]);
         } else {
           bar_arrive(&full[s]);
         }

@@ -34,6 +34,13 @@ struct HopperKVMaps {  // CUtensorMap carries its own alignment
   int page_box;
 };
 
+// Which box of a paged tile producer thread ptid issues: box i goes to lane i / 4 of warp i % 4, so that the
+// four producer warps issue a quarter of the tile's boxes each, side by side. A bulk tensor copy takes its operands
+// in uniform registers: the compiler issues the copies of a warp's lanes one lane after another (a loop of
+// R2UR moves and one UTMALDG per lane), so that a tile of 16 boxes (pages of 16 at D 128) from one warp's lanes
+// cost a 16-step chain per K and V tile.
+__host__ __device__ constexpr int paged_box_index(int ptid) { return (ptid % 32) * 4 + ptid / 32; }
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
@@ -59,13 +66,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
       ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
 }
-
-// Which box of a paged tile producer thread ptid issues: box i goes to lane i / 4 of warp i % 4, so that the
-// four producer warps issue a quarter of the tile's boxes each, side by side. A bulk tensor copy takes its operands
-// in uniform registers: the compiler issues the copies of a warp's lanes one lane after another (a loop of
-// R2UR moves and one UTMALDG per lane), so that a tile of 16 boxes (pages of 16 at D 128) from one warp's lanes
-// cost a 16-step chain per K and V tile.
-__device__ __forceinline__ int paged_box_index(int ptid) { return (ptid % 32) * 4 + ptid / 32; }
 
 // The box of the paged tile at key js that producer thread ptid issues: its page (-1: the thread has none; the
 // tile's boxes are Keys / page_box x D / 64) and the box's first slot in it; loaded ahead of the stage's wait.
@@ -186,6 +186,15 @@ constexpr int paged_box_rows(int page) {
   if (page <= 0) return 0;
   const int box = (page & -page) < (Keys & -Keys) ? (page & -page) : (Keys & -Keys);
   return box % 8 != 0 || box > 256 || (Keys / box) * (D / 64) > 128 ? 0 : box;
+}
+
+// Whether tiles of WideKeys keys over pages of `page` rows (0: ragged) come in boxes as large as tiles of Keys keys
+// do: pages of 64 under 176-key tiles give boxes of 16 rows (22 a tile against 4 of 64 rows under 128-key tiles),
+// which cost the copies more than the wide tiles save (bench_paged_gather.py: causal q16384 over pages of 64 at 0.80
+// of ragged K/V on wide tiles); a launch with both tilings then runs the narrower (hopper_launch.cuh).
+template <int D, int Keys, int WideKeys>
+constexpr bool paged_boxes_kept(int page) {
+  return page == 0 || paged_box_rows<D, WideKeys>(page) >= paged_box_rows<D, Keys>(page);
 }
 
 // Encodes the K and V maps of a paged view (the pool's pages known on the host: kv.rows) for tiles of Keys keys:

@@ -5,7 +5,8 @@
 //   zeros, rows of the next request in the tensor arrive as they are and are masked by the consumers (j >= hi);
 // - paged: one map per K and V over the pool seen as (D, Hkv, page slots, pages), boxes of 64 columns x 1 head x
 //   page_box rows (a power of two dividing page and tile: a page, a tile, or less), each issued by its own
-//   producer thread after it looked up its page (paged_box_of) and expected its bytes. So come the tiles whose
+//   producer thread, dealt over the four producer warps (paged_box_index), after it looked up its page
+//   (paged_box_of) and expected its bytes. So come the tiles whose
 //   keys all exist and start on a box; the others are gathered (hopper_producer.cuh). A cp.async gather costs
 //   the producer an address and a copy per 16 bytes: over pages of 16 it left the consumers waiting for K (ncu:
 //   12% of the stall samples on that wait) and ran causal appends at 0.70-0.74 of the same work over ragged K/V.

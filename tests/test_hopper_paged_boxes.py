@@ -1,7 +1,9 @@
 """The Hopper template's bulk copies of paged K/V tiles (csrc/hopper_tma.cuh paged_box_rows), checked on the host
 for every tiling of the template and every page size up to 1024: a box is a power of two of 8 to 256 rows
 dividing both page and tile (every tile starts on a box, no box crosses a page), the largest such, issued by at
-most the producer's 128 threads; none where no such power of two reaches 8 rows (those pools are gathered)."""
+most the producer's 128 threads; none where no such power of two reaches 8 rows (those pools are gathered). The
+boxes of a tile are dealt over the four producer warps (paged_box_index), and a launch with both tilings keeps the
+128-key one where the wide one would shrink the boxes (paged_boxes_kept)."""
 import subprocess
 
 from attngen.codegen.cuda_library import CSRC
@@ -26,6 +28,9 @@ def program() -> str:
 using namespace attngen;
 int main() {{
 {cases}
+  for (int t = 0; t < 128; ++t) std::printf("index %d %d\\n", t, paged_box_index(t));
+  for (int p = 0; p <= {PAGES[-1]}; ++p)
+    std::printf("kept %d %d %d\\n", p, int(paged_boxes_kept<128, 128, 176>(p)), int(paged_boxes_kept<64, 128, 192>(p)));
   return 0;
 }}
 """
@@ -37,8 +42,8 @@ def test_paged_boxes_divide_page_and_tile(tmp_path):
     src.write_text(program())
     exe = tmp_path / "boxes"
     subprocess.run(["nvcc", "-std=c++17", f"-I{CSRC}", "-o", str(exe), str(src)], check=True, capture_output=True)
-    rows = [tuple(map(int, line.split())) for line in
-            subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()]
+    lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    rows = [tuple(map(int, line.split())) for line in lines if line[0].isdigit()]
     assert len(rows) == len(tilings()) * len(PAGES)
     got = {(d, k, p): box for d, k, p, box in rows}
     for (d, k, p), box in got.items():
@@ -49,3 +54,16 @@ def test_paged_boxes_divide_page_and_tile(tmp_path):
     assert got[128, 128, 16] == 16 and got[128, 128, 64] == 64 and got[128, 128, 256] == 128
     assert got[128, 176, 64] == 16 and got[128, 176, 16] == 16 and got[64, 192, 128] == 64
     assert got[128, 128, 12] == 0 and got[128, 128, 24] == 8 and got[256, 64, 1024] == 64
+
+    # box i of a tile from lane i / 4 of warp i % 4: every box index once, a warp's lanes issuing a quarter of them
+    index = {int(t): int(i) for _, t, i in (line.split() for line in lines if line.startswith("index"))}
+    assert sorted(index.values()) == list(range(128))
+    for boxes in (4, 16, 22, 32, 128):
+        per_warp = [sum(1 for t, i in index.items() if t // 32 == w and i < boxes) for w in range(4)]
+        assert max(per_warp) == -(-boxes // 4), (boxes, per_warp)
+    # the wide tiling where its boxes are as large: ragged, pages of 16 (16 rows either way), but not pages of 64
+    kept = {int(p): (int(a), int(b)) for _, p, a, b in (line.split() for line in lines if line.startswith("kept"))}
+    for p, (k128, k64) in kept.items():
+        assert k128 == int(p == 0 or got.get((128, 176, p), 0) >= got.get((128, 128, p), 0)), p
+        assert k64 == int(p == 0 or got.get((64, 192, p), 0) >= got.get((64, 128, p), 0)), p
+    assert kept[0] == (1, 1) and kept[16][0] == 1 and kept[64][0] == 0 and kept[8][0] == 1

@@ -81,7 +81,7 @@ void launch_hopper_tiling(const PrefillProblemOf<KV>& P, int max_qo_len, const t
 
 // KV: the cache's element type (fp8 caches: the same shared memory, the tiles staged inside the stages). A
 // variant with both tilings (hopper_wide_choice) takes the wide one where the longest request has
-// kHopperWideRows query rows or more.
+// kHopperWideRows query rows or more, unless a paged view's boxes would shrink on it (paged_boxes_kept).
 template <class V, class T, int D, class KV = T>
 void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const typename V::Params& hp,
                            cudaStream_t stream) {
@@ -91,7 +91,9 @@ void launch_hopper_prefill(const PrefillProblemOf<KV>& P, int max_qo_len, const 
       return launch_hopper_tiling<V, T, D, KV, false, true>(P, max_qo_len, hp, stream);
   }
   if constexpr (hopper_wide_choice<V, T, KV>()) {
-    if (max_qo_len >= kHopperWideRows) return launch_hopper_tiling<V, T, D, KV, true>(P, max_qo_len, hp, stream);
+    if (max_qo_len >= kHopperWideRows &&
+        paged_boxes_kept<D, HopperTile<D>::kKeys, HopperTile<D, true>::kKeys>(P.kv.page_size))
+      return launch_hopper_tiling<V, T, D, KV, true>(P, max_qo_len, hp, stream);
     return launch_hopper_tiling<V, T, D, KV, false>(P, max_qo_len, hp, stream);
   } else {
     launch_hopper_tiling<V, T, D, KV, hopper_wide_tiles<V, T, KV>()>(P, max_qo_len, hp, stream);

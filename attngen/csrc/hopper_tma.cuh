@@ -5,7 +5,8 @@
 //   zeros, rows of the next request in the tensor arrive as they are and are masked by the consumers (j >= hi);
 // - paged: one map per K and V over the pool seen as (D, Hkv, page slots, pages), boxes of 64 columns x 1 head x
 //   page_box rows (a power of two dividing page and tile: a page, a tile, or less), each issued by its own
-//   producer thread after it looked up its page (paged_box_of) and expected its bytes. So come the tiles whose
+//   producer thread, dealt over the four producer warps (paged_box_index), after it looked up its page
+//   (paged_box_of) and expected its bytes. So come the tiles whose
 //   keys all exist and start on a box; the others are gathered (hopper_producer.cuh). A cp.async gather costs
 //   the producer an address and a copy per 16 bytes: over pages of 16 it left the consumers waiting for K (ncu:
 //   12% of the stall samples on that wait) and ran causal appends at 0.70-0.74 of the same work over ragged K/V.
@@ -33,6 +34,13 @@ struct HopperKVMaps {  // CUtensorMap carries its own alignment
   // boxes at most the 128 producer threads); 0: ragged
   int page_box;
 };
+
+// Which box of a paged tile producer thread ptid issues: box i goes to lane i / 4 of warp i % 4, so that the
+// four producer warps issue a quarter of the tile's boxes each, side by side. A bulk tensor copy takes its operands
+// in uniform registers: the compiler issues the copies of a warp's lanes one lane after another (a loop of
+// R2UR moves and one UTMALDG per lane), so that a tile of 16 boxes (pages of 16 at D 128) from one warp's lanes
+// cost a 16-step chain per K and V tile.
+__host__ __device__ constexpr int paged_box_index(int ptid) { return (ptid % 32) * 4 + ptid / 32; }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, uint32_t bytes) {
@@ -66,9 +74,9 @@ template <int D, int Keys>
 __device__ __forceinline__ int2 paged_box_of(const HopperKVMaps& maps, const KVRows& kv, int kv_start, int js,
                                              int page_shift, int ptid) {
   constexpr int kChunks = D / 64;
-  const int box = maps.page_box;
-  if (box == 0 || ptid >= (Keys / box) * kChunks) return make_int2(-1, 0);
-  return kv.page_slot(kv_start, js + (ptid / kChunks) * box, page_shift);
+  const int box = maps.page_box, i = paged_box_index(ptid);
+  if (box == 0 || i >= (Keys / box) * kChunks) return make_int2(-1, 0);
+  return kv.page_slot(kv_start, js + (i / kChunks) * box, page_shift);
 }
 
 // A whole tile of keys js ... js + Keys - 1 into the stage `dst` by bulk copies, completing on `bar`; every producer
@@ -88,7 +96,7 @@ __device__ __forceinline__ void bulk_kv_tile(const HopperKVMaps& maps, const CUt
       mbar_arrive(bar);
     }
   } else if (box.x >= 0) {
-    const int c = ptid % kChunks, p = ptid / kChunks;
+    const int i = paged_box_index(ptid), c = i % kChunks, p = i / kChunks;
     mbar_expect_bytes(bar, uint32_t(maps.page_box * 64 * sizeof(T)));
     tma_load_4d(dst + c * Keys * 64 + p * maps.page_box * 64, map, c * 64, hk, box.y, box.x, bar);
   } else {
@@ -179,6 +187,15 @@ constexpr int paged_box_rows(int page) {
   if (page <= 0) return 0;
   const int box = (page & -page) < (Keys & -Keys) ? (page & -page) : (Keys & -Keys);
   return box % 8 != 0 || box > 256 || (Keys / box) * (D / 64) > 128 ? 0 : box;
+}
+
+// Whether tiles of WideKeys keys over pages of `page` rows (0: ragged) come in boxes as large as tiles of Keys keys
+// do: pages of 64 under 176-key tiles give boxes of 16 rows (22 a tile against 4 of 64 rows under 128-key tiles),
+// which cost the copies more than the wide tiles save (bench_paged_gather.py: causal q16384 over pages of 64 at 0.80
+// of ragged K/V on wide tiles); a launch with both tilings then runs the narrower (hopper_launch.cuh).
+template <int D, int Keys, int WideKeys>
+constexpr bool paged_boxes_kept(int page) {
+  return page == 0 || paged_box_rows<D, WideKeys>(page) >= paged_box_rows<D, Keys>(page);
 }
 
 // Encodes the K and V maps of a paged view (the pool's pages known on the host: kv.rows) for tiles of Keys keys:

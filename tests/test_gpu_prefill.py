@@ -362,9 +362,9 @@ def test_long_rows_on_both_hopper_tilings(name, head_dim, build_cache, rng):
     """At head_dim 64 and 128 a variant whose mask hook is exactly its bounds has both Hopper tilings: a call whose
     longest request has kHopperWideRows (8192) query rows or more takes the wide one (176 keys at 128, 192 at 64;
     csrc/hopper_launch.cuh; not over pages whose boxes it would shrink: paged_boxes_kept), with its short requests
-    in the same launch; against the float64 reference (shorter
-    calls, the 128-key tiling, are every other prefill test's) on the first, a middle and the last 256 rows of the
-    long requests (causal_slices: a reference of every row took two minutes on the host)."""
+    in the same launch; against the float64 reference (shorter calls, the 128-key tiling, are every other prefill
+    test's) on the first, a middle and the last 256 rows of the long requests (causal_slices: a reference of every
+    row took two minutes on the host)."""
     skip_unless_runs("hopper")
     att = cuda_module(name, build_cache, (head_dim,), ("bfloat16",), ("prefill",))
     v = variant(name)

@@ -61,9 +61,12 @@ def test_paged_boxes_divide_page_and_tile(tmp_path):
     for boxes in (4, 16, 22, 32, 128):
         per_warp = [sum(1 for t, i in index.items() if t // 32 == w and i < boxes) for w in range(4)]
         assert max(per_warp) == -(-boxes // 4), (boxes, per_warp)
-    # the wide tiling where its boxes are as large: ragged, pages of 16 (16 rows either way), but not pages of 64
+    # the wide tiling where its boxes are as large as the 128-key tiling's or 64 rows: ragged, pages of 16 (16 rows
+    # either way), at head dim 64 pages of 64 and 128 (boxes of 64 under 192-key tiles), but not pages of 64 or 128
+    # at head dim 128 (16 rows under 176-key tiles)
     kept = {int(p): (int(a), int(b)) for _, p, a, b in (line.split() for line in lines if line.startswith("kept"))}
     for p, (k128, k64) in kept.items():
-        assert k128 == int(p == 0 or got.get((128, 176, p), 0) >= got.get((128, 128, p), 0)), p
-        assert k64 == int(p == 0 or got.get((64, 192, p), 0) >= got.get((64, 128, p), 0)), p
-    assert kept[0] == (1, 1) and kept[16][0] == 1 and kept[64][0] == 0 and kept[8][0] == 1
+        for d, wide, ok in ((128, 176, k128), (64, 192, k64)):
+            assert ok == int(p == 0 or got.get((d, wide, p), 0) >= min(got.get((d, 128, p), 0), 64)), (d, p)
+    assert kept[0] == (1, 1) and kept[8] == (1, 1) and kept[16] == (1, 1)
+    assert kept[64] == (0, 1) and kept[128] == (0, 1) and kept[32][0] == 0

@@ -6,8 +6,8 @@
 // - paged: one map per K and V over the pool seen as (D, Hkv, page slots, pages), boxes of 64 columns x 1 head x
 //   page_box rows (a power of two dividing page and tile: a page, a tile, or less), each issued by its own
 //   producer thread, dealt over the four producer warps (paged_box_index), after it looked up its page
-//   (paged_box_of) and expected its bytes. So come the tiles whose
-//   keys all exist and start on a box; the others are gathered (hopper_producer.cuh). A cp.async gather costs
+//   (paged_box_of) and expected its bytes. So come the tiles whose keys all exist and start on a box; the others
+//   are gathered (hopper_producer.cuh). A cp.async gather costs
 //   the producer an address and a copy per 16 bytes: over pages of 16 it left the consumers waiting for K (ncu:
 //   12% of the stall samples on that wait) and ran causal appends at 0.70-0.74 of the same work over ragged K/V.
 //
@@ -189,13 +189,16 @@ constexpr int paged_box_rows(int page) {
   return box % 8 != 0 || box > 256 || (Keys / box) * (D / 64) > 128 ? 0 : box;
 }
 
-// Whether tiles of WideKeys keys over pages of `page` rows (0: ragged) come in boxes as large as tiles of Keys keys
-// do: pages of 64 under 176-key tiles give boxes of 16 rows (22 a tile against 4 of 64 rows under 128-key tiles),
-// which cost the copies more than the wide tiles save (bench_paged_gather.py: causal q16384 over pages of 64 at 0.80
-// of ragged K/V on wide tiles); a launch with both tilings then runs the narrower (hopper_launch.cuh).
+// Whether tiles of WideKeys keys over pages of `page` rows (0: ragged) come in boxes large enough: as large as
+// tiles of Keys keys get, or 64 rows (which stream at the ragged speed: paged_gather_2026-12-06_23b7c58_h100.md).
+// Pages of 64 or 128 under 176-key tiles give boxes of 16 rows, 22 a tile against 4 of 64 rows or 2 of 128 under
+// 128-key tiles; on the 128-key tiling a causal prompt of 16k rows over pages of 64 runs at 0.94 of ragged K/V
+// against 0.84 on the wide one (paged_gather_2026-12-07_paged_boxes_ab_h100.md). A launch with both tilings then
+// runs the 128-key one (hopper_launch.cuh).
 template <int D, int Keys, int WideKeys>
 constexpr bool paged_boxes_kept(int page) {
-  return page == 0 || paged_box_rows<D, WideKeys>(page) >= paged_box_rows<D, Keys>(page);
+  const int narrow = paged_box_rows<D, Keys>(page);
+  return page == 0 || paged_box_rows<D, WideKeys>(page) >= (narrow < 64 ? narrow : 64);
 }
 
 // Encodes the K and V maps of a paged view (the pool's pages known on the host: kv.rows) for tiles of Keys keys:

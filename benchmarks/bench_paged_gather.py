@@ -1,6 +1,7 @@
 """What a paged K/V view costs the Hopper prefill: the same causal append (one request of qo_len rows over
 kv_len keys) over ragged K/V and over page pools holding the same keys (pages of 16 and 64, in order and in random
-order), bf16, Hq 32 / Hkv 8, D 128. Microseconds per call and TFLOP/s of the visible work; every output compared
+order; pages of one row, as SGLang keeps its cache, in random order: gathered row by row, no boxes), bf16, Hq 32 /
+Hkv 8, D 128. Microseconds per call and TFLOP/s of the visible work; every output compared
 with the ragged one.
 
     python benchmarks/bench_paged_gather.py --out benchmarks/results --commit <sha> [--tag _x]
@@ -14,7 +15,7 @@ from common import result_parser, run_info, time_prefill, write_results
 
 HQ, HKV, D = 32, 8, 128
 CASES = [(2048, 16384), (512, 32768), (16384, 16384)]  # (qo_len, kv_len)
-POOLS = [(16, False), (16, True), (64, False), (64, True)]  # (page size, random page order)
+POOLS = [(16, False), (16, True), (64, False), (64, True), (1, True)]  # (page size, random page order)
 
 
 def main():

@@ -3,11 +3,12 @@
 // boxes of R rows x 64 columns from pages of R rows in random order (a page pool of 32768 keys x 8 heads, NHD),
 // and a consumer warp releases each stage as soon as it has landed. Issue modes:
 //   lanes: the tile's boxes from lanes 0 .. n-1 of warp 0 (the compiler issues a warp's copies lane by lane),
-//   spread: box i from lane i / 4 of warp i % 4,
+//   spread: box i from lane i / 4 of warp i % 4 (the prefill's dealing: paged_box_index),
 //   one: thread 0 issues every box.
 // Prints cycles per tile (mean over CTAs) and the aggregate bandwidth. Not part of the library or its tests.
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o tma_box_probe tma_box_probe.cu
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I attngen/csrc -o tma_box_probe \
+//     benchmarks/tma_box_probe.cu
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -19,86 +20,69 @@
 #include <random>
 #include <vector>
 
+#include "hopper_tma.cuh"  // mbar_*, tma_load_4d, paged_box_index (attngen/csrc)
+
 constexpr int kRows = 128, kCols = 128, kStages = 4, kHeads = 8, kKeys = 32768, kTiles = 256;
 constexpr int kTileBytes = kRows * kCols * 2;
 
-__device__ __forceinline__ uint32_t saddr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void bar_init(uint64_t* b, int n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(b)), "r"(n));
-}
-__device__ __forceinline__ void bar_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(b)) : "memory");
-}
-__device__ __forceinline__ void bar_expect(uint64_t* b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t phase) {
-  asm volatile(
-      "{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W; }" ::"r"(saddr(b)),
-      "r"(phase)
-      : "memory");
-}
-__device__ __forceinline__ void tma4(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* b) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];" ::"r"(saddr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(saddr(b))
-      : "memory");
-}
+using namespace attngen;
 
 // mode 0: lanes of warp 0; 1: spread over the four warps; 2: thread 0 issues all
 template <int Mode>
 __global__ void __launch_bounds__(160, 1)
     probe(const __grid_constant__ CUtensorMap map, const int* pages, int box_rows, long long* cycles) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kTileBytes);
   uint64_t* empty = full + kStages;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) bar_init(&full[s], 128), bar_init(&empty[s], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < kStages; ++s) mbar_init(&full[s], 128), mbar_init(&empty[s], 1);
   }
   __syncthreads();
   const int head = blockIdx.x % kHeads, pages_per_tile = kRows / box_rows, boxes = pages_per_tile * 2;
   const int tiles_total = kKeys / kRows, first = (blockIdx.x / kHeads) * 16;
   if (warp < 4) {
-    const int i = Mode == 1 ? lane * 4 + warp : tid;
+    const int i = Mode == 1 ? paged_box_index(tid) : tid;
     for (int t = 0; t < kTiles; ++t) {
       const int s = t % kStages, tile = (first + t) % tiles_total;
       int page = 0;  // (one: lane j of warp 0 holds page j, shuffled to thread 0 box by box)
       if (Mode != 2 && i < boxes) page = __ldg(pages + tile * pages_per_tile + i / 2);
       if (Mode == 2 && tid < pages_per_tile) page = __ldg(pages + tile * pages_per_tile + tid);
-      if (t >= kStages) bar_wait(&empty[s], ((t / kStages) - 1) & 1);
+      if (t >= kStages) mbar_wait(&empty[s], ((t / kStages) - 1) & 1);
       unsigned char* dst = smem + s * kTileBytes;
       if (Mode == 2) {
         if (warp == 0) {
-          if (tid == 0) bar_expect(&full[s], kTileBytes);
+          if (tid == 0) mbar_expect_bytes(&full[s], kTileBytes);
           for (int b = 0; b < boxes; ++b) {
             const int p = __shfl_sync(0xffffffffu, page, b / 2), c = b % 2;
-            if (tid == 0) tma4(dst + c * kRows * 128 + (b / 2) * box_rows * 128, &map, c * 64, head, 0, p, &full[s]);
+            if (tid == 0)
+              tma_load_4d(dst + c * kRows * 128 + (b / 2) * box_rows * 128, &map, c * 64, head, 0, p, &full[s]);
           }
-          if (tid != 0) bar_arrive(&full[s]);
+          if (tid != 0) mbar_arrive(&full[s]);
         } else {
-          bar_arrive(&full[s]);
+          mbar_arrive(&full[s]);
         }
       } else if (i < boxes) {
         const int c = i % 2;
-        bar_expect(&full[s], uint32_t(box_rows * 128));
-        tma4(dst + c * kRows * 128 + (i / 2) * box_rows * 128, &map, c * 64, head, 0, page, &full[s]);
+        mbar_expect_bytes(&full[s], uint32_t(box_rows * 128));
+        tma_load_4d(dst + c * kRows * 128 + (i / 2) * box_rows * 128, &map, c * 64, head, 0, page, &full[s]);
       } else {
-        bar_arrive(&full[s]);
+        mbar_arrive(&full[s]);
       }
     }
   } else if (lane == 0) {
     const long long t0 = clock64();
     for (int t = 0; t < kTiles; ++t) {
       const int s = t % kStages;
-      bar_wait(&full[s], (t / kStages) & 1);
-      bar_arrive(&empty[s]);
+      mbar_wait(&full[s], (t / kStages) & 1);
+      mbar_arrive(&empty[s]);
     }
     cycles[blockIdx.x] = clock64() - t0;
   }
+#endif
 }
 
 int main() {

@@ -152,3 +152,15 @@ def test_analysis_describes_itself():
 def test_variant_with_unused_declared_parameter_is_fine():
     v = Variant("v", params=[ScalarParam("unused", "int32", 1)])
     assert v.analysis.reads == {}
+
+
+def test_variant_names_where_it_was_defined():
+    """``defined_at`` (``attngen inspect`` prints it) is the file and line of the ``Variant(...)`` call."""
+    import sys
+
+    line = sys._getframe().f_lineno + 1
+    v = Variant("here")
+    assert v.defined_at == f"{__file__}:{line}"
+    path, at = builtin("alibi").defined_at.rsplit(":", 1)
+    assert path.endswith("alibi.py") and "Variant(" in open(path).read().splitlines()[int(at) - 1]
+    assert v.with_constants().defined_at == v.defined_at

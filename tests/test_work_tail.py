@@ -71,6 +71,8 @@ def test_pieces_cover_the_taken_items_once(qo, kv, group, heads, keys, head_dim,
     assert (pairs + sec["offsets"][1]) % 4 == 0 and (pairs + sec["offsets"][2]) % 2 == 0
     # the layout the kernel assumes to load a CTA's cta_ptr entries and piece with the header (hopper_tail.cuh)
     assert sec["offsets"][0] == TAIL_HEADER and sec["offsets"][1] == work_tail.piece_offset(pairs, ctas)
+    # (a piece's room for each CTA: the kernel loads piece blockIdx.x before it knows the count; those ints written)
+    assert sec["offsets"][2] >= sec["offsets"][1] + 4 * ctas
     assert sec["offsets"][3] == sec["offsets"][2] + 2 * sec["slots"]  # (counters right behind split_at: the same)
     assert (pairs + sec["offsets"][4]) % 4 == 0
     assert sec["length"] == sec["offsets"][4]  # (the partial slots are appended on the device: order_on_device)

@@ -225,13 +225,16 @@ def _section(pieces: np.ndarray, ctas: int, split_from: int, head_dim: int, pair
 
     off_cta = TAIL_HEADER
     off_piece = piece_offset(pairs, ctas)
-    off_split = align(off_piece + 4 * len(pieces), 2)
+    # (piece_at padded to one piece a CTA, -1s past the pieces: each CTA loads piece blockIdx.x with the header
+    # before it knows the count, and that load must read ints the plan wrote, not the uninitialised slots)
+    off_split = align(off_piece + 4 * max(len(pieces), ctas), 2)
     off_count = off_split + 2 * slots
     off_part = align(off_count + TAIL_COUNTERS * slots, 4)
     out = np.zeros(off_part, dtype=np.int64)  # (the partial slots follow on the device: order_on_device)
     out[:TAIL_HEADER] = [TAIL_MAGIC, split_from, ctas, len(pieces), slots, off_cta, off_piece, off_split,
                          off_count, off_part, head_dim, 0]
     out[off_cta:off_cta + ctas + 1] = np.concatenate([[0], np.cumsum(np.bincount(pieces[:, 0], minlength=ctas))])
+    out[off_piece:off_split] = -1
     out[off_piece:off_piece + 4 * len(pieces)] = pieces[:, 1:].reshape(-1)
     split = pieces[pieces[:, 4] >= 0]  # each split piece's slot: its item's first slot and slot count
     items, at = np.unique(split[:, 1], return_inverse=True)

@@ -30,12 +30,15 @@ __device__ __forceinline__ bool hopper_item_at(const Problem& P, const typename 
     w.b = idx / per_request;
     w.tile = q_tiles - 1 - (idx % per_request) / P.num_kv_heads;
   }
-  w.q0 = P.qo_indptr[w.b];
-  const int qo_len = P.qo_indptr[w.b + 1] - w.q0;
+  // the request's query and key counts in one round trip (load_index: the key entries not behind the test of
+  // the tile's rows, last_page_len not behind the page count; the three trips these took came before the
+  // item's first page lookup)
+  w.q0 = load_index(P.qo_indptr + w.b);
+  const int qo_len = load_index(P.qo_indptr + w.b + 1) - w.q0;
+  const int kv_len = view_length<V>(P.kv, w.b);
   w.rows_total = qo_len * group;
   w.row0 = w.tile * RQ;
   if (w.row0 >= w.rows_total) return false;
-  const int kv_len = view_length<V>(P.kv, w.b);
   w.pos_base = kv_len - qo_len;
   const int first_pos = w.pos_base + w.row0 / group;
   const int last_pos = w.pos_base + (min(w.row0 + RQ, w.rows_total) - 1) / group;

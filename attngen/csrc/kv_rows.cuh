@@ -7,6 +7,17 @@
 
 namespace attngen {
 
+// Entry p of an index array (indptr, last_page_len, qo_indptr: read-only while a kernel runs), loaded where the
+// code stands. A plain load is sunk behind the first test that needs it (nvcc put a paged request's
+// last_page_len behind `n > 0`, and its indptr entries behind the test of its query rows: three round trips on
+// the way to the request's first keys); a volatile load runs on every path through it, so that entries read
+// together travel together.
+__device__ __forceinline__ int load_index(const int32_t* p) {
+  int v;
+  asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
 // A request's keys in TVM's sliding-window view: key j lies at row j (j < sink) or j + shift.
 struct SinkShift {
   int sink, shift;
@@ -26,17 +37,19 @@ struct KVRows {
   // window starts at; nullptr elsewhere (read by the windowed instances only)
   const int32_t* sink;
   const int32_t* window_offset;
-  // (paged: last_page_len[b] is read beside the indptr entries, not behind the test of the request's page count,
-  // which would put a second round trip on the path to a request's first keys)
+  // (paged: last_page_len[b] is read beside the indptr entries (load_index), not behind the test of the request's
+  // page count, which would put a second round trip on the path to a request's first keys)
   __device__ __forceinline__ int length(int b) const {
-    if (page_size == 0) return indptr[b + 1] - indptr[b];
-    const int n = indptr[b + 1] - indptr[b], last = last_page_len[b];
+    const int start = load_index(indptr + b), end = load_index(indptr + b + 1);
+    if (page_size == 0) return end - start;
+    const int n = end - start, last = load_index(last_page_len + b);
     return n > 0 ? (n - 1) * page_size + last : 0;
   }
   // Keys of request b in the sliding-window view: its rows minus the window offset, plus its sinks (TVM's
   // _get_kv_chunk_len).
   __device__ __forceinline__ int window_length(int b) const {
-    const int n = indptr[b + 1] - indptr[b], rows = last_page_len[b] - window_offset[b] + sink[b];
+    const int n = load_index(indptr + b + 1) - load_index(indptr + b);
+    const int rows = load_index(last_page_len + b) - load_index(window_offset + b) + load_index(sink + b);
     return n > 0 ? (n - 1) * page_size + rows : 0;
   }
   __device__ __forceinline__ SinkShift sinks(int b) const { return {sink[b], window_offset[b] - sink[b]}; }

@@ -14,7 +14,9 @@
 //   [magic, split_from, ctas, pieces, slots, cta_ptr, piece_at, split_at, counters, partials, head_dim, 0]
 //   cta_ptr [ctas + 1]: CTA c runs pieces cta_ptr[c] .. cta_ptr[c + 1] - 1
 //   piece_at [pieces][4]: item (pair * KV heads + KV head), first key tile, end key tile (kTailToEnd: the item's
-//     last), partial slot (-1: the whole item, no merge); a split item's pieces have consecutive slots
+//     last), partial slot (-1: the whole item, no merge); a split item's pieces have consecutive slots; room for
+//     max(pieces, ctas) pieces, -1 past the pieces (each CTA loads piece blockIdx.x with the header, before it
+//     knows the count)
 //   split_at [slots][2]: the first slot of the slot's item and the item's slot count
 //   counters [slots][8]: per consumer warp, at the item's first slot; zero between launches (the last
 //     finisher resets its own)

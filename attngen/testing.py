@@ -44,11 +44,11 @@ def random_problem(rng, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, 
     pages = rng.standard_normal((total, 2, page_size, num_kv_heads, head_dim)).astype(dtype)
     page_indptr = np.concatenate([[0], np.cumsum(n_pages)]).astype(np.int32)
     last = np.array([n - (p - 1) * page_size if p else 0 for n, p in zip(kv_lens, n_pages)], np.int32)
-    for b in range(len(kv_lens)):  # write the ragged K/V into the request's pages
-        for j in range(kv_lens[b]):
-            page = ids[page_indptr[b] + j // page_size]
-            pages[page, 0, j % page_size] = k[kv_indptr[b] + j]
-            pages[page, 1, j % page_size] = v[kv_indptr[b] + j]
+    # the ragged K/V into the requests' pages: row j of request b to slot j % page_size of its page j // page_size
+    j = np.arange(int(kv_indptr[-1])) - np.repeat(kv_indptr[:-1], kv_lens)
+    page = ids[np.repeat(page_indptr[:-1], kv_lens) + j // page_size]
+    pages[page, 0, j % page_size] = k
+    pages[page, 1, j % page_size] = v
     if layout == "HND":
         pages = np.ascontiguousarray(pages.transpose(0, 1, 3, 2, 4))
     paged = PagedKV(pages, page_indptr, ids, last, layout)
@@ -145,10 +145,11 @@ def same_dtype_error_of(q, qo_indptr, keys, values, dtype: str, sm_scale: float)
         q0, q1 = qo_indptr[b], qo_indptr[b + 1]
         if q1 == q0 or len(k) == 0:
             continue
-        group = q.shape[1] // k.shape[1]
-        qs = torch.from_numpy(np.asarray(q[q0:q1], dtype=np.float64)).transpose(0, 1)
-        ks = torch.from_numpy(np.repeat(np.asarray(k, dtype=np.float64), group, 1)).transpose(0, 1)
-        vs = torch.from_numpy(np.repeat(np.asarray(v, dtype=np.float64), group, 1)).transpose(0, 1)
+        n_kv = k.shape[1]
+        # each KV head's query heads as one block of rows: [Hkv, group * qo_len, D] against [Hkv, kv_len, D]
+        qs = torch.from_numpy(np.asarray(q[q0:q1], dtype=np.float64)).transpose(0, 1).reshape(n_kv, -1, q.shape[2])
+        ks = torch.from_numpy(np.asarray(k, dtype=np.float64)).transpose(0, 1)
+        vs = torch.from_numpy(np.asarray(v, dtype=np.float64)).transpose(0, 1)
         exact = torch.softmax(qs @ ks.transpose(1, 2) * sm_scale, -1) @ vs
         t = getattr(torch, dtype)
         low = (torch.softmax((qs.to(t) @ ks.to(t).transpose(1, 2)).float() * sm_scale, -1).to(t) @ vs.to(t))

@@ -54,13 +54,11 @@ def reference_attention(variant, q: np.ndarray, keys: list[np.ndarray], values: 
         qb = apply_hook(variant, "query_transform", query_rows, params, qb)
         if kv_len:
             k = apply_hook(variant, "key_transform", key_rows, params, k)
-        kx = np.repeat(k, group, axis=1)  # [kv_len, Hq, D]
-        vx = np.repeat(v, group, axis=1)
         # (matmul, not einsum: BLAS products, many times faster for long requests; float64 either way. BLAS
         # fuses multiply-adds: a product past float64's range alone could give Inf where einsum gave NaN, which
         # no 16-bit, fp8 or float32 input reaches)
         with np.errstate(invalid="ignore", over="ignore"):  # (Inf x 0 in a product: NaN, as the rules want)
-            s = np.matmul(qb.transpose(1, 0, 2), kx.transpose(1, 2, 0)) * sm_scale  # [Hq, qo_len, kv_len]
+            s = _grouped_matmul(qb.transpose(1, 0, 2), k.transpose(1, 2, 0)) * sm_scale  # [Hq, qo_len, kv_len]
         H = heads[:, None, None]
         scores = dict(s=s, batch=b, qo_pos=qo_pos[None, :, None], kv_pos=kv_pos[None, None, :], qo_head=H,
                       kv_head=H // group)
@@ -68,28 +66,40 @@ def reference_attention(variant, q: np.ndarray, keys: list[np.ndarray], values: 
         visible = np.broadcast_to(apply_hook(variant, "logits_mask", scores, params), s.shape)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             if variant.state == StateAlgebra.SUM:
-                ob = _weighted_values(np.where(visible, s, 0.0), visible, vx)
+                ob = _weighted_values(np.where(visible, s, 0.0), visible, v)
                 lb = np.zeros((qo_len, n_qo))
             else:
-                ob, lb = _softmax_rows(s, visible, vx)
+                ob, lb = _softmax_rows(s, visible, v)
         ob = apply_hook(variant, "output_transform", dict(query_rows, lse=lb), params, ob)
         o[q0:q1] = ob
         lse[q0:q1] = lb
     return o, lse
 
 
-def _weighted_values(w: np.ndarray, visible: np.ndarray, vx: np.ndarray) -> np.ndarray:
-    """sum_j w[h, i, j] * vx[j, h, :] over the visible keys only, [qo_len, Hq, D]: a masked key's value is
-    never read, so a non-finite value there (0 * Inf = NaN) cannot reach the row."""
-    if np.isfinite(vx).all():  # the masked weights are 0 and every product is finite: one batched product
-        return np.matmul(w, vx.transpose(1, 0, 2)).transpose(1, 0, 2)
+def _grouped_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a [Hq, M, K] @ b [Hkv, K, N] -> [Hq, M, N], query head h against KV head h // (Hq / Hkv): each KV head's
+    group of query heads in one product, without copies of the KV head for each query head of its group."""
+    n_q, m, _ = a.shape
+    n_kv = b.shape[0]
+    out = np.matmul(a.reshape(n_kv, (n_q // n_kv) * m, a.shape[2]), b)  # [Hkv, group * M, N]
+    return out.reshape(n_q, m, b.shape[2])
+
+
+def _weighted_values(w: np.ndarray, visible: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """sum_j w[h, i, j] * v[j, h // group, :] over the visible keys only, [qo_len, Hq, D] (w, visible: [Hq, qo_len,
+    kv_len]; v: [kv_len, Hkv, D]): a masked key's value is never read, so a non-finite value there (0 * Inf = NaN)
+    cannot reach the row."""
+    if np.isfinite(v).all():  # the masked weights are 0 and every product is finite: one batched product
+        return _grouped_matmul(w, v.transpose(1, 0, 2)).transpose(1, 0, 2)
+    vx = np.repeat(v, w.shape[0] // v.shape[1], axis=1)  # [kv_len, Hq, D]
     terms = w[..., None] * np.transpose(vx, (1, 0, 2))[:, None]  # [Hq, qo_len, kv_len, D]
     return np.where(visible[..., None], terms, 0.0).sum(axis=2).transpose(1, 0, 2)
 
 
-def _softmax_rows(s: np.ndarray, visible: np.ndarray, vx: np.ndarray):
+def _softmax_rows(s: np.ndarray, visible: np.ndarray, v: np.ndarray):
     """Normalised rows and base-2 lse of the softmax state, with attngen's rules for non-finite scores
-    (``s``, ``visible``: [Hq, qo_len, kv_len]; the stable softmax evaluated in IEEE arithmetic):
+    (``s``, ``visible``: [Hq, qo_len, kv_len]; ``v``: [kv_len, Hkv, D]; the stable softmax evaluated in IEEE
+    arithmetic):
 
     * a row whose visible scores are all -inf, or that has none, is empty: O = 0, lse = -inf (the
       merge identity; a -inf score acts as a mask);
@@ -104,7 +114,7 @@ def _softmax_rows(s: np.ndarray, visible: np.ndarray, vx: np.ndarray):
     base = np.where(empty, 0.0, m)
     p = np.where(visible, np.exp(masked - base), 0.0)
     denom = p.sum(axis=-1, keepdims=True)
-    ob = _weighted_values(p / np.where(empty, 1.0, denom), visible, vx)
+    ob = _weighted_values(p / np.where(empty, 1.0, denom), visible, v)
     lb = np.where(empty, -np.inf, np.log(denom) + base)[..., 0] / np.log(2.0)
     return ob, lb.T  # [qo_len, Hq, D], [qo_len, Hq]
 

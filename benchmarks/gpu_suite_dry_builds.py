@@ -6,14 +6,13 @@ miss (a library, a template object, a support library) is timed and appended to 
 that asked for it. Builds a test makes after its first GPU operation are not seen: the log is a lower bound.
 
     PYTHONPATH=benchmarks DRY_LOG=/tmp/dry.jsonl python -m pytest -m gpu -n 2 tests -q -p gpu_suite_dry_builds
-    python benchmarks/gpu_suite_dry_builds.py /tmp/dry.jsonl --out benchmarks/results [--commit <sha>]
+    python benchmarks/gpu_suite_dry_builds.py /tmp/dry.jsonl [--out benchmarks/results] [--commit <sha>]
 
-The second command writes ``gpu_suite_dry_builds_<date>.md``: the distinct builds, their seconds, and the
-seconds by test file.
+The second command writes ``gpu_suite_dry_builds_<date>.{json,md}``: the distinct builds, their seconds, and
+the seconds by test file.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import datetime
 import json
@@ -21,6 +20,8 @@ import os
 import platform
 import time
 from pathlib import Path
+
+from common import result_parser, write_results
 
 LOG_ENV = "DRY_LOG"
 _current = {"test": None}
@@ -85,25 +86,20 @@ def summarise(log: Path) -> tuple[dict, dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("log", type=Path)
-    ap.add_argument("--out", type=Path, default=Path("."))
-    ap.add_argument("--commit", default="")
+    ap = result_parser(__doc__)
+    ap.add_argument("log", type=Path, help="the plugin's JSON-lines log")
     args = ap.parse_args()
     seconds, by_file = summarise(args.log)
     date = datetime.date.today().isoformat()
-    lines = [f"# The GPU suite's builds, dry run without a GPU — {date}" + (f", commit {args.commit}" if args.commit
-                                                                          else ""),
-             "",
+    lines = [f"# The GPU suite's builds, dry run without a GPU — {date}, commit {args.commit}", "",
              f"`benchmarks/gpu_suite_dry_builds.py` on {os.cpu_count()} cores ({platform.machine()}): "
              f"{len(seconds)} distinct builds, {sum(seconds.values()):.0f} s of build time (a lower bound: builds "
              "after a test's first GPU operation are not reached).",
              "", "| test file | seconds of builds |", "|---|---|"]
     lines += [f"| {f} | {s:.1f} |" for f, s in sorted(by_file.items(), key=lambda kv: -kv[1])]
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"gpu_suite_dry_builds_{date}.md"
-    path.write_text("\n".join(lines) + "\n")
-    print(path)
+    write_results(args.out, f"gpu_suite_dry_builds_{date}",
+                  {"date": date, "commit": args.commit, "cores": os.cpu_count(), "build_seconds": seconds,
+                   "by_test_file": by_file}, lines)
 
 
 if __name__ == "__main__":

@@ -77,11 +77,10 @@ PATCHES = [
      "      if (tid == 128 && it + kt == 0) ag_stamp(4);\n"),
     ("hopper_prefill.cuh", "    mbar_arrive(&empty_q[qs]);  // every S of the item",
      "    if (tid == 128) ag_stamp(5);\n    mbar_arrive(&empty_q[qs]);  // every S of the item"),
-    ("hopper_tail.cuh", "  done = __shfl_sync(0xffffffffu, done, 0);\n",
-     "  done = __shfl_sync(0xffffffffu, done, 0);\n  if (cw == 0 && ctid == 0) ag_stamp(6);\n"),
-    ("hopper_tail.cuh", "    hopper_tail_merge_packed<T, D>(t, first, count, cw, ctid, o_acc, m_row, d_row);\n",
-     "    hopper_tail_merge_packed<T, D>(t, first, count, cw, ctid, o_acc, m_row, d_row);\n"
-     "    if (cw == 0 && ctid == 0) ag_stamp(7);\n"),
+    ("hopper_tail.cuh", "  last = __shfl_sync(0xffffffffu, last, 0);\n",
+     "  last = __shfl_sync(0xffffffffu, last, 0);\n  if (threadIdx.x == 128) ag_stamp(6);\n"),
+    ("hopper_tail.cuh", "cw, ctid, o_acc, m_row, d_row);\n      if (level == 0)",
+     "cw, ctid, o_acc, m_row, d_row);\n      if (cw == 0 && ctid == 0) ag_stamp(7);\n      if (level == 0)"),
     ("hopper_prefill.cuh", "      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane);\n",
      "      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane);\n"
      "      if (tid == 128) ag_stamp(8);\n"),

@@ -77,15 +77,17 @@ def main(hopper_only: bool = False):
 
 def hopper_tail(att, v, rng):
     """The Hopper prefill with a tail split (runtime/work_tail.py): 138 items over 132 CTAs, the last six cut
-    into key-tile pieces whose partial states merge in the kernel (csrc/hopper_tail.cuh); twice, so that the
-    second call runs on the counters the first left."""
-    prob = random_problem(rng, [2200], [2200], 8, 2, 128, page_size=16)
-    params = {k: cuda(x) if isinstance(x, np.ndarray) else x for k, x in random_params(v, rng, prob).items()}
-    q, qo_indptr = cuda(prob.q, True), cuda(prob.qo_indptr)
-    ragged = RaggedKV(cuda(prob.ragged.k, True), cuda(prob.ragged.v, True), cuda(prob.ragged.indptr))
-    plan = att.plan_prefill(qo_indptr, ragged, 128, template="hopper")
-    for _ in range(2):
-        att.prefill(q, ragged, qo_indptr, plan=plan, params=params)
+    into key-tile pieces whose partial states merge in the kernel (csrc/hopper_tail.cuh); and an append of 8
+    rows over 4000 keys, whose two items are cut in many pieces each (merged in two levels); each twice, so that
+    the second call runs on the counters the first left."""
+    for qo_len, kv_len in ((2200, 2200), (8, 4000)):
+        prob = random_problem(rng, [qo_len], [kv_len], 8, 2, 128, page_size=16)
+        params = {k: cuda(x) if isinstance(x, np.ndarray) else x for k, x in random_params(v, rng, prob).items()}
+        q, qo_indptr = cuda(prob.q, True), cuda(prob.qo_indptr)
+        ragged = RaggedKV(cuda(prob.ragged.k, True), cuda(prob.ragged.v, True), cuda(prob.ragged.indptr))
+        plan = att.plan_prefill(qo_indptr, ragged, 128, template="hopper")
+        for _ in range(2):
+            att.prefill(q, ragged, qo_indptr, plan=plan, params=params)
 
 
 def hopper_fp8(name, q, qo_indptr, paged, ragged, params):

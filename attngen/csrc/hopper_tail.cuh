@@ -7,7 +7,8 @@
 // which the rounds skip), then its pieces. A piece that covers a whole item is an item; the pieces of a split
 // item each leave their unnormalised state (the consumers' accumulators, row max and partial row sums, per
 // thread) in a partial slot, and in each consumer warp the piece that finishes last (a counter per item and warp)
-// merges every slot, in slot order, and runs the item's epilogue for its rows as an unsplit item would.
+// merges every slot, in slot order (in two levels where the item has more than kTailGroup slots), and runs the
+// item's epilogue for its rows as an unsplit item would.
 //
 // The tail rides behind the plan's work order ([B * q_tiles] int32) in the same tensor; a section of
 // kTailHeader ints, then the arrays it names (int offsets from the section's start):
@@ -18,8 +19,9 @@
 //     max(pieces, ctas) pieces, -1 past the pieces (each CTA loads piece blockIdx.x with the header, before it
 //     knows the count)
 //   split_at [slots][2]: the first slot of the slot's item and the item's slot count
-//   counters [slots][8]: per consumer warp, at the item's first slot; zero between launches (the last
-//     finisher resets its own)
+//   counters [slots][8]: per consumer warp, at the item's first slot (at each group's first slot and the item's
+//     second slot where it merges in two levels: hopper_tail_merge); zero between launches (the last finisher
+//     resets its own)
 //   partials (floats, 16-byte aligned): [slot][2 consumers][D / 8 + 1][128 threads][4] (softmax states use the
 //     first D / 16 + 1 chunks of a slot's part: hopper_tail_leave_packed)
 // The kernel checks the section against its own launch and the tensor's length once (hopper_tail_load_pieces);
@@ -154,6 +156,13 @@ constexpr bool tail_packed() {
 // loads under a slot-count predicate spilled from 2 slots at D 128, unpredicated ones from none up to 4)
 template <int D>
 constexpr int kTailBatch = D == 64 ? 8 : D == 128 ? 4 : 2;
+// Packed slots of one group (softmax states): an item cut in more pieces merges in two levels. In each warp the
+// piece that finishes a group of kTailGroup consecutive slots last merges the group and leaves the group's state
+// in its first slot; the piece that finishes the item's last group merges the groups' states. Each level reads
+// a few slots on one SM, several SMs merge groups at once: verify B1 q8 kv8k on an H100 (16 slots, read by one
+// SM's two warps 3 + 1 a batch behind the states) took 6.7 us from the last count to the merged rows.
+template <int D>
+constexpr int kTailGroup = kTailBatch<D> > 4 ? kTailBatch<D> : 4;
 
 // This thread's slot part (its first float4 chunk: `mine`, chunks 128 apart), packed as above: rows rounded to T
 // after division by their quad's row sum (0 for a row without a live key; a NaN sum stays NaN), then the state.
@@ -177,22 +186,26 @@ __device__ __forceinline__ void hopper_tail_leave_packed(float4* mine, const flo
   __stcg(mine + (D / 16) * 128, make_float4(m_row[0], m_row[1], l[0], l[1]));
 }
 
-// Every packed slot of an item, first .. first + count - 1 in slot order, merged from an empty state into o_acc /
+// The packed slots first, first + stride, .., count of them, merged in slot order from an empty state into o_acc /
 // m_row / d_row, kTailBatch slots' loads at a time; d_row gets a quarter of each merged row sum, which the
 // epilogue's quad sum makes whole again (exactly: a power of two)
 template <class T, int D>
-__device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, int first, int count, int cw, int ctid,
-                                                         float (&o_acc)[D / 2], float (&m_row)[2],
+__device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, int first, int count, int stride, int cw,
+                                                         int ctid, float (&o_acc)[D / 2], float (&m_row)[2],
                                                          float (&d_row)[2]) {
   constexpr int NC = kTailChunks<D>, NP = D / 16, B = kTailBatch<D>;
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
+  m_row[0] = m_row[1] = kNegInf;
   float l_sum[2] = {0.f, 0.f};
 #pragma unroll 1
-  for (int s0 = first; s0 < first + count; s0 += B) {
+  for (int s0 = 0; s0 < count; s0 += B) {
     uint4 raw[B][NP];
     float4 st[B];
 #pragma unroll
     for (int b = 0; b < B; ++b) {  // (unpredicated: past the last slot, the last again, not merged)
-      const float4* p = t.partials + (int64_t(min(s0 + b, first + count - 1)) * 2 + cw) * NC * 128 + ctid;
+      const int slot = first + min(s0 + b, count - 1) * stride;
+      const float4* p = t.partials + (int64_t(slot) * 2 + cw) * NC * 128 + ctid;
       st[b] = __ldcg(p + NP * 128);
 #pragma unroll
       for (int k = 0; k < NP; ++k) raw[b][k] = __ldcg(reinterpret_cast<const uint4*>(p + k * 128));
@@ -202,7 +215,7 @@ __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, in
     float mb[2] = {m_row[0], m_row[1]};
 #pragma unroll
     for (int b = 0; b < B; ++b)
-      if (s0 + b < first + count) {
+      if (s0 + b < count) {
         mb[0] = fmaxf(mb[0], st[b].x);
         mb[1] = fmaxf(mb[1], st[b].y);
       }
@@ -217,7 +230,7 @@ __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, in
     for (int i = 0; i < D / 2; ++i) o_acc[i] *= a[(i >> 1) & 1];
 #pragma unroll
     for (int b = 0; b < B; ++b)
-      if (s0 + b < first + count) {
+      if (s0 + b < count) {
         const float pm[2] = {st[b].x, st[b].y}, pl[2] = {st[b].z, st[b].w};
         float cl[2];
 #pragma unroll
@@ -238,69 +251,86 @@ __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, in
   d_row[1] = l_sum[1] * 0.25f;
 }
 
+// Lane 0 of a warp counts at `counter` (GPU scope: a release of the warp's slot stores before it, an acquire of
+// the other counts' stores) and resets it where its count is the `of`th (every piece has counted: ready for the
+// next launch); every lane gets whether it was
+__device__ __forceinline__ bool tail_count_last(int* counter, int of, int lane) {
+  __syncwarp();  // the warp's slot stores before lane 0's count (its release covers them)
+  int last = 0;
+  if (lane == 0) {
+    const int done = count_acq_rel(counter) + 1;
+    if (done == of) *counter = 0;
+    last = done == of;
+  }
+  last = __shfl_sync(0xffffffffu, last, 0);
+  __syncwarp();  // lane 0's acquire before every lane's slot loads
+  return last;
+}
+
 // A split item's piece at its epilogue (slot: the piece's; consumer cw, its thread ctid of 128): leaves this
 // thread's state in the piece's slot; in each warp (16 rows of the item), the warp that finishes the item's last
-// piece merges every slot, in slot order, into o_acc / m_row / d_row (the same sums whichever piece is last)
-// and returns true (it then runs the item's epilogue
-// for its rows), the others return false. A counter per warp: no barrier beyond the warp's. Softmax states:
-// each slot's rows rescaled to the larger max (an empty row, max -inf, adds nothing). The threads hold the same
-// rows and columns in every piece, so the merge is per thread (packed slots: after the quad's row sums).
-// A warp none of whose 16 rows the item has (rows: whether it has any; the same in every piece of the item)
-// leaves, counts and merges nothing: an append of 8 query rows packs 32 rows of the tile's 128, so a quarter of the
-// slots' traffic.
+// piece merges every slot into o_acc / m_row / d_row (the same sums whichever piece is last: slots in slot order,
+// groups in group order) and returns true (it then runs the item's epilogue for its rows), the others return
+// false. Counters per warp: no barrier beyond the warp's. Softmax states: each slot's rows rescaled to the
+// larger max (an empty row, max -inf, adds nothing), packed, and merged in two levels where the item has more
+// than kTailGroup slots (the groups' counters at their first slots, the item's at its second slot: no group
+// starts there). The threads hold the same rows and columns in every piece, so the merge is per thread (packed
+// slots: after the quad's row sums). A warp none of whose 16 rows the item has (rows: whether it has any; the
+// same in every piece of the item) leaves, counts and merges nothing: an append of 8 query rows packs 32 rows of
+// the tile's 128, so a quarter of the slots' traffic.
 template <class V, class T, int D>
 __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot, int cw, int ctid, bool rows,
                                                   float (&o_acc)[D / 2], float (&m_row)[2], float (&d_row)[2]) {
-  constexpr int NC = kTailChunks<D>;
+  constexpr int NC = kTailChunks<D>, G = kTailGroup<D>;
   if (!__shfl_sync(0xffffffffu, int(rows), 0)) return false;  // (lane 0's: known warp-uniform, as below)
-  const int lane = ctid % 32;
+  const int lane = ctid % 32, warp = cw * 4 + ctid / 32;
   // lane 0 reads the slot's item (its first slot and slot count) before the slot stores, which it overlaps
   int2 info = make_int2(-1, 0);
   if (lane == 0) info = t.split_at[slot];
-  float4* mine = t.partials + (int64_t(slot) * 2 + cw) * NC * 128 + ctid;
+  const auto part = [&](int s) { return t.partials + (int64_t(s) * 2 + cw) * NC * 128 + ctid; };
   if constexpr (tail_packed<V>()) {
-    hopper_tail_leave_packed<T, D>(mine, o_acc, m_row, d_row);
+    hopper_tail_leave_packed<T, D>(part(slot), o_acc, m_row, d_row);
   } else {
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
-      __stcg(mine + j * 128, make_float4(o_acc[4 * j], o_acc[4 * j + 1], o_acc[4 * j + 2], o_acc[4 * j + 3]));
-    __stcg(mine + (D / 8) * 128, make_float4(m_row[0], m_row[1], d_row[0], d_row[1]));
+      __stcg(part(slot) + j * 128, make_float4(o_acc[4 * j], o_acc[4 * j + 1], o_acc[4 * j + 2], o_acc[4 * j + 3]));
+    __stcg(part(slot) + (D / 8) * 128, make_float4(m_row[0], m_row[1], d_row[0], d_row[1]));
   }
-  __syncwarp();  // the warp's slot stores before lane 0's count (its release covers them)
-  // the item's first slot and its slot count, and the count, broadcast from lane 0: every branch on them is
-  // then known warp-uniform to the compiler (one it cannot prove uniform costs the next item's mainloop its
-  // uniform registers: R2UR among the HGMMAs)
-  int first = 0, count = 0, done = 0;
-  if (lane == 0) {
+  // the item's first slot and its slot count, broadcast from lane 0: every branch on them is then known
+  // warp-uniform to the compiler (one it cannot prove uniform costs the next item's mainloop its uniform
+  // registers: R2UR among the HGMMAs); a table the plan did not make: the piece's own keys alone, no read out of
+  // bounds
+  int first = slot, count = 1;
+  if (lane == 0 && info.x >= 0 && info.y >= 1 && info.x <= slot && slot < info.x + info.y &&
+      info.x + info.y <= t.slots) {
     first = info.x;
     count = info.y;
-    if (first >= 0 && count >= 1 && first <= slot && slot < first + count && first + count <= t.slots) {
-      int* counter = t.counters + first * kTailCounters + cw * 4 + ctid / 32;
-      done = count_acq_rel(counter) + 1;
-      if (done == count) *counter = 0;  // every piece has counted: ready for the next launch
-    } else {  // (a table the plan did not make: the piece's own keys alone, no read out of bounds)
-      first = slot;
-      done = count = 1;
-    }
   }
   first = __shfl_sync(0xffffffffu, first, 0);
   count = __shfl_sync(0xffffffffu, count, 0);
-  done = __shfl_sync(0xffffffffu, done, 0);
-  if (done != count) return false;
-  __syncwarp();  // lane 0's acquire before every lane's slot loads
-  // every slot, this piece's own too, in slot order from an empty state: the same sums whichever piece ends
-  // last (a deterministic result)
+  if constexpr (tail_packed<V>()) {
+    // level 0: this slot's group of G (where the item has more than G slots); level 1: the item's slots, or its
+    // groups' first slots (one loop: one copy of the merge's code)
+    const bool two = count > G;
+    const int group = first + (slot - first) / G * G, in_group = min(G, first + count - group);
+#pragma unroll 1
+    for (int level = two ? 0 : 1; level < 2; ++level) {
+      const int at = level == 0 ? group : first, n = level == 0 ? in_group : two ? (count + G - 1) / G : count;
+      if (n == 1) continue;  // (a group of one slot: its state is in its first slot)
+      if (!tail_count_last(t.counters + (at + (level == 1 && two)) * kTailCounters + warp, n, lane)) return false;
+      hopper_tail_merge_packed<T, D>(t, at, n, level == 1 && two ? G : 1, cw, ctid, o_acc, m_row, d_row);
+      if (level == 0) hopper_tail_leave_packed<T, D>(part(group), o_acc, m_row, d_row);
+    }
+    return true;
+  }
+  if (count > 1 && !tail_count_last(t.counters + first * kTailCounters + warp, count, lane)) return false;
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
   m_row[0] = m_row[1] = kNegInf;
   d_row[0] = d_row[1] = 0.f;
-  if constexpr (tail_packed<V>()) {
-    hopper_tail_merge_packed<T, D>(t, first, count, cw, ctid, o_acc, m_row, d_row);
-    return true;
-  }
 #pragma unroll 1
   for (int s = first; s < first + count; ++s) {
-    const float4* p = t.partials + (int64_t(s) * 2 + cw) * NC * 128 + ctid;
+    const float4* p = part(s);
     const float4 st = __ldcg(p + (D / 8) * 128);
     const float pd[2] = {st.z, st.w};
 #pragma unroll

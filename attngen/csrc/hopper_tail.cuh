@@ -146,7 +146,8 @@ __device__ __forceinline__ void hopper_tail_cut(const int4& pc, HopperItem& w) {
 // accumulators' bytes, so that a merge holds kTailBatch slots' chunks in registers at once and waits on one L2
 // round trip per batch, not per slot (verify B1 q8 kv8k on an H100: the one-by-one reads of 16 slots took about
 // 10 us of 28.5). Rounding to T adds at most half an ulp of T of max |v| to a slot's share, as the output's own
-// rounding does (split-KV partial outputs in the output type, as other attention libraries keep them).
+// rounding does (split-KV partial outputs in the output type, as other attention libraries keep them); a group's
+// merged state (two levels: kTailGroup) is rounded once more, half an ulp of its own max |v|.
 // Sum states (no row sum bounds their rows) leave the float32 accumulators and merge one slot at a time.
 template <class V>
 constexpr bool tail_packed() {

@@ -317,9 +317,10 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
 #pragma unroll 1
     for (int level = two ? 0 : 1; level < 2; ++level) {
       const int at = level == 0 ? group : first, n = level == 0 ? in_group : two ? (count + G - 1) / G : count;
+      const int counter_slot = level == 1 && two ? first + 1 : at, stride = level == 1 && two ? G : 1;
       if (n == 1) continue;  // (a group of one slot: its state is in its first slot)
-      if (!tail_count_last(t.counters + (at + (level == 1 && two)) * kTailCounters + warp, n, lane)) return false;
-      hopper_tail_merge_packed<T, D>(t, at, n, level == 1 && two ? G : 1, cw, ctid, o_acc, m_row, d_row);
+      if (!tail_count_last(t.counters + counter_slot * kTailCounters + warp, n, lane)) return false;
+      hopper_tail_merge_packed<T, D>(t, at, n, stride, cw, ctid, o_acc, m_row, d_row);
       if (level == 0) hopper_tail_leave_packed<T, D>(part(group), o_acc, m_row, d_row);
     }
     return true;

@@ -36,6 +36,7 @@ CASES = [
     ("soft-cap 30, precise", "logits_softcap", "precise", {"soft_cap": SOFT_CAP}, "plain"),
     ("ALiBi", "alibi", "approx", "alibi", "plain"),
     ("RoPE in the query / key hooks", "rope", "approx", ROPE, "plain"),
+    ("attention sink (output hook)", "attention_sink", "approx", "sink", "plain"),
     ("causal", "causal", "approx", {}, "causal"),
     (f"causal window {WINDOW}", "sliding_window_causal", "approx", {"window_left": WINDOW}, "causal"),
     ("custom mask (causal bits)", "custom_mask", "approx", "causal_bits", "causal"),
@@ -124,7 +125,8 @@ def main():
         att = CUDAAttention.build(load_variant(variant), head_dims=(D,), dtypes=("bfloat16",), layouts=("NHD",),
                                   kernels=("prefill",), hook_math=math_mode)
         p = {"alibi_slopes": slopes} if params == "alibi" else causal_bits() if params == "causal_bits" else \
-            {"prefix_len": torch.tensor([PREFIX], dtype=torch.int32, device="cuda")} if params == "prefix" else params
+            {"prefix_len": torch.tensor([PREFIX], dtype=torch.int32, device="cuda")} if params == "prefix" else \
+            {"sink": torch.linspace(-2.0, 2.0, HQ, device="cuda")} if params == "sink" else params
         out = torch.full_like(q, float("nan"))
         lse = torch.empty(L, HQ, device="cuda")
         flops = 4 * visible_scores(variant) * D * HQ

@@ -32,7 +32,8 @@ import sys
 from attngen.codegen.pipeline import run_pipeline
 from attngen.schedules.build_config import BuildConfig
 from attngen.variants import builtin
-cfg = BuildConfig("cuda", ({d},), ("{dtype}",), ("sm_90a",), layouts=("NHD",), kernels=("prefill",), link="check")
+cfg = BuildConfig("cuda", ({d},), ("{dtype}",), ("sm_90a",), layouts=("NHD",), kernels=("prefill",), link="check",
+                  kv_dtypes=("{kv_dtype}",))
 import os, runpy
 example = os.path.join("examples", "{variant}.py")  # (an example's variant, else a built-in)
 variant = runpy.run_path(example)["variant"] if os.path.exists(example) else builtin("{variant}")
@@ -113,6 +114,8 @@ def main() -> None:
     ap.add_argument("--variant", default="causal", help="a built-in variant, or an example's (examples/NAME.py)")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--kv-dtype", help="the K/V cache's type (float8_e4m3fn, float8_e5m2: the fp8 kernels); default "
+                                       "the query's")
     ap.add_argument("--kernel", default=r"hopper_prefill_kernel.*Lb0E", help="regex on the function's section name")
     ap.add_argument("--nvdisasm")
     args = ap.parse_args()
@@ -122,7 +125,8 @@ def main() -> None:
         label, _, path = spec.partition("=")
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "PYTHONPATH": str(Path(path).resolve()), "ATTNGEN_CACHE_DIR": cache}
-            code = BUILD.format(d=args.head_dim, dtype=args.dtype, variant=args.variant)
+            code = BUILD.format(d=args.head_dim, dtype=args.dtype, variant=args.variant,
+                                kv_dtype=args.kv_dtype or args.dtype)
             out = subprocess.run([sys.executable, "-c", code], env=env, cwd=path, capture_output=True, text=True)
             if out.returncode != 0:
                 raise SystemExit(f"{label}: the build failed:\n{out.stderr[-2000:]}")
@@ -138,7 +142,8 @@ def main() -> None:
             row["ptxas wgmma advisories"] = " ".join(sorted({code for code, fn in advisories
                                                              if fn in function or function in fn})) or "none"
     keys = list(next(iter(rows.values())))
-    print(f"{args.variant}, D {args.head_dim}, {args.dtype}, sm_90a; kernel /{args.kernel}/\n")
+    kv = f" ({args.kv_dtype} K/V)" if args.kv_dtype and args.kv_dtype != args.dtype else ""
+    print(f"{args.variant}, D {args.head_dim}, {args.dtype}{kv}, sm_90a; kernel /{args.kernel}/\n")
     print("| tree | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
     for label, r in rows.items():

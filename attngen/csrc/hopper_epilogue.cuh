@@ -75,10 +75,7 @@ __device__ __forceinline__ void hopper_store_rows(const float (&o_acc)[D / 2], c
 #pragma unroll 1
       for (int r8 = 0; r8 < 8; ++r8) {
         const int pr = w.row0 + wrow + 8 * h + r8;
-        // (the rows of h = 1 lie past those of h = 0; the test on lane 0's, broadcast: a loop exit known
-        // warp-uniform, where the plain test cost the consumers' mainloop its uniform registers: 92 R2UR among the
-        // HGMMAs and 104 local-memory instructions in the attention sink's kernel, 0 and 59 so; sass_stats.py)
-        if (__shfl_sync(0xffffffffu, int(pr >= rows_total), 0)) break;
+        if (pr >= rows_total) break;  // (warp-uniform; the rows of h = 1 lie past those of h = 0)
         if (g == r8) {
 #pragma unroll
           for (int n = 0; n < NDT; ++n) {

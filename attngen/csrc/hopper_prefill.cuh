@@ -273,10 +273,13 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
 
   // ================= consumers =================
   regs_claim<hopper_consumer_regs<V, D>()>();
-  // the consumer index broadcast from lane 0: the compiler then knows it (and every branch on it, the
-  // mainloop's included) is uniform, and keeps the asynchronous MMAs in flight across that code (a branch
-  // it cannot prove uniform makes it wait for each wgmma right after issuing it)
-  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), ctid = tid - 128 * (cw + 1), cwarp = ctid / 32;
+  // the consumer index and the warp's index in it broadcast from lane 0: the compiler then knows them (and every
+  // branch on them, the mainloop's included) are uniform, and keeps the asynchronous MMAs in flight across that
+  // code (a branch it cannot prove uniform makes it wait for each wgmma right after issuing it; the output hook's
+  // row loop, which ends at a row counted from the warp's, cost the attention sink's mainloop 92 R2UR among its
+  // HGMMAs while the warp index was ctid / 32 unbroadcast)
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), ctid = tid - 128 * (cw + 1);
+  const int cwarp = __shfl_sync(0xffffffffu, ctid / 32, 0);
   const int wrow0 = 64 * cw;  // this consumer's first row in the tile
   int it = 0;  // K/V tiles this CTA has consumed before the item (stages and phases run on across items)
   int qn = 0;  // items this CTA has run before (their Q buffers and phases)

@@ -197,6 +197,49 @@ __device__ __forceinline__ void hopper_tail_leave_packed(float4* mine, const flo
   __stcg(mine + (D / 16) * 128, make_float4(m_row[0], m_row[1], l[0], l[1]));
 }
 
+// One batch of packed slots merged into acc / m / l_sum (the merge's running state): the first `live` of the B slots
+// (st: their states, raw: NCH chunks of each), weighed against one max per row, so that the merged rows are
+// rescaled once per batch and each slot adds its rows with one FFMA per value (the batch's slots in slot order, as
+// one by one up to rounding)
+template <class T, int NCH, int B>
+__device__ __forceinline__ void tail_merge_batch(const uint4 (&raw)[B][NCH], const float4 (&st)[B], int live,
+                                                 float (&acc)[8 * NCH], float (&m)[2], float (&l_sum)[2]) {
+  float mb[2] = {m[0], m[1]};
+#pragma unroll
+  for (int b = 0; b < B; ++b)
+    if (b < live) {
+      mb[0] = fmaxf(mb[0], st[b].x);
+      mb[1] = fmaxf(mb[1], st[b].y);
+    }
+  float a[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    a[h] = m[h] == kNegInf ? 0.f : exp2f(m[h] - mb[h]);
+    l_sum[h] *= a[h];
+    m[h] = mb[h];
+  }
+#pragma unroll
+  for (int i = 0; i < 8 * NCH; ++i) acc[i] *= a[(i >> 1) & 1];
+#pragma unroll
+  for (int b = 0; b < B; ++b)
+    if (b < live) {
+      const float pm[2] = {st[b].x, st[b].y}, pl[2] = {st[b].z, st[b].w};
+      float cl[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        cl[h] = pm[h] == kNegInf ? 0.f : exp2f(pm[h] - mb[h]) * pl[h];
+        l_sum[h] += cl[h];
+      }
+#pragma unroll
+      for (int k = 0; k < NCH; ++k) {
+        float v[8];
+        convert8<T>(raw[b][k], v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[8 * k + e] = fmaf(v[e], cl[(e >> 1) & 1], acc[8 * k + e]);
+      }
+    }
+}
+
 // The packed slots first, first + stride, .., count of them, merged in slot order from an empty state into o_acc /
 // m_row / d_row, kTailBatch slots' loads at a time; d_row gets a quarter of each merged row sum, which the
 // epilogue's quad sum makes whole again (exactly: a power of two)
@@ -221,42 +264,7 @@ __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, in
 #pragma unroll
       for (int k = 0; k < NP; ++k) raw[b][k] = __ldcg(reinterpret_cast<const uint4*>(p + k * 128));
     }
-    // the batch's slots are weighed against one max per row: the merged rows are rescaled once per batch, and each
-    // slot adds its rows with one FFMA per value (the batch's slots in slot order, as one by one up to rounding)
-    float mb[2] = {m_row[0], m_row[1]};
-#pragma unroll
-    for (int b = 0; b < B; ++b)
-      if (s0 + b < count) {
-        mb[0] = fmaxf(mb[0], st[b].x);
-        mb[1] = fmaxf(mb[1], st[b].y);
-      }
-    float a[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      a[h] = m_row[h] == kNegInf ? 0.f : exp2f(m_row[h] - mb[h]);
-      l_sum[h] *= a[h];
-      m_row[h] = mb[h];
-    }
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o_acc[i] *= a[(i >> 1) & 1];
-#pragma unroll
-    for (int b = 0; b < B; ++b)
-      if (s0 + b < count) {
-        const float pm[2] = {st[b].x, st[b].y}, pl[2] = {st[b].z, st[b].w};
-        float cl[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          cl[h] = pm[h] == kNegInf ? 0.f : exp2f(pm[h] - mb[h]) * pl[h];
-          l_sum[h] += cl[h];
-        }
-#pragma unroll
-        for (int k = 0; k < NP; ++k) {
-          float v[8];
-          convert8<T>(raw[b][k], v);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o_acc[8 * k + e] = fmaf(v[e], cl[(e >> 1) & 1], o_acc[8 * k + e]);
-        }
-      }
+    tail_merge_batch<T, NP, B>(raw, st, count - s0, o_acc, m_row, l_sum);
   }
   d_row[0] = l_sum[0] * 0.25f;
   d_row[1] = l_sum[1] * 0.25f;
@@ -332,45 +340,15 @@ __device__ __forceinline__ void hopper_tail_merge_stripe(const HopperTail& t, in
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
 #pragma unroll 1
   for (int s0 = 0; s0 < count; s0 += B) {
-    uint4 raw[B];
+    uint4 raw[B][1];
     float4 st[B];
 #pragma unroll
     for (int b = 0; b < B; ++b) {  // (unpredicated: past the last slot, the last again, not merged)
       const float4* p = t.partials + (int64_t(first + min(s0 + b, count - 1)) * 2 + cw) * NC * 128 + ctid;
       st[b] = __ldcg(p + NP * 128);
-      raw[b] = __ldcg(reinterpret_cast<const uint4*>(p + k * 128));
+      raw[b][0] = __ldcg(reinterpret_cast<const uint4*>(p + k * 128));
     }
-    float mb[2] = {m[0], m[1]};
-#pragma unroll
-    for (int b = 0; b < B; ++b)
-      if (s0 + b < count) {
-        mb[0] = fmaxf(mb[0], st[b].x);
-        mb[1] = fmaxf(mb[1], st[b].y);
-      }
-    float a[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      a[h] = m[h] == kNegInf ? 0.f : exp2f(m[h] - mb[h]);
-      l_sum[h] *= a[h];
-      m[h] = mb[h];
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] *= a[(e >> 1) & 1];
-#pragma unroll
-    for (int b = 0; b < B; ++b)
-      if (s0 + b < count) {
-        const float pm[2] = {st[b].x, st[b].y}, pl[2] = {st[b].z, st[b].w};
-        float cl[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          cl[h] = pm[h] == kNegInf ? 0.f : exp2f(pm[h] - mb[h]) * pl[h];
-          l_sum[h] += cl[h];
-        }
-        float v[8];
-        convert8<T>(raw[b], v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = fmaf(v[e], cl[(e >> 1) & 1], acc[e]);
-      }
+    tail_merge_batch<T, 1, B>(raw, st, count - s0, acc, m, l_sum);
   }
 #pragma unroll
   for (int j = 0; j < NP; ++j)
@@ -386,8 +364,8 @@ __device__ __forceinline__ void hopper_tail_merge_stripe(const HopperTail& t, in
 // A split item's piece at its epilogue (slot: the piece's; consumer cw, its thread ctid of 128): leaves this
 // thread's state in the piece's slot; in each warp (16 rows of the item), the warp that finishes the item's last
 // piece merges every slot into o_acc / m_row / d_row (the same sums whichever piece is last: slots in slot order,
-// groups in group order) and returns true (it then runs the item's epilogue for its rows), the others return
-// false. Counters per warp: no barrier beyond the warp's. Softmax states: each slot's rows rescaled to the
+// groups in group order) and returns kTailWholeRows (it then runs the item's epilogue for its rows), the others
+// kTailNoFinish. Counters per warp: no barrier beyond the warp's. Softmax states: each slot's rows rescaled to the
 // larger max (an empty row, max -inf, adds nothing), packed, and merged in two levels where the item has more
 // than kTailGroup slots (the groups' counters at their first slots, the item's at its second slot: no group
 // starts there). The threads hold the same rows and columns in every piece, so the merge is per thread (packed

@@ -217,7 +217,8 @@ def _check_repeated_split_calls(att, v, rng, head_dim):
     """One plan of a verify step (8 rows over 8192 keys, 4 KV heads: every item cut, one piece a CTA, so the
     plan is spread: its pieces merge side by side, csrc/hopper_tail.cuh), three calls: the same bits (slots merged
     in slot order whichever piece ends last; the counters' two generations, 0 and 2^30, each call leaving the
-    other's base for the next)."""
+    other's base for the next), then the call captured in a CUDA graph (a tail split's launch is cooperative)
+    and replayed twice: the same bits again."""
     import torch
 
     q, kv, qo = one_ragged_request(8, 8192, 16, 4, head_dim, seed=2)
@@ -230,6 +231,14 @@ def _check_repeated_split_calls(att, v, rng, head_dim):
         out = torch.full_like(q, float("nan"))
         lse = torch.full(q.shape[:2], float("nan"), device="cuda")
         runs.append(att.prefill(q, kv, qo, plan=plan, params=params, out=out, lse=lse))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    graph = _captured(lambda: att.prefill(q, kv, qo, plan=plan, params=params, out=out, lse=lse))
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        runs.append((out.clone(), lse.clone()))
     for r in runs[1:]:
         assert torch.equal(runs[0][0], r[0]) and torch.equal(runs[0][1], r[1])
 

@@ -81,8 +81,15 @@ PATCHES = [
      "  last = __shfl_sync(0xffffffffu, last, 0);\n  if (threadIdx.x == 128) ag_stamp(6);\n"),
     ("hopper_tail.cuh", "cw, ctid, o_acc, m_row, d_row);\n      if (level == 0)",
      "cw, ctid, o_acc, m_row, d_row);\n      if (cw == 0 && ctid == 0) ag_stamp(7);\n      if (level == 0)"),
-    ("hopper_prefill.cuh", "      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane);\n",
-     "      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane);\n"
+    # (a spread plan's pieces: 6 once every piece of the item has counted, 7 after the stripe's merge)
+    ("hopper_tail.cuh", "  __syncwarp();  // lane 0's acquire before every lane's slot loads\n}\n",
+     "  __syncwarp();  // lane 0's acquire before every lane's slot loads\n"
+     "  if (threadIdx.x == 128) ag_stamp(6);\n}\n"),
+    ("hopper_tail.cuh", "      hopper_tail_merge_stripe<T, D>(t, first, count, j, cw, ctid, o_acc, m_row, d_row);\n",
+     "      hopper_tail_merge_stripe<T, D>(t, first, count, j, cw, ctid, o_acc, m_row, d_row);\n"
+     "      if (cw == 0 && ctid == 0) ag_stamp(7);\n"),
+    ("hopper_prefill.cuh", "      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane, finish);\n",
+     "      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane, finish);\n"
      "      if (tid == 128) ag_stamp(8);\n"),
     ("hopper_prefill.cuh", HAND_ON,
      HAND_ON +

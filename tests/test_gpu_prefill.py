@@ -197,8 +197,6 @@ def test_appends_of_few_rows_split_their_keys_over_the_sms(name, build_cache, rn
     merged in the kernel (split-KV; runtime/work_tail.py). Against the float64 reference, paged with random page
     order and ragged, with a request of no rows, and with the split off. The sliding window's bound
     is a parameter the plan cannot count tiles by: its plans take no split."""
-    import torch
-
     skip_unless_runs("hopper")
     att = cuda_module(name, build_cache, (128,), ("bfloat16",), ("prefill",))
     v = variant(name)
@@ -211,16 +209,56 @@ def test_appends_of_few_rows_split_their_keys_over_the_sms(name, build_cache, rn
         (split,), (unsplit,) = plans[0].orders.values(), plans[1].orders.values()
         assert (split.numel() > pairs) == (name != "sliding_window_causal"), (split.numel(), pairs)
         assert unsplit.numel() == pairs
-    # one plan, two calls: the same bits (slots merged in slot order; the counters back at zero after a call)
-    q, kv, qo = one_ragged_request(8, 8192, 16, 4, 128, seed=2)
+    if name != "sliding_window_causal":
+        _check_repeated_split_calls(att, v, rng, 128)
+
+
+def _check_repeated_split_calls(att, v, rng, head_dim):
+    """One plan of a verify step (8 rows over 8192 keys, 4 KV heads: every item cut, one piece a CTA, so the
+    plan is spread: its pieces merge side by side, csrc/hopper_tail.cuh), three calls: the same bits (slots merged
+    in slot order whichever piece ends last; the counters' two generations, 0 and 2^30, each call leaving the
+    other's base for the next), then the call captured in a CUDA graph (a tail split's launch is cooperative)
+    and replayed twice: the same bits again."""
+    import torch
+
+    q, kv, qo = one_ragged_request(8, 8192, 16, 4, head_dim, seed=2)
     params = one_request_params(v, rng, 8, 8192)
-    plan = att.plan_prefill(qo, kv, 128, template="hopper")
+    plan = att.plan_prefill(qo, kv, head_dim, template="hopper")
     runs = []
-    for _ in range(2):
+    for _ in range(3):
         out = torch.full_like(q, float("nan"))
         lse = torch.full(q.shape[:2], float("nan"), device="cuda")
         runs.append(att.prefill(q, kv, qo, plan=plan, params=params, out=out, lse=lse))
-    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    (order,) = plan.orders.values()  # (made at the plan's first call)
+    assert int(order[1 + 11]) == 1  # (one pair: the tail section's header from entry 1, its spread word)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    graph = _captured(lambda: att.prefill(q, kv, qo, plan=plan, params=params, out=out, lse=lse))
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        runs.append((out.clone(), lse.clone()))
+    for r in runs[1:]:
+        assert torch.equal(runs[0][0], r[0]) and torch.equal(runs[0][1], r[1])
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_spread_merges_at_other_head_dims(head_dim, build_cache, rng):
+    """The side-by-side merge of a spread plan's pieces (each merges a 16-column stripe of its item's rows, D / 16
+    stripes: 4 at head dim 64, 16 at 256) against the float64 reference, paged with random page order and ragged,
+    and repeated calls of one plan giving the same bits."""
+    skip_unless_runs("hopper")
+    att = cuda_module("vanilla", build_cache, (head_dim,), ("bfloat16",), ("prefill",))
+    v = variant("vanilla")
+    for kv_mode, qo_lens, kv_lens in [("NHD", [8], [8192]), ("ragged", [3, 16, 0, 5], [2000, 6000, 40, 5])]:
+        plans = []
+        run_prefill(att, v, rng, group=4, head_dim=head_dim, dtype="bfloat16", kv_mode=kv_mode, qo_lens=qo_lens,
+                    kv_lens=kv_lens, template="hopper", num_kv=4, plans=plans, tail_split=(None,))
+        (order,) = plans[0].orders.values()
+        pairs = len(qo_lens) * -(-max(qo_lens) * 4 // 128)
+        assert order.numel() > pairs  # (a tail split; the verify step's is spread: _check_repeated_split_calls)
+    _check_repeated_split_calls(att, v, rng, head_dim)
 
 
 @pytest.mark.parametrize("name", ["causal", "vanilla"])

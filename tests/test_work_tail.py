@@ -82,6 +82,10 @@ def test_pieces_cover_the_taken_items_once(qo, kv, group, heads, keys, head_dim,
     tiles = np.repeat(costs.reshape(-1)[order], heads) - 1  # per item in dealing order (-1: no rows)
     by_item = {}
     assert (np.diff(cta_ptr) <= work_tail.TAIL_MAX_PIECES).all()  # (the kernel's list of a CTA's pieces)
+    # spread (side-by-side merges that wait on the item's other pieces): only without rounds, one piece a CTA
+    assert h[11] in (0, 1)
+    if h[11]:
+        assert first == 0 and (np.diff(cta_ptr) <= 1).all()
     for c in range(ctas):
         seen = set()
         for item, lo, hi, slot in sec["pieces"][cta_ptr[c]:cta_ptr[c + 1]]:
@@ -223,9 +227,31 @@ def test_appends_are_cut_in_even_chunks_one_piece_a_cta(qo, kv, heads, chunk):
     out = tail_split(order, costs.reshape(-1), heads=heads, sms=132, head_dim=128)
     sec = section(out, len(order))
     assert (np.diff(sec["cta_ptr"]) <= 1).all()
+    assert sec["header"][11] == 1  # (spread: the pieces of an item merge side by side, csrc/hopper_tail.cuh)
     firsts = {int(p[1]) for p in sec["pieces"]}
     assert firsts == set(range(0, firsts and max(firsts) + 1, chunk))  # (the same cuts in every item)
     assert all(p[2] - p[1] == chunk for p in sec["pieces"] if p[2] != TAIL_TO_END)
+
+
+def test_only_chunked_cuts_are_spread():
+    """The header's spread word is set where the items fewer than the SMs are cut in chunks (one piece a CTA, no
+    rounds), not on a tail behind rounds nor on the stretches of items fewer than the SMs that chunks do not fit
+    (a CTA may hold several pieces there, and a spread merge waits on the item's other pieces); a section that
+    asks for spread over such pieces is refused."""
+    costs = np.array([48] * 200)  # 200 items of 47 tiles on 132 SMs: a tail behind one round
+    out = tail_split(order_from_costs(costs), costs, heads=1, sms=132, head_dim=128)
+    assert out is not None and section(out, 200)["header"][11] == 0
+    costs = np.array([2001] + [3] * 40)  # items fewer than the SMs, chunks cannot cut the short ones: stretches
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(work_tail, "FILL_MIN_GAIN", 0.0)
+        m.setattr(work_tail, "_chunk_pieces", lambda tiles, ctas: None)
+        out = tail_split(order_from_costs(costs), costs, heads=1, sms=132, head_dim=128)
+    assert out is not None and section(out, len(costs))["header"][11] == 0
+    two = np.array([[0, 5, 0, 4, 0], [0, 6, 0, 4, 1]])  # (two pieces on CTA 0)
+    with pytest.raises(ValueError, match="one piece a CTA"):
+        work_tail._section(two, 4, 0, 128, 8, spread=True)
+    with pytest.raises(ValueError, match="no rounds"):
+        work_tail._section(two[:1], 4, 8, 128, 8, spread=True)
 
 
 def test_no_split_where_chunks_would_not_fit_the_ctas():

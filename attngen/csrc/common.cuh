@@ -46,6 +46,19 @@ __device__ __forceinline__ int count_acq_rel(int* counter) {
   return old;
 }
 
+// *counter = v at GPU scope with release: what this thread wrote and acquired before it is visible to whoever
+// acquires v (the tail's spread merge: the last piece's count, passed on to the pieces that wait on it)
+__device__ __forceinline__ void store_release(int* counter, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(counter), "r"(v) : "memory");
+}
+
+// *counter at GPU scope with acquire: what the counts it sees released is visible after it
+__device__ __forceinline__ int load_acquire(const int* counter) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
+  return v;
+}
+
 // 8 elements of 16-bit type T (16 bytes) <-> float[8]
 template <class T>
 __device__ __forceinline__ void convert8(const uint4& raw, float (&out)[8]) {

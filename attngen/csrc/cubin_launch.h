@@ -66,6 +66,28 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   return cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, smem, stream);
 }
 
+// A launch whose CTAs wait on one another (a spread tail merge polls the counts of its item's other pieces):
+// cooperative, so that a grid the device cannot hold at once (fewer SMs under MPS or a green context) fails at
+// the launch with cudaErrorCooperativeLaunchTooLarge instead of spinning until the trap.
+template <class... Params, class... Args>
+cudaError_t launch_kernel_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                      cudaStream_t stream, const Args&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: one argument per kernel parameter");
+  static_assert((std::is_same<Params, Args>::value && ...), "launch_kernel: arguments of the parameters' own types");
+  void* argv[] = {const_cast<void*>(static_cast<const void*>(&args))...};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), argv);
+}
+
 template <class T> constexpr const char* kernel_type_name();
 template <> constexpr const char* kernel_type_name<float>() { return "float"; }
 template <> constexpr const char* kernel_type_name<half>() { return "__half"; }

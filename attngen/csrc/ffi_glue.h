@@ -91,6 +91,10 @@ inline void check_args(const char* entry, std::initializer_list<TensorArg> args,
 
 inline void check_launch(const char* name) {
   cudaError_t err = cudaGetLastError();
+  if (err == cudaErrorCooperativeLaunchTooLarge)
+    ATTNGEN_THROW(RuntimeError) << name << ": the plan's tail split needs one CTA on every SM at once, and the device "
+                                << "cannot hold them now (a share of the GPU under MPS or a green context): plan with "
+                                << "tail_split=False";
   if (err != cudaSuccess) ATTNGEN_THROW(RuntimeError) << name << ": CUDA launch failed: " << cudaGetErrorString(err);
 }
 

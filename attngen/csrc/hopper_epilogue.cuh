@@ -36,11 +36,13 @@ __device__ __forceinline__ void hopper_normalise_rows(float (&o_acc)[D / 2], con
 }
 
 // Stores the warp's normalised rows (its first row in the tile: wrow; the thread's: wrow + g and + 8) and their
-// lse, through the output transform where the variant has one.
+// lse, through the output transform where the variant has one. stripe >= 0 (a tail split's spread merge, no output
+// transform: hopper_tail.cuh): only the rows' columns 16 stripe .. 16 stripe + 15, the lse with stripe 0.
 template <class V, class T, int D, class Problem>
 __device__ __forceinline__ void hopper_store_rows(const float (&o_acc)[D / 2], const float (&lse_row)[2],
                                                   const HopperItem& w, int wrow, const Problem& P,
-                                                  const typename V::Params& hp, float* scratch, int lane) {
+                                                  const typename V::Params& hp, float* scratch, int lane,
+                                                  int stripe = -1) {
   constexpr int NDT = D / 8;
   const int g = lane / 4, t4 = lane % 4, group = P.group, hk = w.hk, q0 = w.q0, rows_total = w.rows_total;
   if constexpr (!V::kHasOutputTransform) {
@@ -48,14 +50,17 @@ __device__ __forceinline__ void hopper_store_rows(const float (&o_acc)[D / 2], c
     // so that a lane stores whole 8-column blocks in 16 bytes: a quarter of the store instructions, each
     // touching a row's 64 contiguous bytes instead of 4 (quad_transpose; every lane shuffles, valid row or not)
     static_assert(NDT % 4 == 0, "the quad's blocks of four 8-column blocks");
+    // (a stripe: 8-column blocks 2 stripe and 2 stripe + 1, which lanes t4 of its half of the quad store)
+    const bool mine = stripe < 0 || (t4 >> 1) == (stripe & 1);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int pr = w.row0 + wrow + g + 8 * h;
-      const bool valid = pr < rows_total;
+      const bool valid = pr < rows_total && mine;
       const int tok = q0 + pr / group, qh = hk * group + pr % group;
       T* dst = static_cast<T*>(P.o) + (int64_t(tok) * P.num_qo_heads + qh) * D;
 #pragma unroll
       for (int m = 0; m < NDT / 4; ++m) {
+        if (stripe >= 0 && m != stripe / 2) continue;  // (warp-uniform)
         uint32_t wd[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -64,7 +69,8 @@ __device__ __forceinline__ void hopper_store_rows(const float (&o_acc)[D / 2], c
         if (valid) *reinterpret_cast<uint4*>(dst + (4 * m + t4) * 8) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
       }
       const float l = lse_row[h];
-      if (valid && t4 == 0) P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
+      if (valid && t4 == 0 && stripe <= 0)
+        P.lse[int64_t(tok) * P.num_qo_heads + qh] = l == kNegInf ? P.empty_lse() : l;
     }
   } else {
     // one row of the warp's 16 at a time through the warp's scratch rows: the quad holding it writes its

@@ -76,6 +76,10 @@ void launch_hopper_tiling(const PrefillProblemOf<KV>& P, int max_qo_len, const t
   // (a plan's tail split, runtime/work_tail.py, deals its pieces over every SM: hopper_tail_load_pieces checks)
   const int64_t items = int64_t(tiles) * P.num_kv_heads * P.batch;
   const int ctas = P.work_tail_len > 0 ? device_sm_count() : int(std::min<int64_t>(items, device_sm_count()));
+  // (a tail split's pieces may wait on one another: a cooperative launch, so that a grid the device cannot hold at
+  // once fails here, reported by check_launch, rather than spin)
+  if (P.work_tail_len > 0)
+    return void(launch_kernel_cooperative(kernel, dim3(ctas), dim3(Tile::kThreads), smem, stream, P, hp, maps, tiles));
   launch_kernel(kernel, dim3(ctas), dim3(Tile::kThreads), smem, stream, P, hp, maps, tiles);
 }
 

@@ -572,15 +572,15 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     // ---- normalise, lse, output transform, store (hopper_epilogue.cuh) --------------------------
     // (no early exit from the loop here: a second path back to its head costs the mainloop its known-uniform
     // values, R2UR among the HGMMAs)
-    bool finish = true;
+    int finish = kTailWholeRows;
     if constexpr (kTailable)
       if (w.tile < 0)  // (a split item's piece: its partial slot, hopper_tail_cut)
         finish = hopper_tail_merge<V, T, D>(tail_of(), -1 - w.tile, cw, ctid, w.row0 + wrow < w.rows_total, o_acc,
-                                          m_row, d_row);
-    if (finish) {
+                                            m_row, d_row);
+    if (finish != kTailNoFinish) {
       float lse_row[2];
       hopper_normalise_rows<V, kStaged, D>(o_acc, m_row, d_row, P, hk, lse_row);
-      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane);
+      hopper_store_rows<V, T, D>(o_acc, lse_row, w, wrow, P, hp, scratch, lane, finish);
     }
     it += num_kt;
     ++qn;

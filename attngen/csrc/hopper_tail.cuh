@@ -8,11 +8,16 @@
 // item each leave their unnormalised state (the consumers' accumulators, row max and partial row sums, per
 // thread) in a partial slot, and in each consumer warp the piece that finishes last (a counter per item and warp)
 // merges every slot, in slot order (in two levels where the item has more than kTailGroup slots), and runs the
-// item's epilogue for its rows as an unsplit item would.
+// item's epilogue for its rows as an unsplit item would; where the plan runs one piece a CTA and no rounds (the
+// header's spread word), the pieces of an item of D / 16 slots or more wait for each other and each merges and
+// stores a 16-column stripe of the item's rows (hopper_tail_merge_stripe).
 //
 // The tail rides behind the plan's work order ([B * q_tiles] int32) in the same tensor; a section of
 // kTailHeader ints, then the arrays it names (int offsets from the section's start):
-//   [magic, split_from, ctas, pieces, slots, cta_ptr, piece_at, split_at, counters, partials, head_dim, 0]
+//   [magic, split_from, ctas, pieces, slots, cta_ptr, piece_at, split_at, counters, partials, head_dim, spread]
+//   spread: 1 where every item is cut and each CTA runs at most one piece, no rounds (split_from 0): the pieces of an
+//     item then merge side by side (hopper_tail_merge_stripe), which waits on the other pieces, so only such plans
+//     take it; else 0
 //   cta_ptr [ctas + 1]: CTA c runs pieces cta_ptr[c] .. cta_ptr[c + 1] - 1
 //   piece_at [pieces][4]: item (pair * KV heads + KV head), first key tile, end key tile (kTailToEnd: the item's
 //     last), partial slot (-1: the whole item, no merge); a split item's pieces have consecutive slots; room for
@@ -42,7 +47,8 @@ struct HopperTail {
   const int2* split_at;
   int* counters;
   float4* partials;
-  int slots;  // partial slots
+  int slots;    // partial slots
+  bool spread;  // the header's spread word (side-by-side merges)
 };
 
 // Float4 chunks a consumer thread leaves per partial slot: its D / 2 accumulators, then (m_row, d_row).
@@ -53,15 +59,16 @@ constexpr int kTailCounters = 8;  // per slot: one per consumer warp
 // Ints of shared memory hopper_tail_load_pieces leaves for hopper_tail_at: the section's split_at and partials
 // offsets and its slot count (counters follow split_at: the plan's layout, checked)
 constexpr int kTailMetaInts = 3;
+constexpr int kTailSpreadBit = 1 << 30;  // in the slot count's word of that shared memory: the header's spread
 
 // The tail's arrays from the section behind `pairs` order ints and what hopper_tail_load_pieces left in `meta`
 // (shared memory, read at each call: the epilogue waits on no header word in global memory, and nothing is
 // held in registers across the consumers' loop)
 __device__ __forceinline__ HopperTail hopper_tail_at(const int32_t* order, int pairs, const volatile int* meta) {
   int* s = const_cast<int*>(order) + pairs;
-  const int split = meta[0], part = meta[1], slots = meta[2];
+  const int split = meta[0], part = meta[1], slots = meta[2] & (kTailSpreadBit - 1);
   return HopperTail{reinterpret_cast<const int2*>(s + split), s + split + 2 * slots,
-                    reinterpret_cast<float4*>(s + part), slots};
+                    reinterpret_cast<float4*>(s + part), slots, (meta[2] & kTailSpreadBit) != 0};
 }
 
 // Where piece_at starts in a section behind `pairs` order ints for `ctas` CTAs (ints from the section's start): the
@@ -102,11 +109,14 @@ __device__ __forceinline__ int hopper_tail_load_pieces(const int32_t* order, int
                     (n >= 0) & (slots >= 0) & (h[5] == kTailHeader) & (h[6] == at) & (at + 4LL * n <= len) &
                     (h[7] >= 0) & (h[7] + 2LL * slots <= len) & (h[8] == h[7] + 2LL * slots) &
                     (h[8] + int64_t(kTailCounters) * slots <= len) & (h[9] >= 0) & (h[9] + part_ints <= len) &
-                    pieces_aligned & aligned(h[7], 8) & aligned(h[9], 16);
-  if (!fits || p0 < 0 || p1 < p0 || p1 > n || p1 - p0 > kTailMaxPieces) __trap();
+                    pieces_aligned & aligned(h[7], 8) & aligned(h[9], 16) & (slots < kTailSpreadBit) &
+                    ((h[11] == 0) | ((h[11] == 1) & (h[1] == 0)));
+  // (a spread plan's CTA runs one piece at most: its merge waits on the item's other pieces, none of which may
+  // wait behind a piece of another item)
+  if (!fits || p0 < 0 || p1 < p0 || p1 > n || p1 - p0 > (h[11] ? 1 : kTailMaxPieces)) __trap();
   meta[0] = h[7];
   meta[1] = h[9];
-  meta[2] = slots;
+  meta[2] = slots | (h[11] ? kTailSpreadBit : 0);
   const int4* piece_at = reinterpret_cast<const int4*>(s + at);
   int count = 0;
   for (int p = p0; p < p1; ++p) {
@@ -187,6 +197,49 @@ __device__ __forceinline__ void hopper_tail_leave_packed(float4* mine, const flo
   __stcg(mine + (D / 16) * 128, make_float4(m_row[0], m_row[1], l[0], l[1]));
 }
 
+// One batch of packed slots merged into acc / m / l_sum (the merge's running state): the first `live` of the B slots
+// (st: their states, raw: NCH chunks of each), weighed against one max per row, so that the merged rows are
+// rescaled once per batch and each slot adds its rows with one FFMA per value (the batch's slots in slot order, as
+// one by one up to rounding)
+template <class T, int NCH, int B>
+__device__ __forceinline__ void tail_merge_batch(const uint4 (&raw)[B][NCH], const float4 (&st)[B], int live,
+                                                 float (&acc)[8 * NCH], float (&m)[2], float (&l_sum)[2]) {
+  float mb[2] = {m[0], m[1]};
+#pragma unroll
+  for (int b = 0; b < B; ++b)
+    if (b < live) {
+      mb[0] = fmaxf(mb[0], st[b].x);
+      mb[1] = fmaxf(mb[1], st[b].y);
+    }
+  float a[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    a[h] = m[h] == kNegInf ? 0.f : exp2f(m[h] - mb[h]);
+    l_sum[h] *= a[h];
+    m[h] = mb[h];
+  }
+#pragma unroll
+  for (int i = 0; i < 8 * NCH; ++i) acc[i] *= a[(i >> 1) & 1];
+#pragma unroll
+  for (int b = 0; b < B; ++b)
+    if (b < live) {
+      const float pm[2] = {st[b].x, st[b].y}, pl[2] = {st[b].z, st[b].w};
+      float cl[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        cl[h] = pm[h] == kNegInf ? 0.f : exp2f(pm[h] - mb[h]) * pl[h];
+        l_sum[h] += cl[h];
+      }
+#pragma unroll
+      for (int k = 0; k < NCH; ++k) {
+        float v[8];
+        convert8<T>(raw[b][k], v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[8 * k + e] = fmaf(v[e], cl[(e >> 1) & 1], acc[8 * k + e]);
+      }
+    }
+}
+
 // The packed slots first, first + stride, .., count of them, merged in slot order from an empty state into o_acc /
 // m_row / d_row, kTailBatch slots' loads at a time; d_row gets a quarter of each merged row sum, which the
 // epilogue's quad sum makes whole again (exactly: a power of two)
@@ -211,42 +264,7 @@ __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, in
 #pragma unroll
       for (int k = 0; k < NP; ++k) raw[b][k] = __ldcg(reinterpret_cast<const uint4*>(p + k * 128));
     }
-    // the batch's slots are weighed against one max per row: the merged rows are rescaled once per batch, and each
-    // slot adds its rows with one FFMA per value (the batch's slots in slot order, as one by one up to rounding)
-    float mb[2] = {m_row[0], m_row[1]};
-#pragma unroll
-    for (int b = 0; b < B; ++b)
-      if (s0 + b < count) {
-        mb[0] = fmaxf(mb[0], st[b].x);
-        mb[1] = fmaxf(mb[1], st[b].y);
-      }
-    float a[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      a[h] = m_row[h] == kNegInf ? 0.f : exp2f(m_row[h] - mb[h]);
-      l_sum[h] *= a[h];
-      m_row[h] = mb[h];
-    }
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o_acc[i] *= a[(i >> 1) & 1];
-#pragma unroll
-    for (int b = 0; b < B; ++b)
-      if (s0 + b < count) {
-        const float pm[2] = {st[b].x, st[b].y}, pl[2] = {st[b].z, st[b].w};
-        float cl[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          cl[h] = pm[h] == kNegInf ? 0.f : exp2f(pm[h] - mb[h]) * pl[h];
-          l_sum[h] += cl[h];
-        }
-#pragma unroll
-        for (int k = 0; k < NP; ++k) {
-          float v[8];
-          convert8<T>(raw[b][k], v);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o_acc[8 * k + e] = fmaf(v[e], cl[(e >> 1) & 1], o_acc[8 * k + e]);
-        }
-      }
+    tail_merge_batch<T, NP, B>(raw, st, count - s0, o_acc, m_row, l_sum);
   }
   d_row[0] = l_sum[0] * 0.25f;
   d_row[1] = l_sum[1] * 0.25f;
@@ -268,22 +286,99 @@ __device__ __forceinline__ bool tail_count_last(int* counter, int of, int lane) 
   return last;
 }
 
+// Spread merges (plans whose header says spread: every piece in its own CTA, all of them resident): an item of at
+// least D / 16 slots (one packed chunk of a thread's rows per piece) merges side by side. Each piece leaves its
+// state and counts; piece j < D / 16 then waits for the item's other pieces and merges chunk j of every slot, its
+// rows' 16-column stripe (hopper_store_rows stores only that stripe), where one warp per item would read every
+// chunk of every slot: each SM reads about one slot's worth instead of the item's, in one L2 round trip per
+// kTailStripeBatch slots, and no count lies behind a merge.
+constexpr int kTailStripeBatch = 16;
+// A warp's finish of a split item's piece (hopper_tail_merge): none (another piece stores these rows), the whole
+// rows, or chunk k >= 0 of them (a spread merge's stripe)
+constexpr int kTailNoFinish = -2, kTailWholeRows = -1;
+// polls of a spread merge's count after which a missing piece (a launch whose CTAs were not all resident) traps
+// rather than hang: a few seconds
+constexpr int kTailSpinLimit = 1 << 22;
+
+// Lane 0 of a warp counts its piece at `counter` (acquire-release at GPU scope, as tail_count_last) and, where
+// `wait`, waits until the item's `of` pieces have all counted; every lane then sees their slot stores. The counter
+// runs in two generations, from 0 and from kTailSpreadBit: the count that completes one (the of-th of its base)
+// moves it to the other's base with a release, which every waiting lane 0 takes as done (a count outside its
+// base's range) and acquires; the next launch of the plan counts from there. No reset waits on the waiters.
+__device__ __forceinline__ void tail_count_wait(int* counter, int of, bool wait, int lane) {
+  __syncwarp();  // the warp's slot stores before lane 0's count
+  int old = 0;
+  if (lane == 0) old = count_acq_rel(counter);
+  old = __shfl_sync(0xffffffffu, old, 0);
+  const int base = old >= kTailSpreadBit ? kTailSpreadBit : 0;
+  if (old + 1 - base == of) {
+    if (lane == 0) store_release(counter, kTailSpreadBit - base);
+  } else if (wait) {
+    // (lane 0 polls; the loop's test on its broadcast value: a loop known warp-uniform, where one inside lane 0's
+    // branch cost the mainloop its uniform registers, R2UR among the HGMMAs)
+    for (int spin = 0;; ++spin) {
+      int v = 0;
+      if (lane == 0) v = load_acquire(counter);
+      v = __shfl_sync(0xffffffffu, v, 0);
+      if (v < base || v >= base + of) break;
+      if (spin == kTailSpinLimit) __trap();
+    }
+  }
+  __syncwarp();  // lane 0's acquire before every lane's slot loads
+}
+
+// Chunk k (packed: 8 values of rows g and g + 8) of the packed slots first .. first + count - 1, merged in slot
+// order from an empty state into o_acc's chunk k (its other values 0) and m_row / d_row as
+// hopper_tail_merge_packed leaves them; kTailStripeBatch slots' loads at a time
+template <class T, int D>
+__device__ __forceinline__ void hopper_tail_merge_stripe(const HopperTail& t, int first, int count, int k, int cw,
+                                                         int ctid, float (&o_acc)[D / 2], float (&m_row)[2],
+                                                         float (&d_row)[2]) {
+  constexpr int NC = kTailChunks<D>, NP = D / 16, B = kTailStripeBatch;
+  float acc[8], m[2] = {kNegInf, kNegInf}, l_sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+#pragma unroll 1
+  for (int s0 = 0; s0 < count; s0 += B) {
+    uint4 raw[B][1];
+    float4 st[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {  // (unpredicated: past the last slot, the last again, not merged)
+      const float4* p = t.partials + (int64_t(first + min(s0 + b, count - 1)) * 2 + cw) * NC * 128 + ctid;
+      st[b] = __ldcg(p + NP * 128);
+      raw[b][0] = __ldcg(reinterpret_cast<const uint4*>(p + k * 128));
+    }
+    tail_merge_batch<T, 1, B>(raw, st, count - s0, acc, m, l_sum);
+  }
+#pragma unroll
+  for (int j = 0; j < NP; ++j)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o_acc[8 * j + e] = j == k ? acc[e] : 0.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m_row[h] = m[h];
+    d_row[h] = l_sum[h] * 0.25f;
+  }
+}
+
 // A split item's piece at its epilogue (slot: the piece's; consumer cw, its thread ctid of 128): leaves this
 // thread's state in the piece's slot; in each warp (16 rows of the item), the warp that finishes the item's last
 // piece merges every slot into o_acc / m_row / d_row (the same sums whichever piece is last: slots in slot order,
-// groups in group order) and returns true (it then runs the item's epilogue for its rows), the others return
-// false. Counters per warp: no barrier beyond the warp's. Softmax states: each slot's rows rescaled to the
+// groups in group order) and returns kTailWholeRows (it then runs the item's epilogue for its rows), the others
+// kTailNoFinish. Counters per warp: no barrier beyond the warp's. Softmax states: each slot's rows rescaled to the
 // larger max (an empty row, max -inf, adds nothing), packed, and merged in two levels where the item has more
 // than kTailGroup slots (the groups' counters at their first slots, the item's at its second slot: no group
 // starts there). The threads hold the same rows and columns in every piece, so the merge is per thread (packed
 // slots: after the quad's row sums). A warp none of whose 16 rows the item has (rows: whether it has any; the
 // same in every piece of the item) leaves, counts and merges nothing: an append of 8 query rows packs 32 rows of
-// the tile's 128, so a quarter of the slots' traffic.
+// the tile's 128, so a quarter of the slots' traffic. Spread plans (t.spread) merge items of D / 16 slots or more
+// side by side instead (hopper_tail_merge_stripe; softmax states, no output transform, whose rows the stripes
+// would split). Returns what the warp then stores of its rows: kTailNoFinish, kTailWholeRows or a stripe.
 template <class V, class T, int D>
-__device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot, int cw, int ctid, bool rows,
+__device__ __forceinline__ int hopper_tail_merge(const HopperTail& t, int slot, int cw, int ctid, bool rows,
                                                   float (&o_acc)[D / 2], float (&m_row)[2], float (&d_row)[2]) {
   constexpr int NC = kTailChunks<D>, G = kTailGroup<D>;
-  if (!__shfl_sync(0xffffffffu, int(rows), 0)) return false;  // (lane 0's: known warp-uniform, as below)
+  if (!__shfl_sync(0xffffffffu, int(rows), 0)) return kTailNoFinish;  // (lane 0's: known warp-uniform, as below)
   const int lane = ctid % 32, warp = cw * 4 + ctid / 32;
   // lane 0 reads the slot's item (its first slot and slot count) before the slot stores, which it overlaps
   int2 info = make_int2(-1, 0);
@@ -309,6 +404,16 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
   }
   first = __shfl_sync(0xffffffffu, first, 0);
   count = __shfl_sync(0xffffffffu, count, 0);
+  if constexpr (tail_packed<V>() && !V::kHasOutputTransform) {
+    // (the plan's word, from shared memory, broadcast as the slot count is: a branch known warp-uniform)
+    if (__shfl_sync(0xffffffffu, int(t.spread), 0) && count >= D / 16) {
+      const int j = __shfl_sync(0xffffffffu, slot - first, 0);  // (this piece's place in its item: uniform)
+      tail_count_wait(t.counters + first * kTailCounters + warp, count, j < D / 16, lane);
+      if (j >= D / 16) return kTailNoFinish;
+      hopper_tail_merge_stripe<T, D>(t, first, count, j, cw, ctid, o_acc, m_row, d_row);
+      return j;
+    }
+  }
   if constexpr (tail_packed<V>()) {
     // level 0: this slot's group of G (where the item has more than G slots); level 1: the item's slots, or its
     // groups' first slots (one loop: one copy of the merge's code)
@@ -319,13 +424,13 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
       const int at = level == 0 ? group : first, n = level == 0 ? in_group : two ? (count + G - 1) / G : count;
       const int counter_slot = level == 1 && two ? first + 1 : at, stride = level == 1 && two ? G : 1;
       if (n == 1) continue;  // (a group of one slot: its state is in its first slot)
-      if (!tail_count_last(t.counters + counter_slot * kTailCounters + warp, n, lane)) return false;
+      if (!tail_count_last(t.counters + counter_slot * kTailCounters + warp, n, lane)) return kTailNoFinish;
       hopper_tail_merge_packed<T, D>(t, at, n, stride, cw, ctid, o_acc, m_row, d_row);
       if (level == 0) hopper_tail_leave_packed<T, D>(part(group), o_acc, m_row, d_row);
     }
-    return true;
+    return kTailWholeRows;
   }
-  if (count > 1 && !tail_count_last(t.counters + first * kTailCounters + warp, count, lane)) return false;
+  if (count > 1 && !tail_count_last(t.counters + first * kTailCounters + warp, count, lane)) return kTailNoFinish;
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
   m_row[0] = m_row[1] = kNegInf;
@@ -346,7 +451,7 @@ __device__ __forceinline__ bool hopper_tail_merge(const HopperTail& t, int slot,
       o_acc[4 * j + 3] += v.w;
     }
   }
-  return true;
+  return kTailWholeRows;
 }
 
 }  // namespace attngen

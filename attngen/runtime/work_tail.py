@@ -65,7 +65,7 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
     if live < ctas:  # every live item is the tail: split-KV in even chunks where they fit the CTAs
         pieces = _chunk_pieces(cost[:live] - 1, ctas)
         if pieces is not None:
-            return _split_order(order, 0, live_pairs, pieces, ctas, heads, head_dim)
+            return _split_order(order, 0, live_pairs, pieces, ctas, heads, head_dim, spread=True)
         min_gain = FILL_MIN_GAIN  # (else the stretches below, only where they gain much)
     owner = snake_ctas(items, ctas)
     before = np.bincount(owner, weights=cost, minlength=ctas).max()
@@ -87,16 +87,19 @@ def tail_split(order: np.ndarray, pair_cost: np.ndarray, *, heads: int, sms: int
 
 
 def _split_order(order: np.ndarray, first_pair: int, live_pairs: int, pieces: np.ndarray, ctas: int, heads: int,
-                 head_dim: int) -> np.ndarray:
+                 head_dim: int, spread: bool = False) -> np.ndarray:
     """[len] int32: the order with its taken pairs first_pair .. live_pairs - 1 shifted past the pairs' range (the
     rounds skip them), then the section of ``pieces``, each naming its item as pair * heads + KV head (the kernel
-    then reads no order entry to find a piece's pair) rather than by its dealing index."""
+    then reads no order entry to find a piece's pair) rather than by its dealing index. spread: every CTA runs at
+    most one piece and no rounds (the chunked cut of items fewer than the SMs), so that the pieces of an item may
+    wait on each other and merge side by side (csrc/hopper_tail.cuh)."""
     pairs = len(order)
     shifted = order.astype(np.int64).copy()
     shifted[first_pair:live_pairs] += pairs
     pieces = pieces.copy()
     pieces[:, 1] = order[pieces[:, 1] // heads].astype(np.int64) * heads + pieces[:, 1] % heads
-    return np.concatenate([shifted, _section(pieces, ctas, first_pair * heads, head_dim, pairs)]).astype(np.int32)
+    section = _section(pieces, ctas, first_pair * heads, head_dim, pairs, spread)
+    return np.concatenate([shifted, section]).astype(np.int32)
 
 
 def _chunk_pieces(tiles: np.ndarray, ctas: int) -> np.ndarray | None:
@@ -213,12 +216,15 @@ def piece_offset(pairs: int, ctas: int) -> int:
     return at + (-(pairs + at)) % 4
 
 
-def _section(pieces: np.ndarray, ctas: int, split_from: int, head_dim: int, pairs: int) -> np.ndarray:
+def _section(pieces: np.ndarray, ctas: int, split_from: int, head_dim: int, pairs: int,
+             spread: bool = False) -> np.ndarray:
     """The int32 section behind the order (csrc/hopper_tail.cuh) for ``pieces`` ([pieces, 5]: cta, item as
     _split_order names it, first tile, end tile, slot; in CTA order), up to its partial slots, which
     order_on_device appends on the device; its arrays aligned for their vector reads (offsets counted from the
-    order's start, which the allocation aligns to 256 bytes)."""
+    order's start, which the allocation aligns to 256 bytes). spread: the header's last word (_split_order)."""
     slots = int(pieces[:, 4].max(initial=-1)) + 1
+    if spread and (split_from or np.bincount(pieces[:, 0], minlength=ctas).max(initial=0) > 1):
+        raise ValueError("a spread tail runs no rounds and at most one piece a CTA")
 
     def align(at: int, ints: int) -> int:
         return at + (-(pairs + at)) % ints
@@ -232,7 +238,7 @@ def _section(pieces: np.ndarray, ctas: int, split_from: int, head_dim: int, pair
     off_part = align(off_count + TAIL_COUNTERS * slots, 4)
     out = np.zeros(off_part, dtype=np.int64)  # (the partial slots follow on the device: order_on_device)
     out[:TAIL_HEADER] = [TAIL_MAGIC, split_from, ctas, len(pieces), slots, off_cta, off_piece, off_split,
-                         off_count, off_part, head_dim, 0]
+                         off_count, off_part, head_dim, int(spread)]
     out[off_cta:off_cta + ctas + 1] = np.concatenate([[0], np.cumsum(np.bincount(pieces[:, 0], minlength=ctas))])
     out[off_piece:off_split] = -1
     out[off_piece:off_piece + 4 * len(pieces)] = pieces[:, 1:].reshape(-1)

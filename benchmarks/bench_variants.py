@@ -2,7 +2,7 @@
 sm_90 the Hopper one) per variant and hook-math mode, against the plain kernel, FlashInfer (fa2, fa3; its
 own soft-cap) and SDPA in the same run.
 
-bf16, D 128, Hq 32 / Hkv 8, one request of L 8k; TFLOP/s of the visible work (4 * D * Hq per visible
+bf16, D 128 (``--head-dim``), Hq 32 / Hkv 8, one request of L 8k; TFLOP/s of the visible work (4 * D * Hq per visible
 score). Two groups, each against its own plain row: full attention (plain, soft-cap, ALiBi, RoPE applied by the
 query and key hooks) and causal
 attention (plain causal, a causal sliding window of 1024 keys with FlashInfer's window_left as its peer,
@@ -104,7 +104,10 @@ def main():
     ap.add_argument("--no-peers", dest="peers", action="store_false", help="time attngen's rows only")
     ap.add_argument("--cases", default="", help="comma-separated prefixes of the row names to time (default: all; "
                     "a row whose plain row is left out is compared with itself)")
+    ap.add_argument("--head-dim", type=int, default=D, choices=(64, 128, 256), help="D (default 128)")
     args = ap.parse_args()
+    global D
+    D = args.head_dim
     from attngen.runtime import CUDAAttention, RaggedKV
 
     torch.manual_seed(0)

@@ -398,7 +398,13 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     uint32_t pk[TK / 16][4];
     float (&sfr)[NKT][4] = *reinterpret_cast<float (*)[NKT][4]>(sacc);
     auto issue_s = [&](int stage) {
-      const uint64_t q_desc = desc_k_major(q_addr), k_desc = desc_k_major(smem_addr(sk + stage * TK * D));
+      // (the queries' address opaque at each issue: their D / 16 descriptors are formed next to the MMAs, not
+      // hoisted out of the key loop, where D 256's sixteen held 32 uniform registers for the whole loop and, in
+      // kernels whose hooks need more (RoPE, an output hook), ptxas moved some to ordinary registers and back
+      // before each MMA: 17-24 R2UR among the HGMMAs; benchmarks/sass_stats.py)
+      uint32_t qa = q_addr;
+      asm volatile("" : "+r"(qa));
+      const uint64_t q_desc = desc_k_major(qa), k_desc = desc_k_major(smem_addr(sk + stage * TK * D));
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < D / 16; ++k) {

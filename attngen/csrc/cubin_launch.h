@@ -54,38 +54,57 @@ extern int attngen_extra_count;
 
 namespace attngen {
 
+// What launch_kernel_with asks of a launch. cooperative: CTAs that may wait on one another (a Hopper tail split's
+// spread merge polls the counts of its item's other pieces), so that a grid the device cannot hold at once (fewer
+// SMs under MPS or a green context) fails at the launch with cudaErrorCooperativeLaunchTooLarge instead of
+// spinning until the trap. dependent (sm_90+): programmatic stream serialization, the kernel may launch while the
+// kernel before it on the stream finishes and waits for it in grid_dependency_wait; where the driver refuses the
+// attribute the launch is made again without it (a second failure reaches check_launch).
+struct LaunchAttrs {
+  bool cooperative = false;
+  bool dependent = false;
+};
+
 // A kernel launch through the runtime API. The launchers use it, not <<<>>>: a launch through a function
 // pointer with <<<>>> calls the pointer as the kernel's host stub, which a linked kernel (a cudaKernel_t
-// handle) does not have; cudaLaunchKernel takes either.
+// handle) does not have; cudaLaunchKernelExC takes either.
 template <class... Params, class... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                          const Args&... args) {
+cudaError_t launch_kernel_with(LaunchAttrs with, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                               cudaStream_t stream, const Args&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: one argument per kernel parameter");
   static_assert((std::is_same<Params, Args>::value && ...), "launch_kernel: arguments of the parameters' own types");
   void* argv[] = {const_cast<void*>(static_cast<const void*>(&args))...};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, smem, stream);
-}
-
-// A launch whose CTAs wait on one another (a spread tail merge polls the counts of its item's other pieces):
-// cooperative, so that a grid the device cannot hold at once (fewer SMs under MPS or a green context) fails at
-// the launch with cudaErrorCooperativeLaunchTooLarge instead of spinning until the trap.
-template <class... Params, class... Args>
-cudaError_t launch_kernel_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                      cudaStream_t stream, const Args&... args) {
-  static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: one argument per kernel parameter");
-  static_assert((std::is_same<Params, Args>::value && ...), "launch_kernel: arguments of the parameters' own types");
-  void* argv[] = {const_cast<void*>(static_cast<const void*>(&args))...};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (with.cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n++].val.cooperative = 1;
+  }
+  const unsigned without_dependent = n;
+  if (with.dependent) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), argv);
+  config.numAttrs = n;
+  cudaError_t err = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), argv);
+  if (err != cudaSuccess && err != cudaErrorCooperativeLaunchTooLarge && n > without_dependent) {
+    cudaGetLastError();
+    config.numAttrs = without_dependent;
+    err = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), argv);
+  }
+  return err;
+}
+
+template <class... Params, class... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          const Args&... args) {
+  return launch_kernel_with(LaunchAttrs{}, kernel, grid, block, smem, stream, args...);
 }
 
 template <class T> constexpr const char* kernel_type_name();

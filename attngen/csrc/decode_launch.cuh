@@ -61,25 +61,11 @@ auto merge_decode_kernel_ref() {
 
 // A launch with the programmatic stream-serialization attribute on sm_90+ (the kernel may start while the
 // one before it finishes, and waits for it in grid_dependency_wait); a plain launch before sm_90 or where
-// the driver refuses the attribute (a second failure reaches check_launch).
+// the driver refuses the attribute (launch_kernel_with).
 template <class Kernel, class Problem, class Params>
 void launch_dependent(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const Problem& P,
                       const Params& hp) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = device_cc_major() >= 9 ? 1 : 0;
-  if (cudaLaunchKernelEx(&cfg, kernel, P, hp) != cudaSuccess && cfg.numAttrs > 0) {
-    cudaGetLastError();
-    cfg.numAttrs = 0;
-    cudaLaunchKernelEx(&cfg, kernel, P, hp);
-  }
+  launch_kernel_with(LaunchAttrs{false, device_cc_major() >= 9}, kernel, grid, block, smem, stream, P, hp);
 }
 
 // The merge of split chunks (partial states are float32 whatever the cache holds), launched as a programmatic dependent of the decode kernel on sm_90+: its

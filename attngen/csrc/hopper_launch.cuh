@@ -78,9 +78,8 @@ void launch_hopper_tiling(const PrefillProblemOf<KV>& P, int max_qo_len, const t
   const int ctas = P.work_tail_len > 0 ? device_sm_count() : int(std::min<int64_t>(items, device_sm_count()));
   // (a tail split's pieces may wait on one another: a cooperative launch, so that a grid the device cannot hold at
   // once fails here, reported by check_launch, rather than spin)
-  if (P.work_tail_len > 0)
-    return void(launch_kernel_cooperative(kernel, dim3(ctas), dim3(Tile::kThreads), smem, stream, P, hp, maps, tiles));
-  launch_kernel(kernel, dim3(ctas), dim3(Tile::kThreads), smem, stream, P, hp, maps, tiles);
+  launch_kernel_with(LaunchAttrs{P.work_tail_len > 0}, kernel, dim3(ctas), dim3(Tile::kThreads), smem, stream, P, hp,
+                     maps, tiles);
 }
 
 // KV: the cache's element type (fp8 caches: the same shared memory, the tiles staged inside the stages). A

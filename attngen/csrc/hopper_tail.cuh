@@ -240,6 +240,23 @@ __device__ __forceinline__ void tail_merge_batch(const uint4 (&raw)[B][NCH], con
     }
 }
 
+// Batch s0 of the packed slots first, first + stride, .., count of them: each slot's state and its chunks k0 ..
+// k0 + NCH - 1 of this thread's rows (unpredicated loads: past the last slot, the last again, which
+// tail_merge_batch does not merge)
+template <int D, int NCH, int B>
+__device__ __forceinline__ void tail_load_batch(const HopperTail& t, int first, int count, int stride, int s0, int k0,
+                                                int cw, int ctid, uint4 (&raw)[B][NCH], float4 (&st)[B]) {
+  constexpr int NC = kTailChunks<D>, NP = D / 16;
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    const int slot = first + min(s0 + b, count - 1) * stride;
+    const float4* p = t.partials + (int64_t(slot) * 2 + cw) * NC * 128 + ctid;
+    st[b] = __ldcg(p + NP * 128);
+#pragma unroll
+    for (int k = 0; k < NCH; ++k) raw[b][k] = __ldcg(reinterpret_cast<const uint4*>(p + (k0 + k) * 128));
+  }
+}
+
 // The packed slots first, first + stride, .., count of them, merged in slot order from an empty state into o_acc /
 // m_row / d_row, kTailBatch slots' loads at a time; d_row gets a quarter of each merged row sum, which the
 // epilogue's quad sum makes whole again (exactly: a power of two)
@@ -247,7 +264,7 @@ template <class T, int D>
 __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, int first, int count, int stride, int cw,
                                                          int ctid, float (&o_acc)[D / 2], float (&m_row)[2],
                                                          float (&d_row)[2]) {
-  constexpr int NC = kTailChunks<D>, NP = D / 16, B = kTailBatch<D>;
+  constexpr int NP = D / 16, B = kTailBatch<D>;
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
   m_row[0] = m_row[1] = kNegInf;
@@ -256,14 +273,7 @@ __device__ __forceinline__ void hopper_tail_merge_packed(const HopperTail& t, in
   for (int s0 = 0; s0 < count; s0 += B) {
     uint4 raw[B][NP];
     float4 st[B];
-#pragma unroll
-    for (int b = 0; b < B; ++b) {  // (unpredicated: past the last slot, the last again, not merged)
-      const int slot = first + min(s0 + b, count - 1) * stride;
-      const float4* p = t.partials + (int64_t(slot) * 2 + cw) * NC * 128 + ctid;
-      st[b] = __ldcg(p + NP * 128);
-#pragma unroll
-      for (int k = 0; k < NP; ++k) raw[b][k] = __ldcg(reinterpret_cast<const uint4*>(p + k * 128));
-    }
+    tail_load_batch<D, NP, B>(t, first, count, stride, s0, 0, cw, ctid, raw, st);
     tail_merge_batch<T, NP, B>(raw, st, count - s0, o_acc, m_row, l_sum);
   }
   d_row[0] = l_sum[0] * 0.25f;
@@ -334,7 +344,7 @@ template <class T, int D>
 __device__ __forceinline__ void hopper_tail_merge_stripe(const HopperTail& t, int first, int count, int k, int cw,
                                                          int ctid, float (&o_acc)[D / 2], float (&m_row)[2],
                                                          float (&d_row)[2]) {
-  constexpr int NC = kTailChunks<D>, NP = D / 16, B = kTailStripeBatch;
+  constexpr int NP = D / 16, B = kTailStripeBatch;
   float acc[8], m[2] = {kNegInf, kNegInf}, l_sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
@@ -342,12 +352,7 @@ __device__ __forceinline__ void hopper_tail_merge_stripe(const HopperTail& t, in
   for (int s0 = 0; s0 < count; s0 += B) {
     uint4 raw[B][1];
     float4 st[B];
-#pragma unroll
-    for (int b = 0; b < B; ++b) {  // (unpredicated: past the last slot, the last again, not merged)
-      const float4* p = t.partials + (int64_t(first + min(s0 + b, count - 1)) * 2 + cw) * NC * 128 + ctid;
-      st[b] = __ldcg(p + NP * 128);
-      raw[b][0] = __ldcg(reinterpret_cast<const uint4*>(p + k * 128));
-    }
+    tail_load_batch<D, 1, B>(t, first, count, 1, s0, k, cw, ctid, raw, st);
     tail_merge_batch<T, 1, B>(raw, st, count - s0, acc, m, l_sum);
   }
 #pragma unroll

@@ -1,5 +1,6 @@
-// The producer warpgroup of the Hopper prefill template: gathers K/V tiles from pages or ragged rows into
-// 128-byte-swizzled shared memory with cp.async, applies the key transform where the variant has one,
+// The producer warpgroup of the Hopper prefill template: brings K/V tiles from pages or ragged rows into
+// 128-byte-swizzled shared memory (bulk tensor copies for the tiles whose keys all exist and start on a box,
+// hopper_tma.cuh; cp.async gathers for the others), applies the key transform where the variant has one,
 // and hands each stage to the consumers through mbarriers.
 //
 // K and V have their own stages and barriers (full_k / empty_k, full_v / empty_v, kStages each): the

@@ -100,13 +100,13 @@ def causal_bits():
 
 
 def main():
+    global D
     ap = result_parser(__doc__)
     ap.add_argument("--no-peers", dest="peers", action="store_false", help="time attngen's rows only")
     ap.add_argument("--cases", default="", help="comma-separated prefixes of the row names to time (default: all; "
                     "a row whose plain row is left out is compared with itself)")
     ap.add_argument("--head-dim", type=int, default=D, choices=(64, 128, 256), help="D (default 128)")
     args = ap.parse_args()
-    global D
     D = args.head_dim
     from attngen.runtime import CUDAAttention, RaggedKV
 

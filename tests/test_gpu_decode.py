@@ -387,3 +387,40 @@ def test_decode_cuda_graph_replays_100_random_batches(build_cache, rng):
         torch.cuda.synchronize()
         assert torch.equal(out, eager_o) and torch.equal(lse, eager_l)
     assert len(splits) > 3  # the split decisions really changed between replays
+
+
+@pytest.mark.parametrize("plan_kw", [{}, {"fused_merge": True}, {"fused_merge": False}, {"num_chunks": 4},
+                                     {"num_chunks": 1, "tensor_cores": True}])
+def test_chained_decodes_read_and_write_in_stream_order(plan_kw, build_cache, rng):
+    """Decode kernels launch as programmatic dependents of the kernel before them (sm_90: the next call's kernel
+    starts while the split-KV merge or the previous decode still runs, and waits for it before any global
+    access). Calls queued behind a busy device, each reading the previous call's output as its queries and the last
+    writing over the first one's queries, give the bits of the same calls run one at a time with the device
+    synchronised between them: a split batch (merged by the decode kernel, by the merge kernel, or as the plan
+    chooses), an even grid split and an unsplit plan."""
+    import torch
+
+    att = plain_decode_module(build_cache)
+    batch, hq, hkv, d = 4, 16, 2, 128
+    q, kv, refill = _static_batch(rng, batch, 1024, hq, hkv, d)
+    refill([6000, 37, 0, 2500])
+    plan = att.plan_decode(kv, hq, d, **plan_kw)
+    expected, x = [], q.clone()
+    for _ in range(3):
+        x = att.decode(x, kv, plan=plan)[0]
+        torch.cuda.synchronize()
+        expected.append(x.clone())
+    outs = [torch.full_like(q, float("nan")) for _ in range(2)]
+    q_in = q.clone()
+    torch.cuda.synchronize()
+    for _ in range(3):  # (three times over: a race shows in some runs only)
+        q_in.copy_(q)
+        for o in outs:
+            o.fill_(float("nan"))
+        torch.cuda._sleep(50_000_000)  # the calls below queue up behind this and then run back to back
+        att.decode(q_in, kv, plan=plan, out=outs[0])
+        att.decode(outs[0], kv, plan=plan, out=outs[1])
+        att.decode(outs[1], kv, plan=plan, out=q_in)  # (over the first call's queries)
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], expected[0]) and torch.equal(outs[1], expected[1])
+        assert torch.equal(q_in, expected[2])

@@ -309,10 +309,12 @@ constexpr int kTailNoFinish = -2, kTailWholeRows = -1;
 // polls of a spread merge's count after which a missing piece (a launch whose CTAs were not all resident) traps
 // rather than hang: a few seconds
 constexpr int kTailSpinLimit = 1 << 22;
+// the base of a spread merge counter's second generation (tail_count_wait); the first counts from 0
+constexpr int kTailCountGeneration = 1 << 30;
 
 // Lane 0 of a warp counts its piece at `counter` (acquire-release at GPU scope, as tail_count_last) and, where
 // `wait`, waits until the item's `of` pieces have all counted; every lane then sees their slot stores. The counter
-// runs in two generations, from 0 and from kTailSpreadBit: the count that completes one (the of-th of its base)
+// runs in two generations, from 0 and from kTailCountGeneration: the count that completes one (the of-th of its base)
 // moves it to the other's base with a release, which every waiting lane 0 takes as done (a count outside its
 // base's range) and acquires; the next launch of the plan counts from there. No reset waits on the waiters.
 __device__ __forceinline__ void tail_count_wait(int* counter, int of, bool wait, int lane) {
@@ -320,9 +322,9 @@ __device__ __forceinline__ void tail_count_wait(int* counter, int of, bool wait,
   int old = 0;
   if (lane == 0) old = count_acq_rel(counter);
   old = __shfl_sync(0xffffffffu, old, 0);
-  const int base = old >= kTailSpreadBit ? kTailSpreadBit : 0;
+  const int base = old >= kTailCountGeneration ? kTailCountGeneration : 0;
   if (old + 1 - base == of) {
-    if (lane == 0) store_release(counter, kTailSpreadBit - base);
+    if (lane == 0) store_release(counter, kTailCountGeneration - base);
   } else if (wait) {
     // (lane 0 polls; the loop's test on its broadcast value: a loop known warp-uniform, where one inside lane 0's
     // branch cost the mainloop its uniform registers, R2UR among the HGMMAs)

@@ -62,7 +62,7 @@ __device__ __forceinline__ bool hopper_item_at(const Problem& P, const typename 
 // decoding (hopper_item_at: the requests' indptr entries and last_page_len) and first page lookups
 // (KVRows::page_slot) read a few lines the whole CTA's start waits on. Producer thread t of [0, 96) brings them
 // into L1 while thread 0 reads the tail's pieces: t < 6 a line of the query indptr, the key indptr or
-// last_page_len (B + 1 entries: two lines), t >= 8 a line of the page ids [indptr[0], indptr[B]) (88 lines,
+// last_page_len (at most B + 1 entries: two lines), t >= 8 a line of the page ids [indptr[0], indptr[B]) (88 lines,
 // 2816 pages: every page of a verify step's 8k keys over pages of 16, the first ones of longer requests).
 // Prefetches are hints: the loads that follow read the same memory whether they hit or not. Only launches with a
 // tail split (P.work_tail_len > 0) take them, where thread 0's read of the pieces hides the producers' two index
@@ -77,7 +77,8 @@ __device__ __forceinline__ void hopper_prefetch_indices(const Problem& P, int t)
   if (t < 6) {
     const int which = t % 3, line = (t / 3) * 32;
     const int32_t* a = which == 0 ? P.qo_indptr : which == 1 ? P.kv.indptr : P.kv.last_page_len;
-    if (a != nullptr && line <= B && (which != 2 || P.kv.page_size > 0)) prefetch_l1(a + line);
+    // (the indptr arrays hold B + 1 entries, last_page_len B: no prefetch past an array's end)
+    if (a != nullptr && line < B + (which != 2) && (which != 2 || P.kv.page_size > 0)) prefetch_l1(a + line);
   } else if (t >= 8 && P.kv.page_size > 0) {
     const int first = load_index(P.kv.indptr), end = load_index(P.kv.indptr + B);
     const int at = (first & ~31) + (t - 8) * 32;  // (a line of 32 ids; the first one from indptr[0]'s line)

@@ -64,3 +64,77 @@ def test_fp8_tensor_core_decode_with_hooks_and_groups(name, build_cache, rng):
                                                                d ** -0.5),
                                lse_eps=float(torch.finfo(torch.bfloat16).eps), what=f"{name} D{d} group {group}",
                                params=params, **scales)
+
+
+def _ramp_keys(rng, q_dir, scores, sm_scale, q_norm):
+    """Keys [n, D] whose scores against a query of direction ``q_dir`` [D] and norm ``q_norm`` are ``scores`` [n]
+    (plus a little noise across the other directions)."""
+    keys = np.outer(scores / (sm_scale * q_norm), q_dir)
+    noise = rng.standard_normal(keys.shape) * 0.05
+    return keys + noise - np.outer(noise @ q_dir, q_dir)  # the noise orthogonal to q: the scores stay
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", (64, 128))
+def test_fp8_tensor_core_decode_with_rising_and_falling_scores(head_dim, build_cache, rng):
+    """Scores that climb slowly over a request (a few units of log2 a tile, as a running maximum meets them), then
+    jump past it, or fall from the first key on, or climb then jump at the last key: the tensor-core decode's
+    online softmax (the direct fp8 path at D 64 / 128) must rescale its state wherever the maximum moves, and keep
+    weights of keys below the maximum exact, in one CTA or split (float64 reference on the dequantised cache)."""
+    import torch
+
+    from attngen.runtime import CUDAAttention, PagedKV, reference_attention
+    from attngen.runtime.fp8 import kv_scale_for, quantize_kv
+    from attngen.runtime.reference import gather_pages
+    from attngen.testing import check_decode_plans, fp8_tolerance
+
+    att = CUDAAttention.build(builtin("vanilla"), head_dims=(head_dim,), dtypes=("bfloat16",),
+                              kv_dtypes=("float8_e4m3fn",), layouts=("NHD",), kernels=("decode",), cache=build_cache)
+    page_size, num_kv, group, d = 16, 2, 4, head_dim
+    sm_scale = d ** -0.5
+    n = 700
+    ramp = np.linspace(-20.0, 40.0, n)  # natural-log units: about 1.2 (x log2 e: 1.7) per 16 keys
+    jump = ramp.copy()
+    jump[400] += 30.0  # far past the running maximum, mid-request
+    late = ramp.copy()
+    late[-1] += 12.0  # the last key
+    profiles = [ramp, jump, ramp[::-1].copy(), late, ramp[:130]]  # climbing, a jump, falling, a late jump, short
+    kv_lens = [len(s) for s in profiles]
+    batch = len(kv_lens)
+    q_dir = rng.standard_normal((num_kv, d))
+    q_dir /= np.linalg.norm(q_dir, axis=1, keepdims=True)
+    q_norm = 2.0 * np.sqrt(d)
+    # every query head of a KV head's group near its direction (scores within a few percent of the profile)
+    q = np.repeat(q_dir[None, :, None, :] * q_norm, batch, 0).repeat(group, 2)
+    q = (q + rng.standard_normal(q.shape) * 0.02 * np.sqrt(d)).reshape(batch, num_kv * group, d)
+    n_pages = [-(-k // page_size) for k in kv_lens]
+    total = sum(n_pages) + 2
+    ids = rng.permutation(total)[:sum(n_pages)].astype(np.int32)
+    raw = rng.standard_normal((total, 2, page_size, num_kv, d)).astype(np.float32)
+    indptr = np.concatenate([[0], np.cumsum(n_pages)]).astype(np.int32)
+    for b, scores in enumerate(profiles):
+        for h in range(num_kv):
+            keys_bh = _ramp_keys(rng, q_dir[h], scores, sm_scale, q_norm).astype(np.float32)
+            for j in range(len(scores)):
+                raw[ids[indptr[b] + j // page_size], 0, j % page_size, h] = keys_bh[j]
+    k_scale = kv_scale_for(raw[:, 0].reshape(-1, num_kv, d), "float8_e4m3fn")
+    v_scale = kv_scale_for(raw[:, 1].reshape(-1, num_kv, d), "float8_e4m3fn")
+    pages = np.stack([quantize_kv(raw[:, 0], "float8_e4m3fn", k_scale),
+                      quantize_kv(raw[:, 1], "float8_e4m3fn", v_scale)], 1)
+    last = np.array([k - (p - 1) * page_size for k, p in zip(kv_lens, n_pages)], np.int32)
+    keys, values = gather_pages(pages, indptr, ids, last, "NHD")
+    dev = torch.device("cuda")
+    tq = torch.from_numpy(q.astype(np.float32)).to(dev, torch.bfloat16)
+    qf = tq.float().cpu().numpy()
+    variant = builtin("vanilla")
+    ref_o, ref_l = reference_attention(variant, qf, keys, values, np.arange(batch + 1, dtype=np.int32), sm_scale, {},
+                                       k_scale=k_scale, v_scale=v_scale)
+    kv = PagedKV(torch.from_numpy(pages.view(np.uint8)).to(dev).view(torch.float8_e4m3fn),
+                 torch.from_numpy(indptr).to(dev), torch.from_numpy(ids).to(dev), torch.from_numpy(last).to(dev),
+                 "NHD")
+    scales = dict(k_scale=torch.from_numpy(k_scale).to(dev), v_scale=torch.from_numpy(v_scale).to(dev))
+    check_decode_plans(att, tq, kv, d, ({"tensor_cores": True, "num_chunks": 1}, {"tensor_cores": True},
+                                        {"num_chunks": 5, "tensor_cores": True}),
+                       ref_o, ref_l, tol=fp8_tolerance(qf, np.arange(batch + 1), keys, values, k_scale, v_scale, ref_o,
+                                                       "bfloat16", sm_scale),
+                       lse_eps=float(torch.finfo(torch.bfloat16).eps), what=f"rising scores D{d}", params={}, **scales)

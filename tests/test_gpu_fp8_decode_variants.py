@@ -86,14 +86,14 @@ def test_fp8_tensor_core_decode_with_rising_and_falling_scores(head_dim, build_c
     from attngen.runtime import CUDAAttention, PagedKV, reference_attention
     from attngen.runtime.fp8 import kv_scale_for, quantize_kv
     from attngen.runtime.reference import gather_pages
-    from attngen.testing import check_decode_plans, fp8_tolerance
+    from attngen.testing import FLOORS, check_decode_plans, rounding_error
 
     att = CUDAAttention.build(builtin("vanilla"), head_dims=(head_dim,), dtypes=("bfloat16",),
                               kv_dtypes=("float8_e4m3fn",), layouts=("NHD",), kernels=("decode",), cache=build_cache)
     page_size, num_kv, group, d = 16, 2, 4, head_dim
     sm_scale = d ** -0.5
     n = 700
-    ramp = np.linspace(-20.0, 40.0, n)  # natural-log units: about 1.2 (x log2 e: 1.7) per 16 keys
+    ramp = np.linspace(-20.0, 40.0, n)  # natural-log units: about 1.4 (x log2 e: 2.0) per 16 keys
     jump = ramp.copy()
     jump[400] += 30.0  # far past the running maximum, mid-request
     late = ramp.copy()
@@ -133,8 +133,12 @@ def test_fp8_tensor_core_decode_with_rising_and_falling_scores(head_dim, build_c
                  torch.from_numpy(indptr).to(dev), torch.from_numpy(ids).to(dev), torch.from_numpy(last).to(dev),
                  "NHD")
     scales = dict(k_scale=torch.from_numpy(k_scale).to(dev), v_scale=torch.from_numpy(v_scale).to(dev))
+    # k x the answer's own bf16 rounding + floor: the half MMAs take the bf16 queries and fp8 keys exactly and add
+    # in float32, and P is half (2^-12 relative), so the kernel's error is about the output's rounding. (fp8_tolerance
+    # models PyTorch's bf16 attention, which rounds raw scores of several hundred here: too loose to see a missed
+    # rescale of the row sum or of O.)
+    tol = 8 * rounding_error(ref_o, "bfloat16") + FLOORS["bfloat16"]
     check_decode_plans(att, tq, kv, d, ({"tensor_cores": True, "num_chunks": 1}, {"tensor_cores": True},
                                         {"num_chunks": 5, "tensor_cores": True}),
-                       ref_o, ref_l, tol=fp8_tolerance(qf, np.arange(batch + 1), keys, values, k_scale, v_scale, ref_o,
-                                                       "bfloat16", sm_scale),
-                       lse_eps=float(torch.finfo(torch.bfloat16).eps), what=f"rising scores D{d}", params={}, **scales)
+                       ref_o, ref_l, tol=tol, lse_eps=float(torch.finfo(torch.bfloat16).eps),
+                       what=f"rising scores D{d}", params={}, **scales)

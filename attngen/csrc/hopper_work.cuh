@@ -81,8 +81,8 @@ __device__ __forceinline__ void hopper_prefetch_indices(const Problem& P, int t)
     if (a != nullptr && line < B + (which != 2) && (which != 2 || P.kv.page_size > 0)) prefetch_l1(a + line);
   } else if (t >= 8 && P.kv.page_size > 0) {
     const int first = load_index(P.kv.indptr), end = load_index(P.kv.indptr + B);
-    const int at = (first & ~31) + (t - 8) * 32;  // (a line of 32 ids; the first one from indptr[0]'s line)
-    if (at < end) prefetch_l1(P.kv.indices + max(at, first));
+    const int at = max((first & ~31) + (t - 8) * 32, first);  // (a line of 32 ids; the first from indptr[0]'s)
+    if (at < end) prefetch_l1(P.kv.indices + at);
   }
 }
 

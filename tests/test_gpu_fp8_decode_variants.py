@@ -85,11 +85,11 @@ def test_fp8_tensor_core_decode_with_rising_and_falling_scores(head_dim, build_c
 
     from attngen.runtime import CUDAAttention, PagedKV, reference_attention
     from attngen.runtime.fp8 import kv_scale_for, quantize_kv
-    from attngen.runtime.reference import gather_pages
-    from attngen.testing import FLOORS, check_decode_plans, rounding_error
+    from attngen.testing import FLOORS, check_decode_plans, paged_copy, rounding_error
 
-    att = CUDAAttention.build(builtin("vanilla"), head_dims=(head_dim,), dtypes=("bfloat16",),
-                              kv_dtypes=("float8_e4m3fn",), layouts=("NHD",), kernels=("decode",), cache=build_cache)
+    variant = builtin("vanilla")
+    att = CUDAAttention.build(variant, head_dims=(head_dim,), dtypes=("bfloat16",), kv_dtypes=("float8_e4m3fn",),
+                              layouts=("NHD",), kernels=("decode",), cache=build_cache)
     page_size, num_kv, group, d = 16, 2, 4, head_dim
     sm_scale = d ** -0.5
     n = 700
@@ -99,39 +99,31 @@ def test_fp8_tensor_core_decode_with_rising_and_falling_scores(head_dim, build_c
     late = ramp.copy()
     late[-1] += 12.0  # the last key
     profiles = [ramp, jump, ramp[::-1].copy(), late, ramp[:130]]  # climbing, a jump, falling, a late jump, short
-    kv_lens = [len(s) for s in profiles]
-    batch = len(kv_lens)
+    batch = len(profiles)
     q_dir = rng.standard_normal((num_kv, d))
     q_dir /= np.linalg.norm(q_dir, axis=1, keepdims=True)
     q_norm = 2.0 * np.sqrt(d)
     # every query head of a KV head's group near its direction (scores within a few percent of the profile)
     q = np.repeat(q_dir[None, :, None, :] * q_norm, batch, 0).repeat(group, 2)
     q = (q + rng.standard_normal(q.shape) * 0.02 * np.sqrt(d)).reshape(batch, num_kv * group, d)
-    n_pages = [-(-k // page_size) for k in kv_lens]
-    total = sum(n_pages) + 2
-    ids = rng.permutation(total)[:sum(n_pages)].astype(np.int32)
-    raw = rng.standard_normal((total, 2, page_size, num_kv, d)).astype(np.float32)
-    indptr = np.concatenate([[0], np.cumsum(n_pages)]).astype(np.int32)
-    for b, scores in enumerate(profiles):
-        for h in range(num_kv):
-            keys_bh = _ramp_keys(rng, q_dir[h], scores, sm_scale, q_norm).astype(np.float32)
-            for j in range(len(scores)):
-                raw[ids[indptr[b] + j // page_size], 0, j % page_size, h] = keys_bh[j]
-    k_scale = kv_scale_for(raw[:, 0].reshape(-1, num_kv, d), "float8_e4m3fn")
-    v_scale = kv_scale_for(raw[:, 1].reshape(-1, num_kv, d), "float8_e4m3fn")
-    pages = np.stack([quantize_kv(raw[:, 0], "float8_e4m3fn", k_scale),
-                      quantize_kv(raw[:, 1], "float8_e4m3fn", v_scale)], 1)
-    last = np.array([k - (p - 1) * page_size for k, p in zip(kv_lens, n_pages)], np.int32)
-    keys, values = gather_pages(pages, indptr, ids, last, "NHD")
+    # the batch's keys and values as ragged rows [rows, Hkv, D], quantised with per-head scales, then paged
+    k = np.concatenate([np.stack([_ramp_keys(rng, q_dir[h], s, sm_scale, q_norm) for h in range(num_kv)], 1)
+                        for s in profiles]).astype(np.float32)
+    v = rng.standard_normal(k.shape).astype(np.float32)
+    k_scale, v_scale = (kv_scale_for(x, "float8_e4m3fn") for x in (k, v))
+    k8, v8 = quantize_kv(k, "float8_e4m3fn", k_scale), quantize_kv(v, "float8_e4m3fn", v_scale)
+    kv_indptr = np.concatenate([[0], np.cumsum([len(s) for s in profiles])])
+    keys = [k8[kv_indptr[b]:kv_indptr[b + 1]] for b in range(batch)]
+    values = [v8[kv_indptr[b]:kv_indptr[b + 1]] for b in range(batch)]
+    host = paged_copy(torch.from_numpy(k8.view(np.uint8)), torch.from_numpy(v8.view(np.uint8)), kv_indptr, page_size,
+                      "NHD", rng)
     dev = torch.device("cuda")
+    kv = PagedKV(host.pages.to(dev).view(torch.float8_e4m3fn), host.indptr.to(dev), host.indices.to(dev),
+                 host.last_page_len.to(dev), "NHD")
     tq = torch.from_numpy(q.astype(np.float32)).to(dev, torch.bfloat16)
     qf = tq.float().cpu().numpy()
-    variant = builtin("vanilla")
     ref_o, ref_l = reference_attention(variant, qf, keys, values, np.arange(batch + 1, dtype=np.int32), sm_scale, {},
                                        k_scale=k_scale, v_scale=v_scale)
-    kv = PagedKV(torch.from_numpy(pages.view(np.uint8)).to(dev).view(torch.float8_e4m3fn),
-                 torch.from_numpy(indptr).to(dev), torch.from_numpy(ids).to(dev), torch.from_numpy(last).to(dev),
-                 "NHD")
     scales = dict(k_scale=torch.from_numpy(k_scale).to(dev), v_scale=torch.from_numpy(v_scale).to(dev))
     # k x the answer's own bf16 rounding + floor: the half MMAs take the bf16 queries and fp8 keys exactly and add
     # in float32, and P is half (2^-12 relative), so the kernel's error is about the output's rounding. (fp8_tolerance

@@ -119,9 +119,7 @@ hopper_prefill_kernel(PrefillProblemOf<KV> P, typename V::Params hp, const __gri
     return hopper_item_at<V, Tile, Mapped>(P, hp, q_tiles, idx, w, piece);
   };
 
-  // (a split launch of few requests: their index lines and page ids into L1 meanwhile, hopper_prefetch_indices)
-  if (P.work_tail_len > 0 && P.batch <= kHopperPrefetchBatch && tid >= 32 && tid < 128)
-    hopper_prefetch_indices(P, tid - 32);
+  hopper_prefetch_indices(P, tid);  // (split launches of few requests: index lines and page ids into L1 meanwhile)
   if (tid == 0) {
     *tail_count = hopper_tail_load_pieces<D, kTailable>(P.work_order, P.batch * q_tiles, P.work_tail_len, items,
                                                          tail_pieces, tail_count + 1);

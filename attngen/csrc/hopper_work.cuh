@@ -60,8 +60,8 @@ __device__ __forceinline__ bool hopper_item_at(const Problem& P, const typename 
 
 // Launches of at most kHopperPrefetchBatch requests (verify steps, a chunk of a long prompt): their items'
 // decoding (hopper_item_at: the requests' indptr entries and last_page_len) and first page lookups
-// (KVRows::page_slot) read a few lines the whole CTA's start waits on. Producer thread t of [0, 96) brings them
-// into L1 while thread 0 reads the tail's pieces: t < 6 a line of the query indptr, the key indptr or
+// (KVRows::page_slot) read a few lines the whole CTA's start waits on. Producer thread 32 + t, t in [0, 96), brings
+// them into L1 while thread 0 reads the tail's pieces: t < 6 a line of the query indptr, the key indptr or
 // last_page_len (at most B + 1 entries: two lines), t >= 8 a line of the page ids [indptr[0], indptr[B]) (88 lines,
 // 2816 pages: every page of a verify step's 8k keys over pages of 16, the first ones of longer requests).
 // Prefetches are hints: the loads that follow read the same memory whether they hit or not. Only launches with a
@@ -70,8 +70,11 @@ __device__ __forceinline__ bool hopper_item_at(const Problem& P, const typename 
 // forced unsplit ran 108 -> 114 us with them.
 constexpr int kHopperPrefetchBatch = 32;
 
+// Every thread of the CTA calls it (tid: its index); only the launches and threads above act.
 template <class Problem>
-__device__ __forceinline__ void hopper_prefetch_indices(const Problem& P, int t) {
+__device__ __forceinline__ void hopper_prefetch_indices(const Problem& P, int tid) {
+  const int t = tid - 32;
+  if (P.work_tail_len <= 0 || P.batch > kHopperPrefetchBatch || t < 0 || t >= 96) return;
   const auto prefetch_l1 = [](const int32_t* a) { asm volatile("prefetch.global.L1 [%0];" ::"l"(a)); };
   const int B = P.batch;
   if (t < 6) {

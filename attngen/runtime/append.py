@@ -12,7 +12,7 @@ import numpy as np
 
 from attngen.schedules.dtypes import is_fp8
 
-from .checks import AttentionArgumentError, as_numpy, check_indptr, check_layout, check_tensor
+from .checks import AttentionArgumentError, as_numpy, check_indptr, check_layout, check_tensor, check_writable
 from .fp8 import append_paged_kv_fp8, check_no_scales
 from .views import PagedKV, paged_lengths, write_at_slots
 
@@ -63,6 +63,7 @@ def append_paged_kv(kv: PagedKV, k, v, append_indptr, *, k_scale=None, v_scale=N
     them with ``k_scale`` / ``v_scale`` (a float or one per KV head), as ``fp8.append_paged_kv_fp8``."""
     slots = append_slots(kv, append_indptr)
     pages = kv.pages
+    check_writable(pages, "kv.pages", "pass a writable array (the rows are written into the cache in place)")
     if hasattr(pages, "detach") != hasattr(k, "detach") or hasattr(pages, "detach") != hasattr(v, "detach"):
         raise AttentionArgumentError("k, v: must be tensors of the pages' library (torch tensors for torch pages, "
                                      "NumPy arrays for NumPy pages)")

@@ -29,11 +29,14 @@ import numpy as np
 
 from attngen.ir.hook_spec import HEADS
 
-from .checks import AttentionArgumentError, as_numpy, check_layout, dtype_name
+from .checks import AttentionArgumentError, as_numpy, check_integers, check_layout, dtype_name
 from .kv_pool import as_pool
 from .module import contiguous, empty_like, int32_like, scale_kwargs
 from .views import (BlockSparseView, PagedKV, bsr_page_table, causal_blocks, causal_only, check_bsr, hook_readers,
                     require_position_free)
+
+
+INT32_MAX = 2**31 - 1
 
 
 def _head_scales(scales: dict, h: int, num_kv_heads: int) -> dict:
@@ -66,6 +69,7 @@ def _per_head(x, name: str) -> list:
         a = _host(a, f"{name}[{h}]")
         if a.ndim != 1:
             raise AttentionArgumentError(f"{name}[{h}]: expected a 1-D array, got shape {a.shape}")
+        check_integers(a, f"{name}[{h}]")
         out.append(a)
     return out
 
@@ -104,6 +108,9 @@ class HeadwiseBlockSparseView:
             for name, sz in (("block_row_sz", row_sz), ("block_col_sz", col_sz)):
                 if len(sz) and sz.min() < 1:
                     raise AttentionArgumentError(f"{name}[{h}]: block sizes must be >= 1, got {int(sz.min())}")
+                if len(sz) and sz.max() > INT32_MAX:
+                    raise AttentionArgumentError(f"{name}[{h}]: block sizes must fit int32 (at most {INT32_MAX}), got "
+                                                 f"{int(sz.max())}")
                 if sz.sum() != fields[name][0].sum():
                     what = "query" if name == "block_row_sz" else "key"
                     raise AttentionArgumentError(

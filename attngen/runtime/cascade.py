@@ -37,7 +37,7 @@ import numpy as np
 
 from attngen.ir import StateAlgebra
 
-from .checks import AttentionArgumentError, as_numpy, check_paged, dtype_name
+from .checks import AttentionArgumentError, as_numpy, check_indptr, check_paged
 from .kv_pool import same_pool
 from .module import contiguous, copy_into, int32_like
 from .state import merge_state, merge_states, merge_states_sum
@@ -180,11 +180,9 @@ class CascadeAttention:
             raise AttentionArgumentError(f"chunk_keys: must be at least 1, got {chunk_keys}")
         if mode not in MODES:
             raise AttentionArgumentError(f"mode: one of {MODES}, got {mode!r}")
-        if not levels:
-            raise AttentionArgumentError("levels: a cascade needs at least one level")
-        qos = [as_numpy(lvl.qo_indptr, f"levels[{i}].qo_indptr") for i, lvl in enumerate(levels)]
+        qos = _level_qo_indptrs(levels)
         for i, qo in enumerate(qos):
-            if qo[0] != 0 or qo[-1] != total_q:
+            if qo[-1] != total_q:
                 raise AttentionArgumentError(f"levels[{i}].qo_indptr: must cover all {total_q} query rows "
                                              f"(from 0 to {total_q}), got {qo[0]}..{qo[-1]}")
         for i, (lvl, qo) in enumerate(zip(levels, qos)):
@@ -270,6 +268,9 @@ class CascadeAttention:
             if levels is None:
                 raise AttentionArgumentError("run: pass the levels or a plan made from them")
             plan = self.plan(levels, int(q.shape[0]), int(q.shape[2]))
+        if not isinstance(plan, CascadePlan):
+            raise AttentionArgumentError(f"plan: expected a CascadePlan (from CascadeAttention.plan), got "
+                                         f"{type(plan).__name__}")
         if plan.total_q != int(q.shape[0]):
             raise AttentionArgumentError(f"plan: made for {plan.total_q} query rows, q has {q.shape[0]}: plan again")
         if out is not None or lse is not None:
@@ -307,6 +308,20 @@ class CascadeAttention:
         return out, lse
 
 
+def _level_qo_indptrs(levels) -> list[np.ndarray]:
+    """Each level's qo_indptr on the host, checked as a batch's qo_indptr is (checks.check_indptr: int32 [G+1],
+    from 0, non-decreasing), naming the level: the flat view's row groups are cut from them."""
+    if not isinstance(levels, (list, tuple)):
+        raise AttentionArgumentError(f"levels: expected a list of CascadeLevel, got {type(levels).__name__}")
+    if not levels:
+        raise AttentionArgumentError("levels: a cascade needs at least one level")
+    for i, lvl in enumerate(levels):
+        if not isinstance(lvl, CascadeLevel):
+            raise AttentionArgumentError(f"levels[{i}]: expected a CascadeLevel(qo_indptr, kv), got "
+                                         f"{type(lvl).__name__}")
+    return [check_indptr(lvl.qo_indptr, f"levels[{i}].qo_indptr", None) for i, lvl in enumerate(levels)]
+
+
 def _check_level_view(lvl: CascadeLevel, i: int, groups: int) -> None:
     """Level i's page table: one page list per group of its qo_indptr, page ids inside the cache, last page
     lengths in [1, page_size] (checks.check_paged, its refusals naming the level)."""
@@ -314,7 +329,8 @@ def _check_level_view(lvl: CascadeLevel, i: int, groups: int) -> None:
     if not isinstance(kv, PagedKV):
         raise AttentionArgumentError(f"levels[{i}].kv: expected a PagedKV, got {type(kv).__name__}")
     try:
-        check_paged(kv, int(kv.pages.shape[-1]), dtype_name(kv.pages), groups, strided="any")
+        dtype = kv.kv_dtype  # (refuses pages that are no 5-dim tensor, by name)
+        check_paged(kv, int(kv.pages.shape[-1]), dtype, groups, strided="any")
     except AttentionArgumentError as e:
         raise AttentionArgumentError(f"levels[{i}].{e} (one page list per group of levels[{i}].qo_indptr)") from None
 

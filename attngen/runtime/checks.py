@@ -127,6 +127,25 @@ def pool_layout_error(pages) -> str | None:
     return None
 
 
+def read_only(x) -> bool:
+    """Whether x is a NumPy array that may not be written (DLPack cannot export one; torch tensors always may)."""
+    return isinstance(x, np.ndarray) and not x.flags.writeable
+
+
+def check_writable(x, name: str, fix: str = "pass a writable array (x.copy())") -> None:
+    """Refuse a read-only NumPy array where the call writes into ``name``."""
+    if read_only(x):
+        raise AttentionArgumentError(f"{name}: is a read-only NumPy array, and the call writes into it; {fix}")
+
+
+def check_integers(a: np.ndarray, name: str) -> None:
+    """Refuse a host array of ids or sizes that does not hold integers (a float array would be truncated); an
+    empty one may have any dtype (``np.asarray([])`` is float64)."""
+    if a.size and a.dtype.kind not in "iu":
+        raise AttentionArgumentError(f"{name}: must hold integers (an int32 array), got dtype {a.dtype}; convert it "
+                                     "with .astype(np.int32) after checking its values are whole numbers")
+
+
 def check_indptr(x, name: str, total: int | None, batch: int | None = None, *, capacity: bool = False) -> np.ndarray:
     """``capacity``: ``total`` is the size of a buffer the entries index into, which may hold unused
     spare entries past the last one (as a CUDA-graph-captured page table does)."""
@@ -148,6 +167,9 @@ def check_indptr(x, name: str, total: int | None, batch: int | None = None, *, c
 
 def check_qkv_heads(q, num_kv_heads: int, head_dim: int) -> None:
     n_qo = int(q.shape[1])
+    if n_qo == 0:
+        raise AttentionArgumentError(f"q: has no heads (shape {tuple(q.shape)}); pass q [tokens, num_qo_heads, "
+                                     "head_dim] with num_qo_heads a positive multiple of num_kv_heads")
     if q.shape[2] != head_dim:
         raise AttentionArgumentError(f"q: head_dim is {q.shape[2]}, this module was built for {head_dim}")
     if num_kv_heads == 0 or n_qo % num_kv_heads:

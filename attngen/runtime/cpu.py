@@ -20,7 +20,7 @@ from attngen.schedules.dtypes import is_fp8
 from .checks import (AttentionArgumentError, check_indptr, check_paged, check_qkv_heads, check_ragged,
                      check_tensor, dtype_name)
 from .fp8 import kv_bits, kv_scales, scale_args
-from .module import BuiltModule, contiguous, empty_like, resolve_sm_scale
+from .module import BuiltModule, contiguous, empty_like, exportable, resolve_sm_scale
 from .params import resolve_params
 from .views import PagedKV, RaggedKV, longest_kv
 
@@ -32,6 +32,11 @@ def _nonempty(x):
         return x
     shape = (1,) + tuple(int(n) for n in x.shape[1:])
     return empty_like(x, shape, dtype_name(x))
+
+
+def _call(fn, *args) -> None:
+    """fn(*args), read-only NumPy inputs copied (``exportable``; outputs were refused by name where read-only)."""
+    fn(*(exportable(a) for a in args))
 
 
 def _kernel_kv(x):
@@ -88,7 +93,8 @@ class CPUAttention(BuiltModule):
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:  # nothing to attend; zero-size index arrays cannot cross the FFI boundary
             return out, lse
-        fn(_nonempty(contiguous(q)), qo_indptr, *kv_args, _nonempty(out), _nonempty(lse), *scales, scale, *extras)
+        _call(fn, _nonempty(contiguous(q)), qo_indptr, *kv_args, _nonempty(out), _nonempty(lse), *scales, scale,
+              *extras)
         return out, lse
 
     def decode(self, q, kv: PagedKV, *, sm_scale: float | None = None, params: dict | None = None,
@@ -111,6 +117,6 @@ class CPUAttention(BuiltModule):
         scale = resolve_sm_scale(sm_scale, d)
         if batch == 0:
             return out, lse
-        fn(contiguous(q), _nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len, out, lse,
-           *scales, scale, *extras)
+        _call(fn, contiguous(q), _nonempty(_kernel_kv(kv.pages)), kv.indptr, _nonempty(kv.indices), kv.last_page_len,
+              out, lse, *scales, scale, *extras)
         return out, lse

@@ -27,7 +27,7 @@ import numpy as np
 
 from attngen.schedules.dtypes import FP8_DTYPES, is_fp8
 
-from .checks import AttentionArgumentError, as_numpy, check_layout, check_tensor, dtype_name
+from .checks import AttentionArgumentError, as_numpy, check_layout, check_tensor, check_writable, dtype_name
 from .cuda_stream import stream_capturing
 from .views import write_at_slots
 
@@ -47,6 +47,7 @@ FP8_FORMATS = {
     "float8_e4m3fn": FP8Format(3, -6, 448.0),
     "float8_e5m2": FP8Format(2, -14, 57344.0),
 }
+ROW_DTYPES = ("float32", "float16", "bfloat16", "float64")  # rows append_paged_kv_fp8 quantises
 SCALE_HELP = ("a float, or a float32 tensor of num_kv_heads entries, the scale the cache was quantised with "
               "(attngen.runtime.fp8.quantize_kv / append_paged_kv_fp8); 1.0 for an unscaled cache")
 
@@ -92,6 +93,11 @@ def _check_scale(scale, name: str, *, kv_dtype: str, num_kv_heads: int) -> bool:
         raise AttentionArgumentError(f"{name}: the KV cache is fp8 ({kv_dtype}) and needs {name}: pass "
                                      f"{name}= with {SCALE_HELP}")
     if isinstance(scale, (int, float, np.floating, np.integer)):
+        try:
+            float(scale)
+        except OverflowError:  # (an int past float64's range)
+            raise AttentionArgumentError(f"{name}: the integer given overflows float32; scales must be finite and "
+                                         f"positive: pass {SCALE_HELP}") from None
         return True
     if not hasattr(scale, "shape"):
         raise AttentionArgumentError(f"{name}: expected {SCALE_HELP}; got {type(scale).__name__}")
@@ -236,8 +242,13 @@ def append_paged_kv_fp8(pages: Tensor, k: Tensor, v: Tensor, slot_mapping: Tenso
     check_layout(layout)
     heads, page_size = (pages.shape[3], pages.shape[2]) if layout == "NHD" else (pages.shape[2], pages.shape[3])
     row_shape = (int(heads), int(pages.shape[4]))
+    check_writable(pages, "pages", "pass a writable array (the rows are written into the cache in place)")
     for name, x in (("k", k), ("v", v)):
-        if len(x.shape) != 3 or tuple(int(n) for n in x.shape[1:]) != row_shape:
+        check_tensor(x, name, 3, strided="any")
+        if dtype_name(x) not in ROW_DTYPES:
+            raise AttentionArgumentError(f"{name}: dtype {dtype_name(x)}; append quantises rows of {list(ROW_DTYPES)} "
+                                         "(the unquantised keys and values): convert the rows")
+        if tuple(int(n) for n in x.shape[1:]) != row_shape:
             raise AttentionArgumentError(f"{name}: shape {tuple(x.shape)}, expected [N, {row_shape[0]}, "
                                          f"{row_shape[1]}] (the cache's heads and head_dim)")
     slots = as_numpy(slot_mapping, "slot_mapping").astype(np.int64).reshape(-1)

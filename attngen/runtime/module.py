@@ -12,10 +12,11 @@ import tvm_ffi
 
 from attngen import build as build_entry
 from attngen.codegen.cache import BuildCache
+from attngen.ir.declarations import scalar_value
 from attngen.schedules.build_config import BuildConfig, symbol
 from attngen.schedules.dtypes import DTYPE_SHORT, FP8_DTYPES
 
-from .checks import AttentionArgumentError, check_tensor, dtype_name
+from .checks import AttentionArgumentError, check_tensor, check_writable, dtype_name, read_only
 
 
 def empty_like(ref, shape, dtype: str):
@@ -52,8 +53,26 @@ def _as_tuple(value):
 
 
 def resolve_sm_scale(sm_scale: float | None, head_dim: int) -> float:
-    """The scale applied to q.k: 1/sqrt(head_dim) unless given."""
-    return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    """The scale applied to q.k: 1/sqrt(head_dim) unless given; a given one must be a finite number that float32
+    (the kernels' type) holds: a NaN or infinite scale would make every output NaN."""
+    if sm_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    try:
+        value, problem = scalar_value("float32", sm_scale)
+    except OverflowError:  # (an int past float64's range)
+        value, problem = None, "the integer given overflows float32 and would become inf"
+    if problem is None and not math.isfinite(value):
+        problem = f"{value} is not finite"
+    if problem:
+        raise AttentionArgumentError(f"sm_scale: {problem}; pass a finite number (the scale of q.k), or leave it "
+                                     f"out for 1/sqrt(head_dim) = {1.0 / math.sqrt(head_dim):g}")
+    return value
+
+
+def exportable(x):
+    """x as the FFI functions take an input: a read-only NumPy array (which DLPack cannot export, though the
+    functions only read it) copied, anything else as it is."""
+    return x.copy() if read_only(x) else x
 
 
 def int32_like(ref, values):
@@ -136,11 +155,13 @@ class BuiltModule:
         if out is None:
             out = empty_like(q, (n_rows, n_qo, d), dt)
         check_tensor(out, "out", 3, dt)
+        check_writable(out, "out", "pass a writable array, or leave out= out to have one allocated")
         if tuple(out.shape) != (n_rows, n_qo, d):
             raise AttentionArgumentError(f"out: shape {tuple(out.shape)}, expected {(n_rows, n_qo, d)}")
         if lse is None:
             lse = empty_like(q, (n_rows, n_qo), "float32")
         check_tensor(lse, "lse", 2, "float32")
+        check_writable(lse, "lse", "pass a writable array, or leave lse= out to have one allocated")
         if tuple(lse.shape) != (n_rows, n_qo):
             raise AttentionArgumentError(f"lse: shape {tuple(lse.shape)}, expected {(n_rows, n_qo)}")
         return out, lse

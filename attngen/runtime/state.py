@@ -17,9 +17,9 @@ import tvm_ffi
 from attngen import build as build_entry
 from attngen.schedules.build_config import merge_symbol
 
-from .checks import AttentionArgumentError, check_tensor, dtype_name
+from .checks import AttentionArgumentError, check_tensor, check_writable, dtype_name
 from .cuda import current_arch
-from .module import empty_like
+from .module import empty_like, exportable
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,6 +41,14 @@ def _fn(kind: str, v):
     if on_gpu:
         return _cuda_library(current_arch())[merge_symbol(kind, dt)]
     return _cpu_library()[merge_symbol(kind, dt)]
+
+
+def _fill(x, value: float) -> None:
+    """x[...] = value (torch tensor or NumPy array)."""
+    if hasattr(x, "detach"):
+        x.fill_(value)
+    else:
+        x[...] = value
 
 
 def _row_mask(mask, v, n: int):
@@ -70,6 +78,9 @@ def merge_state(v, s, v_other, s_other, mask=None):
                                      "[n, H, D] / [n, H] states")
     if mask is not None:
         mask = _row_mask(mask, v, int(v.shape[0]))
+    for name, x in (("v", v), ("s", s)):
+        check_writable(x, name, "merge_state merges in place: pass writable arrays (x.copy())")
+    v_other, s_other = exportable(v_other), exportable(s_other)
     if not int(v.shape[0]) * int(v.shape[1]):
         return v, s
     if mask is None:
@@ -87,7 +98,7 @@ def merge_state(v, s, v_other, s_other, mask=None):
 
 
 def merge_states(v, s, out=None, out_lse=None):
-    """v: [n, K, H, D], s: [n, K, H] float32 -> (v_merged [n, H, D], s_merged [n, H])."""
+    """v: [n, K, H, D], s: [n, K, H] float32 -> (v_merged [n, H, D], s_merged [n, H]); K = 0 gives empty states."""
     check_tensor(v, "v", 4)
     check_tensor(s, "s", 3, "float32")
     n, k, h, d = (int(x) for x in v.shape)
@@ -100,19 +111,31 @@ def merge_states(v, s, out=None, out_lse=None):
     if tuple(out.shape) != (n, h, d) or tuple(out_lse.shape) != (n, h):
         raise AttentionArgumentError(f"out, out_lse: shapes {tuple(out.shape)}, {tuple(out_lse.shape)}, expected "
                                      f"{(n, h, d)}, {(n, h)}")
+    check_writable(out, "out", "pass a writable array, or leave out= out to have one allocated")
+    check_writable(out_lse, "out_lse", "pass a writable array, or leave out_lse= out to have one allocated")
     if n * h:
-        _fn("merge_states", v)(v, s, out, out_lse)
+        fn = _fn("merge_states", v)  # (refuses a dtype without kernels, also where K = 0)
+        if k == 0:  # merging no state gives the empty state (O = 0, lse = -inf), as merging two empty ones does
+            _fill(out, 0.0)
+            _fill(out_lse, -np.inf)
+        else:
+            fn(exportable(v), exportable(s), out, out_lse)
     return out, out_lse
 
 
 def merge_states_sum(v, out=None):
-    """Unnormalised (sum-state) partial outputs add: v [n, K, H, D] -> [n, H, D]."""
+    """Unnormalised (sum-state) partial outputs add: v [n, K, H, D] -> [n, H, D] (zeros where K = 0)."""
     check_tensor(v, "v", 4)
-    n, _, h, d = (int(x) for x in v.shape)
+    n, k, h, d = (int(x) for x in v.shape)
     out = empty_like(v, (n, h, d), dtype_name(v)) if out is None else out
     check_tensor(out, "out", 3, dtype_name(v))
     if tuple(out.shape) != (n, h, d):
         raise AttentionArgumentError(f"out: shape {tuple(out.shape)}, expected {(n, h, d)}")
+    check_writable(out, "out", "pass a writable array, or leave out= out to have one allocated")
     if n * h:
-        _fn("merge_states_sum", v)(v, out)
+        fn = _fn("merge_states_sum", v)
+        if k == 0:  # no partial output: the sum of none
+            _fill(out, 0.0)
+        else:
+            fn(exportable(v), out)
     return out

@@ -8,11 +8,20 @@ import numpy as np
 
 from attngen.ir.hook_spec import POSITIONS
 
-from .checks import AttentionArgumentError, as_numpy, check_layout, dtype_name
+from .checks import AttentionArgumentError, as_numpy, check_integers, check_layout, dtype_name
 from .kv_pool import as_pool
 from .module import int32_like
 
 Tensor = Any  # numpy.ndarray or torch.Tensor
+
+
+def _tensor(x, name: str, ndim: int):
+    """x, refused by name unless a tensor of ``ndim`` dims (what a view's properties read before the calls' checks)."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise AttentionArgumentError(f"{name}: expected a tensor, got {type(x).__name__}")
+    if len(x.shape) != ndim:
+        raise AttentionArgumentError(f"{name}: expected {ndim} dims, got shape {tuple(x.shape)}")
+    return x
 
 
 @dataclass(frozen=True)
@@ -33,16 +42,18 @@ class PagedKV:
 
     @property
     def page_size(self) -> int:
-        return int(self.pages.shape[2] if self.layout == "NHD" else self.pages.shape[3])
+        pages = _tensor(self.pages, "kv.pages", 5)
+        return int(pages.shape[2] if self.layout == "NHD" else pages.shape[3])
 
     @property
     def num_kv_heads(self) -> int:
-        return int(self.pages.shape[3] if self.layout == "NHD" else self.pages.shape[2])
+        pages = _tensor(self.pages, "kv.pages", 5)
+        return int(pages.shape[3] if self.layout == "NHD" else pages.shape[2])
 
     @property
     def kv_dtype(self) -> str:
         """The cache's element type (an fp8 format for a quantised cache, see ``fp8.py``)."""
-        return dtype_name(self.pages)
+        return dtype_name(_tensor(self.pages, "kv.pages", 5))
 
 
 @dataclass(frozen=True)
@@ -55,12 +66,12 @@ class RaggedKV:
 
     @property
     def num_kv_heads(self) -> int:
-        return int(self.k.shape[1])
+        return int(_tensor(self.k, "kv.k", 3).shape[1])
 
     @property
     def kv_dtype(self) -> str:
         """The keys' element type (an fp8 format for quantised keys and values, see ``fp8.py``)."""
-        return dtype_name(self.k)
+        return dtype_name(_tensor(self.k, "kv.k", 3))
 
 
 def write_at_slots(pages: Tensor, half: int, rows: Tensor, slots: np.ndarray, layout: str) -> None:
@@ -162,8 +173,10 @@ def check_bsr(indptr, indices, num_key_blocks: int, where: str = "") -> tuple[np
     indptr: [MB+1], from 0, non-decreasing, ending at nnz; indices: [nnz] key-block ids in
     [0, num_key_blocks), strictly ascending within each block row (a repeated block would count twice).
     """
-    ip = np.asarray(as_numpy(indptr, f"indptr{where}")).astype(np.int64).reshape(-1)
-    ix = np.asarray(as_numpy(indices, f"indices{where}")).astype(np.int64).reshape(-1)
+    ip, ix = np.asarray(as_numpy(indptr, f"indptr{where}")), np.asarray(as_numpy(indices, f"indices{where}"))
+    check_integers(ip, f"indptr{where}")
+    check_integers(ix, f"indices{where}")
+    ip, ix = ip.astype(np.int64).reshape(-1), ix.astype(np.int64).reshape(-1)
     if len(ip) < 1 or ip[0] != 0 or np.any(np.diff(ip) < 0) or ip[-1] != len(ix):
         raise AttentionArgumentError(f"indptr{where}: must start at 0, be non-decreasing and end at "
                                      f"len(indices{where}) = {len(ix)}; got {np.array2string(ip, threshold=8)}")

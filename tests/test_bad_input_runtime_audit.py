@@ -1,0 +1,256 @@
+"""Bad input to the public runtime API (CPU backend), each met with attngen's own error naming the argument and
+the fix, or with the right answer where the input has one: sm_scale, queries without heads, views without tensors,
+read-only NumPy arrays, merging no states, cascade levels' row groups, block-sparse ids and sizes, fp8 scales and
+appended rows, scalar parameters past float range."""
+import numpy as np
+import pytest
+
+from attngen.runtime import AttentionArgumentError, BlockSparseView, CPUAttention, PagedKV, RaggedKV
+from attngen.runtime.append import append_paged_kv, append_slots
+from attngen.runtime.block_sparse import BlockSparseAttention, HeadwiseBlockSparseView
+from attngen.runtime.cascade import CascadeAttention, CascadeLevel
+from attngen.runtime.fp8 import append_paged_kv_fp8, kv_scales, quantize_kv
+from attngen.runtime.params import resolve_params
+from attngen.runtime.state import merge_state, merge_states, merge_states_sum
+from attngen.testing import random_problem
+from attngen.variants import builtin
+
+D = 32
+
+
+@pytest.fixture(scope="module")
+def att(build_cache):
+    return CPUAttention.build(builtin("vanilla"), head_dims=(D,), layouts=("NHD",), cache=build_cache)
+
+
+@pytest.fixture
+def prob(rng):
+    return random_problem(rng, [3, 2, 1], [5, 6, 4], 4, 2, D)
+
+
+def _read_only(x: np.ndarray) -> np.ndarray:
+    x = x.copy()
+    x.setflags(write=False)
+    return x
+
+
+# --- sm_scale ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sm_scale, problem", [
+    (float("nan"), r"nan is not finite"),
+    (float("inf"), r"inf is not finite"),
+    (1e39, r"1e\+39 overflows float32"),
+    ("0.125", r"expected a number for float32, got str"),
+    (10**400, r"the integer given overflows float32"),
+])
+def test_sm_scale_must_be_a_finite_number(att, prob, sm_scale, problem):
+    """Unchecked, a NaN or infinite scale makes every output NaN without a word, and a string or a huge int raises
+    Python's own conversion error, naming no argument."""
+    with pytest.raises(AttentionArgumentError, match=rf"sm_scale: {problem}.*leave it out for 1/sqrt\(head_dim\)"):
+        att.prefill(prob.q, prob.ragged, prob.qo_indptr, sm_scale=sm_scale)
+    with pytest.raises(AttentionArgumentError, match=rf"sm_scale: {problem}"):
+        att.decode(prob.q[:3], prob.paged, sm_scale=sm_scale)
+
+
+def test_finite_sm_scales_still_run(att, prob):
+    """Any finite scale has an answer (zero and negative ones included): the same as the scale folded into q."""
+    for scale in (0.0, -0.5, np.float32(0.25)):
+        out, _ = att.prefill(prob.q, prob.ragged, prob.qo_indptr, sm_scale=scale)
+        folded, _ = att.prefill(prob.q * np.float32(scale), prob.ragged, prob.qo_indptr, sm_scale=1.0)
+        assert np.allclose(out, folded, atol=1e-5)
+
+
+# --- shapes and types the kernels' own checks met first ----------------------------------------------------
+
+def test_a_query_without_heads_is_refused(att, prob):
+    """0 is a multiple of every KV head count: unchecked, TVM's argument check refuses q's strides instead."""
+    q = np.zeros((3, 0, D), np.float32)
+    with pytest.raises(AttentionArgumentError, match=r"q: has no heads \(shape \(3, 0, 32\)\)"):
+        att.decode(q, prob.paged)
+    with pytest.raises(AttentionArgumentError, match=r"q: has no heads"):
+        att.prefill(np.zeros((6, 0, D), np.float32), prob.ragged, prob.qo_indptr)
+
+
+def test_a_view_without_tensors_is_refused_by_name(att, prob):
+    """The views' properties (dtype, page size, heads) are read before the calls' checks: they name the field."""
+    p = prob.paged
+    no_pages = PagedKV(None, p.indptr, p.indices, p.last_page_len)
+    with pytest.raises(AttentionArgumentError, match=r"kv.pages: expected a tensor, got NoneType"):
+        att.prefill(prob.q, no_pages, prob.qo_indptr)
+    with pytest.raises(AttentionArgumentError, match=r"kv.pages: expected a tensor, got NoneType"):
+        att.decode(prob.q[:3], no_pages)
+    with pytest.raises(AttentionArgumentError, match=r"kv.pages: expected 5 dims, got shape \(2, 32\)"):
+        append_slots(PagedKV(p.pages[0, 0, 0], p.indptr, p.indices, p.last_page_len), np.array([0, 1, 1, 1], np.int32))
+    with pytest.raises(AttentionArgumentError, match=r"kv.k: expected a tensor, got list"):
+        att.prefill(prob.q, RaggedKV(prob.ragged.k.tolist(), prob.ragged.v, prob.ragged.indptr), prob.qo_indptr)
+
+
+# --- read-only NumPy arrays --------------------------------------------------------------------------------
+
+def test_read_only_inputs_are_read(att, prob):
+    """DLPack cannot export a read-only NumPy array (a BufferError naming nothing); inputs are only read, so they
+    serve all the same."""
+    want_o, want_l = att.prefill(prob.q, prob.paged, prob.qo_indptr)
+    kv = PagedKV(_read_only(prob.paged.pages), _read_only(prob.paged.indptr), _read_only(prob.paged.indices),
+                 _read_only(prob.paged.last_page_len))
+    out, lse = att.prefill(_read_only(prob.q), kv, _read_only(prob.qo_indptr))
+    assert np.array_equal(out, want_o) and np.array_equal(lse, want_l)
+    out, lse = att.decode(_read_only(prob.q[:3]), kv)
+    assert np.array_equal(out, att.decode(prob.q[:3], prob.paged)[0])
+
+
+def test_read_only_outputs_are_refused(att, prob):
+    out, lse = np.empty_like(prob.q), np.empty(prob.q.shape[:2], np.float32)
+    with pytest.raises(AttentionArgumentError, match=r"out: is a read-only NumPy array, and the call writes into it; "
+                                                     r"pass a writable array, or leave out= out"):
+        att.prefill(prob.q, prob.ragged, prob.qo_indptr, out=_read_only(out))
+    with pytest.raises(AttentionArgumentError, match=r"lse: is a read-only NumPy array"):
+        att.decode(prob.q[:3], prob.paged, lse=_read_only(lse[:3]))
+    with pytest.raises(AttentionArgumentError, match=r"kv.pages: is a read-only NumPy array.*written into the cache"):
+        kv = PagedKV(_read_only(prob.paged.pages), prob.paged.indptr, prob.paged.indices, prob.paged.last_page_len)
+        append_paged_kv(kv, prob.ragged.k[:3], prob.ragged.v[:3], np.array([0, 1, 2, 3], np.int32))
+
+
+def test_read_only_states_merge(rng):
+    v = rng.standard_normal((3, 2, 2, 8)).astype(np.float32)
+    s = rng.standard_normal((3, 2, 2)).astype(np.float32)
+    want = merge_states(v, s)
+    got = merge_states(_read_only(v), _read_only(s))
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert np.array_equal(merge_states_sum(_read_only(v)), merge_states_sum(v))
+    with pytest.raises(AttentionArgumentError, match=r"out_lse: is a read-only NumPy array"):
+        merge_states(v, s, out_lse=_read_only(np.empty((3, 2), np.float32)))
+    (v0, s0), (v1, s1) = ((np.ascontiguousarray(v[:, i]), np.ascontiguousarray(s[:, i])) for i in (0, 1))
+    with pytest.raises(AttentionArgumentError, match=r"v: is a read-only NumPy array.*merges in place"):
+        merge_state(_read_only(v0), s0, v1, s1)
+    merge_state(v0, s0, _read_only(v1), _read_only(s1))  # (the other state is only read)
+    mv, ms = v0, s0
+    assert np.allclose(mv, want[0], atol=1e-6) and np.allclose(ms, want[1], atol=1e-6)
+
+
+# --- merging no states -------------------------------------------------------------------------------------
+
+def test_merging_no_states_gives_the_empty_state():
+    """K = 0 partial states (TVM's argument check refuses the zero-size tensor's strides): the empty state."""
+    out, lse = merge_states(np.zeros((3, 0, 2, 8), np.float32), np.zeros((3, 0, 2), np.float32))
+    assert np.array_equal(out, np.zeros((3, 2, 8))) and np.array_equal(lse, np.full((3, 2), -np.inf))
+    target = np.full((3, 2, 8), np.nan, np.float32)
+    assert merge_states_sum(np.zeros((3, 0, 2, 8), np.float32), out=target) is target
+    assert np.array_equal(target, np.zeros((3, 2, 8)))
+    with pytest.raises(AttentionArgumentError, match=r"v: dtype float64 is not supported by state merging"):
+        merge_states(np.zeros((3, 0, 2, 8)), np.zeros((3, 0, 2), np.float32))
+
+
+# --- cascade levels ----------------------------------------------------------------------------------------
+
+def _levels(rng):
+    """q [6, 4, D] in three requests of 2 rows: a shared level of 2 full pages, then one page of 3 keys each."""
+    pages = rng.standard_normal((6, 2, 4, 2, D)).astype(np.float32)
+    shared = PagedKV(pages, np.array([0, 2], np.int32), np.array([0, 1], np.int32), np.array([4], np.int32))
+    own = PagedKV(pages, np.array([0, 1, 2, 3], np.int32), np.array([2, 3, 4], np.int32),
+                  np.array([3, 3, 3], np.int32))
+    q = rng.standard_normal((6, 4, D)).astype(np.float32)
+    return q, [CascadeLevel(np.array([0, 6], np.int32), shared), CascadeLevel(np.array([0, 2, 4, 6], np.int32), own)]
+
+
+@pytest.mark.parametrize("mode", ["auto", "flat", "cascade"])
+def test_cascade_row_groups_are_checked_in_every_mode(att, rng, mode):
+    """A level's qo_indptr is checked whole, by the level's name, in every mode: the flat view ("auto", "flat") cuts
+    its row groups from it, and an out-of-order one would give a wrong answer there."""
+    cascade = CascadeAttention(att)
+    q, levels = _levels(rng)
+    cascade.run(q, plan=cascade.plan(levels, 6, D, mode=mode))
+    spoilt = {
+        "must start at 0 and be non-decreasing": np.array([0, 4, 2, 6], np.int32),
+        "expected dtype int32, got int64": np.array([0, 2, 4, 6], np.int64),
+        r"expected 1 dims, got shape \(1, 4\)": np.array([[0, 2, 4, 6]], np.int32),
+    }
+    for problem, qo in spoilt.items():
+        bad = [levels[0], CascadeLevel(qo, levels[1].kv)]
+        with pytest.raises(AttentionArgumentError, match=rf"levels\[1\].qo_indptr: {problem}"):
+            cascade.plan(bad, 6, D, mode=mode)
+    with pytest.raises(AttentionArgumentError, match=r"levels\[0\].qo_indptr: needs at least one entry"):
+        cascade.plan([CascadeLevel(np.zeros(0, np.int32), levels[0].kv), levels[1]], 6, D, mode=mode)
+
+
+def test_cascade_arguments_of_another_type_are_named(att, rng):
+    cascade = CascadeAttention(att)
+    q, levels = _levels(rng)
+    with pytest.raises(AttentionArgumentError, match=r"levels\[1\]: expected a CascadeLevel\(qo_indptr, kv\), got "
+                                                     r"PagedKV"):
+        cascade.plan([levels[0], levels[1].kv], 6, D)
+    with pytest.raises(AttentionArgumentError, match=r"levels: expected a list of CascadeLevel, got CascadeLevel"):
+        cascade.run(q, levels[0])
+    with pytest.raises(AttentionArgumentError, match=r"plan: expected a CascadePlan \(from CascadeAttention.plan\), "
+                                                     r"got list"):
+        cascade.run(q, plan=levels)
+    own = levels[1].kv
+    no_pages = CascadeLevel(levels[1].qo_indptr, PagedKV(None, own.indptr, own.indices, own.last_page_len))
+    with pytest.raises(AttentionArgumentError, match=r"levels\[1\].kv.pages: expected a tensor, got NoneType"):
+        cascade.plan([levels[0], no_pages], 6, D)
+
+
+# --- block-sparse layouts ----------------------------------------------------------------------------------
+
+def test_block_sparse_ids_must_be_integers(att, rng):
+    """Float ids would be truncated (1.7 reading block 1): a wrong answer without a word."""
+    pages = rng.standard_normal((3, 2, 4, 2, D)).astype(np.float32)
+    q = rng.standard_normal((6, 4, D)).astype(np.float32)
+    indptr = np.array([0, 1, 3, 4], np.int32)
+    bsa = BlockSparseAttention(att)
+    with pytest.raises(AttentionArgumentError, match=r"indices: must hold integers \(an int32 array\), got dtype "
+                                                     r"float64"):
+        bsa.run(q, pages, BlockSparseView(indptr, np.array([0.0, 0.0, 1.7, 1.0]), 2, 6, 12))
+    with pytest.raises(AttentionArgumentError, match=r"indptr: must hold integers"):
+        bsa.run(q, pages, BlockSparseView(indptr + 0.5, np.array([0, 0, 2, 1], np.int32), 2, 6, 12))
+    with pytest.raises(AttentionArgumentError, match=r"indices\[1\]: must hold integers"):
+        HeadwiseBlockSparseView.uniform([indptr, indptr], [np.array([0, 0, 2, 1]), np.array([0, 0, 1.5, 1])],
+                                        2, 4, 6, 12)
+
+
+def test_headwise_block_sizes_must_be_int32_integers():
+    """Normalised to int32, float sizes would be truncated and sizes past int32 wrap (2**32 + 4 rows to 4)."""
+    mask = np.ones((2, 3, 3), bool)
+    cols = np.array([[4, 4, 4]] * 2)
+    with pytest.raises(AttentionArgumentError, match=r"block_row_sz\[0\]: must hold integers"):
+        HeadwiseBlockSparseView.from_block_mask(mask, np.array([[2, 2, 2.5]] * 2), cols)
+    with pytest.raises(AttentionArgumentError, match=r"block_col_sz\[0\]: block sizes must fit int32 \(at most "
+                                                     r"2147483647\), got 4294967300"):
+        HeadwiseBlockSparseView.from_block_mask(mask, np.array([[2, 2, 2]] * 2), np.array([[4, 4, 2**32 + 4]] * 2))
+    view = HeadwiseBlockSparseView([[0], [0]], [[], []], [[], []], [[4], [4]])  # (empty lists: any dtype)
+    assert view.num_q_rows == 0
+
+
+# --- fp8 scales and appended rows --------------------------------------------------------------------------
+
+def test_an_fp8_scale_past_float_range_is_named():
+    pages = quantize_kv(np.zeros((2, 2, 4, 1, 8), np.float32), "float8_e4m3fn")
+    with pytest.raises(AttentionArgumentError, match=r"k_scale: the integer given overflows float32; scales must be "
+                                                     r"finite and positive"):
+        kv_scales(10**400, "k_scale", kv_dtype="float8_e4m3fn", num_kv_heads=1, like=pages)
+
+
+def test_fp8_appends_take_unquantised_float_rows():
+    """Rows of another dtype are refused rather than quantised (complex ones would lose their imaginary part, fp8
+    ones be scaled twice), and a list is named."""
+    pages = quantize_kv(np.zeros((2, 2, 4, 1, 8), np.float32), "float8_e4m3fn")
+    rows = np.ones((1, 1, 8), np.float32)
+    slots = np.array([3], np.int32)
+    for bad, problem in ((rows.astype(np.complex64), "dtype complex64"), (rows.astype(np.int32), "dtype int32"),
+                         (quantize_kv(rows, "float8_e4m3fn"), "dtype float8_e4m3fn")):
+        with pytest.raises(AttentionArgumentError, match=rf"k: {problem}; append quantises rows of \['float32'"):
+            append_paged_kv_fp8(pages, bad, rows, slots, k_scale=1.0, v_scale=1.0)
+    with pytest.raises(AttentionArgumentError, match=r"v: expected a tensor, got list"):
+        append_paged_kv_fp8(pages, rows, rows.tolist(), slots, k_scale=1.0, v_scale=1.0)
+    with pytest.raises(AttentionArgumentError, match=r"pages: is a read-only NumPy array"):
+        append_paged_kv_fp8(_read_only(pages), rows, rows, slots, k_scale=1.0, v_scale=1.0)
+    append_paged_kv_fp8(pages, rows.astype(np.float16), rows, slots, k_scale=1.0, v_scale=1.0)
+    assert pages.astype(np.float32)[0, :, 3].ravel().tolist() == [1.0] * 16
+
+
+# --- scalar parameters -------------------------------------------------------------------------------------
+
+def test_a_float_parameter_past_float_range_is_named():
+    """An int past float64's range makes the float conversion raise OverflowError: the parameter is named."""
+    with pytest.raises(AttentionArgumentError, match=r"params\['soft_cap'\]: the integer given overflows float32"):
+        resolve_params(builtin("logits_softcap"), {"soft_cap": 10**400}, num_qo_heads=4, batch_size=1)

@@ -25,8 +25,9 @@ from attngen.codegen.nvcc import NvccError
 from attngen.ir.errors import ConfigError, VariantError
 from attngen.ir.hook_spec import row_hooks
 from attngen.schedules import ARCHS, BuildConfig
-from attngen.schedules.build_config import HOOK_MATH_MODES
-from attngen.schedules.registry import KERNELS
+from attngen.schedules.arch import arch_spec
+from attngen.schedules.build_config import HEAD_DIMS_CPU, HOOK_MATH_MODES
+from attngen.schedules.registry import KERNELS, TEMPLATES
 from attngen.schedules.template_decode import GROUP_TILES
 
 DESCRIPTION = """\
@@ -39,8 +40,32 @@ attngen compiles attention variants written as TVM TensorIR hooks.
 """
 
 
+DEFAULT_KERNELS = ("decode", "prefill")
+# every head dim some build serves (the CPU backend's and the CUDA templates'): what inspect specialises for
+INSPECT_HEAD_DIMS = tuple(sorted(set(HEAD_DIMS_CPU) | {d for r in TEMPLATES.values() for d in r.head_dims}))
+
+
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _head_dims(text: str) -> tuple[int, ...]:
+    """--head-dim: comma-separated whole numbers."""
+    try:
+        return tuple(int(x) for x in _csv(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated whole numbers, e.g. 64,128") from None
+
+
+def _kernels(text: str) -> tuple[str, ...]:
+    """--kernels: comma-separated template names, or 'none' for the hook objects only."""
+    if text.strip() == "none":
+        return ()
+    names = _csv(text)
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected template names among {', '.join(KERNELS)}, or 'none' "
+                                         "for the hook objects only")
+    return names
 
 
 def _constant(text: str) -> tuple[str, float]:
@@ -61,11 +86,29 @@ def _add_source(p: argparse.ArgumentParser) -> None:
                    help="compile a scalar parameter in as a constant (Variant.with_constants); repeatable")
 
 
+def _constants(args) -> dict:
+    """--constant NAME=VALUE options as a dict, each name once."""
+    names = [name for name, _ in args.constant]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--constant: {twice} given more than once; give each parameter one value")
+    return dict(args.constant)
+
+
 def _load_variant(args):
     from attngen.loader import pick_variant
 
+    constants = _constants(args)
     v = pick_variant(args.source, args.variant)
-    return v.with_constants(**dict(args.constant)) if args.constant else v
+    return v.with_constants(**constants) if constants else v
+
+
+def _check_directories(args) -> None:
+    """The directory options name directories (or paths to make them at), not files."""
+    for flag in ("cache_dir", "out", "dump"):
+        path = getattr(args, flag, None)
+        if path is not None and path.exists() and not path.is_dir():
+            raise ConfigError(f"--{flag.replace('_', '-')} {path}: exists and is not a directory; give a directory")
 
 
 def _add_config(b: argparse.ArgumentParser) -> None:
@@ -75,7 +118,7 @@ def _add_config(b: argparse.ArgumentParser) -> None:
                         "cuda: the hooks lowered to CUDA and compiled with nvcc per arch (default: cpu)")
     b.add_argument("--arch", type=_csv, default=(),
                    help=f"cuda only: comma-separated archs among {', '.join(ARCHS)}")
-    b.add_argument("--head-dim", type=lambda s: tuple(int(x) for x in _csv(s)), default=(128,),
+    b.add_argument("--head-dim", type=_head_dims, default=(128,),
                    help="comma-separated head dims to instantiate (default: 128)")
     b.add_argument("--dtype", type=_csv, default=None,
                    help="comma-separated query/output dtypes (cpu default float32; cuda default float16)")
@@ -85,7 +128,7 @@ def _add_config(b: argparse.ArgumentParser) -> None:
                         "for cuda with --kernels decode and/or prefill")
     b.add_argument("--layout", type=_csv, default=("NHD", "HND"),
                    help="paged-KV layouts to instantiate: NHD, HND (default: both)")
-    b.add_argument("--kernels", type=lambda s: () if s == "none" else _csv(s), default=("decode", "prefill"),
+    b.add_argument("--kernels", type=_kernels, default=DEFAULT_KERNELS,
                    help=f"cuda: templates to instantiate into the library ({', '.join(KERNELS)}), or 'none' for "
                         "the hook objects only (default: decode,prefill)")
     b.add_argument("--max-group-size", type=int, default=8,
@@ -200,6 +243,8 @@ def _skip_torch_in_tvm_import() -> None:
 def cmd_build(args) -> int:
     from attngen.codegen.pipeline import PACKAGE, request_key
 
+    _check_directories(args)
+    _constants(args)  # (refused before a finished build is looked for)
     cfg = _config(args)
     cache = BuildCache(args.cache_dir) if args.cache_dir else BuildCache()
     t0 = time.perf_counter()
@@ -239,6 +284,8 @@ def cmd_build(args) -> int:
 
 
 def _config(args) -> BuildConfig:
+    if args.target == "cpu":
+        _check_cpu_options(args)
     dtypes = args.dtype or (("float32",) if args.target == "cpu" else ("float16",))
     return BuildConfig(target=args.target, head_dims=args.head_dim, dtypes=dtypes, kv_dtypes=args.kv_dtype,
                        archs=args.arch, layouts=args.layout, fast_math=args.fast_math, kernels=args.kernels,
@@ -246,10 +293,21 @@ def _config(args) -> BuildConfig:
                        defer_alternatives=not args.link_alternatives)
 
 
+def _check_cpu_options(args) -> None:
+    """The cuda-only options are refused for a cpu build, which would ignore them."""
+    if args.arch:
+        raise ConfigError(f"--arch {','.join(args.arch)} is for cuda builds; add --target cuda (the default target "
+                          "is cpu)")
+    if set(args.kernels) != set(DEFAULT_KERNELS):
+        raise ConfigError(f"--kernels {','.join(args.kernels) or 'none'} selects cuda templates; add --target cuda "
+                          "(the CPU backend always builds decode and prefill)")
+
+
 def cmd_prebuild(args) -> int:
     from attngen.build import build, support_library
     from attngen.variants import BUILTINS, builtin
 
+    _check_directories(args)
     cfg = _config(args)
     cache = BuildCache(args.cache_dir, prebuilt=()) if args.cache_dir else BuildCache(prebuilt=())
     names = args.variants or tuple(BUILTINS)
@@ -280,6 +338,7 @@ def cmd_inspect(args) -> int:
     from attngen.ir import HOOKS, StateAlgebra
     from attngen.schedules.template_prefill_hopper import PREFILL_HOPPER, hopper_config_for
 
+    args.arch = _inspect_target(args)
     v = _load_variant(args)
     print(f"# variant {v.name}  (state: {v.state.value}; defined at {v.defined_at})")
     if v.doc:
@@ -358,6 +417,15 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _inspect_target(args) -> str:
+    """inspect's --arch by its name in the arch table (sm_90 is sm_90a), and --head-dim among the head dims
+    some build serves."""
+    if args.head_dim not in INSPECT_HEAD_DIMS:
+        raise ConfigError(f"--head-dim {args.head_dim}: attngen builds head dims {list(INSPECT_HEAD_DIMS)}; "
+                          "inspect one of those")
+    return arch_spec(args.arch).name
+
+
 def cmd_list(args) -> int:
     from attngen.builtin_listing import compute_rows, shipped_rows
 
@@ -385,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         _skip_torch_in_tvm_import()
     try:
         return {"build": cmd_build, "inspect": cmd_inspect, "list": cmd_list, "prebuild": cmd_prebuild}[args.command](args)
-    except (VariantError, ConfigError, NvccError, FileNotFoundError, ValueError) as e:
+    except (VariantError, ConfigError, NvccError, OSError, ValueError) as e:
         print(f"attngen: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:

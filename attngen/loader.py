@@ -79,8 +79,8 @@ def load_variants(source: str) -> list[Variant]:
         raise
     if isinstance(getattr(module, "VARIANTS", None), (list, tuple)):
         found = list(module.VARIANTS)
-    else:
-        found = [v for v in vars(module).values() if isinstance(v, Variant)]
+    else:  # each object once, though the module may bind it to several names
+        found = list({id(v): v for v in vars(module).values() if isinstance(v, Variant)}.values())
     if not found and callable(getattr(module, "make", None)):
         found = [module.make()]
     if not found:
@@ -89,8 +89,18 @@ def load_variants(source: str) -> list[Variant]:
     return found
 
 
+def _check_distinct_names(source: str, variants: list) -> None:
+    """Variants of one file are told apart by name (--variant NAME): two of one name are refused."""
+    names = [v.name for v in variants]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{source} defines {names.count(twice[0])} different variants named {twice[0]!r}; "
+                         "give each variant a name of its own")
+
+
 def pick_variant(source: str, name: str | None = None) -> Variant:
     variants = load_variants(source)
+    _check_distinct_names(source, variants)
     if name is not None:
         for v in variants:
             if v.name == name:

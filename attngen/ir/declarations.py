@@ -9,6 +9,7 @@ is :class:`attngen.ir.tensor_reads.TensorReads`.
 """
 from __future__ import annotations
 
+import difflib
 import enum
 import math
 import numbers
@@ -114,6 +115,17 @@ class TensorDim:
         return self.symbol is None or self.at_least is not None
 
 
+def _check_near_call_size(name: str) -> None:
+    """A name one slip away from a call size (``num_qo_head``, ``head_dims``) is a misspelling: taken as it
+    is, it would declare a free symbolic dim, and the dim would not be checked against the call."""
+    if name in CALL_SIZES:
+        return
+    close = difflib.get_close_matches(name, CALL_SIZES, n=1, cutoff=0.9)
+    if close:
+        raise ValueError(f"dim {name!r} is not a call size; did you mean {close[0]!r}? (a name that is not one of "
+                         f"{list(CALL_SIZES)} declares a free symbolic dim: rename it, e.g. 'n', if that is meant)")
+
+
 def parse_dim(entry) -> TensorDim:
     """A :class:`TensorDim` from one shape entry; ValueError (with the grammar) when it follows none."""
     if isinstance(entry, numbers.Integral) and not isinstance(entry, bool):
@@ -122,6 +134,8 @@ def parse_dim(entry) -> TensorDim:
         return TensorDim(str(entry), fixed=int(entry))
     if isinstance(entry, str):
         name, sep, bound = (x.strip() for x in entry.partition(">="))
+        for part in (name, bound) if sep and not bound.isdigit() else (name,):
+            _check_near_call_size(part)
         if _IDENT.match(name) and not sep:
             return TensorDim(entry, call_size=name) if name in CALL_SIZES else TensorDim(entry, symbol=name)
         if _IDENT.match(name) and name not in CALL_SIZES and (bound.isdigit() or bound in CALL_SIZES):

@@ -228,3 +228,42 @@ def check_tensor_reads(variant, reads: TensorReads | None = None) -> None:
             f"clamp the index into the buffer (T.min(T.max(index, 0), {read.size} - 1)), or declare the dim as a "
             f"number, a call size ({', '.join(CALL_SIZES)}) or '{dim.symbol}>=B' with B above every index the "
             "hook reads", read.where)
+
+
+def check_hook_shapes(variant, reads: TensorReads | None = None) -> None:
+    """Refuse hooks whose tensor buffers fix a size that no tensor could have: one that differs from the
+    declaration's number or is below its 'name>=B' bound, one that another hook fixes differently, or one
+    size Var standing for dims the declaration fixes to different numbers. (A size given as a call size
+    is checked at every call, ``runtime/params.py``.)"""
+    fixed: dict = {}  # (tensor, dim) -> (hook, size) of the first hook fixing it
+    for scope in (reads or TensorReads(variant))._scopes:
+        by_var: dict = {}  # a size Var's handle -> (tensor, dim, declared number) of its first dim
+        for name, i, n in scope.shape_vars():
+            decl = variant.param(name).dims[i]
+            if isinstance(n, tir.IntImm):
+                _check_fixed_size(variant, scope, name, i, n.value, decl, fixed)
+            elif isinstance(n, tvm.ir.Var) and decl.fixed is not None:
+                first = by_var.setdefault(tu.handle(n), (name, i, decl.fixed))
+                if first[2] != decl.fixed:
+                    raise _shape_error(variant, scope, f"sizes {first[0]} dim {first[1]} and {name} dim {i} with "
+                                       f"the same '{n.name}', but they are declared {first[2]} and {decl.fixed}",
+                                       "give the buffers separate size Vars (T.int32() each)")
+
+
+def _check_fixed_size(variant, scope, name: str, i: int, size: int, decl, fixed: dict) -> None:
+    """One size a hook's buffer fixes, against the declaration and the hooks before it."""
+    if decl.fixed is not None and decl.fixed != size:
+        raise _shape_error(variant, scope, f"declares tensor parameter '{name}' dim {i} as {size}, but its "
+                           f"TensorParam declares {decl.fixed}", "make the hook's buffer and TensorParam.shape agree")
+    if isinstance(decl.at_least, int) and size < decl.at_least:
+        raise _shape_error(variant, scope, f"declares tensor parameter '{name}' dim {i} as {size}, but its "
+                           f"TensorParam declares it at least {decl.at_least} ('{decl.text}')",
+                           "make the hook's buffer and TensorParam.shape agree")
+    hook, first = fixed.setdefault((name, i), (scope.hook, size))
+    if first != size:
+        raise _shape_error(variant, scope, f"declares tensor parameter '{name}' dim {i} as {size}, but hook "
+                           f"'{hook}' declares it as {first}", "give the dim one size in every hook")
+
+
+def _shape_error(variant, scope, problem: str, fix: str) -> VariantError:
+    return VariantError(variant.name, scope.hook, problem, fix, tu.source_line(variant.hooks[scope.hook].body))

@@ -14,9 +14,10 @@ import tvm.tirx as tir
 from . import tir_utils as tu
 from .declarations import ScalarParam, StateAlgebra, TensorParam
 from .errors import VariantError
+from .hook_calls import check_calls
 from .hook_spec import HOOKS, ROW_ARGS, SOFTMAX_ONLY, STANDARD_SCALARS, HookSpec
 from .row_hook_checks import check_row_hook
-from .tensor_reads import check_tensor_reads
+from .tensor_reads import TensorReads, check_hook_shapes, check_tensor_reads
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _C_KEYWORDS = frozenset(
@@ -27,8 +28,14 @@ _C_KEYWORDS = frozenset(
     decltype noexcept thread_local alignas alignof char16_t char32_t explicit mutable export
     try catch throw""".split()
 )
-_RESERVED = STANDARD_SCALARS | {"sm_scale"}  # an extra parameter of one of these names would shadow it
+# an extra parameter of one of these names would shadow it: the standard arguments and sm_scale, the
+# arguments the generated C++ passes beside the parameters (set_params' entry and Params& p), the functions
+# the lowered CUDA hooks call for T.min / T.max, and the C math headers' macros
+_RESERVED = STANDARD_SCALARS | {"sm_scale", "p", "entry", "min", "max", "NAN", "INFINITY"}
 _PARAM_DTYPES = frozenset({"float32", "int32", "int64", "uint8", "float16", "bfloat16"})
+# scalar dtypes the CPU backend cannot take through TVM-FFI (it has no bfloat16 scalars)
+_TENSOR_ONLY_DTYPES = frozenset({"bfloat16"})
+MAX_NAME_LENGTH = 128  # a variant's name is part of its files' names (lib<name>_cuda.so, hooks_<name>_...)
 
 
 def check_identifier(kind: str, value: str, variant: str) -> None:
@@ -44,6 +51,14 @@ def check_identifier(kind: str, value: str, variant: str) -> None:
         )
 
 
+def check_name_length(name: str) -> None:
+    """A variant's name names its files, which file systems keep below 256 bytes."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise VariantError(f"{name[:24]}...", None, f"variant name of {len(name)} characters is too long; it is "
+                           "part of the names of the variant's files and symbols",
+                           f"use a name of at most {MAX_NAME_LENGTH} characters")
+
+
 def check_hook_names(variant: str, names) -> None:
     """Every hook keyword must name a kind in ``HOOKS``."""
     unknown = [n for n in names if n not in HOOKS]
@@ -52,9 +67,18 @@ def check_hook_names(variant: str, names) -> None:
                            f"hooks are {list(HOOKS)}; declare extra parameters in params=[...]")
 
 
+def check_params_argument(variant: str, params) -> None:
+    """``params`` is a list of parameters, not one parameter or a name."""
+    if isinstance(params, (ScalarParam, TensorParam, str, bytes)) or not hasattr(params, "__iter__"):
+        shown = f"{type(params).__name__} {params!r}"
+        raise VariantError(variant, None, f"params={shown[:80]} is not a list of parameters",
+                           "pass a list, e.g. params=[ScalarParam('soft_cap', 'float32', 30.0)]")
+
+
 def validate_variant(v) -> None:
     """Every check of a constructed Variant ``v`` (its name, params, state and hooks)."""
     check_identifier("variant name", v.name, v.name)
+    check_name_length(v.name)
     try:
         StateAlgebra(v.state)
     except ValueError:
@@ -62,22 +86,44 @@ def validate_variant(v) -> None:
                            "use state='softmax' or state='sum'") from None
     seen = set()
     for p in v.params:
-        if not isinstance(p, (ScalarParam, TensorParam)):
-            raise VariantError(v.name, None, f"parameter {p!r} is not a ScalarParam or TensorParam",
-                               "declare extra parameters as ScalarParam(name, dtype) or TensorParam(name, dtype)")
-        check_identifier("parameter name", p.name, v.name)
-        if p.name in _RESERVED or p.name in seen:
-            raise VariantError(v.name, None, f"parameter name {p.name!r} is reserved or declared twice",
-                               f"rename it; reserved names are {sorted(_RESERVED)}")
-        if p.dtype not in _PARAM_DTYPES:
-            raise VariantError(v.name, None, f"parameter {p.name!r} has unsupported dtype {p.dtype!r}",
-                               f"use one of {sorted(_PARAM_DTYPES)}")
+        _check_param(v, p, seen)
         seen.add(p.name)
+    _check_size_member_names(v)
     for name, func in v.hooks.items():
         _check_hook(v, HOOKS[name], func)
         if v.state == StateAlgebra.SUM:
             _check_no_softmax_args(v, HOOKS[name], func)
-    check_tensor_reads(v)  # reads of tensor parameters that no call could bound
+    reads = TensorReads(v)
+    check_hook_shapes(v, reads)  # sizes the hooks' buffers fix against the declarations and each other
+    check_tensor_reads(v, reads)  # reads of tensor parameters that no call could bound
+
+
+def _check_param(v, p, seen: set) -> None:
+    """One extra parameter's declaration: its kind, name and dtype."""
+    if not isinstance(p, (ScalarParam, TensorParam)):
+        raise VariantError(v.name, None, f"parameter {p!r} is not a ScalarParam or TensorParam",
+                           "declare extra parameters as ScalarParam(name, dtype) or TensorParam(name, dtype)")
+    check_identifier("parameter name", p.name, v.name)
+    if p.name in _RESERVED or p.name in seen:
+        raise VariantError(v.name, None, f"parameter name {p.name!r} is reserved or declared twice",
+                           f"rename it; reserved names are {sorted(_RESERVED)}")
+    if p.dtype not in _PARAM_DTYPES:
+        raise VariantError(v.name, None, f"parameter {p.name!r} has unsupported dtype {p.dtype!r}",
+                           f"use one of {sorted(_PARAM_DTYPES)}")
+    if isinstance(p, ScalarParam) and p.dtype in _TENSOR_ONLY_DTYPES:
+        raise VariantError(v.name, None, f"scalar parameter {p.name!r} is {p.dtype}, which the CPU backend cannot "
+                           f"take as a scalar (TVM-FFI passes no {p.dtype} scalars)",
+                           f"declare it ScalarParam('{p.name}', 'float32') and round it in the hook with "
+                           f"T.Cast('{p.dtype}', {p.name}): the value the kernel sees is the same")
+
+
+def _check_size_member_names(v) -> None:
+    """No parameter takes the name ``<tensor>_dim<i>`` that the generated code gives a tensor's sizes."""
+    for t in v.tensor_params:
+        taken = [p.name for p in v.params if re.fullmatch(rf"{re.escape(t.name)}_dim\d+", p.name)]
+        if taken:
+            raise VariantError(v.name, None, f"parameter name {taken[0]!r} is the name the generated code gives "
+                               f"a size of tensor parameter '{t.name}'", f"rename '{taken[0]}'")
 
 
 def _check_no_softmax_args(v, spec: HookSpec, func) -> None:
@@ -122,6 +168,7 @@ def _check_hook(v, spec: HookSpec, func) -> None:
     for p in params[n_std:]:
         _check_extra_param(v, spec, func, p)
     _check_purity(v, spec, func, params[:n_rows])
+    check_calls(v.name, spec.name, func)
     if spec.row:
         check_row_hook(v.name, spec.name, func)
 

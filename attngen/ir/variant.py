@@ -13,7 +13,7 @@ from .analysis import VariantAnalysis, analyze_variant
 from .declarations import Param, ScalarParam, StateAlgebra, TensorParam, scalar_value
 from .errors import VariantError
 from .hook_spec import HOOK_ORDER
-from .validate import check_hook_names, validate_variant
+from .validate import check_hook_names, check_params_argument, validate_variant
 
 
 class Variant:
@@ -35,6 +35,7 @@ class Variant:
         **hooks: tir.PrimFunc | None,
     ):
         check_hook_names(name, hooks)
+        check_params_argument(name, params)
         self.name = name
         self.hooks: dict[str, tir.PrimFunc] = {k: hooks[k] for k in HOOK_ORDER if hooks.get(k) is not None}
         self.params: tuple[Param, ...] = tuple(params)

@@ -3,13 +3,14 @@ made; and ``symbol``, the exported name of one function of a build."""
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import asdict, dataclass, field
 
 from attngen.ir import ConfigError
 
 from .arch import arch_spec
 from .dtypes import DTYPE_SHORT, FP8_DTYPES, DtypePair, is_fp8
-from .registry import KERNELS, head_dims_of
+from .registry import KERNELS, head_dims_of, selected
 from .template_decode import GROUP_TILES
 
 __all__ = ["BuildConfig", "DTYPE_SHORT", "symbol"]
@@ -26,6 +27,10 @@ LINKS = ("whole", "lto", "check")  # BuildConfig.link
 # of the query dtype, so the arch's query dtypes (ArchSpec.dtypes) decide. The TVM slots read K/V in the query
 # dtype.
 FP8_CUDA_KERNELS = ("decode", "prefill")
+# the tuple fields, each with an example of its form for the messages that refuse a malformed one
+SEQUENCE_FIELDS = {"head_dims": "(128,)", "dtypes": "('float16',)", "kv_dtypes": "('float8_e4m3fn',)",
+                   "archs": "('sm_80',)", "layouts": "('NHD',)", "kernels": "('decode',)",
+                   "tvm_constants": "(('soft_cap', 30.0),)"}
 
 
 @dataclass(frozen=True)
@@ -65,15 +70,8 @@ class BuildConfig:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "head_dims", tuple(int(d) for d in self.head_dims))
-        object.__setattr__(self, "dtypes", tuple(self.dtypes))
-        object.__setattr__(self, "kv_dtypes", tuple(self.kv_dtypes) or self.dtypes)
-        object.__setattr__(self, "archs", tuple(arch_spec(a).name for a in self.archs))
-        object.__setattr__(self, "layouts", tuple(x.upper() for x in self.layouts))
-        object.__setattr__(self, "kernels", tuple(self.kernels))
-        object.__setattr__(self, "tvm_constants", tuple(tuple(x) for x in self.tvm_constants))
-        if self.tvm_window is not None:
-            object.__setattr__(self, "tvm_window", int(self.tvm_window))
+        self._normalize()
+        self._check_flags()
         if self.target not in TARGETS:
             raise ConfigError(f"target {self.target!r} is not supported; use 'cpu' or 'cuda'")
         if self.hook_math not in HOOK_MATH_MODES:
@@ -94,12 +92,14 @@ class BuildConfig:
             raise ConfigError(f"paged layouts {bad_layout} are not supported; use {list(LAYOUTS)}")
         self._check_kv_dtypes()
         if self.target == "cpu":
+            self._check_cpu_layouts()
             self._check(self.head_dims, HEAD_DIMS_CPU, "head_dim", "the CPU backend")
             self._check(self.dtypes, CPU_DTYPES, "dtype", "the CPU backend")
         else:
             if not self.archs:
                 raise ConfigError("a cuda build needs at least one arch, e.g. archs=('sm_80',)")
             self._check(self.kernels, KERNELS, "kernel", "the CUDA templates")
+            self._check_exports()
             self._check(self.head_dims, head_dims_of(self.kernels), "head_dim", "the CUDA templates")
             self._check((self.max_group_size,), GROUP_TILES, "max_group_size", "the decode template")
             for a in self.archs:
@@ -109,6 +109,52 @@ class BuildConfig:
                     raise ConfigError(f"dtype {bad[0]} is not supported on {a}; {a} supports "
                                       f"{list(spec.dtypes)}" + (" (Turing has no bf16 tensor cores)"
                                                                 if a == "sm_75" else ""))
+
+    def _normalize(self) -> None:
+        """The fields in canonical form: tuples without repeats (an arch by its name, sm_90 as sm_90a; a layout
+        in capitals; a query dtype together with its K/V dtype), whole-number head dims and window; a field of
+        the wrong form is refused by name."""
+        for name, example in SEQUENCE_FIELDS.items():
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise ConfigError(f"{name}={value!r} is not a tuple; give a tuple of values, e.g. {name}={example}")
+        head_dims = tuple(_whole("head_dims", d) for d in self.head_dims)
+        layouts = tuple(x.upper() if isinstance(x, str) else x for x in self.layouts)
+        object.__setattr__(self, "head_dims", _unique(head_dims))
+        object.__setattr__(self, "archs", _unique(arch_spec(a).name for a in self.archs))
+        object.__setattr__(self, "layouts", _unique(layouts))
+        object.__setattr__(self, "kernels", _unique(self.kernels))
+        object.__setattr__(self, "tvm_constants", _constant_pairs(self.tvm_constants))
+        dtypes, kv_dtypes = tuple(self.dtypes), tuple(self.kv_dtypes) or tuple(self.dtypes)
+        if len(kv_dtypes) == len(dtypes):  # (else _check_kv_dtypes says what is wrong)
+            pairs = _unique(zip(dtypes, kv_dtypes))
+            dtypes, kv_dtypes = tuple(q for q, _ in pairs), tuple(kv for _, kv in pairs)
+        object.__setattr__(self, "dtypes", dtypes)
+        object.__setattr__(self, "kv_dtypes", kv_dtypes)
+        if self.tvm_window is not None:
+            object.__setattr__(self, "tvm_window", _whole("tvm_window", self.tvm_window))
+
+    def _check_flags(self) -> None:
+        """The on / off options are booleans (a string such as 'no' would read as on)."""
+        for name in ("fast_math", "tvm_rope", "defer_alternatives"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and value not in (0, 1):
+                raise ConfigError(f"{name}={value!r} is not a boolean; give True or False")
+
+    def _check_cpu_layouts(self) -> None:
+        """A cpu build makes decode functions, which read a paged KV cache: it needs a layout."""
+        if not self.layouts:
+            raise ConfigError("layouts=(): the CPU backend's decode functions read a paged KV cache; give "
+                              "layouts=('NHD',), ('HND',) or both (--layout NHD,HND)")
+
+    def _check_exports(self) -> None:
+        """Every selected cuda template exports a function for the layouts asked for (decode exports only
+        paged functions, one per layout)."""
+        for record in selected(self.kernels):
+            if not record.kinds(self.layouts):
+                raise ConfigError(f"layouts={self.layouts}: kernel '{record.name}' exports one function per paged "
+                                  "layout and so would export nothing; give layouts=('NHD',), ('HND',) or both "
+                                  f"(--layout NHD,HND), or drop '{record.name}' from kernels")
 
     def _check_kv_dtypes(self) -> None:
         if len(self.kv_dtypes) != len(self.dtypes):
@@ -162,6 +208,35 @@ class BuildConfig:
         if not d["tvm_rope"]:  # and one without RoPE kernels
             d.pop("tvm_rope")
         return json.dumps(d, sort_keys=True)
+
+
+def _whole(name: str, value) -> int:
+    """``value`` as an int, refusing what is not a whole number (64.5, "64") rather than truncating it."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name}: {value!r} is not a whole number; give an integer") from None
+
+
+def _unique(values) -> tuple:
+    """``values`` in order, each once."""
+    return tuple(dict.fromkeys(values))
+
+
+def _constant_pairs(constants) -> tuple:
+    """``tvm_constants`` as ((name, value), ...), each name once."""
+    pairs = []
+    for entry in constants:
+        if isinstance(entry, (str, bytes)) or not hasattr(entry, "__len__") or len(entry) != 2 \
+                or not isinstance(entry[0], str):
+            raise ConfigError(f"tvm_constants: {entry!r} is not a (name, value) pair; give e.g. "
+                              "tvm_constants=(('soft_cap', 30.0),)")
+        pairs.append(tuple(entry))
+    names = [n for n, _ in pairs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"tvm_constants: {twice} given more than once; give each parameter one value")
+    return tuple(pairs)
 
 
 def symbol(kind: str, dtype: str, head_dim: int, kv_dtype: str | None = None) -> str:

@@ -105,3 +105,35 @@ def test_approx_header_compiles_twice_in_one_unit(arch, tmp_path):
     p = subprocess.run(["nvcc", "-c", *arch_spec(arch).gencode.split(), str(tmp_path / "t.cu"), "-o",
                         str(tmp_path / "t.o")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+@T.prim_func
+def clamp_to_infinities(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                        kv_head: T.int32) -> T.float32:
+    return T.min(T.max(s, T.infinity("float32") * T.float32(-1)), T.infinity("float32"))
+
+
+@T.prim_func
+def nan_to_infinity(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                    kv_head: T.int32) -> T.float32:
+    return T.Cast("float32", T.max(T.Cast("float64", s), T.infinity("float64") * T.float64(-1)))
+
+
+@requires_nvcc
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90a"])
+def test_hooks_with_infinity_constants_compile(arch, tmp_path):
+    """TVM writes an infinity as CUDART_INF_F (CUDART_INF in float64), math_constants.h's names: the hooks' header
+    defines them, so a hook holding one compiles without that header (as under NVRTC)."""
+    from attngen.schedules.arch import arch_spec
+
+    calls = []
+    for i, f in enumerate((clamp_to_infinities, nan_to_infinity)):
+        code = lower_hooks_cuda(Variant(f"inf_constant{i}", logits_transform=f), 64, arch).code
+        assert "CUDART_INF" in code
+        (tmp_path / f"h{i}.cuh").write_text(code)
+        calls.append(f"attngen_inf_constant{i}_d64_logits_transform(x[0], 0, 0, 0, 0, 0, x + {i + 1});")
+    (tmp_path / "t.cu").write_text('#include "h0.cuh"\n#include "h1.cuh"\n__global__ void k(float* x) { '
+                                   + " ".join(calls) + " }\n")
+    p = subprocess.run(["nvcc", "-c", *arch_spec(arch).gencode.split(), str(tmp_path / "t.cu"), "-o",
+                        str(tmp_path / "t.o")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr

@@ -41,6 +41,20 @@ HEADER_PRELUDE = """\
 #ifndef ATTNGEN_HOOK
 #define ATTNGEN_HOOK static __device__ __forceinline__
 #endif
+// the infinities and NaNs TVM's CUDA code names, as math_constants.h spells them (an NVRTC build has no such
+// header; a unit that includes it too sees the same definitions)
+#ifndef CUDART_INF_F
+#define CUDART_INF_F __int_as_float(0x7f800000U)
+#endif
+#ifndef CUDART_NAN_F
+#define CUDART_NAN_F __int_as_float(0x7fffffffU)
+#endif
+#ifndef CUDART_INF
+#define CUDART_INF __longlong_as_double(0x7ff0000000000000ULL)
+#endif
+#ifndef CUDART_NAN
+#define CUDART_NAN __longlong_as_double(0xfff8000000000000ULL)
+#endif
 """
 
 

@@ -65,6 +65,18 @@ def select_guarded(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int3
     return s + T.Select(kv_pos > qo_pos, bias[qo_head], T.float32(0.0))
 
 
+@T.prim_func
+def score_in_select(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                    kv_head: T.int32) -> T.float32:
+    return T.Select(kv_pos <= qo_pos, s, T.float32(-1e4))
+
+
+@T.prim_func
+def score_in_branch(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                    kv_head: T.int32) -> T.float32:
+    return T.if_then_else(T.isnan(s) or s > T.float32(1e3), T.float32(1e3), s * T.float32(0.5))
+
+
 def test_a_read_under_a_per_score_condition_stays_in_its_branch():
     """if_then_else and select (the generated C evaluates the taken value only) keep their reads."""
     for hook in (guarded_read, select_guarded):
@@ -86,6 +98,8 @@ def _variants():
         Variant("offset_bias", logits_transform=offset_bias, params=[ScalarParam("offset", "int32", 3)]),
         Variant("head_scale", logits_transform=_head_scale, params=[TensorParam("w", "float32", (8,))]),
         Variant("shared_term", logits_transform=_shared_term, params=[TensorParam("w", "float32", (8,))]),
+        Variant("score_in_select", logits_transform=score_in_select),
+        Variant("score_in_branch", logits_transform=score_in_branch),
     ]
     return [builtin("alibi"), builtin("logits_softcap"), builtin("sigmoid")] + custom
 
@@ -242,3 +256,14 @@ def test_traits_flag_the_post_scaled_path_for_softmax_variants_only():
     assert record_abi("decode", abi) == ("  static constexpr int kLogitsPostScale = -1;\n"
                                          "  static constexpr int kScoreSfuCalls = 0;\n")
     assert record_abi("prefill", abi) == abi
+
+
+@pytest.mark.parametrize("hook", [score_in_select, score_in_branch], ids=["select", "if_then_else"])
+@pytest.mark.parametrize("math", ["approx", "precise"])
+def test_a_score_under_a_condition_lowers_to_cuda(hook, math):
+    """The score inside a select's values or a branch keeps s * scale there; the scale then comes from a term
+    (the score function has no scale of its own, which TVM's CUDA generator refused as an undefined variable)."""
+    hs = lower_hooks_cuda(Variant("score_under_condition", logits_transform=hook), 64, "sm_80", math)
+    split = hs.logits_split["split"]
+    assert {"scale", "post"} <= {str(t) for t in split.terms}
+    assert "scale" not in {v.name for v in tu.used_vars(split.score.body)}

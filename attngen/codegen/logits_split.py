@@ -310,6 +310,24 @@ def _bounded_by_one(g) -> bool:
     return isinstance(g, tvm.ir.Call) and isinstance(g.op, tvm.ir.Op) and g.op.name.split(".")[-1] == "tanh"
 
 
+def _read_row_leaves(score_value, sp: _Splitter, load):
+    """``score_value`` with the row function's own leaves (``scale``, ``post``) that hoisting left in place read
+    back from terms: hoisting does not enter what the generated C evaluates only under a condition (a select's
+    values, an if_then_else branch), so ``s * scale`` stays there whole, and the score function has no ``scale``.
+    A read of ``rt`` is in bounds whether or not the branch is taken. None when the terms run out."""
+    left = [v for v in tu.used_vars(score_value) if tu.handle(v) in sp.must_hoist]
+    mapping = {}
+    for v in left:
+        found = [i for i, t in enumerate(sp.terms) if isinstance(t, tvm.ir.Var) and tu.handle(t) == tu.handle(v)]
+        if not found:
+            if len(sp.terms) >= MAX_TERMS:
+                return None
+            sp.terms.append(v)
+            found = [len(sp.terms) - 1]
+        mapping[tu.handle(v)] = load(found[0])
+    return tu.substitute(score_value, mapping) if mapping else score_value
+
+
 def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
     """The row-terms / per-score pair of the logits hook ``func`` (standard parameters: s, batch,
     qo_pos, kv_pos, qo_head, kv_head; the variant's extras after them)."""
@@ -343,7 +361,9 @@ def split_logits(func: tir.PrimFunc, reassociate: bool) -> LogitsSplit:
             # only where every read of kv_pos goes: a hook that also indexes by it keeps the int
             rewritten, float_pos = _float_positions(value, kv_pos, qo_pos, kv_f)
             value = sp.reassociate(rewritten if float_pos else value)
-        score_value = sp.hoist(value, load)
+        score_value = _read_row_leaves(sp.hoist(value, load), sp, load)
+        straight = score_value is not None
+    if straight:
         affine = _affine_split(score_value, sp.terms, s_raw, kv_f, sp.invariant, rt_score, load) if reassoc else None
         if affine is not None:
             sp.terms, score_value, affine_kv = list(affine[0]), affine[1], affine[2]

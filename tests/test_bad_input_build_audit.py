@@ -353,3 +353,18 @@ def test_two_variants_of_one_name_are_refused(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"defines 2 different variants named 'mine'; give each variant a name"):
         pick_variant(str(src), "mine")
     assert "defines 2 different variants named 'mine'" in _error(capsys, ["inspect", str(src), "--variant", "mine"])
+
+
+@pytest.mark.parametrize("kwargs, name", [({"head_dims": 128}, "head_dims"), ({"dtypes": "float32"}, "dtypes"),
+                                          ({"layouts": "NHD"}, "layouts")])
+def test_the_runtime_builders_refuse_a_field_that_is_no_tuple(kwargs, name):
+    """CPUAttention.build / CUDAAttention.build hand their fields to BuildConfig as given, so its message (naming
+    the field and its form) is what the caller sees, not a TypeError from tuple(128) or a dtype 'f'."""
+    from attngen.runtime import CPUAttention
+    from attngen.runtime.cuda import CUDAAttention
+    from attngen.variants import builtin
+
+    with pytest.raises(ConfigError, match=rf"{name}=.* is not a tuple"):
+        CPUAttention.build(builtin("vanilla"), **kwargs)
+    with pytest.raises(ConfigError, match=rf"{name}=.* is not a tuple"):
+        CUDAAttention.build(builtin("vanilla"), archs=("sm_80",), **kwargs)

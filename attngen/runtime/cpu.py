@@ -53,8 +53,7 @@ class CPUAttention(BuiltModule):
               **kwargs):
         """Build (or take from the cache) ``variant``'s CPU library; ``kwargs`` go to ``attngen.build.build``.
         ``kv_dtypes``: the K/V dtype of each query dtype (() = the query's; an fp8 format for fp8 caches)."""
-        config = BuildConfig("cpu", tuple(head_dims), tuple(dtypes), layouts=tuple(layouts),
-                             kv_dtypes=tuple(kv_dtypes))
+        config = BuildConfig("cpu", head_dims, dtypes, layouts=layouts, kv_dtypes=kv_dtypes)  # (it checks their form)
         res = build_entry.build(variant, config, **kwargs)
         return cls(variant, res.library, res.manifest)
 

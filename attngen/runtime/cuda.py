@@ -160,9 +160,8 @@ class CUDAAttention(BuiltModule):
         read by the decode and prefill kernels; not with kernels=("tvm",)). ``link``: "whole" (templates and
         hooks compiled as one program) or "lto" (the hooks linked into template objects cached per hook
         signature: an edited hook rebuilds in seconds; BuildConfig.link)."""
-        cfg = BuildConfig("cuda", tuple(head_dims), tuple(dtypes), tuple(archs or (current_arch(),)),
-                          tuple(layouts), kernels=tuple(kernels), max_group_size=max_group_size,
-                          hook_math=hook_math, kv_dtypes=tuple(kv_dtypes), link=link)
+        cfg = BuildConfig("cuda", head_dims, dtypes, archs or (current_arch(),), layouts, kernels=kernels,
+                          max_group_size=max_group_size, hook_math=hook_math, kv_dtypes=kv_dtypes, link=link)
         res = build_library(variant, cfg, **kwargs)
         return cls(variant, res.library, res.manifest)
 

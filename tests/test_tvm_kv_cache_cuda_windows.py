@@ -42,8 +42,9 @@ def test_each_cache_gets_the_sliding_window_build_it_needs():
 
 
 def test_build_config_takes_a_window_for_tvm_slot_builds_only():
-    assert BuildConfig("cuda", (64,), ("float16",), ("sm_90a",), kernels=("tvm",), tvm_window="16").tvm_window == 16
-    for bad in ({"kernels": ("tvm",), "tvm_window": -1}, {"tvm_window": 0}):
+    assert BuildConfig("cuda", (64,), ("float16",), ("sm_90a",), kernels=("tvm",), tvm_window=16).tvm_window == 16
+    for bad in ({"kernels": ("tvm",), "tvm_window": -1}, {"tvm_window": 0}, {"kernels": ("tvm",), "tvm_window": "16"},
+                {"kernels": ("tvm",), "tvm_window": 16.5}):
         with pytest.raises(ConfigError, match="tvm_window"):
             BuildConfig("cuda", (64,), ("float16",), ("sm_90a",), **bad)
 

@@ -368,3 +368,36 @@ def test_the_runtime_builders_refuse_a_field_that_is_no_tuple(kwargs, name):
         CPUAttention.build(builtin("vanilla"), **kwargs)
     with pytest.raises(ConfigError, match=rf"{name}=.* is not a tuple"):
         CUDAAttention.build(builtin("vanilla"), archs=("sm_80",), **kwargs)
+
+
+@T.prim_func
+def extern_erf(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+               kv_head: T.int32) -> T.float32:
+    return T.call_pure_extern("float32", "erff", s * T.float32(0.1)) + T.Cast(
+        "float32", T.call_pure_extern("float64", "erf", T.Cast("float64", s) * T.float64(0.05)))
+
+
+def test_erf_externs_evaluate_by_their_c_names():
+    """The float64 interpreter reads a float32 extern's name without its one trailing 'f' (erff -> erf) and a
+    float64 one as it is (it stripped every trailing 'f', so 'erf' became 'er'); the CPU backend, which calls the C
+    functions, agrees with it."""
+    import math
+
+    import numpy as np
+
+    from attngen.ir.tir_eval import eval_scalar_hook
+    from attngen.runtime import CPUAttention
+    from attngen.runtime.reference import reference_attention
+    from attngen.testing import random_problem
+
+    s = np.linspace(-30.0, 30.0, 61)
+    zeros = np.zeros_like(s, dtype=np.int64)
+    got = eval_scalar_hook(extern_erf, [s, zeros, zeros, zeros, zeros, zeros], {})
+    want = [math.erf(x * 0.1) + math.erf(x * 0.05) for x in s]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    v = Variant("erf_logits", logits_transform=extern_erf)
+    att = CPUAttention.build(v, head_dims=(32,), layouts=("NHD",))
+    prob = random_problem(np.random.default_rng(3), [3, 1], [5, 7], 4, 2, 32)
+    out, _ = att.prefill(prob.q, prob.ragged, prob.qo_indptr)
+    ref, _ = reference_attention(v, prob.q, prob.keys, prob.values, prob.qo_indptr, 1 / math.sqrt(32))
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)

@@ -37,7 +37,7 @@ OTHER_OPS = frozenset("""if_then_else likely assume reinterpret popcount clz q_m
     bitwise_or bitwise_xor bitwise_not shift_left shift_right break_loop continue_loop""".split())
 # C math functions a hook may name in T.call_pure_extern: the libm functions the CPU library resolves and
 # CUDA has as device functions, each as <name>f for float32 and <name> for float64
-LIBM = frozenset("""exp exp2 log log2 log10 log1p sqrt tanh sin cos tan sinh cosh asin acos atan floor ceil
+LIBM = frozenset("""exp exp2 log log2 log10 log1p sqrt tanh sin cos tan sinh cosh asin acos atan erf floor ceil
     round trunc fabs pow atan2 fmod hypot copysign nextafter""".split())
 _HALF = ("float16", "bfloat16")
 _EXTERN_SUFFIX = {"float32": "f", "float64": ""}

@@ -120,7 +120,9 @@ class TIREvaluator:
         if name == "if_then_else":
             return self._select(args[0], args[1], args[2])
         if name in ("call_pure_extern",):
-            name = args[0].value.rstrip("f")
+            name = args[0].value  # the C name: float32 functions end in one 'f' (erff, tanhf), float64 ones not (erf)
+            if str(e.ty) == "float32" and name.endswith("f"):
+                name = name[:-1]
             args = args[1:]
         vals = [self.expr(a) for a in args]
         if name in _UNARY and _UNARY[name] is not None:

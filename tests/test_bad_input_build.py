@@ -34,7 +34,7 @@ def test_fmod_is_refused_with_the_call_both_targets_compile():
         Variant("fm", logits_transform=with_fmod)
     msg = str(e.value)
     assert "variant 'fm', hook 'logits_transform'" in msg and "calls T.fmod" in msg
-    assert "T.call_pure_extern('float32', 'fmodf', x, y)" in msg and "test_bad_input_build_audit.py:" in msg
+    assert "T.call_pure_extern('float32', 'fmodf', x, y)" in msg and "test_bad_input_build.py:" in msg
     Variant("fm", logits_transform=with_libm_fmod)  # the fix is accepted
 
 

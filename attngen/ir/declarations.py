@@ -58,6 +58,8 @@ def scalar_value(dtype: str, value) -> tuple[int | float | None, str | None]:
         f = float(value)
     except (TypeError, ValueError):
         return None, f"expected a number for {dtype}, got {type(value).__name__} {value!r}"
+    except OverflowError:  # an int past float64's range
+        return None, f"the integer given overflows {dtype} and would become inf"
     top = FLOAT_MAX.get(dtype)
     if top is not None and math.isfinite(f) and abs(f) > top:
         return None, f"{f!r} overflows {dtype} (largest finite value {top:g}) and would become inf"

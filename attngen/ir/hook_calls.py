@@ -46,6 +46,13 @@ _OP_FIX = ("use TIR arithmetic and math (T.exp, T.tanh, T.pow, T.if_then_else, .
            "of one element, so thread, warp, memory and target-specific intrinsics have no place in it")
 
 
+def extern_base_name(dtype: str, fname: str) -> str:
+    """The math function a C name stands for in a call of ``dtype``: a float32 name without its one trailing
+    'f' (``erff`` -> ``erf``), any other as it is (``erf`` of float64)."""
+    suffix = _EXTERN_SUFFIX.get(dtype)
+    return fname[:-len(suffix)] if suffix and fname.endswith(suffix) else fname
+
+
 def op_name(call) -> str | None:
     """The name of a call's operator after its namespace (``tirx.exp`` -> ``exp``, ``prim.likely`` ->
     ``likely``); None for a namespaced intrinsic (``tirx.cuda.thread_rank``) or a call of a function."""
@@ -96,7 +103,7 @@ def _extern_problem(call) -> tuple[str, str] | None:
     arguments are all of ``dtype``."""
     dtype, fname = str(call.ty), getattr(call.args[0], "value", None)
     suffix = _EXTERN_SUFFIX.get(dtype)
-    base = fname[:-len(suffix)] if suffix and isinstance(fname, str) and fname.endswith(suffix) else fname
+    base = extern_base_name(dtype, fname) if isinstance(fname, str) else fname
     if suffix is None or base not in LIBM or fname != base + suffix:
         return (f"calls the C function {fname!r} ({dtype}) through T.call_pure_extern; a hook may call only the C "
                 "math functions both targets have (a function the CPU library cannot resolve ends the process "

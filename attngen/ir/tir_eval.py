@@ -14,6 +14,7 @@ import tvm
 import tvm.tirx as tir
 
 from . import tir_utils as tu
+from .hook_calls import extern_base_name
 from .hook_spec import HOOKS
 
 _UNARY = {
@@ -120,9 +121,7 @@ class TIREvaluator:
         if name == "if_then_else":
             return self._select(args[0], args[1], args[2])
         if name in ("call_pure_extern",):
-            name = args[0].value  # the C name: float32 functions end in one 'f' (erff, tanhf), float64 ones not (erf)
-            if str(e.ty) == "float32" and name.endswith("f"):
-                name = name[:-1]
+            name = extern_base_name(str(e.ty), args[0].value)
             args = args[1:]
         vals = [self.expr(a) for a in args]
         if name in _UNARY and _UNARY[name] is not None:

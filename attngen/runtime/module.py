@@ -57,10 +57,7 @@ def resolve_sm_scale(sm_scale: float | None, head_dim: int) -> float:
     (the kernels' type) holds: a NaN or infinite scale would make every output NaN."""
     if sm_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    try:
-        value, problem = scalar_value("float32", sm_scale)
-    except OverflowError:  # (an int past float64's range)
-        value, problem = None, "the integer given overflows float32 and would become inf"
+    value, problem = scalar_value("float32", sm_scale)
     if problem is None and not math.isfinite(value):
         problem = f"{value} is not finite"
     if problem:

@@ -89,10 +89,7 @@ def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size
             _check_declared_dims(p, dims[p.name], sizes)
             out.append(val)
         else:
-            try:
-                value, problem = scalar_value(p.dtype, val)
-            except OverflowError:  # (an int past float64's range, given for a float parameter)
-                value, problem = None, f"the integer given overflows {p.dtype} and would become inf"
+            value, problem = scalar_value(p.dtype, val)
             if problem:
                 raise AttentionArgumentError(f"params['{p.name}']: {problem} (variant '{variant.name}' declares "
                                              f"it {p.dtype})")

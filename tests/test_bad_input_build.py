@@ -169,6 +169,50 @@ def test_a_parameter_named_like_a_tensors_size_is_refused():
 
 
 @T.prim_func
+def wrapping_causal(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32) -> T.bool:
+    return kv_pos * 1000000 <= qo_pos * 1000000
+
+
+@T.prim_func
+def wide_causal(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32) -> T.bool:
+    return T.Cast("int64", kv_pos) * T.int64(1000000) <= T.Cast("int64", qo_pos) * T.int64(1000000)
+
+
+@T.prim_func
+def shifted_window(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32) -> T.bool:
+    return kv_pos + 128 > qo_pos and kv_pos * 2 <= qo_pos * 2 + 1
+
+
+@T.prim_func
+def position_bias(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                  kv_head: T.int32) -> T.float32:
+    d: T.let = (qo_pos - kv_pos) * 4096
+    return s - T.Cast("float32", d)
+
+
+def test_int32_arithmetic_on_positions_that_can_wrap_is_refused():
+    """``kv_pos * 1000000 <= qo_pos * 1000000`` was classified causal (the analysis assumes no overflow) while the
+    kernel's int32 product wraps past position 2147 and the reference's int64 one does not: three readings of one
+    mask. Positions lie below 2^30 (longer requests are refused at run time), so the range of every int32
+    sub-expression of positions and constants is known when the variant is made."""
+    with pytest.raises(VariantError, match=r"hook 'logits_mask' .*'kv_pos \* 1000000' is int32 and reaches "
+                                           r"1073741823000000 .*Fix: compute it in int64"):
+        Variant("wrap", logits_mask=wrapping_causal)
+    with pytest.raises(VariantError, match=r"hook 'logits_transform' .*is int32 and reaches -?\d+ for positions "
+                                           r"below 2\^30"):
+        Variant("bias", logits_transform=position_bias)
+
+
+def test_position_arithmetic_inside_int32_or_in_int64_is_kept():
+    """Sums with constants and doubling stay inside int32 below 2^30 and keep their analysis (here a causal window
+    of 128 keys, the doubling read exactly as kv_pos <= qo_pos); the product computed in int64 is accepted as
+    written and evaluated per score."""
+    mask = Variant("win", logits_mask=shifted_window).analysis.mask
+    assert (mask.kind.value, int(mask.lower), int(mask.upper)) == ("causal_window", 0, 127)
+    assert Variant("wide", logits_mask=wide_causal).analysis.mask.kind.value == "arbitrary"
+
+
+@T.prim_func
 def table8(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
            t: T.Buffer((8,), "float32")) -> T.float32:
     return s + t[T.min(qo_head, 7)]

@@ -254,3 +254,24 @@ def test_a_float_parameter_past_float_range_is_named():
     """An int past float64's range makes the float conversion raise OverflowError: the parameter is named."""
     with pytest.raises(AttentionArgumentError, match=r"params\['soft_cap'\]: the integer given overflows float32"):
         resolve_params(builtin("logits_softcap"), {"soft_cap": 10**400}, num_qo_heads=4, batch_size=1)
+
+
+# --- requests of 2^30 keys or more ------------------------------------------------------------------------
+
+def test_requests_of_2_30_keys_are_refused(att):
+    """A page table that repeats one page can describe a request of 2^30 keys in little memory; its positions would
+    leave the range the hooks' int32 arithmetic is checked for (ir/position_overflow.py), so the request is refused
+    before any kernel reads it. One key fewer passes the check."""
+    page_size = 1 << 16
+    pages = np.zeros((1, 2, page_size, 1, D), np.float32)
+    n_pages = (1 << 30) // page_size
+    indices = np.zeros(n_pages, np.int32)
+    q = np.zeros((1, 2, D), np.float32)
+    far = PagedKV(pages, np.array([0, n_pages], np.int32), indices, np.array([page_size], np.int32))
+    with pytest.raises(AttentionArgumentError, match=r"kv.indptr: a request of 1073741824 keys.*fewer than 2\^30"):
+        att.decode(q, far)
+    from attngen.runtime.checks import check_paged, check_request_lengths
+    just_under = PagedKV(pages, far.indptr, indices, np.array([page_size - 1], np.int32))
+    assert check_paged(just_under, D, "float32", 1) == 1
+    with pytest.raises(AttentionArgumentError, match=r"kv.indptr: a request of 1073741824 keys"):
+        check_request_lengths(np.array([3, 1 << 30]), "kv.indptr")

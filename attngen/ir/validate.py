@@ -16,6 +16,7 @@ from .declarations import ScalarParam, StateAlgebra, TensorParam
 from .errors import VariantError
 from .hook_calls import check_calls
 from .hook_spec import HOOKS, ROW_ARGS, SOFTMAX_ONLY, STANDARD_SCALARS, HookSpec
+from .position_overflow import check_position_arithmetic
 from .row_hook_checks import check_row_hook
 from .tensor_reads import TensorReads, check_hook_shapes, check_tensor_reads
 
@@ -169,6 +170,7 @@ def _check_hook(v, spec: HookSpec, func) -> None:
         _check_extra_param(v, spec, func, p)
     _check_purity(v, spec, func, params[:n_rows])
     check_calls(v.name, spec.name, func)
+    check_position_arithmetic(v.name, spec.name, func)
     if spec.row:
         check_row_hook(v.name, spec.name, func)
 

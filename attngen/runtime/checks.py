@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from attngen.ir.position_overflow import MAX_POSITION
+
 
 class AttentionArgumentError(ValueError):
     pass
@@ -208,6 +210,8 @@ def check_paged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: st
     if np.any(has_pages & ((last < 1) | (last > kv.page_size))):
         raise AttentionArgumentError(f"kv.last_page_len: must be in [1, page_size={kv.page_size}] for "
                                      "every request that has pages")
+    pages = np.diff(indptr).astype(np.int64)
+    check_request_lengths(np.where(has_pages, (pages - 1) * int(kv.page_size) + last, 0), "kv.indptr")
     return b
 
 
@@ -223,4 +227,15 @@ def check_ragged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: s
         raise AttentionArgumentError(f"kv.k/kv.v: strides {strides_of(kv.k)} / {strides_of(kv.v)} must match (views "
                                      "of one fused projection do; else call .contiguous() on both)")
     indptr = check_indptr(kv.indptr, "kv.indptr", int(kv.k.shape[0]), batch)
+    check_request_lengths(np.diff(indptr), "kv.indptr")
     return len(indptr) - 1
+
+
+def check_request_lengths(kv_lens: np.ndarray, name: str) -> None:
+    """Refuse a request of MAX_POSITION keys or more (kv_lens: [B] keys per request, host): hooks read positions
+    as int32 below that bound (ir/position_overflow.py)."""
+    longest = int(np.max(kv_lens, initial=0))
+    if longest >= MAX_POSITION:
+        raise AttentionArgumentError(f"{name}: a request of {longest} keys; requests hold fewer than 2^30 "
+                                     f"({MAX_POSITION}) keys, whose positions hooks read as int32: check {name} (and the page "
+                                     "table it indexes)")

@@ -237,5 +237,5 @@ def check_request_lengths(kv_lens: np.ndarray, name: str) -> None:
     longest = int(np.max(kv_lens, initial=0))
     if longest >= MAX_POSITION:
         raise AttentionArgumentError(f"{name}: a request of {longest} keys; requests hold fewer than 2^30 "
-                                     f"({MAX_POSITION}) keys, whose positions hooks read as int32: check {name} (and the page "
-                                     "table it indexes)")
+                                     f"({MAX_POSITION}) keys, whose positions hooks read as int32: check {name} "
+                                     "(and the page table it indexes)")

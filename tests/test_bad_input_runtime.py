@@ -1,11 +1,20 @@
 """Bad input to the public runtime API (CPU backend), each met with attngen's own error naming the argument and
 the fix, or with the right answer where the input has one: sm_scale, queries without heads, views without tensors,
 read-only NumPy arrays, merging no states, cascade levels' row groups, block-sparse ids and sizes, fp8 scales and
-appended rows, scalar parameters past float range."""
+appended rows, scalar parameters past float range, requests of 2^30 keys, integer parameters that make hook
+arithmetic wrap."""
 import numpy as np
 import pytest
+from tvm.script import tirx as T
 
-from attngen.runtime import AttentionArgumentError, BlockSparseView, CPUAttention, PagedKV, RaggedKV
+from attngen import ScalarParam, Variant
+from attngen.runtime import (
+    AttentionArgumentError,
+    BlockSparseView,
+    CPUAttention,
+    PagedKV,
+    RaggedKV,
+)
 from attngen.runtime.append import append_paged_kv, append_slots
 from attngen.runtime.block_sparse import BlockSparseAttention, HeadwiseBlockSparseView
 from attngen.runtime.cascade import CascadeAttention, CascadeLevel
@@ -275,3 +284,36 @@ def test_requests_of_2_30_keys_are_refused(att):
     assert check_paged(just_under, D, "float32", 1) == 1
     with pytest.raises(AttentionArgumentError, match=r"kv.indptr: a request of 1073741824 keys"):
         check_request_lengths(np.array([3, 1 << 30]), "kv.indptr")
+
+
+@T.prim_func
+def window_plus_one(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                    window: T.int32) -> T.bool:
+    return qo_pos - kv_pos < window + 1
+
+
+def test_integer_parameters_that_make_hook_arithmetic_wrap_are_refused():
+    """``window + 1`` at window = 2^31 - 1 wraps to -2^31 in the kernels (nothing visible) but not in the int64
+    reference (everything visible); ``qo_pos - window_left`` wraps at window_left = -2^31. Values that keep the
+    terms inside int32 pass, the extremes included where the term allows them."""
+    v = Variant("wrap_window", logits_mask=window_plus_one, params=[ScalarParam("window", "int32", 16)])
+    sizes = dict(num_qo_heads=1, batch_size=1)
+    with pytest.raises(AttentionArgumentError, match=r"params\['window'\]: with window = 2147483647, hook "
+                                                     r"'logits_mask' computes 'window \+ 1' in int32 and it reaches "
+                                                     r"2147483648, past the int32 range"):
+        resolve_params(v, {"window": 2**31 - 1}, **sizes)
+    assert resolve_params(v, {"window": 2**31 - 2}, **sizes) == [2**31 - 2]
+    assert resolve_params(v, {"window": -2**31}, **sizes) == [-2**31]
+    causal_window = builtin("sliding_window_causal")
+    with pytest.raises(AttentionArgumentError, match=r"params\['window_left'\]: with window_left = -2147483648, .*"
+                                                     r"'qo_pos - window_left' .*for positions below 2\^30"):
+        resolve_params(causal_window, {"window_left": -2**31}, **sizes)
+    assert resolve_params(causal_window, {"window_left": 2**31 - 1}, **sizes) == [2**31 - 1]
+
+
+def test_wrapping_parameters_are_refused_by_the_call(build_cache, prob):
+    att = CPUAttention.build(builtin("sliding_window_causal"), head_dims=(D,), layouts=("NHD",), cache=build_cache)
+    with pytest.raises(AttentionArgumentError, match=r"params\['window_left'\]: with window_left = -2147483648"):
+        att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"window_left": -2**31})
+    out, _ = att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"window_left": 2**31 - 1})
+    assert np.isfinite(out).all()

@@ -6,8 +6,9 @@ reference interpreter in int64 (ir/tir_eval.py), and the mask analysis simplifie
 be three different answers. Every request the runtime accepts has fewer than :data:`MAX_POSITION` keys
 (runtime/checks.py refuses longer ones), so every position lies in ``[0, MAX_POSITION)``; an int32
 sub-expression of positions and constants whose range under that bound leaves int32 is refused, with the
-int64 cast that computes it exactly. Sub-expressions that read an extra parameter are left alone: their
-range is the caller's values, not the variant's.
+int64 cast that computes it exactly. Sub-expressions that also read integer scalar parameters are checked
+per call, with the values given (:func:`parameter_overflow`, from runtime/params.py): a window of 2^31 - 1
+passed to ``qo_pos - kv_pos < window + 1`` would wrap to an empty window in the kernels alone.
 """
 from __future__ import annotations
 
@@ -24,25 +25,65 @@ _INT32 = (-2**31, 2**31 - 1)
 _ARITH = (tir.Add, tir.Sub, tir.Mul, tir.LShift)
 
 
-def position_overflow(func) -> tuple[object, tuple[int, int]] | None:
-    """The first (innermost) int32 sub-expression of ``func``'s positions and constants whose range leaves
-    int32 for positions below :data:`MAX_POSITION`, with that range; None if there is none."""
-    pos = {tu.handle(p) for p in func.params if not tir.is_buffer_var(p) and p.name in POSITIONS}
-    if not pos:
-        return None
-    ana = tvm.sym.Analyzer()
-    for p in func.params:
-        if tu.handle(p) in pos:
-            ana.bind(p, tvm.ir.Range(0, MAX_POSITION))
+def _int32_terms(func, names: set[str]):
+    """(term, its vars by name) for every int32 sum, difference, product or shift of ``func`` that reads only
+    the scalar arguments ``names`` and constants, innermost first (lets expanded)."""
+    by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in names}
     for node in tu.collect(tu.expand_binds(func.body), _ARITH):
         if str(node.ty) != "int32":
             continue
         used = {tu.handle(v) for v in tu.used_vars(node)}
-        if not used or not used <= pos:
-            continue
-        b = ana.const_int_bound(node)
-        if b.min_value < _INT32[0] or b.max_value > _INT32[1]:
-            return node, (int(b.min_value), int(b.max_value))
+        if used and used <= set(by_handle):
+            yield node, {by_handle[h].name: by_handle[h] for h in used}
+
+
+def _wraps(node, vars_: dict, values: dict) -> tuple[int, int] | None:
+    """The range of ``node`` with positions below MAX_POSITION and the other vars at ``values``, where it
+    leaves int32; None where it stays inside."""
+    ana = tvm.sym.Analyzer()
+    fixed = {}
+    for name, var in vars_.items():
+        if name in POSITIONS:
+            ana.bind(var, tvm.ir.Range(0, MAX_POSITION))
+        else:
+            fixed[tu.handle(var)] = tir.IntImm("int64", int(values[name]))
+    if fixed:  # (values in int64: the bound is of the term's mathematical value)
+        node = tu.substitute(node, fixed)
+    b = ana.const_int_bound(node)
+    return (int(b.min_value), int(b.max_value)) if b.min_value < _INT32[0] or b.max_value > _INT32[1] else None
+
+
+def position_overflow(func) -> tuple[object, tuple[int, int]] | None:
+    """The first (innermost) int32 sub-expression of ``func``'s positions and constants whose range leaves
+    int32 for positions below :data:`MAX_POSITION`, with that range; None if there is none."""
+    for node, vars_ in _int32_terms(func, set(POSITIONS)):
+        wraps = _wraps(node, vars_, {})
+        if wraps:
+            return node, wraps
+    return None
+
+
+def parameter_overflow(variant, scalars: dict) -> str | None:
+    """Why the integer scalar parameter values ``scalars`` (name: value) make an int32 term of ``variant``'s
+    hooks (positions, those parameters and constants) leave int32 for positions below MAX_POSITION; None
+    if they do not."""
+    ints = {p.name for p in variant.scalar_params if "int" in str(p.dtype)} & set(scalars)
+    if not ints:
+        return None
+    for hook, func in variant.hooks.items():
+        for node, vars_ in _int32_terms(func, ints | set(POSITIONS)):
+            given = sorted(set(vars_) & ints)
+            if not given:
+                continue
+            wraps = _wraps(node, vars_, scalars)
+            if wraps:
+                lo, hi = wraps
+                values = ", ".join(f"{n} = {scalars[n]}" for n in given)
+                return (f"params['{given[0]}']: with {values}, hook '{hook}' computes '{node}' in int32 and it "
+                        f"reaches {hi if hi > _INT32[1] else lo}" + (" for positions below 2^30" if len(given) <
+                                                                     len(vars_) else "")
+                        + ", past the int32 range (the kernels would wrap, the reference would not): pass a value that "
+                        "keeps it inside int32")
     return None
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from attngen.ir import ScalarParam, TensorParam
 from attngen.ir.declarations import CALL_SIZES, scalar_value
+from attngen.ir.position_overflow import parameter_overflow
 from attngen.ir.tensor_reads import TensorReads
 
 from .checks import AttentionArgumentError, check_tensor
@@ -95,11 +96,29 @@ def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size
                                              f"it {p.dtype})")
             out.append(value)
             scalars[p.name] = value
+    if scalars:
+        _check_wrapping(variant, scalars)
     if variant.tensor_params:
         if callable(positions):
             positions = positions() if _variant_reads(variant).unbounded else None
         _check_reads(variant, sizes, dims, scalars, positions if positions else None)
     return out
+
+
+_WRAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _check_wrapping(variant, scalars: dict) -> None:
+    """Refuse integer parameter values that make a hook's int32 arithmetic wrap (ir/position_overflow.py),
+    remembered per variant for recent values."""
+    memo = _WRAPS.setdefault(variant, {})
+    key = tuple(sorted(scalars.items()))
+    if key not in memo:
+        if len(memo) >= _MEMO_SIZE:
+            memo.clear()
+        memo[key] = parameter_overflow(variant, scalars)
+    if memo[key]:
+        raise AttentionArgumentError(f"{memo[key]} (variant '{variant.name}')")
 
 
 def _check_declared_dims(p: TensorParam, shape: tuple[int, ...], sizes: dict) -> None:

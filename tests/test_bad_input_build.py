@@ -445,3 +445,15 @@ def test_erf_externs_evaluate_by_their_c_names():
     out, _ = att.prefill(prob.q, prob.ragged, prob.qo_indptr)
     ref, _ = reference_attention(v, prob.q, prob.keys, prob.values, prob.qo_indptr, 1 / math.sqrt(32))
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_folding_a_value_that_makes_hook_arithmetic_wrap_is_refused():
+    """with_constants folds a parameter into the hooks; a value the per-call check would refuse is refused there."""
+    from attngen.variants import builtin
+
+    v = builtin("sliding_window_causal")
+    with pytest.raises(VariantError, match=r"with_constants\(window_left=...\): with window_left = -2147483648, hook "
+                                           r"'logits_mask' computes 'qo_pos - window_left' in int32.*Fix: fold a "
+                                           r"value that keeps the term inside int32"):
+        v.with_constants(window_left=-2**31)
+    assert int(v.with_constants(window_left=2**31 - 1).analysis.mask.upper) == 2**31 - 1

@@ -63,10 +63,10 @@ def position_overflow(func) -> tuple[object, tuple[int, int]] | None:
     return None
 
 
-def parameter_overflow(variant, scalars: dict) -> str | None:
-    """Why the integer scalar parameter values ``scalars`` (name: value) make an int32 term of ``variant``'s
-    hooks (positions, those parameters and constants) leave int32 for positions below MAX_POSITION; None
-    if they do not."""
+def parameter_overflow(variant, scalars: dict) -> tuple[str, str] | None:
+    """(parameter, why) where the integer scalar parameter values ``scalars`` (name: value) make an int32 term
+    of ``variant``'s hooks (positions, those parameters and constants) leave int32 for positions below
+    MAX_POSITION; None if they do not."""
     ints = {p.name for p in variant.scalar_params if "int" in str(p.dtype)} & set(scalars)
     if not ints:
         return None
@@ -79,11 +79,10 @@ def parameter_overflow(variant, scalars: dict) -> str | None:
             if wraps:
                 lo, hi = wraps
                 values = ", ".join(f"{n} = {scalars[n]}" for n in given)
-                return (f"params['{given[0]}']: with {values}, hook '{hook}' computes '{node}' in int32 and it "
-                        f"reaches {hi if hi > _INT32[1] else lo}" + (" for positions below 2^30" if len(given) <
-                                                                     len(vars_) else "")
-                        + ", past the int32 range (the kernels would wrap, the reference would not): pass a value that "
-                        "keeps it inside int32")
+                where = " for positions below 2^30" if len(given) < len(vars_) else ""
+                return given[0], (f"with {values}, hook '{hook}' computes '{node}' in int32 and it reaches "
+                                  f"{hi if hi > _INT32[1] else lo}{where}, past the int32 range (the kernels would "
+                                  "wrap, the reference would not)")
     return None
 
 

@@ -118,7 +118,9 @@ def _check_wrapping(variant, scalars: dict) -> None:
             memo.clear()
         memo[key] = parameter_overflow(variant, scalars)
     if memo[key]:
-        raise AttentionArgumentError(f"{memo[key]} (variant '{variant.name}')")
+        name, why = memo[key]
+        raise AttentionArgumentError(f"params['{name}']: {why} (variant '{variant.name}'): pass a value that keeps "
+                                     "the term inside int32")
 
 
 def _check_declared_dims(p: TensorParam, shape: tuple[int, ...], sizes: dict) -> None:

@@ -179,7 +179,9 @@ __device__ __forceinline__ void decode_tc_direct_scores(float (&st)[4], unsigned
   constexpr int TK = DecodeTCTile<D, S>::kKeys;
   constexpr bool kQInRegs = NQ == D / 16;
   const KV* krows = decode_tc_staged<D, S, KV>(smem_raw) + size_t(stage) * 2 * TK * D;
-  st[0] = st[1] = st[2] = st[3] = 0.f;
+  // two accumulators, even and odd k-steps: two chains of D / 32 dependent MMAs in place of one of D / 16, whose
+  // fixed latency the warp waits out (the fp8 decode's largest stall, ncu_decode_2026-12-07_h100.md)
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
   const int r0 = wk + g, r1 = wk + 8 + g;
 #pragma unroll
   for (int blk = 0; blk < D / 64; ++blk) {
@@ -191,14 +193,16 @@ __device__ __forceinline__ void decode_tc_direct_scores(float (&st)[4], unsigned
       const uint32_t ka[4] = {fp8x2_to_half2_bits<KV>(lo[s4] & 0xffffu), fp8x2_to_half2_bits<KV>(hi[s4] & 0xffffu),
                               fp8x2_to_half2_bits<KV>(lo[s4] >> 16), fp8x2_to_half2_bits<KV>(hi[s4] >> 16)};
       if constexpr (kQInRegs) {
-        mma16816<half>(st, ka, qfrag[4 * blk + s4][0], qfrag[4 * blk + s4][2]);
+        mma16816<half>(acc[s4 & 1], ka, qfrag[4 * blk + s4][0], qfrag[4 * blk + s4][2]);
       } else {  // (D 256: the query's B fragment from its shared row, two words)
         uint32_t qb[4];
         decode_tc_direct_qfrag<D>(qb, sq, st_q, 4 * blk + s4, g, t4);
-        mma16816<half>(st, ka, qb[0], qb[2]);
+        mma16816<half>(acc[s4 & 1], ka, qb[0], qb[2]);
       }
     }
   }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) st[i] = acc[0][i] + acc[1][i];
 }
 
 // The online softmax of the transposed scores (decode_tc_direct_scores, hooks applied; mt2: the tile's running

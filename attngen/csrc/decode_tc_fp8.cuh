@@ -206,38 +206,45 @@ __device__ __forceinline__ void decode_tc_direct_scores(float (&st)[4], unsigned
 }
 
 // The online softmax of the transposed scores (decode_tc_direct_scores, hooks applied; mt2: the tile's running
-// maxima of query rows 2 t4 + c over this thread's keys): the rows' maxima over the warp's 16 keys (lanes of
-// one t4), the states m2 / d2 rescaled, st turned into probabilities, and the accumulator O^T (NOA m-tiles
-// whose columns are the same query rows) rescaled where a row's maximum grew.
+// maxima of query rows 2 t4 + c over this thread's keys): the states m2 / d2, st turned into probabilities, and
+// the accumulator O^T (NOA m-tiles whose columns are the same query rows). A row's maximum m2 moves only when some
+// lane's scores exceed it by more than kRescaleSlack (common.cuh, as the prefill templates' row maxima do): one
+// vote of the warp in place of the rows' reductions over the warp's 16 keys (lanes of one t4), which run only on
+// such a rise, rescaling d2 and O^T where a row's maximum grew. The weights then stay below 2^kRescaleSlack (exact
+// in half P as relatively fine as below 1), and the state (m2, d2, O^T) stays exact: m2 is the offset the weights
+// were taken against. A NaN score counts as a rise, so that the reductions carry it into m2.
 template <int NOA>
 __device__ __forceinline__ void direct_online_softmax(float (&st)[4], float (&mt2)[2], float (&m2)[2], float (&d2)[2],
                                                       float (&o_acc)[NOA][4]) {
-  float rescale2[2];
-  bool grew = false;
+  const bool rise = !(mt2[0] <= m2[0] + kRescaleSlack) || !(mt2[1] <= m2[1] + kRescaleSlack);
+  if (__any_sync(0xffffffffu, rise)) {  // (uniform across the warp: the shuffles below see every lane)
+    float rescale2[2];
+    bool grew = false;
 #pragma unroll
-  for (int c = 0; c < 2; ++c) {
+    for (int c = 0; c < 2; ++c) {
 #pragma unroll
-    for (int o = 4; o < 32; o *= 2) mt2[c] = fmax_nan(mt2[c], __shfl_xor_sync(0xffffffffu, mt2[c], o));
-    const bool up = mt2[c] != m2[c];
-    rescale2[c] = up ? fast_exp2(m2[c] - mt2[c]) : 1.f;
-    d2[c] *= rescale2[c];
-    m2[c] = mt2[c];
-    grew = grew || up;
+      for (int o = 4; o < 32; o *= 2) mt2[c] = fmax_nan(mt2[c], __shfl_xor_sync(0xffffffffu, mt2[c], o));
+      const bool up = mt2[c] != m2[c];
+      rescale2[c] = up ? fast_exp2(m2[c] - mt2[c]) : 1.f;
+      d2[c] *= rescale2[c];
+      m2[c] = mt2[c];
+      grew = grew || up;
+    }
+    if (grew) {
+#pragma unroll
+      for (int i = 0; i < NOA; ++i) {
+        o_acc[i][0] *= rescale2[0];
+        o_acc[i][1] *= rescale2[1];
+        o_acc[i][2] *= rescale2[0];
+        o_acc[i][3] *= rescale2[1];
+      }
+    }
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float p = m2[i & 1] != kNegInf ? fast_exp2(st[i] - m2[i & 1]) : 0.f;
     st[i] = p;
     d2[i & 1] += p;
-  }
-  if (grew) {
-#pragma unroll
-    for (int i = 0; i < NOA; ++i) {
-      o_acc[i][0] *= rescale2[0];
-      o_acc[i][1] *= rescale2[1];
-      o_acc[i][2] *= rescale2[0];
-      o_acc[i][3] *= rescale2[1];
-    }
   }
 }
 

@@ -216,7 +216,11 @@ __device__ __forceinline__ void decode_tc_direct_scores(float (&st)[4], unsigned
 template <int NOA>
 __device__ __forceinline__ void direct_online_softmax(float (&st)[4], float (&mt2)[2], float (&m2)[2], float (&d2)[2],
                                                       float (&o_acc)[NOA][4]) {
-  const bool rise = !(mt2[0] <= m2[0] + kRescaleSlack) || !(mt2[1] <= m2[1] + kRescaleSlack);
+  // (the difference, exact for nearby values where m2 + kRescaleSlack would round at large |m2|; -inf - -inf, an
+  // all-masked or padding row, is NaN and no rise; a NaN score is one)
+  bool rise = false;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) rise = rise || mt2[c] - m2[c] > kRescaleSlack || isnan(mt2[c]);
   if (__any_sync(0xffffffffu, rise)) {  // (uniform across the warp: the shuffles below see every lane)
     float rescale2[2];
     bool grew = false;

@@ -179,7 +179,9 @@ __device__ __forceinline__ void decode_tc_direct_scores(float (&st)[4], unsigned
   constexpr int TK = DecodeTCTile<D, S>::kKeys;
   constexpr bool kQInRegs = NQ == D / 16;
   const KV* krows = decode_tc_staged<D, S, KV>(smem_raw) + size_t(stage) * 2 * TK * D;
-  st[0] = st[1] = st[2] = st[3] = 0.f;
+  // two accumulators, even and odd k-steps: two chains of D / 32 dependent MMAs in place of one of D / 16, whose
+  // fixed latency the warp waits out (the fp8 decode's largest stall, ncu_decode_2026-12-07_h100.md)
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
   const int r0 = wk + g, r1 = wk + 8 + g;
 #pragma unroll
   for (int blk = 0; blk < D / 64; ++blk) {
@@ -191,49 +193,62 @@ __device__ __forceinline__ void decode_tc_direct_scores(float (&st)[4], unsigned
       const uint32_t ka[4] = {fp8x2_to_half2_bits<KV>(lo[s4] & 0xffffu), fp8x2_to_half2_bits<KV>(hi[s4] & 0xffffu),
                               fp8x2_to_half2_bits<KV>(lo[s4] >> 16), fp8x2_to_half2_bits<KV>(hi[s4] >> 16)};
       if constexpr (kQInRegs) {
-        mma16816<half>(st, ka, qfrag[4 * blk + s4][0], qfrag[4 * blk + s4][2]);
+        mma16816<half>(acc[s4 & 1], ka, qfrag[4 * blk + s4][0], qfrag[4 * blk + s4][2]);
       } else {  // (D 256: the query's B fragment from its shared row, two words)
         uint32_t qb[4];
         decode_tc_direct_qfrag<D>(qb, sq, st_q, 4 * blk + s4, g, t4);
-        mma16816<half>(st, ka, qb[0], qb[2]);
+        mma16816<half>(acc[s4 & 1], ka, qb[0], qb[2]);
       }
     }
   }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) st[i] = acc[0][i] + acc[1][i];
 }
 
 // The online softmax of the transposed scores (decode_tc_direct_scores, hooks applied; mt2: the tile's running
-// maxima of query rows 2 t4 + c over this thread's keys): the rows' maxima over the warp's 16 keys (lanes of
-// one t4), the states m2 / d2 rescaled, st turned into probabilities, and the accumulator O^T (NOA m-tiles
-// whose columns are the same query rows) rescaled where a row's maximum grew.
+// maxima of query rows 2 t4 + c over this thread's keys): the states m2 / d2, st turned into probabilities, and
+// the accumulator O^T (NOA m-tiles whose columns are the same query rows). A row's maximum m2 moves only when some
+// lane's scores exceed it by more than kRescaleSlack (common.cuh, as the prefill templates' row maxima do): one
+// vote of the warp in place of the rows' reductions over the warp's 16 keys (lanes of one t4), which run only on
+// such a rise, rescaling d2 and O^T where a row's maximum grew. The weights then stay below 2^kRescaleSlack (exact
+// in half P as relatively fine as below 1), and the state (m2, d2, O^T) stays exact: m2 is the offset the weights
+// were taken against. A NaN score counts as a rise, so that the reductions carry it into m2.
 template <int NOA>
 __device__ __forceinline__ void direct_online_softmax(float (&st)[4], float (&mt2)[2], float (&m2)[2], float (&d2)[2],
                                                       float (&o_acc)[NOA][4]) {
-  float rescale2[2];
-  bool grew = false;
+  // (the difference, exact for nearby values where m2 + kRescaleSlack would round at large |m2|; -inf - -inf, an
+  // all-masked or padding row, is NaN and no rise; a NaN score is one)
+  bool rise = false;
 #pragma unroll
-  for (int c = 0; c < 2; ++c) {
+  for (int c = 0; c < 2; ++c) rise = rise || mt2[c] - m2[c] > kRescaleSlack || isnan(mt2[c]);
+  if (__any_sync(0xffffffffu, rise)) {  // (uniform across the warp: the shuffles below see every lane)
+    float rescale2[2];
+    bool grew = false;
 #pragma unroll
-    for (int o = 4; o < 32; o *= 2) mt2[c] = fmax_nan(mt2[c], __shfl_xor_sync(0xffffffffu, mt2[c], o));
-    const bool up = mt2[c] != m2[c];
-    rescale2[c] = up ? fast_exp2(m2[c] - mt2[c]) : 1.f;
-    d2[c] *= rescale2[c];
-    m2[c] = mt2[c];
-    grew = grew || up;
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int o = 4; o < 32; o *= 2) mt2[c] = fmax_nan(mt2[c], __shfl_xor_sync(0xffffffffu, mt2[c], o));
+      const bool up = mt2[c] != m2[c];
+      rescale2[c] = up ? fast_exp2(m2[c] - mt2[c]) : 1.f;
+      d2[c] *= rescale2[c];
+      m2[c] = mt2[c];
+      grew = grew || up;
+    }
+    if (grew) {
+#pragma unroll
+      for (int i = 0; i < NOA; ++i) {
+        o_acc[i][0] *= rescale2[0];
+        o_acc[i][1] *= rescale2[1];
+        o_acc[i][2] *= rescale2[0];
+        o_acc[i][3] *= rescale2[1];
+      }
+    }
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float p = m2[i & 1] != kNegInf ? fast_exp2(st[i] - m2[i & 1]) : 0.f;
     st[i] = p;
     d2[i & 1] += p;
-  }
-  if (grew) {
-#pragma unroll
-    for (int i = 0; i < NOA; ++i) {
-      o_acc[i][0] *= rescale2[0];
-      o_acc[i][1] *= rescale2[1];
-      o_acc[i][2] *= rescale2[0];
-      o_acc[i][3] *= rescale2[1];
-    }
   }
 }
 

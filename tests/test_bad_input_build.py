@@ -203,6 +203,35 @@ def test_int32_arithmetic_on_positions_that_can_wrap_is_refused():
         Variant("bias", logits_transform=position_bias)
 
 
+@T.prim_func
+def by_distance(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                kv_head: T.int32) -> T.float32:
+    return s + T.Cast("float32", 100 // (qo_pos - kv_pos))
+
+
+@T.prim_func
+def by_distance_guarded(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                        kv_head: T.int32) -> T.float32:
+    return s + T.Cast("float32", T.if_then_else(qo_pos != kv_pos, 100 // (qo_pos - kv_pos), 0))
+
+
+@T.prim_func
+def by_next_position(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
+                     kv_head: T.int32) -> T.float32:
+    return s + T.Cast("float32", qo_pos % (kv_pos + 1))
+
+
+def test_integer_division_by_a_position_term_that_can_be_0_is_refused():
+    """``100 // (qo_pos - kv_pos)`` divides by 0 on the diagonal: the CPU library's process stopped (SIGFPE). In a
+    branch of T.if_then_else (one branch evaluated) or by a term that cannot be 0 it is accepted."""
+    with pytest.raises(VariantError, match=r"hook 'logits_transform' .*'100 // \(qo_pos - kv_pos\)' divides by "
+                                           r"'qo_pos - kv_pos', which is 0 for some positions.*Fix: divide only "
+                                           r"where it is not 0"):
+        Variant("dist", logits_transform=by_distance)
+    Variant("dist", logits_transform=by_distance_guarded)
+    Variant("dist", logits_transform=by_next_position)
+
+
 def test_position_arithmetic_inside_int32_or_in_int64_is_kept():
     """Sums with constants and doubling stay inside int32 below 2^30 and keep their analysis (here a causal window
     of 128 keys, the doubling read exactly as kv_pos <= qo_pos); the product computed in int64 is accepted as

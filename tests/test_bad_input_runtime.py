@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tvm.script import tirx as T
 
-from attngen import ScalarParam, Variant
+from attngen import ScalarParam, Variant, VariantError
 from attngen.runtime import (
     AttentionArgumentError,
     BlockSparseView,
@@ -269,7 +269,7 @@ def test_a_float_parameter_past_float_range_is_named():
 
 def test_requests_of_2_30_keys_are_refused(att):
     """A page table that repeats one page can describe a request of 2^30 keys in little memory; its positions would
-    leave the range the hooks' int32 arithmetic is checked for (ir/position_overflow.py), so the request is refused
+    leave the range the hooks' int32 arithmetic is checked for (ir/int_arithmetic.py), so the request is refused
     before any kernel reads it. One key fewer passes the check."""
     page_size = 1 << 16
     pages = np.zeros((1, 2, page_size, 1, D), np.float32)
@@ -316,4 +316,31 @@ def test_wrapping_parameters_are_refused_by_the_call(build_cache, prob):
     with pytest.raises(AttentionArgumentError, match=r"params\['window_left'\]: with window_left = -2147483648"):
         att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"window_left": -2**31})
     out, _ = att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"window_left": 2**31 - 1})
+    assert np.isfinite(out).all()
+
+
+@T.prim_func
+def block_causal(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                 chunk: T.int32) -> T.bool:
+    return qo_pos // chunk >= kv_pos // (chunk + 0) and T.truncmod(kv_pos, chunk + 1) >= 0
+
+
+def test_integer_parameters_that_divide_by_zero_are_refused(build_cache, prob):
+    """A block-causal mask's ``qo_pos // chunk`` at chunk = 0 stopped the process with SIGFPE on the CPU backend
+    (the GPU's division by zero is undefined; the reference's gives 0); a remainder by ``chunk + 1`` at chunk = -1
+    the same. Refused per call and when folded; other values run."""
+    v = Variant("block_causal", logits_mask=block_causal, params=[ScalarParam("chunk", "int32", 4)])
+    sizes = dict(num_qo_heads=1, batch_size=1)
+    for chunk, term in ((0, r"qo_pos // chunk"), (-1, r"T.truncmod\(kv_pos, chunk \+ 1\)")):
+        with pytest.raises(AttentionArgumentError, match=rf"params\['chunk'\]: with chunk = {chunk}, hook "
+                                                         rf"'logits_mask' divides by 0 in '{term}'.*pass a non-zero "
+                                                         "value"):
+            resolve_params(v, {"chunk": chunk}, **sizes)
+    with pytest.raises(VariantError, match=r"with_constants\(chunk=...\): with chunk = 0, hook 'logits_mask' "
+                                           r"divides by 0.*Fix: fold a non-zero value"):
+        v.with_constants(chunk=0)
+    att = CPUAttention.build(v, head_dims=(D,), layouts=("NHD",), cache=build_cache)
+    with pytest.raises(AttentionArgumentError, match=r"params\['chunk'\]: with chunk = 0, hook 'logits_mask' divides"):
+        att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"chunk": 0})
+    out, _ = att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"chunk": 2})
     assert np.isfinite(out).all()

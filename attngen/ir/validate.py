@@ -16,7 +16,7 @@ from .declarations import ScalarParam, StateAlgebra, TensorParam
 from .errors import VariantError
 from .hook_calls import check_calls
 from .hook_spec import HOOKS, ROW_ARGS, SOFTMAX_ONLY, STANDARD_SCALARS, HookSpec
-from .position_overflow import check_position_arithmetic
+from .int_arithmetic import check_position_arithmetic
 from .row_hook_checks import check_row_hook
 from .tensor_reads import TensorReads, check_hook_shapes, check_tensor_reads
 

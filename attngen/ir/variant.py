@@ -13,7 +13,7 @@ from .analysis import VariantAnalysis, analyze_variant
 from .declarations import Param, ScalarParam, StateAlgebra, TensorParam, scalar_value
 from .errors import VariantError
 from .hook_spec import HOOK_ORDER
-from .position_overflow import parameter_overflow
+from .int_arithmetic import parameter_problem
 from .validate import check_hook_names, check_params_argument, validate_variant
 
 
@@ -67,10 +67,9 @@ class Variant:
                 raise VariantError(self.name, None, f"with_constants({name}=...) ({p.dtype}): {problem}",
                                    f"pass a value {p.dtype} holds")
             folded[name] = (v, p.dtype)
-        wraps = parameter_overflow(self, {k: v for k, (v, _) in folded.items()})
-        if wraps:
-            raise VariantError(self.name, None, f"with_constants({wraps[0]}=...): {wraps[1]}",
-                               "fold a value that keeps the term inside int32")
+        bad = parameter_problem(self, {k: v for k, (v, _) in folded.items()})
+        if bad:
+            raise VariantError(self.name, None, f"with_constants({bad[0]}=...): {bad[1]}", f"fold {bad[2]}")
         hooks = {}
         for hook, func in self.hooks.items():
             consts = {var: tir.const(folded[var.name][0], folded[var.name][1]) for var in func.params

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from attngen.ir.position_overflow import MAX_POSITION
+from attngen.ir.int_arithmetic import MAX_POSITION
 
 
 class AttentionArgumentError(ValueError):
@@ -233,7 +233,7 @@ def check_ragged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: s
 
 def check_request_lengths(kv_lens: np.ndarray, name: str) -> None:
     """Refuse a request of MAX_POSITION keys or more (kv_lens: [B] keys per request, host): hooks read positions
-    as int32 below that bound (ir/position_overflow.py)."""
+    as int32 below that bound (ir/int_arithmetic.py)."""
     longest = int(np.max(kv_lens, initial=0))
     if longest >= MAX_POSITION:
         raise AttentionArgumentError(f"{name}: a request of {longest} keys; requests hold fewer than 2^30 "

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from attngen.ir import ScalarParam, TensorParam
 from attngen.ir.declarations import CALL_SIZES, scalar_value
-from attngen.ir.position_overflow import parameter_overflow
+from attngen.ir.int_arithmetic import parameter_problem
 from attngen.ir.tensor_reads import TensorReads
 
 from .checks import AttentionArgumentError, check_tensor
@@ -97,7 +97,7 @@ def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size
             out.append(value)
             scalars[p.name] = value
     if scalars:
-        _check_wrapping(variant, scalars)
+        _check_int_arithmetic(variant, scalars)
     if variant.tensor_params:
         if callable(positions):
             positions = positions() if _variant_reads(variant).unbounded else None
@@ -105,22 +105,21 @@ def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size
     return out
 
 
-_WRAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_INT_PROBLEMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _check_wrapping(variant, scalars: dict) -> None:
-    """Refuse integer parameter values that make a hook's int32 arithmetic wrap (ir/position_overflow.py),
-    remembered per variant for recent values."""
-    memo = _WRAPS.setdefault(variant, {})
+def _check_int_arithmetic(variant, scalars: dict) -> None:
+    """Refuse integer parameter values that make a hook's int32 arithmetic wrap or divide by 0
+    (ir/int_arithmetic.py), remembered per variant for recent values."""
+    memo = _INT_PROBLEMS.setdefault(variant, {})
     key = tuple(sorted(scalars.items()))
     if key not in memo:
         if len(memo) >= _MEMO_SIZE:
             memo.clear()
-        memo[key] = parameter_overflow(variant, scalars)
+        memo[key] = parameter_problem(variant, scalars)
     if memo[key]:
-        name, why = memo[key]
-        raise AttentionArgumentError(f"params['{name}']: {why} (variant '{variant.name}'): pass a value that keeps "
-                                     "the term inside int32")
+        name, why, wanted = memo[key]
+        raise AttentionArgumentError(f"params['{name}']: {why} (variant '{variant.name}'): pass {wanted}")
 
 
 def _check_declared_dims(p: TensorParam, shape: tuple[int, ...], sizes: dict) -> None:

@@ -1,0 +1,173 @@
+"""Integer arithmetic of hooks that the kernels and the reference would read differently: refused when the
+variant is made, or per call for the values of integer scalar parameters.
+
+Wrapping. A hook's ``qo_pos`` and ``kv_pos`` are int32. The kernels compute a hook's int32 arithmetic in
+int32, the reference interpreter in int64 (ir/tir_eval.py), and the mask analysis simplifies as if nothing
+overflowed (``kv_pos * 1000000 <= qo_pos * 1000000`` reads as causal): a product or sum that wraps in the
+kernel would be three different answers. Every request the runtime accepts has fewer than
+:data:`MAX_POSITION` keys (runtime/checks.py refuses longer ones), so every position lies in
+``[0, MAX_POSITION)``; an int32 sub-expression of positions and constants whose range under that bound leaves
+int32 is refused, with the int64 cast that computes it exactly. Sub-expressions that also read integer scalar
+parameters are checked per call, with the values given (:func:`parameter_problem`, from runtime/params.py):
+a window of 2^31 - 1 passed to ``qo_pos - kv_pos < window + 1`` would wrap to an empty window in the kernels
+alone.
+
+Dividing by zero. An integer division or remainder by a parameter (``qo_pos // chunk``) given 0 stops the
+CPU library's process (SIGFPE), leaves the GPU's result undefined and gives the reference 0: the value is
+refused per call, and by ``Variant.with_constants``. A division by a term of positions that is 0 for some
+position (``100 // (qo_pos - kv_pos)``) is refused when the variant is made, unless it sits in a branch of a
+``T.if_then_else`` (which evaluates one branch only).
+"""
+from __future__ import annotations
+
+import tvm
+import tvm.sym
+import tvm.tirx as tir
+
+from . import tir_utils as tu
+from .errors import VariantError
+
+MAX_POSITION = 2**30  # positions lie in [0, MAX_POSITION): requests hold fewer keys than this
+POSITIONS = ("qo_pos", "kv_pos")
+_INT32 = (-2**31, 2**31 - 1)
+_ARITH = (tir.Add, tir.Sub, tir.Mul, tir.LShift)
+_DIVISIONS = (tir.FloorDiv, tir.FloorMod, tir.Div, tir.Mod)
+
+
+def _int32_terms(func, names: set[str]):
+    """(term, its vars by name) for every int32 sum, difference, product or shift of ``func`` that reads only
+    the scalar arguments ``names`` and constants, innermost first (lets expanded)."""
+    by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in names}
+    for node in tu.collect(tu.expand_binds(func.body), _ARITH):
+        if str(node.ty) != "int32":
+            continue
+        used = {tu.handle(v) for v in tu.used_vars(node)}
+        if used and used <= set(by_handle):
+            yield node, {by_handle[h].name: by_handle[h] for h in used}
+
+
+def _wraps(node, vars_: dict, values: dict) -> tuple[int, int] | None:
+    """The range of ``node`` with positions below MAX_POSITION and the other vars at ``values``, where it
+    leaves int32; None where it stays inside."""
+    ana = tvm.sym.Analyzer()
+    fixed = {}
+    for name, var in vars_.items():
+        if name in POSITIONS:
+            ana.bind(var, tvm.ir.Range(0, MAX_POSITION))
+        else:
+            fixed[tu.handle(var)] = tir.IntImm("int64", int(values[name]))
+    if fixed:  # (values in int64: the bound is of the term's mathematical value)
+        node = tu.substitute(node, fixed)
+    b = ana.const_int_bound(node)
+    return (int(b.min_value), int(b.max_value)) if b.min_value < _INT32[0] or b.max_value > _INT32[1] else None
+
+
+def position_overflow(func) -> tuple[object, tuple[int, int]] | None:
+    """The first (innermost) int32 sub-expression of ``func``'s positions and constants whose range leaves
+    int32 for positions below :data:`MAX_POSITION`, with that range; None if there is none."""
+    for node, vars_ in _int32_terms(func, set(POSITIONS)):
+        wraps = _wraps(node, vars_, {})
+        if wraps:
+            return node, wraps
+    return None
+
+
+def _guarded(body) -> set[int]:
+    """Handles of the divisions inside a branch of a ``T.if_then_else`` of ``body`` (only one branch is evaluated,
+    in both code generators and the reference)."""
+    inside: set[int] = set()
+    for call in tu.collect(body, tvm.ir.Call):
+        if getattr(call.op, "name", "").endswith(".if_then_else"):
+            for branch in call.args[1:]:
+                inside |= {tu.handle(n) for n in tu.collect(branch, _DIVISIONS)}
+    return inside
+
+
+def position_divisor(func):
+    """The first integer division or remainder of ``func`` by a term of positions and constants that is 0 for
+    some positions below MAX_POSITION, outside any ``T.if_then_else`` branch; None if there is none."""
+    body = tu.expand_binds(func.body)
+    pos = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in POSITIONS}
+    guarded = _guarded(body)
+    for node in tu.collect(body, _DIVISIONS):
+        if "int" not in str(node.ty) or tu.handle(node) in guarded:
+            continue
+        used = {tu.handle(v) for v in tu.used_vars(node.b)}
+        if not used or not used <= set(pos):
+            continue
+        ana = tvm.sym.Analyzer()
+        for h in used:
+            ana.bind(pos[h], tvm.ir.Range(0, MAX_POSITION))
+        b = ana.const_int_bound(node.b)
+        if b.min_value <= 0 <= b.max_value:
+            return node
+    return None
+
+
+def _zero_divisor(func, ints: set[str], scalars: dict):
+    """(division, parameters) for the first integer division or remainder of ``func`` whose divisor reads only
+    the integer parameters ``ints`` (at least one) and constants and is 0 at ``scalars``; None if none is."""
+    by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in ints}
+    for node in tu.collect(tu.expand_binds(func.body), _DIVISIONS):
+        if "int" not in str(node.ty):
+            continue
+        used = {tu.handle(v) for v in tu.used_vars(node.b)}
+        if not used or not used <= set(by_handle):
+            continue
+        names = sorted(by_handle[h].name for h in used)
+        value = tvm.sym.Analyzer().simplify(tu.substitute(
+            node.b, {h: tir.IntImm("int64", int(scalars[by_handle[h].name])) for h in used}))
+        if isinstance(value, tir.IntImm) and value.value == 0:
+            return node, names
+    return None
+
+
+def parameter_problem(variant, scalars: dict) -> tuple[str, str, str] | None:
+    """(parameter, why, the value wanted) where the integer scalar parameter values ``scalars`` (name: value)
+    make an int32 term of ``variant``'s hooks (positions, those parameters and constants) leave int32 for
+    positions below MAX_POSITION, or make a divisor of parameters and constants 0; None if they do neither."""
+    ints = {p.name for p in variant.scalar_params if "int" in str(p.dtype)} & set(scalars)
+    if not ints:
+        return None
+    for hook, func in variant.hooks.items():
+        zero = _zero_divisor(func, ints, scalars)
+        if zero:
+            node, names = zero
+            values = ", ".join(f"{n} = {scalars[n]}" for n in names)
+            return names[0], (f"with {values}, hook '{hook}' divides by 0 in '{node}' (the CPU library's process "
+                              "would stop, the GPU's result is undefined)"), "a non-zero value"
+        for node, vars_ in _int32_terms(func, ints | set(POSITIONS)):
+            given = sorted(set(vars_) & ints)
+            if not given:
+                continue
+            wraps = _wraps(node, vars_, scalars)
+            if wraps:
+                lo, hi = wraps
+                values = ", ".join(f"{n} = {scalars[n]}" for n in given)
+                where = " for positions below 2^30" if len(given) < len(vars_) else ""
+                return given[0], (f"with {values}, hook '{hook}' computes '{node}' in int32 and it reaches "
+                                  f"{hi if hi > _INT32[1] else lo}{where}, past the int32 range (the kernels would "
+                                  "wrap, the reference would not)"), "a value that keeps the term inside int32"
+    return None
+
+
+def check_position_arithmetic(variant: str, hook: str, func) -> None:
+    """Raise :class:`VariantError` when ``func`` (a hook) has int32 arithmetic on positions that can wrap, or
+    divides by a term of positions that can be 0 outside a ``T.if_then_else`` branch."""
+    division = position_divisor(func)
+    if division is not None:
+        raise VariantError(
+            variant, hook, f"'{division}' divides by '{division.b}', which is 0 for some positions (the CPU "
+            "library's process would stop, the GPU's result is undefined)",
+            f"divide only where it is not 0 (T.if_then_else({division.b} != 0, ..., ...)) or by a term that cannot "
+            "be 0", tu.source_line(division))
+    found = position_overflow(func)
+    if found is None:
+        return
+    node, (lo, hi) = found
+    raise VariantError(
+        variant, hook,
+        f"'{node}' is int32 and reaches {hi if hi > _INT32[1] else lo} for positions below 2^30, past the int32 "
+        "range: the kernels would wrap where the reference does not",
+        "compute it in int64 (T.Cast('int64', kv_pos) * ...), or keep the arithmetic on qo_pos - kv_pos",
+        tu.source_line(node))

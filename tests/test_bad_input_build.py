@@ -232,6 +232,19 @@ def test_integer_division_by_a_position_term_that_can_be_0_is_refused():
     Variant("dist", logits_transform=by_next_position)
 
 
+@T.prim_func
+def narrowed(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32) -> T.bool:
+    return T.Cast("int32", T.Cast("int64", kv_pos) * T.int64(1000000)) <= qo_pos
+
+
+def test_a_wide_position_term_cast_to_int32_is_refused():
+    """Computed in int64 but cast back to int32, the product is truncated in the kernels and not in the
+    reference."""
+    with pytest.raises(VariantError, match=r"'T.Cast\(.int64., kv_pos\) \* T.int64\(1000000\)' is cast to int32 "
+                                           r"and reaches 1073741823000000 .*Fix: keep it in int64"):
+        Variant("narrow", logits_mask=narrowed)
+
+
 def test_position_arithmetic_inside_int32_or_in_int64_is_kept():
     """Sums with constants and doubling stay inside int32 below 2^30 and keep their analysis (here a causal window
     of 128 keys, the doubling read exactly as kv_pos <= qo_pos); the product computed in int64 is accepted as

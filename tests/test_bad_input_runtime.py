@@ -311,6 +311,24 @@ def test_integer_parameters_that_make_hook_arithmetic_wrap_are_refused():
     assert resolve_params(causal_window, {"window_left": 2**31 - 1}, **sizes) == [2**31 - 1]
 
 
+@T.prim_func
+def wide_window(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                window: T.int64) -> T.bool:
+    return qo_pos - kv_pos < T.Cast("int32", window)
+
+
+def test_int64_parameters_cast_to_int32_are_checked_against_int32():
+    """An int64 window cast to int32 is truncated in the kernels (2^40 becomes 0: nothing visible) but not in the
+    reference: values past int32 are refused, values inside pass."""
+    v = Variant("wide_window", logits_mask=wide_window, params=[ScalarParam("window", "int64", 16)])
+    sizes = dict(num_qo_heads=1, batch_size=1)
+    with pytest.raises(AttentionArgumentError, match=r"params\['window'\]: with window = 1099511627776, hook "
+                                                     r"'logits_mask' casts 'window' to int32 and it reaches "
+                                                     r"1099511627776, past the int32 range"):
+        resolve_params(v, {"window": 2**40}, **sizes)
+    assert resolve_params(v, {"window": 2**31 - 1}, **sizes) == [2**31 - 1]
+
+
 def test_wrapping_parameters_are_refused_by_the_call(build_cache, prob):
     att = CPUAttention.build(builtin("sliding_window_causal"), head_dims=(D,), layouts=("NHD",), cache=build_cache)
     with pytest.raises(AttentionArgumentError, match=r"params\['window_left'\]: with window_left = -2147483648"):

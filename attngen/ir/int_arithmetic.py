@@ -7,10 +7,11 @@ overflowed (``kv_pos * 1000000 <= qo_pos * 1000000`` reads as causal): a product
 kernel would be three different answers. Every request the runtime accepts has fewer than
 :data:`MAX_POSITION` keys (runtime/checks.py refuses longer ones), so every position lies in
 ``[0, MAX_POSITION)``; an int32 sub-expression of positions and constants whose range under that bound leaves
-int32 is refused, with the int64 cast that computes it exactly. Sub-expressions that also read integer scalar
-parameters are checked per call, with the values given (:func:`parameter_problem`, from runtime/params.py):
-a window of 2^31 - 1 passed to ``qo_pos - kv_pos < window + 1`` would wrap to an empty window in the kernels
-alone.
+int32 is refused, with the int64 cast that computes it exactly; so is a wider integer of positions cast to
+int32 whose value can leave int32 (the kernels truncate it, the reference does not). Sub-expressions that
+also read integer scalar parameters are checked per call, with the values given (:func:`parameter_problem`,
+from runtime/params.py): a window of 2^31 - 1 passed to ``qo_pos - kv_pos < window + 1`` would wrap to an
+empty window in the kernels alone.
 
 Dividing by zero. An integer division or remainder by a parameter (``qo_pos // chunk``) given 0 stops the
 CPU library's process (SIGFPE), leaves the GPU's result undefined and gives the reference 0: the value is
@@ -35,15 +36,21 @@ _DIVISIONS = (tir.FloorDiv, tir.FloorMod, tir.Div, tir.Mod)
 
 
 def _int32_terms(func, names: set[str]):
-    """(term, its vars by name) for every int32 sum, difference, product or shift of ``func`` that reads only
-    the scalar arguments ``names`` and constants, innermost first (lets expanded)."""
+    """(term, its vars by name, whether it is cast) for every int32 sum, difference, product or shift of
+    ``func``, and every cast of a wider integer to int32 (the term: the value cast), that reads only the scalar
+    arguments ``names`` and constants, innermost first (lets expanded)."""
     by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in names}
-    for node in tu.collect(tu.expand_binds(func.body), _ARITH):
+    for node in tu.collect(tu.expand_binds(func.body), _ARITH + (tir.Cast,)):
         if str(node.ty) != "int32":
             continue
+        cast = isinstance(node, tir.Cast)
+        if cast:
+            if "int" not in str(node.value.ty) or str(node.value.ty) == "int32":
+                continue
+            node = node.value
         used = {tu.handle(v) for v in tu.used_vars(node)}
         if used and used <= set(by_handle):
-            yield node, {by_handle[h].name: by_handle[h] for h in used}
+            yield node, {by_handle[h].name: by_handle[h] for h in used}, cast
 
 
 def _wraps(node, vars_: dict, values: dict) -> tuple[int, int] | None:
@@ -62,13 +69,14 @@ def _wraps(node, vars_: dict, values: dict) -> tuple[int, int] | None:
     return (int(b.min_value), int(b.max_value)) if b.min_value < _INT32[0] or b.max_value > _INT32[1] else None
 
 
-def position_overflow(func) -> tuple[object, tuple[int, int]] | None:
+def position_overflow(func) -> tuple[object, tuple[int, int], bool] | None:
     """The first (innermost) int32 sub-expression of ``func``'s positions and constants whose range leaves
-    int32 for positions below :data:`MAX_POSITION`, with that range; None if there is none."""
-    for node, vars_ in _int32_terms(func, set(POSITIONS)):
+    int32 for positions below :data:`MAX_POSITION` (or is cast to int32), with that range and whether it is cast;
+    None if there is none."""
+    for node, vars_, cast in _int32_terms(func, set(POSITIONS)):
         wraps = _wraps(node, vars_, {})
         if wraps:
-            return node, wraps
+            return node, wraps, cast
     return None
 
 
@@ -136,7 +144,7 @@ def parameter_problem(variant, scalars: dict) -> tuple[str, str, str] | None:
             values = ", ".join(f"{n} = {scalars[n]}" for n in names)
             return names[0], (f"with {values}, hook '{hook}' divides by 0 in '{node}' (the CPU library's process "
                               "would stop, the GPU's result is undefined)"), "a non-zero value"
-        for node, vars_ in _int32_terms(func, ints | set(POSITIONS)):
+        for node, vars_, cast in _int32_terms(func, ints | set(POSITIONS)):
             given = sorted(set(vars_) & ints)
             if not given:
                 continue
@@ -145,7 +153,8 @@ def parameter_problem(variant, scalars: dict) -> tuple[str, str, str] | None:
                 lo, hi = wraps
                 values = ", ".join(f"{n} = {scalars[n]}" for n in given)
                 where = " for positions below 2^30" if len(given) < len(vars_) else ""
-                return given[0], (f"with {values}, hook '{hook}' computes '{node}' in int32 and it reaches "
+                verb = f"casts '{node}' to int32" if cast else f"computes '{node}' in int32"
+                return given[0], (f"with {values}, hook '{hook}' {verb} and it reaches "
                                   f"{hi if hi > _INT32[1] else lo}{where}, past the int32 range (the kernels would "
                                   "wrap, the reference would not)"), "a value that keeps the term inside int32"
     return None
@@ -164,10 +173,11 @@ def check_position_arithmetic(variant: str, hook: str, func) -> None:
     found = position_overflow(func)
     if found is None:
         return
-    node, (lo, hi) = found
+    node, (lo, hi), cast = found
     raise VariantError(
         variant, hook,
-        f"'{node}' is int32 and reaches {hi if hi > _INT32[1] else lo} for positions below 2^30, past the int32 "
-        "range: the kernels would wrap where the reference does not",
+        f"'{node}' is {'cast to ' if cast else ''}int32 and reaches {hi if hi > _INT32[1] else lo} for positions "
+        "below 2^30, past the int32 range: the kernels would wrap where the reference does not",
+        "keep it in int64 where it is compared or used" if cast else
         "compute it in int64 (T.Cast('int64', kv_pos) * ...), or keep the arithmetic on qo_pos - kv_pos",
         tu.source_line(node))

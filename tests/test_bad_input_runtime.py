@@ -343,10 +343,17 @@ def block_causal(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.in
     return qo_pos // chunk >= kv_pos // (chunk + 0) and T.truncmod(kv_pos, chunk + 1) >= 0
 
 
+@T.prim_func
+def block_causal_guarded(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                         chunk: T.int32) -> T.bool:
+    return T.if_then_else(chunk > 0, qo_pos // chunk >= kv_pos // chunk, kv_pos <= qo_pos)
+
+
 def test_integer_parameters_that_divide_by_zero_are_refused(build_cache, prob):
     """A block-causal mask's ``qo_pos // chunk`` at chunk = 0 stopped the process with SIGFPE on the CPU backend
     (the GPU's division by zero is undefined; the reference's gives 0); a remainder by ``chunk + 1`` at chunk = -1
-    the same. Refused per call and when folded; other values run."""
+    the same. Refused per call and when folded; other values run, and 0 where the division sits in a branch of
+    T.if_then_else."""
     v = Variant("block_causal", logits_mask=block_causal, params=[ScalarParam("chunk", "int32", 4)])
     sizes = dict(num_qo_heads=1, batch_size=1)
     for chunk, term in ((0, r"qo_pos // chunk"), (-1, r"T.truncmod\(kv_pos, chunk \+ 1\)")):
@@ -357,8 +364,16 @@ def test_integer_parameters_that_divide_by_zero_are_refused(build_cache, prob):
     with pytest.raises(VariantError, match=r"with_constants\(chunk=...\): with chunk = 0, hook 'logits_mask' "
                                            r"divides by 0.*Fix: fold a non-zero value"):
         v.with_constants(chunk=0)
+    guarded = Variant("block_causal_guarded", logits_mask=block_causal_guarded, params=[ScalarParam("chunk", "int32")])
+    assert resolve_params(guarded, {"chunk": 0}, **sizes) == [0]
     att = CPUAttention.build(v, head_dims=(D,), layouts=("NHD",), cache=build_cache)
     with pytest.raises(AttentionArgumentError, match=r"params\['chunk'\]: with chunk = 0, hook 'logits_mask' divides"):
         att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"chunk": 0})
     out, _ = att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"chunk": 2})
     assert np.isfinite(out).all()
+    # the guarded division at chunk = 0 runs its other branch (kv_pos <= qo_pos) in the CPU library
+    guarded_att = CPUAttention.build(guarded, head_dims=(D,), layouts=("NHD",), cache=build_cache)
+    causal = CPUAttention.build(builtin("causal"), head_dims=(D,), layouts=("NHD",), cache=build_cache)
+    out, _ = guarded_att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"chunk": 0})
+    want, _ = causal.prefill(prob.q, prob.ragged, prob.qo_indptr)
+    np.testing.assert_allclose(out, want, atol=1e-5)

@@ -114,10 +114,13 @@ def position_divisor(func):
 
 def _zero_divisor(func, ints: set[str], scalars: dict):
     """(division, parameters) for the first integer division or remainder of ``func`` whose divisor reads only
-    the integer parameters ``ints`` (at least one) and constants and is 0 at ``scalars``; None if none is."""
+    the integer parameters ``ints`` (at least one) and constants and is 0 at ``scalars``, outside any
+    ``T.if_then_else`` branch; None if none is."""
     by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in ints}
-    for node in tu.collect(tu.expand_binds(func.body), _DIVISIONS):
-        if "int" not in str(node.ty):
+    body = tu.expand_binds(func.body)
+    guarded = _guarded(body)
+    for node in tu.collect(body, _DIVISIONS):
+        if "int" not in str(node.ty) or tu.handle(node) in guarded:
             continue
         used = {tu.handle(v) for v in tu.used_vars(node.b)}
         if not used or not used <= set(by_handle):

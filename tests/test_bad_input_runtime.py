@@ -377,3 +377,22 @@ def test_integer_parameters_that_divide_by_zero_are_refused(build_cache, prob):
     out, _ = guarded_att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"chunk": 0})
     want, _ = causal.prefill(prob.q, prob.ragged, prob.qo_indptr)
     np.testing.assert_allclose(out, want, atol=1e-5)
+
+
+@T.prim_func
+def float_window(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                 width: T.float32) -> T.bool:
+    return qo_pos - kv_pos < T.Cast("int32", width * T.float32(2))
+
+
+def test_float_parameters_whose_integer_cast_overflows_are_refused():
+    """A float cast to int32 past its range is INT_MIN on x86, saturated on the GPU and exact in the reference's
+    int64: refused per call (inf included); values that fit pass."""
+    v = Variant("float_window", logits_mask=float_window, params=[ScalarParam("width", "float32", 8.0)])
+    sizes = dict(num_qo_heads=1, batch_size=1)
+    for width, shown in ((2e9, "4e\\+09"), (float("inf"), "inf")):
+        with pytest.raises(AttentionArgumentError, match=rf"params\['width'\]: with width = {width!r}, hook "
+                                                         rf"'logits_mask' casts {shown} to int32 .*cannot hold.*pass a "
+                                                         "value whose cast fits int32"):
+            resolve_params(v, {"width": width}, **sizes)
+    assert resolve_params(v, {"width": 1e9}, **sizes) == [1e9]

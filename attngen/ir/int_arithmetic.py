@@ -18,14 +18,21 @@ CPU library's process (SIGFPE), leaves the GPU's result undefined and gives the 
 refused per call, and by ``Variant.with_constants``. A division by a term of positions that is 0 for some
 position (``100 // (qo_pos - kv_pos)``) is refused when the variant is made, unless it sits in a branch of a
 ``T.if_then_else`` (which evaluates one branch only).
+
+Casting floats to integers. A float parameter whose cast to an integer type cannot hold it
+(``T.Cast("int32", width)`` at 1e10, or inf) is refused per call: the CPU, the GPU and the reference would each
+give another integer.
 """
 from __future__ import annotations
+
+import math
 
 import tvm
 import tvm.sym
 import tvm.tirx as tir
 
 from . import tir_utils as tu
+from .declarations import INT_RANGES
 from .errors import VariantError
 
 MAX_POSITION = 2**30  # positions lie in [0, MAX_POSITION): requests hold fewer keys than this
@@ -133,14 +140,46 @@ def _zero_divisor(func, ints: set[str], scalars: dict):
     return None
 
 
+def _float_to_int_overflow(func, floats: set[str], scalars: dict):
+    """(cast, parameters, value) for the first cast of ``func`` from a float term of the float parameters
+    ``floats`` (at least one) and constants to an integer type whose value at ``scalars`` is not finite or does
+    not fit that type; None if none is."""
+    by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in floats}
+    for node in tu.collect(tu.expand_binds(func.body), tir.Cast):
+        if "int" not in str(node.ty) or "float" not in str(node.value.ty):
+            continue
+        used = {tu.handle(v) for v in tu.used_vars(node.value)}
+        if not used or not used <= set(by_handle):
+            continue
+        names = sorted(by_handle[h].name for h in used)
+        value = tvm.sym.Analyzer().simplify(tu.substitute(
+            node.value, {h: tir.FloatImm("float64", float(scalars[by_handle[h].name])) for h in used}))
+        if not isinstance(value, tir.FloatImm):
+            continue
+        lo, hi = INT_RANGES.get(str(node.ty), _INT32)
+        v = float(value.value)
+        if not math.isfinite(v) or not lo <= math.trunc(v) <= hi:
+            return node, names, v
+    return None
+
+
 def parameter_problem(variant, scalars: dict) -> tuple[str, str, str] | None:
     """(parameter, why, the value wanted) where the integer scalar parameter values ``scalars`` (name: value)
     make an int32 term of ``variant``'s hooks (positions, those parameters and constants) leave int32 for
-    positions below MAX_POSITION, or make a divisor of parameters and constants 0; None if they do neither."""
+    positions below MAX_POSITION, or make a divisor of parameters and constants 0, or where float parameter values
+    make a cast to an integer type overflow; None if they do none of these."""
     ints = {p.name for p in variant.scalar_params if "int" in str(p.dtype)} & set(scalars)
-    if not ints:
-        return None
+    floats = {p.name for p in variant.scalar_params if "float" in str(p.dtype)} & set(scalars)
     for hook, func in variant.hooks.items():
+        bad_cast = _float_to_int_overflow(func, floats, scalars) if floats else None
+        if bad_cast:
+            node, names, v = bad_cast
+            values = ", ".join(f"{n} = {scalars[n]}" for n in names)
+            return names[0], (f"with {values}, hook '{hook}' casts {v:g} to {node.ty} in '{node}', which it cannot "
+                              "hold (the CPU library, the GPU and the reference would each give another integer)"), \
+                f"a value whose cast fits {node.ty}"
+        if not ints:
+            continue
         zero = _zero_divisor(func, ints, scalars)
         if zero:
             node, names = zero

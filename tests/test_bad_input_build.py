@@ -193,13 +193,13 @@ def position_bias(s: T.float32, batch: T.int32, qo_pos: T.int32, kv_pos: T.int32
 def test_int32_arithmetic_on_positions_that_can_wrap_is_refused():
     """``kv_pos * 1000000 <= qo_pos * 1000000`` was classified causal (the analysis assumes no overflow) while the
     kernel's int32 product wraps past position 2147 and the reference's int64 one does not: three readings of one
-    mask. Positions lie below 2^30 (longer requests are refused at run time), so the range of every int32
+    mask. Positions lie within +-2^29 (longer requests are refused at run time), so the range of every int32
     sub-expression of positions and constants is known when the variant is made."""
     with pytest.raises(VariantError, match=r"hook 'logits_mask' .*'kv_pos \* 1000000' is int32 and reaches "
-                                           r"1073741823000000 .*Fix: compute it in int64"):
+                                           r"536870911000000 .*Fix: compute it in int64"):
         Variant("wrap", logits_mask=wrapping_causal)
     with pytest.raises(VariantError, match=r"hook 'logits_transform' .*is int32 and reaches -?\d+ for positions "
-                                           r"below 2\^30"):
+                                           r"within \+-2\^29"):
         Variant("bias", logits_transform=position_bias)
 
 
@@ -241,12 +241,12 @@ def test_a_wide_position_term_cast_to_int32_is_refused():
     """Computed in int64 but cast back to int32, the product is truncated in the kernels and not in the
     reference."""
     with pytest.raises(VariantError, match=r"'T.Cast\(.int64., kv_pos\) \* T.int64\(1000000\)' is cast to int32 "
-                                           r"and reaches 1073741823000000 .*Fix: keep it in int64"):
+                                           r"and reaches 536870911000000 .*Fix: keep it in int64"):
         Variant("narrow", logits_mask=narrowed)
 
 
 def test_position_arithmetic_inside_int32_or_in_int64_is_kept():
-    """Sums with constants and doubling stay inside int32 below 2^30 and keep their analysis (here a causal window
+    """Sums with constants and doubling stay inside int32 within +-2^29 and keep their analysis (here a causal window
     of 128 keys, the doubling read exactly as kv_pos <= qo_pos); the product computed in int64 is accepted as
     written and evaluated per score."""
     mask = Variant("win", logits_mask=shifted_window).analysis.mask
@@ -489,13 +489,17 @@ def test_erf_externs_evaluate_by_their_c_names():
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
 
 
+@T.prim_func
+def window_from_query(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                      window_left: T.int32) -> T.bool:
+    return kv_pos <= qo_pos and kv_pos >= qo_pos - window_left
+
+
 def test_folding_a_value_that_makes_hook_arithmetic_wrap_is_refused():
     """with_constants folds a parameter into the hooks; a value the per-call check would refuse is refused there."""
-    from attngen.variants import builtin
-
-    v = builtin("sliding_window_causal")
+    v = Variant("from_query", logits_mask=window_from_query, params=[ScalarParam("window_left", "int32")])
     with pytest.raises(VariantError, match=r"with_constants\(window_left=...\): with window_left = -2147483648, hook "
                                            r"'logits_mask' computes 'qo_pos - window_left' in int32.*Fix: fold a "
                                            r"value that keeps the term inside int32"):
         v.with_constants(window_left=-2**31)
-    assert int(v.with_constants(window_left=2**31 - 1).analysis.mask.upper) == 2**31 - 1
+    assert int(v.with_constants(window_left=2**30).analysis.mask.upper) == 2**30

@@ -1,7 +1,7 @@
 """Bad input to the public runtime API (CPU backend), each met with attngen's own error naming the argument and
 the fix, or with the right answer where the input has one: sm_scale, queries without heads, views without tensors,
 read-only NumPy arrays, merging no states, cascade levels' row groups, block-sparse ids and sizes, fp8 scales and
-appended rows, scalar parameters past float range, requests of 2^30 keys, integer parameters that make hook
+appended rows, scalar parameters past float range, requests of 2^29 keys or queries, integer parameters that make hook
 arithmetic wrap."""
 import numpy as np
 import pytest
@@ -265,25 +265,29 @@ def test_a_float_parameter_past_float_range_is_named():
         resolve_params(builtin("logits_softcap"), {"soft_cap": 10**400}, num_qo_heads=4, batch_size=1)
 
 
-# --- requests of 2^30 keys or more ------------------------------------------------------------------------
+# --- requests of 2^29 keys or more ------------------------------------------------------------------------
 
-def test_requests_of_2_30_keys_are_refused(att):
-    """A page table that repeats one page can describe a request of 2^30 keys in little memory; its positions would
+def test_requests_of_2_29_keys_or_queries_are_refused(att):
+    """A page table that repeats one page can describe a request of 2^29 keys in little memory; its positions would
     leave the range the hooks' int32 arithmetic is checked for (ir/int_arithmetic.py), so the request is refused
-    before any kernel reads it. One key fewer passes the check."""
+    before any kernel reads it. One key fewer passes the check; a request of 2^29 queries is refused as well (a
+    query's position is kv_len - qo_len + i, negative where it has more queries than keys)."""
     page_size = 1 << 16
     pages = np.zeros((1, 2, page_size, 1, D), np.float32)
-    n_pages = (1 << 30) // page_size
+    n_pages = (1 << 29) // page_size
     indices = np.zeros(n_pages, np.int32)
     q = np.zeros((1, 2, D), np.float32)
     far = PagedKV(pages, np.array([0, n_pages], np.int32), indices, np.array([page_size], np.int32))
-    with pytest.raises(AttentionArgumentError, match=r"kv.indptr: a request of 1073741824 keys.*fewer than 2\^30"):
+    with pytest.raises(AttentionArgumentError, match=r"kv.indptr: a request of 536870912 keys.*fewer than 2\^29"):
         att.decode(q, far)
-    from attngen.runtime.checks import check_paged, check_request_lengths
+    from attngen.runtime.checks import check_indptr, check_paged, check_request_lengths
     just_under = PagedKV(pages, far.indptr, indices, np.array([page_size - 1], np.int32))
     assert check_paged(just_under, D, "float32", 1) == 1
-    with pytest.raises(AttentionArgumentError, match=r"kv.indptr: a request of 1073741824 keys"):
-        check_request_lengths(np.array([3, 1 << 30]), "kv.indptr")
+    with pytest.raises(AttentionArgumentError, match=r"kv.indptr: a request of 536870912 keys"):
+        check_request_lengths(np.array([3, 1 << 29]), "kv.indptr")
+    with pytest.raises(AttentionArgumentError, match=r"qo_indptr: a request of 536870912 queries; .*check qo_indptr$"):
+        check_indptr(np.array([0, 1 << 29], np.int32), "qo_indptr", None, queries=True)
+    assert len(check_indptr(np.array([0, (1 << 29) - 1], np.int32), "qo_indptr", None, queries=True)) == 2
 
 
 @T.prim_func
@@ -292,10 +296,18 @@ def window_plus_one(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T
     return qo_pos - kv_pos < window + 1
 
 
+@T.prim_func
+def window_from_query(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                      window_left: T.int32) -> T.bool:
+    return kv_pos <= qo_pos and kv_pos >= qo_pos - window_left
+
+
 def test_integer_parameters_that_make_hook_arithmetic_wrap_are_refused():
     """``window + 1`` at window = 2^31 - 1 wraps to -2^31 in the kernels (nothing visible) but not in the int64
-    reference (everything visible); ``qo_pos - window_left`` wraps at window_left = -2^31. Values that keep the
-    terms inside int32 pass, the extremes included where the term allows them."""
+    reference (everything visible); ``qo_pos - window_left`` wraps at window_left = -2^31, and at 2^31 - 1 for a
+    query at a negative position (a request with more queries than keys). Values that keep the terms inside int32
+    pass, the extremes included where the term allows them; the built-in window, written on qo_pos - kv_pos, takes
+    every value."""
     v = Variant("wrap_window", logits_mask=window_plus_one, params=[ScalarParam("window", "int32", 16)])
     sizes = dict(num_qo_heads=1, batch_size=1)
     with pytest.raises(AttentionArgumentError, match=r"params\['window'\]: with window = 2147483647, hook "
@@ -304,11 +316,15 @@ def test_integer_parameters_that_make_hook_arithmetic_wrap_are_refused():
         resolve_params(v, {"window": 2**31 - 1}, **sizes)
     assert resolve_params(v, {"window": 2**31 - 2}, **sizes) == [2**31 - 2]
     assert resolve_params(v, {"window": -2**31}, **sizes) == [-2**31]
-    causal_window = builtin("sliding_window_causal")
-    with pytest.raises(AttentionArgumentError, match=r"params\['window_left'\]: with window_left = -2147483648, .*"
-                                                     r"'qo_pos - window_left' .*for positions below 2\^30"):
-        resolve_params(causal_window, {"window_left": -2**31}, **sizes)
-    assert resolve_params(causal_window, {"window_left": 2**31 - 1}, **sizes) == [2**31 - 1]
+    from_query = Variant("from_query", logits_mask=window_from_query, params=[ScalarParam("window_left", "int32")])
+    for w, reach in ((-2**31, 2**31 + 2**29 - 1), (2**31 - 1, -(2**31 - 1) - 2**29 + 1)):
+        with pytest.raises(AttentionArgumentError, match=rf"params\['window_left'\]: with window_left = {w}, .*"
+                                                         rf"'qo_pos - window_left' .*reaches {reach} for positions "
+                                                         r"within \+-2\^29"):
+            resolve_params(from_query, {"window_left": w}, **sizes)
+    assert resolve_params(from_query, {"window_left": 2**31 - 2**29}, **sizes) == [2**31 - 2**29]
+    for w in (-2**31, 2**31 - 1):
+        assert resolve_params(builtin("sliding_window_causal"), {"window_left": w}, **sizes) == [w]
 
 
 @T.prim_func
@@ -330,10 +346,11 @@ def test_int64_parameters_cast_to_int32_are_checked_against_int32():
 
 
 def test_wrapping_parameters_are_refused_by_the_call(build_cache, prob):
-    att = CPUAttention.build(builtin("sliding_window_causal"), head_dims=(D,), layouts=("NHD",), cache=build_cache)
+    v = Variant("from_query", logits_mask=window_from_query, params=[ScalarParam("window_left", "int32")])
+    att = CPUAttention.build(v, head_dims=(D,), layouts=("NHD",), cache=build_cache)
     with pytest.raises(AttentionArgumentError, match=r"params\['window_left'\]: with window_left = -2147483648"):
         att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"window_left": -2**31})
-    out, _ = att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"window_left": 2**31 - 1})
+    out, _ = att.prefill(prob.q, prob.ragged, prob.qo_indptr, params={"window_left": 2**31 - 2**29})
     assert np.isfinite(out).all()
 
 

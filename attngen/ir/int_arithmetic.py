@@ -5,10 +5,12 @@ Wrapping. A hook's ``qo_pos`` and ``kv_pos`` are int32. The kernels compute a ho
 int32, the reference interpreter in int64 (ir/tir_eval.py), and the mask analysis simplifies as if nothing
 overflowed (``kv_pos * 1000000 <= qo_pos * 1000000`` reads as causal): a product or sum that wraps in the
 kernel would be three different answers. Every request the runtime accepts has fewer than
-:data:`MAX_POSITION` keys (runtime/checks.py refuses longer ones), so every position lies in
-``[0, MAX_POSITION)``; an int32 sub-expression of positions and constants whose range under that bound leaves
-int32 is refused, with the int64 cast that computes it exactly; so is a wider integer of positions cast to
-int32 whose value can leave int32 (the kernels truncate it, the reference does not). Sub-expressions that
+:data:`MAX_POSITION` queries and keys (runtime/checks.py refuses longer ones), so every position lies strictly
+between -MAX_POSITION and MAX_POSITION (a key's in ``[0, MAX_POSITION)``; a query's is ``kv_len - qo_len + i``,
+negative where a request has more queries than keys); an int32 sub-expression of positions and constants
+whose range under that bound leaves int32 is refused, with the int64 cast that computes it exactly; so is a
+wider integer of positions cast to int32 whose value can leave int32 (the kernels truncate it, the reference
+does not). Sub-expressions that
 also read integer scalar parameters are checked per call, with the values given (:func:`parameter_problem`,
 from runtime/params.py): a window of 2^31 - 1 passed to ``qo_pos - kv_pos < window + 1`` would wrap to an
 empty window in the kernels alone.
@@ -35,11 +37,15 @@ from . import tir_utils as tu
 from .declarations import INT_RANGES
 from .errors import VariantError
 
-MAX_POSITION = 2**30  # positions lie in [0, MAX_POSITION): requests hold fewer keys than this
+MAX_POSITION = 2**29  # |position| < MAX_POSITION: requests hold fewer queries and keys than this
+_POSITIONS_IN = "within +-2^29"  # (how messages say it)
 POSITIONS = ("qo_pos", "kv_pos")
 _INT32 = (-2**31, 2**31 - 1)
 _ARITH = (tir.Add, tir.Sub, tir.Mul, tir.LShift)
 _DIVISIONS = (tir.FloorDiv, tir.FloorMod, tir.Div, tir.Mod)
+# a key's position is its index in the request; a query's is kv_len - qo_len + i (negative where a request has more
+# queries than keys)
+_POSITION_RANGE = {"kv_pos": tvm.ir.Range(0, MAX_POSITION), "qo_pos": tvm.ir.Range(-MAX_POSITION + 1, MAX_POSITION)}
 
 
 def _int32_terms(func, names: set[str]):
@@ -61,13 +67,13 @@ def _int32_terms(func, names: set[str]):
 
 
 def _wraps(node, vars_: dict, values: dict) -> tuple[int, int] | None:
-    """The range of ``node`` with positions below MAX_POSITION and the other vars at ``values``, where it
+    """The range of ``node`` with positions strictly within +-MAX_POSITION and the other vars at ``values``, where it
     leaves int32; None where it stays inside."""
     ana = tvm.sym.Analyzer()
     fixed = {}
     for name, var in vars_.items():
         if name in POSITIONS:
-            ana.bind(var, tvm.ir.Range(0, MAX_POSITION))
+            ana.bind(var, _POSITION_RANGE[name])
         else:
             fixed[tu.handle(var)] = tir.IntImm("int64", int(values[name]))
     if fixed:  # (values in int64: the bound is of the term's mathematical value)
@@ -78,7 +84,7 @@ def _wraps(node, vars_: dict, values: dict) -> tuple[int, int] | None:
 
 def position_overflow(func) -> tuple[object, tuple[int, int], bool] | None:
     """The first (innermost) int32 sub-expression of ``func``'s positions and constants whose range leaves
-    int32 for positions below :data:`MAX_POSITION` (or is cast to int32), with that range and whether it is cast;
+    int32 for positions within +-:data:`MAX_POSITION` (or is cast to int32), with that range and whether it is cast;
     None if there is none."""
     for node, vars_, cast in _int32_terms(func, set(POSITIONS)):
         wraps = _wraps(node, vars_, {})
@@ -100,7 +106,7 @@ def _guarded(body) -> set[int]:
 
 def position_divisor(func):
     """The first integer division or remainder of ``func`` by a term of positions and constants that is 0 for
-    some positions below MAX_POSITION, outside any ``T.if_then_else`` branch; None if there is none."""
+    some positions within +-MAX_POSITION, outside any ``T.if_then_else`` branch; None if there is none."""
     body = tu.expand_binds(func.body)
     pos = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in POSITIONS}
     guarded = _guarded(body)
@@ -112,7 +118,7 @@ def position_divisor(func):
             continue
         ana = tvm.sym.Analyzer()
         for h in used:
-            ana.bind(pos[h], tvm.ir.Range(0, MAX_POSITION))
+            ana.bind(pos[h], _POSITION_RANGE[pos[h].name])
         b = ana.const_int_bound(node.b)
         if b.min_value <= 0 <= b.max_value:
             return node
@@ -166,7 +172,7 @@ def _float_to_int_overflow(func, floats: set[str], scalars: dict):
 def parameter_problem(variant, scalars: dict) -> tuple[str, str, str] | None:
     """(parameter, why, the value wanted) where the integer scalar parameter values ``scalars`` (name: value)
     make an int32 term of ``variant``'s hooks (positions, those parameters and constants) leave int32 for
-    positions below MAX_POSITION, or make a divisor of parameters and constants 0, or where float parameter values
+    positions within +-MAX_POSITION, or make a divisor of parameters and constants 0, or where float parameter values
     make a cast to an integer type overflow; None if they do none of these."""
     ints = {p.name for p in variant.scalar_params if "int" in str(p.dtype)} & set(scalars)
     floats = {p.name for p in variant.scalar_params if "float" in str(p.dtype)} & set(scalars)
@@ -194,7 +200,7 @@ def parameter_problem(variant, scalars: dict) -> tuple[str, str, str] | None:
             if wraps:
                 lo, hi = wraps
                 values = ", ".join(f"{n} = {scalars[n]}" for n in given)
-                where = " for positions below 2^30" if len(given) < len(vars_) else ""
+                where = f" for positions {_POSITIONS_IN}" if len(given) < len(vars_) else ""
                 verb = f"casts '{node}' to int32" if cast else f"computes '{node}' in int32"
                 return given[0], (f"with {values}, hook '{hook}' {verb} and it reaches "
                                   f"{hi if hi > _INT32[1] else lo}{where}, past the int32 range (the kernels would "
@@ -219,7 +225,7 @@ def check_position_arithmetic(variant: str, hook: str, func) -> None:
     raise VariantError(
         variant, hook,
         f"'{node}' is {'cast to ' if cast else ''}int32 and reaches {hi if hi > _INT32[1] else lo} for positions "
-        "below 2^30, past the int32 range: the kernels would wrap where the reference does not",
+        f"{_POSITIONS_IN}, past the int32 range: the kernels would wrap where the reference does not",
         "keep it in int64 where it is compared or used" if cast else
         "compute it in int64 (T.Cast('int64', kv_pos) * ...), or keep the arithmetic on qo_pos - kv_pos",
         tu.source_line(node))

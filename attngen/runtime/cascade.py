@@ -319,7 +319,7 @@ def _level_qo_indptrs(levels) -> list[np.ndarray]:
         if not isinstance(lvl, CascadeLevel):
             raise AttentionArgumentError(f"levels[{i}]: expected a CascadeLevel(qo_indptr, kv), got "
                                          f"{type(lvl).__name__}")
-    return [check_indptr(lvl.qo_indptr, f"levels[{i}].qo_indptr", None) for i, lvl in enumerate(levels)]
+    return [check_indptr(lvl.qo_indptr, f"levels[{i}].qo_indptr", None, queries=True) for i, lvl in enumerate(levels)]
 
 
 def _check_level_view(lvl: CascadeLevel, i: int, groups: int) -> None:

@@ -148,9 +148,11 @@ def check_integers(a: np.ndarray, name: str) -> None:
                                      "with .astype(np.int32) after checking its values are whole numbers")
 
 
-def check_indptr(x, name: str, total: int | None, batch: int | None = None, *, capacity: bool = False) -> np.ndarray:
+def check_indptr(x, name: str, total: int | None, batch: int | None = None, *, capacity: bool = False,
+                 queries: bool = False) -> np.ndarray:
     """``capacity``: ``total`` is the size of a buffer the entries index into, which may hold unused
-    spare entries past the last one (as a CUDA-graph-captured page table does)."""
+    spare entries past the last one (as a CUDA-graph-captured page table does). ``queries``: the rows are query
+    tokens, each request fewer than MAX_POSITION (check_request_lengths)."""
     check_tensor(x, name, 1, "int32")
     a = as_numpy(x, name)
     if len(a) < 1:
@@ -164,6 +166,8 @@ def check_indptr(x, name: str, total: int | None, batch: int | None = None, *, c
                                      "entries")
     if not capacity and total is not None and a[-1] != total:
         raise AttentionArgumentError(f"{name}: last entry is {a[-1]} but the data holds {total} rows")
+    if queries:
+        check_request_lengths(np.diff(a), name, "queries")
     return a
 
 
@@ -231,11 +235,11 @@ def check_ragged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: s
     return len(indptr) - 1
 
 
-def check_request_lengths(kv_lens: np.ndarray, name: str) -> None:
-    """Refuse a request of MAX_POSITION keys or more (kv_lens: [B] keys per request, host): hooks read positions
-    as int32 below that bound (ir/int_arithmetic.py)."""
-    longest = int(np.max(kv_lens, initial=0))
+def check_request_lengths(lens: np.ndarray, name: str, what: str = "keys") -> None:
+    """Refuse a request of MAX_POSITION ``what`` (keys, or queries) or more (lens: [B] per request, host): hooks read
+    positions as int32 strictly within +-MAX_POSITION (ir/int_arithmetic.py)."""
+    longest = int(np.max(lens, initial=0))
     if longest >= MAX_POSITION:
-        raise AttentionArgumentError(f"{name}: a request of {longest} keys; requests hold fewer than 2^30 "
-                                     f"({MAX_POSITION}) keys, whose positions hooks read as int32: check {name} "
-                                     "(and the page table it indexes)")
+        raise AttentionArgumentError(f"{name}: a request of {longest} {what}; requests hold fewer than 2^29 "
+                                     f"({MAX_POSITION}) queries and keys, whose positions hooks read as int32: check "
+                                     f"{name}" + (" (and the page table it indexes)" if what == "keys" else ""))

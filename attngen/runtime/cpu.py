@@ -69,7 +69,7 @@ class CPUAttention(BuiltModule):
         ``k_scale``, ``v_scale``: an fp8 cache's scales (a float or float32 [Hkv], see ``fp8.py``)."""
         check_tensor(q, "q", 3, strided="any")
         dt, d = dtype_name(q), int(q.shape[2])
-        qo = check_indptr(qo_indptr, "qo_indptr", int(q.shape[0]))
+        qo = check_indptr(qo_indptr, "qo_indptr", int(q.shape[0]), queries=True)
         batch = len(qo) - 1
         if not isinstance(kv, (PagedKV, RaggedKV)):
             raise AttentionArgumentError(f"kv: expected PagedKV or RaggedKV, got {type(kv).__name__}")

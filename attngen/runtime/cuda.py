@@ -442,7 +442,7 @@ class CUDAAttention(BuiltModule):
             self._require_fp8_functions(kind, kv, head_dim, "prefill")
         else:
             self.function(kind, dtype, head_dim)
-        qo = check_indptr(qo_indptr, "qo_indptr", None)
+        qo = check_indptr(qo_indptr, "qo_indptr", None, queries=True)
         batch = len(qo) - 1
         if isinstance(kv, PagedKV):
             check_paged(kv, head_dim, dtype, batch)

@@ -13,7 +13,7 @@ def window_mask(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int
 @T.prim_func
 def causal_window_mask(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32,
                        kv_head: T.int32, window_left: T.int32) -> T.bool:
-    return kv_pos <= qo_pos and kv_pos >= qo_pos - window_left
+    return kv_pos <= qo_pos and qo_pos - kv_pos <= window_left  # (the difference: no window value wraps it)
 
 
 def make(causal: bool = True) -> Variant:

@@ -503,3 +503,18 @@ def test_folding_a_value_that_makes_hook_arithmetic_wrap_is_refused():
                                            r"value that keeps the term inside int32"):
         v.with_constants(window_left=-2**31)
     assert int(v.with_constants(window_left=2**30).analysis.mask.upper) == 2**30
+
+
+@T.prim_func
+def window_plus_one(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
+                    window: T.int32) -> T.bool:
+    return qo_pos - kv_pos < window + 1
+
+
+def test_a_default_every_call_would_refuse_is_refused_when_declared():
+    """A default that makes a hook's int32 term wrap would have every call that leaves the parameter out refused."""
+    with pytest.raises(VariantError, match=r"the default of parameter 'window': with window = 2147483647, hook "
+                                           r"'logits_mask' computes 'window \+ 1' in int32.*Fix: declare a value "
+                                           r"that keeps the term inside int32"):
+        Variant("dw", logits_mask=window_plus_one, params=[ScalarParam("window", "int32", 2**31 - 1)])
+    Variant("dw", logits_mask=window_plus_one, params=[ScalarParam("window", "int32", 2**31 - 2)])

@@ -12,11 +12,11 @@ import tvm
 import tvm.tirx as tir
 
 from . import tir_utils as tu
-from .declarations import ScalarParam, StateAlgebra, TensorParam
+from .declarations import ScalarParam, StateAlgebra, TensorParam, scalar_value
 from .errors import VariantError
 from .hook_calls import check_calls
 from .hook_spec import HOOKS, ROW_ARGS, SOFTMAX_ONLY, STANDARD_SCALARS, HookSpec
-from .int_arithmetic import check_position_arithmetic
+from .int_arithmetic import check_position_arithmetic, parameter_problem
 from .row_hook_checks import check_row_hook
 from .tensor_reads import TensorReads, check_hook_shapes, check_tensor_reads
 
@@ -97,6 +97,16 @@ def validate_variant(v) -> None:
     reads = TensorReads(v)
     check_hook_shapes(v, reads)  # sizes the hooks' buffers fix against the declarations and each other
     check_tensor_reads(v, reads)  # reads of tensor parameters that no call could bound
+    _check_defaults(v)
+
+
+def _check_defaults(v) -> None:
+    """A scalar parameter's default that every call leaving it out would be refused for (int_arithmetic.py)."""
+    defaults = {p.name: scalar_value(p.dtype, p.default)[0] for p in v.params
+                if isinstance(p, ScalarParam) and p.default is not None}
+    bad = parameter_problem(v, defaults) if defaults else None
+    if bad:
+        raise VariantError(v.name, None, f"the default of parameter '{bad[0]}': {bad[1]}", f"declare {bad[2]}")
 
 
 def _check_param(v, p, seen: set) -> None:

@@ -46,7 +46,8 @@ GPU_FAULTS = ("qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv_ind
               "page_id_out_of_range", "page_id_negative", "last_page_len_zero", "last_page_len_too_big",
               "last_page_len_count", "q_float64", "q_wrong_head_dim", "kv_heads_not_dividing", "layout_unknown",
               "param_missing", "param_wrong_shape", "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype",
-              "kv_wrong_type", "pool_pair_separate", "pool_pair_v_first", *STRIDED_POOLS, "scales_on_float_cache")
+              "kv_wrong_type", "pool_pair_separate", "pool_pair_v_first", *STRIDED_POOLS, "scales_on_float_cache",
+              "param_zero_divisor")
 # the CPU backend packs these pools (and must then be right); the CUDA entries refuse them by name
 CUDA_ONLY_REFUSALS = STRIDED_POOLS
 # valid calls in the layouts the kernels read in place (fuzz_engine.LAYOUT_FORMS), drawn beside a batch's plain

@@ -1,7 +1,8 @@
 """The fuzzer's parts: variants composed from hook fragments, random batches, faults, and the oracle.
 
 A ``Recipe`` picks fragments per hook kind (logits: scale, ALiBi-like bias read from a tensor parameter,
-soft-cap; mask: causal, sliding window, a custom mask read from tensor parameters, a head-striped mask;
+soft-cap; mask: causal, sliding window, a custom mask read from tensor parameters, a head-striped mask, chunked
+local attention (positions divided by a parameter);
 query / key / output transforms, elementwise or whole-row, one reading a 2-D tensor parameter; softmax or
 sum state). ``make_variant`` writes each hook as TVMScript text and parses it. ``make_case`` draws a batch
 from a seed (ragged or paged, both layouts, page permutations with spare pages, empty and one-token
@@ -40,7 +41,7 @@ HEAD_DIM = 32
 ATTNGEN_ERRORS = (AttentionArgumentError, VariantError, ConfigError)
 
 LOGITS = ("scale", "alibi", "softcap")
-MASKS = ("causal", "window", "custom", "stripe")
+MASKS = ("causal", "window", "custom", "stripe", "chunk")
 QUERY = ("none", "affine", "reverse")
 KEY = ("none", "scale", "swap")
 OUTPUT = ("none", "affine", "lse", "head_bias")
@@ -133,6 +134,10 @@ def make_variant(recipe: Recipe) -> Variant:
                        TensorParam("mask_stride", "int32", ("batch_size",))]
         if "stripe" in recipe.mask:
             conds.append("(kv_pos + qo_head) % 3 != 1")
+        if "chunk" in recipe.mask:  # chunked local attention: keys in the query's chunk of fz_chunk positions
+            conds.append("qo_pos // fz_chunk == kv_pos // fz_chunk")
+            extra += ", fz_chunk: T.int32"
+            params.append(ScalarParam("fz_chunk", "int32", 4))
         expr = conds[0]
         for c in conds[1:]:
             expr = f"T.And({expr}, {c})"
@@ -208,6 +213,8 @@ def _params(variant: Variant, rng, qo_lens, kv_lens, n_qo: int, head_dim: int = 
         out["fz_cap"] = float(rng.choice([0.5, 4.0, 30.0]))
     if "fz_window" in names:
         out["fz_window"] = int(rng.integers(0, 7))
+    if "fz_chunk" in names:
+        out["fz_chunk"] = int(rng.integers(1, 9))
     if "mask_bits" in names:
         out.update(pack_custom_mask([rng.random((a, b)) < 0.6 for a, b in zip(qo_lens, kv_lens)], kv_lens))
     if "fz_obias" in names:
@@ -302,7 +309,8 @@ FAULTS = ("none", "qo_indptr_decreasing", "qo_indptr_total", "indptr_int64", "kv
           "pages_float16", "layout_unknown", "meta_device", "param_missing", "param_wrong_shape",
           "param_wrong_dtype", "out_wrong_shape", "lse_wrong_dtype", "kv_wrong_type",
           "pool_vllm", "pool_pair", "pool_gapped", "pool_padded_heads", "kv_fused_projection",
-          "pool_pair_separate", "pool_pair_v_first", "pool_rows_strided", "scales_on_float_cache")
+          "pool_pair_separate", "pool_pair_v_first", "pool_rows_strided", "scales_on_float_cache",
+          "param_zero_divisor")
 
 # The same batch in another memory layout every backend reads (runtime/kv_pool.py, checks.py): vLLM's cache
 # [2, P, ...] transposed, FlashInfer's (k_pages, v_pages) pair of one allocation, NaN-filled gaps between pages
@@ -413,6 +421,10 @@ def apply_fault(case: Case, fault: str, rng) -> Call | None:
     elif fault == "meta_device":
         import torch
         call.q = torch.empty(case.q.shape, device="meta")
+    elif fault == "param_zero_divisor":  # a chunk of 0 positions divides by 0 (refused by name, no SIGFPE)
+        if "fz_chunk" not in case.params:
+            return None
+        call.params["fz_chunk"] = 0
     elif fault.startswith("param_"):
         # a symbolic dim (mask_bits) takes any length: growing it is no fault
         tensors = [n for n, v in case.params.items() if isinstance(v, np.ndarray)

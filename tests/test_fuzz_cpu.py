@@ -25,7 +25,7 @@ from .fuzz_views import VIEW_FAULTS, VIEW_KINDS, make_case, run_case
 CI_RECIPES = (
     Recipe(("alibi", "softcap"), ("causal",), "affine", "none", "head_bias"),
     Recipe(("scale",), ("window", "custom"), "reverse", "swap", "lse"),
-    Recipe((), ("stripe",), "none", "scale", "none", "sum"),
+    Recipe((), ("stripe", "chunk"), "none", "scale", "none", "sum"),
     Recipe(("softcap",), (), "none", "none", "affine"),
 )
 

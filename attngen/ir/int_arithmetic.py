@@ -1,5 +1,5 @@
 """Integer arithmetic of hooks that the kernels and the reference would read differently: refused when the
-variant is made, or per call for the values of integer scalar parameters.
+variant is made, or for the values of its scalar parameters (per call, when folded, and their defaults).
 
 Wrapping. A hook's ``qo_pos`` and ``kv_pos`` are int32. The kernels compute a hook's int32 arithmetic in
 int32, the reference interpreter in int64 (ir/tir_eval.py), and the mask analysis simplifies as if nothing
@@ -10,10 +10,9 @@ between -MAX_POSITION and MAX_POSITION (a key's in ``[0, MAX_POSITION)``; a quer
 negative where a request has more queries than keys); an int32 sub-expression of positions and constants
 whose range under that bound leaves int32 is refused, with the int64 cast that computes it exactly; so is a
 wider integer of positions cast to int32 whose value can leave int32 (the kernels truncate it, the reference
-does not). Sub-expressions that
-also read integer scalar parameters are checked per call, with the values given (:func:`parameter_problem`,
-from runtime/params.py): a window of 2^31 - 1 passed to ``qo_pos - kv_pos < window + 1`` would wrap to an
-empty window in the kernels alone.
+does not). Sub-expressions that also read integer scalar parameters are checked per call, with the values
+given (:func:`parameter_problem`, from runtime/params.py): a window of 2^31 - 1 passed to
+``qo_pos - kv_pos < window + 1`` would wrap to an empty window in the kernels alone.
 
 Dividing by zero. An integer division or remainder by a parameter (``qo_pos // chunk``) given 0 stops the
 CPU library's process (SIGFPE), leaves the GPU's result undefined and gives the reference 0: the value is

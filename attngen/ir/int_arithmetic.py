@@ -103,21 +103,28 @@ def _guarded(body) -> set[int]:
     return inside
 
 
-def position_divisor(func):
-    """The first integer division or remainder of ``func`` by a term of positions and constants that is 0 for
-    some positions within +-MAX_POSITION, outside any ``T.if_then_else`` branch; None if there is none."""
+def _divisions_by(func, names: set[str]):
+    """(division, its divisor's vars by name) for every integer division or remainder of ``func`` outside any
+    ``T.if_then_else`` branch whose divisor reads only the scalar arguments ``names`` (at least one) and
+    constants (lets expanded)."""
+    by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in names}
     body = tu.expand_binds(func.body)
-    pos = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in POSITIONS}
     guarded = _guarded(body)
     for node in tu.collect(body, _DIVISIONS):
         if "int" not in str(node.ty) or tu.handle(node) in guarded:
             continue
         used = {tu.handle(v) for v in tu.used_vars(node.b)}
-        if not used or not used <= set(pos):
-            continue
+        if used and used <= set(by_handle):
+            yield node, {by_handle[h].name: by_handle[h] for h in used}
+
+
+def position_divisor(func):
+    """The first integer division or remainder of ``func`` by a term of positions and constants that is 0 for
+    some positions within +-MAX_POSITION, outside any ``T.if_then_else`` branch; None if there is none."""
+    for node, vars_ in _divisions_by(func, set(POSITIONS)):
         ana = tvm.sym.Analyzer()
-        for h in used:
-            ana.bind(pos[h], _POSITION_RANGE[pos[h].name])
+        for name, var in vars_.items():
+            ana.bind(var, _POSITION_RANGE[name])
         b = ana.const_int_bound(node.b)
         if b.min_value <= 0 <= b.max_value:
             return node
@@ -128,20 +135,11 @@ def _zero_divisor(func, ints: set[str], scalars: dict):
     """(division, parameters) for the first integer division or remainder of ``func`` whose divisor reads only
     the integer parameters ``ints`` (at least one) and constants and is 0 at ``scalars``, outside any
     ``T.if_then_else`` branch; None if none is."""
-    by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in ints}
-    body = tu.expand_binds(func.body)
-    guarded = _guarded(body)
-    for node in tu.collect(body, _DIVISIONS):
-        if "int" not in str(node.ty) or tu.handle(node) in guarded:
-            continue
-        used = {tu.handle(v) for v in tu.used_vars(node.b)}
-        if not used or not used <= set(by_handle):
-            continue
-        names = sorted(by_handle[h].name for h in used)
+    for node, vars_ in _divisions_by(func, ints):
         value = tvm.sym.Analyzer().simplify(tu.substitute(
-            node.b, {h: tir.IntImm("int64", int(scalars[by_handle[h].name])) for h in used}))
+            node.b, {tu.handle(var): tir.IntImm("int64", int(scalars[name])) for name, var in vars_.items()}))
         if isinstance(value, tir.IntImm) and value.value == 0:
-            return node, names
+            return node, sorted(vars_)
     return None
 
 
@@ -168,42 +166,47 @@ def _float_to_int_overflow(func, floats: set[str], scalars: dict):
     return None
 
 
+def _hook_problem(hook: str, func, ints: set[str], floats: set[str], scalars: dict):
+    """(parameters at fault, what the hook does with them, the value wanted) for ``func``'s first problem at
+    ``scalars`` (parameter_problem's three kinds); None if it has none."""
+    bad_cast = _float_to_int_overflow(func, floats, scalars) if floats else None
+    if bad_cast:
+        node, names, v = bad_cast
+        return names, (f"hook '{hook}' casts {v:g} to {node.ty} in '{node}', which it cannot hold (the CPU "
+                       "library, the GPU and the reference would each give another integer)"), \
+            f"a value whose cast fits {node.ty}"
+    if not ints:
+        return None
+    zero = _zero_divisor(func, ints, scalars)
+    if zero:
+        node, names = zero
+        return names, (f"hook '{hook}' divides by 0 in '{node}' (the CPU library's process would stop, the GPU's "
+                       "result is undefined)"), "a non-zero value"
+    for node, vars_, cast in _int32_terms(func, ints | set(POSITIONS)):
+        given = sorted(set(vars_) & ints)
+        wraps = _wraps(node, vars_, scalars) if given else None
+        if wraps:
+            lo, hi = wraps
+            where = f" for positions {_POSITIONS_IN}" if len(given) < len(vars_) else ""
+            verb = f"casts '{node}' to int32" if cast else f"computes '{node}' in int32"
+            return given, (f"hook '{hook}' {verb} and it reaches {hi if hi > _INT32[1] else lo}{where}, past the "
+                           "int32 range (the kernels would wrap, the reference would not)"), \
+                "a value that keeps the term inside int32"
+    return None
+
+
 def parameter_problem(variant, scalars: dict) -> tuple[str, str, str] | None:
     """(parameter, why, the value wanted) where the integer scalar parameter values ``scalars`` (name: value)
     make an int32 term of ``variant``'s hooks (positions, those parameters and constants) leave int32 for
-    positions within +-MAX_POSITION, or make a divisor of parameters and constants 0, or where float parameter values
-    make a cast to an integer type overflow; None if they do none of these."""
+    positions within +-MAX_POSITION, or make a divisor of parameters and constants 0, or where float parameter
+    values make a cast to an integer type overflow; None if they do none of these."""
     ints = {p.name for p in variant.scalar_params if "int" in str(p.dtype)} & set(scalars)
     floats = {p.name for p in variant.scalar_params if "float" in str(p.dtype)} & set(scalars)
     for hook, func in variant.hooks.items():
-        bad_cast = _float_to_int_overflow(func, floats, scalars) if floats else None
-        if bad_cast:
-            node, names, v = bad_cast
-            values = ", ".join(f"{n} = {scalars[n]}" for n in names)
-            return names[0], (f"with {values}, hook '{hook}' casts {v:g} to {node.ty} in '{node}', which it cannot "
-                              "hold (the CPU library, the GPU and the reference would each give another integer)"), \
-                f"a value whose cast fits {node.ty}"
-        if not ints:
-            continue
-        zero = _zero_divisor(func, ints, scalars)
-        if zero:
-            node, names = zero
-            values = ", ".join(f"{n} = {scalars[n]}" for n in names)
-            return names[0], (f"with {values}, hook '{hook}' divides by 0 in '{node}' (the CPU library's process "
-                              "would stop, the GPU's result is undefined)"), "a non-zero value"
-        for node, vars_, cast in _int32_terms(func, ints | set(POSITIONS)):
-            given = sorted(set(vars_) & ints)
-            if not given:
-                continue
-            wraps = _wraps(node, vars_, scalars)
-            if wraps:
-                lo, hi = wraps
-                values = ", ".join(f"{n} = {scalars[n]}" for n in given)
-                where = f" for positions {_POSITIONS_IN}" if len(given) < len(vars_) else ""
-                verb = f"casts '{node}' to int32" if cast else f"computes '{node}' in int32"
-                return given[0], (f"with {values}, hook '{hook}' {verb} and it reaches "
-                                  f"{hi if hi > _INT32[1] else lo}{where}, past the int32 range (the kernels would "
-                                  "wrap, the reference would not)"), "a value that keeps the term inside int32"
+        found = _hook_problem(hook, func, ints, floats, scalars)
+        if found:
+            names, what, wanted = found
+            return names[0], f"with {', '.join(f'{n} = {scalars[n]}' for n in names)}, {what}", wanted
     return None
 
 

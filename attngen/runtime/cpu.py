@@ -21,8 +21,8 @@ from .checks import (AttentionArgumentError, check_indptr, check_paged, check_qk
                      check_tensor, dtype_name)
 from .fp8 import kv_bits, kv_scales, scale_args
 from .module import BuiltModule, contiguous, empty_like, exportable, resolve_sm_scale
-from .params import resolve_params
-from .views import PagedKV, RaggedKV, longest_kv
+from .params import check_query_positions, resolve_params
+from .views import PagedKV, RaggedKV, host_kv_lengths, longest_kv
 
 
 def _nonempty(x):
@@ -83,6 +83,7 @@ class CPUAttention(BuiltModule):
             kind = "batch_prefill_ragged"
             kv_args = (_nonempty(_kernel_kv(kv.k)), _nonempty(_kernel_kv(kv.v)), kv.indptr)
         check_qkv_heads(q, kv.num_kv_heads, d)
+        check_query_positions(self.variant, np.diff(qo), lambda: host_kv_lengths(kv))
         scales = self._scale_args(q, kv, kv_dt, k_scale, v_scale)
         fn = self.function(kind, dt, d, kv_dt)
         out, lse = self.outputs(q, int(q.shape[0]), out, lse)

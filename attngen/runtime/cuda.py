@@ -35,10 +35,10 @@ from .fp8 import device_kv_scales, scale_args
 from .kv_pool import heads_adjacent
 from .mma_split import may_split
 from .module import BuiltModule, resolve_sm_scale, scale_kwargs
-from .params import resolve_params
+from .params import check_query_positions, resolve_params
 from .replay_guard import poison_rows_over_bound
 from .tile_map import KVBound, TileMap, build_tile_map, params_key
-from .views import PagedKV, RaggedKV, paged_lengths
+from .views import PagedKV, RaggedKV, host_kv_lengths, paged_lengths
 from .work_order import device_sms
 
 
@@ -90,14 +90,6 @@ def _capability(index: int) -> tuple[int, int]:
 def _kv_device(kv):
     """The device a paged or ragged view's keys lie on."""
     return (kv.pages if isinstance(kv, PagedKV) else kv.k).device
-
-
-def _kv_lengths(kv) -> np.ndarray:
-    """[B] keys of each request of a paged or ragged view, from host copies of its index arrays."""
-    if isinstance(kv, PagedKV):
-        pages = np.diff(as_numpy(kv.indptr, "kv.indptr")).astype(np.int64)
-        return paged_lengths(pages, as_numpy(kv.last_page_len, "kv.last_page_len").astype(np.int64), kv.page_size)
-    return np.diff(as_numpy(kv.indptr, "kv.indptr")).astype(np.int64)
 
 
 PREFILL_TEMPLATES = {None: PrefillTemplate.AUTO, "mma_sync": PrefillTemplate.MMA_SYNC,
@@ -448,6 +440,7 @@ class CUDAAttention(BuiltModule):
             check_paged(kv, head_dim, dtype, batch)
         else:
             check_ragged(kv, head_dim, dtype, batch)
+        check_query_positions(self.variant, np.diff(qo), lambda: host_kv_lengths(kv))
         if batch > MAX_GRID_BATCH:
             raise AttentionArgumentError(f"qo_indptr: {batch} requests; one launch serves at most {MAX_GRID_BATCH}")
         if work_order not in (None, True, False):
@@ -461,7 +454,7 @@ class CUDAAttention(BuiltModule):
         hopper_kernels = "sm_90a" in self.manifest["config"]["archs"]
         ordered = work_order is not False and hopper_kernels and kernel != PrefillTemplate.MMA_SYNC \
             and on_hopper is not False
-        kv_lens = _kv_lengths(kv) if ordered or self.manifest.get("float_position_limit") else None
+        kv_lens = host_kv_lengths(kv) if ordered or self.manifest.get("float_position_limit") else None
         self._check_float_positions(kv_lens)
         if tile_map not in (None, True, False):
             raise AttentionArgumentError(f"tile_map: expected None, True or False, got {tile_map!r}")
@@ -469,7 +462,7 @@ class CUDAAttention(BuiltModule):
         if tile_map is True and why:
             raise AttentionArgumentError(f"tile_map: {why}; plan with tile_map=None or False")
         if why is None and kv_lens is None:
-            kv_lens = _kv_lengths(kv)  # (the map's width: known here, no device read when it is made)
+            kv_lens = host_kv_lengths(kv)  # (the map's width: known here, no device read when it is made)
         longest = int(np.diff(qo).max(initial=0))
         if max_qo_len is not None:
             if isinstance(max_qo_len, bool) or not isinstance(max_qo_len, (int, np.integer)) \
@@ -486,7 +479,7 @@ class CUDAAttention(BuiltModule):
             and may_split(longest, batch, kv.num_kv_heads, device_sms(_kv_device(kv)) or 0, head_dim=head_dim,
                           rows_64=wide_tiles is False)
         if mma_split and kv_lens is None:
-            kv_lens = _kv_lengths(kv)
+            kv_lens = host_kv_lengths(kv)
         return PrefillPlan(batch, int(qo[-1]), longest, _tensor_key(qo_indptr),
                            {None: PrefillTileRows.AUTO, True: PrefillTileRows.ROWS_128,
                             False: PrefillTileRows.ROWS_64}[wide_tiles], kernel, why is None,

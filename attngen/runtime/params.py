@@ -11,6 +11,8 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
+import numpy as np
+
 from attngen.ir import ScalarParam, TensorParam
 from attngen.ir.declarations import CALL_SIZES, scalar_value
 from attngen.ir.int_arithmetic import parameter_problem
@@ -103,6 +105,25 @@ def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size
             positions = positions() if _variant_reads(variant).unbounded else None
         _check_reads(variant, sizes, dims, scalars, positions if positions else None)
     return out
+
+
+def check_query_positions(variant, qo_lens, kv_lens: Callable) -> None:
+    """Refuse a request with more queries than keys where a hook reads a tensor parameter along ``qo_pos``: its
+    first queries sit at negative positions (``kv_len - qo_len + i``), and the read would fall before the tensor's
+    row. qo_lens: [B] queries per request; kv_lens: a function giving [B] keys per request (called only for such a
+    variant)."""
+    reads = [r for r in _variant_reads(variant).reads.unbounded() if "qo_pos" in r.positions and not r.data_indexed]
+    if not reads:
+        return
+    qo, kv = np.asarray(qo_lens), np.asarray(kv_lens())
+    over = np.nonzero(qo > kv)[0]
+    if len(over):
+        b, r = int(over[0]), reads[0]
+        raise AttentionArgumentError(
+            f"qo_indptr: request {b} has {int(qo[b])} queries and {int(kv[b])} keys, so its first queries sit at "
+            f"negative positions (kv_len - qo_len + i), and hook '{r.hook}'"
+            + (f" ({r.where})" if r.where else "") + f" reads params['{r.param}'] at {r.index}, before the "
+            "tensor's row: pass at most as many queries as keys per request")
 
 
 _INT_PROBLEMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -90,14 +90,18 @@ def write_at_slots(pages: Tensor, half: int, rows: Tensor, slots: np.ndarray, la
         pages[page, half, :, place] = rows
 
 
+def host_kv_lengths(kv) -> np.ndarray:
+    """[B] keys of each request of a paged or ragged view, from host copies of its index arrays (numpy, or torch
+    on any device)."""
+    indptr = np.diff(as_numpy(kv.indptr, "kv.indptr")).astype(np.int64)
+    if isinstance(kv, PagedKV):
+        return paged_lengths(indptr, as_numpy(kv.last_page_len, "kv.last_page_len").astype(np.int64), kv.page_size)
+    return indptr
+
+
 def longest_kv(kv) -> int:
     """The longest request's KV length of a view whose index arrays are on the host (numpy or CPU torch)."""
-    indptr = as_numpy(kv.indptr, "kv.indptr")
-    if isinstance(kv, PagedKV):
-        lens = paged_lengths(np.diff(indptr), as_numpy(kv.last_page_len, "kv.last_page_len"), kv.page_size)
-    else:
-        lens = np.diff(indptr)
-    return int(np.max(lens, initial=0))
+    return int(np.max(host_kv_lengths(kv), initial=0))
 
 
 def paged_lengths(n_pages, last_page_len, page_size: int):

@@ -425,9 +425,10 @@ def same_document(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.i
 
 
 def test_queries_at_negative_positions_are_refused_where_a_hook_reads_a_tensor_by_qo_pos(build_cache, rng):
-    """A request with more queries than keys puts its first queries at negative positions (kv_len - qo_len + i):
-    a document mask reading doc_ids[batch, qo_pos] read before the tensor's row (garbage on the CPU, out of bounds
-    on the GPU). Refused by name; as many queries as keys run and match the reference."""
+    """A request with more queries than keys puts its first queries at negative positions (kv_len - qo_len + i;
+    a decode query of a request without keys at -1): a document mask reading doc_ids[batch, qo_pos] read before the
+    tensor's row (garbage on the CPU, out of bounds on the GPU). Refused by name, in prefill and decode; as many
+    queries as keys run and match the reference."""
     from attngen.runtime.reference import reference_attention
 
     v = Variant("same_document", logits_mask=same_document,
@@ -438,6 +439,10 @@ def test_queries_at_negative_positions_are_refused_where_a_hook_reads_a_tensor_b
                                                      r"queries sit at negative positions .*reads params\['doc_ids'\] "
                                                      r"at qo_pos, before the tensor's row"):
         att.prefill(over.q, over.ragged, over.qo_indptr, params={"doc_ids": np.zeros((1, 3), np.int32)})
+    decode = random_problem(rng, [1, 1], [3, 0], 4, 2, D)  # a decode query of a request without keys sits at -1
+    with pytest.raises(AttentionArgumentError, match=r"kv: request 1 has 1 query and 0 keys, .*give every request at "
+                                                     r"least one key"):
+        att.decode(decode.q, decode.paged, params={"doc_ids": np.zeros((2, 3), np.int32)})
     fits = random_problem(rng, [3], [3], 4, 2, D)
     ids = np.array([[0, 1, 1]], np.int32)
     out, _ = att.prefill(fits.q, fits.ragged, fits.qo_indptr, params={"doc_ids": ids})

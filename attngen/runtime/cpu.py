@@ -108,6 +108,7 @@ class CPUAttention(BuiltModule):
         kv_dt = kv.kv_dtype if is_fp8(kv.kv_dtype) else dt
         check_paged(kv, d, kv_dt, batch, strided="any")
         check_qkv_heads(q, kv.num_kv_heads, d)
+        check_query_positions(self.variant, np.ones(batch, np.int64), lambda: host_kv_lengths(kv), decode=True)
         scales = self._scale_args(q, kv, kv_dt, k_scale, v_scale)
         fn = self.function(f"batch_decode_paged_{kv.layout.lower()}", dt, d, kv_dt)
         out, lse = self.outputs(q, batch, out, lse)

@@ -269,6 +269,7 @@ class CUDAAttention(BuiltModule):
         indptr = as_numpy(kv.indptr, "kv.indptr")
         last = as_numpy(kv.last_page_len, "kv.last_page_len")
         lens = paged_lengths(np.diff(indptr), last, kv.page_size)
+        check_query_positions(self.variant, np.ones(batch, np.int64), lambda: lens, decode=True)
         longest = int(lens.max(initial=0))
         from .decode_plan import decode_tc_fits, grid_chunks_for_uniform_batch, items_needed
         from .decode_plan import kv_heads_per_cta as kv_heads_per_cta_for

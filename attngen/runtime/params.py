@@ -107,11 +107,11 @@ def resolve_params(variant, given: dict | None, *, num_qo_heads: int, batch_size
     return out
 
 
-def check_query_positions(variant, qo_lens, kv_lens: Callable) -> None:
+def check_query_positions(variant, qo_lens, kv_lens: Callable, *, decode: bool = False) -> None:
     """Refuse a request with more queries than keys where a hook reads a tensor parameter along ``qo_pos``: its
-    first queries sit at negative positions (``kv_len - qo_len + i``), and the read would fall before the tensor's
-    row. qo_lens: [B] queries per request; kv_lens: a function giving [B] keys per request (called only for such a
-    variant)."""
+    first queries sit at negative positions (``kv_len - qo_len + i``; a decode query of a request without keys at
+    -1), and the read would fall before the tensor's row. qo_lens: [B] queries per request; kv_lens: a function
+    giving [B] keys per request (called only for such a variant)."""
     reads = [r for r in _variant_reads(variant).reads.unbounded() if "qo_pos" in r.positions and not r.data_indexed]
     if not reads:
         return
@@ -119,11 +119,14 @@ def check_query_positions(variant, qo_lens, kv_lens: Callable) -> None:
     over = np.nonzero(qo > kv)[0]
     if len(over):
         b, r = int(over[0]), reads[0]
+        n = int(qo[b])
+        where, fix = (("kv", "give every request at least one key") if decode else
+                      ("qo_indptr", "pass at most as many queries as keys per request"))
         raise AttentionArgumentError(
-            f"qo_indptr: request {b} has {int(qo[b])} queries and {int(kv[b])} keys, so its first queries sit at "
-            f"negative positions (kv_len - qo_len + i), and hook '{r.hook}'"
+            f"{where}: request {b} has {n} quer{'y' if n == 1 else 'ies'} and {int(kv[b])} keys, so its first "
+            f"queries sit at negative positions (kv_len - qo_len + i), and hook '{r.hook}'"
             + (f" ({r.where})" if r.where else "") + f" reads params['{r.param}'] at {r.index}, before the "
-            "tensor's row: pass at most as many queries as keys per request")
+            f"tensor's row: {fix}")
 
 
 _INT_PROBLEMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -30,6 +30,9 @@ class _VariantReads:
     def __init__(self, variant):
         self.reads = TensorReads(variant)
         self.unbounded = {id(r) for r in self.reads.unbounded()}
+        # reads that follow qo_pos from the call's sizes alone (check_query_positions)
+        self.query_position_reads = [r for r in self.reads.unbounded() if "qo_pos" in r.positions
+                                     and not r.data_indexed]
         # what the ranges depend on, so that calls differing elsewhere (say, in batch size for a table read
         # by head) share one entry
         self.sizes = sorted({n for r in self.reads.reads for n in r.needs})
@@ -112,7 +115,9 @@ def check_query_positions(variant, qo_lens, kv_lens: Callable, *, decode: bool =
     first queries sit at negative positions (``kv_len - qo_len + i``; a decode query of a request without keys at
     -1), and the read would fall before the tensor's row. qo_lens: [B] queries per request; kv_lens: a function
     giving [B] keys per request (called only for such a variant)."""
-    reads = [r for r in _variant_reads(variant).reads.unbounded() if "qo_pos" in r.positions and not r.data_indexed]
+    if not variant.tensor_params:
+        return
+    reads = _variant_reads(variant).query_position_reads
     if not reads:
         return
     qo, kv = np.asarray(qo_lens), np.asarray(kv_lens())

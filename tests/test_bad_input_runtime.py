@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tvm.script import tirx as T
 
-from attngen import ScalarParam, TensorParam, Variant, VariantError
+from attngen import ScalarParam, Variant, VariantError
 from attngen.runtime import (
     AttentionArgumentError,
     BlockSparseView,
@@ -415,24 +415,17 @@ def test_float_parameters_whose_integer_cast_overflows_are_refused():
     assert resolve_params(v, {"width": 1e9}, **sizes) == [1e9]
 
 
-@T.prim_func
-def same_document(batch: T.int32, qo_pos: T.int32, kv_pos: T.int32, qo_head: T.int32, kv_head: T.int32,
-                  doc_ptr: T.handle) -> T.bool:
-    nbatch = T.int32()
-    max_len = T.int32()
-    doc_ids = T.match_buffer(doc_ptr, (nbatch, max_len), "int32")
-    return doc_ids[batch, kv_pos] == doc_ids[batch, qo_pos]
-
-
 def test_queries_at_negative_positions_are_refused_where_a_hook_reads_a_tensor_by_qo_pos(build_cache, rng):
     """A request with more queries than keys puts its first queries at negative positions (kv_len - qo_len + i;
-    a decode query of a request without keys at -1): a document mask reading doc_ids[batch, qo_pos] read before the
+    a decode query of a request without keys at -1): the document mask example's doc_ids[batch, qo_pos] read before the
     tensor's row (garbage on the CPU, out of bounds on the GPU). Refused by name, in prefill and decode; as many
     queries as keys run and match the reference."""
+    import runpy
+    from pathlib import Path
+
     from attngen.runtime.reference import reference_attention
 
-    v = Variant("same_document", logits_mask=same_document,
-                params=[TensorParam("doc_ids", "int32", ("batch_size", "max_len>=1"))])
+    v = runpy.run_path(str(Path(__file__).resolve().parent.parent / "examples" / "document_mask.py"))["variant"]
     att = CPUAttention.build(v, head_dims=(D,), layouts=("NHD",), cache=build_cache)
     over = random_problem(rng, [6], [3], 4, 2, D)
     with pytest.raises(AttentionArgumentError, match=r"qo_indptr: request 0 has 6 queries and 3 keys, so its first "

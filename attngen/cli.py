@@ -22,7 +22,7 @@ from pathlib import Path
 from attngen.codegen.cache import (PREBUILT_ENV, BuildCache, content_key, entry_is_sealed, hash_files,
                                    python_environment)
 from attngen.codegen.nvcc import NvccError
-from attngen.ir.errors import ConfigError, VariantError
+from attngen.ir.errors import ConfigError, VariantError, repeated
 from attngen.ir.hook_spec import row_hooks
 from attngen.schedules import ARCHS, BuildConfig
 from attngen.schedules.arch import arch_spec
@@ -88,8 +88,7 @@ def _add_source(p: argparse.ArgumentParser) -> None:
 
 def _constants(args) -> dict:
     """--constant NAME=VALUE options as a dict, each name once."""
-    names = [name for name, _ in args.constant]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = repeated(name for name, _ in args.constant)
     if twice:
         raise ConfigError(f"--constant: {twice} given more than once; give each parameter one value")
     return dict(args.constant)

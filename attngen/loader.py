@@ -91,8 +91,10 @@ def load_variants(source: str) -> list[Variant]:
 
 def _check_distinct_names(source: str, variants: list) -> None:
     """Variants of one file are told apart by name (--variant NAME): two of one name are refused."""
+    from attngen.ir.errors import repeated
+
     names = [v.name for v in variants]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = repeated(names)
     if twice:
         raise ValueError(f"{source} defines {names.count(twice[0])} different variants named {twice[0]!r}; "
                          "give each variant a name of its own")

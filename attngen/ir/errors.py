@@ -22,3 +22,9 @@ class VariantError(ValueError):
 
 class ConfigError(ValueError):
     """A build configuration (head dim, dtype, arch, ...) that attngen cannot serve."""
+
+
+def repeated(names) -> list[str]:
+    """The names that occur more than once in ``names``, sorted (for the messages that refuse them)."""
+    names = list(names)
+    return sorted({n for n in names if names.count(n) > 1})

@@ -35,11 +35,12 @@ import tvm.tirx as tir
 from . import tir_utils as tu
 from .declarations import INT_RANGES
 from .errors import VariantError
+from .hook_calls import op_name
+from .hook_spec import POSITIONS
 
 MAX_POSITION = 2**29  # |position| < MAX_POSITION: requests hold fewer queries and keys than this
 _POSITIONS_IN = "within +-2^29"  # (how messages say it)
-POSITIONS = ("qo_pos", "kv_pos")
-_INT32 = (-2**31, 2**31 - 1)
+_INT32 = INT_RANGES["int32"]
 _ARITH = (tir.Add, tir.Sub, tir.Mul, tir.LShift)
 _DIVISIONS = (tir.FloorDiv, tir.FloorMod, tir.Div, tir.Mod)
 # a key's position is its index in the request; a query's is kv_len - qo_len + i (negative where a request has more
@@ -47,22 +48,38 @@ _DIVISIONS = (tir.FloorDiv, tir.FloorMod, tir.Div, tir.Mod)
 _POSITION_RANGE = {"kv_pos": tvm.ir.Range(0, MAX_POSITION), "qo_pos": tvm.ir.Range(-MAX_POSITION + 1, MAX_POSITION)}
 
 
+def _reading_only(func, types, names: set[str], picked, exclude=None):
+    """(node, its picked sub-expression, that expression's vars by name) for every node of ``types`` in ``func``
+    (lets expanded, innermost first; not those whose handles ``exclude(body)`` gives) where ``picked(node)`` gives
+    an expression (None: the node is not of the kind sought) that reads only the scalar arguments ``names`` (at
+    least one) and constants."""
+    by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in names}
+    body = tu.expand_binds(func.body)
+    skipped = exclude(body) if exclude is not None else set()
+    for node in tu.collect(body, types):
+        expr = None if tu.handle(node) in skipped else picked(node)
+        if expr is None:
+            continue
+        used = {tu.handle(v) for v in tu.used_vars(expr)}
+        if used and used <= set(by_handle):
+            yield node, expr, {by_handle[h].name: by_handle[h] for h in used}
+
+
+def _int32_term(node):
+    """An int32 sum, difference, product or shift itself, or the wider integer an int32 cast narrows."""
+    if str(node.ty) != "int32":
+        return None
+    if isinstance(node, tir.Cast):
+        return node.value if "int" in str(node.value.ty) and str(node.value.ty) != "int32" else None
+    return node
+
+
 def _int32_terms(func, names: set[str]):
     """(term, its vars by name, whether it is cast) for every int32 sum, difference, product or shift of
     ``func``, and every cast of a wider integer to int32 (the term: the value cast), that reads only the scalar
     arguments ``names`` and constants, innermost first (lets expanded)."""
-    by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in names}
-    for node in tu.collect(tu.expand_binds(func.body), _ARITH + (tir.Cast,)):
-        if str(node.ty) != "int32":
-            continue
-        cast = isinstance(node, tir.Cast)
-        if cast:
-            if "int" not in str(node.value.ty) or str(node.value.ty) == "int32":
-                continue
-            node = node.value
-        used = {tu.handle(v) for v in tu.used_vars(node)}
-        if used and used <= set(by_handle):
-            yield node, {by_handle[h].name: by_handle[h] for h in used}, cast
+    for node, term, vars_ in _reading_only(func, _ARITH + (tir.Cast,), names, _int32_term):
+        yield term, vars_, isinstance(node, tir.Cast)
 
 
 def _wraps(node, vars_: dict, values: dict) -> tuple[int, int] | None:
@@ -97,25 +114,23 @@ def _guarded(body) -> set[int]:
     in both code generators and the reference)."""
     inside: set[int] = set()
     for call in tu.collect(body, tvm.ir.Call):
-        if getattr(call.op, "name", "").endswith(".if_then_else"):
+        if op_name(call) == "if_then_else":
             for branch in call.args[1:]:
                 inside |= {tu.handle(n) for n in tu.collect(branch, _DIVISIONS)}
     return inside
+
+
+def _int_divisor(node):
+    """The divisor of an integer division or remainder."""
+    return node.b if "int" in str(node.ty) else None
 
 
 def _divisions_by(func, names: set[str]):
     """(division, its divisor's vars by name) for every integer division or remainder of ``func`` outside any
     ``T.if_then_else`` branch whose divisor reads only the scalar arguments ``names`` (at least one) and
     constants (lets expanded)."""
-    by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in names}
-    body = tu.expand_binds(func.body)
-    guarded = _guarded(body)
-    for node in tu.collect(body, _DIVISIONS):
-        if "int" not in str(node.ty) or tu.handle(node) in guarded:
-            continue
-        used = {tu.handle(v) for v in tu.used_vars(node.b)}
-        if used and used <= set(by_handle):
-            yield node, {by_handle[h].name: by_handle[h] for h in used}
+    for node, _, vars_ in _reading_only(func, _DIVISIONS, names, _int_divisor, exclude=_guarded):
+        yield node, vars_
 
 
 def position_divisor(func):
@@ -143,26 +158,24 @@ def _zero_divisor(func, ints: set[str], scalars: dict):
     return None
 
 
+def _float_to_int(node):
+    """The float a cast to an integer type converts."""
+    return node.value if "int" in str(node.ty) and "float" in str(node.value.ty) else None
+
+
 def _float_to_int_overflow(func, floats: set[str], scalars: dict):
     """(cast, parameters, value) for the first cast of ``func`` from a float term of the float parameters
     ``floats`` (at least one) and constants to an integer type whose value at ``scalars`` is not finite or does
     not fit that type; None if none is."""
-    by_handle = {tu.handle(p): p for p in func.params if not tir.is_buffer_var(p) and p.name in floats}
-    for node in tu.collect(tu.expand_binds(func.body), tir.Cast):
-        if "int" not in str(node.ty) or "float" not in str(node.value.ty):
-            continue
-        used = {tu.handle(v) for v in tu.used_vars(node.value)}
-        if not used or not used <= set(by_handle):
-            continue
-        names = sorted(by_handle[h].name for h in used)
+    for node, value, vars_ in _reading_only(func, tir.Cast, floats, _float_to_int):
         value = tvm.sym.Analyzer().simplify(tu.substitute(
-            node.value, {h: tir.FloatImm("float64", float(scalars[by_handle[h].name])) for h in used}))
+            value, {tu.handle(var): tir.FloatImm("float64", float(scalars[name])) for name, var in vars_.items()}))
         if not isinstance(value, tir.FloatImm):
             continue
         lo, hi = INT_RANGES.get(str(node.ty), _INT32)
         v = float(value.value)
         if not math.isfinite(v) or not lo <= math.trunc(v) <= hi:
-            return node, names, v
+            return node, sorted(vars_), v
     return None
 
 
@@ -193,6 +206,23 @@ def _hook_problem(hook: str, func, ints: set[str], floats: set[str], scalars: di
                            "int32 range (the kernels would wrap, the reference would not)"), \
                 "a value that keeps the term inside int32"
     return None
+
+
+def checked_parameters(variant) -> tuple[str, ...]:
+    """The scalar parameters :func:`parameter_problem` looks at (sorted): those in an int32 term, an integer
+    divisor or a float cast to an integer of some hook. A call's values of the others cannot make a problem, so
+    a per-call check keys on these alone (none: nothing to check)."""
+    ints = {p.name for p in variant.scalar_params if "int" in str(p.dtype)}
+    floats = {p.name for p in variant.scalar_params if "float" in str(p.dtype)}
+    found: set[str] = set()
+    for func in variant.hooks.values():
+        for _, vars_, _ in _int32_terms(func, ints | set(POSITIONS)):
+            found |= set(vars_) & ints
+        for _, vars_ in _divisions_by(func, ints):
+            found |= set(vars_)
+        for _, _, vars_ in _reading_only(func, tir.Cast, floats, _float_to_int):
+            found |= set(vars_)
+    return tuple(sorted(found))
 
 
 def parameter_problem(variant, scalars: dict) -> tuple[str, str, str] | None:

@@ -12,9 +12,10 @@ import numpy as np
 
 from attngen.schedules.dtypes import is_fp8
 
-from .checks import AttentionArgumentError, as_numpy, check_indptr, check_layout, check_tensor, check_writable
+from .checks import (AttentionArgumentError, as_numpy, check_indptr, check_layout, check_tensor, check_writable,
+                     paged_lengths)
 from .fp8 import append_paged_kv_fp8, check_no_scales
-from .views import PagedKV, paged_lengths, write_at_slots
+from .views import PagedKV, write_at_slots
 
 
 def append_slots(kv: PagedKV, append_indptr) -> np.ndarray:

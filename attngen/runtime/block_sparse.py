@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attngen.ir.declarations import INT_RANGES
 from attngen.ir.hook_spec import HEADS
 
 from .checks import AttentionArgumentError, as_numpy, check_integers, check_layout, dtype_name
@@ -36,7 +37,7 @@ from .views import (BlockSparseView, PagedKV, bsr_page_table, causal_blocks, cau
                     require_position_free)
 
 
-INT32_MAX = 2**31 - 1
+INT32_MAX = INT_RANGES["int32"][1]
 
 
 def _head_scales(scales: dict, h: int, num_kv_heads: int) -> dict:

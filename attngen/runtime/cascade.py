@@ -37,11 +37,11 @@ import numpy as np
 
 from attngen.ir import StateAlgebra
 
-from .checks import AttentionArgumentError, as_numpy, check_indptr, check_paged
+from .checks import AttentionArgumentError, as_numpy, check_indptr, check_paged, paged_lengths
 from .kv_pool import same_pool
 from .module import contiguous, copy_into, int32_like
 from .state import merge_state, merge_states, merge_states_sum
-from .views import PagedKV, causal_only, paged_lengths, require_position_free
+from .views import PagedKV, causal_only, require_position_free
 
 
 @dataclass(frozen=True)

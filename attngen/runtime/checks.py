@@ -214,9 +214,14 @@ def check_paged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: st
     if np.any(has_pages & ((last < 1) | (last > kv.page_size))):
         raise AttentionArgumentError(f"kv.last_page_len: must be in [1, page_size={kv.page_size}] for "
                                      "every request that has pages")
-    pages = np.diff(indptr).astype(np.int64)
-    check_request_lengths(np.where(has_pages, (pages - 1) * int(kv.page_size) + last, 0), "kv.indptr")
+    check_request_lengths(paged_lengths(np.diff(indptr).astype(np.int64), last, kv.page_size), "kv.indptr")
     return b
+
+
+def paged_lengths(n_pages, last_page_len, page_size: int):
+    """Keys of paged requests (numpy arrays or scalars): full pages plus the last page's valid slots, 0 for a
+    request without pages."""
+    return np.where(np.asarray(n_pages) > 0, (np.asarray(n_pages) - 1) * page_size + np.asarray(last_page_len), 0)
 
 
 def check_ragged(kv, head_dim: int, dtype: str, batch: int | None, *, strided: str = "rows") -> int:

@@ -27,7 +27,7 @@ from attngen.schedules.ffi_enums import DecodeBackend, PrefillTemplate, PrefillT
 from attngen.schedules.template_decode_tc import MAX_GROUP
 
 from .checks import (FP8_BITS_HINT, AttentionArgumentError, as_numpy, check_indptr, check_paged, check_qkv_heads,
-                     check_ragged, check_tensor, dtype_name)
+                     check_ragged, check_tensor, dtype_name, paged_lengths)
 from . import hook_pass as hook_pass_module
 from .cuda_plans import MAX_GRID_BATCH, DecodeLaunch, DecodePlan, PrefillPlan
 from .deferred_parts import link_deferred_parts
@@ -38,7 +38,7 @@ from .module import BuiltModule, resolve_sm_scale, scale_kwargs
 from .params import check_query_positions, resolve_params
 from .replay_guard import poison_rows_over_bound
 from .tile_map import KVBound, TileMap, build_tile_map, params_key
-from .views import PagedKV, RaggedKV, host_kv_lengths, paged_lengths
+from .views import PagedKV, RaggedKV, host_kv_lengths
 from .work_order import device_sms
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from attngen.ir import ScalarParam, TensorParam
 from attngen.ir.declarations import CALL_SIZES, scalar_value
-from attngen.ir.int_arithmetic import parameter_problem
+from attngen.ir.int_arithmetic import checked_parameters, parameter_problem
 from attngen.ir.tensor_reads import TensorReads
 
 from .checks import AttentionArgumentError, check_tensor
@@ -134,18 +134,24 @@ def check_query_positions(variant, qo_lens, kv_lens: Callable, *, decode: bool =
             f"tensor's row: {fix}")
 
 
-_INT_PROBLEMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_INT_PROBLEMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # variant -> (parameters checked, memo)
 
 
 def _check_int_arithmetic(variant, scalars: dict) -> None:
-    """Refuse integer parameter values that make a hook's int32 arithmetic wrap or divide by 0
-    (ir/int_arithmetic.py), remembered per variant for recent values."""
-    memo = _INT_PROBLEMS.setdefault(variant, {})
-    key = tuple(sorted(scalars.items()))
+    """Refuse scalar parameter values that make a hook's int32 arithmetic wrap, divide by 0 or overflow a cast to
+    an integer (ir/int_arithmetic.py); the parameters that could are found once per variant, and the answers
+    remembered for their recent values."""
+    entry = _INT_PROBLEMS.get(variant)
+    if entry is None:
+        entry = _INT_PROBLEMS[variant] = (checked_parameters(variant), {})
+    names, memo = entry
+    if not names:
+        return
+    key = tuple(scalars[n] for n in names)
     if key not in memo:
         if len(memo) >= _MEMO_SIZE:
             memo.clear()
-        memo[key] = parameter_problem(variant, scalars)
+        memo[key] = parameter_problem(variant, {n: scalars[n] for n in names})
     if memo[key]:
         name, why, wanted = memo[key]
         raise AttentionArgumentError(f"params['{name}']: {why} (variant '{variant.name}'): pass {wanted}")

@@ -8,7 +8,7 @@ import numpy as np
 
 from attngen.ir.hook_spec import POSITIONS
 
-from .checks import AttentionArgumentError, as_numpy, check_integers, check_layout, dtype_name
+from .checks import AttentionArgumentError, as_numpy, check_integers, check_layout, dtype_name, paged_lengths
 from .kv_pool import as_pool
 from .module import int32_like
 
@@ -102,12 +102,6 @@ def host_kv_lengths(kv) -> np.ndarray:
 def longest_kv(kv) -> int:
     """The longest request's KV length of a view whose index arrays are on the host (numpy or CPU torch)."""
     return int(np.max(host_kv_lengths(kv), initial=0))
-
-
-def paged_lengths(n_pages, last_page_len, page_size: int):
-    """Keys of paged requests (numpy arrays or scalars): full pages plus the last page's valid slots, 0 for a
-    request without pages."""
-    return np.where(np.asarray(n_pages) > 0, (np.asarray(n_pages) - 1) * page_size + np.asarray(last_page_len), 0)
 
 
 def hook_readers(variant, indices: tuple[str, ...]) -> list[str]:

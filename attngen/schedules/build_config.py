@@ -7,6 +7,7 @@ import operator
 from dataclasses import asdict, dataclass, field
 
 from attngen.ir import ConfigError
+from attngen.ir.errors import repeated
 
 from .arch import arch_spec
 from .dtypes import DTYPE_SHORT, FP8_DTYPES, DtypePair, is_fp8
@@ -232,8 +233,7 @@ def _constant_pairs(constants) -> tuple:
             raise ConfigError(f"tvm_constants: {entry!r} is not a (name, value) pair; give e.g. "
                               "tvm_constants=(('soft_cap', 30.0),)")
         pairs.append(tuple(entry))
-    names = [n for n, _ in pairs]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = repeated(n for n, _ in pairs)
     if twice:
         raise ConfigError(f"tvm_constants: {twice} given more than once; give each parameter one value")
     return tuple(pairs)
